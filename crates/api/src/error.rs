@@ -1,0 +1,103 @@
+//! Error codes and the JSON error body every failing request returns.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::SandboxState;
+
+/// Machine-readable error code. Each maps to exactly one HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The sandbox id or name is unknown (404).
+    SandboxNotFound,
+    /// The image name or id is unknown (404).
+    ImageNotFound,
+    /// The process id is unknown in this sandbox (404).
+    ProcessNotFound,
+    /// The path does not exist inside the sandbox (404).
+    FileNotFound,
+    /// The route does not exist (404).
+    RouteNotFound,
+    /// The request is illegal in the sandbox's current state (409).
+    InvalidState,
+    /// The name is already taken (409).
+    NameConflict,
+    /// The object is still needed by others (409).
+    InUse,
+    /// The request body or a parameter is malformed (400).
+    BadRequest,
+    /// An archive or image was rejected; the message names the offending entry (400).
+    InvalidArchive,
+    /// A path escapes the sandbox root (400).
+    PathEscape,
+    /// Missing or wrong bearer token (401).
+    Unauthorized,
+    /// The host cannot do this (missing kernel feature, tool or capability) (501).
+    Unsupported,
+    /// The operation did not finish in time (504).
+    Timeout,
+    /// Anything else; the message carries the cause chain (500).
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status this code is returned with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::SandboxNotFound
+            | ErrorCode::ImageNotFound
+            | ErrorCode::ProcessNotFound
+            | ErrorCode::FileNotFound
+            | ErrorCode::RouteNotFound => 404,
+            ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse => 409,
+            ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Unsupported => 501,
+            ErrorCode::Timeout => 504,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The snake_case wire name of the code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::SandboxNotFound => "sandbox_not_found",
+            ErrorCode::ImageNotFound => "image_not_found",
+            ErrorCode::ProcessNotFound => "process_not_found",
+            ErrorCode::FileNotFound => "file_not_found",
+            ErrorCode::RouteNotFound => "route_not_found",
+            ErrorCode::InvalidState => "invalid_state",
+            ErrorCode::NameConflict => "name_conflict",
+            ErrorCode::InUse => "in_use",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::InvalidArchive => "invalid_archive",
+            ErrorCode::PathEscape => "path_escape",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiErrorBody {
+    /// Machine-readable code.
+    pub code: ErrorCode,
+    /// Human-readable message including the cause chain.
+    pub message: String,
+    /// For `invalid_state`: the sandbox's state when the request was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_state: Option<SandboxState>,
+    /// For `in_use`: the objects that still depend on the target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependents: Vec<String>,
+}

@@ -1,0 +1,101 @@
+//! File transfer and file-system operations inside a sandbox.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Kind of a directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (not followed).
+    Symlink,
+    /// Anything else (device, fifo, socket).
+    Other,
+}
+
+/// Metadata of one path inside the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileStat {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Entry name.
+    pub name: String,
+    /// Kind.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Owner gid.
+    pub gid: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// Target, for symlinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+/// Query naming one path (`?path=/etc/hosts`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct PathQuery {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+/// Query of `PUT /v1/sandboxes/{id}/files`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct UploadQuery {
+    /// Destination path inside the sandbox (for tar: the directory to extract into).
+    pub path: String,
+    /// Permission bits for a single file (default 0644).
+    #[serde(default)]
+    pub mode: Option<u32>,
+    /// The body is a tar stream to extract under `path`.
+    #[serde(default)]
+    pub tar: bool,
+}
+
+/// Query of `GET /v1/sandboxes/{id}/files`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct DownloadQuery {
+    /// Path inside the sandbox.
+    pub path: String,
+    /// Send a tar stream of the path (required for directories).
+    #[serde(default)]
+    pub tar: bool,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/files/mkdir`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MkdirRequest {
+    /// Directory to create.
+    pub path: String,
+    /// Create missing parents.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/files/remove`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RemoveFileRequest {
+    /// Path to remove.
+    pub path: String,
+    /// Remove directories recursively.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/files/move`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MoveRequest {
+    /// Existing path.
+    pub from: String,
+    /// New path.
+    pub to: String,
+}

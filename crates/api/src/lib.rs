@@ -1,0 +1,22 @@
+//! Wire models of the strata HTTP API.
+//!
+//! Every request and response body the daemon speaks is defined here, with its
+//! OpenAPI schema, so the daemon, the typed client and the CLI share one
+//! definition. This crate has no runtime dependencies (no tokio, no nix).
+
+pub mod error;
+pub mod files;
+pub mod host;
+pub mod image;
+pub mod process;
+pub mod sandbox;
+
+pub use error::{ApiErrorBody, ErrorCode};
+pub use files::*;
+pub use host::*;
+pub use image::*;
+pub use process::*;
+pub use sandbox::*;
+
+/// Version prefix of every native route.
+pub const API_PREFIX: &str = "/v1";

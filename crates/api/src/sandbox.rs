@@ -1,0 +1,212 @@
+//! Sandbox models: states, create requests, inspect output, lifecycle events.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Lifecycle state of a sandbox (see docs/lifecycle.md for the transition table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Root filesystem and namespaces are being prepared.
+    Creating,
+    /// The sandbox's init is alive; processes can be executed.
+    Running,
+    /// Processes frozen by the cgroup freezer; memory kept, no CPU.
+    Paused,
+    /// Processes and memory dumped to disk; host CPU and RAM released.
+    Standby,
+    /// Filesystem kept, no processes.
+    Stopped,
+    /// Layers packed into the object store; local disk freed.
+    Archived,
+    /// Gone; only the record remains until it is purged.
+    Destroyed,
+    /// A transition failed; `state_reason` says why.
+    Error,
+    /// The sandbox's processes disappeared outside strata's control.
+    Lost,
+}
+
+impl SandboxState {
+    /// All states, in declaration order.
+    pub const ALL: [SandboxState; 9] = [
+        SandboxState::Creating,
+        SandboxState::Running,
+        SandboxState::Paused,
+        SandboxState::Standby,
+        SandboxState::Stopped,
+        SandboxState::Archived,
+        SandboxState::Destroyed,
+        SandboxState::Error,
+        SandboxState::Lost,
+    ];
+
+    /// The snake_case wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Standby => "standby",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Archived => "archived",
+            SandboxState::Destroyed => "destroyed",
+            SandboxState::Error => "error",
+            SandboxState::Lost => "lost",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        SandboxState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happens to a sandbox when its run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifecycle {
+    /// Destroyed when its run ends or its TTL expires; nothing survives unless exported.
+    Ephemeral,
+    /// Kept until removed; its TTL (if any) stops it instead of destroying it.
+    #[default]
+    Persistent,
+}
+
+/// Resource limits applied through cgroups.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ResourceLimits {
+    /// Memory limit in bytes (processes beyond it are OOM-killed inside the sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// CPU quota in cores (e.g. 0.5, 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes/threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+}
+
+/// Request body of `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct CreateSandboxRequest {
+    /// Image name or id to start from.
+    pub source: String,
+    /// Optional unique name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Ephemeral or persistent.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    /// Time to live, e.g. "10m", "2h". Ephemeral sandboxes are destroyed when it
+    /// expires, persistent ones are stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: ResourceLimits,
+    /// Environment variables added to every process (after the image's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Hostname inside the sandbox (defaults to the sandbox's short id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    /// Unique id (hex).
+    pub id: String,
+    /// Unique name (defaults to the id).
+    pub name: String,
+    /// Current lifecycle state.
+    pub state: SandboxState,
+    /// Reason code of the last transition (e.g. `user`, `ttl_expired`, `init_exited`).
+    pub state_reason: String,
+    /// Detail for the last transition, when there is one (e.g. an error message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_detail: Option<String>,
+    /// The image (name) the sandbox was created from.
+    pub source: String,
+    /// The resolved image id.
+    pub image_id: String,
+    /// Isolation tier (`namespace`).
+    pub runtime: String,
+    /// Ephemeral or persistent.
+    pub lifecycle: Lifecycle,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 time of the last state change.
+    pub updated_at: String,
+    /// RFC 3339 time at which the TTL expires, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Resource limits.
+    pub limits: ResourceLimits,
+    /// Environment added to every process.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Hostname inside the sandbox.
+    pub hostname: String,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Host pid of the sandbox's init while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_pid: Option<i32>,
+    /// Number of processes killed by the OOM killer inside this sandbox's memory limit.
+    #[serde(default)]
+    pub oom_kills: u64,
+}
+
+/// Response of `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreatedSandbox {
+    /// The new sandbox's id.
+    pub id: String,
+    /// The new sandbox's name.
+    pub name: String,
+}
+
+/// Query of `DELETE /v1/sandboxes/{id}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct RemoveQuery {
+    /// Remove even when running (stops it first).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// A recorded lifecycle transition.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxEvent {
+    /// Monotonic event sequence number.
+    pub seq: i64,
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// RFC 3339 time.
+    pub time: String,
+    /// State before (absent for creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<SandboxState>,
+    /// State after.
+    pub to: SandboxState,
+    /// Reason code (`user`, `ttl_expired`, `init_exited`, `oom`, `daemon_restart`, ...).
+    pub reason: String,
+    /// Optional detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Duration of the transition in milliseconds.
+    pub duration_ms: u64,
+}

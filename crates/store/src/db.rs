@@ -1,0 +1,1 @@
+pub struct Db; #[derive(Debug, thiserror::Error)] #[error("db")] pub struct DbError;
