@@ -1,1 +1,11 @@
-//! core
+//! Pure logic of strata: no I/O, no async, no syscalls.
+//!
+//! * [`lifecycle`]: the exhaustive transition table of sandbox states.
+//! * [`units`]: durations (`30s`, `2h`), sizes (`512m`, `2G`) and CPU counts.
+//! * [`ids`]: sandbox ids and names.
+
+pub mod ids;
+pub mod lifecycle;
+pub mod units;
+
+pub use lifecycle::{Action, InvalidTransition};

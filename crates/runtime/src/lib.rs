@@ -1,1 +1,115 @@
-//! runtime
+//! Isolation tiers for strata sandboxes, behind one trait.
+//!
+//! * [`Runtime`]: what the daemon needs from a tier (start init, build an exec
+//!   command, stop, clean up, read resource counters).
+//! * [`namespace`]: the default Linux tier (overlay root, pid/mount/uts/ipc/net/
+//!   cgroup namespaces, pivot_root, dropped capabilities, no_new_privs, seccomp,
+//!   cgroup v1/v2 limits).
+//! * [`microvm`]: the QEMU microvm tier's host probe (the tier itself plugs in
+//!   beside `namespace` through the same trait).
+//! * [`probe`]: host capability checks behind `strata doctor`.
+//!
+//! The runtime is synchronous and free of tokio: long-running work (waiting
+//! for processes) is left to the caller.
+
+pub mod cgroup;
+pub mod microvm;
+pub mod namespace;
+pub mod probe;
+pub mod spec;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use spec::{ExecSpec, SandboxSpec};
+
+/// Errors of the runtime layer.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A required host feature is missing.
+    #[error("unsupported on this host: {0}")]
+    Unsupported(String),
+    /// The sandbox's init failed during setup; the message comes from inside.
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    /// A cgroup operation failed.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    /// Spawning a helper process failed.
+    #[error("spawning {what}")]
+    Spawn {
+        /// Which helper.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A system call failed.
+    #[error("{what}")]
+    Sys {
+        /// What was attempted.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    /// Wraps an errno-style failure with a description.
+    pub fn sys(what: impl Into<String>, source: impl Into<std::io::Error>) -> Self {
+        RuntimeError::Sys { what: what.into(), source: source.into() }
+    }
+}
+
+/// A started sandbox: enough to find it again after a daemon restart.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxHandle {
+    /// Host pid of the sandbox's init (pid 1 inside).
+    pub init_pid: i32,
+    /// Kernel start time of init (field 22 of /proc/PID/stat), to detect pid reuse.
+    pub init_start_time: u64,
+}
+
+/// Resource counters of a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceUsage {
+    /// Processes killed by the OOM killer inside the sandbox's memory limit.
+    pub oom_kills: u64,
+    /// Memory charged to the sandbox now, in bytes.
+    pub memory_bytes: u64,
+    /// Number of tasks in the sandbox.
+    pub pids: u64,
+}
+
+/// An isolation tier.
+///
+/// Implementations must be cheap to share between threads; every method is
+/// blocking but short, except [`Runtime::stop`], which waits up to its grace period.
+pub trait Runtime: Send + Sync {
+    /// Tier name (`namespace`, `microvm`).
+    fn name(&self) -> &'static str;
+
+    /// Creates cgroups and starts the sandbox's init on its root filesystem.
+    /// Returns once init has finished setting up (or failed, with the reason).
+    fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Whether the sandbox's init is still the process recorded in `handle`.
+    fn is_alive(&self, handle: &SandboxHandle) -> bool;
+
+    /// A command that, when spawned with the caller's stdio, runs `exec` inside the
+    /// sandbox. The command reports on file descriptor 3 (see [`spec::ExecReport`]).
+    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<std::process::Command, RuntimeError>;
+
+    /// Stops every process of the sandbox: SIGTERM, then SIGKILL after `grace`.
+    fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError>;
+
+    /// Releases host resources (cgroups) of a sandbox with no processes left.
+    fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError>;
+
+    /// Current resource counters.
+    fn usage(&self, sandbox_id: &str) -> ResourceUsage;
+
+    /// Directory where the tier keeps per-sandbox runtime files.
+    fn run_dir(&self) -> PathBuf;
+}

@@ -1,1 +1,491 @@
-pub struct Db; #[derive(Debug, thiserror::Error)] #[error("db")] pub struct DbError;
+//! SQLite metadata: images, sandboxes and lifecycle events.
+//!
+//! Every mutation is one transaction. The database runs in WAL mode with
+//! `synchronous=NORMAL`: a crash (even a power loss) leaves the last committed
+//! state or an earlier one, never a torn one. The schema is versioned with
+//! `PRAGMA user_version` and upgraded by [`MIGRATIONS`] on open.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use strata_api::{Image, ImageConfig, LayerInfo, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxState};
+
+/// Errors of the metadata database.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// SQLite failed.
+    #[error("metadata database")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored JSON column did not parse.
+    #[error("corrupt metadata column {column}")]
+    Json {
+        /// Which column.
+        column: &'static str,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The database was written by a newer strata.
+    #[error("metadata schema version {found} is newer than this strata understands ({known})")]
+    TooNew {
+        /// Version in the file.
+        found: i64,
+        /// Latest known version.
+        known: i64,
+    },
+    /// A unique name is already used.
+    #[error("name {0:?} is already in use")]
+    NameTaken(String),
+}
+
+/// Schema migrations; entry `i` upgrades version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: initial schema
+    "CREATE TABLE images (
+        name TEXT PRIMARY KEY,
+        id TEXT NOT NULL,
+        source_kind TEXT NOT NULL,
+        source TEXT NOT NULL,
+        layers TEXT NOT NULL,
+        config TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        state TEXT NOT NULL,
+        state_reason TEXT NOT NULL,
+        state_detail TEXT,
+        source TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        runtime TEXT NOT NULL,
+        lifecycle TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        expires_at TEXT,
+        limits TEXT NOT NULL,
+        env TEXT NOT NULL,
+        hostname TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        init_pid INTEGER,
+        init_start_time INTEGER,
+        oom_kills INTEGER NOT NULL DEFAULT 0,
+        layers TEXT NOT NULL,
+        image_config TEXT NOT NULL
+    );
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        time TEXT NOT NULL,
+        from_state TEXT,
+        to_state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        detail TEXT,
+        duration_ms INTEGER NOT NULL
+    );
+    CREATE INDEX events_by_sandbox ON events(sandbox_id, seq);",
+];
+
+/// A sandbox as stored: the API view plus what only the daemon needs.
+#[derive(Debug, Clone)]
+pub struct SandboxRecord {
+    /// The API view.
+    pub sandbox: Sandbox,
+    /// Layer digests of its image, bottom first.
+    pub layers: Vec<String>,
+    /// Kernel start time of init (pid-reuse guard).
+    pub init_start_time: Option<u64>,
+    /// The image's process defaults.
+    pub image_config: ImageConfig,
+}
+
+/// A state change to record.
+#[derive(Debug, Clone)]
+pub struct Transition<'a> {
+    /// New state.
+    pub to: SandboxState,
+    /// Reason code.
+    pub reason: &'a str,
+    /// Optional detail.
+    pub detail: Option<&'a str>,
+    /// Duration of the transition.
+    pub duration_ms: u64,
+    /// RFC 3339 time.
+    pub time: &'a str,
+}
+
+/// The metadata database.
+pub struct Db {
+    conn: Mutex<Connection>,
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("model serializes")
+}
+
+fn parse<T: serde::de::DeserializeOwned>(s: &str, column: &'static str) -> Result<T, DbError> {
+    serde_json::from_str(s).map_err(|source| DbError::Json { column, source })
+}
+
+fn state_of(s: &str) -> SandboxState {
+    SandboxState::parse(s).unwrap_or(SandboxState::Error)
+}
+
+fn lifecycle_str(l: Lifecycle) -> &'static str {
+    match l {
+        Lifecycle::Ephemeral => "ephemeral",
+        Lifecycle::Persistent => "persistent",
+    }
+}
+
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config";
+
+fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbError>> {
+    let limits: String = r.get(12)?;
+    let env: String = r.get(13)?;
+    let labels: String = r.get(15)?;
+    let layers: String = r.get(19)?;
+    let image_config: String = r.get(20)?;
+    let lifecycle: String = r.get(8)?;
+    let state: String = r.get(2)?;
+    let build = || -> Result<SandboxRecord, DbError> {
+        Ok(SandboxRecord {
+            sandbox: Sandbox {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                state: state_of(&state),
+                state_reason: r.get(3)?,
+                state_detail: r.get(4)?,
+                source: r.get(5)?,
+                image_id: r.get(6)?,
+                runtime: r.get(7)?,
+                lifecycle: if lifecycle == "ephemeral" { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
+                created_at: r.get(9)?,
+                updated_at: r.get(10)?,
+                expires_at: r.get(11)?,
+                limits: parse::<ResourceLimits>(&limits, "limits")?,
+                env: parse(&env, "env")?,
+                hostname: r.get(14)?,
+                labels: parse(&labels, "labels")?,
+                init_pid: r.get(16)?,
+                oom_kills: r.get::<_, i64>(18)? as u64,
+            },
+            init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
+            layers: parse(&layers, "layers")?,
+            image_config: parse(&image_config, "image_config")?,
+        })
+    };
+    Ok(build())
+}
+
+fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
+    let layers: String = r.get(4)?;
+    let config: String = r.get(5)?;
+    let build = || -> Result<Image, DbError> {
+        Ok(Image {
+            name: r.get(0)?,
+            id: r.get(1)?,
+            source_kind: r.get(2)?,
+            source: r.get(3)?,
+            layers: parse::<Vec<LayerInfo>>(&layers, "layers")?,
+            config: parse(&config, "config")?,
+            size: r.get::<_, i64>(6)? as u64,
+            created_at: r.get(7)?,
+        })
+    };
+    Ok(build())
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+}
+
+impl Db {
+    /// Opens (creating and migrating) the database at `path`.
+    pub fn open(path: &Path) -> Result<Self, DbError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let db = Db { conn: Mutex::new(conn) };
+        db.migrate()?;
+        Ok(db)
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn migrate(&self) -> Result<(), DbError> {
+        let mut conn = self.conn();
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(DbError::TooNew { found: version, known });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+            tracing::info!(version = i + 1, "applied metadata migration");
+        }
+        Ok(())
+    }
+
+    /// The schema version in use.
+    pub fn schema_version(&self) -> Result<i64, DbError> {
+        Ok(self.conn().pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    // ---- images ----
+
+    /// Registers an image; with `replace`, an image of the same name is replaced.
+    pub fn put_image(&self, image: &Image, replace: bool) -> Result<(), DbError> {
+        let conn = self.conn();
+        let verb = if replace { "INSERT OR REPLACE" } else { "INSERT" };
+        conn.execute(
+            &format!("{verb} INTO images (name, id, source_kind, source, layers, config, size, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+            params![image.name, image.id, image.source_kind, image.source, json(&image.layers), json(&image.config), image.size as i64, image.created_at],
+        )
+        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(image.name.clone()) } else { e.into() })?;
+        Ok(())
+    }
+
+    /// Finds an image by name, or by id (or unique id prefix of at least 8 characters).
+    pub fn get_image(&self, name_or_id: &str) -> Result<Option<Image>, DbError> {
+        let conn = self.conn();
+        let sql = "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images WHERE name = ?1 OR id = ?1 OR (length(?1) >= 8 AND (id LIKE ?1 || '%' OR id LIKE 'sha256:' || ?1 || '%')) ORDER BY name = ?1 DESC LIMIT 1";
+        let img = conn.query_row(sql, params![name_or_id], image_from_row).optional()?;
+        img.transpose()
+    }
+
+    /// All images, by name.
+    pub fn list_images(&self) -> Result<Vec<Image>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT name, id, source_kind, source, layers, config, size, created_at FROM images ORDER BY name")?;
+        let rows = stmt.query_map([], image_from_row)?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// Removes an image record. Returns whether it existed.
+    pub fn delete_image(&self, name: &str) -> Result<bool, DbError> {
+        Ok(self.conn().execute("DELETE FROM images WHERE name = ?1", params![name])? > 0)
+    }
+
+    // ---- sandboxes ----
+
+    /// Inserts a new sandbox and its creation event in one transaction.
+    pub fn insert_sandbox(&self, rec: &SandboxRecord) -> Result<SandboxEvent, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let s = &rec.sandbox;
+        tx.execute(
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"),
+            params![
+                s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
+                lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
+                s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
+                json(&rec.layers), json(&rec.image_config)
+            ],
+        )
+        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
+        let ev = insert_event(&tx, &s.id, None, &Transition { to: s.state, reason: &s.state_reason, detail: s.state_detail.as_deref(), duration_ms: 0, time: &s.created_at })?;
+        tx.commit()?;
+        Ok(ev)
+    }
+
+    /// Records a state change (and the init handle that goes with it) plus its event, atomically.
+    /// `expected_from` guards against racing transitions: the update applies only
+    /// if the sandbox is still in that state; otherwise `Ok(None)`.
+    pub fn transition(
+        &self,
+        id: &str,
+        expected_from: SandboxState,
+        t: &Transition<'_>,
+        init: Option<(i32, u64)>,
+    ) -> Result<Option<SandboxEvent>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let n = tx.execute(
+            "UPDATE sandboxes SET state = ?1, state_reason = ?2, state_detail = ?3, updated_at = ?4, init_pid = ?5, init_start_time = ?6 WHERE id = ?7 AND state = ?8",
+            params![t.to.as_str(), t.reason, t.detail, t.time, init.map(|i| i.0), init.map(|i| i.1 as i64), id, expected_from.as_str()],
+        )?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let ev = insert_event(&tx, id, Some(expected_from), t)?;
+        tx.commit()?;
+        Ok(Some(ev))
+    }
+
+    /// Deletes a sandbox record, recording its final event.
+    pub fn delete_sandbox(&self, id: &str, from: SandboxState, t: &Transition<'_>) -> Result<SandboxEvent, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        let ev = insert_event(&tx, id, Some(from), t)?;
+        tx.commit()?;
+        Ok(ev)
+    }
+
+    /// Updates the OOM-kill counter.
+    pub fn set_oom_kills(&self, id: &str, n: u64) -> Result<(), DbError> {
+        self.conn().execute("UPDATE sandboxes SET oom_kills = ?1 WHERE id = ?2", params![n as i64, id])?;
+        Ok(())
+    }
+
+    /// Finds a sandbox by id, unique id prefix (at least 4 characters) or name.
+    pub fn get_sandbox(&self, id_or_name: &str) -> Result<Option<SandboxRecord>, DbError> {
+        let conn = self.conn();
+        let exact = conn
+            .query_row(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1"), params![id_or_name], sandbox_from_row)
+            .optional()?;
+        if let Some(r) = exact {
+            return r.map(Some);
+        }
+        if id_or_name.len() < 4 || !id_or_name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        let mut stmt = conn.prepare(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id LIKE ?1 || '%' LIMIT 2"))?;
+        let mut rows: Vec<SandboxRecord> = stmt.query_map(params![id_or_name], sandbox_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
+        Ok(if rows.len() == 1 { rows.pop() } else { None })
+    }
+
+    /// All sandboxes, oldest first.
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id"))?;
+        let rows = stmt.query_map([], sandbox_from_row)?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// Events, optionally of one sandbox, with `seq > after`, oldest first, at most `limit`.
+    pub fn events(&self, sandbox_id: Option<&str>, after: i64, limit: u32) -> Result<Vec<SandboxEvent>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events WHERE (?1 IS NULL OR sandbox_id = ?1) AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(params![sandbox_id, after, limit], |r| {
+            Ok(SandboxEvent {
+                seq: r.get(0)?,
+                sandbox_id: r.get(1)?,
+                time: r.get(2)?,
+                from: r.get::<_, Option<String>>(3)?.map(|s| state_of(&s)),
+                to: state_of(&r.get::<_, String>(4)?),
+                reason: r.get(5)?,
+                detail: r.get(6)?,
+                duration_ms: r.get::<_, i64>(7)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+fn insert_event(tx: &rusqlite::Transaction<'_>, id: &str, from: Option<SandboxState>, t: &Transition<'_>) -> Result<SandboxEvent, DbError> {
+    tx.execute(
+        "INSERT INTO events (sandbox_id, time, from_state, to_state, reason, detail, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![id, t.time, from.map(|f| f.as_str()), t.to.as_str(), t.reason, t.detail, t.duration_ms as i64],
+    )?;
+    Ok(SandboxEvent {
+        seq: tx.last_insert_rowid(),
+        sandbox_id: id.to_string(),
+        time: t.time.to_string(),
+        from,
+        to: t.to,
+        reason: t.reason.to_string(),
+        detail: t.detail.map(str::to_string),
+        duration_ms: t.duration_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn record(id: &str, name: &str) -> SandboxRecord {
+        SandboxRecord {
+            sandbox: Sandbox {
+                id: id.into(),
+                name: name.into(),
+                state: SandboxState::Creating,
+                state_reason: "user".into(),
+                state_detail: None,
+                source: "busybox".into(),
+                image_id: "sha256:aa".into(),
+                runtime: "namespace".into(),
+                lifecycle: Lifecycle::Ephemeral,
+                created_at: "2026-01-01T00:00:00Z".into(),
+                updated_at: "2026-01-01T00:00:00Z".into(),
+                expires_at: None,
+                limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10) },
+                env: BTreeMap::from([("A".into(), "1".into())]),
+                hostname: "h".into(),
+                labels: BTreeMap::new(),
+                init_pid: None,
+                oom_kills: 0,
+            },
+            layers: vec!["sha256:00".into()],
+            init_start_time: None,
+            image_config: ImageConfig::default(),
+        }
+    }
+
+    #[test]
+    fn sandbox_roundtrip_transitions_and_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        db.insert_sandbox(&record("0123456789abcdef", "web")).unwrap();
+        assert!(matches!(db.insert_sandbox(&record("1123456789abcdef", "web")), Err(DbError::NameTaken(_))));
+        let t = Transition { to: SandboxState::Running, reason: "user", detail: None, duration_ms: 5, time: "2026-01-01T00:00:01Z" };
+        assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, Some((42, 7))).unwrap().is_some());
+        // A second transition from the old state loses the race and changes nothing.
+        assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, None).unwrap().is_none());
+        let got = db.get_sandbox("web").unwrap().unwrap();
+        assert_eq!(got.sandbox.state, SandboxState::Running);
+        assert_eq!(got.sandbox.init_pid, Some(42));
+        assert_eq!(got.init_start_time, Some(7));
+        assert_eq!(got.sandbox.limits.pids, Some(10));
+        assert!(db.get_sandbox("0123").unwrap().is_some(), "unique prefix resolves");
+        assert!(db.get_sandbox("nope").unwrap().is_none());
+        let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();
+        assert_eq!(evs.len(), 2);
+        assert_eq!(evs[1].from, Some(SandboxState::Creating));
+        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 1, time: "2026-01-01T00:00:02Z" };
+        db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap();
+        assert!(db.get_sandbox("web").unwrap().is_none());
+        assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn reopening_keeps_data_and_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.db");
+        {
+            let db = Db::open(&p).unwrap();
+            let img = Image {
+                id: "sha256:abcdef0123456789".into(),
+                name: "busybox".into(),
+                source_kind: "rootfs-tar".into(),
+                source: "/x.tar".into(),
+                layers: vec![LayerInfo { digest: "sha256:00".into(), size: 3 }],
+                config: ImageConfig::default(),
+                size: 3,
+                created_at: "t".into(),
+            };
+            db.put_image(&img, false).unwrap();
+            assert!(matches!(db.put_image(&img, false), Err(DbError::NameTaken(_))));
+            db.put_image(&img, true).unwrap();
+        }
+        let db = Db::open(&p).unwrap();
+        assert_eq!(db.list_images().unwrap().len(), 1);
+        assert!(db.get_image("abcdef01").unwrap().is_some());
+        assert!(db.delete_image("busybox").unwrap());
+        assert!(!db.delete_image("busybox").unwrap());
+    }
+}

@@ -1,0 +1,215 @@
+//! Cgroup limits and counters, on cgroup v1 and v2 (detected at runtime).
+//!
+//! Each sandbox gets `strata/<id>` under every controller it uses (v1) or one
+//! `strata/<id>` directory in the unified hierarchy (v2).
+
+mod v1;
+mod v2;
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use strata_api::ResourceLimits;
+
+/// Errors of cgroup management.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// Neither a usable v1 nor v2 hierarchy was found.
+    #[error("no usable cgroup hierarchy under {0}")]
+    NoHierarchy(PathBuf),
+    /// Writing or reading a control file failed.
+    #[error("cgroup file {path}")]
+    Io {
+        /// The control file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Which cgroup layout this host uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// Per-controller hierarchies.
+    V1,
+    /// The unified hierarchy with controllers.
+    V2,
+}
+
+impl CgroupVersion {
+    /// `v1` or `v2`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
+}
+
+/// Detects the cgroup layout under `root` (normally `/sys/fs/cgroup`).
+/// A pure v2 host has `cgroup.controllers` at the root; a v1 or hybrid host has
+/// per-controller directories (the hybrid's unified mount without controllers is ignored).
+pub fn detect(root: &Path) -> Result<CgroupVersion, CgroupError> {
+    if root.join("cgroup.controllers").exists() {
+        return Ok(CgroupVersion::V2);
+    }
+    if root.join("memory").join("cgroup.procs").exists() {
+        return Ok(CgroupVersion::V1);
+    }
+    Err(CgroupError::NoHierarchy(root.to_path_buf()))
+}
+
+/// The cgroup(s) of one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxCgroup {
+    version: CgroupVersion,
+    /// v1: one directory per controller; v2: one directory.
+    dirs: Vec<PathBuf>,
+}
+
+/// Path of the top-level strata group name under each hierarchy.
+pub const PARENT: &str = "strata";
+
+impl SandboxCgroup {
+    /// The cgroup of sandbox `id` (not created yet).
+    pub fn new(root: &Path, version: CgroupVersion, id: &str) -> Self {
+        let dirs = match version {
+            CgroupVersion::V1 => v1::CONTROLLERS.iter().map(|c| root.join(c).join(PARENT).join(id)).filter(|p| p.parent().and_then(Path::parent).is_some_and(Path::exists)).collect(),
+            CgroupVersion::V2 => vec![root.join(PARENT).join(id)],
+        };
+        SandboxCgroup { version, dirs }
+    }
+
+    /// The directories (one per v1 controller, or the single v2 one).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Creates the cgroup and applies `limits`.
+    pub fn create(&self, limits: &ResourceLimits) -> Result<(), CgroupError> {
+        if self.version == CgroupVersion::V2 {
+            v2::enable_controllers(&self.dirs[0])?;
+        }
+        for d in &self.dirs {
+            fs::create_dir_all(d).map_err(|source| CgroupError::Io { path: d.clone(), source })?;
+        }
+        match self.version {
+            CgroupVersion::V1 => v1::apply(&self.dirs, limits),
+            CgroupVersion::V2 => v2::apply(&self.dirs[0], limits),
+        }
+    }
+
+    /// Moves `pid` into the cgroup (every controller).
+    pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
+        for d in &self.dirs {
+            write(&d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// OOM kills, memory and task counts.
+    pub fn usage(&self) -> crate::ResourceUsage {
+        match self.version {
+            CgroupVersion::V1 => v1::usage(&self.dirs),
+            CgroupVersion::V2 => v2::usage(&self.dirs[0]),
+        }
+    }
+
+    /// Host pids of every task in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        let Some(d) = self.dirs.first() else { return Vec::new() };
+        fs::read_to_string(d.join("cgroup.procs"))
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Removes the cgroup directories (they must have no tasks left). Missing ones are fine.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        for d in &self.dirs {
+            match fs::remove_dir(d) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(CgroupError::Io { path: d.clone(), source: e });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(|source| CgroupError::Io { path: path.to_path_buf(), source })
+}
+
+/// Reads `key value` lines (memory.events, memory.oom_control) and returns the value of `key`.
+pub(crate) fn read_keyed(path: &Path, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(key)).then(|| it.next()?.parse().ok()).flatten()
+    })
+}
+
+pub(crate) fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_layouts() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(detect(d.path()).is_err());
+        fs::create_dir(d.path().join("memory")).unwrap();
+        fs::write(d.path().join("memory/cgroup.procs"), "").unwrap();
+        assert_eq!(detect(d.path()).unwrap(), CgroupVersion::V1);
+        fs::write(d.path().join("cgroup.controllers"), "memory pids").unwrap();
+        assert_eq!(detect(d.path()).unwrap(), CgroupVersion::V2);
+    }
+
+    #[test]
+    fn reads_keyed_counters() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("memory.events");
+        fs::write(&p, "low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n").unwrap();
+        assert_eq!(read_keyed(&p, "oom_kill"), Some(2));
+        assert_eq!(read_keyed(&p, "missing"), None);
+    }
+
+    #[test]
+    fn v1_limits_are_written_to_fake_hierarchy() {
+        let d = tempfile::tempdir().unwrap();
+        for c in v1::CONTROLLERS {
+            fs::create_dir_all(d.path().join(c).join(PARENT)).unwrap();
+        }
+        let cg = SandboxCgroup::new(d.path(), CgroupVersion::V1, "abc");
+        // Real cgroupfs creates the control files; emulate the ones we write.
+        for dir in cg.dirs() {
+            fs::create_dir_all(dir).unwrap();
+        }
+        let limits = ResourceLimits { memory_bytes: Some(64 << 20), cpus: Some(0.5), pids: Some(32) };
+        cg.create(&limits).unwrap();
+        let m = d.path().join("memory/strata/abc");
+        assert_eq!(fs::read_to_string(m.join("memory.limit_in_bytes")).unwrap(), (64u64 << 20).to_string());
+        assert_eq!(fs::read_to_string(d.path().join("cpu/strata/abc/cpu.cfs_quota_us")).unwrap(), "50000");
+        assert_eq!(fs::read_to_string(d.path().join("pids/strata/abc/pids.max")).unwrap(), "32");
+    }
+
+    #[test]
+    fn v2_limits_are_written_to_fake_hierarchy() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
+        let cg = SandboxCgroup::new(d.path(), CgroupVersion::V2, "abc");
+        let limits = ResourceLimits { memory_bytes: Some(1 << 20), cpus: Some(2.0), pids: None };
+        cg.create(&limits).unwrap();
+        let dir = d.path().join("strata/abc");
+        assert_eq!(fs::read_to_string(dir.join("memory.max")).unwrap(), "1048576");
+        assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "200000 100000");
+        assert_eq!(fs::read_to_string(dir.join("pids.max")).unwrap(), "max");
+        assert!(fs::read_to_string(d.path().join("cgroup.subtree_control")).unwrap().contains("+memory"));
+    }
+}

@@ -1,0 +1,216 @@
+//! The namespace tier: a sandbox is an init process in fresh pid, mount, uts,
+//! ipc, net and cgroup namespaces on an overlay root, inside its own cgroup.
+//!
+//! Files: [`init`] (`strata _init`, the sandbox's pid 1), [`enter`]
+//! (`strata _enter`, runs one process inside), [`mounts`], [`creds`],
+//! [`seccomp`], [`user`].
+
+pub mod creds;
+pub mod enter;
+pub mod init;
+pub mod mounts;
+pub mod seccomp;
+pub mod user;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tracing::{debug, warn};
+
+use crate::cgroup::{self, CgroupVersion, SandboxCgroup};
+use crate::spec::{ExecSpec, SandboxSpec};
+use crate::{ResourceUsage, Runtime, RuntimeError, SandboxHandle};
+
+/// Default cgroup root.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// The namespace tier.
+#[derive(Debug, Clone)]
+pub struct NamespaceRuntime {
+    helper_exe: PathBuf,
+    cgroup_root: PathBuf,
+    cgroup_version: CgroupVersion,
+    run_dir: PathBuf,
+    stop_grace: Duration,
+}
+
+impl NamespaceRuntime {
+    /// A runtime whose helpers (`_init`, `_enter`) are subcommands of `helper_exe`
+    /// (the strata binary), keeping per-sandbox runtime files under `run_dir`.
+    pub fn new(helper_exe: PathBuf, run_dir: PathBuf) -> Result<Self, RuntimeError> {
+        let cgroup_root = PathBuf::from(CGROUP_ROOT);
+        let cgroup_version = cgroup::detect(&cgroup_root)?;
+        Ok(NamespaceRuntime { helper_exe, cgroup_root, cgroup_version, run_dir, stop_grace: Duration::from_secs(10) })
+    }
+
+    /// The detected cgroup version.
+    pub fn cgroup_version(&self) -> CgroupVersion {
+        self.cgroup_version
+    }
+
+    fn cgroup(&self, id: &str) -> SandboxCgroup {
+        SandboxCgroup::new(&self.cgroup_root, self.cgroup_version, id)
+    }
+}
+
+/// Kernel start time of a process (field 22 of /proc/PID/stat), or None when it
+/// does not exist or is a zombie.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+impl Runtime for NamespaceRuntime {
+    fn name(&self) -> &'static str {
+        "namespace"
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+        for d in [&spec.upper_dir, &spec.work_dir, &spec.rootfs_dir] {
+            std::fs::create_dir_all(d).map_err(|e| RuntimeError::sys(format!("create {}", d.display()), e))?;
+        }
+        let cg = self.cgroup(&spec.id);
+        cg.create(&spec.limits)?;
+        let config = init::InitConfig { spec: spec.clone(), cgroup_dirs: cg.dirs().to_vec(), stop_grace_secs: self.stop_grace.as_secs() };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log_path)
+            .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
+        let mut child = Command::new(&self.helper_exe)
+            .arg("_init")
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|source| RuntimeError::Spawn { what: "sandbox init", source })?;
+        let json = serde_json::to_vec(&config).expect("InitConfig serializes");
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin.write_all(&json).map_err(|e| RuntimeError::sys("send init config", e))?;
+        drop(stdin);
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut pid = None;
+        let mut outcome: Result<(), RuntimeError> = Err(RuntimeError::Setup("init exited without reporting".into()));
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<init::InitReport>(&line) {
+                Ok(init::InitReport::Pid { pid: p }) => pid = Some(p),
+                Ok(init::InitReport::Ready) => {
+                    outcome = Ok(());
+                    break;
+                }
+                Ok(init::InitReport::Error { message }) => {
+                    outcome = Err(RuntimeError::Setup(message));
+                    break;
+                }
+                Err(_) => debug!(line, "unexpected line from init"),
+            }
+        }
+        let _ = child.wait();
+        let cleanup = |pid: Option<i32>| {
+            if let Some(p) = pid {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            let _ = self.cleanup(&spec.id);
+        };
+        if let Err(e) = outcome {
+            cleanup(pid);
+            return Err(e);
+        }
+        let Some(pid) = pid else {
+            cleanup(None);
+            return Err(RuntimeError::Setup("init did not report its pid".into()));
+        };
+        let Some(start) = process_start_time(pid) else {
+            cleanup(Some(pid));
+            return Err(RuntimeError::Setup("init exited right after setup".into()));
+        };
+        Ok(SandboxHandle { init_pid: pid, init_start_time: start })
+    }
+
+    fn is_alive(&self, handle: &SandboxHandle) -> bool {
+        process_start_time(handle.init_pid) == Some(handle.init_start_time)
+    }
+
+    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<Command, RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox init is not running".into()));
+        }
+        let cfg = enter::EnterConfig { init_pid: handle.init_pid, cgroup_dirs: self.cgroup(sandbox_id).dirs().to_vec(), exec: exec.clone() };
+        let mut cmd = Command::new(&self.helper_exe);
+        cmd.arg("_enter").env_clear().env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
+        Ok(cmd)
+    }
+
+    fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {
+        let cg = self.cgroup(sandbox_id);
+        if self.is_alive(handle) {
+            let pid = Pid::from_raw(handle.init_pid);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + grace;
+            while self.is_alive(handle) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if self.is_alive(handle) {
+                warn!(sandbox = sandbox_id, "init ignored SIGTERM for {grace:?}; killing");
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+        // Init's death kills the pid namespace; helpers outside it (exec parents) may linger briefly.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let pids = cg.pids();
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            if Instant::now() > deadline {
+                return Err(RuntimeError::Setup(format!("processes of sandbox {sandbox_id} survive SIGKILL")));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        let cg = self.cgroup(sandbox_id);
+        // rmdir fails with EBUSY while the kernel finishes tearing tasks down; retry briefly.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match cg.remove() {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() < deadline => {
+                    debug!(sandbox = sandbox_id, error = %e, "cgroup busy, retrying");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn usage(&self, sandbox_id: &str) -> ResourceUsage {
+        self.cgroup(sandbox_id).usage()
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.run_dir.clone()
+    }
+}
+
+/// Whether `path` looks like a usable helper binary.
+pub fn helper_exists(path: &Path) -> bool {
+    path.is_file()
+}

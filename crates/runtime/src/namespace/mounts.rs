@@ -1,0 +1,211 @@
+//! The sandbox's mount tree, built by its init inside a private mount namespace.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+
+/// Errors are plain messages: they travel back to the daemon over a pipe.
+pub type SetupResult<T> = Result<T, String>;
+
+fn ctx<E: std::fmt::Display>(what: impl std::fmt::Display) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// Builds the overlay mount options. When every lower directory shares one
+/// parent (the layer store), returns that parent to chdir into and relative
+/// names, which keeps deep chains under the kernel's one-page option limit.
+pub fn overlay_options(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path) -> SetupResult<(Option<PathBuf>, String)> {
+    for p in lower_bottom_first.iter().chain([upper.to_path_buf(), work.to_path_buf()].iter()) {
+        let s = p.to_string_lossy();
+        if s.contains(',') || s.contains(':') {
+            return Err(format!("overlay path {s:?} contains ',' or ':'"));
+        }
+    }
+    if lower_bottom_first.is_empty() {
+        return Err("a sandbox needs at least one image layer".into());
+    }
+    // Layer dirs are .../sha256/<hex>/fs: the shared base is two levels up.
+    let base = lower_bottom_first[0].parent().and_then(Path::parent).map(Path::to_path_buf);
+    let relative = base.as_ref().filter(|b| lower_bottom_first.iter().all(|l| l.parent().and_then(Path::parent) == Some(b.as_path())));
+    let lowers: Vec<String> = lower_bottom_first
+        .iter()
+        .rev() // overlayfs lists the topmost lower first
+        .map(|l| match relative {
+            Some(b) => l.strip_prefix(b).expect("checked prefix").to_string_lossy().into_owned(),
+            None => l.to_string_lossy().into_owned(),
+        })
+        .collect();
+    let opts = format!("lowerdir={},upperdir={},workdir={}", lowers.join(":"), upper.display(), work.display());
+    if opts.len() >= 4000 {
+        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_bottom_first.len()));
+    }
+    Ok((relative.cloned(), opts))
+}
+
+/// Makes sure `root/name` is a real directory (creating it), never a symlink
+/// planted by the image.
+fn mount_point(root: &Path, rel: &str) -> SetupResult<PathBuf> {
+    let p = root.join(rel);
+    match fs::symlink_metadata(&p) {
+        Ok(m) if m.file_type().is_symlink() => Err(format!("refusing to mount on /{rel}: it is a symlink in the image")),
+        Ok(m) if m.is_dir() => Ok(p),
+        Ok(_) => Err(format!("refusing to mount on /{rel}: not a directory in the image")),
+        Err(_) => {
+            fs::create_dir(&p).map_err(ctx(format!("mkdir /{rel}")))?;
+            Ok(p)
+        }
+    }
+}
+
+fn mnt(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> SetupResult<()> {
+    mount(Some(src), target, fstype, flags, data).map_err(ctx(format!("mount {src} on {}", target.display())))
+}
+
+const DEVICES: [(&str, u64, u64); 6] = [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
+
+/// Paths hidden from the sandbox (bound to /dev/null or an empty read-only tmpfs).
+const MASKED: [&str; 8] = ["proc/kcore", "proc/keys", "proc/timer_list", "proc/sched_debug", "proc/latency_stats", "proc/acpi", "proc/scsi", "sys/firmware"];
+/// Paths made read-only.
+const READ_ONLY: [&str; 5] = ["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
+
+/// Mounts the overlay root and the pseudo-filesystems under it. Must run in a
+/// fresh mount (and pid) namespace.
+pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path) -> SetupResult<()> {
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(ctx("make / private"))?;
+    let (chdir, opts) = overlay_options(lower, upper, work)?;
+    if let Some(d) = &chdir {
+        nix::unistd::chdir(d).map_err(ctx(format!("chdir {}", d.display())))?;
+    }
+    mnt("overlay", root, Some("overlay"), MsFlags::empty(), Some(&opts))?;
+
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mnt("proc", &mount_point(root, "proc")?, Some("proc"), nosuid_nodev_noexec, None)?;
+
+    let dev = mount_point(root, "dev")?;
+    mnt("tmpfs", &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_STRICTATIME, Some("mode=755,size=65536k"))?;
+    for (name, major, minor) in DEVICES {
+        let p = dev.join(name);
+        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor)).map_err(ctx(format!("mknod /dev/{name}")))?;
+        // mknod honours the umask; set the mode explicitly.
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o666)).map_err(ctx(format!("chmod /dev/{name}")))?;
+    }
+    for (link, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")] {
+        symlink(target, dev.join(link)).map_err(ctx(format!("symlink /dev/{link}")))?;
+    }
+    for d in ["pts", "shm", "mqueue"] {
+        fs::create_dir(dev.join(d)).map_err(ctx(format!("mkdir /dev/{d}")))?;
+    }
+    mnt("devpts", &dev.join("pts"), Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("newinstance,ptmxmode=0666,mode=0620"))?;
+    mnt("shm", &dev.join("shm"), Some("tmpfs"), nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
+    mnt("mqueue", &dev.join("mqueue"), Some("mqueue"), nosuid_nodev_noexec, None)?;
+
+    mnt("sysfs", &mount_point(root, "sys")?, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
+    mnt("tmpfs", &mount_point(root, "tmp")?, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+
+    for rel in MASKED {
+        let p = root.join(rel);
+        let Ok(meta) = fs::symlink_metadata(&p) else { continue };
+        if meta.is_dir() {
+            mnt("tmpfs", &p, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))?;
+        } else {
+            mount(Some(&dev.join("null")), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx(format!("mask /{rel}")))?;
+        }
+    }
+    for rel in READ_ONLY {
+        let p = root.join(rel);
+        if fs::symlink_metadata(&p).is_err() {
+            continue;
+        }
+        mount(Some(&p), &p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(ctx(format!("bind /{rel}")))?;
+        mount(None::<&str>, &p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None::<&str>)
+            .map_err(ctx(format!("read-only /{rel}")))?;
+    }
+    Ok(())
+}
+
+/// Makes `root` the root of the mount namespace and detaches the old root.
+pub fn pivot_into(root: &Path) -> SetupResult<()> {
+    nix::unistd::chdir(root).map_err(ctx("chdir to new root"))?;
+    nix::unistd::pivot_root(".", ".").map_err(ctx("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(ctx("detach old root"))?;
+    nix::unistd::chdir("/").map_err(ctx("chdir /"))?;
+    Ok(())
+}
+
+/// Writes /etc/hostname and makes /etc/hosts name the sandbox (after pivot_root,
+/// so symlinks in the image resolve inside the sandbox).
+pub fn write_identity_files(hostname: &str) -> SetupResult<()> {
+    let etc = Path::new("/etc");
+    if !etc.is_dir() {
+        return Ok(());
+    }
+    fs::write("/etc/hostname", format!("{hostname}\n")).map_err(ctx("write /etc/hostname"))?;
+    let hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let line = format!("127.0.1.1\t{hostname}");
+    if !hosts.lines().any(|l| l.trim() == line) {
+        let mut new = String::new();
+        if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
+            new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        }
+        for l in hosts.lines().filter(|l| !l.starts_with("127.0.1.1")) {
+            new.push_str(l);
+            new.push('\n');
+        }
+        new.push_str(&line);
+        new.push('\n');
+        fs::write("/etc/hosts", new).map_err(ctx("write /etc/hosts"))?;
+    }
+    Ok(())
+}
+
+/// Brings the loopback interface of the (new) network namespace up.
+pub fn loopback_up() -> SetupResult<()> {
+    // SAFETY: socket() has no memory-safety preconditions; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: fd is a valid socket and req a valid ifreq for these ioctls.
+    let r = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            -1
+        } else {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req)
+        }
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: fd was returned by socket() above and is closed once.
+    unsafe { libc::close(fd) };
+    if r < 0 {
+        return Err(format!("bring up lo: {err}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_options_use_relative_layer_names() {
+        let lowers: Vec<PathBuf> = ["a", "b"].iter().map(|h| PathBuf::from(format!("/s/layers/sha256/{h}/fs"))).collect();
+        let (dir, opts) = overlay_options(&lowers, Path::new("/s/sb/1/upper"), Path::new("/s/sb/1/work")).unwrap();
+        assert_eq!(dir.unwrap(), PathBuf::from("/s/layers/sha256"));
+        assert_eq!(opts, "lowerdir=b/fs:a/fs,upperdir=/s/sb/1/upper,workdir=/s/sb/1/work");
+    }
+
+    #[test]
+    fn overlay_options_reject_separators_and_empty_chains() {
+        assert!(overlay_options(&[PathBuf::from("/x,y/fs")], Path::new("/u"), Path::new("/w")).is_err());
+        assert!(overlay_options(&[], Path::new("/u"), Path::new("/w")).is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! Host capability probes behind `strata doctor`.
+
+use std::path::Path;
+use std::process::Command;
+
+use strata_api::{DoctorReport, FeatureCheck, TierReport};
+
+use crate::cgroup;
+
+fn check(name: &str, available: bool, detail: impl Into<String>, disables: &str) -> FeatureCheck {
+    FeatureCheck { name: name.into(), available, detail: detail.into(), disables: if available { String::new() } else { disables.into() } }
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Parses `criu --version` output ("Version: 4.1.1") into (major, minor).
+pub fn parse_criu_version(out: &str) -> Option<(u32, u32)> {
+    let v = out.lines().find_map(|l| l.trim().strip_prefix("Version:"))?.trim();
+    let mut it = v.split('.');
+    Some((it.next()?.parse().ok()?, it.next().unwrap_or("0").parse().ok()?))
+}
+
+fn capability_in_effective_set(cap: u32) -> bool {
+    read("/proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1u64 << cap) != 0)
+}
+
+/// Probes the host.
+pub fn doctor() -> DoctorReport {
+    let mut f = Vec::new();
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
+    for ns in ["user", "pid", "mnt", "uts", "ipc", "net", "cgroup"] {
+        let ok = Path::new(&format!("/proc/self/ns/{ns}")).exists();
+        f.push(check(&format!("{ns}_namespace"), ok, if ok { "present" } else { "missing" }, "the namespace tier"));
+    }
+    let root = nix::unistd::geteuid().is_root();
+    f.push(check("root", root, if root { "running as root" } else { "not root" }, "the namespace tier (needs root to create namespaces, mounts and cgroups)"));
+    let cg = cgroup::detect(Path::new(crate::namespace::CGROUP_ROOT));
+    let cg_version = match &cg {
+        Ok(v) => {
+            let hybrid = *v == cgroup::CgroupVersion::V1 && Path::new("/sys/fs/cgroup/unified").exists();
+            if hybrid { "hybrid".to_string() } else { v.as_str().to_string() }
+        }
+        Err(_) => "none".to_string(),
+    };
+    f.push(check("cgroups", cg.is_ok(), format!("cgroup {cg_version}"), "resource limits and OOM reporting"));
+    let freezer = Path::new("/sys/fs/cgroup/freezer").exists() || Path::new("/sys/fs/cgroup/cgroup.freeze").exists() || cg.as_ref().is_ok_and(|v| *v == cgroup::CgroupVersion::V2);
+    f.push(check("cgroup_freezer", freezer, if freezer { "present" } else { "missing" }, "pause/unpause and consistent checkpoints"));
+    let fs = read("/proc/filesystems");
+    let overlay = fs.lines().any(|l| l.trim_end().ends_with("overlay"));
+    f.push(check("overlayfs", overlay, if overlay { "in /proc/filesystems" } else { "not in /proc/filesystems (modprobe overlay)" }, "the namespace tier's copy-on-write root"));
+    let seccomp = read("/proc/self/status").lines().any(|l| l.starts_with("Seccomp:"));
+    f.push(check("seccomp", seccomp, if seccomp { "filter mode available" } else { "kernel without CONFIG_SECCOMP" }, "the syscall filter"));
+    let lsm = read("/sys/kernel/security/lsm");
+    let landlock = lsm.split(',').any(|m| m.trim() == "landlock");
+    f.push(check("landlock", landlock, if landlock { format!("active LSMs: {}", lsm.trim()) } else { "not an active LSM".into() }, "optional landlock path rules"));
+    let sys_resource = capability_in_effective_set(24);
+    f.push(check("cap_sys_resource", sys_resource, if sys_resource { "present" } else { "absent: hard rlimits are never raised" }, "raising hard rlimits (strata never needs to)"));
+    let uffd = Path::new("/proc/sys/vm/unprivileged_userfaultfd").exists() || Path::new("/dev/userfaultfd").exists();
+    f.push(check("userfaultfd", uffd, if uffd { "present" } else { "missing" }, "lazy memory restore"));
+    let criu = Command::new("criu").arg("--version").output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let criu_v = criu.as_deref().and_then(parse_criu_version);
+    let criu_ok = criu_v.is_some_and(|(maj, _)| maj >= 4);
+    let criu_detail = match criu_v {
+        Some((a, b)) if criu_ok => format!("criu {a}.{b}"),
+        Some((a, b)) => format!("criu {a}.{b} is too old (need >= 4; run scripts/setup-host.sh)"),
+        None => "criu not found (run scripts/setup-host.sh)".to_string(),
+    };
+    f.push(check("criu", criu_ok, criu_detail, "standby with running processes (process checkpoint/restore); standby degrades to --fs-only"));
+    let nft = Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success());
+    f.push(check("nftables", nft, if nft { "nft present" } else { "nft not found" }, "host-enforced egress rules"));
+    let vm = crate::microvm::probe();
+    f.push(check("kvm", vm.kvm == "hardware", format!("/dev/kvm: {}", vm.kvm), "hardware-accelerated microVMs (TCG emulation still works, slowly)"));
+    f.push(check("qemu", vm.qemu.is_some(), vm.qemu.clone().unwrap_or_else(|| "qemu-system-x86_64 not found".into()), "the microvm tier"));
+
+    let ns_ok = root && overlay && cg.is_ok() && f.iter().filter(|c| c.name.ends_with("_namespace")).all(|c| c.available);
+    let tiers = vec![
+        TierReport {
+            name: "namespace".into(),
+            available: ns_ok,
+            detail: if ns_ok { format!("namespaces, overlayfs, cgroup {cg_version}") } else { "missing: see features".into() },
+        },
+        TierReport {
+            name: "microvm".into(),
+            available: false,
+            detail: match (&vm.qemu, vm.kvm.as_str()) {
+                (None, _) => "not implemented on this build; qemu-system-x86_64 not installed".into(),
+                (Some(q), kvm) => format!("not implemented on this build; {q}, kvm {kvm} (pvm/none means TCG only)"),
+            },
+        },
+    ];
+    DoctorReport { kernel, cgroup_version: cg_version, features: f, tiers }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_criu_versions() {
+        assert_eq!(parse_criu_version("Version: 4.1.1\n"), Some((4, 1)));
+        assert_eq!(parse_criu_version("Version: 3.17\nGitID: v3.17\n"), Some((3, 17)));
+        assert_eq!(parse_criu_version("nonsense"), None);
+    }
+
+    #[test]
+    fn doctor_reports_every_feature_once() {
+        let r = doctor();
+        let mut names: Vec<_> = r.features.iter().map(|f| f.name.clone()).collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(n, names.len());
+        assert!(r.features.iter().all(|f| f.available || !f.disables.is_empty()), "a missing feature says what it disables");
+        assert_eq!(r.tiers.len(), 2);
+    }
+}
