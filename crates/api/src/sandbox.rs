@@ -150,6 +150,9 @@ pub struct Sandbox {
     pub created_at: String,
     /// RFC 3339 time of the last state change.
     pub updated_at: String,
+    /// Time to live of each run (e.g. "10m"); counted from the last start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
     /// RFC 3339 time at which the TTL expires, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,

@@ -1,1 +1,24 @@
-fn main() {}
+//! `strata`: the daemon and the CLI in one binary.
+//!
+//! `strata _init` and `strata _enter` are internal helpers run by the daemon
+//! (the sandbox's pid 1 and the exec helper); they are dispatched before any
+//! runtime or thread starts, because they unshare and setns.
+
+mod args;
+mod commands;
+mod exec;
+mod output;
+
+use clap::Parser;
+
+fn main() {
+    match std::env::args().nth(1).as_deref() {
+        Some("_init") => strata_runtime::namespace::init::main(),
+        Some("_enter") => strata_runtime::namespace::enter::main(),
+        _ => {}
+    }
+    let cli = args::Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(if matches!(cli.command, args::Command::Daemon(_)) { 2 } else { 1 }).enable_all().build().expect("tokio runtime");
+    let code = rt.block_on(commands::run(cli));
+    std::process::exit(code)
+}

@@ -1,1 +1,371 @@
-//! client
+//! Typed async client for the strata daemon, over its Unix socket or TCP.
+//!
+//! One HTTP/1.1 connection per request (a Unix-socket connect costs
+//! microseconds); streaming endpoints return an [`NdjsonStream`].
+
+use std::path::PathBuf;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use strata_api::*;
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon could not be reached.
+    #[error("cannot connect to the strata daemon at {endpoint} (is `strata daemon` running?)")]
+    Connect {
+        /// Where we tried.
+        endpoint: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// HTTP protocol failure.
+    #[error("HTTP exchange with the daemon failed")]
+    Http(#[from] hyper::Error),
+    /// The daemon answered with an error.
+    #[error("{} ({}, HTTP {status})", body.message, body.code)]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The error body.
+        body: ApiErrorBody,
+    },
+    /// The response did not decode.
+    #[error("unexpected response from the daemon: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The API error code, when the daemon answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { body, .. } => Some(body.code),
+            _ => None,
+        }
+    }
+}
+
+/// Where the daemon listens.
+#[derive(Debug, Clone)]
+pub enum Endpoint {
+    /// A Unix socket path.
+    Unix(PathBuf),
+    /// `host:port` with an optional bearer token.
+    Tcp {
+        /// Address.
+        addr: String,
+        /// Bearer token.
+        token: Option<String>,
+    },
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Tcp { addr, .. } => write!(f, "tcp:{addr}"),
+        }
+    }
+}
+
+/// The client.
+#[derive(Debug, Clone)]
+pub struct Client {
+    endpoint: Endpoint,
+}
+
+type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// Percent-encodes a query value.
+pub fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// A stream of NDJSON values from a response body.
+pub struct NdjsonStream<T> {
+    body: Incoming,
+    buf: BytesMut,
+    done: bool,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: DeserializeOwned> NdjsonStream<T> {
+    /// The next value, or `None` at the end of the stream.
+    pub async fn next(&mut self) -> Result<Option<T>> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line = self.buf.split_to(pos + 1);
+                let line = &line[..line.len() - 1];
+                if line.is_empty() {
+                    continue;
+                }
+                return serde_json::from_slice(line).map(Some).map_err(|e| ClientError::Decode(e.to_string()));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            match self.body.frame().await {
+                Some(frame) => {
+                    if let Ok(data) = frame?.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                None => self.done = true,
+            }
+        }
+    }
+}
+
+impl Client {
+    /// A client for `endpoint`.
+    pub fn new(endpoint: Endpoint) -> Self {
+        Client { endpoint }
+    }
+
+    /// A client for a Unix socket.
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        Client::new(Endpoint::Unix(path.into()))
+    }
+
+    /// Sends one request and returns the raw response (errors decoded into [`ClientError::Api`]).
+    pub async fn send(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Response<Incoming>> {
+        let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata").header(hyper::header::CONTENT_TYPE, content_type);
+        let resp = match &self.endpoint {
+            Endpoint::Unix(p) => {
+                let stream = tokio::net::UnixStream::connect(p).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(conn);
+                sender.send_request(req.body(Full::new(body)).expect("valid request")).await?
+            }
+            Endpoint::Tcp { addr, token } => {
+                if let Some(t) = token {
+                    req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+                }
+                let stream = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(conn);
+                sender.send_request(req.body(Full::new(body)).expect("valid request")).await?
+            }
+        };
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let body = serde_json::from_slice::<ApiErrorBody>(&bytes).unwrap_or_else(|_| ApiErrorBody {
+            code: ErrorCode::Internal,
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+            current_state: None,
+            dependents: vec![],
+        });
+        Err(ClientError::Api { status, body })
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T> {
+        let bytes = body.map(|b| Bytes::from(serde_json::to_vec(b).expect("request serializes"))).unwrap_or_default();
+        let resp = self.send(method, path, bytes, "application/json").await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let bytes = if status == StatusCode::NO_CONTENT || bytes.is_empty() { Bytes::from_static(b"null") } else { bytes };
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(format!("{e} in {}", String::from_utf8_lossy(&bytes))))
+    }
+
+    async fn stream<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<NdjsonStream<T>> {
+        let bytes = body.map(|b| Bytes::from(serde_json::to_vec(b).expect("request serializes"))).unwrap_or_default();
+        let resp = self.send(method, path, bytes, "application/json").await?;
+        Ok(NdjsonStream { body: resp.into_body(), buf: BytesMut::new(), done: false, _t: std::marker::PhantomData })
+    }
+
+    async fn raw(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes> {
+        let resp = self.send(method, path, body, "application/octet-stream").await?;
+        Ok(resp.into_body().collect().await?.to_bytes())
+    }
+
+    // ---- host ----
+
+    /// Daemon info.
+    pub async fn info(&self) -> Result<DaemonInfo> {
+        self.call::<(), _>(Method::GET, "/v1/info", None).await
+    }
+
+    /// Host capabilities.
+    pub async fn doctor(&self) -> Result<DoctorReport> {
+        self.call::<(), _>(Method::GET, "/v1/doctor", None).await
+    }
+
+    /// The OpenAPI document.
+    pub async fn openapi(&self) -> Result<serde_json::Value> {
+        self.call::<(), _>(Method::GET, "/openapi.json", None).await
+    }
+
+    // ---- images ----
+
+    /// Imports an image, waiting for the result.
+    pub async fn import_image(&self, req: &ImportImageRequest) -> Result<ImportReport> {
+        self.call(Method::POST, "/v1/images/import", Some(req)).await
+    }
+
+    /// Imports an image, streaming progress.
+    pub async fn import_image_stream(&self, req: &ImportImageRequest) -> Result<NdjsonStream<ImportEvent>> {
+        self.stream(Method::POST, "/v1/images/import?stream=true", Some(req)).await
+    }
+
+    /// Lists images.
+    pub async fn list_images(&self) -> Result<Vec<Image>> {
+        self.call::<(), _>(Method::GET, "/v1/images", None).await
+    }
+
+    /// Inspects an image.
+    pub async fn get_image(&self, name: &str) -> Result<Image> {
+        self.call::<(), _>(Method::GET, &format!("/v1/images/{}", enc(name)), None).await
+    }
+
+    /// Removes an image.
+    pub async fn remove_image(&self, name: &str) -> Result<()> {
+        self.call::<(), ()>(Method::DELETE, &format!("/v1/images/{}", enc(name)), None).await
+    }
+
+    // ---- sandboxes ----
+
+    /// Creates and starts a sandbox.
+    pub async fn create_sandbox(&self, req: &CreateSandboxRequest) -> Result<CreatedSandbox> {
+        self.call(Method::POST, "/v1/sandboxes", Some(req)).await
+    }
+
+    /// Lists sandboxes.
+    pub async fn list_sandboxes(&self) -> Result<Vec<Sandbox>> {
+        self.call::<(), _>(Method::GET, "/v1/sandboxes", None).await
+    }
+
+    /// Inspects a sandbox.
+    pub async fn get_sandbox(&self, id: &str) -> Result<Sandbox> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}", enc(id)), None).await
+    }
+
+    /// Stops a sandbox.
+    pub async fn stop_sandbox(&self, id: &str) -> Result<SandboxEvent> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/stop", enc(id)), None).await
+    }
+
+    /// Starts a stopped sandbox.
+    pub async fn start_sandbox(&self, id: &str) -> Result<Sandbox> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/start", enc(id)), None).await
+    }
+
+    /// Destroys a sandbox.
+    pub async fn remove_sandbox(&self, id: &str, force: bool) -> Result<SandboxEvent> {
+        self.call::<(), _>(Method::DELETE, &format!("/v1/sandboxes/{}?force={force}", enc(id)), None).await
+    }
+
+    /// Lifecycle events (all, or of one sandbox) after `after`.
+    pub async fn events(&self, sandbox: Option<&str>, after: i64) -> Result<Vec<SandboxEvent>> {
+        let q = sandbox.map(|s| format!("&sandbox={}", enc(s))).unwrap_or_default();
+        self.call::<(), _>(Method::GET, &format!("/v1/events?after={after}{q}"), None).await
+    }
+
+    /// Follows lifecycle events.
+    pub async fn follow_events(&self, sandbox: Option<&str>, after: i64) -> Result<NdjsonStream<SandboxEvent>> {
+        let q = sandbox.map(|s| format!("&sandbox={}", enc(s))).unwrap_or_default();
+        self.stream::<(), _>(Method::GET, &format!("/v1/events?follow=true&after={after}{q}"), None).await
+    }
+
+    // ---- processes ----
+
+    /// Runs a command to completion and returns its output.
+    pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResult> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/exec", enc(id)), Some(req)).await
+    }
+
+    /// Runs a command, streaming its events.
+    pub async fn exec_stream(&self, id: &str, req: &ExecRequest) -> Result<NdjsonStream<ProcessEvent>> {
+        self.stream(Method::POST, &format!("/v1/sandboxes/{}/exec?stream=true", enc(id)), Some(req)).await
+    }
+
+    /// Starts a background process.
+    pub async fn start_process(&self, id: &str, req: &ExecRequest) -> Result<ProcessInfo> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/processes", enc(id)), Some(req)).await
+    }
+
+    /// Lists processes.
+    pub async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/processes", enc(id)), None).await
+    }
+
+    /// Inspects a process.
+    pub async fn get_process(&self, id: &str, pid: u64) -> Result<ProcessInfo> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/processes/{pid}", enc(id)), None).await
+    }
+
+    /// Reads (and optionally follows) a process's output.
+    pub async fn logs(&self, id: &str, pid: u64, offset: u64, follow: bool) -> Result<NdjsonStream<ProcessEvent>> {
+        self.stream::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/processes/{pid}/logs?offset={offset}&follow={follow}", enc(id)), None).await
+    }
+
+    /// Sends a signal.
+    pub async fn signal(&self, id: &str, pid: u64, signal: &str) -> Result<ProcessInfo> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/processes/{pid}/signal", enc(id)), Some(&SignalRequest { signal: signal.into() })).await
+    }
+
+    /// Writes to a process's stdin.
+    pub async fn write_stdin(&self, id: &str, pid: u64, req: &StdinRequest) -> Result<()> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/processes/{pid}/stdin", enc(id)), Some(req)).await
+    }
+
+    /// Waits for a process.
+    pub async fn wait(&self, id: &str, pid: u64, timeout: Option<&str>) -> Result<ProcessInfo> {
+        let q = timeout.map(|t| format!("?timeout={}", enc(t))).unwrap_or_default();
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/processes/{pid}/wait{q}", enc(id)), None).await
+    }
+
+    // ---- files ----
+
+    /// Uploads bytes to a file (or, with `tar`, extracts a tar stream under a directory).
+    pub async fn upload(&self, id: &str, path: &str, data: Bytes, mode: Option<u32>, tar: bool) -> Result<()> {
+        let m = mode.map(|m| format!("&mode={m}")).unwrap_or_default();
+        self.raw(Method::PUT, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}{m}", enc(id), enc(path)), data).await.map(|_| ())
+    }
+
+    /// Downloads a file (or, with `tar`, a tar stream of a path).
+    pub async fn download(&self, id: &str, path: &str, tar: bool) -> Result<Bytes> {
+        self.raw(Method::GET, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}", enc(id), enc(path)), Bytes::new()).await
+    }
+
+    /// Metadata of a path.
+    pub async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/files/stat?path={}", enc(id), enc(path)), None).await
+    }
+
+    /// Lists a directory.
+    pub async fn list_dir(&self, id: &str, path: &str) -> Result<Vec<FileStat>> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/files/list?path={}", enc(id), enc(path)), None).await
+    }
+
+    /// Creates a directory.
+    pub async fn mkdir(&self, id: &str, path: &str, parents: bool) -> Result<()> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/files/mkdir", enc(id)), Some(&MkdirRequest { path: path.into(), parents })).await
+    }
+
+    /// Removes a path.
+    pub async fn remove_path(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/files/remove", enc(id)), Some(&RemoveFileRequest { path: path.into(), recursive })).await
+    }
+
+    /// Moves a path.
+    pub async fn move_path(&self, id: &str, from: &str, to: &str) -> Result<()> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/files/move", enc(id)), Some(&MoveRequest { from: from.into(), to: to.into() })).await
+    }
+}

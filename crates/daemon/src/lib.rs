@@ -1,1 +1,252 @@
-//! daemon
+//! The strata daemon: serves the native HTTP API over a Unix socket (and TCP
+//! with a bearer token), supervises sandbox processes and applies automatic
+//! lifecycle transitions (TTL expiry, init loss, re-adoption after restart).
+//!
+//! Modules: [`sandboxes`] (lifecycle), [`processes`] (exec and background
+//! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
+//! [`events`], [`openapi`], [`error`].
+
+pub mod error;
+pub mod events;
+pub mod files;
+pub mod images;
+pub mod openapi;
+pub mod processes;
+pub mod sandboxes;
+pub mod sandboxfs;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use strata_api::{ApiErrorBody, ErrorCode};
+use tracing::{info, warn};
+
+use crate::error::ApiError;
+use crate::state::{AppState, Shared};
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Filesystem problem with the state directory or socket.
+    #[error("{what} {}", path.display())]
+    Io {
+        /// What was attempted.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another daemon owns the state directory or socket.
+    #[error("another strata daemon is already using {0}")]
+    AlreadyRunning(PathBuf),
+    /// Metadata could not be opened.
+    #[error(transparent)]
+    Db(#[from] strata_store::DbError),
+    /// The layer store could not be opened.
+    #[error(transparent)]
+    Layers(#[from] strata_store::LayerStoreError),
+    /// The runtime is unusable on this host.
+    #[error(transparent)]
+    Runtime(#[from] strata_runtime::RuntimeError),
+    /// Startup reconciliation failed.
+    #[error("reconciling sandboxes: {0}")]
+    Reconcile(String),
+}
+
+/// Daemon configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// State directory (metadata, layers, sandboxes, token).
+    pub state_dir: PathBuf,
+    /// Unix socket path.
+    pub socket: PathBuf,
+    /// Optional TCP address (bearer-token auth).
+    pub listen: Option<SocketAddr>,
+    /// The strata binary, used for the `_init` and `_enter` helpers.
+    pub helper_exe: PathBuf,
+}
+
+/// Name of the token file in the state directory.
+pub const TOKEN_FILE: &str = "api-token";
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> DaemonError + 'a {
+    move |source| DaemonError::Io { what, path: path.to_path_buf(), source }
+}
+
+/// Reads or creates the API token (0600).
+pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
+    let p = state_dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&p) {
+        Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
+        _ => {
+            let token = format!("{:016x}{:016x}{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>(), rand::random::<u64>(), rand::random::<u64>());
+            strata_store::fsutil::write_atomic(&p, token.as_bytes(), 0o600).map_err(io_err("write token", &p))?;
+            Ok(token)
+        }
+    }
+}
+
+/// The router with every native route.
+pub fn router(st: Shared) -> Router {
+    use crate::{files as f, images as i, processes as p, sandboxes as s};
+    Router::new()
+        .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
+        .route("/v1/info", get(events::info_handler))
+        .route("/v1/doctor", get(events::doctor_handler))
+        .route("/v1/events", get(events::events_handler))
+        .route("/v1/images", get(i::list_handler))
+        .route("/v1/images/import", post(i::import_handler))
+        .route("/v1/images/{name}", get(i::get_handler).delete(i::remove_handler))
+        .route("/v1/sandboxes", get(s::list_handler).post(s::create_handler))
+        .route("/v1/sandboxes/{id}", get(s::get_handler).delete(s::remove_handler))
+        .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
+        .route("/v1/sandboxes/{id}/start", post(s::start_handler))
+        .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
+        .route("/v1/sandboxes/{id}/processes", get(p::list_processes_handler).post(p::start_process_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}", get(p::get_process_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}/logs", get(p::logs_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(p::signal_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(p::stdin_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(p::wait_handler))
+        .route("/v1/sandboxes/{id}/files", get(f::download_handler).put(f::upload_handler).layer(DefaultBodyLimit::max(f::MAX_UPLOAD_BYTES)))
+        .route("/v1/sandboxes/{id}/files/stat", get(f::stat_handler))
+        .route("/v1/sandboxes/{id}/files/list", get(f::list_handler))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(f::mkdir_handler))
+        .route("/v1/sandboxes/{id}/files/remove", post(f::remove_handler))
+        .route("/v1/sandboxes/{id}/files/move", post(f::move_handler))
+        .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") })
+        .layer(middleware::from_fn(json_errors))
+        .with_state(st)
+}
+
+/// Turns axum's plain-text rejections (bad JSON, wrong method, ...) into JSON error bodies.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let bytes = axum::body::to_bytes(resp.into_body(), 64 * 1024).await.unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => ErrorCode::RouteNotFound,
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::BadRequest,
+    };
+    let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![] };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn require_token(State(token): State<Arc<String>>, req: Request, next: Next) -> Response {
+    let expected = format!("Bearer {token}");
+    let ok = req.headers().get(header::AUTHORIZATION).is_some_and(|v| constant_time_eq(v.as_bytes(), expected.as_bytes()));
+    if ok {
+        next.run(req).await
+    } else {
+        let mut r = ApiError::new(ErrorCode::Unauthorized, "missing or wrong bearer token (see <state-dir>/api-token)").into_response();
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        r
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Holds an exclusive flock on `<state>/daemon.lock` for the daemon's lifetime.
+fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, DaemonError> {
+    let p = state_dir.join("daemon.lock");
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(io_err("open", &p))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(DaemonError::AlreadyRunning(state_dir.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// Opens the state, reconciles sandboxes with reality and serves until SIGINT/SIGTERM.
+/// Sandboxes keep running when the daemon stops; the next start re-adopts them.
+pub async fn run(cfg: Config) -> Result<(), DaemonError> {
+    std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
+    let s = cfg.state_dir.to_string_lossy();
+    if s.contains(',') || s.contains(':') {
+        return Err(DaemonError::Io { what: "state directory must not contain ',' or ':'", path: cfg.state_dir.clone(), source: std::io::ErrorKind::InvalidInput.into() });
+    }
+    let _lock = lock_state_dir(&cfg.state_dir)?;
+    // Orphaned sandbox inits are reparented to us, so we can reap them.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let db = strata_store::Db::open(&cfg.state_dir.join("metadata.db"))?;
+    let layers = strata_store::LayerStore::open(cfg.state_dir.join("layers"))?;
+    let sandboxes_dir = cfg.state_dir.join("sandboxes");
+    std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;
+    let runtime = strata_runtime::namespace::NamespaceRuntime::new(cfg.helper_exe.clone(), cfg.state_dir.join("run"))?;
+    let st: Shared = Arc::new(AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone()));
+    sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    tokio::spawn(sandboxes::ttl_reaper(st.clone()));
+
+    if let Some(parent) = cfg.socket.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err("create socket directory", parent))?;
+    }
+    if cfg.socket.exists() {
+        if std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok() {
+            return Err(DaemonError::AlreadyRunning(cfg.socket.clone()));
+        }
+        std::fs::remove_file(&cfg.socket).map_err(io_err("remove stale socket", &cfg.socket))?;
+    }
+    let uds = tokio::net::UnixListener::bind(&cfg.socket).map_err(io_err("bind", &cfg.socket))?;
+    std::fs::set_permissions(&cfg.socket, std::os::unix::fs::PermissionsExt::from_mode(0o660)).map_err(io_err("chmod", &cfg.socket))?;
+    let app = router(st.clone());
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+        info!("shutting down (sandboxes keep running)");
+    };
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut tasks = Vec::new();
+    if let Some(addr) = cfg.listen {
+        let token = Arc::new(ensure_token(&cfg.state_dir)?);
+        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?;
+        info!(%addr, "listening on TCP (bearer token required)");
+        let tcp_app = app.clone().layer(middleware::from_fn_with_state(token, require_token));
+        let mut rx = stop_tx.subscribe();
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {
+                let _ = rx.recv().await;
+            }).await;
+        }));
+    }
+    info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), "strata daemon ready");
+    let mut rx = stop_tx.subscribe();
+    let uds_task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(uds, app).with_graceful_shutdown(async move {
+            let _ = rx.recv().await;
+        }).await {
+            warn!(error = %e, "unix socket server failed");
+        }
+    });
+    shutdown.await;
+    let _ = stop_tx.send(());
+    // Streams (follow) may hold connections open: do not wait for them forever.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), uds_task).await;
+    for t in tasks {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), t).await;
+    }
+    let _ = std::fs::remove_file(&cfg.socket);
+    Ok(())
+}

@@ -64,6 +64,7 @@ pub const MIGRATIONS: &[&str] = &[
         lifecycle TEXT NOT NULL,
         created_at TEXT NOT NULL,
         updated_at TEXT NOT NULL,
+        ttl TEXT,
         expires_at TEXT,
         limits TEXT NOT NULL,
         env TEXT NOT NULL,
@@ -140,7 +141,7 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl";
 
 fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbError>> {
     let limits: String = r.get(12)?;
@@ -148,6 +149,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     let labels: String = r.get(15)?;
     let layers: String = r.get(19)?;
     let image_config: String = r.get(20)?;
+    let ttl: Option<String> = r.get(21)?;
     let lifecycle: String = r.get(8)?;
     let state: String = r.get(2)?;
     let build = || -> Result<SandboxRecord, DbError> {
@@ -164,6 +166,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 lifecycle: if lifecycle == "ephemeral" { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
                 created_at: r.get(9)?,
                 updated_at: r.get(10)?,
+                ttl,
                 expires_at: r.get(11)?,
                 limits: parse::<ResourceLimits>(&limits, "limits")?,
                 env: parse(&env, "env")?,
@@ -284,12 +287,12 @@ impl Db {
         let tx = conn.transaction()?;
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
-                json(&rec.layers), json(&rec.image_config)
+                json(&rec.layers), json(&rec.image_config), s.ttl
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -328,6 +331,21 @@ impl Db {
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         let ev = insert_event(&tx, id, Some(from), t)?;
+        tx.commit()?;
+        Ok(ev)
+    }
+
+    /// Sets (or clears) the TTL deadline.
+    pub fn set_expires_at(&self, id: &str, expires_at: Option<&str>) -> Result<(), DbError> {
+        self.conn().execute("UPDATE sandboxes SET expires_at = ?1 WHERE id = ?2", params![expires_at, id])?;
+        Ok(())
+    }
+
+    /// Records an event that is not a state change (e.g. an OOM kill inside a running sandbox).
+    pub fn record_event(&self, id: &str, state: SandboxState, reason: &str, detail: Option<&str>, time: &str) -> Result<SandboxEvent, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let ev = insert_event(&tx, id, Some(state), &Transition { to: state, reason, detail, duration_ms: 0, time })?;
         tx.commit()?;
         Ok(ev)
     }
@@ -421,6 +439,7 @@ mod tests {
                 lifecycle: Lifecycle::Ephemeral,
                 created_at: "2026-01-01T00:00:00Z".into(),
                 updated_at: "2026-01-01T00:00:00Z".into(),
+                ttl: None,
                 expires_at: None,
                 limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10) },
                 env: BTreeMap::from([("A".into(), "1".into())]),

@@ -1,0 +1,350 @@
+//! Command-line arguments.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// strata: sandboxes for multi-step AI-agent pipelines.
+#[derive(Debug, Parser)]
+#[command(name = "strata", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Daemon socket.
+    #[arg(long, global = true, env = "STRATA_SOCKET", default_value = "/run/strata/strata.sock")]
+    pub socket: PathBuf,
+    /// Talk to the daemon over TCP instead (host:port); the token comes from STRATA_TOKEN.
+    #[arg(long, global = true, env = "STRATA_HOST")]
+    pub host: Option<String>,
+    /// Bearer token for --host.
+    #[arg(long, global = true, env = "STRATA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    Daemon(DaemonArgs),
+    /// Report what this host supports and what each missing piece disables.
+    Doctor {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage images.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Create and start a sandbox; prints its id.
+    Create(CreateArgs),
+    /// One-shot: create a sandbox, run a command, and (with --rm) destroy it.
+    Run(RunArgs),
+    /// List sandboxes.
+    Ps {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sandbox in detail.
+    Inspect {
+        /// Sandbox id or name.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop sandboxes (processes killed, filesystem kept).
+    Stop {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Start stopped sandboxes.
+    Start {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Destroy sandboxes.
+    Rm {
+        /// Stop running sandboxes first.
+        #[arg(short, long)]
+        force: bool,
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Run a command in a running sandbox; exits with its exit code.
+    Exec(ExecArgs),
+    /// Manage background processes of a sandbox.
+    #[command(subcommand)]
+    Proc(ProcCmd),
+    /// Copy files: `strata cp LOCAL ID:/path` or `strata cp ID:/path LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// File operations inside a sandbox.
+    #[command(subcommand)]
+    Fs(FsCmd),
+    /// Lifecycle events.
+    Events {
+        /// Only this sandbox.
+        id: Option<String>,
+        /// Keep following new events.
+        #[arg(short, long)]
+        follow: bool,
+        /// JSON lines output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the OpenAPI document of the native API.
+    #[command(hide = true)]
+    Openapi,
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// State directory.
+    #[arg(long, env = "STRATA_STATE_DIR", default_value = "/var/lib/strata")]
+    pub state_dir: PathBuf,
+    /// Also listen on TCP (bearer token required; it is written to <state-dir>/api-token).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCmd {
+    /// Import an OCI layout directory, docker-save archive, rootfs tarball or rootfs directory.
+    Import {
+        /// Source path.
+        src: PathBuf,
+        /// Name to register.
+        #[arg(long)]
+        name: String,
+        /// Keep setuid/setgid bits and file capabilities (trusted sources only).
+        #[arg(long)]
+        trusted: bool,
+        /// Replace an existing image of that name.
+        #[arg(long)]
+        replace: bool,
+        /// JSON output (the import report).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List images.
+    Ls {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an image.
+    Inspect {
+        /// Image name or id.
+        name: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image.
+    Rm {
+        /// Image names.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LifecycleArg {
+    Ephemeral,
+    Persistent,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct CreateArgs {
+    /// Image to start from.
+    pub source: String,
+    /// Name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Lifecycle.
+    #[arg(long, value_enum, default_value = "persistent")]
+    pub lifecycle: LifecycleArg,
+    /// Time to live (e.g. 10m, 2h).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Memory limit (e.g. 512m, 2g).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit in cores (e.g. 0.5, 2).
+    #[arg(long)]
+    pub cpus: Option<String>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Environment for every process (repeatable).
+    #[arg(short, long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Hostname.
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Label (repeatable).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ProcOpts {
+    /// Environment for this command (repeatable).
+    #[arg(short, long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Working directory.
+    #[arg(short = 'w', long)]
+    pub cwd: Option<String>,
+    /// User (name, uid, name:group or uid:gid).
+    #[arg(short, long)]
+    pub user: Option<String>,
+    /// Kill the command after this long (e.g. 30s).
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// Pass stdin through.
+    #[arg(short, long)]
+    pub interactive: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox id or name.
+    pub id: String,
+    #[command(flatten)]
+    pub opts: ProcOpts,
+    /// Start in the background and print the process id.
+    #[arg(short, long)]
+    pub detach: bool,
+    /// Command and arguments.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Destroy the sandbox when the command ends (an ephemeral sandbox: nothing survives).
+    #[arg(long)]
+    pub rm: bool,
+    /// Image to start from.
+    pub source: String,
+    /// Name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Time to live (default with --rm: 24h, so a crashed client leaves nothing behind for long).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Memory limit.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit in cores.
+    #[arg(long)]
+    pub cpus: Option<String>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    #[command(flatten)]
+    pub opts: ProcOpts,
+    /// Command and arguments.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProcCmd {
+    /// List processes started through strata.
+    Ls {
+        /// Sandbox.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a process's buffered output (and follow it with -f).
+    Logs {
+        /// Sandbox.
+        id: String,
+        /// Process id.
+        pid: u64,
+        /// Follow until it exits.
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Send a signal.
+    Kill {
+        /// Sandbox.
+        id: String,
+        /// Process id.
+        pid: u64,
+        /// Signal name or number.
+        #[arg(short, long, default_value = "TERM")]
+        signal: String,
+    },
+    /// Wait for a process to exit; exits with its status.
+    Wait {
+        /// Sandbox.
+        id: String,
+        /// Process id.
+        pid: u64,
+        /// Give up after this long.
+        #[arg(long)]
+        timeout: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FsCmd {
+    /// List a directory.
+    Ls {
+        /// Sandbox.
+        id: String,
+        /// Path.
+        path: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Metadata of a path.
+    Stat {
+        /// Sandbox.
+        id: String,
+        /// Path.
+        path: String,
+    },
+    /// Create a directory.
+    Mkdir {
+        /// Sandbox.
+        id: String,
+        /// Path.
+        path: String,
+        /// Create parents.
+        #[arg(short, long)]
+        parents: bool,
+    },
+    /// Remove a path.
+    Rm {
+        /// Sandbox.
+        id: String,
+        /// Path.
+        path: String,
+        /// Recursive.
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Move a path.
+    Mv {
+        /// Sandbox.
+        id: String,
+        /// From.
+        from: String,
+        /// To.
+        to: String,
+    },
+}

@@ -1,0 +1,486 @@
+//! Subcommand implementations.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lifecycle, ResourceLimits, Sandbox};
+use strata_client::{Client, Endpoint};
+
+use crate::args::*;
+use crate::{exec, output};
+
+fn kv(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .map(|s| s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| anyhow!("{what} {s:?} must be K=V")))
+        .collect()
+}
+
+fn limits(memory: &Option<String>, cpus: &Option<String>, pids: Option<u64>) -> Result<ResourceLimits> {
+    Ok(ResourceLimits {
+        memory_bytes: memory.as_deref().map(strata_core::units::parse_size).transpose()?,
+        cpus: cpus.as_deref().map(strata_core::units::parse_cpus).transpose()?,
+        pids,
+    })
+}
+
+fn exec_request(cmd: Vec<String>, o: &ProcOpts) -> Result<ExecRequest> {
+    Ok(ExecRequest { cmd, env: kv(&o.env, "--env")?, cwd: o.cwd.clone(), user: o.user.clone(), timeout: o.timeout.clone(), ..Default::default() })
+}
+
+fn client(cli: &Cli) -> Client {
+    match &cli.host {
+        Some(h) => Client::new(Endpoint::Tcp { addr: h.clone(), token: cli.token.clone() }),
+        None => Client::unix(&cli.socket),
+    }
+}
+
+/// Prints an error with its whole cause chain.
+fn print_error(e: &anyhow::Error) {
+    let mut msg = format!("error: {e}");
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.ends_with(&c) {
+            msg.push_str(&format!(": {c}"));
+        }
+    }
+    eprintln!("{msg}");
+}
+
+/// Runs the command line; returns the process exit code.
+pub async fn run(cli: Cli) -> i32 {
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            print_error(&e);
+            1
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<i32> {
+    let c = client(&cli);
+    match cli.command {
+        Command::Daemon(a) => {
+            init_logging();
+            let helper_exe = std::env::current_exe().context("locating the strata binary")?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe }).await?;
+            Ok(0)
+        }
+        Command::Openapi => {
+            println!("{}", strata_daemon::openapi::spec_json());
+            Ok(0)
+        }
+        Command::Doctor { json } => doctor(&c, json).await,
+        Command::Image(cmd) => image(&c, cmd).await,
+        Command::Create(a) => {
+            let created = c.create_sandbox(&create_request(&a)?).await?;
+            println!("{}", created.id);
+            Ok(0)
+        }
+        Command::Run(a) => run_oneshot(&c, a).await,
+        Command::Ps { json } => {
+            let list = c.list_sandboxes().await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["ID", "NAME", "STATE", "SOURCE", "CREATED"],
+                    list.iter().map(|s| vec![s.id.clone(), s.name.clone(), s.state.to_string(), s.source.clone(), output::age(&s.created_at)]).collect(),
+                );
+            }
+            Ok(0)
+        }
+        Command::Inspect { id, json } => {
+            let s = c.get_sandbox(&id).await?;
+            if json {
+                output::json(&s);
+            } else {
+                print_sandbox(&s);
+            }
+            Ok(0)
+        }
+        Command::Stop { ids } => each(ids, |id| async { c.stop_sandbox(&id).await.map(|_| id) }).await,
+        Command::Start { ids } => each(ids, |id| async { c.start_sandbox(&id).await.map(|_| id) }).await,
+        Command::Rm { force, ids } => each(ids, |id| async { c.remove_sandbox(&id, force).await.map(|_| id) }).await,
+        Command::Exec(a) => {
+            let req = exec_request(a.cmd, &a.opts)?;
+            if a.detach {
+                let p = c.start_process(&a.id, &req).await?;
+                println!("{}", p.id);
+                return Ok(0);
+            }
+            exec::run(&c, &a.id, req, a.opts.interactive).await
+        }
+        Command::Proc(cmd) => proc_cmd(&c, cmd).await,
+        Command::Cp { src, dst } => cp(&c, &src, &dst).await,
+        Command::Fs(cmd) => fs_cmd(&c, cmd).await,
+        Command::Events { id, follow, json } => events(&c, id, follow, json).await,
+    }
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// Applies `f` to each id, printing the ids that succeeded and every error; fails if any failed.
+async fn each<F, Fut>(ids: Vec<String>, f: F) -> Result<i32>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<String, strata_client::ClientError>>,
+{
+    let mut failed = 0;
+    for id in ids {
+        match f(id.clone()).await {
+            Ok(id) => println!("{id}"),
+            Err(e) => {
+                print_error(&anyhow::Error::new(e).context(format!("sandbox {id}")));
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
+    Ok(CreateSandboxRequest {
+        source: a.source.clone(),
+        name: a.name.clone(),
+        lifecycle: match a.lifecycle {
+            LifecycleArg::Ephemeral => Lifecycle::Ephemeral,
+            LifecycleArg::Persistent => Lifecycle::Persistent,
+        },
+        ttl: a.ttl.clone(),
+        limits: limits(&a.memory, &a.cpus, a.pids)?,
+        env: kv(&a.env, "--env")?,
+        hostname: a.hostname.clone(),
+        labels: kv(&a.labels, "--label")?,
+    })
+}
+
+async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
+    let req = CreateSandboxRequest {
+        source: a.source.clone(),
+        name: a.name.clone(),
+        lifecycle: if a.rm { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
+        ttl: a.ttl.clone().or_else(|| a.rm.then(|| "24h".to_string())),
+        limits: limits(&a.memory, &a.cpus, a.pids)?,
+        ..Default::default()
+    };
+    let created = c.create_sandbox(&req).await?;
+    let req = exec_request(a.cmd, &a.opts)?;
+    let result = exec::run(c, &created.id, req, a.opts.interactive).await;
+    if a.rm {
+        if let Err(e) = c.remove_sandbox(&created.id, true).await {
+            eprintln!("strata: removing sandbox {}: {e}", created.id);
+        }
+    } else {
+        eprintln!("strata: sandbox {} kept (persistent)", created.id);
+    }
+    result
+}
+
+fn print_sandbox(s: &Sandbox) {
+    let mut rows = vec![
+        ("id", s.id.clone()),
+        ("name", s.name.clone()),
+        ("state", format!("{} ({}{})", s.state, s.state_reason, s.state_detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())),
+        ("source", format!("{} ({})", s.source, s.image_id)),
+        ("runtime", s.runtime.clone()),
+        ("lifecycle", format!("{:?}", s.lifecycle).to_lowercase()),
+        ("hostname", s.hostname.clone()),
+        ("created", s.created_at.clone()),
+        ("updated", s.updated_at.clone()),
+    ];
+    if let Some(t) = &s.ttl {
+        rows.push(("ttl", format!("{t} (expires {})", s.expires_at.as_deref().unwrap_or("when started"))));
+    }
+    let l = &s.limits;
+    rows.push((
+        "limits",
+        format!(
+            "memory={} cpus={} pids={}",
+            l.memory_bytes.map(output::size).unwrap_or("none".into()),
+            l.cpus.map(|c| c.to_string()).unwrap_or("none".into()),
+            l.pids.map(|p| p.to_string()).unwrap_or("none".into())
+        ),
+    ));
+    if let Some(p) = s.init_pid {
+        rows.push(("init pid", p.to_string()));
+    }
+    rows.push(("oom kills", s.oom_kills.to_string()));
+    for (k, v) in rows {
+        println!("{k:<10} {v}");
+    }
+}
+
+async fn doctor(c: &Client, json: bool) -> Result<i32> {
+    // The daemon's view when it runs; probe locally otherwise (doctor must work before setup).
+    let report = match c.doctor().await {
+        Ok(r) => r,
+        Err(_) => tokio::task::spawn_blocking(strata_runtime::probe::doctor).await?,
+    };
+    if json {
+        output::json(&report);
+        return Ok(0);
+    }
+    println!("kernel {} · cgroups {}", report.kernel, report.cgroup_version);
+    for f in &report.features {
+        let mark = if f.available { "ok " } else { "-- " };
+        let extra = if f.available { String::new() } else { format!("  (disables: {})", f.disables) };
+        println!("  {mark} {:<18} {}{extra}", f.name, f.detail);
+    }
+    println!("tiers:");
+    for t in &report.tiers {
+        println!("  {} {:<10} {}", if t.available { "ok " } else { "-- " }, t.name, t.detail);
+    }
+    Ok(0)
+}
+
+async fn image(c: &Client, cmd: ImageCmd) -> Result<i32> {
+    match cmd {
+        ImageCmd::Import { src, name, trusted, replace, json } => {
+            let src = std::fs::canonicalize(&src).with_context(|| format!("source {}", src.display()))?;
+            let req = ImportImageRequest { source: src.display().to_string(), name, trusted, replace };
+            let mut events = c.import_image_stream(&req).await?;
+            let bar = indicatif::ProgressBar::new_spinner();
+            if json {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes}/{total_bytes}").expect("valid template"));
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            while let Some(ev) = events.next().await? {
+                match ev {
+                    ImportEvent::Progress { phase, done, total } => {
+                        bar.set_message(phase);
+                        bar.set_length(total.unwrap_or(done));
+                        bar.set_position(done);
+                    }
+                    ImportEvent::Done { report } => {
+                        bar.finish_and_clear();
+                        if json {
+                            output::json(&report);
+                        } else {
+                            for w in &report.warnings {
+                                eprintln!("warning: {w}");
+                            }
+                            println!(
+                                "{} {} ({} layers: {} new, {} reused; {} stored; {} ms)",
+                                report.image.name,
+                                report.image.id,
+                                report.image.layers.len(),
+                                report.layers_new,
+                                report.layers_reused,
+                                output::size(report.bytes_stored),
+                                report.duration_ms
+                            );
+                        }
+                        return Ok(0);
+                    }
+                    ImportEvent::Failed { error } => {
+                        bar.finish_and_clear();
+                        bail!("import failed: {} ({})", error.message, error.code);
+                    }
+                }
+            }
+            bail!("the daemon closed the import stream without a result")
+        }
+        ImageCmd::Ls { json } => {
+            let list = c.list_images().await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["NAME", "ID", "LAYERS", "SIZE", "SOURCE", "CREATED"],
+                    list.iter()
+                        .map(|i| vec![i.name.clone(), i.id.trim_start_matches("sha256:").chars().take(12).collect(), i.layers.len().to_string(), output::size(i.size), i.source_kind.clone(), output::age(&i.created_at)])
+                        .collect(),
+                );
+            }
+            Ok(0)
+        }
+        ImageCmd::Inspect { name, json } => {
+            let i = c.get_image(&name).await?;
+            if json {
+                output::json(&i);
+            } else {
+                println!("name     {}\nid       {}\nsource   {} ({})\nsize     {}\nlayers", i.name, i.id, i.source, i.source_kind, output::size(i.size));
+                for l in &i.layers {
+                    println!("  {} {}", l.digest, output::size(l.size));
+                }
+            }
+            Ok(0)
+        }
+        ImageCmd::Rm { names } => each(names, |n| async { c.remove_image(&n).await.map(|_| n) }).await,
+    }
+}
+
+async fn proc_cmd(c: &Client, cmd: ProcCmd) -> Result<i32> {
+    match cmd {
+        ProcCmd::Ls { id, json } => {
+            let list = c.list_processes(&id).await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["ID", "PID", "STATUS", "EXIT", "COMMAND"],
+                    list.iter()
+                        .map(|p| {
+                            let exit = match p.status {
+                                strata_api::ProcessStatus::Running => String::new(),
+                                strata_api::ProcessStatus::Exited => p.exit_status().to_string(),
+                            };
+                            vec![p.id.to_string(), p.pid.map(|x| x.to_string()).unwrap_or_default(), format!("{:?}", p.status).to_lowercase(), exit, p.cmd.join(" ")]
+                        })
+                        .collect(),
+                );
+            }
+            Ok(0)
+        }
+        ProcCmd::Logs { id, pid, follow } => {
+            let mut events = c.logs(&id, pid, 0, follow).await?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            while let Some(ev) = events.next().await? {
+                if let strata_api::ProcessEvent::Output { stream, data_b64, .. } = ev {
+                    let data = base64::Engine::decode(&b64, data_b64)?;
+                    match stream {
+                        strata_api::StreamKind::Stdout => std::io::stdout().write_all(&data)?,
+                        strata_api::StreamKind::Stderr => std::io::stderr().write_all(&data)?,
+                    }
+                }
+            }
+            Ok(0)
+        }
+        ProcCmd::Kill { id, pid, signal } => {
+            c.signal(&id, pid, &signal).await?;
+            Ok(0)
+        }
+        ProcCmd::Wait { id, pid, timeout } => {
+            let p = c.wait(&id, pid, timeout.as_deref()).await?;
+            if p.status == strata_api::ProcessStatus::Running {
+                bail!("process {pid} still running after {}", timeout.unwrap_or_default());
+            }
+            Ok(exec::status_of(&p))
+        }
+    }
+}
+
+/// Splits `ID:/path` into (id, path); local paths have no `:` before a `/`.
+fn remote(spec: &str) -> Option<(&str, &str)> {
+    let (id, path) = spec.split_once(':')?;
+    (!id.is_empty() && !id.contains('/') && path.starts_with('/')).then_some((id, path))
+}
+
+async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32> {
+    match (remote(src), remote(dst)) {
+        (None, Some((id, path))) => {
+            let local = std::path::Path::new(src);
+            let meta = std::fs::metadata(local).with_context(|| format!("reading {src}"))?;
+            if meta.is_dir() {
+                let mut b = tar::Builder::new(Vec::new());
+                b.follow_symlinks(false);
+                b.append_dir_all(".", local).with_context(|| format!("archiving {src}"))?;
+                let data = b.into_inner()?;
+                c.upload(id, path, Bytes::from(data), None, true).await?;
+            } else {
+                use std::os::unix::fs::PermissionsExt;
+                let data = std::fs::read(local).with_context(|| format!("reading {src}"))?;
+                // Copying into an existing directory keeps the file name, like cp(1).
+                let target = match c.stat(id, path).await {
+                    Ok(s) if s.kind == strata_api::FileKind::Dir => format!("{}/{}", path.trim_end_matches('/'), local.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
+                    _ => path.to_string(),
+                };
+                c.upload(id, &target, Bytes::from(data), Some(meta.permissions().mode() & 0o777), false).await?;
+            }
+            Ok(0)
+        }
+        (Some((id, path)), None) => {
+            let st = c.stat(id, path).await?;
+            if st.kind == strata_api::FileKind::Dir {
+                let data = c.download(id, path, true).await?;
+                let dst_path = std::path::Path::new(dst);
+                // Like cp -r: into an existing directory keeps the name, otherwise the copy is named `dst`.
+                let (into, rename_to) = if dst_path.is_dir() { (dst_path.to_path_buf(), None) } else { (dst_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")).to_path_buf(), Some(dst_path)) };
+                let staging = tempfile_dir(&into)?;
+                let mut ar = tar::Archive::new(&data[..]);
+                // The tar crate's unpack refuses entries that would leave the target directory.
+                let res = ar.unpack(&staging).with_context(|| format!("extracting into {}", staging.display()));
+                let res = res.and_then(|_| {
+                    let target = rename_to.map(|p| p.to_path_buf()).unwrap_or_else(|| into.join(&st.name));
+                    std::fs::rename(staging.join(&st.name), &target).with_context(|| format!("moving into {}", target.display()))
+                });
+                let _ = std::fs::remove_dir_all(&staging);
+                res?;
+            } else {
+                let data = c.download(id, path, false).await?;
+                let target = if std::path::Path::new(dst).is_dir() { std::path::Path::new(dst).join(&st.name) } else { dst.into() };
+                std::fs::write(&target, &data).with_context(|| format!("writing {}", target.display()))?;
+            }
+            Ok(0)
+        }
+        (Some(_), Some(_)) => bail!("copying between two sandboxes is not supported; copy through a local path"),
+        (None, None) => bail!("one side of cp must be ID:/absolute/path"),
+    }
+}
+
+async fn fs_cmd(c: &Client, cmd: FsCmd) -> Result<i32> {
+    match cmd {
+        FsCmd::Ls { id, path, json } => {
+            let list = c.list_dir(&id, &path).await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["MODE", "UID", "GID", "SIZE", "NAME"],
+                    list.iter()
+                        .map(|f| {
+                            let name = match &f.link_target {
+                                Some(t) => format!("{} -> {t}", f.name),
+                                None => f.name.clone(),
+                            };
+                            vec![format!("{:?} {:o}", f.kind, f.mode).to_lowercase(), f.uid.to_string(), f.gid.to_string(), f.size.to_string(), name]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        FsCmd::Stat { id, path } => output::json(&c.stat(&id, &path).await?),
+        FsCmd::Mkdir { id, path, parents } => c.mkdir(&id, &path, parents).await?,
+        FsCmd::Rm { id, path, recursive } => c.remove_path(&id, &path, recursive).await?,
+        FsCmd::Mv { id, from, to } => c.move_path(&id, &from, &to).await?,
+    }
+    Ok(0)
+}
+
+async fn events(c: &Client, id: Option<String>, follow: bool, json: bool) -> Result<i32> {
+    let print = |e: &strata_api::SandboxEvent| {
+        if json {
+            println!("{}", serde_json::to_string(e).expect("serializes"));
+        } else {
+            let from = e.from.map(|f| f.to_string()).unwrap_or_else(|| "-".into());
+            println!("{}  {}  {} -> {}  {}{}  ({} ms)", e.time, e.sandbox_id, from, e.to, e.reason, e.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default(), e.duration_ms);
+        }
+    };
+    if follow {
+        let mut s = c.follow_events(id.as_deref(), 0).await?;
+        while let Some(e) = s.next().await? {
+            print(&e);
+        }
+    } else {
+        for e in c.events(id.as_deref(), 0).await? {
+            print(&e);
+        }
+    }
+    Ok(0)
+}
+
+/// A fresh hidden directory inside `parent` for staging a download.
+fn tempfile_dir(parent: &std::path::Path) -> Result<std::path::PathBuf> {
+    let p = parent.join(format!(".strata-cp-{}", std::process::id()));
+    std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+    Ok(p)
+}

@@ -1,0 +1,89 @@
+//! Lifecycle events, listed or followed, and host/daemon info.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde::Deserialize;
+use strata_api::{DaemonInfo, DoctorReport, SandboxEvent};
+
+use crate::error::ApiResult;
+use crate::state::Shared;
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct EventsQuery {
+    /// Only events of this sandbox id.
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// Only events with a sequence number above this.
+    #[serde(default)]
+    pub after: i64,
+    /// Keep the stream open (NDJSON) and send new events as they happen.
+    #[serde(default)]
+    pub follow: bool,
+}
+
+/// List lifecycle events (JSON array), or follow them as NDJSON with `follow=true`.
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery),
+    responses((status = 200, body = [SandboxEvent], description = "Events (NDJSON stream of SandboxEvent with follow=true)")))]
+pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuery>) -> ApiResult<Response> {
+    let sandbox = match &q.sandbox {
+        Some(s) => Some(st.db.get_sandbox(s)?.map(|r| r.sandbox.id).unwrap_or_else(|| s.clone())),
+        None => None,
+    };
+    if !q.follow {
+        return Ok(Json(st.db.events(sandbox.as_deref(), q.after, 10_000)?).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let mut changed = st.events_tx.subscribe();
+    tokio::spawn(async move {
+        let mut after = q.after;
+        loop {
+            changed.mark_unchanged();
+            let Ok(evs) = st.db.events(sandbox.as_deref(), after, 1000) else { return };
+            for ev in evs {
+                after = ev.seq;
+                let mut line = serde_json::to_vec(&ev).expect("event serializes");
+                line.push(b'\n');
+                if tx.send(Bytes::from(line)).await.is_err() {
+                    return;
+                }
+            }
+            // Wake on new events; poll now and then to notice closed clients.
+            match tokio::time::timeout(Duration::from_secs(15), changed.changed()).await {
+                Ok(Err(_)) => return,
+                Err(_) if tx.is_closed() => return,
+                _ => {}
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
+    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response"))
+}
+
+/// Daemon version and counts.
+#[utoipa::path(get, path = "/v1/info", tag = "host", responses((status = 200, body = DaemonInfo)))]
+pub async fn info_handler(State(st): State<Shared>) -> ApiResult<Json<DaemonInfo>> {
+    let mut sandboxes = BTreeMap::new();
+    for r in st.db.list_sandboxes()? {
+        *sandboxes.entry(r.sandbox.state.to_string()).or_insert(0) += 1;
+    }
+    Ok(Json(DaemonInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        state_dir: st.state_dir.display().to_string(),
+        sandboxes,
+        images: st.db.list_images()?.len() as u64,
+    }))
+}
+
+/// What this host supports.
+#[utoipa::path(get, path = "/v1/doctor", tag = "host", responses((status = 200, body = DoctorReport)))]
+pub async fn doctor_handler() -> ApiResult<Json<DoctorReport>> {
+    Ok(Json(tokio::task::spawn_blocking(strata_runtime::probe::doctor).await.map_err(|e| crate::error::ApiError::internal("doctor", &e))?))
+}

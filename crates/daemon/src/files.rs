@@ -1,0 +1,129 @@
+//! File transfer and file-system operations inside running sandboxes.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use strata_api::{DownloadQuery, ErrorCode, FileKind, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, SandboxState, UploadQuery};
+
+use crate::error::{ApiError, ApiResult};
+use crate::sandboxes::load;
+use crate::sandboxfs::{FsError, SandboxFs};
+use crate::state::Shared;
+
+/// Largest upload accepted in one request.
+pub const MAX_UPLOAD_BYTES: usize = 4 << 30;
+
+impl From<FsError> for ApiError {
+    fn from(e: FsError) -> Self {
+        match &e {
+            FsError::Escape(_) => ApiError::new(ErrorCode::PathEscape, e.to_string()),
+            FsError::Invalid(_) | FsError::Loop(_) => ApiError::bad_request(e.to_string()),
+            FsError::NotFound(_) => ApiError::new(ErrorCode::FileNotFound, e.to_string()),
+            FsError::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOTDIR | libc::EISDIR | libc::EEXIST | libc::ENOTEMPTY | libc::EINVAL | libc::EROFS | libc::EACCES | libc::EPERM) => {
+                    ApiError::bad_request(crate::error::chain(&e))
+                }
+                _ => ApiError::internal("file operation", &e),
+            },
+        }
+    }
+}
+
+/// Runs `f` on the confined root of a running sandbox, off the async threads.
+async fn with_fs<T: Send + 'static>(st: &Shared, id: &str, f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static) -> ApiResult<T> {
+    let rec = load(st, id)?;
+    let pid = match (rec.sandbox.state, rec.sandbox.init_pid) {
+        (SandboxState::Running | SandboxState::Paused, Some(pid)) => pid,
+        (s, _) => return Err(ApiError::invalid_state(s, format!("files of sandbox {} are reachable while it runs; it is {s}", rec.sandbox.id))),
+    };
+    tokio::task::spawn_blocking(move || {
+        let fs = SandboxFs::open(pid).map_err(|e| FsError::Io { path: "/".into(), source: e })?;
+        f(fs)
+    })
+    .await
+    .map_err(|e| ApiError::internal("file task", &e))?
+    .map_err(ApiError::from)
+}
+
+/// Download a file, or a tar stream of a file or directory with `tar=true`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), DownloadQuery),
+    responses((status = 200, description = "File bytes or tar stream", content_type = "application/octet-stream"), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<DownloadQuery>) -> ApiResult<Response> {
+    let path = q.path.clone();
+    let data = with_fs(&st, &id, move |fs| {
+        if q.tar {
+            let mut buf = Vec::new();
+            fs.tar_to(&path, &mut buf)?;
+            return Ok(buf);
+        }
+        let s = fs.stat(&path)?;
+        let s = if s.kind == FileKind::Symlink { fs.open_path(&path, libc::O_RDONLY, 0).map(|_| s)? } else { s };
+        if s.kind == FileKind::Dir {
+            return Err(FsError::Io { path: path.clone(), source: std::io::Error::from_raw_os_error(libc::EISDIR) });
+        }
+        let fd = fs.open_path(&path, libc::O_RDONLY, 0)?;
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut buf).map_err(|e| FsError::Io { path: path.clone(), source: e })?;
+        Ok(buf)
+    })
+    .await?;
+    let ct = if q.tar { "application/x-tar" } else { "application/octet-stream" };
+    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, ct).body(Body::from(data)).expect("valid response"))
+}
+
+/// Upload a file (written atomically), or extract a tar stream under a directory with `tar=true`.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn upload_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<UploadQuery>, body: Bytes) -> ApiResult<StatusCode> {
+    let mode = q.mode.unwrap_or(0o644) & 0o7777 & !0o6000;
+    with_fs(&st, &id, move |fs| {
+        if q.tar {
+            fs.untar_from(&q.path, &body[..]).map(|_| ())
+        } else {
+            fs.write_file(&q.path, &body, mode)
+        }
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Metadata of a path.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
+    responses((status = 200, body = FileStat), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn stat_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<PathQuery>) -> ApiResult<Json<FileStat>> {
+    Ok(Json(with_fs(&st, &id, move |fs| fs.stat(&q.path)).await?))
+}
+
+/// Entries of a directory.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
+    responses((status = 200, body = [FileStat]), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn list_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<PathQuery>) -> ApiResult<Json<Vec<FileStat>>> {
+    Ok(Json(with_fs(&st, &id, move |fs| fs.list(&q.path)).await?))
+}
+
+/// Create a directory.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files", request_body = MkdirRequest, params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn mkdir_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<MkdirRequest>) -> ApiResult<StatusCode> {
+    with_fs(&st, &id, move |fs| fs.mkdir(&req.path, req.parents, 0o755)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Remove a file, symlink or directory.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/remove", tag = "files", request_body = RemoveFileRequest, params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn remove_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<RemoveFileRequest>) -> ApiResult<StatusCode> {
+    with_fs(&st, &id, move |fs| fs.remove(&req.path, req.recursive)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Move or rename a path.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/move", tag = "files", request_body = MoveRequest, params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn move_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<MoveRequest>) -> ApiResult<StatusCode> {
+    with_fs(&st, &id, move |fs| fs.rename(&req.from, &req.to)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,39 @@
+//! The OpenAPI document, generated from the handlers' annotations.
+
+use utoipa::OpenApi;
+
+use crate::{events, files, images, processes, sandboxes};
+
+/// strata's native HTTP API.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "strata", description = "Sandbox runtime for multi-step AI-agent pipelines: native HTTP API. Over TCP, send `Authorization: Bearer <token>` (the token is in `<state-dir>/api-token`). Errors are JSON `ApiErrorBody` with a machine-readable `code`."),
+    paths(
+        sandboxes::create_handler, sandboxes::list_handler, sandboxes::get_handler, sandboxes::stop_handler, sandboxes::start_handler, sandboxes::remove_handler,
+        processes::exec_handler, processes::start_process_handler, processes::list_processes_handler, processes::get_process_handler,
+        processes::logs_handler, processes::signal_handler, processes::stdin_handler, processes::wait_handler,
+        files::download_handler, files::upload_handler, files::stat_handler, files::list_handler, files::mkdir_handler, files::remove_handler, files::move_handler,
+        images::import_handler, images::list_handler, images::get_handler, images::remove_handler,
+        events::events_handler, events::info_handler, events::doctor_handler,
+    ),
+    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState))
+)]
+pub struct ApiDoc;
+
+/// The spec as pretty JSON (what `/openapi.json` serves and docs/openapi.json holds).
+pub fn spec_json() -> String {
+    ApiDoc::openapi().to_pretty_json().expect("OpenAPI serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn committed_spec_matches_the_code() {
+        let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json")).unwrap_or_default();
+        let generated = super::spec_json();
+        assert!(
+            committed.trim() == generated.trim(),
+            "docs/openapi.json is out of date: run `cargo run -p strata -- openapi > docs/openapi.json`"
+        );
+    }
+}

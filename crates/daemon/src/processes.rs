@@ -1,0 +1,604 @@
+//! Processes started inside sandboxes: spawning through the runtime's exec
+//! helper, buffered (reattachable) output logs, stdin, signals, timeouts,
+//! exit status and OOM attribution.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use bytes::Bytes;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use strata_api::{
+    ErrorCode, ExecQuery, ExecRequest, ExecResult, LogsQuery, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState, SignalRequest,
+    StdinRequest, StreamKind, WaitQuery,
+};
+use strata_core::units;
+use strata_runtime::spec::{ExecReport, ExecSpec};
+use strata_store::db::SandboxRecord;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::ChildStdin;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::error::{ApiError, ApiResult};
+use crate::sandboxes::{self, handle_of, load, now};
+use crate::state::Shared;
+
+/// Output kept per process; older output is dropped (and reported as dropped).
+pub const LOG_CAP_BYTES: u64 = 8 << 20;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+#[derive(Default)]
+struct LogBuf {
+    chunks: VecDeque<(StreamKind, u64, Bytes)>,
+    /// Offset of the first retained byte.
+    start: u64,
+    /// Offset after the last byte.
+    end: u64,
+}
+
+impl LogBuf {
+    fn push(&mut self, stream: StreamKind, data: Bytes) {
+        let len = data.len() as u64;
+        self.chunks.push_back((stream, self.end, data));
+        self.end += len;
+        while self.end - self.start > LOG_CAP_BYTES {
+            match self.chunks.pop_front() {
+                Some((_, _, d)) => self.start += d.len() as u64,
+                None => break,
+            }
+        }
+    }
+}
+
+struct ProcState {
+    info: ProcessInfo,
+    host_pid: Option<i32>,
+    log: LogBuf,
+}
+
+/// One process started through the API.
+pub struct Proc {
+    state: Mutex<ProcState>,
+    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Proc {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A snapshot of the process record.
+    pub fn info(&self) -> ProcessInfo {
+        self.lock().info.clone()
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    fn append(&self, stream: StreamKind, data: Bytes) {
+        self.lock().log.push(stream, data);
+        self.bump();
+    }
+
+    /// Events from `offset` on: output chunks (and a `Dropped` marker if the buffer
+    /// no longer holds `offset`), the next offset, and the record when it has exited.
+    fn read_from(&self, offset: u64) -> (Vec<ProcessEvent>, u64, Option<ProcessInfo>) {
+        let st = self.lock();
+        let mut evs = Vec::new();
+        let mut off = offset;
+        if off < st.log.start {
+            evs.push(ProcessEvent::Dropped { bytes: st.log.start - off });
+            off = st.log.start;
+        }
+        for (stream, start, data) in &st.log.chunks {
+            let end = start + data.len() as u64;
+            if end <= off {
+                continue;
+            }
+            let skip = off.saturating_sub(*start) as usize;
+            evs.push(ProcessEvent::Output { stream: *stream, offset: start + skip as u64, data_b64: B64.encode(&data[skip..]) });
+            off = end;
+        }
+        let done = (st.info.status == ProcessStatus::Exited).then(|| st.info.clone());
+        (evs, off, done)
+    }
+
+    /// Captured stdout and stderr (what the buffer still holds) and whether some was dropped.
+    fn captured(&self) -> (Vec<u8>, Vec<u8>, bool) {
+        let st = self.lock();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for (stream, _, d) in &st.log.chunks {
+            match stream {
+                StreamKind::Stdout => out.extend_from_slice(d),
+                StreamKind::Stderr => err.extend_from_slice(d),
+            }
+        }
+        (out, err, st.log.start > 0)
+    }
+
+    /// Waits until the process has exited (or `limit` passes) and returns its record.
+    pub async fn wait(&self, limit: Option<Duration>) -> ProcessInfo {
+        let mut rx = self.changed.subscribe();
+        let deadline = limit.map(|d| tokio::time::Instant::now() + d);
+        loop {
+            let info = self.info();
+            if info.status == ProcessStatus::Exited {
+                return info;
+            }
+            match deadline {
+                Some(dl) => {
+                    if tokio::time::timeout_at(dl, rx.changed()).await.is_err() {
+                        return self.info();
+                    }
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        return self.info();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct SandboxProcs {
+    next_id: u64,
+    procs: BTreeMap<u64, Arc<Proc>>,
+}
+
+/// All processes, by sandbox.
+#[derive(Default)]
+pub struct ProcessTable {
+    inner: Mutex<HashMap<String, SandboxProcs>>,
+}
+
+/// Exited processes kept per sandbox for `ps`/logs; older ones are forgotten.
+const KEEP_EXITED: usize = 256;
+
+impl ProcessTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxProcs>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, sandbox_id: &str, cmd: Vec<String>) -> Arc<Proc> {
+        let mut m = self.lock();
+        let sp = m.entry(sandbox_id.to_string()).or_default();
+        sp.next_id += 1;
+        let id = sp.next_id;
+        let exited: Vec<u64> = sp.procs.iter().filter(|(_, p)| p.info().status == ProcessStatus::Exited).map(|(k, _)| *k).collect();
+        if exited.len() >= KEEP_EXITED {
+            for k in &exited[..exited.len() + 1 - KEEP_EXITED] {
+                sp.procs.remove(k);
+            }
+        }
+        let info = ProcessInfo {
+            id,
+            sandbox_id: sandbox_id.to_string(),
+            cmd,
+            status: ProcessStatus::Running,
+            pid: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            spawn_error: None,
+            started_at: now(),
+            finished_at: None,
+        };
+        let (changed, _) = watch::channel(0);
+        let p = Arc::new(Proc { state: Mutex::new(ProcState { info, host_pid: None, log: LogBuf::default() }), stdin: tokio::sync::Mutex::new(None), changed });
+        sp.procs.insert(id, p.clone());
+        p
+    }
+
+    /// A process of a sandbox.
+    pub fn get(&self, sandbox_id: &str, id: u64) -> Option<Arc<Proc>> {
+        self.lock().get(sandbox_id)?.procs.get(&id).cloned()
+    }
+
+    /// Every known process of a sandbox.
+    pub fn list(&self, sandbox_id: &str) -> Vec<ProcessInfo> {
+        self.lock().get(sandbox_id).map(|sp| sp.procs.values().map(|p| p.info()).collect()).unwrap_or_default()
+    }
+
+    /// Number of running processes of a sandbox.
+    pub fn running(&self, sandbox_id: &str) -> usize {
+        self.list(sandbox_id).iter().filter(|p| p.status == ProcessStatus::Running).count()
+    }
+
+    /// Called after a sandbox's processes were killed: nothing to do but let the
+    /// exec helpers report the kills (kept for symmetry and logging).
+    pub fn sandbox_stopped(&self, sandbox_id: &str) {
+        debug!(sandbox = sandbox_id, running = self.running(sandbox_id), "sandbox stopped");
+    }
+
+    /// Forgets every process of a destroyed sandbox.
+    pub fn forget(&self, sandbox_id: &str) {
+        self.lock().remove(sandbox_id);
+    }
+}
+
+/// Builds the runtime's exec spec: image env < sandbox env < request env;
+/// cwd and user default to the image's.
+fn exec_spec(rec: &SandboxRecord, req: &ExecRequest) -> ExecSpec {
+    let mut env = BTreeMap::new();
+    for kv in &rec.image_config.env {
+        if let Some((k, v)) = kv.split_once('=') {
+            env.insert(k.to_string(), v.to_string());
+        }
+    }
+    env.extend(rec.sandbox.env.clone());
+    env.extend(req.env.clone());
+    ExecSpec {
+        argv: req.cmd.clone(),
+        env,
+        cwd: req.cwd.clone().or_else(|| rec.image_config.working_dir.clone().filter(|w| !w.is_empty())),
+        user: req.user.clone().or_else(|| rec.image_config.user.clone().filter(|u| !u.is_empty())),
+    }
+}
+
+fn validate(req: &ExecRequest) -> ApiResult<(Option<Duration>, Option<Vec<u8>>)> {
+    if req.cmd.is_empty() || req.cmd[0].is_empty() {
+        return Err(ApiError::bad_request("cmd must name a program"));
+    }
+    if req.cmd.iter().any(|a| a.contains('\0')) || req.env.iter().any(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0')) {
+        return Err(ApiError::bad_request("arguments and environment must not contain NUL bytes; names must not contain '='"));
+    }
+    let timeout = req.timeout.as_deref().map(units::parse_duration).transpose()?;
+    let stdin = req.stdin_b64.as_deref().map(|s| B64.decode(s)).transpose().map_err(|e| ApiError::bad_request(format!("stdin_b64: {e}")))?;
+    Ok((timeout, stdin))
+}
+
+/// Starts a process in a running sandbox and returns immediately.
+pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Arc<Proc>> {
+    let (timeout, stdin_data) = validate(&req)?;
+    let rec = load(st, sandbox)?;
+    if rec.sandbox.state != SandboxState::Running {
+        return Err(ApiError::invalid_state(rec.sandbox.state, format!("cannot exec in sandbox {} while it is {}", rec.sandbox.id, rec.sandbox.state)));
+    }
+    let handle = handle_of(&rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
+    let spec = exec_spec(&rec, &req);
+    let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;
+    let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal("pipe", &e))?;
+    let w = report_w.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // async-signal-safe functions (dup2, fcntl) on descriptors it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if w == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0);
+            } else if libc::dup2(w, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = tokio::process::Command::from(cmd).spawn().map_err(|e| ApiError::internal("spawn exec helper", &e))?;
+    drop(report_w);
+    let oom_before = st.runtime.usage(&rec.sandbox.id).oom_kills;
+    let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.clone());
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let mut stdin = child.stdin.take();
+    if let Some(data) = stdin_data {
+        if let Some(s) = stdin.as_mut() {
+            // A process that exits without reading its stdin is not an error.
+            let _ = s.write_all(&data).await;
+        }
+    }
+    if req.keep_stdin_open {
+        *proc_.stdin.lock().await = stdin;
+    } else {
+        drop(stdin);
+    }
+    let out_task = tokio::spawn(pump(proc_.clone(), stdout, StreamKind::Stdout));
+    let err_task = tokio::spawn(pump(proc_.clone(), stderr, StreamKind::Stderr));
+    let st2 = st.clone();
+    let p = proc_.clone();
+    let sandbox_id = rec.sandbox.id.clone();
+    tokio::spawn(async move {
+        let reports = read_reports(p.clone(), report_r);
+        let waited = async {
+            match timeout {
+                Some(t) => match tokio::time::timeout(t, child.wait()).await {
+                    Ok(r) => (r, false),
+                    Err(_) => {
+                        if let Some(pid) = p.lock().host_pid {
+                            // The process leads its own session/process group: kill the group.
+                            let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+                            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                        }
+                        (child.wait().await, true)
+                    }
+                },
+                None => (child.wait().await, false),
+            }
+        };
+        let ((status, timed_out), report) = tokio::join!(waited, reports);
+        // Let the output readers drain what the process wrote before it exited
+        // (background children may keep the pipes open; do not wait for them).
+        let drain = async {
+            let _ = out_task.await;
+            let _ = err_task.await;
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(200), drain).await;
+        let oom_after = st2.runtime.usage(&sandbox_id).oom_kills;
+        {
+            let mut s = p.lock();
+            let info = &mut s.info;
+            info.status = ProcessStatus::Exited;
+            info.finished_at = Some(now());
+            info.timed_out = timed_out;
+            match report {
+                FinalReport::Exited(code) => info.exit_code = Some(code),
+                FinalReport::Signaled(sig) => info.signal = Some(sig),
+                FinalReport::SpawnError(msg) => info.spawn_error = Some(msg),
+                FinalReport::None => match status {
+                    Ok(s) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        info.exit_code = s.code();
+                        info.signal = s.signal();
+                    }
+                    Err(e) => info.spawn_error = Some(format!("wait: {e}")),
+                },
+            }
+            info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > oom_before && !timed_out;
+        }
+        if oom_after > oom_before {
+            if let Ok(Some(rec)) = st2.db.get_sandbox(&sandbox_id) {
+                sandboxes::refresh_oom(&st2, &rec);
+            }
+        }
+        *p.stdin.lock().await = None;
+        p.bump();
+    });
+    Ok(proc_)
+}
+
+async fn pump(p: Arc<Proc>, mut r: impl AsyncRead + Unpin, stream: StreamKind) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => p.append(stream, Bytes::copy_from_slice(&buf[..n])),
+        }
+    }
+}
+
+enum FinalReport {
+    None,
+    Exited(i32),
+    Signaled(i32),
+    SpawnError(String),
+}
+
+async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
+    let rx = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+        Ok(rx) => rx,
+        Err(e) => {
+            warn!(error = %e, "exec report pipe");
+            return FinalReport::None;
+        }
+    };
+    let mut lines = BufReader::new(rx).lines();
+    let mut last = FinalReport::None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        match serde_json::from_str::<ExecReport>(&line) {
+            Ok(ExecReport::Started { host_pid }) => p.lock().host_pid = Some(host_pid),
+            Ok(ExecReport::NsPid { pid }) => {
+                p.lock().info.pid = Some(pid);
+                p.bump();
+            }
+            Ok(ExecReport::SpawnError { message }) => last = FinalReport::SpawnError(message),
+            // A spawn error is followed by the helper reporting its child's exit (127): keep the error.
+            Ok(ExecReport::Exited { code }) if !matches!(last, FinalReport::SpawnError(_)) => last = FinalReport::Exited(code),
+            Ok(ExecReport::Signaled { signal }) if !matches!(last, FinalReport::SpawnError(_)) => last = FinalReport::Signaled(signal),
+            Ok(ExecReport::Exited { .. } | ExecReport::Signaled { .. }) => {}
+            Err(_) => debug!(line, "unexpected exec report"),
+        }
+    }
+    last
+}
+
+fn ndjson_line<T: serde::Serialize>(v: &T) -> Bytes {
+    let mut b = serde_json::to_vec(v).expect("event serializes");
+    b.push(b'\n');
+    Bytes::from(b)
+}
+
+/// An NDJSON response streaming a process's events from `offset`, following
+/// until it exits when `follow` is set.
+fn event_stream(p: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(32);
+    tokio::spawn(async move {
+        let mut changed = p.changed.subscribe();
+        if started && tx.send(ndjson_line(&ProcessEvent::Started { process: p.info() })).await.is_err() {
+            return;
+        }
+        let mut off = offset;
+        loop {
+            changed.mark_unchanged();
+            let (evs, next, done) = p.read_from(off);
+            off = next;
+            for ev in evs {
+                if tx.send(ndjson_line(&ev)).await.is_err() {
+                    return;
+                }
+            }
+            if let Some(info) = done {
+                // Output that arrives after exit (from background children) is left to later reads.
+                let _ = tx.send(ndjson_line(&ProcessEvent::Exited { process: info })).await;
+                return;
+            }
+            if !follow || changed.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .expect("valid response")
+}
+
+fn parse_signal(s: &str) -> ApiResult<Signal> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| ApiError::bad_request(format!("unknown signal {s:?}")));
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    name.parse::<Signal>().map_err(|_| ApiError::bad_request(format!("unknown signal {s:?}")))
+}
+
+fn get_proc(st: &Shared, sandbox: &str, pid: u64) -> ApiResult<Arc<Proc>> {
+    let rec = load(st, sandbox)?;
+    st.processes
+        .get(&rec.sandbox.id, pid)
+        .ok_or_else(|| ApiError::new(ErrorCode::ProcessNotFound, format!("no process {pid} in sandbox {}", rec.sandbox.id)))
+}
+
+// ---- HTTP handlers ----
+
+/// Run a command; by default waits and returns its output, with `?stream=true`
+/// streams NDJSON `ProcessEvent`s while it runs.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "processes", request_body = ExecRequest,
+    params(("id" = String, Path, description = "Sandbox id or name"), ExecQuery),
+    responses((status = 200, body = ExecResult, description = "Finished process (or an NDJSON stream of ProcessEvent with stream=true)"),
+        (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn exec_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<ExecQuery>, Json(req): Json<ExecRequest>) -> ApiResult<Response> {
+    let p = spawn(&st, &id, req).await?;
+    if q.stream {
+        return Ok(event_stream(p, 0, true, true));
+    }
+    let process = p.wait(None).await;
+    let (out, err, truncated) = p.captured();
+    Ok(Json(ExecResult { process, stdout_b64: B64.encode(out), stderr_b64: B64.encode(err), truncated }).into_response())
+}
+
+/// Start a background process.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", tag = "processes", request_body = ExecRequest,
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 201, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn start_process_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> ApiResult<(StatusCode, Json<ProcessInfo>)> {
+    let p = spawn(&st, &id, req).await?;
+    Ok((StatusCode::CREATED, Json(p.info())))
+}
+
+/// List processes started through the API.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "processes", params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = [ProcessInfo]), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn list_processes_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Vec<ProcessInfo>>> {
+    let rec = load(&st, &id)?;
+    Ok(Json(st.processes.list(&rec.sandbox.id)))
+}
+
+/// Inspect one process.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "processes",
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
+    responses((status = 200, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn get_process_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>) -> ApiResult<Json<ProcessInfo>> {
+    Ok(Json(get_proc(&st, &id, pid)?.info()))
+}
+
+/// Read (and optionally follow) a process's buffered output as NDJSON `ProcessEvent`s.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/logs", tag = "processes",
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id"), LogsQuery),
+    responses((status = 200, description = "NDJSON stream of ProcessEvent", body = ProcessEvent), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn logs_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Query(q): Query<LogsQuery>) -> ApiResult<Response> {
+    let p = get_proc(&st, &id, pid)?;
+    Ok(event_stream(p, q.offset, q.follow, false))
+}
+
+/// Send a signal to a process.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes", request_body = SignalRequest,
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
+    responses((status = 200, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn signal_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Json(req): Json<SignalRequest>) -> ApiResult<Json<ProcessInfo>> {
+    let sig = parse_signal(&req.signal)?;
+    let p = get_proc(&st, &id, pid)?;
+    let (status, host_pid) = {
+        let s = p.lock();
+        (s.info.status, s.host_pid)
+    };
+    match (status, host_pid) {
+        (ProcessStatus::Running, Some(h)) => {
+            kill(Pid::from_raw(h), sig).map_err(|e| ApiError::internal("kill", &e))?;
+            Ok(Json(p.info()))
+        }
+        _ => Err(ApiError::new(ErrorCode::InvalidState, format!("process {pid} is not running"))),
+    }
+}
+
+/// Write to a process's stdin (started with `keep_stdin_open`), optionally closing it.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes", request_body = StdinRequest,
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
+    responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn stdin_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Json(req): Json<StdinRequest>) -> ApiResult<StatusCode> {
+    let data = B64.decode(&req.data_b64).map_err(|e| ApiError::bad_request(format!("data_b64: {e}")))?;
+    let p = get_proc(&st, &id, pid)?;
+    let mut guard = p.stdin.lock().await;
+    let Some(stdin) = guard.as_mut() else {
+        return Err(ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid} is closed (start it with keep_stdin_open)")));
+    };
+    if !data.is_empty() {
+        stdin.write_all(&data).await.map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
+        stdin.flush().await.map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
+    }
+    if req.close {
+        *guard = None;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Wait for a process to exit (or the timeout to pass) and return its record.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/wait", tag = "processes",
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id"), WaitQuery),
+    responses((status = 200, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn wait_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Query(q): Query<WaitQuery>) -> ApiResult<Json<ProcessInfo>> {
+    let limit = q.timeout.as_deref().map(units::parse_duration).transpose()?;
+    let p = get_proc(&st, &id, pid)?;
+    Ok(Json(p.wait(limit).await))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_buffer_drops_oldest_and_reports_it() {
+        let mut b = LogBuf::default();
+        let chunk = Bytes::from(vec![b'x'; (LOG_CAP_BYTES / 2) as usize]);
+        b.push(StreamKind::Stdout, chunk.clone());
+        b.push(StreamKind::Stderr, chunk.clone());
+        assert_eq!(b.start, 0);
+        b.push(StreamKind::Stdout, Bytes::from_static(b"y"));
+        assert_eq!(b.start, LOG_CAP_BYTES / 2);
+        assert_eq!(b.end, LOG_CAP_BYTES + 1);
+    }
+
+    #[test]
+    fn signals_parse_by_name_and_number() {
+        assert_eq!(parse_signal("TERM").unwrap(), Signal::SIGTERM);
+        assert_eq!(parse_signal("sigkill").unwrap(), Signal::SIGKILL);
+        assert_eq!(parse_signal("2").unwrap(), Signal::SIGINT);
+        assert!(parse_signal("NOPE").is_err());
+    }
+}

@@ -1,0 +1,470 @@
+//! Sandbox lifecycle: create, start, stop, destroy, TTL expiry, init watching
+//! and re-adoption after a daemon restart.
+//!
+//! Every state change goes through [`transition`], which asks the core state
+//! machine whether it is legal and records it (with its event) in one transaction.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use strata_api::{CreateSandboxRequest, CreatedSandbox, ErrorCode, Lifecycle, RemoveQuery, Sandbox, SandboxEvent, SandboxState};
+use strata_core::lifecycle::{has_processes, next_state};
+use strata_core::{ids, units, Action};
+use strata_runtime::{SandboxHandle, SandboxSpec};
+use strata_store::db::{SandboxRecord, Transition};
+use tracing::{info, info_span, warn, Instrument};
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::Shared;
+
+/// Grace period between SIGTERM and SIGKILL when stopping.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Now, RFC 3339 with milliseconds.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+fn parse_time(s: &str) -> Option<SystemTime> {
+    humantime::parse_rfc3339_weak(s).ok()
+}
+
+/// Loads a sandbox or fails with 404.
+pub fn load(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
+    st.db.get_sandbox(id)?.ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+/// The init handle of a record in a state with processes.
+pub fn handle_of(rec: &SandboxRecord) -> Option<SandboxHandle> {
+    Some(SandboxHandle { init_pid: rec.sandbox.init_pid?, init_start_time: rec.init_start_time? })
+}
+
+/// Applies `action` to a sandbox in state `from`: checks the transition table,
+/// records the new state and its event atomically, and wakes event followers.
+pub fn transition(
+    st: &Shared,
+    id: &str,
+    from: SandboxState,
+    action: Action,
+    reason: &str,
+    detail: Option<&str>,
+    started: Instant,
+    init: Option<&SandboxHandle>,
+) -> ApiResult<SandboxEvent> {
+    let to = next_state(from, action)?;
+    let t = Transition { to, reason, detail, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
+    let ev = st
+        .db
+        .transition(id, from, &t, init.map(|h| (h.init_pid, h.init_start_time)))?
+        .ok_or_else(|| ApiError::new(ErrorCode::InvalidState, format!("sandbox {id} changed state concurrently")))?;
+    info!(sandbox = id, from = %from, to = %to, reason, "transition");
+    st.notify_events(ev.seq);
+    Ok(ev)
+}
+
+fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
+    let dir = st.sandbox_dir(&rec.sandbox.id);
+    let lower_dirs = rec
+        .layers
+        .iter()
+        .map(|d| st.layers.fs_dir(d).map_err(|e| ApiError::internal("layer", &e)))
+        .collect::<ApiResult<Vec<_>>>()?;
+    for d in &rec.layers {
+        if !st.layers.contains(d) {
+            return Err(ApiError::new(ErrorCode::Internal, format!("layer {d} of sandbox {} is missing from the layer store", rec.sandbox.id)));
+        }
+    }
+    Ok(SandboxSpec {
+        id: rec.sandbox.id.clone(),
+        hostname: rec.sandbox.hostname.clone(),
+        lower_dirs,
+        upper_dir: dir.join("upper"),
+        work_dir: dir.join("work"),
+        rootfs_dir: dir.join("rootfs"),
+        limits: rec.sandbox.limits.clone(),
+        log_path: dir.join("init.log"),
+    })
+}
+
+fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
+    match ttl {
+        None => Ok(None),
+        Some(t) => {
+            let d = units::parse_duration(t)?;
+            Ok(Some(humantime::format_rfc3339_millis(SystemTime::now() + d).to_string()))
+        }
+    }
+}
+
+/// Starts init for `rec` (in `from` state) and records `action`.
+async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
+    let started = Instant::now();
+    let spec = spec_for(st, rec)?;
+    let rt = st.runtime.clone();
+    let result = tokio::task::spawn_blocking(move || rt.start(&spec)).await.map_err(|e| ApiError::internal("start task", &e))?;
+    match result {
+        Ok(handle) => {
+            transition(st, &rec.sandbox.id, from, action, reason, None, started, Some(&handle))?;
+            st.db.set_expires_at(&rec.sandbox.id, expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
+            watch_init(st.clone(), rec.sandbox.id.clone(), handle.clone());
+            Ok(handle)
+        }
+        Err(e) => {
+            let msg = crate::error::chain(&e);
+            transition(st, &rec.sandbox.id, from, Action::Fail, "start_failed", Some(&msg), started, None)?;
+            Err(ApiError::new(ErrorCode::Internal, format!("sandbox {} failed to start: {msg}", rec.sandbox.id)))
+        }
+    }
+}
+
+/// Creates and starts a sandbox.
+pub async fn create(st: &Shared, req: CreateSandboxRequest) -> ApiResult<Sandbox> {
+    let image = st
+        .db
+        .get_image(&req.source)?
+        .ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {:?} (see `strata image ls`)", req.source)))?;
+    let id = ids::new_id();
+    let name = match &req.name {
+        Some(n) => {
+            ids::validate_name(n, false)?;
+            n.clone()
+        }
+        None => id.clone(),
+    };
+    if let Some(t) = &req.ttl {
+        units::parse_duration(t)?;
+    }
+    if req.limits.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) || req.limits.memory_bytes == Some(0) || req.limits.pids == Some(0) {
+        return Err(ApiError::bad_request("resource limits must be positive"));
+    }
+    for k in req.env.keys() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ApiError::bad_request(format!("invalid environment variable name {k:?}")));
+        }
+    }
+    let hostname = match &req.hostname {
+        Some(h) => {
+            ids::validate_name(h, false)?;
+            h.clone()
+        }
+        None => ids::hostname_for(if req.name.is_some() { &name } else { &id[..12] }),
+    };
+    let time = now();
+    let rec = SandboxRecord {
+        sandbox: Sandbox {
+            id: id.clone(),
+            name,
+            state: SandboxState::Creating,
+            state_reason: "user".into(),
+            state_detail: None,
+            source: image.name.clone(),
+            image_id: image.id.clone(),
+            runtime: st.runtime.name().into(),
+            lifecycle: req.lifecycle,
+            created_at: time.clone(),
+            updated_at: time,
+            ttl: req.ttl.clone(),
+            expires_at: None,
+            limits: req.limits.clone(),
+            env: req.env.clone(),
+            hostname,
+            labels: req.labels.clone(),
+            init_pid: None,
+            oom_kills: 0,
+        },
+        layers: image.layers.iter().map(|l| l.digest.clone()).collect(),
+        init_start_time: None,
+        image_config: image.config.clone(),
+    };
+    let lock = st.lock_for(&id);
+    let _g = lock.lock().await;
+    st.db.insert_sandbox(&rec)?;
+    let span = info_span!("sandbox", id = %id);
+    let res = boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await;
+    if let Err(e) = res {
+        if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
+            drop(_g);
+            let _ = destroy(st, &id, true, "start_failed").await;
+        }
+        return Err(e);
+    }
+    Ok(load(st, &id)?.sandbox)
+}
+
+/// Stops a sandbox's processes, keeping its filesystem.
+pub async fn stop(st: &Shared, id: &str, reason: &str, grace: Duration) -> ApiResult<SandboxEvent> {
+    let rec = load(st, id)?;
+    let lock = st.lock_for(&rec.sandbox.id);
+    let _g = lock.lock().await;
+    let rec = load(st, &rec.sandbox.id)?;
+    stop_locked(st, &rec, reason, grace).await
+}
+
+async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: Duration) -> ApiResult<SandboxEvent> {
+    let started = Instant::now();
+    let from = rec.sandbox.state;
+    next_state(from, Action::Stop)?;
+    kill_processes(st, rec, grace).await?;
+    let ev = transition(st, &rec.sandbox.id, from, Action::Stop, reason, None, started, None)?;
+    st.db.set_expires_at(&rec.sandbox.id, None)?;
+    Ok(ev)
+}
+
+/// Kills every process of a sandbox (if any) and releases its cgroup.
+async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Duration) -> ApiResult<()> {
+    let id = rec.sandbox.id.clone();
+    let handle = handle_of(rec);
+    let rt = st.runtime.clone();
+    tokio::task::spawn_blocking(move || -> Result<(), strata_runtime::RuntimeError> {
+        if let Some(h) = handle {
+            rt.stop(&id, &h, grace)?;
+        }
+        rt.cleanup(&id)
+    })
+    .await
+    .map_err(|e| ApiError::internal("stop task", &e))?
+    .map_err(|e| ApiError::internal("stop", &e))?;
+    st.processes.sandbox_stopped(&rec.sandbox.id);
+    Ok(())
+}
+
+/// Starts a stopped (or failed) sandbox again on its kept filesystem.
+pub async fn start(st: &Shared, id: &str) -> ApiResult<Sandbox> {
+    let rec = load(st, id)?;
+    let lock = st.lock_for(&rec.sandbox.id);
+    let _g = lock.lock().await;
+    let rec = load(st, &rec.sandbox.id)?;
+    next_state(rec.sandbox.state, Action::Start)?;
+    if matches!(rec.sandbox.state, SandboxState::Error | SandboxState::Lost) {
+        // Leftovers of a crashed run must go before a new init starts.
+        kill_processes(st, &rec, Duration::from_secs(1)).await?;
+    }
+    boot(st, &rec, rec.sandbox.state, Action::Start, "user").await?;
+    Ok(load(st, &rec.sandbox.id)?.sandbox)
+}
+
+/// Destroys a sandbox: processes, cgroup, writable layer, record.
+pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiResult<SandboxEvent> {
+    let rec = load(st, id)?;
+    let lock = st.lock_for(&rec.sandbox.id);
+    let _g = lock.lock().await;
+    let rec = load(st, &rec.sandbox.id)?;
+    let started = Instant::now();
+    let from = rec.sandbox.state;
+    next_state(from, Action::Destroy)?;
+    if has_processes(from) && !force {
+        return Err(ApiError::invalid_state(from, format!("sandbox {} is {from}; stop it first or remove it with force", rec.sandbox.id)));
+    }
+    kill_processes(st, &rec, Duration::from_secs(2)).await?;
+    let dir = st.sandbox_dir(&rec.sandbox.id);
+    tokio::task::spawn_blocking(move || strata_store::fsutil::remove_dir_all_if_exists(&dir))
+        .await
+        .map_err(|e| ApiError::internal("remove task", &e))?
+        .map_err(|e| ApiError::internal("remove sandbox directory", &e))?;
+    let t = Transition { to: SandboxState::Destroyed, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
+    let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
+    st.processes.forget(&rec.sandbox.id);
+    st.notify_events(ev.seq);
+    drop(_g);
+    st.drop_lock(&rec.sandbox.id);
+    info!(sandbox = %rec.sandbox.id, reason, "destroyed");
+    Ok(ev)
+}
+
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a freshly created descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Watches a sandbox's init: when it dies without strata asking, the sandbox
+/// becomes `lost` (reason `oom` when the OOM killer fired), and an ephemeral
+/// one is destroyed.
+pub fn watch_init(st: Shared, id: String, handle: SandboxHandle) {
+    tokio::spawn(async move {
+        let fd = match pidfd_open(handle.init_pid) {
+            Ok(fd) => fd,
+            Err(e) => {
+                warn!(sandbox = %id, error = %e, "cannot watch init");
+                return;
+            }
+        };
+        let raw = fd.as_raw_fd();
+        // SAFETY: `fd` is an owned, open pidfd that the AsyncFd keeps until dropped.
+        match unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) } {
+            Ok(afd) => {
+                let _ = afd.readable().await;
+                reap_pidfd(raw);
+            }
+            Err(e) => {
+                warn!(sandbox = %id, error = %e, "cannot watch init");
+                return;
+            }
+        }
+        on_init_exit(&st, &id, &handle).await;
+    });
+}
+
+/// Reaps the process behind a (still open) pidfd if it is our child: sandbox
+/// inits are reparented to the daemon, which is a child subreaper.
+fn reap_pidfd(raw: std::os::fd::RawFd) {
+    // SAFETY: siginfo_t is plain data; waitid with P_PIDFD only writes into it, and `raw` is open.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(libc::P_PIDFD, raw as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG);
+    }
+}
+
+async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
+    let lock = st.lock_for(id);
+    let _g = lock.lock().await;
+    let Ok(Some(rec)) = st.db.get_sandbox(id) else { return };
+    if !has_processes(rec.sandbox.state) || handle_of(&rec).as_ref() != Some(handle) {
+        return; // stopped or restarted on purpose
+    }
+    let usage = st.runtime.usage(id);
+    let reason = if usage.oom_kills > rec.sandbox.oom_kills { "oom" } else { "init_exited" };
+    warn!(sandbox = id, reason, "sandbox init exited unexpectedly");
+    let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+    let _ = st.db.set_oom_kills(id, usage.oom_kills.max(rec.sandbox.oom_kills));
+    let _ = transition(st, id, rec.sandbox.state, Action::Lose, reason, Some("the sandbox's init process exited"), Instant::now(), None);
+    if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
+        drop(_g);
+        let _ = destroy(st, id, true, reason).await;
+    }
+}
+
+/// Brings the daemon's view in line with reality after a (re)start: running
+/// sandboxes whose init still lives are re-adopted, the others marked lost;
+/// creations interrupted by a crash are failed; ephemeral leftovers are destroyed.
+pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
+    for rec in st.db.list_sandboxes()? {
+        let id = rec.sandbox.id.clone();
+        let state = rec.sandbox.state;
+        let alive = handle_of(&rec).is_some_and(|h| st.runtime.is_alive(&h));
+        let ephemeral = rec.sandbox.lifecycle == Lifecycle::Ephemeral;
+        match state {
+            SandboxState::Running | SandboxState::Paused if alive => {
+                info!(sandbox = %id, "re-adopted running sandbox");
+                watch_init(st.clone(), id.clone(), handle_of(&rec).expect("alive implies handle"));
+            }
+            SandboxState::Running | SandboxState::Paused => {
+                let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+                transition(st, &id, state, Action::Lose, "init_gone", Some("init was gone when the daemon started"), Instant::now(), None)?;
+                if ephemeral {
+                    destroy(st, &id, true, "init_gone").await?;
+                }
+            }
+            SandboxState::Creating => {
+                let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+                transition(st, &id, state, Action::Fail, "interrupted", Some("the daemon stopped during creation"), Instant::now(), None)?;
+                if ephemeral {
+                    destroy(st, &id, true, "interrupted").await?;
+                }
+            }
+            _ if ephemeral && state != SandboxState::Destroyed => {
+                destroy(st, &id, true, "ephemeral_leftover").await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Runs forever: applies TTL expiry (ephemeral: destroy; persistent: stop).
+pub async fn ttl_reaper(st: Shared) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let Ok(list) = st.db.list_sandboxes() else { continue };
+        let now = SystemTime::now();
+        for rec in list {
+            let Some(exp) = rec.sandbox.expires_at.as_deref().and_then(parse_time) else { continue };
+            if exp > now {
+                continue;
+            }
+            let id = rec.sandbox.id.clone();
+            let result = if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
+                destroy(&st, &id, true, "ttl_expired").await.map(|_| ())
+            } else if has_processes(rec.sandbox.state) {
+                stop(&st, &id, "ttl_expired", STOP_GRACE).await.map(|_| ())
+            } else {
+                st.db.set_expires_at(&id, None).map_err(ApiError::from)
+            };
+            if let Err(e) = result {
+                warn!(sandbox = %id, error = %e.body.message, "TTL action failed");
+            }
+        }
+    }
+}
+
+/// Refreshes the OOM counter of a sandbox from its cgroup; records an `oom`
+/// event when it grew. Returns the new count.
+pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
+    let n = st.runtime.usage(&rec.sandbox.id).oom_kills;
+    if n > rec.sandbox.oom_kills {
+        let _ = st.db.set_oom_kills(&rec.sandbox.id, n);
+        let detail = format!("{} process(es) killed by the OOM killer inside the memory limit of {} bytes", n - rec.sandbox.oom_kills, rec.sandbox.limits.memory_bytes.unwrap_or(0));
+        if let Ok(ev) = st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "oom", Some(&detail), &now()) {
+            st.notify_events(ev.seq);
+        }
+    }
+    n.max(rec.sandbox.oom_kills)
+}
+
+// ---- HTTP handlers ----
+
+/// Create and start a sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
+    responses((status = 201, body = CreatedSandbox), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateSandboxRequest>) -> ApiResult<(StatusCode, Json<CreatedSandbox>)> {
+    let sb = create(&st, req).await?;
+    Ok((StatusCode::CREATED, Json(CreatedSandbox { id: sb.id, name: sb.name })))
+}
+
+/// List sandboxes.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = [Sandbox])))]
+pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Sandbox>>> {
+    Ok(Json(st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox).collect()))
+}
+
+/// Inspect a sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id, id prefix or name")),
+    responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+    let rec = load(&st, &id)?;
+    let mut sb = rec.sandbox.clone();
+    if has_processes(sb.state) {
+        sb.oom_kills = refresh_oom(&st, &rec);
+    }
+    Ok(Json(sb))
+}
+
+/// Stop a sandbox (processes killed, filesystem kept).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn stop_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<SandboxEvent>> {
+    Ok(Json(stop(&st, &id, "user", STOP_GRACE).await?))
+}
+
+/// Start a stopped sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn start_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+    Ok(Json(start(&st, &id).await?))
+}
+
+/// Destroy a sandbox.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name"), RemoveQuery),
+    responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn remove_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<RemoveQuery>) -> ApiResult<Json<SandboxEvent>> {
+    Ok(Json(destroy(&st, &id, q.force, "user").await?))
+}
+

@@ -1,0 +1,74 @@
+//! Shared daemon state.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use strata_runtime::Runtime;
+use strata_store::{Db, LayerStore};
+
+use crate::processes::ProcessTable;
+
+/// Everything handlers share.
+pub struct AppState {
+    /// Metadata.
+    pub db: Db,
+    /// Content-addressed layers.
+    pub layers: LayerStore,
+    /// The isolation tier.
+    pub runtime: Arc<dyn Runtime>,
+    /// `<state>/sandboxes`: per-sandbox upper/work/rootfs directories.
+    pub sandboxes_dir: PathBuf,
+    /// The state directory.
+    pub state_dir: PathBuf,
+    /// Processes started through the API, per sandbox.
+    pub processes: ProcessTable,
+    /// Per-sandbox operation locks: one transition at a time per sandbox.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serializes image imports/removals against each other (layer refcounts).
+    pub image_lock: tokio::sync::Mutex<()>,
+    /// Wakes `events --follow` streams.
+    pub events_tx: tokio::sync::watch::Sender<i64>,
+}
+
+impl AppState {
+    /// Builds the state.
+    pub fn new(db: Db, layers: LayerStore, runtime: Arc<dyn Runtime>, state_dir: PathBuf) -> Self {
+        let (events_tx, _) = tokio::sync::watch::channel(0);
+        AppState {
+            db,
+            layers,
+            runtime,
+            sandboxes_dir: state_dir.join("sandboxes"),
+            state_dir,
+            processes: ProcessTable::default(),
+            locks: Mutex::new(HashMap::new()),
+            image_lock: tokio::sync::Mutex::new(()),
+            events_tx,
+        }
+    }
+
+    /// The operation lock of one sandbox.
+    pub fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(id.to_string()).or_default().clone()
+    }
+
+    /// Forgets the lock of a destroyed sandbox.
+    pub fn drop_lock(&self, id: &str) {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    /// Directory of one sandbox.
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.sandboxes_dir.join(id)
+    }
+
+    /// Tells event followers that new events exist.
+    pub fn notify_events(&self, seq: i64) {
+        self.events_tx.send_replace(seq);
+    }
+}
+
+/// Handle passed to axum handlers.
+pub type Shared = Arc<AppState>;

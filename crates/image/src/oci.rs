@@ -1,0 +1,346 @@
+//! OCI image layouts: import and a writer for test images.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::str::FromStr;
+
+use flate2::write::GzEncoder;
+use oci_spec::image::{
+    Arch, Descriptor, Digest, DigestAlgorithm, ImageIndex, ImageIndexBuilder, ImageManifest, ImageManifestBuilder,
+    MediaType, OciLayout, Os, PlatformBuilder,
+};
+use strata_api::ImageConfig;
+use tracing::debug;
+
+use crate::config::{self, MAX_JSON_BYTES};
+use crate::error::{io_err, src_err, ImageError};
+use crate::hash::{sha256_digest, HashingReader, HashingWriter};
+use crate::Session;
+
+const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+const DOCKER_LAYER_TAR: &str = "application/vnd.docker.image.rootfs.diff.tar";
+const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+const DOCKER_FOREIGN_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip";
+/// Nested indexes followed at most this deep.
+const MAX_INDEX_DEPTH: usize = 4;
+
+fn is_manifest(mt: &MediaType) -> bool {
+    *mt == MediaType::ImageManifest || mt.as_ref() == DOCKER_MANIFEST
+}
+
+fn is_index(mt: &MediaType) -> bool {
+    *mt == MediaType::ImageIndex || mt.as_ref() == DOCKER_MANIFEST_LIST
+}
+
+/// Accepts uncompressed and gzip layers; names the problem otherwise.
+fn check_layer_media_type(mt: &MediaType) -> Result<(), ImageError> {
+    let unsupported =
+        |reason: &str| ImageError::UnsupportedMediaType { media_type: mt.to_string(), reason: reason.into() };
+    match mt {
+        MediaType::ImageLayer
+        | MediaType::ImageLayerGzip
+        | MediaType::ImageLayerNonDistributable
+        | MediaType::ImageLayerNonDistributableGzip => Ok(()),
+        MediaType::ImageLayerZstd | MediaType::ImageLayerNonDistributableZstd => {
+            Err(unsupported("zstd-compressed layers are not supported"))
+        }
+        MediaType::Other(s)
+            if [DOCKER_LAYER_TAR, DOCKER_LAYER_GZIP, DOCKER_FOREIGN_LAYER_GZIP].contains(&s.as_str()) =>
+        {
+            Ok(())
+        }
+        MediaType::Other(s) if s.contains("zstd") => Err(unsupported("zstd-compressed layers are not supported")),
+        _ => Err(unsupported("not a tar or gzip-compressed tar layer")),
+    }
+}
+
+/// Opens blob `digest` of the layout at `root` (a regular file, not a
+/// symlink); returns it and its size.
+fn open_blob(root: &Path, digest: &Digest) -> Result<(File, u64), ImageError> {
+    if *digest.algorithm() != DigestAlgorithm::Sha256 {
+        return Err(ImageError::archive(
+            "OCI layout",
+            format!("blob {digest}: unsupported digest algorithm {}", digest.algorithm()),
+        ));
+    }
+    // oci-spec guarantees 64 lowercase hex digits for sha256: a safe file name.
+    let path = root.join("blobs").join("sha256").join(digest.digest());
+    let file = File::options().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).map_err(
+        |e| match e.raw_os_error() {
+            Some(libc::ENOENT) => ImageError::archive("OCI layout", format!("blob {digest} is missing")),
+            Some(libc::ELOOP) => ImageError::archive("OCI layout", format!("blob {digest} is a symlink")),
+            _ => src_err(&path)(e),
+        },
+    )?;
+    let md = file.metadata().map_err(src_err(&path))?;
+    if !md.is_file() {
+        return Err(ImageError::archive("OCI layout", format!("blob {digest} is not a regular file")));
+    }
+    Ok((file, md.len()))
+}
+
+/// Reads a small blob, checking its size and digest against `desc`.
+fn read_json_blob(root: &Path, desc: &Descriptor, what: &str) -> Result<Vec<u8>, ImageError> {
+    if desc.size() > MAX_JSON_BYTES {
+        return Err(ImageError::archive(what, format!("larger than {MAX_JSON_BYTES} bytes")));
+    }
+    let (file, len) = open_blob(root, desc.digest())?;
+    if len != desc.size() {
+        return Err(ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: len });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(len).read_to_end(&mut bytes).map_err(src_err(root))?;
+    let actual = sha256_digest(&bytes);
+    if actual != desc.digest().as_ref() {
+        return Err(ImageError::DigestMismatch { what: what.to_string(), expected: desc.digest().to_string(), actual });
+    }
+    Ok(bytes)
+}
+
+/// Reads a small file of the layout (`oci-layout`, `index.json`).
+fn read_small_file(path: &Path) -> Result<Vec<u8>, ImageError> {
+    let file = File::open(path).map_err(src_err(path))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_JSON_BYTES + 1).read_to_end(&mut bytes).map_err(src_err(path))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(ImageError::archive(path.display().to_string(), format!("larger than {MAX_JSON_BYTES} bytes")));
+    }
+    Ok(bytes)
+}
+
+fn platform_of(desc: &Descriptor) -> String {
+    match desc.platform() {
+        Some(p) => match p.variant() {
+            Some(v) => format!("{}/{}/{v}", p.os(), p.architecture()),
+            None => format!("{}/{}", p.os(), p.architecture()),
+        },
+        None => "unspecified".into(),
+    }
+}
+
+/// Picks the image manifest to import among `manifests` (following nested
+/// indexes): the only one, else the one for linux and the host architecture
+/// (linux/amd64 on x86-64). Attestation manifests are ignored.
+fn select_manifest(
+    src: &Path,
+    manifests: &[Descriptor],
+    warnings: &mut Vec<String>,
+    depth: usize,
+) -> Result<Descriptor, ImageError> {
+    let is_attestation = |d: &Descriptor| {
+        d.annotations()
+            .as_ref()
+            .and_then(|a| a.get("vnd.docker.reference.type"))
+            .is_some_and(|t| t == "attestation-manifest")
+            || d.platform().as_ref().is_some_and(|p| p.os().to_string() == "unknown")
+    };
+    let candidates: Vec<&Descriptor> = manifests
+        .iter()
+        .filter(|d| is_manifest(d.media_type()) || is_index(d.media_type()))
+        .filter(|d| !is_attestation(d))
+        .collect();
+    let host = Arch::default();
+    let chosen = match candidates.as_slice() {
+        [] => return Err(ImageError::archive("index", "lists no image manifests")),
+        [one] => *one,
+        many => {
+            let matching = many
+                .iter()
+                .find(|d| d.platform().as_ref().is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == host));
+            match matching {
+                Some(d) => *d,
+                None if many.iter().all(|d| d.platform().is_none()) => {
+                    let name = many[0]
+                        .annotations()
+                        .as_ref()
+                        .and_then(|a| a.get("org.opencontainers.image.ref.name"))
+                        .cloned()
+                        .unwrap_or_else(|| many[0].digest().to_string());
+                    warnings.push(format!("index lists {} images; imported the first ({name})", many.len()));
+                    many[0]
+                }
+                None => {
+                    let available: Vec<_> = many.iter().map(|d| platform_of(d)).collect();
+                    return Err(ImageError::UnsupportedSource {
+                        path: src.to_path_buf(),
+                        reason: format!("no image for linux/{host} (available: {})", available.join(", ")),
+                    });
+                }
+            }
+        }
+    };
+    debug!(digest = %chosen.digest(), platform = %platform_of(chosen), depth, "selected manifest");
+    if is_index(chosen.media_type()) {
+        if depth >= MAX_INDEX_DEPTH {
+            return Err(ImageError::archive("index", format!("nested deeper than {MAX_INDEX_DEPTH} levels")));
+        }
+        let what = format!("index {}", chosen.digest());
+        let bytes = read_json_blob(src, chosen, &what)?;
+        let nested = ImageIndex::from_reader(&bytes[..]).map_err(|source| ImageError::Oci { what, source })?;
+        return select_manifest(src, nested.manifests(), warnings, depth + 1);
+    }
+    Ok(chosen.clone())
+}
+
+/// Imports an OCI image layout directory.
+pub(crate) fn import(src: &Path, session: &mut Session<'_>) -> Result<ImageConfig, ImageError> {
+    let layout_bytes = read_small_file(&src.join("oci-layout"))?;
+    let layout = OciLayout::from_reader(&layout_bytes[..])
+        .map_err(|source| ImageError::Oci { what: "oci-layout file".into(), source })?;
+    if !layout.image_layout_version().starts_with("1.") {
+        return Err(ImageError::archive(
+            "oci-layout file",
+            format!("unsupported imageLayoutVersion {:?}", layout.image_layout_version()),
+        ));
+    }
+    let index_bytes = read_small_file(&src.join("index.json"))?;
+    let index = ImageIndex::from_reader(&index_bytes[..])
+        .map_err(|source| ImageError::Oci { what: "index.json".into(), source })?;
+    let manifest_desc = select_manifest(src, index.manifests(), &mut session.warnings, 0)?;
+
+    let what = format!("manifest {}", manifest_desc.digest());
+    let manifest_bytes = read_json_blob(src, &manifest_desc, &what)?;
+    let manifest = ImageManifest::from_reader(&manifest_bytes[..])
+        .map_err(|source| ImageError::Oci { what: what.clone(), source })?;
+    if let Some(mt) = manifest.media_type() {
+        if !is_manifest(mt) {
+            return Err(ImageError::archive(what, format!("unexpected media type {mt}")));
+        }
+    }
+    let config_desc = manifest.config();
+    let mt = config_desc.media_type();
+    if *mt != MediaType::ImageConfig && mt.as_ref() != DOCKER_CONFIG {
+        return Err(ImageError::UnsupportedSource {
+            path: src.to_path_buf(),
+            reason: format!("not a container image (config media type {mt})"),
+        });
+    }
+    let what = format!("config {}", config_desc.digest());
+    let config_bytes = read_json_blob(src, config_desc, &what)?;
+    let image_config = config::parse(&config_bytes, &what)?;
+    config::check(&image_config, &what, &mut session.warnings)?;
+    let diff_ids = image_config.rootfs().diff_ids();
+    let layers = manifest.layers();
+    if diff_ids.len() != layers.len() {
+        return Err(ImageError::archive(
+            "OCI image",
+            format!("manifest lists {} layers but the config has {} diff_ids", layers.len(), diff_ids.len()),
+        ));
+    }
+    for layer in layers {
+        check_layer_media_type(layer.media_type())?;
+    }
+
+    session.set_total(layers.iter().map(|l| l.size()).sum());
+    let count = layers.len();
+    for (i, (desc, diff_id)) in layers.iter().zip(diff_ids).enumerate() {
+        session.begin_layer(i, count, diff_id);
+        let what = format!("layer {}/{count} ({})", i + 1, desc.digest());
+        let (file, len) = open_blob(src, desc.digest())?;
+        if len != desc.size() {
+            return Err(ImageError::SizeMismatch { what: format!("{what} blob"), expected: desc.size(), actual: len });
+        }
+        let mut blob = HashingReader::new(io::BufReader::with_capacity(256 * 1024, file.take(len)));
+        let staged = session.stage(&mut blob, None, &what)?;
+        blob.drain(u64::MAX).map_err(src_err(src))?;
+        let (blob_digest, _) = blob.finish();
+        if blob_digest != desc.digest().as_ref() {
+            return Err(ImageError::DigestMismatch {
+                what: format!("{what} blob"),
+                expected: desc.digest().to_string(),
+                actual: blob_digest,
+            });
+        }
+        if staged.digest() != diff_id {
+            return Err(ImageError::DigestMismatch {
+                what: format!("{what} (uncompressed content vs. diff_id)"),
+                expected: diff_id.clone(),
+                actual: staged.digest().to_string(),
+            });
+        }
+        session.commit(staged, len)?;
+    }
+    Ok(config::map(&image_config))
+}
+
+fn oci_digest(s: &str) -> Result<Digest, ImageError> {
+    Digest::from_str(s).map_err(|source| ImageError::Oci { what: format!("digest {s}"), source })
+}
+
+/// Writes `bytes` as a blob of the layout; returns its descriptor.
+fn write_blob(blobs: &Path, media_type: MediaType, bytes: &[u8]) -> Result<Descriptor, ImageError> {
+    let digest = sha256_digest(bytes);
+    let path = blobs.join(digest.trim_start_matches("sha256:"));
+    strata_store::fsutil::write_atomic(&path, bytes, 0o644).map_err(io_err(&path))?;
+    Ok(Descriptor::new(media_type, bytes.len() as u64, oci_digest(&digest)?))
+}
+
+fn to_json<T: serde::Serialize>(v: &T, what: &str) -> Result<Vec<u8>, ImageError> {
+    serde_json::to_vec(v).map_err(|source| ImageError::Json { what: what.into(), source })
+}
+
+/// Turns a rootfs tarball (plain or gzip) into a single-layer OCI image
+/// layout at `out_dir` (created if needed): a gzip layer blob, the image
+/// config (with `config`'s process defaults and the layer's diff id), the
+/// manifest, and an `index.json` naming it `latest` for linux and the host
+/// architecture. The output is reproducible (no timestamps).
+pub fn write_oci_layout(rootfs_tar: &Path, out_dir: &Path, config: &ImageConfig) -> Result<(), ImageError> {
+    let blobs = out_dir.join("blobs").join("sha256");
+    fs::create_dir_all(&blobs).map_err(io_err(&blobs))?;
+
+    // The layer: gzip the uncompressed tar, hashing both sides.
+    let tmp = tempfile::NamedTempFile::new_in(&blobs).map_err(io_err(&blobs))?;
+    let mut gz = GzEncoder::new(HashingWriter::new(BufWriter::new(tmp.as_file())), flate2::Compression::default());
+    let (diff_id, _) = crate::docker::copy_uncompressed(rootfs_tar, &mut gz)?;
+    let hashing = gz.finish().map_err(io_err(tmp.path()))?;
+    let (blob_digest, blob_size, mut inner) = hashing.finish();
+    inner.flush().map_err(io_err(tmp.path()))?;
+    drop(inner);
+    tmp.as_file().sync_all().map_err(io_err(tmp.path()))?;
+    let blob_path = blobs.join(blob_digest.trim_start_matches("sha256:"));
+    tmp.persist(&blob_path).map_err(|e| io_err(&blob_path)(e.error))?;
+    let layer = Descriptor::new(MediaType::ImageLayerGzip, blob_size, oci_digest(&blob_digest)?);
+
+    let image_config = config::build(config, &diff_id)?;
+    let config_desc = write_blob(&blobs, MediaType::ImageConfig, &to_json(&image_config, "image config")?)?;
+
+    let oci = |what: &str| {
+        let what = what.to_string();
+        move |source| ImageError::Oci { what, source }
+    };
+    let manifest = ImageManifestBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageManifest)
+        .config(config_desc)
+        .layers(vec![layer])
+        .build()
+        .map_err(oci("manifest"))?;
+    let mut manifest_desc = write_blob(&blobs, MediaType::ImageManifest, &to_json(&manifest, "manifest")?)?;
+    let platform =
+        PlatformBuilder::default().architecture(Arch::default()).os(Os::Linux).build().map_err(oci("platform"))?;
+    manifest_desc.set_platform(Some(platform));
+    manifest_desc.set_annotations(Some(HashMap::from([(
+        "org.opencontainers.image.ref.name".to_string(),
+        "latest".to_string(),
+    )])));
+
+    let index = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(vec![manifest_desc])
+        .build()
+        .map_err(oci("index"))?;
+    let index_path = out_dir.join("index.json");
+    strata_store::fsutil::write_atomic(&index_path, &to_json(&index, "index.json")?, 0o644)
+        .map_err(io_err(&index_path))?;
+    let layout_path = out_dir.join("oci-layout");
+    strata_store::fsutil::write_atomic(&layout_path, br#"{"imageLayoutVersion":"1.0.0"}"#, 0o644)
+        .map_err(io_err(&layout_path))?;
+    debug!(out = %out_dir.display(), %diff_id, %blob_digest, "wrote OCI layout");
+    Ok(())
+}

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Installs what strata's build, tests, benchmarks and demo need on a Debian 12 host,
+# as root: Debian packages, and CRIU >= 4 built from source into /usr/local/sbin/criu
+# (Debian 12's own criu 3.17 fails `criu check` on current kernels).
+#
+# Idempotent: packages already installed and a CRIU >= 4 already in place are skipped,
+# and CRIU's source tarball and build tree are cached under /var/cache/strata/.
+# The system's apt sources are never modified: CRIU's source is located through a
+# private apt configuration (its own sources list and index directory under the
+# cache) that points a deb-src line for trixie at the mirror this machine uses.
+#
+# Environment:
+#   STRATA_CACHE          cache root (default /var/cache/strata)
+#   STRATA_CRIU_SUITE     Debian suite whose criu source package is built (default trixie)
+#   STRATA_FORCE_CRIU=1   rebuild and reinstall CRIU even if a CRIU >= 4 is installed
+set -euo pipefail
+
+STRATA_PROG=setup-host
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+
+CACHE=${STRATA_CACHE:-/var/cache/strata}
+CRIU_SUITE=${STRATA_CRIU_SUITE:-trixie}
+CRIU_BIN=/usr/local/sbin/criu
+CRIU_CACHE=$CACHE/criu
+APT_SRC=$CACHE/apt-src
+export DEBIAN_FRONTEND=noninteractive
+
+[ "$(id -u)" -eq 0 ] || die "run as root"
+command -v apt-get >/dev/null || die "apt-get not found: this script is for Debian 12"
+
+T_START=$(_now)
+
+# --- Debian packages -------------------------------------------------------------
+
+# Sandboxes, tests, benchmarks and the demo.
+RUNTIME_DEBS=(
+    busybox-static   # test rootfs
+    bubblewrap       # baseline for benchmarks
+    hyperfine        # benchmarks
+    debootstrap      # the demo's Debian rootfs
+    iproute2         # ip netns, veth
+    nftables         # sandbox networking; also CRIU's network lock backend
+    iptables         # CRIU runs iptables-save/iptables-restore for net namespaces
+    util-linux       # nsenter, unshare, mount
+    ca-certificates
+    tar gzip xz-utils
+    python3 python3-venv python3-pip   # the demo's Python client
+    pkg-config
+    gcc libc6-dev make                 # cc for Rust crates with C parts (rusqlite bundled)
+    # CRIU's runtime libraries (also pulled in by the -dev packages below)
+    libprotobuf-c1 libnl-3-200 libnet1 libcap2 libuuid1 libbsd0 libgnutls30 libnftables1
+)
+# Only needed to build CRIU (`make criu`; no docs, no crit, no python bindings).
+CRIU_BUILD_DEBS=(
+    libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev   # descriptor.proto
+    libnl-3-dev libnet1-dev libcap-dev uuid-dev
+    libbsd-dev libgnutls28-dev libnftables-dev
+)
+
+# criu_version BIN: prints "MAJOR.MINOR.PATCH" or nothing.
+criu_version() {
+    [ -x "$1" ] || return 0
+    "$1" --version 2>/dev/null | awk '/^Version:/ { print $2; exit }'
+}
+criu_ok() {
+    local v
+    v=$(criu_version "$1")
+    [ -n "$v" ] && [ "${v%%.*}" -ge 4 ] 2>/dev/null
+}
+
+NEED_CRIU_BUILD=1
+if [ "${STRATA_FORCE_CRIU:-0}" != 1 ] && criu_ok "$CRIU_BIN"; then
+    NEED_CRIU_BUILD=0
+fi
+
+WANT=("${RUNTIME_DEBS[@]}")
+if [ "$NEED_CRIU_BUILD" = 1 ]; then
+    WANT+=("${CRIU_BUILD_DEBS[@]}")
+fi
+mapfile -t MISSING < <(missing_debs "${WANT[@]}")
+
+apt_install() {
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "$@"
+}
+if [ "${#MISSING[@]}" -gt 0 ]; then
+    step "apt-get install (${#MISSING[@]} packages)" apt_install "${MISSING[@]}"
+else
+    note "Debian packages: all ${#WANT[@]} present"
+fi
+
+# --- CRIU >= 4 from Debian's newer source package -----------------------------------
+
+# A private apt configuration that knows only "deb-src <mirror> <suite> main": it
+# uses its own index directory, so the system's sources, indexes and pins are
+# untouched, and apt checks the downloaded tarball against the signed index.
+apt_src() {
+    apt-get \
+        -o Dir::Etc::sourcelist="$APT_SRC/sources.list" \
+        -o Dir::Etc::sourceparts="$APT_SRC/sources.list.d" \
+        -o Dir::Etc::preferencesparts="$APT_SRC/preferences.d" \
+        -o Dir::State::Lists="$APT_SRC/lists" \
+        -o Dir::Cache="$APT_SRC/cache" \
+        -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= \
+        -o APT::Sandbox::User=root \
+        "$@"
+}
+
+fetch_criu_source() {
+    local mirror
+    mirror=$(debian_mirror)
+    mkdir -p "$APT_SRC"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d} "$CRIU_CACHE"
+    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $CRIU_SUITE main" \
+        >"$APT_SRC/sources.list"
+    apt_src update -q
+    local tmp
+    tmp=$(mktemp -d "$CRIU_CACHE/dl.XXXXXX")
+    # Only the upstream (orig) tarball: the build uses no Debian patches.
+    (cd "$tmp" && apt_src source --download-only --tar-only -q "criu/$CRIU_SUITE")
+    local f
+    f=$(find "$tmp" -maxdepth 1 -name 'criu_*.orig.tar.*' | head -n1)
+    [ -n "$f" ] || { echo "no criu orig tarball was downloaded" >&2; exit 1; }
+    mv -f "$f" "$CRIU_CACHE/"
+    rm -rf "$tmp" "$APT_SRC"  # ~20 MB of indexes, not needed once the tarball is cached
+}
+
+# The newest cached orig tarball whose version is >= 4.
+cached_criu_tarball() {
+    local f v
+    for f in "$CRIU_CACHE"/criu_*.orig.tar.*; do
+        [ -f "$f" ] || continue
+        v=${f##*/criu_}
+        if [ "${v%%.*}" -ge 4 ] 2>/dev/null; then echo "$f"; fi
+    done | sort -V | tail -n1
+}
+
+build_criu() {
+    local tarball=$1 ver src
+    ver=$(basename "$tarball" | sed -E 's/^criu_(.*)\.orig\.tar\..*$/\1/')
+    src=$CRIU_CACHE/criu-$ver
+    if [ ! -x "$src/criu/criu" ]; then
+        rm -rf "$src"
+        mkdir -p "$src"
+        tar -xf "$tarball" -C "$src" --strip-components=1
+        make -C "$src" -j"$(nproc)" criu
+    fi
+    "$src/criu/criu" --version
+    install -D -m 0755 "$src/criu/criu" "$CRIU_BIN"
+}
+
+if [ "$NEED_CRIU_BUILD" = 1 ]; then
+    TARBALL=$(cached_criu_tarball)
+    if [ -z "$TARBALL" ]; then
+        step "fetch criu source ($CRIU_SUITE orig tarball)" fetch_criu_source
+        TARBALL=$(cached_criu_tarball)
+        [ -n "$TARBALL" ] || die "no criu >= 4 source tarball in $CRIU_CACHE"
+    else
+        note "criu source: cached $(basename "$TARBALL")"
+    fi
+    step "build + install criu ($(basename "$TARBALL"))" build_criu "$TARBALL"
+fi
+
+CRIU_VER=$(criu_version "$CRIU_BIN")
+criu_ok "$CRIU_BIN" || die "$CRIU_BIN reports version '${CRIU_VER:-none}', need >= 4"
+case ":$PATH:" in
+*:/usr/local/sbin:*) ;;
+*) warn "/usr/local/sbin is not in PATH; strata should call $CRIU_BIN by its full path" ;;
+esac
+if [ -x /usr/sbin/criu ]; then
+    warn "/usr/sbin/criu ($(criu_version /usr/sbin/criu)) is also installed; prefer $CRIU_BIN"
+fi
+
+# `criu check` verdict: informative only, never fatal here.
+T0=$(_now)
+set +e
+CHECK_OUT=$(timeout 60 "$CRIU_BIN" check 2>&1)
+CHECK_RC=$?
+set -e
+if [ "$CHECK_RC" -eq 0 ] && grep -q 'Looks good' <<<"$CHECK_OUT"; then
+    note "criu $CRIU_VER at $CRIU_BIN; criu check: $(grep 'Looks good' <<<"$CHECK_OUT" | tail -n1) ($(_since "$T0"))"
+    # Optional features (e.g. soft-dirty tracking for incremental dumps): one line.
+    ALL_OUT=$(timeout 60 "$CRIU_BIN" check --all 2>&1 || true)
+    MISSING_FEATS=$(grep -E '^(Warn|Error)' <<<"$ALL_OUT" | sed -E 's/^[A-Za-z]+ *\([^)]*\): *//' | paste -sd ';' - || true)
+    note "criu check --all: $(grep -m1 'Looks good' <<<"$ALL_OUT" || echo 'see criu check --all')${MISSING_FEATS:+ ($MISSING_FEATS)}"
+else
+    warn "criu $CRIU_VER at $CRIU_BIN; 'criu check' FAILED (exit $CHECK_RC):"
+    sed 's/^/    /' <<<"$CHECK_OUT" | tail -n 30 >&2
+    warn "checkpoint/restore tests may fail or be skipped on this host"
+fi
+
+# --- Rust toolchain (not installable from Debian 12: its rustc is too old) ---------
+if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    warn "cargo not found: strata needs a Rust toolchain >= 1.80 (rustup); Debian 12's rustc is too old"
+fi
+
+note "host ready in $(_since "$T_START")"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the strata workspace (release) and runs its whole test suite.
+#
+#   scripts/test.sh [EXTRA CARGO TEST ARGS, e.g. -p strata-store]
+#
+# Expects scripts/setup-host.sh and scripts/build-test-images.sh to have run; the
+# tests find the images through STRATA_TEST_IMAGES (default /var/cache/strata/images).
+# Uses --locked when Cargo.lock is tracked by git (set STRATA_CARGO_LOCKED=0 to not).
+# Ends with one line "summary: N passed, N failed, N skipped" and cargo's exit code.
+set -euo pipefail
+
+STRATA_PROG='test'
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+cd "$(dirname "$(readlink -f "$0")")/.."
+
+export STRATA_TEST_IMAGES=${STRATA_TEST_IMAGES:-/var/cache/strata/images}
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || die "cargo not found (need a Rust toolchain >= 1.80)"
+[ -f "$STRATA_TEST_IMAGES/busybox-rootfs.tar" ] ||
+    warn "no test images in $STRATA_TEST_IMAGES (run scripts/build-test-images.sh)"
+
+LOCKED=()
+if [ "${STRATA_CARGO_LOCKED:-1}" != 0 ] && git ls-files --error-unmatch Cargo.lock >/dev/null 2>&1; then
+    LOCKED=(--locked)
+fi
+
+step "cargo build --release ${LOCKED[*]}" cargo build --release "${LOCKED[@]}"
+
+T0=$(_now)
+LOG=$(mktemp "${TMPDIR:-/tmp}/strata-test.XXXXXX")
+trap 'rm -f "$LOG"' EXIT
+set +e
+cargo test --release --workspace "${LOCKED[@]}" --no-fail-fast "$@" -- --test-threads=2 2>&1 | tee "$LOG"
+RC=${PIPESTATUS[0]}
+set -e
+
+# Sum cargo's per-binary "test result: ok. 3 passed; 0 failed; 1 ignored; ..." lines.
+SUMMARY=$(awk '
+    /^test result:/ {
+        for (i = 1; i <= NF; i++) {
+            v = $i; sub(/;$/, "", $(i + 1))
+            if ($(i + 1) == "passed") p += v
+            else if ($(i + 1) == "failed") f += v
+            else if ($(i + 1) == "ignored") s += v
+        }
+    }
+    END { printf "%d passed, %d failed, %d skipped", p, f, s }
+' "$LOG")
+note "cargo test: exit $RC after $(_since "$T0")"
+echo "summary: $SUMMARY"
+exit "$RC"
