@@ -8,11 +8,14 @@ use std::path::PathBuf;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use strata_api::*;
+
+pub use bytes::Bytes as Body;
+pub use hyper::Method;
 
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]

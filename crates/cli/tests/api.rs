@@ -1,0 +1,100 @@
+//! The HTTP API's contract: JSON errors with codes, 404/409 semantics, the
+//! served OpenAPI document, and bearer-token auth on TCP.
+
+mod common;
+
+use common::TestDaemon;
+
+use strata_api::{ErrorCode, ExecRequest, SandboxState};
+
+#[test]
+fn unknown_ids_are_404_with_a_json_code() {
+    require_host!();
+    let d = TestDaemon::start();
+    let c = d.client();
+    common::rt().block_on(async {
+        let e = c.get_sandbox("doesnotexist").await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound), "{e}");
+        let e = c.exec("doesnotexist", &ExecRequest { cmd: vec!["true".into()], ..Default::default() }).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
+        let e = c.get_image("nope").await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::ImageNotFound));
+        let e = c.remove_sandbox("nope", true).await.unwrap_err();
+        assert!(matches!(e, strata_client::ClientError::Api { status: 404, .. }), "{e}");
+    });
+    // Unknown routes and malformed bodies also answer with JSON error bodies.
+    common::rt().block_on(async {
+        let e = c.send(strata_client::Method::GET, "/v1/nothing", strata_client::Body::new(), "application/json").await.unwrap_err();
+        assert!(matches!(&e, strata_client::ClientError::Api { status: 404, body } if body.code == ErrorCode::RouteNotFound), "{e}");
+        let e = c.send(strata_client::Method::POST, "/v1/sandboxes", strata_client::Body::from_static(b"{not json"), "application/json").await.unwrap_err();
+        assert!(matches!(&e, strata_client::ClientError::Api { status: 400, body } if body.code == ErrorCode::BadRequest), "{e}");
+        let e = c.send(strata_client::Method::POST, "/v1/sandboxes", strata_client::Body::from_static(b"{}"), "application/json").await.unwrap_err();
+        assert!(matches!(&e, strata_client::ClientError::Api { status: 400 | 422, .. }), "{e}");
+    });
+    let out = d.cli(&["inspect", "doesnotexist"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(common::stderr(&out).contains("sandbox_not_found"), "{}", common::stderr(&out));
+}
+
+#[test]
+fn illegal_transitions_are_409_with_the_current_state() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&["stop", &id]);
+    let c = d.client();
+    common::rt().block_on(async {
+        let e = c.exec(&id, &ExecRequest { cmd: vec!["true".into()], ..Default::default() }).await.unwrap_err();
+        match e {
+            strata_client::ClientError::Api { status, body } => {
+                assert_eq!(status, 409);
+                assert_eq!(body.code, ErrorCode::InvalidState);
+                assert_eq!(body.current_state, Some(SandboxState::Stopped));
+            }
+            other => panic!("expected 409, got {other}"),
+        }
+        let e = c.stop_sandbox(&id).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidState));
+        c.start_sandbox(&id).await.unwrap();
+        let e = c.start_sandbox(&id).await.unwrap_err();
+        match e {
+            strata_client::ClientError::Api { body, .. } => assert_eq!(body.current_state, Some(SandboxState::Running)),
+            other => panic!("{other}"),
+        }
+        // Removing a running sandbox needs force.
+        let e = c.remove_sandbox(&id, false).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidState));
+    });
+    let out = d.cli(&["exec", "nope", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn served_openapi_matches_the_committed_document() {
+    require_host!();
+    let d = TestDaemon::start();
+    let served = common::rt().block_on(d.client().openapi()).unwrap();
+    let committed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json")).unwrap()).unwrap();
+    assert_eq!(served, committed, "docs/openapi.json drifted from the code; regenerate with `strata openapi > docs/openapi.json`");
+    assert!(served["paths"]["/v1/sandboxes/{id}/exec"].is_object());
+}
+
+#[test]
+fn tcp_listener_requires_the_bearer_token() {
+    require_host!();
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let d = TestDaemon::start_with(Some(&addr));
+    let token = std::fs::read_to_string(d.state("api-token")).unwrap();
+    let meta = std::fs::metadata(d.state("api-token")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);
+    let rt = common::rt();
+    let anon = strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: None });
+    let e = rt.block_on(anon.list_sandboxes()).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthorized), "{e}");
+    let wrong = strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: Some("x".repeat(64)) });
+    assert_eq!(rt.block_on(wrong.list_sandboxes()).unwrap_err().code(), Some(ErrorCode::Unauthorized));
+    let ok = strata_client::Client::new(strata_client::Endpoint::Tcp { addr, token: Some(token.trim().to_string()) });
+    assert!(rt.block_on(ok.list_sandboxes()).unwrap().is_empty());
+}

@@ -1,0 +1,251 @@
+//! Shared harness of the integration tests: a private daemon per test, test
+//! images, and explicit skips (printed as `skipped: <reason>`) where the host
+//! cannot run a test. In CI (CI=true, root, images built) nothing is skipped:
+//! a missing prerequisite there is a failure.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use strata_client::Client;
+
+/// Path of the strata binary under test.
+pub fn strata_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_strata"))
+}
+
+/// Directory holding the images made by scripts/build-test-images.sh.
+pub fn images_dir() -> PathBuf {
+    PathBuf::from(std::env::var("STRATA_TEST_IMAGES").unwrap_or_else(|_| "/var/cache/strata/images".into()))
+}
+
+/// Returns Some(reason) when integration tests cannot run here.
+pub fn missing_prerequisite() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (namespaces, mounts, cgroups)".into());
+    }
+    let tar = images_dir().join("busybox-rootfs.tar");
+    if !tar.exists() {
+        return Some(format!("test image {} missing (run scripts/build-test-images.sh)", tar.display()));
+    }
+    None
+}
+
+/// Skips the calling test (returning from it) when prerequisites are missing,
+/// printing the reason; in CI a missing prerequisite fails the test instead.
+#[macro_export]
+macro_rules! require_host {
+    () => {
+        if let Some(reason) = common::missing_prerequisite() {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI must be able to run this test, but: {reason}");
+            }
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+}
+
+/// A daemon with its own state directory and socket, stopped on drop.
+pub struct TestDaemon {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    child: Option<Child>,
+    pub listen: Option<String>,
+}
+
+impl TestDaemon {
+    pub fn start() -> TestDaemon {
+        Self::start_with(None)
+    }
+
+    pub fn start_with(listen: Option<&str>) -> TestDaemon {
+        let dir = tempfile::Builder::new().prefix("strata-it-").tempdir_in("/var/tmp").expect("tempdir");
+        let socket = dir.path().join("strata.sock");
+        let state_dir = dir.path().join("state");
+        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: listen.map(str::to_string) };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(strata_bin());
+        cmd.arg("daemon").arg("--state-dir").arg(&self.state_dir).arg("--socket").arg(&self.socket);
+        if let Some(l) = &self.listen {
+            cmd.arg("--listen").arg(l);
+        }
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("daemon.log")).expect("log");
+        let child = cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().expect("spawn daemon");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not come up; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Kills the daemon with SIGKILL (sandboxes keep running) and starts it again.
+    pub fn kill9_and_restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.spawn();
+    }
+
+    pub fn client(&self) -> Client {
+        Client::unix(&self.socket)
+    }
+
+    /// Runs the CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(strata_bin()).args(args).env("STRATA_SOCKET", &self.socket).stdin(Stdio::null()).output().expect("run strata")
+    }
+
+    /// Runs the CLI with bytes on stdin.
+    pub fn cli_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(strata_bin()).args(args).env("STRATA_SOCKET", &self.socket).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run strata");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs the CLI and asserts success, returning stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(out.status.success(), "strata {args:?} failed ({:?}):\nstdout: {}\nstderr: {}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Imports the busybox test image as `busybox`.
+    pub fn import_busybox(&self) {
+        let tar = images_dir().join("busybox-rootfs.tar");
+        self.cli_ok(&["image", "import", tar.to_str().unwrap(), "--name", "busybox"]);
+    }
+
+    /// Creates a running busybox sandbox with extra CLI flags; returns its id.
+    pub fn create(&self, extra: &[&str]) -> String {
+        let mut args = vec!["create", "busybox"];
+        args.extend_from_slice(extra);
+        self.cli_ok(&args).trim().to_string()
+    }
+
+    /// Path of a file in the state directory.
+    pub fn state(&self, rel: &str) -> PathBuf {
+        self.state_dir.join(rel)
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        // Destroy every sandbox so no namespaces, cgroups or processes outlive the test.
+        let listing = serde_json::from_slice::<Vec<serde_json::Value>>(&self.cli(&["ps", "--json"]).stdout).unwrap_or_default();
+        let ids: Vec<String> = listing.iter().filter_map(|s| s["id"].as_str().map(str::to_string)).collect();
+        for id in ids {
+            let _ = self.cli(&["rm", "-f", &id]);
+        }
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill on our child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A tokio runtime for tests that use the async client.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Stdout of a CLI run as a string.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stderr of a CLI run as a string.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Waits until `f` holds or `secs` pass.
+pub fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+/// Builds a tar archive in memory from (path, bytes) regular files.
+pub fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (p, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append_data(&mut h, p, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// A tar archive with one entry whose raw name is `name` (bypassing the tar
+/// crate's own path checks, to build hostile archives).
+pub fn raw_tar(name: &[u8], kind: tar::EntryType, link: Option<&[u8]>, data: &[u8]) -> Vec<u8> {
+    let mut h = tar::Header::new_old();
+    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    if let Some(l) = link {
+        h.as_old_mut().linkname[..l.len()].copy_from_slice(l);
+    }
+    h.set_entry_type(kind);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(data.len() as u64);
+    h.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, data).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// Concatenates tar archives (their entries, one end marker).
+pub fn concat_tars(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend_from_slice(&p[..p.len() - 1024]);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+/// Writes bytes to a file in `dir` and returns its path.
+pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, data).unwrap();
+    p
+}

@@ -1,0 +1,154 @@
+//! Image import from every source kind, deduplication, hostile archives and removal.
+
+mod common;
+
+use common::TestDaemon;
+use strata_api::{ErrorCode, ImageConfig, ImportImageRequest};
+
+fn import_json(d: &TestDaemon, src: &std::path::Path, name: &str) -> serde_json::Value {
+    let out = d.cli_ok(&["image", "import", src.to_str().unwrap(), "--name", name, "--json"]);
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn every_source_kind_imports_and_identical_content_is_stored_once() {
+    require_host!();
+    let d = TestDaemon::start();
+    let imgs = common::images_dir();
+    let work = tempfile::tempdir().unwrap();
+
+    let first = import_json(&d, &imgs.join("busybox-rootfs.tar"), "bb-tar");
+    assert_eq!(first["image"]["source_kind"], "rootfs-tar");
+    assert_eq!(first["layers_new"], 1);
+    assert!(first["bytes_stored"].as_u64().unwrap() > 1_000_000);
+    let digest = first["image"]["layers"][0]["digest"].as_str().unwrap().to_string();
+    assert!(d.state(&format!("layers/sha256/{}/fs/bin/busybox", digest.trim_start_matches("sha256:"))).exists());
+
+    // The same bytes again (plain and gzip): nothing new is stored.
+    for (src, name) in [(imgs.join("busybox-rootfs.tar"), "bb-again"), (imgs.join("busybox-rootfs.tar.gz"), "bb-gz")] {
+        let r = import_json(&d, &src, name);
+        assert_eq!(r["layers_new"], 0, "{name}: {r}");
+        assert_eq!(r["bytes_stored"], 0, "{name}");
+        assert_eq!(r["image"]["layers"][0]["digest"], digest.as_str());
+    }
+
+    // OCI layout and docker-save archive made from the same rootfs by the project's own code.
+    let cfg = ImageConfig { env: vec!["PATH=/bin:/sbin".into(), "GREETING=hi".into()], cmd: vec!["sh".into()], working_dir: Some("/tmp".into()), ..Default::default() };
+    let oci = work.path().join("oci");
+    strata_image::write_oci_layout(&imgs.join("busybox-rootfs.tar"), &oci, &cfg).unwrap();
+    let r = import_json(&d, &oci, "bb-oci");
+    assert_eq!(r["image"]["source_kind"], "oci-layout");
+    assert_eq!(r["image"]["config"]["working_dir"], "/tmp");
+    assert_eq!(r["image"]["layers"][0]["digest"], digest.as_str(), "same diff id as the plain tar");
+    assert_eq!(r["bytes_stored"], 0);
+    let docker = work.path().join("docker.tar");
+    strata_image::write_docker_archive(&imgs.join("busybox-rootfs.tar"), &docker, &cfg, Some("busybox:test")).unwrap();
+    let r = import_json(&d, &docker, "bb-docker");
+    assert_eq!(r["image"]["source_kind"], "docker-archive");
+
+    // A rootfs directory.
+    let r = import_json(&d, &imgs.join("busybox-rootfs"), "bb-dir");
+    assert_eq!(r["image"]["source_kind"], "rootfs-dir");
+    let dir_digest = r["image"]["layers"][0]["digest"].as_str().unwrap().to_string();
+
+    // The image's config reaches processes: env and working directory.
+    let id = d.cli_ok(&["create", "bb-oci"]).trim().to_string();
+    let out = d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo $GREETING; pwd"]);
+    assert_eq!(out, "hi\n/tmp\n");
+
+    let ls: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["image", "ls", "--json"])).unwrap();
+    assert_eq!(ls.len(), 6);
+    // In use -> 409 naming the dependents; after the sandbox is gone it can be removed.
+    let out = d.cli(&["image", "rm", "bb-oci"]);
+    assert!(!out.status.success());
+    assert!(common::stderr(&out).contains("in_use"), "{}", common::stderr(&out));
+    d.cli_ok(&["rm", "-f", &id]);
+    d.cli_ok(&["image", "rm", "bb-oci", "bb-tar", "bb-again", "bb-gz", "bb-docker"]);
+    let tar_layer = d.state(&format!("layers/sha256/{}", digest.trim_start_matches("sha256:")));
+    assert_eq!(tar_layer.exists(), dir_digest == digest, "a layer lives exactly as long as an image uses it");
+    d.cli_ok(&["image", "rm", "bb-dir"]);
+    let left: Vec<_> = std::fs::read_dir(d.state("layers/sha256")).unwrap().collect();
+    assert!(left.is_empty(), "unreferenced layers are removed with the last image");
+}
+
+#[test]
+fn hostile_archives_are_rejected_naming_the_entry_and_leave_nothing() {
+    require_host!();
+    let d = TestDaemon::start();
+    let work = tempfile::tempdir().unwrap();
+    let ok = common::raw_tar(b"bin/ok", tar::EntryType::Regular, None, b"fine");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("dotdot", common::concat_tars(&[ok.clone(), common::raw_tar(b"../escape", tar::EntryType::Regular, None, b"x")]), "../escape"),
+        ("absolute", common::raw_tar(b"/etc/evil", tar::EntryType::Regular, None, b"x"), "/etc/evil"),
+        (
+            "symlink-parent",
+            common::concat_tars(&[common::raw_tar(b"link", tar::EntryType::Symlink, Some(b"/etc"), b""), common::raw_tar(b"link/passwd", tar::EntryType::Regular, None, b"x")]),
+            "link/passwd",
+        ),
+        ("hardlink-out", common::raw_tar(b"hl", tar::EntryType::Link, Some(b"../../etc/shadow"), b""), "hl"),
+    ];
+    let c = d.client();
+    for (name, bytes, entry) in cases {
+        let p = common::write_file(work.path(), &format!("{name}.tar"), &bytes);
+        let req = ImportImageRequest { source: p.display().to_string(), name: name.into(), trusted: false, replace: false };
+        let e = common::rt().block_on(c.import_image(&req)).unwrap_err();
+        match &e {
+            strata_client::ClientError::Api { status, body } => {
+                assert_eq!(*status, 400, "{name}: {e}");
+                assert_eq!(body.code, ErrorCode::InvalidArchive, "{name}: {e}");
+                assert!(body.message.contains(entry), "{name}: message should name {entry:?}: {}", body.message);
+            }
+            other => panic!("{name}: {other}"),
+        }
+        assert!(common::rt().block_on(c.get_image(name)).is_err(), "{name} must not be registered");
+    }
+    assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), 0, "no layer left behind");
+    assert_eq!(std::fs::read_dir(d.state("layers/staging")).unwrap().count(), 0, "no staging left behind");
+    // The CLI prints the reason and exits non-zero.
+    let p = common::write_file(work.path(), "cli.tar", &common::raw_tar(b"../x", tar::EntryType::Regular, None, b"x"));
+    let out = d.cli(&["image", "import", p.to_str().unwrap(), "--name", "cli"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(common::stderr(&out).contains("../x"), "{}", common::stderr(&out));
+    // Garbage is not an image.
+    let p = common::write_file(work.path(), "garbage.tar", b"this is not a tar archive at all");
+    let out = d.cli(&["image", "import", p.to_str().unwrap(), "--name", "garbage"]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+}
+
+#[test]
+fn device_nodes_are_dropped_and_setuid_is_stripped_unless_trusted() {
+    require_host!();
+    let d = TestDaemon::start();
+    let work = tempfile::tempdir().unwrap();
+    let mut dev = tar::Header::new_gnu();
+    dev.set_path("dev/sda").unwrap();
+    dev.set_entry_type(tar::EntryType::Block);
+    dev.set_device_major(8).unwrap();
+    dev.set_device_minor(0).unwrap();
+    dev.set_mode(0o666);
+    dev.set_size(0);
+    dev.set_uid(0);
+    dev.set_gid(0);
+    dev.set_mtime(0);
+    dev.set_cksum();
+    let mut suid = tar::Header::new_gnu();
+    suid.set_path("bin/suid").unwrap();
+    suid.set_entry_type(tar::EntryType::Regular);
+    suid.set_mode(0o4755);
+    suid.set_size(2);
+    suid.set_uid(0);
+    suid.set_gid(0);
+    suid.set_mtime(0);
+    suid.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&dev, &[][..]).unwrap();
+    b.append(&suid, &b"#!"[..]).unwrap();
+    let p = common::write_file(work.path(), "special.tar", &b.into_inner().unwrap());
+    let r: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", p.to_str().unwrap(), "--name", "special", "--json"])).unwrap();
+    let warnings = r["warnings"].to_string();
+    assert!(warnings.contains("dev/sda"), "{warnings}");
+    let layer = d.state(&format!("layers/sha256/{}/fs", r["image"]["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:")));
+    assert!(!layer.join("dev/sda").exists());
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(layer.join("bin/suid")).unwrap().permissions());
+    assert_eq!(mode & 0o7777, 0o755, "setuid stripped");
+}
