@@ -1,0 +1,86 @@
+//! Isolation and limits: namespaces, capabilities, no_new_privs, seccomp,
+//! read-only kernel interfaces, pids and memory limits (OOM reported).
+
+mod common;
+
+use common::TestDaemon;
+
+#[test]
+fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--name", "iso"]);
+    let sh = |script: &str| d.cli(&["exec", &id, "--", "sh", "-c", script]);
+    // Own pid namespace: only init and the command.
+    let out = d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo /proc/[0-9]*"]);
+    assert_eq!(out.split_whitespace().count(), 2, "only init and this shell are visible: {out}");
+    assert!(out.split_whitespace().any(|p| p == "/proc/1"), "{out}");
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "hostname"]), "iso\n");
+    // Own network namespace with loopback only.
+    let ifaces = d.cli_ok(&["exec", &id, "--", "sh", "-c", "ls /sys/class/net"]);
+    assert_eq!(ifaces.trim(), "lo");
+    // Mounting, unsharing, kernel tunables, module loading: refused.
+    assert!(!sh("mount -t tmpfs none /mnt").status.success());
+    assert!(!sh("unshare -U true").status.success());
+    assert!(!sh("unshare -n true").status.success());
+    assert!(!sh("echo '|/bin/evil' > /proc/sys/kernel/core_pattern").status.success());
+    assert!(!sh("echo b > /proc/sysrq-trigger").status.success());
+    assert!(!sh("mknod /tmp/sda b 8 0").status.success(), "no CAP_MKNOD");
+    // no_new_privs, seccomp filter mode, reduced capability set.
+    let status = d.cli_ok(&["exec", &id, "--", "cat", "/proc/self/status"]);
+    assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{status}");
+    assert!(status.lines().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{status}");
+    let cap_bnd = status.lines().find_map(|l| l.strip_prefix("CapBnd:")).unwrap().trim();
+    let mask = u64::from_str_radix(cap_bnd, 16).unwrap();
+    for cap in [21u32 /* SYS_ADMIN */, 16 /* SYS_MODULE */, 19 /* SYS_PTRACE */, 27 /* MKNOD */, 17 /* SYS_RAWIO */, 12 /* NET_ADMIN */] {
+        assert_eq!(mask & (1 << cap), 0, "capability {cap} must be dropped (CapBnd {cap_bnd})");
+    }
+    // Init (pid 1) is not readable or traceable by the workload.
+    assert!(!sh("cat /proc/1/environ").status.success());
+    assert!(!sh("readlink /proc/1/exe").status.success());
+    // Host files are not visible.
+    assert!(!sh("test -e /work || test -e /var/lib/strata").status.success() || !std::path::Path::new("/work").exists());
+    // A non-root user gets no capabilities at all.
+    let status = d.cli_ok(&["exec", "--user", "user", &id, "--", "cat", "/proc/self/status"]);
+    assert!(status.lines().any(|l| l == "CapEff:\t0000000000000000"), "{status}");
+}
+
+#[test]
+fn fork_bomb_stays_inside_the_pids_limit() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--pids", "32"]);
+    let out = d.cli(&["exec", "--timeout", "20s", &id, "--", "sh", "-c", "i=0; while [ $i -lt 200 ]; do sleep 60 & i=$((i+1)); done 2>/dev/null; wait"]);
+    assert!(out.status.code().is_some(), "the exec finished (killed at its timeout at worst)");
+    let current = ["/sys/fs/cgroup/pids/strata", "/sys/fs/cgroup/strata"]
+        .iter()
+        .find_map(|root| std::fs::read_to_string(format!("{root}/{id}/pids.current")).ok())
+        .expect("pids cgroup of the sandbox");
+    let n: u32 = current.trim().parse().unwrap();
+    assert!(n <= 32, "tasks in the sandbox are bounded by --pids 32: {n}");
+    // The host and the daemon are fine: another sandbox still works.
+    let other = d.create(&[]);
+    assert_eq!(d.cli_ok(&["exec", &other, "--", "echo", "ok"]), "ok\n");
+    d.cli_ok(&["rm", "-f", &id]);
+}
+
+#[test]
+fn memory_hog_is_oom_killed_inside_its_limit_and_reported() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--memory", "32m"]);
+    // Doubling a shell string quickly exceeds 32 MiB.
+    let out = d.cli(&["exec", "--timeout", "60s", &id, "--", "sh", "-c", "x=a; while true; do x=$x$x; done"]);
+    assert_eq!(out.status.code(), Some(137), "killed by SIGKILL: {}", common::stderr(&out));
+    assert!(common::stderr(&out).contains("OOM"), "{}", common::stderr(&out));
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
+    assert!(info["oom_kills"].as_u64().unwrap() >= 1, "{info}");
+    assert_eq!(info["state"], "running", "the sandbox survives its hog");
+    let events = d.cli_ok(&["events", &id, "--json"]);
+    assert!(events.contains("\"reason\":\"oom\""), "{events}");
+    let procs: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["proc", "ls", &id, "--json"])).unwrap();
+    assert!(procs.iter().any(|p| p["oom_killed"] == true), "{procs:?}");
+}
