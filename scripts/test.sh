@@ -4,8 +4,10 @@
 #
 #   scripts/test.sh [EXTRA CARGO TEST ARGS, e.g. -p strata-store]
 #
-# Expects scripts/setup-host.sh and scripts/build-test-images.sh to have run; the
-# tests find the images through STRATA_TEST_IMAGES (default /var/cache/strata/images).
+# Works on a fresh Debian 12 machine: as root it first runs scripts/setup-host.sh
+# and scripts/build-test-images.sh (both idempotent and quick when already done;
+# STRATA_SKIP_SETUP=1 skips them). The tests find the images through
+# STRATA_TEST_IMAGES (default /var/cache/strata/images).
 # Uses --locked when Cargo.lock is tracked by git (set STRATA_CARGO_LOCKED=0 to not).
 # Ends with one line "summary: N passed, N failed, N skipped" and cargo's exit code.
 set -euo pipefail
@@ -16,6 +18,10 @@ STRATA_PROG='test'
 cd "$(dirname "$(readlink -f "$0")")/.."
 
 export STRATA_TEST_IMAGES=${STRATA_TEST_IMAGES:-/var/cache/strata/images}
+if [ "${STRATA_SKIP_SETUP:-0}" != 1 ] && [ "$(id -u)" -eq 0 ]; then
+    scripts/setup-host.sh
+    scripts/build-test-images.sh "$STRATA_TEST_IMAGES"
+fi
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi

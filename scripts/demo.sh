@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The stage-lifecycle demo, end to end, on a fresh Debian 12 machine (as root):
+#
+#   scripts/demo.sh
+#
+# Sets the host up (packages, CRIU, test images incl. the Debian+python image),
+# builds strata, starts a private daemon, and walks one agent task through the
+# stages strata gives different lifecycles:
+#
+#   setup      persistent sandbox: create a venv and a project (paid once)
+#   execute    multi-step work in the same sandbox (state carries over)
+#   idle       stop: processes and compute released, filesystem kept
+#   follow-up  start again: the environment is there, setup is not repaid
+#   evaluate   ephemeral `strata run --rm`: clean start, nothing left behind
+#
+# and prints a table per stage: lifecycle, time, state kept.
+set -euo pipefail
+
+STRATA_PROG=demo
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+cd "$(dirname "$(readlink -f "$0")")/.."
+[ "$(id -u)" -eq 0 ] || die "run as root (sandboxes need namespaces, mounts and cgroups)"
+
+IMAGES=${STRATA_TEST_IMAGES:-/var/cache/strata/images}
+scripts/setup-host.sh
+scripts/build-test-images.sh --debian "$IMAGES"
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi
+step "cargo build --release" cargo build --release --locked -p strata
+STRATA=$PWD/target/release/strata
+
+WORK=$(mktemp -d /var/tmp/strata-demo.XXXXXX)
+export STRATA_SOCKET=$WORK/strata.sock
+"$STRATA" daemon --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
+DAEMON=$!
+cleanup() {
+    for id in $("$STRATA" ps --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' 2>/dev/null); do
+        "$STRATA" rm -f "$id" >/dev/null 2>&1 || true
+    done
+    kill "$DAEMON" 2>/dev/null || true
+    wait "$DAEMON" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+for _ in $(seq 200); do [ -S "$STRATA_SOCKET" ] && break; sleep 0.05; done
+[ -S "$STRATA_SOCKET" ] || { cat "$WORK/daemon.log"; die "daemon did not start"; }
+
+ms() { date +%s%3N; }
+ROWS=()
+row() { ROWS+=("$(printf '%-10s | %-22s | %8s ms | %s' "$1" "$2" "$3" "$4")"); }
+
+echo
+note "importing the Debian+python image (shown with its progress bar)"
+"$STRATA" image import "$IMAGES/debian-python.tar.gz" --name debian-python --trusted
+"$STRATA" image ls
+
+echo
+note "stage 1 · setup: persistent sandbox, venv + project (paid once)"
+t=$(ms)
+DEV=$("$STRATA" create debian-python --name dev --memory 2g --cpus 2 --pids 512)
+"$STRATA" exec -u user "$DEV" -- sh -c '
+  git config --global user.email agent@example.com && git config --global user.name agent &&
+  python3 -m venv ~/venv && mkdir -p ~/proj && cd ~/proj && git init -q . &&
+  cat > calc.py <<PY
+def add(a, b):
+    return a - b   # bug: the fix comes in the next stage
+PY
+  cat > test_calc.py <<PY
+from calc import add
+assert add(2, 3) == 5, "add(2, 3) should be 5"
+print("tests pass")
+PY
+  git add -A && git commit -qm setup && echo "setup done: $(~/venv/bin/python -V)"'
+SETUP_MS=$(( $(ms) - t ))
+row setup "persistent" "$SETUP_MS" "venv, repo, code (private writable layer)"
+
+echo
+note "stage 2 · execute: several steps in the same sandbox"
+t=$(ms)
+"$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py' || echo "(expected failure before the fix)"
+"$STRATA" exec -u user "$DEV" -- sh -c "cd ~/proj && sed -i 's/a - b/a + b/' calc.py && ~/venv/bin/python -B test_calc.py && git commit -qam fix && git log --oneline | head -2"
+row execute "persistent" "$(( $(ms) - t ))" "fix committed in the sandbox's repo"
+
+echo
+note "stage 3 · idle: stop releases processes and compute, keeps the filesystem"
+t=$(ms)
+"$STRATA" stop "$DEV" >/dev/null
+"$STRATA" ps
+row idle "stopped" "$(( $(ms) - t ))" "filesystem kept, no processes"
+
+echo
+note "stage 4 · follow-up: start again, nothing is reinstalled"
+t=$(ms)
+"$STRATA" start "$DEV" >/dev/null
+"$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py && git log --oneline | wc -l'
+FOLLOW_MS=$(( $(ms) - t ))
+row follow-up "persistent (restarted)" "$FOLLOW_MS" "same venv and repo; setup not repaid"
+
+echo
+note "stage 5 · evaluate: ephemeral, clean start, nothing left behind"
+"$STRATA" cp "$DEV:/home/user/proj" "$WORK/export"
+t=$(ms)
+"$STRATA" run --rm debian-python --memory 1g -- python3 -c 'import os; print("eval in a fresh sandbox; home has:", sorted(os.listdir("/home/user")))'
+EVAL_MS=$(( $(ms) - t ))
+LEFT=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+row evaluate "ephemeral (--rm)" "$EVAL_MS" "nothing: sandboxes left = $LEFT (only dev)"
+
+echo
+"$STRATA" events "$DEV"
+echo
+printf '%-10s | %-22s | %11s | %s\n' stage lifecycle time "state kept"
+printf '%s\n' "-----------+------------------------+-------------+-------------------------------------------"
+printf '%s\n' "${ROWS[@]}"
+echo
+note "follow-up started in ${FOLLOW_MS} ms instead of repaying ${SETUP_MS} ms of setup"
