@@ -95,6 +95,7 @@ pub struct Facts {
     pub cpu: String,
     pub mem: String,
     pub wall: String,
+    pub load: String,
 }
 
 /// Renders docs/benchmarks.md.
@@ -109,6 +110,7 @@ pub fn markdown(rep: &Report, f: &Facts) -> String {
     let _ = writeln!(s, "| nproc | {} |", f.nproc);
     let _ = writeln!(s, "| CPU | {} |", md_escape(&f.cpu));
     let _ = writeln!(s, "| memory | {} |", f.mem);
+    let _ = writeln!(s, "| load average (1/5/15 min) at start -> end | {} |", f.load);
     let _ = writeln!(s, "| bench wall time | {} |\n", f.wall);
     let _ = writeln!(s, "## Results\n");
     let _ = writeln!(s, "| {} |", HEAD.join(" | "));
