@@ -51,8 +51,12 @@ fn create_inspect_stop_start_rm_keeps_the_filesystem_across_stop() {
     assert_eq!(path, ["creating", "running", "stopped", "running"]);
     d.cli_ok(&["rm", "-f", "web"]);
     assert!(ps(&d).is_empty());
-    assert!(!d.state(&format!("sandboxes/{id}")).exists(), "writable layer removed");
-    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists() && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists(), "cgroup removed");
+    // The writable layer and the cgroup are released right after the destroy is recorded.
+    assert!(common::wait_until(10, || !d.state(&format!("sandboxes/{id}")).exists()), "writable layer removed");
+    assert!(
+        common::wait_until(10, || !std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists() && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists()),
+        "cgroup removed"
+    );
 }
 
 #[test]
@@ -169,7 +173,7 @@ fn ephemeral_runs_leave_nothing_and_ttls_expire() {
     assert_eq!(common::stdout(&out), "eval\n");
     assert_eq!(out.status.code(), Some(5));
     assert!(ps(&d).is_empty(), "run --rm leaves no sandbox");
-    assert_eq!(std::fs::read_dir(d.state("sandboxes")).unwrap().count(), 0, "and no writable layer");
+    assert!(common::wait_until(10, || std::fs::read_dir(d.state("sandboxes")).unwrap().count() == 0), "and no writable layer");
     // TTL: ephemeral -> destroyed, persistent -> stopped.
     let eph = d.create(&["--lifecycle", "ephemeral", "--ttl", "1s"]);
     let per = d.create(&["--ttl", "1s"]);

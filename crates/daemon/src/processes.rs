@@ -71,7 +71,7 @@ struct ProcState {
 /// One process started through the API.
 pub struct Proc {
     state: Mutex<ProcState>,
-    stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    stdin: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
     changed: watch::Sender<u64>,
 }
 
@@ -201,7 +201,7 @@ impl ProcessTable {
             finished_at: None,
         };
         let (changed, _) = watch::channel(0);
-        let p = Arc::new(Proc { state: Mutex::new(ProcState { info, host_pid: None, log: LogBuf::default() }), stdin: tokio::sync::Mutex::new(None), changed });
+        let p = Arc::new(Proc { state: Mutex::new(ProcState { info, host_pid: None, log: LogBuf::default() }), stdin: Arc::new(tokio::sync::Mutex::new(None)), changed });
         sp.procs.insert(id, p.clone());
         p
     }
@@ -295,20 +295,23 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
     let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.clone());
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
-    let mut stdin = child.stdin.take();
-    if let Some(data) = stdin_data {
-        if let Some(s) = stdin.as_mut() {
-            // A process that exits without reading its stdin is not an error.
-            let _ = s.write_all(&data).await;
-        }
-    }
-    if req.keep_stdin_open {
-        *proc_.stdin.lock().await = stdin;
-    } else {
-        drop(stdin);
-    }
     let out_task = tokio::spawn(pump(proc_.clone(), stdout, StreamKind::Stdout));
     let err_task = tokio::spawn(pump(proc_.clone(), stderr, StreamKind::Stderr));
+    let stdin = child.stdin.take();
+    // Initial stdin is written while output is already being read (a process that
+    // writes before it reads must not deadlock on full pipes); the lock keeps later
+    // writes behind it. A process that exits without reading its stdin is not an error.
+    let mut guard = proc_.stdin.clone().lock_owned().await;
+    *guard = stdin;
+    let keep_open = req.keep_stdin_open;
+    tokio::spawn(async move {
+        if let (Some(data), Some(s)) = (stdin_data, guard.as_mut()) {
+            let _ = s.write_all(&data).await;
+        }
+        if !keep_open {
+            *guard = None;
+        }
+    });
     let st2 = st.clone();
     let p = proc_.clone();
     let sandbox_id = rec.sandbox.id.clone();

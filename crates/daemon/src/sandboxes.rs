@@ -231,6 +231,43 @@ async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Duration) -> Ap
     Ok(())
 }
 
+/// SIGKILLs every process of a sandbox and waits until they are gone.
+async fn kill_only(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
+    let Some(h) = handle_of(rec) else { return Ok(()) };
+    let (rt, id) = (st.runtime.clone(), rec.sandbox.id.clone());
+    tokio::task::spawn_blocking(move || rt.stop(&id, &h, Duration::ZERO))
+        .await
+        .map_err(|e| ApiError::internal("kill task", &e))?
+        .map_err(|e| ApiError::internal("kill", &e))?;
+    st.processes.sandbox_stopped(&rec.sandbox.id);
+    Ok(())
+}
+
+/// Removes the cgroup and directory of a sandbox that has no processes and no record.
+fn release_resources(st: &Shared, id: &str) {
+    if let Err(e) = st.runtime.cleanup(id) {
+        warn!(sandbox = id, error = %crate::error::chain(&e), "releasing cgroup");
+    }
+    if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&st.sandbox_dir(id)) {
+        warn!(sandbox = id, error = %e, "removing sandbox directory");
+    }
+}
+
+/// Removes directories and cgroups of sandboxes that have no record (left by a
+/// crash between a destroy's commit and its background cleanup).
+pub fn sweep_orphans(st: &Shared) -> Result<(), ApiError> {
+    let known: std::collections::HashSet<String> = st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox.id).collect();
+    let Ok(entries) = std::fs::read_dir(&st.sandboxes_dir) else { return Ok(()) };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !known.contains(&name) {
+            info!(sandbox = %name, "removing leftovers of a destroyed sandbox");
+            release_resources(st, &name);
+        }
+    }
+    Ok(())
+}
+
 /// Starts a stopped (or failed) sandbox again on its kept filesystem.
 pub async fn start(st: &Shared, id: &str) -> ApiResult<Sandbox> {
     let rec = load(st, id)?;
@@ -258,18 +295,18 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     if has_processes(from) && !force {
         return Err(ApiError::invalid_state(from, format!("sandbox {} is {from}; stop it first or remove it with force", rec.sandbox.id)));
     }
-    kill_processes(st, &rec, Duration::from_secs(2)).await?;
-    let dir = st.sandbox_dir(&rec.sandbox.id);
-    tokio::task::spawn_blocking(move || strata_store::fsutil::remove_dir_all_if_exists(&dir))
-        .await
-        .map_err(|e| ApiError::internal("remove task", &e))?
-        .map_err(|e| ApiError::internal("remove sandbox directory", &e))?;
+    // Destroying discards everything, so there is nothing to shut down gracefully.
+    kill_only(st, &rec).await?;
     let t = Transition { to: SandboxState::Destroyed, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
     let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
     st.processes.forget(&rec.sandbox.id);
     st.notify_events(ev.seq);
     drop(_g);
     st.drop_lock(&rec.sandbox.id);
+    // The record is gone and every process is dead: releasing the cgroup and the
+    // writable layer can finish in the background (startup sweeps what a crash leaves).
+    let (st2, id) = (st.clone(), rec.sandbox.id.clone());
+    tokio::task::spawn_blocking(move || release_resources(&st2, &id));
     info!(sandbox = %rec.sandbox.id, reason, "destroyed");
     Ok(ev)
 }
@@ -345,6 +382,7 @@ async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
 /// sandboxes whose init still lives are re-adopted, the others marked lost;
 /// creations interrupted by a crash are failed; ephemeral leftovers are destroyed.
 pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
+    sweep_orphans(st)?;
     for rec in st.db.list_sandboxes()? {
         let id = rec.sandbox.id.clone();
         let state = rec.sandbox.state;

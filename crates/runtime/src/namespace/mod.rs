@@ -13,6 +13,7 @@ pub mod seccomp;
 pub mod user;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,8 +80,10 @@ impl Runtime for NamespaceRuntime {
         for d in [&spec.upper_dir, &spec.work_dir, &spec.rootfs_dir] {
             std::fs::create_dir_all(d).map_err(|e| RuntimeError::sys(format!("create {}", d.display()), e))?;
         }
+        let t0 = Instant::now();
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
+        let t_cgroup = t0.elapsed();
         let config = init::InitConfig { spec: spec.clone(), cgroup_dirs: cg.dirs().to_vec(), stop_grace_secs: self.stop_grace.as_secs() };
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -118,6 +121,7 @@ impl Runtime for NamespaceRuntime {
             }
         }
         let _ = child.wait();
+        debug!(sandbox = %spec.id, cgroup_us = t_cgroup.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "init ready");
         let cleanup = |pid: Option<i32>| {
             if let Some(p) = pid {
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
@@ -155,17 +159,20 @@ impl Runtime for NamespaceRuntime {
 
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {
         let cg = self.cgroup(sandbox_id);
-        if self.is_alive(handle) {
-            let pid = Pid::from_raw(handle.init_pid);
-            let _ = kill(pid, Signal::SIGTERM);
-            let deadline = Instant::now() + grace;
-            while self.is_alive(handle) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+        let pid = Pid::from_raw(handle.init_pid);
+        if grace.is_zero() {
             if self.is_alive(handle) {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        } else if self.is_alive(handle) {
+            let _ = kill(pid, Signal::SIGTERM);
+            if !wait_for_exit(handle, grace) {
                 warn!(sandbox = sandbox_id, "init ignored SIGTERM for {grace:?}; killing");
                 let _ = kill(pid, Signal::SIGKILL);
             }
+        }
+        if !wait_for_exit(handle, Duration::from_secs(5)) {
+            return Err(RuntimeError::Setup(format!("init of sandbox {sandbox_id} survives SIGKILL")));
         }
         // Init's death kills the pid namespace; helpers outside it (exec parents) may linger briefly.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -180,7 +187,7 @@ impl Runtime for NamespaceRuntime {
             if Instant::now() > deadline {
                 return Err(RuntimeError::Setup(format!("processes of sandbox {sandbox_id} survive SIGKILL")));
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(1));
         }
         Ok(())
     }
@@ -194,7 +201,7 @@ impl Runtime for NamespaceRuntime {
                 Ok(()) => return Ok(()),
                 Err(e) if Instant::now() < deadline => {
                     debug!(sandbox = sandbox_id, error = %e, "cgroup busy, retrying");
-                    std::thread::sleep(Duration::from_millis(10));
+                    std::thread::sleep(Duration::from_millis(2));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -207,6 +214,36 @@ impl Runtime for NamespaceRuntime {
 
     fn run_dir(&self) -> PathBuf {
         self.run_dir.clone()
+    }
+}
+
+/// Waits up to `timeout` for the process behind `handle` to exit (a zombie counts
+/// as exited). Uses a pidfd, so it wakes at the exit instead of polling.
+pub fn wait_for_exit(handle: &SandboxHandle, timeout: Duration) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, handle.init_pid, 0) };
+    if fd < 0 {
+        return true; // no such process
+    }
+    // SAFETY: fd was just returned by the kernel and is owned here.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    // The pid may have been reused before we opened it: then ours is gone.
+    if process_start_time(handle.init_pid) != Some(handle.init_start_time) {
+        return true;
+    }
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: pfd is a valid pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if r > 0 {
+            return true;
+        }
+        if r == 0 || Instant::now() >= deadline {
+            return !matches!(process_start_time(handle.init_pid), Some(t) if t == handle.init_start_time);
+        }
+        // EINTR: poll again.
     }
 }
 
