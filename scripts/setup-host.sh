@@ -47,7 +47,8 @@ RUNTIME_DEBS=(
     tar gzip xz-utils
     python3 python3-venv python3-pip   # the demo's Python client
     pkg-config
-    gcc libc6-dev make                 # cc for Rust crates with C parts (rusqlite bundled)
+    gcc libc6-dev make                 # cc for Rust crates with C parts (rusqlite bundled, ring)
+    docker-registry skopeo             # registry pull tests: a registry on loopback, fed by skopeo
     # CRIU's runtime libraries (also pulled in by the -dev packages below)
     libprotobuf-c1 libnl-3-200 libnet1 libcap2 libuuid1 libbsd0 libgnutls30 libnftables1
 )
@@ -84,8 +85,22 @@ apt_install() {
     apt-get update -q
     apt-get install -y -q --no-install-recommends "$@"
 }
+# Debian's docker-registry package starts a registry on [::]:5000 when installed;
+# the tests run their own on loopback, so that service is stopped and disabled.
+stop_packaged_registry() {
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+        systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    elif [ -x /etc/init.d/docker-registry ]; then
+        /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+        update-rc.d docker-registry disable >/dev/null 2>&1 || true
+    fi
+}
 if [ "${#MISSING[@]}" -gt 0 ]; then
     step "apt-get install (${#MISSING[@]} packages)" apt_install "${MISSING[@]}"
+    if printf '%s\n' "${MISSING[@]}" | grep -qx docker-registry; then
+        stop_packaged_registry
+        note "docker-registry: packaged service stopped and disabled (tests start their own)"
+    fi
 else
     note "Debian packages: all ${#WANT[@]} present"
 fi

@@ -35,6 +35,8 @@ pub enum ErrorCode {
     Unauthorized,
     /// The host cannot do this (missing kernel feature, tool or capability) (501).
     Unsupported,
+    /// An upstream registry failed or could not be reached (502).
+    RegistryError,
     /// The operation did not finish in time (504).
     Timeout,
     /// Anything else; the message carries the cause chain (500).
@@ -54,6 +56,7 @@ impl ErrorCode {
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Unsupported => 501,
+            ErrorCode::RegistryError => 502,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal => 500,
         }
@@ -75,6 +78,7 @@ impl ErrorCode {
             ErrorCode::PathEscape => "path_escape",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Unsupported => "unsupported",
+            ErrorCode::RegistryError => "registry_error",
             ErrorCode::Timeout => "timeout",
             ErrorCode::Internal => "internal",
         }

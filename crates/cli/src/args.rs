@@ -134,6 +134,21 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Pull an image from a registry (anonymously), e.g. 127.0.0.1:5000/busybox:latest.
+    /// Pulling again under the same name updates the image; stored layers are reused.
+    Pull {
+        /// Image reference: [REGISTRY[:PORT]/]REPOSITORY[:TAG][@DIGEST] (no registry: Docker Hub).
+        reference: String,
+        /// Name to register (default: the reference).
+        #[arg(long)]
+        name: Option<String>,
+        /// Talk plain HTTP to the registry (e.g. a registry on loopback).
+        #[arg(long)]
+        insecure: bool,
+        /// JSON output (the import report).
+        #[arg(long)]
+        json: bool,
+    },
     /// List images.
     Ls {
         /// JSON output.

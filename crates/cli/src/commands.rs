@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
-use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lifecycle, ResourceLimits, Sandbox};
+use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lifecycle, PullImageRequest, ResourceLimits, Sandbox};
 use strata_client::{Client, Endpoint};
 
 use crate::args::*;
@@ -289,6 +289,11 @@ async fn image(c: &Client, cmd: ImageCmd) -> Result<i32> {
             }
             bail!("the daemon closed the import stream without a result")
         }
+        ImageCmd::Pull { reference, name, insecure, json } => {
+            let req = PullImageRequest { reference, name, insecure };
+            let events = c.pull_image_stream(&req).await?;
+            follow_import(events, json, "pull").await
+        }
         ImageCmd::Ls { json } => {
             let list = c.list_images().await?;
             if json {
@@ -317,6 +322,52 @@ async fn image(c: &Client, cmd: ImageCmd) -> Result<i32> {
         }
         ImageCmd::Rm { names } => each(names, |n| async { c.remove_image(&n).await.map(|_| n) }).await,
     }
+}
+
+/// Shows an import or pull progress stream and prints its report (`what`
+/// names the operation in errors).
+async fn follow_import(mut events: strata_client::NdjsonStream<ImportEvent>, json: bool, what: &str) -> Result<i32> {
+    let bar = indicatif::ProgressBar::new_spinner();
+    if json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes}/{total_bytes}").expect("valid template"));
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    while let Some(ev) = events.next().await? {
+        match ev {
+            ImportEvent::Progress { phase, done, total } => {
+                bar.set_message(phase);
+                bar.set_length(total.unwrap_or(done));
+                bar.set_position(done);
+            }
+            ImportEvent::Done { report } => {
+                bar.finish_and_clear();
+                if json {
+                    output::json(&report);
+                } else {
+                    for w in &report.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    println!(
+                        "{} {} ({} layers: {} new, {} reused; {} stored; {} ms)",
+                        report.image.name,
+                        report.image.id,
+                        report.image.layers.len(),
+                        report.layers_new,
+                        report.layers_reused,
+                        output::size(report.bytes_stored),
+                        report.duration_ms
+                    );
+                }
+                return Ok(0);
+            }
+            ImportEvent::Failed { error } => {
+                bar.finish_and_clear();
+                bail!("{what} failed: {} ({})", error.message, error.code);
+            }
+        }
+    }
+    bail!("the daemon closed the {what} stream without a result")
 }
 
 async fn proc_cmd(c: &Client, cmd: ProcCmd) -> Result<i32> {

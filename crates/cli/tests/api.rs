@@ -83,7 +83,8 @@ fn served_openapi_matches_the_committed_document() {
 #[test]
 fn tcp_listener_requires_the_bearer_token() {
     require_host!();
-    let port = 20000 + (std::process::id() % 20000) as u16;
+    // A port the kernel just handed out (and we released) is free for the daemon.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let d = TestDaemon::start_with(Some(&addr));
     let token = std::fs::read_to_string(d.state("api-token")).unwrap();

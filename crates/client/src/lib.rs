@@ -227,6 +227,16 @@ impl Client {
         self.stream(Method::POST, "/v1/images/import?stream=true", Some(req)).await
     }
 
+    /// Pulls an image from a registry, waiting for the result.
+    pub async fn pull_image(&self, req: &PullImageRequest) -> Result<ImportReport> {
+        self.call(Method::POST, "/v1/images/pull", Some(req)).await
+    }
+
+    /// Pulls an image from a registry, streaming progress.
+    pub async fn pull_image_stream(&self, req: &PullImageRequest) -> Result<NdjsonStream<ImportEvent>> {
+        self.stream(Method::POST, "/v1/images/pull?stream=true", Some(req)).await
+    }
+
     /// Lists images.
     pub async fn list_images(&self) -> Result<Vec<Image>> {
         self.call::<(), _>(Method::GET, "/v1/images", None).await

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use strata_api::{ErrorCode, Image, ImportEvent, ImportImageRequest, ImportReport, LayerInfo, StreamQuery};
+use strata_api::{ErrorCode, Image, ImportEvent, ImportImageRequest, ImportReport, LayerInfo, PullImageRequest, StreamQuery};
 use strata_core::ids;
 use tracing::info;
 
@@ -28,6 +28,22 @@ impl From<strata_image::ImageError> for ApiError {
     }
 }
 
+impl From<strata_image::registry::PullError> for ApiError {
+    fn from(e: strata_image::registry::PullError) -> Self {
+        use strata_image::registry::PullError as P;
+        let msg = crate::error::chain(&e);
+        match e {
+            P::BadReference { .. } => ApiError::bad_request(msg),
+            P::NotFound { .. } => ApiError::new(ErrorCode::ImageNotFound, msg),
+            // Credentials are not supported: the host cannot do this pull.
+            P::AuthRequired { .. } => ApiError::new(ErrorCode::Unsupported, msg),
+            P::Unreachable { timed_out: true, .. } => ApiError::new(ErrorCode::Timeout, msg),
+            P::Unreachable { .. } | P::Registry { .. } => ApiError::new(ErrorCode::RegistryError, msg),
+            P::Image(e) => e.into(),
+        }
+    }
+}
+
 /// Content id of an image: sha256 over its layer digests and config.
 fn image_id(layers: &[LayerInfo], config: &strata_api::ImageConfig) -> String {
     let mut h = Sha256::new();
@@ -37,6 +53,106 @@ fn image_id(layers: &[LayerInfo], config: &strata_api::ImageConfig) -> String {
     }
     h.update(serde_json::to_vec(config).expect("config serializes"));
     format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+/// Progress events go to `progress` at most every 100 ms (phase changes always).
+struct Reporter {
+    tx: Option<tokio::sync::mpsc::Sender<ImportEvent>>,
+    last: Instant,
+    phase: String,
+}
+
+impl Reporter {
+    fn new(tx: Option<tokio::sync::mpsc::Sender<ImportEvent>>) -> Self {
+        Reporter { tx, last: Instant::now() - Duration::from_secs(1), phase: String::from("reading source") }
+    }
+
+    /// Reports from a blocking thread.
+    fn blocking(&mut self, phase: Option<String>, done: u64, total: Option<u64>) {
+        if let Some(ev) = self.event(phase, done, total) {
+            let _ = self.tx.as_ref().expect("event implies a sender").blocking_send(ev);
+        }
+    }
+
+    /// Reports from async code (an event is dropped when the client lags).
+    fn nonblocking(&mut self, phase: Option<String>, done: u64, total: Option<u64>) {
+        if let Some(ev) = self.event(phase, done, total) {
+            let _ = self.tx.as_ref().expect("event implies a sender").try_send(ev);
+        }
+    }
+
+    fn event(&mut self, phase: Option<String>, done: u64, total: Option<u64>) -> Option<ImportEvent> {
+        self.tx.as_ref()?;
+        let changed = phase.as_ref().is_some_and(|p| *p != self.phase);
+        if let Some(p) = phase {
+            self.phase = p;
+        }
+        if !changed && self.last.elapsed() < Duration::from_millis(100) {
+            return None;
+        }
+        self.last = Instant::now();
+        Some(ImportEvent::Progress { phase: self.phase.clone(), done, total })
+    }
+}
+
+/// What [`register`] imports and under which name.
+struct Registration {
+    src: PathBuf,
+    name: String,
+    source_kind: Option<&'static str>,
+    source: String,
+    replace: bool,
+    opts: strata_image::ImportOptions,
+    /// Prefix of the per-layer progress phase (`layer`, `unpack layer`).
+    phase: &'static str,
+    warnings: Vec<String>,
+    started: Instant,
+}
+
+/// Imports `r.src` into the layer store and registers the image. The caller
+/// holds the image lock and has checked the name.
+async fn register(st: &Shared, r: Registration, progress: Reporter) -> ApiResult<ImportReport> {
+    let layers = st.layers.clone();
+    let (src, opts, prefix) = (r.src.clone(), r.opts.clone(), r.phase);
+    let imported = tokio::task::spawn_blocking(move || {
+        let mut progress = progress;
+        let mut cb = |p: strata_image::Progress<'_>| match p {
+            strata_image::Progress::Layer { index, count, digest } => {
+                progress.blocking(Some(format!("{prefix} {}/{count} {digest}", index + 1)), 0, None)
+            }
+            strata_image::Progress::Bytes { done, total } => progress.blocking(None, done, total),
+        };
+        strata_image::import(&src, &layers, &opts, &mut cb)
+    })
+    .await
+    .map_err(|e| ApiError::internal("import task", &e))??;
+    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.digest.clone(), size: l.size }).collect();
+    let image = Image {
+        id: image_id(&layer_infos, &imported.config),
+        name: r.name.clone(),
+        source_kind: r.source_kind.unwrap_or(imported.kind.as_str()).to_string(),
+        source: r.source,
+        size: layer_infos.iter().map(|l| l.size).sum(),
+        layers: layer_infos,
+        config: imported.config.clone(),
+        created_at: now(),
+    };
+    st.db.put_image(&image, r.replace)?;
+    if r.replace {
+        gc_layers(st)?;
+    }
+    let layers_new = imported.layers.iter().filter(|l| l.new).count();
+    info!(image = %image.name, id = %image.id, kind = %image.source_kind, layers_new, "imported image");
+    let mut warnings = r.warnings;
+    warnings.extend(imported.warnings);
+    Ok(ImportReport {
+        layers_new,
+        layers_reused: imported.layers.len() - layers_new,
+        bytes_stored: imported.bytes_stored,
+        warnings,
+        duration_ms: r.started.elapsed().as_millis() as u64,
+        image,
+    })
 }
 
 /// Imports an image; `progress` receives events as it goes.
@@ -53,57 +169,74 @@ pub async fn import(st: &Shared, req: ImportImageRequest, progress: Option<tokio
     if !req.replace && st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("an image named {:?} exists (use replace)", req.name)));
     }
-    let started = Instant::now();
-    let layers = st.layers.clone();
-    let opts = strata_image::ImportOptions { trusted: req.trusted, ..Default::default() };
-    let src2 = src.clone();
-    let imported = tokio::task::spawn_blocking(move || {
-        let mut last = Instant::now() - Duration::from_secs(1);
-        let mut phase = String::from("reading source");
-        let mut cb = |p: strata_image::Progress<'_>| {
-            let Some(tx) = &progress else { return };
-            match p {
-                strata_image::Progress::Layer { index, count, digest } => {
-                    phase = format!("layer {}/{count} {digest}", index + 1);
-                    let _ = tx.blocking_send(ImportEvent::Progress { phase: phase.clone(), done: 0, total: None });
-                }
-                strata_image::Progress::Bytes { done, total } => {
-                    if last.elapsed() >= Duration::from_millis(100) {
-                        last = Instant::now();
-                        let _ = tx.blocking_send(ImportEvent::Progress { phase: phase.clone(), done, total });
-                    }
-                }
-            }
-        };
-        strata_image::import(&src2, &layers, &opts, &mut cb)
-    })
-    .await
-    .map_err(|e| ApiError::internal("import task", &e))??;
-    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.digest.clone(), size: l.size }).collect();
-    let image = Image {
-        id: image_id(&layer_infos, &imported.config),
-        name: req.name.clone(),
-        source_kind: imported.kind.as_str().to_string(),
-        source: req.source.clone(),
-        size: layer_infos.iter().map(|l| l.size).sum(),
-        layers: layer_infos,
-        config: imported.config.clone(),
-        created_at: now(),
+    let r = Registration {
+        src,
+        name: req.name,
+        source_kind: None,
+        source: req.source,
+        replace: req.replace,
+        opts: strata_image::ImportOptions { trusted: req.trusted, ..Default::default() },
+        phase: "layer",
+        warnings: Vec::new(),
+        started: Instant::now(),
     };
-    st.db.put_image(&image, req.replace)?;
-    if req.replace {
-        gc_layers(st)?;
+    register(st, r, Reporter::new(progress)).await
+}
+
+/// Whether a pull may register `name`: `Ok(true)` to replace an image pulled
+/// from a registry before (a re-pull), `Ok(false)` when the name is free, 409
+/// when a locally imported image has it.
+fn pull_replaces(st: &Shared, name: &str) -> ApiResult<bool> {
+    match st.db.get_image(name)?.filter(|i| i.name == name) {
+        None => Ok(false),
+        Some(i) if i.source_kind == "registry" => Ok(true),
+        Some(i) => Err(ApiError::new(
+            ErrorCode::NameConflict,
+            format!("an image named {name:?} exists (imported from {}: {}); remove it or pull under another name", i.source_kind, i.source),
+        )),
     }
-    let layers_new = imported.layers.iter().filter(|l| l.new).count();
-    info!(image = %image.name, id = %image.id, layers_new, "imported image");
-    Ok(ImportReport {
-        layers_new,
-        layers_reused: imported.layers.len() - layers_new,
-        bytes_stored: imported.bytes_stored,
-        warnings: imported.warnings,
-        duration_ms: started.elapsed().as_millis() as u64,
-        image,
-    })
+}
+
+/// Pulls an image from a registry; `progress` receives events as it goes.
+///
+/// The download happens outside the image lock (into the layer store's
+/// staging area); the import of the downloaded OCI layout, with every check
+/// of a local import, and the registration happen under it. Pulling again
+/// under the same name replaces the image (layers already stored are reused).
+pub async fn pull(st: &Shared, req: PullImageRequest, progress: Option<tokio::sync::mpsc::Sender<ImportEvent>>) -> ApiResult<ImportReport> {
+    let started = Instant::now();
+    let reference = strata_image::registry::parse_reference(&req.reference)?;
+    let name = req.name.clone().unwrap_or_else(|| req.reference.clone());
+    if let Err(e) = ids::validate_name(&name, true) {
+        return Err(match req.name {
+            Some(_) => e.into(),
+            None => ApiError::bad_request(format!("{e}: the reference is not a valid image name, pass a name")),
+        });
+    }
+    pull_replaces(st, &name)?;
+    let mut reporter = Reporter::new(progress);
+    reporter.nonblocking(Some(format!("resolving {}", reference.whole())), 0, None);
+    let opts = strata_image::registry::PullOptions { insecure: req.insecure, ..Default::default() };
+    let mut cb = |p: strata_image::registry::DownloadProgress<'_>| {
+        reporter.nonblocking(Some(format!("download layer {}/{} {}", p.index + 1, p.count, p.digest)), p.done, Some(p.total))
+    };
+    let fetched = strata_image::registry::fetch(&req.reference, &st.layers, &opts, &mut cb).await?;
+    let _g = st.image_lock.lock().await;
+    let replace = pull_replaces(st, &name)?;
+    let r = Registration {
+        src: fetched.layout().to_path_buf(),
+        name,
+        source_kind: Some("registry"),
+        source: fetched.reference.clone(),
+        replace,
+        opts: strata_image::ImportOptions::default(),
+        phase: "unpack layer",
+        warnings: fetched.warnings.clone(),
+        started,
+    };
+    let report = register(st, r, reporter).await;
+    drop(fetched);
+    report
 }
 
 /// Removes layers that no image and no sandbox references.
@@ -133,13 +266,15 @@ fn ndjson(ev: &ImportEvent) -> Bytes {
 
 // ---- HTTP handlers ----
 
-/// Import an image from a path on the daemon's host (OCI layout, docker-save archive, rootfs tarball or directory).
-#[utoipa::path(post, path = "/v1/images/import", tag = "images", request_body = ImportImageRequest, params(StreamQuery),
-    responses((status = 201, body = ImportReport, description = "Imported (or an NDJSON stream of ImportEvent with stream=true)"),
-        (status = 400, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn import_handler(State(st): State<Shared>, Query(q): Query<StreamQuery>, Json(req): Json<ImportImageRequest>) -> ApiResult<Response> {
-    if !q.stream {
-        let report = import(&st, req, None).await?;
+/// The response of an import or pull: its report (201), or with `stream` an
+/// NDJSON stream of [`ImportEvent`]s ending in `done` or `failed`.
+async fn respond<F, Fut>(stream: bool, run: F) -> ApiResult<Response>
+where
+    F: FnOnce(Option<tokio::sync::mpsc::Sender<ImportEvent>>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ApiResult<ImportReport>> + Send + 'static,
+{
+    if !stream {
+        let report = run(None).await?;
         return Ok((StatusCode::CREATED, Json(report)).into_response());
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<ImportEvent>(64);
@@ -153,7 +288,7 @@ pub async fn import_handler(State(st): State<Shared>, Query(q): Query<StreamQuer
                 }
             }
         });
-        let result = import(&st, req, Some(tx)).await;
+        let result = run(Some(tx)).await;
         let _ = fwd.await;
         let last = match result {
             Ok(report) => ImportEvent::Done { report },
@@ -163,6 +298,28 @@ pub async fn import_handler(State(st): State<Shared>, Query(q): Query<StreamQuer
     });
     let stream = futures_util::stream::unfold(out_rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
     Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response"))
+}
+
+/// Import an image from a path on the daemon's host (OCI layout, docker-save archive, rootfs tarball or directory).
+#[utoipa::path(post, path = "/v1/images/import", tag = "images", request_body = ImportImageRequest, params(StreamQuery),
+    responses((status = 201, body = ImportReport, description = "Imported (or an NDJSON stream of ImportEvent with stream=true)"),
+        (status = 400, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn import_handler(State(st): State<Shared>, Query(q): Query<StreamQuery>, Json(req): Json<ImportImageRequest>) -> ApiResult<Response> {
+    respond(q.stream, move |tx| async move { import(&st, req, tx).await }).await
+}
+
+/// Pull an image from an OCI distribution registry (anonymously; `insecure` for plain HTTP) and import it like a local OCI layout.
+/// Pulling again under the same name replaces the image; layers already stored are reused.
+#[utoipa::path(post, path = "/v1/images/pull", tag = "images", request_body = PullImageRequest, params(StreamQuery),
+    responses((status = 201, body = ImportReport, description = "Pulled; `image.source_kind` is `registry` (or an NDJSON stream of ImportEvent with stream=true)"),
+        (status = 400, body = strata_api::ApiErrorBody, description = "Bad reference or name (bad_request), or rejected image content (invalid_archive)"),
+        (status = 404, body = strata_api::ApiErrorBody, description = "Unknown repository, tag or digest, or no image for this platform (image_not_found)"),
+        (status = 409, body = strata_api::ApiErrorBody, description = "A locally imported image has the name (name_conflict)"),
+        (status = 500, body = strata_api::ApiErrorBody, description = "Registry unreachable or failing (internal; the message names the registry)"),
+        (status = 501, body = strata_api::ApiErrorBody, description = "The registry requires authentication (unsupported)"),
+        (status = 504, body = strata_api::ApiErrorBody, description = "The registry timed out (timeout)")))]
+pub async fn pull_handler(State(st): State<Shared>, Query(q): Query<StreamQuery>, Json(req): Json<PullImageRequest>) -> ApiResult<Response> {
+    respond(q.stream, move |tx| async move { pull(&st, req, tx).await }).await
 }
 
 /// List images.

@@ -107,6 +107,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/events", get(events::events_handler))
         .route("/v1/images", get(i::list_handler))
         .route("/v1/images/import", post(i::import_handler))
+        .route("/v1/images/pull", post(i::pull_handler))
         .route("/v1/images/{name}", get(i::get_handler).delete(i::remove_handler))
         .route("/v1/sandboxes", get(s::list_handler).post(s::create_handler))
         .route("/v1/sandboxes/{id}", get(s::get_handler).delete(s::remove_handler))

@@ -13,7 +13,7 @@ use crate::{events, files, images, processes, sandboxes};
         processes::exec_handler, processes::start_process_handler, processes::list_processes_handler, processes::get_process_handler,
         processes::logs_handler, processes::signal_handler, processes::stdin_handler, processes::wait_handler,
         files::download_handler, files::upload_handler, files::stat_handler, files::list_handler, files::mkdir_handler, files::remove_handler, files::move_handler,
-        images::import_handler, images::list_handler, images::get_handler, images::remove_handler,
+        images::import_handler, images::pull_handler, images::list_handler, images::get_handler, images::remove_handler,
         events::events_handler, events::info_handler, events::doctor_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState))

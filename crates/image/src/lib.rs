@@ -14,6 +14,9 @@
 //! [`import`] is all-or-nothing: when it fails, the layers it added are
 //! removed again.
 //!
+//! [`registry::fetch`] pulls an image from a registry into an OCI layout in
+//! the store's staging area, which [`import`] then imports like any other.
+//!
 //! [`write_oci_layout`] and [`write_docker_archive`] build single-layer test
 //! images from a rootfs tarball without any network access.
 
@@ -33,6 +36,7 @@ mod docker;
 mod error;
 mod hash;
 mod oci;
+pub mod registry;
 mod rootfs;
 mod sys;
 pub mod unpack;

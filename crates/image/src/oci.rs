@@ -29,16 +29,16 @@ const DOCKER_FOREIGN_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.for
 /// Nested indexes followed at most this deep.
 const MAX_INDEX_DEPTH: usize = 4;
 
-fn is_manifest(mt: &MediaType) -> bool {
+pub(crate) fn is_manifest(mt: &MediaType) -> bool {
     *mt == MediaType::ImageManifest || mt.as_ref() == DOCKER_MANIFEST
 }
 
-fn is_index(mt: &MediaType) -> bool {
+pub(crate) fn is_index(mt: &MediaType) -> bool {
     *mt == MediaType::ImageIndex || mt.as_ref() == DOCKER_MANIFEST_LIST
 }
 
 /// Accepts uncompressed and gzip layers; names the problem otherwise.
-fn check_layer_media_type(mt: &MediaType) -> Result<(), ImageError> {
+pub(crate) fn check_layer_media_type(mt: &MediaType) -> Result<(), ImageError> {
     let unsupported =
         |reason: &str| ImageError::UnsupportedMediaType { media_type: mt.to_string(), reason: reason.into() };
     match mt {
@@ -113,7 +113,7 @@ fn read_small_file(path: &Path) -> Result<Vec<u8>, ImageError> {
     Ok(bytes)
 }
 
-fn platform_of(desc: &Descriptor) -> String {
+pub(crate) fn platform_of(desc: &Descriptor) -> String {
     match desc.platform() {
         Some(p) => match p.variant() {
             Some(v) => format!("{}/{}/{v}", p.os(), p.architecture()),
