@@ -68,7 +68,7 @@ pub fn bytes(b: u64) -> String {
 
 /// `a / b` as "1.23x".
 pub fn ratio(a: f64, b: f64) -> String {
-    if b <= 0.0 {
+    if b <= 0.0 || a < 0.0 {
         return "n/a".into();
     }
     format!("{:.2}x", a / b)

@@ -246,48 +246,8 @@ async fn image(c: &Client, cmd: ImageCmd) -> Result<i32> {
         ImageCmd::Import { src, name, trusted, replace, json } => {
             let src = std::fs::canonicalize(&src).with_context(|| format!("source {}", src.display()))?;
             let req = ImportImageRequest { source: src.display().to_string(), name, trusted, replace };
-            let mut events = c.import_image_stream(&req).await?;
-            let bar = indicatif::ProgressBar::new_spinner();
-            if json {
-                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-            }
-            bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes}/{total_bytes}").expect("valid template"));
-            bar.enable_steady_tick(std::time::Duration::from_millis(120));
-            while let Some(ev) = events.next().await? {
-                match ev {
-                    ImportEvent::Progress { phase, done, total } => {
-                        bar.set_message(phase);
-                        bar.set_length(total.unwrap_or(done));
-                        bar.set_position(done);
-                    }
-                    ImportEvent::Done { report } => {
-                        bar.finish_and_clear();
-                        if json {
-                            output::json(&report);
-                        } else {
-                            for w in &report.warnings {
-                                eprintln!("warning: {w}");
-                            }
-                            println!(
-                                "{} {} ({} layers: {} new, {} reused; {} stored; {} ms)",
-                                report.image.name,
-                                report.image.id,
-                                report.image.layers.len(),
-                                report.layers_new,
-                                report.layers_reused,
-                                output::size(report.bytes_stored),
-                                report.duration_ms
-                            );
-                        }
-                        return Ok(0);
-                    }
-                    ImportEvent::Failed { error } => {
-                        bar.finish_and_clear();
-                        bail!("import failed: {} ({})", error.message, error.code);
-                    }
-                }
-            }
-            bail!("the daemon closed the import stream without a result")
+            let events = c.import_image_stream(&req).await?;
+            follow_import(events, json, "import").await
         }
         ImageCmd::Pull { reference, name, insecure, json } => {
             let req = PullImageRequest { reference, name, insecure };
