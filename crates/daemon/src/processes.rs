@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -276,21 +275,18 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
     let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;
     let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal("pipe", &e))?;
     let w = report_w.as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only calls
-    // async-signal-safe functions (dup2, fcntl) on descriptors it owns.
-    unsafe {
-        cmd.pre_exec(move || {
-            if w == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0);
-            } else if libc::dup2(w, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    cmd.env(strata_runtime::namespace::enter::REPORT_FD_ENV, w.to_string());
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = tokio::process::Command::from(cmd).spawn().map_err(|e| ApiError::internal("spawn exec helper", &e))?;
-    drop(report_w);
+    let mut child = {
+        // The write end is inheritable only while the lock is held, so no other
+        // spawn can pick it up; without a pre_exec hook std uses posix_spawn.
+        let _g = strata_runtime::spawn_lock();
+        // SAFETY: F_SETFD on a descriptor we own.
+        unsafe { libc::fcntl(w, libc::F_SETFD, 0) };
+        let spawned = tokio::process::Command::from(cmd).spawn();
+        drop(report_w);
+        spawned.map_err(|e| ApiError::internal("spawn exec helper", &e))?
+    };
     let oom_before = st.runtime.usage(&rec.sandbox.id).oom_kills;
     let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.clone());
     let stdout = child.stdout.take().expect("piped");
@@ -410,9 +406,19 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
             }
             Ok(ExecReport::SpawnError { message }) => last = FinalReport::SpawnError(message),
             // A spawn error is followed by the helper reporting its child's exit (127): keep the error.
-            Ok(ExecReport::Exited { code }) if !matches!(last, FinalReport::SpawnError(_)) => last = FinalReport::Exited(code),
-            Ok(ExecReport::Signaled { signal }) if !matches!(last, FinalReport::SpawnError(_)) => last = FinalReport::Signaled(signal),
-            Ok(ExecReport::Exited { .. } | ExecReport::Signaled { .. }) => {}
+            // The exit line is the helper's last word: stop there rather than wait for EOF.
+            Ok(ExecReport::Exited { code }) => {
+                if !matches!(last, FinalReport::SpawnError(_)) {
+                    last = FinalReport::Exited(code);
+                }
+                break;
+            }
+            Ok(ExecReport::Signaled { signal }) => {
+                if !matches!(last, FinalReport::SpawnError(_)) {
+                    last = FinalReport::Signaled(signal);
+                }
+                break;
+            }
             Err(_) => debug!(line, "unexpected exec report"),
         }
     }

@@ -62,6 +62,16 @@ impl RuntimeError {
     }
 }
 
+static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Serializes process spawns that hand a child a descriptor by clearing its
+/// close-on-exec flag for the duration of the spawn (so that no concurrent spawn
+/// inherits it). Every spawn in the daemon takes it; spawns then use
+/// `posix_spawn` (no `pre_exec` hook), which avoids copying the daemon's page tables.
+pub fn spawn_lock() -> std::sync::MutexGuard<'static, ()> {
+    SPAWN_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A started sandbox: enough to find it again after a daemon restart.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxHandle {
@@ -98,7 +108,8 @@ pub trait Runtime: Send + Sync {
     fn is_alive(&self, handle: &SandboxHandle) -> bool;
 
     /// A command that, when spawned with the caller's stdio, runs `exec` inside the
-    /// sandbox. The command reports on file descriptor 3 (see [`spec::ExecReport`]).
+    /// sandbox. It reports [`spec::ExecReport`] lines on the inherited descriptor
+    /// the caller names in `STRATA_REPORT_FD` (spawn it under [`spawn_lock`]).
     fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<std::process::Command, RuntimeError>;
 
     /// Stops every process of the sandbox: SIGTERM, then SIGKILL after `grace`.

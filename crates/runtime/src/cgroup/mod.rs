@@ -101,12 +101,17 @@ impl SandboxCgroup {
         }
     }
 
-    /// Moves `pid` into the cgroup (every controller).
-    pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
-        for d in &self.dirs {
-            write(&d.join("cgroup.procs"), &pid.to_string())?;
-        }
-        Ok(())
+    /// The files a single-threaded process writes "0" to in order to join the
+    /// cgroup itself. On v1 that is `tasks`: moving one thread (the caller) skips
+    /// the global threadgroup lock, whose write side waits for an RCU grace period
+    /// (measured here: ~0.3 ms instead of 6-14 ms for `cgroup.procs` after idle).
+    /// On v2 only `cgroup.procs` can be used.
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        let name = match self.version {
+            CgroupVersion::V1 => "tasks",
+            CgroupVersion::V2 => "cgroup.procs",
+        };
+        self.dirs.iter().map(|d| d.join(name)).collect()
     }
 
     /// OOM kills, memory and task counts.

@@ -4,12 +4,12 @@
 //! child is inside the pid namespace), and in the child resolve the user
 //! against the sandbox's own /etc/passwd, drop capabilities, set no_new_privs,
 //! install the seccomp filter and exec. The parent stays outside, waits, and
-//! reports on file descriptor 3 ([`ExecReport`] JSON lines).
+//! reports on the descriptor named by `STRATA_REPORT_FD` ([`ExecReport`] JSON lines).
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::path::PathBuf;
 
 use nix::sched::{setns, CloneFlags};
@@ -22,16 +22,16 @@ use crate::spec::{ExecReport, ExecSpec};
 
 /// Environment variable carrying the [`EnterConfig`] JSON.
 pub const CONFIG_ENV: &str = "STRATA_ENTER_CONFIG";
-/// Descriptor the helper reports on.
-pub const REPORT_FD: i32 = 3;
+/// Environment variable naming the descriptor the helper reports on.
+pub const REPORT_FD_ENV: &str = "STRATA_REPORT_FD";
 
 /// What `_enter` receives.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct EnterConfig {
     /// Host pid of the sandbox's init.
     pub init_pid: i32,
-    /// Cgroup directories to join.
-    pub cgroup_dirs: Vec<PathBuf>,
+    /// Cgroup files to write "0" to (join).
+    pub cgroup_join_files: Vec<PathBuf>,
     /// The process.
     pub exec: ExecSpec,
 }
@@ -55,15 +55,16 @@ fn die(rep: &mut Reporter, message: String) -> ! {
 
 /// Entry point of `strata _enter`. Never returns.
 pub fn main() -> ! {
-    // SAFETY: fd 3 is handed to us by the daemon for exclusive use; fcntl checks it is open.
-    let report_file = unsafe { (libc::fcntl(REPORT_FD, libc::F_GETFD) >= 0).then(|| File::from_raw_fd(REPORT_FD)) };
+    let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV).ok().and_then(|v| v.parse().ok()).filter(|fd| *fd > 2);
+    // SAFETY: the daemon hands this descriptor to us for exclusive use; fcntl checks it is open.
+    let report_file = report_fd.and_then(|fd| unsafe { (libc::fcntl(fd, libc::F_GETFD) >= 0).then(|| File::from_raw_fd(fd)) });
     let mut rep = Reporter(report_file);
     let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| die(&mut rep, format!("{CONFIG_ENV} is not set")));
     let cfg: EnterConfig = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
-    let me = std::process::id().to_string();
-    for d in &cfg.cgroup_dirs {
-        if let Err(e) = std::fs::write(d.join("cgroup.procs"), &me) {
-            die(&mut rep, format!("join cgroup {}: {e}", d.display()));
+    // "0" moves the writing (single-threaded) process itself; see SandboxCgroup::join_files.
+    for f in &cfg.cgroup_join_files {
+        if let Err(e) = std::fs::write(f, "0") {
+            die(&mut rep, format!("join cgroup {}: {e}", f.display()));
         }
     }
     // Open every namespace first (the mount namespace changes our view of /proc), then join.
@@ -117,8 +118,10 @@ pub fn main() -> ! {
 
 fn child(exec: ExecSpec, mut rep: Reporter) -> ! {
     // The report descriptor must not survive exec; a failed exec still reports on it.
-    // SAFETY: F_SETFD on our own descriptor.
-    unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if let Some(f) = rep.0.as_ref() {
+        // SAFETY: F_SETFD on our own descriptor.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
     if let Err(e) = nix::unistd::setsid() {
         die(&mut rep, format!("setsid: {e}"));
     }
@@ -203,9 +206,9 @@ fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     let filters = seccomp::build_filters()?;
     creds::drop_to(&user, &creds::KEPT)?;
     creds::no_new_privs()?;
-    // Every descriptor but stdio and the (close-on-exec) report pipe closes on exec.
+    // Every descriptor but stdio closes on exec (the report pipe already is close-on-exec).
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
-    unsafe { libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     seccomp::apply(&filters)?;
     Ok((candidates, argv, envp))
 }

@@ -23,8 +23,8 @@ use crate::spec::SandboxSpec;
 pub struct InitConfig {
     /// The sandbox.
     pub spec: SandboxSpec,
-    /// Cgroup directories to join before unsharing.
-    pub cgroup_dirs: Vec<PathBuf>,
+    /// Cgroup files to write "0" to (join) before unsharing.
+    pub cgroup_join_files: Vec<PathBuf>,
     /// Seconds init waits after relaying SIGTERM before it exits (killing the rest).
     pub stop_grace_secs: u64,
 }
@@ -67,10 +67,10 @@ pub fn main() -> ! {
         fail(format!("read config: {e}"));
     }
     let cfg: InitConfig = serde_json::from_str(&input).unwrap_or_else(|e| fail(format!("parse config: {e}")));
-    let me = std::process::id().to_string();
-    for d in &cfg.cgroup_dirs {
-        if let Err(e) = std::fs::write(d.join("cgroup.procs"), &me) {
-            fail(format!("join cgroup {}: {e}", d.display()));
+    // "0" moves the writing (single-threaded) process itself; see SandboxCgroup::join_files.
+    for f in &cfg.cgroup_join_files {
+        if let Err(e) = std::fs::write(f, "0") {
+            fail(format!("join cgroup {}: {e}", f.display()));
         }
     }
     let flags = CloneFlags::CLONE_NEWNS

@@ -84,20 +84,23 @@ impl Runtime for NamespaceRuntime {
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
         let t_cgroup = t0.elapsed();
-        let config = init::InitConfig { spec: spec.clone(), cgroup_dirs: cg.dirs().to_vec(), stop_grace_secs: self.stop_grace.as_secs() };
+        let config = init::InitConfig { spec: spec.clone(), cgroup_join_files: cg.join_files(), stop_grace_secs: self.stop_grace.as_secs() };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&spec.log_path)
             .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
-        let mut child = Command::new(&self.helper_exe)
-            .arg("_init")
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|source| RuntimeError::Spawn { what: "sandbox init", source })?;
+        let mut child = {
+            let _g = crate::spawn_lock();
+            Command::new(&self.helper_exe)
+                .arg("_init")
+                .env_clear()
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .map_err(|source| RuntimeError::Spawn { what: "sandbox init", source })?
+        };
         let json = serde_json::to_vec(&config).expect("InitConfig serializes");
         let mut stdin = child.stdin.take().expect("piped stdin");
         stdin.write_all(&json).map_err(|e| RuntimeError::sys("send init config", e))?;
@@ -151,7 +154,7 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        let cfg = enter::EnterConfig { init_pid: handle.init_pid, cgroup_dirs: self.cgroup(sandbox_id).dirs().to_vec(), exec: exec.clone() };
+        let cfg = enter::EnterConfig { init_pid: handle.init_pid, cgroup_join_files: self.cgroup(sandbox_id).join_files(), exec: exec.clone() };
         let mut cmd = Command::new(&self.helper_exe);
         cmd.arg("_enter").env_clear().env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
         Ok(cmd)
