@@ -98,3 +98,22 @@ fn paths_and_symlinks_cannot_reach_the_host() {
     assert!(!work.path().join("payload.strata").exists());
     assert!(!std::path::Path::new("/etc/strata-escape").exists() && !std::path::Path::new("/etc/strata-tar-escape").exists());
 }
+
+#[test]
+fn special_files_are_not_served() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", &id, "--", "mkfifo", "/tmp/fifo"]);
+    let c = d.client();
+    common::rt().block_on(async {
+        // A FIFO would block a reader forever; the daemon refuses it at once.
+        let e = tokio::time::timeout(std::time::Duration::from_secs(10), c.download(&id, "/tmp/fifo", false)).await.expect("no hang").unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
+        let e = c.download(&id, "/tmp", false).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "directories need tar: {e}");
+        let tar = c.download(&id, "/tmp", true).await.unwrap();
+        assert!(!tar.is_empty());
+    });
+}

@@ -5,7 +5,7 @@ use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
-use strata_api::{DownloadQuery, ErrorCode, FileKind, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, SandboxState, UploadQuery};
+use strata_api::{DownloadQuery, ErrorCode, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, SandboxState, UploadQuery};
 
 use crate::error::{ApiError, ApiResult};
 use crate::sandboxes::load;
@@ -58,14 +58,17 @@ pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id):
             fs.tar_to(&path, &mut buf)?;
             return Ok(buf);
         }
-        let s = fs.stat(&path)?;
-        let s = if s.kind == FileKind::Symlink { fs.open_path(&path, libc::O_RDONLY, 0).map(|_| s)? } else { s };
-        if s.kind == FileKind::Dir {
-            return Err(FsError::Io { path: path.clone(), source: std::io::Error::from_raw_os_error(libc::EISDIR) });
+        // O_NONBLOCK: a FIFO planted by the sandbox must not park a daemon thread;
+        // only regular files are sent (directories need tar=true).
+        let fd = fs.open_path(&path, libc::O_RDONLY | libc::O_NONBLOCK, 0)?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().map_err(|e| FsError::Io { path: path.clone(), source: e })?;
+        if !meta.is_file() {
+            let errno = if meta.is_dir() { libc::EISDIR } else { libc::EINVAL };
+            return Err(FsError::Io { path: path.clone(), source: std::io::Error::from_raw_os_error(errno) });
         }
-        let fd = fs.open_path(&path, libc::O_RDONLY, 0)?;
         let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut buf).map_err(|e| FsError::Io { path: path.clone(), source: e })?;
+        std::io::Read::read_to_end(&mut &file, &mut buf).map_err(|e| FsError::Io { path: path.clone(), source: e })?;
         Ok(buf)
     })
     .await?;

@@ -419,7 +419,11 @@ fn tar_entry<W: io::Write>(b: &mut tar::Builder<W>, dir: RawFd, name: &str, arch
     h.set_mtime(st.st_mtime.max(0) as u64);
     match kind_of(st.st_mode) {
         FileKind::File => {
-            let f = File::from(openat2(dir, name, libc::O_RDONLY, 0)?);
+            // O_NONBLOCK and a re-check: a file swapped for a FIFO must not block the daemon.
+            let f = File::from(openat2(dir, name, libc::O_RDONLY | libc::O_NONBLOCK, 0)?);
+            if !f.metadata()?.is_file() {
+                return Ok(());
+            }
             h.set_entry_type(tar::EntryType::Regular);
             h.set_size(st.st_size as u64);
             b.append_data(&mut h, archive_name, f)?;
