@@ -117,7 +117,7 @@ pub enum ImportEvent {
     /// The import finished.
     Done {
         /// Its report.
-        report: ImportReport,
+        report: Box<ImportReport>,
     },
     /// The import failed; nothing was registered.
     Failed {

@@ -284,7 +284,7 @@ fn pull_resolves_an_index_to_the_host_platform_and_streams_progress() {
     let report = loop {
         match rt.block_on(events.next()).unwrap().expect("stream ends with done or failed") {
             strata_api::ImportEvent::Progress { phase, .. } => phases.push(phase),
-            strata_api::ImportEvent::Done { report } => break report,
+            strata_api::ImportEvent::Done { report } => break *report,
             strata_api::ImportEvent::Failed { error } => panic!("pull failed: {error:?}"),
         }
     };

@@ -291,7 +291,7 @@ where
         let result = run(Some(tx)).await;
         let _ = fwd.await;
         let last = match result {
-            Ok(report) => ImportEvent::Done { report },
+            Ok(report) => ImportEvent::Done { report: Box::new(report) },
             Err(e) => ImportEvent::Failed { error: e.body },
         };
         let _ = out_tx.send(ndjson(&last)).await;

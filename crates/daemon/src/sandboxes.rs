@@ -42,18 +42,34 @@ pub fn handle_of(rec: &SandboxRecord) -> Option<SandboxHandle> {
     Some(SandboxHandle { init_pid: rec.sandbox.init_pid?, init_start_time: rec.init_start_time? })
 }
 
+/// A requested state change: the action and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Change<'a> {
+    /// What to do.
+    pub action: Action,
+    /// Reason code recorded in the event.
+    pub reason: &'a str,
+    /// Optional detail recorded in the event.
+    pub detail: Option<&'a str>,
+}
+
+impl<'a> Change<'a> {
+    /// A change with a reason and no detail.
+    pub fn new(action: Action, reason: &'a str) -> Self {
+        Change { action, reason, detail: None }
+    }
+
+    /// Adds a detail.
+    pub fn detail(mut self, detail: &'a str) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+}
+
 /// Applies `action` to a sandbox in state `from`: checks the transition table,
 /// records the new state and its event atomically, and wakes event followers.
-pub fn transition(
-    st: &Shared,
-    id: &str,
-    from: SandboxState,
-    action: Action,
-    reason: &str,
-    detail: Option<&str>,
-    started: Instant,
-    init: Option<&SandboxHandle>,
-) -> ApiResult<SandboxEvent> {
+pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>, started: Instant, init: Option<&SandboxHandle>) -> ApiResult<SandboxEvent> {
+    let Change { action, reason, detail } = change;
     let to = next_state(from, action)?;
     let t = Transition { to, reason, detail, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
     let ev = st
@@ -107,14 +123,14 @@ async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Acti
     let result = tokio::task::spawn_blocking(move || rt.start(&spec)).await.map_err(|e| ApiError::internal("start task", &e))?;
     match result {
         Ok(handle) => {
-            transition(st, &rec.sandbox.id, from, action, reason, None, started, Some(&handle))?;
+            transition(st, &rec.sandbox.id, from, Change::new(action, reason), started, Some(&handle))?;
             st.db.set_expires_at(&rec.sandbox.id, expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
             watch_init(st.clone(), rec.sandbox.id.clone(), handle.clone());
             Ok(handle)
         }
         Err(e) => {
             let msg = crate::error::chain(&e);
-            transition(st, &rec.sandbox.id, from, Action::Fail, "start_failed", Some(&msg), started, None)?;
+            transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&msg), started, None)?;
             Err(ApiError::new(ErrorCode::Internal, format!("sandbox {} failed to start: {msg}", rec.sandbox.id)))
         }
     }
@@ -208,7 +224,7 @@ async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: Dura
     let from = rec.sandbox.state;
     next_state(from, Action::Stop)?;
     kill_processes(st, rec, grace).await?;
-    let ev = transition(st, &rec.sandbox.id, from, Action::Stop, reason, None, started, None)?;
+    let ev = transition(st, &rec.sandbox.id, from, Change::new(Action::Stop, reason), started, None)?;
     st.db.set_expires_at(&rec.sandbox.id, None)?;
     Ok(ev)
 }
@@ -371,7 +387,7 @@ async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
     warn!(sandbox = id, reason, "sandbox init exited unexpectedly");
     let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
     let _ = st.db.set_oom_kills(id, usage.oom_kills.max(rec.sandbox.oom_kills));
-    let _ = transition(st, id, rec.sandbox.state, Action::Lose, reason, Some("the sandbox's init process exited"), Instant::now(), None);
+    let _ = transition(st, id, rec.sandbox.state, Change::new(Action::Lose, reason).detail("the sandbox's init process exited"), Instant::now(), None);
     if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
         drop(_g);
         let _ = destroy(st, id, true, reason).await;
@@ -395,14 +411,14 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
             }
             SandboxState::Running | SandboxState::Paused => {
                 let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
-                transition(st, &id, state, Action::Lose, "init_gone", Some("init was gone when the daemon started"), Instant::now(), None)?;
+                transition(st, &id, state, Change::new(Action::Lose, "init_gone").detail("init was gone when the daemon started"), Instant::now(), None)?;
                 if ephemeral {
                     destroy(st, &id, true, "init_gone").await?;
                 }
             }
             SandboxState::Creating => {
                 let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
-                transition(st, &id, state, Action::Fail, "interrupted", Some("the daemon stopped during creation"), Instant::now(), None)?;
+                transition(st, &id, state, Change::new(Action::Fail, "interrupted").detail("the daemon stopped during creation"), Instant::now(), None)?;
                 if ephemeral {
                     destroy(st, &id, true, "interrupted").await?;
                 }
