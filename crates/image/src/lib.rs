@@ -30,6 +30,7 @@ use strata_api::ImageConfig;
 use strata_store::LayerStore;
 use tracing::{debug, warn};
 
+pub mod changes;
 mod config;
 mod detect;
 mod docker;

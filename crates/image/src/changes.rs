@@ -1,0 +1,453 @@
+//! Change sets of a sandbox's private writable layer (an overlayfs upper
+//! directory): what changed since the last checkpoint, as a list (`strata diff`)
+//! or as an OCI layer tar (`strata export`, and the layer a checkpoint seals).
+//!
+//! A [`TreeManifest`] records every entry of the upper directory with the
+//! kernel's inode number and ctime, which any content or metadata change bumps
+//! and no user can set. Comparing the manifest taken at the last checkpoint with
+//! a fresh one yields the entries to carry into the next layer; entries that
+//! vanished since become OCI whiteouts. Overlay's own markers are translated:
+//! a 0/0 character device (whiteout) becomes `.wh.<name>`, a directory with
+//! `trusted.overlay.opaque=y` gets a `.wh..wh..opq` entry.
+//!
+//! The walk opens every directory relative to its parent with `O_NOFOLLOW`, so a
+//! running sandbox that swaps a directory for a symlink cannot make strata read
+//! host files into a layer.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{io_err, ImageError};
+use crate::sys;
+
+const OPAQUE_XATTR: &CStr = c"trusted.overlay.opaque";
+const MAX_DEPTH: usize = 256;
+
+/// Kind of a tree entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Overlay whiteout (the path is deleted from the layers below).
+    Whiteout,
+    /// Fifo or other special file.
+    Other,
+}
+
+/// What identifies one version of an entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryMeta {
+    /// Kind.
+    pub kind: EntryKind,
+    /// Inode number.
+    pub ino: u64,
+    /// Change time, nanoseconds since the epoch.
+    pub ctime_ns: i64,
+    /// Size in bytes (files).
+    pub size: u64,
+    /// Opaque directory (hides everything below it in lower layers).
+    #[serde(default)]
+    pub opaque: bool,
+}
+
+/// Every entry of a tree, by relative path (`a/b`), in path order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TreeManifest {
+    /// Entries.
+    pub entries: BTreeMap<String, EntryMeta>,
+}
+
+/// How a path changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// New since the base.
+    Added,
+    /// Existed in the base and changed.
+    Modified,
+    /// Removed since the base.
+    Deleted,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathChange {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// How it changed.
+    pub change: ChangeKind,
+    /// Entry kind now (for deletions: what was deleted, when known).
+    pub kind: EntryKind,
+    /// Size now (0 for deletions and directories).
+    pub size: u64,
+}
+
+fn cstr(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "NUL in file name"))
+}
+
+fn kind_of(st: &libc::stat) -> EntryKind {
+    match sys::file_type(st) {
+        libc::S_IFREG => EntryKind::File,
+        libc::S_IFDIR => EntryKind::Dir,
+        libc::S_IFLNK => EntryKind::Symlink,
+        libc::S_IFCHR if st.st_rdev == 0 => EntryKind::Whiteout,
+        _ => EntryKind::Other,
+    }
+}
+
+fn is_opaque(dir: BorrowedFd<'_>) -> bool {
+    sys::fgetxattr(dir, OPAQUE_XATTR).is_ok_and(|v| v == b"y")
+}
+
+/// Records every entry below `root` (not `root` itself).
+pub fn scan(root: &Path) -> Result<TreeManifest, ImageError> {
+    let dir = sys::open_dir_path(root).map_err(io_err(root))?;
+    let mut m = TreeManifest::default();
+    scan_dir(root, dir.as_fd(), "", 0, &mut m)?;
+    Ok(m)
+}
+
+fn scan_dir(root: &Path, dir: BorrowedFd<'_>, prefix: &str, depth: usize, m: &mut TreeManifest) -> Result<(), ImageError> {
+    if depth > MAX_DEPTH {
+        return Err(ImageError::TooLarge { what: format!("directory nesting under {}", root.display()), limit: MAX_DEPTH as u64 });
+    }
+    let at = |rel: &str| io_err(root.join(rel));
+    for name in sys::read_dir_names(dir).map_err(at(prefix))? {
+        let Ok(n) = name.to_str() else { continue }; // non-UTF-8 names are not tracked
+        let rel = if prefix.is_empty() { n.to_string() } else { format!("{prefix}/{n}") };
+        let Some(st) = sys::stat_at(dir, &name).map_err(at(&rel))? else { continue };
+        let kind = kind_of(&st);
+        let mut meta = EntryMeta { kind, ino: st.st_ino, ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec, size: if kind == EntryKind::File { st.st_size as u64 } else { 0 }, opaque: false };
+        if kind == EntryKind::Dir {
+            let sub = sys::open_dir_at(dir, &name).map_err(at(&rel))?;
+            meta.opaque = is_opaque(sub.as_fd());
+            m.entries.insert(rel.clone(), meta);
+            scan_dir(root, sub.as_fd(), &rel, depth + 1, m)?;
+        } else {
+            m.entries.insert(rel, meta);
+        }
+    }
+    Ok(())
+}
+
+/// Whether `rel` is visible in the stack of lower layers (top first): found in a
+/// layer before a whiteout for it.
+fn in_lowers(lowers_top_first: &[PathBuf], rel: &str) -> Option<EntryKind> {
+    for l in lowers_top_first {
+        match std::fs::symlink_metadata(l.join(rel)) {
+            Ok(md) => {
+                use std::os::unix::fs::{FileTypeExt, MetadataExt};
+                let ft = md.file_type();
+                if ft.is_char_device() && md.rdev() == 0 {
+                    return None;
+                }
+                return Some(if ft.is_dir() {
+                    EntryKind::Dir
+                } else if ft.is_symlink() {
+                    EntryKind::Symlink
+                } else if ft.is_file() {
+                    EntryKind::File
+                } else {
+                    EntryKind::Other
+                });
+            }
+            Err(_) => continue,
+        }
+    }
+    None
+}
+
+fn under_any(path: &str, dirs: &[&str]) -> bool {
+    dirs.iter().any(|d| path.len() > d.len() && path.starts_with(d) && path.as_bytes()[d.len()] == b'/')
+}
+
+/// The changes from `base` (manifest at the last checkpoint, empty for a fresh
+/// layer) to `now`. `lowers_top_first` (the read-only layers under the upper
+/// directory) tell new paths from modified ones and name what a whiteout hides.
+pub fn diff(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf]) -> Vec<PathChange> {
+    let mut out = Vec::new();
+    let mut deleted_dirs: Vec<&str> = Vec::new();
+    for (path, old) in &base.entries {
+        if now.entries.contains_key(path) || under_any(path, &deleted_dirs) {
+            continue;
+        }
+        if old.kind == EntryKind::Dir {
+            deleted_dirs.push(path);
+        }
+        if old.kind != EntryKind::Whiteout {
+            // Gone from the upper layer: deleted unless a lower layer still shows it
+            // (then the path reverted to the lower version, which is a modification).
+            let change = if in_lowers(lowers_top_first, path).is_some() { ChangeKind::Modified } else { ChangeKind::Deleted };
+            out.push(PathChange { path: format!("/{path}"), change, kind: old.kind, size: 0 });
+        }
+    }
+    for (path, meta) in &now.entries {
+        let changed = match base.entries.get(path) {
+            None => true,
+            Some(old) if meta.kind == EntryKind::Dir => old.kind != EntryKind::Dir || old.opaque != meta.opaque,
+            Some(old) => old != meta,
+        };
+        if !changed {
+            continue;
+        }
+        let below = in_lowers(lowers_top_first, path);
+        let (change, kind) = match meta.kind {
+            EntryKind::Whiteout => match below {
+                Some(k) => (ChangeKind::Deleted, k),
+                None => continue,
+            },
+            EntryKind::Dir if below == Some(EntryKind::Dir) && !meta.opaque => continue, // only children changed
+            k if below.is_some() => (ChangeKind::Modified, k),
+            k => (ChangeKind::Added, k),
+        };
+        out.push(PathChange { path: format!("/{path}"), change, kind, size: meta.size });
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// Writes the change set from `base` to `now` of the tree at `root` as an OCI
+/// layer tar: changed entries (with their parent directories), `.wh.` entries for
+/// deletions and overlay whiteouts, `.wh..wh..opq` for opaque directories. Entry
+/// order and headers are deterministic, so equal changes give equal digests.
+pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, out: impl Write) -> Result<(), ImageError> {
+    let top = sys::open_dir_path(root).map_err(io_err(root))?;
+    let mut b = tar::Builder::new(out);
+    let mut emitted_dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    // Deletions since the base: whiteouts for the topmost vanished paths.
+    let mut whiteouts: Vec<String> = Vec::new();
+    let mut gone_dirs: Vec<&str> = Vec::new();
+    for (path, old) in &base.entries {
+        if now.entries.contains_key(path) || under_any(path, &gone_dirs) || old.kind == EntryKind::Whiteout {
+            continue;
+        }
+        if old.kind == EntryKind::Dir {
+            gone_dirs.push(path);
+        }
+        whiteouts.push(path.clone());
+    }
+    let mut items: BTreeMap<String, Option<&EntryMeta>> = whiteouts.into_iter().map(|p| (p, None)).collect();
+    for (path, meta) in &now.entries {
+        let changed = match base.entries.get(path) {
+            None => true,
+            Some(old) if meta.kind == EntryKind::Dir => old.kind != EntryKind::Dir || old.opaque != meta.opaque,
+            Some(old) => old != meta,
+        };
+        if changed {
+            items.insert(path.clone(), Some(meta));
+        }
+    }
+    for (path, meta) in &items {
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((p, n)) => (p, n),
+            None => ("", path.as_str()),
+        };
+        emit_parents(&mut b, top.as_fd(), root, parent, &mut emitted_dirs)?;
+        let wh = |n: &str| if parent.is_empty() { format!(".wh.{n}") } else { format!("{parent}/.wh.{n}") };
+        match meta.map(|m| m.kind) {
+            None | Some(EntryKind::Whiteout) => append_empty(&mut b, &wh(name), root)?,
+            Some(_) => {
+                let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(root.join(parent)))?;
+                append_entry(&mut b, dir.as_ref().map_or(top.as_fd(), |d| d.as_fd()), name, path, root, &mut emitted_dirs)?;
+                if meta.is_some_and(|m| m.kind == EntryKind::Dir && m.opaque) {
+                    append_empty(&mut b, &format!("{path}/.wh..wh..opq"), root)?;
+                }
+            }
+        }
+    }
+    b.finish().map_err(io_err(root))?;
+    Ok(())
+}
+
+/// Opens `rel` (a directory path below `top`, "" for `top`) without following symlinks.
+fn open_rel_dir(top: BorrowedFd<'_>, rel: &str) -> io::Result<Option<OwnedFd>> {
+    if rel.is_empty() {
+        return Ok(None);
+    }
+    let mut cur: Option<OwnedFd> = None;
+    for comp in rel.split('/') {
+        let c = cstr(comp)?;
+        let next = sys::open_dir_at(cur.as_ref().map_or(top, |d| d.as_fd()), &c)?;
+        cur = Some(next);
+    }
+    Ok(cur)
+}
+
+fn emit_parents<W: Write>(b: &mut tar::Builder<W>, top: BorrowedFd<'_>, root: &Path, parent: &str, done: &mut std::collections::BTreeSet<String>) -> Result<(), ImageError> {
+    if parent.is_empty() || done.contains(parent) {
+        return Ok(());
+    }
+    let mut acc = String::new();
+    for comp in parent.split('/') {
+        let prev = acc.clone();
+        if !acc.is_empty() {
+            acc.push('/');
+        }
+        acc.push_str(comp);
+        if done.contains(&acc) {
+            continue;
+        }
+        let dir = open_rel_dir(top, &prev).map_err(io_err(root.join(&prev)))?;
+        append_entry(b, dir.as_ref().map_or(top, |d| d.as_fd()), comp, &acc, root, done)?;
+    }
+    Ok(())
+}
+
+fn header(st: &libc::stat, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(st.st_mode & 0o7777);
+    h.set_uid(st.st_uid as u64);
+    h.set_gid(st.st_gid as u64);
+    h.set_mtime(st.st_mtime.max(0) as u64);
+    h.set_size(size);
+    h
+}
+
+fn append_empty<W: Write>(b: &mut tar::Builder<W>, path: &str, root: &Path) -> Result<(), ImageError> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(0);
+    b.append_data(&mut h, path, io::empty()).map_err(io_err(root.join(path)))
+}
+
+/// Appends `name` (in `dir`) as archive path `path`. Directories are entries only
+/// (their changed children are appended separately).
+fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &str, path: &str, root: &Path, dirs: &mut std::collections::BTreeSet<String>) -> Result<(), ImageError> {
+    let at = io_err(root.join(path));
+    let c = cstr(name).map_err(io_err(root.join(path)))?;
+    let Some(st) = sys::stat_at(dir, &c).map_err(io_err(root.join(path)))? else {
+        return Ok(()); // vanished since the scan (only possible while not frozen)
+    };
+    match sys::file_type(&st) {
+        libc::S_IFDIR => {
+            if dirs.insert(path.to_string()) {
+                let mut h = header(&st, tar::EntryType::Directory, 0);
+                b.append_data(&mut h, format!("{path}/"), io::empty()).map_err(at)?;
+            }
+        }
+        libc::S_IFREG => {
+            let f: File = sys::open_read_at(dir, &c).map_err(io_err(root.join(path)))?;
+            let st = sys::fstat(f.as_fd()).map_err(io_err(root.join(path)))?;
+            if sys::file_type(&st) != libc::S_IFREG {
+                return Ok(());
+            }
+            let mut h = header(&st, tar::EntryType::Regular, st.st_size as u64);
+            b.append_data(&mut h, path, f.take(st.st_size as u64)).map_err(at)?;
+        }
+        libc::S_IFLNK => {
+            let target = sys::readlink_at(dir, &c).map_err(io_err(root.join(path)))?;
+            let mut h = header(&st, tar::EntryType::Symlink, 0);
+            b.append_link(&mut h, path, Path::new(std::ffi::OsStr::from_bytes(&target))).map_err(at)?;
+        }
+        libc::S_IFIFO => {
+            let mut h = header(&st, tar::EntryType::Fifo, 0);
+            b.append_data(&mut h, path, io::empty()).map_err(at)?;
+        }
+        _ => {} // sockets and device nodes (other than whiteouts, handled by the caller) are not carried
+    }
+    Ok(())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn root_or_skip() -> bool {
+        if !sys::is_root() {
+            println!("skipped: needs root for whiteout devices and trusted.* xattrs");
+            return false;
+        }
+        true
+    }
+
+    fn whiteout(p: &Path) {
+        let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C string; creates a 0/0 character device (an overlay whiteout).
+        assert_eq!(unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, 0) }, 0);
+    }
+
+    fn opaque(p: &Path) {
+        let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings and value buffer.
+        assert_eq!(unsafe { libc::setxattr(c.as_ptr(), OPAQUE_XATTR.as_ptr(), b"y".as_ptr().cast(), 1, 0) }, 0);
+    }
+
+    #[test]
+    fn diff_and_layer_tar_follow_an_upper_directory_across_checkpoints() {
+        if !root_or_skip() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let lower = t.path().join("lower");
+        let upper = t.path().join("upper");
+        fs::create_dir_all(lower.join("etc")).unwrap();
+        fs::write(lower.join("etc/os"), "base").unwrap();
+        fs::write(lower.join("etc/gone"), "x").unwrap();
+        fs::create_dir_all(lower.join("old/deep")).unwrap();
+        fs::create_dir_all(upper.join("etc")).unwrap();
+        // Changes since the image: modified etc/os, deleted etc/gone, new app/, old/ replaced (opaque).
+        fs::write(upper.join("etc/os"), "changed").unwrap();
+        whiteout(&upper.join("etc/gone"));
+        fs::create_dir_all(upper.join("app/src")).unwrap();
+        fs::write(upper.join("app/src/main.py"), "print(1)").unwrap();
+        std::os::unix::fs::symlink("src/main.py", upper.join("app/link")).unwrap();
+        fs::create_dir(upper.join("old")).unwrap();
+        opaque(&upper.join("old"));
+        let lowers = vec![lower.clone()];
+        let m1 = scan(&upper).unwrap();
+        let d1 = diff(&TreeManifest::default(), &m1, &lowers);
+        let summary: Vec<(String, ChangeKind)> = d1.iter().map(|c| (c.path.clone(), c.change)).collect();
+        assert!(summary.contains(&("/etc/os".into(), ChangeKind::Modified)), "{summary:?}");
+        assert!(summary.contains(&("/etc/gone".into(), ChangeKind::Deleted)), "{summary:?}");
+        assert!(summary.contains(&("/app/src/main.py".into(), ChangeKind::Added)), "{summary:?}");
+        assert!(summary.contains(&("/old".into(), ChangeKind::Modified)), "opaque dir replaces the lower one: {summary:?}");
+        assert!(!summary.iter().any(|(p, _)| p == "/etc"), "unchanged parent dirs are not reported: {summary:?}");
+
+        let mut tar1 = Vec::new();
+        write_layer_tar(&upper, &TreeManifest::default(), &m1, &mut tar1).unwrap();
+        let names: Vec<String> = tar::Archive::new(&tar1[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        for want in ["etc/", "etc/os", "etc/.wh.gone", "app/src/main.py", "app/link", "old/", "old/.wh..wh..opq"] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        let mut again = Vec::new();
+        write_layer_tar(&upper, &TreeManifest::default(), &m1, &mut again).unwrap();
+        assert_eq!(tar1, again, "deterministic");
+
+        // Second checkpoint: only what changed since m1.
+        fs::write(upper.join("app/src/main.py"), "print(2)").unwrap();
+        fs::remove_file(upper.join("app/link")).unwrap();
+        fs::write(upper.join("app/new.txt"), "n").unwrap();
+        let m2 = scan(&upper).unwrap();
+        let d2 = diff(&m1, &m2, &lowers);
+        let summary: Vec<(String, ChangeKind)> = d2.iter().map(|c| (c.path.clone(), c.change)).collect();
+        assert_eq!(
+            summary,
+            vec![("/app/link".into(), ChangeKind::Deleted), ("/app/new.txt".into(), ChangeKind::Added), ("/app/src/main.py".into(), ChangeKind::Added)]
+        );
+        let mut tar2 = Vec::new();
+        write_layer_tar(&upper, &m1, &m2, &mut tar2).unwrap();
+        let names: Vec<String> = tar::Archive::new(&tar2[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        assert_eq!(names, ["app/", "app/.wh.link", "app/new.txt", "app/src/", "app/src/main.py"]);
+        assert!(diff(&m2, &m2, &lowers).is_empty());
+    }
+}
