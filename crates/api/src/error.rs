@@ -13,6 +13,8 @@ pub enum ErrorCode {
     SandboxNotFound,
     /// The image name or id is unknown (404).
     ImageNotFound,
+    /// The checkpoint id or name is unknown (404).
+    CheckpointNotFound,
     /// The process id is unknown in this sandbox (404).
     ProcessNotFound,
     /// The path does not exist inside the sandbox (404).
@@ -50,6 +52,7 @@ impl ErrorCode {
             ErrorCode::SandboxNotFound
             | ErrorCode::ImageNotFound
             | ErrorCode::ProcessNotFound
+            | ErrorCode::CheckpointNotFound
             | ErrorCode::FileNotFound
             | ErrorCode::RouteNotFound => 404,
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse => 409,
@@ -68,6 +71,7 @@ impl ErrorCode {
             ErrorCode::SandboxNotFound => "sandbox_not_found",
             ErrorCode::ImageNotFound => "image_not_found",
             ErrorCode::ProcessNotFound => "process_not_found",
+            ErrorCode::CheckpointNotFound => "checkpoint_not_found",
             ErrorCode::FileNotFound => "file_not_found",
             ErrorCode::RouteNotFound => "route_not_found",
             ErrorCode::InvalidState => "invalid_state",

@@ -4,6 +4,7 @@
 //! OpenAPI schema, so the daemon, the typed client and the CLI share one
 //! definition. This crate has no runtime dependencies (no tokio, no nix).
 
+pub mod checkpoint;
 pub mod error;
 pub mod files;
 pub mod host;
@@ -11,6 +12,7 @@ pub mod image;
 pub mod process;
 pub mod sandbox;
 
+pub use checkpoint::*;
 pub use error::{ApiErrorBody, ErrorCode};
 pub use files::*;
 pub use host::*;

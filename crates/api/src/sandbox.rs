@@ -172,6 +172,16 @@ pub struct Sandbox {
     /// Number of processes killed by the OOM killer inside this sandbox's memory limit.
     #[serde(default)]
     pub oom_kills: u64,
+    /// The checkpoint it was created from or last restored to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_checkpoint: Option<String>,
+    /// Its most recent checkpoint (the parent of the next one; diffs are relative to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_checkpoint: Option<String>,
+    /// Fork generation: 0 for sandboxes created from an image, parent's + 1 for forks.
+    /// Readable inside as /run/strata/generation and $STRATA_FORK_GENERATION.
+    #[serde(default)]
+    pub fork_generation: u32,
 }
 
 /// Response of `POST /v1/sandboxes`.

@@ -76,6 +76,64 @@ pub enum Command {
     },
     /// Run a command in a running sandbox; exits with its exit code.
     Exec(ExecArgs),
+    /// Checkpoint a sandbox (prints the checkpoint id), or manage checkpoints.
+    Checkpoint(CheckpointArgs),
+    /// Roll a sandbox back to a checkpoint.
+    Restore {
+        /// Sandbox id or name.
+        id: String,
+        /// Checkpoint id or name.
+        #[arg(long = "to")]
+        to: String,
+        /// Checkpoint the current state first instead of discarding it.
+        #[arg(long)]
+        keep_current: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fork N sandboxes from a checkpoint or a live sandbox; prints their ids.
+    Fork {
+        /// Checkpoint or sandbox.
+        source: String,
+        /// Number of children.
+        #[arg(long, short = 'n')]
+        count: u32,
+        /// Children are named PREFIX-1..N.
+        #[arg(long)]
+        name_prefix: Option<String>,
+        /// Lifecycle of the children.
+        #[arg(long, value_enum, default_value = "persistent")]
+        lifecycle: LifecycleArg,
+        /// TTL of the children.
+        #[arg(long)]
+        ttl: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Paths added, modified and deleted since the last checkpoint.
+    Diff {
+        /// Sandbox id or name.
+        id: String,
+        /// The checkpoint to compare against (the sandbox's last one).
+        #[arg(long)]
+        against: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the change set since the last checkpoint as a tar (deletions as .wh. entries).
+    Export {
+        /// Sandbox id or name.
+        id: String,
+        /// The checkpoint to compare against (the sandbox's last one).
+        #[arg(long)]
+        against: Option<String>,
+        /// Output file.
+        #[arg(short, long)]
+        output: std::path::PathBuf,
+    },
     /// Manage background processes of a sandbox.
     #[command(subcommand)]
     Proc(ProcCmd),
@@ -270,6 +328,51 @@ pub struct RunArgs {
     /// Command and arguments.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct CheckpointArgs {
+    #[command(subcommand)]
+    pub command: Option<CheckpointCmd>,
+    /// Sandbox to checkpoint.
+    #[arg(required = true)]
+    pub id: Option<String>,
+    /// Checkpoint name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Label (repeatable).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// JSON output (the checkpoint).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CheckpointCmd {
+    /// List checkpoints (of one sandbox, or all).
+    Ls {
+        /// Sandbox.
+        id: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a checkpoint.
+    Inspect {
+        /// Checkpoint id or name.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete checkpoints.
+    Rm {
+        /// Checkpoint ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

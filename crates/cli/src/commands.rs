@@ -115,6 +115,56 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             exec::run(&c, &a.id, req, a.opts.interactive).await
         }
         Command::Proc(cmd) => proc_cmd(&c, cmd).await,
+        Command::Checkpoint(a) => checkpoint_cmd(&c, a).await,
+        Command::Restore { id, to, keep_current, json } => {
+            let r = c.restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current }).await?;
+            if json {
+                output::json(&r);
+            } else {
+                if let Some(k) = &r.kept {
+                    eprintln!("kept the previous state as checkpoint {} ({})", k.id, k.name);
+                }
+                println!("{}", r.sandbox.id);
+            }
+            Ok(0)
+        }
+        Command::Fork { source, count, name_prefix, lifecycle, ttl, json } => {
+            let lifecycle = match lifecycle {
+                LifecycleArg::Ephemeral => Lifecycle::Ephemeral,
+                LifecycleArg::Persistent => Lifecycle::Persistent,
+            };
+            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None }).await?;
+            if json {
+                output::json(&r);
+            } else {
+                for id in &r.sandboxes {
+                    println!("{id}");
+                }
+            }
+            Ok(0)
+        }
+        Command::Diff { id, against, json } => {
+            let list = c.diff(&id, against.as_deref()).await?;
+            if json {
+                output::json(&list);
+            } else {
+                for ch in &list {
+                    let mark = match ch.change {
+                        strata_api::ChangeKind::Added => 'A',
+                        strata_api::ChangeKind::Modified => 'M',
+                        strata_api::ChangeKind::Deleted => 'D',
+                    };
+                    let size = if ch.change == strata_api::ChangeKind::Deleted || ch.kind == "dir" { String::new() } else { format!("  ({})", output::size(ch.size)) };
+                    println!("{mark} {}{size}", ch.path);
+                }
+            }
+            Ok(0)
+        }
+        Command::Export { id, against, output: out } => {
+            let data = c.export(&id, against.as_deref()).await?;
+            std::fs::write(&out, &data).with_context(|| format!("writing {}", out.display()))?;
+            Ok(0)
+        }
         Command::Cp { src, dst } => cp(&c, &src, &dst).await,
         Command::Fs(cmd) => fs_cmd(&c, cmd).await,
         Command::Events { id, follow, json } => events(&c, id, follow, json).await,
@@ -494,4 +544,60 @@ fn tempfile_dir(parent: &std::path::Path) -> Result<std::path::PathBuf> {
     let p = parent.join(format!(".strata-cp-{}", std::process::id()));
     std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
     Ok(p)
+}
+
+async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
+    let print_one = |ck: &strata_api::Checkpoint| {
+        println!(
+            "id        {}\nname      {}\nsandbox   {}\nparent    {}\nimage     {} ({})\nlayer     {} ({})\nchain     {} layers\nchanged   {} paths\nfrozen    {} ms (took {} ms)\ncreated   {}",
+            ck.id,
+            ck.name,
+            ck.sandbox_id,
+            ck.parent.as_deref().unwrap_or("-"),
+            ck.image,
+            ck.image_id,
+            ck.layer,
+            output::size(ck.layer_size),
+            ck.layers.len(),
+            ck.changed_paths,
+            ck.frozen_ms,
+            ck.duration_ms,
+            ck.created_at
+        )
+    };
+    match a.command {
+        None => {
+            let id = a.id.expect("clap requires the sandbox id");
+            let req = strata_api::CheckpointRequest { name: a.name, labels: kv(&a.labels, "--label")? };
+            let ck = c.checkpoint(&id, &req).await?;
+            if a.json {
+                output::json(&ck);
+            } else {
+                println!("{}", ck.id);
+            }
+        }
+        Some(CheckpointCmd::Ls { id, json }) => {
+            let list = c.list_checkpoints(id.as_deref()).await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["ID", "NAME", "SANDBOX", "PARENT", "LAYER SIZE", "CREATED"],
+                    list.iter()
+                        .map(|k| vec![k.id.clone(), k.name.clone(), k.sandbox_id.clone(), k.parent.clone().unwrap_or_else(|| "-".into()), output::size(k.layer_size), output::age(&k.created_at)])
+                        .collect(),
+                );
+            }
+        }
+        Some(CheckpointCmd::Inspect { id, json }) => {
+            let ck = c.get_checkpoint(&id).await?;
+            if json {
+                output::json(&ck);
+            } else {
+                print_one(&ck);
+            }
+        }
+        Some(CheckpointCmd::Rm { ids }) => return each(ids, |i| async { c.delete_checkpoint(&i).await.map(|_| i) }).await,
+    }
+    Ok(0)
 }

@@ -296,6 +296,54 @@ impl Client {
         self.stream::<(), _>(Method::GET, &format!("/v1/events?follow=true&after={after}{q}"), None).await
     }
 
+    // ---- checkpoints ----
+
+    /// Checkpoints a sandbox.
+    pub async fn checkpoint(&self, id: &str, req: &CheckpointRequest) -> Result<Checkpoint> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/checkpoints", enc(id)), Some(req)).await
+    }
+
+    /// Lists checkpoints (of one sandbox, or all).
+    pub async fn list_checkpoints(&self, sandbox: Option<&str>) -> Result<Vec<Checkpoint>> {
+        let path = match sandbox {
+            Some(s) => format!("/v1/sandboxes/{}/checkpoints", enc(s)),
+            None => "/v1/checkpoints".to_string(),
+        };
+        self.call::<(), _>(Method::GET, &path, None).await
+    }
+
+    /// Inspects a checkpoint.
+    pub async fn get_checkpoint(&self, id: &str) -> Result<Checkpoint> {
+        self.call::<(), _>(Method::GET, &format!("/v1/checkpoints/{}", enc(id)), None).await
+    }
+
+    /// Deletes a checkpoint.
+    pub async fn delete_checkpoint(&self, id: &str) -> Result<()> {
+        self.call::<(), ()>(Method::DELETE, &format!("/v1/checkpoints/{}", enc(id)), None).await
+    }
+
+    /// Forks sandboxes from a checkpoint or a live sandbox.
+    pub async fn fork(&self, req: &ForkRequest) -> Result<ForkResult> {
+        self.call(Method::POST, "/v1/fork", Some(req)).await
+    }
+
+    /// Rolls a sandbox back to a checkpoint.
+    pub async fn restore(&self, id: &str, req: &RestoreRequest) -> Result<RestoreResult> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/restore", enc(id)), Some(req)).await
+    }
+
+    /// Changes since the last checkpoint.
+    pub async fn diff(&self, id: &str, against: Option<&str>) -> Result<Vec<FileChange>> {
+        let q = against.map(|a| format!("?against={}", enc(a))).unwrap_or_default();
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/diff{q}", enc(id)), None).await
+    }
+
+    /// The change set as a tar.
+    pub async fn export(&self, id: &str, against: Option<&str>) -> Result<Bytes> {
+        let q = against.map(|a| format!("?against={}", enc(a))).unwrap_or_default();
+        self.raw(Method::GET, &format!("/v1/sandboxes/{}/export{q}", enc(id)), Bytes::new()).await
+    }
+
     // ---- processes ----
 
     /// Runs a command to completion and returns its output.

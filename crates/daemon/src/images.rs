@@ -240,13 +240,16 @@ pub async fn pull(st: &Shared, req: PullImageRequest, progress: Option<tokio::sy
 }
 
 /// Removes layers that no image and no sandbox references.
-fn gc_layers(st: &Shared) -> ApiResult<usize> {
+pub fn gc_layers(st: &Shared) -> ApiResult<usize> {
     let mut used = std::collections::HashSet::new();
     for img in st.db.list_images()? {
         used.extend(img.layers.into_iter().map(|l| l.digest));
     }
     for sb in st.db.list_sandboxes()? {
         used.extend(sb.layers);
+    }
+    for c in st.db.list_checkpoints(None)? {
+        used.extend(c.layers);
     }
     let mut removed = 0;
     for d in st.layers.list().map_err(|e| ApiError::internal("layer store", &e))? {

@@ -6,6 +6,7 @@
 //! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
 //! [`events`], [`openapi`], [`error`].
 
+pub mod checkpoints;
 pub mod error;
 pub mod events;
 pub mod files;
@@ -99,7 +100,7 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
 
 /// The router with every native route.
 pub fn router(st: Shared) -> Router {
-    use crate::{files as f, images as i, processes as p, sandboxes as s};
+    use crate::{checkpoints as c, files as f, images as i, processes as p, sandboxes as s};
     Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/v1/info", get(events::info_handler))
@@ -112,6 +113,13 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes", get(s::list_handler).post(s::create_handler))
         .route("/v1/sandboxes/{id}", get(s::get_handler).delete(s::remove_handler))
         .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
+        .route("/v1/sandboxes/{id}/checkpoints", get(c::list_for_sandbox_handler).post(c::create_handler))
+        .route("/v1/sandboxes/{id}/restore", post(c::restore_handler))
+        .route("/v1/sandboxes/{id}/diff", get(c::diff_handler))
+        .route("/v1/sandboxes/{id}/export", get(c::export_handler))
+        .route("/v1/checkpoints", get(c::list_handler))
+        .route("/v1/checkpoints/{id}", get(c::get_handler).delete(c::delete_handler))
+        .route("/v1/fork", post(c::fork_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
         .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
         .route("/v1/sandboxes/{id}/processes", get(p::list_processes_handler).post(p::start_process_handler))
@@ -198,6 +206,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
 
+    // The token exists before any listener does, so a client that sees the socket can read it.
+    let token = match cfg.listen {
+        Some(_) => Some(Arc::new(ensure_token(&cfg.state_dir)?)),
+        None => None,
+    };
     if let Some(parent) = cfg.socket.parent() {
         std::fs::create_dir_all(parent).map_err(io_err("create socket directory", parent))?;
     }
@@ -220,8 +233,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
-    if let Some(addr) = cfg.listen {
-        let token = Arc::new(ensure_token(&cfg.state_dir)?);
+    if let (Some(addr), Some(token)) = (cfg.listen, token) {
         let tcp = tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
         let tcp_app = app.clone().layer(middleware::from_fn_with_state(token, require_token));

@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{events, files, images, processes, sandboxes};
+use crate::{checkpoints, events, files, images, processes, sandboxes};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -14,6 +14,8 @@ use crate::{events, files, images, processes, sandboxes};
         processes::logs_handler, processes::signal_handler, processes::stdin_handler, processes::wait_handler,
         files::download_handler, files::upload_handler, files::stat_handler, files::list_handler, files::mkdir_handler, files::remove_handler, files::move_handler,
         images::import_handler, images::pull_handler, images::list_handler, images::get_handler, images::remove_handler,
+        checkpoints::create_handler, checkpoints::list_for_sandbox_handler, checkpoints::list_handler, checkpoints::get_handler, checkpoints::delete_handler,
+        checkpoints::fork_handler, checkpoints::restore_handler, checkpoints::diff_handler, checkpoints::export_handler,
         events::events_handler, events::info_handler, events::doctor_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState))

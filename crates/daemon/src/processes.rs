@@ -241,6 +241,8 @@ fn exec_spec(rec: &SandboxRecord, req: &ExecRequest) -> ExecSpec {
             env.insert(k.to_string(), v.to_string());
         }
     }
+    env.insert("STRATA_SANDBOX_ID".into(), rec.sandbox.id.clone());
+    env.insert("STRATA_FORK_GENERATION".into(), rec.sandbox.fork_generation.to_string());
     env.extend(rec.sandbox.env.clone());
     env.extend(req.env.clone());
     ExecSpec {

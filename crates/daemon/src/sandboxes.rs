@@ -102,7 +102,15 @@ fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
         rootfs_dir: dir.join("rootfs"),
         limits: rec.sandbox.limits.clone(),
         log_path: dir.join("init.log"),
+        machine_id: machine_id(&rec.sandbox.id),
+        fork_generation: rec.sandbox.fork_generation,
     })
+}
+
+/// A sandbox's /etc/machine-id: stable across its restarts, different for every sandbox (and fork).
+fn machine_id(id: &str) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(format!("strata machine-id {id}").as_bytes())[..16])
 }
 
 fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
@@ -138,10 +146,45 @@ async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Acti
 
 /// Creates and starts a sandbox.
 pub async fn create(st: &Shared, req: CreateSandboxRequest) -> ApiResult<Sandbox> {
-    let image = st
-        .db
-        .get_image(&req.source)?
-        .ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {:?} (see `strata image ls`)", req.source)))?;
+    create_with(st, req, Lineage::default()).await
+}
+
+/// Where a new sandbox's filesystem comes from beyond its source, for forks.
+#[derive(Debug, Default, Clone)]
+pub struct Lineage {
+    /// Fork generation of the new sandbox.
+    pub fork_generation: u32,
+}
+
+/// The layer chain, image identity and defaults a sandbox starts from: an image,
+/// or a checkpoint (whose id becomes the sandbox's base and head).
+pub struct Source {
+    /// Image or checkpoint name shown as the sandbox's source.
+    pub name: String,
+    /// Image id at the bottom of the chain.
+    pub image_id: String,
+    /// Layers, bottom first.
+    pub layers: Vec<String>,
+    /// Process defaults.
+    pub config: strata_api::ImageConfig,
+    /// The checkpoint, when the source is one.
+    pub checkpoint: Option<String>,
+}
+
+/// Resolves a source name: an image first, then a checkpoint.
+pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
+    if let Some(image) = st.db.get_image(name)? {
+        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None });
+    }
+    if let Some((c, config)) = st.db.get_checkpoint(name)? {
+        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id) });
+    }
+    Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image or checkpoint named {name:?} (see `strata image ls`, `strata checkpoint ls`)")))
+}
+
+/// Creates and starts a sandbox with the given lineage.
+pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> ApiResult<Sandbox> {
+    let source = resolve_source(st, &req.source)?;
     let id = ids::new_id();
     let name = match &req.name {
         Some(n) => {
@@ -176,8 +219,8 @@ pub async fn create(st: &Shared, req: CreateSandboxRequest) -> ApiResult<Sandbox
             state: SandboxState::Creating,
             state_reason: "user".into(),
             state_detail: None,
-            source: image.name.clone(),
-            image_id: image.id.clone(),
+            source: source.name.clone(),
+            image_id: source.image_id.clone(),
             runtime: st.runtime.name().into(),
             lifecycle: req.lifecycle,
             created_at: time.clone(),
@@ -190,10 +233,13 @@ pub async fn create(st: &Shared, req: CreateSandboxRequest) -> ApiResult<Sandbox
             labels: req.labels.clone(),
             init_pid: None,
             oom_kills: 0,
+            base_checkpoint: source.checkpoint.clone(),
+            head_checkpoint: source.checkpoint.clone(),
+            fork_generation: lineage.fork_generation,
         },
-        layers: image.layers.iter().map(|l| l.digest.clone()).collect(),
+        layers: source.layers,
         init_start_time: None,
-        image_config: image.config.clone(),
+        image_config: source.config,
     };
     let lock = st.lock_for(&id);
     let _g = lock.lock().await;
@@ -219,7 +265,8 @@ pub async fn stop(st: &Shared, id: &str, reason: &str, grace: Duration) -> ApiRe
     stop_locked(st, &rec, reason, grace).await
 }
 
-async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: Duration) -> ApiResult<SandboxEvent> {
+/// Stops a sandbox whose operation lock the caller holds.
+pub async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: Duration) -> ApiResult<SandboxEvent> {
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Stop)?;

@@ -112,11 +112,13 @@ fn is_opaque(dir: BorrowedFd<'_>) -> bool {
     sys::fgetxattr(dir, OPAQUE_XATTR).is_ok_and(|v| v == b"y")
 }
 
-/// Records every entry below `root` (not `root` itself).
-pub fn scan(root: &Path) -> Result<TreeManifest, ImageError> {
+/// Records every entry below `root` (not `root` itself), leaving out the
+/// relative paths in `exclude` (and everything below them).
+pub fn scan(root: &Path, exclude: &[&str]) -> Result<TreeManifest, ImageError> {
     let dir = sys::open_dir_path(root).map_err(io_err(root))?;
     let mut m = TreeManifest::default();
     scan_dir(root, dir.as_fd(), "", 0, &mut m)?;
+    m.entries.retain(|p, _| !exclude.iter().any(|x| p == x || (p.starts_with(x) && p.as_bytes().get(x.len()) == Some(&b'/'))));
     Ok(m)
 }
 
@@ -414,7 +416,7 @@ mod tests {
         fs::create_dir(upper.join("old")).unwrap();
         opaque(&upper.join("old"));
         let lowers = vec![lower.clone()];
-        let m1 = scan(&upper).unwrap();
+        let m1 = scan(&upper, &[]).unwrap();
         let d1 = diff(&TreeManifest::default(), &m1, &lowers);
         let summary: Vec<(String, ChangeKind)> = d1.iter().map(|c| (c.path.clone(), c.change)).collect();
         assert!(summary.contains(&("/etc/os".into(), ChangeKind::Modified)), "{summary:?}");
@@ -437,7 +439,8 @@ mod tests {
         fs::write(upper.join("app/src/main.py"), "print(2)").unwrap();
         fs::remove_file(upper.join("app/link")).unwrap();
         fs::write(upper.join("app/new.txt"), "n").unwrap();
-        let m2 = scan(&upper).unwrap();
+        fs::write(upper.join("etc/skipped"), "managed elsewhere").unwrap();
+        let m2 = scan(&upper, &["etc/skipped"]).unwrap();
         let d2 = diff(&m1, &m2, &lowers);
         let summary: Vec<(String, ChangeKind)> = d2.iter().map(|c| (c.path.clone(), c.change)).collect();
         assert_eq!(

@@ -118,6 +118,9 @@ pub trait Runtime: Send + Sync {
     /// Releases host resources (cgroups) of a sandbox with no processes left.
     fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError>;
 
+    /// Freezes (`true`) or thaws every process of the sandbox (memory kept, no CPU).
+    fn set_frozen(&self, sandbox_id: &str, frozen: bool) -> Result<(), RuntimeError>;
+
     /// Current resource counters.
     fn usage(&self, sandbox_id: &str) -> ResourceUsage;
 

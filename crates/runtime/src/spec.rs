@@ -25,6 +25,10 @@ pub struct SandboxSpec {
     pub limits: ResourceLimits,
     /// Where init's own diagnostics go before it closes its descriptors.
     pub log_path: PathBuf,
+    /// Written to /etc/machine-id (32 hex characters, unique per sandbox).
+    pub machine_id: String,
+    /// Fork generation, written to /run/strata/generation.
+    pub fork_generation: u32,
 }
 
 /// One process to run inside a sandbox.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Image, ImageConfig, LayerInfo, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxState};
+use strata_api::{Checkpoint, Image, ImageConfig, LayerInfo, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxState};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +87,27 @@ pub const MIGRATIONS: &[&str] = &[
         duration_ms INTEGER NOT NULL
     );
     CREATE INDEX events_by_sandbox ON events(sandbox_id, seq);",
+    // 2: checkpoints and lineage
+    "CREATE TABLE checkpoints (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        sandbox_id TEXT NOT NULL,
+        parent TEXT,
+        layer TEXT NOT NULL,
+        layer_size INTEGER NOT NULL,
+        layers TEXT NOT NULL,
+        image TEXT NOT NULL,
+        image_id TEXT NOT NULL,
+        image_config TEXT NOT NULL,
+        changed_paths INTEGER NOT NULL,
+        labels TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        frozen_ms INTEGER NOT NULL,
+        duration_ms INTEGER NOT NULL
+    );
+    ALTER TABLE sandboxes ADD COLUMN base_checkpoint TEXT;
+    ALTER TABLE sandboxes ADD COLUMN head_checkpoint TEXT;
+    ALTER TABLE sandboxes ADD COLUMN fork_generation INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -141,7 +162,7 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation";
 
 fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbError>> {
     let limits: String = r.get(12)?;
@@ -150,6 +171,9 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     let layers: String = r.get(19)?;
     let image_config: String = r.get(20)?;
     let ttl: Option<String> = r.get(21)?;
+    let base_checkpoint: Option<String> = r.get(22)?;
+    let head_checkpoint: Option<String> = r.get(23)?;
+    let fork_generation: i64 = r.get(24)?;
     let lifecycle: String = r.get(8)?;
     let state: String = r.get(2)?;
     let build = || -> Result<SandboxRecord, DbError> {
@@ -174,11 +198,44 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 labels: parse(&labels, "labels")?,
                 init_pid: r.get(16)?,
                 oom_kills: r.get::<_, i64>(18)? as u64,
+                base_checkpoint,
+                head_checkpoint,
+                fork_generation: fork_generation as u32,
             },
             init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
             image_config: parse(&image_config, "image_config")?,
         })
+    };
+    Ok(build())
+}
+
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms";
+
+fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
+    let layers: String = r.get(6)?;
+    let config: String = r.get(9)?;
+    let labels: String = r.get(11)?;
+    let build = || -> Result<(Checkpoint, ImageConfig), DbError> {
+        Ok((
+            Checkpoint {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                sandbox_id: r.get(2)?,
+                parent: r.get(3)?,
+                layer: r.get(4)?,
+                layer_size: r.get::<_, i64>(5)? as u64,
+                layers: parse(&layers, "layers")?,
+                image: r.get(7)?,
+                image_id: r.get(8)?,
+                changed_paths: r.get::<_, i64>(10)? as u64,
+                labels: parse(&labels, "labels")?,
+                created_at: r.get(12)?,
+                frozen_ms: r.get::<_, i64>(13)? as u64,
+                duration_ms: r.get::<_, i64>(14)? as u64,
+            },
+            parse(&config, "image_config")?,
+        ))
     };
     Ok(build())
 }
@@ -287,12 +344,12 @@ impl Db {
         let tx = conn.transaction()?;
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
-                json(&rec.layers), json(&rec.image_config), s.ttl
+                json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -381,6 +438,57 @@ impl Db {
         rows.map(|r| r?).collect()
     }
 
+    // ---- checkpoints ----
+
+    /// Records a checkpoint and makes it the sandbox's head, atomically.
+    pub fn insert_checkpoint(&self, c: &Checkpoint, image_config: &ImageConfig) -> Result<(), DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            params![
+                c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
+                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64
+            ],
+        )
+        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
+        tx.execute("UPDATE sandboxes SET head_checkpoint = ?1 WHERE id = ?2", params![c.id, c.sandbox_id])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Finds a checkpoint by id, name or unique id prefix (4+ hex characters), with its image config.
+    pub fn get_checkpoint(&self, id_or_name: &str) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1 OR name = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC, name = ?1 DESC LIMIT 2"))?;
+        let rows: Vec<(Checkpoint, ImageConfig)> = stmt.query_map(params![id_or_name], checkpoint_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
+        let exact = rows.first().is_some_and(|(c, _)| c.id == id_or_name || c.name == id_or_name);
+        Ok(if exact || rows.len() == 1 { rows.into_iter().next() } else { None })
+    }
+
+    /// Checkpoints (of one sandbox, or all), oldest first.
+    pub fn list_checkpoints(&self, sandbox_id: Option<&str>) -> Result<Vec<Checkpoint>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id"))?;
+        let rows = stmt.query_map(params![sandbox_id], checkpoint_from_row)?;
+        rows.map(|r| r?.map(|(c, _)| c)).collect()
+    }
+
+    /// Deletes a checkpoint record. Returns whether it existed.
+    pub fn delete_checkpoint(&self, id: &str) -> Result<bool, DbError> {
+        Ok(self.conn().execute("DELETE FROM checkpoints WHERE id = ?1", params![id])? > 0)
+    }
+
+    /// Points a sandbox at a new layer chain (restore), atomically with its lineage pointers.
+    pub fn set_chain(&self, id: &str, layers: &[String], image_config: &ImageConfig, base: Option<&str>, head: Option<&str>) -> Result<(), DbError> {
+        self.conn().execute(
+            "UPDATE sandboxes SET layers = ?1, image_config = ?2, base_checkpoint = ?3, head_checkpoint = ?4 WHERE id = ?5",
+            params![json(&layers), json(image_config), base, head, id],
+        )?;
+        Ok(())
+    }
+
     /// Events, optionally of one sandbox, with `seq > after`, oldest first, at most `limit`.
     pub fn events(&self, sandbox_id: Option<&str>, after: i64, limit: u32) -> Result<Vec<SandboxEvent>, DbError> {
         let conn = self.conn();
@@ -447,6 +555,9 @@ mod tests {
                 labels: BTreeMap::new(),
                 init_pid: None,
                 oom_kills: 0,
+                base_checkpoint: None,
+                head_checkpoint: None,
+                fork_generation: 0,
             },
             layers: vec!["sha256:00".into()],
             init_start_time: None,

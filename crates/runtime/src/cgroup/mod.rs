@@ -114,6 +114,41 @@ impl SandboxCgroup {
         self.dirs.iter().map(|d| d.join(name)).collect()
     }
 
+    /// Freezes (`true`) or thaws every task of the cgroup and waits until the
+    /// kernel reports the new state (at most `timeout`).
+    pub fn set_frozen(&self, frozen: bool, timeout: std::time::Duration) -> Result<(), CgroupError> {
+        let deadline = std::time::Instant::now() + timeout;
+        match self.version {
+            CgroupVersion::V1 => {
+                let Some(d) = self.dirs.iter().find(|d| d.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == "freezer")) else {
+                    return Err(CgroupError::Io { path: self.dirs.first().cloned().unwrap_or_default(), source: io::Error::new(io::ErrorKind::Unsupported, "no freezer hierarchy") });
+                };
+                let f = d.join("freezer.state");
+                let want = if frozen { "FROZEN" } else { "THAWED" };
+                write(&f, want)?;
+                // FREEZING means some tasks are still on their way: wait for FROZEN.
+                while fs::read_to_string(&f).map_err(|source| CgroupError::Io { path: f.clone(), source })?.trim() != want {
+                    if std::time::Instant::now() > deadline {
+                        return Err(CgroupError::Io { path: f, source: io::Error::new(io::ErrorKind::TimedOut, format!("not {want} in time")) });
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+            CgroupVersion::V2 => {
+                let d = &self.dirs[0];
+                write(&d.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
+                let want = if frozen { 1 } else { 0 };
+                while read_keyed(&d.join("cgroup.events"), "frozen") != Some(want) {
+                    if std::time::Instant::now() > deadline {
+                        return Err(CgroupError::Io { path: d.join("cgroup.events"), source: io::Error::new(io::ErrorKind::TimedOut, "freezer did not settle in time") });
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// OOM kills, memory and task counts.
     pub fn usage(&self) -> crate::ResourceUsage {
         match self.version {

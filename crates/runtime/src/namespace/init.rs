@@ -101,7 +101,7 @@ fn pid1(cfg: InitConfig) -> ! {
         nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
         mounts::loopback_up()?;
         mounts::pivot_into(&spec.rootfs_dir)?;
-        mounts::write_identity_files(&spec.hostname)?;
+        mounts::write_identity_files(&spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
         Ok(())
     };
     if let Err(message) = setup() {

@@ -211,6 +211,10 @@ impl Runtime for NamespaceRuntime {
         }
     }
 
+    fn set_frozen(&self, sandbox_id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        Ok(self.cgroup(sandbox_id).set_frozen(frozen, Duration::from_secs(10))?)
+    }
+
     fn usage(&self, sandbox_id: &str) -> ResourceUsage {
         self.cgroup(sandbox_id).usage()
     }

@@ -135,28 +135,49 @@ pub fn pivot_into(root: &Path) -> SetupResult<()> {
     Ok(())
 }
 
-/// Writes /etc/hostname and makes /etc/hosts name the sandbox (after pivot_root,
-/// so symlinks in the image resolve inside the sandbox).
-pub fn write_identity_files(hostname: &str) -> SetupResult<()> {
+/// Paths (relative to the sandbox root) that strata manages per sandbox: they
+/// live on the /run/strata tmpfs (bind-mounted over /etc), are regenerated at
+/// every start, and are never captured in diffs, exports or checkpoints.
+pub const IDENTITY_PATHS: [&str; 4] = ["etc/hostname", "etc/hosts", "etc/machine-id", "run/strata"];
+
+/// Gives the sandbox its identity (after pivot_root, so symlinks in the image
+/// resolve inside the sandbox): a tmpfs at /run/strata holding sandbox-id,
+/// generation, hostname, hosts and machine-id, the last three bind-mounted over
+/// /etc/hostname, /etc/hosts and /etc/machine-id. Forks get fresh values here,
+/// and nothing of it lands in the writable layer.
+pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, generation: u32) -> SetupResult<()> {
+    fs::create_dir_all("/run/strata").map_err(ctx("mkdir /run/strata"))?;
+    mnt("tmpfs", Path::new("/run/strata"), Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("mode=755,size=1m"))?;
+    let put = |name: &str, content: String| fs::write(format!("/run/strata/{name}"), content).map_err(ctx(format!("write /run/strata/{name}")));
+    put("sandbox-id", format!("{sandbox_id}\n"))?;
+    put("generation", format!("{generation}\n"))?;
     let etc = Path::new("/etc");
     if !etc.is_dir() {
         return Ok(());
     }
-    fs::write("/etc/hostname", format!("{hostname}\n")).map_err(ctx("write /etc/hostname"))?;
     let hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
-    let line = format!("127.0.1.1\t{hostname}");
-    if !hosts.lines().any(|l| l.trim() == line) {
-        let mut new = String::new();
-        if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
-            new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
-        }
-        for l in hosts.lines().filter(|l| !l.starts_with("127.0.1.1")) {
-            new.push_str(l);
-            new.push('\n');
-        }
-        new.push_str(&line);
+    let mut new = String::new();
+    if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
+        new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    }
+    for l in hosts.lines().filter(|l| !l.starts_with("127.0.1.1")) {
+        new.push_str(l);
         new.push('\n');
-        fs::write("/etc/hosts", new).map_err(ctx("write /etc/hosts"))?;
+    }
+    new.push_str(&format!("127.0.1.1\t{hostname}\n"));
+    put("hosts", new)?;
+    put("hostname", format!("{hostname}\n"))?;
+    put("machine-id", format!("{machine_id}\n"))?;
+    for name in ["hostname", "hosts", "machine-id"] {
+        let target = etc.join(name);
+        match fs::symlink_metadata(&target) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => continue, // a symlink or directory in the image: leave it alone
+            Err(_) => {
+                fs::write(&target, b"").map_err(ctx(format!("create /etc/{name}")))?;
+            }
+        }
+        mount(Some(format!("/run/strata/{name}").as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx(format!("bind /etc/{name}")))?;
     }
     Ok(())
 }

@@ -1,0 +1,140 @@
+//! Checkpoints, forks, restores and change sets.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::{Lifecycle, ResourceLimits};
+
+/// Request body of `POST /v1/sandboxes/{id}/checkpoints`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointRequest {
+    /// Unique name (default: `<sandbox name>-<short id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// An immutable point in a sandbox's history: its filesystem as a chain of layers.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Checkpoint {
+    /// Id (hex).
+    pub id: String,
+    /// Unique name.
+    pub name: String,
+    /// The sandbox it was taken from.
+    pub sandbox_id: String,
+    /// The previous checkpoint in its lineage, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The layer this checkpoint added (`sha256:<hex>` of its tar).
+    pub layer: String,
+    /// Bytes in that layer.
+    pub layer_size: u64,
+    /// The whole chain, bottom first (image layers, then checkpoint layers).
+    pub layers: Vec<String>,
+    /// Name of the image at the bottom of the chain.
+    pub image: String,
+    /// Its id.
+    pub image_id: String,
+    /// Paths changed since the parent.
+    pub changed_paths: u64,
+    /// Free-form labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// RFC 3339 time.
+    pub created_at: String,
+    /// How long the sandbox was frozen (0 when it was not running), in milliseconds.
+    pub frozen_ms: u64,
+    /// Total time to take it, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// Request body of `POST /v1/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ForkRequest {
+    /// A checkpoint (id or name), or a sandbox (id or name), which is checkpointed first.
+    pub source: String,
+    /// How many children (1 to the daemon's limit).
+    pub count: u32,
+    /// Children are named `<prefix>-<n>` (default: the source's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_prefix: Option<String>,
+    /// Lifecycle of the children.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    /// TTL of the children.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    /// Resource limits of each child (default: the source sandbox's, else none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ResourceLimits>,
+}
+
+/// Response of `POST /v1/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ForkResult {
+    /// The checkpoint the children started from.
+    pub checkpoint: String,
+    /// The children's ids, in order.
+    pub sandboxes: Vec<String>,
+    /// Wall time until every child was running, in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/restore`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RestoreRequest {
+    /// Checkpoint id or name to roll back to.
+    pub checkpoint: String,
+    /// Checkpoint the current state first (else it is discarded).
+    #[serde(default)]
+    pub keep_current: bool,
+}
+
+/// Response of `POST /v1/sandboxes/{id}/restore`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RestoreResult {
+    /// The sandbox after the restore.
+    pub sandbox: crate::Sandbox,
+    /// The checkpoint of the discarded state, with `keep_current`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<Checkpoint>,
+}
+
+/// How a path changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// New.
+    Added,
+    /// Changed.
+    Modified,
+    /// Removed.
+    Deleted,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileChange {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// How it changed.
+    pub change: ChangeKind,
+    /// Kind of entry (`file`, `dir`, `symlink`, `whiteout`, `other`).
+    pub kind: String,
+    /// Size now, in bytes.
+    pub size: u64,
+}
+
+/// Query of `GET /v1/sandboxes/{id}/diff` and `/export`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct DiffQuery {
+    /// Compare against this checkpoint (default: the sandbox's last checkpoint,
+    /// else the image or checkpoint it was created from).
+    #[serde(default)]
+    pub against: Option<String>,
+}

@@ -1,0 +1,402 @@
+//! Checkpoints, restores, forks and change sets (diff/export).
+//!
+//! A checkpoint seals what changed in a sandbox's private writable layer since
+//! its last checkpoint into a new content-addressed layer. The sandbox is frozen
+//! (cgroup freezer) while the change set is read, so cost follows the bytes
+//! changed, not the size of the root filesystem. The layer is written to the
+//! store first (staged, then renamed), then the checkpoint row and the
+//! sandbox's new head are committed in one transaction: a crash leaves either no
+//! visible checkpoint (and an unreferenced layer for GC) or a complete one. The
+//! sandbox keeps running on its writable layer; the manifest of that layer at
+//! checkpoint time (`manifests/<checkpoint>.json`) makes the next checkpoint
+//! incremental.
+
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use strata_api::{
+    ChangeKind, Checkpoint, CheckpointRequest, CreateSandboxRequest, DiffQuery, ErrorCode, FileChange, ForkRequest, ForkResult, RestoreRequest, RestoreResult,
+    SandboxState,
+};
+use strata_core::ids;
+use strata_image::changes::{self, TreeManifest};
+use strata_store::db::SandboxRecord;
+use tracing::{info, warn};
+
+use crate::error::{ApiError, ApiResult};
+use crate::sandboxes::{self, load, now};
+use crate::state::Shared;
+
+/// Most children one fork request may create.
+pub const MAX_FORK: u32 = 64;
+
+fn manifest_path(st: &Shared, sandbox_id: &str, checkpoint_id: &str) -> PathBuf {
+    st.sandbox_dir(sandbox_id).join("manifests").join(format!("{checkpoint_id}.json"))
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint with id or name {name:?}"))
+}
+
+/// What the next checkpoint of `rec` builds on: the chain below its new layer,
+/// the manifest of the writable layer at the last checkpoint (empty when the
+/// layer is fresh), and the parent checkpoint.
+struct Base {
+    chain: Vec<String>,
+    manifest: TreeManifest,
+    parent: Option<String>,
+}
+
+fn base_of(st: &Shared, rec: &SandboxRecord) -> ApiResult<Base> {
+    let parent = rec.sandbox.head_checkpoint.clone();
+    if let Some(head) = &parent {
+        let p = manifest_path(st, &rec.sandbox.id, head);
+        if let (Ok(bytes), Some((c, _))) = (std::fs::read(&p), st.db.get_checkpoint(head)?) {
+            let manifest = serde_json::from_slice(&bytes).map_err(|e| ApiError::internal("checkpoint manifest", &e))?;
+            return Ok(Base { chain: c.layers, manifest, parent });
+        }
+    }
+    Ok(Base { chain: rec.layers.clone(), manifest: TreeManifest::default(), parent })
+}
+
+fn lowers_top_first(st: &Shared, chain: &[String]) -> ApiResult<Vec<PathBuf>> {
+    chain.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| ApiError::internal("layer", &e))).collect()
+}
+
+/// Takes a checkpoint of a sandbox whose operation lock the caller holds.
+pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: CheckpointRequest) -> ApiResult<Checkpoint> {
+    let started = Instant::now();
+    let state = rec.sandbox.state;
+    if !matches!(state, SandboxState::Running | SandboxState::Stopped) {
+        return Err(ApiError::invalid_state(state, format!("cannot checkpoint sandbox {} while it is {state}", rec.sandbox.id)));
+    }
+    let id = ids::new_id();
+    let name = match req.name {
+        Some(n) => {
+            ids::validate_name(&n, false)?;
+            n
+        }
+        None => format!("{}-{}", rec.sandbox.name, &id[..8]),
+    };
+    if st.db.get_checkpoint(&name)?.is_some_and(|(c, _)| c.name == name) {
+        return Err(ApiError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists")));
+    }
+    let base = base_of(st, rec)?;
+    let classify_lowers = lowers_top_first(st, &base.chain)?;
+    let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
+    let manifest_file = manifest_path(st, &rec.sandbox.id, &id);
+    // Layer commit and the checkpoint row go together against concurrent garbage collection.
+    let _gc = st.image_lock.lock().await;
+    let (rt, layers, sid) = (st.runtime.clone(), st.layers.clone(), rec.sandbox.id.clone());
+    let running = state == SandboxState::Running;
+    let base_manifest = base.manifest.clone();
+    let sealed = tokio::task::spawn_blocking(move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64), ApiError> {
+        if running {
+            rt.set_frozen(&sid, true).map_err(|e| ApiError::internal("freeze", &e))?;
+        }
+        let frozen_at = Instant::now();
+        let result = seal(&upper, &base_manifest, &classify_lowers, &layers);
+        let frozen_ms = if running {
+            let ms = frozen_at.elapsed().as_millis() as u64;
+            if let Err(e) = rt.set_frozen(&sid, false) {
+                warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
+            }
+            ms
+        } else {
+            0
+        };
+        let (layer, now, changed) = result?;
+        Ok((layer, now, changed, frozen_ms))
+    })
+    .await
+    .map_err(|e| ApiError::internal("checkpoint task", &e))??;
+    let (layer, now_manifest, changed, frozen_ms) = sealed;
+    let json = serde_json::to_vec(&now_manifest).expect("manifest serializes");
+    std::fs::create_dir_all(manifest_file.parent().expect("has parent")).map_err(|e| ApiError::internal("manifest dir", &e))?;
+    strata_store::fsutil::write_atomic(&manifest_file, &json, 0o600).map_err(|e| ApiError::internal("write checkpoint manifest", &e))?;
+    let mut chain = base.chain;
+    chain.push(layer.digest.clone());
+    let ckpt = Checkpoint {
+        id,
+        name,
+        sandbox_id: rec.sandbox.id.clone(),
+        parent: base.parent,
+        layer: layer.digest.clone(),
+        layer_size: layer.size,
+        layers: chain,
+        image: image_name(st, rec),
+        image_id: rec.sandbox.image_id.clone(),
+        changed_paths: changed as u64,
+        labels: req.labels,
+        created_at: now(),
+        frozen_ms,
+        duration_ms: started.elapsed().as_millis() as u64,
+    };
+    if let Err(e) = st.db.insert_checkpoint(&ckpt, &rec.image_config) {
+        let _ = std::fs::remove_file(&manifest_file);
+        return Err(e.into());
+    }
+    if let Ok(ev) = st.db.record_event(&rec.sandbox.id, state, "checkpoint", Some(&format!("{} ({}, {} paths, {} bytes)", ckpt.id, ckpt.name, ckpt.changed_paths, ckpt.layer_size)), &ckpt.created_at) {
+        st.notify_events(ev.seq);
+    }
+    info!(sandbox = %rec.sandbox.id, checkpoint = %ckpt.id, bytes = ckpt.layer_size, frozen_ms, "checkpoint");
+    Ok(ckpt)
+}
+
+fn image_name(st: &Shared, rec: &SandboxRecord) -> String {
+    match rec.sandbox.base_checkpoint.as_deref().and_then(|c| st.db.get_checkpoint(c).ok().flatten()) {
+        Some((c, _)) => c.image,
+        None => rec.sandbox.source.clone(),
+    }
+}
+
+/// Reads the change set of `upper` since `base` and unpacks it as a new layer.
+fn seal(upper: &std::path::Path, base: &TreeManifest, lowers: &[PathBuf], store: &strata_store::LayerStore) -> ApiResult<(strata_image::ImportedLayer, TreeManifest, usize)> {
+    let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
+    let changed = changes::diff(base, &now, lowers).len();
+    let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
+    let layer = std::thread::scope(|s| {
+        let now = &now;
+        let producer = s.spawn(move || changes::write_layer_tar(upper, base, now, BufWriter::with_capacity(256 * 1024, writer)));
+        // The sandbox's own content: keep its modes as they are (no_new_privs makes setuid inert).
+        let opts = strata_image::ImportOptions { trusted: true, ..Default::default() };
+        let mut warnings = Vec::new();
+        let unpacked = strata_image::unpack_layer(reader, store, &opts, &mut warnings, &mut |_| {});
+        let produced = producer.join().map_err(|_| ApiError::new(ErrorCode::Internal, "layer writer panicked"))?;
+        produced?;
+        Ok::<_, ApiError>(unpacked?)
+    })?;
+    // The checkpoint is durable before it becomes visible.
+    if let Ok(f) = std::fs::File::open(store.root()) {
+        // SAFETY: syncfs on a descriptor we own.
+        unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    }
+    Ok((layer, now, changed))
+}
+
+/// Takes a checkpoint of a sandbox.
+pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> ApiResult<Checkpoint> {
+    let rec = load(st, sandbox)?;
+    let lock = st.lock_for(&rec.sandbox.id);
+    let _g = lock.lock().await;
+    let rec = load(st, &rec.sandbox.id)?;
+    checkpoint_locked(st, &rec, req).await
+}
+
+/// Rolls a sandbox back to a checkpoint (keeping the current state as a checkpoint first when asked).
+pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResult<RestoreResult> {
+    let rec = load(st, sandbox)?;
+    let (ckpt, config) = st.db.get_checkpoint(&req.checkpoint)?.ok_or_else(|| not_found(&req.checkpoint))?;
+    let lock = st.lock_for(&rec.sandbox.id);
+    let g = lock.lock().await;
+    let rec = load(st, &rec.sandbox.id)?;
+    let state = rec.sandbox.state;
+    if !matches!(state, SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost) {
+        return Err(ApiError::invalid_state(state, format!("cannot restore sandbox {} while it is {state}", rec.sandbox.id)));
+    }
+    let kept = if req.keep_current { Some(checkpoint_locked(st, &rec, CheckpointRequest::default()).await?) } else { None };
+    let rec = load(st, &rec.sandbox.id)?;
+    let was_running = state == SandboxState::Running;
+    if was_running {
+        sandboxes::stop_locked(st, &rec, "restore", std::time::Duration::ZERO).await?;
+    }
+    let dir = st.sandbox_dir(&rec.sandbox.id);
+    for sub in ["upper", "work", "manifests"] {
+        strata_store::fsutil::remove_dir_all_if_exists(&dir.join(sub)).map_err(|e| ApiError::internal("discard writable layer", &e))?;
+    }
+    st.db.set_chain(&rec.sandbox.id, &ckpt.layers, &config, Some(&ckpt.id), Some(&ckpt.id))?;
+    if let Ok(ev) = st.db.record_event(&rec.sandbox.id, load(st, &rec.sandbox.id)?.sandbox.state, "restore", Some(&format!("rolled back to {} ({})", ckpt.id, ckpt.name)), &now()) {
+        st.notify_events(ev.seq);
+    }
+    drop(g);
+    let sandbox = if was_running { sandboxes::start(st, &rec.sandbox.id).await? } else { load(st, &rec.sandbox.id)?.sandbox };
+    Ok(RestoreResult { sandbox, kept })
+}
+
+/// Forks `count` sandboxes from a checkpoint, or from a live sandbox (checkpointed first).
+pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
+    let started = Instant::now();
+    if req.count == 0 || req.count > MAX_FORK {
+        return Err(ApiError::bad_request(format!("fork count must be between 1 and {MAX_FORK}, got {}", req.count)));
+    }
+    let ckpt = match st.db.get_checkpoint(&req.source)? {
+        Some((c, _)) => c,
+        None => {
+            let rec = st.db.get_sandbox(&req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?;
+            checkpoint(st, &rec.sandbox.id, CheckpointRequest { name: None, labels: [("strata.fork".to_string(), "source".to_string())].into() }).await?
+        }
+    };
+    let parent = st.db.get_sandbox(&ckpt.sandbox_id)?;
+    let generation = parent.as_ref().map_or(0, |p| p.sandbox.fork_generation) + 1;
+    let prefix = req.name_prefix.clone().unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
+    let limits = req.limits.clone().or_else(|| parent.as_ref().map(|p| p.sandbox.limits.clone())).unwrap_or_default();
+    let mut names = Vec::new();
+    for i in 1..=req.count {
+        let mut n = format!("{prefix}-{i}");
+        if n.len() > 63 || ids::validate_name(&n, false).is_err() || st.db.get_sandbox(&n)?.is_some() {
+            n = format!("fork-{}", ids::new_id());
+        }
+        names.push(n);
+    }
+    let creates = names.into_iter().map(|name| {
+        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), ..Default::default() };
+        sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation })
+    });
+    let results = futures_util::future::join_all(creates).await;
+    let mut ids_out = Vec::new();
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(sb) => ids_out.push(sb.id),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        for id in &ids_out {
+            let _ = sandboxes::destroy(st, id, true, "fork_failed").await;
+        }
+        return Err(e);
+    }
+    Ok(ForkResult { checkpoint: ckpt.id, sandboxes: ids_out, duration_ms: started.elapsed().as_millis() as u64 })
+}
+
+/// The change set of a sandbox since its last checkpoint (or since what it was created from).
+fn change_set(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiResult<(std::path::PathBuf, TreeManifest, Vec<PathBuf>)> {
+    let base = base_of(st, rec)?;
+    if let Some(a) = against {
+        let (c, _) = st.db.get_checkpoint(a)?.ok_or_else(|| not_found(a))?;
+        if base.parent.as_deref() != Some(c.id.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "diffs are taken against the sandbox's last checkpoint ({}); {} is not it",
+                base.parent.as_deref().unwrap_or("none: the sandbox has no checkpoint"),
+                c.id
+            )));
+        }
+    }
+    if !matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost) {
+        return Err(ApiError::invalid_state(rec.sandbox.state, "the writable layer is not on local disk"));
+    }
+    Ok((st.sandbox_dir(&rec.sandbox.id).join("upper"), base.manifest, lowers_top_first(st, &rec.layers)?))
+}
+
+// ---- HTTP handlers ----
+
+/// Checkpoint a sandbox (running sandboxes are frozen briefly).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", request_body = CheckpointRequest, params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 201, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn create_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<CheckpointRequest>) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
+    Ok((StatusCode::CREATED, Json(checkpoint(&st, &id, req).await?)))
+}
+
+/// Checkpoints of one sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = [Checkpoint]), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn list_for_sandbox_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Vec<Checkpoint>>> {
+    let rec = load(&st, &id)?;
+    Ok(Json(st.db.list_checkpoints(Some(&rec.sandbox.id))?))
+}
+
+/// All checkpoints.
+#[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", responses((status = 200, body = [Checkpoint])))]
+pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Checkpoint>>> {
+    Ok(Json(st.db.list_checkpoints(None)?))
+}
+
+/// Inspect a checkpoint.
+#[utoipa::path(get, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
+    responses((status = 200, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Checkpoint>> {
+    Ok(Json(st.db.get_checkpoint(&id)?.ok_or_else(|| not_found(&id))?.0))
+}
+
+/// Delete a checkpoint (409 naming the sandboxes and checkpoints that still build on it).
+#[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
+    responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let _g = st.image_lock.lock().await;
+    let (c, _) = st.db.get_checkpoint(&id)?.ok_or_else(|| not_found(&id))?;
+    let mut dependents: Vec<String> = st
+        .db
+        .list_sandboxes()?
+        .into_iter()
+        .filter(|s| s.sandbox.base_checkpoint.as_deref() == Some(c.id.as_str()) || s.sandbox.head_checkpoint.as_deref() == Some(c.id.as_str()))
+        .map(|s| format!("sandbox {}", s.sandbox.id))
+        .collect();
+    dependents.extend(st.db.list_checkpoints(None)?.into_iter().filter(|x| x.parent.as_deref() == Some(c.id.as_str())).map(|x| format!("checkpoint {}", x.id)));
+    if !dependents.is_empty() {
+        let mut e = ApiError::new(ErrorCode::InUse, format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")));
+        e.body.dependents = dependents;
+        return Err(e);
+    }
+    st.db.delete_checkpoint(&c.id)?;
+    let _ = std::fs::remove_file(manifest_path(&st, &c.sandbox_id, &c.id));
+    crate::images::gc_layers(&st)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Fork N sandboxes from a checkpoint or a live sandbox.
+#[utoipa::path(post, path = "/v1/fork", tag = "checkpoints", request_body = ForkRequest,
+    responses((status = 201, body = ForkResult), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn fork_handler(State(st): State<Shared>, Json(req): Json<ForkRequest>) -> ApiResult<(StatusCode, Json<ForkResult>)> {
+    Ok((StatusCode::CREATED, Json(fork(&st, req).await?)))
+}
+
+/// Roll a sandbox back to a checkpoint.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", tag = "checkpoints", request_body = RestoreRequest, params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = RestoreResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn restore_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> ApiResult<Json<RestoreResult>> {
+    Ok(Json(restore(&st, &id, req).await?))
+}
+
+/// Paths added, modified and deleted since the last checkpoint.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/diff", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
+    responses((status = 200, body = [FileChange]), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Json<Vec<FileChange>>> {
+    let rec = load(&st, &id)?;
+    let (upper, base, lowers) = change_set(&st, &rec, q.against.as_deref())?;
+    let list = tokio::task::spawn_blocking(move || -> ApiResult<Vec<FileChange>> {
+        let now = changes::scan(&upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
+        Ok(changes::diff(&base, &now, &lowers)
+            .into_iter()
+            .map(|c| FileChange {
+                path: c.path,
+                change: match c.change {
+                    changes::ChangeKind::Added => ChangeKind::Added,
+                    changes::ChangeKind::Modified => ChangeKind::Modified,
+                    changes::ChangeKind::Deleted => ChangeKind::Deleted,
+                },
+                kind: serde_json::to_value(c.kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+                size: c.size,
+            })
+            .collect())
+    })
+    .await
+    .map_err(|e| ApiError::internal("diff task", &e))??;
+    Ok(Json(list))
+}
+
+/// The same change set as an OCI layer tar (deletions as `.wh.` entries).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/export", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
+    responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Response> {
+    let rec = load(&st, &id)?;
+    let (upper, base, _) = change_set(&st, &rec, q.against.as_deref())?;
+    let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {
+        let now = changes::scan(&upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
+        let mut out = Vec::new();
+        changes::write_layer_tar(&upper, &base, &now, &mut out)?;
+        Ok(out)
+    })
+    .await
+    .map_err(|e| ApiError::internal("export task", &e))??;
+    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-tar").body(Body::from(data)).expect("valid response"))
+}
+
