@@ -163,7 +163,7 @@ fn seal(upper: &std::path::Path, base: &TreeManifest, lowers: &[PathBuf], store:
     let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
     let layer = std::thread::scope(|s| {
         let now = &now;
-        let producer = s.spawn(move || changes::write_layer_tar(upper, base, now, BufWriter::with_capacity(256 * 1024, writer)));
+        let producer = s.spawn(move || changes::write_layer_tar(upper, base, now, lowers, BufWriter::with_capacity(256 * 1024, writer)));
         // The sandbox's own content: keep its modes as they are (no_new_privs makes setuid inert).
         let opts = strata_image::ImportOptions { trusted: true, ..Default::default() };
         let mut warnings = Vec::new();
@@ -388,11 +388,11 @@ pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
     responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Response> {
     let rec = load(&st, &id)?;
-    let (upper, base, _) = change_set(&st, &rec, q.against.as_deref())?;
+    let (upper, base, lowers) = change_set(&st, &rec, q.against.as_deref())?;
     let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {
         let now = changes::scan(&upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
         let mut out = Vec::new();
-        changes::write_layer_tar(&upper, &base, &now, &mut out)?;
+        changes::write_layer_tar(&upper, &base, &now, &lowers, &mut out)?;
         Ok(out)
     })
     .await

@@ -225,7 +225,9 @@ pub fn diff(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf
 /// layer tar: changed entries (with their parent directories), `.wh.` entries for
 /// deletions and overlay whiteouts, `.wh..wh..opq` for opaque directories. Entry
 /// order and headers are deterministic, so equal changes give equal digests.
-pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, out: impl Write) -> Result<(), ImageError> {
+/// Directories that merely exist in `lowers_top_first` (copied up because
+/// something below them changed) are written only as parents of changed entries.
+pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf], out: impl Write) -> Result<(), ImageError> {
     let top = sys::open_dir_path(root).map_err(io_err(root))?;
     let mut b = tar::Builder::new(out);
     let mut emitted_dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
@@ -248,7 +250,8 @@ pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, out
             Some(old) if meta.kind == EntryKind::Dir => old.kind != EntryKind::Dir || old.opaque != meta.opaque,
             Some(old) => old != meta,
         };
-        if changed {
+        let only_a_parent = meta.kind == EntryKind::Dir && !meta.opaque && in_lowers(lowers_top_first, path) == Some(EntryKind::Dir);
+        if changed && !only_a_parent {
             items.insert(path.clone(), Some(meta));
         }
     }
@@ -426,13 +429,13 @@ mod tests {
         assert!(!summary.iter().any(|(p, _)| p == "/etc"), "unchanged parent dirs are not reported: {summary:?}");
 
         let mut tar1 = Vec::new();
-        write_layer_tar(&upper, &TreeManifest::default(), &m1, &mut tar1).unwrap();
+        write_layer_tar(&upper, &TreeManifest::default(), &m1, &lowers, &mut tar1).unwrap();
         let names: Vec<String> = tar::Archive::new(&tar1[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
         for want in ["etc/", "etc/os", "etc/.wh.gone", "app/src/main.py", "app/link", "old/", "old/.wh..wh..opq"] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
         }
         let mut again = Vec::new();
-        write_layer_tar(&upper, &TreeManifest::default(), &m1, &mut again).unwrap();
+        write_layer_tar(&upper, &TreeManifest::default(), &m1, &lowers, &mut again).unwrap();
         assert_eq!(tar1, again, "deterministic");
 
         // Second checkpoint: only what changed since m1.
@@ -448,7 +451,7 @@ mod tests {
             vec![("/app/link".into(), ChangeKind::Deleted), ("/app/new.txt".into(), ChangeKind::Added), ("/app/src/main.py".into(), ChangeKind::Added)]
         );
         let mut tar2 = Vec::new();
-        write_layer_tar(&upper, &m1, &m2, &mut tar2).unwrap();
+        write_layer_tar(&upper, &m1, &m2, &lowers, &mut tar2).unwrap();
         let names: Vec<String> = tar::Archive::new(&tar2[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
         assert_eq!(names, ["app/", "app/.wh.link", "app/new.txt", "app/src/", "app/src/main.py"]);
         assert!(diff(&m2, &m2, &lowers).is_empty());

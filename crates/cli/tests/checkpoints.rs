@@ -1,0 +1,162 @@
+//! Checkpoints, forks, restores, diffs and exports.
+
+mod common;
+
+use common::TestDaemon;
+use strata_api::{ErrorCode, ForkRequest};
+
+fn json(d: &TestDaemon, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&d.cli_ok(args)).unwrap()
+}
+
+#[test]
+fn checkpoints_are_incremental_and_forks_share_layers_with_fresh_identities() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    d.create(&["--name", "dev"]);
+    d.cli_ok(&["exec", "dev", "--", "sh", "-c", "mkdir /work && echo v1 > /work/a && echo b > /work/b && rm /bin/vi"]);
+    let c1 = json(&d, &["checkpoint", "dev", "--name", "c1", "--json"]);
+    assert!(c1["parent"].is_null());
+    assert_eq!(c1["layers"].as_array().unwrap().len(), 2, "image layer + checkpoint layer");
+    // Identity files managed by strata never show up as changes.
+    let diff = d.cli_ok(&["diff", "dev"]);
+    assert_eq!(diff, "", "nothing changed since c1");
+    d.cli_ok(&["exec", "dev", "--", "sh", "-c", "echo v2 > /work/a; rm /work/b; echo n > /root/n"]);
+    let changes: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "dev", "--json"])).unwrap();
+    let summary: Vec<(String, String)> = changes.iter().map(|c| (c["path"].as_str().unwrap().to_string(), c["change"].as_str().unwrap().to_string())).collect();
+    assert_eq!(summary, [("/root/n".to_string(), "added".to_string()), ("/work/a".into(), "added".into()), ("/work/b".into(), "deleted".into())]);
+    let c2 = json(&d, &["checkpoint", "dev", "--name", "c2", "--json"]);
+    assert_eq!(c2["parent"], c1["id"]);
+    assert_eq!(c2["changed_paths"], 3);
+    assert!(c2["layer_size"].as_u64().unwrap() < 100, "only the changed bytes: {c2}");
+
+    // Fork 3 from c2: each child sees c2's state, shares its layers, has its own identity.
+    let ids: Vec<String> = d.cli_ok(&["fork", "c2", "--count", "3"]).lines().map(str::to_string).collect();
+    assert_eq!(ids.len(), 3);
+    let mut machine_ids = std::collections::HashSet::new();
+    for (i, id) in ids.iter().enumerate() {
+        let out = d.cli_ok(&["exec", id, "--", "sh", "-c", "cat /work/a; test ! -e /work/b && test ! -e /bin/vi && echo gone; cat /run/strata/generation; echo $STRATA_FORK_GENERATION; hostname; cat /etc/machine-id"]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(&lines[..4], ["v2", "gone", "1", "1"], "{out}");
+        assert_eq!(lines[4], format!("dev-{}", i + 1));
+        machine_ids.insert(lines[5].to_string());
+        let info = json(&d, &["inspect", id, "--json"]);
+        assert_eq!(info["base_checkpoint"], c2["id"]);
+        assert_eq!(info["fork_generation"], 1);
+    }
+    machine_ids.insert(d.cli_ok(&["exec", "dev", "--", "cat", "/etc/machine-id"]).trim().to_string());
+    assert_eq!(machine_ids.len(), 4, "every sandbox has its own machine-id");
+    // Children write privately.
+    d.cli_ok(&["exec", &ids[0], "--", "sh", "-c", "echo mine > /work/a"]);
+    assert_eq!(d.cli_ok(&["exec", &ids[1], "--", "cat", "/work/a"]), "v2\n");
+    assert_eq!(d.cli_ok(&["exec", "dev", "--", "cat", "/work/a"]), "v2\n");
+    // No layer was copied for the forks: the store holds image + c1 + c2 layers only.
+    assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), 3);
+
+    // A child's next checkpoint continues the lineage.
+    let c3 = json(&d, &["checkpoint", &ids[0], "--json"]);
+    assert_eq!(c3["parent"], c2["id"]);
+    assert_eq!(c3["layers"].as_array().unwrap().len(), 4);
+    // Create from a checkpoint by name.
+    let from_c1 = d.cli_ok(&["create", "c1"]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &from_c1, "--", "cat", "/work/a", "/work/b"]), "v1\nb\n");
+}
+
+#[test]
+fn restore_rolls_back_in_place_and_can_keep_the_current_state() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    d.create(&["--name", "r"]);
+    d.cli_ok(&["exec", "r", "--", "sh", "-c", "echo good > /root/state"]);
+    d.cli_ok(&["checkpoint", "r", "--name", "good"]);
+    d.cli_ok(&["exec", "r", "--", "sh", "-c", "echo broken > /root/state; touch /root/junk"]);
+    let out = d.cli(&["restore", "r", "--to", "good", "--keep-current", "--json"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kept = r["kept"]["name"].as_str().unwrap().to_string();
+    assert_eq!(r["sandbox"]["state"], "running");
+    assert_eq!(d.cli_ok(&["exec", "r", "--", "sh", "-c", "cat /root/state; ls /root"]), "good\nstate\n");
+    // The discarded state is still reachable through the kept checkpoint.
+    let other = d.cli_ok(&["create", &kept]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &other, "--", "cat", "/root/state"]), "broken\n");
+    // Restore without keeping on a stopped sandbox leaves it stopped.
+    d.cli_ok(&["stop", "r"]);
+    d.cli_ok(&["restore", "r", "--to", "good"]);
+    assert_eq!(json(&d, &["inspect", "r", "--json"])["state"], "stopped");
+    let events = d.cli_ok(&["events", "r", "--json"]);
+    assert!(events.contains("\"reason\":\"restore\"") && events.contains("\"reason\":\"checkpoint\""), "{events}");
+}
+
+#[test]
+fn export_writes_exactly_the_change_set_with_deletions() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /out && echo result > /out/r.txt && rm /bin/vi && ln -s r.txt /out/link"]);
+    let work = tempfile::tempdir().unwrap();
+    let tar_path = work.path().join("changes.tar");
+    d.cli_ok(&["export", &id, "-o", tar_path.to_str().unwrap()]);
+    let mut ar = tar::Archive::new(std::fs::File::open(&tar_path).unwrap());
+    let mut names = Vec::new();
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        let p = e.path().unwrap().display().to_string();
+        if p == "out/r.txt" {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut e, &mut s).unwrap();
+            assert_eq!(s, "result\n");
+        }
+        names.push(p);
+    }
+    assert_eq!(names, ["bin/", "bin/.wh.vi", "out/", "out/link", "out/r.txt"], "deletions appear as whiteouts; identity files are not exported");
+}
+
+#[test]
+fn bad_checkpoint_and_fork_requests() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    let c = d.client();
+    let rt = common::rt();
+    let e = rt.block_on(c.checkpoint("nope", &Default::default())).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
+    let fork = |source: &str, count: u32| ForkRequest { source: source.into(), count, name_prefix: None, lifecycle: Default::default(), ttl: None, limits: None };
+    assert_eq!(rt.block_on(c.fork(&fork("nope", 1))).unwrap_err().code(), Some(ErrorCode::SandboxNotFound));
+    assert_eq!(rt.block_on(c.fork(&fork(&id, 0))).unwrap_err().code(), Some(ErrorCode::BadRequest));
+    assert_eq!(rt.block_on(c.fork(&fork(&id, 10_000))).unwrap_err().code(), Some(ErrorCode::BadRequest));
+    assert_eq!(rt.block_on(c.get_checkpoint("nope")).unwrap_err().code(), Some(ErrorCode::CheckpointNotFound));
+    // A sandbox that is not running or stopped cannot be checkpointed: 409 with its state.
+    let victim = d.create(&[]);
+    let pid = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()["init_pid"].as_i64().unwrap();
+    // SAFETY: killing a sandbox init we created.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(common::wait_until(10, || serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()["state"] == "lost"));
+    match rt.block_on(c.checkpoint(&victim, &Default::default())).unwrap_err() {
+        strata_client::ClientError::Api { status, body } => {
+            assert_eq!(status, 409);
+            assert_eq!(body.current_state, Some(strata_api::SandboxState::Lost));
+        }
+        other => panic!("{other}"),
+    }
+    // A checkpoint something still builds on cannot be deleted: 409 naming the dependents.
+    let ck = d.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let child = d.cli_ok(&["fork", &ck, "-n", "1"]).trim().to_string();
+    match rt.block_on(c.delete_checkpoint(&ck)).unwrap_err() {
+        strata_client::ClientError::Api { status, body } => {
+            assert_eq!(status, 409);
+            assert!(body.dependents.iter().any(|x| x.contains(&child)), "{:?}", body.dependents);
+        }
+        other => panic!("{other}"),
+    }
+    // Once nothing needs it, it goes, and so does its layer.
+    d.cli_ok(&["rm", "-f", &child, &id]);
+    let layers_before = std::fs::read_dir(d.state("layers/sha256")).unwrap().count();
+    d.cli_ok(&["checkpoint", "rm", &ck]);
+    assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), layers_before - 1);
+    let e = rt.block_on(c.diff(&victim, Some("nope"))).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::CheckpointNotFound));
+}
