@@ -342,12 +342,11 @@ fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &s
         return Ok(()); // vanished since the scan (only possible while not frozen)
     };
     match sys::file_type(&st) {
-        libc::S_IFDIR => {
-            if dirs.insert(path.to_string()) {
-                let mut h = header(&st, tar::EntryType::Directory, 0);
-                b.append_data(&mut h, format!("{path}/"), io::empty()).map_err(at)?;
-            }
+        libc::S_IFDIR if dirs.insert(path.to_string()) => {
+            let mut h = header(&st, tar::EntryType::Directory, 0);
+            b.append_data(&mut h, format!("{path}/"), io::empty()).map_err(at)?;
         }
+        libc::S_IFDIR => {}
         libc::S_IFREG => {
             let f: File = sys::open_read_at(dir, &c).map_err(io_err(root.join(path)))?;
             let st = sys::fstat(f.as_fd()).map_err(io_err(root.join(path)))?;
