@@ -11,6 +11,7 @@ pub mod host;
 pub mod image;
 pub mod process;
 pub mod sandbox;
+pub mod template;
 
 pub use checkpoint::*;
 pub use error::{ApiErrorBody, ErrorCode};
@@ -19,6 +20,7 @@ pub use host::*;
 pub use image::*;
 pub use process::*;
 pub use sandbox::*;
+pub use template::*;
 
 /// Version prefix of every native route.
 pub const API_PREFIX: &str = "/v1";

@@ -78,6 +78,9 @@ pub enum Command {
     Exec(ExecArgs),
     /// Checkpoint a sandbox (prints the checkpoint id), or manage checkpoints.
     Checkpoint(CheckpointArgs),
+    /// Manage templates (warm starting points).
+    #[command(subcommand)]
+    Template(TemplateCmd),
     /// Roll a sandbox back to a checkpoint.
     Restore {
         /// Sandbox id or name.
@@ -372,6 +375,47 @@ pub enum CheckpointCmd {
         /// Checkpoint ids or names.
         #[arg(required = true)]
         ids: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplateCmd {
+    /// Promote a checkpoint (or a sandbox, checkpointed first) to a template.
+    Create {
+        /// Template name.
+        name: String,
+        /// Checkpoint or sandbox.
+        #[arg(long)]
+        from: String,
+        /// Re-point an existing template.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Build a template from a build file (FROM, RUN, COPY, ENV, WORKDIR, USER); steps are cached.
+    Build {
+        /// Template name.
+        name: String,
+        /// Build file; COPY sources are relative to its directory.
+        #[arg(short, long)]
+        file: std::path::PathBuf,
+        /// Ignore the step cache.
+        #[arg(long)]
+        no_cache: bool,
+        /// JSON lines output (the build events).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List templates.
+    Ls {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove templates.
+    Rm {
+        /// Template names.
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 

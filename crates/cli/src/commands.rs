@@ -116,6 +116,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Proc(cmd) => proc_cmd(&c, cmd).await,
         Command::Checkpoint(a) => checkpoint_cmd(&c, a).await,
+        Command::Template(cmd) => template_cmd(&c, cmd).await,
         Command::Restore { id, to, keep_current, json } => {
             let r = c.restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current }).await?;
             if json {
@@ -598,6 +599,61 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
             }
         }
         Some(CheckpointCmd::Rm { ids }) => return each(ids, |i| async { c.delete_checkpoint(&i).await.map(|_| i) }).await,
+    }
+    Ok(0)
+}
+
+async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
+    match cmd {
+        TemplateCmd::Create { name, from, replace } => {
+            let t = c.create_template(&strata_api::CreateTemplateRequest { name, from, replace }).await?;
+            println!("{}", t.name);
+        }
+        TemplateCmd::Ls { json } => {
+            let list = c.list_templates().await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "CREATED"],
+                    list.iter().map(|t| vec![t.name.clone(), t.checkpoint.clone(), t.image.clone(), t.layers.to_string(), output::age(&t.created_at)]).collect(),
+                );
+            }
+        }
+        TemplateCmd::Rm { names } => return each(names, |n| async { c.delete_template(&n).await.map(|_| n) }).await,
+        TemplateCmd::Build { name, file, no_cache, json } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let context = std::fs::canonicalize(&file)?.parent().map(|p| p.display().to_string());
+            let mut events = c.build_template(&strata_api::BuildTemplateRequest { name, file: text, context, no_cache }).await?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            while let Some(ev) = events.next().await? {
+                if json {
+                    println!("{}", serde_json::to_string(&ev)?);
+                }
+                match ev {
+                    strata_api::BuildEvent::Step { index, count, instruction, cached } if !json => {
+                        eprintln!("[{index}/{count}] {instruction}{}", if cached { "  (cached)" } else { "" });
+                    }
+                    strata_api::BuildEvent::Output { stream, data_b64 } if !json => {
+                        let data = base64::Engine::decode(&b64, data_b64)?;
+                        match stream {
+                            strata_api::StreamKind::Stdout => std::io::stdout().write_all(&data)?,
+                            strata_api::StreamKind::Stderr => std::io::stderr().write_all(&data)?,
+                        }
+                    }
+                    strata_api::BuildEvent::Done { template, steps_run, steps_cached, duration_ms } => {
+                        if !json {
+                            eprintln!("built template {} ({steps_run} steps run, {steps_cached} cached, {duration_ms} ms)", template.name);
+                            println!("{}", template.name);
+                        }
+                        return Ok(0);
+                    }
+                    strata_api::BuildEvent::Failed { index, error } => bail!("build failed at step {index}: {} ({})", error.message, error.code),
+                    _ => {}
+                }
+            }
+            bail!("the daemon closed the build stream without a result");
+        }
     }
     Ok(0)
 }

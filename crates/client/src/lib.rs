@@ -344,6 +344,28 @@ impl Client {
         self.raw(Method::GET, &format!("/v1/sandboxes/{}/export{q}", enc(id)), Bytes::new()).await
     }
 
+    // ---- templates ----
+
+    /// Promotes a checkpoint or sandbox to a template.
+    pub async fn create_template(&self, req: &CreateTemplateRequest) -> Result<Template> {
+        self.call(Method::POST, "/v1/templates", Some(req)).await
+    }
+
+    /// Lists templates.
+    pub async fn list_templates(&self) -> Result<Vec<Template>> {
+        self.call::<(), _>(Method::GET, "/v1/templates", None).await
+    }
+
+    /// Removes a template.
+    pub async fn delete_template(&self, name: &str) -> Result<()> {
+        self.call::<(), ()>(Method::DELETE, &format!("/v1/templates/{}", enc(name)), None).await
+    }
+
+    /// Builds a template, streaming its events.
+    pub async fn build_template(&self, req: &BuildTemplateRequest) -> Result<NdjsonStream<BuildEvent>> {
+        self.stream(Method::POST, "/v1/templates/build", Some(req)).await
+    }
+
     // ---- processes ----
 
     /// Runs a command to completion and returns its output.

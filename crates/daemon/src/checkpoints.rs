@@ -331,6 +331,7 @@ pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) ->
         .map(|s| format!("sandbox {}", s.sandbox.id))
         .collect();
     dependents.extend(st.db.list_checkpoints(None)?.into_iter().filter(|x| x.parent.as_deref() == Some(c.id.as_str())).map(|x| format!("checkpoint {}", x.id)));
+    dependents.extend(st.db.list_templates()?.into_iter().filter(|(_, ck, _)| *ck == c.id).map(|(n, _, _)| format!("template {n}")));
     if !dependents.is_empty() {
         let mut e = ApiError::new(ErrorCode::InUse, format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")));
         e.body.dependents = dependents;

@@ -16,6 +16,7 @@ pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
 pub mod state;
+pub mod templates;
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -100,7 +101,7 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
 
 /// The router with every native route.
 pub fn router(st: Shared) -> Router {
-    use crate::{checkpoints as c, files as f, images as i, processes as p, sandboxes as s};
+    use crate::{checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
     Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/v1/info", get(events::info_handler))
@@ -120,6 +121,9 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/checkpoints", get(c::list_handler))
         .route("/v1/checkpoints/{id}", get(c::get_handler).delete(c::delete_handler))
         .route("/v1/fork", post(c::fork_handler))
+        .route("/v1/templates", get(t::list_handler).post(t::create_handler))
+        .route("/v1/templates/build", post(t::build_handler))
+        .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
         .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
         .route("/v1/sandboxes/{id}/processes", get(p::list_processes_handler).post(p::start_process_handler))

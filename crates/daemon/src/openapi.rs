@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{checkpoints, events, files, images, processes, sandboxes};
+use crate::{checkpoints, events, files, images, processes, sandboxes, templates};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -16,6 +16,7 @@ use crate::{checkpoints, events, files, images, processes, sandboxes};
         images::import_handler, images::pull_handler, images::list_handler, images::get_handler, images::remove_handler,
         checkpoints::create_handler, checkpoints::list_for_sandbox_handler, checkpoints::list_handler, checkpoints::get_handler, checkpoints::delete_handler,
         checkpoints::fork_handler, checkpoints::restore_handler, checkpoints::diff_handler, checkpoints::export_handler,
+        templates::create_handler, templates::list_handler, templates::delete_handler, templates::build_handler,
         events::events_handler, events::info_handler, events::doctor_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState))

@@ -433,36 +433,44 @@ fn ndjson_line<T: serde::Serialize>(v: &T) -> Bytes {
     Bytes::from(b)
 }
 
-/// An NDJSON response streaming a process's events from `offset`, following
-/// until it exits when `follow` is set.
-fn event_stream(p: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(32);
-    tokio::spawn(async move {
-        let mut changed = p.changed.subscribe();
-        if started && tx.send(ndjson_line(&ProcessEvent::Started { process: p.info() })).await.is_err() {
+/// Sends a process's events from `offset` to `tx` (a `Started` first when
+/// `started`), following new output until it exits when `follow` is set.
+pub async fn follow_events(p: Arc<Proc>, offset: u64, follow: bool, started: bool, tx: tokio::sync::mpsc::Sender<ProcessEvent>) {
+    let mut changed = p.changed.subscribe();
+    if started && tx.send(ProcessEvent::Started { process: p.info() }).await.is_err() {
+        return;
+    }
+    let mut off = offset;
+    loop {
+        changed.mark_unchanged();
+        let (evs, next, done) = p.read_from(off);
+        off = next;
+        for ev in evs {
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+        if let Some(info) = done {
+            // Output that arrives after exit (from background children) is left to later reads.
+            let _ = tx.send(ProcessEvent::Exited { process: info }).await;
             return;
         }
-        let mut off = offset;
-        loop {
-            changed.mark_unchanged();
-            let (evs, next, done) = p.read_from(off);
-            off = next;
-            for ev in evs {
-                if tx.send(ndjson_line(&ev)).await.is_err() {
-                    return;
-                }
-            }
-            if let Some(info) = done {
-                // Output that arrives after exit (from background children) is left to later reads.
-                let _ = tx.send(ndjson_line(&ProcessEvent::Exited { process: info })).await;
-                return;
-            }
-            if !follow || changed.changed().await.is_err() {
-                return;
-            }
+        if !follow || changed.changed().await.is_err() {
+            return;
         }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
+    }
+}
+
+/// Follows a process from its first byte until it exits.
+pub async fn follow(p: Arc<Proc>, tx: tokio::sync::mpsc::Sender<ProcessEvent>) {
+    follow_events(p, 0, true, false, tx).await
+}
+
+/// An NDJSON response streaming a process's events (see [`follow_events`]).
+fn event_stream(p: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<ProcessEvent>(32);
+    tokio::spawn(follow_events(p, offset, follow, started, tx));
+    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(|ev| Ok::<_, std::convert::Infallible>(ndjson_line(&ev)))));
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-ndjson")

@@ -176,10 +176,15 @@ pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
     if let Some(image) = st.db.get_image(name)? {
         return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None });
     }
+    if let Some((ckpt, _)) = st.db.get_template(name)? {
+        if let Some((c, config)) = st.db.get_checkpoint(&ckpt)? {
+            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id) });
+        }
+    }
     if let Some((c, config)) = st.db.get_checkpoint(name)? {
         return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id) });
     }
-    Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image or checkpoint named {name:?} (see `strata image ls`, `strata checkpoint ls`)")))
+    Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {name:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)")))
 }
 
 /// Creates and starts a sandbox with the given lineage.

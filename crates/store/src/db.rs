@@ -108,6 +108,17 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE sandboxes ADD COLUMN base_checkpoint TEXT;
     ALTER TABLE sandboxes ADD COLUMN head_checkpoint TEXT;
     ALTER TABLE sandboxes ADD COLUMN fork_generation INTEGER NOT NULL DEFAULT 0;",
+    // 3: templates and the template-build step cache
+    "CREATE TABLE templates (
+        name TEXT PRIMARY KEY,
+        checkpoint TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE build_cache (
+        key TEXT PRIMARY KEY,
+        checkpoint TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );",
 ];
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -486,6 +497,60 @@ impl Db {
             "UPDATE sandboxes SET layers = ?1, image_config = ?2, base_checkpoint = ?3, head_checkpoint = ?4 WHERE id = ?5",
             params![json(&layers), json(image_config), base, head, id],
         )?;
+        Ok(())
+    }
+
+    // ---- templates and build cache ----
+
+    /// Registers (or with `replace`, re-points) a template at a checkpoint.
+    pub fn put_template(&self, name: &str, checkpoint: &str, time: &str, replace: bool) -> Result<(), DbError> {
+        let verb = if replace { "INSERT OR REPLACE" } else { "INSERT" };
+        self.conn()
+            .execute(&format!("{verb} INTO templates (name, checkpoint, created_at) VALUES (?1, ?2, ?3)"), params![name, checkpoint, time])
+            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(name.to_string()) } else { e.into() })?;
+        Ok(())
+    }
+
+    /// A template's checkpoint id and creation time.
+    pub fn get_template(&self, name: &str) -> Result<Option<(String, String)>, DbError> {
+        Ok(self.conn().query_row("SELECT checkpoint, created_at FROM templates WHERE name = ?1", params![name], |r| Ok((r.get(0)?, r.get(1)?))).optional()?)
+    }
+
+    /// All templates: (name, checkpoint, created_at).
+    pub fn list_templates(&self) -> Result<Vec<(String, String, String)>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT name, checkpoint, created_at FROM templates ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Removes a template. Returns whether it existed.
+    pub fn delete_template(&self, name: &str) -> Result<bool, DbError> {
+        Ok(self.conn().execute("DELETE FROM templates WHERE name = ?1", params![name])? > 0)
+    }
+
+    /// The checkpoint cached for a build step key.
+    pub fn cached_step(&self, key: &str) -> Result<Option<String>, DbError> {
+        Ok(self.conn().query_row("SELECT checkpoint FROM build_cache WHERE key = ?1", params![key], |r| r.get(0)).optional()?)
+    }
+
+    /// Caches a build step's checkpoint.
+    pub fn cache_step(&self, key: &str, checkpoint: &str, time: &str) -> Result<(), DbError> {
+        self.conn().execute("INSERT OR REPLACE INTO build_cache (key, checkpoint, created_at) VALUES (?1, ?2, ?3)", params![key, checkpoint, time])?;
+        Ok(())
+    }
+
+    /// Checkpoints referenced by the build cache.
+    pub fn cached_checkpoints(&self) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT checkpoint FROM build_cache")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Replaces a sandbox's process defaults (template builds: ENV, WORKDIR).
+    pub fn set_image_config(&self, id: &str, config: &ImageConfig) -> Result<(), DbError> {
+        self.conn().execute("UPDATE sandboxes SET image_config = ?1 WHERE id = ?2", params![json(config), id])?;
         Ok(())
     }
 

@@ -1,0 +1,99 @@
+//! Templates (warm images) and template builds.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::{ApiErrorBody, StreamKind};
+
+/// A template: a checkpoint promoted to a named starting point.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    /// Unique name; `strata create NAME` starts from it.
+    pub name: String,
+    /// The checkpoint it points at.
+    pub checkpoint: String,
+    /// The image at the bottom of its chain.
+    pub image: String,
+    /// Number of layers in its chain.
+    pub layers: usize,
+    /// RFC 3339 time.
+    pub created_at: String,
+}
+
+/// Request body of `POST /v1/templates`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CreateTemplateRequest {
+    /// Template name.
+    pub name: String,
+    /// A checkpoint, or a sandbox (checkpointed first).
+    pub from: String,
+    /// Re-point an existing template of that name.
+    #[serde(default)]
+    pub replace: bool,
+}
+
+/// Request body of `POST /v1/templates/build`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BuildTemplateRequest {
+    /// Template name.
+    pub name: String,
+    /// The build file (a Dockerfile subset: FROM, RUN, COPY, ENV, WORKDIR, USER).
+    pub file: String,
+    /// Directory on the daemon's host that COPY sources are relative to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Ignore the step cache.
+    #[serde(default)]
+    pub no_cache: bool,
+}
+
+/// One line of the NDJSON stream of `POST /v1/templates/build`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BuildEvent {
+    /// A step begins (or is taken from the cache).
+    Step {
+        /// 1-based step number.
+        index: usize,
+        /// Number of steps.
+        count: usize,
+        /// The instruction.
+        instruction: String,
+        /// Served from the cache (nothing runs).
+        cached: bool,
+    },
+    /// Output of a RUN step.
+    Output {
+        /// Stream.
+        stream: StreamKind,
+        /// Bytes, base64.
+        data_b64: String,
+    },
+    /// A step finished and was sealed as a checkpoint.
+    StepDone {
+        /// 1-based step number.
+        index: usize,
+        /// The step's checkpoint (its cache entry).
+        checkpoint: String,
+        /// Milliseconds.
+        duration_ms: u64,
+    },
+    /// The build finished.
+    Done {
+        /// The template.
+        template: Template,
+        /// Steps that ran.
+        steps_run: usize,
+        /// Steps served from the cache.
+        steps_cached: usize,
+        /// Milliseconds.
+        duration_ms: u64,
+    },
+    /// The build failed; earlier steps stay cached.
+    Failed {
+        /// 1-based step number (0 before any step).
+        index: usize,
+        /// The error.
+        error: ApiErrorBody,
+    },
+}

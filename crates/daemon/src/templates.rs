@@ -1,0 +1,459 @@
+//! Templates (named, warm starting points) and template builds.
+//!
+//! A build file is a Dockerfile subset: `FROM image|template|checkpoint`, `RUN`,
+//! `COPY src... dst`, `ENV`, `WORKDIR`, `USER`. Every step has a cache key:
+//! sha256 over the previous key, the instruction and (for COPY) the copied
+//! bytes. A RUN or COPY step runs in an ephemeral build sandbox and is sealed as
+//! a checkpoint, which becomes the cache entry for its key; an unchanged prefix
+//! of steps is therefore taken from the cache and only the steps from the first
+//! change on run again. A failing step fails the build with its output and
+//! leaves the cache of earlier steps intact.
+
+use std::path::{Path as FsPath, PathBuf};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use base64::Engine;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use strata_api::{
+    BuildEvent, BuildTemplateRequest, CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode, ExecRequest, ImageConfig, Lifecycle, ProcessEvent, Template,
+};
+use strata_core::ids;
+use tokio::sync::mpsc::Sender;
+
+use crate::checkpoints;
+use crate::error::{ApiError, ApiResult};
+use crate::sandboxes::{self, load, now};
+use crate::state::Shared;
+
+/// One instruction of a build file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Base image, template or checkpoint.
+    From(String),
+    /// Shell command (`sh -c`).
+    Run(String),
+    /// Sources (relative to the build context) and destination.
+    Copy(Vec<String>, String),
+    /// Environment variables.
+    Env(Vec<(String, String)>),
+    /// Working directory.
+    Workdir(String),
+    /// User.
+    User(String),
+}
+
+/// Parses a build file. Comments (`#`), blank lines and `\` continuations are
+/// handled; RUN accepts the shell form and the JSON exec form.
+pub fn parse(text: &str) -> Result<Vec<(String, Step)>, String> {
+    let mut logical = Vec::new();
+    let mut cur = String::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim_end();
+        if cur.is_empty() && (line.trim().is_empty() || line.trim_start().starts_with('#')) {
+            continue;
+        }
+        if let Some(stripped) = line.strip_suffix('\\') {
+            cur.push_str(stripped);
+            cur.push(' ');
+            continue;
+        }
+        cur.push_str(line);
+        logical.push((n + 1, std::mem::take(&mut cur)));
+    }
+    if !cur.is_empty() {
+        return Err("the file ends inside a line continuation".into());
+    }
+    let mut steps = Vec::new();
+    for (line_no, l) in logical {
+        let l = l.trim();
+        let (op, rest) = l.split_once(char::is_whitespace).map(|(a, b)| (a, b.trim())).unwrap_or((l, ""));
+        let err = |m: &str| format!("line {line_no}: {m}: {l}");
+        if rest.is_empty() {
+            return Err(err("missing argument"));
+        }
+        let step = match op.to_ascii_uppercase().as_str() {
+            "FROM" => Step::From(rest.split_whitespace().next().unwrap_or(rest).to_string()),
+            "RUN" => {
+                if rest.starts_with('[') {
+                    let argv: Vec<String> = serde_json::from_str(rest).map_err(|e| err(&format!("bad JSON exec form ({e})")))?;
+                    Step::Run(argv.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "))
+                } else {
+                    Step::Run(rest.to_string())
+                }
+            }
+            "COPY" | "ADD" => {
+                let parts: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+                if parts.len() < 2 || parts.iter().any(|p| p.starts_with("--")) {
+                    return Err(err("COPY takes sources and a destination (no flags)"));
+                }
+                let (dst, srcs) = parts.split_last().expect("two or more parts");
+                Step::Copy(srcs.to_vec(), dst.clone())
+            }
+            "ENV" => {
+                let pairs: Vec<(String, String)> = if rest.contains('=') {
+                    rest.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string())).ok_or_else(|| err("ENV needs K=V"))).collect::<Result<_, _>>()?
+                } else {
+                    let (k, v) = rest.split_once(char::is_whitespace).ok_or_else(|| err("ENV needs a value"))?;
+                    vec![(k.to_string(), v.trim().to_string())]
+                };
+                Step::Env(pairs)
+            }
+            "WORKDIR" => Step::Workdir(rest.to_string()),
+            "USER" => Step::User(rest.to_string()),
+            other => return Err(err(&format!("unsupported instruction {other}"))),
+        };
+        steps.push((l.to_string(), step));
+    }
+    match steps.first() {
+        Some((_, Step::From(_))) => {}
+        _ => return Err("the first instruction must be FROM".into()),
+    }
+    if steps.iter().skip(1).any(|(_, s)| matches!(s, Step::From(_))) {
+        return Err("only one FROM is supported".into());
+    }
+    Ok(steps)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn key(prev: &str, instruction: &str, extra: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(prev.as_bytes());
+    h.update(b"\n");
+    h.update(instruction.as_bytes());
+    h.update(b"\n");
+    h.update(extra);
+    hex::encode(h.finalize())
+}
+
+fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) -> ApiResult<Template> {
+    let (c, _) = st.db.get_checkpoint(checkpoint)?.ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}")))?;
+    Ok(Template { name: name.into(), checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into() })
+}
+
+/// Promotes a checkpoint (or a sandbox, checkpointed first) to a template.
+pub async fn create(st: &Shared, req: CreateTemplateRequest) -> ApiResult<Template> {
+    ids::validate_name(&req.name, true)?;
+    if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
+        return Err(ApiError::new(ErrorCode::NameConflict, format!("an image is named {:?}; templates and images share one namespace", req.name)));
+    }
+    let ckpt = match st.db.get_checkpoint(&req.from)? {
+        Some((c, _)) => c,
+        None => {
+            let rec = st.db.get_sandbox(&req.from)?.ok_or_else(|| ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from)))?;
+            checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { name: None, labels: [("strata.template".into(), req.name.clone())].into() }).await?
+        }
+    };
+    let time = now();
+    st.db.put_template(&req.name, &ckpt.id, &time, req.replace)?;
+    template_view(st, &req.name, &ckpt.id, &time)
+}
+
+struct Build<'a> {
+    st: &'a Shared,
+    tx: &'a Sender<BuildEvent>,
+    name: String,
+    sandbox: Option<String>,
+    config: ImageConfig,
+}
+
+impl Build<'_> {
+    async fn emit(&self, ev: BuildEvent) {
+        let _ = self.tx.send(ev).await;
+    }
+
+    /// The build sandbox, created from `from` when there is none.
+    async fn sandbox(&mut self, from: &str) -> ApiResult<String> {
+        if let Some(s) = &self.sandbox {
+            return Ok(s.clone());
+        }
+        let req = CreateSandboxRequest {
+            source: from.to_string(),
+            name: Some(format!("build-{}", ids::new_id())),
+            lifecycle: Lifecycle::Ephemeral,
+            ttl: Some("6h".into()),
+            ..Default::default()
+        };
+        let sb = sandboxes::create(self.st, req).await?;
+        self.st.db.set_image_config(&sb.id, &self.config)?;
+        self.sandbox = Some(sb.id.clone());
+        Ok(sb.id)
+    }
+
+    async fn drop_sandbox(&mut self) {
+        if let Some(id) = self.sandbox.take() {
+            let _ = sandboxes::destroy(self.st, &id, true, "build_done").await;
+        }
+    }
+
+    async fn run(&mut self, sandbox: &str, cmd: &str) -> ApiResult<()> {
+        let req = ExecRequest { cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()], ..Default::default() };
+        let p = crate::processes::spawn(self.st, sandbox, req).await?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<ProcessEvent>(64);
+        let follower = tokio::spawn(crate::processes::follow(p.clone(), tx));
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            if let ProcessEvent::Output { stream, data_b64, .. } = ev {
+                if let Ok(b) = base64::engine::general_purpose::STANDARD.decode(&data_b64) {
+                    tail.extend_from_slice(&b);
+                    if tail.len() > 4096 {
+                        tail.drain(..tail.len() - 4096);
+                    }
+                }
+                self.emit(BuildEvent::Output { stream, data_b64 }).await;
+            }
+        }
+        let _ = follower.await;
+        let info = p.wait(None).await;
+        if info.exit_status() != 0 {
+            let why = info.spawn_error.clone().unwrap_or_else(|| format!("exit status {}", info.exit_status()));
+            return Err(ApiError::bad_request(format!("RUN {cmd} failed ({why}); output ends with:\n{}", String::from_utf8_lossy(&tail))));
+        }
+        Ok(())
+    }
+}
+
+fn context_file(context: Option<&FsPath>, src: &str) -> ApiResult<PathBuf> {
+    let ctx = context.ok_or_else(|| ApiError::bad_request("COPY needs a build context directory"))?;
+    let ctx = ctx.canonicalize().map_err(|e| ApiError::bad_request(format!("build context {}: {e}", ctx.display())))?;
+    let p = ctx.join(src).canonicalize().map_err(|e| ApiError::bad_request(format!("COPY source {src}: {e}")))?;
+    if !p.starts_with(&ctx) {
+        return Err(ApiError::new(ErrorCode::PathEscape, format!("COPY source {src} is outside the build context")));
+    }
+    Ok(p)
+}
+
+/// The tar of COPY's sources (their names kept) and its bytes for the cache key.
+fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Deterministic);
+    for src in srcs {
+        let p = context_file(context, src)?;
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| ".".into());
+        let res = if p.is_dir() { b.append_dir_all(&name, &p) } else { b.append_path_with_name(&p, &name) };
+        res.map_err(|e| ApiError::bad_request(format!("COPY source {src}: {e}")))?;
+    }
+    b.into_inner().map_err(|e| ApiError::internal("COPY archive", &e))
+}
+
+/// Runs a build, streaming events; returns the template.
+pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>) -> Result<Template, (usize, ApiError)> {
+    let started = Instant::now();
+    ids::validate_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
+    let steps = parse(&req.file).map_err(|e| (0, ApiError::bad_request(format!("build file: {e}"))))?;
+    let context = req.context.as_deref().map(PathBuf::from);
+    let count = steps.len();
+    let Step::From(from) = &steps[0].1 else { unreachable!("parse checks FROM") };
+    let source = sandboxes::resolve_source(st, from).map_err(|e| (1, e))?;
+    let mut b = Build { st, tx, name: req.name.clone(), sandbox: None, config: source.config.clone() };
+    // The base: the FROM source's identity (image id, or checkpoint id).
+    let mut current_from = source.checkpoint.clone().unwrap_or_else(|| source.name.clone());
+    let mut k = key("", &format!("FROM {}", source.checkpoint.as_deref().unwrap_or(&source.image_id)), b"");
+    b.emit(BuildEvent::Step { index: 1, count, instruction: steps[0].0.clone(), cached: true }).await;
+    let (mut run, mut cached) = (0usize, 1usize);
+    for (i, (text, step)) in steps.iter().enumerate().skip(1) {
+        let index = i + 1;
+        let res: ApiResult<()> = async {
+            match step {
+                Step::Env(pairs) => {
+                    for (kk, v) in pairs {
+                        b.config.env.retain(|e| !e.starts_with(&format!("{kk}=")));
+                        b.config.env.push(format!("{kk}={v}"));
+                    }
+                }
+                Step::Workdir(d) => b.config.working_dir = Some(d.clone()),
+                Step::User(u) => b.config.user = Some(u.clone()),
+                _ => {}
+            }
+            let extra = match step {
+                Step::Copy(srcs, _) => copy_tar(context.as_deref(), srcs)?,
+                _ => Vec::new(),
+            };
+            k = key(&k, &format!("{text}\n{}", serde_json::to_string(&b.config).expect("config serializes")), &extra);
+            if !matches!(step, Step::Run(_) | Step::Copy(..)) {
+                if let Some(sb) = &b.sandbox {
+                    st.db.set_image_config(sb, &b.config)?;
+                }
+                b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: true }).await;
+                cached += 1;
+                return Ok(());
+            }
+            if !req.no_cache {
+                if let Some(c) = st.db.cached_step(&k)?.filter(|c| st.db.get_checkpoint(c).ok().flatten().is_some()) {
+                    b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: true }).await;
+                    b.drop_sandbox().await;
+                    current_from = c;
+                    cached += 1;
+                    return Ok(());
+                }
+            }
+            b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: false }).await;
+            let t = Instant::now();
+            let sb = b.sandbox(&current_from).await?;
+            st.db.set_image_config(&sb, &b.config)?;
+            if let Some(w) = b.config.working_dir.clone().filter(|w| w.starts_with('/')) {
+                // Like Docker, WORKDIR creates the directory.
+                let pid = load(st, &sb)?.sandbox.init_pid.ok_or_else(|| ApiError::new(ErrorCode::Internal, "build sandbox has no init"))?;
+                tokio::task::spawn_blocking(move || -> ApiResult<()> {
+                    let fs = crate::sandboxfs::SandboxFs::open(pid).map_err(|e| ApiError::internal("sandbox root", &e))?;
+                    Ok(fs.mkdir(&w, true, 0o755)?)
+                })
+                .await
+                .map_err(|e| ApiError::internal("WORKDIR task", &e))??;
+            }
+            match step {
+                Step::Run(cmd) => b.run(&sb, cmd).await?,
+                Step::Copy(_, dst) => {
+                    let rec = load(st, &sb)?;
+                    let pid = rec.sandbox.init_pid.ok_or_else(|| ApiError::new(ErrorCode::Internal, "build sandbox has no init"))?;
+                    let dst = match (dst.starts_with('/'), &b.config.working_dir) {
+                        (true, _) => dst.clone(),
+                        (false, Some(w)) => format!("{}/{dst}", w.trim_end_matches('/')),
+                        (false, None) => format!("/{dst}"),
+                    };
+                    tokio::task::spawn_blocking(move || -> ApiResult<()> {
+                        let fs = crate::sandboxfs::SandboxFs::open(pid).map_err(|e| ApiError::internal("sandbox root", &e))?;
+                        fs.untar_from(&dst, &extra[..])?;
+                        Ok(())
+                    })
+                    .await
+                    .map_err(|e| ApiError::internal("COPY task", &e))??;
+                }
+                _ => unreachable!("only RUN and COPY run"),
+            }
+            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { name: None, labels: [("strata.build".into(), b.name.clone()), ("strata.step".into(), index.to_string())].into() }).await?;
+            st.db.cache_step(&k, &c.id, &now())?;
+            b.emit(BuildEvent::StepDone { index, checkpoint: c.id.clone(), duration_ms: t.elapsed().as_millis() as u64 }).await;
+            current_from = c.id;
+            run += 1;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = res {
+            b.drop_sandbox().await;
+            return Err((index, e));
+        }
+    }
+    // The template needs a checkpoint carrying the final config.
+    let needs_final = match st.db.get_checkpoint(&current_from).map_err(|e| (count, e.into()))? {
+        Some((_, cfg)) => cfg != b.config,
+        None => true,
+    };
+    let final_ckpt = if needs_final {
+        let res: ApiResult<String> = async {
+            let final_key = key(&k, "final", b"");
+            if let Some(c) = st.db.cached_step(&final_key)?.filter(|c| !req.no_cache && st.db.get_checkpoint(c).ok().flatten().is_some()) {
+                return Ok(c);
+            }
+            let sb = b.sandbox(&current_from).await?;
+            st.db.set_image_config(&sb, &b.config)?;
+            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { name: None, labels: [("strata.build".into(), b.name.clone())].into() }).await?;
+            st.db.cache_step(&final_key, &c.id, &now())?;
+            Ok(c.id)
+        }
+        .await;
+        match res {
+            Ok(c) => c,
+            Err(e) => {
+                b.drop_sandbox().await;
+                return Err((count, e));
+            }
+        }
+    } else {
+        current_from
+    };
+    b.drop_sandbox().await;
+    let time = now();
+    let res = st.db.put_template(&req.name, &final_ckpt, &time, true).map_err(ApiError::from).and_then(|_| template_view(st, &req.name, &final_ckpt, &time));
+    let template = res.map_err(|e| (count, e))?;
+    b.emit(BuildEvent::Done { template: template.clone(), steps_run: run, steps_cached: cached, duration_ms: started.elapsed().as_millis() as u64 }).await;
+    Ok(template)
+}
+
+// ---- HTTP handlers ----
+
+/// Promote a checkpoint (or a sandbox, checkpointed first) to a template.
+#[utoipa::path(post, path = "/v1/templates", tag = "templates", request_body = CreateTemplateRequest,
+    responses((status = 201, body = Template), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateTemplateRequest>) -> ApiResult<(StatusCode, Json<Template>)> {
+    Ok((StatusCode::CREATED, Json(create(&st, req).await?)))
+}
+
+/// List templates.
+#[utoipa::path(get, path = "/v1/templates", tag = "templates", responses((status = 200, body = [Template])))]
+pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Template>>> {
+    let mut out = Vec::new();
+    for (name, ckpt, created) in st.db.list_templates()? {
+        out.push(template_view(&st, &name, &ckpt, &created)?);
+    }
+    Ok(Json(out))
+}
+
+/// Remove a template (its checkpoint stays until deleted or collected).
+#[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates", params(("name" = String, Path, description = "Template name")),
+    responses((status = 204), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn delete_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    if !st.db.delete_template(&name)? {
+        return Err(ApiError::new(ErrorCode::ImageNotFound, format!("no template named {name:?}")));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Build a template from a build file; streams NDJSON `BuildEvent`s.
+#[utoipa::path(post, path = "/v1/templates/build", tag = "templates", request_body = BuildTemplateRequest,
+    responses((status = 200, description = "NDJSON stream of BuildEvent", body = BuildEvent)))]
+pub async fn build_handler(State(st): State<Shared>, Json(req): Json<BuildTemplateRequest>) -> ApiResult<Response> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
+    let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let fwd_tx = out_tx.clone();
+        let fwd = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                let mut line = serde_json::to_vec(&ev).expect("event serializes");
+                line.push(b'\n');
+                if fwd_tx.send(Bytes::from(line)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let res = build(&st, req, &tx).await;
+        drop(tx);
+        let _ = fwd.await;
+        if let Err((index, e)) = res {
+            let mut line = serde_json::to_vec(&BuildEvent::Failed { index, error: e.body }).expect("event serializes");
+            line.push(b'\n');
+            let _ = out_tx.send(Bytes::from(line)).await;
+        }
+    });
+    let stream = futures_util::stream::unfold(out_rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
+    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_dockerfile_subset() {
+        let steps = parse("# comment\nFROM busybox\nENV A=1 B=\"two\"\nWORKDIR /app\nRUN echo a && \\\n  echo b\nRUN [\"echo\", \"it's\"]\nCOPY a b /app/\nUSER user\n").unwrap();
+        let kinds: Vec<&Step> = steps.iter().map(|(_, s)| s).collect();
+        assert_eq!(kinds[0], &Step::From("busybox".into()));
+        assert_eq!(kinds[1], &Step::Env(vec![("A".into(), "1".into()), ("B".into(), "two".into())]));
+        assert_eq!(kinds[3], &Step::Run("echo a &&    echo b".into()));
+        assert_eq!(kinds[4], &Step::Run("'echo' 'it'\\''s'".into()));
+        assert_eq!(kinds[5], &Step::Copy(vec!["a".into(), "b".into()], "/app/".into()));
+        assert!(parse("RUN true").is_err(), "FROM first");
+        assert!(parse("FROM a\nFROM b").is_err());
+        assert!(parse("FROM a\nHEALTHCHECK x").unwrap_err().contains("unsupported instruction HEALTHCHECK"));
+        assert!(parse("FROM a\nRUN").is_err());
+    }
+}
