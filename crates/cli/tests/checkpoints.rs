@@ -160,3 +160,25 @@ fn bad_checkpoint_and_fork_requests() {
     let e = rt.block_on(c.diff(&victim, Some("nope"))).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::CheckpointNotFound));
 }
+
+#[test]
+fn a_full_disk_during_checkpoint_fails_cleanly_and_the_sandbox_keeps_running() {
+    require_host!();
+    let d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "checkpoint-write")]);
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo data > /root/f"]);
+    let layers = std::fs::read_dir(d.state("layers/sha256")).unwrap().count();
+    let out = d.cli(&["checkpoint", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(common::stderr(&out).contains("No space left on device"), "{}", common::stderr(&out));
+    // No partial checkpoint, no stray layer, and the sandbox is running and thawed.
+    assert_eq!(d.cli_ok(&["checkpoint", "ls", "--json"]).trim(), "[]");
+    assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), layers);
+    assert_eq!(std::fs::read_dir(d.state("layers/staging")).unwrap().count(), 0);
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/root/f"]), "data\n");
+    let state = ["/sys/fs/cgroup/freezer/strata", "/sys/fs/cgroup/strata"].iter().find_map(|r| std::fs::read_to_string(format!("{r}/{id}/freezer.state")).ok());
+    if let Some(s) = state {
+        assert_eq!(s.trim(), "THAWED");
+    }
+}

@@ -160,6 +160,7 @@ fn image_name(st: &Shared, rec: &SandboxRecord) -> String {
 fn seal(upper: &std::path::Path, base: &TreeManifest, lowers: &[PathBuf], store: &strata_store::LayerStore) -> ApiResult<(strata_image::ImportedLayer, TreeManifest, usize)> {
     let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
     let changed = changes::diff(base, &now, lowers).len();
+    crate::failpoint("checkpoint-write").map_err(|e| ApiError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
     let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
     let layer = std::thread::scope(|s| {
         let now = &now;

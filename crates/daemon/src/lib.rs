@@ -35,6 +35,19 @@ use tracing::{info, warn};
 use crate::error::ApiError;
 use crate::state::{AppState, Shared};
 
+/// Failure injection for crash and error-path tests: `STRATA_FAILPOINTS` (a
+/// comma-separated list, read once at start) names the points that fail with
+/// the error a full disk gives (ENOSPC). Unset in production.
+pub fn failpoint(name: &str) -> std::io::Result<()> {
+    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let points = POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| v.split(',').map(|s| s.trim().to_string()).collect()).unwrap_or_default());
+    if points.iter().any(|p| p == name) {
+        tracing::warn!(failpoint = name, "failpoint triggered");
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    Ok(())
+}
+
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {

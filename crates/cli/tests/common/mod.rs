@@ -56,6 +56,7 @@ pub struct TestDaemon {
     pub state_dir: PathBuf,
     child: Option<Child>,
     pub listen: Option<String>,
+    pub env: Vec<(String, String)>,
 }
 
 impl TestDaemon {
@@ -67,13 +68,25 @@ impl TestDaemon {
         let dir = tempfile::Builder::new().prefix("strata-it-").tempdir_in("/var/tmp").expect("tempdir");
         let socket = dir.path().join("strata.sock");
         let state_dir = dir.path().join("state");
-        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: listen.map(str::to_string) };
+        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: listen.map(str::to_string), env: Vec::new() };
+        d.spawn();
+        d
+    }
+
+    /// A daemon started with extra environment (e.g. failpoints).
+    pub fn start_with_env(env: &[(&str, &str)]) -> TestDaemon {
+        let dir = tempfile::Builder::new().prefix("strata-it-").tempdir_in("/var/tmp").expect("tempdir");
+        let socket = dir.path().join("strata.sock");
+        let state_dir = dir.path().join("state");
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: None, env };
         d.spawn();
         d
     }
 
     fn spawn(&mut self) {
         let mut cmd = Command::new(strata_bin());
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.arg("daemon").arg("--state-dir").arg(&self.state_dir).arg("--socket").arg(&self.socket);
         if let Some(l) = &self.listen {
             cmd.arg("--listen").arg(l);
