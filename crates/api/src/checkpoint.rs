@@ -16,6 +16,13 @@ pub struct CheckpointRequest {
     /// Free-form labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Retention: `strata gc` (and the daemon, periodically) deletes the checkpoint
+    /// after this long unless it is pinned or still needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    /// Never expire.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// An immutable point in a sandbox's history: its filesystem as a chain of layers.
@@ -47,6 +54,12 @@ pub struct Checkpoint {
     pub labels: BTreeMap<String, String>,
     /// RFC 3339 time.
     pub created_at: String,
+    /// RFC 3339 time after which garbage collection may delete it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Kept regardless of retention.
+    #[serde(default)]
+    pub pinned: bool,
     /// How long the sandbox was frozen (0 when it was not running), in milliseconds.
     pub frozen_ms: u64,
     /// Total time to take it, in milliseconds.
@@ -137,4 +150,41 @@ pub struct DiffQuery {
     /// else the image or checkpoint it was created from).
     #[serde(default)]
     pub against: Option<String>,
+}
+
+/// What `POST /v1/gc` removed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct GcReport {
+    /// Checkpoints deleted because their retention expired.
+    pub checkpoints_expired: Vec<String>,
+    /// Layers no image, sandbox or checkpoint referenced any more.
+    pub layers_removed: usize,
+    /// Bytes those layers held.
+    pub bytes_freed: u64,
+}
+
+/// One node of a lineage tree.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LineageNode {
+    /// `image`, `sandbox`, `checkpoint` or `template`.
+    pub kind: String,
+    /// Id (name for images and templates).
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Id of the parent node (absent for the root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// State, sizes, generation: a short human-readable note.
+    pub detail: String,
+}
+
+/// Response of `GET /v1/lineage/{id}`: the tree of images, checkpoints, forks and
+/// templates around a sandbox or checkpoint, parents before children.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Lineage {
+    /// The node asked about.
+    pub focus: String,
+    /// Nodes.
+    pub nodes: Vec<LineageNode>,
 }

@@ -78,6 +78,20 @@ pub enum Command {
     Exec(ExecArgs),
     /// Checkpoint a sandbox (prints the checkpoint id), or manage checkpoints.
     Checkpoint(CheckpointArgs),
+    /// Delete expired checkpoints nothing needs and layers nothing references.
+    Gc {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The tree of images, checkpoints, forks and templates around a sandbox or checkpoint.
+    Lineage {
+        /// Sandbox or checkpoint.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Manage templates (warm starting points).
     #[command(subcommand)]
     Template(TemplateCmd),
@@ -347,6 +361,12 @@ pub struct CheckpointArgs {
     /// Label (repeatable).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    /// Retention: garbage collection deletes it after this long unless something needs it.
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Never expire.
+    #[arg(long)]
+    pub pin: bool,
     /// JSON output (the checkpoint).
     #[arg(long)]
     pub json: bool,

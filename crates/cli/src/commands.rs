@@ -117,6 +117,24 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Proc(cmd) => proc_cmd(&c, cmd).await,
         Command::Checkpoint(a) => checkpoint_cmd(&c, a).await,
         Command::Template(cmd) => template_cmd(&c, cmd).await,
+        Command::Gc { json } => {
+            let r = c.gc().await?;
+            if json {
+                output::json(&r);
+            } else {
+                println!("{} checkpoints expired, {} layers removed, {} freed", r.checkpoints_expired.len(), r.layers_removed, output::size(r.bytes_freed));
+            }
+            Ok(0)
+        }
+        Command::Lineage { id, json } => {
+            let l = c.lineage(&id).await?;
+            if json {
+                output::json(&l);
+            } else {
+                print_lineage(&l);
+            }
+            Ok(0)
+        }
         Command::Restore { id, to, keep_current, json } => {
             let r = c.restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current }).await?;
             if json {
@@ -569,7 +587,7 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
     match a.command {
         None => {
             let id = a.id.expect("clap requires the sandbox id");
-            let req = strata_api::CheckpointRequest { name: a.name, labels: kv(&a.labels, "--label")? };
+            let req = strata_api::CheckpointRequest { name: a.name, labels: kv(&a.labels, "--label")?, ttl: a.ttl, pinned: a.pin };
             let ck = c.checkpoint(&id, &req).await?;
             if a.json {
                 output::json(&ck);
@@ -656,4 +674,23 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Prints a lineage as an indented tree, marking the node asked about.
+fn print_lineage(l: &strata_api::Lineage) {
+    fn walk(l: &strata_api::Lineage, idx: usize, prefix: &str, last: bool, root: bool) {
+        let n = &l.nodes[idx];
+        let mark = if n.id == l.focus { "  <==" } else { "" };
+        let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+        let name = if n.name != n.id { format!("{} ({})", n.name, n.id) } else { n.id.clone() };
+        println!("{prefix}{branch}{} {name}  [{}]{mark}", n.kind, n.detail);
+        let kids: Vec<usize> = l.nodes.iter().enumerate().filter(|(_, c)| c.parent.as_deref() == Some(n.id.as_str()) && c.id != n.id).map(|(i, _)| i).collect();
+        let child_prefix = if root { String::new() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
+        for (k, &i) in kids.iter().enumerate() {
+            walk(l, i, &child_prefix, k + 1 == kids.len(), false);
+        }
+    }
+    if !l.nodes.is_empty() {
+        walk(l, 0, "", true, true);
+    }
 }

@@ -182,3 +182,40 @@ fn a_full_disk_during_checkpoint_fails_cleanly_and_the_sandbox_keeps_running() {
         assert_eq!(s.trim(), "THAWED");
     }
 }
+
+#[test]
+fn retention_gc_and_lineage() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let x = d.create(&["--name", "x"]);
+    d.cli_ok(&["exec", "x", "--", "sh", "-c", "head -c 100000 /dev/urandom > /big"]);
+    let expiring = json(&d, &["checkpoint", "x", "--name", "short", "--ttl", "1s", "--json"]);
+    assert!(expiring["expires_at"].is_string());
+    let y = d.create(&["--name", "y"]);
+    d.cli_ok(&["exec", "y", "--", "sh", "-c", "echo keep > /k"]);
+    d.cli_ok(&["checkpoint", "y", "--name", "kept", "--ttl", "1s", "--pin"]);
+    d.cli_ok(&["fork", "kept", "-n", "1"]);
+    // Lineage of y: image -> y -> kept -> y-1.
+    let l = json(&d, &["lineage", "y", "--json"]);
+    let kinds: Vec<(String, String)> = l["nodes"].as_array().unwrap().iter().map(|n| (n["kind"].as_str().unwrap().to_string(), n["name"].as_str().unwrap().to_string())).collect();
+    for want in [("image", "busybox"), ("sandbox", "y"), ("checkpoint", "kept"), ("sandbox", "y-1")] {
+        assert!(kinds.contains(&(want.0.to_string(), want.1.to_string())), "{want:?} in {kinds:?}");
+    }
+    let fork_node = l["nodes"].as_array().unwrap().iter().find(|n| n["name"] == "y-1").unwrap();
+    assert_eq!(fork_node["parent"], json(&d, &["checkpoint", "inspect", "kept", "--json"])["id"]);
+    assert!(d.cli_ok(&["lineage", "y"]).contains("<=="));
+    // While x lives its checkpoint is its head: not collected even when expired.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let r = json(&d, &["gc", "--json"]);
+    assert!(r["checkpoints_expired"].as_array().unwrap().is_empty(), "{r}");
+    d.cli_ok(&["rm", "-f", &x]);
+    let r = json(&d, &["gc", "--json"]);
+    assert_eq!(r["checkpoints_expired"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["layers_removed"], 1);
+    assert!(r["bytes_freed"].as_u64().unwrap() >= 100_000, "{r}");
+    let left: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["checkpoint", "ls", "--json"])).unwrap();
+    assert_eq!(left.len(), 1, "the pinned one stays");
+    assert_eq!(left[0]["name"], "kept");
+    let _ = y;
+}

@@ -344,6 +344,16 @@ impl Client {
         self.raw(Method::GET, &format!("/v1/sandboxes/{}/export{q}", enc(id)), Bytes::new()).await
     }
 
+    /// Runs garbage collection.
+    pub async fn gc(&self) -> Result<GcReport> {
+        self.call::<(), _>(Method::POST, "/v1/gc", None).await
+    }
+
+    /// The lineage tree around a sandbox or checkpoint.
+    pub async fn lineage(&self, id: &str) -> Result<Lineage> {
+        self.call::<(), _>(Method::GET, &format!("/v1/lineage/{}", enc(id)), None).await
+    }
+
     // ---- templates ----
 
     /// Promotes a checkpoint or sandbox to a template.

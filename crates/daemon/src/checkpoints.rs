@@ -87,6 +87,10 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     if st.db.get_checkpoint(&name)?.is_some_and(|(c, _)| c.name == name) {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists")));
     }
+    let expires_at = match (&req.ttl, req.pinned) {
+        (Some(t), false) => Some(humantime::format_rfc3339_millis(std::time::SystemTime::now() + strata_core::units::parse_duration(t)?).to_string()),
+        _ => None,
+    };
     let base = base_of(st, rec)?;
     let classify_lowers = lowers_top_first(st, &base.chain)?;
     let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
@@ -135,6 +139,8 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         changed_paths: changed as u64,
         labels: req.labels,
         created_at: now(),
+        expires_at,
+        pinned: req.pinned,
         frozen_ms,
         duration_ms: started.elapsed().as_millis() as u64,
     };
@@ -230,7 +236,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         Some((c, _)) => c,
         None => {
             let rec = st.db.get_sandbox(&req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?;
-            checkpoint(st, &rec.sandbox.id, CheckpointRequest { name: None, labels: [("strata.fork".to_string(), "source".to_string())].into() }).await?
+            checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), ..Default::default() }).await?
         }
     };
     let parent = st.db.get_sandbox(&ckpt.sandbox_id)?;
@@ -324,24 +330,63 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> Ap
 pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let _g = st.image_lock.lock().await;
     let (c, _) = st.db.get_checkpoint(&id)?.ok_or_else(|| not_found(&id))?;
-    let mut dependents: Vec<String> = st
-        .db
-        .list_sandboxes()?
-        .into_iter()
-        .filter(|s| s.sandbox.base_checkpoint.as_deref() == Some(c.id.as_str()) || s.sandbox.head_checkpoint.as_deref() == Some(c.id.as_str()))
-        .map(|s| format!("sandbox {}", s.sandbox.id))
-        .collect();
-    dependents.extend(st.db.list_checkpoints(None)?.into_iter().filter(|x| x.parent.as_deref() == Some(c.id.as_str())).map(|x| format!("checkpoint {}", x.id)));
-    dependents.extend(st.db.list_templates()?.into_iter().filter(|(_, ck, _)| *ck == c.id).map(|(n, _, _)| format!("template {n}")));
+    let dependents = dependents_of(&st, &c.id)?;
     if !dependents.is_empty() {
         let mut e = ApiError::new(ErrorCode::InUse, format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")));
         e.body.dependents = dependents;
         return Err(e);
     }
-    st.db.delete_checkpoint(&c.id)?;
-    let _ = std::fs::remove_file(manifest_path(&st, &c.sandbox_id, &c.id));
+    remove_checkpoint(&st, &c)?;
     crate::images::gc_layers(&st)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sandboxes, checkpoints and templates that build on checkpoint `id`.
+pub fn dependents_of(st: &Shared, id: &str) -> ApiResult<Vec<String>> {
+    let mut dependents: Vec<String> = st
+        .db
+        .list_sandboxes()?
+        .into_iter()
+        .filter(|s| s.sandbox.base_checkpoint.as_deref() == Some(id) || s.sandbox.head_checkpoint.as_deref() == Some(id))
+        .map(|s| format!("sandbox {}", s.sandbox.id))
+        .collect();
+    dependents.extend(st.db.list_checkpoints(None)?.into_iter().filter(|x| x.parent.as_deref() == Some(id)).map(|x| format!("checkpoint {}", x.id)));
+    dependents.extend(st.db.list_templates()?.into_iter().filter(|(_, ck, _)| ck == id).map(|(n, _, _)| format!("template {n}")));
+    Ok(dependents)
+}
+
+/// Deletes a checkpoint's record and manifest (its layers go with the next layer GC).
+fn remove_checkpoint(st: &Shared, c: &Checkpoint) -> ApiResult<()> {
+    st.db.delete_checkpoint(&c.id)?;
+    let _ = std::fs::remove_file(manifest_path(st, &c.sandbox_id, &c.id));
+    Ok(())
+}
+
+/// Deletes expired checkpoints that nothing needs (repeatedly, so expired chains
+/// go leaf first), then layers nothing references.
+pub async fn gc(st: &Shared) -> ApiResult<strata_api::GcReport> {
+    let _g = st.image_lock.lock().await;
+    let mut report = strata_api::GcReport::default();
+    let now = std::time::SystemTime::now();
+    loop {
+        let mut progressed = false;
+        for c in st.db.list_checkpoints(None)? {
+            let expired = !c.pinned && c.expires_at.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok()).is_some_and(|t| t <= now);
+            if expired && dependents_of(st, &c.id)?.is_empty() {
+                remove_checkpoint(st, &c)?;
+                info!(checkpoint = %c.id, "checkpoint retention expired");
+                report.checkpoints_expired.push(c.id);
+                progressed = true;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    let (removed, bytes) = crate::images::gc_layers_counted(st)?;
+    report.layers_removed = removed;
+    report.bytes_freed = bytes;
+    Ok(report)
 }
 
 /// Fork N sandboxes from a checkpoint or a live sandbox.
@@ -402,3 +447,106 @@ pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
     Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-tar").body(Body::from(data)).expect("valid response"))
 }
 
+
+/// Delete expired checkpoints nobody needs and unreferenced layers.
+#[utoipa::path(post, path = "/v1/gc", tag = "checkpoints", responses((status = 200, body = strata_api::GcReport)))]
+pub async fn gc_handler(State(st): State<Shared>) -> ApiResult<Json<strata_api::GcReport>> {
+    Ok(Json(gc(&st).await?))
+}
+
+/// The tree of images, sandboxes, checkpoints and templates around a sandbox or checkpoint.
+#[utoipa::path(get, path = "/v1/lineage/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox or checkpoint id or name")),
+    responses((status = 200, body = strata_api::Lineage), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn lineage_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<strata_api::Lineage>> {
+    Ok(Json(lineage(&st, &id)?))
+}
+
+/// Builds the lineage tree of the component containing `id`.
+pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
+    use std::collections::{BTreeMap, BTreeSet};
+    use strata_api::LineageNode;
+    let sandboxes = st.db.list_sandboxes()?;
+    let ckpts = st.db.list_checkpoints(None)?;
+    let templates = st.db.list_templates()?;
+    let focus = if let Some(r) = st.db.get_sandbox(id)? {
+        format!("sandbox:{}", r.sandbox.id)
+    } else if let Some((c, _)) = st.db.get_checkpoint(id)? {
+        format!("checkpoint:{}", c.id)
+    } else {
+        return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")));
+    };
+    // Parent edges between node keys "kind:id".
+    let mut parent: BTreeMap<String, String> = BTreeMap::new();
+    let mut nodes: BTreeMap<String, LineageNode> = BTreeMap::new();
+    let sandbox_ids: BTreeSet<&str> = sandboxes.iter().map(|s| s.sandbox.id.as_str()).collect();
+    for s in &sandboxes {
+        let key = format!("sandbox:{}", s.sandbox.id);
+        let p = match &s.sandbox.base_checkpoint {
+            Some(c) => format!("checkpoint:{c}"),
+            None => format!("image:{}", s.sandbox.source),
+        };
+        parent.insert(key.clone(), p);
+        let detail = format!("{}{}", s.sandbox.state, if s.sandbox.fork_generation > 0 { format!(", fork generation {}", s.sandbox.fork_generation) } else { String::new() });
+        nodes.insert(key.clone(), LineageNode { kind: "sandbox".into(), id: s.sandbox.id.clone(), name: s.sandbox.name.clone(), parent: None, detail });
+    }
+    for c in &ckpts {
+        let key = format!("checkpoint:{}", c.id);
+        let p = match &c.parent {
+            Some(pc) if ckpts.iter().any(|x| &x.id == pc) => format!("checkpoint:{pc}"),
+            _ if sandbox_ids.contains(c.sandbox_id.as_str()) => format!("sandbox:{}", c.sandbox_id),
+            _ => format!("image:{}", c.image),
+        };
+        parent.insert(key.clone(), p);
+        let detail = format!("{} layer, {} paths changed{}", strata_api_size(c.layer_size), c.changed_paths, if c.pinned { ", pinned" } else { "" });
+        nodes.insert(key, LineageNode { kind: "checkpoint".into(), id: c.id.clone(), name: c.name.clone(), parent: None, detail });
+    }
+    for (name, ck, _) in &templates {
+        let key = format!("template:{name}");
+        parent.insert(key.clone(), format!("checkpoint:{ck}"));
+        nodes.insert(key, LineageNode { kind: "template".into(), id: name.clone(), name: name.clone(), parent: None, detail: "template".into() });
+    }
+    for p in parent.values() {
+        if let Some(img) = p.strip_prefix("image:") {
+            nodes.entry(p.clone()).or_insert_with(|| LineageNode { kind: "image".into(), id: img.into(), name: img.into(), parent: None, detail: "image".into() });
+        }
+    }
+    // The component of `focus`: everything sharing its root.
+    let root_of = |k: &str| {
+        let mut cur = k.to_string();
+        let mut hops = 0;
+        while let Some(p) = parent.get(&cur) {
+            cur = p.clone();
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+        }
+        cur
+    };
+    let root = root_of(&focus);
+    let mut out = Vec::new();
+    // Parents before children: breadth-first from the root.
+    let mut queue = std::collections::VecDeque::from([root.clone()]);
+    while let Some(k) = queue.pop_front() {
+        if let Some(mut n) = nodes.get(&k).cloned() {
+            n.parent = parent.get(&k).map(|p| p.split_once(':').map(|(_, id)| id.to_string()).unwrap_or_default());
+            out.push(n);
+        }
+        for (child, p) in &parent {
+            if *p == k {
+                queue.push_back(child.clone());
+            }
+        }
+    }
+    Ok(strata_api::Lineage { focus: focus.split_once(':').map(|(_, id)| id.to_string()).unwrap_or_default(), nodes: out })
+}
+
+fn strata_api_size(b: u64) -> String {
+    if b < 1024 {
+        format!("{b} B")
+    } else if b < 1 << 20 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+    }
+}

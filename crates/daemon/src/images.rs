@@ -239,8 +239,13 @@ pub async fn pull(st: &Shared, req: PullImageRequest, progress: Option<tokio::sy
     report
 }
 
-/// Removes layers that no image and no sandbox references.
+/// Removes layers that no image, sandbox or checkpoint references.
 pub fn gc_layers(st: &Shared) -> ApiResult<usize> {
+    Ok(gc_layers_counted(st)?.0)
+}
+
+/// [`gc_layers`], also returning the bytes the removed layers held.
+pub fn gc_layers_counted(st: &Shared) -> ApiResult<(usize, u64)> {
     let mut used = std::collections::HashSet::new();
     for img in st.db.list_images()? {
         used.extend(img.layers.into_iter().map(|l| l.digest));
@@ -251,14 +256,15 @@ pub fn gc_layers(st: &Shared) -> ApiResult<usize> {
     for c in st.db.list_checkpoints(None)? {
         used.extend(c.layers);
     }
-    let mut removed = 0;
+    let (mut removed, mut bytes) = (0, 0);
     for d in st.layers.list().map_err(|e| ApiError::internal("layer store", &e))? {
         if !used.contains(&d) {
+            bytes += st.layers.meta(&d).map(|m| m.size).unwrap_or(0);
             st.layers.remove(&d).map_err(|e| ApiError::internal("layer store", &e))?;
             removed += 1;
         }
     }
-    Ok(removed)
+    Ok((removed, bytes))
 }
 
 fn ndjson(ev: &ImportEvent) -> Bytes {

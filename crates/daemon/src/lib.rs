@@ -134,6 +134,8 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/checkpoints", get(c::list_handler))
         .route("/v1/checkpoints/{id}", get(c::get_handler).delete(c::delete_handler))
         .route("/v1/fork", post(c::fork_handler))
+        .route("/v1/gc", post(c::gc_handler))
+        .route("/v1/lineage/{id}", get(c::lineage_handler))
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))
         .route("/v1/templates/build", post(t::build_handler))
         .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))

@@ -15,7 +15,7 @@ use crate::{checkpoints, events, files, images, processes, sandboxes, templates}
         files::download_handler, files::upload_handler, files::stat_handler, files::list_handler, files::mkdir_handler, files::remove_handler, files::move_handler,
         images::import_handler, images::pull_handler, images::list_handler, images::get_handler, images::remove_handler,
         checkpoints::create_handler, checkpoints::list_for_sandbox_handler, checkpoints::list_handler, checkpoints::get_handler, checkpoints::delete_handler,
-        checkpoints::fork_handler, checkpoints::restore_handler, checkpoints::diff_handler, checkpoints::export_handler,
+        checkpoints::fork_handler, checkpoints::restore_handler, checkpoints::diff_handler, checkpoints::export_handler, checkpoints::gc_handler, checkpoints::lineage_handler,
         templates::create_handler, templates::list_handler, templates::delete_handler, templates::build_handler,
         events::events_handler, events::info_handler, events::doctor_handler,
     ),

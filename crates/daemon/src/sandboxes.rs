@@ -487,8 +487,16 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
 /// Runs forever: applies TTL expiry (ephemeral: destroy; persistent: stop).
 pub async fn ttl_reaper(st: Shared) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut last_gc = Instant::now();
     loop {
         tick.tick().await;
+        // Checkpoint retention and layer garbage collection, once a minute.
+        if last_gc.elapsed() >= Duration::from_secs(60) {
+            last_gc = Instant::now();
+            if let Err(e) = crate::checkpoints::gc(&st).await {
+                warn!(error = %e.body.message, "automatic garbage collection failed");
+            }
+        }
         let Ok(list) = st.db.list_sandboxes() else { continue };
         let now = SystemTime::now();
         for rec in list {

@@ -149,7 +149,7 @@ pub async fn create(st: &Shared, req: CreateTemplateRequest) -> ApiResult<Templa
         Some((c, _)) => c,
         None => {
             let rec = st.db.get_sandbox(&req.from)?.ok_or_else(|| ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from)))?;
-            checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { name: None, labels: [("strata.template".into(), req.name.clone())].into() }).await?
+            checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.template".into(), req.name.clone())].into(), ..Default::default() }).await?
         }
     };
     let time = now();
@@ -330,7 +330,7 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                 }
                 _ => unreachable!("only RUN and COPY run"),
             }
-            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { name: None, labels: [("strata.build".into(), b.name.clone()), ("strata.step".into(), index.to_string())].into() }).await?;
+            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { labels: [("strata.build".into(), b.name.clone()), ("strata.step".into(), index.to_string())].into(), ..Default::default() }).await?;
             st.db.cache_step(&k, &c.id, &now())?;
             b.emit(BuildEvent::StepDone { index, checkpoint: c.id.clone(), duration_ms: t.elapsed().as_millis() as u64 }).await;
             current_from = c.id;
@@ -356,7 +356,7 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
             }
             let sb = b.sandbox(&current_from).await?;
             st.db.set_image_config(&sb, &b.config)?;
-            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { name: None, labels: [("strata.build".into(), b.name.clone())].into() }).await?;
+            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { labels: [("strata.build".into(), b.name.clone())].into(), ..Default::default() }).await?;
             st.db.cache_step(&final_key, &c.id, &now())?;
             Ok(c.id)
         }

@@ -119,6 +119,9 @@ pub const MIGRATIONS: &[&str] = &[
         checkpoint TEXT NOT NULL,
         created_at TEXT NOT NULL
     );",
+    // 4: checkpoint retention
+    "ALTER TABLE checkpoints ADD COLUMN expires_at TEXT;
+    ALTER TABLE checkpoints ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -221,7 +224,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned";
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
@@ -244,6 +247,8 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                 created_at: r.get(12)?,
                 frozen_ms: r.get::<_, i64>(13)? as u64,
                 duration_ms: r.get::<_, i64>(14)? as u64,
+                expires_at: r.get(15)?,
+                pinned: r.get::<_, i64>(16)? != 0,
             },
             parse(&config, "image_config")?,
         ))
@@ -456,11 +461,11 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
-                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64
+                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
