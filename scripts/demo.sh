@@ -7,10 +7,13 @@
 # builds strata, starts a private daemon, and walks one agent task through the
 # stages strata gives different lifecycles:
 #
-#   setup      persistent sandbox: create a venv and a project (paid once)
-#   execute    multi-step work in the same sandbox (state carries over)
+#   setup      persistent sandbox: create a venv and a project (paid once),
+#              sealed into a template
+#   execute    multi-step work in the same sandbox, with a checkpoint
+#   fan-out    fork 4 from the checkpoint, a different fix in each, keep the
+#              one whose test passes (the sandbox is restored to it)
 #   idle       stop: processes and compute released, filesystem kept
-#   follow-up  start again: the environment is there, setup is not repaid
+#   follow-up  start again (setup not repaid); a new task from the template
 #   evaluate   ephemeral `strata run --rm`: clean start, nothing left behind
 #
 # and prints a table per stage: lifecycle, time, state kept.
@@ -63,7 +66,7 @@ DEV=$("$STRATA" create debian-python --name dev --memory 2g --cpus 2 --pids 512)
   python3 -m venv ~/venv && mkdir -p ~/proj && cd ~/proj && git init -q . &&
   cat > calc.py <<PY
 def add(a, b):
-    return a - b   # bug: the fix comes in the next stage
+    return a - b
 PY
   cat > test_calc.py <<PY
 from calc import add
@@ -75,11 +78,40 @@ SETUP_MS=$(( $(ms) - t ))
 row setup "persistent" "$SETUP_MS" "venv, repo, code (private writable layer)"
 
 echo
-note "stage 2 · execute: several steps in the same sandbox"
+note "stage 1b · template: the prepared environment becomes a warm starting point"
 t=$(ms)
-"$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py' || echo "(expected failure before the fix)"
-"$STRATA" exec -u user "$DEV" -- sh -c "cd ~/proj && sed -i 's/a - b/a + b/' calc.py && ~/venv/bin/python -B test_calc.py && git commit -qam fix && git log --oneline | head -2"
-row execute "persistent" "$(( $(ms) - t ))" "fix committed in the sandbox's repo"
+"$STRATA" template create proj-env --from "$DEV" >/dev/null
+row template "checkpoint -> template" "$(( $(ms) - t ))" "setup sealed as layers (cost ~ bytes changed)"
+
+echo
+note "stage 2 · execute: several steps in the same sandbox, with a checkpoint"
+t=$(ms)
+"$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py' || echo "(the test fails: the bug is still there)"
+BUG=$("$STRATA" checkpoint "$DEV" --name before-fix)
+row execute "persistent + checkpoint" "$(( $(ms) - t ))" "checkpoint before-fix"
+
+echo
+note "stage 3 · fan-out: fork 4 from the checkpoint, try a different fix in each, keep the passing one"
+t=$(ms)
+mapfile -t KIDS < <("$STRATA" fork before-fix --count 4 --name-prefix attempt)
+FIXES=("a * b" "b - a" "a + b" "a // b")
+WINNER=""
+for i in 0 1 2 3; do
+    fix=${FIXES[$i]}
+    if "$STRATA" exec -u user "${KIDS[$i]}" -- sh -c "cd ~/proj && sed -i 's/return a - b/return $fix/' calc.py && ~/venv/bin/python -B test_calc.py" >/dev/null 2>&1; then
+        echo "  attempt-$((i + 1)) ($fix): pass"
+        [ -n "$WINNER" ] || WINNER=${KIDS[$i]}
+    else
+        echo "  attempt-$((i + 1)) ($fix): fail"
+    fi
+done
+[ -n "$WINNER" ] || die "no attempt passed"
+"$STRATA" exec -u user "$WINNER" -- sh -c 'cd ~/proj && git commit -qam fix'
+WIN_CKPT=$("$STRATA" checkpoint "$WINNER" --name fixed)
+"$STRATA" restore "$DEV" --to fixed >/dev/null
+"$STRATA" rm -f "${KIDS[@]}" >/dev/null
+"$STRATA" lineage "$DEV"
+row fan-out "fork 4, select" "$(( $(ms) - t ))" "winner's state adopted by dev; 4 forks removed"
 
 echo
 note "stage 3 · idle: stop releases processes and compute, keeps the filesystem"
@@ -95,6 +127,12 @@ t=$(ms)
 "$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py && git log --oneline | wc -l'
 FOLLOW_MS=$(( $(ms) - t ))
 row follow-up "persistent (restarted)" "$FOLLOW_MS" "same venv and repo; setup not repaid"
+t=$(ms)
+NEXT=$("$STRATA" create proj-env --name next-task)
+"$STRATA" exec -u user "$NEXT" -- sh -c 'cd ~/proj && ~/venv/bin/python -V'
+TEMPLATE_MS=$(( $(ms) - t ))
+"$STRATA" rm -f "$NEXT" >/dev/null
+row new-task "from template" "$TEMPLATE_MS" "a new sandbox with the prepared venv"
 
 echo
 note "stage 5 · evaluate: ephemeral, clean start, nothing left behind"
@@ -112,4 +150,4 @@ printf '%-10s | %-22s | %11s | %s\n' stage lifecycle time "state kept"
 printf '%s\n' "-----------+------------------------+-------------+-------------------------------------------"
 printf '%s\n' "${ROWS[@]}"
 echo
-note "follow-up started in ${FOLLOW_MS} ms instead of repaying ${SETUP_MS} ms of setup"
+note "follow-up started in ${FOLLOW_MS} ms and a new task from the template in ${TEMPLATE_MS} ms, instead of repaying ${SETUP_MS} ms of setup"

@@ -37,8 +37,10 @@ pub struct Checkpoint {
     /// The previous checkpoint in its lineage, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
-    /// The layer this checkpoint added (`sha256:<hex>` of its tar).
-    pub layer: String,
+    /// The layer this checkpoint added (`sha256:<hex>` of its tar); absent when
+    /// nothing changed since its parent (the chain is then the parent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<String>,
     /// Bytes in that layer.
     pub layer_size: u64,
     /// The whole chain, bottom first (image layers, then checkpoint layers).

@@ -575,7 +575,7 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
             ck.parent.as_deref().unwrap_or("-"),
             ck.image,
             ck.image_id,
-            ck.layer,
+            ck.layer.as_deref().unwrap_or("none (nothing changed)"),
             output::size(ck.layer_size),
             ck.layers.len(),
             ck.changed_paths,

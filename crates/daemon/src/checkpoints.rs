@@ -124,15 +124,25 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let json = serde_json::to_vec(&now_manifest).expect("manifest serializes");
     std::fs::create_dir_all(manifest_file.parent().expect("has parent")).map_err(|e| ApiError::internal("manifest dir", &e))?;
     strata_store::fsutil::write_atomic(&manifest_file, &json, 0o600).map_err(|e| ApiError::internal("write checkpoint manifest", &e))?;
+    // An empty change set adds no layer: the chain stays the parent's (overlayfs
+    // also refuses the same directory twice in one stack).
     let mut chain = base.chain;
-    chain.push(layer.digest.clone());
+    let added = (changed > 0).then(|| layer.digest.clone());
+    if let Some(d) = &added {
+        if chain.contains(d) {
+            // Byte-identical to a layer lower in the chain (same files, same mtimes):
+            // overlayfs cannot stack one directory twice.
+            return Err(ApiError::new(ErrorCode::Internal, format!("checkpoint layer {d} repeats a layer already in the chain; touch a changed file and retry")));
+        }
+        chain.push(d.clone());
+    }
     let ckpt = Checkpoint {
         id,
         name,
         sandbox_id: rec.sandbox.id.clone(),
         parent: base.parent,
-        layer: layer.digest.clone(),
-        layer_size: layer.size,
+        layer_size: if added.is_some() { layer.size } else { 0 },
+        layer: added,
         layers: chain,
         image: image_name(st, rec),
         image_id: rec.sandbox.image_id.clone(),
@@ -491,13 +501,17 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
     }
     for c in &ckpts {
         let key = format!("checkpoint:{}", c.id);
+        // Checkpoints hang off their parent checkpoint or the image; sandboxes off
+        // checkpoints or images. Edges only point to older checkpoints, so the
+        // graph is a tree even after restores (where a sandbox moves below a
+        // checkpoint that was taken from it).
         let p = match &c.parent {
             Some(pc) if ckpts.iter().any(|x| &x.id == pc) => format!("checkpoint:{pc}"),
-            _ if sandbox_ids.contains(c.sandbox_id.as_str()) => format!("sandbox:{}", c.sandbox_id),
             _ => format!("image:{}", c.image),
         };
         parent.insert(key.clone(), p);
-        let detail = format!("{} layer, {} paths changed{}", strata_api_size(c.layer_size), c.changed_paths, if c.pinned { ", pinned" } else { "" });
+        let from = if sandbox_ids.contains(c.sandbox_id.as_str()) { format!("from sandbox {}", c.sandbox_id) } else { format!("from sandbox {} (gone)", c.sandbox_id) };
+        let detail = format!("{from}, {} layer, {} paths changed{}", strata_api_size(c.layer_size), c.changed_paths, if c.pinned { ", pinned" } else { "" });
         nodes.insert(key, LineageNode { kind: "checkpoint".into(), id: c.id.clone(), name: c.name.clone(), parent: None, detail });
     }
     for (name, ck, _) in &templates {
@@ -513,21 +527,24 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
     // The component of `focus`: everything sharing its root.
     let root_of = |k: &str| {
         let mut cur = k.to_string();
-        let mut hops = 0;
+        let mut seen = BTreeSet::new();
         while let Some(p) = parent.get(&cur) {
-            cur = p.clone();
-            hops += 1;
-            if hops > 10_000 {
+            if !seen.insert(cur.clone()) {
                 break;
             }
+            cur = p.clone();
         }
         cur
     };
     let root = root_of(&focus);
     let mut out = Vec::new();
-    // Parents before children: breadth-first from the root.
+    // Parents before children: breadth-first from the root, each node once.
+    let mut visited = BTreeSet::new();
     let mut queue = std::collections::VecDeque::from([root.clone()]);
     while let Some(k) = queue.pop_front() {
+        if !visited.insert(k.clone()) {
+            continue;
+        }
         if let Some(mut n) = nodes.get(&k).cloned() {
             n.parent = parent.get(&k).map(|p| p.split_once(':').map(|(_, id)| id.to_string()).unwrap_or_default());
             out.push(n);

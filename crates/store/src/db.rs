@@ -93,7 +93,7 @@ pub const MIGRATIONS: &[&str] = &[
         name TEXT NOT NULL UNIQUE,
         sandbox_id TEXT NOT NULL,
         parent TEXT,
-        layer TEXT NOT NULL,
+        layer TEXT,
         layer_size INTEGER NOT NULL,
         layers TEXT NOT NULL,
         image TEXT NOT NULL,
