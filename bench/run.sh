@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # strata benchmarks: builds the release binaries, starts a private strata daemon, measures
-# strata against baselines run in the same process (bwrap, unshare, nsenter, tar -xf), prints
+# strata against baselines run in the same process (bwrap, unshare, nsenter, tar -xf, cp), prints
 # the table and writes docs/benchmarks.md.
 #
 #   bench/run.sh [--quick] [EXTRA strata-bench ARGS, e.g. --only create,exec --runs 300]

@@ -114,14 +114,14 @@ WIN_CKPT=$("$STRATA" checkpoint "$WINNER" --name fixed)
 row fan-out "fork 4, select" "$(( $(ms) - t ))" "winner's state adopted by dev; 4 forks removed"
 
 echo
-note "stage 3 · idle: stop releases processes and compute, keeps the filesystem"
+note "stage 4 · idle: stop releases processes and compute, keeps the filesystem"
 t=$(ms)
 "$STRATA" stop "$DEV" >/dev/null
 "$STRATA" ps
 row idle "stopped" "$(( $(ms) - t ))" "filesystem kept, no processes"
 
 echo
-note "stage 4 · follow-up: start again, nothing is reinstalled"
+note "stage 5 · follow-up: start again, nothing is reinstalled"
 t=$(ms)
 "$STRATA" start "$DEV" >/dev/null
 "$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py && git log --oneline | wc -l'
@@ -135,7 +135,7 @@ TEMPLATE_MS=$(( $(ms) - t ))
 row new-task "from template" "$TEMPLATE_MS" "a new sandbox with the prepared venv"
 
 echo
-note "stage 5 · evaluate: ephemeral, clean start, nothing left behind"
+note "stage 6 · evaluate: ephemeral, clean start, nothing left behind"
 "$STRATA" cp "$DEV:/home/user/proj" "$WORK/export"
 t=$(ms)
 "$STRATA" run --rm debian-python --memory 1g -- python3 -c 'import os; print("eval in a fresh sandbox; home has:", sorted(os.listdir("/home/user")))'

@@ -3,7 +3,8 @@
 //! Started by `bench/run.sh`, which builds the binaries, starts a private daemon,
 //! imports the busybox test image and passes everything on the command line.
 //! Figures: (1) create -> first exec -> destroy, (2) exec into a running sandbox,
-//! (3) host memory of idle sandboxes, (4) image import and its deduplication.
+//! (3) host memory of idle sandboxes, (4) image import and its deduplication,
+//! (5) checkpoint and fork on a ~1 GiB rootfs, and the disk forks use.
 
 mod figures;
 mod report;
@@ -34,6 +35,7 @@ pub struct Cfg {
     pub idle: usize,
     pub warmup: usize,
     pub import: String,
+    pub big_mib: u64,
     pub only: Vec<String>,
     pub date: String,
     pub commit: String,
@@ -41,7 +43,11 @@ pub struct Cfg {
 
 const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid PID --state-dir DIR --images DIR --work DIR
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
-       [--warmup 10] [--import auto|generated|PATH] [--only create,exec,idle,import] [--date S] [--commit S]";
+       [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
+       [--only create,exec,idle,import,checkpoint] [--date S] [--commit S]";
+
+/// Figure names, in run order.
+const FIGURES: [&str; 5] = ["create", "exec", "idle", "import", "checkpoint"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -58,6 +64,7 @@ fn parse_args() -> Result<Cfg> {
         idle: 200,
         warmup: 10,
         import: "auto".into(),
+        big_mib: 1024,
         only: vec![],
         date: String::new(),
         commit: String::new(),
@@ -87,6 +94,7 @@ fn parse_args() -> Result<Cfg> {
             "--idle" => c.idle = v.parse().context("--idle")?,
             "--warmup" => c.warmup = v.parse().context("--warmup")?,
             "--import" => c.import = v,
+            "--big-mib" => c.big_mib = v.parse().context("--big-mib")?,
             "--only" => c.only = v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect(),
             "--date" => c.date = v,
             "--commit" => c.commit = v,
@@ -96,7 +104,10 @@ fn parse_args() -> Result<Cfg> {
     if c.socket.as_os_str().is_empty() || c.strata.as_os_str().is_empty() || c.daemon_pid == 0 || c.work.as_os_str().is_empty() || c.state_dir.as_os_str().is_empty() {
         bail!("--socket, --strata, --daemon-pid, --state-dir and --work are required\n{USAGE}");
     }
-    if c.runs == 0 || c.cli_runs == 0 || c.idle == 0 {
+    if let Some(f) = c.only.iter().find(|f| !FIGURES.contains(&f.as_str())) {
+        bail!("--only: unknown figure {f:?} (figures: {})", FIGURES.join(", "));
+    }
+    if c.runs == 0 || c.cli_runs == 0 || c.idle == 0 || c.big_mib == 0 {
         bail!("run counts must be positive");
     }
     Ok(c)
@@ -135,11 +146,12 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 4] = [
+    let figs: [(&str, Fig); 5] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
         ("import", |b| Box::pin(figures::import::run(b))),
+        ("checkpoint", |b| Box::pin(figures::checkpoint::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

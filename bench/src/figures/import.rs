@@ -17,10 +17,10 @@ use crate::Bench;
 const GEN_BYTES: u64 = 200 * 1000 * 1000;
 
 /// splitmix64: a tiny seeded generator, so the generated rootfs is identical on every run.
-struct SplitMix(u64);
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -1,5 +1,6 @@
-//! The four figures of the benchmark, and what they share.
+//! The five figures of the benchmark, and what they share.
 
+pub mod checkpoint;
 pub mod create;
 pub mod exec;
 pub mod idle;
