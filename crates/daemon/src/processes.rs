@@ -220,12 +220,6 @@ impl ProcessTable {
         self.list(sandbox_id).iter().filter(|p| p.status == ProcessStatus::Running).count()
     }
 
-    /// Called after a sandbox's processes were killed: nothing to do but let the
-    /// exec helpers report the kills (kept for symmetry and logging).
-    pub fn sandbox_stopped(&self, sandbox_id: &str) {
-        debug!(sandbox = sandbox_id, running = self.running(sandbox_id), "sandbox stopped");
-    }
-
     /// Forgets every process of a destroyed sandbox.
     pub fn forget(&self, sandbox_id: &str) {
         self.lock().remove(sandbox_id);

@@ -295,7 +295,6 @@ async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Duration) -> Ap
     .await
     .map_err(|e| ApiError::internal("stop task", &e))?
     .map_err(|e| ApiError::internal("stop", &e))?;
-    st.processes.sandbox_stopped(&rec.sandbox.id);
     Ok(())
 }
 
@@ -307,7 +306,6 @@ async fn kill_only(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
         .await
         .map_err(|e| ApiError::internal("kill task", &e))?
         .map_err(|e| ApiError::internal("kill", &e))?;
-    st.processes.sandbox_stopped(&rec.sandbox.id);
     Ok(())
 }
 

@@ -14,7 +14,7 @@ pub mod user;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -252,9 +252,4 @@ pub fn wait_for_exit(handle: &SandboxHandle, timeout: Duration) -> bool {
         }
         // EINTR: poll again.
     }
-}
-
-/// Whether `path` looks like a usable helper binary.
-pub fn helper_exists(path: &Path) -> bool {
-    path.is_file()
 }
