@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
-use strata_api::{Checkpoint, CheckpointRequest, ExecRequest, ForkRequest, ImportImageRequest, Lifecycle, SandboxState};
+use strata_api::{Checkpoint, CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, ImportImageRequest, Lifecycle, SandboxState};
 use strata_client::Client;
 
 use super::create_req;
@@ -288,10 +288,9 @@ async fn fork_round(c: &Client, o: &mut Owned, ckpt: &str, prefix: &str, keep: b
     let r = match c.fork(&req).await {
         Ok(r) => r,
         Err(e) => {
-            // A failed fork can leave a child that did not start behind (in `error`), and
+            // A failed fork can leave a child that did not start behind (in `error`) and
             // returns no ids: find the children by name so the checkpoint can be deleted.
-            let left: Vec<String> = c.list_sandboxes().await.unwrap_or_default().into_iter().filter(|s| s.name.starts_with(&format!("{prefix}-"))).map(|s| s.id).collect();
-            o.sandboxes.extend(left);
+            adopt(c, o, prefix).await;
             return Err(anyhow::Error::new(e).context(format!("fork {FORKS} from {ckpt}")));
         }
     };
@@ -320,15 +319,67 @@ async fn fork_round(c: &Client, o: &mut Owned, ckpt: &str, prefix: &str, keep: b
     Ok(ForkRun { wall, server_ms: r.duration_ms, children: r.sandboxes, boot_ms, rm })
 }
 
+/// Adds the sandboxes named `<prefix>-*` to the owned list (they are removed at the end).
+async fn adopt(c: &Client, o: &mut Owned, prefix: &str) {
+    let p = format!("{prefix}-");
+    for s in c.list_sandboxes().await.unwrap_or_default() {
+        if s.name.starts_with(&p) && !o.sandboxes.contains(&s.id) {
+            o.sandboxes.push(s.id);
+        }
+    }
+}
+
+/// Fork calls made and the errors of those that failed.
+#[derive(Default)]
+struct Attempts {
+    calls: usize,
+    failures: Vec<String>,
+}
+
+/// Tries attempts of a round.
+const FORK_TRIES: usize = 3;
+
+/// A fork round; a failed round is recorded in `att` (a FAIL row), its children are
+/// removed and it is run again, up to FORK_TRIES times.
+async fn fork_retry(c: &Client, o: &mut Owned, att: &mut Attempts, ckpt: &str, prefix: &str, keep: bool) -> Result<ForkRun> {
+    let mut last = None;
+    for k in 0..FORK_TRIES {
+        let p = if k == 0 { prefix.to_string() } else { format!("{prefix}r{k}") };
+        att.calls += 1;
+        match fork_round(c, o, ckpt, &p, keep).await {
+            Ok(r) => return Ok(r),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                eprintln!("strata-bench: fork round {p} failed (attempt {} of {FORK_TRIES}): {msg}", k + 1);
+                att.failures.push(msg);
+                adopt(c, o, &p).await;
+                let mine: Vec<String> = {
+                    let all = c.list_sandboxes().await.unwrap_or_default();
+                    all.into_iter().filter(|s| s.name.starts_with(&format!("{p}-"))).map(|s| s.id).collect()
+                };
+                o.remove_sandboxes(c, &mine).await?;
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
 /// Baseline for a fork: FORKS sequential `create_sandbox` calls from the same checkpoint
 /// (timed together), then the children are removed.
-async fn sequential_creates(c: &Client, o: &mut Owned, ckpt: &str) -> Result<Duration> {
-    let req = create_req(ckpt);
+async fn sequential_creates(c: &Client, o: &mut Owned, ckpt: &str, prefix: &str) -> Result<Duration> {
     let mut ids = Vec::new();
     sync_all();
     let t = Instant::now();
-    for _ in 0..FORKS {
-        let sb = c.create_sandbox(&req).await.with_context(|| format!("create from {ckpt}"))?;
+    for i in 1..=FORKS {
+        let req = CreateSandboxRequest { source: ckpt.to_string(), name: Some(format!("{prefix}-{i}")), ..Default::default() };
+        let sb = match c.create_sandbox(&req).await {
+            Ok(sb) => sb,
+            Err(e) => {
+                adopt(c, o, prefix).await;
+                return Err(anyhow::Error::new(e).context(format!("create from {ckpt}")));
+            }
+        };
         o.sandboxes.push(sb.id.clone());
         ids.push(sb.id);
     }
@@ -356,9 +407,37 @@ struct Disk {
     fs: u64,
 }
 
-fn disk(state: &Path) -> Result<Disk> {
+/// Waits (up to 10 s) until the daemon has released the directories of destroyed
+/// sandboxes (it does so in the background), then measures.
+async fn disk(c: &Client, state: &Path) -> Result<Disk> {
+    let dir = state.join("sandboxes");
+    let t = Instant::now();
+    loop {
+        let live: Vec<String> = c.list_sandboxes().await?.into_iter().map(|s| s.id).collect();
+        let stale = std::fs::read_dir(&dir)?.flatten().filter(|e| !live.contains(&e.file_name().to_string_lossy().into_owned())).count();
+        if stale == 0 {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            eprintln!("strata-bench: {stale} directories of destroyed sandboxes are still in {}", dir.display());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     sync_all();
-    Ok(Disk { total: disk_usage(state)?, sandboxes: disk_usage(&state.join("sandboxes"))?, layers: disk_usage(&state.join("layers"))?, fs: fs_used(state)? })
+    let du = |d: &Path| -> Result<u64> {
+        // A directory being released right now makes du fail: measure again.
+        let mut r = disk_usage(d);
+        for _ in 0..3 {
+            if r.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            r = disk_usage(d);
+        }
+        r
+    };
+    Ok(Disk { total: du(state)?, sandboxes: du(&dir)?, layers: du(&state.join("layers"))?, fs: fs_used(state)? })
 }
 
 fn delta(a: u64, b: u64) -> String {
@@ -389,7 +468,7 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
     let gen = t.elapsed();
     let tar_len = std::fs::metadata(&tar)?.len();
     sync_all();
-    let du0 = disk_usage(&cfg.state_dir)?;
+    let du0 = disk(&c, &cfg.state_dir).await?.total;
     let t = Instant::now();
     let rep = c
         .import_image(&ImportImageRequest { source: tar.to_string_lossy().into_owned(), name: BIG_IMAGE.into(), trusted: false, replace: true })
@@ -399,7 +478,7 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
     o.image = true;
     std::fs::remove_file(&tar)?;
     sync_all();
-    let du1 = disk_usage(&cfg.state_dir)?;
+    let du1 = disk(&c, &cfg.state_dir).await?.total;
     let small_img = c.get_image(&small).await.with_context(|| format!("image {small}"))?;
     details.push(format!(
         "big image {BIG_IMAGE}: busybox rootfs + {nfiles} x {} of seeded random data; tarball {} (generated in {}); \
@@ -519,18 +598,19 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
         tmpl.push(ck);
     }
     let (cbig, csmall) = (tmpl[0].id.clone(), tmpl[1].id.clone());
-    fork_round(&c, o, &cbig, "fk-warm-big", false).await?;
-    fork_round(&c, o, &csmall, "fk-warm-small", false).await?;
+    let mut att = Attempts::default();
+    fork_retry(&c, o, &mut att, &cbig, "fk-warm-big", false).await?;
+    fork_retry(&c, o, &mut att, &csmall, "fk-warm-small", false).await?;
     let (mut fb, mut fs, mut seq) = (Vec::new(), Vec::new(), Vec::new());
-    sequential_creates(&c, o, &cbig).await?;
+    sequential_creates(&c, o, &cbig, "seq-warm").await?;
     for r in 0..FORK_ROUNDS {
-        seq.push(sequential_creates(&c, o, &cbig).await?);
+        seq.push(sequential_creates(&c, o, &cbig, &format!("seq-{r}")).await?);
         if r.is_multiple_of(2) {
-            fb.push(fork_round(&c, o, &cbig, &format!("fk-big-{r}"), false).await?);
-            fs.push(fork_round(&c, o, &csmall, &format!("fk-small-{r}"), false).await?);
+            fb.push(fork_retry(&c, o, &mut att, &cbig, &format!("fk-big-{r}"), false).await?);
+            fs.push(fork_retry(&c, o, &mut att, &csmall, &format!("fk-small-{r}"), false).await?);
         } else {
-            fs.push(fork_round(&c, o, &csmall, &format!("fk-small-{r}"), false).await?);
-            fb.push(fork_round(&c, o, &cbig, &format!("fk-big-{r}"), false).await?);
+            fs.push(fork_retry(&c, o, &mut att, &csmall, &format!("fk-small-{r}"), false).await?);
+            fb.push(fork_retry(&c, o, &mut att, &cbig, &format!("fk-big-{r}"), false).await?);
         }
     }
     let fwall = |v: &[ForkRun]| med(v.iter().map(|x| x.wall));
@@ -575,12 +655,12 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
     details.push(format!("baseline, {FORKS} sequential create_sandbox calls from the big template's checkpoint (after one warm-up batch): {}", seq.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(", ")));
 
     // (c) Disk: 16 forks of the big template, each writing 1 MiB.
-    let before = disk(&cfg.state_dir)?;
-    let fr = fork_round(&c, o, &cbig, "fk-disk", true).await?;
+    let before = disk(&c, &cfg.state_dir).await?;
+    let fr = fork_retry(&c, o, &mut att, &cbig, "fk-disk", true).await?;
     for id in &fr.children {
         write_random(&c, id, "/work/fork-data", 1).await?;
     }
-    let after = disk(&cfg.state_dir)?;
+    let after = disk(&c, &cfg.state_dir).await?;
     o.remove_sandboxes(&c, &fr.children).await?;
     let written = FORKS as u64 * MIB;
     let growth = after.total.saturating_sub(before.total);
@@ -613,6 +693,22 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
         delta(before.fs, after.fs)
     ));
 
+    let nf = att.failures.len();
+    b.report.rows.push(Row::new(
+        format!("fork {FORKS}: fork calls that failed (each failed round is retried)"),
+        match att.failures.first() {
+            None => format!("0 of {}", att.calls),
+            Some(e) => format!("{nf} of {} (first: {e})", att.calls),
+        },
+        "-",
+        "-",
+        "0",
+        Verdict::of(nf == 0),
+    ));
+    for (i, e) in att.failures.iter().enumerate() {
+        details.push(format!("failed fork call {}: {e}", i + 1));
+    }
+
     b.report.sections.push((
         "5. checkpoint and fork".into(),
         format!(
@@ -628,7 +724,8 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
              **Fork:** per image, a template sandbox writes 1 MiB and is checkpointed; `fork` of {FORKS} children from that checkpoint, \
              timed around the API call (it returns when every child is running), one warm-up round per image then {FORK_ROUNDS} rounds \
              alternating which image goes first; outside the timing each child is checked to be `running` and to run `echo ok`, its \
-             creating->running event duration is read, and all children are removed. Baseline: {FORKS} sequential `create_sandbox` calls \
+             creating->running event duration is read, and all children are removed. A fork call that fails is counted (its own row), its \
+             leftover children are removed and the round is run again (up to {FORK_TRIES} tries). Baseline: {FORKS} sequential `create_sandbox` calls \
              with the big template's checkpoint as the source (one warm-up batch, then one batch before each round), timed together. \
              **Disk:** `du -s -B1 -x` of the state directory (and its sandboxes/ and layers/) after `sync`, before forking {FORKS} children \
              of the big template and after each of them wrote 1 MiB of random data (`dd`); target: growth < 2x the bytes written."

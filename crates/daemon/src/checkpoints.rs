@@ -189,11 +189,8 @@ fn seal(upper: &std::path::Path, base: &TreeManifest, lowers: &[PathBuf], store:
         produced?;
         Ok::<_, ApiError>(unpacked?)
     })?;
-    // The checkpoint is durable before it becomes visible.
-    if let Ok(f) = std::fs::File::open(store.root()) {
-        // SAFETY: syncfs on a descriptor we own.
-        unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
-    }
+    // unpack_layer syncs the layer's filesystem before committing it, so the
+    // checkpoint is durable before its record makes it visible.
     Ok((layer, now, changed))
 }
 
@@ -261,7 +258,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         }
         names.push(n);
     }
-    let creates = names.into_iter().map(|name| {
+    let creates = names.clone().into_iter().map(|name| {
         let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), ..Default::default() };
         sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation })
     });
@@ -277,8 +274,11 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         }
     }
     if let Some(e) = first_err {
-        for id in &ids_out {
-            let _ = sandboxes::destroy(st, id, true, "fork_failed").await;
+        // Remove every child of this fork, including one left in `error` by a failed start.
+        for name in &names {
+            if let Ok(Some(rec)) = st.db.get_sandbox(name) {
+                let _ = sandboxes::destroy(st, &rec.sandbox.id, true, "fork_failed").await;
+            }
         }
         return Err(e);
     }

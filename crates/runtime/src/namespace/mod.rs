@@ -106,23 +106,23 @@ impl Runtime for NamespaceRuntime {
         stdin.write_all(&json).map_err(|e| RuntimeError::sys("send init config", e))?;
         drop(stdin);
         let stdout = child.stdout.take().expect("piped stdout");
+        // The outer helper reports the pid, pid 1 reports ready or an error; the two
+        // writers race, so read until both are known (or the pipe closes).
         let mut pid = None;
-        let mut outcome: Result<(), RuntimeError> = Err(RuntimeError::Setup("init exited without reporting".into()));
+        let mut outcome: Option<Result<(), RuntimeError>> = None;
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             match serde_json::from_str::<init::InitReport>(&line) {
                 Ok(init::InitReport::Pid { pid: p }) => pid = Some(p),
-                Ok(init::InitReport::Ready) => {
-                    outcome = Ok(());
-                    break;
-                }
-                Ok(init::InitReport::Error { message }) => {
-                    outcome = Err(RuntimeError::Setup(message));
-                    break;
-                }
+                Ok(init::InitReport::Ready) => outcome = Some(Ok(())),
+                Ok(init::InitReport::Error { message }) => outcome = Some(Err(RuntimeError::Setup(message))),
                 Err(_) => debug!(line, "unexpected line from init"),
             }
+            if pid.is_some() && outcome.is_some() {
+                break;
+            }
         }
+        let outcome = outcome.unwrap_or_else(|| Err(RuntimeError::Setup("init exited without reporting".into())));
         let _ = child.wait();
         debug!(sandbox = %spec.id, cgroup_us = t_cgroup.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "init ready");
         let cleanup = |pid: Option<i32>| {
