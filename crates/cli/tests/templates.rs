@@ -22,11 +22,13 @@ fn builds_cache_unchanged_prefixes_and_templates_start_sandboxes() {
     let ctx = tempfile::tempdir().unwrap();
     std::fs::write(ctx.path().join("data.txt"), "from the context\n").unwrap();
     let file = ctx.path().join("Stratafile");
-    let base = "FROM busybox\nENV STAGE=setup\nWORKDIR /app\nRUN echo \"installed $STAGE\" > /app/setup.log\nCOPY data.txt /app/\n";
+    std::fs::create_dir_all(ctx.path().join("conf/sub")).unwrap();
+    std::fs::write(ctx.path().join("conf/sub/x.cfg"), "x=1\n").unwrap();
+    let base = "FROM busybox\nENV STAGE=setup\nWORKDIR /app\nRUN echo \"installed $STAGE\" > /app/setup.log\nCOPY data.txt /app/\nCOPY data.txt /etc/renamed.txt\nCOPY conf /etc/conf/\n";
     std::fs::write(&file, base).unwrap();
     let (out, events) = build(&d, &file);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    assert_eq!(steps_run(&events), ["RUN echo \"installed $STAGE\" > /app/setup.log", "COPY data.txt /app/"]);
+    assert_eq!(steps_run(&events), ["RUN echo \"installed $STAGE\" > /app/setup.log", "COPY data.txt /app/", "COPY data.txt /etc/renamed.txt", "COPY conf /etc/conf/"]);
     // Unchanged: nothing runs.
     let (_, events) = build(&d, &file);
     assert!(steps_run(&events).is_empty(), "{events:?}");
@@ -37,10 +39,12 @@ fn builds_cache_unchanged_prefixes_and_templates_start_sandboxes() {
     // Changed COPY content invalidates that step and everything after it.
     std::fs::write(ctx.path().join("data.txt"), "new content\n").unwrap();
     let (_, events) = build(&d, &file);
-    assert_eq!(steps_run(&events), ["COPY data.txt /app/", "RUN echo extra >> /app/setup.log"]);
+    assert_eq!(steps_run(&events), ["COPY data.txt /app/", "COPY data.txt /etc/renamed.txt", "COPY conf /etc/conf/", "RUN echo extra >> /app/setup.log"]);
 
     let id = d.cli_ok(&["create", "app"]).trim().to_string();
     assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "pwd; cat setup.log data.txt; echo $STAGE"]), "/app\ninstalled setup\nextra\nnew content\nsetup\n");
+    // COPY semantics: a file to a path is that path; a directory's contents go into the destination.
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/etc/renamed.txt", "/etc/conf/sub/x.cfg"]), "new content\nx=1\n");
     let ls: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["template", "ls", "--json"])).unwrap();
     assert_eq!(ls.len(), 1);
     // The template's checkpoint cannot be deleted while the template points at it.

@@ -238,8 +238,9 @@ fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
     b.mode(tar::HeaderMode::Deterministic);
     for src in srcs {
         let p = context_file(context, src)?;
+        // Like Docker: a directory's contents are copied, a file keeps its name.
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| ".".into());
-        let res = if p.is_dir() { b.append_dir_all(&name, &p) } else { b.append_path_with_name(&p, &name) };
+        let res = if p.is_dir() { b.append_dir_all(".", &p) } else { b.append_path_with_name(&p, &name) };
         res.map_err(|e| ApiError::bad_request(format!("COPY source {src}: {e}")))?;
     }
     b.into_inner().map_err(|e| ApiError::internal("COPY archive", &e))
@@ -312,7 +313,7 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
             }
             match step {
                 Step::Run(cmd) => b.run(&sb, cmd).await?,
-                Step::Copy(_, dst) => {
+                Step::Copy(srcs, dst) => {
                     let rec = load(st, &sb)?;
                     let pid = rec.sandbox.init_pid.ok_or_else(|| ApiError::new(ErrorCode::Internal, "build sandbox has no init"))?;
                     let dst = match (dst.starts_with('/'), &b.config.working_dir) {
@@ -320,9 +321,27 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                         (false, Some(w)) => format!("{}/{dst}", w.trim_end_matches('/')),
                         (false, None) => format!("/{dst}"),
                     };
+                    // One file to a path not ending in '/' is copied to that path (not into it).
+                    let single_file = match srcs.as_slice() {
+                        [one] if !dst.ends_with('/') => Some(context_file(context.as_deref(), one)?).filter(|p| p.is_file()),
+                        _ => None,
+                    };
                     tokio::task::spawn_blocking(move || -> ApiResult<()> {
                         let fs = crate::sandboxfs::SandboxFs::open(pid).map_err(|e| ApiError::internal("sandbox root", &e))?;
-                        fs.untar_from(&dst, &extra[..])?;
+                        match single_file {
+                            Some(src) => {
+                                use std::os::unix::fs::PermissionsExt;
+                                let data = std::fs::read(&src).map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
+                                let mode = std::fs::metadata(&src).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
+                                if let Some(parent) = FsPath::new(&dst).parent().and_then(|p| p.to_str()).filter(|p| *p != "/" && !p.is_empty()) {
+                                    fs.mkdir(parent, true, 0o755)?;
+                                }
+                                fs.write_file(&dst, &data, mode)?;
+                            }
+                            None => {
+                                fs.untar_from(&dst, &extra[..])?;
+                            }
+                        }
                         Ok(())
                     })
                     .await
