@@ -227,3 +227,41 @@ fn retention_gc_and_lineage() {
     assert_eq!(names, ["kept", "y2"], "the expired one went; the pinned one and the one without retention stay");
     let _ = y;
 }
+
+#[test]
+fn deep_chains_are_flattened_transparently() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    d.create(&["--name", "deep"]);
+    d.cli_ok(&["exec", "deep", "--", "sh", "-c", "mkdir /work && echo first > /work/a && echo doomed > /work/b"]);
+    let mut last = String::new();
+    for i in 0..28 {
+        let script = match i {
+            5 => "rm /work/b; echo 5 > /work/n".to_string(),
+            9 => "rm -rf /work && mkdir /work && echo replaced > /work/a".to_string(),
+            _ => format!("echo {i} > /work/n"),
+        };
+        d.cli_ok(&["exec", "deep", "--", "sh", "-c", &script]);
+        last = d.cli_ok(&["checkpoint", "deep"]).trim().to_string();
+    }
+    let ck = json(&d, &["checkpoint", "inspect", &last, "--json"]);
+    let chain = ck["layers"].as_array().unwrap().len();
+    assert!(chain > 24, "a chain deeper than the flattening threshold: {chain}");
+    let kids: Vec<String> = d.cli_ok(&["fork", &last, "-n", "2"]).lines().map(str::to_string).collect();
+    for k in &kids {
+        assert_eq!(d.cli_ok(&["exec", k, "--", "sh", "-c", "cat /work/a /work/n; ls /work"]), "replaced\n27\na\nn\n");
+    }
+    // Ids users see are unchanged; the flattened tree is shared by both children.
+    let inspect = json(&d, &["inspect", &kids[0], "--json"]);
+    assert_eq!(inspect["base_checkpoint"], last.as_str());
+    assert_eq!(std::fs::read_dir(d.state("layers/squashed")).unwrap().count(), 1);
+    // The original sandbox keeps working on its own mount, and a stop/start of a child reuses the flattened tree.
+    d.cli_ok(&["stop", &kids[1]]);
+    d.cli_ok(&["start", &kids[1]]);
+    assert_eq!(d.cli_ok(&["exec", &kids[1], "--", "cat", "/work/a"]), "replaced\n");
+    // When no sandbox mounts it any more, GC removes it.
+    d.cli_ok(&["rm", "-f", &kids[0], &kids[1]]);
+    d.cli_ok(&["gc"]);
+    assert_eq!(std::fs::read_dir(d.state("layers/squashed")).unwrap().count(), 0);
+}

@@ -264,6 +264,22 @@ pub fn gc_layers_counted(st: &Shared) -> ApiResult<(usize, u64)> {
             removed += 1;
         }
     }
+    // Flattened chains no sandbox mounts any more.
+    let squashed_root = st.layers.root().join("squashed");
+    if let Ok(entries) = std::fs::read_dir(&squashed_root) {
+        let mut needed = std::collections::HashSet::new();
+        for sb in st.db.list_sandboxes()? {
+            if sb.layers.len() > crate::sandboxes::SQUASH_AT {
+                let dirs: Vec<_> = sb.layers.iter().filter_map(|d| st.layers.fs_dir(d).ok()).collect();
+                needed.insert(crate::sandboxes::squashed_dir(&st.layers, &dirs));
+            }
+        }
+        for e in entries.flatten() {
+            if !needed.contains(&e.path()) {
+                let _ = strata_store::fsutil::remove_dir_all_if_exists(&e.path());
+            }
+        }
+    }
     Ok((removed, bytes))
 }
 

@@ -107,6 +107,53 @@ fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
     })
 }
 
+/// Chains longer than this are mounted through one flattened lower directory
+/// (overlayfs takes a bounded number of lower layers). Checkpoints, layers and
+/// their ids stay as they are; only the mount changes.
+pub const SQUASH_AT: usize = 24;
+
+/// Where the flattened form of a deep chain is kept: `layers/squashed/<sha256 of the chain>`.
+pub fn squashed_dir(layers: &strata_store::LayerStore, chain_dirs: &[std::path::PathBuf]) -> std::path::PathBuf {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for d in chain_dirs {
+        h.update(d.as_os_str().as_encoded_bytes());
+        h.update(b"\n");
+    }
+    layers.root().join("squashed").join(hex::encode(h.finalize()))
+}
+
+/// Replaces a deep chain of lower directories with its flattened form, building
+/// it (staged, then renamed into place) the first time.
+fn flatten_if_deep(mut spec: SandboxSpec, layers: &strata_store::LayerStore) -> Result<SandboxSpec, strata_runtime::RuntimeError> {
+    if spec.lower_dirs.len() <= SQUASH_AT {
+        return Ok(spec);
+    }
+    let dir = squashed_dir(layers, &spec.lower_dirs);
+    if !dir.join("fs").is_dir() {
+        let t = Instant::now();
+        let staging = layers.root().join("staging").join(format!("squash-{}", ids::new_id()));
+        let fs_dir = staging.join("fs");
+        let build = || -> Result<(), String> {
+            std::fs::create_dir_all(&fs_dir).map_err(|e| e.to_string())?;
+            strata_image::squash::squash(&spec.lower_dirs, &fs_dir).map_err(|e| crate::error::chain(&e))?;
+            std::fs::create_dir_all(dir.parent().expect("squashed/ parent")).map_err(|e| e.to_string())?;
+            match std::fs::rename(&staging, &dir) {
+                Ok(()) => Ok(()),
+                // Built concurrently by another start of the same chain: use that one.
+                Err(_) if dir.join("fs").is_dir() => Ok(()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let res = build();
+        let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+        res.map_err(|e| strata_runtime::RuntimeError::Setup(format!("flattening a {}-layer chain: {e}", spec.lower_dirs.len())))?;
+        info!(layers = spec.lower_dirs.len(), ms = t.elapsed().as_millis() as u64, "flattened a deep layer chain");
+    }
+    spec.lower_dirs = vec![dir.join("fs")];
+    Ok(spec)
+}
+
 /// A sandbox's /etc/machine-id: stable across its restarts, different for every sandbox (and fork).
 fn machine_id(id: &str) -> String {
     use sha2::Digest;
@@ -128,7 +175,10 @@ async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Acti
     let started = Instant::now();
     let spec = spec_for(st, rec)?;
     let rt = st.runtime.clone();
-    let result = tokio::task::spawn_blocking(move || rt.start(&spec)).await.map_err(|e| ApiError::internal("start task", &e))?;
+    let layers = st.layers.clone();
+    let result = tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec)))
+        .await
+        .map_err(|e| ApiError::internal("start task", &e))?;
     match result {
         Ok(handle) => {
             transition(st, &rec.sandbox.id, from, Change::new(action, reason), started, Some(&handle))?;

@@ -39,6 +39,7 @@ mod hash;
 mod oci;
 pub mod registry;
 mod rootfs;
+pub mod squash;
 mod sys;
 pub mod unpack;
 
