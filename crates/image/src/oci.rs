@@ -123,6 +123,50 @@ pub(crate) fn platform_of(desc: &Descriptor) -> String {
     }
 }
 
+/// How an image index's entry was chosen (shared by layout import and registry pull).
+pub(crate) enum Choice<'a> {
+    /// The index lists no image.
+    Empty,
+    /// The only image, or the one for linux and the host architecture.
+    One(&'a Descriptor),
+    /// Several images without platforms: the first (of this many).
+    FirstOfUnlabelled(&'a Descriptor, usize),
+    /// Several images, none for this host.
+    NoMatch {
+        /// The host architecture.
+        host: Arch,
+        /// What the index offers.
+        available: Vec<String>,
+    },
+}
+
+/// Picks the image of an index: the only one, else the one for linux and the
+/// host architecture; attestation manifests are ignored.
+pub(crate) fn choose_manifest(manifests: &[Descriptor]) -> Choice<'_> {
+    let is_attestation = |d: &Descriptor| {
+        d.annotations()
+            .as_ref()
+            .and_then(|a| a.get("vnd.docker.reference.type"))
+            .is_some_and(|t| t == "attestation-manifest")
+            || d.platform().as_ref().is_some_and(|p| p.os().to_string() == "unknown")
+    };
+    let candidates: Vec<&Descriptor> = manifests.iter().filter(|d| is_manifest(d.media_type()) || is_index(d.media_type())).filter(|d| !is_attestation(d)).collect();
+    let host = Arch::default();
+    match candidates.as_slice() {
+        [] => Choice::Empty,
+        [one] => Choice::One(one),
+        many => {
+            if let Some(d) = many.iter().find(|d| d.platform().as_ref().is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == host)) {
+                Choice::One(d)
+            } else if many.iter().all(|d| d.platform().is_none()) {
+                Choice::FirstOfUnlabelled(many[0], many.len())
+            } else {
+                Choice::NoMatch { host, available: many.iter().map(|d| platform_of(d)).collect() }
+            }
+        }
+    }
+}
+
 /// Picks the image manifest to import among `manifests` (following nested
 /// indexes): the only one, else the one for linux and the host architecture
 /// (linux/amd64 on x86-64). Attestation manifests are ignored.
@@ -132,46 +176,19 @@ fn select_manifest(
     warnings: &mut Vec<String>,
     depth: usize,
 ) -> Result<Descriptor, ImageError> {
-    let is_attestation = |d: &Descriptor| {
-        d.annotations()
-            .as_ref()
-            .and_then(|a| a.get("vnd.docker.reference.type"))
-            .is_some_and(|t| t == "attestation-manifest")
-            || d.platform().as_ref().is_some_and(|p| p.os().to_string() == "unknown")
-    };
-    let candidates: Vec<&Descriptor> = manifests
-        .iter()
-        .filter(|d| is_manifest(d.media_type()) || is_index(d.media_type()))
-        .filter(|d| !is_attestation(d))
-        .collect();
-    let host = Arch::default();
-    let chosen = match candidates.as_slice() {
-        [] => return Err(ImageError::archive("index", "lists no image manifests")),
-        [one] => *one,
-        many => {
-            let matching = many
-                .iter()
-                .find(|d| d.platform().as_ref().is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == host));
-            match matching {
-                Some(d) => *d,
-                None if many.iter().all(|d| d.platform().is_none()) => {
-                    let name = many[0]
-                        .annotations()
-                        .as_ref()
-                        .and_then(|a| a.get("org.opencontainers.image.ref.name"))
-                        .cloned()
-                        .unwrap_or_else(|| many[0].digest().to_string());
-                    warnings.push(format!("index lists {} images; imported the first ({name})", many.len()));
-                    many[0]
-                }
-                None => {
-                    let available: Vec<_> = many.iter().map(|d| platform_of(d)).collect();
-                    return Err(ImageError::UnsupportedSource {
-                        path: src.to_path_buf(),
-                        reason: format!("no image for linux/{host} (available: {})", available.join(", ")),
-                    });
-                }
-            }
+    let chosen = match choose_manifest(manifests) {
+        Choice::Empty => return Err(ImageError::archive("index", "lists no image manifests")),
+        Choice::One(d) => d,
+        Choice::FirstOfUnlabelled(d, n) => {
+            let name = d.annotations().as_ref().and_then(|a| a.get("org.opencontainers.image.ref.name")).cloned().unwrap_or_else(|| d.digest().to_string());
+            warnings.push(format!("index lists {n} images; imported the first ({name})"));
+            d
+        }
+        Choice::NoMatch { host, available } => {
+            return Err(ImageError::UnsupportedSource {
+                path: src.to_path_buf(),
+                reason: format!("no image for linux/{host} (available: {})", available.join(", ")),
+            });
         }
     };
     debug!(digest = %chosen.digest(), platform = %platform_of(chosen), depth, "selected manifest");

@@ -24,7 +24,7 @@ use oci_client::client::{ClientConfig, ClientProtocol, LayerDescriptor};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{manifest as mt, Client, Reference};
-use oci_spec::image::{Arch, Descriptor, Digest, DigestAlgorithm, ImageIndex, ImageManifest, MediaType, Os};
+use oci_spec::image::{Descriptor, Digest, DigestAlgorithm, ImageIndex, ImageManifest, MediaType};
 use sha2::{Digest as _, Sha256};
 use strata_store::LayerStore;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -404,40 +404,18 @@ impl Remote {
     /// the host architecture (attestations ignored), as [`crate::import`]
     /// does for OCI layouts.
     fn select(&mut self, manifests: &[Descriptor]) -> Result<Descriptor, PullError> {
-        let is_attestation = |d: &Descriptor| {
-            d.annotations()
-                .as_ref()
-                .and_then(|a| a.get("vnd.docker.reference.type"))
-                .is_some_and(|t| t == "attestation-manifest")
-                || d.platform().as_ref().is_some_and(|p| p.os().to_string() == "unknown")
-        };
-        let candidates: Vec<&Descriptor> = manifests
-            .iter()
-            .filter(|d| is_manifest(d.media_type()) || is_index(d.media_type()))
-            .filter(|d| !is_attestation(d))
-            .collect();
-        let host = Arch::default();
-        match candidates.as_slice() {
-            [] => Err(ImageError::archive("index", "lists no image manifests").into()),
-            [one] => Ok((*one).clone()),
-            many => {
-                if let Some(d) = many
-                    .iter()
-                    .find(|d| d.platform().as_ref().is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == host))
-                {
-                    return Ok((*d).clone());
-                }
-                if many.iter().all(|d| d.platform().is_none()) {
-                    self.warnings.push(format!("index lists {} images; pulled the first ({})", many.len(), many[0].digest()));
-                    return Ok(many[0].clone());
-                }
-                let available: Vec<_> = many.iter().map(|d| platform_of(d)).collect();
-                Err(PullError::NotFound {
-                    registry: self.registry.clone(),
-                    reference: self.reference.whole(),
-                    message: format!("no image for linux/{host} (available: {})", available.join(", ")),
-                })
+        match crate::oci::choose_manifest(manifests) {
+            crate::oci::Choice::Empty => Err(ImageError::archive("index", "lists no image manifests").into()),
+            crate::oci::Choice::One(d) => Ok(d.clone()),
+            crate::oci::Choice::FirstOfUnlabelled(d, n) => {
+                self.warnings.push(format!("index lists {n} images; pulled the first ({})", d.digest()));
+                Ok(d.clone())
             }
+            crate::oci::Choice::NoMatch { host, available } => Err(PullError::NotFound {
+                registry: self.registry.clone(),
+                reference: self.reference.whole(),
+                message: format!("no image for linux/{host} (available: {})", available.join(", ")),
+            }),
         }
     }
 
@@ -751,7 +729,7 @@ mod tests {
         fn image(&self, layer: &[u8], served: &[u8]) {
             let layer_digest = sha256_digest(layer);
             let config = serde_json::json!({
-                "architecture": Arch::default().to_string(), "os": "linux",
+                "architecture": oci_spec::image::Arch::default().to_string(), "os": "linux",
                 "config": {"Env": ["PATH=/bin"]},
                 "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
             });
