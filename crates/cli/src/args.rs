@@ -265,15 +265,8 @@ pub struct CreateArgs {
     /// Time to live (e.g. 10m, 2h).
     #[arg(long)]
     pub ttl: Option<String>,
-    /// Memory limit (e.g. 512m, 2g).
-    #[arg(long)]
-    pub memory: Option<String>,
-    /// CPU limit in cores (e.g. 0.5, 2).
-    #[arg(long)]
-    pub cpus: Option<String>,
-    /// Maximum number of processes.
-    #[arg(long)]
-    pub pids: Option<u64>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Environment for every process (repeatable).
     #[arg(short, long = "env", value_name = "K=V")]
     pub env: Vec<String>,
@@ -283,6 +276,20 @@ pub struct CreateArgs {
     /// Label (repeatable).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+}
+
+/// Resource limits of a new sandbox.
+#[derive(Debug, Args, Clone)]
+pub struct LimitArgs {
+    /// Memory limit (e.g. 512m, 2g).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit in cores (e.g. 0.5, 2).
+    #[arg(long)]
+    pub cpus: Option<String>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -331,15 +338,8 @@ pub struct RunArgs {
     /// Time to live (default with --rm: 24h, so a crashed client leaves nothing behind for long).
     #[arg(long)]
     pub ttl: Option<String>,
-    /// Memory limit.
-    #[arg(long)]
-    pub memory: Option<String>,
-    /// CPU limit in cores.
-    #[arg(long)]
-    pub cpus: Option<String>,
-    /// Maximum number of processes.
-    #[arg(long)]
-    pub pids: Option<u64>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     #[command(flatten)]
     pub opts: ProcOpts,
     /// Command and arguments.

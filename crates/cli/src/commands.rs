@@ -18,11 +18,11 @@ fn kv(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
-fn limits(memory: &Option<String>, cpus: &Option<String>, pids: Option<u64>) -> Result<ResourceLimits> {
+fn limits(l: &LimitArgs) -> Result<ResourceLimits> {
     Ok(ResourceLimits {
-        memory_bytes: memory.as_deref().map(strata_core::units::parse_size).transpose()?,
-        cpus: cpus.as_deref().map(strata_core::units::parse_cpus).transpose()?,
-        pids,
+        memory_bytes: l.memory.as_deref().map(strata_core::units::parse_size).transpose()?,
+        cpus: l.cpus.as_deref().map(strata_core::units::parse_cpus).transpose()?,
+        pids: l.pids,
     })
 }
 
@@ -224,7 +224,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
             LifecycleArg::Persistent => Lifecycle::Persistent,
         },
         ttl: a.ttl.clone(),
-        limits: limits(&a.memory, &a.cpus, a.pids)?,
+        limits: limits(&a.limits)?,
         env: kv(&a.env, "--env")?,
         hostname: a.hostname.clone(),
         labels: kv(&a.labels, "--label")?,
@@ -237,7 +237,7 @@ async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         name: a.name.clone(),
         lifecycle: if a.rm { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
         ttl: a.ttl.clone().or_else(|| a.rm.then(|| "24h".to_string())),
-        limits: limits(&a.memory, &a.cpus, a.pids)?,
+        limits: limits(&a.limits)?,
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;
