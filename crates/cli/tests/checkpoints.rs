@@ -265,3 +265,38 @@ fn deep_chains_are_flattened_transparently() {
     d.cli_ok(&["gc"]);
     assert_eq!(std::fs::read_dir(d.state("layers/squashed")).unwrap().count(), 0);
 }
+
+#[test]
+fn diff_and_export_against_an_older_checkpoint() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    d.create(&["--name", "h"]);
+    d.cli_ok(&["exec", "h", "--", "sh", "-c", "mkdir /w && echo 1 > /w/a && echo keep > /w/k"]);
+    let c1 = d.cli_ok(&["checkpoint", "h", "--name", "h1"]).trim().to_string();
+    d.cli_ok(&["exec", "h", "--", "sh", "-c", "rm /w/a && echo 2 > /w/b && rm -rf /usr/sbin"]);
+    d.cli_ok(&["checkpoint", "h", "--name", "h2"]);
+    d.cli_ok(&["exec", "h", "--", "sh", "-c", "echo 3 > /w/b && echo new > /w/c"]);
+    // Against the last checkpoint: only what changed since h2.
+    let since_h2: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "h", "--json"])).unwrap();
+    let paths: Vec<(&str, &str)> = since_h2.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
+    assert_eq!(paths, [("/w/b", "added"), ("/w/c", "added")]);
+    // Against h1: everything since h1, deletions at their topmost path.
+    let since_h1: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "h", "--against", &c1, "--json"])).unwrap();
+    let paths: Vec<(&str, &str)> = since_h1.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
+    assert!(paths.contains(&("/w/a", "deleted")), "{paths:?}");
+    assert!(paths.contains(&("/w/b", "added")) && paths.contains(&("/w/c", "added")), "{paths:?}");
+    assert!(!paths.iter().any(|(p, _)| *p == "/w/k"), "unchanged since h1: {paths:?}");
+    let usr: Vec<_> = paths.iter().filter(|(p, _)| p.starts_with("/usr/sbin")).collect();
+    assert_eq!(usr, [&("/usr/sbin", "deleted")], "only the topmost deleted path");
+    // The export of the same change set applies on top of h1 to give the current view.
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("since-h1.tar");
+    d.cli_ok(&["export", "h", "--against", "h1", "-o", out.to_str().unwrap()]);
+    let mut ar = tar::Archive::new(std::fs::File::open(&out).unwrap());
+    let names: Vec<String> = ar.entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+    for want in ["w/.wh.a", "w/b", "w/c", "usr/.wh.sbin"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "w/k"), "{names:?}");
+}

@@ -285,23 +285,58 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     Ok(ForkResult { checkpoint: ckpt.id, sandboxes: ids_out, duration_ms: started.elapsed().as_millis() as u64 })
 }
 
-/// The change set of a sandbox since its last checkpoint (or since what it was created from).
-fn change_set(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiResult<(std::path::PathBuf, TreeManifest, Vec<PathBuf>)> {
-    let base = base_of(st, rec)?;
-    if let Some(a) = against {
-        let (c, _) = st.db.get_checkpoint(a)?.ok_or_else(|| not_found(a))?;
-        if base.parent.as_deref() != Some(c.id.as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "diffs are taken against the sandbox's last checkpoint ({}); {} is not it",
-                base.parent.as_deref().unwrap_or("none: the sandbox has no checkpoint"),
-                c.id
-            )));
-        }
-    }
+/// What a diff or export compares.
+enum Comparison {
+    /// Against the last checkpoint (or the creation source): the writable layer's
+    /// changes since its manifest.
+    Head { upper: PathBuf, base: TreeManifest, lowers: Vec<PathBuf> },
+    /// Against an arbitrary checkpoint: the sandbox's view (writable layer over
+    /// its chain) against that checkpoint's chain, over the paths the two do not share.
+    Stacks { now: Vec<PathBuf>, then: Vec<PathBuf>, touched_layers: Vec<PathBuf> },
+}
+
+fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiResult<Comparison> {
     if !matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost) {
         return Err(ApiError::invalid_state(rec.sandbox.state, "the writable layer is not on local disk"));
     }
-    Ok((st.sandbox_dir(&rec.sandbox.id).join("upper"), base.manifest, lowers_top_first(st, &rec.layers)?))
+    let base = base_of(st, rec)?;
+    let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
+    let target = match against {
+        None => None,
+        Some(a) => Some(st.db.get_checkpoint(a)?.ok_or_else(|| not_found(a))?.0),
+    };
+    match target {
+        Some(c) if base.parent.as_deref() != Some(c.id.as_str()) => {
+            let mut now = vec![upper.clone()];
+            now.extend(lowers_top_first(st, &rec.layers)?);
+            let then = lowers_top_first(st, &c.layers)?;
+            let shared = rec.layers.iter().zip(&c.layers).take_while(|(a, b)| a == b).count();
+            let mut touched_layers = vec![upper];
+            for d in rec.layers[shared..].iter().chain(&c.layers[shared..]) {
+                touched_layers.push(st.layers.fs_dir(d).map_err(|e| ApiError::internal("layer", &e))?);
+            }
+            Ok(Comparison::Stacks { now, then, touched_layers })
+        }
+        _ => Ok(Comparison::Head { upper, base: base.manifest, lowers: lowers_top_first(st, &rec.layers)? }),
+    }
+}
+
+/// The changes of a comparison, with the providing layer for stack comparisons.
+fn compute(cmp: &Comparison) -> ApiResult<Vec<changes::StackChange>> {
+    let exclude = &strata_runtime::namespace::mounts::IDENTITY_PATHS;
+    match cmp {
+        Comparison::Head { upper, base, lowers } => {
+            let now = changes::scan(upper, exclude)?;
+            Ok(changes::diff(base, &now, lowers).into_iter().map(|c| (c, None)).collect())
+        }
+        Comparison::Stacks { now, then, touched_layers } => {
+            let mut touched = std::collections::BTreeSet::new();
+            for l in touched_layers {
+                touched.extend(changes::scan(l, exclude)?.entries.into_keys());
+            }
+            Ok(changes::diff_stacks(now, then, &touched)?)
+        }
+    }
 }
 
 // ---- HTTP handlers ----
@@ -418,12 +453,11 @@ pub async fn restore_handler(State(st): State<Shared>, Path(id): Path<String>, J
     responses((status = 200, body = [FileChange]), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Json<Vec<FileChange>>> {
     let rec = load(&st, &id)?;
-    let (upper, base, lowers) = change_set(&st, &rec, q.against.as_deref())?;
+    let cmp = comparison(&st, &rec, q.against.as_deref())?;
     let list = tokio::task::spawn_blocking(move || -> ApiResult<Vec<FileChange>> {
-        let now = changes::scan(&upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
-        Ok(changes::diff(&base, &now, &lowers)
+        Ok(compute(&cmp)?
             .into_iter()
-            .map(|c| FileChange {
+            .map(|(c, _)| FileChange {
                 path: c.path,
                 change: match c.change {
                     changes::ChangeKind::Added => ChangeKind::Added,
@@ -445,11 +479,16 @@ pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
     responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Response> {
     let rec = load(&st, &id)?;
-    let (upper, base, lowers) = change_set(&st, &rec, q.against.as_deref())?;
+    let cmp = comparison(&st, &rec, q.against.as_deref())?;
     let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {
-        let now = changes::scan(&upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
         let mut out = Vec::new();
-        changes::write_layer_tar(&upper, &base, &now, &lowers, &mut out)?;
+        match &cmp {
+            Comparison::Head { upper, base, lowers } => {
+                let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
+                changes::write_layer_tar(upper, base, &now, lowers, &mut out)?;
+            }
+            Comparison::Stacks { now, .. } => changes::write_stack_tar(now, &compute(&cmp)?, &mut out)?,
+        }
         Ok(out)
     })
     .await

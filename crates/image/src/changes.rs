@@ -371,6 +371,176 @@ fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &s
 }
 
 
+/// Finds `rel` in a stack of overlay layer directories (top first) the way
+/// overlayfs would: a whiteout or a non-directory on the way hides it, an opaque
+/// directory stops the search below its layer. Returns the providing layer's
+/// index, its kind and size. Directories are opened with `O_NOFOLLOW`, so a
+/// symlink planted in a writable layer is never followed.
+pub fn lookup(stack_top_first: &[PathBuf], rel: &str) -> Result<Option<(usize, EntryKind, u64)>, ImageError> {
+    let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+    let Some((last, parents)) = comps.split_last() else { return Ok(None) };
+    'layers: for (i, layer) in stack_top_first.iter().enumerate() {
+        let root = sys::open_dir_path(layer).map_err(io_err(layer))?;
+        let mut dir: Option<OwnedFd> = None;
+        let mut stop_below = false;
+        for c in parents {
+            let name = cstr(c).map_err(io_err(layer.join(rel)))?;
+            let cur = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+            match sys::stat_at(cur, &name).map_err(io_err(layer.join(rel)))? {
+                None if stop_below => return Ok(None),
+                None => continue 'layers,
+                Some(st) if kind_of(&st) != EntryKind::Dir => return Ok(None),
+                Some(_) => {
+                    let sub = sys::open_dir_at(cur, &name).map_err(io_err(layer.join(rel)))?;
+                    stop_below |= is_opaque(sub.as_fd());
+                    dir = Some(sub);
+                }
+            }
+        }
+        let name = cstr(last).map_err(io_err(layer.join(rel)))?;
+        let cur = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+        match sys::stat_at(cur, &name).map_err(io_err(layer.join(rel)))? {
+            Some(st) if kind_of(&st) == EntryKind::Whiteout => return Ok(None),
+            Some(st) => {
+                let kind = kind_of(&st);
+                return Ok(Some((i, kind, if kind == EntryKind::File { st.st_size as u64 } else { 0 })));
+            }
+            None if stop_below => return Ok(None),
+            None => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Opens the parent of `rel` below `root` without following symlinks and
+/// returns it with the last component.
+fn open_parent(root: &Path, rel: &str) -> Result<(OwnedFd, Option<OwnedFd>, CString), ImageError> {
+    let top = sys::open_dir_path(root).map_err(io_err(root))?;
+    let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+    let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(root.join(parent)))?;
+    Ok((top, dir, cstr(name).map_err(io_err(root.join(rel)))?))
+}
+
+/// Whether `rel` is the same version in two layer directories: same kind, mode,
+/// owner, size and mtime, and the same bytes (files) or target (symlinks).
+fn same_entry(a_root: &Path, b_root: &Path, rel: &str) -> Result<bool, ImageError> {
+    let (a_top, a_dir, a_name) = open_parent(a_root, rel)?;
+    let (b_top, b_dir, b_name) = open_parent(b_root, rel)?;
+    let a_fd = a_dir.as_ref().map_or(a_top.as_fd(), |d| d.as_fd());
+    let b_fd = b_dir.as_ref().map_or(b_top.as_fd(), |d| d.as_fd());
+    let (Some(a), Some(b)) = (sys::stat_at(a_fd, &a_name).map_err(io_err(a_root.join(rel)))?, sys::stat_at(b_fd, &b_name).map_err(io_err(b_root.join(rel)))?) else {
+        return Ok(false);
+    };
+    if (a.st_mode, a.st_uid, a.st_gid, a.st_size, a.st_mtime) != (b.st_mode, b.st_uid, b.st_gid, b.st_size, b.st_mtime) {
+        return Ok(false);
+    }
+    match kind_of(&a) {
+        EntryKind::Symlink => Ok(sys::readlink_at(a_fd, &a_name).ok() == sys::readlink_at(b_fd, &b_name).ok()),
+        EntryKind::File => {
+            let mut fa = sys::open_read_at(a_fd, &a_name).map_err(io_err(a_root.join(rel)))?;
+            let mut fb = sys::open_read_at(b_fd, &b_name).map_err(io_err(b_root.join(rel)))?;
+            let (mut ba, mut bb) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+            loop {
+                let na = read_full(&mut fa, &mut ba).map_err(io_err(a_root.join(rel)))?;
+                let nb = read_full(&mut fb, &mut bb).map_err(io_err(b_root.join(rel)))?;
+                if na != nb || ba[..na] != bb[..nb] {
+                    return Ok(false);
+                }
+                if na == 0 {
+                    return Ok(true);
+                }
+            }
+        }
+        _ => Ok(true),
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// A change between two layer stacks, with the index (in the newer stack) of
+/// the layer that provides the path now.
+pub type StackChange = (PathChange, Option<usize>);
+
+/// Changes from the view of `then_top_first` to the view of `now_top_first`,
+/// looking only at `touched` paths (everything in the layers the two stacks do
+/// not share). Deletions are reported at their topmost path.
+pub fn diff_stacks(now_top_first: &[PathBuf], then_top_first: &[PathBuf], touched: &std::collections::BTreeSet<String>) -> Result<Vec<StackChange>, ImageError> {
+    let mut out: Vec<StackChange> = Vec::new();
+    let mut deleted_dirs: Vec<String> = Vec::new();
+    for path in touched {
+        if deleted_dirs.iter().any(|d| path.starts_with(d.as_str()) && path.as_bytes().get(d.len()) == Some(&b'/')) {
+            continue;
+        }
+        let now = lookup(now_top_first, path)?;
+        let then = lookup(then_top_first, path)?;
+        let change = match (now, then) {
+            (None, None) => continue,
+            (Some((i, kind, size)), None) => (PathChange { path: format!("/{path}"), change: ChangeKind::Added, kind, size }, Some(i)),
+            (None, Some((_, kind, _))) => {
+                if kind == EntryKind::Dir {
+                    deleted_dirs.push(path.clone());
+                }
+                (PathChange { path: format!("/{path}"), change: ChangeKind::Deleted, kind, size: 0 }, None)
+            }
+            (Some((i, kind, size)), Some((j, old_kind, _))) => {
+                let same_layer = now_top_first[i] == then_top_first[j];
+                if (kind == EntryKind::Dir && old_kind == EntryKind::Dir) || (same_layer && kind == old_kind) {
+                    continue;
+                }
+                // Different layers may hold the same version (a checkpoint copies the writable layer).
+                if kind == old_kind && same_entry(&now_top_first[i], &then_top_first[j], path)? {
+                    continue;
+                }
+                (PathChange { path: format!("/{path}"), change: ChangeKind::Modified, kind, size }, Some(i))
+            }
+        };
+        out.push(change);
+    }
+    Ok(out)
+}
+
+/// Writes [`diff_stacks`] changes as an OCI layer tar: entries from the layer
+/// providing them now (with their parent directories), `.wh.` for deletions.
+pub fn write_stack_tar(now_top_first: &[PathBuf], changes: &[StackChange], out: impl Write) -> Result<(), ImageError> {
+    let mut b = tar::Builder::new(out);
+    let mut dirs = std::collections::BTreeSet::new();
+    for (c, provider) in changes {
+        let rel = c.path.trim_start_matches('/');
+        let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        match provider {
+            None => {
+                // Parents of a deletion exist in the new view: take them from the layer that has them.
+                if !parent.is_empty() {
+                    if let Some((pi, _, _)) = lookup(now_top_first, parent)? {
+                        let top = sys::open_dir_path(&now_top_first[pi]).map_err(io_err(&now_top_first[pi]))?;
+                        emit_parents(&mut b, top.as_fd(), &now_top_first[pi], parent, &mut dirs)?;
+                    }
+                }
+                let wh = if parent.is_empty() { format!(".wh.{name}") } else { format!("{parent}/.wh.{name}") };
+                append_empty(&mut b, &wh, Path::new("/"))?;
+            }
+            Some(i) => {
+                let root = &now_top_first[*i];
+                let top = sys::open_dir_path(root).map_err(io_err(root))?;
+                emit_parents(&mut b, top.as_fd(), root, parent, &mut dirs)?;
+                let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(root.join(parent)))?;
+                append_entry(&mut b, dir.as_ref().map_or(top.as_fd(), |d| d.as_fd()), name, rel, root, &mut dirs)?;
+            }
+        }
+    }
+    b.finish().map_err(|e| ImageError::Io { path: PathBuf::from("layer tar"), source: e })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
