@@ -229,7 +229,7 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
         st.notify_events(ev.seq);
     }
     drop(g);
-    let sandbox = if was_running { sandboxes::start(st, &rec.sandbox.id).await? } else { load(st, &rec.sandbox.id)?.sandbox };
+    let sandbox = if was_running { sandboxes::start_because(st, &rec.sandbox.id, "restore").await? } else { load(st, &rec.sandbox.id)?.sandbox };
     Ok(RestoreResult { sandbox, kept })
 }
 

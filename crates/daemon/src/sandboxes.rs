@@ -386,6 +386,11 @@ pub fn sweep_orphans(st: &Shared) -> Result<(), ApiError> {
 
 /// Starts a stopped (or failed) sandbox again on its kept filesystem.
 pub async fn start(st: &Shared, id: &str) -> ApiResult<Sandbox> {
+    start_because(st, id, "user").await
+}
+
+/// [`start`] recording `reason` on the transition.
+pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<Sandbox> {
     let rec = load(st, id)?;
     let lock = st.lock_for(&rec.sandbox.id);
     let _g = lock.lock().await;
@@ -395,7 +400,7 @@ pub async fn start(st: &Shared, id: &str) -> ApiResult<Sandbox> {
         // Leftovers of a crashed run must go before a new init starts.
         kill_processes(st, &rec, Duration::from_secs(1)).await?;
     }
-    boot(st, &rec, rec.sandbox.state, Action::Start, "user").await?;
+    boot(st, &rec, rec.sandbox.state, Action::Start, reason).await?;
     Ok(load(st, &rec.sandbox.id)?.sandbox)
 }
 
