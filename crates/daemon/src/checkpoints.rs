@@ -180,11 +180,11 @@ fn seal(upper: &std::path::Path, base: &TreeManifest, lowers: &[PathBuf], store:
     let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
     let layer = std::thread::scope(|s| {
         let now = &now;
-        let producer = s.spawn(move || changes::write_layer_tar(upper, base, now, lowers, BufWriter::with_capacity(256 * 1024, writer)));
+        let producer = s.spawn(move || changes::write_layer_tar(upper, base, now, lowers, BufWriter::with_capacity(1 << 20, writer)));
         // The sandbox's own content: keep its modes as they are (no_new_privs makes setuid inert).
         let opts = strata_image::ImportOptions { trusted: true, ..Default::default() };
         let mut warnings = Vec::new();
-        let unpacked = strata_image::unpack_layer(reader, store, &opts, &mut warnings, &mut |_| {});
+        let unpacked = strata_image::unpack_layer(std::io::BufReader::with_capacity(1 << 20, reader), store, &opts, &mut warnings, &mut |_| {});
         let produced = producer.join().map_err(|_| ApiError::new(ErrorCode::Internal, "layer writer panicked"))?;
         produced?;
         Ok::<_, ApiError>(unpacked?)
