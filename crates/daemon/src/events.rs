@@ -3,12 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use serde::Deserialize;
 use strata_api::{DaemonInfo, DoctorReport, SandboxEvent};
 
@@ -40,7 +37,7 @@ pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuer
     if !q.follow {
         return Ok(Json(st.db.events(sandbox.as_deref(), q.after, 10_000)?).into_response());
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<SandboxEvent>(64);
     let mut changed = st.events_tx.subscribe();
     tokio::spawn(async move {
         let mut after = q.after;
@@ -49,9 +46,7 @@ pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuer
             let Ok(evs) = st.db.events(sandbox.as_deref(), after, 1000) else { return };
             for ev in evs {
                 after = ev.seq;
-                let mut line = serde_json::to_vec(&ev).expect("event serializes");
-                line.push(b'\n');
-                if tx.send(Bytes::from(line)).await.is_err() {
+                if tx.send(ev).await.is_err() {
                     return;
                 }
             }
@@ -63,8 +58,7 @@ pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuer
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
-    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response"))
+    Ok(crate::ndjson::response(rx))
 }
 
 /// Daemon version and counts.

@@ -3,12 +3,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use strata_api::{ErrorCode, Image, ImportEvent, ImportImageRequest, ImportReport, LayerInfo, PullImageRequest, StreamQuery};
 use strata_core::ids;
@@ -283,12 +281,6 @@ pub fn gc_layers_counted(st: &Shared) -> ApiResult<(usize, u64)> {
     Ok((removed, bytes))
 }
 
-fn ndjson(ev: &ImportEvent) -> Bytes {
-    let mut v = serde_json::to_vec(ev).expect("event serializes");
-    v.push(b'\n');
-    Bytes::from(v)
-}
-
 // ---- HTTP handlers ----
 
 /// The response of an import or pull: its report (201), or with `stream` an
@@ -302,27 +294,15 @@ where
         let report = run(None).await?;
         return Ok((StatusCode::CREATED, Json(report)).into_response());
     }
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<ImportEvent>(64);
-    let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ImportEvent>(64);
     tokio::spawn(async move {
-        let forward_tx = out_tx.clone();
-        let fwd = tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                if forward_tx.send(ndjson(&ev)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let result = run(Some(tx)).await;
-        let _ = fwd.await;
-        let last = match result {
+        let last = match run(Some(tx.clone())).await {
             Ok(report) => ImportEvent::Done { report: Box::new(report) },
             Err(e) => ImportEvent::Failed { error: e.body },
         };
-        let _ = out_tx.send(ndjson(&last)).await;
+        let _ = tx.send(last).await;
     });
-    let stream = futures_util::stream::unfold(out_rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
-    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response"))
+    Ok(crate::ndjson::response(rx))
 }
 
 /// Import an image from a path on the daemon's host (OCI layout, docker-save archive, rootfs tarball or directory).

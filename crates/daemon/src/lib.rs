@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod images;
+pub mod ndjson;
 pub mod openapi;
 pub mod processes;
 pub mod sandboxes;

@@ -8,9 +8,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
@@ -421,12 +420,6 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
     last
 }
 
-fn ndjson_line<T: serde::Serialize>(v: &T) -> Bytes {
-    let mut b = serde_json::to_vec(v).expect("event serializes");
-    b.push(b'\n');
-    Bytes::from(b)
-}
-
 /// Sends a process's events from `offset` to `tx` (a `Started` first when
 /// `started`), following new output until it exits when `follow` is set.
 pub async fn follow_events(p: Arc<Proc>, offset: u64, follow: bool, started: bool, tx: tokio::sync::mpsc::Sender<ProcessEvent>) {
@@ -462,14 +455,9 @@ pub async fn follow(p: Arc<Proc>, tx: tokio::sync::mpsc::Sender<ProcessEvent>) {
 
 /// An NDJSON response streaming a process's events (see [`follow_events`]).
 fn event_stream(p: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Response {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<ProcessEvent>(32);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ProcessEvent>(32);
     tokio::spawn(follow_events(p, offset, follow, started, tx));
-    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(|ev| Ok::<_, std::convert::Infallible>(ndjson_line(&ev)))));
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/x-ndjson")
-        .body(Body::from_stream(stream))
-        .expect("valid response")
+    crate::ndjson::response(rx)
 }
 
 fn parse_signal(s: &str) -> ApiResult<Signal> {

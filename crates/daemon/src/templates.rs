@@ -12,13 +12,11 @@
 use std::path::{Path as FsPath, PathBuf};
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use base64::Engine;
-use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use strata_api::{
     BuildEvent, BuildTemplateRequest, CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode, ExecRequest, ImageConfig, Lifecycle, ProcessEvent, Template,
@@ -431,30 +429,13 @@ pub async fn delete_handler(State(st): State<Shared>, Path(name): Path<String>) 
 #[utoipa::path(post, path = "/v1/templates/build", tag = "templates", request_body = BuildTemplateRequest,
     responses((status = 200, description = "NDJSON stream of BuildEvent", body = BuildEvent)))]
 pub async fn build_handler(State(st): State<Shared>, Json(req): Json<BuildTemplateRequest>) -> ApiResult<Response> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
-    let (out_tx, out_rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
     tokio::spawn(async move {
-        let fwd_tx = out_tx.clone();
-        let fwd = tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                let mut line = serde_json::to_vec(&ev).expect("event serializes");
-                line.push(b'\n');
-                if fwd_tx.send(Bytes::from(line)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let res = build(&st, req, &tx).await;
-        drop(tx);
-        let _ = fwd.await;
-        if let Err((index, e)) = res {
-            let mut line = serde_json::to_vec(&BuildEvent::Failed { index, error: e.body }).expect("event serializes");
-            line.push(b'\n');
-            let _ = out_tx.send(Bytes::from(line)).await;
+        if let Err((index, e)) = build(&st, req, &tx).await {
+            let _ = tx.send(BuildEvent::Failed { index, error: e.body }).await;
         }
     });
-    let stream = futures_util::stream::unfold(out_rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
-    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response"))
+    Ok(crate::ndjson::response(rx))
 }
 
 #[cfg(test)]
