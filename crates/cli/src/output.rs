@@ -28,18 +28,7 @@ pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
 
 /// Bytes as a human size.
 pub fn size(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
+    strata_core::units::format_size(b)
 }
 
 /// "3 minutes ago" style age of an RFC 3339 time.

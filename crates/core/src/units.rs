@@ -58,6 +58,22 @@ pub fn parse_cpus(s: &str) -> Result<f64, UnitError> {
     }
 }
 
+/// Bytes as a human-readable size with binary units (`512 B`, `1.5 KiB`, `20.6 MiB`).
+pub fn format_size(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +95,13 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("-1m").is_err());
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn formats_sizes() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(3 << 30), "3.0 GiB");
     }
 
     #[test]

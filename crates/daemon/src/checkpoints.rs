@@ -88,7 +88,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         return Err(ApiError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists")));
     }
     let expires_at = match (&req.ttl, req.pinned) {
-        (Some(t), false) => Some(humantime::format_rfc3339_millis(std::time::SystemTime::now() + strata_core::units::parse_duration(t)?).to_string()),
+        (Some(t), false) => sandboxes::expiry(Some(t))?,
         _ => None,
     };
     let base = base_of(st, rec)?;
@@ -550,7 +550,7 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
         };
         parent.insert(key.clone(), p);
         let from = if sandbox_ids.contains(c.sandbox_id.as_str()) { format!("from sandbox {}", c.sandbox_id) } else { format!("from sandbox {} (gone)", c.sandbox_id) };
-        let detail = format!("{from}, {} layer, {} paths changed{}", strata_api_size(c.layer_size), c.changed_paths, if c.pinned { ", pinned" } else { "" });
+        let detail = format!("{from}, {} layer, {} paths changed{}", strata_core::units::format_size(c.layer_size), c.changed_paths, if c.pinned { ", pinned" } else { "" });
         nodes.insert(key, LineageNode { kind: "checkpoint".into(), id: c.id.clone(), name: c.name.clone(), parent: None, detail });
     }
     for (name, ck, _) in &templates {
@@ -595,14 +595,4 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
         }
     }
     Ok(strata_api::Lineage { focus: focus.split_once(':').map(|(_, id)| id.to_string()).unwrap_or_default(), nodes: out })
-}
-
-fn strata_api_size(b: u64) -> String {
-    if b < 1024 {
-        format!("{b} B")
-    } else if b < 1 << 20 {
-        format!("{:.1} KiB", b as f64 / 1024.0)
-    } else {
-        format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
-    }
 }

@@ -160,7 +160,8 @@ fn machine_id(id: &str) -> String {
     hex::encode(&sha2::Sha256::digest(format!("strata machine-id {id}").as_bytes())[..16])
 }
 
-fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
+/// The RFC 3339 time `ttl` from now (`None` without a TTL).
+pub fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
     match ttl {
         None => Ok(None),
         Some(t) => {
