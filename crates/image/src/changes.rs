@@ -145,6 +145,34 @@ fn scan_dir(root: &Path, dir: BorrowedFd<'_>, prefix: &str, depth: usize, m: &mu
     Ok(())
 }
 
+/// Entries of `base` that are gone from `now` (not counting whiteouts), at their
+/// topmost path: the children of a vanished directory are not listed.
+fn gone_since<'a>(base: &'a TreeManifest, now: &TreeManifest) -> Vec<(&'a String, &'a EntryMeta)> {
+    let mut out = Vec::new();
+    let mut gone_dirs: Vec<&str> = Vec::new();
+    for (path, old) in &base.entries {
+        if now.entries.contains_key(path) || under_any(path, &gone_dirs) || old.kind == EntryKind::Whiteout {
+            continue;
+        }
+        if old.kind == EntryKind::Dir {
+            gone_dirs.push(path);
+        }
+        out.push((path, old));
+    }
+    out
+}
+
+/// Whether `path` (now `meta`) differs from its version in `base`. A directory
+/// counts as changed only when it is new, replaced, or its opaque flag changed
+/// (its own times change whenever a child does).
+fn changed_since(base: &TreeManifest, path: &str, meta: &EntryMeta) -> bool {
+    match base.entries.get(path) {
+        None => true,
+        Some(old) if meta.kind == EntryKind::Dir => old.kind != EntryKind::Dir || old.opaque != meta.opaque,
+        Some(old) => old != meta,
+    }
+}
+
 /// Whether `rel` is visible in the stack of lower layers (top first): found in a
 /// layer before a whiteout for it.
 fn in_lowers(lowers_top_first: &[PathBuf], rel: &str) -> Option<EntryKind> {
@@ -181,28 +209,14 @@ fn under_any(path: &str, dirs: &[&str]) -> bool {
 /// directory) tell new paths from modified ones and name what a whiteout hides.
 pub fn diff(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf]) -> Vec<PathChange> {
     let mut out = Vec::new();
-    let mut deleted_dirs: Vec<&str> = Vec::new();
-    for (path, old) in &base.entries {
-        if now.entries.contains_key(path) || under_any(path, &deleted_dirs) {
-            continue;
-        }
-        if old.kind == EntryKind::Dir {
-            deleted_dirs.push(path);
-        }
-        if old.kind != EntryKind::Whiteout {
-            // Gone from the upper layer: deleted unless a lower layer still shows it
-            // (then the path reverted to the lower version, which is a modification).
-            let change = if in_lowers(lowers_top_first, path).is_some() { ChangeKind::Modified } else { ChangeKind::Deleted };
-            out.push(PathChange { path: format!("/{path}"), change, kind: old.kind, size: 0 });
-        }
+    for (path, old) in gone_since(base, now) {
+        // Gone from the upper layer: deleted unless a lower layer still shows it
+        // (then the path reverted to the lower version, which is a modification).
+        let change = if in_lowers(lowers_top_first, path).is_some() { ChangeKind::Modified } else { ChangeKind::Deleted };
+        out.push(PathChange { path: format!("/{path}"), change, kind: old.kind, size: 0 });
     }
     for (path, meta) in &now.entries {
-        let changed = match base.entries.get(path) {
-            None => true,
-            Some(old) if meta.kind == EntryKind::Dir => old.kind != EntryKind::Dir || old.opaque != meta.opaque,
-            Some(old) => old != meta,
-        };
-        if !changed {
+        if !changed_since(base, path, meta) {
             continue;
         }
         let below = in_lowers(lowers_top_first, path);
@@ -232,24 +246,9 @@ pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, low
     let mut b = tar::Builder::new(out);
     let mut emitted_dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     // Deletions since the base: whiteouts for the topmost vanished paths.
-    let mut whiteouts: Vec<String> = Vec::new();
-    let mut gone_dirs: Vec<&str> = Vec::new();
-    for (path, old) in &base.entries {
-        if now.entries.contains_key(path) || under_any(path, &gone_dirs) || old.kind == EntryKind::Whiteout {
-            continue;
-        }
-        if old.kind == EntryKind::Dir {
-            gone_dirs.push(path);
-        }
-        whiteouts.push(path.clone());
-    }
-    let mut items: BTreeMap<String, Option<&EntryMeta>> = whiteouts.into_iter().map(|p| (p, None)).collect();
+    let mut items: BTreeMap<String, Option<&EntryMeta>> = gone_since(base, now).into_iter().map(|(p, _)| (p.clone(), None)).collect();
     for (path, meta) in &now.entries {
-        let changed = match base.entries.get(path) {
-            None => true,
-            Some(old) if meta.kind == EntryKind::Dir => old.kind != EntryKind::Dir || old.opaque != meta.opaque,
-            Some(old) => old != meta,
-        };
+        let changed = changed_since(base, path, meta);
         let only_a_parent = meta.kind == EntryKind::Dir && !meta.opaque && in_lowers(lowers_top_first, path) == Some(EntryKind::Dir);
         if changed && !only_a_parent {
             items.insert(path.clone(), Some(meta));
