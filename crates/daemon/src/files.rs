@@ -32,7 +32,7 @@ impl From<FsError> for ApiError {
 }
 
 /// Runs `f` on the confined root of a running sandbox, off the async threads.
-async fn with_fs<T: Send + 'static>(st: &Shared, id: &str, f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static) -> ApiResult<T> {
+pub(crate) async fn with_fs<T: Send + 'static>(st: &Shared, id: &str, f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static) -> ApiResult<T> {
     let rec = load(st, id)?;
     let pid = match (rec.sandbox.state, rec.sandbox.init_pid) {
         (SandboxState::Running | SandboxState::Paused, Some(pid)) => pid,

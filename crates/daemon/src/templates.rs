@@ -26,7 +26,7 @@ use tokio::sync::mpsc::Sender;
 
 use crate::checkpoints;
 use crate::error::{ApiError, ApiResult};
-use crate::sandboxes::{self, load, now};
+use crate::sandboxes::{self, now};
 use crate::state::Shared;
 
 /// One instruction of a build file.
@@ -301,19 +301,11 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
             st.db.set_image_config(&sb, &b.config)?;
             if let Some(w) = b.config.working_dir.clone().filter(|w| w.starts_with('/')) {
                 // Like Docker, WORKDIR creates the directory.
-                let pid = load(st, &sb)?.sandbox.init_pid.ok_or_else(|| ApiError::new(ErrorCode::Internal, "build sandbox has no init"))?;
-                tokio::task::spawn_blocking(move || -> ApiResult<()> {
-                    let fs = crate::sandboxfs::SandboxFs::open(pid).map_err(|e| ApiError::internal("sandbox root", &e))?;
-                    Ok(fs.mkdir(&w, true, 0o755)?)
-                })
-                .await
-                .map_err(|e| ApiError::internal("WORKDIR task", &e))??;
+                crate::files::with_fs(st, &sb, move |fs| fs.mkdir(&w, true, 0o755)).await?;
             }
             match step {
                 Step::Run(cmd) => b.run(&sb, cmd).await?,
                 Step::Copy(srcs, dst) => {
-                    let rec = load(st, &sb)?;
-                    let pid = rec.sandbox.init_pid.ok_or_else(|| ApiError::new(ErrorCode::Internal, "build sandbox has no init"))?;
                     let dst = match (dst.starts_with('/'), &b.config.working_dir) {
                         (true, _) => dst.clone(),
                         (false, Some(w)) => format!("{}/{dst}", w.trim_end_matches('/')),
@@ -324,26 +316,25 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                         [one] if !dst.ends_with('/') => Some(context_file(context.as_deref(), one)?).filter(|p| p.is_file()),
                         _ => None,
                     };
-                    tokio::task::spawn_blocking(move || -> ApiResult<()> {
-                        let fs = crate::sandboxfs::SandboxFs::open(pid).map_err(|e| ApiError::internal("sandbox root", &e))?;
-                        match single_file {
-                            Some(src) => {
-                                use std::os::unix::fs::PermissionsExt;
-                                let data = std::fs::read(&src).map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
-                                let mode = std::fs::metadata(&src).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
-                                if let Some(parent) = FsPath::new(&dst).parent().and_then(|p| p.to_str()).filter(|p| *p != "/" && !p.is_empty()) {
-                                    fs.mkdir(parent, true, 0o755)?;
-                                }
-                                fs.write_file(&dst, &data, mode)?;
-                            }
-                            None => {
-                                fs.untar_from(&dst, &extra[..])?;
-                            }
+                    let file = match single_file {
+                        Some(src) => {
+                            use std::os::unix::fs::PermissionsExt;
+                            let data = std::fs::read(&src).map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
+                            let mode = std::fs::metadata(&src).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
+                            Some((data, mode))
                         }
-                        Ok(())
+                        None => None,
+                    };
+                    crate::files::with_fs(st, &sb, move |fs| match file {
+                        Some((data, mode)) => {
+                            if let Some(parent) = FsPath::new(&dst).parent().and_then(|p| p.to_str()).filter(|p| *p != "/" && !p.is_empty()) {
+                                fs.mkdir(parent, true, 0o755)?;
+                            }
+                            fs.write_file(&dst, &data, mode)
+                        }
+                        None => fs.untar_from(&dst, &extra[..]).map(drop),
                     })
-                    .await
-                    .map_err(|e| ApiError::internal("COPY task", &e))??;
+                    .await?;
                 }
                 _ => unreachable!("only RUN and COPY run"),
             }
