@@ -26,6 +26,8 @@ const MIB: u64 = 1 << 20;
 const SIZES: [u64; 3] = [1, 10, 100];
 /// Checkpoints per size.
 const REPS: usize = 3;
+/// The change size the checkpoint target is stated for (issue 3); other sizes are reported.
+const TARGET_MIB: u64 = 10;
 /// Fixed overhead the target allows on top of the copy time.
 const CKPT_SLACK_MS: f64 = 50.0;
 /// Children per fork.
@@ -534,8 +536,9 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
             format!("{} [{frozen} / {dur} ms]", ms(wall)),
             format!("{} (cp of the {n} MiB)", ms(cp)),
             ratio(fms(wall), fms(cp)),
-            format!("<= 50 ms + cp = {limit:.2} ms"),
-            Verdict::of(fms(wall) <= limit),
+            // The issue states the target for 10 MiB changed; 1 and 100 MiB are reported.
+            if *n == TARGET_MIB { format!("<= 50 ms + cp = {limit:.2} ms") } else { format!("(reported; 50 ms + cp = {limit:.2} ms)") },
+            if *n == TARGET_MIB { Verdict::of(fms(wall) <= limit) } else { Verdict::Info },
         ));
         for (tag, xs) in [("big", v), ("small", s)] {
             for (i, x) in xs.iter().enumerate() {
@@ -720,7 +723,7 @@ async fn measure(b: &mut Bench, o: &mut Owned) -> Result<()> {
              data normally is) the timed `checkpoint` API call (wall time; the checkpoint's own `frozen_ms` and `duration_ms` are the \
              daemon's; the daemon's CPU time during the call, from /proc/PID/stat at clock-tick resolution, is in the details) and the baseline: `cp` of the same file, read from the sandbox's writable layer on the host, to a new file on the same \
              file system, followed by a separately timed `sync -f` (the checkpoint makes its layer durable before it returns, so \
-             cp + sync -f is the durable comparison). Target: checkpoint wall <= 50 ms + cp time, per N (medians). \
+             cp + sync -f is the durable comparison). Target (as the issue states it, for 10 MiB changed): checkpoint wall <= 50 ms + cp time (medians); 1 and 100 MiB are reported against the same formula. \
              **Fork:** per image, a template sandbox writes 1 MiB and is checkpointed; `fork` of {FORKS} children from that checkpoint, \
              timed around the API call (it returns when every child is running), one warm-up round per image then {FORK_ROUNDS} rounds \
              alternating which image goes first; outside the timing each child is checked to be `running` and to run `echo ok`, its \

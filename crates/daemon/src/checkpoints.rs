@@ -105,18 +105,19 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
             rt.set_frozen(&sid, true).map_err(|e| ApiError::internal("freeze", &e))?;
         }
         let frozen_at = Instant::now();
-        let result = seal(&upper, &base_manifest, &classify_lowers, &layers);
-        let frozen_ms = if running {
-            let ms = frozen_at.elapsed().as_millis() as u64;
-            if let Err(e) = rt.set_frozen(&sid, false) {
-                warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
+        let frozen_ms = std::sync::atomic::AtomicU64::new(0);
+        // Thawed as soon as the change set has been read: hashing the layer and
+        // syncing it to disk do not need the sandbox to hold still.
+        let thaw = || {
+            if running {
+                frozen_ms.store(frozen_at.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+                if let Err(e) = rt.set_frozen(&sid, false) {
+                    warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
+                }
             }
-            ms
-        } else {
-            0
         };
-        let (layer, now, changed) = result?;
-        Ok((layer, now, changed, frozen_ms))
+        let (layer, now, changed) = seal(&upper, &base_manifest, &classify_lowers, &layers, thaw)?;
+        Ok((layer, now, changed, frozen_ms.into_inner()))
     })
     .await
     .map_err(|e| ApiError::internal("checkpoint task", &e))??;
@@ -173,14 +174,42 @@ fn image_name(st: &Shared, rec: &SandboxRecord) -> String {
 }
 
 /// Reads the change set of `upper` since `base` and unpacks it as a new layer.
-fn seal(upper: &std::path::Path, base: &TreeManifest, lowers: &[PathBuf], store: &strata_store::LayerStore) -> ApiResult<(strata_image::ImportedLayer, TreeManifest, usize)> {
-    let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
-    let changed = changes::diff(base, &now, lowers).len();
-    crate::failpoint("checkpoint-write").map_err(|e| ApiError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
-    let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
+/// `after_read` runs exactly once, as soon as `upper` is no longer read (also
+/// on every error path), before the layer is hashed to the end and synced.
+fn seal(
+    upper: &std::path::Path,
+    base: &TreeManifest,
+    lowers: &[PathBuf],
+    store: &strata_store::LayerStore,
+    after_read: impl FnOnce() + Send,
+) -> ApiResult<(strata_image::ImportedLayer, TreeManifest, usize)> {
+    let mut after_read = Some(after_read);
+    let mut release = || {
+        if let Some(f) = after_read.take() {
+            f()
+        }
+    };
+    let prepared = (|| {
+        let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
+        let changed = changes::diff(base, &now, lowers).len();
+        crate::failpoint("checkpoint-write").map_err(|e| ApiError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
+        let pipe = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
+        Ok::<_, ApiError>((now, changed, pipe))
+    })();
+    let (now, changed, (reader, writer)) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            release();
+            return Err(e);
+        }
+    };
     let layer = std::thread::scope(|s| {
         let now = &now;
-        let producer = s.spawn(move || changes::write_layer_tar(upper, base, now, lowers, BufWriter::with_capacity(1 << 20, writer)));
+        let producer = s.spawn(move || {
+            let written = changes::write_layer_tar(upper, base, now, lowers, BufWriter::with_capacity(1 << 20, writer));
+            release();
+            written
+        });
         // The sandbox's own content: keep its modes as they are (no_new_privs makes setuid inert).
         let opts = strata_image::ImportOptions { trusted: true, ..Default::default() };
         let mut warnings = Vec::new();
