@@ -21,6 +21,8 @@ pub enum ErrorCode {
     FileNotFound,
     /// The route does not exist (404).
     RouteNotFound,
+    /// The lease id is unknown (or it expired) for this sandbox (404).
+    LeaseNotFound,
     /// The request is illegal in the sandbox's current state (409).
     InvalidState,
     /// The name is already taken (409).
@@ -54,7 +56,8 @@ impl ErrorCode {
             | ErrorCode::ProcessNotFound
             | ErrorCode::CheckpointNotFound
             | ErrorCode::FileNotFound
-            | ErrorCode::RouteNotFound => 404,
+            | ErrorCode::RouteNotFound
+            | ErrorCode::LeaseNotFound => 404,
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
@@ -74,6 +77,7 @@ impl ErrorCode {
             ErrorCode::CheckpointNotFound => "checkpoint_not_found",
             ErrorCode::FileNotFound => "file_not_found",
             ErrorCode::RouteNotFound => "route_not_found",
+            ErrorCode::LeaseNotFound => "lease_not_found",
             ErrorCode::InvalidState => "invalid_state",
             ErrorCode::NameConflict => "name_conflict",
             ErrorCode::InUse => "in_use",

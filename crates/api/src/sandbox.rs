@@ -122,6 +122,10 @@ pub struct CreateSandboxRequest {
     /// Free-form labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Lifecycle policy; absent fields take the lifecycle's defaults
+    /// (persistent: standby after 15m idle; ephemeral: destroy after 15m idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::PolicyPatch>,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -150,6 +154,13 @@ pub struct Sandbox {
     pub created_at: String,
     /// RFC 3339 time of the last state change.
     pub updated_at: String,
+    /// RFC 3339 time it entered `stopped`, `standby` or `archived` (kept while it
+    /// moves among them); `archive_after` and `delete_after` count from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inactive_since: Option<String>,
+    /// Lifecycle policy in force.
+    #[serde(default)]
+    pub policy: crate::SandboxPolicy,
     /// Time to live of each run (e.g. "10m"); counted from the last start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<String>,

@@ -53,6 +53,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Change a sandbox's lifecycle policy (only the flags given change).
+    Update(UpdateArgs),
+    /// Keep a sandbox awake with a lease (prints the lease id and expiry), or manage leases.
+    Lease(LeaseArgs),
     /// Stop sandboxes (processes killed, filesystem kept).
     Stop {
         /// Sandbox ids or names.
@@ -267,6 +271,8 @@ pub struct CreateArgs {
     pub ttl: Option<String>,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Environment for every process (repeatable).
     #[arg(short, long = "env", value_name = "K=V")]
     pub env: Vec<String>,
@@ -290,6 +296,99 @@ pub struct LimitArgs {
     /// Maximum number of processes.
     #[arg(long)]
     pub pids: Option<u64>,
+}
+
+/// What happens to an idle sandbox.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OnIdleArg {
+    /// Processes and memory to disk, compute released.
+    Standby,
+    /// Processes stopped, filesystem kept.
+    Stop,
+    /// Sandbox destroyed.
+    Destroy,
+    /// Nothing.
+    Keep,
+}
+
+/// Lifecycle policy of a sandbox. Durations: 30s, 10m, 2h, 7d; `none` removes
+/// a max-lifetime/archive-after/delete-after limit.
+#[derive(Debug, Args, Clone, Default)]
+pub struct PolicyArgs {
+    /// Action once idle (default: standby for persistent, destroy for ephemeral sandboxes).
+    #[arg(long, value_enum)]
+    pub on_idle: Option<OnIdleArg>,
+    /// Idle time before the on-idle action (default 15m).
+    #[arg(long, value_name = "DUR")]
+    pub idle_timeout: Option<String>,
+    /// Maximum age: a running sandbox is then stopped (persistent) or destroyed (ephemeral).
+    #[arg(long, value_name = "DUR")]
+    pub max_lifetime: Option<String>,
+    /// Archive after this long stopped or in standby.
+    #[arg(long, value_name = "DUR")]
+    pub archive_after: Option<String>,
+    /// Destroy after this long stopped, in standby or archived.
+    #[arg(long, value_name = "DUR")]
+    pub delete_after: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct UpdateArgs {
+    /// Sandbox id or name.
+    pub id: String,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// JSON output (the updated sandbox).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct LeaseArgs {
+    #[command(subcommand)]
+    pub command: Option<LeaseCmd>,
+    /// Sandbox to hold awake.
+    #[arg(required = true)]
+    pub id: Option<String>,
+    /// How long the lease holds (e.g. 10m).
+    #[arg(long = "for", value_name = "DUR", required = true)]
+    pub duration: Option<String>,
+    /// JSON output (the lease).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCmd {
+    /// Extend a lease to DUR from now.
+    Renew {
+        /// Sandbox id or name.
+        id: String,
+        /// Lease id.
+        lease: String,
+        /// New duration from now (e.g. 10m).
+        #[arg(long = "for", value_name = "DUR")]
+        duration: String,
+        /// JSON output (the lease).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release a lease.
+    Release {
+        /// Sandbox id or name.
+        id: String,
+        /// Lease id.
+        lease: String,
+    },
+    /// List the leases a sandbox holds.
+    Ls {
+        /// Sandbox id or name.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args, Clone)]
@@ -340,6 +439,8 @@ pub struct RunArgs {
     pub ttl: Option<String>,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     #[command(flatten)]
     pub opts: ProcOpts,
     /// Command and arguments.

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
-use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lifecycle, PullImageRequest, ResourceLimits, Sandbox};
+use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lease, Lifecycle, OnIdle, PolicyPatch, PullImageRequest, ResourceLimits, Sandbox, UpdateSandboxRequest};
 use strata_client::{Client, Endpoint};
 
 use crate::args::*;
@@ -24,6 +24,23 @@ fn limits(l: &LimitArgs) -> Result<ResourceLimits> {
         cpus: l.cpus.as_deref().map(strata_core::units::parse_cpus).transpose()?,
         pids: l.pids,
     })
+}
+
+/// The policy fields given on the command line (`None` when none were).
+fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
+    let patch = PolicyPatch {
+        on_idle: p.on_idle.map(|a| match a {
+            OnIdleArg::Standby => OnIdle::Standby,
+            OnIdleArg::Stop => OnIdle::Stop,
+            OnIdleArg::Destroy => OnIdle::Destroy,
+            OnIdleArg::Keep => OnIdle::Keep,
+        }),
+        idle_timeout: p.idle_timeout.clone(),
+        max_lifetime: p.max_lifetime.clone(),
+        archive_after: p.archive_after.clone(),
+        delete_after: p.delete_after.clone(),
+    };
+    (!patch.is_empty()).then_some(patch)
 }
 
 fn exec_request(cmd: Vec<String>, o: &ProcOpts) -> Result<ExecRequest> {
@@ -102,6 +119,19 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Update(a) => {
+            let Some(patch) = policy_patch(&a.policy) else {
+                bail!("nothing to update: give --on-idle, --idle-timeout, --max-lifetime, --archive-after or --delete-after");
+            };
+            let s = c.update_sandbox(&a.id, &UpdateSandboxRequest { policy: Some(patch) }).await?;
+            if a.json {
+                output::json(&s);
+            } else {
+                println!("{}", s.id);
+            }
+            Ok(0)
+        }
+        Command::Lease(a) => lease_cmd(&c, a).await,
         Command::Stop { ids } => each(ids, |id| async { c.stop_sandbox(&id).await.map(|_| id) }).await,
         Command::Start { ids } => each(ids, |id| async { c.start_sandbox(&id).await.map(|_| id) }).await,
         Command::Rm { force, ids } => each(ids, |id| async { c.remove_sandbox(&id, force).await.map(|_| id) }).await,
@@ -228,6 +258,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         env: kv(&a.env, "--env")?,
         hostname: a.hostname.clone(),
         labels: kv(&a.labels, "--label")?,
+        policy: policy_patch(&a.policy),
     })
 }
 
@@ -238,6 +269,7 @@ async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         lifecycle: if a.rm { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
         ttl: a.ttl.clone().or_else(|| a.rm.then(|| "24h".to_string())),
         limits: limits(&a.limits)?,
+        policy: policy_patch(&a.policy),
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;
@@ -278,6 +310,15 @@ fn print_sandbox(s: &Sandbox) {
             l.pids.map(|p| p.to_string()).unwrap_or("none".into())
         ),
     ));
+    let p = &s.policy;
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
+    rows.push((
+        "policy",
+        format!("on_idle={} after {}, max_lifetime={}, archive_after={}, delete_after={}", p.on_idle, p.idle_timeout, opt(&p.max_lifetime), opt(&p.archive_after), opt(&p.delete_after)),
+    ));
+    if let Some(t) = &s.inactive_since {
+        rows.push(("inactive", format!("since {t}")));
+    }
     if let Some(p) = s.init_pid {
         rows.push(("init pid", p.to_string()));
     }
@@ -285,6 +326,37 @@ fn print_sandbox(s: &Sandbox) {
     for (k, v) in rows {
         println!("{k:<10} {v}");
     }
+}
+
+async fn lease_cmd(c: &Client, a: LeaseArgs) -> Result<i32> {
+    let print = |l: &Lease, json: bool| {
+        if json {
+            output::json(l);
+        } else {
+            println!("{}  {}", l.id, l.expires_at);
+        }
+    };
+    match a.command {
+        None => {
+            let id = a.id.expect("clap requires the sandbox id");
+            let duration = a.duration.expect("clap requires --for");
+            print(&c.create_lease(&id, &duration).await?, a.json);
+        }
+        Some(LeaseCmd::Renew { id, lease, duration, json }) => print(&c.renew_lease(&id, &lease, &duration).await?, json),
+        Some(LeaseCmd::Release { id, lease }) => {
+            c.release_lease(&id, &lease).await?;
+            println!("{lease}");
+        }
+        Some(LeaseCmd::Ls { id, json }) => {
+            let list = c.list_leases(&id).await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(&["LEASE", "EXPIRES", "CREATED"], list.iter().map(|l| vec![l.id.clone(), l.expires_at.clone(), output::age(&l.created_at)]).collect());
+            }
+        }
+    }
+    Ok(0)
 }
 
 async fn doctor(c: &Client, json: bool) -> Result<i32> {

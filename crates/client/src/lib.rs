@@ -284,6 +284,33 @@ impl Client {
         self.call::<(), _>(Method::DELETE, &format!("/v1/sandboxes/{}?force={force}", enc(id)), None).await
     }
 
+    /// Changes a sandbox's policy; returns the updated sandbox.
+    pub async fn update_sandbox(&self, id: &str, req: &UpdateSandboxRequest) -> Result<Sandbox> {
+        self.call(Method::PATCH, &format!("/v1/sandboxes/{}", enc(id)), Some(req)).await
+    }
+
+    // ---- leases ----
+
+    /// Takes a keep-alive lease for `duration` (e.g. "10m").
+    pub async fn create_lease(&self, id: &str, duration: &str) -> Result<Lease> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/leases", enc(id)), Some(&LeaseRequest { duration: duration.into() })).await
+    }
+
+    /// Renews a lease: it then expires `duration` from now.
+    pub async fn renew_lease(&self, id: &str, lease: &str, duration: &str) -> Result<Lease> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/leases/{}/renew", enc(id), enc(lease)), Some(&LeaseRequest { duration: duration.into() })).await
+    }
+
+    /// Releases a lease.
+    pub async fn release_lease(&self, id: &str, lease: &str) -> Result<()> {
+        self.call::<(), ()>(Method::DELETE, &format!("/v1/sandboxes/{}/leases/{}", enc(id), enc(lease)), None).await
+    }
+
+    /// The leases a sandbox holds.
+    pub async fn list_leases(&self, id: &str) -> Result<Vec<Lease>> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/leases", enc(id)), None).await
+    }
+
     /// Lifecycle events (all, or of one sandbox) after `after`.
     pub async fn events(&self, sandbox: Option<&str>, after: i64) -> Result<Vec<SandboxEvent>> {
         let q = sandbox.map(|s| format!("&sandbox={}", enc(s))).unwrap_or_default();

@@ -1,11 +1,15 @@
 //! The strata daemon: serves the native HTTP API over a Unix socket (and TCP
 //! with a bearer token), supervises sandbox processes and applies automatic
-//! lifecycle transitions (TTL expiry, init loss, re-adoption after restart).
+//! lifecycle transitions (TTL expiry, init loss, re-adoption after restart,
+//! idle/lifetime/retention policy).
 //!
-//! Modules: [`sandboxes`] (lifecycle), [`processes`] (exec and background
+//! Modules: [`sandboxes`] (lifecycle), [`policy`] (automatic transitions),
+//! [`activity`] (idle detection, leases), [`processes`] (exec and background
 //! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
 //! [`events`], [`openapi`], [`error`].
 
+pub mod activity;
+pub mod archive;
 pub mod checkpoints;
 pub mod error;
 pub mod events;
@@ -13,9 +17,11 @@ pub mod files;
 pub mod images;
 pub mod ndjson;
 pub mod openapi;
+pub mod policy;
 pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
+pub mod standby;
 pub mod state;
 pub mod templates;
 
@@ -115,7 +121,7 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
 
 /// The router with every native route.
 pub fn router(st: Shared) -> Router {
-    use crate::{checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
+    use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
     Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/v1/info", get(events::info_handler))
@@ -126,7 +132,10 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/images/pull", post(i::pull_handler))
         .route("/v1/images/{name}", get(i::get_handler).delete(i::remove_handler))
         .route("/v1/sandboxes", get(s::list_handler).post(s::create_handler))
-        .route("/v1/sandboxes/{id}", get(s::get_handler).delete(s::remove_handler))
+        .route("/v1/sandboxes/{id}", get(s::get_handler).delete(s::remove_handler).patch(policy::update_handler))
+        .route("/v1/sandboxes/{id}/leases", get(a::list_leases_handler).post(a::create_lease_handler))
+        .route("/v1/sandboxes/{id}/leases/{lease}", axum::routing::delete(a::release_lease_handler))
+        .route("/v1/sandboxes/{id}/leases/{lease}/renew", post(a::renew_lease_handler))
         .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
         .route("/v1/sandboxes/{id}/checkpoints", get(c::list_for_sandbox_handler).post(c::create_handler))
         .route("/v1/sandboxes/{id}/restore", post(c::restore_handler))
@@ -155,6 +164,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/files/remove", post(f::remove_handler))
         .route("/v1/sandboxes/{id}/files/move", post(f::move_handler))
         .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") })
+        .layer(middleware::from_fn_with_state(st.clone(), activity::track))
         .layer(middleware::from_fn(json_errors))
         .with_state(st)
 }
@@ -168,6 +178,9 @@ async fn json_errors(req: Request, next: Next) -> Response {
         return resp;
     }
     let bytes = axum::body::to_bytes(resp.into_body(), 64 * 1024).await.unwrap_or_default();
+    // A body that parses as JSON but does not fit the model (an unknown enum
+    // value, a missing field) is a 400 like any other malformed input.
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY { StatusCode::BAD_REQUEST } else { status };
     let code = match status {
         StatusCode::NOT_FOUND => ErrorCode::RouteNotFound,
         StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
@@ -225,6 +238,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let st: Shared = Arc::new(AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone()));
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
+    tokio::spawn(policy::run(st.clone()));
 
     // The token exists before any listener does, so a client that sees the socket can read it.
     let token = match cfg.listen {

@@ -216,7 +216,7 @@ impl ProcessTable {
 
     /// Number of running processes of a sandbox.
     pub fn running(&self, sandbox_id: &str) -> usize {
-        self.list(sandbox_id).iter().filter(|p| p.status == ProcessStatus::Running).count()
+        self.lock().get(sandbox_id).map_or(0, |sp| sp.procs.values().filter(|p| p.lock().info.status == ProcessStatus::Running).count())
     }
 
     /// Forgets every process of a destroyed sandbox.
@@ -360,6 +360,8 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
             }
         }
         *p.stdin.lock().await = None;
+        // The idle clock starts when the last process ends, not when it was started.
+        st2.activity.touch(&sandbox_id);
         p.bump();
     });
     Ok(proc_)

@@ -252,6 +252,7 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
     if let Some(t) = &req.ttl {
         units::parse_duration(t)?;
     }
+    let policy = crate::policy::initial(req.lifecycle, req.policy.as_ref())?;
     if req.limits.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) || req.limits.memory_bytes == Some(0) || req.limits.pids == Some(0) {
         return Err(ApiError::bad_request("resource limits must be positive"));
     }
@@ -281,6 +282,8 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
             lifecycle: req.lifecycle,
             created_at: time.clone(),
             updated_at: time,
+            inactive_since: None,
+            policy,
             ttl: req.ttl.clone(),
             expires_at: None,
             limits: req.limits.clone(),

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use strata_runtime::Runtime;
 use strata_store::{Db, LayerStore};
 
+use crate::activity::ActivityTracker;
 use crate::processes::ProcessTable;
 
 /// Everything handlers share.
@@ -23,6 +24,8 @@ pub struct AppState {
     pub state_dir: PathBuf,
     /// Processes started through the API, per sandbox.
     pub processes: ProcessTable,
+    /// Recent API activity and open connections, per sandbox (for idle detection).
+    pub activity: Arc<ActivityTracker>,
     /// Per-sandbox operation locks: one transition at a time per sandbox.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Serializes image imports/removals against each other (layer refcounts).
@@ -42,6 +45,7 @@ impl AppState {
             sandboxes_dir: state_dir.join("sandboxes"),
             state_dir,
             processes: ProcessTable::default(),
+            activity: Arc::new(ActivityTracker::default()),
             locks: Mutex::new(HashMap::new()),
             image_lock: tokio::sync::Mutex::new(()),
             events_tx,

@@ -178,6 +178,8 @@ impl Build<'_> {
             name: Some(format!("build-{}", ids::new_id())),
             lifecycle: Lifecycle::Ephemeral,
             ttl: Some("6h".into()),
+            // The build removes its sandbox itself; a long COPY or a pause between steps is not idleness.
+            policy: Some(strata_api::PolicyPatch { on_idle: Some(strata_api::OnIdle::Keep), ..Default::default() }),
             ..Default::default()
         };
         let sb = sandboxes::create(self.st, req).await?;

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Checkpoint, Image, ImageConfig, LayerInfo, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxState};
+use strata_api::{Checkpoint, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +122,19 @@ pub const MIGRATIONS: &[&str] = &[
     // 4: checkpoint retention
     "ALTER TABLE checkpoints ADD COLUMN expires_at TEXT;
     ALTER TABLE checkpoints ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;",
+    // 5: lifecycle policy (existing sandboxes get their lifecycle's default),
+    // time since entering stopped/standby/archived, keep-alive leases
+    "ALTER TABLE sandboxes ADD COLUMN policy TEXT NOT NULL DEFAULT '{\"on_idle\":\"standby\",\"idle_timeout\":\"15m\"}';
+    UPDATE sandboxes SET policy = '{\"on_idle\":\"destroy\",\"idle_timeout\":\"15m\"}' WHERE lifecycle = 'ephemeral';
+    ALTER TABLE sandboxes ADD COLUMN inactive_since TEXT;
+    UPDATE sandboxes SET inactive_since = updated_at WHERE state IN ('stopped', 'standby', 'archived');
+    CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        sandbox_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    );
+    CREATE INDEX leases_by_sandbox ON leases(sandbox_id);",
 ];
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -176,7 +189,10 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since";
+
+/// States in which a sandbox is parked (`inactive_since` is set), as SQL.
+const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
 
 fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbError>> {
     let limits: String = r.get(12)?;
@@ -188,6 +204,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     let base_checkpoint: Option<String> = r.get(22)?;
     let head_checkpoint: Option<String> = r.get(23)?;
     let fork_generation: i64 = r.get(24)?;
+    let policy: String = r.get(25)?;
     let lifecycle: String = r.get(8)?;
     let state: String = r.get(2)?;
     let build = || -> Result<SandboxRecord, DbError> {
@@ -204,6 +221,8 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 lifecycle: if lifecycle == "ephemeral" { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
                 created_at: r.get(9)?,
                 updated_at: r.get(10)?,
+                inactive_since: r.get(26)?,
+                policy: parse::<SandboxPolicy>(&policy, "policy")?,
                 ttl,
                 expires_at: r.get(11)?,
                 limits: parse::<ResourceLimits>(&limits, "limits")?,
@@ -272,6 +291,10 @@ fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
         })
     };
     Ok(build())
+}
+
+fn lease_from_row(r: &Row<'_>) -> rusqlite::Result<Lease> {
+    Ok(Lease { id: r.get(0)?, sandbox_id: r.get(1)?, created_at: r.get(2)?, expires_at: r.get(3)? })
 }
 
 fn is_unique_violation(e: &rusqlite::Error) -> bool {
@@ -360,12 +383,13 @@ impl Db {
         let tx = conn.transaction()?;
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
-                json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation
+                json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation,
+                json(&s.policy), s.inactive_since
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -376,7 +400,9 @@ impl Db {
 
     /// Records a state change (and the init handle that goes with it) plus its event, atomically.
     /// `expected_from` guards against racing transitions: the update applies only
-    /// if the sandbox is still in that state; otherwise `Ok(None)`.
+    /// if the sandbox is still in that state; otherwise `Ok(None)`. Entering
+    /// stopped/standby/archived from another state sets `inactive_since`;
+    /// moving among them keeps it; leaving them clears it.
     pub fn transition(
         &self,
         id: &str,
@@ -387,7 +413,11 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let n = tx.execute(
-            "UPDATE sandboxes SET state = ?1, state_reason = ?2, state_detail = ?3, updated_at = ?4, init_pid = ?5, init_start_time = ?6 WHERE id = ?7 AND state = ?8",
+            &format!(
+                "UPDATE sandboxes SET state = ?1, state_reason = ?2, state_detail = ?3, updated_at = ?4, init_pid = ?5, init_start_time = ?6,
+                 inactive_since = CASE WHEN ?1 IN {INACTIVE_STATES} THEN (CASE WHEN state IN {INACTIVE_STATES} THEN COALESCE(inactive_since, ?4) ELSE ?4 END) END
+                 WHERE id = ?7 AND state = ?8"
+            ),
             params![t.to.as_str(), t.reason, t.detail, t.time, init.map(|i| i.0), init.map(|i| i.1 as i64), id, expected_from.as_str()],
         )?;
         if n == 0 {
@@ -398,11 +428,12 @@ impl Db {
         Ok(Some(ev))
     }
 
-    /// Deletes a sandbox record, recording its final event.
+    /// Deletes a sandbox record and its leases, recording its final event.
     pub fn delete_sandbox(&self, id: &str, from: SandboxState, t: &Transition<'_>) -> Result<SandboxEvent, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        tx.execute("DELETE FROM leases WHERE sandbox_id = ?1", params![id])?;
         let ev = insert_event(&tx, id, Some(from), t)?;
         tx.commit()?;
         Ok(ev)
@@ -421,6 +452,21 @@ impl Db {
         let ev = insert_event(&tx, id, Some(state), &Transition { to: state, reason, detail, duration_ms: 0, time })?;
         tx.commit()?;
         Ok(ev)
+    }
+
+    /// Changes a sandbox's policy with `f`, read and written in one transaction.
+    /// Returns the new policy, or `None` when there is no such sandbox.
+    pub fn update_policy(&self, id: &str, f: impl FnOnce(&mut SandboxPolicy)) -> Result<Option<SandboxPolicy>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let Some(stored) = tx.query_row("SELECT policy FROM sandboxes WHERE id = ?1", params![id], |r| r.get::<_, String>(0)).optional()? else {
+            return Ok(None);
+        };
+        let mut policy: SandboxPolicy = parse(&stored, "policy")?;
+        f(&mut policy);
+        tx.execute("UPDATE sandboxes SET policy = ?1 WHERE id = ?2", params![json(&policy), id])?;
+        tx.commit()?;
+        Ok(Some(policy))
     }
 
     /// Updates the OOM-kill counter.
@@ -446,12 +492,73 @@ impl Db {
         Ok(if rows.len() == 1 { rows.pop() } else { None })
     }
 
+    /// The id of the sandbox with this id, name or unique id prefix (a cheap [`Db::get_sandbox`]).
+    pub fn resolve_sandbox_id(&self, id_or_name: &str) -> Result<Option<String>, DbError> {
+        let conn = self.conn();
+        let exact = conn.query_row("SELECT id FROM sandboxes WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1", params![id_or_name], |r| r.get(0)).optional()?;
+        if exact.is_some() || id_or_name.len() < 4 || !id_or_name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(exact);
+        }
+        let mut stmt = conn.prepare("SELECT id FROM sandboxes WHERE id LIKE ?1 || '%' LIMIT 2")?;
+        let mut ids: Vec<String> = stmt.query_map(params![id_or_name], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        Ok(if ids.len() == 1 { ids.pop() } else { None })
+    }
+
     /// All sandboxes, oldest first.
     pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, DbError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id"))?;
         let rows = stmt.query_map([], sandbox_from_row)?;
         rows.map(|r| r?).collect()
+    }
+
+    // ---- leases ----
+
+    /// Records a new lease.
+    pub fn insert_lease(&self, lease: &Lease) -> Result<(), DbError> {
+        self.conn().execute(
+            "INSERT INTO leases (id, sandbox_id, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+            params![lease.id, lease.sandbox_id, lease.created_at, lease.expires_at],
+        )?;
+        Ok(())
+    }
+
+    /// One lease of a sandbox.
+    pub fn get_lease(&self, sandbox_id: &str, id: &str) -> Result<Option<Lease>, DbError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id], lease_from_row)
+            .optional()?)
+    }
+
+    /// Moves a lease's expiry. Returns the updated lease, or `None` when there is none.
+    pub fn renew_lease(&self, sandbox_id: &str, id: &str, expires_at: &str) -> Result<Option<Lease>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("UPDATE leases SET expires_at = ?1 WHERE id = ?2 AND sandbox_id = ?3", params![expires_at, id, sandbox_id])?;
+        let lease = tx.query_row("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id], lease_from_row).optional()?;
+        tx.commit()?;
+        Ok(lease)
+    }
+
+    /// Removes leases by id. Returns how many existed.
+    pub fn delete_leases(&self, ids: &[&str]) -> Result<usize, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut n = 0;
+        for id in ids {
+            n += tx.execute("DELETE FROM leases WHERE id = ?1", params![id])?;
+        }
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// Leases (of one sandbox, or all), oldest first, expired ones included.
+    pub fn list_leases(&self, sandbox_id: Option<&str>) -> Result<Vec<Lease>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id")?;
+        let rows = stmt.query_map(params![sandbox_id], lease_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     // ---- checkpoints ----
@@ -617,6 +724,8 @@ mod tests {
                 lifecycle: Lifecycle::Ephemeral,
                 created_at: "2026-01-01T00:00:00Z".into(),
                 updated_at: "2026-01-01T00:00:00Z".into(),
+                inactive_since: None,
+                policy: SandboxPolicy::default_for(Lifecycle::Ephemeral),
                 ttl: None,
                 expires_at: None,
                 limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10) },
@@ -660,6 +769,84 @@ mod tests {
         db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap();
         assert!(db.get_sandbox("web").unwrap().is_none());
         assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn inactive_since_spans_stopped_standby_and_archived() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let id = "0123456789abcdef";
+        db.insert_sandbox(&record(id, "web")).unwrap();
+        let step = |from, to, time: &str| {
+            let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time };
+            db.transition(id, from, &t, None).unwrap().unwrap();
+            db.get_sandbox(id).unwrap().unwrap().sandbox.inactive_since
+        };
+        assert_eq!(step(SandboxState::Creating, SandboxState::Running, "t1"), None);
+        assert_eq!(step(SandboxState::Running, SandboxState::Stopped, "t2").as_deref(), Some("t2"));
+        assert_eq!(step(SandboxState::Stopped, SandboxState::Archived, "t3").as_deref(), Some("t2"), "kept while parked");
+        assert_eq!(step(SandboxState::Archived, SandboxState::Stopped, "t4").as_deref(), Some("t2"));
+        assert_eq!(step(SandboxState::Stopped, SandboxState::Running, "t5"), None, "cleared when it runs");
+        assert_eq!(step(SandboxState::Running, SandboxState::Standby, "t6").as_deref(), Some("t6"));
+    }
+
+    #[test]
+    fn policies_update_in_place_and_leases_go_with_their_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let id = "0123456789abcdef";
+        db.insert_sandbox(&record(id, "web")).unwrap();
+        assert_eq!(db.get_sandbox(id).unwrap().unwrap().sandbox.policy.on_idle, strata_api::OnIdle::Destroy);
+        let p = db.update_policy(id, |p| p.delete_after = Some("1h".into())).unwrap().unwrap();
+        assert_eq!(p.delete_after.as_deref(), Some("1h"));
+        assert_eq!(db.get_sandbox("web").unwrap().unwrap().sandbox.policy, p);
+        assert!(db.update_policy("nope", |_| {}).unwrap().is_none());
+        assert_eq!(db.resolve_sandbox_id("web").unwrap().as_deref(), Some(id));
+        assert_eq!(db.resolve_sandbox_id("0123").unwrap().as_deref(), Some(id));
+        assert_eq!(db.resolve_sandbox_id("nope").unwrap(), None);
+
+        let lease = Lease { id: "l1".into(), sandbox_id: id.into(), created_at: "t0".into(), expires_at: "t1".into() };
+        db.insert_lease(&lease).unwrap();
+        db.insert_lease(&Lease { id: "l2".into(), sandbox_id: "other".into(), ..lease.clone() }).unwrap();
+        assert_eq!(db.list_leases(Some(id)).unwrap(), vec![lease.clone()]);
+        assert_eq!(db.list_leases(None).unwrap().len(), 2);
+        assert_eq!(db.renew_lease(id, "l1", "t9").unwrap().unwrap().expires_at, "t9");
+        assert!(db.renew_lease("other", "l1", "t9").unwrap().is_none(), "a lease belongs to one sandbox");
+        assert!(db.get_lease("other", "l1").unwrap().is_none());
+        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+        db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
+        assert!(db.list_leases(Some(id)).unwrap().is_empty());
+        assert_eq!(db.delete_leases(&["l2", "l3"]).unwrap(), 1);
+    }
+
+    #[test]
+    fn migrating_gives_existing_sandboxes_their_lifecycle_default_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.db");
+        {
+            // A database at schema 4 with a stopped persistent and a running ephemeral sandbox.
+            let conn = Connection::open(&p).unwrap();
+            for sql in &MIGRATIONS[..4] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 4).unwrap();
+            for (id, state, lifecycle) in [("a", "stopped", "persistent"), ("b", "running", "ephemeral")] {
+                conn.execute(
+                    "INSERT INTO sandboxes (id, name, state, state_reason, source, image_id, runtime, lifecycle, created_at, updated_at, limits, env, hostname, labels, layers, image_config)
+                     VALUES (?1, ?1, ?2, 'user', 'busybox', 'sha256:aa', 'namespace', ?3, 't0', 't1', '{}', '{}', 'h', '{}', '[]', '{}')",
+                    params![id, state, lifecycle],
+                )
+                .unwrap();
+            }
+        }
+        let db = Db::open(&p).unwrap();
+        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let a = db.get_sandbox("a").unwrap().unwrap().sandbox;
+        assert_eq!(a.policy, SandboxPolicy::default_for(Lifecycle::Persistent));
+        assert_eq!(a.inactive_since.as_deref(), Some("t1"));
+        let b = db.get_sandbox("b").unwrap().unwrap().sandbox;
+        assert_eq!(b.policy, SandboxPolicy::default_for(Lifecycle::Ephemeral));
+        assert_eq!(b.inactive_since, None);
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! Lifecycle policy models: what happens to an idle, old or parked sandbox,
+//! and keep-alive leases that hold a sandbox awake.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::Lifecycle;
+
+/// Idle timeout used when none is given: a sandbox with no activity for this
+/// long gets its `on_idle` action.
+pub const DEFAULT_IDLE_TIMEOUT: &str = "15m";
+
+/// What happens to a running sandbox once it has been idle for its idle timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnIdle {
+    /// Dump processes and memory to disk and release CPU and RAM (default for persistent sandboxes).
+    Standby,
+    /// Stop the processes; the filesystem is kept.
+    Stop,
+    /// Destroy the sandbox (default for ephemeral sandboxes).
+    Destroy,
+    /// Never act on idleness.
+    Keep,
+}
+
+impl OnIdle {
+    /// The snake_case wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnIdle::Standby => "standby",
+            OnIdle::Stop => "stop",
+            OnIdle::Destroy => "destroy",
+            OnIdle::Keep => "keep",
+        }
+    }
+}
+
+impl std::fmt::Display for OnIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The lifecycle policy in force for a sandbox (every field resolved).
+/// Durations are strings like "30s", "15m", "2h", "7d".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxPolicy {
+    /// Action once the sandbox has been idle for `idle_timeout`.
+    pub on_idle: OnIdle,
+    /// How long a running sandbox must be idle before `on_idle` applies.
+    pub idle_timeout: String,
+    /// Hard cap on a sandbox's age (since creation): a run that crosses it is
+    /// stopped (persistent) or the sandbox destroyed (ephemeral).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime: Option<String>,
+    /// Archive a sandbox after this long in `stopped`/`standby`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive_after: Option<String>,
+    /// Destroy a sandbox after this long in `stopped`/`standby`/`archived`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_after: Option<String>,
+}
+
+impl SandboxPolicy {
+    /// The default policy of a lifecycle. Defaults never lose work: persistent
+    /// sandboxes go to standby when idle, ephemeral ones (whose state is not
+    /// meant to survive) are destroyed.
+    pub fn default_for(lifecycle: Lifecycle) -> Self {
+        SandboxPolicy {
+            on_idle: match lifecycle {
+                Lifecycle::Persistent => OnIdle::Standby,
+                Lifecycle::Ephemeral => OnIdle::Destroy,
+            },
+            idle_timeout: DEFAULT_IDLE_TIMEOUT.to_string(),
+            max_lifetime: None,
+            archive_after: None,
+            delete_after: None,
+        }
+    }
+}
+
+impl Default for SandboxPolicy {
+    fn default() -> Self {
+        SandboxPolicy::default_for(Lifecycle::default())
+    }
+}
+
+/// Policy fields to set. Absent fields keep their current value (at creation:
+/// the lifecycle's default). `max_lifetime`, `archive_after` and `delete_after`
+/// accept `"none"` to remove the limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyPatch {
+    /// Action once idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_idle: Option<OnIdle>,
+    /// Idle timeout, e.g. "10m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
+    /// Maximum age, e.g. "24h", or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime: Option<String>,
+    /// Time in stopped/standby before archiving, or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive_after: Option<String>,
+    /// Time in stopped/standby/archived before destroying, or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_after: Option<String>,
+}
+
+impl PolicyPatch {
+    /// Whether the patch sets nothing.
+    pub fn is_empty(&self) -> bool {
+        self == &PolicyPatch::default()
+    }
+}
+
+/// Request body of `PATCH /v1/sandboxes/{id}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct UpdateSandboxRequest {
+    /// Policy fields to change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyPatch>,
+}
+
+/// A keep-alive lease: while it is held (until `expires_at`), the sandbox is
+/// not idle and no idle, archive or delete policy applies to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Lease {
+    /// Lease id (hex).
+    pub id: String,
+    /// The sandbox it holds.
+    pub sandbox_id: String,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 time at which it lapses unless renewed.
+    pub expires_at: String,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/leases` and `.../leases/{lease}/renew`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LeaseRequest {
+    /// How long the lease holds from now, e.g. "10m".
+    #[serde(rename = "for")]
+    pub duration: String,
+}
