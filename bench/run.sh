@@ -47,6 +47,7 @@ if [ ! -x "$IMAGES/busybox-rootfs/bin/busybox" ] || [ ! -f "$IMAGES/busybox-root
 fi
 
 step "cargo build --release -p strata-bench -p strata" cargo build --release -p strata-bench -p strata
+step "build strata-init (static)" scripts/build-init.sh
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps 2>/dev/null |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 TARGET_DIR=${TARGET_DIR:-$ROOT/target}

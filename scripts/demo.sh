@@ -30,6 +30,7 @@ scripts/setup-host.sh
 scripts/build-test-images.sh --debian "$IMAGES"
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi
 step "cargo build --release" cargo build --release --locked -p strata
+step "build strata-init (static)" scripts/build-init.sh --locked
 STRATA=$PWD/target/release/strata
 
 WORK=$(mktemp -d /var/tmp/strata-demo.XXXXXX)

@@ -34,6 +34,7 @@ if [ "${STRATA_CARGO_LOCKED:-1}" != 0 ] && git ls-files --error-unmatch Cargo.lo
     LOCKED=(--locked)
 fi
 
+step "build strata-init (static)" scripts/build-init.sh "${LOCKED[@]}"
 step "cargo build --tests ${LOCKED[*]}" cargo test --workspace "${LOCKED[@]}" --no-run
 
 T0=$(_now)

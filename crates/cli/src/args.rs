@@ -192,6 +192,10 @@ pub struct DaemonArgs {
     /// Also listen on TCP (bearer token required; it is written to <state-dir>/api-token).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// The static strata-init binary run inside sandboxes (default: next to strata,
+    /// then target/x86_64-unknown-linux-gnu/release/ of a source tree, then /usr/local/lib/strata).
+    #[arg(long, env = "STRATA_INIT_BINARY")]
+    pub init_binary: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -83,7 +83,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary }).await?;
             Ok(0)
         }
         Command::Openapi => {

@@ -1,7 +1,7 @@
 //! `strata`: the daemon and the CLI in one binary.
 //!
-//! `strata _init` and `strata _enter` are internal helpers run by the daemon
-//! (the sandbox's pid 1 and the exec helper); they are dispatched before any
+//! `strata _init`, `strata _enter` and `strata _restore` are internal helpers
+//! run by the daemon (sandbox setup, the exec helper, CRIU restore); they are dispatched before any
 //! runtime or thread starts, because they unshare and setns.
 
 mod args;
@@ -15,6 +15,7 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("_init") => strata_runtime::namespace::init::main(),
         Some("_enter") => strata_runtime::namespace::enter::main(),
+        Some("_restore") => strata_runtime::namespace::restore::main(),
         _ => {}
     }
     let cli = args::Cli::parse();

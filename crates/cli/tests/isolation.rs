@@ -12,10 +12,12 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     d.import_busybox();
     let id = d.create(&["--name", "iso"]);
     let sh = |script: &str| d.cli(&["exec", &id, "--", "sh", "-c", script]);
-    // Own pid namespace: only init and the command.
+    // Own pid namespace: only init, this exec's shim (a child of init) and the command.
     let out = d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo /proc/[0-9]*"]);
-    assert_eq!(out.split_whitespace().count(), 2, "only init and this shell are visible: {out}");
+    assert_eq!(out.split_whitespace().count(), 3, "only init, the shim and this shell are visible: {out}");
     assert!(out.split_whitespace().any(|p| p == "/proc/1"), "{out}");
+    let ppid_of_parent = d.cli_ok(&["exec", &id, "--", "sh", "-c", "cut -d' ' -f4 /proc/$PPID/stat"]);
+    assert_eq!(ppid_of_parent.trim(), "1", "the shim is a child of the sandbox's pid 1");
     assert_eq!(d.cli_ok(&["exec", &id, "--", "hostname"]), "iso\n");
     // Own network namespace with loopback only.
     let ifaces = d.cli_ok(&["exec", &id, "--", "sh", "-c", "ls /sys/class/net"]);
@@ -36,9 +38,14 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     for cap in [21u32 /* SYS_ADMIN */, 16 /* SYS_MODULE */, 19 /* SYS_PTRACE */, 27 /* MKNOD */, 17 /* SYS_RAWIO */, 12 /* NET_ADMIN */] {
         assert_eq!(mask & (1 << cap), 0, "capability {cap} must be dropped (CapBnd {cap_bnd})");
     }
-    // Init (pid 1) is not readable or traceable by the workload.
+    // Init (pid 1) and the shims are not readable or traceable by the workload.
     assert!(!sh("cat /proc/1/environ").status.success());
     assert!(!sh("readlink /proc/1/exe").status.success());
+    assert!(!sh("cat /proc/$PPID/environ").status.success());
+    // The in-sandbox helper binary cannot be replaced or written.
+    assert!(!sh("echo x > /run/strata/init").status.success());
+    assert!(!sh("rm -f /run/strata/init").status.success());
+    assert!(!sh("umount /run/strata/init").status.success());
     // Host files are not visible.
     assert!(!sh("test -e /work || test -e /var/lib/strata").status.success() || !std::path::Path::new("/work").exists());
     // A non-root user gets no capabilities at all.

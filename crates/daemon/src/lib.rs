@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod images;
+pub mod initbin;
 pub mod ndjson;
 pub mod openapi;
 pub mod policy;
@@ -81,6 +82,9 @@ pub enum DaemonError {
     /// The runtime is unusable on this host.
     #[error(transparent)]
     Runtime(#[from] strata_runtime::RuntimeError),
+    /// The in-sandbox binary is missing or unusable.
+    #[error(transparent)]
+    InitBinary(#[from] initbin::InitBinaryError),
     /// Startup reconciliation failed.
     #[error("reconciling sandboxes: {0}")]
     Reconcile(String),
@@ -95,8 +99,10 @@ pub struct Config {
     pub socket: PathBuf,
     /// Optional TCP address (bearer-token auth).
     pub listen: Option<SocketAddr>,
-    /// The strata binary, used for the `_init` and `_enter` helpers.
+    /// The strata binary, used for the `_init`, `_enter` and `_restore` helpers.
     pub helper_exe: PathBuf,
+    /// The static `strata-init` binary (default: looked up, see [`initbin::candidates`]).
+    pub init_binary: Option<PathBuf>,
 }
 
 /// Name of the token file in the state directory.
@@ -234,7 +240,8 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let layers = strata_store::LayerStore::open(cfg.state_dir.join("layers"))?;
     let sandboxes_dir = cfg.state_dir.join("sandboxes");
     std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;
-    let runtime = strata_runtime::namespace::NamespaceRuntime::new(cfg.helper_exe.clone(), cfg.state_dir.join("run"))?;
+    let init_binary = initbin::pin(cfg.init_binary.as_deref(), &cfg.helper_exe, &cfg.state_dir)?;
+    let runtime = strata_runtime::namespace::NamespaceRuntime::new(cfg.helper_exe.clone(), init_binary, cfg.state_dir.join("run"))?;
     let st: Shared = Arc::new(AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone()));
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));

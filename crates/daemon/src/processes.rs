@@ -23,8 +23,8 @@ use strata_api::{
 use strata_core::units;
 use strata_runtime::spec::{ExecReport, ExecSpec};
 use strata_store::db::SandboxRecord;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::ChildStdin;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe::Sender as PipeSender;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -62,15 +62,41 @@ impl LogBuf {
 
 struct ProcState {
     info: ProcessInfo,
-    host_pid: Option<i32>,
     log: LogBuf,
+    /// Inodes of the pipes the process holds (report, stdout, stderr, stdin):
+    /// a standby image refers to them, and resume hands in fresh pipes for them.
+    pipes: PipeInodes,
+    /// Set while the sandbox's processes are dumped (standby): the end of its
+    /// pipes then means "suspended", not "exited".
+    suspended: bool,
+    /// Whether the daemon held the process's stdin open when it was suspended.
+    stdin_open: bool,
+}
+
+/// Inode numbers of a process's pipes to the daemon.
+#[derive(Debug, Clone, Copy, Default)]
+struct PipeInodes {
+    report: u64,
+    stdout: u64,
+    stderr: u64,
+    stdin: u64,
+}
+
+/// The daemon's ends of a process's pipes.
+struct DaemonEnds {
+    report: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    stdin: Option<OwnedFd>,
 }
 
 /// One process started through the API.
 pub struct Proc {
     state: Mutex<ProcState>,
-    stdin: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
+    stdin: Arc<tokio::sync::Mutex<Option<PipeSender>>>,
     changed: watch::Sender<u64>,
+    /// Hands new pipes to the process's supervisor after a resume.
+    reattach: Mutex<Option<tokio::sync::mpsc::UnboundedSender<DaemonEnds>>>,
 }
 
 impl Proc {
@@ -199,7 +225,12 @@ impl ProcessTable {
             finished_at: None,
         };
         let (changed, _) = watch::channel(0);
-        let p = Arc::new(Proc { state: Mutex::new(ProcState { info, host_pid: None, log: LogBuf::default() }), stdin: Arc::new(tokio::sync::Mutex::new(None)), changed });
+        let p = Arc::new(Proc {
+            state: Mutex::new(ProcState { info, log: LogBuf::default(), pipes: PipeInodes::default(), suspended: false, stdin_open: false }),
+            stdin: Arc::new(tokio::sync::Mutex::new(None)),
+            changed,
+            reattach: Mutex::new(None),
+        });
         sp.procs.insert(id, p.clone());
         p
     }
@@ -219,9 +250,114 @@ impl ProcessTable {
         self.lock().get(sandbox_id).map_or(0, |sp| sp.procs.values().filter(|p| p.lock().info.status == ProcessStatus::Running).count())
     }
 
+    /// Marks every running process of a sandbox as suspended before its
+    /// processes are dumped for standby; returns how many there are.
+    pub async fn suspend(&self, sandbox_id: &str) -> usize {
+        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut n = 0;
+        for p in procs {
+            if p.info().status != ProcessStatus::Running {
+                continue;
+            }
+            let stdin_open = p.stdin.lock().await.is_some();
+            let mut s = p.lock();
+            s.suspended = true;
+            s.stdin_open = stdin_open;
+            n += 1;
+        }
+        n
+    }
+
+    /// Clears the suspension (the dump failed and the processes run on).
+    pub fn unsuspend(&self, sandbox_id: &str) {
+        if let Some(sp) = self.lock().get(sandbox_id) {
+            for p in sp.procs.values() {
+                p.lock().suspended = false;
+            }
+        }
+    }
+
+    /// Fresh pipes for every suspended process of a sandbox: the ends the
+    /// restored processes take over (each with the inode it replaces) and the
+    /// daemon's ends, handed to the supervisors by [`ResumePipes::commit`].
+    pub fn resume_pipes(&self, sandbox_id: &str) -> ApiResult<ResumePipes> {
+        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut out = ResumePipes::default();
+        for p in procs {
+            let (old, stdin_open) = {
+                let s = p.lock();
+                if !s.suspended {
+                    continue;
+                }
+                (s.pipes, s.stdin_open)
+            };
+            let (report_r, report_w) = cloexec_pipe()?;
+            let (stdout_r, stdout_w) = cloexec_pipe()?;
+            let (stderr_r, stderr_w) = cloexec_pipe()?;
+            let mut new = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+            out.inherit.push((report_w, old.report));
+            out.inherit.push((stdout_w, old.stdout));
+            out.inherit.push((stderr_w, old.stderr));
+            let stdin = if stdin_open {
+                let (r, w) = cloexec_pipe()?;
+                new.stdin = inode(&r);
+                out.inherit.push((r, old.stdin));
+                Some(w)
+            } else {
+                None
+            };
+            out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }, new));
+        }
+        Ok(out)
+    }
+
     /// Forgets every process of a destroyed sandbox.
     pub fn forget(&self, sandbox_id: &str) {
+        self.abandon_suspended(sandbox_id);
         self.lock().remove(sandbox_id);
+    }
+
+    /// Suspended processes that will not be resumed (standby failed, or the
+    /// sandbox is stopped or destroyed from standby) are recorded as lost.
+    pub fn abandon_suspended(&self, sandbox_id: &str) {
+        if let Some(sp) = self.lock().get(sandbox_id) {
+            for p in sp.procs.values() {
+                if p.lock().suspended {
+                    p.reattach.lock().unwrap_or_else(|e| e.into_inner()).take();
+                }
+            }
+        }
+    }
+}
+
+/// New pipes for the processes of a sandbox being resumed (see [`ProcessTable::resume_pipes`]).
+#[derive(Default)]
+pub struct ResumePipes {
+    /// Ends for the restored processes, each with the inode of the pipe it replaces.
+    pub inherit: Vec<(OwnedFd, u64)>,
+    pending: Vec<(Arc<Proc>, DaemonEnds, PipeInodes)>,
+}
+
+impl ResumePipes {
+    /// The processes are back: their supervisors take the new pipes.
+    pub fn commit(self) {
+        for (p, ends, inodes) in self.pending {
+            {
+                let mut s = p.lock();
+                s.pipes = inodes;
+                s.suspended = false;
+            }
+            if let Some(tx) = p.reattach.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                let _ = tx.send(ends);
+            }
+        }
+    }
+
+    /// The processes cannot come back: they are recorded as lost.
+    pub fn abandon(self) {
+        for (p, _, _) in self.pending {
+            p.reattach.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
     }
 }
 
@@ -268,10 +404,14 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
     let handle = handle_of(&rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
     let spec = exec_spec(&rec, &req);
     let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;
-    let (report_r, report_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal("pipe", &e))?;
+    let (report_r, report_w) = cloexec_pipe()?;
+    let (stdout_r, stdout_w) = cloexec_pipe()?;
+    let (stderr_r, stderr_w) = cloexec_pipe()?;
+    let (stdin_r, stdin_w) = cloexec_pipe()?;
+    let pipes = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: inode(&stdin_r) };
     let w = report_w.as_raw_fd();
     cmd.env(strata_runtime::namespace::enter::REPORT_FD_ENV, w.to_string());
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::from(stdin_r)).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
     let mut child = {
         // The write end is inheritable only while the lock is held, so no other
         // spawn can pick it up; without a pre_exec hook std uses posix_spawn.
@@ -282,49 +422,73 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
         drop(report_w);
         spawned.map_err(|e| ApiError::internal("spawn exec helper", &e))?
     };
+    // The helper outside the sandbox exits as soon as the process is handed to
+    // the shim inside; its end says nothing about the process's.
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
     let oom_before = st.runtime.usage(&rec.sandbox.id).oom_kills;
     let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.clone());
-    let stdout = child.stdout.take().expect("piped");
-    let stderr = child.stderr.take().expect("piped");
-    let out_task = tokio::spawn(pump(proc_.clone(), stdout, StreamKind::Stdout));
-    let err_task = tokio::spawn(pump(proc_.clone(), stderr, StreamKind::Stderr));
-    let stdin = child.stdin.take();
-    // Initial stdin is written while output is already being read (a process that
-    // writes before it reads must not deadlock on full pipes); the lock keeps later
-    // writes behind it. A process that exits without reading its stdin is not an error.
-    let mut guard = proc_.stdin.clone().lock_owned().await;
-    *guard = stdin;
-    let keep_open = req.keep_stdin_open;
-    tokio::spawn(async move {
-        if let (Some(data), Some(s)) = (stdin_data, guard.as_mut()) {
-            let _ = s.write_all(&data).await;
+    proc_.lock().pipes = pipes;
+    let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
+    *proc_.reattach.lock().unwrap_or_else(|p| p.into_inner()) = Some(reattach_tx);
+    let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: Some(stdin_w) };
+    tokio::spawn(supervise(st.clone(), proc_.clone(), rec.sandbox.id.clone(), ends, SuperviseOpts { timeout, oom_before, stdin_data, keep_stdin_open: req.keep_stdin_open }, reattach_rx));
+    Ok(proc_)
+}
+
+fn cloexec_pipe() -> ApiResult<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal("pipe", &e))
+}
+
+fn inode(fd: &OwnedFd) -> u64 {
+    nix::sys::stat::fstat(fd.as_raw_fd()).map(|s| s.st_ino).unwrap_or(0)
+}
+
+struct SuperviseOpts {
+    timeout: Option<Duration>,
+    oom_before: u64,
+    stdin_data: Option<Vec<u8>>,
+    keep_stdin_open: bool,
+}
+
+/// Follows one process until its shim reports its end: pumps its output into
+/// the log, feeds its stdin, enforces its timeout, and, when the sandbox goes
+/// to standby (pipes closed while suspended), waits for the pipes of the
+/// resumed process.
+async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: DaemonEnds, opts: SuperviseOpts, mut reattach: tokio::sync::mpsc::UnboundedReceiver<DaemonEnds>) {
+    let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut timed_out = false;
+    let mut stdin_data = opts.stdin_data;
+    let report = loop {
+        let out_task = tokio::spawn(pump(p.clone(), ends.stdout, StreamKind::Stdout));
+        let err_task = tokio::spawn(pump(p.clone(), ends.stderr, StreamKind::Stderr));
+        if let Some(fd) = ends.stdin.take() {
+            attach_stdin(&p, fd, stdin_data.take(), opts.keep_stdin_open).await;
         }
-        if !keep_open {
-            *guard = None;
-        }
-    });
-    let st2 = st.clone();
-    let p = proc_.clone();
-    let sandbox_id = rec.sandbox.id.clone();
-    tokio::spawn(async move {
-        let reports = read_reports(p.clone(), report_r);
-        let waited = async {
-            match timeout {
-                Some(t) => match tokio::time::timeout(t, child.wait()).await {
-                    Ok(r) => (r, false),
-                    Err(_) => {
-                        if let Some(pid) = p.lock().host_pid {
-                            // The process leads its own session/process group: kill the group.
-                            let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
-                            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        let reports = read_reports(p.clone(), ends.report);
+        tokio::pin!(reports);
+        let report = loop {
+            let sleep = async {
+                match deadline {
+                    Some(d) if !timed_out => tokio::time::sleep_until(d).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = &mut reports => break r,
+                _ = sleep => {
+                    timed_out = true;
+                    if let Some(pid) = p.info().pid {
+                        // The process leads its own session/process group: kill the group.
+                        if let Some(h) = st.runtime.host_pid(&sandbox_id, pid) {
+                            let _ = kill(Pid::from_raw(-h), Signal::SIGKILL);
+                            let _ = kill(Pid::from_raw(h), Signal::SIGKILL);
                         }
-                        (child.wait().await, true)
                     }
-                },
-                None => (child.wait().await, false),
+                }
             }
         };
-        let ((status, timed_out), report) = tokio::join!(waited, reports);
         // Let the output readers drain what the process wrote before it exited
         // (background children may keep the pipes open; do not wait for them).
         let drain = async {
@@ -332,42 +496,72 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
             let _ = err_task.await;
         };
         let _ = tokio::time::timeout(Duration::from_millis(200), drain).await;
-        let oom_after = st2.runtime.usage(&sandbox_id).oom_kills;
-        {
-            let mut s = p.lock();
-            let info = &mut s.info;
-            info.status = ProcessStatus::Exited;
-            info.finished_at = Some(now());
-            info.timed_out = timed_out;
-            match report {
-                FinalReport::Exited(code) => info.exit_code = Some(code),
-                FinalReport::Signaled(sig) => info.signal = Some(sig),
-                FinalReport::SpawnError(msg) => info.spawn_error = Some(msg),
-                FinalReport::None => match status {
-                    Ok(s) => {
-                        use std::os::unix::process::ExitStatusExt;
-                        info.exit_code = s.code();
-                        info.signal = s.signal();
-                    }
-                    Err(e) => info.spawn_error = Some(format!("wait: {e}")),
-                },
-            }
-            info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > oom_before && !timed_out;
-        }
-        if oom_after > oom_before {
-            if let Ok(Some(rec)) = st2.db.get_sandbox(&sandbox_id) {
-                sandboxes::refresh_oom(&st2, &rec);
+        if matches!(report, FinalReport::None) && p.lock().suspended {
+            // Dumped for standby: the resumed process comes back on new pipes.
+            *p.stdin.lock().await = None;
+            match reattach.recv().await {
+                Some(new) => {
+                    ends = new;
+                    continue;
+                }
+                None => break FinalReport::Lost("the sandbox's standby image could not be resumed".into()),
             }
         }
-        *p.stdin.lock().await = None;
-        // The idle clock starts when the last process ends, not when it was started.
-        st2.activity.touch(&sandbox_id);
-        p.bump();
-    });
-    Ok(proc_)
+        break report;
+    };
+    let oom_after = st.runtime.usage(&sandbox_id).oom_kills;
+    {
+        let mut s = p.lock();
+        s.suspended = false;
+        let info = &mut s.info;
+        info.status = ProcessStatus::Exited;
+        info.finished_at = Some(now());
+        info.timed_out = timed_out;
+        match report {
+            FinalReport::Exited(code) => info.exit_code = Some(code),
+            FinalReport::Signaled(sig) => info.signal = Some(sig),
+            FinalReport::SpawnError(msg) => info.spawn_error = Some(msg),
+            // The shim itself was killed: only SIGKILL of the whole sandbox does that.
+            FinalReport::None => info.signal = Some(libc::SIGKILL),
+            FinalReport::Lost(msg) => {
+                info.signal = Some(libc::SIGKILL);
+                info.spawn_error = Some(msg);
+            }
+        }
+        info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > opts.oom_before && !timed_out;
+    }
+    if oom_after > opts.oom_before {
+        if let Ok(Some(rec)) = st.db.get_sandbox(&sandbox_id) {
+            sandboxes::refresh_oom(&st, &rec);
+        }
+    }
+    *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *p.stdin.lock().await = None;
+    // The idle clock starts when the last process ends, not when it was started.
+    st.activity.touch(&sandbox_id);
+    p.bump();
 }
 
-async fn pump(p: Arc<Proc>, mut r: impl AsyncRead + Unpin, stream: StreamKind) {
+/// Installs a process's stdin pipe. Initial stdin is written while output is
+/// already being read (a process that writes before it reads must not deadlock
+/// on full pipes); the lock keeps later writes behind it. A process that exits
+/// without reading its stdin is not an error.
+async fn attach_stdin(p: &Arc<Proc>, fd: OwnedFd, data: Option<Vec<u8>>, keep_open: bool) {
+    let Ok(tx) = PipeSender::from_owned_fd(fd) else { return };
+    let mut guard = p.stdin.clone().lock_owned().await;
+    *guard = Some(tx);
+    tokio::spawn(async move {
+        if let (Some(data), Some(s)) = (data, guard.as_mut()) {
+            let _ = s.write_all(&data).await;
+        }
+        if !keep_open {
+            *guard = None;
+        }
+    });
+}
+
+async fn pump(p: Arc<Proc>, fd: OwnedFd, stream: StreamKind) {
+    let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match r.read(&mut buf).await {
@@ -378,7 +572,10 @@ async fn pump(p: Arc<Proc>, mut r: impl AsyncRead + Unpin, stream: StreamKind) {
 }
 
 enum FinalReport {
+    /// The report pipe closed without a final word.
     None,
+    /// Lost with the sandbox, with the reason.
+    Lost(String),
     Exited(i32),
     Signaled(i32),
     SpawnError(String),
@@ -396,7 +593,6 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
     let mut last = FinalReport::None;
     while let Ok(Some(line)) = lines.next_line().await {
         match serde_json::from_str::<ExecReport>(&line) {
-            Ok(ExecReport::Started { host_pid }) => p.lock().host_pid = Some(host_pid),
             Ok(ExecReport::NsPid { pid }) => {
                 p.lock().info.pid = Some(pid);
                 p.bump();
@@ -537,11 +733,9 @@ pub async fn logs_handler(State(st): State<Shared>, Path((id, pid)): Path<(Strin
 pub async fn signal_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Json(req): Json<SignalRequest>) -> ApiResult<Json<ProcessInfo>> {
     let sig = parse_signal(&req.signal)?;
     let p = get_proc(&st, &id, pid)?;
-    let (status, host_pid) = {
-        let s = p.lock();
-        (s.info.status, s.host_pid)
-    };
-    match (status, host_pid) {
+    let info = p.info();
+    let host_pid = info.pid.and_then(|ns| st.runtime.host_pid(&info.sandbox_id, ns));
+    match (info.status, host_pid) {
         (ProcessStatus::Running, Some(h)) => {
             kill(Pid::from_raw(h), sig).map_err(|e| ApiError::internal("kill", &e))?;
             Ok(Json(p.info()))

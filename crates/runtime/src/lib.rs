@@ -126,4 +126,21 @@ pub trait Runtime: Send + Sync {
 
     /// Directory where the tier keeps per-sandbox runtime files.
     fn run_dir(&self) -> PathBuf;
+
+    /// Host pid of the sandbox's process whose pid inside the sandbox is `ns_pid`.
+    fn host_pid(&self, sandbox_id: &str, ns_pid: i32) -> Option<i32>;
+
+    /// Why the processes of a sandbox cannot be dumped for standby on this host
+    /// (`None`: they can).
+    fn process_dump_unsupported(&self) -> Option<String>;
+
+    /// Dumps every process of the sandbox (tree, memory, open files) into
+    /// `images_dir` and ends them; on failure they keep running. Returns the
+    /// helper binary the images refer to (needed to restore them).
+    fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError>;
+
+    /// Brings back processes dumped by [`Runtime::dump_processes`] on the
+    /// sandbox's (unchanged) filesystem. `inherit` are open descriptors of this
+    /// process that replace the dumped pipes with the given inodes.
+    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError>;
 }

@@ -1,29 +1,30 @@
 //! `strata _enter`: runs one process inside a running sandbox.
 //!
-//! Like `nsenter`: join the cgroup, `setns` into init's namespaces, fork (the
-//! child is inside the pid namespace), and in the child resolve the user
-//! against the sandbox's own /etc/passwd, drop capabilities, set no_new_privs,
-//! install the seccomp filter and exec. The parent stays outside, waits, and
-//! reports on the descriptor named by `STRATA_REPORT_FD` ([`ExecReport`] JSON lines).
+//! Like `nsenter`: join the cgroup, `setns` into init's namespaces and fork
+//! twice, so that the process's parent inside the sandbox is the sandbox's pid 1
+//! (the whole tree can then be dumped for standby). The inner child executes
+//! `strata-init _shim` from inside the sandbox ([`super::init::SELF_PATH`]),
+//! which forks the process, resolves the user against the sandbox's own
+//! /etc/passwd, drops capabilities, sets no_new_privs, installs the seccomp
+//! filter, execs, and reports on the descriptor named by `STRATA_REPORT_FD`
+//! ([`ExecReport`] JSON lines) until the process ends.
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 
 use nix::sched::{setns, CloneFlags};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
+pub use strata_init::exec::REPORT_FD_ENV;
+use strata_init::exec::{die, Reporter, SPEC_ENV};
 
-use super::{creds, seccomp, user};
-use crate::spec::{ExecReport, ExecSpec};
+use crate::spec::ExecSpec;
 
 /// Environment variable carrying the [`EnterConfig`] JSON.
 pub const CONFIG_ENV: &str = "STRATA_ENTER_CONFIG";
-/// Environment variable naming the descriptor the helper reports on.
-pub const REPORT_FD_ENV: &str = "STRATA_REPORT_FD";
 
 /// What `_enter` receives.
 #[derive(Debug, Serialize, Deserialize)]
@@ -36,29 +37,9 @@ pub struct EnterConfig {
     pub exec: ExecSpec,
 }
 
-struct Reporter(Option<File>);
-
-impl Reporter {
-    fn send(&mut self, r: &ExecReport) {
-        if let Some(f) = self.0.as_mut() {
-            let mut line = serde_json::to_vec(r).expect("ExecReport serializes");
-            line.push(b'\n');
-            let _ = f.write_all(&line);
-        }
-    }
-}
-
-fn die(rep: &mut Reporter, message: String) -> ! {
-    rep.send(&ExecReport::SpawnError { message });
-    std::process::exit(127)
-}
-
 /// Entry point of `strata _enter`. Never returns.
 pub fn main() -> ! {
-    let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV).ok().and_then(|v| v.parse().ok()).filter(|fd| *fd > 2);
-    // SAFETY: the daemon hands this descriptor to us for exclusive use; fcntl checks it is open.
-    let report_file = report_fd.and_then(|fd| unsafe { (libc::fcntl(fd, libc::F_GETFD) >= 0).then(|| File::from_raw_fd(fd)) });
-    let mut rep = Reporter(report_file);
+    let mut rep = Reporter::from_env();
     let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| die(&mut rep, format!("{CONFIG_ENV} is not set")));
     let cfg: EnterConfig = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
     // "0" moves the writing (single-threaded) process itself; see SandboxCgroup::join_files.
@@ -90,125 +71,53 @@ pub fn main() -> ! {
         }
     }
     drop(files);
+    // Outer (host) -> A (inside the pid namespace) -> B: A exits at once, so B is
+    // reparented to the sandbox's pid 1 and the whole process tree lies inside
+    // the sandbox (CRIU can dump it for standby). B re-executes as the `_shim`
+    // seen from inside the sandbox, which runs the process and reports its exit.
     // SAFETY: single-threaded process (fresh exec, no threads started), so the
     // child may allocate and run arbitrary code before exec.
     match unsafe { fork() } {
         Err(e) => die(&mut rep, format!("fork: {e}")),
-        Ok(ForkResult::Child) => child(cfg.exec, rep),
-        Ok(ForkResult::Parent { child }) => {
-            rep.send(&ExecReport::Started { host_pid: child.as_raw() });
-            loop {
-                match waitpid(child, None) {
-                    Ok(WaitStatus::Exited(_, code)) => {
-                        rep.send(&ExecReport::Exited { code });
-                        std::process::exit(code)
-                    }
-                    Ok(WaitStatus::Signaled(_, sig, _)) => {
-                        rep.send(&ExecReport::Signaled { signal: sig as i32 });
-                        std::process::exit(128 + sig as i32)
-                    }
-                    Ok(_) => continue,
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    Err(e) => die(&mut rep, format!("wait: {e}")),
-                }
+        Ok(ForkResult::Child) => {
+            // SAFETY: still single-threaded.
+            match unsafe { fork() } {
+                Err(e) => die(&mut rep, format!("fork: {e}")),
+                Ok(ForkResult::Child) => exec_shim(&cfg.exec, rep),
+                Ok(ForkResult::Parent { .. }) => std::process::exit(0),
             }
         }
+        Ok(ForkResult::Parent { child }) => loop {
+            match waitpid(child, None) {
+                Ok(WaitStatus::Exited(_, code)) => std::process::exit(code),
+                Ok(WaitStatus::Signaled(..)) => std::process::exit(127),
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => die(&mut rep, format!("wait: {e}")),
+            }
+        },
     }
 }
 
-fn child(exec: ExecSpec, mut rep: Reporter) -> ! {
-    // The report descriptor must not survive exec; a failed exec still reports on it.
-    if let Some(f) = rep.0.as_ref() {
-        // SAFETY: F_SETFD on our own descriptor.
-        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
+/// B: becomes the shim by executing the helper binary bind-mounted inside the
+/// sandbox (its mount point cannot be changed from inside: sandbox processes lack
+/// CAP_SYS_ADMIN). The report descriptor and stdio are handed over.
+fn exec_shim(exec: &ExecSpec, mut rep: Reporter) -> ! {
     if let Err(e) = nix::unistd::setsid() {
         die(&mut rep, format!("setsid: {e}"));
     }
-    rep.send(&ExecReport::NsPid { pid: std::process::id() as i32 });
-    match prepare(&exec) {
-        Ok((argv0_candidates, argv, envp)) => {
-            let mut last = String::from("empty command");
-            for path in argv0_candidates {
-                // SAFETY: all pointers are valid NUL-terminated arrays built by `prepare`.
-                unsafe { libc::execve(path.as_ptr(), argv.ptrs.as_ptr(), envp.ptrs.as_ptr()) };
-                let err = std::io::Error::last_os_error();
-                last = format!("exec {}: {err}", path.to_string_lossy());
-                if err.raw_os_error() != Some(libc::ENOENT) && err.raw_os_error() != Some(libc::ENOTDIR) {
-                    break;
-                }
-            }
-            die(&mut rep, last)
-        }
-        Err(message) => die(&mut rep, message),
+    let fd = rep.0.as_ref().map(|f| f.as_raw_fd());
+    if let Some(fd) = fd {
+        // SAFETY: F_SETFD on our own descriptor: it must survive the exec.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
     }
+    let path = CString::new(super::init::SELF_PATH).expect("no NUL");
+    let argv = [c"strata".to_owned(), c"_shim".to_owned()];
+    let json = serde_json::to_string(exec).expect("ExecSpec serializes");
+    let mut env = vec![CString::new(format!("{SPEC_ENV}={json}")).unwrap_or_else(|_| die(&mut rep, "command or environment contains a NUL byte".into()))];
+    if let Some(fd) = fd {
+        env.push(CString::new(format!("{REPORT_FD_ENV}={fd}")).expect("digits"));
+    }
+    let err = nix::unistd::execve(&path, &argv, &env).unwrap_err();
+    die(&mut rep, format!("exec the sandbox's process helper {}: {err} (was the sandbox started by an older strata? restart it)", super::init::SELF_PATH))
 }
 
-/// A NULL-terminated array of C strings.
-struct CArray {
-    _owned: Vec<CString>,
-    ptrs: Vec<*const libc::c_char>,
-}
-
-impl CArray {
-    fn new(items: impl IntoIterator<Item = String>) -> Result<Self, String> {
-        let owned: Vec<CString> = items.into_iter().map(|s| CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string())).collect::<Result<_, _>>()?;
-        let mut ptrs: Vec<*const libc::c_char> = owned.iter().map(|c| c.as_ptr()).collect();
-        ptrs.push(std::ptr::null());
-        Ok(CArray { _owned: owned, ptrs })
-    }
-}
-
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Everything between fork and exec: user, cwd, environment, credentials, seccomp.
-fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
-    let program = exec.argv.first().ok_or("empty command")?.clone();
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
-    let user = user::resolve(exec.user.as_deref(), &passwd, &group)?;
-
-    let mut env = exec.env.clone();
-    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
-    env.entry("HOME".into()).or_insert_with(|| user.home.clone());
-    if let Some(name) = &user.name {
-        env.entry("USER".into()).or_insert_with(|| name.clone());
-    }
-    if let Ok(h) = nix::unistd::gethostname() {
-        env.entry("HOSTNAME".into()).or_insert_with(|| h.to_string_lossy().into_owned());
-    }
-
-    let cwd = match &exec.cwd {
-        Some(c) => c.clone(),
-        None if std::path::Path::new(&user.home).is_dir() => user.home.clone(),
-        None => "/".into(),
-    };
-    nix::unistd::chdir(cwd.as_str()).map_err(|e| format!("working directory {cwd}: {e}"))?;
-
-    let candidates: Vec<CString> = if program.contains('/') {
-        vec![CString::new(program.clone()).map_err(|_| "program contains a NUL byte")?]
-    } else {
-        let found: Vec<CString> = env["PATH"]
-            .split(':')
-            .filter(|d| !d.is_empty())
-            .map(|d| format!("{d}/{program}"))
-            .filter(|p| std::path::Path::new(p).exists())
-            .filter_map(|p| CString::new(p).ok())
-            .collect();
-        if found.is_empty() {
-            return Err(format!("exec {program}: executable file not found in PATH ({})", env["PATH"]));
-        }
-        found
-    };
-    let argv = CArray::new(exec.argv.iter().cloned())?;
-    let envp = CArray::new(env.iter().map(|(k, v)| format!("{k}={v}")))?;
-
-    let filters = seccomp::build_filters()?;
-    creds::drop_to(&user, &creds::KEPT)?;
-    creds::no_new_privs()?;
-    // Every descriptor but stdio closes on exec (the report pipe already is close-on-exec).
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
-    seccomp::apply(&filters)?;
-    Ok((candidates, argv, envp))
-}

@@ -10,12 +10,10 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::signal::{kill, SigSet, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{fork, ForkResult, Pid};
+use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
 
-use super::{creds, mounts};
+use super::mounts;
 use crate::spec::SandboxSpec;
 
 /// What `_init` receives on stdin.
@@ -27,6 +25,8 @@ pub struct InitConfig {
     pub cgroup_join_files: Vec<PathBuf>,
     /// Seconds init waits after relaying SIGTERM before it exits (killing the rest).
     pub stop_grace_secs: u64,
+    /// The static `strata-init` binary, bind-mounted at [`SELF_PATH`].
+    pub init_binary: PathBuf,
 }
 
 /// Status lines `_init` writes on stdout.
@@ -96,12 +96,16 @@ pub fn main() -> ! {
 
 fn pid1(cfg: InitConfig) -> ! {
     let spec = &cfg.spec;
+    // The helper binary, opened before pivot_root hides the host: pid 1 re-executes
+    // it from inside the sandbox (see [`SELF_PATH`]).
     let setup = || -> Result<(), String> {
+        let helper = mounts::clone_helper_mount(&cfg.init_binary)?;
         mounts::build_rootfs(&spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir)?;
         nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
         mounts::loopback_up()?;
         mounts::pivot_into(&spec.rootfs_dir)?;
         mounts::write_identity_files(&spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
+        mounts::attach_helper(helper, SELF_PATH)?;
         Ok(())
     };
     if let Err(message) = setup() {
@@ -112,14 +116,21 @@ fn pid1(cfg: InitConfig) -> ! {
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("strata init: setsid: {e}");
     }
-    // Sandbox processes (which lack CAP_SYS_PTRACE) may not ptrace init or open /proc/1/exe.
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    let root = super::user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
-    let _ = creds::drop_to(&root, &[caps::Capability::CAP_KILL]);
-    let _ = creds::no_new_privs();
-    reap_loop(cfg.stop_grace_secs)
+    // Pid 1 continues as strata-init seen from inside the sandbox, so that every
+    // mapping of the sandbox's processes lies in its own mount tree (which is
+    // what lets CRIU dump the tree for standby).
+    let argv = [c"strata".to_owned(), c"_pid1".to_owned(), std::ffi::CString::new(cfg.stop_grace_secs.to_string()).expect("digits")];
+    let path = std::ffi::CString::new(SELF_PATH).expect("no NUL");
+    let env: [std::ffi::CString; 0] = [];
+    let err = nix::unistd::execve(&path, &argv, &env).unwrap_err();
+    eprintln!("strata init: exec {SELF_PATH}: {err}");
+    std::process::exit(1)
 }
+
+/// Where the static `strata-init` binary is bind-mounted (read-only) inside
+/// every sandbox: pid 1 and every process's shim run from it, so no mapping of
+/// the sandbox's processes points outside its mount tree.
+pub const SELF_PATH: &str = "/run/strata/init";
 
 /// Closes every inherited descriptor and points 0, 1, 2 at the sandbox's /dev/null,
 /// so nothing of the host stays open inside (which would also block checkpointing).
@@ -137,67 +148,3 @@ fn detach_stdio() {
     }
 }
 
-/// Pid 1's life: reap every child; on SIGTERM/SIGINT relay SIGTERM to all
-/// processes of the namespace and exit once they are gone or `grace` has passed
-/// (the kernel then kills whatever is left).
-fn reap_loop(grace_secs: u64) -> ! {
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM] {
-        set.add(s);
-    }
-    let _ = set.thread_block();
-    let mut stopping = false;
-    loop {
-        // While stopping, poll: processes started by `strata exec` are not init's
-        // children, so their exit sends no SIGCHLD here.
-        let timeout = stopping.then_some(std::time::Duration::from_millis(50));
-        let sig = wait_signal(&set, timeout);
-        match sig {
-            Some(Signal::SIGTERM | Signal::SIGINT) if !stopping => {
-                stopping = true;
-                let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
-                // SAFETY: alarm() only arms a timer.
-                unsafe { libc::alarm(grace_secs.clamp(1, 3600) as u32) };
-            }
-            Some(Signal::SIGALRM) if stopping => std::process::exit(0),
-            _ => {}
-        }
-        loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::StillAlive) => break,
-                Ok(_) => continue,
-                Err(nix::errno::Errno::ECHILD) => {
-                    if stopping && no_other_processes() {
-                        std::process::exit(0);
-                    }
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        if stopping && no_other_processes() {
-            std::process::exit(0);
-        }
-    }
-}
-
-/// Waits for one of `set` (blocked), up to `timeout`.
-fn wait_signal(set: &SigSet, timeout: Option<std::time::Duration>) -> Option<Signal> {
-    let Some(t) = timeout else { return set.wait().ok() };
-    let ts = libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long };
-    // SAFETY: `set` is a valid sigset_t, the info pointer may be null, `ts` outlives the call.
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
-    if r > 0 {
-        Signal::try_from(r).ok()
-    } else {
-        None
-    }
-}
-
-/// True when pid 1 is the only process left in its pid namespace.
-fn no_other_processes() -> bool {
-    match std::fs::read_dir("/proc") {
-        Ok(rd) => !rd.filter_map(Result::ok).any(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|p| p != 1)),
-        Err(_) => true,
-    }
-}

@@ -1,16 +1,19 @@
 //! The namespace tier: a sandbox is an init process in fresh pid, mount, uts,
 //! ipc, net and cgroup namespaces on an overlay root, inside its own cgroup.
 //!
-//! Files: [`init`] (`strata _init`, the sandbox's pid 1), [`enter`]
-//! (`strata _enter`, runs one process inside), [`mounts`], [`creds`],
-//! [`seccomp`], [`user`].
+//! Files: [`init`] (`strata _init`, sets up the sandbox and becomes its pid 1,
+//! `strata-init _pid1`), [`enter`] (`strata _enter`, hands one process to a
+//! `strata-init _shim` inside), [`mounts`]; [`creds`], [`seccomp`], [`user`]
+//! come from the static `strata-init` crate; [`criu`] and [`restore`] (`strata _restore`) dump
+//! and restore the process tree for standby.
 
-pub mod creds;
+pub mod criu;
 pub mod enter;
 pub mod init;
 pub mod mounts;
-pub mod seccomp;
-pub mod user;
+pub mod restore;
+
+pub use strata_init::{creds, seccomp, user};
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -33,6 +36,7 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 #[derive(Debug, Clone)]
 pub struct NamespaceRuntime {
     helper_exe: PathBuf,
+    init_binary: PathBuf,
     cgroup_root: PathBuf,
     cgroup_version: CgroupVersion,
     run_dir: PathBuf,
@@ -40,12 +44,14 @@ pub struct NamespaceRuntime {
 }
 
 impl NamespaceRuntime {
-    /// A runtime whose helpers (`_init`, `_enter`) are subcommands of `helper_exe`
-    /// (the strata binary), keeping per-sandbox runtime files under `run_dir`.
-    pub fn new(helper_exe: PathBuf, run_dir: PathBuf) -> Result<Self, RuntimeError> {
+    /// A runtime whose host-side helpers (`_init`, `_enter`, `_restore`) are
+    /// subcommands of `helper_exe` (the strata binary) and whose in-sandbox
+    /// binary is the static `init_binary` (`strata-init`), keeping per-sandbox
+    /// runtime files under `run_dir`.
+    pub fn new(helper_exe: PathBuf, init_binary: PathBuf, run_dir: PathBuf) -> Result<Self, RuntimeError> {
         let cgroup_root = PathBuf::from(CGROUP_ROOT);
         let cgroup_version = cgroup::detect(&cgroup_root)?;
-        Ok(NamespaceRuntime { helper_exe, cgroup_root, cgroup_version, run_dir, stop_grace: Duration::from_secs(10) })
+        Ok(NamespaceRuntime { helper_exe, init_binary, cgroup_root, cgroup_version, run_dir, stop_grace: Duration::from_secs(10) })
     }
 
     /// The detected cgroup version.
@@ -84,7 +90,7 @@ impl Runtime for NamespaceRuntime {
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
         let t_cgroup = t0.elapsed();
-        let config = init::InitConfig { spec: spec.clone(), cgroup_join_files: cg.join_files(), stop_grace_secs: self.stop_grace.as_secs() };
+        let config = init::InitConfig { spec: spec.clone(), cgroup_join_files: cg.join_files(), stop_grace_secs: self.stop_grace.as_secs(), init_binary: self.init_binary.clone() };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -222,6 +228,106 @@ impl Runtime for NamespaceRuntime {
     fn run_dir(&self) -> PathBuf {
         self.run_dir.clone()
     }
+
+    fn host_pid(&self, sandbox_id: &str, ns_pid: i32) -> Option<i32> {
+        self.cgroup(sandbox_id).pids().into_iter().find(|p| ns_pid_of(*p) == Some(ns_pid))
+    }
+
+    fn process_dump_unsupported(&self) -> Option<String> {
+        criu::unsupported()
+    }
+
+    fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox init is not running".into()));
+        }
+        let took = criu::dump(handle.init_pid, images_dir)?;
+        if !wait_for_exit(handle, Duration::from_secs(5)) {
+            return Err(RuntimeError::Setup(format!("init of sandbox {sandbox_id} survived the dump")));
+        }
+        debug!(sandbox = sandbox_id, ms = took.as_millis() as u64, "processes dumped");
+        // Pid 1 was started from this runtime's strata-init (bind-mounted inside);
+        // the daemon keeps that binary in place while images refer to it.
+        Ok(self.init_binary.clone())
+    }
+
+    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError> {
+        let bin = criu::binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
+        let cg = self.cgroup(&spec.id);
+        cg.create(&spec.limits)?;
+        let pidfile = images_dir.join("restored.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let cfg = criu::RestoreConfig {
+            lower_dirs: spec.lower_dirs.clone(),
+            upper_dir: spec.upper_dir.clone(),
+            work_dir: spec.work_dir.clone(),
+            rootfs_dir: spec.rootfs_dir.clone(),
+            cgroup_join_files: cg.join_files(),
+            images_dir: images_dir.to_path_buf(),
+            helper: helper.to_path_buf(),
+            inherit: inherit.to_vec(),
+            pidfile: pidfile.clone(),
+            criu: bin,
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log_path)
+            .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
+        let status = {
+            let _g = crate::spawn_lock();
+            for (fd, _) in inherit {
+                // SAFETY: F_SETFD on descriptors the caller owns; they are inheritable
+                // only while the spawn lock is held.
+                unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) };
+            }
+            let spawned = Command::new(&self.helper_exe)
+                .arg("_restore")
+                .env_clear()
+                .env(criu::RESTORE_CONFIG_ENV, serde_json::to_string(&cfg).expect("RestoreConfig serializes"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn();
+            for (fd, _) in inherit {
+                // SAFETY: as above.
+                unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            }
+            spawned.map_err(|source| RuntimeError::Spawn { what: "criu restore", source })?
+        }
+        .wait()
+        .map_err(|e| RuntimeError::sys("wait for criu restore", e))?;
+        let fail = |msg: String| {
+            let _ = self.cleanup(&spec.id);
+            Err(RuntimeError::Setup(msg))
+        };
+        if !status.success() {
+            let detail = criu::log_errors(&images_dir.join(criu::RESTORE_LOG));
+            // Whatever CRIU left behind dies with the cgroup.
+            for p in cg.pids() {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            return fail(format!("criu restore failed ({status}): {detail}"));
+        }
+        let pid: i32 = match std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok()) {
+            Some(p) => p,
+            None => return fail(format!("criu restore wrote no pid to {}", pidfile.display())),
+        };
+        let Some(start) = process_start_time(pid) else { return fail("the restored init exited at once".into()) };
+        Ok(SandboxHandle { init_pid: pid, init_start_time: start })
+    }
+}
+
+/// The pid of host process `pid` inside the innermost pid namespace it belongs
+/// to, when that is not the host's (the last field of `NSpid:` in its status).
+fn ns_pid_of(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
+    if fields.len() < 2 {
+        return None;
+    }
+    fields.last()?.parse().ok()
 }
 
 /// Waits up to `timeout` for the process behind `handle` to exit (a zombie counts

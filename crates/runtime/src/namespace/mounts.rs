@@ -182,6 +182,38 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
     Ok(())
 }
 
+/// A detached bind mount of the `strata-init` binary `exe` (`open_tree`
+/// clone), taken before pivot_root hides the host; [`attach_helper`] places it.
+pub fn clone_helper_mount(exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let path = std::ffi::CString::new(exe.as_os_str().as_encoded_bytes()).map_err(ctx("helper path"))?;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    // SAFETY: open_tree takes a dirfd, a NUL-terminated path that outlives the call, and flags.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint) };
+    if fd < 0 {
+        return Err(format!("open_tree {}: {}", exe.display(), std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is a new descriptor owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attaches the detached helper mount on `target` (a file it creates on the
+/// /run/strata tmpfs) and makes it read-only; after pivot_root.
+pub fn attach_helper(tree: std::os::fd::OwnedFd, target: &str) -> SetupResult<()> {
+    use std::os::fd::AsRawFd;
+    fs::OpenOptions::new().create(true).truncate(true).write(true).open(target).map_err(ctx(format!("create {target}")))?;
+    let c_target = std::ffi::CString::new(target).map_err(ctx("target"))?;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    // SAFETY: move_mount takes two (dirfd, NUL-terminated path) pairs that outlive the call, and flags.
+    let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, c_target.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH) };
+    if r < 0 {
+        return Err(format!("attach the helper on {target}: {}", std::io::Error::last_os_error()));
+    }
+    mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV, None::<&str>)
+        .map_err(ctx(format!("read-only {target}")))?;
+    Ok(())
+}
+
 /// Brings the loopback interface of the (new) network namespace up.
 pub fn loopback_up() -> SetupResult<()> {
     // SAFETY: socket() has no memory-safety preconditions; the fd is closed below.

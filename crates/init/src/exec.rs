@@ -1,0 +1,252 @@
+//! One process inside a sandbox: the `_shim` that a sandbox's exec helper
+//! becomes inside the sandbox, and everything between fork and exec of the
+//! process itself (user, working directory, environment, credentials, seccomp).
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, ForkResult};
+use serde::{Deserialize, Serialize};
+
+use crate::{creds, seccomp, user};
+
+/// Environment variable carrying the [`ExecSpec`] JSON for `_shim`.
+pub const SPEC_ENV: &str = "STRATA_EXEC_SPEC";
+/// Environment variable naming the descriptor the helpers report on.
+pub const REPORT_FD_ENV: &str = "STRATA_REPORT_FD";
+
+/// One process to run inside a sandbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Environment (already merged: image, sandbox, request). PATH, HOME and
+    /// HOSTNAME are filled in when absent.
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: the user's home if it exists, else `/`).
+    pub cwd: Option<String>,
+    /// `name`, `uid`, `name:group` or `uid:gid` (default root).
+    pub user: Option<String>,
+}
+
+/// Lines the exec helper writes to file descriptor 3, one per line, as JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecReport {
+    /// Its pid inside the sandbox's pid namespace (it leads its own process group).
+    NsPid {
+        /// Pid inside.
+        pid: i32,
+    },
+    /// It could not be started.
+    SpawnError {
+        /// Why.
+        message: String,
+    },
+    /// It exited with a code.
+    Exited {
+        /// Exit code.
+        code: i32,
+    },
+    /// It was killed by a signal.
+    Signaled {
+        /// Signal number.
+        signal: i32,
+    },
+}
+
+/// Writes [`ExecReport`] lines to the report descriptor (if there is one).
+pub struct Reporter(pub Option<File>);
+
+impl Reporter {
+    /// The reporter named by [`REPORT_FD_ENV`], when that descriptor is open.
+    pub fn from_env() -> Self {
+        let fd: Option<i32> = std::env::var(REPORT_FD_ENV).ok().and_then(|v| v.parse().ok()).filter(|fd| *fd > 2);
+        // SAFETY: the spawner hands this descriptor to us for exclusive use; fcntl checks it is open.
+        Reporter(fd.and_then(|fd| unsafe { (libc::fcntl(fd, libc::F_GETFD) >= 0).then(|| File::from_raw_fd(fd)) }))
+    }
+
+    /// Sends one report line.
+    pub fn send(&mut self, r: &ExecReport) {
+        if let Some(f) = self.0.as_mut() {
+            let mut line = serde_json::to_vec(r).expect("ExecReport serializes");
+            line.push(b'\n');
+            let _ = f.write_all(&line);
+        }
+    }
+}
+
+/// Closes every descriptor but stdio and `keep`: nothing the spawner had open
+/// may stay reachable inside the sandbox (it would also block checkpointing).
+fn close_inherited(keep: Option<i32>) {
+    let ranges: Vec<(u32, u32)> = match keep {
+        Some(k) if k > 3 => vec![(3, k as u32 - 1), (k as u32 + 1, u32::MAX)],
+        Some(3) => vec![(4, u32::MAX)],
+        _ => vec![(3, u32::MAX)],
+    };
+    for (lo, hi) in ranges {
+        // SAFETY: close_range only closes descriptors; none of them backs a Rust object here.
+        unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) };
+    }
+}
+
+/// Reports a spawn error and exits with 127.
+pub fn die(rep: &mut Reporter, message: String) -> ! {
+    rep.send(&ExecReport::SpawnError { message });
+    std::process::exit(127)
+}
+
+/// Entry point of `strata _shim` (inside the sandbox, a child of its pid 1):
+/// forks the process, hands it stdio, and reports its exit. Never returns.
+pub fn shim_main() -> ! {
+    let mut rep = Reporter::from_env();
+    close_inherited(rep.0.as_ref().map(|f| f.as_raw_fd()));
+    let raw = std::env::var(SPEC_ENV).unwrap_or_else(|_| die(&mut rep, format!("{SPEC_ENV} is not set")));
+    let spec: ExecSpec = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse exec spec: {e}")));
+    // The shim outlives its process to report how it ended: stop signals aimed at
+    // everything (pid 1 relays SIGTERM to all on stop) are for the process alone.
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGPIPE] {
+        set.add(sig);
+    }
+    // SAFETY: single-threaded; the child restores the default mask before exec.
+    match unsafe { fork() } {
+        Err(e) => die(&mut rep, format!("fork: {e}")),
+        Ok(ForkResult::Child) => child(spec, rep),
+        Ok(ForkResult::Parent { child }) => {
+            let _ = set.thread_block();
+            // Stdio belongs to the process now; the shim keeps only its report pipe.
+            // SAFETY: open/dup2 on descriptors 0-2, which no Rust object owns here.
+            unsafe {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+                if null >= 0 {
+                    for fd in 0..3 {
+                        libc::dup2(null, fd);
+                    }
+                    libc::close(null);
+                }
+                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            }
+            let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
+            let _ = creds::drop_to(&root, &[]);
+            let _ = creds::no_new_privs();
+            loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, code)) => {
+                        rep.send(&ExecReport::Exited { code });
+                        std::process::exit(0)
+                    }
+                    Ok(WaitStatus::Signaled(_, sig, _)) => {
+                        rep.send(&ExecReport::Signaled { signal: sig as i32 });
+                        std::process::exit(0)
+                    }
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => die(&mut rep, format!("wait: {e}")),
+                }
+            }
+        }
+    }
+}
+
+/// The process itself: new session, pid report, credentials, exec.
+fn child(exec: ExecSpec, mut rep: Reporter) -> ! {
+    // The report descriptor must not survive exec; a failed exec still reports on it.
+    if let Some(f) = rep.0.as_ref() {
+        // SAFETY: F_SETFD on our own descriptor.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    if let Err(e) = nix::unistd::setsid() {
+        die(&mut rep, format!("setsid: {e}"));
+    }
+    rep.send(&ExecReport::NsPid { pid: std::process::id() as i32 });
+    match prepare(&exec) {
+        Ok((argv0_candidates, argv, envp)) => {
+            let mut last = String::from("empty command");
+            for path in argv0_candidates {
+                // SAFETY: all pointers are valid NUL-terminated arrays built by `prepare`.
+                unsafe { libc::execve(path.as_ptr(), argv.ptrs.as_ptr(), envp.ptrs.as_ptr()) };
+                let err = std::io::Error::last_os_error();
+                last = format!("exec {}: {err}", path.to_string_lossy());
+                if err.raw_os_error() != Some(libc::ENOENT) && err.raw_os_error() != Some(libc::ENOTDIR) {
+                    break;
+                }
+            }
+            die(&mut rep, last)
+        }
+        Err(message) => die(&mut rep, message),
+    }
+}
+
+/// A NULL-terminated array of C strings.
+struct CArray {
+    _owned: Vec<CString>,
+    ptrs: Vec<*const libc::c_char>,
+}
+
+impl CArray {
+    fn new(items: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let owned: Vec<CString> = items.into_iter().map(|s| CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string())).collect::<Result<_, _>>()?;
+        let mut ptrs: Vec<*const libc::c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        Ok(CArray { _owned: owned, ptrs })
+    }
+}
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Everything between fork and exec: user, cwd, environment, credentials, seccomp.
+fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
+    let program = exec.argv.first().ok_or("empty command")?.clone();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    let user = user::resolve(exec.user.as_deref(), &passwd, &group)?;
+
+    let mut env = exec.env.clone();
+    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    env.entry("HOME".into()).or_insert_with(|| user.home.clone());
+    if let Some(name) = &user.name {
+        env.entry("USER".into()).or_insert_with(|| name.clone());
+    }
+    if let Ok(h) = nix::unistd::gethostname() {
+        env.entry("HOSTNAME".into()).or_insert_with(|| h.to_string_lossy().into_owned());
+    }
+
+    let cwd = match &exec.cwd {
+        Some(c) => c.clone(),
+        None if std::path::Path::new(&user.home).is_dir() => user.home.clone(),
+        None => "/".into(),
+    };
+    nix::unistd::chdir(cwd.as_str()).map_err(|e| format!("working directory {cwd}: {e}"))?;
+
+    let candidates: Vec<CString> = if program.contains('/') {
+        vec![CString::new(program.clone()).map_err(|_| "program contains a NUL byte")?]
+    } else {
+        let found: Vec<CString> = env["PATH"]
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("{d}/{program}"))
+            .filter(|p| std::path::Path::new(p).exists())
+            .filter_map(|p| CString::new(p).ok())
+            .collect();
+        if found.is_empty() {
+            return Err(format!("exec {program}: executable file not found in PATH ({})", env["PATH"]));
+        }
+        found
+    };
+    let argv = CArray::new(exec.argv.iter().cloned())?;
+    let envp = CArray::new(env.iter().map(|(k, v)| format!("{k}={v}")))?;
+
+    let filters = seccomp::build_filters()?;
+    creds::drop_to(&user, &creds::KEPT)?;
+    creds::no_new_privs()?;
+    // Every descriptor but stdio closes on exec (the report pipe already is close-on-exec).
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    seccomp::apply(&filters)?;
+    Ok((candidates, argv, envp))
+}

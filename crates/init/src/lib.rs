@@ -1,0 +1,17 @@
+//! `strata-init`: the one binary that runs inside every sandbox of the
+//! namespace tier. It is built statically (scripts/build-init.sh) because it
+//! executes from inside the sandbox's root, where the image's libraries (if
+//! any) are not the host's.
+//!
+//! * [`pid1`]: the sandbox's pid 1 after setup (reaper, stop relay).
+//! * [`exec`]: the per-process `_shim` and everything between fork and exec.
+//! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
+//!
+//! Keeping every sandbox process's mappings inside the sandbox's own mount tree
+//! is what lets CRIU dump the whole tree for standby.
+
+pub mod creds;
+pub mod exec;
+pub mod pid1;
+pub mod seccomp;
+pub mod user;

@@ -1,0 +1,12 @@
+//! `strata-init _pid1 GRACE_SECS` | `strata-init _shim`: see the library docs.
+
+fn main() {
+    match std::env::args().nth(1).as_deref() {
+        Some("_pid1") => strata_init::pid1::pid1_main(),
+        Some("_shim") => strata_init::exec::shim_main(),
+        _ => {
+            eprintln!("strata-init runs inside strata sandboxes (as `_pid1` or `_shim`); it is not meant to be run by hand");
+            std::process::exit(2)
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Pid 1 of a sandbox after its setup: reaps every process and relays stop
+//! requests.
+
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::{creds, user};
+
+/// Entry point of `strata _pid1 GRACE_SECS`: pid 1 after re-executing itself
+/// from [`SELF_PATH`]. Never returns.
+pub fn pid1_main() -> ! {
+    let grace: u64 = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+    // Sandbox processes (which lack CAP_SYS_PTRACE) may not ptrace init or open /proc/1/exe.
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
+    let _ = creds::drop_to(&root, &[caps::Capability::CAP_KILL]);
+    let _ = creds::no_new_privs();
+    reap_loop(grace)
+}
+
+/// Pid 1's life: reap every child; on SIGTERM/SIGINT relay SIGTERM to all
+/// processes of the namespace and exit once they are gone or `grace` has passed
+/// (the kernel then kills whatever is left).
+fn reap_loop(grace_secs: u64) -> ! {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM] {
+        set.add(s);
+    }
+    let _ = set.thread_block();
+    let mut stopping = false;
+    loop {
+        // While stopping, poll: processes started by `strata exec` are not init's
+        // children, so their exit sends no SIGCHLD here.
+        let timeout = stopping.then_some(std::time::Duration::from_millis(50));
+        let sig = wait_signal(&set, timeout);
+        match sig {
+            Some(Signal::SIGTERM | Signal::SIGINT) if !stopping => {
+                stopping = true;
+                let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+                // SAFETY: alarm() only arms a timer.
+                unsafe { libc::alarm(grace_secs.clamp(1, 3600) as u32) };
+            }
+            Some(Signal::SIGALRM) if stopping => std::process::exit(0),
+            _ => {}
+        }
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) => continue,
+                Err(nix::errno::Errno::ECHILD) => {
+                    if stopping && no_other_processes() {
+                        std::process::exit(0);
+                    }
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if stopping && no_other_processes() {
+            std::process::exit(0);
+        }
+    }
+}
+
+/// Waits for one of `set` (blocked), up to `timeout`.
+fn wait_signal(set: &SigSet, timeout: Option<std::time::Duration>) -> Option<Signal> {
+    let Some(t) = timeout else { return set.wait().ok() };
+    let ts = libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long };
+    // SAFETY: `set` is a valid sigset_t, the info pointer may be null, `ts` outlives the call.
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    if r > 0 {
+        Signal::try_from(r).ok()
+    } else {
+        None
+    }
+}
+
+/// True when pid 1 is the only process left in its pid namespace.
+fn no_other_processes() -> bool {
+    match std::fs::read_dir("/proc") {
+        Ok(rd) => !rd.filter_map(Result::ok).any(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|p| p != 1)),
+        Err(_) => true,
+    }
+}
