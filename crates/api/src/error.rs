@@ -43,6 +43,8 @@ pub enum ErrorCode {
     RegistryError,
     /// The operation did not finish in time (504).
     Timeout,
+    /// A standby image is missing or fails its checksums; the sandbox is marked `error` (500).
+    StandbyImageInvalid,
     /// Anything else; the message carries the cause chain (500).
     Internal,
 }
@@ -64,7 +66,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => 501,
             ErrorCode::RegistryError => 502,
             ErrorCode::Timeout => 504,
-            ErrorCode::Internal => 500,
+            ErrorCode::Internal | ErrorCode::StandbyImageInvalid => 500,
         }
     }
 
@@ -88,6 +90,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::RegistryError => "registry_error",
             ErrorCode::Timeout => "timeout",
+            ErrorCode::StandbyImageInvalid => "standby_image_invalid",
             ErrorCode::Internal => "internal",
         }
     }

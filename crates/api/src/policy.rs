@@ -60,6 +60,35 @@ pub struct SandboxPolicy {
     /// Destroy a sandbox after this long in `stopped`/`standby`/`archived`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_after: Option<String>,
+    /// Commands run inside the sandbox at lifecycle transitions.
+    #[serde(default, skip_serializing_if = "LifecycleHooks::is_empty")]
+    pub hooks: LifecycleHooks,
+}
+
+/// Commands run inside a sandbox around transitions (e.g. to flush a dev
+/// server's state before standby). Each is an argv; a hook that fails or
+/// outlives its timeout is recorded as an event and does not block the transition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LifecycleHooks {
+    /// Run before standby (the processes are still running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_standby: Option<Vec<String>>,
+    /// Run before a stop (manual or automatic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_stop: Option<Vec<String>>,
+    /// Run after a resume (from standby, paused or stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_resume: Option<Vec<String>>,
+    /// How long each hook may run (default "30s").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+impl LifecycleHooks {
+    /// Whether no hook is set.
+    pub fn is_empty(&self) -> bool {
+        self == &LifecycleHooks::default()
+    }
 }
 
 impl SandboxPolicy {
@@ -76,6 +105,7 @@ impl SandboxPolicy {
             max_lifetime: None,
             archive_after: None,
             delete_after: None,
+            hooks: LifecycleHooks::default(),
         }
     }
 }
@@ -106,6 +136,9 @@ pub struct PolicyPatch {
     /// Time in stopped/standby/archived before destroying, or "none".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_after: Option<String>,
+    /// Lifecycle hooks (replace the current ones as a whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<LifecycleHooks>,
 }
 
 impl PolicyPatch {

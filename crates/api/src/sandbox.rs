@@ -193,6 +193,60 @@ pub struct Sandbox {
     /// Readable inside as /run/strata/generation and $STRATA_FORK_GENERATION.
     #[serde(default)]
     pub fork_generation: u32,
+    /// What its standby keeps, while it is in standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<StandbyInfo>,
+}
+
+/// How a sandbox in standby keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StandbyMode {
+    /// Processes, memory and open files were dumped (CRIU); resume brings back the same processes.
+    Processes,
+    /// Only the filesystem was kept (asked for with `fs_only`); resume starts init afresh.
+    FsOnly,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/standby`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct StandbyRequest {
+    /// Keep only the filesystem: processes are stopped (recorded on the sandbox as
+    /// `fs_only`). Without it, standby fails when processes cannot be dumped.
+    #[serde(default)]
+    pub fs_only: bool,
+}
+
+/// The standby image of a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StandbyInfo {
+    /// What was kept.
+    pub mode: StandbyMode,
+    /// RFC 3339 time it went to standby.
+    pub created_at: String,
+    /// Bytes of the process image on disk (0 for `fs_only`).
+    pub image_bytes: u64,
+    /// Processes started through the API that were suspended with it.
+    pub api_processes: usize,
+    /// Milliseconds the dump took.
+    pub dump_ms: u64,
+    /// Why processes were not kept, for `fs_only`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Response of `POST /v1/sandboxes/{id}/resume` (and reported by calls that
+/// resumed a sandbox on access, in the `strata-resumed` header).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ResumeResult {
+    /// The state it was resumed from (`standby`, `paused` or `stopped`).
+    pub from: crate::SandboxState,
+    /// Milliseconds the resume took.
+    pub duration_ms: u64,
+    /// Whether the same processes came back (false: init was started afresh).
+    pub processes_restored: bool,
+    /// The sandbox afterwards.
+    pub sandbox: Sandbox,
 }
 
 /// Response of `POST /v1/sandboxes`.

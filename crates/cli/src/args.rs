@@ -63,6 +63,37 @@ pub enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Freeze sandboxes' processes (memory kept, no CPU).
+    Pause {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Thaw paused sandboxes.
+    Unpause {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Dump sandboxes' processes and memory to disk, releasing their CPU and RAM.
+    Standby {
+        /// Stop the processes and keep only the filesystem (recorded on the sandbox)
+        /// instead of failing where processes cannot be dumped.
+        #[arg(long)]
+        fs_only: bool,
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Bring sandboxes back from standby (same processes), or thaw / start them.
+    Resume {
+        /// JSON output (the resume results).
+        #[arg(long)]
+        json: bool,
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Start stopped sandboxes.
     Start {
         /// Sandbox ids or names.
@@ -334,6 +365,19 @@ pub struct PolicyArgs {
     /// Destroy after this long stopped, in standby or archived.
     #[arg(long, value_name = "DUR")]
     pub delete_after: Option<String>,
+    /// Shell command run inside (`sh -c`) before standby. Hooks given together
+    /// replace all current hooks.
+    #[arg(long, value_name = "CMD")]
+    pub hook_before_standby: Option<String>,
+    /// Shell command run inside before a stop.
+    #[arg(long, value_name = "CMD")]
+    pub hook_before_stop: Option<String>,
+    /// Shell command run inside after a resume.
+    #[arg(long, value_name = "CMD")]
+    pub hook_after_resume: Option<String>,
+    /// How long each hook may run (default 30s).
+    #[arg(long, value_name = "DUR")]
+    pub hook_timeout: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -39,7 +39,16 @@ fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
         max_lifetime: p.max_lifetime.clone(),
         archive_after: p.archive_after.clone(),
         delete_after: p.delete_after.clone(),
+        hooks: None,
     };
+    let sh = |c: &Option<String>| c.as_ref().map(|c| vec!["sh".to_string(), "-c".to_string(), c.clone()]);
+    let hooks = strata_api::LifecycleHooks {
+        before_standby: sh(&p.hook_before_standby),
+        before_stop: sh(&p.hook_before_stop),
+        after_resume: sh(&p.hook_after_resume),
+        timeout: p.hook_timeout.clone(),
+    };
+    let patch = PolicyPatch { hooks: (!hooks.is_empty()).then_some(hooks), ..patch };
     (!patch.is_empty()).then_some(patch)
 }
 
@@ -133,6 +142,31 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Lease(a) => lease_cmd(&c, a).await,
         Command::Stop { ids } => each(ids, |id| async { c.stop_sandbox(&id).await.map(|_| id) }).await,
+        Command::Pause { ids } => each(ids, |id| async { c.pause_sandbox(&id).await.map(|_| id) }).await,
+        Command::Unpause { ids } => each(ids, |id| async { c.unpause_sandbox(&id).await.map(|_| id) }).await,
+        Command::Standby { fs_only, ids } => { let c = &c; each(ids, |id| async move { c.standby_sandbox(&id, fs_only).await.map(|_| id) }).await }
+        Command::Resume { json, ids } => {
+            let mut results = Vec::new();
+            let mut failed = false;
+            for id in ids {
+                match c.resume_sandbox(&id).await {
+                    Ok(r) => {
+                        if !json {
+                            println!("{id} resumed from {} in {} ms{}", r.from, r.duration_ms, if r.processes_restored { "" } else { " (init started afresh)" });
+                        }
+                        results.push(r);
+                    }
+                    Err(e) => {
+                        print_error(&anyhow::Error::from(e).context(format!("resuming {id}")));
+                        failed = true;
+                    }
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&results)?);
+            }
+            Ok(i32::from(failed))
+        }
         Command::Start { ids } => each(ids, |id| async { c.start_sandbox(&id).await.map(|_| id) }).await,
         Command::Rm { force, ids } => each(ids, |id| async { c.remove_sandbox(&id, force).await.map(|_| id) }).await,
         Command::Exec(a) => {

@@ -274,6 +274,26 @@ impl Client {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/stop", enc(id)), None).await
     }
 
+    /// Freezes a sandbox's processes.
+    pub async fn pause_sandbox(&self, id: &str) -> Result<SandboxEvent> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/pause", enc(id)), None).await
+    }
+
+    /// Thaws a paused sandbox.
+    pub async fn unpause_sandbox(&self, id: &str) -> Result<SandboxEvent> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/unpause", enc(id)), None).await
+    }
+
+    /// Puts a sandbox into standby (`fs_only`: keep only its filesystem).
+    pub async fn standby_sandbox(&self, id: &str, fs_only: bool) -> Result<SandboxEvent> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/standby", enc(id)), Some(&strata_api::StandbyRequest { fs_only })).await
+    }
+
+    /// Resumes a sandbox from standby (or thaws / starts it).
+    pub async fn resume_sandbox(&self, id: &str) -> Result<strata_api::ResumeResult> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/resume", enc(id)), None).await
+    }
+
     /// Starts a stopped sandbox.
     pub async fn start_sandbox(&self, id: &str) -> Result<Sandbox> {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/start", enc(id)), None).await

@@ -14,6 +14,7 @@ pub mod checkpoints;
 pub mod error;
 pub mod events;
 pub mod files;
+pub mod hooks;
 pub mod images;
 pub mod initbin;
 pub mod ndjson;
@@ -45,13 +46,18 @@ use crate::state::{AppState, Shared};
 
 /// Failure injection for crash and error-path tests: `STRATA_FAILPOINTS` (a
 /// comma-separated list, read once at start) names the points that fail with
-/// the error a full disk gives (ENOSPC). Unset in production.
+/// the error a full disk gives (ENOSPC); `NAME:crash` aborts the daemon there
+/// instead (a kill -9 at that step). Unset in production.
 pub fn failpoint(name: &str) -> std::io::Result<()> {
     static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let points = POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| v.split(',').map(|s| s.trim().to_string()).collect()).unwrap_or_default());
     if points.iter().any(|p| p == name) {
         tracing::warn!(failpoint = name, "failpoint triggered");
         return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    if points.iter().any(|p| p.strip_suffix(":crash") == Some(name)) {
+        tracing::error!(failpoint = name, "failpoint: crashing the daemon");
+        std::process::abort();
     }
     Ok(())
 }
@@ -143,6 +149,10 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/leases/{lease}", axum::routing::delete(a::release_lease_handler))
         .route("/v1/sandboxes/{id}/leases/{lease}/renew", post(a::renew_lease_handler))
         .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
+        .route("/v1/sandboxes/{id}/pause", post(crate::standby::pause_handler))
+        .route("/v1/sandboxes/{id}/unpause", post(crate::standby::unpause_handler))
+        .route("/v1/sandboxes/{id}/standby", post(crate::standby::standby_handler))
+        .route("/v1/sandboxes/{id}/resume", post(crate::standby::resume_handler))
         .route("/v1/sandboxes/{id}/checkpoints", get(c::list_for_sandbox_handler).post(c::create_handler))
         .route("/v1/sandboxes/{id}/restore", post(c::restore_handler))
         .route("/v1/sandboxes/{id}/diff", get(c::diff_handler))
@@ -170,6 +180,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/files/remove", post(f::remove_handler))
         .route("/v1/sandboxes/{id}/files/move", post(f::move_handler))
         .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") })
+        .layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
         .layer(middleware::from_fn_with_state(st.clone(), activity::track))
         .layer(middleware::from_fn(json_errors))
         .with_state(st)

@@ -78,6 +78,9 @@ pub fn validate(patch: &PolicyPatch) -> ApiResult<()> {
             units::parse_duration(v).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))?;
         }
     }
+    if let Some(h) = &patch.hooks {
+        crate::hooks::validate(h)?;
+    }
     Ok(())
 }
 
@@ -98,6 +101,9 @@ pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
     }
     if let Some(v) = &patch.delete_after {
         policy.delete_after = opt(v);
+    }
+    if let Some(h) = &patch.hooks {
+        policy.hooks = h.clone();
     }
 }
 
@@ -297,7 +303,7 @@ pub async fn apply(st: &Shared, id: &str, step: Step) -> ApiResult<Option<Sandbo
         }
         PolicyAction::Standby => {
             drop(guard);
-            crate::standby::standby(st, id, step.reason)?
+            crate::standby::standby(st, id, step.reason).await?
         }
         PolicyAction::Archive => {
             drop(guard);

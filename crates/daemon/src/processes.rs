@@ -142,7 +142,7 @@ impl Proc {
     }
 
     /// Captured stdout and stderr (what the buffer still holds) and whether some was dropped.
-    fn captured(&self) -> (Vec<u8>, Vec<u8>, bool) {
+    pub fn captured_output(&self) -> (Vec<u8>, Vec<u8>, bool) {
         let st = self.lock();
         let (mut out, mut err) = (Vec::new(), Vec::new());
         for (stream, _, d) in &st.log.chunks {
@@ -396,13 +396,19 @@ fn validate(req: &ExecRequest) -> ApiResult<(Option<Duration>, Option<Vec<u8>>)>
 
 /// Starts a process in a running sandbox and returns immediately.
 pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Arc<Proc>> {
-    let (timeout, stdin_data) = validate(&req)?;
+    validate(&req)?;
     let rec = load(st, sandbox)?;
     if rec.sandbox.state != SandboxState::Running {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("cannot exec in sandbox {} while it is {}", rec.sandbox.id, rec.sandbox.state)));
     }
-    let handle = handle_of(&rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
-    let spec = exec_spec(&rec, &req);
+    spawn_unchecked(st, &rec, req).await
+}
+
+/// Starts a process in the running sandbox `rec` (whose state the caller checked).
+pub async fn spawn_unchecked(st: &Shared, rec: &SandboxRecord, req: ExecRequest) -> ApiResult<Arc<Proc>> {
+    let (timeout, stdin_data) = validate(&req)?;
+    let handle = handle_of(rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
+    let spec = exec_spec(rec, &req);
     let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;
     let (report_r, report_w) = cloexec_pipe()?;
     let (stdout_r, stdout_w) = cloexec_pipe()?;
@@ -688,7 +694,7 @@ pub async fn exec_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
         return Ok(event_stream(p, 0, true, true));
     }
     let process = p.wait(None).await;
-    let (out, err, truncated) = p.captured();
+    let (out, err, truncated) = p.captured_output();
     Ok(Json(ExecResult { process, stdout_b64: B64.encode(out), stderr_b64: B64.encode(err), truncated }).into_response())
 }
 

@@ -171,6 +171,22 @@ pub fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
     }
 }
 
+/// Starts init for `rec` (in `from` state) and records `action`; the caller
+/// holds the sandbox's operation lock.
+pub(crate) async fn boot_locked(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
+    boot(st, rec, from, action, reason).await
+}
+
+/// The mount description of `rec`'s root (deep chains flattened), as its init would get it.
+pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
+    let spec = spec_for(st, rec)?;
+    let layers = st.layers.clone();
+    tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers))
+        .await
+        .map_err(|e| ApiError::internal("flatten task", &e))?
+        .map_err(|e| ApiError::internal("flatten", &e))
+}
+
 /// Starts init for `rec` (in `from` state) and records `action`.
 async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
     let started = Instant::now();
@@ -295,6 +311,7 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
             base_checkpoint: source.checkpoint.clone(),
             head_checkpoint: source.checkpoint.clone(),
             fork_generation: lineage.fork_generation,
+            standby: None,
         },
         layers: source.layers,
         init_start_time: None,
@@ -329,10 +346,20 @@ pub async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: 
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Stop)?;
+    if has_processes(from) {
+        crate::hooks::run(st, rec, crate::hooks::Stage::BeforeStop).await;
+    }
     kill_processes(st, rec, grace).await?;
+    // A stopped sandbox starts afresh: a standby image has nothing left to resume.
+    crate::standby::discard(st, &rec.sandbox.id);
     let ev = transition(st, &rec.sandbox.id, from, Change::new(Action::Stop, reason), started, None)?;
     st.db.set_expires_at(&rec.sandbox.id, None)?;
     Ok(ev)
+}
+
+/// Kills every process of a sandbox (SIGTERM, SIGKILL after `grace`) and releases its cgroup.
+pub(crate) async fn kill_and_release(st: &Shared, rec: &SandboxRecord, grace: Duration) -> ApiResult<()> {
+    kill_processes(st, rec, grace).await
 }
 
 /// Kills every process of a sandbox (if any) and releases its cgroup.
@@ -518,6 +545,9 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
                 info!(sandbox = %id, "re-adopted running sandbox");
                 watch_init(st.clone(), id.clone(), handle_of(&rec).expect("alive implies handle"));
             }
+            SandboxState::Running | SandboxState::Paused if crate::standby::complete_interrupted(st, &rec)? => {
+                info!(sandbox = %id, "completed a standby interrupted by the daemon's stop");
+            }
             SandboxState::Running | SandboxState::Paused => {
                 let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
                 transition(st, &id, state, Change::new(Action::Lose, "init_gone").detail("init was gone when the daemon started"), Instant::now(), None)?;
@@ -532,6 +562,7 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
                     destroy(st, &id, true, "interrupted").await?;
                 }
             }
+            SandboxState::Standby => crate::standby::reconcile_standby(st, &rec)?,
             _ if ephemeral && state != SandboxState::Destroyed => {
                 destroy(st, &id, true, "ephemeral_leftover").await?;
             }
@@ -614,6 +645,9 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> Ap
     let mut sb = rec.sandbox.clone();
     if has_processes(sb.state) {
         sb.oom_kills = refresh_oom(&st, &rec);
+    }
+    if sb.state == SandboxState::Standby {
+        sb.standby = crate::standby::info(&st, &sb.id);
     }
     Ok(Json(sb))
 }

@@ -21,6 +21,8 @@ pub const HELPER_KEY: &str = "strata-helper";
 pub const DUMP_LOG: &str = "criu-dump.log";
 /// See [`DUMP_LOG`].
 pub const RESTORE_LOG: &str = "criu-restore.log";
+/// Where a restore writes the restored pid 1's host pid (in the images directory).
+pub const PIDFILE: &str = "restored.pid";
 
 /// The criu binary: `/usr/local/sbin/criu` (what scripts/setup-host.sh builds),
 /// else the first `criu` on PATH.
@@ -60,6 +62,9 @@ pub fn log_errors(log: &Path) -> String {
     }
 }
 
+/// PATH for CRIU, which runs iptables-save/-restore and ip for the sandbox's network namespace.
+pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// Arguments shared by dump and restore.
 const COMMON: [&str; 4] = ["--tcp-established", "--file-locks", "--ext-unix-sk", "-v2"];
 
@@ -70,6 +75,8 @@ pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeErr
     std::fs::create_dir_all(dir).map_err(|e| RuntimeError::sys(format!("create {}", dir.display()), e))?;
     let t = Instant::now();
     let out = Command::new(&bin)
+        .env_clear()
+        .env("PATH", PATH)
         .arg("dump")
         .arg("-t")
         .arg(init_pid.to_string())

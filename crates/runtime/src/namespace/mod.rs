@@ -255,7 +255,7 @@ impl Runtime for NamespaceRuntime {
         let bin = criu::binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
-        let pidfile = images_dir.join("restored.pid");
+        let pidfile = images_dir.join(criu::PIDFILE);
         let _ = std::fs::remove_file(&pidfile);
         let cfg = criu::RestoreConfig {
             lower_dirs: spec.lower_dirs.clone(),

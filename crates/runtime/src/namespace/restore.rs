@@ -43,6 +43,6 @@ pub fn main() -> ! {
         fail(format!("mount the overlay root on {}: {e}", cfg.rootfs_dir.display()));
     }
     let _ = nix::unistd::chdir("/");
-    let err = std::process::Command::new(&cfg.criu).args(restore_args(&cfg)).exec();
+    let err = std::process::Command::new(&cfg.criu).env_clear().env("PATH", super::criu::PATH).args(restore_args(&cfg)).exec();
     fail(format!("exec {}: {err}", cfg.criu.display()))
 }
