@@ -94,6 +94,13 @@ pub enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Pack stopped or standby sandboxes into the archive store, freeing their local disk
+    /// (`resume` or `start` brings them back).
+    Archive {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Start stopped sandboxes.
     Start {
         /// Sandbox ids or names.
@@ -223,6 +230,10 @@ pub struct DaemonArgs {
     /// Also listen on TCP (bearer token required; it is written to <state-dir>/api-token).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Object store for archives: file:///path or s3://bucket/prefix (S3 needs a build
+    /// with the strata-daemon/s3 feature). Default: <state-dir>/archive.
+    #[arg(long, env = "STRATA_ARCHIVE_URL")]
+    pub archive_url: Option<String>,
     /// The static strata-init binary run inside sandboxes (default: next to strata,
     /// then target/x86_64-unknown-linux-gnu/release/ of a source tree, then /usr/local/lib/strata).
     #[arg(long, env = "STRATA_INIT_BINARY")]

@@ -92,7 +92,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url }).await?;
             Ok(0)
         }
         Command::Openapi => {
@@ -167,6 +167,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(i32::from(failed))
         }
+        Command::Archive { ids } => each(ids, |id| async { c.archive_sandbox(&id).await.map(|_| id) }).await,
         Command::Start { ids } => each(ids, |id| async { c.start_sandbox(&id).await.map(|_| id) }).await,
         Command::Rm { force, ids } => each(ids, |id| async { c.remove_sandbox(&id, force).await.map(|_| id) }).await,
         Command::Exec(a) => {

@@ -294,6 +294,11 @@ impl Client {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/resume", enc(id)), None).await
     }
 
+    /// Archives a stopped or standby sandbox.
+    pub async fn archive_sandbox(&self, id: &str) -> Result<SandboxEvent> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/archive", enc(id)), None).await
+    }
+
     /// Starts a stopped sandbox.
     pub async fn start_sandbox(&self, id: &str) -> Result<Sandbox> {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/start", enc(id)), None).await

@@ -8,7 +8,7 @@
 //! ```text
 //! creating -> running <-> paused -> standby -> running
 //! running -> stopped -> running
-//! stopped|standby -> archived -> (restore) -> stopped
+//! stopped|standby -> archived -> (unarchive) -> stopped|standby
 //! any -> destroyed; error and lost carry a reason
 //! ```
 
@@ -36,6 +36,9 @@ pub enum Action {
     Archive,
     /// Unpack an archived sandbox back to local disk (it comes back stopped).
     Unarchive,
+    /// Unpack an archived sandbox that was in standby (it comes back in standby,
+    /// resumable with its processes).
+    UnarchiveStandby,
     /// Remove everything.
     Destroy,
     /// A transition failed.
@@ -46,7 +49,7 @@ pub enum Action {
 
 impl Action {
     /// Every action, for exhaustive tests and docs.
-    pub const ALL: [Action; 12] = [
+    pub const ALL: [Action; 13] = [
         Action::Ready,
         Action::Pause,
         Action::Unpause,
@@ -56,6 +59,7 @@ impl Action {
         Action::Start,
         Action::Archive,
         Action::Unarchive,
+        Action::UnarchiveStandby,
         Action::Destroy,
         Action::Fail,
         Action::Lose,
@@ -73,6 +77,7 @@ impl Action {
             Action::Start => "start",
             Action::Archive => "archive",
             Action::Unarchive => "unarchive",
+            Action::UnarchiveStandby => "unarchive_standby",
             Action::Destroy => "destroy",
             Action::Fail => "fail",
             Action::Lose => "lose",
@@ -131,11 +136,15 @@ pub fn next_state(current: SandboxState, action: Action) -> Result<SandboxState,
         (Stopped, _) => None,
 
         (Archived, A::Unarchive) => Some(Stopped),
+        (Archived, A::UnarchiveStandby) => Some(Standby),
         (Archived, A::Fail) => Some(Error),
         (Archived, _) => None,
 
         // A sandbox in error or lost can be started again from its kept filesystem.
         (Error, A::Start) | (Lost, A::Start) => Some(Running),
+        // An archive that failed to restore can be retried once the store is fixed.
+        (Error, A::Unarchive) => Some(Stopped),
+        (Error, A::UnarchiveStandby) => Some(Standby),
         (Error, A::Stop) | (Lost, A::Stop) => Some(Stopped),
         (Error, _) | (Lost, _) => None,
     };
@@ -164,6 +173,7 @@ mod tests {
             (Stopped, Action::Archive, Archived),
             (Standby, Action::Archive, Archived),
             (Archived, Action::Unarchive, Stopped),
+            (Archived, Action::UnarchiveStandby, Standby),
         ];
         for (from, action, to) in path {
             assert_eq!(next_state(from, action), Ok(to), "{from} --{action:?}-->");
@@ -204,6 +214,6 @@ mod tests {
             }
         }
         // Keep docs/lifecycle.md in step with the table when this changes.
-        assert_eq!(legal, 33);
+        assert_eq!(legal, 36);
     }
 }

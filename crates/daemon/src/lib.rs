@@ -88,6 +88,9 @@ pub enum DaemonError {
     /// The runtime is unusable on this host.
     #[error(transparent)]
     Runtime(#[from] strata_runtime::RuntimeError),
+    /// The archive store is unusable.
+    #[error(transparent)]
+    Archive(#[from] archive::ArchiveStoreError),
     /// The in-sandbox binary is missing or unusable.
     #[error(transparent)]
     InitBinary(#[from] initbin::InitBinaryError),
@@ -109,6 +112,8 @@ pub struct Config {
     pub helper_exe: PathBuf,
     /// The static `strata-init` binary (default: looked up, see [`initbin::candidates`]).
     pub init_binary: Option<PathBuf>,
+    /// Object store for archives (`file:///path`, `s3://bucket/prefix`; default `<state>/archive`).
+    pub archive_url: Option<String>,
 }
 
 /// Name of the token file in the state directory.
@@ -153,6 +158,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/unpause", post(crate::standby::unpause_handler))
         .route("/v1/sandboxes/{id}/standby", post(crate::standby::standby_handler))
         .route("/v1/sandboxes/{id}/resume", post(crate::standby::resume_handler))
+        .route("/v1/sandboxes/{id}/archive", post(crate::archive::archive_handler))
         .route("/v1/sandboxes/{id}/checkpoints", get(c::list_for_sandbox_handler).post(c::create_handler))
         .route("/v1/sandboxes/{id}/restore", post(c::restore_handler))
         .route("/v1/sandboxes/{id}/diff", get(c::diff_handler))
@@ -253,7 +259,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;
     let init_binary = initbin::pin(cfg.init_binary.as_deref(), &cfg.helper_exe, &cfg.state_dir)?;
     let runtime = strata_runtime::namespace::NamespaceRuntime::new(cfg.helper_exe.clone(), init_binary, cfg.state_dir.join("run"))?;
-    let st: Shared = Arc::new(AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone()));
+    let archive = match cfg.archive_url.as_deref() {
+        Some(url) => archive::ArchiveStore::from_url(url)?,
+        None => archive::ArchiveStore::local(&cfg.state_dir.join("archive"))?,
+    };
+    let st: Shared = Arc::new(AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive));
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
     tokio::spawn(policy::run(st.clone()));

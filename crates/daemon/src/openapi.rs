@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{activity, checkpoints, events, files, images, policy, processes, sandboxes, standby, templates};
+use crate::{activity, archive, checkpoints, events, files, images, policy, processes, sandboxes, standby, templates};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -10,7 +10,7 @@ use crate::{activity, checkpoints, events, files, images, policy, processes, san
     info(title = "strata", description = "Sandbox runtime for multi-step AI-agent pipelines: native HTTP API. Over TCP, send `Authorization: Bearer <token>` (the token is in `<state-dir>/api-token`). Errors are JSON `ApiErrorBody` with a machine-readable `code`."),
     paths(
         sandboxes::create_handler, sandboxes::list_handler, sandboxes::get_handler, sandboxes::stop_handler, sandboxes::start_handler, sandboxes::remove_handler,
-        standby::pause_handler, standby::unpause_handler, standby::standby_handler, standby::resume_handler,
+        standby::pause_handler, standby::unpause_handler, standby::standby_handler, standby::resume_handler, archive::archive_handler,
         policy::update_handler, activity::create_lease_handler, activity::list_leases_handler, activity::renew_lease_handler, activity::release_lease_handler,
         processes::exec_handler, processes::start_process_handler, processes::list_processes_handler, processes::get_process_handler,
         processes::logs_handler, processes::signal_handler, processes::stdin_handler, processes::wait_handler,

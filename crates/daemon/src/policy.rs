@@ -307,7 +307,7 @@ pub async fn apply(st: &Shared, id: &str, step: Step) -> ApiResult<Option<Sandbo
         }
         PolicyAction::Archive => {
             drop(guard);
-            crate::archive::archive(st, id, step.reason)?
+            crate::archive::archive(st, id, step.reason).await?
         }
     };
     Ok(Some(ev))

@@ -425,7 +425,17 @@ pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<San
     let rec = load(st, id)?;
     let lock = st.lock_for(&rec.sandbox.id);
     let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let mut rec = load(st, &rec.sandbox.id)?;
+    if matches!(rec.sandbox.state, SandboxState::Archived | SandboxState::Error) && crate::archive::pointer(st, &rec.sandbox.id).is_some() {
+        // Its files are in the archive (also after a failed restore): never start on an empty layer.
+        rec = crate::archive::unarchive_locked(st, &rec, reason).await?;
+    }
+    if rec.sandbox.state == SandboxState::Standby {
+        // Archived from standby: starting it afresh discards the process image.
+        crate::standby::discard(st, &rec.sandbox.id);
+        stop_locked(st, &rec, reason, Duration::ZERO).await?;
+        rec = load(st, &rec.sandbox.id)?;
+    }
     next_state(rec.sandbox.state, Action::Start)?;
     if matches!(rec.sandbox.state, SandboxState::Error | SandboxState::Lost) {
         // Leftovers of a crashed run must go before a new init starts.
@@ -450,7 +460,12 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     // Destroying discards everything, so there is nothing to shut down gracefully.
     kill_only(st, &rec).await?;
     let t = Transition { to: SandboxState::Destroyed, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
+    let archived = crate::archive::pointer(st, &rec.sandbox.id);
     let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
+    if let Some(m) = archived {
+        let st2 = st.clone();
+        tokio::spawn(async move { crate::archive::delete_remote(&st2, &m).await });
+    }
     st.processes.forget(&rec.sandbox.id);
     st.notify_events(ev.seq);
     drop(_g);
@@ -536,6 +551,7 @@ async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
 pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
     sweep_orphans(st)?;
     for rec in st.db.list_sandboxes()? {
+        crate::archive::reconcile(st, &rec).await;
         let id = rec.sandbox.id.clone();
         let state = rec.sandbox.state;
         let alive = handle_of(&rec).is_some_and(|h| st.runtime.is_alive(&h));

@@ -305,7 +305,7 @@ pub async fn ensure_running(st: &Shared, id: &str) -> ApiResult<Option<ResumeRes
     let _g = lock.lock().await;
     let rec = load(st, &rec.sandbox.id)?;
     match rec.sandbox.state {
-        SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped => resume_locked(st, &rec, "resume_on_access").await.map(Some),
+        SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived => resume_locked(st, &rec, "resume_on_access").await.map(Some),
         _ => Ok(None),
     }
 }
@@ -313,18 +313,25 @@ pub async fn ensure_running(st: &Shared, id: &str) -> ApiResult<Option<ResumeRes
 async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> ApiResult<ResumeResult> {
     let started = Instant::now();
     let from = rec.sandbox.state;
+    let unarchived;
+    let rec = if from == SandboxState::Archived {
+        unarchived = crate::archive::unarchive_locked(st, rec, reason).await?;
+        &unarchived
+    } else {
+        rec
+    };
     let id = rec.sandbox.id.clone();
-    let processes_restored = match from {
+    let processes_restored = match rec.sandbox.state {
         SandboxState::Paused => {
             freeze_locked(st, rec, Action::Unpause, reason).await?;
             true
         }
         SandboxState::Stopped => {
-            sandboxes::boot_locked(st, rec, from, Action::Start, reason).await?;
+            sandboxes::boot_locked(st, rec, SandboxState::Stopped, Action::Start, reason).await?;
             false
         }
         _ => {
-            next_state(from, Action::Resume)?;
+            next_state(rec.sandbox.state, Action::Resume)?;
             restore_locked(st, rec, reason, started).await?
         }
     };
@@ -453,7 +460,7 @@ pub async fn resume_on_access(State(st): State<Shared>, req: axum::extract::Requ
     use axum::response::IntoResponse;
     let Some(name) = resumes_sandbox(req.method(), req.uri().path()) else { return next.run(req).await };
     let Ok(Some(rec)) = st.db.get_sandbox(name) else { return next.run(req).await };
-    if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped) {
+    if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
         return next.run(req).await;
     }
     let resumed = match ensure_running(&st, &rec.sandbox.id).await {
@@ -518,8 +525,8 @@ pub async fn standby_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
         (status = 500, description = "the standby image is missing or corrupt (code standby_image_invalid); the sandbox is now `error`", body = strata_api::ApiErrorBody)))]
 pub async fn resume_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
     let rec = load(&st, &id)?;
-    if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped) {
-        return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused or stopped sandboxes resume", rec.sandbox.id, rec.sandbox.state)));
+    if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
+        return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes resume", rec.sandbox.id, rec.sandbox.state)));
     }
     Ok(Json(resume(&st, &rec.sandbox.id, "user").await?))
 }

@@ -32,11 +32,13 @@ pub struct AppState {
     pub image_lock: tokio::sync::Mutex<()>,
     /// Wakes `events --follow` streams.
     pub events_tx: tokio::sync::watch::Sender<i64>,
+    /// Where archived sandboxes go.
+    pub archive: crate::archive::ArchiveStore,
 }
 
 impl AppState {
     /// Builds the state.
-    pub fn new(db: Db, layers: LayerStore, runtime: Arc<dyn Runtime>, state_dir: PathBuf) -> Self {
+    pub fn new(db: Db, layers: LayerStore, runtime: Arc<dyn Runtime>, state_dir: PathBuf, archive: crate::archive::ArchiveStore) -> Self {
         let (events_tx, _) = tokio::sync::watch::channel(0);
         AppState {
             db,
@@ -49,6 +51,7 @@ impl AppState {
             locks: Mutex::new(HashMap::new()),
             image_lock: tokio::sync::Mutex::new(()),
             events_tx,
+            archive,
         }
     }
 
