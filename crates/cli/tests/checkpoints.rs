@@ -300,3 +300,28 @@ fn diff_and_export_against_an_older_checkpoint() {
     }
     assert!(!names.iter().any(|n| n == "w/k"), "{names:?}");
 }
+
+#[test]
+fn daemon_crashes_mid_checkpoint_leave_no_checkpoint_and_a_running_sandbox() {
+    require_host!();
+    for point in ["checkpoint-write:crash", "checkpoint-layer:crash"] {
+        let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", point)]);
+        d.import_busybox();
+        let id = d.create(&[]);
+        d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /root/n; sleep 0.05; done"]);
+        d.cli_ok(&["exec", &id, "--", "sh", "-c", "head -c 100000 /dev/urandom > /root/blob"]);
+        let layers_before = std::fs::read_dir(d.state("layers/sha256")).unwrap().count();
+        assert!(!d.cli(&["checkpoint", &id]).status.success(), "{point}: the daemon died mid-checkpoint");
+        d.env.clear();
+        d.kill9_and_restart();
+        let list: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["checkpoint", "ls", "--json"])).unwrap();
+        assert!(list.is_empty(), "{point}: no partial checkpoint is visible: {list:?}");
+        // Re-adopted and thawed (the crash may have left it frozen): it runs on.
+        let n1 = d.cli_ok(&["exec", &id, "--", "cat", "/root/n"]);
+        assert!(common::wait_until(10, || d.cli_ok(&["exec", &id, "--", "cat", "/root/n"]) != n1), "{point}: the sandbox runs after the restart");
+        // An orphaned layer is garbage; checkpoints work again.
+        d.cli_ok(&["gc"]);
+        assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), layers_before, "{point}: gc removed the unrecorded layer");
+        d.cli_ok(&["checkpoint", &id]);
+    }
+}

@@ -359,3 +359,25 @@ fn idle_sandboxes_go_to_standby_and_come_back_on_access() {
     wait_count_above(&d, &id, parked);
     assert_log_contiguous(&d, &id);
 }
+
+#[test]
+fn a_failed_restore_keeps_the_image_and_can_be_retried() {
+    require_criu!();
+    let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "standby-restore")]);
+    d.import_busybox();
+    let id = d.create(&[]);
+    start_counter(&d, &id);
+    d.cli_ok(&["standby", &id]);
+    let (status, _) = err_of(rt().block_on(d.client().resume_sandbox(&id)));
+    assert_eq!(status, 500);
+    let sb = sandbox(&d, &id);
+    assert_eq!((sb.state, sb.state_reason.as_str()), (SandboxState::Error, "resume_failed"));
+    assert!(d.state(&format!("sandboxes/{id}/standby/manifest.json")).exists(), "the image is kept");
+    let parked = last_count(&d, &id);
+    d.env.clear();
+    d.kill9_and_restart();
+    let r = rt().block_on(d.client().resume_sandbox(&id)).unwrap();
+    assert!(r.processes_restored && r.from == SandboxState::Error);
+    wait_count_above(&d, &id, parked);
+    assert_log_contiguous(&d, &id);
+}

@@ -145,6 +145,8 @@ pub fn next_state(current: SandboxState, action: Action) -> Result<SandboxState,
         // An archive that failed to restore can be retried once the store is fixed.
         (Error, A::Unarchive) => Some(Stopped),
         (Error, A::UnarchiveStandby) => Some(Standby),
+        // So can a standby image that failed to restore (it is kept).
+        (Error, A::Resume) => Some(Running),
         (Error, A::Stop) | (Lost, A::Stop) => Some(Stopped),
         (Error, _) | (Lost, _) => None,
     };
@@ -214,6 +216,6 @@ mod tests {
             }
         }
         // Keep docs/lifecycle.md in step with the table when this changes.
-        assert_eq!(legal, 36);
+        assert_eq!(legal, 37);
     }
 }

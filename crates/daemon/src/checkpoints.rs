@@ -155,6 +155,8 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         frozen_ms,
         duration_ms: started.elapsed().as_millis() as u64,
     };
+    // Crash point (`checkpoint-layer:crash`): the layer is stored, the checkpoint not yet recorded.
+    let _ = crate::failpoint("checkpoint-layer");
     if let Err(e) = st.db.insert_checkpoint(&ckpt, &rec.image_config) {
         let _ = std::fs::remove_file(&manifest_file);
         return Err(e.into());

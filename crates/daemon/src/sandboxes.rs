@@ -559,6 +559,12 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
         match state {
             SandboxState::Running | SandboxState::Paused if alive => {
                 info!(sandbox = %id, "re-adopted running sandbox");
+                if state == SandboxState::Running {
+                    // A daemon that died mid-checkpoint may have left it frozen.
+                    if let Err(e) = st.runtime.set_frozen(&id, false) {
+                        warn!(sandbox = %id, error = %crate::error::chain(&e), "thawing a re-adopted sandbox");
+                    }
+                }
                 watch_init(st.clone(), id.clone(), handle_of(&rec).expect("alive implies handle"));
             }
             SandboxState::Running | SandboxState::Paused if crate::standby::complete_interrupted(st, &rec)? => {

@@ -352,7 +352,7 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
         Err(msg) => return Err(mark_error(st, rec, "standby_image_invalid", &msg, started)),
     };
     if manifest.info.mode == StandbyMode::FsOnly {
-        sandboxes::boot_locked(st, rec, SandboxState::Standby, Action::Resume, reason).await?;
+        sandboxes::boot_locked(st, rec, rec.sandbox.state, Action::Resume, reason).await?;
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir);
         return Ok(false);
     }
@@ -377,7 +377,7 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
             let _ = crate::failpoint("resume-restored");
             pipes.commit();
             let detail = format!("{} API processes reattached", manifest.info.api_processes);
-            transition(st, &id, SandboxState::Standby, Change::new(Action::Resume, reason).detail(&detail), started, Some(&handle))?;
+            transition(st, &id, rec.sandbox.state, Change::new(Action::Resume, reason).detail(&detail), started, Some(&handle))?;
             st.db.set_expires_at(&id, sandboxes::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
             sandboxes::watch_init(st.clone(), id.clone(), handle);
             // The image is spent: the restored processes have moved on from it.
@@ -525,8 +525,9 @@ pub async fn standby_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
         (status = 500, description = "the standby image is missing or corrupt (code standby_image_invalid); the sandbox is now `error`", body = strata_api::ApiErrorBody)))]
 pub async fn resume_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
     let rec = load(&st, &id)?;
-    if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
-        return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes resume", rec.sandbox.id, rec.sandbox.state)));
+    let retry = rec.sandbox.state == SandboxState::Error && image_dir(&st, &rec.sandbox.id).is_dir();
+    if !retry && !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
+        return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes (or one whose standby image failed to restore) resume", rec.sandbox.id, rec.sandbox.state)));
     }
     Ok(Json(resume(&st, &rec.sandbox.id, "user").await?))
 }
