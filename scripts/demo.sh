@@ -12,8 +12,10 @@
 #   execute    multi-step work in the same sandbox, with a checkpoint
 #   fan-out    fork 4 from the checkpoint, a different fix in each, keep the
 #              one whose test passes (the sandbox is restored to it)
-#   idle       stop: processes and compute released, filesystem kept
-#   follow-up  start again (setup not repaid); a new task from the template
+#   idle       standby: a running dev server's processes and memory go to disk,
+#              CPU and RAM are released
+#   follow-up  the next call resumes it with the dev server still running (setup
+#              not repaid); a new task starts from the template
 #   evaluate   ephemeral `strata run --rm`: clean start, nothing left behind
 #
 # and prints a table per stage: lifecycle, time, state kept.
@@ -115,19 +117,28 @@ WIN_CKPT=$("$STRATA" checkpoint "$WINNER" --name fixed)
 row fan-out "fork 4, select" "$(( $(ms) - t ))" "winner's state adopted by dev; 4 forks removed"
 
 echo
-note "stage 4 · idle: stop releases processes and compute, keeps the filesystem"
+note "stage 4 · idle: the dev server keeps running into standby (processes and memory on disk, CPU and RAM released)"
+"$STRATA" exec -d -u user "$DEV" -- sh -c 'cd ~/proj && exec ~/venv/bin/python -m http.server 8000 --bind 127.0.0.1' >/dev/null
+for _ in $(seq 50); do
+    "$STRATA" exec -u user "$DEV" -- curl -sf -o /dev/null http://127.0.0.1:8000/ 2>/dev/null && break
+    sleep 0.1
+done
+"$STRATA" proc ls "$DEV" | grep http.server
 t=$(ms)
-"$STRATA" stop "$DEV" >/dev/null
+"$STRATA" standby "$DEV"
+IDLE_MS=$(( $(ms) - t ))
+"$STRATA" inspect "$DEV" --json | python3 -c 'import json, sys; s = json.load(sys.stdin); b = s["standby"]; print("  %s: %s, image %d KiB, dump %d ms" % (s["state"], b["mode"], b["image_bytes"] // 1024, b["dump_ms"]))'
 "$STRATA" ps
-row idle "stopped" "$(( $(ms) - t ))" "filesystem kept, no processes"
+row idle "standby" "$IDLE_MS" "dev server's process tree + memory on disk; no CPU, no RAM"
 
 echo
-note "stage 5 · follow-up: start again, nothing is reinstalled"
+note "stage 5 · follow-up: the next call resumes the sandbox with its dev server still running; nothing is reinstalled"
 t=$(ms)
-"$STRATA" start "$DEV" >/dev/null
-"$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && ~/venv/bin/python -B test_calc.py && git log --oneline | wc -l'
+"$STRATA" exec -u user "$DEV" -- sh -c 'curl -s http://127.0.0.1:8000/ | grep -o "calc.py" | head -1 && cd ~/proj && ~/venv/bin/python -B test_calc.py && git log --oneline | wc -l'
 FOLLOW_MS=$(( $(ms) - t ))
-row follow-up "persistent (restarted)" "$FOLLOW_MS" "same venv and repo; setup not repaid"
+"$STRATA" proc ls "$DEV" | grep http.server
+"$STRATA" events "$DEV" | tail -2
+row follow-up "resumed on access" "$FOLLOW_MS" "same processes (dev server up), venv and repo; setup not repaid"
 t=$(ms)
 NEXT=$("$STRATA" create proj-env --name next-task)
 "$STRATA" exec -u user "$NEXT" -- sh -c 'cd ~/proj && ~/venv/bin/python -V'

@@ -3,7 +3,8 @@
 # as root: Debian packages, and CRIU >= 4 built from source into /usr/local/sbin/criu
 # (Debian 12's own criu 3.17 fails `criu check` on current kernels).
 #
-# Idempotent: packages already installed and a CRIU >= 4 already in place are skipped,
+# Idempotent: packages already installed and a CRIU >= 4 built with the current patch
+# set (scripts/criu-patches/, e.g. the Linux 6.16 socket-option fix) are skipped,
 # and CRIU's source tarball and build tree are cached under /var/cache/strata/.
 # The system's apt sources are never modified: CRIU's source is located through a
 # private apt configuration (its own sources list and index directory under the
@@ -23,6 +24,11 @@ CACHE=${STRATA_CACHE:-/var/cache/strata}
 CRIU_SUITE=${STRATA_CRIU_SUITE:-trixie}
 CRIU_BIN=/usr/local/sbin/criu
 CRIU_CACHE=$CACHE/criu
+# Patches applied to CRIU's source before building (see scripts/criu-patches/); a CRIU
+# built from another patch set (or none) is rebuilt. The stamp records which one.
+CRIU_PATCH_DIR=$(dirname "$(readlink -f "$0")")/criu-patches
+CRIU_PATCH_SET=$(cat "$CRIU_PATCH_DIR"/*.patch 2>/dev/null | sha256sum | cut -c1-12)
+CRIU_STAMP=/usr/local/lib/strata/criu.patch-set
 APT_SRC=$CACHE/apt-src
 export DEBIAN_FRONTEND=noninteractive
 
@@ -57,6 +63,7 @@ CRIU_BUILD_DEBS=(
     libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev   # descriptor.proto
     libnl-3-dev libnet1-dev libcap-dev uuid-dev
     libbsd-dev libgnutls28-dev libnftables-dev
+    patch
 )
 
 # criu_version BIN: prints "MAJOR.MINOR.PATCH" or nothing.
@@ -71,7 +78,7 @@ criu_ok() {
 }
 
 NEED_CRIU_BUILD=1
-if [ "${STRATA_FORCE_CRIU:-0}" != 1 ] && criu_ok "$CRIU_BIN"; then
+if [ "${STRATA_FORCE_CRIU:-0}" != 1 ] && criu_ok "$CRIU_BIN" && [ "$(cat "$CRIU_STAMP" 2>/dev/null)" = "$CRIU_PATCH_SET" ]; then
     NEED_CRIU_BUILD=0
 fi
 
@@ -151,17 +158,28 @@ cached_criu_tarball() {
 }
 
 build_criu() {
-    local tarball=$1 ver src
+    local tarball=$1 ver src p
     ver=$(basename "$tarball" | sed -E 's/^criu_(.*)\.orig\.tar\..*$/\1/')
-    src=$CRIU_CACHE/criu-$ver
+    src=$CRIU_CACHE/criu-$ver-$CRIU_PATCH_SET
     if [ ! -x "$src/criu/criu" ]; then
         rm -rf "$src"
         mkdir -p "$src"
         tar -xf "$tarball" -C "$src" --strip-components=1
+        for p in "$CRIU_PATCH_DIR"/*.patch; do
+            [ -f "$p" ] || continue
+            if patch -d "$src" -p1 -N --dry-run -s <"$p" >/dev/null 2>&1; then
+                patch -d "$src" -p1 -N -s <"$p"
+                echo "applied $(basename "$p")"
+            else
+                echo "skipped $(basename "$p") (does not apply: fixed upstream in $ver?)"
+            fi
+        done
         make -C "$src" -j"$(nproc)" criu
     fi
     "$src/criu/criu" --version
     install -D -m 0755 "$src/criu/criu" "$CRIU_BIN"
+    mkdir -p "$(dirname "$CRIU_STAMP")"
+    echo "$CRIU_PATCH_SET" >"$CRIU_STAMP"
 }
 
 if [ "$NEED_CRIU_BUILD" = 1 ]; then

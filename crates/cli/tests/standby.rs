@@ -381,3 +381,26 @@ fn a_failed_restore_keeps_the_image_and_can_be_retried() {
     wait_count_above(&d, &id, parked);
     assert_log_contiguous(&d, &id);
 }
+
+#[test]
+fn a_non_root_server_with_open_connections_survives_standby() {
+    require_criu!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    // A TCP server run by an unprivileged user (CRIU then needs the rlimit and
+    // socket-option fixes that scripts/setup-host.sh applies on this kernel).
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /srv && echo hello-from-before > /srv/index.html && chmod -R a+rX /srv"]);
+    d.cli_ok(&["exec", "-d", "--user", "user", &id, "--", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/srv"]);
+    // An idle established connection held open by a client across the standby.
+    d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "sleep 0.3; (echo 'GET /index.html HTTP/1.0'; sleep 3; echo) | nc 127.0.0.1 8080 > /root/late-reply"]);
+    let fetch = || common::stdout(&d.cli(&["exec", &id, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]));
+    assert!(common::wait_until(10, || fetch() == "hello-from-before\n"), "the server answers");
+    std::thread::sleep(Duration::from_millis(500));
+    d.cli_ok(&["standby", &id]);
+    d.cli_ok(&["resume", &id]);
+    assert_eq!(fetch(), "hello-from-before\n", "the same server answers after resume");
+    let owner = d.cli_ok(&["exec", &id, "--", "sh", "-c", "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = httpd ] && stat -c %U $p; done"]);
+    assert!(!owner.trim().is_empty() && owner.lines().all(|l| l == "user"), "httpd (and the child serving the open connection) run as user: {owner:?}");
+    assert!(common::wait_until(10, || std::fs::read_to_string(d.state(&format!("sandboxes/{id}/upper/root/late-reply"))).is_ok_and(|r| r.contains("hello-from-before"))), "the connection opened before standby was answered after it");
+}
