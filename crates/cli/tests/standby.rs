@@ -47,7 +47,7 @@ fn log_path(d: &TestDaemon, id: &str) -> PathBuf {
 /// The counter's last value, read from the host (no API call, so it resumes nothing).
 fn last_count(d: &TestDaemon, id: &str) -> u64 {
     let text = std::fs::read_to_string(log_path(d, id)).unwrap_or_default();
-    text.lines().filter_map(|l| l.trim().parse().ok()).last().unwrap_or(0)
+    text.lines().rev().find_map(|l| l.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Every line of the counter's log is the previous one plus one: nothing lost or repeated.

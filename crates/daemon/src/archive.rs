@@ -39,7 +39,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::error::{ApiError, ApiResult};
-use crate::sandboxes::{load, now, transition, Change};
+use crate::sandboxes::{self, load, now, transition, Change};
 use crate::state::Shared;
 
 /// The local pointer to a sandbox's archive (a copy of its manifest).
@@ -171,19 +171,8 @@ async fn tar(args: &[&std::ffi::OsStr]) -> Result<(), String> {
 async fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let mut f = std::fs::File::open(&path)?;
         let mut h = sha2::Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut n = 0u64;
-        loop {
-            let k = f.read(&mut buf)?;
-            if k == 0 {
-                break;
-            }
-            h.update(&buf[..k]);
-            n += k as u64;
-        }
+        let n = strata_store::fsutil::for_each_chunk(&path, |c| h.update(c))?;
         Ok((n, hex::encode(h.finalize())))
     })
     .await
@@ -233,10 +222,7 @@ async fn download(store: &dyn ObjectStore, key: &ObjectPath, dest: &Path, want: 
 
 /// Archives a stopped or standby sandbox, recording `reason`.
 pub async fn archive(st: &Shared, id: &str, reason: &str) -> ApiResult<SandboxEvent> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = sandboxes::lock_and_load(st, id).await?;
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Archive)?;

@@ -227,10 +227,7 @@ fn seal(
 
 /// Takes a checkpoint of a sandbox.
 pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> ApiResult<Checkpoint> {
-    let rec = load(st, sandbox)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = sandboxes::lock_and_load(st, sandbox).await?;
     checkpoint_locked(st, &rec, req).await
 }
 

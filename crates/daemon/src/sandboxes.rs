@@ -37,6 +37,14 @@ pub fn load(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
     st.db.get_sandbox(id)?.ok_or_else(|| ApiError::sandbox_not_found(id))
 }
 
+/// Takes a sandbox's operation lock (one transition at a time) and loads its
+/// record as it is under the lock. Keep the guard while changing the sandbox.
+pub async fn lock_and_load(st: &Shared, id: &str) -> ApiResult<(tokio::sync::OwnedMutexGuard<()>, SandboxRecord)> {
+    let rec = load(st, id)?;
+    let guard = st.lock_for(&rec.sandbox.id).lock_owned().await;
+    Ok((guard, load(st, &rec.sandbox.id)?))
+}
+
 /// The init handle of a record in a state with processes.
 pub fn handle_of(rec: &SandboxRecord) -> Option<SandboxHandle> {
     Some(SandboxHandle { init_pid: rec.sandbox.init_pid?, init_start_time: rec.init_start_time? })
@@ -334,10 +342,7 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
 
 /// Stops a sandbox's processes, keeping its filesystem.
 pub async fn stop(st: &Shared, id: &str, reason: &str, grace: Duration) -> ApiResult<SandboxEvent> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = lock_and_load(st, id).await?;
     stop_locked(st, &rec, reason, grace).await
 }
 
@@ -422,10 +427,7 @@ pub async fn start(st: &Shared, id: &str) -> ApiResult<Sandbox> {
 
 /// [`start`] recording `reason` on the transition.
 pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<Sandbox> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let mut rec = load(st, &rec.sandbox.id)?;
+    let (_g, mut rec) = lock_and_load(st, id).await?;
     if matches!(rec.sandbox.state, SandboxState::Archived | SandboxState::Error) && crate::archive::pointer(st, &rec.sandbox.id).is_some() {
         // Its files are in the archive (also after a failed restore): never start on an empty layer.
         rec = crate::archive::unarchive_locked(st, &rec, reason).await?;
@@ -447,10 +449,7 @@ pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<San
 
 /// Destroys a sandbox: processes, cgroup, writable layer, record.
 pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiResult<SandboxEvent> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = lock_and_load(st, id).await?;
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Destroy)?;

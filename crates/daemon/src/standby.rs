@@ -19,7 +19,6 @@
 //! sandbox in standby. A missing or corrupt image marks the sandbox `error`
 //! with the reason and deletes nothing.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -77,18 +76,8 @@ fn read_manifest(dir: &Path) -> Result<Manifest, String> {
 }
 
 fn crc_of(path: &Path) -> std::io::Result<(u64, u32)> {
-    let mut f = std::fs::File::open(path)?;
     let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        size += n as u64;
-    }
+    let size = strata_store::fsutil::for_each_chunk(path, |c| h.update(c))?;
     Ok((size, h.finalize()))
 }
 
@@ -156,10 +145,7 @@ pub async fn unpause(st: &Shared, id: &str, reason: &str) -> ApiResult<SandboxEv
 }
 
 async fn freeze(st: &Shared, id: &str, action: Action, reason: &str) -> ApiResult<SandboxEvent> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = sandboxes::lock_and_load(st, id).await?;
     freeze_locked(st, &rec, action, reason).await
 }
 
@@ -184,10 +170,7 @@ pub async fn standby(st: &Shared, id: &str, reason: &str) -> ApiResult<SandboxEv
 
 /// [`standby`] with options.
 pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &str) -> ApiResult<SandboxEvent> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = sandboxes::lock_and_load(st, id).await?;
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Standby)?;
@@ -286,10 +269,7 @@ async fn standby_fs_only(st: &Shared, rec: &SandboxRecord, why: String, reason: 
 
 /// Brings a sandbox in standby back (the same processes), recording `reason`.
 pub async fn resume(st: &Shared, id: &str, reason: &str) -> ApiResult<ResumeResult> {
-    let rec = load(st, id)?;
-    let lock = st.lock_for(&rec.sandbox.id);
-    let _g = lock.lock().await;
-    let rec = load(st, &rec.sandbox.id)?;
+    let (_g, rec) = sandboxes::lock_and_load(st, id).await?;
     resume_locked(st, &rec, reason).await
 }
 

@@ -48,6 +48,23 @@ pub fn remove_dir_all_if_exists(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Reads a file in 1 MiB chunks, handing each to `f` (to hash or checksum it
+/// without holding it in memory); returns its length.
+pub fn for_each_chunk(path: &Path, mut f: impl FnMut(&[u8])) -> io::Result<u64> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(len);
+        }
+        f(&buf[..n]);
+        len += n as u64;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
