@@ -54,6 +54,9 @@ pub fn status_of(p: &ProcessInfo) -> i32 {
 pub async fn run(client: &Client, id: &str, mut req: ExecRequest, interactive: bool) -> Result<i32> {
     if !interactive {
         let mut events = client.exec_stream(id, &req).await?;
+        if let (Some(from), true) = (events.header("strata-resumed-from"), std::io::IsTerminal::is_terminal(&std::io::stderr())) {
+            eprintln!("strata: sandbox {id} was {from}; resumed in {} ms", events.header("strata-resume-ms").unwrap_or("?"));
+        }
         let pid = match events.next().await? {
             Some(ProcessEvent::Started { process }) => process.id,
             other => anyhow::bail!("unexpected first event from the daemon: {other:?}"),

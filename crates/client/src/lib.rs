@@ -100,10 +100,18 @@ pub fn enc(s: &str) -> String {
 
 /// A stream of NDJSON values from a response body.
 pub struct NdjsonStream<T> {
+    headers: hyper::HeaderMap,
     body: Incoming,
     buf: BytesMut,
     done: bool,
     _t: std::marker::PhantomData<T>,
+}
+
+impl<T> NdjsonStream<T> {
+    /// A response header (e.g. `strata-resumed-from` when the call resumed the sandbox).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
 }
 
 impl<T: DeserializeOwned> NdjsonStream<T> {
@@ -190,7 +198,8 @@ impl Client {
     async fn stream<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<NdjsonStream<T>> {
         let bytes = body.map(|b| Bytes::from(serde_json::to_vec(b).expect("request serializes"))).unwrap_or_default();
         let resp = self.send(method, path, bytes, "application/json").await?;
-        Ok(NdjsonStream { body: resp.into_body(), buf: BytesMut::new(), done: false, _t: std::marker::PhantomData })
+        let headers = resp.headers().clone();
+        Ok(NdjsonStream { headers, body: resp.into_body(), buf: BytesMut::new(), done: false, _t: std::marker::PhantomData })
     }
 
     async fn raw(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes> {
