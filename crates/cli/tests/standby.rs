@@ -107,9 +107,12 @@ fn standby_keeps_processes_memory_and_output_streams() {
     let secret = d.cli_ok(&["exec", &id, "--", "cat", "/root/secret"]);
     let ns_pid_before = rt().block_on(d.client().get_process(&id, pid)).unwrap().pid;
 
+    let old_init = sandbox(&d, &id).init_pid.unwrap();
     d.cli_ok(&["standby", &id]);
     let sb = sandbox(&d, &id);
     assert_eq!(sb.state, SandboxState::Standby);
+    // The dumped init is reaped, not left as a zombie of the daemon.
+    assert!(common::wait_until(10, || !std::path::Path::new(&format!("/proc/{old_init}")).exists()), "init {old_init} was reaped");
     let info = sb.standby.expect("standby info");
     assert_eq!(info.mode, strata_api::StandbyMode::Processes);
     assert!(info.image_bytes > 0 && info.api_processes == 2, "{info:?}");

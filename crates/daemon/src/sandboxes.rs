@@ -499,12 +499,14 @@ pub fn watch_init(st: Shared, id: String, handle: SandboxHandle) {
                 return;
             }
         };
-        let raw = fd.as_raw_fd();
         // SAFETY: `fd` is an owned, open pidfd that the AsyncFd keeps until dropped.
         match unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) } {
             Ok(afd) => {
                 let _ = afd.readable().await;
-                reap_pidfd(raw);
+                // A task that CRIU had seized (standby) becomes reapable only once CRIU
+                // lets go of it: wait for that off the async threads.
+                let fd = afd.into_inner();
+                let _ = tokio::task::spawn_blocking(move || reap_pidfd(fd.as_raw_fd())).await;
             }
             Err(e) => {
                 warn!(sandbox = %id, error = %e, "cannot watch init");
@@ -515,13 +517,21 @@ pub fn watch_init(st: Shared, id: String, handle: SandboxHandle) {
     });
 }
 
-/// Reaps the process behind a (still open) pidfd if it is our child: sandbox
-/// inits are reparented to the daemon, which is a child subreaper.
+/// Reaps the process behind a (still open, exited) pidfd if it is our child:
+/// sandbox inits are reparented to the daemon, which is a child subreaper.
+/// Blocks until the exit can be collected (a ptrace-stopped exit, e.g. under
+/// CRIU, becomes reapable when the tracer detaches); returns at once with
+/// ECHILD when the process is not our child (re-adopted after a restart).
 fn reap_pidfd(raw: std::os::fd::RawFd) {
-    // SAFETY: siginfo_t is plain data; waitid with P_PIDFD only writes into it, and `raw` is open.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(libc::P_PIDFD, raw as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG);
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid with P_PIDFD only writes into it, and `raw` is open.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PIDFD, raw as libc::id_t, &mut info, libc::WEXITED)
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
     }
 }
 
