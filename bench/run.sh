@@ -10,7 +10,8 @@
 # --debian first to benchmark importing the ~325 MB Debian rootfs instead of a generated one).
 # --quick: small sample counts. Only a run with the default settings (no --quick, no extra
 # arguments) writes docs/benchmarks.md; other runs write <cargo target dir>/benchmarks-custom.md.
-# Env: STRATA_TEST_IMAGES (default /var/cache/strata/images), BENCH_KEEP=1 keeps the temp dir.
+# Env: STRATA_TEST_IMAGES (default /var/cache/strata/images), BENCH_KEEP=1 keeps the temp dir,
+# CARGO_TARGET_DIR (binaries and the static strata-init are built and taken from there).
 # Exit status: 0 when every figure was measured (missed targets show as FAIL in the table).
 set -euo pipefail
 
@@ -26,7 +27,7 @@ for arg in "$@"; do
     case "$arg" in
     --quick) QUICK=1 ;;
     -h | --help)
-        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) EXTRA+=("$arg") ;;
@@ -54,6 +55,9 @@ TARGET_DIR=${TARGET_DIR:-$ROOT/target}
 STRATA=$TARGET_DIR/release/strata
 BENCH=$TARGET_DIR/release/strata-bench
 [ -x "$STRATA" ] && [ -x "$BENCH" ] || die "release binaries not found in $TARGET_DIR/release"
+# The strata-init scripts/build-init.sh just built (into the same target dir).
+INIT=$TARGET_DIR/x86_64-unknown-linux-gnu/release/strata-init
+[ -x "$INIT" ] || die "static strata-init not found at $INIT"
 
 TMP=$(mktemp -d /var/tmp/strata-bench.XXXXXX)
 STATE=$TMP/state
@@ -108,7 +112,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # Own session: a Ctrl-C in the terminal must not stop the daemon before cleanup has used it.
-setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" >"$TMP/daemon.log" 2>&1 &
+setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" --init-binary "$INIT" >"$TMP/daemon.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 100); do
     [ -S "$SOCK" ] && "$STRATA" --socket "$SOCK" ps >/dev/null 2>&1 && break
@@ -133,7 +137,7 @@ ARGS=(--socket "$SOCK" --strata "$STRATA" --daemon-pid "$DAEMON_PID" --state-dir
     --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$COMMIT")
 OUT=docs/benchmarks.md
 if [ "$QUICK" = 1 ]; then
-    ARGS+=(--runs 30 --cli-runs 10 --idle 50 --warmup 3)
+    ARGS+=(--runs 30 --cli-runs 10 --idle 50 --warmup 3 --standby-count 100 --standby-idle 10)
 fi
 if [ "$QUICK" = 1 ] || [ "${#EXTRA[@]}" -gt 0 ]; then
     OUT=$TARGET_DIR/benchmarks-custom.md

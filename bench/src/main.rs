@@ -4,7 +4,9 @@
 //! imports the busybox test image and passes everything on the command line.
 //! Figures: (1) create -> first exec -> destroy, (2) exec into a running sandbox,
 //! (3) host memory of idle sandboxes, (4) image import and its deduplication,
-//! (5) checkpoint and fork on a ~1 GiB rootfs, and the disk forks use.
+//! (5) checkpoint and fork on a ~1 GiB rootfs, and the disk forks use,
+//! (6) standby and resume: a ~100 MiB workload, many sandboxes in standby,
+//! idle-timeout standby and resume on access.
 
 mod figures;
 mod report;
@@ -36,6 +38,8 @@ pub struct Cfg {
     pub warmup: usize,
     pub import: String,
     pub big_mib: u64,
+    pub standby_count: usize,
+    pub standby_idle: usize,
     pub only: Vec<String>,
     pub date: String,
     pub commit: String,
@@ -44,10 +48,11 @@ pub struct Cfg {
 const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid PID --state-dir DIR --images DIR --work DIR
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
-       [--only create,exec,idle,import,checkpoint] [--date S] [--commit S]";
+       [--standby-count 1000] [--standby-idle 20]
+       [--only create,exec,idle,import,checkpoint,standby] [--date S] [--commit S]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 5] = ["create", "exec", "idle", "import", "checkpoint"];
+const FIGURES: [&str; 6] = ["create", "exec", "idle", "import", "checkpoint", "standby"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -65,6 +70,8 @@ fn parse_args() -> Result<Cfg> {
         warmup: 10,
         import: "auto".into(),
         big_mib: 1024,
+        standby_count: 1000,
+        standby_idle: 20,
         only: vec![],
         date: String::new(),
         commit: String::new(),
@@ -95,6 +102,8 @@ fn parse_args() -> Result<Cfg> {
             "--warmup" => c.warmup = v.parse().context("--warmup")?,
             "--import" => c.import = v,
             "--big-mib" => c.big_mib = v.parse().context("--big-mib")?,
+            "--standby-count" => c.standby_count = v.parse().context("--standby-count")?,
+            "--standby-idle" => c.standby_idle = v.parse().context("--standby-idle")?,
             "--only" => c.only = v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect(),
             "--date" => c.date = v,
             "--commit" => c.commit = v,
@@ -107,7 +116,7 @@ fn parse_args() -> Result<Cfg> {
     if let Some(f) = c.only.iter().find(|f| !FIGURES.contains(&f.as_str())) {
         bail!("--only: unknown figure {f:?} (figures: {})", FIGURES.join(", "));
     }
-    if c.runs == 0 || c.cli_runs == 0 || c.idle == 0 || c.big_mib == 0 {
+    if c.runs == 0 || c.cli_runs == 0 || c.idle == 0 || c.big_mib == 0 || c.standby_count == 0 || c.standby_idle == 0 {
         bail!("run counts must be positive");
     }
     Ok(c)
@@ -146,12 +155,13 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 5] = [
+    let figs: [(&str, Fig); 6] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
         ("import", |b| Box::pin(figures::import::run(b))),
         ("checkpoint", |b| Box::pin(figures::checkpoint::run(b))),
+        ("standby", |b| Box::pin(figures::standby::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

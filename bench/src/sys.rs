@@ -115,6 +115,96 @@ pub fn kill(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
+/// CPU time (user + system, all threads including exited ones) of a process in ms
+/// (clock-tick resolution, normally 10 ms).
+pub fn cpu_ms(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the comm field: state is field 3, utime 14 and stime 15.
+    let (u, k): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    // SAFETY: sysconf with a valid name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some((u + k) * 1000 / hz)
+}
+
+/// Start time of a process (field 22 of /proc/PID/stat, clock ticks after boot):
+/// with the pid, it tells a process from a later one that reuses the pid.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A process's pid in its innermost pid namespace (the last `NSpid` field).
+pub fn inner_pid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
+/// A `Key: 123 kB` field of /proc/PID/status, in KiB.
+pub fn status_kib(pid: i32, key: &str) -> Option<u64> {
+    kb_field(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?, key)
+}
+
+/// The memory cgroup directory of sandbox `id`, while it exists (cgroup v1 memory
+/// controller, or v2).
+pub fn sandbox_memcg(id: &str) -> Option<std::path::PathBuf> {
+    [format!("/sys/fs/cgroup/memory/strata/{id}"), format!("/sys/fs/cgroup/strata/{id}")]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|d| d.join("memory.usage_in_bytes").exists() || d.join("memory.current").exists())
+}
+
+/// Whether any cgroup directory of sandbox `id` exists (any controller, v1 or v2).
+pub fn sandbox_cgroup_exists(id: &str) -> bool {
+    let v1 = std::fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().any(|c| c.path().join("strata").join(id).exists())).unwrap_or(false);
+    v1 || Path::new("/sys/fs/cgroup/strata").join(id).exists()
+}
+
+/// Charged memory of a memory cgroup in KiB (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+pub fn memcg_usage_kib(dir: &Path) -> Option<u64> {
+    ["memory.usage_in_bytes", "memory.current"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok()).map(|b| b / 1024)
+}
+
+/// Page cache charged to a memory cgroup in KiB (v1 `total_cache`, v2 `file`, from memory.stat).
+pub fn memcg_cache_kib(dir: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    ["total_cache", "file"].iter().find_map(|k| s.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse::<u64>().ok())).map(|b| b / 1024)
+}
+
+/// Host pids of the processes in a cgroup directory and its child cgroups.
+pub fn cgroup_pids(dir: &Path) -> Vec<i32> {
+    let mut out: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(cgroup_pids(&e.path()));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The state letter of a process (`R`, `S`, `Z`, ...; field 3 of /proc/PID/stat).
+pub fn proc_state(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.split_whitespace().next()?.chars().next()
+}
+
+/// Zombie (exited, not reaped) children of a process.
+pub fn zombie_children(parent: i32) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).ok().and_then(|s| {
+                let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().take(2).collect();
+                Some(f.first() == Some(&"Z") && f.get(1).and_then(|x| x.parse::<i32>().ok()) == Some(parent))
+            }) == Some(true)
+        })
+        .collect()
+}
+
 /// Short machine facts: (kernel, nproc, cpu model, memory).
 pub fn machine() -> (String, usize, String, String) {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
@@ -138,5 +228,10 @@ mod tests {
         assert_eq!(kb_field(s, "Pss"), None);
         assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
         assert!(mem_available_kib().unwrap() > 0);
+        let me = std::process::id() as i32;
+        assert!(start_time(me).is_some());
+        assert!(cpu_ms(me).is_some());
+        assert!(inner_pid(me).is_some());
+        assert!(status_kib(me, "VmRSS").is_some());
     }
 }

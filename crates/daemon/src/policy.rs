@@ -1,7 +1,7 @@
 //! Lifecycle policy: validation and updates of a sandbox's policy, and the
 //! engine that applies it automatically.
 //!
-//! Every 500 ms the engine takes a [`Snapshot`] of each sandbox (state, ages,
+//! Every second the engine takes a [`Snapshot`] of each sandbox (state, ages,
 //! activity, leases) and asks the pure function [`decide`] what, if anything,
 //! is due: the `on_idle` action (reason `idle_timeout`), the end of its
 //! `max_lifetime` (`max_lifetime`), archiving (`archive_after`) or destroying
@@ -27,7 +27,7 @@ use crate::sandboxes::{self, load, now};
 use crate::state::Shared;
 
 /// How often the engine looks at every sandbox.
-pub const TICK: Duration = Duration::from_millis(500);
+pub const TICK: Duration = Duration::from_secs(1);
 /// Wait before retrying a failed automatic action (doubled after each failure).
 pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Longest wait between retries of a failed automatic action.
@@ -367,14 +367,14 @@ pub async fn run(st: Shared) {
                 continue;
             }
         };
-        let list = match st.db.list_sandboxes() {
+        let (ids, list) = match st.db.sandbox_ids().and_then(|ids| Ok((ids, st.db.list_policy_candidates()?))) {
             Ok(l) => l,
             Err(e) => {
                 warn!(error = %crate::error::chain(&e), "listing sandboxes");
                 continue;
             }
         };
-        let known: HashSet<&str> = list.iter().map(|r| r.sandbox.id.as_str()).collect();
+        let known: HashSet<&str> = ids.iter().map(String::as_str).collect();
         st.activity.retain(&known);
         failures.retain(|id, _| known.contains(id.as_str()));
         for rec in &list {

@@ -616,9 +616,12 @@ pub async fn ttl_reaper(st: Shared) {
                 warn!(error = %e.body.message, "automatic garbage collection failed");
             }
         }
-        let Ok(list) = st.db.list_sandboxes() else { continue };
+        // Only sandboxes with a deadline are loaded: idle hosts with many parked
+        // sandboxes stay idle.
+        let Ok(ids) = st.db.with_expiry() else { continue };
         let now = SystemTime::now();
-        for rec in list {
+        for id in ids {
+            let Ok(Some(rec)) = st.db.get_sandbox(&id) else { continue };
             let Some(exp) = rec.sandbox.expires_at.as_deref().and_then(parse_time) else { continue };
             if exp > now {
                 continue;

@@ -440,7 +440,15 @@ impl Db {
         Ok(ev)
     }
 
-    /// Sets (or clears) the TTL deadline.
+    /// Ids of sandboxes that have a TTL deadline (checked by the TTL reaper).
+    pub fn with_expiry(&self) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT id FROM sandboxes WHERE expires_at IS NOT NULL")?;
+        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(ids)
+    }
+
+    /// Sets (or clears) a sandbox's TTL deadline.
     pub fn set_expires_at(&self, id: &str, expires_at: Option<&str>) -> Result<(), DbError> {
         self.conn().execute("UPDATE sandboxes SET expires_at = ?1 WHERE id = ?2", params![expires_at, id])?;
         Ok(())
@@ -509,6 +517,29 @@ impl Db {
     pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, DbError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id"))?;
+        let rows = stmt.query_map([], sandbox_from_row)?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// Every sandbox id.
+    pub fn sandbox_ids(&self) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT id FROM sandboxes")?;
+        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(ids)
+    }
+
+    /// Sandboxes the lifecycle policy may act on: those with processes, and
+    /// parked ones with an `archive_after` or `delete_after` limit. (Parked
+    /// sandboxes without one are never due, so a host with many sandboxes in
+    /// standby stays idle.)
+    pub fn list_policy_candidates(&self) -> Result<Vec<SandboxRecord>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state IN ('running', 'paused') \
+             OR json_extract(policy, '$.archive_after') IS NOT NULL OR json_extract(policy, '$.delete_after') IS NOT NULL \
+             ORDER BY created_at, id"
+        ))?;
         let rows = stmt.query_map([], sandbox_from_row)?;
         rows.map(|r| r?).collect()
     }
@@ -790,6 +821,29 @@ mod tests {
         assert_eq!(step(SandboxState::Archived, SandboxState::Stopped, "t4").as_deref(), Some("t2"));
         assert_eq!(step(SandboxState::Stopped, SandboxState::Running, "t5"), None, "cleared when it runs");
         assert_eq!(step(SandboxState::Running, SandboxState::Standby, "t6").as_deref(), Some("t6"));
+    }
+
+    #[test]
+    fn policy_candidates_skip_parked_sandboxes_without_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        for (id, to) in [("a000000000000000", SandboxState::Running), ("b000000000000000", SandboxState::Standby), ("c000000000000000", SandboxState::Stopped)] {
+            db.insert_sandbox(&record(id, &id[..1])).unwrap();
+            let t = Transition { to: SandboxState::Running, reason: "created", detail: None, duration_ms: 0, time: "t1" };
+            db.transition(id, SandboxState::Creating, &t, None).unwrap().unwrap();
+            if to != SandboxState::Running {
+                let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+                db.transition(id, SandboxState::Running, &t, None).unwrap().unwrap();
+            }
+        }
+        let ids = |v: Vec<SandboxRecord>| v.into_iter().map(|r| r.sandbox.id).collect::<Vec<_>>();
+        assert_eq!(ids(db.list_policy_candidates().unwrap()), vec!["a000000000000000"]);
+        db.update_policy("c000000000000000", |p| p.delete_after = Some("1h".into())).unwrap();
+        assert_eq!(ids(db.list_policy_candidates().unwrap()), vec!["a000000000000000", "c000000000000000"]);
+        assert_eq!(db.sandbox_ids().unwrap().len(), 3);
+        assert!(db.with_expiry().unwrap().is_empty());
+        db.set_expires_at("b000000000000000", Some("t9")).unwrap();
+        assert_eq!(db.with_expiry().unwrap(), vec!["b000000000000000".to_string()]);
     }
 
     #[test]
