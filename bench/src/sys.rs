@@ -118,13 +118,18 @@ pub fn kill(pid: i32, sig: i32) {
 /// CPU time (user + system, all threads including exited ones) of a process in ms
 /// (clock-tick resolution, normally 10 ms).
 pub fn cpu_ms(pid: i32) -> Option<u64> {
+    cpu_split_ms(pid).map(|(u, k)| u + k)
+}
+
+/// User and system CPU time of a process in ms (/proc/PID/stat utime, stime).
+pub fn cpu_split_ms(pid: i32) -> Option<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
     // After the comm field: state is field 3, utime 14 and stime 15.
     let (u, k): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
     // SAFETY: sysconf with a valid name.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some((u + k) * 1000 / hz)
+    Some((u * 1000 / hz, k * 1000 / hz))
 }
 
 /// Start time of a process (field 22 of /proc/PID/stat, clock ticks after boot):

@@ -164,26 +164,14 @@ struct Ck {
     cp_sync: Duration,
 }
 
-/// CPU time (user, system; all threads including exited ones) of a process, in ms
-/// (clock-tick resolution, normally 10 ms).
-fn cpu_ms(pid: i32) -> Option<(u64, u64)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-    // After the comm field: state is field 3, utime 14 and stime 15.
-    let (u, k): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
-    // SAFETY: sysconf with a valid name.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some((u * 1000 / hz, k * 1000 / hz))
-}
-
 /// Takes a checkpoint, timed; also returns the daemon's CPU time during it.
 async fn checkpoint(c: &Client, o: &mut Owned, daemon: i32, id: &str, name: String) -> Result<(Duration, Checkpoint, Option<(u64, u64)>)> {
     sync_all();
-    let cpu0 = cpu_ms(daemon);
+    let cpu0 = crate::sys::cpu_split_ms(daemon);
     let t = Instant::now();
     let ck = c.checkpoint(id, &CheckpointRequest { name: Some(name.clone()), ..Default::default() }).await.with_context(|| format!("checkpoint {name} of {id}"))?;
     let el = t.elapsed();
-    let cpu = cpu0.zip(cpu_ms(daemon)).map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
+    let cpu = cpu0.zip(crate::sys::cpu_split_ms(daemon)).map(|(a, b)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)));
     o.checkpoints.push(ck.id.clone());
     Ok((el, ck, cpu))
 }
