@@ -45,7 +45,7 @@ fn illegal_transitions_are_409_with_the_current_state() {
     d.cli_ok(&["stop", &id]);
     let c = d.client();
     common::rt().block_on(async {
-        let e = c.exec(&id, &ExecRequest { cmd: vec!["true".into()], ..Default::default() }).await.unwrap_err();
+        let e = c.pause_sandbox(&id).await.unwrap_err();
         match e {
             strata_client::ClientError::Api { status, body } => {
                 assert_eq!(status, 409);
