@@ -5,6 +5,7 @@
 //! definition. This crate has no runtime dependencies (no tokio, no nix).
 
 pub mod checkpoint;
+pub mod cost;
 pub mod error;
 pub mod files;
 pub mod host;
@@ -15,6 +16,7 @@ pub mod sandbox;
 pub mod template;
 
 pub use checkpoint::*;
+pub use cost::*;
 pub use error::{ApiErrorBody, ErrorCode};
 pub use files::*;
 pub use host::*;

@@ -126,6 +126,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Cost of a sandbox (destroyed ones too) or of all: compute, storage by kind,
+    /// and the ephemeral-only and always-on counterfactuals.
+    Cost {
+        /// Sandbox id, id prefix or name (default: every sandbox).
+        id: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// The tree of images, checkpoints, forks and templates around a sandbox or checkpoint.
     Lineage {
         /// Sandbox or checkpoint.
@@ -238,6 +247,10 @@ pub struct DaemonArgs {
     /// then target/x86_64-unknown-linux-gnu/release/ of a source tree, then /usr/local/lib/strata).
     #[arg(long, env = "STRATA_INIT_BINARY")]
     pub init_binary: Option<PathBuf>,
+    /// Prices for cost accounting, a JSON file (see docs/metrics.md); missing
+    /// fields keep the built-in defaults.
+    #[arg(long, env = "STRATA_PRICES")]
+    pub prices: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -92,7 +92,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices }).await?;
             Ok(0)
         }
         Command::Openapi => {
@@ -188,6 +188,48 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 output::json(&r);
             } else {
                 println!("{} checkpoints expired, {} layers removed, {} freed", r.checkpoints_expired.len(), r.layers_removed, output::size(r.bytes_freed));
+            }
+            Ok(0)
+        }
+        Command::Cost { id, json } => {
+            match id {
+                Some(id) => {
+                    let r = c.cost(&id).await?;
+                    if json {
+                        output::json(&r);
+                    } else {
+                        print_cost(&r);
+                    }
+                }
+                None => {
+                    let s = c.cost_summary().await?;
+                    if json {
+                        output::json(&s);
+                    } else {
+                        let cur = &s.prices.currency;
+                        output::table(
+                            &["ID", "NAME", "STATE", "CPU-S", "MEM-GB-S", "COMPUTE", "STORAGE", "TOTAL", "EPHEMERAL-ONLY", "ALWAYS-ON"],
+                            s.sandboxes
+                                .iter()
+                                .map(|r| {
+                                    vec![
+                                        r.sandbox_id.chars().take(12).collect(),
+                                        r.name.clone(),
+                                        r.state.to_string(),
+                                        format!("{:.2}", r.usage.compute.cpu_seconds),
+                                        format!("{:.2}", r.usage.compute.memory_gb_seconds),
+                                        money(r.compute.total),
+                                        money(r.storage_total),
+                                        money(r.total),
+                                        money(r.ephemeral_only.total),
+                                        money(r.always_on.total),
+                                    ]
+                                })
+                                .collect(),
+                        );
+                        println!("total {} {cur} (ephemeral-only {}, always-on {})", money(s.total), money(s.ephemeral_only_total), money(s.always_on_total));
+                    }
+                }
             }
             Ok(0)
         }
@@ -800,4 +842,27 @@ fn print_lineage(l: &strata_api::Lineage) {
     if !l.nodes.is_empty() {
         walk(l, 0, "", true, true);
     }
+}
+
+/// A cost or quantity readable at any magnitude: fixed point, or 4 significant digits when small.
+fn money(v: f64) -> String {
+    if v == 0.0 || v.abs() >= 0.01 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+fn print_cost(r: &strata_api::CostReport) {
+    let cur = &r.prices.currency;
+    let u = &r.usage;
+    println!("sandbox    {} ({}) {}, lifetime {:.1} s, running {:.1} s", r.sandbox_id, r.name, r.state, r.lifetime_seconds, u.compute.running_seconds);
+    println!("compute    cpu {} CPU-s = {} {cur}; memory {} GB-s = {} {cur}; peak memory {}", money(u.compute.cpu_seconds), money(r.compute.cpu), money(u.compute.memory_gb_seconds), money(r.compute.memory), output::size(u.peak_memory_bytes));
+    for kind in strata_api::STORAGE_KINDS {
+        let gbh = u.storage_gb_hours.get(kind).copied().unwrap_or(0.0);
+        println!("storage    {kind:<10} {} GB-h = {} {cur}", money(gbh), money(r.storage.get(kind).copied().unwrap_or(0.0)));
+    }
+    println!("total      {} {cur} (compute {}, storage {})", money(r.total), money(r.compute.total), money(r.storage_total));
+    println!("ephemeral-only {} {cur} (+{:.1} s of repeated setup): {}", money(r.ephemeral_only.total), r.ephemeral_only.extra_seconds, r.ephemeral_only.method);
+    println!("always-on      {} {cur}: {}", money(r.always_on.total), r.always_on.method);
 }

@@ -410,6 +410,22 @@ impl Client {
         self.call::<(), _>(Method::POST, "/v1/gc", None).await
     }
 
+    /// The cost of one sandbox (destroyed ones too).
+    pub async fn cost(&self, id: &str) -> Result<strata_api::CostReport> {
+        self.call::<(), _>(Method::GET, &format!("/v1/cost/{}", enc(id)), None).await
+    }
+
+    /// The cost of every sandbox.
+    pub async fn cost_summary(&self) -> Result<strata_api::CostSummary> {
+        self.call::<(), _>(Method::GET, "/v1/cost", None).await
+    }
+
+    /// The Prometheus metrics text.
+    pub async fn metrics(&self) -> Result<String> {
+        let b = self.raw(Method::GET, "/metrics", Bytes::new()).await?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
     /// The lineage tree around a sandbox or checkpoint.
     pub async fn lineage(&self, id: &str) -> Result<Lineage> {
         self.call::<(), _>(Method::GET, &format!("/v1/lineage/{}", enc(id)), None).await

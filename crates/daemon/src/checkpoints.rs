@@ -165,6 +165,8 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         st.notify_events(ev.seq);
     }
     info!(sandbox = %rec.sandbox.id, checkpoint = %ckpt.id, bytes = ckpt.layer_size, frozen_ms, "checkpoint");
+    crate::accounting::on_checkpoint(st, &rec.sandbox.id, &ckpt.id, running);
+    st.metrics.observe("checkpoint", started.elapsed());
     Ok(ckpt)
 }
 
@@ -310,6 +312,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         }
         return Err(e);
     }
+    st.metrics.observe("fork", started.elapsed());
     Ok(ForkResult { checkpoint: ckpt.id, sandboxes: ids_out, duration_ms: started.elapsed().as_millis() as u64 })
 }
 

@@ -8,6 +8,7 @@
 //! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
 //! [`events`], [`openapi`], [`error`].
 
+pub mod accounting;
 pub mod activity;
 pub mod archive;
 pub mod checkpoints;
@@ -16,6 +17,7 @@ pub mod events;
 pub mod files;
 pub mod hooks;
 pub mod images;
+pub mod metrics;
 pub mod initbin;
 pub mod ndjson;
 pub mod openapi;
@@ -94,6 +96,9 @@ pub enum DaemonError {
     /// The in-sandbox binary is missing or unusable.
     #[error(transparent)]
     InitBinary(#[from] initbin::InitBinaryError),
+    /// The prices file is unusable.
+    #[error("{0}")]
+    Prices(String),
     /// Startup reconciliation failed.
     #[error("reconciling sandboxes: {0}")]
     Reconcile(String),
@@ -114,6 +119,8 @@ pub struct Config {
     pub init_binary: Option<PathBuf>,
     /// Object store for archives (`file:///path`, `s3://bucket/prefix`; default `<state>/archive`).
     pub archive_url: Option<String>,
+    /// Prices for cost accounting (JSON file; default: built-in list prices).
+    pub prices: Option<PathBuf>,
 }
 
 /// Name of the token file in the state directory.
@@ -141,6 +148,9 @@ pub fn router(st: Shared) -> Router {
     use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
     Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
+        .route("/metrics", get(metrics::metrics_handler))
+        .route("/v1/cost", get(accounting::list_handler))
+        .route("/v1/cost/{id}", get(accounting::get_handler))
         .route("/v1/info", get(events::info_handler))
         .route("/v1/doctor", get(events::doctor_handler))
         .route("/v1/events", get(events::events_handler))
@@ -263,10 +273,17 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         Some(url) => archive::ArchiveStore::from_url(url)?,
         None => archive::ArchiveStore::local(&cfg.state_dir.join("archive"))?,
     };
-    let st: Shared = Arc::new(AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive));
+    let prices = match cfg.prices.as_deref() {
+        Some(p) => accounting::load_prices(p).map_err(DaemonError::Prices)?,
+        None => strata_api::Prices::default(),
+    };
+    let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive);
+    app_state.prices = prices;
+    let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
     tokio::spawn(policy::run(st.clone()));
+    tokio::spawn(accounting::run(st.clone()));
 
     // The token exists before any listener does, so a client that sees the socket can read it.
     let token = match cfg.listen {

@@ -463,6 +463,7 @@ struct SuperviseOpts {
 /// to standby (pipes closed while suspended), waits for the pipes of the
 /// resumed process.
 async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: DaemonEnds, opts: SuperviseOpts, mut reattach: tokio::sync::mpsc::UnboundedReceiver<DaemonEnds>) {
+    let spawned_at = std::time::Instant::now();
     let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let mut stdin_data = opts.stdin_data;
@@ -543,6 +544,7 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
     }
     *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = None;
     *p.stdin.lock().await = None;
+    st.metrics.observe("exec", spawned_at.elapsed());
     // The idle clock starts when the last process ends, not when it was started.
     st.activity.touch(&sandbox_id);
     p.bump();

@@ -85,6 +85,11 @@ pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>,
         .transition(id, from, &t, init.map(|h| (h.init_pid, h.init_start_time)))?
         .ok_or_else(|| ApiError::new(ErrorCode::InvalidState, format!("sandbox {id} changed state concurrently")))?;
     info!(sandbox = id, from = %from, to = %to, reason, "transition");
+    st.metrics.transition(to, reason);
+    if let Some(phase) = crate::metrics::phase_of(action) {
+        st.metrics.observe(phase, started.elapsed());
+    }
+    crate::accounting::on_transition(st, id, from, to, action);
     st.notify_events(ev.seq);
     Ok(ev)
 }
@@ -264,6 +269,13 @@ pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
 
 /// Creates and starts a sandbox with the given lineage.
 pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> ApiResult<Sandbox> {
+    let started = Instant::now();
+    let sb = create_inner(st, req, lineage).await?;
+    st.metrics.observe("ready", started.elapsed());
+    Ok(sb)
+}
+
+async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> ApiResult<Sandbox> {
     let source = resolve_source(st, &req.source)?;
     let id = ids::new_id();
     let name = match &req.name {
@@ -353,6 +365,7 @@ pub async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: 
     next_state(from, Action::Stop)?;
     if has_processes(from) {
         crate::hooks::run(st, rec, crate::hooks::Stage::BeforeStop).await;
+        crate::accounting::final_sample(st, &rec.sandbox.id);
     }
     kill_processes(st, rec, grace).await?;
     // A stopped sandbox starts afresh: a standby image has nothing left to resume.
@@ -456,6 +469,9 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     if has_processes(from) && !force {
         return Err(ApiError::invalid_state(from, format!("sandbox {} is {from}; stop it first or remove it with force", rec.sandbox.id)));
     }
+    if has_processes(from) {
+        crate::accounting::final_sample(st, &rec.sandbox.id);
+    }
     // Destroying discards everything, so there is nothing to shut down gracefully.
     kill_only(st, &rec).await?;
     let t = Transition { to: SandboxState::Destroyed, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
@@ -466,6 +482,8 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
         tokio::spawn(async move { crate::archive::delete_remote(&st2, &m).await });
     }
     st.processes.forget(&rec.sandbox.id);
+    st.metrics.transition(SandboxState::Destroyed, reason);
+    st.metrics.observe("destroy", started.elapsed());
     st.notify_events(ev.seq);
     drop(_g);
     st.drop_lock(&rec.sandbox.id);

@@ -192,6 +192,8 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
         tokio::task::spawn_blocking(move || rt.set_frozen(&sid, false)).await.map_err(|e| ApiError::internal("thaw task", &e))?.map_err(|e| ApiError::internal("thaw", &e))?;
     }
     crate::hooks::run(st, &rec, crate::hooks::Stage::BeforeStandby).await;
+    // The last compute sample before the processes go (the live baseline is dropped by the transition).
+    crate::accounting::sample(st, &id);
     let staging = st.sandbox_dir(&id).join(STAGING_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     let suspended = st.processes.suspend(&id).await;
@@ -248,6 +250,7 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
 async fn standby_fs_only(st: &Shared, rec: &SandboxRecord, why: String, reason: &str, started: Instant) -> ApiResult<SandboxEvent> {
     let id = rec.sandbox.id.clone();
     crate::hooks::run(st, rec, crate::hooks::Stage::BeforeStandby).await;
+    crate::accounting::final_sample(st, &id);
     sandboxes::kill_and_release(st, rec, sandboxes::STOP_GRACE).await?;
     let dir = st.sandbox_dir(&id);
     let staging = dir.join(STAGING_DIR);

@@ -34,6 +34,12 @@ pub struct AppState {
     pub events_tx: tokio::sync::watch::Sender<i64>,
     /// Where archived sandboxes go.
     pub archive: crate::archive::ArchiveStore,
+    /// Prometheus metrics.
+    pub metrics: crate::metrics::Metrics,
+    /// Cost accounting sampler state.
+    pub accounting: crate::accounting::Accounting,
+    /// Prices for cost reports.
+    pub prices: strata_api::Prices,
 }
 
 impl AppState {
@@ -52,6 +58,9 @@ impl AppState {
             image_lock: tokio::sync::Mutex::new(()),
             events_tx,
             archive,
+            metrics: crate::metrics::Metrics::new(),
+            accounting: crate::accounting::Accounting::default(),
+            prices: strata_api::Prices::default(),
         }
     }
 

@@ -90,6 +90,9 @@ pub struct ResourceUsage {
     pub memory_bytes: u64,
     /// Number of tasks in the sandbox.
     pub pids: u64,
+    /// CPU time consumed by the sandbox's tasks since its cgroup was created,
+    /// in microseconds (v1 `cpuacct.usage`, v2 `cpu.stat` `usage_usec`).
+    pub cpu_usec: u64,
 }
 
 /// An isolation tier.

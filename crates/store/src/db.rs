@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Checkpoint, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState};
+use strata_api::{Checkpoint, ComputeUsage, UsageRecord, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,22 @@ pub const MIGRATIONS: &[&str] = &[
         expires_at TEXT NOT NULL
     );
     CREATE INDEX leases_by_sandbox ON leases(sandbox_id);",
+    // 6: cost accounting: per-sandbox usage accumulators (kept after the
+    // sandbox row is deleted) and the compute behind each checkpoint's state
+    "CREATE TABLE usage (
+        sandbox_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        destroyed_at TEXT,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX usage_by_name ON usage(name);
+    CREATE TABLE checkpoint_setup (
+        checkpoint_id TEXT PRIMARY KEY,
+        compute TEXT NOT NULL
+    );
+    INSERT INTO usage (sandbox_id, name, created_at, record)
+        SELECT id, name, created_at, json_object('sandbox_id', id, 'name', name, 'source', source, 'base_checkpoint', base_checkpoint, 'created_at', created_at, 'updated_at', updated_at) FROM sandboxes;",
 ];
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -294,6 +310,12 @@ fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
     Ok(build())
 }
 
+fn usage_from(record: &str, destroyed_at: Option<String>) -> Result<UsageRecord, DbError> {
+    let mut u: UsageRecord = parse(record, "usage.record")?;
+    u.destroyed_at = destroyed_at;
+    Ok(u)
+}
+
 fn lease_from_row(r: &Row<'_>) -> rusqlite::Result<Lease> {
     Ok(Lease { id: r.get(0)?, sandbox_id: r.get(1)?, created_at: r.get(2)?, expires_at: r.get(3)? })
 }
@@ -395,6 +417,8 @@ impl Db {
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
         let ev = insert_event(&tx, &s.id, None, &Transition { to: s.state, reason: &s.state_reason, detail: s.state_detail.as_deref(), duration_ms: 0, time: &s.created_at })?;
+        let usage = UsageRecord { sandbox_id: s.id.clone(), name: s.name.clone(), source: s.source.clone(), base_checkpoint: s.base_checkpoint.clone(), created_at: s.created_at.clone(), updated_at: s.created_at.clone(), ..Default::default() };
+        tx.execute("INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record) VALUES (?1, ?2, ?3, ?4)", params![s.id, s.name, s.created_at, json(&usage)])?;
         tx.commit()?;
         Ok(ev)
     }
@@ -435,6 +459,7 @@ impl Db {
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         tx.execute("DELETE FROM leases WHERE sandbox_id = ?1", params![id])?;
+        tx.execute("UPDATE usage SET destroyed_at = ?1 WHERE sandbox_id = ?2", params![t.time, id])?;
         let ev = insert_event(&tx, id, Some(from), t)?;
         tx.commit()?;
         Ok(ev)
@@ -448,7 +473,82 @@ impl Db {
         Ok(ids)
     }
 
-    /// Sets (or clears) a sandbox's TTL deadline.
+
+    /// The usage accumulators of a sandbox, destroyed or not, by id, name or id prefix.
+    pub fn get_usage(&self, key: &str) -> Result<Option<UsageRecord>, DbError> {
+        let conn = self.conn();
+        let row: Option<(String, Option<String>)> = conn
+            .query_row(
+                "SELECT record, destroyed_at FROM usage WHERE sandbox_id = ?1 OR name = ?1 OR (length(?1) >= 4 AND sandbox_id LIKE ?1 || '%')
+                 ORDER BY sandbox_id = ?1 DESC, (name = ?1 AND destroyed_at IS NULL) DESC, name = ?1 DESC, created_at DESC LIMIT 1",
+                params![key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        row.map(|(rec, destroyed)| usage_from(&rec, destroyed)).transpose()
+    }
+
+    /// Every usage record, oldest first.
+    pub fn list_usage(&self) -> Result<Vec<UsageRecord>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT record, destroyed_at FROM usage ORDER BY created_at, sandbox_id")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))?.collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter().map(|(rec, destroyed)| usage_from(&rec, destroyed)).collect()
+    }
+
+    /// Adds storage GB-hours by kind to many usage records in one transaction
+    /// (records that do not exist are skipped).
+    pub fn add_storage_usage(&self, accrued: &[(String, std::collections::BTreeMap<String, f64>)]) -> Result<(), DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for (id, kinds) in accrued {
+            let row: Option<(String, Option<String>)> = tx.query_row("SELECT record, destroyed_at FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+            let Some((rec, destroyed)) = row else { continue };
+            let mut u = usage_from(&rec, destroyed)?;
+            for (k, gbh) in kinds {
+                *u.storage_gb_hours.entry(k.clone()).or_default() += gbh;
+            }
+            tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", params![json(&u), id])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Ids of sandboxes with processes (running or paused).
+    pub fn live_sandbox_ids(&self) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT id FROM sandboxes WHERE state IN ('running', 'paused')")?;
+        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(ids)
+    }
+
+    /// Reads, changes and writes back the usage record of `id` in one transaction
+    /// (no-op when there is none). Returns the updated record.
+    pub fn update_usage(&self, id: &str, f: impl FnOnce(&mut UsageRecord)) -> Result<Option<UsageRecord>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let row: Option<(String, Option<String>)> = tx.query_row("SELECT record, destroyed_at FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+        let Some((rec, destroyed)) = row else { return Ok(None) };
+        let mut u = usage_from(&rec, destroyed)?;
+        f(&mut u);
+        tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", params![json(&u), id])?;
+        tx.commit()?;
+        Ok(Some(u))
+    }
+
+    /// Records the compute that produced a checkpoint's state (its lineage's setup).
+    pub fn set_checkpoint_setup(&self, checkpoint_id: &str, compute: &ComputeUsage) -> Result<(), DbError> {
+        self.conn().execute("INSERT OR REPLACE INTO checkpoint_setup (checkpoint_id, compute) VALUES (?1, ?2)", params![checkpoint_id, json(compute)])?;
+        Ok(())
+    }
+
+    /// The compute that produced a checkpoint's state, when recorded.
+    pub fn checkpoint_setup(&self, checkpoint_id: &str) -> Result<Option<ComputeUsage>, DbError> {
+        let s: Option<String> = self.conn().query_row("SELECT compute FROM checkpoint_setup WHERE checkpoint_id = ?1", params![checkpoint_id], |r| r.get(0)).optional()?;
+        s.map(|s| parse(&s, "checkpoint_setup.compute")).transpose()
+    }
+
+    /// Sets (or clears) the TTL deadline.
     pub fn set_expires_at(&self, id: &str, expires_at: Option<&str>) -> Result<(), DbError> {
         self.conn().execute("UPDATE sandboxes SET expires_at = ?1 WHERE id = ?2", params![expires_at, id])?;
         Ok(())
@@ -805,6 +905,33 @@ mod tests {
     }
 
     #[test]
+    fn usage_outlives_the_sandbox_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let id = "0123456789abcdef";
+        db.insert_sandbox(&record(id, "web")).unwrap();
+        let u = db.get_usage("web").unwrap().unwrap();
+        assert_eq!((u.sandbox_id.as_str(), u.destroyed_at.as_deref()), (id, None));
+        db.update_usage(id, |r| {
+            r.compute.cpu_seconds += 1.5;
+            r.storage_gb_hours.insert("writable".into(), 0.25);
+        })
+        .unwrap();
+        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t9" };
+        db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
+        assert!(db.get_sandbox(id).unwrap().is_none());
+        let u = db.get_usage("0123").unwrap().unwrap();
+        assert_eq!(u.compute.cpu_seconds, 1.5);
+        assert_eq!(u.storage_gb_hours["writable"], 0.25);
+        assert_eq!(u.destroyed_at.as_deref(), Some("t9"));
+        assert_eq!(db.list_usage().unwrap().len(), 1);
+        assert!(db.get_usage("nope").unwrap().is_none());
+        db.set_checkpoint_setup("c1", &ComputeUsage { cpu_seconds: 2.0, ..Default::default() }).unwrap();
+        assert_eq!(db.checkpoint_setup("c1").unwrap().unwrap().cpu_seconds, 2.0);
+        assert!(db.checkpoint_setup("c2").unwrap().is_none());
+    }
+
+    #[test]
     fn inactive_since_spans_stopped_standby_and_archived() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
@@ -897,6 +1024,9 @@ mod tests {
         }
         let db = Db::open(&p).unwrap();
         assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        // Migration 6 gives every existing sandbox an empty usage record.
+        let ua = db.get_usage("a").unwrap().unwrap();
+        assert_eq!((ua.sandbox_id.as_str(), ua.source.as_str(), ua.compute.cpu_seconds), ("a", "busybox", 0.0));
         let a = db.get_sandbox("a").unwrap().unwrap().sandbox;
         assert_eq!(a.policy, SandboxPolicy::default_for(Lifecycle::Persistent));
         assert_eq!(a.inactive_since.as_deref(), Some("t1"));

@@ -212,6 +212,32 @@ mod tests {
     }
 
     #[test]
+    fn parses_cpu_counters() {
+        assert_eq!(v1::parse_cpuacct_usage("123456789\n"), Some(123_456));
+        assert_eq!(v1::parse_cpuacct_usage("garbage"), None);
+        let stat = "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 0\n";
+        assert_eq!(v2::parse_cpu_stat_usage(stat), Some(2_500_000));
+        assert_eq!(v2::parse_cpu_stat_usage("user_usec 1\n"), None);
+    }
+
+    #[test]
+    fn usage_reads_cpu_time_on_both_versions() {
+        let d = tempfile::tempdir().unwrap();
+        for c in v1::CONTROLLERS {
+            fs::create_dir_all(d.path().join(c).join(PARENT).join("abc")).unwrap();
+        }
+        fs::write(d.path().join("cpuacct/strata/abc/cpuacct.usage"), "3000000000\n").unwrap();
+        fs::write(d.path().join("memory/strata/abc/memory.usage_in_bytes"), "4096\n").unwrap();
+        let u = SandboxCgroup::new(d.path(), CgroupVersion::V1, "abc").usage();
+        assert_eq!((u.cpu_usec, u.memory_bytes), (3_000_000, 4096));
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("strata/abc")).unwrap();
+        fs::write(d.path().join("strata/abc/cpu.stat"), "usage_usec 7\nuser_usec 5\n").unwrap();
+        let u = SandboxCgroup::new(d.path(), CgroupVersion::V2, "abc").usage();
+        assert_eq!(u.cpu_usec, 7);
+    }
+
+    #[test]
     fn reads_keyed_counters() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("memory.events");

@@ -46,5 +46,13 @@ pub(super) fn usage(dirs: &[PathBuf]) -> ResourceUsage {
     if let Some(d) = dir_of(dirs, "pids") {
         u.pids = read_u64(&d.join("pids.current")).unwrap_or(0);
     }
+    if let Some(d) = dir_of(dirs, "cpuacct") {
+        u.cpu_usec = std::fs::read_to_string(d.join("cpuacct.usage")).ok().and_then(|t| parse_cpuacct_usage(&t)).unwrap_or(0);
+    }
     u
+}
+
+/// `cpuacct.usage` (cumulative nanoseconds) as microseconds.
+pub(super) fn parse_cpuacct_usage(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok().map(|ns| ns / 1000)
 }

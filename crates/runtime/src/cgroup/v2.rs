@@ -48,5 +48,14 @@ pub(super) fn usage(dir: &Path) -> ResourceUsage {
         oom_kills: read_keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0),
         memory_bytes: read_u64(&dir.join("memory.current")).unwrap_or(0),
         pids: read_u64(&dir.join("pids.current")).unwrap_or(0),
+        cpu_usec: std::fs::read_to_string(dir.join("cpu.stat")).ok().and_then(|t| parse_cpu_stat_usage(&t)).unwrap_or(0),
     }
+}
+
+/// The `usage_usec` line of `cpu.stat` (present even without the cpu controller).
+pub(super) fn parse_cpu_stat_usage(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some("usage_usec")).then(|| it.next()?.parse().ok()).flatten()
+    })
 }
