@@ -52,10 +52,15 @@ fn cp_and_file_api_roundtrip() {
         assert_eq!(st.kind, FileKind::Symlink);
         assert!(st.link_target.is_some());
     });
-    // Files of a stopped sandbox: 409 with its state.
+    // Files of a stopped sandbox: the call starts it again (resume on access) and is served.
     d.cli_ok(&["stop", &id]);
+    let st = common::rt().block_on(c.stat(&id, "/bin/sh")).unwrap();
+    assert_eq!(st.kind, FileKind::Symlink);
+    assert_eq!(common::rt().block_on(c.get_sandbox(&id)).unwrap().state, strata_api::SandboxState::Running);
+    // Files of a destroyed sandbox: 404.
+    d.cli_ok(&["rm", "-f", &id]);
     let e = common::rt().block_on(c.stat(&id, "/")).unwrap_err();
-    assert_eq!(e.code(), Some(ErrorCode::InvalidState));
+    assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
 }
 
 #[test]
