@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{activity, archive, checkpoints, events, files, images, policy, processes, sandboxes, standby, templates};
+use crate::{activity, archive, audit, checkpoints, events, files, images, policy, processes, sandboxes, scan, standby, templates};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -20,8 +20,9 @@ use crate::{activity, archive, checkpoints, events, files, images, policy, proce
         checkpoints::fork_handler, checkpoints::restore_handler, checkpoints::diff_handler, checkpoints::export_handler, checkpoints::gc_handler, checkpoints::lineage_handler,
         templates::create_handler, templates::list_handler, templates::delete_handler, templates::build_handler,
         events::events_handler, events::info_handler, events::doctor_handler,
+        scan::scan_handler, audit::list_handler, audit::verify_handler,
     ),
-    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState))
+    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity))
 )]
 pub struct ApiDoc;
 
