@@ -76,7 +76,8 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
     let is_json = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     let resp = if target.is_none() && status.is_success() && is_json {
         let (parts, body) = resp.into_parts();
-        let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+        // Only routes without a path parameter get here (creates, import, fork, gc): small bodies, already complete.
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
             target = ["id", "name", "checkpoint"].iter().find_map(|k| v.get(k).and_then(|x| x.as_str()).map(str::to_string));
         }

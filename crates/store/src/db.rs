@@ -169,8 +169,7 @@ pub fn audit_hash(e: &AuditEntry) -> String {
 /// hash, predecessor link or position does not fit, with the reason.
 pub fn audit_verify(entries: &[AuditEntry]) -> Option<(i64, String)> {
     let mut prev = AUDIT_GENESIS.to_string();
-    let mut expect_seq = 1;
-    for e in entries {
+    for (expect_seq, e) in (1..).zip(entries) {
         if e.seq != expect_seq {
             return Some((e.seq, format!("expected entry {expect_seq} here, found {} (entries removed or reordered)", e.seq)));
         }
@@ -182,7 +181,6 @@ pub fn audit_verify(entries: &[AuditEntry]) -> Option<(i64, String)> {
             return Some((e.seq, "contents do not match its hash (entry edited)".into()));
         }
         prev = h;
-        expect_seq += 1;
     }
     None
 }
