@@ -133,3 +133,22 @@ fn strata_store_hash(e: &strata_api::AuditEntry) -> String {
     });
     String::from_utf8(out.unwrap().stdout).unwrap().split_whitespace().next().unwrap().to_string()
 }
+
+#[test]
+fn tcp_callers_are_recorded_by_token_fingerprint() {
+    require_host!();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = TestDaemon::start_with(Some(&addr));
+    let token = std::fs::read_to_string(d.state("api-token")).unwrap().trim().to_string();
+    let tcp = strata_client::Client::new(strata_client::Endpoint::Tcp { addr, token: Some(token.clone()) });
+    let rt = common::rt();
+    let e = rt.block_on(tcp.remove_sandbox("nothing-here", true)).unwrap_err();
+    assert_eq!(e.code(), Some(strata_api::ErrorCode::SandboxNotFound));
+    let log = entries(&d);
+    let last = log.last().expect("an entry");
+    assert_eq!((last["method"].as_str(), last["route"].as_str(), last["target"].as_str(), last["status"].as_u64()), (Some("DELETE"), Some("/v1/sandboxes/{id}"), Some("nothing-here"), Some(404)));
+    let actor = last["actor"].as_str().unwrap();
+    assert!(actor.starts_with("token:") && actor.len() == "token:".len() + 12, "{actor}");
+    assert!(!actor.contains(&token[..12]), "a fingerprint, not the token");
+}
