@@ -45,6 +45,8 @@ pub enum ErrorCode {
     Timeout,
     /// A standby image is missing or fails its checksums; the sandbox is marked `error` (500).
     StandbyImageInvalid,
+    /// A state-hygiene scan has findings (listed in `findings`) and they were not accepted (409).
+    ScanFindings,
     /// Anything else; the message carries the cause chain (500).
     Internal,
 }
@@ -60,7 +62,7 @@ impl ErrorCode {
             | ErrorCode::FileNotFound
             | ErrorCode::RouteNotFound
             | ErrorCode::LeaseNotFound => 404,
-            ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse => 409,
+            ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Unsupported => 501,
@@ -91,6 +93,7 @@ impl ErrorCode {
             ErrorCode::RegistryError => "registry_error",
             ErrorCode::Timeout => "timeout",
             ErrorCode::StandbyImageInvalid => "standby_image_invalid",
+            ErrorCode::ScanFindings => "scan_findings",
             ErrorCode::Internal => "internal",
         }
     }
@@ -115,4 +118,7 @@ pub struct ApiErrorBody {
     /// For `in_use`: the objects that still depend on the target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependents: Vec<String>,
+    /// For `scan_findings`: what the state-hygiene scan found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<crate::Finding>,
 }

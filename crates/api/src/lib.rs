@@ -13,6 +13,7 @@ pub mod image;
 pub mod policy;
 pub mod process;
 pub mod sandbox;
+pub mod scan;
 pub mod template;
 
 pub use checkpoint::*;
@@ -24,6 +25,7 @@ pub use image::*;
 pub use policy::*;
 pub use process::*;
 pub use sandbox::*;
+pub use scan::*;
 pub use template::*;
 
 /// Version prefix of every native route.

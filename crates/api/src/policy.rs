@@ -63,6 +63,11 @@ pub struct SandboxPolicy {
     /// Commands run inside the sandbox at lifecycle transitions.
     #[serde(default, skip_serializing_if = "LifecycleHooks::is_empty")]
     pub hooks: LifecycleHooks,
+    /// Flush rules: paths (absolute, or `~/...` for the image user's home) whose
+    /// contents are wiped inside the sandbox before every checkpoint (and so
+    /// before fork and template creation from the sandbox).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flush: Vec<String>,
 }
 
 /// Commands run inside a sandbox around transitions (e.g. to flush a dev
@@ -106,6 +111,7 @@ impl SandboxPolicy {
             archive_after: None,
             delete_after: None,
             hooks: LifecycleHooks::default(),
+            flush: Vec::new(),
         }
     }
 }
@@ -139,6 +145,9 @@ pub struct PolicyPatch {
     /// Lifecycle hooks (replace the current ones as a whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hooks: Option<LifecycleHooks>,
+    /// Flush rules (replace the current ones as a whole; an empty list removes them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush: Option<Vec<String>>,
 }
 
 impl PolicyPatch {

@@ -18,6 +18,9 @@ pub struct Template {
     pub layers: usize,
     /// RFC 3339 time.
     pub created_at: String,
+    /// Set when the template was promoted although its state-hygiene scan had findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_findings: Option<crate::FindingsAcceptance>,
 }
 
 /// Request body of `POST /v1/templates`.
@@ -30,6 +33,9 @@ pub struct CreateTemplateRequest {
     /// Re-point an existing template of that name.
     #[serde(default)]
     pub replace: bool,
+    /// Promote even if the state-hygiene scan has findings (the acceptance is recorded on the template).
+    #[serde(default)]
+    pub accept_findings: bool,
 }
 
 /// Request body of `POST /v1/templates/build`.
@@ -45,6 +51,10 @@ pub struct BuildTemplateRequest {
     /// Ignore the step cache.
     #[serde(default)]
     pub no_cache: bool,
+    /// Register the template even if the scan of its final state has findings
+    /// (changes to system paths never block a build); recorded on the template.
+    #[serde(default)]
+    pub accept_findings: bool,
 }
 
 /// One line of the NDJSON stream of `POST /v1/templates/build`.

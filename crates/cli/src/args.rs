@@ -180,6 +180,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// State-hygiene scan: credentials, setuid files, system-path changes and
+    /// persistence hooks that a sandbox (or checkpoint) adds on top of its image.
+    /// Exit status 2 when there are findings.
+    Scan {
+        /// Sandbox or checkpoint id or name.
+        id: String,
+        /// JSON output (the report).
+        #[arg(long)]
+        json: bool,
+    },
+    /// The hash-chained audit log of API actions (mutations), or `audit verify`.
+    Audit(AuditArgs),
     /// Paths added, modified and deleted since the last checkpoint.
     Diff {
         /// Sandbox id or name.
@@ -402,6 +414,35 @@ pub struct PolicyArgs {
     /// How long each hook may run (default 30s).
     #[arg(long, value_name = "DUR")]
     pub hook_timeout: Option<String>,
+    /// Flush rule (repeatable): wipe this directory's contents (absolute, or
+    /// ~/... for the image user's home) before every checkpoint, fork and
+    /// template creation. Given together they replace the current rules;
+    /// `--flush none` removes them.
+    #[arg(long = "flush", value_name = "PATH")]
+    pub flush: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct AuditArgs {
+    #[command(subcommand)]
+    pub command: Option<AuditCmd>,
+    /// Show the last N entries.
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCmd {
+    /// Recompute the hash chain; exit status 1 and the first bad entry when it is broken.
+    Verify {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -583,6 +624,9 @@ pub enum TemplateCmd {
         /// Re-point an existing template.
         #[arg(long)]
         replace: bool,
+        /// Promote even if the state-hygiene scan has findings (recorded on the template).
+        #[arg(long)]
+        accept_findings: bool,
     },
     /// Build a template from a build file (FROM, RUN, COPY, ENV, WORKDIR, USER); steps are cached.
     Build {
@@ -594,6 +638,9 @@ pub enum TemplateCmd {
         /// Ignore the step cache.
         #[arg(long)]
         no_cache: bool,
+        /// Register the template even if the scan of its final state has findings (recorded).
+        #[arg(long)]
+        accept_findings: bool,
         /// JSON lines output (the build events).
         #[arg(long)]
         json: bool,

@@ -40,6 +40,11 @@ fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
         archive_after: p.archive_after.clone(),
         delete_after: p.delete_after.clone(),
         hooks: None,
+        flush: match p.flush.as_slice() {
+            [] => None,
+            [one] if one == "none" => Some(Vec::new()),
+            many => Some(many.to_vec()),
+        },
     };
     let sh = |c: &Option<String>| c.as_ref().map(|c| vec!["sh".to_string(), "-c".to_string(), c.clone()]);
     let hooks = strata_api::LifecycleHooks {
@@ -269,6 +274,41 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Scan { id, json } => {
+            let r = c.scan(&id).await?;
+            if json {
+                output::json(&r);
+            } else {
+                print_findings(&r.findings);
+                println!("{} {} ({}): {} paths changed above image {}, {}", r.kind, r.name, r.id, r.changed_paths, r.image, if r.clean { "clean".to_string() } else { format!("{} findings", r.findings.len()) });
+            }
+            Ok(if r.clean { 0 } else { 2 })
+        }
+        Command::Audit(a) => match a.command {
+            Some(AuditCmd::Verify { json }) => {
+                let v = c.audit_verify().await?;
+                if json {
+                    output::json(&v);
+                } else if v.ok {
+                    println!("audit log ok: {} entries, chain intact", v.entries);
+                } else {
+                    println!("audit log BROKEN at entry {}: {} ({} entries)", v.first_bad.unwrap_or_default(), v.reason.clone().unwrap_or_default(), v.entries);
+                }
+                Ok(if v.ok { 0 } else { 1 })
+            }
+            None => {
+                let list = c.audit(Some(a.limit)).await?;
+                if a.json {
+                    output::json(&list);
+                } else {
+                    output::table(
+                        &["SEQ", "TIME", "ACTOR", "METHOD", "ROUTE", "TARGET", "STATUS"],
+                        list.iter().map(|e| vec![e.seq.to_string(), e.time.clone(), e.actor.clone(), e.method.clone(), e.route.clone(), e.target.clone().unwrap_or_default(), e.status.to_string()]).collect(),
+                    );
+                }
+                Ok(0)
+            }
+        },
         Command::Diff { id, against, json } => {
             let list = c.diff(&id, against.as_deref()).await?;
             if json {
@@ -772,8 +812,18 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
 
 async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
     match cmd {
-        TemplateCmd::Create { name, from, replace } => {
-            let t = c.create_template(&strata_api::CreateTemplateRequest { name, from, replace }).await?;
+        TemplateCmd::Create { name, from, replace, accept_findings } => {
+            let t = match c.create_template(&strata_api::CreateTemplateRequest { name, from, replace, accept_findings }).await {
+                Ok(t) => t,
+                Err(strata_client::ClientError::Api { status, body }) if body.code == strata_api::ErrorCode::ScanFindings => {
+                    print_findings(&body.findings);
+                    return Err(strata_client::ClientError::Api { status, body }.into());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(a) = &t.accepted_findings {
+                eprintln!("accepted {} state-hygiene finding(s) (recorded on the template)", a.count);
+            }
             println!("{}", t.name);
         }
         TemplateCmd::Ls { json } => {
@@ -788,10 +838,10 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
             }
         }
         TemplateCmd::Rm { names } => return each(names, |n| async { c.delete_template(&n).await.map(|_| n) }).await,
-        TemplateCmd::Build { name, file, no_cache, json } => {
+        TemplateCmd::Build { name, file, no_cache, accept_findings, json } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let context = std::fs::canonicalize(&file)?.parent().map(|p| p.display().to_string());
-            let mut events = c.build_template(&strata_api::BuildTemplateRequest { name, file: text, context, no_cache }).await?;
+            let mut events = c.build_template(&strata_api::BuildTemplateRequest { name, file: text, context, no_cache, accept_findings }).await?;
             let b64 = base64::engine::general_purpose::STANDARD;
             while let Some(ev) = events.next().await? {
                 if json {
@@ -815,7 +865,12 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                         }
                         return Ok(0);
                     }
-                    strata_api::BuildEvent::Failed { index, error } => bail!("build failed at step {index}: {} ({})", error.message, error.code),
+                    strata_api::BuildEvent::Failed { index, error } => {
+                        if !json {
+                            print_findings(&error.findings);
+                        }
+                        bail!("build failed at step {index}: {} ({})", error.message, error.code)
+                    }
                     _ => {}
                 }
             }
@@ -823,6 +878,13 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Prints state-hygiene findings, one per line, to stderr.
+fn print_findings(findings: &[strata_api::Finding]) {
+    for f in findings {
+        eprintln!("{:<8} {:<28} {}  ({})", f.severity, f.rule, f.path, f.reason);
+    }
 }
 
 /// Prints a lineage as an indented tree, marking the node asked about.

@@ -55,7 +55,8 @@ fn builds_cache_unchanged_prefixes_and_templates_start_sandboxes() {
 
     // Promote a sandbox's state directly.
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo tuned > /app/tuned"]);
-    d.cli_ok(&["template", "create", "app-tuned", "--from", &id]);
+    // Its state above the image includes the build's /etc files: promotion needs the override.
+    d.cli_ok(&["template", "create", "app-tuned", "--from", &id, "--accept-findings"]);
     let child = d.cli_ok(&["create", "app-tuned"]).trim().to_string();
     assert_eq!(d.cli_ok(&["exec", &child, "--", "cat", "/app/tuned"]), "tuned\n");
 }

@@ -182,6 +182,7 @@ impl Client {
             message: String::from_utf8_lossy(&bytes).into_owned(),
             current_state: None,
             dependents: vec![],
+            findings: vec![],
         });
         Err(ClientError::Api { status, body })
     }
@@ -429,6 +430,22 @@ impl Client {
     /// The lineage tree around a sandbox or checkpoint.
     pub async fn lineage(&self, id: &str) -> Result<Lineage> {
         self.call::<(), _>(Method::GET, &format!("/v1/lineage/{}", enc(id)), None).await
+    }
+
+    /// State-hygiene scan of a sandbox or checkpoint.
+    pub async fn scan(&self, id: &str) -> Result<ScanReport> {
+        self.call::<(), _>(Method::GET, &format!("/v1/scan/{}", enc(id)), None).await
+    }
+
+    /// The last `limit` audit entries (default 100), oldest first.
+    pub async fn audit(&self, limit: Option<u32>) -> Result<Vec<AuditEntry>> {
+        let q = limit.map(|l| format!("?limit={l}")).unwrap_or_default();
+        self.call::<(), _>(Method::GET, &format!("/v1/audit{q}"), None).await
+    }
+
+    /// Recomputes the audit log's hash chain.
+    pub async fn audit_verify(&self) -> Result<AuditVerification> {
+        self.call::<(), _>(Method::GET, "/v1/audit/verify", None).await
     }
 
     // ---- templates ----

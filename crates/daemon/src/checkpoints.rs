@@ -76,6 +76,8 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     if !matches!(state, SandboxState::Running | SandboxState::Stopped) {
         return Err(ApiError::invalid_state(state, format!("cannot checkpoint sandbox {} while it is {state}", rec.sandbox.id)));
     }
+    // Flush rules first: declared paths never reach a checkpoint (nor a fork or template made from it).
+    crate::scan::flush(st, rec).await?;
     let id = ids::new_id();
     let name = match req.name {
         Some(n) => {

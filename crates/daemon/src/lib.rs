@@ -11,11 +11,13 @@
 pub mod accounting;
 pub mod activity;
 pub mod archive;
+pub mod audit;
 pub mod checkpoints;
 pub mod error;
 pub mod events;
 pub mod files;
 pub mod hooks;
+pub mod hygiene;
 pub mod images;
 pub mod metrics;
 pub mod initbin;
@@ -25,6 +27,7 @@ pub mod policy;
 pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
+pub mod scan;
 pub mod standby;
 pub mod state;
 pub mod templates;
@@ -178,6 +181,9 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/fork", post(c::fork_handler))
         .route("/v1/gc", post(c::gc_handler))
         .route("/v1/lineage/{id}", get(c::lineage_handler))
+        .route("/v1/scan/{id}", get(scan::scan_handler))
+        .route("/v1/audit", get(audit::list_handler))
+        .route("/v1/audit/verify", get(audit::verify_handler))
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))
         .route("/v1/templates/build", post(t::build_handler))
         .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))
@@ -199,6 +205,8 @@ pub fn router(st: Shared) -> Router {
         .layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
         .layer(middleware::from_fn_with_state(st.clone(), activity::track))
         .layer(middleware::from_fn(json_errors))
+        // Outermost: sees the final status (after the JSON error rewrite).
+        .layer(middleware::from_fn_with_state(st.clone(), audit::record))
         .with_state(st)
 }
 
@@ -220,14 +228,15 @@ async fn json_errors(req: Request, next: Next) -> Response {
         s if s.is_server_error() => ErrorCode::Internal,
         _ => ErrorCode::BadRequest,
     };
-    let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![] };
+    let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![], findings: vec![] };
     (status, axum::Json(body)).into_response()
 }
 
-async fn require_token(State(token): State<Arc<String>>, req: Request, next: Next) -> Response {
+async fn require_token(State(token): State<Arc<String>>, mut req: Request, next: Next) -> Response {
     let expected = format!("Bearer {token}");
     let ok = req.headers().get(header::AUTHORIZATION).is_some_and(|v| constant_time_eq(v.as_bytes(), expected.as_bytes()));
     if ok {
+        req.extensions_mut().insert(audit::token_actor(&token));
         next.run(req).await
     } else {
         let mut r = ApiError::new(ErrorCode::Unauthorized, "missing or wrong bearer token (see <state-dir>/api-token)").into_response();
@@ -326,7 +335,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), "strata daemon ready");
     let mut rx = stop_tx.subscribe();
     let uds_task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(uds, app).with_graceful_shutdown(async move {
+        if let Err(e) = axum::serve(uds, app.into_make_service_with_connect_info::<audit::UdsPeer>()).with_graceful_shutdown(async move {
             let _ = rx.recv().await;
         }).await {
             warn!(error = %e, "unix socket server failed");

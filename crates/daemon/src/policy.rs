@@ -81,6 +81,9 @@ pub fn validate(patch: &PolicyPatch) -> ApiResult<()> {
     if let Some(h) = &patch.hooks {
         crate::hooks::validate(h)?;
     }
+    if let Some(f) = &patch.flush {
+        crate::scan::validate_flush(f)?;
+    }
     Ok(())
 }
 
@@ -104,6 +107,9 @@ pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
     }
     if let Some(h) = &patch.hooks {
         policy.hooks = h.clone();
+    }
+    if let Some(f) = &patch.flush {
+        policy.flush = f.clone();
     }
 }
 

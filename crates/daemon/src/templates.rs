@@ -134,11 +134,24 @@ fn key(prev: &str, instruction: &str, extra: &[u8]) -> String {
 
 fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) -> ApiResult<Template> {
     let (c, _) = st.db.get_checkpoint(checkpoint)?.ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}")))?;
-    Ok(Template { name: name.into(), checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into() })
+    let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
+    Ok(Template { name: name.into(), checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into(), accepted_findings })
 }
 
-/// Promotes a checkpoint (or a sandbox, checkpointed first) to a template.
-pub async fn create(st: &Shared, req: CreateTemplateRequest) -> ApiResult<Template> {
+/// Registers a template, recording accepted scan findings with it.
+fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: Option<&strata_api::FindingsAcceptance>) -> ApiResult<Template> {
+    let time = now();
+    st.db.put_template(name, checkpoint, &time, replace)?;
+    if let Some(a) = accepted {
+        st.db.set_template_acceptance(name, &serde_json::to_string(a).expect("acceptance serializes"))?;
+    }
+    template_view(st, name, checkpoint, &time)
+}
+
+/// Promotes a checkpoint (or a sandbox, checkpointed first) to a template,
+/// only when its state-hygiene scan is clean or `accept_findings` is set
+/// (then the findings and `actor` are recorded on the template).
+pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> ApiResult<Template> {
     ids::validate_name(&req.name, true)?;
     if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("an image is named {:?}; templates and images share one namespace", req.name)));
@@ -150,9 +163,11 @@ pub async fn create(st: &Shared, req: CreateTemplateRequest) -> ApiResult<Templa
             checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.template".into(), req.name.clone())].into(), ..Default::default() }).await?
         }
     };
-    let time = now();
-    st.db.put_template(&req.name, &ckpt.id, &time, req.replace)?;
-    template_view(st, &req.name, &ckpt.id, &time)
+    if !req.replace && st.db.get_template(&req.name)?.is_some() {
+        return Err(ApiError::new(ErrorCode::NameConflict, format!("a template named {:?} exists (use replace)", req.name)));
+    }
+    let accepted = crate::scan::gate(st, &ckpt.id, req.accept_findings, actor, &[]).await?;
+    register(st, &req.name, &ckpt.id, req.replace, accepted.as_ref())
 }
 
 struct Build<'a> {
@@ -247,7 +262,7 @@ fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
 }
 
 /// Runs a build, streaming events; returns the template.
-pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>) -> Result<Template, (usize, ApiError)> {
+pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>, actor: &str) -> Result<Template, (usize, ApiError)> {
     let started = Instant::now();
     ids::validate_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
     let steps = parse(&req.file).map_err(|e| (0, ApiError::bad_request(format!("build file: {e}"))))?;
@@ -382,9 +397,10 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
         current_from
     };
     b.drop_sandbox().await;
-    let time = now();
-    let res = st.db.put_template(&req.name, &final_ckpt, &time, true).map_err(ApiError::from).and_then(|_| template_view(st, &req.name, &final_ckpt, &time));
-    let template = res.map_err(|e| (count, e))?;
+    // The same gate as promotion, except that system-path changes are what a
+    // build file is for (its RUN and COPY steps are declared and reviewable).
+    let accepted = crate::scan::gate(st, &final_ckpt, req.accept_findings, actor, &["system_path"]).await.map_err(|e| (count, e))?;
+    let template = register(st, &req.name, &final_ckpt, true, accepted.as_ref()).map_err(|e| (count, e))?;
     b.emit(BuildEvent::Done { template: template.clone(), steps_run: run, steps_cached: cached, duration_ms: started.elapsed().as_millis() as u64 }).await;
     Ok(template)
 }
@@ -393,9 +409,10 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
 
 /// Promote a checkpoint (or a sandbox, checkpointed first) to a template.
 #[utoipa::path(post, path = "/v1/templates", tag = "templates", request_body = CreateTemplateRequest,
-    responses((status = 201, body = Template), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateTemplateRequest>) -> ApiResult<(StatusCode, Json<Template>)> {
-    Ok((StatusCode::CREATED, Json(create(&st, req).await?)))
+    responses((status = 201, body = Template), (status = 404, body = strata_api::ApiErrorBody), (status = 409, description = "name taken, or `scan_findings` with the findings listed", body = strata_api::ApiErrorBody)))]
+pub async fn create_handler(State(st): State<Shared>, actor: Option<axum::Extension<crate::audit::Actor>>, Json(req): Json<CreateTemplateRequest>) -> ApiResult<(StatusCode, Json<Template>)> {
+    let actor = actor.map_or_else(|| "local".to_string(), |a| a.0 .0);
+    Ok((StatusCode::CREATED, Json(create(&st, req, &actor).await?)))
 }
 
 /// List templates.
@@ -421,10 +438,11 @@ pub async fn delete_handler(State(st): State<Shared>, Path(name): Path<String>) 
 /// Build a template from a build file; streams NDJSON `BuildEvent`s.
 #[utoipa::path(post, path = "/v1/templates/build", tag = "templates", request_body = BuildTemplateRequest,
     responses((status = 200, description = "NDJSON stream of BuildEvent", body = BuildEvent)))]
-pub async fn build_handler(State(st): State<Shared>, Json(req): Json<BuildTemplateRequest>) -> ApiResult<Response> {
+pub async fn build_handler(State(st): State<Shared>, actor: Option<axum::Extension<crate::audit::Actor>>, Json(req): Json<BuildTemplateRequest>) -> ApiResult<Response> {
+    let actor = actor.map_or_else(|| "local".to_string(), |a| a.0 .0);
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
     tokio::spawn(async move {
-        if let Err((index, e)) = build(&st, req, &tx).await {
+        if let Err((index, e)) = build(&st, req, &tx, &actor).await {
             let _ = tx.send(BuildEvent::Failed { index, error: e.body }).await;
         }
     });

@@ -421,6 +421,27 @@ fn open_parent(root: &Path, rel: &str) -> Result<(OwnedFd, Option<OwnedFd>, CStr
     Ok((top, dir, cstr(name).map_err(io_err(root.join(rel)))?))
 }
 
+/// What [`read_entry`] returns: `st_mode`, size, and the contents when read.
+pub type EntryData = (u32, u64, Option<Vec<u8>>);
+
+/// Mode (type and permission bits), size and, for a regular file of at most
+/// `cap` bytes, the contents of `rel` in one layer directory. Directories are
+/// opened with `O_NOFOLLOW` and the file itself without following a symlink, so
+/// nothing outside the layer is read. `None` when the entry is gone.
+pub fn read_entry(layer: &Path, rel: &str, cap: u64) -> Result<Option<EntryData>, ImageError> {
+    let (top, dir, name) = open_parent(layer, rel)?;
+    let fd = dir.as_ref().map_or(top.as_fd(), |d| d.as_fd());
+    let Some(st) = sys::stat_at(fd, &name).map_err(io_err(layer.join(rel)))? else { return Ok(None) };
+    let size = st.st_size as u64;
+    if sys::file_type(&st) != libc::S_IFREG || size > cap {
+        return Ok(Some((st.st_mode, size, None)));
+    }
+    let f = sys::open_read_at(fd, &name).map_err(io_err(layer.join(rel)))?;
+    let mut buf = Vec::with_capacity(size as usize);
+    f.take(cap).read_to_end(&mut buf).map_err(io_err(layer.join(rel)))?;
+    Ok(Some((st.st_mode, size, Some(buf))))
+}
+
 /// Whether `rel` is the same version in two layer directories: same kind, mode,
 /// owner, size and mtime, and the same bytes (files) or target (symlinks).
 fn same_entry(a_root: &Path, b_root: &Path, rel: &str) -> Result<bool, ImageError> {

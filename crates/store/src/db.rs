@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Checkpoint, ComputeUsage, UsageRecord, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState};
+use strata_api::{AuditEntry, Checkpoint, ComputeUsage, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -151,7 +151,55 @@ pub const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO usage (sandbox_id, name, created_at, record)
         SELECT id, name, created_at, json_object('sandbox_id', id, 'name', name, 'source', source, 'base_checkpoint', base_checkpoint, 'created_at', created_at, 'updated_at', updated_at) FROM sandboxes;",
+    // 7: accepted scan findings on templates, the hash-chained audit log
+    "ALTER TABLE templates ADD COLUMN accepted_findings TEXT;
+    CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY,
+        time TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        method TEXT NOT NULL,
+        route TEXT NOT NULL,
+        target TEXT,
+        status INTEGER NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL
+    );",
 ];
+
+/// `prev_hash` of the first audit entry.
+pub const AUDIT_GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The canonical bytes of an audit entry (everything but its own hash), as
+/// hashed into the chain: a JSON array, so fields cannot run into each other.
+pub fn audit_canonical(e: &AuditEntry) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!([e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash])).expect("serializes")
+}
+
+/// sha256 (hex) of an audit entry's canonical bytes.
+pub fn audit_hash(e: &AuditEntry) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(audit_canonical(e)))
+}
+
+/// Recomputes the chain of `entries` (in seq order): the first entry whose
+/// hash, predecessor link or position does not fit, with the reason.
+pub fn audit_verify(entries: &[AuditEntry]) -> Option<(i64, String)> {
+    let mut prev = AUDIT_GENESIS.to_string();
+    for (expect_seq, e) in (1..).zip(entries) {
+        if e.seq != expect_seq {
+            return Some((e.seq, format!("expected entry {expect_seq} here, found {} (entries removed or reordered)", e.seq)));
+        }
+        if e.prev_hash != prev {
+            return Some((e.seq, "prev_hash does not match the previous entry (entries removed, reordered or edited)".into()));
+        }
+        let h = audit_hash(e);
+        if e.hash != h {
+            return Some((e.seq, "contents do not match its hash (entry edited)".into()));
+        }
+        prev = h;
+    }
+    None
+}
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
 #[derive(Debug, Clone)]
@@ -768,6 +816,47 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Records (JSON) the scan findings accepted when the template was promoted.
+    pub fn set_template_acceptance(&self, name: &str, acceptance: &str) -> Result<(), DbError> {
+        self.conn().execute("UPDATE templates SET accepted_findings = ?1 WHERE name = ?2", params![acceptance, name])?;
+        Ok(())
+    }
+
+    /// The accepted scan findings (JSON) of a template, if any.
+    pub fn template_acceptance(&self, name: &str) -> Result<Option<String>, DbError> {
+        Ok(self.conn().query_row("SELECT accepted_findings FROM templates WHERE name = ?1", params![name], |r| r.get::<_, Option<String>>(0)).optional()?.flatten())
+    }
+
+    // ---- audit log ----
+
+    /// Appends an audit entry, chained to the last one (in one transaction).
+    pub fn append_audit(&self, time: &str, actor: &str, method: &str, route: &str, target: Option<&str>, status: u16) -> Result<AuditEntry, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let last: Option<(i64, String)> = tx.query_row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+        let (seq, prev_hash) = last.map(|(s, h)| (s + 1, h)).unwrap_or((1, AUDIT_GENESIS.to_string()));
+        let mut e = AuditEntry { seq, time: time.into(), actor: actor.into(), method: method.into(), route: route.into(), target: target.map(str::to_string), status, prev_hash, hash: String::new() };
+        e.hash = audit_hash(&e);
+        tx.execute(
+            "INSERT INTO audit (seq, time, actor, method, route, target, status, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash, e.hash],
+        )?;
+        tx.commit()?;
+        Ok(e)
+    }
+
+    /// Audit entries in seq order: all of them, or the last `limit`.
+    pub fn audit_entries(&self, limit: Option<u32>) -> Result<Vec<AuditEntry>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT seq, time, actor, method, route, target, status, prev_hash, hash FROM (SELECT * FROM audit ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![limit.map_or(-1, i64::from)], |r| {
+            Ok(AuditEntry { seq: r.get(0)?, time: r.get(1)?, actor: r.get(2)?, method: r.get(3)?, route: r.get(4)?, target: r.get(5)?, status: r.get(6)?, prev_hash: r.get(7)?, hash: r.get(8)? })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Removes a template. Returns whether it existed.
     pub fn delete_template(&self, name: &str) -> Result<bool, DbError> {
         Ok(self.conn().execute("DELETE FROM templates WHERE name = ?1", params![name])? > 0)
@@ -1060,5 +1149,33 @@ mod tests {
         assert!(db.get_image("abcdef01").unwrap().is_some());
         assert!(db.delete_image("busybox").unwrap());
         assert!(!db.delete_image("busybox").unwrap());
+    }
+
+    #[test]
+    fn audit_chain_detects_edits_removals_and_reordering() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        for (i, route) in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}"].iter().enumerate() {
+            let e = db.append_audit("2026-01-01T00:00:00Z", "uid:0", "POST", route, Some("x"), 200 + i as u16).unwrap();
+            assert_eq!(e.seq, i as i64 + 1);
+        }
+        let all = db.audit_entries(None).unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0].prev_hash, AUDIT_GENESIS);
+        assert_eq!(all[1].prev_hash, all[0].hash);
+        assert!(audit_verify(&all).is_none());
+        assert_eq!(db.audit_entries(Some(2)).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
+        let mut edited = all.clone();
+        edited[1].status = 500;
+        assert_eq!(audit_verify(&edited).unwrap().0, 2);
+        let removed = vec![all[0].clone(), all[2].clone()];
+        assert_eq!(audit_verify(&removed).unwrap().0, 3);
+        let mut swapped = all.clone();
+        swapped.swap(1, 2);
+        assert_eq!(audit_verify(&swapped).unwrap().0, 3);
+        let mut renumbered = swapped.clone();
+        renumbered[1].seq = 2;
+        renumbered[2].seq = 3;
+        assert_eq!(audit_verify(&renumbered).unwrap().0, 2);
     }
 }

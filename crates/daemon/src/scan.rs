@@ -1,0 +1,265 @@
+//! `strata scan`: the state-hygiene scan of a sandbox or checkpoint, the
+//! template gate built on it, and flush rules.
+//!
+//! A scan compares against the parent layers: for a sandbox, everything its
+//! chain and writable layer add on top of its image; for a checkpoint, its
+//! layers above its image. The changed paths come from
+//! [`changes::diff_stacks`] (overlay semantics, whiteouts, opaque
+//! directories); each path's mode and, for regular files of at most
+//! [`hygiene::MAX_READ`] bytes, its contents are read from the layer directory
+//! that provides it on the host with `O_NOFOLLOW` walks, so a symlink planted in
+//! a layer is never followed. The rules are in [`crate::hygiene`].
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use axum::extract::{Path, State};
+use axum::Json;
+use strata_api::{ErrorCode, Finding, FindingsAcceptance, SandboxState, ScanReport};
+use strata_image::changes;
+use strata_store::db::SandboxRecord;
+
+use crate::error::{ApiError, ApiResult};
+use crate::hygiene::{self, Change, Entry};
+use crate::sandboxfs::FsError;
+use crate::state::Shared;
+
+/// What is scanned: the view now (top first), the image's layers (top first),
+/// and the layers whose paths are looked at.
+struct Target {
+    report: ScanReport,
+    now: Vec<PathBuf>,
+    image: Vec<PathBuf>,
+    touched: Vec<PathBuf>,
+}
+
+fn dirs(st: &Shared, digests: &[String]) -> ApiResult<Vec<PathBuf>> {
+    digests.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| ApiError::internal("layer", &e))).collect()
+}
+
+/// How many layers at the bottom of `chain` are the image's.
+fn image_depth(st: &Shared, image_id: &str, chain: &[String], from_checkpoint: bool) -> ApiResult<usize> {
+    if let Some(img) = st.db.get_image(image_id)? {
+        let n = img.layers.len();
+        if n <= chain.len() && img.layers.iter().zip(chain).all(|(l, c)| &l.digest == c) {
+            return Ok(n);
+        }
+    }
+    // The image is gone: a sandbox created from it still has exactly its layers; otherwise scan everything.
+    Ok(if from_checkpoint { 0 } else { chain.len() })
+}
+
+fn target(st: &Shared, id: &str) -> ApiResult<Target> {
+    if let Some(rec) = st.db.get_sandbox(id)? {
+        return sandbox_target(st, &rec);
+    }
+    if let Some((c, _)) = st.db.get_checkpoint(id)? {
+        let depth = image_depth(st, &c.image_id, &c.layers, true)?;
+        let now = dirs(st, &c.layers)?;
+        let image = dirs(st, &c.layers[..depth])?;
+        let touched = dirs(st, &c.layers[depth..])?;
+        let report = ScanReport { kind: "checkpoint".into(), id: c.id, name: c.name, image: c.image, changed_paths: 0, findings: vec![], clean: true };
+        return Ok(Target { report, now, image, touched });
+    }
+    Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")))
+}
+
+fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> ApiResult<Target> {
+    let s = &rec.sandbox;
+    if !matches!(s.state, SandboxState::Running | SandboxState::Stopped | SandboxState::Paused | SandboxState::Error | SandboxState::Lost) {
+        return Err(ApiError::invalid_state(s.state, "the writable layer is not on local disk"));
+    }
+    let depth = image_depth(st, &s.image_id, &rec.layers, s.base_checkpoint.is_some())?;
+    let upper = st.sandbox_dir(&s.id).join("upper");
+    let mut now = vec![upper.clone()];
+    now.extend(dirs(st, &rec.layers)?);
+    let image = dirs(st, &rec.layers[..depth])?;
+    let mut touched = vec![upper];
+    touched.extend(dirs(st, &rec.layers[depth..])?);
+    let image_name = match s.base_checkpoint.as_deref().and_then(|c| st.db.get_checkpoint(c).ok().flatten()) {
+        Some((c, _)) => c.image,
+        None => s.source.clone(),
+    };
+    let report = ScanReport { kind: "sandbox".into(), id: s.id.clone(), name: s.name.clone(), image: image_name, changed_paths: 0, findings: vec![], clean: true };
+    Ok(Target { report, now, image, touched })
+}
+
+fn run(t: Target) -> ApiResult<ScanReport> {
+    let exclude = &strata_runtime::namespace::mounts::IDENTITY_PATHS;
+    let mut paths = BTreeSet::new();
+    for l in &t.touched {
+        if l.exists() {
+            paths.extend(changes::scan(l, exclude)?.entries.into_keys());
+        }
+    }
+    let list = changes::diff_stacks(&t.now, &t.image, &paths)?;
+    let mut report = t.report;
+    report.changed_paths = list.len() as u64;
+    for (c, provider) in &list {
+        let rel = c.path.trim_start_matches('/');
+        let change = match c.change {
+            changes::ChangeKind::Added => Change::Added,
+            changes::ChangeKind::Modified => Change::Modified,
+            changes::ChangeKind::Deleted => Change::Deleted,
+        };
+        let (mode, content) = match provider {
+            Some(i) => match changes::read_entry(&t.now[*i], rel, hygiene::MAX_READ)? {
+                Some((mode, _, content)) => (mode, content),
+                None => continue, // vanished since the walk (a running sandbox)
+            },
+            None => (0, None),
+        };
+        report.findings.extend(hygiene::check(&Entry { path: &c.path, change, mode, content: content.as_deref() }));
+    }
+    hygiene::sort(&mut report.findings);
+    report.clean = report.findings.is_empty();
+    Ok(report)
+}
+
+/// Scans a sandbox or checkpoint (id or name).
+pub async fn scan(st: &Shared, id: &str) -> ApiResult<ScanReport> {
+    let t = target(st, id)?;
+    tokio::task::spawn_blocking(move || run(t)).await.map_err(|e| ApiError::internal("scan task", &e))?
+}
+
+/// The template gate: `Ok(None)` when `checkpoint` scans clean (ignoring
+/// `ignore_rules`), `Ok(Some(acceptance))` when it has findings and
+/// `accept` is set, a 409 `scan_findings` listing them otherwise.
+pub async fn gate(st: &Shared, checkpoint: &str, accept: bool, actor: &str, ignore_rules: &[&str]) -> ApiResult<Option<FindingsAcceptance>> {
+    let mut report = scan(st, checkpoint).await?;
+    report.findings.retain(|f| !ignore_rules.contains(&f.rule.as_str()));
+    if report.findings.is_empty() {
+        return Ok(None);
+    }
+    if !accept {
+        let mut e = ApiError::new(
+            ErrorCode::ScanFindings,
+            format!("checkpoint {} has {} state-hygiene finding(s); clean them up, or pass accept_findings (--accept-findings) to promote it anyway (recorded)", report.id, report.findings.len()),
+        );
+        e.body.dependents = report.findings.iter().map(|f| format!("{} {} ({})", f.rule, f.path, f.reason)).collect();
+        e.body.findings = report.findings;
+        return Err(e);
+    }
+    let mut rules = std::collections::BTreeMap::new();
+    for f in &report.findings {
+        *rules.entry(f.rule.clone()).or_insert(0) += 1;
+    }
+    let count = report.findings.len();
+    let findings: Vec<Finding> = report.findings.into_iter().take(50).collect();
+    Ok(Some(FindingsAcceptance { count, rules, findings, accepted_by: actor.to_string(), accepted_at: crate::sandboxes::now() }))
+}
+
+// ---- flush rules ----
+
+/// Checks flush paths: absolute or `~/...`, no `..`, not a root-level system directory.
+pub fn validate_flush(paths: &[String]) -> ApiResult<()> {
+    for p in paths {
+        let rest = p.strip_prefix("~/").or_else(|| p.strip_prefix('/')).ok_or_else(|| ApiError::bad_request(format!("flush path {p:?} must be absolute or start with ~/")))?;
+        let comps: Vec<&str> = rest.split('/').filter(|c| !c.is_empty()).collect();
+        if comps.is_empty() || comps.iter().any(|c| *c == ".." || *c == ".") {
+            return Err(ApiError::bad_request(format!("flush path {p:?} must name a directory below / (no . or .. components)")));
+        }
+        if p.starts_with('/') && comps.len() == 1 && ["bin", "boot", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "sys", "usr", "var"].contains(&comps[0]) {
+            return Err(ApiError::bad_request(format!("flush path {p:?} would wipe a system directory")));
+        }
+    }
+    Ok(())
+}
+
+/// Home directory of `user` (name or uid) from the sandbox's /etc/passwd.
+fn home_of(fs: &crate::sandboxfs::SandboxFs, user: Option<&str>) -> String {
+    let user = user.map(|u| u.split(':').next().unwrap_or(u)).filter(|u| !u.is_empty()).unwrap_or("root");
+    let passwd = fs
+        .open_path("/etc/passwd", libc::O_RDONLY, 0)
+        .ok()
+        .and_then(|fd| {
+            use std::io::Read;
+            let mut s = String::new();
+            std::fs::File::from(fd).take(1 << 20).read_to_string(&mut s).ok().map(|_| s)
+        })
+        .unwrap_or_default();
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 6 && (f[0] == user || f[2] == user) && f[5].starts_with('/') {
+            return f[5].to_string();
+        }
+    }
+    if user == "root" || user == "0" {
+        "/root".into()
+    } else {
+        format!("/home/{user}")
+    }
+}
+
+/// Wipes the contents of one flush path (the directory itself is kept). A
+/// symlink at the path is not followed (and left alone); entries below it are
+/// removed without following symlinks. Returns a line for the event.
+fn wipe(fs: &crate::sandboxfs::SandboxFs, path: &str) -> Result<String, FsError> {
+    let st = match fs.stat(path) {
+        Ok(s) => s,
+        Err(FsError::NotFound(_)) => return Ok(format!("{path}: absent")),
+        Err(FsError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => return Ok(format!("{path}: absent")),
+        Err(e) => return Err(e),
+    };
+    match st.kind {
+        strata_api::FileKind::Symlink => return Ok(format!("{path}: skipped, a symlink (not followed)")),
+        strata_api::FileKind::Dir => {}
+        _ => {
+            fs.remove(path, false)?;
+            return Ok(format!("{path}: removed (a file)"));
+        }
+    }
+    let mut removed = 0;
+    for e in fs.list(path)? {
+        // `list` reports absolute, resolved paths; remove each without following it.
+        fs.remove(&e.path, true)?;
+        removed += 1;
+    }
+    Ok(format!("{path}: {removed} entries removed"))
+}
+
+/// Applies a sandbox's flush rules (before a checkpoint). A sandbox that is
+/// not running has nothing reachable through the confined file access: the
+/// flush is skipped and the event says so.
+pub async fn flush(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
+    let rules = rec.sandbox.policy.flush.clone();
+    if rules.is_empty() {
+        return Ok(());
+    }
+    let detail = if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused) && rec.sandbox.init_pid.is_some() {
+        let user = rec.image_config.user.clone();
+        crate::files::with_fs(st, &rec.sandbox.id, move |fs| {
+            let home = home_of(&fs, user.as_deref());
+            let mut lines = Vec::new();
+            for p in &rules {
+                let abs = match p.strip_prefix("~/") {
+                    Some(rest) => format!("{}/{rest}", home.trim_end_matches('/')),
+                    None => p.clone(),
+                };
+                lines.push(match wipe(&fs, &abs) {
+                    Ok(l) => l,
+                    Err(FsError::Escape(_)) => format!("{abs}: skipped, leaves the sandbox"),
+                    Err(e) => return Err(e),
+                });
+            }
+            Ok(lines.join("; "))
+        })
+        .await?
+    } else {
+        format!("skipped: sandbox is {} (flush needs it running)", rec.sandbox.state)
+    };
+    if let Ok(ev) = st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "flush", Some(&detail), &crate::sandboxes::now()) {
+        st.notify_events(ev.seq);
+    }
+    tracing::info!(sandbox = %rec.sandbox.id, %detail, "flush");
+    Ok(())
+}
+
+// ---- HTTP ----
+
+/// State-hygiene scan of a sandbox (everything above its image) or a checkpoint (its layers above its image).
+#[utoipa::path(get, path = "/v1/scan/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox or checkpoint id or name")),
+    responses((status = 200, body = ScanReport), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn scan_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<ScanReport>> {
+    Ok(Json(scan(&st, &id).await?))
+}
