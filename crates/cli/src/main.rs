@@ -1,7 +1,7 @@
 //! `strata`: the daemon and the CLI in one binary.
 //!
-//! `strata _init`, `strata _enter` and `strata _restore` are internal helpers
-//! run by the daemon (sandbox setup, the exec helper, CRIU restore); they are dispatched before any
+//! `strata _init` and `strata _restore` are internal helpers run by the daemon
+//! (sandbox setup, CRIU restore; the exec helper is `strata-init _enter`); they are dispatched before any
 //! runtime or thread starts, because they unshare and setns.
 
 mod args;
@@ -14,7 +14,6 @@ use clap::Parser;
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("_init") => strata_runtime::namespace::init::main(),
-        Some("_enter") => strata_runtime::namespace::enter::main(),
         Some("_restore") => strata_runtime::namespace::restore::main(),
         _ => {}
     }

@@ -116,7 +116,7 @@ pub struct Config {
     pub socket: PathBuf,
     /// Optional TCP address (bearer-token auth).
     pub listen: Option<SocketAddr>,
-    /// The strata binary, used for the `_init`, `_enter` and `_restore` helpers.
+    /// The strata binary, used for the `_init` and `_restore` helpers.
     pub helper_exe: PathBuf,
     /// The static `strata-init` binary (default: looked up, see [`initbin::candidates`]).
     pub init_binary: Option<PathBuf>,

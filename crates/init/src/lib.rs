@@ -4,6 +4,8 @@
 //! any) are not the host's.
 //!
 //! * [`pid1`]: the sandbox's pid 1 after setup (reaper, stop relay).
+//! * [`enter`]: `_enter`, run by the daemon on the host: joins a sandbox and
+//!   hands one process to a `_shim` inside.
 //! * [`exec`]: the per-process `_shim` and everything between fork and exec.
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
@@ -11,7 +13,13 @@
 //! is what lets CRIU dump the whole tree for standby.
 
 pub mod creds;
+pub mod enter;
 pub mod exec;
 pub mod pid1;
 pub mod seccomp;
 pub mod user;
+
+/// Where strata-init is bind-mounted (read-only) inside every sandbox: pid 1
+/// and every process's shim run from it, so no mapping of the sandbox's
+/// processes points outside its mount tree.
+pub const SELF_PATH: &str = "/run/strata/init";

@@ -127,10 +127,7 @@ fn pid1(cfg: InitConfig) -> ! {
     std::process::exit(1)
 }
 
-/// Where the static `strata-init` binary is bind-mounted (read-only) inside
-/// every sandbox: pid 1 and every process's shim run from it, so no mapping of
-/// the sandbox's processes points outside its mount tree.
-pub const SELF_PATH: &str = "/run/strata/init";
+pub use strata_init::SELF_PATH;
 
 /// Closes every inherited descriptor and points 0, 1, 2 at the sandbox's /dev/null,
 /// so nothing of the host stays open inside (which would also block checkpointing).

@@ -2,18 +2,17 @@
 //! ipc, net and cgroup namespaces on an overlay root, inside its own cgroup.
 //!
 //! Files: [`init`] (`strata _init`, sets up the sandbox and becomes its pid 1,
-//! `strata-init _pid1`), [`enter`] (`strata _enter`, hands one process to a
-//! `strata-init _shim` inside), [`mounts`]; [`creds`], [`seccomp`], [`user`]
-//! come from the static `strata-init` crate; [`criu`] and [`restore`] (`strata _restore`) dump
-//! and restore the process tree for standby.
+//! `strata-init _pid1`), [`mounts`], [`criu`] and [`restore`] (`strata
+//! _restore`: dump and restore the process tree for standby). From the static
+//! `strata-init` crate: [`enter`] (`strata-init _enter`, run on the host, hands
+//! one process to a `strata-init _shim` inside), [`creds`], [`seccomp`], [`user`].
 
 pub mod criu;
-pub mod enter;
 pub mod init;
 pub mod mounts;
 pub mod restore;
 
-pub use strata_init::{creds, seccomp, user};
+pub use strata_init::{creds, enter, seccomp, user};
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -44,10 +43,10 @@ pub struct NamespaceRuntime {
 }
 
 impl NamespaceRuntime {
-    /// A runtime whose host-side helpers (`_init`, `_enter`, `_restore`) are
-    /// subcommands of `helper_exe` (the strata binary) and whose in-sandbox
-    /// binary is the static `init_binary` (`strata-init`), keeping per-sandbox
-    /// runtime files under `run_dir`.
+    /// A runtime whose setup helpers (`_init`, `_restore`) are subcommands of
+    /// `helper_exe` (the strata binary) and whose exec helper (`_enter`) and
+    /// in-sandbox binary are the static `init_binary` (`strata-init`), keeping
+    /// per-sandbox runtime files under `run_dir`.
     pub fn new(helper_exe: PathBuf, init_binary: PathBuf, run_dir: PathBuf) -> Result<Self, RuntimeError> {
         let cgroup_root = PathBuf::from(CGROUP_ROOT);
         let cgroup_version = cgroup::detect(&cgroup_root)?;
@@ -161,7 +160,7 @@ impl Runtime for NamespaceRuntime {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
         let cfg = enter::EnterConfig { init_pid: handle.init_pid, cgroup_join_files: self.cgroup(sandbox_id).join_files(), exec: exec.clone() };
-        let mut cmd = Command::new(&self.helper_exe);
+        let mut cmd = Command::new(&self.init_binary);
         cmd.arg("_enter").env_clear().env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
         Ok(cmd)
     }

@@ -1,9 +1,11 @@
-//! `strata _enter`: runs one process inside a running sandbox.
+//! `strata-init _enter`: runs one process inside a running sandbox. The daemon
+//! spawns it from the host (the static binary starts in a fraction of the time
+//! the strata binary takes).
 //!
 //! Like `nsenter`: join the cgroup, `setns` into init's namespaces and fork
 //! twice, so that the process's parent inside the sandbox is the sandbox's pid 1
 //! (the whole tree can then be dumped for standby). The inner child executes
-//! `strata-init _shim` from inside the sandbox ([`super::init::SELF_PATH`]),
+//! `strata-init _shim` from inside the sandbox ([`crate::SELF_PATH`]),
 //! which forks the process, resolves the user against the sandbox's own
 //! /etc/passwd, drops capabilities, sets no_new_privs, installs the seccomp
 //! filter, execs, and reports on the descriptor named by `STRATA_REPORT_FD`
@@ -18,10 +20,8 @@ use nix::sched::{setns, CloneFlags};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
-pub use strata_init::exec::REPORT_FD_ENV;
-use strata_init::exec::{die, Reporter, SPEC_ENV};
-
-use crate::spec::ExecSpec;
+pub use crate::exec::REPORT_FD_ENV;
+use crate::exec::{die, ExecSpec, Reporter, SPEC_ENV};
 
 /// Environment variable carrying the [`EnterConfig`] JSON.
 pub const CONFIG_ENV: &str = "STRATA_ENTER_CONFIG";
@@ -110,7 +110,7 @@ fn exec_shim(exec: &ExecSpec, mut rep: Reporter) -> ! {
         // SAFETY: F_SETFD on our own descriptor: it must survive the exec.
         unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
     }
-    let path = CString::new(super::init::SELF_PATH).expect("no NUL");
+    let path = CString::new(crate::SELF_PATH).expect("no NUL");
     let argv = [c"strata".to_owned(), c"_shim".to_owned()];
     let json = serde_json::to_string(exec).expect("ExecSpec serializes");
     let mut env = vec![CString::new(format!("{SPEC_ENV}={json}")).unwrap_or_else(|_| die(&mut rep, "command or environment contains a NUL byte".into()))];
@@ -118,6 +118,6 @@ fn exec_shim(exec: &ExecSpec, mut rep: Reporter) -> ! {
         env.push(CString::new(format!("{REPORT_FD_ENV}={fd}")).expect("digits"));
     }
     let err = nix::unistd::execve(&path, &argv, &env).unwrap_err();
-    die(&mut rep, format!("exec the sandbox's process helper {}: {err} (was the sandbox started by an older strata? restart it)", super::init::SELF_PATH))
+    die(&mut rep, format!("exec the sandbox's process helper {}: {err} (was the sandbox started by an older strata? restart it)", crate::SELF_PATH))
 }
 
