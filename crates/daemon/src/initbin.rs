@@ -69,11 +69,24 @@ fn has_interpreter(elf: &[u8]) -> bool {
 /// `<state>/bin/strata-init-<sha256 prefix>` (written atomically once).
 pub fn pin(explicit: Option<&Path>, strata_exe: &Path, state_dir: &Path) -> Result<PathBuf, InitBinaryError> {
     let list = candidates(explicit, strata_exe);
-    let src = list.iter().find(|p| p.is_file()).ok_or_else(|| InitBinaryError::NotFound(list.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")))?;
-    let bytes = std::fs::read(src).map_err(|source| InitBinaryError::Io { what: "read", path: src.clone(), source })?;
-    if has_interpreter(&bytes) {
-        return Err(InitBinaryError::Dynamic(src.clone()));
+    // The first static candidate wins (a plain `cargo build` also leaves a
+    // dynamically linked strata-init next to strata: skip it).
+    let mut dynamic = None;
+    let mut found = None;
+    for p in list.iter().filter(|p| p.is_file()) {
+        let bytes = std::fs::read(p).map_err(|source| InitBinaryError::Io { what: "read", path: p.clone(), source })?;
+        if has_interpreter(&bytes) {
+            dynamic.get_or_insert_with(|| p.clone());
+        } else {
+            found = Some(bytes);
+            break;
+        }
     }
+    let bytes = match (found, dynamic) {
+        (Some(b), _) => b,
+        (None, Some(d)) => return Err(InitBinaryError::Dynamic(d)),
+        (None, None) => return Err(InitBinaryError::NotFound(list.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))),
+    };
     let digest = hex::encode(sha2::Sha256::digest(&bytes));
     let dest = state_dir.join("bin").join(format!("strata-init-{}", &digest[..16]));
     if !dest.is_file() {

@@ -75,26 +75,44 @@ pub fn main() -> ! {
     // reparented to the sandbox's pid 1 and the whole process tree lies inside
     // the sandbox (CRIU can dump it for standby). B re-executes as the `_shim`
     // seen from inside the sandbox, which runs the process and reports its exit.
+    // B waits until the outer helper has reaped A, so that the sandbox never
+    // sees A as a zombie next to the process.
+    let (go_r, go_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => die(&mut rep, format!("pipe: {e}")),
+    };
     // SAFETY: single-threaded process (fresh exec, no threads started), so the
     // child may allocate and run arbitrary code before exec.
     match unsafe { fork() } {
         Err(e) => die(&mut rep, format!("fork: {e}")),
         Ok(ForkResult::Child) => {
+            drop(go_w);
             // SAFETY: still single-threaded.
             match unsafe { fork() } {
                 Err(e) => die(&mut rep, format!("fork: {e}")),
-                Ok(ForkResult::Child) => exec_shim(&cfg.exec, rep),
+                Ok(ForkResult::Child) => {
+                    let mut byte = [0u8; 1];
+                    // EOF (the outer helper died) also lets B go on.
+                    let _ = nix::unistd::read(go_r.as_raw_fd(), &mut byte);
+                    drop(go_r);
+                    exec_shim(&cfg.exec, rep)
+                }
                 Ok(ForkResult::Parent { .. }) => std::process::exit(0),
             }
         }
-        Ok(ForkResult::Parent { child }) => loop {
-            match waitpid(child, None) {
-                Ok(WaitStatus::Exited(_, code)) => std::process::exit(code),
-                Ok(WaitStatus::Signaled(..)) => std::process::exit(127),
-                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => die(&mut rep, format!("wait: {e}")),
-            }
-        },
+        Ok(ForkResult::Parent { child }) => {
+            drop(go_r);
+            let code = loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, code)) => break code,
+                    Ok(WaitStatus::Signaled(..)) => break 127,
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => die(&mut rep, format!("wait: {e}")),
+                }
+            };
+            let _ = nix::unistd::write(&go_w, b"g");
+            std::process::exit(code)
+        }
     }
 }
 
