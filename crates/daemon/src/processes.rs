@@ -396,17 +396,22 @@ fn validate(req: &ExecRequest) -> ApiResult<(Option<Duration>, Option<Vec<u8>>)>
 
 /// Starts a process in a running sandbox and returns immediately.
 pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Arc<Proc>> {
-    validate(&req)?;
+    let checked = validate(&req)?;
     let rec = load(st, sandbox)?;
     if rec.sandbox.state != SandboxState::Running {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("cannot exec in sandbox {} while it is {}", rec.sandbox.id, rec.sandbox.state)));
     }
-    spawn_unchecked(st, &rec, req).await
+    spawn_validated(st, &rec, req, checked).await
 }
 
 /// Starts a process in the running sandbox `rec` (whose state the caller checked).
 pub async fn spawn_unchecked(st: &Shared, rec: &SandboxRecord, req: ExecRequest) -> ApiResult<Arc<Proc>> {
-    let (timeout, stdin_data) = validate(&req)?;
+    let checked = validate(&req)?;
+    spawn_validated(st, rec, req, checked).await
+}
+
+/// [`spawn_unchecked`] for a request [`validate`] has accepted (its timeout and decoded stdin).
+async fn spawn_validated(st: &Shared, rec: &SandboxRecord, req: ExecRequest, (timeout, stdin_data): (Option<Duration>, Option<Vec<u8>>)) -> ApiResult<Arc<Proc>> {
     let handle = handle_of(rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
     let spec = exec_spec(rec, &req);
     let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;

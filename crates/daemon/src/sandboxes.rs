@@ -184,12 +184,6 @@ pub fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
     }
 }
 
-/// Starts init for `rec` (in `from` state) and records `action`; the caller
-/// holds the sandbox's operation lock.
-pub(crate) async fn boot_locked(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
-    boot(st, rec, from, action, reason).await
-}
-
 /// The mount description of `rec`'s root (deep chains flattened), as its init would get it.
 pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
     let spec = spec_for(st, rec)?;
@@ -200,8 +194,9 @@ pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<Sa
         .map_err(|e| ApiError::internal("flatten", &e))
 }
 
-/// Starts init for `rec` (in `from` state) and records `action`.
-async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
+/// Starts init for `rec` (in `from` state) and records `action`; the caller
+/// holds the sandbox's operation lock.
+pub(crate) async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
     let started = Instant::now();
     let spec = spec_for(st, rec)?;
     let rt = st.runtime.clone();
@@ -375,13 +370,9 @@ pub async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: 
     Ok(ev)
 }
 
-/// Kills every process of a sandbox (SIGTERM, SIGKILL after `grace`) and releases its cgroup.
-pub(crate) async fn kill_and_release(st: &Shared, rec: &SandboxRecord, grace: Duration) -> ApiResult<()> {
-    kill_processes(st, rec, grace).await
-}
-
-/// Kills every process of a sandbox (if any) and releases its cgroup.
-async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Duration) -> ApiResult<()> {
+/// Kills every process of a sandbox (if any; SIGTERM, SIGKILL after `grace`)
+/// and releases its cgroup.
+pub(crate) async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Duration) -> ApiResult<()> {
     let id = rec.sandbox.id.clone();
     let handle = handle_of(rec);
     let rt = st.runtime.clone();
@@ -446,8 +437,8 @@ pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<San
         rec = crate::archive::unarchive_locked(st, &rec, reason).await?;
     }
     if rec.sandbox.state == SandboxState::Standby {
-        // Archived from standby: starting it afresh discards the process image.
-        crate::standby::discard(st, &rec.sandbox.id);
+        // Archived from standby: starting it afresh discards the process image
+        // (stop_locked drops it).
         stop_locked(st, &rec, reason, Duration::ZERO).await?;
         rec = load(st, &rec.sandbox.id)?;
     }

@@ -176,11 +176,10 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     next_state(from, Action::Standby)?;
     let id = rec.sandbox.id.clone();
     let handle = handle_of(&rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("sandbox {id} is {from} but has no init")))?;
-    let unsupported = st.runtime.process_dump_unsupported();
     if req.fs_only {
         return standby_fs_only(st, &rec, "asked for with fs_only".into(), reason, started).await;
     }
-    if let Some(why) = unsupported {
+    if let Some(why) = st.runtime.process_dump_unsupported() {
         return Err(ApiError::new(
             ErrorCode::Unsupported,
             format!("cannot keep the processes of sandbox {id}: {why}; `strata standby --fs-only` stops them and keeps only the filesystem"),
@@ -251,7 +250,7 @@ async fn standby_fs_only(st: &Shared, rec: &SandboxRecord, why: String, reason: 
     let id = rec.sandbox.id.clone();
     crate::hooks::run(st, rec, crate::hooks::Stage::BeforeStandby).await;
     crate::accounting::final_sample(st, &id);
-    sandboxes::kill_and_release(st, rec, sandboxes::STOP_GRACE).await?;
+    sandboxes::kill_processes(st, rec, sandboxes::STOP_GRACE).await?;
     let dir = st.sandbox_dir(&id);
     let staging = dir.join(STAGING_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
@@ -310,7 +309,7 @@ async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> ApiRes
             true
         }
         SandboxState::Stopped => {
-            sandboxes::boot_locked(st, rec, SandboxState::Stopped, Action::Start, reason).await?;
+            sandboxes::boot(st, rec, SandboxState::Stopped, Action::Start, reason).await?;
             false
         }
         _ => {
@@ -335,7 +334,7 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
         Err(msg) => return Err(mark_error(st, rec, "standby_image_invalid", &msg, started)),
     };
     if manifest.info.mode == StandbyMode::FsOnly {
-        sandboxes::boot_locked(st, rec, rec.sandbox.state, Action::Resume, reason).await?;
+        sandboxes::boot(st, rec, rec.sandbox.state, Action::Resume, reason).await?;
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir);
         return Ok(false);
     }

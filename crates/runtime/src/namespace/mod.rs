@@ -40,6 +40,8 @@ pub struct NamespaceRuntime {
     cgroup_version: CgroupVersion,
     run_dir: PathBuf,
     stop_grace: Duration,
+    /// Whether CRIU can dump processes here, checked once (it runs `criu --version`).
+    criu_check: std::sync::Arc<std::sync::OnceLock<Option<String>>>,
 }
 
 impl NamespaceRuntime {
@@ -50,7 +52,7 @@ impl NamespaceRuntime {
     pub fn new(helper_exe: PathBuf, init_binary: PathBuf, run_dir: PathBuf) -> Result<Self, RuntimeError> {
         let cgroup_root = PathBuf::from(CGROUP_ROOT);
         let cgroup_version = cgroup::detect(&cgroup_root)?;
-        Ok(NamespaceRuntime { helper_exe, init_binary, cgroup_root, cgroup_version, run_dir, stop_grace: Duration::from_secs(10) })
+        Ok(NamespaceRuntime { helper_exe, init_binary, cgroup_root, cgroup_version, run_dir, stop_grace: Duration::from_secs(10), criu_check: Default::default() })
     }
 
     /// The detected cgroup version.
@@ -233,7 +235,8 @@ impl Runtime for NamespaceRuntime {
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {
-        criu::unsupported()
+        // Checked at the first standby of this daemon: a CRIU installed later needs a restart.
+        self.criu_check.get_or_init(criu::unsupported).clone()
     }
 
     fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError> {
