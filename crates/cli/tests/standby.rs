@@ -92,6 +92,11 @@ fn pause_freezes_and_unpause_thaws() {
     let (status, body) = err_of(rt().block_on(d.client().unpause_sandbox(&id)));
     assert_eq!((status, body.current_state), (409, Some(SandboxState::Running)));
     assert_log_contiguous(&d, &id);
+    // A paused sandbox can be destroyed: its frozen processes are thawed to die.
+    let init = sandbox(&d, &id).init_pid.unwrap();
+    d.cli_ok(&["pause", &id]);
+    d.cli_ok(&["rm", "-f", &id]);
+    assert!(common::wait_until(10, || !std::path::Path::new(&format!("/proc/{init}")).exists()), "init {init} of the destroyed paused sandbox is gone");
 }
 
 #[test]

@@ -443,8 +443,10 @@ async fn spawn_validated(st: &Shared, rec: &SandboxRecord, req: ExecRequest, (ti
     proc_.lock().pipes = pipes;
     let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
     *proc_.reattach.lock().unwrap_or_else(|p| p.into_inner()) = Some(reattach_tx);
-    let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: Some(stdin_w) };
-    tokio::spawn(supervise(st.clone(), proc_.clone(), rec.sandbox.id.clone(), ends, SuperviseOpts { timeout, oom_before, stdin_data, keep_stdin_open: req.keep_stdin_open }, reattach_rx));
+    // Stdin is in place before the caller learns the process exists (it may write at once).
+    attach_stdin(&proc_, stdin_w, stdin_data, req.keep_stdin_open).await;
+    let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: None };
+    tokio::spawn(supervise(st.clone(), proc_.clone(), rec.sandbox.id.clone(), ends, SuperviseOpts { timeout, oom_before }, reattach_rx));
     Ok(proc_)
 }
 
@@ -459,8 +461,6 @@ fn inode(fd: &OwnedFd) -> u64 {
 struct SuperviseOpts {
     timeout: Option<Duration>,
     oom_before: u64,
-    stdin_data: Option<Vec<u8>>,
-    keep_stdin_open: bool,
 }
 
 /// Follows one process until its shim reports its end: pumps its output into
@@ -471,12 +471,12 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
     let spawned_at = std::time::Instant::now();
     let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
-    let mut stdin_data = opts.stdin_data;
     let report = loop {
         let out_task = tokio::spawn(pump(p.clone(), ends.stdout, StreamKind::Stdout));
         let err_task = tokio::spawn(pump(p.clone(), ends.stderr, StreamKind::Stderr));
         if let Some(fd) = ends.stdin.take() {
-            attach_stdin(&p, fd, stdin_data.take(), opts.keep_stdin_open).await;
+            // Reattached after a resume: it was open when the process was suspended.
+            attach_stdin(&p, fd, None, true).await;
         }
         let reports = read_reports(p.clone(), ends.report);
         tokio::pin!(reports);

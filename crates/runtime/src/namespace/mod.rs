@@ -170,6 +170,10 @@ impl Runtime for NamespaceRuntime {
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {
         let cg = self.cgroup(sandbox_id);
         let pid = Pid::from_raw(handle.init_pid);
+        // Frozen (paused) tasks act on no signal, SIGKILL included: thaw first.
+        if let Err(e) = cg.set_frozen(false, Duration::from_secs(5)) {
+            debug!(sandbox = sandbox_id, error = %e, "thaw before stop");
+        }
         if grace.is_zero() {
             if self.is_alive(handle) {
                 let _ = kill(pid, Signal::SIGKILL);
