@@ -4,7 +4,7 @@
 # (Debian 12's own criu 3.17 fails `criu check` on current kernels).
 #
 # Idempotent: packages already installed and a CRIU >= 4 built with the current patch
-# set (scripts/criu-patches/, e.g. the Linux 6.16 socket-option fix) are skipped,
+# set (scripts/criu-patches/, e.g. the Linux 6.16 socket-option fix) and make flags are skipped,
 # and CRIU's source tarball and build tree are cached under /var/cache/strata/.
 # The system's apt sources are never modified: CRIU's source is located through a
 # private apt configuration (its own sources list and index directory under the
@@ -27,7 +27,11 @@ CRIU_CACHE=$CACHE/criu
 # Patches applied to CRIU's source before building (see scripts/criu-patches/); a CRIU
 # built from another patch set (or none) is rebuilt. The stamp records which one.
 CRIU_PATCH_DIR=$(dirname "$(readlink -f "$0")")/criu-patches
-CRIU_PATCH_SET=$(cat "$CRIU_PATCH_DIR"/*.patch 2>/dev/null | sha256sum | cut -c1-12)
+# CRIU caches what it probed about the kernel (~20-40 ms per run) in RUNDIR/criu.kdat,
+# but only on a tmpfs (so that a reboot drops it); /run is not a tmpfs on every host,
+# so strata's daemon keeps a small tmpfs at /run/strata/criu for it.
+CRIU_MAKE_FLAGS=(RUNDIR=/run/strata/criu)
+CRIU_PATCH_SET=$( (cat "$CRIU_PATCH_DIR"/*.patch 2>/dev/null; echo "${CRIU_MAKE_FLAGS[*]}") | sha256sum | cut -c1-12)
 CRIU_STAMP=/usr/local/lib/strata/criu.patch-set
 APT_SRC=$CACHE/apt-src
 export DEBIAN_FRONTEND=noninteractive
@@ -174,7 +178,7 @@ build_criu() {
                 echo "skipped $(basename "$p") (does not apply: fixed upstream in $ver?)"
             fi
         done
-        make -C "$src" -j"$(nproc)" criu
+        make -C "$src" -j"$(nproc)" "${CRIU_MAKE_FLAGS[@]}" criu
     fi
     "$src/criu/criu" --version
     install -D -m 0755 "$src/criu/criu" "$CRIU_BIN"

@@ -37,10 +37,23 @@ pub fn load(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
     st.db.get_sandbox(id)?.ok_or_else(|| ApiError::sandbox_not_found(id))
 }
 
+/// Loads a sandbox a transition is asked of: one that was destroyed is a 409
+/// with state `destroyed` (the event log remembers its id); an id never seen is a 404.
+pub fn load_for_transition(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
+    match st.db.get_sandbox(id)? {
+        Some(rec) => Ok(rec),
+        None => match st.db.destroyed_event(id)? {
+            Some(ev) => Err(ApiError::invalid_state(SandboxState::Destroyed, format!("sandbox {id} was destroyed at {} ({})", ev.time, ev.reason))),
+            None => Err(ApiError::sandbox_not_found(id)),
+        },
+    }
+}
+
 /// Takes a sandbox's operation lock (one transition at a time) and loads its
-/// record as it is under the lock. Keep the guard while changing the sandbox.
+/// record as it is under the lock ([`load_for_transition`]). Keep the guard
+/// while changing the sandbox.
 pub async fn lock_and_load(st: &Shared, id: &str) -> ApiResult<(tokio::sync::OwnedMutexGuard<()>, SandboxRecord)> {
-    let rec = load(st, id)?;
+    let rec = load_for_transition(st, id)?;
     let guard = st.lock_for(&rec.sandbox.id).lock_owned().await;
     Ok((guard, load(st, &rec.sandbox.id)?))
 }
@@ -571,6 +584,7 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
     for rec in st.db.list_sandboxes()? {
         crate::archive::reconcile(st, &rec).await;
         let id = rec.sandbox.id.clone();
+        crate::standby::sweep_spent(st, &id);
         let state = rec.sandbox.state;
         let alive = handle_of(&rec).is_some_and(|h| st.runtime.is_alive(&h));
         let ephemeral = rec.sandbox.lifecycle == Lifecycle::Ephemeral;
@@ -584,6 +598,7 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
                     }
                 }
                 watch_init(st.clone(), id.clone(), handle_of(&rec).expect("alive implies handle"));
+                crate::standby::drop_stale_image(st, &id);
             }
             SandboxState::Running | SandboxState::Paused if crate::standby::complete_interrupted(st, &rec)? => {
                 info!(sandbox = %id, "completed a standby interrupted by the daemon's stop");

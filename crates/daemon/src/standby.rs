@@ -41,6 +41,11 @@ const IMAGE_DIR: &str = "standby";
 const STAGING_DIR: &str = "standby.tmp";
 /// The manifest, written last.
 const MANIFEST: &str = "manifest.json";
+/// CRIU's log of the sandbox's last successful restore, in the sandbox's directory.
+const LAST_RESTORE_LOG: &str = "criu-restore.last.log";
+/// Prefix of a used image's directory while it is removed in the background
+/// (renamed first, so the removal of a large image is off the resume's path).
+const SPENT_PREFIX: &str = "standby.spent.";
 
 /// `manifest.json` of a standby image.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -347,12 +352,14 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
     let inherit: Vec<(std::os::fd::RawFd, u64)> = pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
     let rt = st.runtime.clone();
     let images = dir.clone();
+    let verified_ms = started.elapsed().as_millis() as u64;
     let restored = tokio::task::spawn_blocking(move || {
         crate::failpoint("standby-restore").map_err(|e| strata_runtime::RuntimeError::Setup(format!("restoring: {e}")))?;
         rt.restore_processes(&spec, &images, &helper, &inherit)
     })
     .await
     .map_err(|e| ApiError::internal("restore task", &e))?;
+    let restored_ms = started.elapsed().as_millis() as u64;
     match restored {
         Ok(handle) => {
             // Crash point (`resume-restored:crash`): processes back, the record not yet written.
@@ -362,11 +369,11 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
             transition(st, &id, rec.sandbox.state, Change::new(Action::Resume, reason).detail(&detail), started, Some(&handle))?;
             st.db.set_expires_at(&id, sandboxes::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
             sandboxes::watch_init(st.clone(), id.clone(), handle);
-            // The image is spent: the restored processes have moved on from it.
-            if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&dir) {
-                warn!(sandbox = %id, error = %e, "removing the used standby image");
-            }
-            info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, reason, "resumed");
+            // The image is spent: the restored processes have moved on from it. CRIU's log
+            // of this restore is kept next to it (replacing the previous one) for diagnosis.
+            let _ = std::fs::rename(dir.join(strata_runtime::namespace::criu::RESTORE_LOG), st.sandbox_dir(&id).join(LAST_RESTORE_LOG));
+            retire_image(st, &id);
+            info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, verified_ms, restored_ms, reason, "resumed");
             Ok(true)
         }
         Err(e) => {
@@ -390,6 +397,51 @@ pub fn discard(st: &Shared, id: &str) {
     st.processes.abandon_suspended(id);
     for d in [IMAGE_DIR, STAGING_DIR] {
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&st.sandbox_dir(id).join(d));
+    }
+    sweep_spent(st, id);
+}
+
+/// Moves a used standby image out of the way (one rename) and removes it in the
+/// background: unlinking ~100 MiB of pages is not on the resume's critical path.
+/// A daemon that dies before the removal finishes sweeps it at start ([`sweep_spent`]).
+fn retire_image(st: &Shared, id: &str) {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let spent = st.sandbox_dir(id).join(format!("{SPENT_PREFIX}{}.{n}", std::process::id()));
+    let dir = image_dir(st, id);
+    let target = match std::fs::rename(&dir, &spent) {
+        Ok(()) => spent,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            warn!(sandbox = %id, error = %e, "moving the used standby image aside; removing it in place");
+            dir
+        }
+    };
+    let id = id.to_string();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&target) {
+            warn!(sandbox = %id, error = %e, "removing the used standby image");
+        }
+    });
+}
+
+/// Removes used images a previous daemon left half-removed ([`retire_image`]).
+pub fn sweep_spent(st: &Shared, id: &str) {
+    let Ok(entries) = std::fs::read_dir(st.sandbox_dir(id)) else { return };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(SPENT_PREFIX) {
+            let _ = strata_store::fsutil::remove_dir_all_if_exists(&e.path());
+        }
+    }
+}
+
+/// A running sandbox (re-adopted after a daemon restart) has no use for a
+/// standby image: one left there was restored from by a daemon that died
+/// before removing it.
+pub fn drop_stale_image(st: &Shared, id: &str) {
+    if image_dir(st, id).is_dir() {
+        info!(sandbox = %id, "removing a standby image already restored from");
+        retire_image(st, id);
     }
 }
 
@@ -422,7 +474,7 @@ pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
             let handle = strata_runtime::SandboxHandle { init_pid: pid, init_start_time };
             transition(st, id, SandboxState::Standby, Change::new(Action::Resume, "resume_completed").detail("the daemon stopped after the processes were restored"), Instant::now(), Some(&handle))?;
             sandboxes::watch_init(st.clone(), id.clone(), handle);
-            let _ = strata_store::fsutil::remove_dir_all_if_exists(&image_dir(st, id));
+            retire_image(st, id);
             info!(sandbox = %id, "completed a resume interrupted by the daemon's stop");
         }
         _ => {
@@ -506,7 +558,7 @@ pub async fn standby_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
     responses((status = 200, body = ResumeResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody),
         (status = 500, description = "the standby image is missing or corrupt (code standby_image_invalid); the sandbox is now `error`", body = strata_api::ApiErrorBody)))]
 pub async fn resume_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
-    let rec = load(&st, &id)?;
+    let rec = sandboxes::load_for_transition(&st, &id)?;
     let retry = rec.sandbox.state == SandboxState::Error && image_dir(&st, &rec.sandbox.id).is_dir();
     if !retry && !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes (or one whose standby image failed to restore) resume", rec.sandbox.id, rec.sandbox.state)));

@@ -49,6 +49,26 @@ pub fn unsupported() -> Option<String> {
     }
 }
 
+/// Where CRIU (as built by scripts/setup-host.sh, `RUNDIR`) caches what it probed
+/// about the kernel. CRIU keeps that cache only on a tmpfs, so that a reboot drops it.
+pub const KDAT_DIR: &str = "/run/strata/criu";
+
+/// Makes [`KDAT_DIR`] a tmpfs when it is not on one (hosts whose /run is a plain
+/// directory), so CRIU can keep its kernel probe results instead of redoing them
+/// (20-40 ms) on every dump and restore. Returns whether it mounted one.
+pub fn prepare_kdat_cache() -> Result<bool, RuntimeError> {
+    use nix::mount::{mount, MsFlags};
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    std::fs::create_dir_all(KDAT_DIR).map_err(|e| RuntimeError::sys(format!("create {KDAT_DIR}"), e))?;
+    let fs = statfs(KDAT_DIR).map_err(|e| RuntimeError::sys(format!("statfs {KDAT_DIR}"), e))?;
+    if fs.filesystem_type() == TMPFS_MAGIC {
+        return Ok(false);
+    }
+    mount(Some("tmpfs"), KDAT_DIR, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=1m,mode=0700"))
+        .map_err(|e| RuntimeError::sys(format!("mount a tmpfs on {KDAT_DIR}"), e))?;
+    Ok(true)
+}
+
 /// The last lines of a CRIU log that carry errors, for error messages.
 pub fn log_errors(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -68,11 +88,51 @@ pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 /// Arguments shared by dump and restore.
 const COMMON: [&str; 4] = ["--tcp-established", "--file-locks", "--ext-unix-sk", "-v2"];
 
+/// Key under which the sandbox's network namespace is recorded as external: it
+/// is not saved in the images, and a restore gets a fresh one from strata (the
+/// sandbox's network is strata's to configure, and CRIU then needs no `ip` or
+/// `iptables-restore` runs).
+pub const NETNS_KEY: &str = "strata-netns";
+/// File a dump leaves in the images directory when the network namespace was
+/// external ([`NETNS_KEY`]); images without it carry their namespace.
+pub const NETNS_MARKER: &str = "strata-netns.external";
+
+/// Whether this CRIU can lock the network with nftables in-process (no
+/// `iptables-restore` runs); probed once per process.
+pub fn nftables_lock(bin: &Path) -> bool {
+    static NFT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NFT.get_or_init(|| {
+        Command::new(bin)
+            .env_clear()
+            .env("PATH", PATH)
+            .args(["check", "--feature", "network_lock_nftables"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// `--network-lock nftables` when `nftables`, else CRIU's default (iptables).
+fn network_lock_args(nftables: bool) -> &'static [&'static str] {
+    if nftables {
+        &["--network-lock", "nftables"]
+    } else {
+        &[]
+    }
+}
+
+/// Inode of the network namespace of process `pid`.
+fn netns_inode(pid: i32) -> Result<u64, RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let p = format!("/proc/{pid}/ns/net");
+    std::fs::metadata(&p).map(|m| m.ino()).map_err(|e| RuntimeError::sys(format!("stat {p}"), e))
+}
+
 /// Dumps the process tree rooted at `init_pid` into `dir` (created) and kills it.
 /// On failure the processes keep running (CRIU resumes them).
 pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeError> {
     let bin = binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
     std::fs::create_dir_all(dir).map_err(|e| RuntimeError::sys(format!("create {}", dir.display()), e))?;
+    let netns = netns_inode(init_pid)?;
     let t = Instant::now();
     let out = Command::new(&bin)
         .env_clear()
@@ -86,13 +146,18 @@ pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeErr
         .arg(DUMP_LOG)
         .arg("--external")
         .arg(format!("mnt[{}]:{HELPER_KEY}", super::init::SELF_PATH))
+        .arg("--external")
+        .arg(format!("net[{netns}]:{NETNS_KEY}"))
+        .args(network_lock_args(nftables_lock(&bin)))
         .args(COMMON)
         .output()
         .map_err(|source| RuntimeError::Spawn { what: "criu dump", source })?;
     if !out.status.success() {
         return Err(RuntimeError::Setup(format!("criu dump failed ({}): {}", out.status, log_errors(&dir.join(DUMP_LOG)))));
     }
-    Ok(t.elapsed())
+    let took = t.elapsed();
+    std::fs::write(dir.join(NETNS_MARKER), b"loopback\n").map_err(|e| RuntimeError::sys(format!("write {}", dir.join(NETNS_MARKER).display()), e))?;
+    Ok(took)
 }
 
 /// What `_restore` needs (passed as JSON in [`RESTORE_CONFIG_ENV`]).
@@ -118,13 +183,21 @@ pub struct RestoreConfig {
     pub pidfile: PathBuf,
     /// The criu binary.
     pub criu: PathBuf,
+    /// The images hold no network namespace ([`NETNS_MARKER`]): the helper makes a
+    /// new one (loopback up) and hands it to CRIU as [`NETNS_KEY`].
+    #[serde(default)]
+    pub external_netns: bool,
+    /// Lock the network with nftables ([`nftables_lock`]).
+    #[serde(default)]
+    pub nftables_lock: bool,
 }
 
 /// Environment variable carrying the [`RestoreConfig`] JSON.
 pub const RESTORE_CONFIG_ENV: &str = "STRATA_RESTORE_CONFIG";
 
-/// The `criu restore` command line for `cfg`.
-pub fn restore_args(cfg: &RestoreConfig) -> Vec<String> {
+/// The `criu restore` command line for `cfg`; `netns_fd` is the inheritable
+/// descriptor of the network namespace to restore into (external netns images).
+pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String> {
     let mut a: Vec<String> = vec![
         "restore".into(),
         "-D".into(),
@@ -143,6 +216,11 @@ pub fn restore_args(cfg: &RestoreConfig) -> Vec<String> {
         a.push("--inherit-fd".into());
         a.push(format!("fd[{fd}]:pipe:[{ino}]"));
     }
+    if let Some(fd) = netns_fd {
+        a.push("--inherit-fd".into());
+        a.push(format!("fd[{fd}]:{NETNS_KEY}"));
+    }
+    a.extend(network_lock_args(cfg.nftables_lock).iter().map(|s| s.to_string()));
     a.extend(COMMON.iter().map(|s| s.to_string()));
     a
 }

@@ -240,7 +240,18 @@ impl Runtime for NamespaceRuntime {
 
     fn process_dump_unsupported(&self) -> Option<String> {
         // Checked at the first standby of this daemon: a CRIU installed later needs a restart.
-        self.criu_check.get_or_init(criu::unsupported).clone()
+        self.criu_check
+            .get_or_init(|| {
+                let why = criu::unsupported();
+                if why.is_none() {
+                    match criu::prepare_kdat_cache() {
+                        Ok(mounted) => debug!(dir = criu::KDAT_DIR, mounted, "CRIU kernel-probe cache ready"),
+                        Err(e) => warn!(error = %e, "no CRIU kernel-probe cache: every dump and restore probes the kernel again"),
+                    }
+                }
+                why
+            })
+            .clone()
     }
 
     fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError> {
@@ -258,6 +269,9 @@ impl Runtime for NamespaceRuntime {
     }
 
     fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError> {
+        if let Some(why) = self.process_dump_unsupported() {
+            return Err(RuntimeError::Unsupported(why));
+        }
         let bin = criu::binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
@@ -273,7 +287,9 @@ impl Runtime for NamespaceRuntime {
             helper: helper.to_path_buf(),
             inherit: inherit.to_vec(),
             pidfile: pidfile.clone(),
+            nftables_lock: criu::nftables_lock(&bin),
             criu: bin,
+            external_netns: images_dir.join(criu::NETNS_MARKER).is_file(),
         };
         let log = std::fs::OpenOptions::new()
             .create(true)
