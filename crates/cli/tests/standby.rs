@@ -254,9 +254,16 @@ fn corrupt_or_missing_images_mark_the_sandbox_error_and_keep_its_files() {
     // Unknown ids: 404.
     let (status, body) = err_of(rt().block_on(d.client().standby_sandbox("no-such-sandbox", false)));
     assert_eq!((status, body.code), (404, ErrorCode::SandboxNotFound));
-    // Destroyed: 404 too; stopped: 409 with the state.
+    // Destroyed: 409 with state `destroyed` (its id is remembered), for resume and
+    // destroy too; reads of it are 404 (it has nothing left to show); stopped: 409.
     d.cli_ok(&["rm", "-f", &b]);
-    assert_eq!(err_of(rt().block_on(d.client().standby_sandbox(&b, false))).0, 404);
+    let (status, body) = err_of(rt().block_on(d.client().standby_sandbox(&b, false)));
+    assert_eq!((status, body.code, body.current_state), (409, ErrorCode::InvalidState, Some(SandboxState::Destroyed)));
+    assert!(body.message.contains("destroyed"), "{}", body.message);
+    assert_eq!(err_of(rt().block_on(d.client().resume_sandbox(&b))).1.current_state, Some(SandboxState::Destroyed));
+    let out = d.cli(&["rm", "-f", &b]);
+    assert!(common::stderr(&out).contains("invalid_state"), "{}", common::stderr(&out));
+    assert_eq!(err_of(rt().block_on(d.client().get_sandbox(&b))).0, 404);
     let c = d.create(&[]);
     d.cli_ok(&["stop", &c]);
     let (status, body) = err_of(rt().block_on(d.client().standby_sandbox(&c, false)));

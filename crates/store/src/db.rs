@@ -893,20 +893,37 @@ impl Db {
         let mut stmt = conn.prepare(
             "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events WHERE (?1 IS NULL OR sandbox_id = ?1) AND seq > ?2 ORDER BY seq LIMIT ?3",
         )?;
-        let rows = stmt.query_map(params![sandbox_id, after, limit], |r| {
-            Ok(SandboxEvent {
-                seq: r.get(0)?,
-                sandbox_id: r.get(1)?,
-                time: r.get(2)?,
-                from: r.get::<_, Option<String>>(3)?.map(|s| state_of(&s)),
-                to: state_of(&r.get::<_, String>(4)?),
-                reason: r.get(5)?,
-                detail: r.get(6)?,
-                duration_ms: r.get::<_, i64>(7)? as u64,
-            })
-        })?;
+        let rows = stmt.query_map(params![sandbox_id, after, limit], event_of_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
+
+    /// The event that destroyed sandbox `id` (its record is gone; the event log
+    /// remembers it), if it was destroyed.
+    pub fn destroyed_event(&self, id: &str) -> Result<Option<SandboxEvent>, DbError> {
+        let conn = self.conn();
+        let ev = conn
+            .query_row(
+                "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events WHERE sandbox_id = ?1 AND to_state = ?2 ORDER BY seq DESC LIMIT 1",
+                params![id, SandboxState::Destroyed.as_str()],
+                event_of_row,
+            )
+            .optional()?;
+        Ok(ev)
+    }
+}
+
+/// An `events` row (columns as selected by [`Db::events`]).
+fn event_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SandboxEvent> {
+    Ok(SandboxEvent {
+        seq: r.get(0)?,
+        sandbox_id: r.get(1)?,
+        time: r.get(2)?,
+        from: r.get::<_, Option<String>>(3)?.map(|s| state_of(&s)),
+        to: state_of(&r.get::<_, String>(4)?),
+        reason: r.get(5)?,
+        detail: r.get(6)?,
+        duration_ms: r.get::<_, i64>(7)? as u64,
+    })
 }
 
 fn insert_event(tx: &rusqlite::Transaction<'_>, id: &str, from: Option<SandboxState>, t: &Transition<'_>) -> Result<SandboxEvent, DbError> {
