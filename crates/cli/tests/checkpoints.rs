@@ -25,7 +25,8 @@ fn checkpoints_are_incremental_and_forks_share_layers_with_fresh_identities() {
     d.cli_ok(&["exec", "dev", "--", "sh", "-c", "echo v2 > /work/a; rm /work/b; echo n > /root/n"]);
     let changes: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "dev", "--json"])).unwrap();
     let summary: Vec<(String, String)> = changes.iter().map(|c| (c["path"].as_str().unwrap().to_string(), c["change"].as_str().unwrap().to_string())).collect();
-    assert_eq!(summary, [("/root/n".to_string(), "added".to_string()), ("/work/a".into(), "added".into()), ("/work/b".into(), "deleted".into())]);
+    // /work/a existed at c1 (in the writable layer only): a modification.
+    assert_eq!(summary, [("/root/n".to_string(), "added".to_string()), ("/work/a".into(), "modified".into()), ("/work/b".into(), "deleted".into())]);
     let c2 = json(&d, &["checkpoint", "dev", "--name", "c2", "--json"]);
     assert_eq!(c2["parent"], c1["id"]);
     assert_eq!(c2["changed_paths"], 3);
@@ -280,7 +281,7 @@ fn diff_and_export_against_an_older_checkpoint() {
     // Against the last checkpoint: only what changed since h2.
     let since_h2: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "h", "--json"])).unwrap();
     let paths: Vec<(&str, &str)> = since_h2.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
-    assert_eq!(paths, [("/w/b", "added"), ("/w/c", "added")]);
+    assert_eq!(paths, [("/w/b", "modified"), ("/w/c", "added")], "/w/b existed at h2");
     // Against h1: everything since h1, deletions at their topmost path.
     let since_h1: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "h", "--against", &c1, "--json"])).unwrap();
     let paths: Vec<(&str, &str)> = since_h1.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();

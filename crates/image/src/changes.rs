@@ -220,13 +220,15 @@ pub fn diff(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf
             continue;
         }
         let below = in_lowers(lowers_top_first, path);
+        // Present at the base (in the upper layer then) counts like present below.
+        let in_base = base.entries.get(path.as_str()).is_some_and(|e| e.kind != EntryKind::Whiteout);
         let (change, kind) = match meta.kind {
             EntryKind::Whiteout => match below {
                 Some(k) => (ChangeKind::Deleted, k),
                 None => continue,
             },
             EntryKind::Dir if below == Some(EntryKind::Dir) && !meta.opaque => continue, // only children changed
-            k if below.is_some() => (ChangeKind::Modified, k),
+            k if below.is_some() || in_base => (ChangeKind::Modified, k),
             k => (ChangeKind::Added, k),
         };
         out.push(PathChange { path: format!("/{path}"), change, kind, size: meta.size });
@@ -638,7 +640,8 @@ mod tests {
         let summary: Vec<(String, ChangeKind)> = d2.iter().map(|c| (c.path.clone(), c.change)).collect();
         assert_eq!(
             summary,
-            vec![("/app/link".into(), ChangeKind::Deleted), ("/app/new.txt".into(), ChangeKind::Added), ("/app/src/main.py".into(), ChangeKind::Added)]
+            vec![("/app/link".into(), ChangeKind::Deleted), ("/app/new.txt".into(), ChangeKind::Added), ("/app/src/main.py".into(), ChangeKind::Modified)],
+            "main.py existed at the first checkpoint (in the upper layer only): a modification"
         );
         let mut tar2 = Vec::new();
         write_layer_tar(&upper, &m1, &m2, &lowers, &mut tar2).unwrap();
