@@ -4,6 +4,7 @@
 //! OpenAPI schema, so the daemon, the typed client and the CLI share one
 //! definition. This crate has no runtime dependencies (no tokio, no nix).
 
+pub mod advice;
 pub mod checkpoint;
 pub mod cost;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod sandbox;
 pub mod scan;
 pub mod template;
 
+pub use advice::*;
 pub use checkpoint::*;
 pub use cost::*;
 pub use error::{ApiErrorBody, ErrorCode};

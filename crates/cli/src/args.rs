@@ -135,6 +135,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Recommend a lifecycle for a pipeline stage: from what it must keep, how long it
+    /// idles, what its setup costs and whether its input is trusted, the lifecycle,
+    /// why, and every alternative priced (ephemeral-only and always-on included).
+    Advise(AdviseArgs),
     /// The tree of images, checkpoints, forks and templates around a sandbox or checkpoint.
     Lineage {
         /// Sandbox or checkpoint.
@@ -749,4 +753,55 @@ pub enum FsCmd {
         /// To.
         to: String,
     },
+}
+
+/// `strata advise`: a stage described in numbers.
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// What must survive to the next turn or stage (repeat or comma-separate):
+    /// repository, packages, generated-files, tokens, processes.
+    #[arg(long, value_delimiter = ',', value_parser = parse_keep)]
+    pub keep: Vec<strata_api::Keep>,
+    /// Time to set the environment up from nothing (e.g. 5m).
+    #[arg(long)]
+    pub setup: Option<String>,
+    /// How many times the stage is invoked (agent turns).
+    #[arg(long)]
+    pub turns: Option<u32>,
+    /// Active time per turn (default 1m).
+    #[arg(long)]
+    pub turn: Option<String>,
+    /// Idle time between turns.
+    #[arg(long)]
+    pub idle: Option<String>,
+    /// The stage processes untrusted input (uploads, web content, third-party code).
+    #[arg(long)]
+    pub untrusted: bool,
+    /// Parallel attempts from one starting point (fan-out).
+    #[arg(long)]
+    pub fan_out: Option<u32>,
+    /// CPUs the sandbox reserves (default 1).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Memory the sandbox reserves (default 1g).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// State on disk (default 1g).
+    #[arg(long)]
+    pub disk: Option<String>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_keep(s: &str) -> Result<strata_api::Keep, String> {
+    use strata_api::Keep;
+    Ok(match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+        "repository" | "repo" => Keep::Repository,
+        "packages" => Keep::Packages,
+        "generated-files" | "files" => Keep::GeneratedFiles,
+        "tokens" => Keep::Tokens,
+        "processes" => Keep::Processes,
+        other => return Err(format!("unknown {other:?}: one of repository, packages, generated-files, tokens, processes")),
+    })
 }

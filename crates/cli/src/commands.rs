@@ -196,6 +196,27 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Advise(a) => {
+            let req = strata_api::AdviseRequest {
+                keep: a.keep,
+                setup: a.setup,
+                turns: a.turns,
+                turn: a.turn,
+                idle: a.idle,
+                untrusted_input: a.untrusted,
+                fan_out: a.fan_out,
+                cpus: a.cpus,
+                memory: a.memory,
+                disk: a.disk,
+            };
+            let advice = c.advise(&req).await?;
+            if a.json {
+                output::json(&advice);
+            } else {
+                print_advice(&advice);
+            }
+            Ok(0)
+        }
         Command::Cost { id, json } => {
             match id {
                 Some(id) => {
@@ -927,4 +948,34 @@ fn print_cost(r: &strata_api::CostReport) {
     println!("total      {} {cur} (compute {}, storage {})", money(r.total), money(r.compute.total), money(r.storage_total));
     println!("ephemeral-only {} {cur} (+{:.1} s of repeated setup): {}", money(r.ephemeral_only.total), r.ephemeral_only.extra_seconds, r.ephemeral_only.method);
     println!("always-on      {} {cur}: {}", money(r.always_on.total), r.always_on.method);
+}
+
+fn print_advice(a: &strata_api::Advice) {
+    println!("recommendation: {}", a.recommendation.as_str());
+    for r in &a.reasons {
+        println!("  - {r}");
+    }
+    for w in &a.warnings {
+        println!("  warning: {w}");
+    }
+    println!();
+    output::table(
+        &["ALTERNATIVE", "KEEPS ALL", "SETUP RUNS", "WAITING", "COMPUTE", "STORAGE", "TOTAL"],
+        a.alternatives
+            .iter()
+            .map(|c| {
+                let mark = if c.strategy == a.recommendation { " *" } else { "" };
+                vec![
+                    format!("{}{mark}", c.strategy.as_str()),
+                    if c.satisfies_keep { "yes".into() } else { format!("no: {}", c.unmet.as_deref().unwrap_or("")) },
+                    c.setup_runs.to_string(),
+                    format!("{:.1}s", c.waiting_seconds),
+                    money(c.compute_cost),
+                    money(c.storage_cost),
+                    money(c.total_cost),
+                ]
+            })
+            .collect(),
+    );
+    println!("costs in {} (the daemon's price table; see `strata cost`)", a.currency);
 }

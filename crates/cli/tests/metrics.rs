@@ -180,3 +180,33 @@ fn unknown_sandbox_cost_is_404() {
     let out = d.cli(&["cost", "no-such-sandbox", "--json"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn advise_recommends_a_lifecycle_with_priced_alternatives() {
+    require_host!();
+    let d = TestDaemon::start();
+    // A dev server between long agent turns: standby, and it is cheaper than always-on.
+    let out = d.cli_ok(&["advise", "--keep", "processes,generated-files", "--setup", "2m", "--turns", "5", "--idle", "30m", "--json"]);
+    let a: strata_api::Advice = serde_json::from_str(&out).unwrap();
+    assert_eq!(a.recommendation, strata_api::Strategy::StandbyBetweenTurns, "{a:#?}");
+    let total = |s: strata_api::Strategy| a.alternatives.iter().find(|c| c.strategy == s).map(|c| c.total_cost).unwrap();
+    assert!(total(strata_api::Strategy::StandbyBetweenTurns) < total(strata_api::Strategy::AlwaysOn));
+    assert_eq!(a.currency, "USD");
+    // Untrusted input whose output is kept: the recommendation says so.
+    let req = strata_api::AdviseRequest { keep: vec![strata_api::Keep::GeneratedFiles], untrusted_input: true, turns: Some(3), idle: Some("10m".into()), ..Default::default() };
+    let a = rt().block_on(d.client().advise(&req)).unwrap();
+    assert!(a.warnings.iter().any(|w| w.contains("untrusted input")), "{:?}", a.warnings);
+    // The human-readable form names the recommendation and the baselines.
+    let text = d.cli_ok(&["advise", "--setup", "10m", "--turns", "10", "--idle", "1h", "--keep", "packages"]);
+    assert!(text.contains("recommendation: template_then_ephemeral"), "{text}");
+    assert!(text.contains("ephemeral_only") && text.contains("always_on"), "{text}");
+    // Bad input: 400 naming the field.
+    let e = rt().block_on(d.client().advise(&strata_api::AdviseRequest { turns: Some(0), ..Default::default() })).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
+    assert!(e.to_string().contains("turns"), "{e}");
+    let e = rt().block_on(d.client().advise(&strata_api::AdviseRequest { idle: Some("a while".into()), ..Default::default() })).unwrap_err();
+    assert!(e.to_string().contains("idle"), "{e}");
+    let out = d.cli(&["advise", "--keep", "everything"]);
+    assert!(!out.status.success());
+    assert!(common::stderr(&out).contains("repository, packages"), "{}", common::stderr(&out));
+}

@@ -421,6 +421,11 @@ impl Client {
         self.call::<(), _>(Method::GET, "/v1/cost", None).await
     }
 
+    /// The lifecycle advisor's recommendation for a stage.
+    pub async fn advise(&self, req: &strata_api::AdviseRequest) -> Result<strata_api::Advice> {
+        self.call(Method::POST, "/v1/advise", Some(req)).await
+    }
+
     /// The Prometheus metrics text.
     pub async fn metrics(&self) -> Result<String> {
         let b = self.raw(Method::GET, "/metrics", Bytes::new()).await?;

@@ -4,6 +4,7 @@
 //! * [`units`]: durations (`30s`, `2h`), sizes (`512m`, `2G`) and CPU counts.
 //! * [`ids`]: sandbox ids and names.
 
+pub mod advisor;
 pub mod ids;
 pub mod lifecycle;
 pub mod units;

@@ -10,6 +10,7 @@
 
 pub mod accounting;
 pub mod activity;
+pub mod advisor;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
@@ -154,6 +155,7 @@ pub fn router(st: Shared) -> Router {
         .route("/metrics", get(metrics::metrics_handler))
         .route("/v1/cost", get(accounting::list_handler))
         .route("/v1/cost/{id}", get(accounting::get_handler))
+        .route("/v1/advise", post(advisor::advise_handler))
         .route("/v1/info", get(events::info_handler))
         .route("/v1/doctor", get(events::doctor_handler))
         .route("/v1/events", get(events::events_handler))

@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{accounting, activity, archive, audit, checkpoints, events, files, images, metrics, policy, processes, sandboxes, scan, standby, templates};
+use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, files, images, metrics, policy, processes, sandboxes, scan, standby, templates};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -20,7 +20,7 @@ use crate::{accounting, activity, archive, audit, checkpoints, events, files, im
         checkpoints::fork_handler, checkpoints::restore_handler, checkpoints::diff_handler, checkpoints::export_handler, checkpoints::gc_handler, checkpoints::lineage_handler,
         templates::create_handler, templates::list_handler, templates::delete_handler, templates::build_handler,
         events::events_handler, events::info_handler, events::doctor_handler,
-        metrics::metrics_handler, accounting::list_handler, accounting::get_handler,
+        metrics::metrics_handler, accounting::list_handler, accounting::get_handler, advisor::advise_handler,
         scan::scan_handler, audit::list_handler, audit::verify_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity))
