@@ -144,6 +144,16 @@ fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
     assert_eq!(r.process.cmd[2], "cat /run/secrets/API_TOKEN >&2; echo ***");
     let bg = d.cli_ok(&["exec", "-d", &id, "--", "cat", "/run/secrets/API_TOKEN"]).trim().to_string();
     assert!(common::wait_until(10, || d.cli_ok(&["proc", "logs", &id, &bg]) == "***"), "the log is redacted: {}", d.cli_ok(&["proc", "logs", &id, &bg]));
+    // The file API does not serve them, and a tar of a directory above them leaves them out.
+    let (status, body) = err_of(rt().block_on(d.client().download(&id, "/run/secrets/API_TOKEN", false)));
+    assert_eq!((status, body.code), (400, ErrorCode::BadRequest), "{}", body.message);
+    assert_eq!(err_of(rt().block_on(d.client().download(&id, "/run/secrets", true))).0, 400);
+    for dir in ["/run"] {
+        let tar = rt().block_on(d.client().download(&id, dir, true)).unwrap();
+        assert!(!contains(&tar, secret.as_bytes()), "a tar of {dir} holds the secret");
+        let names: Vec<String> = tar::Archive::new(&tar[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
+        assert!(names.iter().any(|n| n.contains("run/strata")) && !names.iter().any(|n| n.contains("secrets")), "{dir}: {names:?}");
+    }
     // The sandbox shows names, never values.
     let sb = rt().block_on(d.client().get_sandbox(&id)).unwrap();
     assert_eq!(sb.secrets, vec![strata_api::SecretRef { name: "API_TOKEN".into(), env: false, bytes: 64 }]);
@@ -226,6 +236,20 @@ fn env_secrets_reach_processes_and_keep_standby_to_the_filesystem() {
     assert!(body.message.contains("T are environment variables") && body.message.contains("--fs-only"), "{}", body.message);
     d.cli_ok(&["standby", "--fs-only", &id]);
     assert_nowhere(&d, &secret, "in fs-only standby");
+
+    // An automatic (idle) standby keeps only the filesystem, and says why.
+    let out = Command::new(common::strata_bin())
+        .args(["create", "busybox", "--secret", "T=env:MY_VAR", "--secret-env", "T", "--on-idle", "standby", "--idle-timeout", "1s"])
+        .env("STRATA_SOCKET", &d.socket)
+        .env("MY_VAR", &secret)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let idle = common::stdout(&out).trim().to_string();
+    assert!(common::wait_until(30, || rt().block_on(d.client().get_sandbox(&idle)).unwrap().state == SandboxState::Standby), "the idle sandbox goes to standby");
+    let info = rt().block_on(d.client().get_sandbox(&idle)).unwrap().standby.expect("standby info");
+    assert_eq!(info.mode, strata_api::StandbyMode::FsOnly);
+    assert!(info.note.as_deref().unwrap_or("").contains("environment variables"), "{:?}", info.note);
 
     // The store outlives the daemon: after a restart, the resumed sandbox has its secrets again.
     d.kill9_and_restart();
