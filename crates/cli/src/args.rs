@@ -353,6 +353,13 @@ pub struct CreateArgs {
     /// Label (repeatable).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
+}
+
+/// Secrets of a new sandbox.
+#[derive(Debug, Args, Clone, Default)]
+pub struct SecretArgs {
     /// Secret, mounted read-only at /run/secrets/NAME (repeatable): NAME=@FILE
     /// (the file's content), NAME=env:VAR (the CLI's variable VAR) or NAME=env
     /// (the CLI's variable NAME). Never stored in layers, checkpoints, standby
@@ -564,6 +571,8 @@ pub struct RunArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
     #[command(flatten)]
     pub opts: ProcOpts,
     /// Command and arguments.

@@ -20,8 +20,9 @@ fn kv(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
 
 /// Reads `--secret NAME=@FILE|env:VAR|env` values here, on the CLI's side,
 /// and marks the `--secret-env` ones.
-fn secrets(items: &[String], env_names: &[String]) -> Result<Vec<strata_api::SecretSpec>> {
+fn secrets(a: &SecretArgs) -> Result<Vec<strata_api::SecretSpec>> {
     use base64::Engine;
+    let (items, env_names) = (&a.secrets, &a.secret_env);
     let mut out = Vec::new();
     for s in items {
         let (name, src) = s.split_once('=').ok_or_else(|| anyhow!("--secret {s:?} must be NAME=@FILE, NAME=env:VAR or NAME=env"))?;
@@ -399,7 +400,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         hostname: a.hostname.clone(),
         labels: kv(&a.labels, "--label")?,
         policy: policy_patch(&a.policy),
-        secrets: secrets(&a.secrets, &a.secret_env)?,
+        secrets: secrets(&a.secrets)?,
     })
 }
 
@@ -411,6 +412,7 @@ async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         ttl: a.ttl.clone().or_else(|| a.rm.then(|| "24h".to_string())),
         limits: limits(&a.limits)?,
         policy: policy_patch(&a.policy),
+        secrets: secrets(&a.secrets)?,
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;

@@ -304,3 +304,16 @@ fn bad_secrets_are_refused_and_create_nothing() {
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.state("secrets")).unwrap().permissions()) & 0o777;
     assert_eq!(mode, 0o700);
 }
+
+#[test]
+fn one_shot_runs_take_secrets_too() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let secret = random_secret();
+    let file = common::write_file(d.dir.path(), "token", secret.as_bytes());
+    let arg = format!("R=@{}", file.display());
+    assert_eq!(d.cli_ok(&["run", "--rm", "--secret", &arg, "busybox", "--", "sh", "-c", "cat /run/secrets/R; echo; rev /run/secrets/R"]), format!("***\n{}", rev(&secret)));
+    assert!(d.cli_ok(&["ps", "--json"]).trim() == "[]", "the ephemeral sandbox is gone");
+    assert!(std::fs::read_dir(d.state("secrets")).map(|r| r.count()).unwrap_or(0) == 0, "and so are its secrets");
+}
