@@ -325,6 +325,18 @@ mod tests {
     }
 
     #[test]
+    fn secret_files_belong_to_the_image_user_or_root() {
+        let passwd = "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
+        let group = "root:x:0:\napp:x:1001:\nstaff:x:50:\n";
+        assert_eq!(secrets_owner(Some("app"), passwd, group), (1000, 1001));
+        assert_eq!(secrets_owner(Some("app:staff"), passwd, group), (1000, 50));
+        assert_eq!(secrets_owner(Some("1234"), passwd, group), (1234, 1234));
+        assert_eq!(secrets_owner(Some("nobody-here"), passwd, group), (0, 0));
+        assert_eq!(secrets_owner(None, passwd, group), (0, 0));
+        assert_eq!(secrets_owner(Some(""), passwd, group), (0, 0));
+    }
+
+    #[test]
     fn overlay_options_reject_separators_and_empty_chains() {
         assert!(overlay_options(&[PathBuf::from("/x,y/fs")], Path::new("/u"), Path::new("/w")).is_err());
         assert!(overlay_options(&[], Path::new("/u"), Path::new("/w")).is_err());

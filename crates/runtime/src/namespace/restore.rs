@@ -76,7 +76,7 @@ pub fn main() -> ! {
 
 /// Reads `rel` inside `root` as the sandbox would see it (symlinks resolved
 /// within `root`, never to host files): `openat2` with `RESOLVE_IN_ROOT`.
-/// Empty when it cannot be read.
+/// Empty when it cannot be read (O_NONBLOCK: a FIFO planted there does not block).
 fn read_in_root(root: &std::path::Path, rel: &str) -> String {
     use std::os::fd::FromRawFd;
     let Ok(root_fd) = std::fs::File::open(root) else { return String::new() };
@@ -89,7 +89,7 @@ fn read_in_root(root: &std::path::Path, rel: &str) -> String {
     }
     const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     const RESOLVE_IN_ROOT: u64 = 0x10;
-    let how = OpenHow { flags: (libc::O_RDONLY | libc::O_CLOEXEC) as u64, mode: 0, resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+    let how = OpenHow { flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) as u64, mode: 0, resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
     // SAFETY: openat2 takes a dirfd, a NUL-terminated path and an open_how of the given size, all valid for the call.
     let fd = unsafe { libc::syscall(libc::SYS_openat2, std::os::fd::AsRawFd::as_raw_fd(&root_fd), c_rel.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
     if fd < 0 {
