@@ -122,7 +122,7 @@ fn the_search_finds_a_value_in_plain_and_gzip_files() {
 #[test]
 fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
     require_criu!();
-    let d = TestDaemon::start();
+    let mut d = TestDaemon::start();
     d.import_busybox();
     let secret = random_secret();
     let file = common::write_file(d.dir.path(), "token", secret.as_bytes());
@@ -193,8 +193,9 @@ fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
     let holder_pid = rt().block_on(d.client().get_process(&id, holder.parse().unwrap())).unwrap().pid.unwrap();
     assert_eq!(exec_out(&d, &id, &format!("rev /proc/{holder_pid}/fd/3")), rev(&secret));
 
-    // Archive (from standby) and back.
+    // Archive (from standby) and back, across a daemon restart (the store is read from disk).
     d.cli_ok(&["standby", &id]);
+    d.kill9_and_restart();
     d.cli_ok(&["archive", &id]);
     assert_eq!(rt().block_on(d.client().get_sandbox(&id)).unwrap().state, SandboxState::Archived);
     assert_nowhere(&d, &secret, "archived");
