@@ -15,6 +15,7 @@ pub mod policy;
 pub mod process;
 pub mod sandbox;
 pub mod scan;
+pub mod secret;
 pub mod template;
 
 pub use advice::*;
@@ -28,6 +29,7 @@ pub use policy::*;
 pub use process::*;
 pub use sandbox::*;
 pub use scan::*;
+pub use secret::*;
 pub use template::*;
 
 /// Version prefix of every native route.

@@ -126,6 +126,10 @@ pub struct CreateSandboxRequest {
     /// (persistent: standby after 15m idle; ephemeral: destroy after 15m idle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<crate::PolicyPatch>,
+    /// Secrets, injected as files under `/run/secrets` (never into any layer,
+    /// checkpoint, standby image, fork, template or archive); see docs/security.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::SecretSpec>,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -196,6 +200,9 @@ pub struct Sandbox {
     /// What its standby keeps, while it is in standby.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<StandbyInfo>,
+    /// Its secrets (names and sizes only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::SecretRef>,
 }
 
 /// How a sandbox in standby keeps its state.

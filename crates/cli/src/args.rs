@@ -357,6 +357,23 @@ pub struct CreateArgs {
     /// Label (repeatable).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
+}
+
+/// Secrets of a new sandbox.
+#[derive(Debug, Args, Clone, Default)]
+pub struct SecretArgs {
+    /// Secret, mounted read-only at /run/secrets/NAME (repeatable): NAME=@FILE
+    /// (the file's content), NAME=env:VAR (the CLI's variable VAR) or NAME=env
+    /// (the CLI's variable NAME). Never stored in layers, checkpoints, standby
+    /// images, forks, templates or archives; redacted from output and events.
+    #[arg(long = "secret", value_name = "NAME=@FILE|env:VAR")]
+    pub secrets: Vec<String>,
+    /// Also expose secret NAME as an environment variable of every process
+    /// (repeatable). Such a sandbox cannot keep its processes in standby.
+    #[arg(long = "secret-env", value_name = "NAME")]
+    pub secret_env: Vec<String>,
 }
 
 /// Resource limits of a new sandbox.
@@ -558,6 +575,8 @@ pub struct RunArgs {
     pub limits: LimitArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
     #[command(flatten)]
     pub opts: ProcOpts,
     /// Command and arguments.

@@ -18,6 +18,30 @@ fn kv(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
+/// Reads `--secret NAME=@FILE|env:VAR|env` values here, on the CLI's side,
+/// and marks the `--secret-env` ones.
+fn secrets(a: &SecretArgs) -> Result<Vec<strata_api::SecretSpec>> {
+    use base64::Engine;
+    let (items, env_names) = (&a.secrets, &a.secret_env);
+    let mut out = Vec::new();
+    for s in items {
+        let (name, src) = s.split_once('=').ok_or_else(|| anyhow!("--secret {s:?} must be NAME=@FILE, NAME=env:VAR or NAME=env"))?;
+        let value = if let Some(path) = src.strip_prefix('@') {
+            std::fs::read(path).with_context(|| format!("--secret {name}: reading {path}"))?
+        } else if src == "env" || src.starts_with("env:") {
+            let var = src.strip_prefix("env:").unwrap_or(name);
+            std::env::var_os(var).ok_or_else(|| anyhow!("--secret {name}: environment variable {var} is not set"))?.into_encoded_bytes()
+        } else {
+            bail!("--secret {name}: give the value as @FILE, env:VAR or env (literal values would end up in shell history and ps)");
+        };
+        out.push(strata_api::SecretSpec { name: name.to_string(), value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)), host_file: None, env: env_names.iter().any(|n| n == name) });
+    }
+    if let Some(n) = env_names.iter().find(|n| !out.iter().any(|s| &s.name == *n)) {
+        bail!("--secret-env {n}: no --secret named {n}");
+    }
+    Ok(out)
+}
+
 fn limits(l: &LimitArgs) -> Result<ResourceLimits> {
     Ok(ResourceLimits {
         memory_bytes: l.memory.as_deref().map(strata_core::units::parse_size).transpose()?,
@@ -397,6 +421,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         hostname: a.hostname.clone(),
         labels: kv(&a.labels, "--label")?,
         policy: policy_patch(&a.policy),
+        secrets: secrets(&a.secrets)?,
     })
 }
 
@@ -408,6 +433,7 @@ async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         ttl: a.ttl.clone().or_else(|| a.rm.then(|| "24h".to_string())),
         limits: limits(&a.limits)?,
         policy: policy_patch(&a.policy),
+        secrets: secrets(&a.secrets)?,
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;

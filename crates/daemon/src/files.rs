@@ -52,10 +52,22 @@ pub(crate) async fn with_fs<T: Send + 'static>(st: &Shared, id: &str, f: impl Fn
     responses((status = 200, description = "File bytes or tar stream", content_type = "application/octet-stream"), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<DownloadQuery>) -> ApiResult<Response> {
     let path = q.path.clone();
+    let has_secrets = !st.secrets.get(&load(&st, &id)?.sandbox.id)?.is_empty();
     let data = with_fs(&st, &id, move |fs| {
+        // Secrets are never echoed back: /run/secrets is not served, and a tar
+        // of a directory above it leaves it out.
+        let comps = if has_secrets { fs.resolve(&path, true)? } else { Vec::new() };
+        if has_secrets && comps.len() >= 2 && comps[0] == "run" && comps[1] == "secrets" {
+            return Err(FsError::Invalid(format!("{path} (the secrets under /run/secrets are not served by the file API)")));
+        }
         if q.tar {
             let mut buf = Vec::new();
             fs.tar_to(&path, &mut buf)?;
+            // A tar of / or /run names the secrets `[./]run/secrets/...`.
+            let above_secrets = matches!(comps.as_slice(), [] | [_]) && comps.first().is_none_or(|c| c == "run");
+            if has_secrets && above_secrets {
+                buf = without_entries(&buf, "run/secrets").map_err(|e| FsError::Io { path: path.clone(), source: e })?;
+            }
             return Ok(buf);
         }
         // O_NONBLOCK: a FIFO planted by the sandbox must not park a daemon thread;
@@ -74,6 +86,37 @@ pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id):
     .await?;
     let ct = if q.tar { "application/x-tar" } else { "application/octet-stream" };
     Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, ct).body(Body::from(data)).expect("valid response"))
+}
+
+/// `tar` without the entries at `prefix` and below it (names compared
+/// without a leading `./`).
+fn without_entries(tar_bytes: &[u8], prefix: &str) -> std::io::Result<Vec<u8>> {
+    let mut out = tar::Builder::new(Vec::new());
+    out.follow_symlinks(false);
+    let mut ar = tar::Archive::new(tar_bytes);
+    for entry in ar.entries()? {
+        let mut entry = entry?;
+        let name = entry.path_bytes().into_owned();
+        let mut name: &[u8] = name.strip_suffix(b"/").unwrap_or(&name);
+        while let Some(rest) = name.strip_prefix(b"./") {
+            name = rest;
+        }
+        if name == prefix.as_bytes() || name.starts_with(format!("{prefix}/").as_bytes()) {
+            continue;
+        }
+        let mut header = entry.header().clone();
+        let link = entry.link_name_bytes().map(|l| l.into_owned());
+        let path = entry.path_bytes().into_owned();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data)?;
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&path));
+        match link {
+            Some(l) => out.append_link(&mut header, path, std::path::Path::new(std::ffi::OsStr::from_bytes(&l)))?,
+            None => out.append_data(&mut header, path, &data[..])?,
+        }
+    }
+    out.into_inner()
 }
 
 /// Upload a file (written atomically), or extract a tar stream under a directory with `tar=true`.
@@ -129,4 +172,30 @@ pub async fn remove_handler(State(st): State<Shared>, axum::extract::Path(id): a
 pub async fn move_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<MoveRequest>) -> ApiResult<StatusCode> {
     with_fs(&st, &id, move |fs| fs.rename(&req.from, &req.to)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tar_filter_drops_exactly_the_secrets_subtree() {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in [("run/secrets/T", &b"value"[..]), ("run/secretsX", b"kept"), ("run/strata/x", b"kept")] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_cksum();
+            b.append_data(&mut h, name, data).unwrap();
+        }
+        let mut dir = tar::Header::new_gnu();
+        dir.set_entry_type(tar::EntryType::Directory);
+        dir.set_mode(0o500);
+        dir.set_size(0);
+        dir.set_cksum();
+        b.append_data(&mut dir, "run/secrets/", &[][..]).unwrap();
+        let filtered = super::without_entries(&b.into_inner().unwrap(), "run/secrets").unwrap();
+        let mut ar = tar::Archive::new(&filtered[..]);
+        let names: Vec<String> = ar.entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec!["run/secretsX", "run/strata/x"]);
+    }
 }

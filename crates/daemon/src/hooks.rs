@@ -87,6 +87,7 @@ pub async fn run(st: &Shared, rec: &SandboxRecord, stage: Stage) {
         }
         Err(e) => ("hook_failed", format!("{} `{}`: {}", stage.name(), cmd.join(" "), e.body.message)),
     };
+    let detail = st.secrets.get_or_empty(&rec.sandbox.id).redact_str(&detail);
     if reason == "hook_ok" {
         info!(sandbox = %rec.sandbox.id, hook = stage.name(), "hook ran");
     } else {

@@ -29,6 +29,7 @@ pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
 pub mod scan;
+pub mod secrets;
 pub mod standby;
 pub mod state;
 pub mod templates;

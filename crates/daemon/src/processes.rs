@@ -361,9 +361,9 @@ impl ResumePipes {
     }
 }
 
-/// Builds the runtime's exec spec: image env < sandbox env < request env;
-/// cwd and user default to the image's.
-fn exec_spec(rec: &SandboxRecord, req: &ExecRequest) -> ExecSpec {
+/// Builds the runtime's exec spec: image env < sandbox env < secrets exposed
+/// as env < request env; cwd and user default to the image's.
+fn exec_spec(rec: &SandboxRecord, req: &ExecRequest, secrets: &crate::secrets::SandboxSecrets) -> ExecSpec {
     let mut env = BTreeMap::new();
     for kv in &rec.image_config.env {
         if let Some((k, v)) = kv.split_once('=') {
@@ -373,6 +373,7 @@ fn exec_spec(rec: &SandboxRecord, req: &ExecRequest) -> ExecSpec {
     env.insert("STRATA_SANDBOX_ID".into(), rec.sandbox.id.clone());
     env.insert("STRATA_FORK_GENERATION".into(), rec.sandbox.fork_generation.to_string());
     env.extend(rec.sandbox.env.clone());
+    env.extend(secrets.env_vars());
     env.extend(req.env.clone());
     ExecSpec {
         argv: req.cmd.clone(),
@@ -413,7 +414,8 @@ pub async fn spawn_unchecked(st: &Shared, rec: &SandboxRecord, req: ExecRequest)
 /// [`spawn_unchecked`] for a request [`validate`] has accepted (its timeout and decoded stdin).
 async fn spawn_validated(st: &Shared, rec: &SandboxRecord, req: ExecRequest, (timeout, stdin_data): (Option<Duration>, Option<Vec<u8>>)) -> ApiResult<Arc<Proc>> {
     let handle = handle_of(rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
-    let spec = exec_spec(rec, &req);
+    let secrets = st.secrets.get(&rec.sandbox.id)?;
+    let spec = exec_spec(rec, &req, &secrets);
     let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;
     let (report_r, report_w) = cloexec_pipe()?;
     let (stdout_r, stdout_w) = cloexec_pipe()?;
@@ -439,14 +441,14 @@ async fn spawn_validated(st: &Shared, rec: &SandboxRecord, req: ExecRequest, (ti
         let _ = child.wait().await;
     });
     let oom_before = st.runtime.usage(&rec.sandbox.id).oom_kills;
-    let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.clone());
+    let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.iter().map(|a| secrets.redact_str(a)).collect());
     proc_.lock().pipes = pipes;
     let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
     *proc_.reattach.lock().unwrap_or_else(|p| p.into_inner()) = Some(reattach_tx);
     // Stdin is in place before the caller learns the process exists (it may write at once).
     attach_stdin(&proc_, stdin_w, stdin_data, req.keep_stdin_open).await;
     let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: None };
-    tokio::spawn(supervise(st.clone(), proc_.clone(), rec.sandbox.id.clone(), ends, SuperviseOpts { timeout, oom_before }, reattach_rx));
+    tokio::spawn(supervise(st.clone(), proc_.clone(), rec.sandbox.id.clone(), ends, SuperviseOpts { timeout, oom_before, secrets }, reattach_rx));
     Ok(proc_)
 }
 
@@ -461,6 +463,8 @@ fn inode(fd: &OwnedFd) -> u64 {
 struct SuperviseOpts {
     timeout: Option<Duration>,
     oom_before: u64,
+    /// Values redacted from the output before it is buffered.
+    secrets: Arc<crate::secrets::SandboxSecrets>,
 }
 
 /// Follows one process until its shim reports its end: pumps its output into
@@ -472,8 +476,8 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
     let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let report = loop {
-        let out_task = tokio::spawn(pump(p.clone(), ends.stdout, StreamKind::Stdout));
-        let err_task = tokio::spawn(pump(p.clone(), ends.stderr, StreamKind::Stderr));
+        let out_task = tokio::spawn(pump(p.clone(), ends.stdout, StreamKind::Stdout, opts.secrets.redactor()));
+        let err_task = tokio::spawn(pump(p.clone(), ends.stderr, StreamKind::Stderr, opts.secrets.redactor()));
         if let Some(fd) = ends.stdin.take() {
             // Reattached after a resume: it was open when the process was suspended.
             attach_stdin(&p, fd, None, true).await;
@@ -573,14 +577,27 @@ async fn attach_stdin(p: &Arc<Proc>, fd: OwnedFd, data: Option<Vec<u8>>, keep_op
     });
 }
 
-async fn pump(p: Arc<Proc>, fd: OwnedFd, stream: StreamKind) {
+/// Copies one output pipe into the process's log, redacting secret values
+/// (a value split across reads is caught; see [`crate::secrets::Redactor`]).
+async fn pump(p: Arc<Proc>, fd: OwnedFd, stream: StreamKind, mut redactor: Option<crate::secrets::Redactor>) {
     let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => p.append(stream, Bytes::copy_from_slice(&buf[..n])),
+            Ok(n) => match redactor.as_mut() {
+                Some(red) => {
+                    let out = red.feed(&buf[..n]);
+                    if !out.is_empty() {
+                        p.append(stream, Bytes::from(out));
+                    }
+                }
+                None => p.append(stream, Bytes::copy_from_slice(&buf[..n])),
+            },
         }
+    }
+    if let Some(out) = redactor.as_mut().map(|r| r.finish()).filter(|o| !o.is_empty()) {
+        p.append(stream, Bytes::from(out));
     }
 }
 

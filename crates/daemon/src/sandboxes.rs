@@ -92,6 +92,9 @@ impl<'a> Change<'a> {
 pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>, started: Instant, init: Option<&SandboxHandle>) -> ApiResult<SandboxEvent> {
     let Change { action, reason, detail } = change;
     let to = next_state(from, action)?;
+    // Error messages may quote a process's words: never a secret's value.
+    let redacted = detail.map(|d| st.secrets.get_or_empty(id).redact_str(d));
+    let detail = redacted.as_deref();
     let t = Transition { to, reason, detail, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
     let ev = st
         .db
@@ -130,6 +133,8 @@ fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
         log_path: dir.join("init.log"),
         machine_id: machine_id(&rec.sandbox.id),
         fork_generation: rec.sandbox.fork_generation,
+        secrets: st.secrets.get(&rec.sandbox.id)?.files(),
+        secrets_owner: rec.image_config.user.clone().filter(|u| !u.is_empty()),
     })
 }
 
@@ -305,6 +310,8 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
             return Err(ApiError::bad_request(format!("invalid environment variable name {k:?}")));
         }
     }
+    // Read and checked before anything is recorded: a bad secret creates nothing.
+    let secrets = crate::secrets::validate(&req.secrets)?;
     let hostname = match &req.hostname {
         Some(h) => {
             ids::validate_name(h, false)?;
@@ -340,6 +347,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
             head_checkpoint: source.checkpoint.clone(),
             fork_generation: lineage.fork_generation,
             standby: None,
+            secrets: Vec::new(),
         },
         layers: source.layers,
         init_start_time: None,
@@ -347,7 +355,11 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     };
     let lock = st.lock_for(&id);
     let _g = lock.lock().await;
-    st.db.insert_sandbox(&rec)?;
+    st.secrets.put(&id, secrets)?;
+    if let Err(e) = st.db.insert_sandbox(&rec) {
+        st.secrets.remove(&id);
+        return Err(e.into());
+    }
     let span = info_span!("sandbox", id = %id);
     let res = boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await;
     if let Err(e) = res {
@@ -426,6 +438,7 @@ fn release_resources(st: &Shared, id: &str) {
 /// crash between a destroy's commit and its background cleanup).
 pub fn sweep_orphans(st: &Shared) -> Result<(), ApiError> {
     let known: std::collections::HashSet<String> = st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox.id).collect();
+    st.secrets.sweep(&known);
     let Ok(entries) = std::fs::read_dir(&st.sandboxes_dir) else { return Ok(()) };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -481,6 +494,7 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     let t = Transition { to: SandboxState::Destroyed, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
     let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
+    st.secrets.remove(&rec.sandbox.id);
     if let Some(m) = archived {
         let st2 = st.clone();
         tokio::spawn(async move { crate::archive::delete_remote(&st2, &m).await });
@@ -679,6 +693,12 @@ pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
     n.max(rec.sandbox.oom_kills)
 }
 
+/// Fills in a sandbox's secrets (names and sizes; values never leave the store).
+pub fn with_secret_names(st: &Shared, mut sb: Sandbox) -> Sandbox {
+    sb.secrets = st.secrets.get_or_empty(&sb.id).refs();
+    sb
+}
+
 // ---- HTTP handlers ----
 
 /// Create and start a sandbox.
@@ -692,7 +712,7 @@ pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateSand
 /// List sandboxes.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = [Sandbox])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Sandbox>>> {
-    Ok(Json(st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox).collect()))
+    Ok(Json(st.db.list_sandboxes()?.into_iter().map(|r| with_secret_names(&st, r.sandbox)).collect()))
 }
 
 /// Inspect a sandbox.
@@ -707,7 +727,7 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> Ap
     if sb.state == SandboxState::Standby {
         sb.standby = crate::standby::info(&st, &sb.id);
     }
-    Ok(Json(sb))
+    Ok(Json(with_secret_names(&st, sb)))
 }
 
 /// Stop a sandbox (processes killed, filesystem kept).

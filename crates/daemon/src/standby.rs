@@ -184,6 +184,17 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     if req.fs_only {
         return standby_fs_only(st, &rec, "asked for with fs_only".into(), reason, started).await;
     }
+    // Secrets exposed as environment variables live in the processes' memory,
+    // which a process image would capture: such a sandbox never gets one.
+    let env_secrets = st.secrets.get(&id)?.env_names().join(", ");
+    if !env_secrets.is_empty() {
+        let why = format!("its secrets {env_secrets} are environment variables of its processes, and a process image would capture their values");
+        if reason == "user" {
+            return Err(ApiError::invalid_state(from, format!("cannot keep the processes of sandbox {id}: {why}; `strata standby --fs-only` stops them and keeps only the filesystem")));
+        }
+        // An automatic standby degrades explicitly (recorded on the sandbox).
+        return standby_fs_only(st, &rec, why, reason, started).await;
+    }
     if let Some(why) = st.runtime.process_dump_unsupported() {
         return Err(ApiError::new(
             ErrorCode::Unsupported,

@@ -40,6 +40,8 @@ pub struct AppState {
     pub accounting: crate::accounting::Accounting,
     /// Prices for cost reports.
     pub prices: strata_api::Prices,
+    /// Secret values of sandboxes (memory + `<state>/secrets/`).
+    pub secrets: crate::secrets::SecretStore,
 }
 
 impl AppState {
@@ -51,6 +53,7 @@ impl AppState {
             layers,
             runtime,
             sandboxes_dir: state_dir.join("sandboxes"),
+            secrets: crate::secrets::SecretStore::new(&state_dir),
             state_dir,
             processes: ProcessTable::default(),
             activity: Arc::new(ActivityTracker::default()),

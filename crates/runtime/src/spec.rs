@@ -28,6 +28,33 @@ pub struct SandboxSpec {
     pub machine_id: String,
     /// Fork generation, written to /run/strata/generation.
     pub fork_generation: u32,
+    /// Secrets, written as files on a read-only tmpfs at [`SECRETS_DIR`]
+    /// (not mounted when empty). They travel to the helpers over pipes only.
+    #[serde(default)]
+    pub secrets: Vec<SecretFile>,
+    /// Owner of the secret files: the image's default user (`name`, `uid[:gid]`),
+    /// resolved against the sandbox's /etc/passwd; root when absent or unknown.
+    #[serde(default)]
+    pub secrets_owner: Option<String>,
+}
+
+/// Where a sandbox's secrets are mounted (a tmpfs of its own).
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// One secret file.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct SecretFile {
+    /// File name under [`SECRETS_DIR`] (validated by the daemon: `[A-Za-z_][A-Za-z0-9_]*`).
+    pub name: String,
+    /// The value.
+    pub data: Vec<u8>,
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the value.
+        f.debug_struct("SecretFile").field("name", &self.name).field("bytes", &self.data.len()).finish()
+    }
 }
 
 pub use strata_init::exec::{ExecReport, ExecSpec};

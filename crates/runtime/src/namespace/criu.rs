@@ -17,6 +17,11 @@ use crate::RuntimeError;
 
 /// Name under which the helper binary's bind mount is recorded in the images.
 pub const HELPER_KEY: &str = "strata-helper";
+/// Name under which the secrets tmpfs ([`crate::spec::SECRETS_DIR`]) is
+/// recorded in the images: an external mount, so CRIU never dumps its
+/// contents (it would otherwise write them into `tmpfs-dev-*.tar.gz`); restore
+/// binds a freshly filled tmpfs in its place.
+pub const SECRETS_KEY: &str = "strata-secrets";
 /// Log files CRIU writes into the images directory.
 pub const DUMP_LOG: &str = "criu-dump.log";
 /// See [`DUMP_LOG`].
@@ -127,12 +132,20 @@ fn netns_inode(pid: i32) -> Result<u64, RuntimeError> {
     std::fs::metadata(&p).map(|m| m.ino()).map_err(|e| RuntimeError::sys(format!("stat {p}"), e))
 }
 
+/// Whether `mount_point` is a mount point in the mount namespace (and root) of `pid`.
+pub fn has_mount(pid: i32, mount_point: &str) -> bool {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(mount_point))
+}
+
 /// Dumps the process tree rooted at `init_pid` into `dir` (created) and kills it.
-/// On failure the processes keep running (CRIU resumes them).
+/// On failure the processes keep running (CRIU resumes them). A secrets tmpfs
+/// is declared external, so its contents stay out of the images.
 pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeError> {
     let bin = binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
     std::fs::create_dir_all(dir).map_err(|e| RuntimeError::sys(format!("create {}", dir.display()), e))?;
     let netns = netns_inode(init_pid)?;
+    let secrets = has_mount(init_pid, crate::spec::SECRETS_DIR);
     let t = Instant::now();
     let out = Command::new(&bin)
         .env_clear()
@@ -149,6 +162,7 @@ pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeErr
         .arg("--external")
         .arg(format!("net[{netns}]:{NETNS_KEY}"))
         .args(network_lock_args(nftables_lock(&bin)))
+        .args(if secrets { vec!["--external".to_string(), format!("mnt[{}]:{SECRETS_KEY}", crate::spec::SECRETS_DIR)] } else { Vec::new() })
         .args(COMMON)
         .output()
         .map_err(|source| RuntimeError::Spawn { what: "criu dump", source })?;
@@ -190,6 +204,14 @@ pub struct RestoreConfig {
     /// Lock the network with nftables ([`nftables_lock`]).
     #[serde(default)]
     pub nftables_lock: bool,
+    /// Where `_restore` mounts a fresh secrets tmpfs (in its private mount
+    /// namespace) for CRIU to bind in place of the dumped one; `None` when the
+    /// sandbox has no secrets. The values arrive on `_restore`'s stdin.
+    #[serde(default)]
+    pub secrets_mount: Option<PathBuf>,
+    /// Owner of the secret files (see [`crate::spec::SandboxSpec::secrets_owner`]).
+    #[serde(default)]
+    pub secrets_owner: Option<String>,
 }
 
 /// Environment variable carrying the [`RestoreConfig`] JSON.
@@ -212,6 +234,10 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
         "--external".into(),
         format!("mnt[{HELPER_KEY}]:{}", cfg.helper.display()),
     ];
+    if let Some(dir) = &cfg.secrets_mount {
+        a.push("--external".into());
+        a.push(format!("mnt[{SECRETS_KEY}]:{}", dir.display()));
+    }
     for (fd, ino) in &cfg.inherit {
         a.push("--inherit-fd".into());
         a.push(format!("fd[{fd}]:pipe:[{ino}]"));

@@ -105,6 +105,7 @@ fn pid1(cfg: InitConfig) -> ! {
         mounts::loopback_up()?;
         mounts::pivot_into(&spec.rootfs_dir)?;
         mounts::write_identity_files(&spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
+        mounts::mount_secrets(&spec.secrets, spec.secrets_owner.as_deref())?;
         mounts::attach_helper(helper, SELF_PATH)?;
         Ok(())
     };

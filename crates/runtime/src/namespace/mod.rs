@@ -290,13 +290,15 @@ impl Runtime for NamespaceRuntime {
             nftables_lock: criu::nftables_lock(&bin),
             criu: bin,
             external_netns: images_dir.join(criu::NETNS_MARKER).is_file(),
+            secrets_mount: (!spec.secrets.is_empty()).then(|| spec.rootfs_dir.with_file_name("secrets.mnt")),
+            secrets_owner: spec.secrets_owner.clone(),
         };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&spec.log_path)
             .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
-        let status = {
+        let mut child = {
             let _g = crate::spawn_lock();
             for (fd, _) in inherit {
                 // SAFETY: F_SETFD on descriptors the caller owns; they are inheritable
@@ -307,7 +309,7 @@ impl Runtime for NamespaceRuntime {
                 .arg("_restore")
                 .env_clear()
                 .env(criu::RESTORE_CONFIG_ENV, serde_json::to_string(&cfg).expect("RestoreConfig serializes"))
-                .stdin(Stdio::null())
+                .stdin(if cfg.secrets_mount.is_some() { Stdio::piped() } else { Stdio::null() })
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn();
@@ -316,7 +318,13 @@ impl Runtime for NamespaceRuntime {
                 unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) };
             }
             spawned.map_err(|source| RuntimeError::Spawn { what: "criu restore", source })?
+        };
+        if let Some(mut stdin) = child.stdin.take() {
+            // The secrets, over a pipe (a failed helper closes it: its exit status says why).
+            let json = serde_json::to_vec(&spec.secrets).expect("secrets serialize");
+            let _ = stdin.write_all(&json);
         }
+        let status = child
         .wait()
         .map_err(|e| RuntimeError::sys("wait for criu restore", e))?;
         let fail = |msg: String| {

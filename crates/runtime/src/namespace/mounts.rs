@@ -138,7 +138,11 @@ pub fn pivot_into(root: &Path) -> SetupResult<()> {
 /// Paths (relative to the sandbox root) that strata manages per sandbox: they
 /// live on the /run/strata tmpfs (bind-mounted over /etc), are regenerated at
 /// every start, and are never captured in diffs, exports or checkpoints.
-pub const IDENTITY_PATHS: [&str; 4] = ["etc/hostname", "etc/hosts", "etc/machine-id", "run/strata"];
+///
+/// `run/secrets` is the mount point of the secrets tmpfs ([`mount_secrets`]):
+/// its contents never reach the writable layer, and the empty directory is
+/// excluded too.
+pub const IDENTITY_PATHS: [&str; 5] = ["etc/hostname", "etc/hosts", "etc/machine-id", "run/strata", "run/secrets"];
 
 /// Gives the sandbox its identity (after pivot_root, so symlinks in the image
 /// resolve inside the sandbox): a tmpfs at /run/strata holding sandbox-id,
@@ -180,6 +184,70 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
         mount(Some(format!("/run/strata/{name}").as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx(format!("bind /etc/{name}")))?;
     }
     Ok(())
+}
+
+/// The uid and gid that own a sandbox's secret files: `owner` (the image's
+/// default user) resolved against the sandbox's passwd and group files; root
+/// when absent or unknown.
+pub fn secrets_owner(owner: Option<&str>, passwd: &str, group: &str) -> (u32, u32) {
+    match owner.filter(|o| !o.is_empty()).map(|o| crate::namespace::user::resolve(Some(o), passwd, group)) {
+        Some(Ok(u)) => (u.uid, u.gid),
+        _ => (0, 0),
+    }
+}
+
+/// Mounts a tmpfs on `dir` holding one file per secret (mode 0400, directory
+/// 0500, both owned by `owner`), then makes it read-only. nosuid, nodev,
+/// noexec; sized to its contents.
+pub fn fill_secrets(dir: &Path, secrets: &[crate::spec::SecretFile], owner: (u32, u32)) -> SetupResult<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let bytes: usize = secrets.iter().map(|s| s.data.len().div_ceil(4096) * 4096 + 4096).sum::<usize>() + 4096;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let opts = format!("mode=0500,uid={},gid={},size={bytes},nr_inodes={}", owner.0, owner.1, secrets.len() + 16);
+    mnt("tmpfs", dir, Some("tmpfs"), flags, Some(&opts))?;
+    for s in secrets {
+        if !strata_api::valid_secret_name(&s.name) {
+            return Err(format!("invalid secret name {:?}", s.name));
+        }
+        let p = dir.join(&s.name);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&p)
+            .map_err(ctx(format!("create secret {}", s.name)))?;
+        f.write_all(&s.data).map_err(ctx(format!("write secret {}", s.name)))?;
+        std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1)).map_err(ctx(format!("chown secret {}", s.name)))?;
+    }
+    mount(None::<&str>, dir, None::<&str>, flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, Some(opts.as_str())).map_err(ctx(format!("read-only {}", dir.display())))?;
+    Ok(())
+}
+
+/// Mounts the secrets tmpfs at [`crate::spec::SECRETS_DIR`] inside the
+/// sandbox (after pivot_root; the mount point must be a real directory, never
+/// a symlink planted by the image). The owner is resolved against the
+/// sandbox's own /etc/passwd and /etc/group.
+pub fn mount_secrets(secrets: &[crate::spec::SecretFile], owner: Option<&str>) -> SetupResult<()> {
+    if secrets.is_empty() {
+        return Ok(());
+    }
+    let dir = Path::new(crate::spec::SECRETS_DIR);
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("refusing to mount secrets on {}: not a directory in the image", dir.display())),
+        Err(_) => {
+            let run = Path::new("/run");
+            if fs::symlink_metadata(run).is_ok_and(|m| !m.is_dir()) {
+                return Err("refusing to mount secrets: /run is not a directory in the image".into());
+            }
+            fs::create_dir_all(dir).map_err(ctx(format!("mkdir {}", dir.display())))?;
+        }
+    }
+    let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let group = fs::read_to_string("/etc/group").unwrap_or_default();
+    fill_secrets(dir, secrets, secrets_owner(owner, &passwd, &group))
 }
 
 /// A detached bind mount of the `strata-init` binary `exe` (`open_tree`
@@ -254,6 +322,18 @@ mod tests {
         let (dir, opts) = overlay_options(&lowers, Path::new("/s/sb/1/upper"), Path::new("/s/sb/1/work")).unwrap();
         assert_eq!(dir.unwrap(), PathBuf::from("/s/layers/sha256"));
         assert_eq!(opts, "lowerdir=b/fs:a/fs,upperdir=/s/sb/1/upper,workdir=/s/sb/1/work");
+    }
+
+    #[test]
+    fn secret_files_belong_to_the_image_user_or_root() {
+        let passwd = "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
+        let group = "root:x:0:\napp:x:1001:\nstaff:x:50:\n";
+        assert_eq!(secrets_owner(Some("app"), passwd, group), (1000, 1001));
+        assert_eq!(secrets_owner(Some("app:staff"), passwd, group), (1000, 50));
+        assert_eq!(secrets_owner(Some("1234"), passwd, group), (1234, 1234));
+        assert_eq!(secrets_owner(Some("nobody-here"), passwd, group), (0, 0));
+        assert_eq!(secrets_owner(None, passwd, group), (0, 0));
+        assert_eq!(secrets_owner(Some(""), passwd, group), (0, 0));
     }
 
     #[test]

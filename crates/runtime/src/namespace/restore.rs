@@ -61,7 +61,62 @@ pub fn main() -> ! {
     if let Err(e) = mount(Some("overlay"), &cfg.rootfs_dir, Some("overlay"), MsFlags::empty(), Some(opts.as_str())) {
         fail(format!("mount the overlay root on {}: {e}", cfg.rootfs_dir.display()));
     }
+    if let Some(dir) = &cfg.secrets_mount {
+        // The values come on stdin (never in the environment or on disk).
+        let mut raw = Vec::new();
+        if let Err(e) = std::io::Read::read_to_end(&mut std::io::stdin(), &mut raw) {
+            fail(format!("read secrets: {e}"));
+        }
+        let secrets: Vec<crate::spec::SecretFile> = serde_json::from_slice(&raw).unwrap_or_else(|e| fail(format!("parse secrets: {e}")));
+        drop(raw);
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            fail(format!("create {}: {e}", dir.display()));
+        }
+        let passwd = read_in_root(&cfg.rootfs_dir, "etc/passwd");
+        let group = read_in_root(&cfg.rootfs_dir, "etc/group");
+        let owner = super::mounts::secrets_owner(cfg.secrets_owner.as_deref(), &passwd, &group);
+        if let Err(e) = super::mounts::fill_secrets(dir, &secrets, owner) {
+            fail(e);
+        }
+    }
+    // Nothing of the config pipe reaches CRIU.
+    // SAFETY: open returns a new descriptor; dup2 onto 0 and close of the original are plain fd operations.
+    unsafe {
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::dup2(fd, 0);
+            libc::close(fd);
+        }
+    }
     let _ = nix::unistd::chdir("/");
     let err = std::process::Command::new(&cfg.criu).env_clear().env("PATH", super::criu::PATH).args(restore_args(&cfg, netns_fd)).exec();
     fail(format!("exec {}: {err}", cfg.criu.display()))
+}
+
+/// Reads `rel` inside `root` as the sandbox would see it (symlinks resolved
+/// within `root`, never to host files): `openat2` with `RESOLVE_IN_ROOT`.
+/// Empty when it cannot be read (O_NONBLOCK: a FIFO planted there does not block).
+fn read_in_root(root: &std::path::Path, rel: &str) -> String {
+    use std::os::fd::FromRawFd;
+    let Ok(root_fd) = std::fs::File::open(root) else { return String::new() };
+    let Ok(c_rel) = std::ffi::CString::new(rel) else { return String::new() };
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_IN_ROOT: u64 = 0x10;
+    let how = OpenHow { flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) as u64, mode: 0, resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+    // SAFETY: openat2 takes a dirfd, a NUL-terminated path and an open_how of the given size, all valid for the call.
+    let fd = unsafe { libc::syscall(libc::SYS_openat2, std::os::fd::AsRawFd::as_raw_fd(&root_fd), c_rel.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
+    if fd < 0 {
+        return String::new();
+    }
+    // SAFETY: fd is a new descriptor owned by nobody else.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd as i32) };
+    let mut s = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut f, 1 << 20), &mut s);
+    s
 }
