@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod cost;
 pub mod error;
+pub mod fanout;
 pub mod files;
 pub mod host;
 pub mod image;
@@ -19,6 +20,7 @@ pub mod template;
 pub use checkpoint::*;
 pub use cost::*;
 pub use error::{ApiErrorBody, ErrorCode};
+pub use fanout::*;
 pub use files::*;
 pub use host::*;
 pub use image::*;

@@ -161,12 +161,16 @@ pub enum Command {
         json: bool,
     },
     /// Fork N sandboxes from a checkpoint or a live sandbox; prints their ids.
+    /// With --run: fan-out and select (one attempt per child, a winner by --select;
+    /// prints a table of attempts, exit status 1 when there is no winner).
     Fork {
         /// Checkpoint or sandbox.
         source: String,
-        /// Number of children.
+        /// Number of children (with --run and --arg: defaults to the number of args).
         #[arg(long, short = 'n')]
-        count: u32,
+        count: Option<u32>,
+        #[command(flatten)]
+        fanout: FanoutArgs,
         /// Children are named PREFIX-1..N.
         #[arg(long)]
         name_prefix: Option<String>,
@@ -749,4 +753,41 @@ pub enum FsCmd {
         /// To.
         to: String,
     },
+}
+
+/// Fan-out flags of `strata fork --run`.
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    /// Shell command run in each child (`sh -c`); `{i}` is the attempt's index, `{arg}` its --arg.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// One attempt per argument (repeat).
+    #[arg(long = "arg", requires = "run")]
+    pub args: Vec<String>,
+    /// Winner rule: first to exit 0, all must exit 0, or the best --score-cmd.
+    #[arg(long, value_enum, default_value = "first", requires = "run")]
+    pub select: SelectArg,
+    /// Shell command printing a score (last stdout line), run in each child after its attempt.
+    #[arg(long, requires = "run")]
+    pub score_cmd: Option<String>,
+    /// Keep the losing children (default: destroyed).
+    #[arg(long, requires = "run")]
+    pub keep_losers: bool,
+    /// Per-attempt timeout, e.g. 60s.
+    #[arg(long, requires = "run")]
+    pub timeout: Option<String>,
+    /// Checkpoint the winner under this name.
+    #[arg(long, requires = "run")]
+    pub promote: Option<String>,
+}
+
+/// `--select` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SelectArg {
+    /// The first attempt to exit 0 wins; the others are killed.
+    First,
+    /// Every attempt must exit 0.
+    All,
+    /// The highest score (of --score-cmd) among the attempts that exit 0.
+    Score,
 }

@@ -259,11 +259,35 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Fork { source, count, name_prefix, lifecycle, ttl, json } => {
+        Command::Fork { source, count, fanout, name_prefix, lifecycle, ttl, json } => {
             let lifecycle = match lifecycle {
                 LifecycleArg::Ephemeral => Lifecycle::Ephemeral,
                 LifecycleArg::Persistent => Lifecycle::Persistent,
             };
+            if let Some(run) = fanout.run {
+                let plan = strata_api::FanoutPlan {
+                    run: Some(run),
+                    args: fanout.args,
+                    count,
+                    select: match fanout.select {
+                        SelectArg::First => strata_api::SelectRule::FirstSuccess,
+                        SelectArg::All => strata_api::SelectRule::AllSuccess,
+                        SelectArg::Score => strata_api::SelectRule::BestScore,
+                    },
+                    score_cmd: fanout.score_cmd,
+                    timeout: fanout.timeout,
+                    losers: if fanout.keep_losers { strata_api::LoserPolicy::Keep } else { strata_api::LoserPolicy::Destroy },
+                    attempts: vec![],
+                };
+                let r = c.fanout(&strata_api::FanoutRequest { source, plan, promote_as: fanout.promote, name_prefix, lifecycle, ttl, limits: None }).await?;
+                if json {
+                    output::json(&r);
+                } else {
+                    print_fanout(&r);
+                }
+                return Ok(if r.winner.is_some() { 0 } else { 1 });
+            }
+            let count = count.ok_or_else(|| anyhow!("--count is required (or --run with --arg)"))?;
             let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None }).await?;
             if json {
                 output::json(&r);
@@ -927,4 +951,37 @@ fn print_cost(r: &strata_api::CostReport) {
     println!("total      {} {cur} (compute {}, storage {})", money(r.total), money(r.compute.total), money(r.storage_total));
     println!("ephemeral-only {} {cur} (+{:.1} s of repeated setup): {}", money(r.ephemeral_only.total), r.ephemeral_only.extra_seconds, r.ephemeral_only.method);
     println!("always-on      {} {cur}: {}", money(r.always_on.total), r.always_on.method);
+}
+
+/// The attempts of a fan-out as a table, then the winner (or why there is none).
+fn print_fanout(r: &strata_api::FanoutResult) {
+    let rows = r
+        .attempts
+        .iter()
+        .map(|a| {
+            let last = |t: &str| t.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").chars().take(60).collect::<String>();
+            vec![
+                format!("{}{}", a.index, if r.winner == Some(a.index) { " *" } else { "" }),
+                a.sandbox_name.clone(),
+                format!("{:?}", a.outcome).to_lowercase().replace("timedout", "timed_out"),
+                a.exit_code.map_or("-".into(), |c| c.to_string()),
+                format!("{:.1}s", a.duration_ms as f64 / 1000.0),
+                match (a.score, &a.score_error) {
+                    (Some(s), _) => s.to_string(),
+                    (None, Some(e)) => format!("- ({})", e.chars().take(40).collect::<String>()),
+                    _ => "-".into(),
+                },
+                if a.kept { "kept" } else { "destroyed" }.to_string(),
+                last(if a.stderr_tail.trim().is_empty() { &a.stdout_tail } else { &a.stderr_tail }),
+            ]
+        })
+        .collect();
+    output::table(&["#", "SANDBOX", "OUTCOME", "EXIT", "TIME", "SCORE", "KEPT", "LAST OUTPUT"], rows);
+    match (&r.winner, &r.winner_sandbox) {
+        (Some(w), Some(sb)) => {
+            let promoted = r.promoted.as_ref().map(|c| format!(", promoted as checkpoint {} ({})", c.name, c.id)).unwrap_or_default();
+            println!("winner: attempt {w}, sandbox {sb}{promoted}");
+        }
+        _ => println!("no winner: {}", r.reason.as_deref().unwrap_or("unknown")),
+    }
 }

@@ -389,6 +389,11 @@ impl Client {
         self.call(Method::POST, "/v1/fork", Some(req)).await
     }
 
+    /// Fan-out and select: forks one child per attempt, runs them, picks the winner.
+    pub async fn fanout(&self, req: &FanoutRequest) -> Result<FanoutResult> {
+        self.call(Method::POST, "/v1/fanout", Some(req)).await
+    }
+
     /// Rolls a sandbox back to a checkpoint.
     pub async fn restore(&self, id: &str, req: &RestoreRequest) -> Result<RestoreResult> {
         self.call(Method::POST, &format!("/v1/sandboxes/{}/restore", enc(id)), Some(req)).await

@@ -15,6 +15,7 @@ pub mod audit;
 pub mod checkpoints;
 pub mod error;
 pub mod events;
+pub mod fanout;
 pub mod files;
 pub mod hooks;
 pub mod hygiene;
@@ -179,6 +180,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/checkpoints", get(c::list_handler))
         .route("/v1/checkpoints/{id}", get(c::get_handler).delete(c::delete_handler))
         .route("/v1/fork", post(c::fork_handler))
+        .route("/v1/fanout", post(fanout::fanout_handler))
         .route("/v1/gc", post(c::gc_handler))
         .route("/v1/lineage/{id}", get(c::lineage_handler))
         .route("/v1/scan/{id}", get(scan::scan_handler))

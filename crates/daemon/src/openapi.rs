@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{accounting, activity, archive, audit, checkpoints, events, files, images, metrics, policy, processes, sandboxes, scan, standby, templates};
+use crate::{accounting, activity, archive, audit, checkpoints, events, fanout, files, images, metrics, policy, processes, sandboxes, scan, standby, templates};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -22,6 +22,7 @@ use crate::{accounting, activity, archive, audit, checkpoints, events, files, im
         events::events_handler, events::info_handler, events::doctor_handler,
         metrics::metrics_handler, accounting::list_handler, accounting::get_handler,
         scan::scan_handler, audit::list_handler, audit::verify_handler,
+        fanout::fanout_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity))
 )]
