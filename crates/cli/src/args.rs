@@ -35,6 +35,9 @@ pub enum Command {
     /// Manage images.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Run pipelines (a TOML spec of stages, each with its own lifecycle) and follow them.
+    #[command(subcommand)]
+    Pipeline(PipelineCmd),
     /// Create and start a sandbox; prints its id.
     Create(CreateArgs),
     /// One-shot: create a sandbox, run a command, and (with --rm) destroy it.
@@ -131,6 +134,9 @@ pub enum Command {
     Cost {
         /// Sandbox id, id prefix or name (default: every sandbox).
         id: Option<String>,
+        /// The cost of a pipeline run, per stage, instead.
+        #[arg(long, conflicts_with = "id")]
+        pipeline: Option<String>,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -790,4 +796,49 @@ pub enum SelectArg {
     All,
     /// The highest score (of --score-cmd) among the attempts that exit 0.
     Score,
+}
+
+/// `strata pipeline ...`.
+#[derive(Debug, Subcommand)]
+pub enum PipelineCmd {
+    /// Run a pipeline spec (TOML, see docs/pipelines.md), streaming a line per stage
+    /// event and ending with a table per stage; exit status 1 when it fails.
+    Run {
+        /// The spec file.
+        file: PathBuf,
+        /// Print the run and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// JSON output (NDJSON events while following).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a run stage by stage.
+    Status {
+        /// Run id or unique prefix.
+        id: String,
+        /// Follow it until it ends.
+        #[arg(long)]
+        follow: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List runs.
+    Ls {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Continue a failed or interrupted run from its first unfinished stage.
+    Resume {
+        /// Run id or unique prefix.
+        id: String,
+        /// Print the run and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
 }

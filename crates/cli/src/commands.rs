@@ -106,6 +106,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Doctor { json } => doctor(&c, json).await,
         Command::Image(cmd) => image(&c, cmd).await,
+        Command::Pipeline(cmd) => pipeline(&c, cmd).await,
         Command::Create(a) => {
             let created = c.create_sandbox(&create_request(&a)?).await?;
             println!("{}", created.id);
@@ -196,7 +197,19 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Cost { id, json } => {
+        Command::Cost { id, pipeline: Some(run), json } => {
+            let _ = id;
+            let r = c.pipeline_cost(&run).await?;
+            if json {
+                output::json(&r);
+            } else {
+                let mut rows: Vec<Vec<String>> = r.stages.iter().map(|s| vec![s.name.clone(), s.sandboxes.len().to_string(), format!("{:.6}", s.total)]).collect();
+                rows.push(vec!["total".into(), String::new(), format!("{:.6}", r.total)]);
+                output::table(&["STAGE", "SANDBOXES", "COST"], rows);
+            }
+            Ok(0)
+        }
+        Command::Cost { id, pipeline: None, json } => {
             match id {
                 Some(id) => {
                     let r = c.cost(&id).await?;
@@ -984,4 +997,130 @@ fn print_fanout(r: &strata_api::FanoutResult) {
         }
         _ => println!("no winner: {}", r.reason.as_deref().unwrap_or("unknown")),
     }
+}
+
+/// `strata pipeline ...`.
+async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
+    use strata_api::{PipelineEvent, PipelineState, RunPipelineRequest};
+    let follow_out = |json: bool, mut stream: strata_client::NdjsonStream<PipelineEvent>| async move {
+        let mut last = None;
+        while let Some(ev) = stream.next().await? {
+            if json {
+                println!("{}", serde_json::to_string(&ev).expect("serializes"));
+            }
+            match ev {
+                PipelineEvent::Stage { stage, .. } if !json => println!("{}", stage_line(&stage)),
+                PipelineEvent::Stage { .. } => {}
+                PipelineEvent::Finished { run } => last = Some(run),
+            }
+        }
+        let run = last.ok_or_else(|| anyhow!("the daemon ended the stream before the run ended"))?;
+        if !json {
+            print_run(&run);
+        }
+        Ok::<i32, anyhow::Error>(if run.state == PipelineState::Succeeded { 0 } else { 1 })
+    };
+    match cmd {
+        PipelineCmd::Run { file, detach, json } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let req = if file.extension().is_some_and(|e| e == "json") {
+                RunPipelineRequest { toml: None, spec: Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?) }
+            } else {
+                RunPipelineRequest { toml: Some(text), spec: None }
+            };
+            if detach {
+                let run = c.run_pipeline(&req).await?;
+                if json {
+                    output::json(&run);
+                } else {
+                    println!("{}", run.id);
+                }
+                return Ok(0);
+            }
+            let stream = c.run_pipeline_follow(&req).await?;
+            follow_out(json, stream).await
+        }
+        PipelineCmd::Status { id, follow, json } => {
+            if follow {
+                return follow_out(json, c.pipeline_follow(&id).await?).await;
+            }
+            let run = c.pipeline(&id).await?;
+            if json {
+                output::json(&run);
+            } else {
+                print_run(&run);
+            }
+            Ok(0)
+        }
+        PipelineCmd::Ls { json } => {
+            let runs = c.list_pipelines().await?;
+            if json {
+                output::json(&runs);
+            } else {
+                let rows = runs
+                    .iter()
+                    .map(|r| {
+                        let done = r.stages.iter().filter(|s| s.state == strata_api::StageState::Succeeded).count();
+                        vec![r.id.clone(), r.name.clone(), r.state.as_str().to_string(), format!("{done}/{}", r.stages.len()), output::age(&r.created_at)]
+                    })
+                    .collect();
+                output::table(&["RUN", "NAME", "STATE", "STAGES", "CREATED"], rows);
+            }
+            Ok(0)
+        }
+        PipelineCmd::Resume { id, detach, json } => {
+            if detach {
+                let run = c.resume_pipeline(&id).await?;
+                if json {
+                    output::json(&run);
+                } else {
+                    println!("{}", run.id);
+                }
+                return Ok(0);
+            }
+            let stream = c.resume_pipeline_follow(&id).await?;
+            follow_out(json, stream).await
+        }
+    }
+}
+
+fn stage_line(s: &strata_api::StageResult) -> String {
+    use strata_api::StageState;
+    match s.state {
+        StageState::Pending => format!("stage {}: pending", s.name),
+        StageState::Running => format!("stage {}: running ({}{})", s.name, s.lifecycle.as_str(), if s.attempts > 1 { format!(", attempt {}", s.attempts) } else { String::new() }),
+        StageState::Succeeded => format!(
+            "stage {}: succeeded in {:.1}s, kept {}{}",
+            s.name,
+            s.duration_ms as f64 / 1000.0,
+            output::size(s.state_kept_bytes),
+            s.checkpoint.as_ref().map(|c| format!(", checkpoint {c}")).or_else(|| s.output_sandbox.as_ref().map(|b| format!(", standby sandbox {b}"))).unwrap_or_default()
+        ),
+        StageState::Failed => format!("stage {}: FAILED: {}", s.name, s.error.as_deref().unwrap_or("?")),
+    }
+}
+
+/// A run as a table per stage, then its state.
+fn print_run(r: &strata_api::PipelineRun) {
+    let rows = r
+        .stages
+        .iter()
+        .map(|s| {
+            let kept = match (s.lifecycle, s.state) {
+                (_, strata_api::StageState::Pending) => "-".to_string(),
+                (strata_api::StageLifecycle::Ephemeral, _) => "nothing".to_string(),
+                _ => output::size(s.state_kept_bytes),
+            };
+            vec![
+                s.name.clone(),
+                s.lifecycle.as_str().to_string(),
+                format!("{:.1}s", s.duration_ms as f64 / 1000.0),
+                kept,
+                format!("{:.6}", s.cost),
+                format!("{:?}", s.state).to_lowercase(),
+            ]
+        })
+        .collect();
+    output::table(&["STAGE", "LIFECYCLE", "TIME", "STATE KEPT", "COST", "OUTCOME"], rows);
+    println!("run {} ({}): {}{}", r.id, r.name, r.state.as_str(), r.reason.as_ref().map(|m| format!(": {m}")).unwrap_or_default());
 }
