@@ -206,3 +206,43 @@ commands = ["grep -qx 1 /root/two"]
     let out = d.cli(&["pipeline", "resume", &id]);
     assert!(!out.status.success() && common::stderr(&out).contains("already succeeded"), "{}", common::stderr(&out));
 }
+
+#[test]
+fn a_standby_stage_is_resumed_by_the_next_stage_with_its_processes() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let file = spec_file(&d, "s.toml", r#"
+name = "sb"
+[[stage]]
+name = "serve"
+source = "image:busybox"
+lifecycle = "standby-between-turns"
+commands = ["echo turn1 > /root/state", "(exec sleep 1000) >/dev/null 2>&1 &"]
+
+[[stage]]
+name = "turn2"
+source = "stage:serve"
+lifecycle = "persistent"
+commands = ["grep -qx turn1 /root/state", "cat /proc/[0-9]*/comm | grep -x sleep > /root/sleepers || true"]
+"#);
+    let run = finished(&d.cli_ok(&["pipeline", "run", &file, "--json"]));
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let (serve, turn2) = (&run["stages"][0], &run["stages"][1]);
+    // The standby sandbox is the stage's output and the next stage's sandbox.
+    let sb = serve["output_sandbox"].as_str().unwrap();
+    assert_eq!(turn2["sandboxes"], serde_json::json!([sb]));
+    assert!(serve["checkpoint"].is_null());
+    let degraded = serve["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().unwrap().contains("filesystem-only")));
+    let events = d.cli_ok(&["events", sb, "--json"]);
+    assert!(events.contains("\"to\":\"standby\"") || events.contains("\"state\":\"standby\""), "{events}");
+    // With process state kept, the background process was still running in turn 2.
+    let probe = d.cli_ok(&["create", turn2["checkpoint"].as_str().unwrap()]).trim().to_string();
+    let sleepers = d.cli_ok(&["exec", &probe, "--", "cat", "/root/sleepers"]);
+    if degraded {
+        println!("standby degraded to filesystem-only here: {}", serve["notes"]);
+    } else {
+        assert!(serve["state_kept_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(sleepers, "sleep\n", "the background process did not survive standby: {run}");
+    }
+}
