@@ -1088,7 +1088,11 @@ fn stage_line(s: &strata_api::StageResult) -> String {
     use strata_api::StageState;
     match s.state {
         StageState::Pending => format!("stage {}: pending", s.name),
-        StageState::Running => format!("stage {}: running ({}{})", s.name, s.lifecycle.as_str(), if s.attempts > 1 { format!(", attempt {}", s.attempts) } else { String::new() }),
+        StageState::Running => match (s.exit_codes.last(), s.sandboxes.last()) {
+            (Some(code), _) => format!("stage {}: command {} exited {code}", s.name, s.exit_codes.len()),
+            (None, Some(sb)) if s.lifecycle != strata_api::StageLifecycle::Fork => format!("stage {}: sandbox {sb} ready", s.name),
+            _ => format!("stage {}: running ({}{})", s.name, s.lifecycle.as_str(), if s.attempts > 1 { format!(", attempt {}", s.attempts) } else { String::new() }),
+        },
         StageState::Succeeded => format!(
             "stage {}: succeeded in {:.1}s, kept {}{}",
             s.name,

@@ -143,6 +143,8 @@ fn bad_specs_and_unknown_runs_are_refused_and_a_failing_command_stops_the_run() 
     let text = common::stdout(&out);
     assert!(text.contains("stage \\\"only\\\" failed") || text.contains("stage \"only\" failed"), "{text}");
     assert!(text.contains("command 2") && text.contains("exited 3") && text.contains("broken"), "{text}");
+    // Progress was printed as it happened, a line per stage event.
+    assert!(text.contains("stage only: command 1 exited 0\nstage only: command 2 exited 3\nstage only: FAILED"), "{text}");
     // The failed persistent stage's sandbox is kept for debugging.
     let runs = json(&d, &["pipeline", "ls", "--json"]);
     let stage = &runs[0]["stages"][0];
