@@ -135,6 +135,8 @@ pub enum PipelineState {
     Failed,
     /// The daemon stopped while it ran; `resume` continues from the first unfinished stage.
     Interrupted,
+    /// Paused at a stage boundary on request (`POST /v1/pipelines/{id}/pause`); `resume` continues it.
+    Paused,
 }
 
 impl PipelineState {
@@ -145,6 +147,7 @@ impl PipelineState {
             PipelineState::Succeeded => "succeeded",
             PipelineState::Failed => "failed",
             PipelineState::Interrupted => "interrupted",
+            PipelineState::Paused => "paused",
         }
     }
 }

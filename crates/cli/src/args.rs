@@ -802,7 +802,7 @@ pub enum SelectArg {
 #[derive(Debug, Subcommand)]
 pub enum PipelineCmd {
     /// Run a pipeline spec (TOML, see docs/pipelines.md), streaming a line per stage
-    /// event and ending with a table per stage; exit status 1 when it fails.
+    /// event and ending with a table per stage; exit status 1 when it fails, 2 when it was paused.
     Run {
         /// The spec file.
         file: PathBuf,
@@ -830,7 +830,12 @@ pub enum PipelineCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Continue a failed or interrupted run from its first unfinished stage.
+    /// Pause a running run at its next stage boundary (the current stage finishes first).
+    Pause {
+        /// Run id or unique prefix.
+        id: String,
+    },
+    /// Continue a failed, interrupted or paused run from its first unfinished stage.
     Resume {
         /// Run id or unique prefix.
         id: String,

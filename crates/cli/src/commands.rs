@@ -1018,7 +1018,11 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
         if !json {
             print_run(&run);
         }
-        Ok::<i32, anyhow::Error>(if run.state == PipelineState::Succeeded { 0 } else { 1 })
+        Ok::<i32, anyhow::Error>(match run.state {
+            PipelineState::Succeeded => 0,
+            PipelineState::Paused => 2,
+            _ => 1,
+        })
     };
     match cmd {
         PipelineCmd::Run { file, detach, json } => {
@@ -1066,6 +1070,11 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
                     .collect();
                 output::table(&["RUN", "NAME", "STATE", "STAGES", "CREATED"], rows);
             }
+            Ok(0)
+        }
+        PipelineCmd::Pause { id } => {
+            let run = c.pause_pipeline(&id).await?;
+            eprintln!("run {} pauses before its next stage", run.id);
             Ok(0)
         }
         PipelineCmd::Resume { id, detach, json } => {

@@ -248,3 +248,42 @@ commands = ["grep -qx turn1 /root/state", "cat /proc/[0-9]*/comm | grep -x sleep
         assert_eq!(sleepers, "sleep\n", "the background process did not survive standby: {run}");
     }
 }
+
+#[test]
+fn a_paused_run_stops_at_the_next_stage_boundary_and_resumes() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let file = spec_file(&d, "w.toml", r#"
+[[stage]]
+name = "wait"
+source = "image:busybox"
+lifecycle = "persistent"
+commands = ["while [ ! -e /root/go ]; do sleep 0.1; done"]
+
+[[stage]]
+name = "after"
+source = "stage:wait"
+lifecycle = "ephemeral"
+commands = ["test -e /root/go"]
+"#);
+    let id = d.cli_ok(&["pipeline", "run", &file, "--detach"]).trim().to_string();
+    let status = |d: &TestDaemon| json(d, &["pipeline", "status", &id, "--json"]);
+    assert!(common::wait_until(60, || status(&d)["stages"][0]["sandboxes"].as_array().is_some_and(|s| !s.is_empty())), "{}", status(&d));
+    d.cli_ok(&["pipeline", "pause", &id]);
+    // The current stage finishes (it waits for /root/go), then the run pauses.
+    let sb = status(&d)["stages"][0]["sandboxes"][0].as_str().unwrap().to_string();
+    d.cli_ok(&["exec", &sb, "--", "touch", "/root/go"]);
+    assert!(common::wait_until(60, || status(&d)["state"] == "paused"), "{}", status(&d));
+    let paused = status(&d);
+    assert_eq!(paused["stages"][0]["state"], "succeeded");
+    assert_eq!(paused["stages"][1]["state"], "pending");
+    assert!(paused["reason"].as_str().unwrap().contains("\"after\""), "{paused}");
+    // Only a running run can be paused.
+    let out = d.cli(&["pipeline", "pause", &id]);
+    assert!(!out.status.success() && common::stderr(&out).contains("not running"), "{}", common::stderr(&out));
+    let run = finished(&d.cli_ok(&["pipeline", "resume", &id, "--json"]));
+    assert_eq!(run["state"], "succeeded", "{run}");
+    assert_eq!(run["stages"][0]["attempts"], 1);
+    assert_eq!(run["stages"][1]["exit_codes"], serde_json::json!([0]));
+}

@@ -463,6 +463,11 @@ impl Client {
         self.stream::<(), _>(Method::POST, &format!("/v1/pipelines/{}/resume?follow=true", enc(id)), None).await
     }
 
+    /// Asks a running run to pause at its next stage boundary.
+    pub async fn pause_pipeline(&self, id: &str) -> Result<PipelineRun> {
+        self.call::<(), _>(Method::POST, &format!("/v1/pipelines/{}/pause", enc(id)), None).await
+    }
+
     /// Cost of a pipeline run per stage.
     pub async fn pipeline_cost(&self, id: &str) -> Result<PipelineCost> {
         self.call::<(), _>(Method::GET, &format!("/v1/pipelines/{}/cost", enc(id)), None).await

@@ -185,6 +185,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/pipelines", get(pipelines::list_handler).post(pipelines::create_handler))
         .route("/v1/pipelines/{id}", get(pipelines::get_handler))
         .route("/v1/pipelines/{id}/resume", post(pipelines::resume_handler))
+        .route("/v1/pipelines/{id}/pause", post(pipelines::pause_handler))
         .route("/v1/pipelines/{id}/cost", get(pipelines::cost_handler))
         .route("/v1/gc", post(c::gc_handler))
         .route("/v1/lineage/{id}", get(c::lineage_handler))

@@ -23,7 +23,7 @@ use crate::{accounting, activity, archive, audit, checkpoints, events, fanout, f
         metrics::metrics_handler, accounting::list_handler, accounting::get_handler,
         scan::scan_handler, audit::list_handler, audit::verify_handler,
         fanout::fanout_handler,
-        pipelines::create_handler, pipelines::list_handler, pipelines::get_handler, pipelines::resume_handler, pipelines::cost_handler,
+        pipelines::create_handler, pipelines::list_handler, pipelines::get_handler, pipelines::resume_handler, pipelines::pause_handler, pipelines::cost_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity, strata_api::PipelineEvent))
 )]

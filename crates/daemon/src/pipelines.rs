@@ -185,6 +185,24 @@ fn release(run_id: &str) {
     }
 }
 
+/// Runs asked to pause at their next stage boundary.
+static PAUSING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+fn take_pause(run_id: &str) -> bool {
+    PAUSING.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|s| s.remove(run_id))
+}
+
+/// Asks a running run to stop at its next stage boundary (the current stage finishes first).
+pub fn pause(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
+    let run = st.db.get_pipeline_run(id)?.ok_or_else(|| not_found(id))?;
+    if run.state != PipelineState::Running || !is_active(&run.id) {
+        return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is {}, not running", run.id, run.state.as_str())));
+    }
+    PAUSING.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashSet::new).insert(run.id.clone());
+    info!(run = %run.id, "pipeline run pausing at the next stage boundary");
+    Ok(run)
+}
+
 fn is_active(run_id: &str) -> bool {
     ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.contains(run_id))
 }
@@ -307,6 +325,13 @@ async fn drive(st: &Shared, run_id: &str) {
         if run.stages[idx].state == StageState::Succeeded {
             continue;
         }
+        if take_pause(&run.id) {
+            run.state = PipelineState::Paused;
+            run.reason = Some(format!("paused before stage {:?}; `strata pipeline resume` continues", run.stages[idx].name));
+            info!(run = %run.id, stage = %run.stages[idx].name, "pipeline run paused");
+            save(st, &mut run, None);
+            return;
+        }
         // Leftovers of an earlier, unfinished attempt of this stage (not another stage's output).
         let outputs: HashSet<String> = run.stages.iter().filter_map(|s| s.output_sandbox.clone()).collect();
         for sb in std::mem::take(&mut run.stages[idx].sandboxes) {
@@ -334,12 +359,14 @@ async fn drive(st: &Shared, run_id: &str) {
                 stage.error = Some(msg.clone());
                 run.state = PipelineState::Failed;
                 run.reason = Some(format!("stage {:?} failed: {msg}", run.stages[idx].name));
+                take_pause(&run.id);
                 warn!(run = %run.id, stage = %run.stages[idx].name, error = %msg, "pipeline stage failed");
                 save(st, &mut run, Some(idx));
                 return;
             }
         }
     }
+    take_pause(&run.id);
     run.state = PipelineState::Succeeded;
     info!(run = %run.id, "pipeline run succeeded");
     save(st, &mut run, None);
@@ -387,6 +414,10 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         let from = match &source {
             SourceRef::Stage(n) => {
                 let up = upstream(n)?;
+                if let (None, Some(sb)) = (&up.checkpoint, &up.output_sandbox) {
+                    // A standby output is forked from its live state (checkpointed first).
+                    crate::standby::ensure_running(st, sb).await.map_err(api)?;
+                }
                 up.checkpoint.or(up.output_sandbox).ok_or_else(|| format!("stage {n:?} has no output"))?
             }
             SourceRef::Template(n) => n.clone(),
@@ -654,6 +685,14 @@ pub async fn resume_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
         return Ok(follow(&st, run.id, rx));
     }
     Ok(Json(run).into_response())
+}
+
+/// Pause a running run at its next stage boundary (the current stage finishes);
+/// `resume` continues it. 409 when it is not running.
+#[utoipa::path(post, path = "/v1/pipelines/{id}/pause", tag = "pipelines", params(("id" = String, Path, description = "Run id or unique prefix")),
+    responses((status = 200, body = PipelineRun), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn pause_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<PipelineRun>> {
+    Ok(Json(pause(&st, &id)?))
 }
 
 /// Cost of a run, per stage (the stages' sandboxes, destroyed ones included).

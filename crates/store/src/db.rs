@@ -969,13 +969,19 @@ impl Db {
     /// A run by id (or unique id prefix of 4+ characters).
     pub fn get_pipeline_run(&self, key: &str) -> Result<Option<PipelineRun>, DbError> {
         let conn = self.conn();
-        let row: Option<(String, String, String, Option<String>, String, String, String)> = conn
-            .query_row(
-                "SELECT id, name, state, reason, spec, created_at, updated_at FROM pipeline_runs WHERE id = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC LIMIT 2",
-                params![key],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
-            )
-            .optional()?;
+        // An exact id first; a prefix only when it is unique.
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, name, state, reason, spec, created_at, updated_at FROM pipeline_runs WHERE id = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC LIMIT 2",
+        )?;
+        let rows = stmt
+            .query_map(params![key], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))?
+            .collect::<Result<Vec<(String, String, String, Option<String>, String, String, String)>, _>>()?;
+        drop(stmt);
+        let row = match rows.as_slice() {
+            [first, ..] if first.0 == key => Some(first.clone()),
+            [only] => Some(only.clone()),
+            _ => None,
+        };
         let Some((id, name, state, reason, spec, created_at, updated_at)) = row else { return Ok(None) };
         let mut stmt = conn.prepare_cached("SELECT record FROM pipeline_stages WHERE run_id = ?1 ORDER BY idx")?;
         let stages = stmt.query_map(params![id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
