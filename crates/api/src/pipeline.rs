@@ -249,12 +249,12 @@ pub enum PipelineEvent {
         /// 0-based stage index.
         index: u32,
         /// The stage now.
-        stage: StageResult,
+        stage: Box<StageResult>,
     },
     /// The run ended (succeeded, failed or interrupted): the last line.
     Finished {
         /// The run.
-        run: PipelineRun,
+        run: Box<PipelineRun>,
     },
 }
 

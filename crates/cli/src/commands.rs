@@ -1011,7 +1011,7 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
             match ev {
                 PipelineEvent::Stage { stage, .. } if !json => println!("{}", stage_line(&stage)),
                 PipelineEvent::Stage { .. } => {}
-                PipelineEvent::Finished { run } => last = Some(run),
+                PipelineEvent::Finished { run } => last = Some(*run),
             }
         }
         let run = last.ok_or_else(|| anyhow!("the daemon ended the stream before the run ended"))?;

@@ -312,10 +312,10 @@ fn save(st: &Shared, run: &mut PipelineRun, idx: Option<usize>) {
         warn!(run = %run.id, error = %crate::error::chain(&e), "recording pipeline progress failed");
     }
     if let Some(i) = idx {
-        let _ = events().send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: run.stages[i].clone() });
+        let _ = events().send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(run.stages[i].clone()) });
     }
     if run.state != PipelineState::Running {
-        let _ = events().send(PipelineEvent::Finished { run: run.clone() });
+        let _ = events().send(PipelineEvent::Finished { run: Box::new(run.clone()) });
     }
 }
 
@@ -598,12 +598,12 @@ fn follow(st: &Shared, run_id: String, mut rx: tokio::sync::broadcast::Receiver<
     tokio::spawn(async move {
         let Ok(Some(run)) = st.db.get_pipeline_run(&run_id) else { return };
         for (i, s) in run.stages.iter().enumerate().filter(|(_, s)| s.state != StageState::Pending) {
-            if tx.send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: s.clone() }).await.is_err() {
+            if tx.send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(s.clone()) }).await.is_err() {
                 return;
             }
         }
         if run.state != PipelineState::Running {
-            let _ = tx.send(PipelineEvent::Finished { run }).await;
+            let _ = tx.send(PipelineEvent::Finished { run: Box::new(run) }).await;
             return;
         }
         loop {
@@ -621,7 +621,7 @@ fn follow(st: &Shared, run_id: String, mut rx: tokio::sync::broadcast::Receiver<
                 // Missed events or a quiet second: the database says whether it ended.
                 Ok(Err(RecvError::Lagged(_))) | Err(_) => match st.db.get_pipeline_run(&run_id) {
                     Ok(Some(run)) if run.state != PipelineState::Running => {
-                        let _ = tx.send(PipelineEvent::Finished { run }).await;
+                        let _ = tx.send(PipelineEvent::Finished { run: Box::new(run) }).await;
                         return;
                     }
                     Ok(Some(_)) => {}
