@@ -23,6 +23,8 @@ pub enum ErrorCode {
     RouteNotFound,
     /// The lease id is unknown (or it expired) for this sandbox (404).
     LeaseNotFound,
+    /// The pipeline run id is unknown (404).
+    PipelineNotFound,
     /// The request is illegal in the sandbox's current state (409).
     InvalidState,
     /// The name is already taken (409).
@@ -61,7 +63,8 @@ impl ErrorCode {
             | ErrorCode::CheckpointNotFound
             | ErrorCode::FileNotFound
             | ErrorCode::RouteNotFound
-            | ErrorCode::LeaseNotFound => 404,
+            | ErrorCode::LeaseNotFound
+            | ErrorCode::PipelineNotFound => 404,
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
@@ -82,6 +85,7 @@ impl ErrorCode {
             ErrorCode::FileNotFound => "file_not_found",
             ErrorCode::RouteNotFound => "route_not_found",
             ErrorCode::LeaseNotFound => "lease_not_found",
+            ErrorCode::PipelineNotFound => "pipeline_not_found",
             ErrorCode::InvalidState => "invalid_state",
             ErrorCode::NameConflict => "name_conflict",
             ErrorCode::InUse => "in_use",

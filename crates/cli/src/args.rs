@@ -35,6 +35,9 @@ pub enum Command {
     /// Manage images.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Run pipelines (a TOML spec of stages, each with its own lifecycle) and follow them.
+    #[command(subcommand)]
+    Pipeline(PipelineCmd),
     /// Create and start a sandbox; prints its id.
     Create(CreateArgs),
     /// One-shot: create a sandbox, run a command, and (with --rm) destroy it.
@@ -131,6 +134,9 @@ pub enum Command {
     Cost {
         /// Sandbox id, id prefix or name (default: every sandbox).
         id: Option<String>,
+        /// The cost of a pipeline run, per stage, instead.
+        #[arg(long, conflicts_with = "id")]
+        pipeline: Option<String>,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -165,12 +171,16 @@ pub enum Command {
         json: bool,
     },
     /// Fork N sandboxes from a checkpoint or a live sandbox; prints their ids.
+    /// With --run: fan-out and select (one attempt per child, a winner by --select;
+    /// prints a table of attempts, exit status 1 when there is no winner).
     Fork {
         /// Checkpoint or sandbox.
         source: String,
-        /// Number of children.
+        /// Number of children (with --run and --arg: defaults to the number of args).
         #[arg(long, short = 'n')]
-        count: u32,
+        count: Option<u32>,
+        #[command(flatten)]
+        fanout: FanoutArgs,
         /// Children are named PREFIX-1..N.
         #[arg(long)]
         name_prefix: Option<String>,
@@ -823,4 +833,91 @@ fn parse_keep(s: &str) -> Result<strata_api::Keep, String> {
         "processes" => Keep::Processes,
         other => return Err(format!("unknown {other:?}: one of repository, packages, generated-files, tokens, processes")),
     })
+}
+
+/// Fan-out flags of `strata fork --run`.
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    /// Shell command run in each child (`sh -c`); `{i}` is the attempt's index, `{arg}` its --arg.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// One attempt per argument (repeat).
+    #[arg(long = "arg", requires = "run")]
+    pub args: Vec<String>,
+    /// Winner rule: first to exit 0, all must exit 0, or the best --score-cmd.
+    #[arg(long, value_enum, default_value = "first", requires = "run")]
+    pub select: SelectArg,
+    /// Shell command printing a score (last stdout line), run in each child after its attempt.
+    #[arg(long, requires = "run")]
+    pub score_cmd: Option<String>,
+    /// Keep the losing children (default: destroyed).
+    #[arg(long, requires = "run")]
+    pub keep_losers: bool,
+    /// Per-attempt timeout, e.g. 60s.
+    #[arg(long, requires = "run")]
+    pub timeout: Option<String>,
+    /// Checkpoint the winner under this name.
+    #[arg(long, requires = "run")]
+    pub promote: Option<String>,
+}
+
+/// `--select` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SelectArg {
+    /// The first attempt to exit 0 wins; the others are killed.
+    First,
+    /// Every attempt must exit 0.
+    All,
+    /// The highest score (of --score-cmd) among the attempts that exit 0.
+    Score,
+}
+
+/// `strata pipeline ...`.
+#[derive(Debug, Subcommand)]
+pub enum PipelineCmd {
+    /// Run a pipeline spec (TOML, see docs/pipelines.md), streaming a line per stage
+    /// event and ending with a table per stage; exit status 1 when it fails, 2 when it was paused.
+    Run {
+        /// The spec file.
+        file: PathBuf,
+        /// Print the run and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// JSON output (NDJSON events while following).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a run stage by stage.
+    Status {
+        /// Run id or unique prefix.
+        id: String,
+        /// Follow it until it ends.
+        #[arg(long)]
+        follow: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List runs.
+    Ls {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a running run at its next stage boundary (the current stage finishes first).
+    Pause {
+        /// Run id or unique prefix.
+        id: String,
+    },
+    /// Continue a failed, interrupted or paused run from its first unfinished stage.
+    Resume {
+        /// Run id or unique prefix.
+        id: String,
+        /// Print the run and return at once.
+        #[arg(long)]
+        detach: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
 }

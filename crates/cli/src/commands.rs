@@ -130,6 +130,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Doctor { json } => doctor(&c, json).await,
         Command::Image(cmd) => image(&c, cmd).await,
+        Command::Pipeline(cmd) => pipeline(&c, cmd).await,
         Command::Create(a) => {
             let created = c.create_sandbox(&create_request(&a)?).await?;
             println!("{}", created.id);
@@ -241,7 +242,19 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Cost { id, json } => {
+        Command::Cost { id, pipeline: Some(run), json } => {
+            let _ = id;
+            let r = c.pipeline_cost(&run).await?;
+            if json {
+                output::json(&r);
+            } else {
+                let mut rows: Vec<Vec<String>> = r.stages.iter().map(|s| vec![s.name.clone(), s.sandboxes.len().to_string(), format!("{:.6}", s.total)]).collect();
+                rows.push(vec!["total".into(), String::new(), format!("{:.6}", r.total)]);
+                output::table(&["STAGE", "SANDBOXES", "COST"], rows);
+            }
+            Ok(0)
+        }
+        Command::Cost { id, pipeline: None, json } => {
             match id {
                 Some(id) => {
                     let r = c.cost(&id).await?;
@@ -304,11 +317,35 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Fork { source, count, name_prefix, lifecycle, ttl, json } => {
+        Command::Fork { source, count, fanout, name_prefix, lifecycle, ttl, json } => {
             let lifecycle = match lifecycle {
                 LifecycleArg::Ephemeral => Lifecycle::Ephemeral,
                 LifecycleArg::Persistent => Lifecycle::Persistent,
             };
+            if let Some(run) = fanout.run {
+                let plan = strata_api::FanoutPlan {
+                    run: Some(run),
+                    args: fanout.args,
+                    count,
+                    select: match fanout.select {
+                        SelectArg::First => strata_api::SelectRule::FirstSuccess,
+                        SelectArg::All => strata_api::SelectRule::AllSuccess,
+                        SelectArg::Score => strata_api::SelectRule::BestScore,
+                    },
+                    score_cmd: fanout.score_cmd,
+                    timeout: fanout.timeout,
+                    losers: if fanout.keep_losers { strata_api::LoserPolicy::Keep } else { strata_api::LoserPolicy::Destroy },
+                    attempts: vec![],
+                };
+                let r = c.fanout(&strata_api::FanoutRequest { source, plan, promote_as: fanout.promote, name_prefix, lifecycle, ttl, limits: None }).await?;
+                if json {
+                    output::json(&r);
+                } else {
+                    print_fanout(&r);
+                }
+                return Ok(if r.winner.is_some() { 0 } else { 1 });
+            }
+            let count = count.ok_or_else(|| anyhow!("--count is required (or --run with --arg)"))?;
             let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None }).await?;
             if json {
                 output::json(&r);
@@ -1004,4 +1041,176 @@ fn print_advice(a: &strata_api::Advice) {
             .collect(),
     );
     println!("costs in {} (the daemon's price table; see `strata cost`)", a.currency);
+}
+
+/// The attempts of a fan-out as a table, then the winner (or why there is none).
+fn print_fanout(r: &strata_api::FanoutResult) {
+    let rows = r
+        .attempts
+        .iter()
+        .map(|a| {
+            let last = |t: &str| t.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").chars().take(60).collect::<String>();
+            vec![
+                format!("{}{}", a.index, if r.winner == Some(a.index) { " *" } else { "" }),
+                a.sandbox_name.clone(),
+                format!("{:?}", a.outcome).to_lowercase().replace("timedout", "timed_out"),
+                a.exit_code.map_or("-".into(), |c| c.to_string()),
+                format!("{:.1}s", a.duration_ms as f64 / 1000.0),
+                match (a.score, &a.score_error) {
+                    (Some(s), _) => s.to_string(),
+                    (None, Some(e)) => format!("- ({})", e.chars().take(40).collect::<String>()),
+                    _ => "-".into(),
+                },
+                if a.kept { "kept" } else { "destroyed" }.to_string(),
+                last(if a.stderr_tail.trim().is_empty() { &a.stdout_tail } else { &a.stderr_tail }),
+            ]
+        })
+        .collect();
+    output::table(&["#", "SANDBOX", "OUTCOME", "EXIT", "TIME", "SCORE", "KEPT", "LAST OUTPUT"], rows);
+    match (&r.winner, &r.winner_sandbox) {
+        (Some(w), Some(sb)) => {
+            let promoted = r.promoted.as_ref().map(|c| format!(", promoted as checkpoint {} ({})", c.name, c.id)).unwrap_or_default();
+            println!("winner: attempt {w}, sandbox {sb}{promoted}");
+        }
+        _ => println!("no winner: {}", r.reason.as_deref().unwrap_or("unknown")),
+    }
+}
+
+/// `strata pipeline ...`.
+async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
+    use strata_api::{PipelineEvent, PipelineState, RunPipelineRequest};
+    let follow_out = |json: bool, mut stream: strata_client::NdjsonStream<PipelineEvent>| async move {
+        let mut last = None;
+        while let Some(ev) = stream.next().await? {
+            if json {
+                println!("{}", serde_json::to_string(&ev).expect("serializes"));
+            }
+            match ev {
+                PipelineEvent::Stage { stage, .. } if !json => println!("{}", stage_line(&stage)),
+                PipelineEvent::Stage { .. } => {}
+                PipelineEvent::Finished { run } => last = Some(*run),
+            }
+        }
+        let run = last.ok_or_else(|| anyhow!("the daemon ended the stream before the run ended"))?;
+        if !json {
+            print_run(&run);
+        }
+        Ok::<i32, anyhow::Error>(match run.state {
+            PipelineState::Succeeded => 0,
+            PipelineState::Paused => 2,
+            _ => 1,
+        })
+    };
+    match cmd {
+        PipelineCmd::Run { file, detach, json } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let req = if file.extension().is_some_and(|e| e == "json") {
+                RunPipelineRequest { toml: None, spec: Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?) }
+            } else {
+                RunPipelineRequest { toml: Some(text), spec: None }
+            };
+            if detach {
+                let run = c.run_pipeline(&req).await?;
+                if json {
+                    output::json(&run);
+                } else {
+                    println!("{}", run.id);
+                }
+                return Ok(0);
+            }
+            let stream = c.run_pipeline_follow(&req).await?;
+            follow_out(json, stream).await
+        }
+        PipelineCmd::Status { id, follow, json } => {
+            if follow {
+                return follow_out(json, c.pipeline_follow(&id).await?).await;
+            }
+            let run = c.pipeline(&id).await?;
+            if json {
+                output::json(&run);
+            } else {
+                print_run(&run);
+            }
+            Ok(0)
+        }
+        PipelineCmd::Ls { json } => {
+            let runs = c.list_pipelines().await?;
+            if json {
+                output::json(&runs);
+            } else {
+                let rows = runs
+                    .iter()
+                    .map(|r| {
+                        let done = r.stages.iter().filter(|s| s.state == strata_api::StageState::Succeeded).count();
+                        vec![r.id.clone(), r.name.clone(), r.state.as_str().to_string(), format!("{done}/{}", r.stages.len()), output::age(&r.created_at)]
+                    })
+                    .collect();
+                output::table(&["RUN", "NAME", "STATE", "STAGES", "CREATED"], rows);
+            }
+            Ok(0)
+        }
+        PipelineCmd::Pause { id } => {
+            let run = c.pause_pipeline(&id).await?;
+            eprintln!("run {} pauses before its next stage", run.id);
+            Ok(0)
+        }
+        PipelineCmd::Resume { id, detach, json } => {
+            if detach {
+                let run = c.resume_pipeline(&id).await?;
+                if json {
+                    output::json(&run);
+                } else {
+                    println!("{}", run.id);
+                }
+                return Ok(0);
+            }
+            let stream = c.resume_pipeline_follow(&id).await?;
+            follow_out(json, stream).await
+        }
+    }
+}
+
+fn stage_line(s: &strata_api::StageResult) -> String {
+    use strata_api::StageState;
+    match s.state {
+        StageState::Pending => format!("stage {}: pending", s.name),
+        StageState::Running => match (s.exit_codes.last(), s.sandboxes.last()) {
+            (Some(code), _) => format!("stage {}: command {} exited {code}", s.name, s.exit_codes.len()),
+            (None, Some(sb)) if s.lifecycle != strata_api::StageLifecycle::Fork => format!("stage {}: sandbox {sb} ready", s.name),
+            _ => format!("stage {}: running ({}{})", s.name, s.lifecycle.as_str(), if s.attempts > 1 { format!(", attempt {}", s.attempts) } else { String::new() }),
+        },
+        StageState::Succeeded => format!(
+            "stage {}: succeeded in {:.1}s, kept {}{}",
+            s.name,
+            s.duration_ms as f64 / 1000.0,
+            output::size(s.state_kept_bytes),
+            s.checkpoint.as_ref().map(|c| format!(", checkpoint {c}")).or_else(|| s.output_sandbox.as_ref().map(|b| format!(", standby sandbox {b}"))).unwrap_or_default()
+        ),
+        StageState::Failed => format!("stage {}: FAILED: {}", s.name, s.error.as_deref().unwrap_or("?")),
+    }
+}
+
+/// A run as a table per stage, then its state.
+fn print_run(r: &strata_api::PipelineRun) {
+    let rows = r
+        .stages
+        .iter()
+        .map(|s| {
+            let kept = match (s.lifecycle, s.state) {
+                (_, strata_api::StageState::Pending) => "-".to_string(),
+                (strata_api::StageLifecycle::Ephemeral, _) => "nothing".to_string(),
+                _ => output::size(s.state_kept_bytes),
+            };
+            vec![
+                s.name.clone(),
+                s.lifecycle.as_str().to_string(),
+                format!("{:.1}s", s.duration_ms as f64 / 1000.0),
+                kept,
+                format!("{:.6}", s.cost),
+                format!("{:?}", s.state).to_lowercase(),
+            ]
+        })
+        .collect();
+    output::table(&["STAGE", "LIFECYCLE", "TIME", "STATE KEPT", "COST", "OUTCOME"], rows);
+    println!("run {} ({}): {}{}", r.id, r.name, r.state.as_str(), r.reason.as_ref().map(|m| format!(": {m}")).unwrap_or_default());
 }

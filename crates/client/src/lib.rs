@@ -389,6 +389,11 @@ impl Client {
         self.call(Method::POST, "/v1/fork", Some(req)).await
     }
 
+    /// Fan-out and select: forks one child per attempt, runs them, picks the winner.
+    pub async fn fanout(&self, req: &FanoutRequest) -> Result<FanoutResult> {
+        self.call(Method::POST, "/v1/fanout", Some(req)).await
+    }
+
     /// Rolls a sandbox back to a checkpoint.
     pub async fn restore(&self, id: &str, req: &RestoreRequest) -> Result<RestoreResult> {
         self.call(Method::POST, &format!("/v1/sandboxes/{}/restore", enc(id)), Some(req)).await
@@ -424,6 +429,53 @@ impl Client {
     /// The lifecycle advisor's recommendation for a stage.
     pub async fn advise(&self, req: &strata_api::AdviseRequest) -> Result<strata_api::Advice> {
         self.call(Method::POST, "/v1/advise", Some(req)).await
+    }
+
+    // ---- pipelines ----
+
+    /// Starts a pipeline run (returns at once).
+    pub async fn run_pipeline(&self, req: &RunPipelineRequest) -> Result<PipelineRun> {
+        self.call(Method::POST, "/v1/pipelines", Some(req)).await
+    }
+
+    /// Starts a pipeline run and streams its progress until it ends.
+    pub async fn run_pipeline_follow(&self, req: &RunPipelineRequest) -> Result<NdjsonStream<PipelineEvent>> {
+        self.stream(Method::POST, "/v1/pipelines?follow=true", Some(req)).await
+    }
+
+    /// A pipeline run.
+    pub async fn pipeline(&self, id: &str) -> Result<PipelineRun> {
+        self.call::<(), _>(Method::GET, &format!("/v1/pipelines/{}", enc(id)), None).await
+    }
+
+    /// Streams a pipeline run's progress until it ends.
+    pub async fn pipeline_follow(&self, id: &str) -> Result<NdjsonStream<PipelineEvent>> {
+        self.stream::<(), _>(Method::GET, &format!("/v1/pipelines/{}?follow=true", enc(id)), None).await
+    }
+
+    /// Every pipeline run, newest first.
+    pub async fn list_pipelines(&self) -> Result<Vec<PipelineRun>> {
+        self.call::<(), _>(Method::GET, "/v1/pipelines", None).await
+    }
+
+    /// Resumes a failed or interrupted run (returns at once).
+    pub async fn resume_pipeline(&self, id: &str) -> Result<PipelineRun> {
+        self.call::<(), _>(Method::POST, &format!("/v1/pipelines/{}/resume", enc(id)), None).await
+    }
+
+    /// Resumes a failed or interrupted run and streams its progress until it ends.
+    pub async fn resume_pipeline_follow(&self, id: &str) -> Result<NdjsonStream<PipelineEvent>> {
+        self.stream::<(), _>(Method::POST, &format!("/v1/pipelines/{}/resume?follow=true", enc(id)), None).await
+    }
+
+    /// Asks a running run to pause at its next stage boundary.
+    pub async fn pause_pipeline(&self, id: &str) -> Result<PipelineRun> {
+        self.call::<(), _>(Method::POST, &format!("/v1/pipelines/{}/pause", enc(id)), None).await
+    }
+
+    /// Cost of a pipeline run per stage.
+    pub async fn pipeline_cost(&self, id: &str) -> Result<PipelineCost> {
+        self.call::<(), _>(Method::GET, &format!("/v1/pipelines/{}/cost", enc(id)), None).await
     }
 
     /// The Prometheus metrics text.

@@ -16,6 +16,7 @@ pub mod audit;
 pub mod checkpoints;
 pub mod error;
 pub mod events;
+pub mod fanout;
 pub mod files;
 pub mod hooks;
 pub mod hygiene;
@@ -23,6 +24,7 @@ pub mod images;
 pub mod metrics;
 pub mod initbin;
 pub mod ndjson;
+pub mod pipelines;
 pub mod openapi;
 pub mod policy;
 pub mod processes;
@@ -182,6 +184,12 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/checkpoints", get(c::list_handler))
         .route("/v1/checkpoints/{id}", get(c::get_handler).delete(c::delete_handler))
         .route("/v1/fork", post(c::fork_handler))
+        .route("/v1/fanout", post(fanout::fanout_handler))
+        .route("/v1/pipelines", get(pipelines::list_handler).post(pipelines::create_handler))
+        .route("/v1/pipelines/{id}", get(pipelines::get_handler))
+        .route("/v1/pipelines/{id}/resume", post(pipelines::resume_handler))
+        .route("/v1/pipelines/{id}/pause", post(pipelines::pause_handler))
+        .route("/v1/pipelines/{id}/cost", get(pipelines::cost_handler))
         .route("/v1/gc", post(c::gc_handler))
         .route("/v1/lineage/{id}", get(c::lineage_handler))
         .route("/v1/scan/{id}", get(scan::scan_handler))
@@ -293,6 +301,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.prices = prices;
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
     tokio::spawn(policy::run(st.clone()));
     tokio::spawn(accounting::run(st.clone()));

@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, files, images, metrics, policy, processes, sandboxes, scan, standby, templates};
+use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, fanout, files, images, metrics, pipelines, policy, processes, sandboxes, scan, standby, templates};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -22,8 +22,10 @@ use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, 
         events::events_handler, events::info_handler, events::doctor_handler,
         metrics::metrics_handler, accounting::list_handler, accounting::get_handler, advisor::advise_handler,
         scan::scan_handler, audit::list_handler, audit::verify_handler,
+        fanout::fanout_handler,
+        pipelines::create_handler, pipelines::list_handler, pipelines::get_handler, pipelines::resume_handler, pipelines::pause_handler, pipelines::cost_handler,
     ),
-    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity))
+    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity, strata_api::PipelineEvent))
 )]
 pub struct ApiDoc;
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{AuditEntry, Checkpoint, ComputeUsage, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{AuditEntry, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +163,24 @@ pub const MIGRATIONS: &[&str] = &[
         status INTEGER NOT NULL,
         prev_hash TEXT NOT NULL,
         hash TEXT NOT NULL
+    );",
+    // 8: pipeline runs and their stage results (JSON records; a run and its
+    // stages change together in one transaction)
+    "CREATE TABLE pipeline_runs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        spec TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE pipeline_stages (
+        run_id TEXT NOT NULL REFERENCES pipeline_runs(id),
+        idx INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        record TEXT NOT NULL,
+        PRIMARY KEY (run_id, idx)
     );",
 ];
 
@@ -942,6 +960,81 @@ fn insert_event(tx: &rusqlite::Transaction<'_>, id: &str, from: Option<SandboxSt
         detail: t.detail.map(str::to_string),
         duration_ms: t.duration_ms,
     })
+}
+
+/// Pipeline runs (migration 8).
+impl Db {
+    /// Stores a new run with its stages, or replaces a run's state and all its
+    /// stage records, in one transaction.
+    pub fn put_pipeline_run(&self, run: &PipelineRun) -> Result<(), DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT INTO pipeline_runs (id, name, state, reason, spec, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT(id) DO UPDATE SET state = excluded.state, reason = excluded.reason, updated_at = excluded.updated_at",
+            params![run.id, run.name, run.state.as_str(), run.reason, json(&run.spec), run.created_at, run.updated_at],
+        )?;
+        for (i, stage) in run.stages.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO pipeline_stages (run_id, idx, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT(run_id, idx) DO UPDATE SET record = excluded.record",
+                params![run.id, i as i64, stage.name, json(stage)],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// A run by id (or unique id prefix of 4+ characters).
+    pub fn get_pipeline_run(&self, key: &str) -> Result<Option<PipelineRun>, DbError> {
+        let conn = self.conn();
+        // An exact id first; a prefix only when it is unique.
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, name, state, reason, spec, created_at, updated_at FROM pipeline_runs WHERE id = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC LIMIT 2",
+        )?;
+        let rows = stmt
+            .query_map(params![key], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))?
+            .collect::<Result<Vec<(String, String, String, Option<String>, String, String, String)>, _>>()?;
+        drop(stmt);
+        let row = match rows.as_slice() {
+            [first, ..] if first.0 == key => Some(first.clone()),
+            [only] => Some(only.clone()),
+            _ => None,
+        };
+        let Some((id, name, state, reason, spec, created_at, updated_at)) = row else { return Ok(None) };
+        let mut stmt = conn.prepare_cached("SELECT record FROM pipeline_stages WHERE run_id = ?1 ORDER BY idx")?;
+        let stages = stmt.query_map(params![id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        let stages = stages.iter().map(|s| parse(s, "pipeline_stages.record")).collect::<Result<Vec<_>, _>>()?;
+        let state = parse(&format!("\"{state}\""), "pipeline_runs.state")?;
+        Ok(Some(PipelineRun { id, name, state, reason, created_at, updated_at, spec: parse(&spec, "pipeline_runs.spec")?, stages }))
+    }
+
+    /// Ids of every run, newest first.
+    pub fn list_pipeline_run_ids(&self) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT id FROM pipeline_runs ORDER BY created_at DESC, id")?;
+        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        Ok(ids)
+    }
+
+    /// Marks every `running` run `interrupted` (at daemon start: nothing runs them
+    /// any more), together with its running stages' records; returns their ids.
+    pub fn interrupt_pipeline_runs(&self, reason: &str, time: &str) -> Result<Vec<String>, DbError> {
+        let ids: Vec<String> = {
+            let conn = self.conn();
+            let mut stmt = conn.prepare("SELECT id FROM pipeline_runs WHERE state = 'running'")?;
+            let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+            ids
+        };
+        for id in &ids {
+            if let Some(mut run) = self.get_pipeline_run(id)? {
+                run.state = PipelineState::Interrupted;
+                run.reason = Some(reason.to_string());
+                run.updated_at = time.to_string();
+                self.put_pipeline_run(&run)?;
+            }
+        }
+        Ok(ids)
+    }
 }
 
 #[cfg(test)]
