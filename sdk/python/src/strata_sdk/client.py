@@ -542,11 +542,19 @@ class Client:
             r.close()
 
     def upload_tar(self, sandbox: str, path: str, tar: bytes | BinaryIO) -> None:
-        """Unpacks a tar archive into directory ``path`` inside the sandbox (hostile entries are refused)."""
+        """Unpacks a tar archive into the existing directory ``path`` inside the sandbox.
+
+        Hostile entries (``..``, absolute links out) are refused with :class:`BadRequest`.
+        Parent directories of entries must be in the archive (or exist already).
+        """
         self._open("PUT", self._sb(sandbox) + "/files", query={"path": path, "tar": True}, body=tar, content_type="application/x-tar", timeout=_NO_TIMEOUT).read()
 
     def download_tar(self, sandbox: str, path: str) -> bytes:
-        """A tar archive of the tree at ``path`` inside the sandbox."""
+        """A tar archive of the tree at ``path`` inside the sandbox.
+
+        Entries are named under the directory's base name (``/srv/tree`` gives
+        ``tree/...``), so unpack it with :meth:`upload_tar` into the parent directory.
+        """
         return self._open("GET", self._sb(sandbox) + "/files", query={"path": path, "tar": True}, timeout=_NO_TIMEOUT).read()
 
     def stat(self, sandbox: str, path: str) -> FileStat:
