@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import NotFound, StrataConnectionError, error_from_response
+from .errors import NotFound, StrataConnectionError, StrataError, error_from_response
 from .models import (
     Checkpoint,
     CostReport,
@@ -222,6 +222,12 @@ class Client:
         raw = self._open(method, path, **kw).read()
         return json.loads(raw) if raw else None
 
+    def _obj(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        value = self._json(method, path, **kw)
+        if not isinstance(value, dict):
+            raise StrataError(f"{method} {path}: expected a JSON object, got {type(value).__name__}")
+        return value
+
     def _sb(self, sandbox: str) -> str:
         return f"/v1/sandboxes/{_seg(sandbox)}"
 
@@ -229,11 +235,11 @@ class Client:
 
     def info(self) -> dict[str, Any]:
         """Daemon version, state directory and counts (``GET /v1/info``)."""
-        return self._json("GET", "/v1/info")
+        return self._obj("GET", "/v1/info")
 
     def doctor(self) -> dict[str, Any]:
         """What this host supports: isolation tiers and features such as CRIU (``GET /v1/doctor``)."""
-        return self._json("GET", "/v1/doctor")
+        return self._obj("GET", "/v1/doctor")
 
     # --- images ------------------------------------------------------------
 
@@ -678,15 +684,15 @@ class Client:
 
     def scan(self, target: str) -> dict[str, Any]:
         """State-hygiene scan of a sandbox or checkpoint (``ScanReport``)."""
-        return self._json("GET", f"/v1/scan/{_seg(target)}", timeout=_NO_TIMEOUT)
+        return self._obj("GET", f"/v1/scan/{_seg(target)}", timeout=_NO_TIMEOUT)
 
     def lineage(self, target: str) -> dict[str, Any]:
         """Tree of images, checkpoints, sandboxes and templates around ``target``."""
-        return self._json("GET", f"/v1/lineage/{_seg(target)}")
+        return self._obj("GET", f"/v1/lineage/{_seg(target)}")
 
     def gc(self) -> dict[str, Any]:
         """Expires checkpoints and removes unreferenced layers (``GcReport``)."""
-        return self._json("POST", "/v1/gc", timeout=_NO_TIMEOUT)
+        return self._obj("POST", "/v1/gc", timeout=_NO_TIMEOUT)
 
     # --- events, cost, audit -----------------------------------------------
 
@@ -718,7 +724,8 @@ class Client:
 
     def audit(self, *, limit: int | None = None) -> list[dict[str, Any]]:
         """The hash-chained audit log (oldest first)."""
-        return self._json("GET", "/v1/audit", query={"limit": limit})
+        entries: list[dict[str, Any]] = self._json("GET", "/v1/audit", query={"limit": limit})
+        return entries
 
     def metrics(self) -> str:
         """Prometheus metrics (OpenMetrics text)."""

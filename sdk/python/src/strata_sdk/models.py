@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,9 +26,14 @@ OnIdle = Literal["standby", "stop", "destroy", "keep"]
 T = TypeVar("T", bound="Model")
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def _convert(tp: Any, value: Any) -> Any:
@@ -68,7 +72,7 @@ class Model:
                 kwargs[f.name] = _convert(hints[f.name], data[key])
         obj = cls(**kwargs)
         if hasattr(obj, "raw"):
-            obj.raw = data  # type: ignore[attr-defined]
+            obj.raw = data
         return obj
 
 
