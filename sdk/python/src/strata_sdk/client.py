@@ -201,9 +201,10 @@ class Client:
         try:
             conn.request(method, self._prefix + path, body=data, headers=headers)
             resp = conn.getresponse()
-        except (FileNotFoundError, ConnectionRefusedError) as e:
+        except (FileNotFoundError, ConnectionRefusedError, PermissionError) as e:
             conn.close()
-            raise StrataConnectionError(f"cannot connect to strata daemon at {self._where()}: {e} (is `strata daemon` running? set STRATA_SOCKET)") from e
+            hint = "is `strata daemon` running with --listen?" if self.url is not None else "is `strata daemon` running? set STRATA_SOCKET or pass socket="
+            raise StrataConnectionError(f"cannot connect to strata daemon at {self._where()}: {e} ({hint})") from e
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise StrataConnectionError(f"request {method} {path} to strata daemon at {self._where()} failed: {e}") from e
