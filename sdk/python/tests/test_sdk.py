@@ -131,6 +131,10 @@ class DaemonAndImagesTest(unittest.TestCase):
     def test_info_and_images(self) -> None:
         info = client.info()
         self.assertIn("version", info)
+        self.assertIn("tiers", client.doctor())
+        self.assertTrue(client.audit_verify()["ok"])
+        self.assertTrue(client.audit(limit=5))
+        self.assertIn("strata_", client.metrics())
         images = client.list_images()
         img = next(i for i in images if i.name == IMAGE)
         self.assertTrue(img.id.startswith("sha256:"))
@@ -436,6 +440,9 @@ class CheckpointForkTemplateTest(unittest.TestCase):
         sb = new_sandbox()
         client.mkdir(sb, "/opt/app", parents=True)
         client.upload(sb, "/opt/app/setup.txt", b"installed")
+        report = client.scan(sb)
+        self.assertIn("clean", report)
+        self.assertIsInstance(report["findings"], list)
         name = uniq("sdk-tpl")
         try:
             tpl = client.create_template(name, sb)
@@ -453,6 +460,9 @@ class CheckpointForkTemplateTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, "name_conflict")
         child = new_sandbox_from(name)
         self.assertEqual(client.download(child, "/opt/app/setup.txt"), b"installed")
+        kinds = {n["kind"] for n in client.lineage(child)["nodes"]}
+        self.assertIn("checkpoint", kinds)
+        self.assertIn("bytes_freed", client.gc())
         client.delete_template(name)
         _templates.remove(name)
         self.assertNotIn(name, [t.name for t in client.list_templates()])

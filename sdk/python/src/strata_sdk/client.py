@@ -728,6 +728,10 @@ class Client:
         entries: list[dict[str, Any]] = self._json("GET", "/v1/audit", query={"limit": limit})
         return entries
 
+    def audit_verify(self) -> dict[str, Any]:
+        """Recomputes the audit log's hash chain (``AuditVerification``: ``ok``, ``entries``, ``first_bad``)."""
+        return self._obj("GET", "/v1/audit/verify", timeout=_NO_TIMEOUT)
+
     def metrics(self) -> str:
         """Prometheus metrics (OpenMetrics text)."""
         return self._open("GET", "/metrics").read().decode()
