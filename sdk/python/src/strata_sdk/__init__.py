@@ -1,0 +1,100 @@
+"""strata_sdk — Python SDK for the strata sandbox daemon.
+
+Quickstart::
+
+    from strata_sdk import Client
+
+    c = Client()                      # $STRATA_SOCKET or /run/strata/strata.sock
+    sb = c.create_sandbox("busybox", name="demo")
+    print(c.exec(sb.id, ["echo", "hi"]).stdout)   # b'hi\\n'
+    c.destroy(sb.id, force=True)
+
+Everything is a method of :class:`Client`; results are dataclasses from
+:mod:`strata_sdk.models`; failures raise :class:`StrataError` subclasses.
+Pipelines (``/v1/pipelines``) are not covered yet: they come with that API.
+"""
+
+from .client import DEFAULT_SOCKET, Client
+from .errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    ServerError,
+    StrataConnectionError,
+    StrataError,
+    Unauthorized,
+    Unsupported,
+)
+from .models import (
+    Checkpoint,
+    ComputeCost,
+    CostReport,
+    CostSummary,
+    Counterfactual,
+    ExecResult,
+    FileChange,
+    FileStat,
+    ForkResult,
+    Image,
+    ImportReport,
+    LayerInfo,
+    Lease,
+    Lifecycle,
+    LifecycleHooks,
+    OnIdle,
+    Policy,
+    ProcessEvent,
+    ProcessInfo,
+    ResourceLimits,
+    RestoreResult,
+    ResumeResult,
+    Sandbox,
+    SandboxEvent,
+    SandboxState,
+    StandbyInfo,
+    Template,
+)
+
+__version__ = "0.1.0"
+"""Version of this SDK."""
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "BadRequest",
+    "Checkpoint",
+    "Client",
+    "ComputeCost",
+    "Conflict",
+    "CostReport",
+    "CostSummary",
+    "Counterfactual",
+    "ExecResult",
+    "FileChange",
+    "FileStat",
+    "ForkResult",
+    "Image",
+    "ImportReport",
+    "LayerInfo",
+    "Lease",
+    "Lifecycle",
+    "LifecycleHooks",
+    "NotFound",
+    "OnIdle",
+    "Policy",
+    "ProcessEvent",
+    "ProcessInfo",
+    "ResourceLimits",
+    "RestoreResult",
+    "ResumeResult",
+    "Sandbox",
+    "SandboxEvent",
+    "SandboxState",
+    "ServerError",
+    "StandbyInfo",
+    "StrataConnectionError",
+    "StrataError",
+    "Template",
+    "Unauthorized",
+    "Unsupported",
+    "__version__",
+]

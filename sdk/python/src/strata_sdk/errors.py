@@ -1,0 +1,107 @@
+"""Exceptions raised by the strata SDK.
+
+Every failure is a :class:`StrataError`. HTTP errors from the daemon carry the
+status, the machine-readable ``code`` (see docs/api.md, "Errors") and, for
+illegal lifecycle transitions, the sandbox's ``current_state``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StrataError(Exception):
+    """Base class of every SDK error.
+
+    Attributes:
+        status: HTTP status of the response (0 when no response was received).
+        code: Machine-readable error code from the daemon, e.g. ``"sandbox_not_found"``.
+        message: Human-readable message.
+        current_state: State of the sandbox for ``invalid_state`` errors, else ``None``.
+        body: The whole decoded error body (may hold ``dependents`` or ``findings``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 0,
+        code: str = "",
+        current_state: str | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.current_state = current_state
+        self.body: dict[str, Any] = body or {}
+
+    @property
+    def dependents(self) -> list[str]:
+        """Objects that still need the target (``in_use`` errors)."""
+        return list(self.body.get("dependents") or [])
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        """State-hygiene scan findings (``scan_findings`` errors)."""
+        return list(self.body.get("findings") or [])
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.code:
+            parts.insert(0, f"[{self.status} {self.code}]")
+        if self.current_state:
+            parts.append(f"(current state: {self.current_state})")
+        return " ".join(parts)
+
+
+class BadRequest(StrataError):
+    """400: malformed input, a hostile archive, or a path leaving the sandbox."""
+
+
+class Unauthorized(StrataError):
+    """401: TCP access without the right bearer token."""
+
+
+class NotFound(StrataError):
+    """404: unknown sandbox, image, checkpoint, process, file, lease or route."""
+
+
+class Conflict(StrataError):
+    """409: illegal in the current state (``current_state`` says which), name taken,
+    object still in use (``dependents``) or scan findings (``findings``)."""
+
+
+class Unsupported(StrataError):
+    """501: the host lacks a feature (e.g. standby without CRIU)."""
+
+
+class ServerError(StrataError):
+    """5xx other than 501: an internal daemon error, a corrupt standby image, a registry failure."""
+
+
+class StrataConnectionError(StrataError):
+    """The daemon could not be reached (socket missing, connection refused, dropped)."""
+
+
+_BY_STATUS: dict[int, type[StrataError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    501: Unsupported,
+}
+
+
+def error_from_response(status: int, body: dict[str, Any] | None, fallback: str) -> StrataError:
+    """Builds the exception for an error response (used by the client)."""
+    body = body or {}
+    cls = _BY_STATUS.get(status, ServerError if status >= 500 else StrataError)
+    return cls(
+        str(body.get("message") or fallback),
+        status=status,
+        code=str(body.get("code") or ""),
+        current_state=body.get("current_state"),
+        body=body,
+    )
