@@ -380,9 +380,8 @@ class CheckpointForkTemplateTest(unittest.TestCase):
         changes = {c.path: c.change for c in client.diff(sb)}
         self.assertEqual(changes.get("/etc/passwd"), "modified")  # in the image
         self.assertEqual(changes.get("/root/new.txt"), "added")
-        # Changed since the checkpoint. (The daemon currently calls this "added", not
-        # "modified": it classifies against the image's layers, not the checkpoint's.)
-        self.assertIn("/root/state.txt", changes)
+        # Existed at the checkpoint (in the writable layer), changed since.
+        self.assertEqual(changes.get("/root/state.txt"), "modified")
         self.assertTrue(client.export(sb).startswith(b"root") or len(client.export(sb)) >= 1024)
 
         res = client.restore(sb, name, keep_current=True)
@@ -475,6 +474,61 @@ def new_sandbox_from(source: str) -> str:
     sb = client.create_sandbox(source)
     _sandboxes.append(sb.id)
     return sb.id
+
+
+class FanoutPipelineAdviseTest(unittest.TestCase):
+    def test_fanout_keeps_the_passing_attempt(self) -> None:
+        sb = new_sandbox()
+        client.upload(sb, "/root/base.txt", b"base")
+        r = client.fanout(sb, run="test {i} = 2 && echo won > /root/won", count=3, select="first_success")
+        self.assertEqual(r["winner"], 2, r)
+        winner = r["winner_sandbox"]
+        _sandboxes.append(winner)
+        self.assertEqual(client.download(winner, "/root/won"), b"won\n")
+        self.assertEqual(client.download(winner, "/root/base.txt"), b"base")
+        losers = [a["sandbox_id"] for a in r["attempts"] if a["index"] != 2]
+        listed = {s.id for s in client.list_sandboxes()}
+        self.assertFalse(set(losers) & listed, "losers are destroyed")
+        none = client.fanout(sb, run="false", count=2, select="all_success")
+        self.assertIsNone(none.get("winner"), none)
+        self.assertTrue(none.get("reason"), none)
+
+    def test_pipeline_runs_stages_and_reports_them(self) -> None:
+        spec = f"""
+[[stage]]
+name = "setup"
+source = "image:{IMAGE}"
+lifecycle = "persistent"
+commands = ["echo prepared > /root/prepared"]
+
+[[stage]]
+name = "eval"
+source = "stage:setup"
+lifecycle = "ephemeral"
+commands = ["grep -q prepared /root/prepared"]
+"""
+        events = list(client.run_pipeline_follow(spec))
+        self.assertTrue(events, "progress events arrive")
+        run_id = next(e["run_id"] for e in events if "run_id" in e) if any("run_id" in e for e in events) else None
+        runs = client.list_pipelines()
+        self.assertTrue(runs)
+        run = client.pipeline(run_id or runs[0]["id"])
+        self.assertEqual(run["state"], "succeeded", run)
+        self.assertEqual([s["name"] for s in run["stages"]], ["setup", "eval"])
+        for st in run["stages"]:
+            _sandboxes.extend(st.get("sandboxes") or [])
+        self.assertIn("total", client.pipeline_cost(run["id"]))
+        with self.assertRaises(BadRequest):
+            client.run_pipeline('[[stage]]\nname = "x"\nsource = "stage:nope"\nlifecycle = "ephemeral"\ncommands = ["true"]\n')
+        with self.assertRaises(NotFound):
+            client.pipeline("no-such-run")
+
+    def test_advise(self) -> None:
+        a = client.advise(keep=["processes"], setup="2m", turns=5, idle="30m")
+        self.assertEqual(a["recommendation"], "standby_between_turns", a)
+        self.assertTrue(any(c["strategy"] == "always_on" for c in a["alternatives"]))
+        with self.assertRaises(BadRequest):
+            client.advise(turns=0)
 
 
 class StandbyTest(unittest.TestCase):

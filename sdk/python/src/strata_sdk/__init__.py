@@ -11,7 +11,8 @@ Quickstart::
 
 Everything is a method of :class:`Client`; results are dataclasses from
 :mod:`strata_sdk.models`; failures raise :class:`StrataError` subclasses.
-Pipelines (``/v1/pipelines``) are not covered yet: they come with that API.
+Fan-out (:meth:`Client.fanout`), pipelines (:meth:`Client.run_pipeline` and
+friends) and the advisor (:meth:`Client.advise`) return the API's JSON as dicts.
 """
 
 from .client import DEFAULT_SOCKET, Client

@@ -715,6 +715,93 @@ class Client:
         )
         return (SandboxEvent.from_json(x) for x in r.lines())
 
+    # ---- fan-out, pipelines, advisor ----
+
+    def fanout(
+        self,
+        source: str,
+        *,
+        run: str | None = None,
+        args: list[str] | None = None,
+        count: int | None = None,
+        attempts: list[dict[str, Any]] | None = None,
+        select: str = "first_success",
+        score_cmd: str | None = None,
+        timeout: str | None = None,
+        losers: str = "destroy",
+        promote_as: str | None = None,
+    ) -> dict[str, Any]:
+        """Forks one child per attempt from ``source`` (checkpoint or sandbox), runs the
+        attempts concurrently and selects a winner.
+
+        ``run`` is a shell command with ``{i}`` (attempt index) and ``{arg}`` (one of
+        ``args``) filled in; or give explicit ``attempts`` (``{"cmd": [...], "env": {...}}``).
+        ``select``: ``first_success``, ``all_success`` or ``best_score`` (with ``score_cmd``).
+        ``losers``: ``destroy`` or ``keep``; ``promote_as`` checkpoints the winner under a name.
+        Returns the ``FanoutResult`` JSON: ``attempts`` and ``winner`` (``None`` with a
+        ``reason`` when no attempt won).
+        """
+        body = _drop_none(
+            {
+                "source": source,
+                "run": run,
+                "args": args,
+                "count": count,
+                "attempts": attempts,
+                "select": select,
+                "score_cmd": score_cmd,
+                "timeout": timeout,
+                "losers": losers,
+                "promote_as": promote_as,
+            }
+        )
+        result: dict[str, Any] = self._json("POST", "/v1/fanout", json_body=body, timeout=_NO_TIMEOUT)
+        return result
+
+    def run_pipeline(self, toml: str) -> dict[str, Any]:
+        """Starts a pipeline run from its TOML spec (see docs/pipelines.md); returns the
+        ``PipelineRun`` JSON at once (``id``, ``state``, ``stages``)."""
+        run: dict[str, Any] = self._json("POST", "/v1/pipelines", json_body={"toml": toml})
+        return run
+
+    def run_pipeline_follow(self, toml: str) -> Iterator[dict[str, Any]]:
+        """Starts a pipeline run and yields its progress events until it ends."""
+        r = self._open("POST", "/v1/pipelines", query={"follow": True}, json_body={"toml": toml}, timeout=_NO_TIMEOUT)
+        return (x for x in r.lines())
+
+    def pipeline(self, run_id: str) -> dict[str, Any]:
+        """A pipeline run: state, and per stage its lifecycle, times, sandboxes, checkpoint, cost."""
+        run: dict[str, Any] = self._json("GET", f"/v1/pipelines/{_seg(run_id)}")
+        return run
+
+    def list_pipelines(self) -> list[dict[str, Any]]:
+        """Every pipeline run, newest first."""
+        runs: list[dict[str, Any]] = self._json("GET", "/v1/pipelines")
+        return runs
+
+    def resume_pipeline(self, run_id: str) -> dict[str, Any]:
+        """Resumes a failed, paused or interrupted run from its first unfinished stage."""
+        run: dict[str, Any] = self._json("POST", f"/v1/pipelines/{_seg(run_id)}/resume")
+        return run
+
+    def pause_pipeline(self, run_id: str) -> dict[str, Any]:
+        """Asks a running run to pause at its next stage boundary."""
+        run: dict[str, Any] = self._json("POST", f"/v1/pipelines/{_seg(run_id)}/pause")
+        return run
+
+    def pipeline_cost(self, run_id: str) -> dict[str, Any]:
+        """Cost of a pipeline run per stage."""
+        cost: dict[str, Any] = self._json("GET", f"/v1/pipelines/{_seg(run_id)}/cost")
+        return cost
+
+    def advise(self, **stage: Any) -> dict[str, Any]:
+        """The lifecycle advisor (docs/advisor.md): pass the ``AdviseRequest`` fields
+        (``keep=["processes"], setup="5m", turns=5, idle="30m", untrusted_input=False,
+        fan_out=..., cpus=..., memory="1g", disk="1g"``); returns the ``Advice`` JSON
+        (``recommendation``, ``reasons``, ``warnings``, priced ``alternatives``)."""
+        advice: dict[str, Any] = self._json("POST", "/v1/advise", json_body=_drop_none(stage))
+        return advice
+
     def cost(self) -> CostSummary:
         """Cost of every sandbox (destroyed ones included) with ephemeral-only/always-on counterfactuals."""
         return CostSummary.from_json(self._json("GET", "/v1/cost"))
