@@ -16,20 +16,6 @@ use common::{rt, TestDaemon};
 use strata_api::{CreateSandboxRequest, ErrorCode, ExecRequest, SandboxState, SecretSpec};
 use strata_client::ClientError;
 
-/// Skips (or, in CI, fails) when process checkpointing is unavailable.
-macro_rules! require_criu {
-    () => {
-        require_host!();
-        if let Some(reason) = strata_runtime::namespace::criu::unsupported() {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI must be able to run this test, but: {reason}");
-            }
-            println!("skipped: {reason}");
-            return;
-        }
-    };
-}
-
 /// 32 random bytes, hex-encoded (64 characters).
 fn random_secret() -> String {
     let mut b = [0u8; 32];

@@ -17,20 +17,6 @@ use common::{rt, TestDaemon};
 use strata_api::{ErrorCode, ExecRequest, SandboxState};
 use strata_client::{ClientError, Method};
 
-/// Skips (or, in CI, fails) when process checkpointing is unavailable.
-macro_rules! require_criu {
-    () => {
-        require_host!();
-        if let Some(reason) = strata_runtime::namespace::criu::unsupported() {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI must be able to run this test, but: {reason}");
-            }
-            println!("skipped: {reason}");
-            return;
-        }
-    };
-}
-
 const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i >> /root/log; echo tick$i; sleep 0.05; done";
 
 fn err_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, strata_api::ApiErrorBody) {

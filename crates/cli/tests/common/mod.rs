@@ -49,6 +49,22 @@ macro_rules! require_host {
     };
 }
 
+/// Like [`require_host!`], and also skips (or, in CI, fails) when process
+/// checkpointing (CRIU >= 4) is unavailable.
+#[macro_export]
+macro_rules! require_criu {
+    () => {
+        $crate::require_host!();
+        if let Some(reason) = strata_runtime::namespace::criu::unsupported() {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI must be able to run this test, but: {reason}");
+            }
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+}
+
 /// A daemon with its own state directory and socket, stopped on drop.
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,
