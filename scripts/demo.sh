@@ -10,15 +10,18 @@
 #   setup      persistent sandbox: create a venv and a project (paid once),
 #              sealed into a template
 #   execute    multi-step work in the same sandbox, with a checkpoint
-#   fan-out    fork 4 from the checkpoint, a different fix in each, keep the
-#              one whose test passes (the sandbox is restored to it)
+#   fan-out    `strata fork --run`: 4 children of the checkpoint try a different
+#              fix each, the first whose test passes is promoted (the sandbox is
+#              restored to it), the others are destroyed
 #   idle       standby: a running dev server's processes and memory go to disk,
 #              CPU and RAM are released
 #   follow-up  the next call resumes it with the dev server still running (setup
 #              not repaid); a new task starts from the template
 #   evaluate   ephemeral `strata run --rm`: clean start, nothing left behind
 #
-# and prints a table per stage: lifecycle, time, state kept.
+# and prints a table per stage (lifecycle, time, state kept), the lifecycle
+# advisor's view of the idle stage, the cost of every sandbox against the
+# ephemeral-only and always-on counterfactuals, and the time saved against redoing setup.
 set -euo pipefail
 
 STRATA_PROG=demo
@@ -96,25 +99,29 @@ row execute "persistent + checkpoint" "$(( $(ms) - t ))" "checkpoint before-fix"
 echo
 note "stage 3 · fan-out: fork 4 from the checkpoint, try a different fix in each, keep the passing one"
 t=$(ms)
-mapfile -t KIDS < <("$STRATA" fork before-fix --count 4 --name-prefix attempt)
-FIXES=("a * b" "b - a" "a + b" "a // b")
-WINNER=""
-for i in 0 1 2 3; do
-    fix=${FIXES[$i]}
-    if "$STRATA" exec -u user "${KIDS[$i]}" -- sh -c "cd ~/proj && sed -i 's/return a - b/return $fix/' calc.py && ~/venv/bin/python -B test_calc.py" >/dev/null 2>&1; then
-        echo "  attempt-$((i + 1)) ($fix): pass"
-        [ -n "$WINNER" ] || WINNER=${KIDS[$i]}
-    else
-        echo "  attempt-$((i + 1)) ($fix): fail"
-    fi
-done
-[ -n "$WINNER" ] || die "no attempt passed"
-"$STRATA" exec -u user "$WINNER" -- sh -c 'cd ~/proj && git commit -qam fix'
-WIN_CKPT=$("$STRATA" checkpoint "$WINNER" --name fixed)
+# One copy-on-write child per fix, run concurrently; the first whose test passes wins and
+# is promoted to the checkpoint `fixed`; the other children are destroyed.
+"$STRATA" fork before-fix --name-prefix attempt \
+    --run "cd /home/user/proj && sed -i 's/return a - b/return {arg}/' calc.py && chown user:user calc.py && /home/user/venv/bin/python -B test_calc.py" \
+    --arg "a * b" --arg "b - a" --arg "a + b" --arg "a // b" --select first --promote fixed --json >"$WORK/fanout.json"
+python3 - "$WORK/fanout.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for a in r["attempts"]:
+    fix = ["a * b", "b - a", "a + b", "a // b"][a["index"] - 1]
+    print("  attempt-%d (%s): %s, exit %s, %d ms" % (a["index"], fix, a["outcome"], a.get("exit_code"), a["duration_ms"]))
+print("  winner: attempt-%s, promoted as checkpoint fixed" % r.get("winner"))
+PY
+WINNER=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["winner_sandbox"])' "$WORK/fanout.json")
 "$STRATA" restore "$DEV" --to fixed >/dev/null
-"$STRATA" rm -f "${KIDS[@]}" >/dev/null
+"$STRATA" exec -u user "$DEV" -- sh -c 'cd ~/proj && git commit -qam fix && ~/venv/bin/python -B test_calc.py'
+"$STRATA" rm -f "$WINNER" >/dev/null
 "$STRATA" lineage "$DEV"
-row fan-out "fork 4, select" "$(( $(ms) - t ))" "winner's state adopted by dev; 4 forks removed"
+row fan-out "fork 4, select" "$(( $(ms) - t ))" "winner promoted (checkpoint fixed), adopted by dev; losers destroyed"
+
+echo
+note "the lifecycle advisor on the next stage (a dev server, long idle gaps between agent turns):"
+"$STRATA" advise --keep processes,generated-files --setup "${SETUP_MS}ms" --turns 5 --turn 1m --idle 30m | sed -n '1,4p'
 
 echo
 note "stage 4 · idle: the dev server keeps running into standby (processes and memory on disk, CPU and RAM released)"
@@ -161,5 +168,8 @@ echo
 printf '%-10s | %-22s | %11s | %s\n' stage lifecycle time "state kept"
 printf '%s\n' "-----------+------------------------+-------------+-------------------------------------------"
 printf '%s\n' "${ROWS[@]}"
+echo
+note "what each sandbox cost (compute while running, storage by the hour), against ephemeral-only and always-on:"
+"$STRATA" cost
 echo
 note "follow-up started in ${FOLLOW_MS} ms and a new task from the template in ${TEMPLATE_MS} ms, instead of repaying ${SETUP_MS} ms of setup"

@@ -992,6 +992,8 @@ fn print_lineage(l: &strata_api::Lineage) {
 
 /// A cost or quantity readable at any magnitude: fixed point, or 4 significant digits when small.
 fn money(v: f64) -> String {
+    // An empty sum is -0.0: print it as 0.
+    let v = if v == 0.0 { 0.0 } else { v };
     if v == 0.0 || v.abs() >= 0.01 {
         format!("{v:.4}")
     } else {
