@@ -9,6 +9,7 @@ use crate::{Lifecycle, ResourceLimits};
 
 /// Request body of `POST /v1/sandboxes/{id}/checkpoints`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
     /// Unique name (default: `<sandbox name>-<short id>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +71,7 @@ pub struct Checkpoint {
 
 /// Request body of `POST /v1/fork`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ForkRequest {
     /// A checkpoint (id or name), or a sandbox (id or name), which is checkpointed first.
     pub source: String,

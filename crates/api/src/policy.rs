@@ -126,6 +126,7 @@ impl Default for SandboxPolicy {
 /// the lifecycle's default). `max_lifetime`, `archive_after` and `delete_after`
 /// accept `"none"` to remove the limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PolicyPatch {
     /// Action once idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -159,6 +160,7 @@ impl PolicyPatch {
 
 /// Request body of `PATCH /v1/sandboxes/{id}`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct UpdateSandboxRequest {
     /// Policy fields to change.
     #[serde(default, skip_serializing_if = "Option::is_none")]

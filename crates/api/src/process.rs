@@ -7,6 +7,7 @@ use utoipa::ToSchema;
 
 /// Request body of `POST /v1/sandboxes/{id}/exec` and `POST /v1/sandboxes/{id}/processes`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// Program and arguments; the program is looked up in the sandbox's PATH.
     pub cmd: Vec<String>,

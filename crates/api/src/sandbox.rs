@@ -97,6 +97,7 @@ pub struct ResourceLimits {
 
 /// Request body of `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Image name or id to start from.
     pub source: String,
@@ -217,6 +218,7 @@ pub enum StandbyMode {
 
 /// Request body of `POST /v1/sandboxes/{id}/standby`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StandbyRequest {
     /// Keep only the filesystem: processes are stopped (recorded on the sandbox as
     /// `fs_only`). Without it, standby fails when processes cannot be dumped.

@@ -99,3 +99,37 @@ fn tcp_listener_requires_the_bearer_token() {
     let ok = strata_client::Client::new(strata_client::Endpoint::Tcp { addr, token: Some(token.trim().to_string()) });
     assert!(rt.block_on(ok.list_sandboxes()).unwrap().is_empty());
 }
+
+#[test]
+fn request_bodies_with_unknown_fields_are_refused() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    // Raw HTTP/1.1 over the socket: the typed client cannot send unknown fields.
+    let post = |path: &str, body: &str| {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: strata\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let status: u16 = resp.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let json = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (status, serde_json::from_str::<strata_api::ApiErrorBody>(json).ok())
+    };
+    // A misspelt or unsupported option must not be silently dropped (here: a tier that does not exist as a field).
+    let (status, body) = post("/v1/sandboxes", r#"{"source":"busybox","runtime":"microvm"}"#);
+    let body = body.expect("a JSON error body");
+    assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
+    assert!(body.message.contains("unknown field `runtime`"), "{}", body.message);
+    assert!(common::rt().block_on(d.client().list_sandboxes()).unwrap().is_empty(), "nothing was created");
+    let id = d.create(&[]);
+    for (path, body) in [
+        (format!("/v1/sandboxes/{id}/exec"), r#"{"cmd":["true"],"usr":"root"}"#),
+        (format!("/v1/sandboxes/{id}/checkpoints"), r#"{"nmae":"x"}"#),
+        (format!("/v1/sandboxes/{id}/standby"), r#"{"fsonly":true}"#),
+    ] {
+        let (status, body) = post(&path, body);
+        assert_eq!(status, 400, "{path}: {body:?}");
+        assert!(body.is_some_and(|b| b.message.contains("unknown field")), "{path}");
+    }
+}
