@@ -12,10 +12,11 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 use strata_api::{FileKind, FileStat};
+use strata_runtime::openat2::{RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
 
 /// Errors of confined file access.
 #[derive(Debug, thiserror::Error)]
@@ -55,28 +56,10 @@ impl FsError {
     }
 }
 
-const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
 const CONFINED: u64 = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
 
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 fn openat2(dir: RawFd, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    let c = CString::new(if rel.is_empty() { "." } else { rel }).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let how = OpenHow { flags: (flags | libc::O_CLOEXEC) as u64, mode: mode as u64, resolve: CONFINED };
-    // SAFETY: `c` is NUL-terminated, `how` is a valid open_how of the size passed.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor that we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    strata_runtime::openat2::openat2(dir, rel, flags, mode, CONFINED)
 }
 
 fn cstr(s: &str) -> io::Result<CString> {

@@ -15,6 +15,7 @@
 pub mod cgroup;
 pub mod microvm;
 pub mod namespace;
+pub mod openat2;
 pub mod probe;
 pub mod spec;
 

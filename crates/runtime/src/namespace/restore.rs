@@ -97,25 +97,12 @@ pub fn main() -> ! {
 /// within `root`, never to host files): `openat2` with `RESOLVE_IN_ROOT`.
 /// Empty when it cannot be read (O_NONBLOCK: a FIFO planted there does not block).
 fn read_in_root(root: &std::path::Path, rel: &str) -> String {
-    use std::os::fd::FromRawFd;
+    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
     let Ok(root_fd) = std::fs::File::open(root) else { return String::new() };
-    let Ok(c_rel) = std::ffi::CString::new(rel) else { return String::new() };
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-    const RESOLVE_IN_ROOT: u64 = 0x10;
-    let how = OpenHow { flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK) as u64, mode: 0, resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
-    // SAFETY: openat2 takes a dirfd, a NUL-terminated path and an open_how of the given size, all valid for the call.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, std::os::fd::AsRawFd::as_raw_fd(&root_fd), c_rel.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
-    if fd < 0 {
+    let Ok(fd) = openat2(std::os::fd::AsRawFd::as_raw_fd(&root_fd), rel, libc::O_RDONLY | libc::O_NONBLOCK, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) else {
         return String::new();
-    }
-    // SAFETY: fd is a new descriptor owned by nobody else.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd as i32) };
+    };
+    let mut f = std::fs::File::from(fd);
     let mut s = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut f, 1 << 20), &mut s);
     s
