@@ -115,6 +115,13 @@ impl TestDaemon {
             assert!(Instant::now() < deadline, "daemon did not come up; log:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The daemon binds its TCP listener after the socket: wait for that too.
+        if let Some(addr) = &self.listen {
+            while std::net::TcpStream::connect(addr.as_str()).is_err() {
+                assert!(Instant::now() < deadline, "daemon did not listen on {addr}; log:\n{}", self.log());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     /// The daemon's log so far.
