@@ -523,7 +523,6 @@ impl Client {
         self.call(Method::POST, "/v1/templates", Some(req)).await
     }
 
-    /// Lists templates.
     /// Creates an API token (the response carries its secret, shown only now).
     pub async fn create_token(&self, req: &strata_api::CreateTokenRequest) -> Result<strata_api::CreatedToken> {
         self.call(Method::POST, "/v1/tokens", Some(req)).await
@@ -547,6 +546,7 @@ impl Client {
         self.call::<(), _>(Method::DELETE, &q, None).await
     }
 
+    /// Lists templates.
     pub async fn list_templates(&self) -> Result<Vec<Template>> {
         self.call::<(), _>(Method::GET, "/v1/templates", None).await
     }

@@ -138,8 +138,18 @@ fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) ->
     Ok(Template { name: name.into(), tenant: c.tenant, checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into(), accepted_findings })
 }
 
+/// Template names are daemon-wide: one of another tenant is taken (409) and
+/// never re-pointed by `replace`.
+fn name_usable(st: &Shared, name: &str) -> ApiResult<()> {
+    if st.db.template_tenant(name)?.is_some_and(|t| !crate::tenancy::visible(&t)) {
+        return Err(ApiError::new(ErrorCode::NameConflict, format!("the template name {name:?} is in use")));
+    }
+    Ok(())
+}
+
 /// Registers a template, recording accepted scan findings with it.
 fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: Option<&strata_api::FindingsAcceptance>) -> ApiResult<Template> {
+    name_usable(st, name)?;
     let time = now();
     st.db.put_template(name, checkpoint, &time, replace)?;
     if let Some(a) = accepted {
@@ -153,6 +163,7 @@ fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: 
 /// (then the findings and `actor` are recorded on the template).
 pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> ApiResult<Template> {
     ids::validate_name(&req.name, true)?;
+    name_usable(st, &req.name)?;
     if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("an image is named {:?}; templates and images share one namespace", req.name)));
     }
@@ -265,6 +276,7 @@ fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
 pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>, actor: &str) -> Result<Template, (usize, ApiError)> {
     let started = Instant::now();
     ids::validate_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
+    name_usable(st, &req.name).map_err(|e| (0, e))?;
     let steps = parse(&req.file).map_err(|e| (0, ApiError::bad_request(format!("build file: {e}"))))?;
     let context = req.context.as_deref().map(PathBuf::from);
     let count = steps.len();

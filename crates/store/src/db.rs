@@ -1403,6 +1403,83 @@ mod tests {
     }
 
     #[test]
+    fn tokens_are_stored_by_hash_with_names_unique_among_live_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let t = TokenInfo { id: "t1".into(), name: "ci".into(), tenant: "acme".into(), created_at: "t0".into(), last_used_at: None, expires_at: None, revoked_at: None };
+        db.insert_token(&t, "h1").unwrap();
+        assert!(matches!(db.insert_token(&TokenInfo { id: "t2".into(), ..t.clone() }, "h2"), Err(DbError::NameTaken(_))), "same name, same tenant");
+        db.insert_token(&TokenInfo { id: "t3".into(), tenant: "globex".into(), ..t.clone() }, "h3").unwrap();
+        assert_eq!(db.token_by_hash("h1").unwrap(), Some(t.clone()));
+        assert_eq!(db.token_by_hash("nope").unwrap(), None);
+        assert_eq!(db.find_tokens("ci", None).unwrap().len(), 2);
+        assert_eq!(db.find_tokens("ci", Some("globex")).unwrap()[0].id, "t3");
+        assert_eq!(db.find_tokens("t1", None).unwrap()[0].tenant, "acme");
+        assert!(db.find_tokens("t1", Some("globex")).unwrap().is_empty(), "an id outside the tenant is not found");
+        db.touch_token("t1", "2026-01-01T00:01:00Z", "2026-01-01T00:00:00Z").unwrap();
+        db.touch_token("t1", "2026-01-01T00:01:30Z", "2026-01-01T00:00:30Z").unwrap();
+        assert_eq!(db.token_by_hash("h1").unwrap().unwrap().last_used_at.as_deref(), Some("2026-01-01T00:01:00Z"), "at most one write a minute");
+        assert_eq!(db.revoke_token("t1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
+        assert_eq!(db.revoke_token("t1", "r2").unwrap().unwrap().revoked_at.as_deref(), Some("r1"), "the first revocation time stays");
+        assert!(db.revoke_token("nope", "r1").unwrap().is_none());
+        assert_eq!(db.list_tokens(Some("acme"), false).unwrap().len(), 0);
+        assert_eq!(db.list_tokens(Some("acme"), true).unwrap().len(), 1);
+        assert_eq!(db.list_tokens(None, false).unwrap().len(), 1);
+        db.insert_token(&TokenInfo { id: "t4".into(), ..t.clone() }, "h4").unwrap();
+        assert_eq!(db.find_tokens("ci", Some("acme")).unwrap()[0].id, "t4", "a revoked token's name is free again");
+    }
+
+    #[test]
+    fn owned_objects_inherit_their_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let mut rec = record("0123456789abcdef", "web");
+        rec.sandbox.tenant = "acme".into();
+        db.insert_sandbox(&rec).unwrap();
+        assert_eq!(db.get_sandbox("web").unwrap().unwrap().sandbox.tenant, "acme");
+        assert_eq!(db.get_usage("web").unwrap().unwrap().tenant, "acme");
+        let c = Checkpoint {
+            id: "c000000000000001".into(),
+            tenant: "wrong".into(),
+            name: "c1".into(),
+            sandbox_id: rec.sandbox.id.clone(),
+            parent: None,
+            layer: None,
+            layer_size: 0,
+            layers: vec![],
+            image: "busybox".into(),
+            image_id: "sha256:aa".into(),
+            changed_paths: 0,
+            labels: Default::default(),
+            created_at: "t".into(),
+            frozen_ms: 0,
+            duration_ms: 0,
+            expires_at: None,
+            pinned: false,
+        };
+        db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
+        assert_eq!(db.get_checkpoint("c1").unwrap().unwrap().0.tenant, "acme", "a checkpoint is its sandbox's tenant's");
+        db.put_template("tpl", &c.id, "t", false).unwrap();
+        assert_eq!(db.template_tenant("tpl").unwrap().as_deref(), Some("acme"), "a template is its checkpoint's tenant's");
+        db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
+        assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 2);
+        assert!(db.events_of_tenant("globex", None, 0, 100).unwrap().is_empty());
+        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+        db.delete_sandbox(&rec.sandbox.id, SandboxState::Creating, &t).unwrap();
+        assert_eq!(db.sandbox_tenant_by_id(&rec.sandbox.id).unwrap().as_deref(), Some("acme"), "remembered after destroy");
+        assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn audit_entries_without_a_tenant_keep_their_old_hash() {
+        let e = AuditEntry { seq: 1, time: "t".into(), actor: "uid:0".into(), tenant: None, method: "POST".into(), route: "/v1/x".into(), target: None, status: 200, prev_hash: AUDIT_GENESIS.into(), hash: String::new() };
+        let old = serde_json::to_vec(&serde_json::json!([e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash])).unwrap();
+        assert_eq!(audit_canonical(&e), old);
+        let with = AuditEntry { tenant: Some("acme".into()), ..e.clone() };
+        assert_ne!(audit_hash(&with), audit_hash(&e), "the tenant is covered by the hash");
+    }
+
+    #[test]
     fn audit_chain_detects_edits_removals_and_reordering() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
@@ -1415,6 +1492,8 @@ mod tests {
         assert_eq!(all[0].prev_hash, AUDIT_GENESIS);
         assert_eq!(all[1].prev_hash, all[0].hash);
         assert!(audit_verify(&all).is_none());
+        assert_eq!(all[1].tenant.as_deref(), Some("acme"));
+        assert_eq!(db.audit_entries_of(Some("acme"), None).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
         assert_eq!(db.audit_entries(Some(2)).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
         let mut edited = all.clone();
         edited[1].status = 500;
