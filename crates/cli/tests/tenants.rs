@@ -264,3 +264,64 @@ fn audit_records_tenant_and_token() {
     let v = rt.block_on(d.client().audit_verify()).unwrap();
     assert!(v.ok, "{v:?}");
 }
+
+#[test]
+fn pipelines_builds_and_host_paths_follow_the_tenant() {
+    require_host!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    let rt = rt();
+    let acme_secret = secret(&token(&d, "ci", "acme", &[]));
+    let acme = tcp(&addr, &acme_secret);
+    let globex = tcp(&addr, &secret(&token(&d, "ci", "globex", &[])));
+
+    // A pipeline run through the CLI's TCP mode belongs to the token's tenant, and
+    // so does everything its (background) driver makes.
+    let spec = common::write_file(d.dir.path(), "p.toml", b"name = \"t\"\n\n[[stage]]\nname = \"setup\"\nsource = \"image:busybox\"\nlifecycle = \"persistent\"\ncommands = [\"echo hi > /root/x\"]\n\n[[stage]]\nname = \"use\"\nsource = \"stage:setup\"\nlifecycle = \"ephemeral\"\ncommands = [\"grep -qx hi /root/x\"]\n");
+    let out = std::process::Command::new(common::strata_bin()).args(["pipeline", "run", spec.to_str().unwrap(), "--json"]).env("STRATA_HOST", &addr).env("STRATA_TOKEN", &acme_secret).output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let last: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!((last["run"]["state"].as_str(), last["run"]["tenant"].as_str()), (Some("succeeded"), Some("acme")), "{last}");
+    let run = last["run"]["id"].as_str().unwrap().to_string();
+    let nope = "0123456789abcdef";
+    same_as_unknown("pipeline", rt.block_on(globex.pipeline(&run)), &run, rt.block_on(globex.pipeline(nope)), nope);
+    same_as_unknown("pipeline resume", rt.block_on(globex.resume_pipeline(&run)), &run, rt.block_on(globex.resume_pipeline(nope)), nope);
+    assert!(rt.block_on(globex.list_pipelines()).unwrap().is_empty());
+    assert_eq!(rt.block_on(acme.list_pipelines()).unwrap().len(), 1);
+    let all = rt.block_on(d.client().list_sandboxes()).unwrap();
+    assert!(!all.is_empty() && all.iter().all(|s| s.tenant == "acme"), "{all:?}");
+    assert!(rt.block_on(d.client().list_checkpoints(None)).unwrap().iter().all(|c| c.tenant == "acme"));
+
+    // Template builds run as their caller; the step cache is per tenant.
+    let build = |c: &Client, name: &str| {
+        let mut evs = rt.block_on(c.build_template(&strata_api::BuildTemplateRequest { name: name.into(), file: "FROM busybox\nRUN echo built > /b\n".into(), context: None, no_cache: false, accept_findings: true })).unwrap();
+        let mut all = Vec::new();
+        while let Some(ev) = rt.block_on(evs.next()).unwrap() {
+            all.push(serde_json::to_value(&ev).unwrap());
+        }
+        all
+    };
+    let evs = build(&acme, "acme-built");
+    assert!(evs.iter().any(|e| e["type"] == "done"), "{evs:?}");
+    let evs = build(&globex, "globex-built");
+    assert!(evs.iter().any(|e| e["type"] == "done"), "{evs:?}");
+    assert!(evs.iter().filter(|e| e["type"] == "step" && e["instruction"].as_str().unwrap_or("").starts_with("RUN")).all(|e| e["cached"] == false), "globex must not reuse acme's cached steps: {evs:?}");
+    let names = |c: &Client| rt.block_on(c.list_templates()).unwrap().into_iter().map(|t| (t.name, t.tenant)).collect::<Vec<_>>();
+    assert_eq!(names(&acme), vec![("acme-built".to_string(), "acme".to_string())]);
+    assert_eq!(names(&globex), vec![("globex-built".to_string(), "globex".to_string())]);
+
+    // Reading files on the daemon's host is the operator's: secret host_file and build COPY.
+    let host_secret = strata_api::SecretSpec { name: "S".into(), value_b64: None, host_file: Some("/etc/hostname".into()), env: false };
+    let req = CreateSandboxRequest { source: "busybox".into(), name: Some("stealer".into()), secrets: vec![host_secret], ..Default::default() };
+    assert_eq!(err(rt.block_on(acme.create_sandbox(&req))).1, ErrorCode::Forbidden);
+    assert_eq!(err(rt.block_on(acme.get_sandbox("stealer"))).1, ErrorCode::SandboxNotFound, "nothing was created");
+    let copy = strata_api::BuildTemplateRequest { name: "copier".into(), file: "FROM busybox\nCOPY hostname /x\n".into(), context: Some("/etc".into()), no_cache: false, accept_findings: true };
+    let mut evs = rt.block_on(acme.build_template(&copy)).unwrap();
+    let mut failed = None;
+    while let Some(ev) = rt.block_on(evs.next()).unwrap() {
+        if let strata_api::BuildEvent::Failed { error, .. } = ev {
+            failed = Some(error.code);
+        }
+    }
+    assert_eq!(failed, Some(ErrorCode::Forbidden));
+}

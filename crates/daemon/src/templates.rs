@@ -278,6 +278,10 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
     ids::validate_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
     name_usable(st, &req.name).map_err(|e| (0, e))?;
     let steps = parse(&req.file).map_err(|e| (0, ApiError::bad_request(format!("build file: {e}"))))?;
+    // COPY reads files on the daemon's host (`context`): the operator's privilege, like image import.
+    if steps.iter().any(|(_, s)| matches!(s, Step::Copy(..))) && !crate::tenancy::may_read_host_paths() {
+        return Err((0, ApiError::new(ErrorCode::Forbidden, "COPY reads files on the daemon's host (context): not allowed for a tenant token; upload files into a sandbox and template it instead")));
+    }
     let context = req.context.as_deref().map(PathBuf::from);
     let count = steps.len();
     let Step::From(from) = &steps[0].1 else { unreachable!("parse checks FROM") };

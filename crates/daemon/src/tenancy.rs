@@ -138,6 +138,13 @@ pub fn creating_tenant() -> String {
     CALLER.try_with(Caller::creating_tenant).unwrap_or_else(|_| DEFAULT_TENANT.to_string())
 }
 
+/// Whether the current caller may make the daemon read paths on its host
+/// (secret `host_file`, template build `COPY` context): the operator and the
+/// daemon's own work, never a tenant token.
+pub fn may_read_host_paths() -> bool {
+    CALLER.try_with(Caller::is_operator).unwrap_or(true)
+}
+
 /// Runs `fut` as `caller` (what [`authenticate`] does for a request).
 pub async fn run_as<F: Future>(caller: Caller, fut: F) -> F::Output {
     CALLER.scope(caller, fut).await
