@@ -88,7 +88,15 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
         resp
     };
     let route = route.unwrap_or_else(|| "(no route)".into());
-    if let Err(e) = st.db.append_audit(&crate::sandboxes::now(), &actor, tenant.as_deref(), &method, &route, target.as_deref(), status.as_u16()) {
+    if let Err(e) = st.db.append_audit(&strata_store::db::NewAudit {
+        time: &crate::sandboxes::now(),
+        actor: &actor,
+        tenant: tenant.as_deref(),
+        method: &method,
+        route: &route,
+        target: target.as_deref(),
+        status: status.as_u16(),
+    }) {
         error!(error = %e, %method, %route, "audit log append failed");
     }
     resp

@@ -257,6 +257,25 @@ pub fn audit_verify(entries: &[AuditEntry]) -> Option<(i64, String)> {
     None
 }
 
+/// What an audit entry records (its position and hashes are the log's).
+#[derive(Debug, Clone, Copy)]
+pub struct NewAudit<'a> {
+    /// RFC 3339 time.
+    pub time: &'a str,
+    /// Who (see [`AuditEntry::actor`]).
+    pub actor: &'a str,
+    /// The tenant the request acted in.
+    pub tenant: Option<&'a str>,
+    /// HTTP method.
+    pub method: &'a str,
+    /// Route template.
+    pub route: &'a str,
+    /// Target id or name.
+    pub target: Option<&'a str>,
+    /// HTTP status.
+    pub status: u16,
+}
+
 /// A sandbox as stored: the API view plus what only the daemon needs.
 #[derive(Debug, Clone)]
 pub struct SandboxRecord {
@@ -901,7 +920,8 @@ impl Db {
     // ---- audit log ----
 
     /// Appends an audit entry, chained to the last one (in one transaction).
-    pub fn append_audit(&self, time: &str, actor: &str, tenant: Option<&str>, method: &str, route: &str, target: Option<&str>, status: u16) -> Result<AuditEntry, DbError> {
+    pub fn append_audit(&self, n: &NewAudit<'_>) -> Result<AuditEntry, DbError> {
+        let NewAudit { time, actor, tenant, method, route, target, status } = *n;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let last: Option<(i64, String)> = tx.query_row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
@@ -1484,7 +1504,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         for (i, route) in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}"].iter().enumerate() {
-            let e = db.append_audit("2026-01-01T00:00:00Z", "uid:0", (i == 1).then_some("acme"), "POST", route, Some("x"), 200 + i as u16).unwrap();
+            let e = db.append_audit(&NewAudit { time: "2026-01-01T00:00:00Z", actor: "uid:0", tenant: (i == 1).then_some("acme"), method: "POST", route, target: Some("x"), status: 200 + i as u16 }).unwrap();
             assert_eq!(e.seq, i as i64 + 1);
         }
         let all = db.audit_entries(None).unwrap();
