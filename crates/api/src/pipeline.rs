@@ -253,6 +253,9 @@ pub struct StageResult {
 pub struct PipelineRun {
     /// Run id (hex).
     pub id: String,
+    /// The tenant that owns it (and every sandbox and checkpoint it makes).
+    #[serde(default = "crate::tenant::default_tenant")]
+    pub tenant: String,
     /// Pipeline name.
     pub name: String,
     /// State.

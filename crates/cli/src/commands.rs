@@ -86,10 +86,21 @@ fn exec_request(cmd: Vec<String>, o: &ProcOpts) -> Result<ExecRequest> {
 }
 
 fn client(cli: &Cli) -> Client {
-    match &cli.host {
+    let c = match &cli.host {
         Some(h) => Client::new(Endpoint::Tcp { addr: h.clone(), token: cli.token.clone() }),
         None => Client::unix(&cli.socket),
-    }
+    };
+    c.with_tenant(cli.as_tenant.clone())
+}
+
+fn token_rows(list: &[strata_api::TokenInfo]) -> Vec<Vec<String>> {
+    let status = |t: &strata_api::TokenInfo| match (&t.revoked_at, &t.expires_at) {
+        (Some(r), _) => format!("revoked {r}"),
+        (None, Some(e)) if humantime::parse_rfc3339_weak(e).is_ok_and(|e| e <= std::time::SystemTime::now()) => format!("expired {e}"),
+        (None, Some(e)) => format!("expires {e}"),
+        (None, None) => "active".into(),
+    };
+    list.iter().map(|t| vec![t.id.clone(), t.name.clone(), t.tenant.clone(), t.created_at.clone(), t.last_used_at.clone().unwrap_or_else(|| "-".into()), status(t)]).collect()
 }
 
 /// Prints an error with its whole cause chain.
@@ -371,6 +382,36 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(if r.clean { 0 } else { 2 })
         }
+        Command::Token(cmd) => match cmd {
+            TokenCmd::Create { name, tenant, expires, json } => {
+                let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires }).await?;
+                if json {
+                    output::json(&t);
+                } else {
+                    println!("{}", t.secret);
+                    eprintln!("token {} ({}) for tenant {:?}{}: the secret above is shown only now", t.token.id, t.token.name, t.token.tenant, t.token.expires_at.as_deref().map(|e| format!(", expires {e}")).unwrap_or_default());
+                }
+                Ok(0)
+            }
+            TokenCmd::Ls { tenant, all, json } => {
+                let list = c.list_tokens(tenant.as_deref(), all).await?;
+                if json {
+                    output::json(&list);
+                } else {
+                    output::table(&["ID", "NAME", "TENANT", "CREATED", "LAST USED", "STATUS"], token_rows(&list));
+                }
+                Ok(0)
+            }
+            TokenCmd::Revoke { id, tenant, json } => {
+                let t = c.revoke_token(&id, tenant.as_deref()).await?;
+                if json {
+                    output::json(&t);
+                } else {
+                    println!("revoked token {} ({}) of tenant {:?}", t.id, t.name, t.tenant);
+                }
+                Ok(0)
+            }
+        },
         Command::Audit(a) => match a.command {
             Some(AuditCmd::Verify { json }) => {
                 let v = c.audit_verify().await?;
@@ -389,8 +430,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     output::json(&list);
                 } else {
                     output::table(
-                        &["SEQ", "TIME", "ACTOR", "METHOD", "ROUTE", "TARGET", "STATUS"],
-                        list.iter().map(|e| vec![e.seq.to_string(), e.time.clone(), e.actor.clone(), e.method.clone(), e.route.clone(), e.target.clone().unwrap_or_default(), e.status.to_string()]).collect(),
+                        &["SEQ", "TIME", "ACTOR", "TENANT", "METHOD", "ROUTE", "TARGET", "STATUS"],
+                        list.iter().map(|e| vec![e.seq.to_string(), e.time.clone(), e.actor.clone(), e.tenant.clone().unwrap_or_else(|| "-".into()), e.method.clone(), e.route.clone(), e.target.clone().unwrap_or_default(), e.status.to_string()]).collect(),
                     );
                 }
                 Ok(0)

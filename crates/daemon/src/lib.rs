@@ -6,7 +6,8 @@
 //! Modules: [`sandboxes`] (lifecycle), [`policy`] (automatic transitions),
 //! [`activity`] (idle detection, leases), [`processes`] (exec and background
 //! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
-//! [`events`], [`openapi`], [`error`].
+//! [`events`], [`openapi`], [`error`], [`tenancy`] (who a caller is, what it
+//! may see, API tokens).
 
 pub mod accounting;
 pub mod activity;
@@ -35,14 +36,15 @@ pub mod secrets;
 pub mod standby;
 pub mod state;
 pub mod templates;
+pub mod tenancy;
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -150,7 +152,14 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
     }
 }
 
-/// The router with every native route.
+/// The router of one listener: [`router`] behind [`tenancy::authenticate`]
+/// (the operator on the Unix socket; a bearer token on TCP).
+pub fn app(st: Shared, listener: tenancy::Listener) -> Router {
+    router(st.clone()).layer(middleware::from_fn_with_state((st, listener), tenancy::authenticate))
+}
+
+/// The router with every native route. It expects a [`tenancy::Caller`] in
+/// each request (see [`app`]); without one every request is a 401.
 pub fn router(st: Shared) -> Router {
     use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
     Router::new()
@@ -198,6 +207,8 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))
         .route("/v1/templates/build", post(t::build_handler))
         .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))
+        .route("/v1/tokens", get(tenancy::list_tokens_handler).post(tenancy::create_token_handler))
+        .route("/v1/tokens/{id}", axum::routing::delete(tenancy::revoke_token_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
         .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
         .route("/v1/sandboxes/{id}/processes", get(p::list_processes_handler).post(p::start_process_handler))
@@ -215,6 +226,9 @@ pub fn router(st: Shared) -> Router {
         .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") })
         .layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
         .layer(middleware::from_fn_with_state(st.clone(), activity::track))
+        // Tenancy: outside activity tracking and resume-on-access, so a request
+        // for another tenant's sandbox neither counts as activity nor resumes it.
+        .layer(middleware::from_fn_with_state(st.clone(), tenancy::guard))
         .layer(middleware::from_fn(json_errors))
         // Outermost: sees the final status (after the JSON error rewrite).
         .layer(middleware::from_fn_with_state(st.clone(), audit::record))
@@ -241,23 +255,6 @@ async fn json_errors(req: Request, next: Next) -> Response {
     };
     let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![], findings: vec![] };
     (status, axum::Json(body)).into_response()
-}
-
-async fn require_token(State(token): State<Arc<String>>, mut req: Request, next: Next) -> Response {
-    let expected = format!("Bearer {token}");
-    let ok = req.headers().get(header::AUTHORIZATION).is_some_and(|v| constant_time_eq(v.as_bytes(), expected.as_bytes()));
-    if ok {
-        req.extensions_mut().insert(audit::token_actor(&token));
-        next.run(req).await
-    } else {
-        let mut r = ApiError::new(ErrorCode::Unauthorized, "missing or wrong bearer token (see <state-dir>/api-token)").into_response();
-        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        r
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Holds an exclusive flock on `<state>/daemon.lock` for the daemon's lifetime.
@@ -322,7 +319,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     let uds = tokio::net::UnixListener::bind(&cfg.socket).map_err(io_err("bind", &cfg.socket))?;
     std::fs::set_permissions(&cfg.socket, std::os::unix::fs::PermissionsExt::from_mode(0o660)).map_err(io_err("chmod", &cfg.socket))?;
-    let app = router(st.clone());
+    let app = app(st.clone(), tenancy::Listener::Unix);
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
@@ -336,7 +333,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if let (Some(addr), Some(token)) = (cfg.listen, token) {
         let tcp = tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
-        let tcp_app = app.clone().layer(middleware::from_fn_with_state(token, require_token));
+        let tcp_app = self::app(st.clone(), tenancy::Listener::Tcp { legacy: token });
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {

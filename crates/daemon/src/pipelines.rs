@@ -224,7 +224,8 @@ fn is_active(run_id: &str) -> bool {
     ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.contains(run_id))
 }
 
-fn not_found(id: &str) -> ApiError {
+/// 404 for a pipeline run.
+pub fn not_found(id: &str) -> ApiError {
     ApiError::new(ErrorCode::PipelineNotFound, format!("no pipeline run {id:?}"))
 }
 
@@ -236,7 +237,7 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
         let promoted_earlier = |n: &str| spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(n));
         let missing = match parse_source(&s.source) {
             Ok(SourceRef::Image(n)) => st.db.get_image(&n)?.is_none().then(|| format!("no image named {n:?}")),
-            Ok(SourceRef::Template(n)) => (!promoted_earlier(&n) && st.db.get_template(&n)?.is_none()).then(|| format!("no template named {n:?} (and no earlier stage promotes to it)")),
+            Ok(SourceRef::Template(n)) => (!promoted_earlier(&n) && crate::tenancy::find_template(st, &n)?.is_none()).then(|| format!("no template named {n:?} (and no earlier stage promotes to it)")),
             _ => None,
         };
         if let Some(m) = missing {
@@ -247,7 +248,10 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
     // go to the secret store only; the recorded spec keeps their names.
     let mut values = Vec::new();
     for s in &spec.stages {
-        values.push(crate::secrets::validate(&s.secrets).map_err(|e| SpecError::Stage { stage: s.name.clone(), field: "secrets", message: e.to_string() })?);
+        values.push(crate::secrets::validate(&s.secrets).map_err(|e| match e {
+            crate::secrets::SecretsError::Invalid(message) => ApiError::from(SpecError::Stage { stage: s.name.clone(), field: "secrets", message }),
+            other => ApiError::from(other),
+        })?);
     }
     let mut spec = spec;
     for s in &mut spec.stages {
@@ -264,6 +268,7 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
     let t = now();
     let run = PipelineRun {
         id: run_id,
+        tenant: crate::tenancy::creating_tenant(),
         name: spec.name.clone().unwrap_or_else(|| "pipeline".into()),
         state: PipelineState::Running,
         reason: None,
@@ -274,7 +279,7 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
     };
     st.db.put_pipeline_run(&run)?;
     info!(run = %run.id, name = %run.name, stages = run.stages.len(), "pipeline run started");
-    spawn_driver(st, run.id.clone());
+    spawn_driver(st, &run);
     Ok(run)
 }
 
@@ -328,13 +333,17 @@ fn pending(s: &StageSpec) -> StageResult {
     }
 }
 
-fn spawn_driver(st: &Shared, run_id: String) {
+/// Drives a run in the background, in the run's tenant (its sandboxes,
+/// checkpoints and templates are that tenant's, whoever resumed it).
+fn spawn_driver(st: &Shared, run: &PipelineRun) {
+    let run_id = run.id.clone();
     if !claim(&run_id) {
         return;
     }
     let st = st.clone();
+    let tenant = run.tenant.clone();
     tokio::spawn(async move {
-        drive(&st, &run_id).await;
+        crate::tenancy::run_in_tenant(&tenant, drive(&st, &run_id)).await;
         release(&run_id);
     });
 }
@@ -352,7 +361,7 @@ pub async fn resume(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
     run.updated_at = now();
     st.db.put_pipeline_run(&run)?;
     info!(run = %run.id, "pipeline run resumed");
-    spawn_driver(st, run.id.clone());
+    spawn_driver(st, &run);
     Ok(run)
 }
 
@@ -491,7 +500,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
             SourceRef::Template(n) => n.clone(),
             SourceRef::Image(_) => return Err("a fork stage needs a checkpoint".into()),
         };
-        let from = match st.db.get_template(&from).map_err(|e| e.to_string())? {
+        let from = match crate::tenancy::find_template(st, &from).map_err(|e| e.body.message)? {
             Some((ckpt, _)) => ckpt,
             None => from,
         };
@@ -754,7 +763,7 @@ pub async fn create_handler(State(st): State<Shared>, Query(q): Query<PipelineQu
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<PipelineRun>>> {
     let mut out = Vec::new();
     for id in st.db.list_pipeline_run_ids()? {
-        if let Some(r) = st.db.get_pipeline_run(&id)? {
+        if let Some(r) = st.db.get_pipeline_run(&id)?.filter(|r| crate::tenancy::visible(&r.tenant)) {
             out.push(r);
         }
     }
