@@ -67,7 +67,7 @@ ROWS=()
 row() {
     local c
     c=$(cost_now)
-    ROWS+=("$(printf '%-10s | %-22s | %8s ms | %10s | %s' "$1" "$2" "$3" "$(python3 -c "print('%.2e' % max(0.0, $c - $COST0))")" "$4")")
+    ROWS+=("$(printf '%-10s | %-24s | %8s ms | %10s | %s' "$1" "$2" "$3" "$(python3 -c "print('%.2e' % max(0.0, $c - $COST0))")" "$4")")
     COST0=$c
 }
 
@@ -194,8 +194,8 @@ row evaluate "ephemeral (--rm)" "$EVAL_MS" "nothing: sandboxes left = $LEFT (onl
 echo
 "$STRATA" events "$DEV"
 echo
-printf '%-10s | %-22s | %11s | %10s | %s\n' stage lifecycle time "cost (USD)" "state kept"
-printf '%s\n' "-----------+------------------------+-------------+------------+-------------------------------------------"
+printf '%-10s | %-24s | %11s | %10s | %s\n' stage lifecycle time "cost (USD)" "state kept"
+printf '%s\n' "-----------+--------------------------+-------------+------------+-------------------------------------------"
 printf '%s\n' "${ROWS[@]}"
 echo
 note "what each sandbox cost (compute while running, storage by the hour), against ephemeral-only and always-on:"

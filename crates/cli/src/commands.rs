@@ -1129,12 +1129,20 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
     use strata_api::{PipelineEvent, PipelineState, RunPipelineRequest};
     let follow_out = |json: bool, mut stream: strata_client::NdjsonStream<PipelineEvent>| async move {
         let mut last = None;
+        // A stage is saved (and streamed) at every step; a step that changes nothing shown is not repeated.
+        let mut shown = String::new();
         while let Some(ev) = stream.next().await? {
             if json {
                 println!("{}", serde_json::to_string(&ev).expect("serializes"));
             }
             match ev {
-                PipelineEvent::Stage { stage, .. } if !json => println!("{}", stage_line(&stage)),
+                PipelineEvent::Stage { stage, .. } if !json => {
+                    let line = stage_line(&stage);
+                    if line != shown {
+                        println!("{line}");
+                        shown = line;
+                    }
+                }
                 PipelineEvent::Stage { .. } => {}
                 PipelineEvent::Finished { run } => last = Some(*run),
             }
