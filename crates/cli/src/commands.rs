@@ -346,7 +346,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 return Ok(if r.winner.is_some() { 0 } else { 1 });
             }
             let count = count.ok_or_else(|| anyhow!("--count is required (or --run with --arg)"))?;
-            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None }).await?;
+            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None, network: None }).await?;
             if json {
                 output::json(&r);
             } else {
