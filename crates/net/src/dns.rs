@@ -4,7 +4,8 @@
 use std::net::Ipv4Addr;
 
 use simple_dns::rdata::RData;
-use simple_dns::{Packet, PacketFlag, QTYPE, RCODE, TYPE};
+pub use simple_dns::RCODE;
+use simple_dns::{Packet, PacketFlag, QTYPE, TYPE};
 
 /// Shortest time an answer stays pinned (seconds), whatever its TTL.
 pub const MIN_PIN_SECS: u32 = 30;
