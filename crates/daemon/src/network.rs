@@ -394,7 +394,9 @@ pub async fn reconcile(st: &Shared) {
             }
         }
     }
-    let live: Vec<String> = st.network.entries().keys().filter(|id| keep(id)).cloned().collect();
+    // (keep() locks the entries itself: collect the ids first.)
+    let ids: Vec<String> = st.network.entries().keys().cloned().collect();
+    let live: Vec<String> = ids.into_iter().filter(|id| keep(id)).collect();
     let Ok(pool) = st.network.pool() else { return };
     let table = TableConfig::table_name(&pool);
     let table_exists = !strata_net::nft_json(&["list", "table", "inet", &table]).is_empty();
