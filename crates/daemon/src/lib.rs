@@ -360,6 +360,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         }
     });
     shutdown.await;
+    network::shutdown(&st).await;
     let _ = stop_tx.send(());
     // Streams (follow) may hold connections open: do not wait for them forever.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), uds_task).await;

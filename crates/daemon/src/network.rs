@@ -105,7 +105,7 @@ pub struct Network {
     dns: Mutex<HashMap<String, DnsStats>>,
     base: tokio::sync::OnceCell<Result<Base, String>>,
     /// Last time a denial was logged, per sandbox (rate limit).
-    logged: Mutex<HashMap<String, (Instant, u64)>>,
+    logged: Mutex<HashMap<String, (Option<Instant>, u64)>>,
 }
 
 /// Interface name prefix of host-side veths.
@@ -121,7 +121,8 @@ fn ifname(id: &str) -> String {
 pub fn validate(spec: &NetworkSpec) -> Result<(NetworkSpec, Vec<Rule>), NetworkError> {
     let rules = strata_net::parse_rules(&spec.allow).map_err(|e| NetworkError::Invalid(e.to_string()))?;
     if spec.mode == NetworkMode::None && !rules.is_empty() {
-        return Err(NetworkError::Invalid(format!("network rule {:?}: allow rules need network mode \"egress\" (mode is \"none\")", spec.allow[0])));
+        let list: Vec<String> = spec.allow.iter().map(|r| format!("{r:?}")).collect();
+        return Err(NetworkError::Invalid(format!("network rules [{}]: allow rules need network mode \"egress\" (mode is \"none\")", list.join(", "))));
     }
     Ok((NetworkSpec { mode: spec.mode, allow: rules.iter().map(|r| r.to_string()).collect() }, rules))
 }
@@ -444,6 +445,23 @@ pub async fn reconcile(st: &Shared) {
     }
 }
 
+/// At daemon shutdown: removes the table when no sandbox uses it (running
+/// egress sandboxes keep theirs; the next start adopts them).
+pub async fn shutdown(st: &Shared) {
+    let Some(table) = table_name(st) else { return };
+    let _ = tokio::task::spawn_blocking(move || {
+        let json = strata_net::nft_json(&["list", "table", "inet", &table]);
+        if json.is_empty() {
+            return;
+        }
+        let objs = nft::parse_objects(&json);
+        if objs.veths.is_empty() && objs.keys().is_empty() {
+            let _ = strata_net::nft_apply(&format!("delete table inet {table}\n"));
+        }
+    })
+    .await;
+}
+
 /// Inspects a sandbox's network.
 pub async fn info(st: &Shared, id: &str) -> ApiResult<NetworkInfo> {
     let entry = st.network.entries().get(id).cloned();
@@ -712,13 +730,13 @@ async fn forward(upstream: SocketAddr, msg: &[u8], tcp: bool) -> std::io::Result
 /// rest are counted and summarized in the next line).
 fn log_limited(st: &Shared, id: &str, what: &str) {
     let mut m = st.network.logged.lock().unwrap_or_else(|p| p.into_inner());
-    let e = m.entry(id.to_string()).or_insert((Instant::now() - DENY_LOG_EVERY * 2, 0));
-    if e.0.elapsed() < DENY_LOG_EVERY {
+    let e = m.entry(id.to_string()).or_insert((None, 0));
+    if e.0.is_some_and(|t| t.elapsed() < DENY_LOG_EVERY) {
         e.1 += 1;
         return;
     }
     let suppressed = std::mem::take(&mut e.1);
-    e.0 = Instant::now();
+    e.0 = Some(Instant::now());
     drop(m);
     warn!(sandbox = id, suppressed, "network: {what}");
     if let Ok(Some(rec)) = st.db.get_sandbox(id) {
