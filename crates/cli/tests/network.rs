@@ -219,7 +219,8 @@ fn none_is_loopback_only_and_egress_allows_only_what_the_rules_say() {
     let ifname = format!("sx{}", &id[..13]);
     assert!(std::path::Path::new("/sys/class/net").join(&ifname).exists());
     d.cli_ok(&["rm", "-f", &id]);
-    assert!(!std::path::Path::new("/sys/class/net").join(&ifname).exists(), "veth left after destroy");
+    assert!(wait_until(10, || !std::path::Path::new("/sys/class/net").join(&ifname).exists()), "veth left after destroy");
+    assert!(wait_until(10, || !d.state(&format!("network/{id}.json")).exists()), "network entry left after destroy");
 }
 
 #[test]

@@ -104,6 +104,8 @@ pub struct Network {
     entries: Mutex<HashMap<String, Entry>>,
     dns: Mutex<HashMap<String, DnsStats>>,
     base: tokio::sync::OnceCell<Result<Base, String>>,
+    /// Background removals in flight ([`forget_later`]); shutdown waits for them.
+    pending: std::sync::atomic::AtomicUsize,
     /// Last time a denial was logged, per sandbox (rate limit).
     logged: Mutex<HashMap<String, (Option<Instant>, u64)>>,
 }
@@ -160,6 +162,7 @@ impl Network {
             dns: Mutex::default(),
             base: tokio::sync::OnceCell::new(),
             logged: Mutex::default(),
+            pending: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -362,6 +365,21 @@ pub async fn forget(st: &Shared, id: &str) {
     st.network.dns.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
 }
 
+/// [`forget`] off the caller's path (destroy): deleting a veth waits for the
+/// kernel's RCU grace periods (tens of ms). The slot stays taken until the
+/// removal is done, so no new sandbox gets the address of a link still there.
+pub fn forget_later(st: &Shared, id: &str) {
+    if st.network.entries().get(id).is_none() && !st.network.netns_path(id).exists() {
+        return;
+    }
+    st.network.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let (st, id) = (st.clone(), id.to_string());
+    tokio::spawn(async move {
+        forget(&st, &id).await;
+        st.network.pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    });
+}
+
 /// Removes plumbing that belongs to no sandbox of this daemon, and re-applies
 /// the chains of running egress sandboxes (daemon restart). Called at start.
 pub async fn reconcile(st: &Shared) {
@@ -448,6 +466,10 @@ pub async fn reconcile(st: &Shared) {
 /// At daemon shutdown: removes the table when no sandbox uses it (running
 /// egress sandboxes keep theirs; the next start adopts them).
 pub async fn shutdown(st: &Shared) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while st.network.pending.load(std::sync::atomic::Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let Some(table) = table_name(st) else { return };
     let _ = tokio::task::spawn_blocking(move || {
         let json = strata_net::nft_json(&["list", "table", "inet", &table]);

@@ -510,7 +510,7 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
     let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
     st.secrets.remove(&rec.sandbox.id);
-    crate::network::forget(st, &rec.sandbox.id).await;
+    crate::network::forget_later(st, &rec.sandbox.id);
     if let Some(m) = archived {
         let st2 = st.clone();
         tokio::spawn(async move { crate::archive::delete_remote(&st2, &m).await });
