@@ -1,4 +1,4 @@
-//! The seven figures of the benchmark, and what they share.
+//! The eight figures of the benchmark, and what they share.
 
 pub mod checkpoint;
 pub mod create;
@@ -6,6 +6,7 @@ pub mod exec;
 pub mod idle;
 pub mod import;
 pub mod network;
+pub mod pipeline;
 pub mod standby;
 
 use anyhow::{bail, Result};

@@ -1,4 +1,4 @@
-//! Figure 7: what egress networking costs. A sandbox with `network: egress`
+//! Figure 8: what egress networking costs. A sandbox with `network: egress`
 //! (veth pair, addresses, one nftables transaction, its own DNS rules) against
 //! one with `network: none` (loopback only): create + first exec + destroy,
 //! and exec into a running sandbox of each kind.
@@ -112,7 +112,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         Verdict::Info,
     ));
     b.report.sections.push((
-        "7. network: egress vs none".into(),
+        "8. network: egress vs none".into(),
         format!(
             "{n} cycles each (alternating) of create -> exec `echo hi` -> destroy(force) through the typed client, \
              with `network: none` (loopback only, the default) and with `network: egress` and three allow rules \

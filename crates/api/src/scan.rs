@@ -63,8 +63,14 @@ pub struct ScanReport {
     pub changed_paths: u64,
     /// Findings, most severe first.
     pub findings: Vec<Finding>,
-    /// Whether there are no findings.
+    /// Whether there are no findings (`packaged` ones do not count).
     pub clean: bool,
+    /// Credential-pattern matches in files shipped by an installed Python package and
+    /// verified byte for byte against its `RECORD` (SHA-256): test fixtures and
+    /// documentation, listed for review but not blocking a template. Their reason
+    /// names the package.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packaged: Vec<Finding>,
 }
 
 /// A recorded override: a template promoted although its scan had findings.

@@ -920,6 +920,12 @@ pub struct FanoutArgs {
     /// Checkpoint the winner under this name.
     #[arg(long, requires = "run")]
     pub promote: Option<String>,
+    /// User (name or uid) the attempts run as (default: the image's).
+    #[arg(long = "user", short = 'u', requires = "run")]
+    pub user: Option<String>,
+    /// Working directory of the attempts.
+    #[arg(long, short = 'w', requires = "run")]
+    pub workdir: Option<String>,
 }
 
 /// `--select` values.

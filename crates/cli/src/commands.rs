@@ -357,6 +357,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     timeout: fanout.timeout,
                     losers: if fanout.keep_losers { strata_api::LoserPolicy::Keep } else { strata_api::LoserPolicy::Destroy },
                     attempts: vec![],
+                    user: fanout.user,
+                    workdir: fanout.workdir,
                 };
                 let r = c.fanout(&strata_api::FanoutRequest { source, plan, promote_as: fanout.promote, name_prefix, lifecycle, ttl, limits: None }).await?;
                 if json {
@@ -384,6 +386,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             } else {
                 print_findings(&r.findings);
                 println!("{} {} ({}): {} paths changed above image {}, {}", r.kind, r.name, r.id, r.changed_paths, r.image, if r.clean { "clean".to_string() } else { format!("{} findings", r.findings.len()) });
+                if !r.packaged.is_empty() {
+                    println!("({} credential-pattern matches in files shipped by installed Python packages, verified against their RECORD, are not counted; --json lists them)", r.packaged.len());
+                }
             }
             Ok(if r.clean { 0 } else { 2 })
         }
@@ -1256,16 +1261,22 @@ fn print_run(r: &strata_api::PipelineRun) {
                 (strata_api::StageLifecycle::Ephemeral, _) => "nothing".to_string(),
                 _ => output::size(s.state_kept_bytes),
             };
+            let overhead = match s.state {
+                strata_api::StageState::Succeeded => format!("{:.2}s", s.duration_ms.saturating_sub(s.commands_ms) as f64 / 1000.0),
+                _ => "-".to_string(),
+            };
             vec![
                 s.name.clone(),
                 s.lifecycle.as_str().to_string(),
                 format!("{:.1}s", s.duration_ms as f64 / 1000.0),
+                format!("{:.1}s", s.commands_ms as f64 / 1000.0),
+                overhead,
                 kept,
                 format!("{:.6}", s.cost),
-                format!("{:?}", s.state).to_lowercase(),
+                format!("{:?}", s.state).to_lowercase() + &s.template.as_ref().map(|t| format!(" (template {t})")).unwrap_or_default(),
             ]
         })
         .collect();
-    output::table(&["STAGE", "LIFECYCLE", "TIME", "STATE KEPT", "COST", "OUTCOME"], rows);
+    output::table(&["STAGE", "LIFECYCLE", "TIME", "COMMANDS", "OVERHEAD", "STATE KEPT", "COST", "OUTCOME"], rows);
     println!("run {} ({}): {}{}", r.id, r.name, r.state.as_str(), r.reason.as_ref().map(|m| format!(": {m}")).unwrap_or_default());
 }

@@ -453,7 +453,10 @@ fn release_resources(st: &Shared, id: &str) {
 /// crash between a destroy's commit and its background cleanup).
 pub fn sweep_orphans(st: &Shared) -> Result<(), ApiError> {
     let known: std::collections::HashSet<String> = st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox.id).collect();
-    st.secrets.sweep(&known);
+    // Pipeline runs that may still run a stage keep their stages' secrets too.
+    let mut keep = known.clone();
+    keep.extend(crate::pipelines::live_secret_keys(st)?);
+    st.secrets.sweep(&keep);
     let Ok(entries) = std::fs::read_dir(&st.sandboxes_dir) else { return Ok(()) };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();

@@ -107,6 +107,12 @@ impl SandboxSecrets {
         self.items.is_empty()
     }
 
+    /// The secrets as create-request specs with their values (for a pipeline
+    /// stage's sandbox; never serialized anywhere else).
+    pub fn specs(&self) -> Vec<SecretSpec> {
+        self.items.iter().map(|s| SecretSpec { name: s.name.clone(), value_b64: Some(B64.encode(&s.value)), host_file: None, env: s.env }).collect()
+    }
+
     /// Names, env flags and sizes, for the sandbox's record.
     pub fn refs(&self) -> Vec<SecretRef> {
         self.items.iter().map(|s| SecretRef { name: s.name.clone(), env: s.env, bytes: s.value.len() }).collect()
