@@ -1,10 +1,11 @@
-//! The seven figures of the benchmark, and what they share.
+//! The eight figures of the benchmark, and what they share.
 
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
 pub mod idle;
 pub mod import;
+pub mod network;
 pub mod pipeline;
 pub mod standby;
 

@@ -92,6 +92,9 @@ pub struct ForkRequest {
     /// Resource limits of each child (default: the source sandbox's, else none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ResourceLimits>,
+    /// Network of each child (default: the source sandbox's mode and rules, else `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkSpec>,
 }
 
 /// Response of `POST /v1/fork`.

@@ -131,6 +131,10 @@ pub struct CreateSandboxRequest {
     /// checkpoint, standby image, fork, template or archive); see docs/security.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::SecretSpec>,
+    /// Network: `none` (loopback only, the default) or `egress` with allow
+    /// rules (see docs/network.md). A malformed rule is a 400 naming it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkSpec>,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -207,6 +211,9 @@ pub struct Sandbox {
     /// Its secrets (names and sizes only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::SecretRef>,
+    /// Its network mode and allow rules.
+    #[serde(default)]
+    pub network: crate::NetworkSpec,
 }
 
 /// How a sandbox in standby keeps its state.

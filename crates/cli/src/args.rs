@@ -65,6 +65,9 @@ pub enum Command {
     },
     /// Change a sandbox's lifecycle policy (only the flags given change).
     Update(UpdateArgs),
+    /// Show or change a sandbox's network (mode, allow rules, counters).
+    #[command(subcommand)]
+    Network(NetworkCmd),
     /// Keep a sandbox awake with a lease (prints the lease id and expiry), or manage leases.
     Lease(LeaseArgs),
     /// Stop sandboxes (processes killed, filesystem kept).
@@ -284,6 +287,14 @@ pub struct DaemonArgs {
     /// fields keep the built-in defaults.
     #[arg(long, env = "STRATA_PRICES")]
     pub prices: Option<PathBuf>,
+    /// Address pool of egress sandboxes (IPv4 CIDR, /8 to /28; each sandbox takes a /30).
+    /// Daemons sharing a host need disjoint pools. Default: 10.213.0.0/16.
+    #[arg(long, env = "STRATA_NETWORK_POOL")]
+    pub network_pool: Option<String>,
+    /// Upstream DNS server of the sandboxes' filtering resolver (IP:PORT).
+    /// Default: the first IPv4 nameserver in /etc/resolv.conf.
+    #[arg(long, env = "STRATA_DNS_UPSTREAM")]
+    pub dns_upstream: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -376,6 +387,54 @@ pub struct CreateArgs {
     pub labels: Vec<String>,
     #[command(flatten)]
     pub secrets: SecretArgs,
+    #[command(flatten)]
+    pub network: NetworkArgs,
+}
+
+/// Network of a sandbox (see docs/network.md).
+#[derive(Debug, Args, Clone, Default)]
+pub struct NetworkArgs {
+    /// `none`: loopback only (the default); `egress`: outbound traffic that an
+    /// --allow-host or --allow-cidr rule permits, nothing else. Implied by any --allow-*.
+    #[arg(long = "network", value_enum)]
+    pub network: Option<NetworkModeArg>,
+    /// Allow a domain name (exact, or `*.example.com` for its subdomains), optionally
+    /// with ports: pypi.org, *.pythonhosted.org:443 (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST[:PORTS]")]
+    pub allow_host: Vec<String>,
+    /// Allow an IPv4 address or network, optionally with ports: 10.0.0.0/8:443,
+    /// 198.51.100.7:8000-8100 (repeatable).
+    #[arg(long = "allow-cidr", value_name = "CIDR[:PORTS]")]
+    pub allow_cidr: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NetworkModeArg {
+    None,
+    Egress,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NetworkCmd {
+    /// Mode, rules, address, flow counters and recently denied destinations.
+    Show {
+        /// Sandbox id or name.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace the mode and rules (live on a running sandbox): e.g.
+    /// `strata network set ID --allow-host pypi.org` or `--network none`.
+    Set {
+        /// Sandbox id or name.
+        id: String,
+        #[command(flatten)]
+        network: NetworkArgs,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Secrets of a new sandbox.
@@ -636,6 +695,8 @@ pub struct RunArgs {
     pub policy: PolicyArgs,
     #[command(flatten)]
     pub secrets: SecretArgs,
+    #[command(flatten)]
+    pub network: NetworkArgs,
     #[command(flatten)]
     pub opts: ProcOpts,
     /// Command and arguments.

@@ -132,7 +132,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream } }).await?;
             Ok(0)
         }
         Command::Openapi => {
@@ -166,6 +166,27 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 output::json(&s);
             } else {
                 print_sandbox(&s);
+            }
+            Ok(0)
+        }
+        Command::Network(NetworkCmd::Show { id, json }) => {
+            let n = c.get_network(&id).await?;
+            if json {
+                output::json(&n);
+            } else {
+                print_network(&n);
+            }
+            Ok(0)
+        }
+        Command::Network(NetworkCmd::Set { id, network, json }) => {
+            let Some(spec) = network_spec(&network) else {
+                bail!("nothing to set: give --network none|egress and/or --allow-host / --allow-cidr rules");
+            };
+            let n = c.set_network(&id, &spec).await?;
+            if json {
+                output::json(&n);
+            } else {
+                print_network(&n);
             }
             Ok(0)
         }
@@ -359,7 +380,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 return Ok(if r.winner.is_some() { 0 } else { 1 });
             }
             let count = count.ok_or_else(|| anyhow!("--count is required (or --run with --arg)"))?;
-            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None }).await?;
+            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None, network: None }).await?;
             if json {
                 output::json(&r);
             } else {
@@ -505,7 +526,38 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         labels: kv(&a.labels, "--label")?,
         policy: policy_patch(&a.policy),
         secrets: secrets(&a.secrets)?,
+        network: network_spec(&a.network),
     })
+}
+
+/// The network of `--network`/`--allow-*` (None when no flag is given).
+fn network_spec(a: &NetworkArgs) -> Option<strata_api::NetworkSpec> {
+    let allow: Vec<String> = a.allow_host.iter().chain(&a.allow_cidr).cloned().collect();
+    let mode = match a.network {
+        Some(NetworkModeArg::Egress) => strata_api::NetworkMode::Egress,
+        Some(NetworkModeArg::None) => strata_api::NetworkMode::None,
+        None if !allow.is_empty() => strata_api::NetworkMode::Egress,
+        None => return None,
+    };
+    Some(strata_api::NetworkSpec { mode, allow })
+}
+
+fn print_network(n: &strata_api::NetworkInfo) {
+    let fc = |c: &strata_api::FlowCounter| format!("{} packets, {} bytes", c.packets, c.bytes);
+    let mut rows = vec![("mode", n.spec.mode.as_str().to_string()), ("allow", if n.spec.allow.is_empty() { "-".into() } else { n.spec.allow.join(" ") })];
+    if let (Some(a), Some(g)) = (&n.address, &n.gateway) {
+        rows.push(("address", format!("{a} (gateway and DNS {g}){}", if n.attached { "" } else { ", not attached" })));
+        rows.push(("allowed", fc(&n.allowed)));
+        rows.push(("denied", fc(&n.denied)));
+        rows.push(("received", fc(&n.received)));
+        rows.push(("dns", format!("{} answered, {} refused", n.dns_answered, n.dns_refused)));
+        if !n.recent_denied.is_empty() {
+            rows.push(("recently denied", n.recent_denied.join(", ")));
+        }
+    }
+    for (k, v) in rows {
+        println!("{k:<16} {v}");
+    }
 }
 
 async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
@@ -517,6 +569,7 @@ async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         limits: limits(&a.limits)?,
         policy: policy_patch(&a.policy),
         secrets: secrets(&a.secrets)?,
+        network: network_spec(&a.network),
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;

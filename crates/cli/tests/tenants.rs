@@ -103,7 +103,7 @@ fn tenants_cannot_see_or_touch_each_others_objects() {
     // ... its checkpoint and template too, and nothing can be made from them.
     same_as_unknown("get checkpoint", rt.block_on(globex.get_checkpoint(&ca.id)), &ca.id, rt.block_on(globex.get_checkpoint(nope)), nope);
     same_as_unknown("delete checkpoint", rt.block_on(globex.delete_checkpoint("acme-ckpt")), "acme-ckpt", rt.block_on(globex.delete_checkpoint("no-ckpt")), "no-ckpt");
-    let fork = |source: &str| ForkRequest { source: source.into(), count: 1, name_prefix: None, lifecycle: Lifecycle::Persistent, ttl: None, limits: None };
+    let fork = |source: &str| ForkRequest { source: source.into(), count: 1, name_prefix: None, lifecycle: Lifecycle::Persistent, ttl: None, limits: None, network: None };
     same_as_unknown("fork a checkpoint", rt.block_on(globex.fork(&fork(&ca.id))), &ca.id, rt.block_on(globex.fork(&fork(nope))), nope);
     same_as_unknown("fork a sandbox", rt.block_on(globex.fork(&fork("acme-box"))), "acme-box", rt.block_on(globex.fork(&fork("no-box"))), "no-box");
     let from = |s: &str| CreateSandboxRequest { source: s.into(), ..Default::default() };

@@ -335,6 +335,16 @@ impl Client {
         self.call(Method::PATCH, &format!("/v1/sandboxes/{}", enc(id)), Some(req)).await
     }
 
+    /// A sandbox's network: mode, rules, counters.
+    pub async fn get_network(&self, id: &str) -> Result<strata_api::NetworkInfo> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/network", enc(id)), None).await
+    }
+
+    /// Replaces a sandbox's network mode and rules (live when it runs).
+    pub async fn set_network(&self, id: &str, spec: &strata_api::NetworkSpec) -> Result<strata_api::NetworkInfo> {
+        self.call(Method::PUT, &format!("/v1/sandboxes/{}/network", enc(id)), Some(spec)).await
+    }
+
     // ---- leases ----
 
     /// Takes a keep-alive lease for `duration` (e.g. "10m").

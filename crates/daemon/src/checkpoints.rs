@@ -285,6 +285,8 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     let generation = parent.as_ref().map_or(0, |p| p.sandbox.fork_generation) + 1;
     let prefix = req.name_prefix.clone().unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
     let limits = req.limits.clone().or_else(|| parent.as_ref().map(|p| p.sandbox.limits.clone())).unwrap_or_default();
+    // Children inherit the parent's network unless the request names one.
+    let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
     let mut names = Vec::new();
     for i in 1..=req.count {
         let mut n = format!("{prefix}-{i}");
@@ -294,7 +296,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         names.push(n);
     }
     let creates = names.clone().into_iter().map(|name| {
-        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), ..Default::default() };
+        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), ..Default::default() };
         sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation })
     });
     let results = futures_util::future::join_all(creates).await;

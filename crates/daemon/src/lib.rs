@@ -25,6 +25,7 @@ pub mod images;
 pub mod metrics;
 pub mod initbin;
 pub mod ndjson;
+pub mod network;
 pub mod pipelines;
 pub mod openapi;
 pub mod policy;
@@ -130,6 +131,8 @@ pub struct Config {
     pub archive_url: Option<String>,
     /// Prices for cost accounting (JSON file; default: built-in list prices).
     pub prices: Option<PathBuf>,
+    /// Per-sandbox networks: address pool and upstream DNS server.
+    pub network: network::NetworkConfig,
 }
 
 /// Name of the token file in the state directory.
@@ -181,6 +184,7 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/leases/{lease}", axum::routing::delete(a::release_lease_handler))
         .route("/v1/sandboxes/{id}/leases/{lease}/renew", post(a::renew_lease_handler))
         .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
+        .route("/v1/sandboxes/{id}/network", get(network::get_handler).put(network::put_handler))
         .route("/v1/sandboxes/{id}/pause", post(crate::standby::pause_handler))
         .route("/v1/sandboxes/{id}/unpause", post(crate::standby::unpause_handler))
         .route("/v1/sandboxes/{id}/standby", post(crate::standby::standby_handler))
@@ -296,8 +300,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     };
     let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive);
     app_state.prices = prices;
+    app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
     tokio::spawn(policy::run(st.clone()));
@@ -351,6 +357,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         }
     });
     shutdown.await;
+    network::shutdown(&st).await;
     let _ = stop_tx.send(());
     // Streams (follow) may hold connections open: do not wait for them forever.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), uds_task).await;

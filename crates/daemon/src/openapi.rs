@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, fanout, files, images, metrics, pipelines, policy, processes, sandboxes, scan, standby, templates, tenancy};
+use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, fanout, files, images, metrics, network, pipelines, policy, processes, sandboxes, scan, standby, templates, tenancy};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -11,6 +11,7 @@ use crate::{accounting, activity, advisor, archive, audit, checkpoints, events, 
     paths(
         sandboxes::create_handler, sandboxes::list_handler, sandboxes::get_handler, sandboxes::stop_handler, sandboxes::start_handler, sandboxes::remove_handler,
         standby::pause_handler, standby::unpause_handler, standby::standby_handler, standby::resume_handler, archive::archive_handler,
+        network::get_handler, network::put_handler,
         policy::update_handler, activity::create_lease_handler, activity::list_leases_handler, activity::renew_lease_handler, activity::release_lease_handler,
         processes::exec_handler, processes::start_process_handler, processes::list_processes_handler, processes::get_process_handler,
         processes::logs_handler, processes::signal_handler, processes::stdin_handler, processes::wait_handler,

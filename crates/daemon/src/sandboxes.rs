@@ -136,6 +136,9 @@ fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
         fork_generation: rec.sandbox.fork_generation,
         secrets: st.secrets.get(&rec.sandbox.id)?.files(),
         secrets_owner: rec.image_config.user.clone().filter(|u| !u.is_empty()),
+        // Filled in by crate::network::prepare for egress sandboxes.
+        netns_path: None,
+        resolv_conf: None,
     })
 }
 
@@ -217,7 +220,11 @@ pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<Sa
 /// holds the sandbox's operation lock.
 pub(crate) async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
     let started = Instant::now();
-    let spec = spec_for(st, rec)?;
+    let mut spec = spec_for(st, rec)?;
+    if let Err(e) = crate::network::prepare(st, &rec.sandbox.id, &mut spec).await {
+        transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&e.body.message), started, None)?;
+        return Err(e);
+    }
     let rt = st.runtime.clone();
     let layers = st.layers.clone();
     let result = tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec)))
@@ -316,6 +323,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     }
     // Read and checked before anything is recorded: a bad secret creates nothing.
     let secrets = crate::secrets::validate(&req.secrets)?;
+    let network = crate::network::check(st, req.network.as_ref())?;
     let hostname = match &req.hostname {
         Some(h) => {
             ids::validate_name(h, false)?;
@@ -353,6 +361,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
             fork_generation: lineage.fork_generation,
             standby: None,
             secrets: Vec::new(),
+            network: Default::default(),
         },
         layers: source.layers,
         init_start_time: None,
@@ -361,8 +370,13 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     let lock = st.lock_for(&id);
     let _g = lock.lock().await;
     st.secrets.put(&id, secrets)?;
+    if let Err(e) = crate::network::register(st, &id, network) {
+        st.secrets.remove(&id);
+        return Err(e);
+    }
     if let Err(e) = st.db.insert_sandbox(&rec) {
         st.secrets.remove(&id);
+        crate::network::forget(st, &id).await;
         return Err(e.into());
     }
     let span = info_span!("sandbox", id = %id);
@@ -393,6 +407,7 @@ pub async fn stop_locked(st: &Shared, rec: &SandboxRecord, reason: &str, grace: 
         crate::accounting::final_sample(st, &rec.sandbox.id);
     }
     kill_processes(st, rec, grace).await?;
+    crate::network::release(st, &rec.sandbox.id).await;
     // A stopped sandbox starts afresh: a standby image has nothing left to resume.
     crate::standby::discard(st, &rec.sandbox.id);
     let ev = transition(st, &rec.sandbox.id, from, Change::new(Action::Stop, reason), started, None)?;
@@ -503,6 +518,7 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
     let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
     st.secrets.remove(&rec.sandbox.id);
+    crate::network::forget_later(st, &rec.sandbox.id);
     if let Some(m) = archived {
         let st2 = st.clone();
         tokio::spawn(async move { crate::archive::delete_remote(&st2, &m).await });
@@ -590,6 +606,7 @@ async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
     let reason = if usage.oom_kills > rec.sandbox.oom_kills { "oom" } else { "init_exited" };
     warn!(sandbox = id, reason, "sandbox init exited unexpectedly");
     let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+    crate::network::release(st, id).await;
     let _ = st.db.set_oom_kills(id, usage.oom_kills.max(rec.sandbox.oom_kills));
     let _ = transition(st, id, rec.sandbox.state, Change::new(Action::Lose, reason).detail("the sandbox's init process exited"), Instant::now(), None);
     if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
@@ -704,6 +721,7 @@ pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
 /// Fills in a sandbox's secrets (names and sizes; values never leave the store).
 pub fn with_secret_names(st: &Shared, mut sb: Sandbox) -> Sandbox {
     sb.secrets = st.secrets.get_or_empty(&sb.id).refs();
+    sb.network = st.network.spec_of(&sb.id);
     sb
 }
 

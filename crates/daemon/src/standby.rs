@@ -358,7 +358,10 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
         let msg = format!("the strata-init binary the image was made with ({}) is gone", manifest.helper.as_deref().unwrap_or(Path::new("?")).display());
         return Err(mark_error(st, rec, "standby_image_invalid", &msg, started));
     };
-    let spec = sandboxes::mount_spec(st, rec).await?;
+    let mut spec = sandboxes::mount_spec(st, rec).await?;
+    if let Err(e) = crate::network::prepare(st, &id, &mut spec).await {
+        return Err(mark_error(st, rec, "resume_failed", &e.body.message, started));
+    }
     let pipes = st.processes.resume_pipes(&id)?;
     let inherit: Vec<(std::os::fd::RawFd, u64)> = pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
     let rt = st.runtime.clone();

@@ -42,6 +42,8 @@ pub struct AppState {
     pub prices: strata_api::Prices,
     /// Secret values of sandboxes (memory + `<state>/secrets/`).
     pub secrets: crate::secrets::SecretStore,
+    /// Per-sandbox networks (egress entries, DNS filter state).
+    pub network: crate::network::Network,
 }
 
 impl AppState {
@@ -54,6 +56,7 @@ impl AppState {
             runtime,
             sandboxes_dir: state_dir.join("sandboxes"),
             secrets: crate::secrets::SecretStore::new(&state_dir),
+            network: crate::network::Network::new(&state_dir, &Default::default()),
             state_dir,
             processes: ProcessTable::default(),
             activity: Arc::new(ActivityTracker::default()),

@@ -36,6 +36,14 @@ pub struct SandboxSpec {
     /// resolved against the sandbox's /etc/passwd; root when absent or unknown.
     #[serde(default)]
     pub secrets_owner: Option<String>,
+    /// A network namespace to join instead of making a new one (egress
+    /// sandboxes: the daemon prepared it with a veth link; see strata-net).
+    #[serde(default)]
+    pub netns_path: Option<PathBuf>,
+    /// Contents for the sandbox's /etc/resolv.conf (bound from /run/strata,
+    /// never written to a layer); `None` keeps the image's.
+    #[serde(default)]
+    pub resolv_conf: Option<String>,
 }
 
 /// Where a sandbox's secrets are mounted (a tmpfs of its own).

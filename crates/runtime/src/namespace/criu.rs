@@ -201,6 +201,11 @@ pub struct RestoreConfig {
     /// new one (loopback up) and hands it to CRIU as [`NETNS_KEY`].
     #[serde(default)]
     pub external_netns: bool,
+    /// The network namespace to restore into (egress sandboxes: the daemon's
+    /// prepared one, with its veth link); `None` with `external_netns`: a new
+    /// one with loopback only.
+    #[serde(default)]
+    pub netns_path: Option<PathBuf>,
     /// Lock the network with nftables ([`nftables_lock`]).
     #[serde(default)]
     pub nftables_lock: bool,

@@ -73,12 +73,17 @@ pub fn main() -> ! {
             fail(format!("join cgroup {}: {e}", f.display()));
         }
     }
-    let flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWCGROUP;
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWCGROUP;
+    match &cfg.spec.netns_path {
+        // The daemon's prepared namespace (egress): join it.
+        Some(p) => {
+            let ns = std::fs::File::open(p).unwrap_or_else(|e| fail(format!("open network namespace {}: {e}", p.display())));
+            if let Err(e) = nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET) {
+                fail(format!("join network namespace {}: {e}", p.display()));
+            }
+        }
+        None => flags |= CloneFlags::CLONE_NEWNET,
+    }
     if let Err(e) = unshare(flags) {
         fail(format!("unshare namespaces: {e}"));
     }
@@ -105,6 +110,9 @@ fn pid1(cfg: InitConfig) -> ! {
         mounts::loopback_up()?;
         mounts::pivot_into(&spec.rootfs_dir)?;
         mounts::write_identity_files(&spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
+        if let Some(conf) = &spec.resolv_conf {
+            mounts::bind_resolv_conf(conf)?;
+        }
         mounts::mount_secrets(&spec.secrets, spec.secrets_owner.as_deref())?;
         mounts::attach_helper(helper, SELF_PATH)?;
         Ok(())

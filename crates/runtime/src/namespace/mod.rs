@@ -290,6 +290,7 @@ impl Runtime for NamespaceRuntime {
             nftables_lock: criu::nftables_lock(&bin),
             criu: bin,
             external_netns: images_dir.join(criu::NETNS_MARKER).is_file(),
+            netns_path: spec.netns_path.clone(),
             secrets_mount: (!spec.secrets.is_empty()).then(|| spec.rootfs_dir.with_file_name("secrets.mnt")),
             secrets_owner: spec.secrets_owner.clone(),
         };

@@ -186,6 +186,28 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
     Ok(())
 }
 
+/// Binds `/run/strata/resolv.conf` (holding `content`) over /etc/resolv.conf
+/// (created when the image has none; a symlink there is replaced by the
+/// file, since it would point at a host-specific resolver anyway).
+pub fn bind_resolv_conf(content: &str) -> SetupResult<()> {
+    fs::write("/run/strata/resolv.conf", content).map_err(ctx("write /run/strata/resolv.conf"))?;
+    let target = Path::new("/etc/resolv.conf");
+    if !Path::new("/etc").is_dir() {
+        return Ok(());
+    }
+    match fs::symlink_metadata(target) {
+        Ok(m) if m.is_file() => {}
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => {
+            fs::remove_file(target).map_err(ctx("remove the /etc/resolv.conf symlink"))?;
+            fs::write(target, b"").map_err(ctx("create /etc/resolv.conf"))?;
+        }
+        Err(_) => fs::write(target, b"").map_err(ctx("create /etc/resolv.conf"))?,
+    }
+    mount(Some("/run/strata/resolv.conf"), target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx("bind /etc/resolv.conf"))?;
+    Ok(())
+}
+
 /// The uid and gid that own a sandbox's secret files: `owner` (the image's
 /// default user) resolved against the sandbox's passwd and group files; root
 /// when absent or unknown.

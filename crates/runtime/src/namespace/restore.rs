@@ -28,6 +28,17 @@ fn new_network_namespace() -> Result<RawFd, String> {
     Ok(fd)
 }
 
+/// An inheritable descriptor of the namespace the daemon prepared at `path`.
+fn prepared_network_namespace(path: &std::path::Path) -> Result<RawFd, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("open network namespace {}: {e}", path.display()))?;
+    let fd = f.into_raw_fd();
+    // SAFETY: F_SETFD on the descriptor just taken from `f`; it must survive the exec of criu.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+        return Err(format!("clear FD_CLOEXEC: {}", std::io::Error::last_os_error()));
+    }
+    Ok(fd)
+}
+
 fn fail(message: String) -> ! {
     eprintln!("strata restore: {message}");
     std::process::exit(1)
@@ -42,7 +53,10 @@ pub fn main() -> ! {
             fail(format!("join cgroup {}: {e}", f.display()));
         }
     }
-    let netns_fd = cfg.external_netns.then(|| new_network_namespace().unwrap_or_else(|e| fail(e)));
+    let netns_fd = cfg.external_netns.then(|| match &cfg.netns_path {
+        Some(p) => prepared_network_namespace(p).unwrap_or_else(|e| fail(e)),
+        None => new_network_namespace().unwrap_or_else(|e| fail(e)),
+    });
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
         fail(format!("unshare mount namespace: {e}"));
     }

@@ -281,6 +281,7 @@ class Client:
         hostname: str | None = None,
         limits: ResourceLimits | None = None,
         policy: Policy | None = None,
+        network: Mapping[str, Any] | None = None,
     ) -> Sandbox:
         """Creates and starts a sandbox from an image, checkpoint or template; returns it (running).
 
@@ -294,6 +295,8 @@ class Client:
             hostname: Hostname inside (default: the short id).
             limits: CPU / memory / pids limits.
             policy: Lifecycle policy (``on_idle``, ``idle_timeout``, ``max_lifetime``, ...).
+            network: ``{"mode": "egress", "allow": ["pypi.org", "10.0.0.0/8:443"]}``
+                (default: ``none``, loopback only); see docs/network.md.
         """
         body = _drop_none(
             {
@@ -306,6 +309,7 @@ class Client:
                 "hostname": hostname,
                 "limits": limits.to_json() if limits else None,
                 "policy": policy.to_json() if policy else None,
+                "network": dict(network) if network else None,
             }
         )
         created = self._json("POST", "/v1/sandboxes", json_body=body)
@@ -322,6 +326,17 @@ class Client:
     def update_policy(self, sandbox: str, policy: Policy) -> Sandbox:
         """Changes the lifecycle policy; fields left ``None`` are kept. Returns the sandbox."""
         return Sandbox.from_json(self._json("PATCH", self._sb(sandbox), json_body={"policy": policy.to_json()}))
+
+    def get_network(self, sandbox: str) -> dict[str, Any]:
+        """The sandbox's network: ``mode``, ``allow``, ``address``, ``gateway``, counters
+        (``allowed``/``denied``/``received`` as ``{packets, bytes}``), ``dns_answered``,
+        ``dns_refused``, ``recent_denied``."""
+        return self._json("GET", self._sb(sandbox) + "/network")
+
+    def set_network(self, sandbox: str, mode: str = "egress", allow: Sequence[str] = ()) -> dict[str, Any]:
+        """Replaces the network mode and allow rules, live when it runs (:class:`BadRequest`
+        naming a malformed rule). Returns what :meth:`get_network` returns."""
+        return self._json("PUT", self._sb(sandbox) + "/network", json_body={"mode": mode, "allow": list(allow)})
 
     def stop(self, sandbox: str) -> SandboxEvent:
         """Stops the sandbox (processes end, filesystem kept)."""
