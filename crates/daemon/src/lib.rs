@@ -152,8 +152,15 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
 
 /// The router with every native route.
 pub fn router(st: Shared) -> Router {
+    router_with_mcp(st, None)
+}
+
+/// The router with every native route and, when given, the MCP endpoint at
+/// `/mcp` (streamable HTTP; see docs/mcp.md). It sits behind the same layers
+/// as the API (bearer token on TCP, audit), and its tools call the API itself.
+pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router {
     use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
-    Router::new()
+    let r = Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/metrics", get(metrics::metrics_handler))
         .route("/v1/cost", get(accounting::list_handler))
@@ -212,8 +219,12 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(f::mkdir_handler))
         .route("/v1/sandboxes/{id}/files/remove", post(f::remove_handler))
         .route("/v1/sandboxes/{id}/files/move", post(f::move_handler))
-        .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") })
-        .layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
+        .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") });
+    let r = match mcp {
+        Some(server) => r.route_service("/mcp", strata_mcp::http_service(server)),
+        None => r,
+    };
+    r.layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
         .layer(middleware::from_fn_with_state(st.clone(), activity::track))
         .layer(middleware::from_fn(json_errors))
         // Outermost: sees the final status (after the JSON error rewrite).
@@ -253,6 +264,15 @@ async fn require_token(State(token): State<Arc<String>>, mut req: Request, next:
         let mut r = ApiError::new(ErrorCode::Unauthorized, "missing or wrong bearer token (see <state-dir>/api-token)").into_response();
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         r
+    }
+}
+
+/// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()),
+        _ => addr,
     }
 }
 
@@ -322,7 +342,6 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     let uds = tokio::net::UnixListener::bind(&cfg.socket).map_err(io_err("bind", &cfg.socket))?;
     std::fs::set_permissions(&cfg.socket, std::os::unix::fs::PermissionsExt::from_mode(0o660)).map_err(io_err("chmod", &cfg.socket))?;
-    let app = router(st.clone());
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
@@ -333,8 +352,19 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
-    if let (Some(addr), Some(token)) = (cfg.listen, token) {
-        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?;
+    let tcp = match cfg.listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?),
+        None => None,
+    };
+    // The MCP endpoint's tools call this daemon's API: over the Unix socket,
+    // or, for a caller that came with a bearer token, over TCP with that token.
+    let mut mcp = strata_mcp::StrataMcp::new(strata_client::Client::unix(&cfg.socket));
+    if let Some(local) = tcp.as_ref().and_then(|l| l.local_addr().ok()) {
+        mcp = mcp.with_token_forwarding(loopback(local).to_string());
+    }
+    let app = router_with_mcp(st.clone(), Some(mcp));
+    if let (Some(tcp), Some(token)) = (tcp, token) {
+        let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
         let tcp_app = app.clone().layer(middleware::from_fn_with_state(token, require_token));
         let mut rx = stop_tx.subscribe();
