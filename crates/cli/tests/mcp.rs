@@ -55,9 +55,18 @@ fn criu_flag() -> Option<&'static str> {
     }
 }
 
+/// Makes the template `mcp-tpl` (a busybox with /opt/template-marker) for the
+/// client's create-from-template check.
+fn make_template(d: &TestDaemon) {
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /opt && echo 'from the template' > /opt/template-marker"]);
+    d.cli_ok(&["template", "create", "mcp-tpl", "--from", &id]);
+    d.cli_ok(&["rm", "-f", &id]);
+}
+
 /// Runs the client script; returns its summary JSON.
 fn run_client(d: &TestDaemon, py: &PathBuf, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(py).arg(script()).args(args).env("PYTHONDONTWRITEBYTECODE", "1").output().expect("run the MCP client");
+    let out = Command::new(py).arg(script()).args(args).env("PYTHONDONTWRITEBYTECODE", "1").env("MCP_TEST_TEMPLATE", "mcp-tpl").output().expect("run the MCP client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "MCP client failed ({:?}):\nstdout: {stdout}\nstderr: {stderr}\ndaemon log:\n{}", out.status, d.log());
@@ -72,11 +81,13 @@ fn stdio_server_lists_and_calls_every_tool() {
     let py = require_mcp_client!();
     let d = TestDaemon::start();
     d.import_busybox();
+    make_template(&d);
     let bin = common::strata_bin();
     let mut args = vec!["stdio", bin.to_str().unwrap(), d.socket.to_str().unwrap()];
     args.extend(criu_flag());
     let summary = run_client(&d, &py, &args);
     assert!(summary["tools"].as_u64().unwrap() >= 14, "{summary}");
+    assert_eq!(summary["template"], "mcp-tpl", "{summary}");
     if args.contains(&"--criu") {
         assert!(summary["standby"]["resume_ms"].is_u64(), "{summary}");
     }
@@ -94,6 +105,7 @@ fn http_endpoint_lists_and_calls_every_tool_with_the_bearer_token() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let d = TestDaemon::start_with(Some(&format!("127.0.0.1:{port}")));
     d.import_busybox();
+    make_template(&d);
     let token = std::fs::read_to_string(d.state("api-token")).unwrap().trim().to_string();
     let url = format!("http://127.0.0.1:{port}/mcp");
     run_client(&d, &py, &["http-unauthorized", &url, "-"]);

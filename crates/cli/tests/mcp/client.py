@@ -145,6 +145,18 @@ async def scenario(c, tag, criu):
     check(len(live["sandboxes"]) == 1, "fork of a live sandbox", live)
     r = await call(c, "exec", {"sandbox": live["sandboxes"][0], "argv": ["cat", "/work/after.txt"]})
     check(r["stdout"] == "later", "live fork has the current files", r)
+    # create_sandbox from a checkpoint and from a template (made by the test through the CLI)
+    fromck = await call(c, "create_sandbox", {"source": f"ck-{tag}", "lifecycle": "ephemeral", "ttl": "10m"})
+    r = await call(c, "exec", {"sandbox": fromck["id"], "argv": ["cat", "/work/dir/hello.txt"]})
+    check(fromck["source"] == f"ck-{tag}" and fromck["lifecycle"] == "ephemeral" and r["stdout"] == "hi there\n", "sandbox from a checkpoint", (fromck, r))
+    kids.append(fromck["id"])
+    template = os.environ.get("MCP_TEST_TEMPLATE")
+    if template:
+        fromtpl = await call(c, "create_sandbox", {"source": template})
+        r = await call(c, "exec", {"sandbox": fromtpl["id"], "argv": ["cat", "/opt/template-marker"]})
+        check(r["stdout"] == "from the template\n", "sandbox from a template", r)
+        kids.append(fromtpl["id"])
+        summary["template"] = template
     rs = await call(c, "restore", {"sandbox": sid, "checkpoint": f"ck-{tag}"})
     check(rs["sandbox"]["state"] == "running", "restore", rs)
     r = await call(c, "exec", {"sandbox": sid, "command": "test -e /work/after.txt; echo $?; cat /work/dir/hello.txt"})
