@@ -10,7 +10,10 @@
 # --debian first to benchmark importing the ~325 MB Debian rootfs instead of a generated one).
 # --quick: small sample counts. Only a run with the default settings (no --quick, no extra
 # arguments) writes docs/benchmarks.md; other runs write <cargo target dir>/benchmarks-custom.md.
-# Env: STRATA_TEST_IMAGES (default /var/cache/strata/images), BENCH_KEEP=1 keeps the temp dir,
+# The pipeline figure also needs the Debian+python image and the demo's wheelhouse (both made
+# here when missing: scripts/build-test-images.sh --debian, scripts/build-wheelhouse.sh).
+# Env: STRATA_TEST_IMAGES (default /var/cache/strata/images), STRATA_WHEELHOUSE (default
+# /var/cache/strata/wheelhouse), BENCH_KEEP=1 keeps the temp dir,
 # CARGO_TARGET_DIR (binaries and the static strata-init are built and taken from there).
 # Exit status: 0 when every figure was measured (missed targets show as FAIL in the table).
 set -euo pipefail
@@ -27,7 +30,7 @@ for arg in "$@"; do
     case "$arg" in
     --quick) QUICK=1 ;;
     -h | --help)
-        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) EXTRA+=("$arg") ;;
@@ -45,6 +48,19 @@ done
 IMAGES=${STRATA_TEST_IMAGES:-/var/cache/strata/images}
 if [ ! -x "$IMAGES/busybox-rootfs/bin/busybox" ] || [ ! -f "$IMAGES/busybox-rootfs.tar" ]; then
     step "scripts/build-test-images.sh $IMAGES" "$ROOT/scripts/build-test-images.sh" "$IMAGES"
+fi
+
+# The pipeline figure (setup reuse, pipeline overhead) needs the Debian+python image and the demo's wheelhouse.
+WANT_PIPELINE=1
+for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+    if [ "${EXTRA[$i]}" = --only ]; then
+        case ",${EXTRA[$((i + 1))]:-}," in *,pipeline,*) ;; *) WANT_PIPELINE=0 ;; esac
+    fi
+done
+if [ "$WANT_PIPELINE" = 1 ]; then
+    [ -f "$IMAGES/debian-python.tar.gz" ] ||
+        step "scripts/build-test-images.sh --debian $IMAGES" "$ROOT/scripts/build-test-images.sh" --debian "$IMAGES"
+    "$ROOT/scripts/build-wheelhouse.sh" "${STRATA_WHEELHOUSE:-/var/cache/strata/wheelhouse}"
 fi
 
 step "cargo build --release -p strata-bench -p strata" cargo build --release -p strata-bench -p strata

@@ -7,8 +7,9 @@
 # builds strata, starts a private daemon, and walks one agent task through the
 # stages strata gives different lifecycles:
 #
-#   setup      persistent sandbox: create a venv and a project (paid once),
-#              sealed into a template
+#   setup      persistent sandbox: a venv with 241 pinned Python packages installed
+#              from a local wheelhouse (scripts/build-wheelhouse.sh fetches it from
+#              PyPI once) and a project (paid once), scanned and sealed into a template
 #   execute    multi-step work in the same sandbox, with a checkpoint
 #   fan-out    `strata fork --run`: 4 children of the checkpoint try a different
 #              fix each, the first whose test passes is promoted (the sandbox is
@@ -17,11 +18,13 @@
 #              CPU and RAM are released
 #   follow-up  the next call resumes it with the dev server still running (setup
 #              not repaid); a new task starts from the template
+#   pipeline   the next task as a pipeline spec (examples/demo/pipeline.toml) from the
+#              template: work with checkpoints, fork 4 and select, ephemeral eval
 #   evaluate   ephemeral `strata run --rm`: clean start, nothing left behind
 #
-# and prints a table per stage (lifecycle, time, state kept), the lifecycle
+# and prints a table per stage (lifecycle, time, state kept, cost), the lifecycle
 # advisor's view of the idle stage, the cost of every sandbox against the
-# ephemeral-only and always-on counterfactuals, and the time saved against redoing setup.
+# ephemeral-only and always-on counterfactuals, and the time saved against reinstalling.
 set -euo pipefail
 
 STRATA_PROG=demo
@@ -33,6 +36,8 @@ cd "$(dirname "$(readlink -f "$0")")/.."
 IMAGES=${STRATA_TEST_IMAGES:-/var/cache/strata/images}
 scripts/setup-host.sh
 scripts/build-test-images.sh --debian "$IMAGES"
+WHEELHOUSE=${STRATA_WHEELHOUSE:-/var/cache/strata/wheelhouse}
+scripts/build-wheelhouse.sh "$WHEELHOUSE"
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi
 step "cargo build --release" cargo build --release --locked -p strata
 step "build strata-init (static)" scripts/build-init.sh --locked
@@ -55,8 +60,16 @@ for _ in $(seq 200); do [ -S "$STRATA_SOCKET" ] && break; sleep 0.05; done
 [ -S "$STRATA_SOCKET" ] || { cat "$WORK/daemon.log"; die "daemon did not start"; }
 
 ms() { date +%s%3N; }
+# Cost accrued by all sandboxes (destroyed ones included) so far; a stage's cost is the difference.
+cost_now() { "$STRATA" cost --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["total"])'; }
+COST0=$(cost_now)
 ROWS=()
-row() { ROWS+=("$(printf '%-10s | %-22s | %8s ms | %s' "$1" "$2" "$3" "$4")"); }
+row() {
+    local c
+    c=$(cost_now)
+    ROWS+=("$(printf '%-10s | %-24s | %8s ms | %10s | %s' "$1" "$2" "$3" "$(python3 -c "print('%.2e' % max(0.0, $c - $COST0))")" "$4")")
+    COST0=$c
+}
 
 echo
 note "importing the Debian+python image (shown with its progress bar)"
@@ -64,12 +77,19 @@ note "importing the Debian+python image (shown with its progress bar)"
 "$STRATA" image ls
 
 echo
-note "stage 1 · setup: persistent sandbox, venv + project (paid once)"
+NPKG=$(grep -c '==' "$WHEELHOUSE/requirements.txt")
+note "stage 1 · setup: persistent sandbox, a venv with $NPKG packages + a project (paid once)"
 t=$(ms)
-DEV=$("$STRATA" create debian-python --name dev --memory 2g --cpus 2 --pids 512)
+# Flush rules: the wheels and pip's cache are wiped before every checkpoint, fork and template.
+DEV=$("$STRATA" create debian-python --name dev --memory 4g --cpus 2 --pids 1024 --flush /tmp/wheels --flush /home/user/.cache)
+"$STRATA" cp "$WHEELHOUSE" "$DEV:/tmp/wheels"
+"$STRATA" exec -u user "$DEV" -- sh -c '
+  python3 -m venv ~/venv &&
+  ~/venv/bin/pip install --quiet --disable-pip-version-check --no-index --find-links /tmp/wheels -r /tmp/wheels/requirements.txt &&
+  echo "installed $(~/venv/bin/pip list --disable-pip-version-check 2>/dev/null | tail -n +3 | wc -l) packages into ~/venv"'
 "$STRATA" exec -u user "$DEV" -- sh -c '
   git config --global user.email agent@example.com && git config --global user.name agent &&
-  python3 -m venv ~/venv && mkdir -p ~/proj && cd ~/proj && git init -q . &&
+  mkdir -p ~/proj && cd ~/proj && git init -q . &&
   cat > calc.py <<PY
 def add(a, b):
     return a - b
@@ -81,13 +101,14 @@ print("tests pass")
 PY
   git add -A && git commit -qm setup && echo "setup done: $(~/venv/bin/python -V)"'
 SETUP_MS=$(( $(ms) - t ))
-row setup "persistent" "$SETUP_MS" "venv, repo, code (private writable layer)"
+row setup "persistent" "$SETUP_MS" "$NPKG packages, repo, code (private writable layer)"
 
 echo
-note "stage 1b · template: the prepared environment becomes a warm starting point"
+note "stage 1b · template: the prepared environment is scanned (state hygiene) and becomes a warm starting point"
+"$STRATA" scan "$DEV" | tail -2 || true
 t=$(ms)
 "$STRATA" template create proj-env --from "$DEV" >/dev/null
-row template "checkpoint -> template" "$(( $(ms) - t ))" "setup sealed as layers (cost ~ bytes changed)"
+row template "checkpoint -> template" "$(( $(ms) - t ))" "setup sealed as layers after a clean scan; wheels flushed"
 
 echo
 note "stage 2 · execute: several steps in the same sandbox, with a checkpoint"
@@ -150,8 +171,16 @@ t=$(ms)
 NEXT=$("$STRATA" create proj-env --name next-task)
 "$STRATA" exec -u user "$NEXT" -- sh -c 'cd ~/proj && ~/venv/bin/python -V'
 TEMPLATE_MS=$(( $(ms) - t ))
+"$STRATA" exec -u user "$NEXT" -- sh -c 'cd ~/proj && ~/venv/bin/python -c "import django, pandas, boto3, pytest; print(\"new task from the template: django\", django.__version__, \"pandas\", pandas.__version__, \"boto3\", boto3.__version__, \"import fine\")"'
 "$STRATA" rm -f "$NEXT" >/dev/null
-row new-task "from template" "$TEMPLATE_MS" "a new sandbox with the prepared venv"
+row new-task "from template" "$TEMPLATE_MS" "a new sandbox with the prepared venv, nothing reinstalled"
+
+echo
+note "stage 5b · the next task as a pipeline (examples/demo/pipeline.toml): from the template, a lifecycle per stage"
+t=$(ms)
+"$STRATA" pipeline run examples/demo/pipeline.toml
+PIPE_MS=$(( $(ms) - t ))
+row pipeline "per stage (spec)" "$PIPE_MS" "work: checkpoint per step; fix: fork 4, winner kept; eval: nothing"
 
 echo
 note "stage 6 · evaluate: ephemeral, clean start, nothing left behind"
@@ -165,11 +194,11 @@ row evaluate "ephemeral (--rm)" "$EVAL_MS" "nothing: sandboxes left = $LEFT (onl
 echo
 "$STRATA" events "$DEV"
 echo
-printf '%-10s | %-22s | %11s | %s\n' stage lifecycle time "state kept"
-printf '%s\n' "-----------+------------------------+-------------+-------------------------------------------"
+printf '%-10s | %-24s | %11s | %10s | %s\n' stage lifecycle time "cost (USD)" "state kept"
+printf '%s\n' "-----------+--------------------------+-------------+------------+-------------------------------------------"
 printf '%s\n' "${ROWS[@]}"
 echo
 note "what each sandbox cost (compute while running, storage by the hour), against ephemeral-only and always-on:"
 "$STRATA" cost
 echo
-note "follow-up started in ${FOLLOW_MS} ms and a new task from the template in ${TEMPLATE_MS} ms, instead of repaying ${SETUP_MS} ms of setup ($(( SETUP_MS / (TEMPLATE_MS > 0 ? TEMPLATE_MS : 1) ))x faster from the template)"
+note "follow-up started in ${FOLLOW_MS} ms and a new task from the template in ${TEMPLATE_MS} ms, instead of reinstalling $NPKG packages (${SETUP_MS} ms of setup): $(( SETUP_MS / (TEMPLATE_MS > 0 ? TEMPLATE_MS : 1) ))x faster from the template, $(( (SETUP_MS - TEMPLATE_MS) / 1000 )) s saved per task"

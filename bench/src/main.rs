@@ -49,10 +49,10 @@ const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby] [--date S] [--commit S]";
+       [--only create,exec,idle,import,checkpoint,standby,pipeline] [--date S] [--commit S]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 6] = ["create", "exec", "idle", "import", "checkpoint", "standby"];
+const FIGURES: [&str; 7] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -155,13 +155,14 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 6] = [
+    let figs: [(&str, Fig); 7] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
         ("import", |b| Box::pin(figures::import::run(b))),
         ("checkpoint", |b| Box::pin(figures::checkpoint::run(b))),
         ("standby", |b| Box::pin(figures::standby::run(b))),
+        ("pipeline", |b| Box::pin(figures::pipeline::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

@@ -1,10 +1,11 @@
-//! The six figures of the benchmark, and what they share.
+//! The seven figures of the benchmark, and what they share.
 
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
 pub mod idle;
 pub mod import;
+pub mod pipeline;
 pub mod standby;
 
 use anyhow::{bail, Result};

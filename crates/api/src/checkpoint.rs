@@ -31,6 +31,9 @@ pub struct CheckpointRequest {
 pub struct Checkpoint {
     /// Id (hex).
     pub id: String,
+    /// The tenant that owns it (that of the sandbox it was taken from).
+    #[serde(default = "crate::tenant::default_tenant")]
+    pub tenant: String,
     /// Unique name.
     pub name: String,
     /// The sandbox it was taken from.

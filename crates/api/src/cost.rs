@@ -35,6 +35,8 @@ impl ComputeUsage {
 pub struct UsageRecord {
     /// Sandbox id.
     pub sandbox_id: String,
+    /// The tenant that owned the sandbox.
+    pub tenant: String,
     /// Sandbox name.
     pub name: String,
     /// Image, template or checkpoint it was created from.

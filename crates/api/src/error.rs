@@ -37,8 +37,12 @@ pub enum ErrorCode {
     InvalidArchive,
     /// A path escapes the sandbox root (400).
     PathEscape,
-    /// Missing or wrong bearer token (401).
+    /// Missing, wrong, revoked or expired bearer token (401).
     Unauthorized,
+    /// The caller is authenticated but may not do this (a tenant token on an operator-only route) (403).
+    Forbidden,
+    /// The API token id or name is unknown (404).
+    TokenNotFound,
     /// The host cannot do this (missing kernel feature, tool or capability) (501).
     Unsupported,
     /// An upstream registry failed or could not be reached (502).
@@ -64,10 +68,12 @@ impl ErrorCode {
             | ErrorCode::FileNotFound
             | ErrorCode::RouteNotFound
             | ErrorCode::LeaseNotFound
-            | ErrorCode::PipelineNotFound => 404,
+            | ErrorCode::PipelineNotFound
+            | ErrorCode::TokenNotFound => 404,
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::Unsupported => 501,
             ErrorCode::RegistryError => 502,
             ErrorCode::Timeout => 504,
@@ -93,6 +99,8 @@ impl ErrorCode {
             ErrorCode::InvalidArchive => "invalid_archive",
             ErrorCode::PathEscape => "path_escape",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::TokenNotFound => "token_not_found",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::RegistryError => "registry_error",
             ErrorCode::Timeout => "timeout",

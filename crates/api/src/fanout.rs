@@ -91,6 +91,12 @@ pub struct FanoutPlan {
     /// What happens to the losers.
     #[serde(default)]
     pub losers: LoserPolicy,
+    /// User (name or uid) the attempts and the score command run as (default: the image's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Working directory of the attempts and the score command (default: the image's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
 }
 
 /// Request body of `POST /v1/fanout`.

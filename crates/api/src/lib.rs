@@ -19,6 +19,7 @@ pub mod sandbox;
 pub mod scan;
 pub mod secret;
 pub mod template;
+pub mod tenant;
 
 pub use advice::*;
 pub use checkpoint::*;
@@ -35,6 +36,7 @@ pub use sandbox::*;
 pub use scan::*;
 pub use secret::*;
 pub use template::*;
+pub use tenant::*;
 
 /// Version prefix of every native route.
 pub const API_PREFIX: &str = "/v1";

@@ -96,6 +96,13 @@ pub struct StageSpec {
     /// Environment variables of the stage's commands (over the pipeline's).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Secrets of the stage's sandbox, as in `POST /v1/sandboxes` (`value_b64` or
+    /// `host_file`; files under /run/secrets, optionally env vars). Values are read
+    /// when the run is created and kept only in the daemon's secret store, never in
+    /// the recorded spec (which shows names) nor in any checkpoint or template the
+    /// stage makes. Not on fork stages (children are forked, not created).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::SecretSpec>,
     /// Resource limits of the stage's sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ResourceLimits>,
@@ -109,6 +116,23 @@ pub struct StageSpec {
     /// Timeout of each command, e.g. "10m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// User (name or uid) the commands run as (default: the image's). A fork stage
+    /// sets it in its `fanout` table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Working directory of the commands (default: the image's). A fork stage sets
+    /// it in its `fanout` table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Promote the stage's output checkpoint to a template of this name (re-pointed
+    /// when it exists), so later pipelines and sandboxes start from it
+    /// (`source = "template:NAME"`). Only for lifecycles that keep the filesystem;
+    /// the promotion passes the state-hygiene scan gate like `strata template create`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Promote to `template` even when the scan has findings (recorded on the template).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accept_findings: bool,
 }
 
 /// Request body of `POST /v1/pipelines`: the spec as TOML text or as JSON.
@@ -187,6 +211,14 @@ pub struct StageResult {
     /// Wall time, in milliseconds.
     #[serde(default)]
     pub duration_ms: u64,
+    /// Wall time of the stage's own commands, in milliseconds (a fork stage: its
+    /// longest attempt, as they run concurrently). `duration_ms` minus this is
+    /// strata's overhead: creating, forking, checkpointing, standby, promotion.
+    #[serde(default)]
+    pub commands_ms: u64,
+    /// The template the stage's output was promoted to (`template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
     /// Every sandbox the stage created (or resumed), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sandboxes: Vec<String>,
@@ -221,6 +253,9 @@ pub struct StageResult {
 pub struct PipelineRun {
     /// Run id (hex).
     pub id: String,
+    /// The tenant that owns it (and every sandbox and checkpoint it makes).
+    #[serde(default = "crate::tenant::default_tenant")]
+    pub tenant: String,
     /// Pipeline name.
     pub name: String,
     /// State.

@@ -138,6 +138,9 @@ pub struct CreateSandboxRequest {
 pub struct Sandbox {
     /// Unique id (hex).
     pub id: String,
+    /// The tenant that owns it (see docs/security.md, "Tenants").
+    #[serde(default = "crate::tenant::default_tenant")]
+    pub tenant: String,
     /// Unique name (defaults to the id).
     pub name: String,
     /// Current lifecycle state.

@@ -63,8 +63,14 @@ pub struct ScanReport {
     pub changed_paths: u64,
     /// Findings, most severe first.
     pub findings: Vec<Finding>,
-    /// Whether there are no findings.
+    /// Whether there are no findings (`packaged` ones do not count).
     pub clean: bool,
+    /// Credential-pattern matches in files shipped by an installed Python package and
+    /// verified byte for byte against its `RECORD` (SHA-256): test fixtures and
+    /// documentation, listed for review but not blocking a template. Their reason
+    /// names the package.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packaged: Vec<Finding>,
 }
 
 /// A recorded override: a template promoted although its scan had findings.
@@ -89,8 +95,13 @@ pub struct AuditEntry {
     pub seq: i64,
     /// RFC 3339 time.
     pub time: String,
-    /// Who: `uid:N` (Unix socket peer), `local` (peer unknown) or `token:<fingerprint>` (TCP).
+    /// Who: `uid:N` (Unix socket peer), `local` (peer unknown), `token:<fingerprint>`
+    /// (the operator's `<state>/api-token` over TCP) or `token:<id>:<name>` (a tenant token).
     pub actor: String,
+    /// The tenant the request acted in: a tenant token's tenant, or the tenant an
+    /// operator named with `X-Strata-Tenant`; absent for operator requests without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// HTTP method.
     pub method: String,
     /// Route template, e.g. `/v1/sandboxes/{id}/exec`.

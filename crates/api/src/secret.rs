@@ -15,7 +15,8 @@ pub const MIN_REDACTED_BYTES: usize = 4;
 
 /// One secret of `POST /v1/sandboxes` (`secrets`). Exactly one of `value_b64`
 /// and `host_file` gives the value.
-#[derive(Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SecretSpec {
     /// Name: `[A-Za-z_][A-Za-z0-9_]*`, at most 128 characters. The file is
     /// `/run/secrets/<name>`; with `env` also the variable's name.

@@ -10,6 +10,9 @@ use crate::{ApiErrorBody, StreamKind};
 pub struct Template {
     /// Unique name; `strata create NAME` starts from it.
     pub name: String,
+    /// The tenant that owns it (that of its checkpoint).
+    #[serde(default = "crate::tenant::default_tenant")]
+    pub tenant: String,
     /// The checkpoint it points at.
     pub checkpoint: String,
     /// The image at the bottom of its chain.

@@ -15,9 +15,12 @@ pub struct Cli {
     /// Talk to the daemon over TCP instead (host:port); the token comes from STRATA_TOKEN.
     #[arg(long, global = true, env = "STRATA_HOST")]
     pub host: Option<String>,
-    /// Bearer token for --host.
+    /// Bearer token for --host: a tenant token (`strata token create`) or the operator's <state-dir>/api-token.
     #[arg(long, global = true, env = "STRATA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Act as this tenant (operator: create in it and see only it; sent as X-Strata-Tenant).
+    #[arg(long = "as-tenant", global = true, env = "STRATA_TENANT", value_name = "TENANT")]
+    pub as_tenant: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -35,6 +38,10 @@ pub enum Command {
     /// Manage images.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Manage API tokens (operator only): each belongs to a tenant and sees only its sandboxes,
+    /// checkpoints, templates and pipeline runs.
+    #[command(subcommand)]
+    Token(TokenCmd),
     /// Run pipelines (a TOML spec of stages, each with its own lifecycle) and follow them.
     #[command(subcommand)]
     Pipeline(PipelineCmd),
@@ -470,6 +477,48 @@ pub struct AuditArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum TokenCmd {
+    /// Create a token; prints its secret (shown only now) for STRATA_TOKEN or E2B_API_KEY.
+    Create {
+        /// Token name (unique among the tenant's live tokens).
+        #[arg(long)]
+        name: String,
+        /// Tenant the token acts in (default: `default`, or --as-tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Lifetime, e.g. `30d`, `12h` (default: until revoked).
+        #[arg(long)]
+        expires: Option<String>,
+        /// JSON output (the token and its secret).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (never their secrets).
+    Ls {
+        /// Only this tenant's tokens.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Include revoked tokens.
+        #[arg(long)]
+        all: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by id or name; refused from the next request on.
+    Revoke {
+        /// Token id or name.
+        id: String,
+        /// The tenant a name is looked up in (when several tenants use it).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum AuditCmd {
     /// Recompute the hash chain; exit status 1 and the first bad entry when it is broken.
     Verify {
@@ -862,6 +911,12 @@ pub struct FanoutArgs {
     /// Checkpoint the winner under this name.
     #[arg(long, requires = "run")]
     pub promote: Option<String>,
+    /// User (name or uid) the attempts run as (default: the image's).
+    #[arg(long = "user", short = 'u', requires = "run")]
+    pub user: Option<String>,
+    /// Working directory of the attempts.
+    #[arg(long, short = 'w', requires = "run")]
+    pub workdir: Option<String>,
 }
 
 /// `--select` values.

@@ -86,10 +86,21 @@ fn exec_request(cmd: Vec<String>, o: &ProcOpts) -> Result<ExecRequest> {
 }
 
 fn client(cli: &Cli) -> Client {
-    match &cli.host {
+    let c = match &cli.host {
         Some(h) => Client::new(Endpoint::Tcp { addr: h.clone(), token: cli.token.clone() }),
         None => Client::unix(&cli.socket),
-    }
+    };
+    c.with_tenant(cli.as_tenant.clone())
+}
+
+fn token_rows(list: &[strata_api::TokenInfo]) -> Vec<Vec<String>> {
+    let status = |t: &strata_api::TokenInfo| match (&t.revoked_at, &t.expires_at) {
+        (Some(r), _) => format!("revoked {r}"),
+        (None, Some(e)) if humantime::parse_rfc3339_weak(e).is_ok_and(|e| e <= std::time::SystemTime::now()) => format!("expired {e}"),
+        (None, Some(e)) => format!("expires {e}"),
+        (None, None) => "active".into(),
+    };
+    list.iter().map(|t| vec![t.id.clone(), t.name.clone(), t.tenant.clone(), t.created_at.clone(), t.last_used_at.clone().unwrap_or_else(|| "-".into()), status(t)]).collect()
 }
 
 /// Prints an error with its whole cause chain.
@@ -341,6 +352,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     timeout: fanout.timeout,
                     losers: if fanout.keep_losers { strata_api::LoserPolicy::Keep } else { strata_api::LoserPolicy::Destroy },
                     attempts: vec![],
+                    user: fanout.user,
+                    workdir: fanout.workdir,
                 };
                 let r = c.fanout(&strata_api::FanoutRequest { source, plan, promote_as: fanout.promote, name_prefix, lifecycle, ttl, limits: None }).await?;
                 if json {
@@ -368,9 +381,42 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             } else {
                 print_findings(&r.findings);
                 println!("{} {} ({}): {} paths changed above image {}, {}", r.kind, r.name, r.id, r.changed_paths, r.image, if r.clean { "clean".to_string() } else { format!("{} findings", r.findings.len()) });
+                if !r.packaged.is_empty() {
+                    println!("({} credential-pattern matches in files shipped by installed Python packages, verified against their RECORD, are not counted; --json lists them)", r.packaged.len());
+                }
             }
             Ok(if r.clean { 0 } else { 2 })
         }
+        Command::Token(cmd) => match cmd {
+            TokenCmd::Create { name, tenant, expires, json } => {
+                let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires }).await?;
+                if json {
+                    output::json(&t);
+                } else {
+                    println!("{}", t.secret);
+                    eprintln!("token {} ({}) for tenant {:?}{}: the secret above is shown only now", t.token.id, t.token.name, t.token.tenant, t.token.expires_at.as_deref().map(|e| format!(", expires {e}")).unwrap_or_default());
+                }
+                Ok(0)
+            }
+            TokenCmd::Ls { tenant, all, json } => {
+                let list = c.list_tokens(tenant.as_deref(), all).await?;
+                if json {
+                    output::json(&list);
+                } else {
+                    output::table(&["ID", "NAME", "TENANT", "CREATED", "LAST USED", "STATUS"], token_rows(&list));
+                }
+                Ok(0)
+            }
+            TokenCmd::Revoke { id, tenant, json } => {
+                let t = c.revoke_token(&id, tenant.as_deref()).await?;
+                if json {
+                    output::json(&t);
+                } else {
+                    println!("revoked token {} ({}) of tenant {:?}", t.id, t.name, t.tenant);
+                }
+                Ok(0)
+            }
+        },
         Command::Audit(a) => match a.command {
             Some(AuditCmd::Verify { json }) => {
                 let v = c.audit_verify().await?;
@@ -389,8 +435,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     output::json(&list);
                 } else {
                     output::table(
-                        &["SEQ", "TIME", "ACTOR", "METHOD", "ROUTE", "TARGET", "STATUS"],
-                        list.iter().map(|e| vec![e.seq.to_string(), e.time.clone(), e.actor.clone(), e.method.clone(), e.route.clone(), e.target.clone().unwrap_or_default(), e.status.to_string()]).collect(),
+                        &["SEQ", "TIME", "ACTOR", "TENANT", "METHOD", "ROUTE", "TARGET", "STATUS"],
+                        list.iter().map(|e| vec![e.seq.to_string(), e.time.clone(), e.actor.clone(), e.tenant.clone().unwrap_or_else(|| "-".into()), e.method.clone(), e.route.clone(), e.target.clone().unwrap_or_default(), e.status.to_string()]).collect(),
                     );
                 }
                 Ok(0)
@@ -1088,12 +1134,20 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
     use strata_api::{PipelineEvent, PipelineState, RunPipelineRequest};
     let follow_out = |json: bool, mut stream: strata_client::NdjsonStream<PipelineEvent>| async move {
         let mut last = None;
+        // A stage is saved (and streamed) at every step; a step that changes nothing shown is not repeated.
+        let mut shown = String::new();
         while let Some(ev) = stream.next().await? {
             if json {
                 println!("{}", serde_json::to_string(&ev).expect("serializes"));
             }
             match ev {
-                PipelineEvent::Stage { stage, .. } if !json => println!("{}", stage_line(&stage)),
+                PipelineEvent::Stage { stage, .. } if !json => {
+                    let line = stage_line(&stage);
+                    if line != shown {
+                        println!("{line}");
+                        shown = line;
+                    }
+                }
                 PipelineEvent::Stage { .. } => {}
                 PipelineEvent::Finished { run } => last = Some(*run),
             }
@@ -1208,16 +1262,22 @@ fn print_run(r: &strata_api::PipelineRun) {
                 (strata_api::StageLifecycle::Ephemeral, _) => "nothing".to_string(),
                 _ => output::size(s.state_kept_bytes),
             };
+            let overhead = match s.state {
+                strata_api::StageState::Succeeded => format!("{:.2}s", s.duration_ms.saturating_sub(s.commands_ms) as f64 / 1000.0),
+                _ => "-".to_string(),
+            };
             vec![
                 s.name.clone(),
                 s.lifecycle.as_str().to_string(),
                 format!("{:.1}s", s.duration_ms as f64 / 1000.0),
+                format!("{:.1}s", s.commands_ms as f64 / 1000.0),
+                overhead,
                 kept,
                 format!("{:.6}", s.cost),
-                format!("{:?}", s.state).to_lowercase(),
+                format!("{:?}", s.state).to_lowercase() + &s.template.as_ref().map(|t| format!(" (template {t})")).unwrap_or_default(),
             ]
         })
         .collect();
-    output::table(&["STAGE", "LIFECYCLE", "TIME", "STATE KEPT", "COST", "OUTCOME"], rows);
+    output::table(&["STAGE", "LIFECYCLE", "TIME", "COMMANDS", "OVERHEAD", "STATE KEPT", "COST", "OUTCOME"], rows);
     println!("run {} ({}): {}{}", r.id, r.name, r.state.as_str(), r.reason.as_ref().map(|m| format!(": {m}")).unwrap_or_default());
 }

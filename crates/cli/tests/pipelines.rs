@@ -126,6 +126,12 @@ fn bad_specs_and_unknown_runs_are_refused_and_a_failing_command_stops_the_run() 
     assert!(m.contains("\"setup\"") && m.contains("no image named \"nope\""), "{m}");
     let m = bad(THREE_STAGES.replace("stage:fix", "stage:nope"));
     assert!(m.contains("\"eval\"") && m.contains("no stage named"), "{m}");
+    let m = bad(THREE_STAGES.replace("lifecycle = \"ephemeral\"", "lifecycle = \"ephemeral\"\ntemplate = \"t\""));
+    assert!(m.contains("\"eval\"") && m.contains("template") && m.contains("no output checkpoint"), "{m}");
+    let m = bad(THREE_STAGES.replace("flush = [", "accept_findings = true\nflush = ["));
+    assert!(m.contains("\"setup\"") && m.contains("accept_findings"), "{m}");
+    let m = bad(THREE_STAGES.replace("flush = [", "templat = \"x\"\nflush = ["));
+    assert!(m.contains("templat") && m.contains("line"), "unknown field names its line: {m}");
     // Nothing ran for any of them.
     assert!(ps_ids(&d).is_empty());
     assert_eq!(json(&d, &["pipeline", "ls", "--json"]), serde_json::json!([]));
@@ -286,4 +292,114 @@ commands = ["test -e /root/go"]
     assert_eq!(run["state"], "succeeded", "{run}");
     assert_eq!(run["stages"][0]["attempts"], 1);
     assert_eq!(run["stages"][1]["exit_codes"], serde_json::json!([0]));
+}
+
+#[test]
+fn a_stage_output_is_promoted_to_a_template_through_the_scan_gate_and_overhead_is_measured() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let spec = r#"
+[[stage]]
+name = "setup"
+source = "image:busybox"
+lifecycle = "persistent"
+commands = ["mkdir -p /work && echo prepared > /work/env", "sleep 0.3"]
+template = "prepared-env"
+
+[[stage]]
+name = "use"
+source = "template:prepared-env"
+lifecycle = "ephemeral"
+commands = ["grep -qx prepared /work/env"]
+"#;
+    let run = finished(&d.cli_ok(&["pipeline", "run", &spec_file(&d, "t.toml", spec), "--json"]));
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let setup = &run["stages"][0];
+    assert_eq!(setup["template"], "prepared-env");
+    let templates = d.cli_ok(&["template", "ls"]);
+    assert!(templates.contains("prepared-env"), "{templates}");
+    // The commands' own time is recorded apart from the stage's: the rest is strata's overhead.
+    let (total, commands) = (setup["duration_ms"].as_u64().unwrap(), setup["commands_ms"].as_u64().unwrap());
+    assert!(commands >= 300 && commands <= total, "commands {commands} ms of {total} ms");
+    let table = d.cli_ok(&["pipeline", "status", run["id"].as_str().unwrap()]);
+    assert!(table.contains("OVERHEAD") && table.contains("(template prepared-env)"), "{table}");
+
+    // A second run re-points the template; a stage whose output has findings is refused
+    // (the run fails, naming the finding), unless accept_findings is set.
+    let dirty = spec.replace("echo prepared > /work/env", "echo prepared > /work/env && mkdir -p /root/.ssh && echo k > /root/.ssh/id_rsa");
+    let out = d.cli(&["pipeline", "run", &spec_file(&d, "dirty.toml", &dirty), "--json"]);
+    let failed = finished(&common::stdout(&out));
+    assert_eq!(failed["state"], "failed");
+    let err = failed["stages"][0]["error"].as_str().unwrap();
+    assert!(err.contains("prepared-env") && err.contains("credential.ssh_key") && err.contains("accept_findings"), "{err}");
+    let accepted = dirty.replace("template = \"prepared-env\"", "template = \"prepared-env\"\naccept_findings = true");
+    let run = finished(&d.cli_ok(&["pipeline", "run", &spec_file(&d, "ok.toml", &accepted), "--json"]));
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let t: serde_json::Value = json(&d, &["template", "ls", "--json"]);
+    let t = t.as_array().unwrap().iter().find(|t| t["name"] == "prepared-env").unwrap().clone();
+    assert_eq!(t["checkpoint"], run["stages"][0]["checkpoint"], "re-pointed to the new output: {t}");
+    assert!(t.to_string().contains("credential.ssh_key"), "the acceptance is recorded: {t}");
+}
+
+#[test]
+fn stage_secrets_reach_only_their_stage_and_never_the_recorded_run() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let value = "pipeline-secret-7f3a9c";
+    let secret = common::write_file(d.dir.path(), "token", value.as_bytes());
+    let spec = format!(
+        r#"
+[[stage]]
+name = "setup"
+source = "image:busybox"
+lifecycle = "persistent"
+secrets = [{{ name = "TOKEN", host_file = "{}", env = true }}]
+user = "0"
+workdir = "/etc"
+commands = ['test "$(cat /run/secrets/TOKEN)" = "$TOKEN" && test "$(pwd)" = /etc && mkdir -p /work && echo kept > /work/out']
+
+[[stage]]
+name = "after"
+source = "stage:setup"
+lifecycle = "ephemeral"
+commands = ["grep -qx kept /work/out && test ! -e /run/secrets/TOKEN && test -z \"$TOKEN\""]
+"#,
+        secret.display()
+    );
+    let out = d.cli_ok(&["pipeline", "run", &spec_file(&d, "s.toml", &spec), "--json"]);
+    let run = finished(&out);
+    assert_eq!(run["state"], "succeeded", "{run}");
+    assert!(!out.contains(value), "the value is not in the run's events");
+    let shown = d.cli_ok(&["pipeline", "status", run["id"].as_str().unwrap(), "--json"]);
+    assert!(!shown.contains(value) && shown.contains("\"TOKEN\""), "the recorded spec names the secret only: {shown}");
+    // The run succeeded: no stage will run again, its values are gone from the store.
+    let store: Vec<String> = std::fs::read_dir(d.state_dir.join("secrets")).map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+    assert!(store.iter().all(|f| !f.starts_with("pipeline-")), "{store:?}");
+
+    // A failing command's output, quoted in the stage error, is redacted.
+    let failing = spec.replace("echo kept > /work/out'", "echo kept > /work/out && echo leaked=$TOKEN && exit 4'");
+    let out = d.cli(&["pipeline", "run", &spec_file(&d, "f.toml", &failing), "--json"]);
+    let run = finished(&common::stdout(&out));
+    let err = run["stages"][0]["error"].as_str().unwrap();
+    assert!(err.contains("exited 4") && err.contains("leaked=") && !err.contains(value), "{err}");
+    // A failed run may be resumed: its values stay in the store until it succeeds.
+    let store: Vec<String> = std::fs::read_dir(d.state_dir.join("secrets")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(store.iter().any(|f| f.starts_with(&format!("pipeline-{}", run["id"].as_str().unwrap()))), "{store:?}");
+
+    // Bad secrets are refused before anything runs, naming the stage.
+    let c = d.client();
+    let rt = common::rt();
+    let bad = |text: String| match rt.block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(text), spec: None })).unwrap_err() {
+        strata_client::ClientError::Api { status, body } => {
+            assert_eq!(status, 400);
+            body.message
+        }
+        other => panic!("{other}"),
+    };
+    let m = bad(spec.replace(&secret.display().to_string(), "/nonexistent/token"));
+    assert!(m.contains("\"setup\"") && m.contains("secrets") && m.contains("/nonexistent/token"), "{m}");
+    let m = bad(THREE_STAGES.replace("[stage.fanout]", &format!("secrets = [{{ name = \"T\", host_file = \"{}\" }}]\n[stage.fanout]", secret.display())));
+    assert!(m.contains("\"fix\"") && m.contains("secrets"), "{m}");
 }

@@ -19,7 +19,7 @@ fn rules(report: &serde_json::Value) -> BTreeSet<(String, String)> {
 const PLANT: &str = r#"set -e
 mkdir -p /root/.ssh /app/.git/hooks /usr/local/bin /etc/cron.d
 printf -- '-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n' > /root/.ssh/id_ed25519
-echo 'aws_key = "AKIAIOSFODNN7EXAMPLE"' > /app/config.py
+echo 'aws_key = "AKIAZ7QRSTUVWXY23456"' > /app/config.py
 echo 'GITHUB_TOKEN=ghp_0123456789abcdefghijABCDEFGHIJ' > /app/.env
 echo 'curl -H "x: xoxb-1234567890-abcdefghij" https://slack' > /root/.bash_history
 echo 'machine example.com login me password hunter2' > /root/.netrc
@@ -136,7 +136,7 @@ fn template_builds_apply_the_gate_except_for_system_paths() {
     std::fs::write(&file, "FROM busybox\nRUN echo tuned > /etc/app.conf\n").unwrap();
     d.cli_ok(&["template", "build", "ok", "-f", file.to_str().unwrap()]);
     // A credential left by a step fails the build, unless accepted.
-    std::fs::write(&file, "FROM busybox\nRUN echo 'AWS=AKIAIOSFODNN7EXAMPLE' > /root/creds\n").unwrap();
+    std::fs::write(&file, "FROM busybox\nRUN echo 'AWS=AKIAZ7QRSTUVWXY23456' > /root/creds\n").unwrap();
     let out = d.cli(&["template", "build", "leaky", "-f", file.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(common::stderr(&out).contains("credential.aws_access_key"), "{}", common::stderr(&out));

@@ -82,6 +82,7 @@ impl std::fmt::Display for Endpoint {
 #[derive(Debug, Clone)]
 pub struct Client {
     endpoint: Endpoint,
+    tenant: Option<String>,
 }
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
@@ -144,7 +145,14 @@ impl<T: DeserializeOwned> NdjsonStream<T> {
 impl Client {
     /// A client for `endpoint`.
     pub fn new(endpoint: Endpoint) -> Self {
-        Client { endpoint }
+        Client { endpoint, tenant: None }
+    }
+
+    /// Acts as one tenant (the `X-Strata-Tenant` header): the operator then
+    /// creates in and sees only that tenant; a tenant token may name only its own.
+    pub fn with_tenant(mut self, tenant: Option<String>) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// A client for a Unix socket.
@@ -155,6 +163,9 @@ impl Client {
     /// Sends one request and returns the raw response (errors decoded into [`ClientError::Api`]).
     pub async fn send(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Response<Incoming>> {
         let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata").header(hyper::header::CONTENT_TYPE, content_type);
+        if let Some(t) = &self.tenant {
+            req = req.header(strata_api::TENANT_HEADER, t.as_str());
+        }
         let resp = match &self.endpoint {
             Endpoint::Unix(p) => {
                 let stream = tokio::net::UnixStream::connect(p).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
@@ -510,6 +521,29 @@ impl Client {
     /// Promotes a checkpoint or sandbox to a template.
     pub async fn create_template(&self, req: &CreateTemplateRequest) -> Result<Template> {
         self.call(Method::POST, "/v1/templates", Some(req)).await
+    }
+
+    /// Creates an API token (the response carries its secret, shown only now).
+    pub async fn create_token(&self, req: &strata_api::CreateTokenRequest) -> Result<strata_api::CreatedToken> {
+        self.call(Method::POST, "/v1/tokens", Some(req)).await
+    }
+
+    /// API tokens (of one tenant; revoked ones too with `all`).
+    pub async fn list_tokens(&self, tenant: Option<&str>, all: bool) -> Result<Vec<strata_api::TokenInfo>> {
+        let mut q = format!("/v1/tokens?all={all}");
+        if let Some(t) = tenant {
+            q.push_str(&format!("&tenant={}", enc(t)));
+        }
+        self.call::<(), _>(Method::GET, &q, None).await
+    }
+
+    /// Revokes an API token by id or name (`tenant` narrows a name).
+    pub async fn revoke_token(&self, id_or_name: &str, tenant: Option<&str>) -> Result<strata_api::TokenInfo> {
+        let mut q = format!("/v1/tokens/{}", enc(id_or_name));
+        if let Some(t) = tenant {
+            q.push_str(&format!("?tenant={}", enc(t)));
+        }
+        self.call::<(), _>(Method::DELETE, &q, None).await
     }
 
     /// Lists templates.

@@ -349,8 +349,10 @@ pub async fn get_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>)
 #[utoipa::path(get, path = "/v1/cost", tag = "cost", responses((status = 200, body = CostSummary)))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<CostSummary>> {
     let st2 = st.clone();
+    // Captured here: the blocking task does not carry the caller.
+    let scope = crate::tenancy::scope();
     tokio::task::spawn_blocking(move || -> ApiResult<Json<CostSummary>> {
-        let sandboxes: Vec<CostReport> = st2.db.list_usage()?.into_iter().map(|u| report(&st2, u)).collect();
+        let sandboxes: Vec<CostReport> = st2.db.list_usage()?.into_iter().filter(|u| scope.as_deref().is_none_or(|t| t == u.tenant)).map(|u| report(&st2, u)).collect();
         Ok(Json(CostSummary {
             total: sandboxes.iter().map(|r| r.total).sum(),
             ephemeral_only_total: sandboxes.iter().map(|r| r.ephemeral_only.total).sum(),

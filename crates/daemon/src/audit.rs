@@ -1,7 +1,8 @@
 //! The audit log: every mutating API request (method other than GET, HEAD and
 //! OPTIONS), successful or not, is appended to a hash-chained SQLite table in
 //! the request path: who (`uid:N` of the Unix-socket peer via SO_PEERCRED,
-//! `local` when unknown, `token:<fingerprint>` over TCP), what (method and
+//! `local` when unknown, `token:<fingerprint>` for the operator's token over
+//! TCP, `token:<id>:<name>` for a tenant token) and in which tenant, what (method and
 //! route template), the target, the status code and the time. Each entry
 //! stores the sha256 of the previous entry's canonical bytes, so editing,
 //! removing or reordering entries breaks the chain (`GET /v1/audit/verify`).
@@ -67,6 +68,7 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
     let path = req.uri().path().to_string();
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
     let actor = actor_of(&req);
+    let tenant = req.extensions().get::<crate::tenancy::Caller>().and_then(|c| c.scope().map(str::to_string));
     let mut req = req;
     req.extensions_mut().insert(Actor(actor.clone()));
     let resp = next.run(req).await;
@@ -86,16 +88,24 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
         resp
     };
     let route = route.unwrap_or_else(|| "(no route)".into());
-    if let Err(e) = st.db.append_audit(&crate::sandboxes::now(), &actor, &method, &route, target.as_deref(), status.as_u16()) {
+    if let Err(e) = st.db.append_audit(&strata_store::db::NewAudit {
+        time: &crate::sandboxes::now(),
+        actor: &actor,
+        tenant: tenant.as_deref(),
+        method: &method,
+        route: &route,
+        target: target.as_deref(),
+        status: status.as_u16(),
+    }) {
         error!(error = %e, %method, %route, "audit log append failed");
     }
     resp
 }
 
-/// Audit entries, oldest first (the last `limit`, default 100).
+/// Audit entries, oldest first (the last `limit`, default 100); a tenant sees its tenant's entries only.
 #[utoipa::path(get, path = "/v1/audit", tag = "audit", params(AuditQuery), responses((status = 200, body = [AuditEntry])))]
 pub async fn list_handler(State(st): State<Shared>, Query(q): Query<AuditQuery>) -> ApiResult<Json<Vec<AuditEntry>>> {
-    Ok(Json(st.db.audit_entries(Some(q.limit.unwrap_or(100)))?))
+    Ok(Json(st.db.audit_entries_of(crate::tenancy::scope().as_deref(), Some(q.limit.unwrap_or(100)))?))
 }
 
 /// Recomputes the hash chain and reports the first entry that does not fit.

@@ -32,6 +32,7 @@ use tracing::{info, warn};
 use crate::error::{ApiError, ApiResult};
 use crate::sandboxes::{self, load, now};
 use crate::state::Shared;
+use crate::tenancy;
 
 /// Most children one fork request may create.
 pub const MAX_FORK: u32 = 64;
@@ -40,7 +41,8 @@ fn manifest_path(st: &Shared, sandbox_id: &str, checkpoint_id: &str) -> PathBuf 
     st.sandbox_dir(sandbox_id).join("manifests").join(format!("{checkpoint_id}.json"))
 }
 
-fn not_found(name: &str) -> ApiError {
+/// 404 for a checkpoint.
+pub fn not_found(name: &str) -> ApiError {
     ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint with id or name {name:?}"))
 }
 
@@ -141,6 +143,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     }
     let ckpt = Checkpoint {
         id,
+        tenant: rec.sandbox.tenant.clone(),
         name,
         sandbox_id: rec.sandbox.id.clone(),
         parent: base.parent,
@@ -238,7 +241,7 @@ pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> A
 /// Rolls a sandbox back to a checkpoint (keeping the current state as a checkpoint first when asked).
 pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResult<RestoreResult> {
     let rec = load(st, sandbox)?;
-    let (ckpt, config) = st.db.get_checkpoint(&req.checkpoint)?.ok_or_else(|| not_found(&req.checkpoint))?;
+    let (ckpt, config) = tenancy::find_checkpoint(st, &req.checkpoint)?.ok_or_else(|| not_found(&req.checkpoint))?;
     let lock = st.lock_for(&rec.sandbox.id);
     let g = lock.lock().await;
     let rec = load(st, &rec.sandbox.id)?;
@@ -271,10 +274,10 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     if req.count == 0 || req.count > MAX_FORK {
         return Err(ApiError::bad_request(format!("fork count must be between 1 and {MAX_FORK}, got {}", req.count)));
     }
-    let ckpt = match st.db.get_checkpoint(&req.source)? {
+    let ckpt = match tenancy::find_checkpoint(st, &req.source)? {
         Some((c, _)) => c,
         None => {
-            let rec = st.db.get_sandbox(&req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?;
+            let rec = tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?;
             checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), ..Default::default() }).await?
         }
     };
@@ -336,7 +339,7 @@ fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiRes
     let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
     let target = match against {
         None => None,
-        Some(a) => Some(st.db.get_checkpoint(a)?.ok_or_else(|| not_found(a))?.0),
+        Some(a) => Some(tenancy::find_checkpoint(st, a)?.ok_or_else(|| not_found(a))?.0),
     };
     match target {
         Some(c) if base.parent.as_deref() != Some(c.id.as_str()) => {
@@ -392,7 +395,7 @@ pub async fn list_for_sandbox_handler(State(st): State<Shared>, Path(id): Path<S
 /// All checkpoints.
 #[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", responses((status = 200, body = [Checkpoint])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Checkpoint>>> {
-    Ok(Json(st.db.list_checkpoints(None)?))
+    Ok(Json(st.db.list_checkpoints(None)?.into_iter().filter(|c| tenancy::visible(&c.tenant)).collect()))
 }
 
 /// Inspect a checkpoint.
@@ -547,12 +550,13 @@ pub async fn lineage_handler(State(st): State<Shared>, Path(id): Path<String>) -
 pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
     use std::collections::{BTreeMap, BTreeSet};
     use strata_api::LineageNode;
-    let sandboxes = st.db.list_sandboxes()?;
-    let ckpts = st.db.list_checkpoints(None)?;
-    let templates = st.db.list_templates()?;
-    let focus = if let Some(r) = st.db.get_sandbox(id)? {
+    // Only what the caller may see: another tenant's objects are neither nodes nor edges.
+    let sandboxes: Vec<_> = st.db.list_sandboxes()?.into_iter().filter(|r| tenancy::visible(&r.sandbox.tenant)).collect();
+    let ckpts: Vec<_> = st.db.list_checkpoints(None)?.into_iter().filter(|c| tenancy::visible(&c.tenant)).collect();
+    let templates: Vec<_> = st.db.list_templates()?.into_iter().filter(|(n, _, _)| st.db.template_tenant(n).ok().flatten().is_some_and(|t| tenancy::visible(&t))).collect();
+    let focus = if let Some(r) = tenancy::find_sandbox(st, id)? {
         format!("sandbox:{}", r.sandbox.id)
-    } else if let Some((c, _)) = st.db.get_checkpoint(id)? {
+    } else if let Some((c, _)) = tenancy::find_checkpoint(st, id)? {
         format!("checkpoint:{}", c.id)
     } else {
         return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")));

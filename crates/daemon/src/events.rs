@@ -31,11 +31,17 @@ pub struct EventsQuery {
     responses((status = 200, body = [SandboxEvent], description = "Events (NDJSON stream of SandboxEvent with follow=true)")))]
 pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuery>) -> ApiResult<Response> {
     let sandbox = match &q.sandbox {
-        Some(s) => Some(st.db.get_sandbox(s)?.map(|r| r.sandbox.id).unwrap_or_else(|| s.clone())),
+        Some(s) => Some(crate::tenancy::find_sandbox(&st, s)?.map(|r| r.sandbox.id).unwrap_or_else(|| s.clone())),
         None => None,
     };
+    // A tenant sees the events of its own sandboxes (live or destroyed) only.
+    let scope = crate::tenancy::scope();
+    let read = move |st: &Shared, sandbox: Option<&str>, after: i64, limit: u32| match &scope {
+        Some(t) => st.db.events_of_tenant(t, sandbox, after, limit),
+        None => st.db.events(sandbox, after, limit),
+    };
     if !q.follow {
-        return Ok(Json(st.db.events(sandbox.as_deref(), q.after, 10_000)?).into_response());
+        return Ok(Json(read(&st, sandbox.as_deref(), q.after, 10_000)?).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<SandboxEvent>(64);
     let mut changed = st.events_tx.subscribe();
@@ -43,7 +49,7 @@ pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuer
         let mut after = q.after;
         loop {
             changed.mark_unchanged();
-            let Ok(evs) = st.db.events(sandbox.as_deref(), after, 1000) else { return };
+            let Ok(evs) = read(&st, sandbox.as_deref(), after, 1000) else { return };
             for ev in evs {
                 after = ev.seq;
                 if tx.send(ev).await.is_err() {
@@ -65,7 +71,7 @@ pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuer
 #[utoipa::path(get, path = "/v1/info", tag = "host", responses((status = 200, body = DaemonInfo)))]
 pub async fn info_handler(State(st): State<Shared>) -> ApiResult<Json<DaemonInfo>> {
     let mut sandboxes = BTreeMap::new();
-    for r in st.db.list_sandboxes()? {
+    for r in st.db.list_sandboxes()?.into_iter().filter(|r| crate::tenancy::visible(&r.sandbox.tenant)) {
         *sandboxes.entry(r.sandbox.state.to_string()).or_insert(0) += 1;
     }
     Ok(Json(DaemonInfo {

@@ -8,6 +8,7 @@
 //! without a winner is a normal result (`winner: null` with the reason), not
 //! an error: the caller needs the attempts' outputs to see why.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -185,8 +186,27 @@ struct Child {
     spec: AttemptSpec,
 }
 
+/// How every attempt runs: the plan's per-attempt settings.
+#[derive(Clone)]
+struct AttemptOpts {
+    timeout: Option<String>,
+    score_cmd: Option<String>,
+    user: Option<String>,
+    workdir: Option<String>,
+}
+
+impl AttemptOpts {
+    fn of(plan: &FanoutPlan) -> Self {
+        AttemptOpts { timeout: plan.timeout.clone(), score_cmd: plan.score_cmd.clone(), user: plan.user.clone(), workdir: plan.workdir.clone() }
+    }
+
+    fn exec(&self, cmd: Vec<String>, env: BTreeMap<String, String>) -> ExecRequest {
+        ExecRequest { cmd, env, timeout: self.timeout.clone(), user: self.user.clone(), cwd: self.workdir.clone(), ..Default::default() }
+    }
+}
+
 /// Runs one attempt (and then the score command, when there is one and it passed).
-async fn run_attempt(st: Shared, c: Child, timeout: Option<String>, score_cmd: Option<String>, mut cancel: tokio::sync::watch::Receiver<bool>) -> FanoutAttempt {
+async fn run_attempt(st: Shared, c: Child, opts: AttemptOpts, mut cancel: tokio::sync::watch::Receiver<bool>) -> FanoutAttempt {
     let started = Instant::now();
     let mut env = c.spec.env.clone();
     env.entry("STRATA_ATTEMPT".into()).or_insert_with(|| c.index.to_string());
@@ -204,7 +224,7 @@ async fn run_attempt(st: Shared, c: Child, timeout: Option<String>, score_cmd: O
         stderr_tail: String::new(),
         kept: true,
     };
-    let req = ExecRequest { cmd: c.spec.cmd.clone(), env: env.clone(), timeout: timeout.clone(), ..Default::default() };
+    let req = opts.exec(c.spec.cmd.clone(), env.clone());
     let p = match processes::spawn(&st, &c.sandbox_id, req).await {
         Ok(p) => p,
         Err(e) => {
@@ -244,8 +264,8 @@ async fn run_attempt(st: Shared, c: Child, timeout: Option<String>, score_cmd: O
     } else {
         AttemptOutcome::Failed
     };
-    if let (AttemptOutcome::Passed, Some(score_cmd)) = (a.outcome, score_cmd) {
-        let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), score_cmd], env, timeout, ..Default::default() };
+    if let (AttemptOutcome::Passed, Some(score_cmd)) = (a.outcome, opts.score_cmd.clone()) {
+        let req = opts.exec(vec!["sh".into(), "-c".into(), score_cmd], env);
         match processes::spawn(&st, &c.sandbox_id, req).await {
             Err(e) => a.score_error = Some(format!("score command: {}", e.body.message)),
             Ok(sp) => {
@@ -296,7 +316,7 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
     for (i, (sid, spec)) in fork.sandboxes.iter().zip(specs).enumerate() {
         let name = st.db.get_sandbox(sid)?.map_or_else(|| sid.clone(), |r| r.sandbox.name);
         let child = Child { index: i as u32 + 1, sandbox_id: sid.clone(), sandbox_name: name, spec };
-        running.push(tokio::spawn(run_attempt(st.clone(), child, plan.timeout.clone(), plan.score_cmd.clone(), cancel_rx.clone())));
+        running.push(tokio::spawn(run_attempt(st.clone(), child, AttemptOpts::of(&plan), cancel_rx.clone())));
     }
     let mut attempts = Vec::new();
     let mut order = Vec::new();

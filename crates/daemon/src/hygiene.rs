@@ -84,7 +84,7 @@ pub fn tokens_in(text: &[u8]) -> Vec<(&'static str, &'static str)> {
     while let Some(pos) = text[i..].windows(4).position(|w| w == b"AKIA") {
         let s = i + pos;
         let tail = &text[s + 4..];
-        if tail.len() >= 16 && tail[..16].iter().all(|b| upper_digit(*b)) && tail.get(16).is_none_or(|b| !upper_digit(*b)) && (s == 0 || !upper_digit(text[s - 1])) {
+        if tail.len() >= 16 && tail[..16].iter().all(|b| upper_digit(*b)) && tail.get(16).is_none_or(|b| !upper_digit(*b)) && (s == 0 || !upper_digit(text[s - 1])) && !is_documentation_key(&text[s..s + 20]) {
             aws = true;
             break;
         }
@@ -101,6 +101,107 @@ pub fn tokens_in(text: &[u8]) -> Vec<(&'static str, &'static str)> {
         out.push(("credential.slack_token", "a Slack token (xox?-)"));
     }
     out
+}
+
+/// The kind of private key block found in a text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyBlock {
+    OpenSsh,
+    Pem,
+}
+
+/// A private key block: a `-----BEGIN ... PRIVATE KEY-----` marker followed, past
+/// line breaks, quotes, `\n` escapes and string-concatenation punctuation (a key
+/// embedded in source as a fixture), by a base64 body or a PEM header. The marker
+/// alone — a parser's constant such as `_BEGIN = b"-----BEGIN OPENSSH PRIVATE KEY-----"`
+/// — is not key material.
+fn private_key_block(s: &str) -> Option<KeyBlock> {
+    let mut rest = s;
+    while let Some(i) = rest.find("-----BEGIN ") {
+        let after = &rest[i + "-----BEGIN ".len()..];
+        let Some(end) = after.find("-----") else { return None };
+        let label = &after[..end];
+        rest = &after[end + 5..];
+        if label.len() > 40 || !label.ends_with("PRIVATE KEY") {
+            continue;
+        }
+        let body = skip_separators(rest);
+        let base64_run = body.bytes().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=')).count();
+        if base64_run >= 16 || body.starts_with("Proc-Type:") {
+            return Some(if label == "OPENSSH PRIVATE KEY" { KeyBlock::OpenSsh } else { KeyBlock::Pem });
+        }
+    }
+    None
+}
+
+/// Skips what may separate a key marker from its body in a file or a source
+/// literal: whitespace, quotes, `\n` escapes, `(`, `)`, `+`, `,` and a `b` prefix.
+fn skip_separators(mut s: &str) -> &str {
+    loop {
+        let t = s.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | '+' | ','));
+        let t = t.strip_prefix("\\n").or_else(|| t.strip_prefix("\\r")).or_else(|| t.strip_prefix("b\"")).or_else(|| t.strip_prefix("b'")).unwrap_or(t);
+        if t.len() == s.len() {
+            return t;
+        }
+        s = t;
+    }
+}
+
+/// AWS's documented example key ids (`AKIAIOSFODNN7EXAMPLE`, `AKIAI44QH8DHBEXAMPLE`)
+/// appear in SDK docs and examples; ids ending in `EXAMPLE` are not credentials.
+fn is_documentation_key(id: &[u8]) -> bool {
+    id.ends_with(b"EXAMPLE")
+}
+
+/// One entry of a Python distribution's `RECORD` (PEP 376/627): a file the
+/// package installed and the SHA-256 of its contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordEntry {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// SHA-256 of the file as installed.
+    pub sha256: [u8; 32],
+}
+
+/// Whether `path` is a distribution's `RECORD` (`<site>/<name>.dist-info/RECORD`).
+pub fn is_dist_record(path: &str) -> bool {
+    basename(path) == "RECORD" && parent(path).ends_with(".dist-info")
+}
+
+/// The distribution name of a `RECORD` path (`requests-2.32.3` for
+/// `.../requests-2.32.3.dist-info/RECORD`).
+pub fn dist_name(record_path: &str) -> &str {
+    basename(parent(record_path)).trim_end_matches(".dist-info")
+}
+
+/// Parses a `RECORD`: `relative/path,sha256=<urlsafe-base64>,size` lines, relative
+/// to the directory holding the `.dist-info`. Entries without a SHA-256 (the RECORD
+/// itself, .pyc files), with `..` components (scripts outside site-packages) or
+/// malformed are skipped: they are never treated as verified.
+pub fn parse_record(record_path: &str, text: &[u8]) -> Vec<RecordEntry> {
+    use base64::Engine as _;
+    let site = parent(parent(record_path));
+    let mut out = Vec::new();
+    for line in String::from_utf8_lossy(text).lines() {
+        // Paths with commas are quoted (csv); they are skipped rather than mis-split.
+        let mut parts = line.rsplitn(3, ',');
+        let (Some(_size), Some(hash), Some(rel)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let Some(b64) = hash.strip_prefix("sha256=") else { continue };
+        if rel.starts_with('"') || rel.starts_with('/') || rel.split('/').any(|c| c == ".." || c == "." || c.is_empty()) {
+            continue;
+        }
+        let Ok(digest) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(b64.trim_end_matches('=')) else { continue };
+        let Ok(sha256) = <[u8; 32]>::try_from(digest.as_slice()) else { continue };
+        out.push(RecordEntry { path: format!("{}/{rel}", site.trim_end_matches('/')), sha256 });
+    }
+    out
+}
+
+/// Whether a finding may be set aside when its file is verified as shipped by an
+/// installed package: content-based credential matches (test fixtures, docs), never
+/// file-name rules, privilege, persistence or system-path findings.
+pub fn excusable_in_package(rule: &str) -> bool {
+    matches!(rule, "credential.private_key" | "credential.ssh_key" | "credential.aws_access_key" | "credential.github_token" | "credential.slack_token")
 }
 
 /// `NAME_TOKEN=value` or `api_key=value` style assignments (non-empty value).
@@ -150,14 +251,10 @@ fn credential_rules(e: &Entry<'_>, out: &mut Vec<Finding>) {
         }
         return;
     }
-    let s = String::from_utf8_lossy(text);
-    if s.contains("-----BEGIN OPENSSH PRIVATE KEY-----") {
-        out.push(finding(path, "credential.ssh_key", Severity::Critical, "an OpenSSH private key"));
-    } else if let Some(i) = s.find("-----BEGIN ") {
-        let rest = &s[i..];
-        if rest.lines().next().is_some_and(|l| l.contains("PRIVATE KEY-----")) {
-            out.push(finding(path, "credential.private_key", Severity::Critical, "a PEM private key"));
-        }
+    match private_key_block(&String::from_utf8_lossy(text)) {
+        Some(KeyBlock::OpenSsh) => out.push(finding(path, "credential.ssh_key", Severity::Critical, "an OpenSSH private key")),
+        Some(KeyBlock::Pem) => out.push(finding(path, "credential.private_key", Severity::Critical, "a PEM private key")),
+        None => {}
     }
     for (rule, why) in tokens_in(text) {
         out.push(finding(path, rule, Severity::Critical, format!("contains {why}")));
@@ -249,28 +346,53 @@ mod tests {
         rules(path, Change::Added, FILE, Some(content))
     }
 
+    const BODY: &str = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n";
+
     #[test]
     fn private_keys() {
-        assert_eq!(added("/root/key.pem", "x\n-----BEGIN RSA PRIVATE KEY-----\nMII\n"), ["credential.private_key"]);
-        assert_eq!(added("/root/k", "-----BEGIN PRIVATE KEY-----\n"), ["credential.private_key"]);
-        assert_eq!(added("/root/k", "-----BEGIN EC PRIVATE KEY-----\n"), ["credential.private_key"]);
-        assert_eq!(added("/app/cert.pem", "-----BEGIN CERTIFICATE-----\n"), Vec::<String>::new());
-        assert_eq!(added("/home/u/notes", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n"), ["credential.ssh_key"]);
+        assert_eq!(added("/root/key.pem", &format!("x\n-----BEGIN RSA PRIVATE KEY-----\n{BODY}")), ["credential.private_key"]);
+        assert_eq!(added("/root/k", &format!("-----BEGIN PRIVATE KEY-----\n{BODY}")), ["credential.private_key"]);
+        assert_eq!(added("/root/k", "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"), ["credential.private_key"]);
+        assert_eq!(added("/app/cert.pem", &format!("-----BEGIN CERTIFICATE-----\n{BODY}")), Vec::<String>::new());
+        assert_eq!(added("/home/u/notes", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"), ["credential.ssh_key"]);
         assert_eq!(rules("/home/u/.ssh/id_ed25519", Change::Added, FILE, None), ["credential.ssh_key"]);
         assert!(added("/home/u/.ssh/id_ed25519.pub", "ssh-ed25519 AAAA").is_empty());
         assert_eq!(added("/home/u/.ssh/id_rsa", "-----BEGIN OPENSSH PRIVATE KEY-----\n"), ["credential.ssh_key"], "one finding per rule and path");
+        // A key embedded in source as a string literal (a test fixture) is key material.
+        assert_eq!(added("/app/keys.py", &format!("KEY = \"\"\"\n    -----BEGIN RSA PRIVATE KEY-----\n    {BODY}\"\"\"")), ["credential.private_key"]);
+        assert_eq!(added("/app/k.py", &format!("k = (\"-----BEGIN PRIVATE KEY-----\\n\"\n  \"{}\\n\")", BODY.trim())), ["credential.private_key"]);
+        // A parser's marker constant is not.
+        assert!(added("/app/ssh.py", "_SK_START = b\"-----BEGIN OPENSSH PRIVATE KEY-----\"\n_SK_END = b\"-----END\"\n").is_empty());
+        assert!(added("/app/p.py", "if line == '-----BEGIN RSA PRIVATE KEY-----':\n    parse()\n").is_empty());
     }
 
     #[test]
     fn tokens() {
-        assert_eq!(added("/app/config.py", "KEY = 'AKIAIOSFODNN7EXAMPLE'\n"), ["credential.aws_access_key"]);
+        assert_eq!(added("/app/config.py", "KEY = 'AKIAZ7QRSTUVWXY23456'\n"), ["credential.aws_access_key"]);
+        assert!(added("/app/docs.rst", "aws_access_key_id = AKIAIOSFODNN7EXAMPLE\n").is_empty(), "AWS's documented example key");
         assert!(added("/app/x", "AKIAshort").is_empty());
-        assert!(added("/app/x", "XAKIAIOSFODNN7EXAMPLEZZ").is_empty(), "not at a boundary");
+        assert!(added("/app/x", "XAKIAZ7QRSTUVWXY23456ZZ").is_empty(), "not at a boundary");
         assert_eq!(added("/app/x", "t=ghp_0123456789abcdefghijABCDEFGHIJ0123"), ["credential.github_token"]);
         assert_eq!(added("/app/x", "github_pat_11ABCDEFG0123456789_abcdefghij"), ["credential.github_token"]);
         assert!(added("/app/x", "ghp_short").is_empty());
         assert_eq!(added("/app/x", "xoxb-1234567890-abcdefghij"), ["credential.slack_token"]);
         assert!(added("/app/x", "xoxz-1234567890-abcdefghij").is_empty());
+    }
+
+    #[test]
+    fn python_package_records() {
+        use base64::Engine as _;
+        let digest: [u8; 32] = std::array::from_fn(|i| i as u8);
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest);
+        let record = format!("tornado/test/test.key,sha256={b64},1234\ntornado-6.4.dist-info/RECORD,,\n../../../bin/tool,sha256={b64},10\n\"we,ird\",sha256={b64},1\ntornado/x.pyc,,\nbad,sha256=!!,1\n");
+        let rec = "/home/u/venv/lib/python3.11/site-packages/tornado-6.4.dist-info/RECORD";
+        assert!(is_dist_record(rec));
+        assert!(!is_dist_record("/app/RECORD"));
+        assert_eq!(dist_name(rec), "tornado-6.4");
+        let entries = parse_record(rec, record.as_bytes());
+        assert_eq!(entries, [RecordEntry { path: "/home/u/venv/lib/python3.11/site-packages/tornado/test/test.key".into(), sha256: digest }], "only hashed, in-tree, unquoted entries");
+        assert!(excusable_in_package("credential.private_key"));
+        assert!(!excusable_in_package("credential.netrc") && !excusable_in_package("privilege.setuid") && !excusable_in_package("persistence.cron"));
     }
 
     #[test]
@@ -298,7 +420,7 @@ mod tests {
 
     #[test]
     fn binaries_are_not_searched() {
-        assert!(check(&Entry { path: "/app/blob", change: Change::Added, mode: FILE, content: Some(b"\0\0AKIAIOSFODNN7EXAMPLE") }).is_empty());
+        assert!(check(&Entry { path: "/app/blob", change: Change::Added, mode: FILE, content: Some(b"\0\0AKIAZ7QRSTUVWXY23456") }).is_empty());
     }
 
     #[test]
@@ -337,7 +459,8 @@ mod tests {
 
     #[test]
     fn most_severe_first() {
-        let mut f = check(&Entry { path: "/etc/cron.d/k", change: Change::Added, mode: FILE, content: Some(b"-----BEGIN PRIVATE KEY-----") });
+        let content = format!("-----BEGIN PRIVATE KEY-----\n{BODY}");
+        let mut f = check(&Entry { path: "/etc/cron.d/k", change: Change::Added, mode: FILE, content: Some(content.as_bytes()) });
         sort(&mut f);
         let sev: Vec<Severity> = f.iter().map(|f| f.severity).collect();
         assert_eq!(sev, [Severity::Critical, Severity::High, Severity::Medium]);

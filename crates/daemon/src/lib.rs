@@ -6,7 +6,8 @@
 //! Modules: [`sandboxes`] (lifecycle), [`policy`] (automatic transitions),
 //! [`activity`] (idle detection, leases), [`processes`] (exec and background
 //! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
-//! [`events`], [`openapi`], [`error`].
+//! [`events`], [`openapi`], [`error`], [`tenancy`] (who a caller is, what it
+//! may see, API tokens).
 
 pub mod accounting;
 pub mod activity;
@@ -35,14 +36,15 @@ pub mod secrets;
 pub mod standby;
 pub mod state;
 pub mod templates;
+pub mod tenancy;
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -150,14 +152,27 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
     }
 }
 
-/// The router with every native route.
+/// The router of one listener: [`router`] behind [`tenancy::authenticate`]
+/// (the operator on the Unix socket; a bearer token on TCP).
+pub fn app(st: Shared, listener: tenancy::Listener) -> Router {
+    app_with_mcp(st, listener, None)
+}
+
+/// [`app`] with the MCP endpoint at `/mcp` (see [`router_with_mcp`]).
+pub fn app_with_mcp(st: Shared, listener: tenancy::Listener, mcp: Option<strata_mcp::StrataMcp>) -> Router {
+    router_with_mcp(st.clone(), mcp).layer(middleware::from_fn_with_state((st, listener), tenancy::authenticate))
+}
+
+/// The router with every native route. It expects a [`tenancy::Caller`] in
+/// each request (see [`app`]); without one every request is a 401.
 pub fn router(st: Shared) -> Router {
     router_with_mcp(st, None)
 }
 
 /// The router with every native route and, when given, the MCP endpoint at
 /// `/mcp` (streamable HTTP; see docs/mcp.md). It sits behind the same layers
-/// as the API (bearer token on TCP, audit), and its tools call the API itself.
+/// as the API (authentication, tenancy, audit), and its tools call the API
+/// itself, with the caller's bearer token when there is one.
 pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router {
     use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
     let r = Router::new()
@@ -205,6 +220,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))
         .route("/v1/templates/build", post(t::build_handler))
         .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))
+        .route("/v1/tokens", get(tenancy::list_tokens_handler).post(tenancy::create_token_handler))
+        .route("/v1/tokens/{id}", axum::routing::delete(tenancy::revoke_token_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
         .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
         .route("/v1/sandboxes/{id}/processes", get(p::list_processes_handler).post(p::start_process_handler))
@@ -226,6 +243,9 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
     };
     r.layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
         .layer(middleware::from_fn_with_state(st.clone(), activity::track))
+        // Tenancy: outside activity tracking and resume-on-access, so a request
+        // for another tenant's sandbox neither counts as activity nor resumes it.
+        .layer(middleware::from_fn_with_state(st.clone(), tenancy::guard))
         .layer(middleware::from_fn(json_errors))
         // Outermost: sees the final status (after the JSON error rewrite).
         .layer(middleware::from_fn_with_state(st.clone(), audit::record))
@@ -254,19 +274,6 @@ async fn json_errors(req: Request, next: Next) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn require_token(State(token): State<Arc<String>>, mut req: Request, next: Next) -> Response {
-    let expected = format!("Bearer {token}");
-    let ok = req.headers().get(header::AUTHORIZATION).is_some_and(|v| constant_time_eq(v.as_bytes(), expected.as_bytes()));
-    if ok {
-        req.extensions_mut().insert(audit::token_actor(&token));
-        next.run(req).await
-    } else {
-        let mut r = ApiError::new(ErrorCode::Unauthorized, "missing or wrong bearer token (see <state-dir>/api-token)").into_response();
-        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        r
-    }
-}
-
 /// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
 fn loopback(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
@@ -274,10 +281,6 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()),
         _ => addr,
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Holds an exclusive flock on `<state>/daemon.lock` for the daemon's lifetime.
@@ -362,11 +365,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if let Some(local) = tcp.as_ref().and_then(|l| l.local_addr().ok()) {
         mcp = mcp.with_token_forwarding(loopback(local).to_string());
     }
-    let app = router_with_mcp(st.clone(), Some(mcp));
+    let app = app_with_mcp(st.clone(), tenancy::Listener::Unix, Some(mcp.clone()));
     if let (Some(tcp), Some(token)) = (tcp, token) {
         let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
-        let tcp_app = app.clone().layer(middleware::from_fn_with_state(token, require_token));
+        let tcp_app = app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp));
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {

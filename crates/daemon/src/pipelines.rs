@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use strata_api::{
-    CheckpointRequest, CreateSandboxRequest, ErrorCode, ExecRequest, FanoutRequest, Lifecycle, PipelineCost, PipelineEvent, PipelineQuery, PipelineRun, PipelineSpec, PipelineState,
+    CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode, ExecRequest, FanoutRequest, Lifecycle, PipelineCost, PipelineEvent, PipelineQuery, PipelineRun, PipelineSpec, PipelineState,
     ProcessStatus, RunPipelineRequest, StageCost, StageKeep, StageLifecycle, StageResult, StageSpec, StageState, StandbyRequest,
 };
 use strata_core::{ids, units};
@@ -150,6 +150,12 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
                 if !st.commands.is_empty() {
                     return Err(err("commands", "a fork stage runs its fanout attempts, not commands".into()));
                 }
+                for (field, set) in [("user", st.user.is_some()), ("workdir", st.workdir.is_some()), ("secrets", !st.secrets.is_empty())] {
+                    if set {
+                        let why = if field == "secrets" { "a fork stage's children are forked from its source, not created: they have no secrets of their own".to_string() } else { format!("a fork stage sets {field} in its [stage.fanout] table") };
+                        return Err(err(field, why));
+                    }
+                }
                 if matches!(source, SourceRef::Image(_)) {
                     return Err(err("source", "a fork stage forks a checkpoint: use template:NAME or stage:NAME".into()));
                 }
@@ -158,6 +164,17 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
             (_, None) => {}
         }
         crate::scan::validate_flush(&st.flush).map_err(|e| err("flush", e.body.message))?;
+        if let Some(t) = &st.template {
+            if kept_by(st.lifecycle) != StageKeep::Filesystem {
+                return Err(err("template", format!("lifecycle {} has no output checkpoint to promote", st.lifecycle.as_str())));
+            }
+            ids::validate_name(t, true).map_err(|e| err("template", e.to_string()))?;
+            if spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(t.as_str())) {
+                return Err(err("template", format!("another stage promotes to template {t:?}")));
+            }
+        } else if st.accept_findings {
+            return Err(err("accept_findings", "only meaningful with template".into()));
+        }
         for (field, d) in [("ttl", &st.ttl), ("timeout", &st.timeout)] {
             if let Some(d) = d {
                 units::parse_duration(d).map_err(|e| err(field, e.to_string()))?;
@@ -207,26 +224,51 @@ fn is_active(run_id: &str) -> bool {
     ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.contains(run_id))
 }
 
-fn not_found(id: &str) -> ApiError {
+/// 404 for a pipeline run.
+pub fn not_found(id: &str) -> ApiError {
     ApiError::new(ErrorCode::PipelineNotFound, format!("no pipeline run {id:?}"))
 }
 
 /// Validates a spec, checks its image and template sources exist, records the run and starts it.
 pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
     validate(&spec)?;
-    for s in &spec.stages {
+    for (i, s) in spec.stages.iter().enumerate() {
+        // A template an earlier stage of this run promotes to will exist when this stage starts.
+        let promoted_earlier = |n: &str| spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(n));
         let missing = match parse_source(&s.source) {
             Ok(SourceRef::Image(n)) => st.db.get_image(&n)?.is_none().then(|| format!("no image named {n:?}")),
-            Ok(SourceRef::Template(n)) => st.db.get_template(&n)?.is_none().then(|| format!("no template named {n:?}")),
+            Ok(SourceRef::Template(n)) => (!promoted_earlier(&n) && crate::tenancy::find_template(st, &n)?.is_none()).then(|| format!("no template named {n:?} (and no earlier stage promotes to it)")),
             _ => None,
         };
         if let Some(m) = missing {
             return Err(SpecError::Stage { stage: s.name.clone(), field: "source", message: m }.into());
         }
     }
+    // Secret values are read now (a missing host file is a 400 before anything runs) and
+    // go to the secret store only; the recorded spec keeps their names.
+    let mut values = Vec::new();
+    for s in &spec.stages {
+        values.push(crate::secrets::validate(&s.secrets).map_err(|e| match e {
+            crate::secrets::SecretsError::Invalid(message) => ApiError::from(SpecError::Stage { stage: s.name.clone(), field: "secrets", message }),
+            other => ApiError::from(other),
+        })?);
+    }
+    let mut spec = spec;
+    for s in &mut spec.stages {
+        for secret in &mut s.secrets {
+            secret.value_b64 = None;
+        }
+    }
+    let run_id = ids::new_id();
+    for (idx, items) in values.into_iter().enumerate() {
+        if !items.is_empty() {
+            st.secrets.put(&secret_key(&run_id, idx), items)?;
+        }
+    }
     let t = now();
     let run = PipelineRun {
-        id: ids::new_id(),
+        id: run_id,
+        tenant: crate::tenancy::creating_tenant(),
         name: spec.name.clone().unwrap_or_else(|| "pipeline".into()),
         state: PipelineState::Running,
         reason: None,
@@ -237,8 +279,35 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
     };
     st.db.put_pipeline_run(&run)?;
     info!(run = %run.id, name = %run.name, stages = run.stages.len(), "pipeline run started");
-    spawn_driver(st, run.id.clone());
+    spawn_driver(st, &run);
     Ok(run)
+}
+
+/// Key of a stage's secrets in the secret store.
+fn secret_key(run_id: &str, idx: usize) -> String {
+    format!("pipeline-{run_id}-{idx}")
+}
+
+/// Store keys of the secrets of runs that may still run a stage (not succeeded),
+/// which the daemon's startup sweep keeps.
+pub fn live_secret_keys(st: &Shared) -> ApiResult<HashSet<String>> {
+    let mut keys = HashSet::new();
+    for id in st.db.list_pipeline_run_ids()? {
+        let Some(run) = st.db.get_pipeline_run(&id)? else { continue };
+        if run.state != PipelineState::Succeeded {
+            keys.extend(run.spec.stages.iter().enumerate().filter(|(_, s)| !s.secrets.is_empty()).map(|(i, _)| secret_key(&run.id, i)));
+        }
+    }
+    Ok(keys)
+}
+
+/// Forgets a finished run's secret values.
+fn drop_secrets(st: &Shared, run: &PipelineRun) {
+    for (i, s) in run.spec.stages.iter().enumerate() {
+        if !s.secrets.is_empty() {
+            st.secrets.remove(&secret_key(&run.id, i));
+        }
+    }
 }
 
 fn pending(s: &StageSpec) -> StageResult {
@@ -250,6 +319,8 @@ fn pending(s: &StageSpec) -> StageResult {
         started_at: None,
         finished_at: None,
         duration_ms: 0,
+        commands_ms: 0,
+        template: None,
         sandboxes: vec![],
         checkpoint: None,
         output_sandbox: None,
@@ -262,13 +333,17 @@ fn pending(s: &StageSpec) -> StageResult {
     }
 }
 
-fn spawn_driver(st: &Shared, run_id: String) {
+/// Drives a run in the background, in the run's tenant (its sandboxes,
+/// checkpoints and templates are that tenant's, whoever resumed it).
+fn spawn_driver(st: &Shared, run: &PipelineRun) {
+    let run_id = run.id.clone();
     if !claim(&run_id) {
         return;
     }
     let st = st.clone();
+    let tenant = run.tenant.clone();
     tokio::spawn(async move {
-        drive(&st, &run_id).await;
+        crate::tenancy::run_in_tenant(&tenant, drive(&st, &run_id)).await;
         release(&run_id);
     });
 }
@@ -286,7 +361,7 @@ pub async fn resume(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
     run.updated_at = now();
     st.db.put_pipeline_run(&run)?;
     info!(run = %run.id, "pipeline run resumed");
-    spawn_driver(st, run.id.clone());
+    spawn_driver(st, &run);
     Ok(run)
 }
 
@@ -370,6 +445,8 @@ async fn drive(st: &Shared, run_id: &str) {
     run.state = PipelineState::Succeeded;
     info!(run = %run.id, "pipeline run succeeded");
     save(st, &mut run, None);
+    // A succeeded run never runs a stage again.
+    drop_secrets(st, &run);
 }
 
 /// A unique, valid object name for this run, stage and attempt.
@@ -423,7 +500,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
             SourceRef::Template(n) => n.clone(),
             SourceRef::Image(_) => return Err("a fork stage needs a checkpoint".into()),
         };
-        let from = match st.db.get_template(&from).map_err(|e| e.to_string())? {
+        let from = match crate::tenancy::find_template(st, &from).map_err(|e| e.body.message)? {
             Some((ckpt, _)) => ckpt,
             None => from,
         };
@@ -458,6 +535,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         let stage = &mut run.stages[idx];
         stage.sandboxes = r.attempts.iter().map(|a| a.sandbox_id.clone()).collect();
         stage.exit_codes = r.attempts.iter().map(|a| a.exit_code.unwrap_or(-1)).collect();
+        stage.commands_ms = r.attempts.iter().map(|a| a.duration_ms).max().unwrap_or(0);
         stage.fanout = Some(r.clone());
         let Some(winner) = r.winner_sandbox.clone() else {
             return Err(format!("fan-out has no winner: {}", r.reason.as_deref().unwrap_or("unknown")));
@@ -471,7 +549,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         if let Err(e) = crate::sandboxes::stop(st, &winner, "pipeline_stage_end", Duration::ZERO).await {
             stage.notes.push(format!("stopping the winner failed: {}", e.body.message));
         }
-        return Ok(());
+        return promote(st, run, idx, &spec).await;
     }
 
     // Create (or resume) the stage's sandbox.
@@ -490,9 +568,19 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
             if !spec.flush.is_empty() {
                 policy.get_or_insert_with(Default::default).flush = Some(spec.flush.clone());
             }
+            let secrets = if spec.secrets.is_empty() {
+                vec![]
+            } else {
+                let stored = st.secrets.get(&secret_key(&run.id, idx)).map_err(|e| format!("secrets: {e}"))?;
+                if stored.is_empty() {
+                    return Err("the stage's secret values are gone from the daemon's secret store; start a new run".into());
+                }
+                stored.specs()
+            };
             let req = CreateSandboxRequest {
                 source: from,
                 name: Some(object_name(run, &spec.name, attempt, "")),
+                secrets,
                 lifecycle: if spec.lifecycle == StageLifecycle::Ephemeral { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
                 ttl: spec.ttl.clone(),
                 limits: spec.limits.clone().unwrap_or_default(),
@@ -527,6 +615,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 stage.checkpoint = Some(c.id);
             }
             crate::sandboxes::stop(st, &sandbox_id, "pipeline_stage_end", Duration::ZERO).await.map_err(api)?;
+            promote(st, run, idx, &spec).await?;
         }
         StageLifecycle::Standby => {
             let stage = &mut run.stages[idx];
@@ -545,13 +634,32 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
     Ok(())
 }
 
+/// Promotes a stage's output checkpoint to its `template`, through the scan gate.
+async fn promote(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &StageSpec) -> Result<(), String> {
+    let (Some(name), Some(ckpt)) = (spec.template.clone(), run.stages[idx].checkpoint.clone()) else { return Ok(()) };
+    let req = CreateTemplateRequest { name: name.clone(), from: ckpt, replace: true, accept_findings: spec.accept_findings };
+    match crate::templates::create(st, req, &format!("pipeline:{}", run.id)).await {
+        Ok(_) => {
+            run.stages[idx].template = Some(name);
+            Ok(())
+        }
+        Err(e) if !e.body.findings.is_empty() => {
+            let list: Vec<String> = e.body.findings.iter().take(5).map(|f| format!("{} {}", f.rule, f.path)).collect();
+            Err(format!("promoting to template {name:?}: {} (first: {}); clean up or set accept_findings = true", e.body.message, list.join(", ")))
+        }
+        Err(e) => Err(format!("promoting to template {name:?}: {}", e.body.message)),
+    }
+}
+
 /// Runs a stage's commands in order; a `persistent_with_checkpoints` stage is checkpointed after each.
 async fn run_commands(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &StageSpec, sandbox_id: &str, env: &BTreeMap<String, String>) -> Result<(), String> {
     let attempt = run.stages[idx].attempts;
     for (ci, cmd) in spec.commands.iter().enumerate() {
-        let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), cmd.clone()], env: env.clone(), timeout: spec.timeout.clone(), ..Default::default() };
+        let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), cmd.clone()], env: env.clone(), timeout: spec.timeout.clone(), user: spec.user.clone(), cwd: spec.workdir.clone(), ..Default::default() };
+        let started = Instant::now();
         let p = crate::processes::spawn(st, sandbox_id, req).await.map_err(|e| format!("command {} ({cmd:?}): {}", ci + 1, e.body.message))?;
         let info = p.wait(None).await;
+        run.stages[idx].commands_ms += started.elapsed().as_millis() as u64;
         let code = info.exit_status();
         run.stages[idx].exit_codes.push(code);
         save(st, run, Some(idx));
@@ -655,7 +763,7 @@ pub async fn create_handler(State(st): State<Shared>, Query(q): Query<PipelineQu
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<PipelineRun>>> {
     let mut out = Vec::new();
     for id in st.db.list_pipeline_run_ids()? {
-        if let Some(r) = st.db.get_pipeline_run(&id)? {
+        if let Some(r) = st.db.get_pipeline_run(&id)?.filter(|r| crate::tenancy::visible(&r.tenant)) {
             out.push(r);
         }
     }

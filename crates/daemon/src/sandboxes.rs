@@ -32,16 +32,17 @@ fn parse_time(s: &str) -> Option<SystemTime> {
     humantime::parse_rfc3339_weak(s).ok()
 }
 
-/// Loads a sandbox or fails with 404.
+/// Loads a sandbox the current caller may see ([`crate::tenancy`]) or fails with 404.
 pub fn load(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
-    st.db.get_sandbox(id)?.ok_or_else(|| ApiError::sandbox_not_found(id))
+    crate::tenancy::find_sandbox(st, id)?.ok_or_else(|| ApiError::sandbox_not_found(id))
 }
 
 /// Loads a sandbox a transition is asked of: one that was destroyed is a 409
 /// with state `destroyed` (the event log remembers its id); an id never seen is a 404.
 pub fn load_for_transition(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
-    match st.db.get_sandbox(id)? {
+    match crate::tenancy::find_sandbox(st, id)? {
         Some(rec) => Ok(rec),
+        None if st.db.sandbox_tenant_by_id(id)?.is_some_and(|t| !crate::tenancy::visible(&t)) => Err(ApiError::sandbox_not_found(id)),
         None => match st.db.destroyed_event(id)? {
             Some(ev) => Err(ApiError::invalid_state(SandboxState::Destroyed, format!("sandbox {id} was destroyed at {} ({})", ev.time, ev.reason))),
             None => Err(ApiError::sandbox_not_found(id)),
@@ -262,20 +263,23 @@ pub struct Source {
     pub config: strata_api::ImageConfig,
     /// The checkpoint, when the source is one.
     pub checkpoint: Option<String>,
+    /// The checkpoint's tenant, which a sandbox made from it joins.
+    pub tenant: Option<String>,
 }
 
-/// Resolves a source name: an image first, then a checkpoint.
+/// Resolves a source name: an image (shared by every tenant) first, then a
+/// template, then a checkpoint, of those the caller may see.
 pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
     if let Some(image) = st.db.get_image(name)? {
-        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None });
+        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None });
     }
-    if let Some((ckpt, _)) = st.db.get_template(name)? {
+    if let Some((ckpt, _)) = crate::tenancy::find_template(st, name)? {
         if let Some((c, config)) = st.db.get_checkpoint(&ckpt)? {
-            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id) });
+            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant) });
         }
     }
-    if let Some((c, config)) = st.db.get_checkpoint(name)? {
-        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id) });
+    if let Some((c, config)) = crate::tenancy::find_checkpoint(st, name)? {
+        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant) });
     }
     Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {name:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)")))
 }
@@ -323,6 +327,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     let rec = SandboxRecord {
         sandbox: Sandbox {
             id: id.clone(),
+            tenant: source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant),
             name,
             state: SandboxState::Creating,
             state_reason: "user".into(),
@@ -438,7 +443,10 @@ fn release_resources(st: &Shared, id: &str) {
 /// crash between a destroy's commit and its background cleanup).
 pub fn sweep_orphans(st: &Shared) -> Result<(), ApiError> {
     let known: std::collections::HashSet<String> = st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox.id).collect();
-    st.secrets.sweep(&known);
+    // Pipeline runs that may still run a stage keep their stages' secrets too.
+    let mut keep = known.clone();
+    keep.extend(crate::pipelines::live_secret_keys(st)?);
+    st.secrets.sweep(&keep);
     let Ok(entries) = std::fs::read_dir(&st.sandboxes_dir) else { return Ok(()) };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -712,7 +720,7 @@ pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateSand
 /// List sandboxes.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = [Sandbox])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Sandbox>>> {
-    Ok(Json(st.db.list_sandboxes()?.into_iter().map(|r| with_secret_names(&st, r.sandbox)).collect()))
+    Ok(Json(st.db.list_sandboxes()?.into_iter().filter(|r| crate::tenancy::visible(&r.sandbox.tenant)).map(|r| with_secret_names(&st, r.sandbox)).collect()))
 }
 
 /// Inspect a sandbox.

@@ -9,8 +9,14 @@
 //! [`hygiene::MAX_READ`] bytes, its contents are read from the layer directory
 //! that provides it on the host with `O_NOFOLLOW` walks, so a symlink planted in
 //! a layer is never followed. The rules are in [`crate::hygiene`].
+//!
+//! Credential patterns in files that an installed Python package shipped —
+//! verified byte for byte against the SHA-256 in its `.dist-info/RECORD`, which
+//! must itself be among the changes — are reported apart (`packaged`) and do not
+//! block a template: a venv with a few hundred packages carries test keys and
+//! documentation examples that are not state left behind by the workload.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use axum::extract::{Path, State};
@@ -23,6 +29,10 @@ use crate::error::{ApiError, ApiResult};
 use crate::hygiene::{self, Change, Entry};
 use crate::sandboxfs::FsError;
 use crate::state::Shared;
+use sha2::{Digest, Sha256};
+
+/// Largest `RECORD` read (botocore's is about 300 KiB).
+const MAX_RECORD: u64 = 8 << 20;
 
 /// What is scanned: the view now (top first), the image's layers (top first),
 /// and the layers whose paths are looked at.
@@ -58,7 +68,7 @@ fn target(st: &Shared, id: &str) -> ApiResult<Target> {
         let now = dirs(st, &c.layers)?;
         let image = dirs(st, &c.layers[..depth])?;
         let touched = dirs(st, &c.layers[depth..])?;
-        let report = ScanReport { kind: "checkpoint".into(), id: c.id, name: c.name, image: c.image, changed_paths: 0, findings: vec![], clean: true };
+        let report = ScanReport { kind: "checkpoint".into(), id: c.id, name: c.name, image: c.image, changed_paths: 0, findings: vec![], clean: true, packaged: vec![] };
         return Ok(Target { report, now, image, touched });
     }
     Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")))
@@ -80,7 +90,7 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> ApiResult<Target> {
         Some((c, _)) => c.image,
         None => s.source.clone(),
     };
-    let report = ScanReport { kind: "sandbox".into(), id: s.id.clone(), name: s.name.clone(), image: image_name, changed_paths: 0, findings: vec![], clean: true };
+    let report = ScanReport { kind: "sandbox".into(), id: s.id.clone(), name: s.name.clone(), image: image_name, changed_paths: 0, findings: vec![], clean: true, packaged: vec![] };
     Ok(Target { report, now, image, touched })
 }
 
@@ -95,6 +105,18 @@ fn run(t: Target) -> ApiResult<ScanReport> {
     let list = changes::diff_stacks(&t.now, &t.image, &paths)?;
     let mut report = t.report;
     report.changed_paths = list.len() as u64;
+    // Files of installed Python packages, by path: (distribution, SHA-256 of the file as shipped).
+    let mut shipped: HashMap<String, (String, [u8; 32])> = HashMap::new();
+    for (c, provider) in &list {
+        if let (Some(i), changes::ChangeKind::Added | changes::ChangeKind::Modified) = (provider, c.change) {
+            if hygiene::is_dist_record(&c.path) {
+                if let Some((_, _, Some(text))) = changes::read_entry(&t.now[*i], c.path.trim_start_matches('/'), MAX_RECORD)? {
+                    let dist = hygiene::dist_name(&c.path).to_string();
+                    shipped.extend(hygiene::parse_record(&c.path, &text).into_iter().map(|e| (e.path, (dist.clone(), e.sha256))));
+                }
+            }
+        }
+    }
     for (c, provider) in &list {
         let rel = c.path.trim_start_matches('/');
         let change = match c.change {
@@ -109,9 +131,25 @@ fn run(t: Target) -> ApiResult<ScanReport> {
             },
             None => (0, None),
         };
-        report.findings.extend(hygiene::check(&Entry { path: &c.path, change, mode, content: content.as_deref() }));
+        let found = hygiene::check(&Entry { path: &c.path, change, mode, content: content.as_deref() });
+        // A credential pattern in a file that is byte for byte what its package shipped
+        // (a test fixture, an example in the docs) is listed apart, not left-behind state.
+        let verified = match (shipped.get(&c.path), content.as_deref()) {
+            (Some((dist, want)), Some(bytes)) if Sha256::digest(bytes).as_slice() == want => Some(dist),
+            _ => None,
+        };
+        for mut f in found {
+            match verified {
+                Some(dist) if hygiene::excusable_in_package(&f.rule) => {
+                    f.reason = format!("{}; shipped by the Python package {dist} (matches its RECORD)", f.reason);
+                    report.packaged.push(f);
+                }
+                _ => report.findings.push(f),
+            }
+        }
     }
     hygiene::sort(&mut report.findings);
+    hygiene::sort(&mut report.packaged);
     report.clean = report.findings.is_empty();
     Ok(report)
 }

@@ -40,6 +40,9 @@ pub enum SecretsError {
     /// A `secrets` entry of a create request is malformed (400).
     #[error("{0}")]
     Invalid(String),
+    /// The caller may not use this kind of secret source (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// The store could not be read or written.
     #[error("secrets store {path}: {source}")]
     Io {
@@ -63,6 +66,7 @@ impl From<SecretsError> for ApiError {
     fn from(e: SecretsError) -> Self {
         match e {
             SecretsError::Invalid(m) => ApiError::bad_request(m),
+            SecretsError::Forbidden(m) => ApiError::new(strata_api::ErrorCode::Forbidden, m),
             other => ApiError::internal("secrets", &other),
         }
     }
@@ -105,6 +109,12 @@ impl SandboxSecrets {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// The secrets as create-request specs with their values (for a pipeline
+    /// stage's sandbox; never serialized anywhere else).
+    pub fn specs(&self) -> Vec<SecretSpec> {
+        self.items.iter().map(|s| SecretSpec { name: s.name.clone(), value_b64: Some(B64.encode(&s.value)), host_file: None, env: s.env }).collect()
     }
 
     /// Names, env flags and sizes, for the sandbox's record.
@@ -220,6 +230,9 @@ pub fn validate(specs: &[SecretSpec]) -> Result<Vec<Secret>, SecretsError> {
         }
         let value = match (&s.value_b64, &s.host_file) {
             (Some(b), None) => B64.decode(b).map_err(|e| SecretsError::Invalid(format!("secret {}: value_b64 is not base64: {e}", s.name)))?,
+            (None, Some(_)) if !crate::tenancy::may_read_host_paths() => {
+                return Err(SecretsError::Forbidden(format!("secret {}: host_file reads a file on the daemon's host, which a tenant token may not; send value_b64", s.name)));
+            }
             (None, Some(path)) => read_host_file(&s.name, Path::new(path))?,
             _ => return Err(SecretsError::Invalid(format!("secret {}: give exactly one of value_b64 and host_file", s.name))),
         };

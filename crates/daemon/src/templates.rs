@@ -135,11 +135,21 @@ fn key(prev: &str, instruction: &str, extra: &[u8]) -> String {
 fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) -> ApiResult<Template> {
     let (c, _) = st.db.get_checkpoint(checkpoint)?.ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}")))?;
     let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
-    Ok(Template { name: name.into(), checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into(), accepted_findings })
+    Ok(Template { name: name.into(), tenant: c.tenant, checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into(), accepted_findings })
+}
+
+/// Template names are daemon-wide: one of another tenant is taken (409) and
+/// never re-pointed by `replace`.
+fn name_usable(st: &Shared, name: &str) -> ApiResult<()> {
+    if st.db.template_tenant(name)?.is_some_and(|t| !crate::tenancy::visible(&t)) {
+        return Err(ApiError::new(ErrorCode::NameConflict, format!("the template name {name:?} is in use")));
+    }
+    Ok(())
 }
 
 /// Registers a template, recording accepted scan findings with it.
 fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: Option<&strata_api::FindingsAcceptance>) -> ApiResult<Template> {
+    name_usable(st, name)?;
     let time = now();
     st.db.put_template(name, checkpoint, &time, replace)?;
     if let Some(a) = accepted {
@@ -153,13 +163,14 @@ fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: 
 /// (then the findings and `actor` are recorded on the template).
 pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> ApiResult<Template> {
     ids::validate_name(&req.name, true)?;
+    name_usable(st, &req.name)?;
     if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("an image is named {:?}; templates and images share one namespace", req.name)));
     }
-    let ckpt = match st.db.get_checkpoint(&req.from)? {
+    let ckpt = match crate::tenancy::find_checkpoint(st, &req.from)? {
         Some((c, _)) => c,
         None => {
-            let rec = st.db.get_sandbox(&req.from)?.ok_or_else(|| ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from)))?;
+            let rec = crate::tenancy::find_sandbox(st, &req.from)?.ok_or_else(|| ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from)))?;
             checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.template".into(), req.name.clone())].into(), ..Default::default() }).await?
         }
     };
@@ -265,7 +276,12 @@ fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
 pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>, actor: &str) -> Result<Template, (usize, ApiError)> {
     let started = Instant::now();
     ids::validate_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
+    name_usable(st, &req.name).map_err(|e| (0, e))?;
     let steps = parse(&req.file).map_err(|e| (0, ApiError::bad_request(format!("build file: {e}"))))?;
+    // COPY reads files on the daemon's host (`context`): the operator's privilege, like image import.
+    if steps.iter().any(|(_, s)| matches!(s, Step::Copy(..))) && !crate::tenancy::may_read_host_paths() {
+        return Err((0, ApiError::new(ErrorCode::Forbidden, "COPY reads files on the daemon's host (context): not allowed for a tenant token; upload files into a sandbox and template it instead")));
+    }
     let context = req.context.as_deref().map(PathBuf::from);
     let count = steps.len();
     let Step::From(from) = &steps[0].1 else { unreachable!("parse checks FROM") };
@@ -273,7 +289,9 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
     let mut b = Build { st, tx, name: req.name.clone(), sandbox: None, config: source.config.clone() };
     // The base: the FROM source's identity (image id, or checkpoint id).
     let mut current_from = source.checkpoint.clone().unwrap_or_else(|| source.name.clone());
-    let mut k = key("", &format!("FROM {}", source.checkpoint.as_deref().unwrap_or(&source.image_id)), b"");
+    // The cache is per tenant: a tenant never reuses (or learns of) another's build steps.
+    let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
+    let mut k = key(&format!("tenant {tenant}"), &format!("FROM {}", source.checkpoint.as_deref().unwrap_or(&source.image_id)), b"");
     b.emit(BuildEvent::Step { index: 1, count, instruction: steps[0].0.clone(), cached: true }).await;
     let (mut run, mut cached) = (0usize, 1usize);
     for (i, (text, step)) in steps.iter().enumerate().skip(1) {
@@ -420,6 +438,9 @@ pub async fn create_handler(State(st): State<Shared>, actor: Option<axum::Extens
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Template>>> {
     let mut out = Vec::new();
     for (name, ckpt, created) in st.db.list_templates()? {
+        if !st.db.template_tenant(&name)?.is_some_and(|t| crate::tenancy::visible(&t)) {
+            continue;
+        }
         out.push(template_view(&st, &name, &ckpt, &created)?);
     }
     Ok(Json(out))
@@ -430,9 +451,14 @@ pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Templa
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn delete_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<StatusCode> {
     if !st.db.delete_template(&name)? {
-        return Err(ApiError::new(ErrorCode::ImageNotFound, format!("no template named {name:?}")));
+        return Err(not_found(&name));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// 404 for a template.
+pub fn not_found(name: &str) -> ApiError {
+    ApiError::new(ErrorCode::ImageNotFound, format!("no template named {name:?}"))
 }
 
 /// Build a template from a build file; streams NDJSON `BuildEvent`s.
@@ -441,7 +467,8 @@ pub async fn delete_handler(State(st): State<Shared>, Path(name): Path<String>) 
 pub async fn build_handler(State(st): State<Shared>, actor: Option<axum::Extension<crate::audit::Actor>>, Json(req): Json<BuildTemplateRequest>) -> ApiResult<Response> {
     let actor = actor.map_or_else(|| "local".to_string(), |a| a.0 .0);
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
-    tokio::spawn(async move {
+    // The build creates sandboxes and checkpoints as the caller (its tenant).
+    crate::tenancy::spawn(async move {
         if let Err((index, e)) = build(&st, req, &tx, &actor).await {
             let _ = tx.send(BuildEvent::Failed { index, error: e.body }).await;
         }

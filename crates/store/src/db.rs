@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{AuditEntry, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{AuditEntry, TokenInfo, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +182,29 @@ pub const MIGRATIONS: &[&str] = &[
         record TEXT NOT NULL,
         PRIMARY KEY (run_id, idx)
     );",
+    // 9: tenants: every owned object records its tenant (existing ones are the
+    // operator's `default`); API tokens (only a SHA-256 of the secret is kept;
+    // names are unique among a tenant's live tokens); the audit log records the
+    // tenant a request acted in.
+    "ALTER TABLE sandboxes ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE checkpoints ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE templates ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE pipeline_runs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE usage ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE audit ADD COLUMN tenant TEXT;
+    CREATE INDEX sandboxes_by_tenant ON sandboxes(tenant);
+    CREATE INDEX usage_by_tenant ON usage(tenant);
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        secret_sha256 TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL,
+        last_used_at TEXT,
+        expires_at TEXT,
+        revoked_at TEXT
+    );
+    CREATE UNIQUE INDEX tokens_live_name ON tokens(tenant, name) WHERE revoked_at IS NULL;",
 ];
 
 /// `prev_hash` of the first audit entry.
@@ -189,8 +212,23 @@ pub const AUDIT_GENESIS: &str = "00000000000000000000000000000000000000000000000
 
 /// The canonical bytes of an audit entry (everything but its own hash), as
 /// hashed into the chain: a JSON array, so fields cannot run into each other.
+/// The tenant is appended only when there is one, so entries written before
+/// tenants existed keep their hashes.
 pub fn audit_canonical(e: &AuditEntry) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!([e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash])).expect("serializes")
+    let mut v = vec![
+        serde_json::json!(e.seq),
+        serde_json::json!(e.time),
+        serde_json::json!(e.actor),
+        serde_json::json!(e.method),
+        serde_json::json!(e.route),
+        serde_json::json!(e.target),
+        serde_json::json!(e.status),
+        serde_json::json!(e.prev_hash),
+    ];
+    if let Some(t) = &e.tenant {
+        v.push(serde_json::json!(t));
+    }
+    serde_json::to_vec(&v).expect("serializes")
 }
 
 /// sha256 (hex) of an audit entry's canonical bytes.
@@ -217,6 +255,25 @@ pub fn audit_verify(entries: &[AuditEntry]) -> Option<(i64, String)> {
         prev = h;
     }
     None
+}
+
+/// What an audit entry records (its position and hashes are the log's).
+#[derive(Debug, Clone, Copy)]
+pub struct NewAudit<'a> {
+    /// RFC 3339 time.
+    pub time: &'a str,
+    /// Who (see [`AuditEntry::actor`]).
+    pub actor: &'a str,
+    /// The tenant the request acted in.
+    pub tenant: Option<&'a str>,
+    /// HTTP method.
+    pub method: &'a str,
+    /// Route template.
+    pub route: &'a str,
+    /// Target id or name.
+    pub target: Option<&'a str>,
+    /// HTTP status.
+    pub status: u16,
 }
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -271,7 +328,7 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant";
 
 /// States in which a sandbox is parked (`inactive_since` is set), as SQL.
 const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
@@ -293,6 +350,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
         Ok(SandboxRecord {
             sandbox: Sandbox {
                 id: r.get(0)?,
+                tenant: r.get(27)?,
                 name: r.get(1)?,
                 state: state_of(&state),
                 state_reason: r.get(3)?,
@@ -327,7 +385,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant";
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
@@ -337,6 +395,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
         Ok((
             Checkpoint {
                 id: r.get(0)?,
+                tenant: r.get(17)?,
                 name: r.get(1)?,
                 sandbox_id: r.get(2)?,
                 parent: r.get(3)?,
@@ -377,9 +436,10 @@ fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
     Ok(build())
 }
 
-fn usage_from(record: &str, destroyed_at: Option<String>) -> Result<UsageRecord, DbError> {
+fn usage_from(record: &str, destroyed_at: Option<String>, tenant: String) -> Result<UsageRecord, DbError> {
     let mut u: UsageRecord = parse(record, "usage.record")?;
     u.destroyed_at = destroyed_at;
+    u.tenant = tenant;
     Ok(u)
 }
 
@@ -473,19 +533,19 @@ impl Db {
         let tx = conn.transaction()?;
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
                 json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation,
-                json(&s.policy), s.inactive_since
+                json(&s.policy), s.inactive_since, s.tenant
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
         let ev = insert_event(&tx, &s.id, None, &Transition { to: s.state, reason: &s.state_reason, detail: s.state_detail.as_deref(), duration_ms: 0, time: &s.created_at })?;
-        let usage = UsageRecord { sandbox_id: s.id.clone(), name: s.name.clone(), source: s.source.clone(), base_checkpoint: s.base_checkpoint.clone(), created_at: s.created_at.clone(), updated_at: s.created_at.clone(), ..Default::default() };
-        tx.execute("INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record) VALUES (?1, ?2, ?3, ?4)", params![s.id, s.name, s.created_at, json(&usage)])?;
+        let usage = UsageRecord { sandbox_id: s.id.clone(), tenant: s.tenant.clone(), name: s.name.clone(), source: s.source.clone(), base_checkpoint: s.base_checkpoint.clone(), created_at: s.created_at.clone(), updated_at: s.created_at.clone(), ..Default::default() };
+        tx.execute("INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5)", params![s.id, s.name, s.created_at, json(&usage), s.tenant])?;
         tx.commit()?;
         Ok(ev)
     }
@@ -544,23 +604,23 @@ impl Db {
     /// The usage accumulators of a sandbox, destroyed or not, by id, name or id prefix.
     pub fn get_usage(&self, key: &str) -> Result<Option<UsageRecord>, DbError> {
         let conn = self.conn();
-        let row: Option<(String, Option<String>)> = conn
+        let row: Option<(String, Option<String>, String)> = conn
             .query_row(
-                "SELECT record, destroyed_at FROM usage WHERE sandbox_id = ?1 OR name = ?1 OR (length(?1) >= 4 AND sandbox_id LIKE ?1 || '%')
+                "SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1 OR name = ?1 OR (length(?1) >= 4 AND sandbox_id LIKE ?1 || '%')
                  ORDER BY sandbox_id = ?1 DESC, (name = ?1 AND destroyed_at IS NULL) DESC, name = ?1 DESC, created_at DESC LIMIT 1",
                 params![key],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
-        row.map(|(rec, destroyed)| usage_from(&rec, destroyed)).transpose()
+        row.map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).transpose()
     }
 
     /// Every usage record, oldest first.
     pub fn list_usage(&self) -> Result<Vec<UsageRecord>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT record, destroyed_at FROM usage ORDER BY created_at, sandbox_id")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))?.collect::<Result<Vec<_>, _>>()?;
-        rows.into_iter().map(|(rec, destroyed)| usage_from(&rec, destroyed)).collect()
+        let mut stmt = conn.prepare("SELECT record, destroyed_at, tenant FROM usage ORDER BY created_at, sandbox_id")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?.collect::<Result<Vec<_>, _>>()?;
+        rows.into_iter().map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).collect()
     }
 
     /// Adds storage GB-hours by kind to many usage records in one transaction
@@ -569,9 +629,9 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         for (id, kinds) in accrued {
-            let row: Option<(String, Option<String>)> = tx.query_row("SELECT record, destroyed_at FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-            let Some((rec, destroyed)) = row else { continue };
-            let mut u = usage_from(&rec, destroyed)?;
+            let row: Option<(String, Option<String>, String)> = tx.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()?;
+            let Some((rec, destroyed, tenant)) = row else { continue };
+            let mut u = usage_from(&rec, destroyed, tenant)?;
             for (k, gbh) in kinds {
                 *u.storage_gb_hours.entry(k.clone()).or_default() += gbh;
             }
@@ -594,9 +654,9 @@ impl Db {
     pub fn update_usage(&self, id: &str, f: impl FnOnce(&mut UsageRecord)) -> Result<Option<UsageRecord>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let row: Option<(String, Option<String>)> = tx.query_row("SELECT record, destroyed_at FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-        let Some((rec, destroyed)) = row else { return Ok(None) };
-        let mut u = usage_from(&rec, destroyed)?;
+        let row: Option<(String, Option<String>, String)> = tx.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()?;
+        let Some((rec, destroyed, tenant)) = row else { return Ok(None) };
+        let mut u = usage_from(&rec, destroyed, tenant)?;
         f(&mut u);
         tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", params![json(&u), id])?;
         tx.commit()?;
@@ -762,16 +822,18 @@ impl Db {
 
     // ---- checkpoints ----
 
-    /// Records a checkpoint and makes it the sandbox's head, atomically.
+    /// Records a checkpoint and makes it the sandbox's head, atomically. Its
+    /// tenant is the sandbox's (so automatic checkpoints inherit it too); `c.tenant`
+    /// only counts when the sandbox record is gone.
     pub fn insert_checkpoint(&self, c: &Checkpoint, image_config: &ImageConfig) -> Result<(), DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18))",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
-                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64
+                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -813,11 +875,15 @@ impl Db {
 
     // ---- templates and build cache ----
 
-    /// Registers (or with `replace`, re-points) a template at a checkpoint.
+    /// Registers (or with `replace`, re-points) a template at a checkpoint. The
+    /// template belongs to the checkpoint's tenant.
     pub fn put_template(&self, name: &str, checkpoint: &str, time: &str, replace: bool) -> Result<(), DbError> {
         let verb = if replace { "INSERT OR REPLACE" } else { "INSERT" };
         self.conn()
-            .execute(&format!("{verb} INTO templates (name, checkpoint, created_at) VALUES (?1, ?2, ?3)"), params![name, checkpoint, time])
+            .execute(
+                &format!("{verb} INTO templates (name, checkpoint, created_at, tenant) VALUES (?1, ?2, ?3, COALESCE((SELECT tenant FROM checkpoints WHERE id = ?2), 'default'))"),
+                params![name, checkpoint, time],
+            )
             .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(name.to_string()) } else { e.into() })?;
         Ok(())
     }
@@ -835,6 +901,11 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// The tenant of a template, if it exists.
+    pub fn template_tenant(&self, name: &str) -> Result<Option<String>, DbError> {
+        Ok(self.conn().query_row("SELECT tenant FROM templates WHERE name = ?1", params![name], |r| r.get(0)).optional()?)
+    }
+
     /// Records (JSON) the scan findings accepted when the template was promoted.
     pub fn set_template_acceptance(&self, name: &str, acceptance: &str) -> Result<(), DbError> {
         self.conn().execute("UPDATE templates SET accepted_findings = ?1 WHERE name = ?2", params![acceptance, name])?;
@@ -849,16 +920,17 @@ impl Db {
     // ---- audit log ----
 
     /// Appends an audit entry, chained to the last one (in one transaction).
-    pub fn append_audit(&self, time: &str, actor: &str, method: &str, route: &str, target: Option<&str>, status: u16) -> Result<AuditEntry, DbError> {
+    pub fn append_audit(&self, n: &NewAudit<'_>) -> Result<AuditEntry, DbError> {
+        let NewAudit { time, actor, tenant, method, route, target, status } = *n;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let last: Option<(i64, String)> = tx.query_row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
         let (seq, prev_hash) = last.map(|(s, h)| (s + 1, h)).unwrap_or((1, AUDIT_GENESIS.to_string()));
-        let mut e = AuditEntry { seq, time: time.into(), actor: actor.into(), method: method.into(), route: route.into(), target: target.map(str::to_string), status, prev_hash, hash: String::new() };
+        let mut e = AuditEntry { seq, time: time.into(), actor: actor.into(), tenant: tenant.map(str::to_string), method: method.into(), route: route.into(), target: target.map(str::to_string), status, prev_hash, hash: String::new() };
         e.hash = audit_hash(&e);
         tx.execute(
-            "INSERT INTO audit (seq, time, actor, method, route, target, status, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash, e.hash],
+            "INSERT INTO audit (seq, time, actor, method, route, target, status, prev_hash, hash, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash, e.hash, e.tenant],
         )?;
         tx.commit()?;
         Ok(e)
@@ -866,12 +938,17 @@ impl Db {
 
     /// Audit entries in seq order: all of them, or the last `limit`.
     pub fn audit_entries(&self, limit: Option<u32>) -> Result<Vec<AuditEntry>, DbError> {
+        self.audit_entries_of(None, limit)
+    }
+
+    /// Audit entries in seq order (of one tenant, or all): all of them, or the last `limit`.
+    pub fn audit_entries_of(&self, tenant: Option<&str>, limit: Option<u32>) -> Result<Vec<AuditEntry>, DbError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT seq, time, actor, method, route, target, status, prev_hash, hash FROM (SELECT * FROM audit ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
+            "SELECT seq, time, actor, method, route, target, status, prev_hash, hash, tenant FROM (SELECT * FROM audit WHERE ?2 IS NULL OR tenant = ?2 ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
         )?;
-        let rows = stmt.query_map(params![limit.map_or(-1, i64::from)], |r| {
-            Ok(AuditEntry { seq: r.get(0)?, time: r.get(1)?, actor: r.get(2)?, method: r.get(3)?, route: r.get(4)?, target: r.get(5)?, status: r.get(6)?, prev_hash: r.get(7)?, hash: r.get(8)? })
+        let rows = stmt.query_map(params![limit.map_or(-1, i64::from), tenant], |r| {
+            Ok(AuditEntry { seq: r.get(0)?, time: r.get(1)?, actor: r.get(2)?, tenant: r.get(9)?, method: r.get(3)?, route: r.get(4)?, target: r.get(5)?, status: r.get(6)?, prev_hash: r.get(7)?, hash: r.get(8)? })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -914,6 +991,22 @@ impl Db {
         )?;
         let rows = stmt.query_map(params![sandbox_id, after, limit], event_of_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Like [`Db::events`], only of sandboxes (live or destroyed) of `tenant`.
+    pub fn events_of_tenant(&self, tenant: &str, sandbox_id: Option<&str>, after: i64, limit: u32) -> Result<Vec<SandboxEvent>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events
+             WHERE (?1 IS NULL OR sandbox_id = ?1) AND seq > ?2 AND sandbox_id IN (SELECT sandbox_id FROM usage WHERE tenant = ?4) ORDER BY seq LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(params![sandbox_id, after, limit, tenant], event_of_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The tenant of a sandbox id, live or destroyed (from its usage record, which outlives it).
+    pub fn sandbox_tenant_by_id(&self, id: &str) -> Result<Option<String>, DbError> {
+        Ok(self.conn().query_row("SELECT tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| r.get(0)).optional()?)
     }
 
     /// The event that destroyed sandbox `id` (its record is gone; the event log
@@ -970,9 +1063,9 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO pipeline_runs (id, name, state, reason, spec, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+            "INSERT INTO pipeline_runs (id, name, state, reason, spec, created_at, updated_at, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT(id) DO UPDATE SET state = excluded.state, reason = excluded.reason, updated_at = excluded.updated_at",
-            params![run.id, run.name, run.state.as_str(), run.reason, json(&run.spec), run.created_at, run.updated_at],
+            params![run.id, run.name, run.state.as_str(), run.reason, json(&run.spec), run.created_at, run.updated_at, run.tenant],
         )?;
         for (i, stage) in run.stages.iter().enumerate() {
             tx.execute(
@@ -989,23 +1082,23 @@ impl Db {
         let conn = self.conn();
         // An exact id first; a prefix only when it is unique.
         let mut stmt = conn.prepare_cached(
-            "SELECT id, name, state, reason, spec, created_at, updated_at FROM pipeline_runs WHERE id = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC LIMIT 2",
+            "SELECT id, name, state, reason, spec, created_at, updated_at, tenant FROM pipeline_runs WHERE id = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC LIMIT 2",
         )?;
         let rows = stmt
-            .query_map(params![key], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))?
-            .collect::<Result<Vec<(String, String, String, Option<String>, String, String, String)>, _>>()?;
+            .query_map(params![key], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)))?
+            .collect::<Result<Vec<(String, String, String, Option<String>, String, String, String, String)>, _>>()?;
         drop(stmt);
         let row = match rows.as_slice() {
             [first, ..] if first.0 == key => Some(first.clone()),
             [only] => Some(only.clone()),
             _ => None,
         };
-        let Some((id, name, state, reason, spec, created_at, updated_at)) = row else { return Ok(None) };
+        let Some((id, name, state, reason, spec, created_at, updated_at, tenant)) = row else { return Ok(None) };
         let mut stmt = conn.prepare_cached("SELECT record FROM pipeline_stages WHERE run_id = ?1 ORDER BY idx")?;
         let stages = stmt.query_map(params![id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
         let stages = stages.iter().map(|s| parse(s, "pipeline_stages.record")).collect::<Result<Vec<_>, _>>()?;
         let state = parse(&format!("\"{state}\""), "pipeline_runs.state")?;
-        Ok(Some(PipelineRun { id, name, state, reason, created_at, updated_at, spec: parse(&spec, "pipeline_runs.spec")?, stages }))
+        Ok(Some(PipelineRun { id, tenant, name, state, reason, created_at, updated_at, spec: parse(&spec, "pipeline_runs.spec")?, stages }))
     }
 
     /// Ids of every run, newest first.
@@ -1037,6 +1130,71 @@ impl Db {
     }
 }
 
+fn token_from_row(r: &Row<'_>) -> rusqlite::Result<TokenInfo> {
+    Ok(TokenInfo { id: r.get(0)?, name: r.get(1)?, tenant: r.get(2)?, created_at: r.get(3)?, last_used_at: r.get(4)?, expires_at: r.get(5)?, revoked_at: r.get(6)? })
+}
+
+const TOKEN_COLUMNS: &str = "id, name, tenant, created_at, last_used_at, expires_at, revoked_at";
+
+/// API tokens (migration 9). Only the SHA-256 of a secret is stored.
+impl Db {
+    /// Stores a new token; a live token of the same name in the tenant is [`DbError::NameTaken`].
+    pub fn insert_token(&self, t: &TokenInfo, secret_sha256: &str) -> Result<(), DbError> {
+        self.conn()
+            .execute(
+                &format!("INSERT INTO tokens ({TOKEN_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                params![t.id, t.name, t.tenant, t.created_at, t.last_used_at, t.expires_at, t.revoked_at, secret_sha256],
+            )
+            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(format!("{}/{}", t.tenant, t.name)) } else { e.into() })?;
+        Ok(())
+    }
+
+    /// The token whose secret hashes to `secret_sha256` (revoked and expired ones included: the caller decides).
+    pub fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<TokenInfo>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE secret_sha256 = ?1"))?;
+        Ok(stmt.query_row(params![secret_sha256], token_from_row).optional()?)
+    }
+
+    /// Tokens (of one tenant, or all), oldest first; revoked ones only with `include_revoked`.
+    pub fn list_tokens(&self, tenant: Option<&str>, include_revoked: bool) -> Result<Vec<TokenInfo>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE (?1 IS NULL OR tenant = ?1) AND (?2 OR revoked_at IS NULL) ORDER BY created_at, id"
+        ))?;
+        let rows = stmt.query_map(params![tenant, include_revoked], token_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Tokens matching an id, or the name of a live token (in `tenant` when given).
+    pub fn find_tokens(&self, id_or_name: &str, tenant: Option<&str>) -> Result<Vec<TokenInfo>, DbError> {
+        let conn = self.conn();
+        let by_id = conn.query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)"), params![id_or_name, tenant], token_from_row).optional()?;
+        if let Some(t) = by_id {
+            return Ok(vec![t]);
+        }
+        let mut stmt = conn.prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE name = ?1 AND revoked_at IS NULL AND (?2 IS NULL OR tenant = ?2) ORDER BY tenant"))?;
+        let rows = stmt.query_map(params![id_or_name, tenant], token_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Revokes a token (keeping the first revocation time). Returns it, or `None` when unknown.
+    pub fn revoke_token(&self, id: &str, time: &str) -> Result<Option<TokenInfo>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2", params![time, id])?;
+        let t = tx.query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), params![id], token_from_row).optional()?;
+        tx.commit()?;
+        Ok(t)
+    }
+
+    /// Sets a token's `last_used_at` to `now` unless it was set at or after `stale_before` (one write a minute at most).
+    pub fn touch_token(&self, id: &str, now: &str, stale_before: &str) -> Result<(), DbError> {
+        self.conn().execute("UPDATE tokens SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?3)", params![now, id, stale_before])?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1046,6 +1204,7 @@ mod tests {
         SandboxRecord {
             sandbox: Sandbox {
                 id: id.into(),
+                tenant: "default".into(),
                 name: name.into(),
                 state: SandboxState::Creating,
                 state_reason: "user".into(),
@@ -1264,11 +1423,88 @@ mod tests {
     }
 
     #[test]
+    fn tokens_are_stored_by_hash_with_names_unique_among_live_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let t = TokenInfo { id: "t1".into(), name: "ci".into(), tenant: "acme".into(), created_at: "t0".into(), last_used_at: None, expires_at: None, revoked_at: None };
+        db.insert_token(&t, "h1").unwrap();
+        assert!(matches!(db.insert_token(&TokenInfo { id: "t2".into(), ..t.clone() }, "h2"), Err(DbError::NameTaken(_))), "same name, same tenant");
+        db.insert_token(&TokenInfo { id: "t3".into(), tenant: "globex".into(), ..t.clone() }, "h3").unwrap();
+        assert_eq!(db.token_by_hash("h1").unwrap(), Some(t.clone()));
+        assert_eq!(db.token_by_hash("nope").unwrap(), None);
+        assert_eq!(db.find_tokens("ci", None).unwrap().len(), 2);
+        assert_eq!(db.find_tokens("ci", Some("globex")).unwrap()[0].id, "t3");
+        assert_eq!(db.find_tokens("t1", None).unwrap()[0].tenant, "acme");
+        assert!(db.find_tokens("t1", Some("globex")).unwrap().is_empty(), "an id outside the tenant is not found");
+        db.touch_token("t1", "2026-01-01T00:01:00Z", "2026-01-01T00:00:00Z").unwrap();
+        db.touch_token("t1", "2026-01-01T00:01:30Z", "2026-01-01T00:00:30Z").unwrap();
+        assert_eq!(db.token_by_hash("h1").unwrap().unwrap().last_used_at.as_deref(), Some("2026-01-01T00:01:00Z"), "at most one write a minute");
+        assert_eq!(db.revoke_token("t1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
+        assert_eq!(db.revoke_token("t1", "r2").unwrap().unwrap().revoked_at.as_deref(), Some("r1"), "the first revocation time stays");
+        assert!(db.revoke_token("nope", "r1").unwrap().is_none());
+        assert_eq!(db.list_tokens(Some("acme"), false).unwrap().len(), 0);
+        assert_eq!(db.list_tokens(Some("acme"), true).unwrap().len(), 1);
+        assert_eq!(db.list_tokens(None, false).unwrap().len(), 1);
+        db.insert_token(&TokenInfo { id: "t4".into(), ..t.clone() }, "h4").unwrap();
+        assert_eq!(db.find_tokens("ci", Some("acme")).unwrap()[0].id, "t4", "a revoked token's name is free again");
+    }
+
+    #[test]
+    fn owned_objects_inherit_their_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let mut rec = record("0123456789abcdef", "web");
+        rec.sandbox.tenant = "acme".into();
+        db.insert_sandbox(&rec).unwrap();
+        assert_eq!(db.get_sandbox("web").unwrap().unwrap().sandbox.tenant, "acme");
+        assert_eq!(db.get_usage("web").unwrap().unwrap().tenant, "acme");
+        let c = Checkpoint {
+            id: "c000000000000001".into(),
+            tenant: "wrong".into(),
+            name: "c1".into(),
+            sandbox_id: rec.sandbox.id.clone(),
+            parent: None,
+            layer: None,
+            layer_size: 0,
+            layers: vec![],
+            image: "busybox".into(),
+            image_id: "sha256:aa".into(),
+            changed_paths: 0,
+            labels: Default::default(),
+            created_at: "t".into(),
+            frozen_ms: 0,
+            duration_ms: 0,
+            expires_at: None,
+            pinned: false,
+        };
+        db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
+        assert_eq!(db.get_checkpoint("c1").unwrap().unwrap().0.tenant, "acme", "a checkpoint is its sandbox's tenant's");
+        db.put_template("tpl", &c.id, "t", false).unwrap();
+        assert_eq!(db.template_tenant("tpl").unwrap().as_deref(), Some("acme"), "a template is its checkpoint's tenant's");
+        db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
+        assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 2);
+        assert!(db.events_of_tenant("globex", None, 0, 100).unwrap().is_empty());
+        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+        db.delete_sandbox(&rec.sandbox.id, SandboxState::Creating, &t).unwrap();
+        assert_eq!(db.sandbox_tenant_by_id(&rec.sandbox.id).unwrap().as_deref(), Some("acme"), "remembered after destroy");
+        assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn audit_entries_without_a_tenant_keep_their_old_hash() {
+        let e = AuditEntry { seq: 1, time: "t".into(), actor: "uid:0".into(), tenant: None, method: "POST".into(), route: "/v1/x".into(), target: None, status: 200, prev_hash: AUDIT_GENESIS.into(), hash: String::new() };
+        let old = serde_json::to_vec(&serde_json::json!([e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash])).unwrap();
+        assert_eq!(audit_canonical(&e), old);
+        let with = AuditEntry { tenant: Some("acme".into()), ..e.clone() };
+        assert_ne!(audit_hash(&with), audit_hash(&e), "the tenant is covered by the hash");
+    }
+
+    #[test]
     fn audit_chain_detects_edits_removals_and_reordering() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         for (i, route) in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}"].iter().enumerate() {
-            let e = db.append_audit("2026-01-01T00:00:00Z", "uid:0", "POST", route, Some("x"), 200 + i as u16).unwrap();
+            let e = db.append_audit(&NewAudit { time: "2026-01-01T00:00:00Z", actor: "uid:0", tenant: (i == 1).then_some("acme"), method: "POST", route, target: Some("x"), status: 200 + i as u16 }).unwrap();
             assert_eq!(e.seq, i as i64 + 1);
         }
         let all = db.audit_entries(None).unwrap();
@@ -1276,6 +1512,8 @@ mod tests {
         assert_eq!(all[0].prev_hash, AUDIT_GENESIS);
         assert_eq!(all[1].prev_hash, all[0].hash);
         assert!(audit_verify(&all).is_none());
+        assert_eq!(all[1].tenant.as_deref(), Some("acme"));
+        assert_eq!(db.audit_entries_of(Some("acme"), None).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
         assert_eq!(db.audit_entries(Some(2)).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
         let mut edited = all.clone();
         edited[1].status = 500;

@@ -122,7 +122,8 @@ class Client:
         socket: Path of the daemon's Unix socket. Defaults to ``$STRATA_SOCKET``,
             else ``/run/strata/strata.sock``. Ignored when ``url`` is given.
         url: ``http://host:port`` of a daemon started with ``--listen`` (TCP).
-        token: Bearer token for TCP (the daemon's ``<state-dir>/api-token``);
+        token: Bearer token for TCP: a tenant token from ``strata token create``
+            (sees only its tenant) or the operator's ``<state-dir>/api-token``;
             defaults to ``$STRATA_TOKEN``.
         timeout: Socket timeout in seconds for ordinary requests. Calls that wait
             for work to finish (exec, streams, wait, follow) are not limited by it
