@@ -226,6 +226,23 @@ else
     warn "checkpoint/restore tests may fail or be skipped on this host"
 fi
 
+# --- MCP client for the MCP tests (crates/cli/tests/mcp.rs) --------------------------
+# The official MCP Python SDK, pinned, in its own venv; skipped when that venv already
+# has this version. STRATA_MCP_VENV overrides the location (the tests read it too).
+MCP_PY_VERSION=2.3.0
+MCP_VENV=${STRATA_MCP_VENV:-$CACHE/venv-mcp}
+install_mcp_venv() {
+    rm -rf "$MCP_VENV"
+    python3 -m venv "$MCP_VENV"
+    "$MCP_VENV/bin/pip" install --quiet --disable-pip-version-check "mcp==$MCP_PY_VERSION"
+    "$MCP_VENV/bin/python" -c "import mcp, httpx2"
+}
+if [ "$("$MCP_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" = "$MCP_PY_VERSION" ]; then
+    note "mcp $MCP_PY_VERSION: present in $MCP_VENV"
+else
+    step "python venv with mcp==$MCP_PY_VERSION ($MCP_VENV)" install_mcp_venv
+fi
+
 # --- Rust toolchain (not installable from Debian 12: its rustc is too old) ---------
 if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     warn "cargo not found: strata needs a Rust toolchain >= 1.80 (rustup); Debian 12's rustc is too old"

@@ -262,6 +262,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve strata's sandbox tools to an MCP client (Claude Desktop, IDEs, agent
+    /// frameworks) over stdin/stdout; every tool call goes to the daemon (see docs/mcp.md).
+    Mcp,
     /// Print the OpenAPI document of the native API.
     #[command(hide = true)]
     Openapi,

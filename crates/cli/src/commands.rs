@@ -135,6 +135,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream } }).await?;
             Ok(0)
         }
+        Command::Mcp => {
+            // stdout carries the protocol: nothing else may be printed there.
+            strata_mcp::serve_stdio(strata_mcp::StrataMcp::new(c)).await?;
+            Ok(0)
+        }
         Command::Openapi => {
             println!("{}", strata_daemon::openapi::spec_json());
             Ok(0)

@@ -158,14 +158,27 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
 /// The router of one listener: [`router`] behind [`tenancy::authenticate`]
 /// (the operator on the Unix socket; a bearer token on TCP).
 pub fn app(st: Shared, listener: tenancy::Listener) -> Router {
-    router(st.clone()).layer(middleware::from_fn_with_state((st, listener), tenancy::authenticate))
+    app_with_mcp(st, listener, None)
+}
+
+/// [`app`] with the MCP endpoint at `/mcp` (see [`router_with_mcp`]).
+pub fn app_with_mcp(st: Shared, listener: tenancy::Listener, mcp: Option<strata_mcp::StrataMcp>) -> Router {
+    router_with_mcp(st.clone(), mcp).layer(middleware::from_fn_with_state((st, listener), tenancy::authenticate))
 }
 
 /// The router with every native route. It expects a [`tenancy::Caller`] in
 /// each request (see [`app`]); without one every request is a 401.
 pub fn router(st: Shared) -> Router {
+    router_with_mcp(st, None)
+}
+
+/// The router with every native route and, when given, the MCP endpoint at
+/// `/mcp` (streamable HTTP; see docs/mcp.md). It sits behind the same layers
+/// as the API (authentication, tenancy, audit), and its tools call the API
+/// itself, with the caller's bearer token when there is one.
+pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router {
     use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
-    Router::new()
+    let r = Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/metrics", get(metrics::metrics_handler))
         .route("/v1/cost", get(accounting::list_handler))
@@ -227,8 +240,12 @@ pub fn router(st: Shared) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(f::mkdir_handler))
         .route("/v1/sandboxes/{id}/files/remove", post(f::remove_handler))
         .route("/v1/sandboxes/{id}/files/move", post(f::move_handler))
-        .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") })
-        .layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
+        .fallback(|| async { ApiError::new(ErrorCode::RouteNotFound, "no such route (see /openapi.json)") });
+    let r = match mcp {
+        Some(server) => r.route_service("/mcp", strata_mcp::http_service(server)),
+        None => r,
+    };
+    r.layer(middleware::from_fn_with_state(st.clone(), crate::standby::resume_on_access))
         .layer(middleware::from_fn_with_state(st.clone(), activity::track))
         // Tenancy: outside activity tracking and resume-on-access, so a request
         // for another tenant's sandbox neither counts as activity nor resumes it.
@@ -259,6 +276,15 @@ async fn json_errors(req: Request, next: Next) -> Response {
     };
     let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![], findings: vec![] };
     (status, axum::Json(body)).into_response()
+}
+
+/// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()),
+        _ => addr,
+    }
 }
 
 /// Holds an exclusive flock on `<state>/daemon.lock` for the daemon's lifetime.
@@ -325,7 +351,6 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     }
     let uds = tokio::net::UnixListener::bind(&cfg.socket).map_err(io_err("bind", &cfg.socket))?;
     std::fs::set_permissions(&cfg.socket, std::os::unix::fs::PermissionsExt::from_mode(0o660)).map_err(io_err("chmod", &cfg.socket))?;
-    let app = app(st.clone(), tenancy::Listener::Unix);
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
@@ -336,10 +361,21 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
-    if let (Some(addr), Some(token)) = (cfg.listen, token) {
-        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?;
+    let tcp = match cfg.listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?),
+        None => None,
+    };
+    // The MCP endpoint's tools call this daemon's API: over the Unix socket,
+    // or, for a caller that came with a bearer token, over TCP with that token.
+    let mut mcp = strata_mcp::StrataMcp::new(strata_client::Client::unix(&cfg.socket));
+    if let Some(local) = tcp.as_ref().and_then(|l| l.local_addr().ok()) {
+        mcp = mcp.with_token_forwarding(loopback(local).to_string());
+    }
+    let app = app_with_mcp(st.clone(), tenancy::Listener::Unix, Some(mcp.clone()));
+    if let (Some(tcp), Some(token)) = (tcp, token) {
+        let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
-        let tcp_app = self::app(st.clone(), tenancy::Listener::Tcp { legacy: token });
+        let tcp_app = app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp));
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {

@@ -364,6 +364,8 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
     }
     match route {
         "/openapi.json" | "/v1/info" | "/v1/advise" | "/v1/events" | "/v1/cost" | "/v1/audit" => Open,
+        // MCP: its tools call the API with the caller's own token, where tenancy applies.
+        "/mcp" => Open,
         "/v1/sandboxes" | "/v1/checkpoints" | "/v1/fork" | "/v1/fanout" | "/v1/pipelines" | "/v1/templates" | "/v1/templates/build" => Open,
         // Images are shared, read-only for tenants.
         "/v1/images" | "/v1/images/{name}" if read => Open,
