@@ -162,13 +162,17 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         Verdict::Info,
     ));
     details.push(format!("run {}: {} stages, {total} ms in stages ({} wall from the request)", run.id, run.stages.len(), ms(t.elapsed())));
+    // The run keeps its stopped stage sandboxes (persistent output, fork winner): not needed here.
+    for sb in run.stages.iter().flat_map(|s| s.sandboxes.iter()) {
+        b.client.remove_sandbox(sb, true).await.ok();
+    }
 
     b.report.sections.push((
         "7. setup reuse and pipeline overhead".into(),
         format!(
             "**Setup reuse:** the demo's setup is redone once: a sandbox of the Debian 12 + python image (`{IMAGE}`, limits 4 GiB / 2 CPUs), the local \
-             wheelhouse (scripts/build-wheelhouse.sh: the {packages} pinned packages of examples/demo/requirements.txt) copied in with `strata cp`, a venv \
-             created and every package installed with `pip install --no-index`; timed from the create call to the end of the install. It is then promoted \
+             wheelhouse (scripts/build-wheelhouse.sh: the pinned packages of examples/demo/requirements.txt) copied in with `strata cp`, a venv \
+             created and every package installed with `pip install --no-index` ({packages} in the venv, pip and setuptools included); timed from the create call to the end of the install. It is then promoted \
              to the template `{TEMPLATE}` (checkpoint + scan gate, timed apart, paid once). A sandbox is started from the template and runs \
              `~/venv/bin/python -V` (create call to exec result), one warm-up then {STARTS} times; the ratio is redo-setup time over the median start. \
              Target (issue 6): >= {REUSE_TARGET:.0}x. **Pipeline overhead:** `{SPEC}` (work with a checkpoint per command, fork 4 + select, ephemeral eval) \
