@@ -103,6 +103,12 @@ pub struct StageSpec {
     /// stage makes. Not on fork stages (children are forked, not created).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::SecretSpec>,
+    /// Network of the stage's sandbox, as in `POST /v1/sandboxes`: `none` (default)
+    /// or `egress` with allow rules. A stage that resumes an earlier stage's standby
+    /// sandbox applies it to that sandbox live (its rules are replaced for this stage).
+    /// Not on fork stages (children inherit their source's network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkSpec>,
     /// Resource limits of the stage's sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ResourceLimits>,

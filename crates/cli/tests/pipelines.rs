@@ -403,3 +403,44 @@ commands = ["grep -qx kept /work/out && test ! -e /run/secrets/TOKEN && test -z 
     let m = bad(THREE_STAGES.replace("[stage.fanout]", &format!("secrets = [{{ name = \"T\", host_file = \"{}\" }}]\n[stage.fanout]", secret.display())));
     assert!(m.contains("\"fix\"") && m.contains("secrets"), "{m}");
 }
+
+#[test]
+fn a_stage_network_applies_to_its_sandbox_and_bad_rules_are_refused_up_front() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let spec = r#"
+[[stage]]
+name = "fetch"
+source = "image:busybox"
+lifecycle = "persistent"
+network = { mode = "egress", allow = ["198.51.100.7/32:80"] }
+commands = ["ip route | grep -q default && grep -q nameserver /etc/resolv.conf"]
+
+[[stage]]
+name = "offline"
+source = "stage:fetch"
+lifecycle = "ephemeral"
+commands = ["! ip route | grep -q default"]
+"#;
+    let run = finished(&d.cli_ok(&["pipeline", "run", &spec_file(&d, "n.toml", spec), "--json"]));
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let sb = run["stages"][0]["sandboxes"][0].as_str().unwrap();
+    let net = json(&d, &["inspect", sb, "--json"])["network"].clone();
+    assert_eq!(net["mode"], "egress", "{net}");
+    assert!(net.to_string().contains("198.51.100.7"), "{net}");
+
+    let c = d.client();
+    let rt = common::rt();
+    let bad = |text: String| match rt.block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(text), spec: None })).unwrap_err() {
+        strata_client::ClientError::Api { status, body } => {
+            assert_eq!(status, 400);
+            body.message
+        }
+        other => panic!("{other}"),
+    };
+    let m = bad(spec.replace("198.51.100.7/32:80", "300.1.2.3/8:99999"));
+    assert!(m.contains("\"fetch\"") && m.contains("network") && m.contains("300.1.2.3"), "{m}");
+    let m = bad(THREE_STAGES.replace("[stage.fanout]", "network = { mode = \"none\" }\n[stage.fanout]"));
+    assert!(m.contains("\"fix\"") && m.contains("network"), "{m}");
+}

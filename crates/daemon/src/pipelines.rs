@@ -150,9 +150,13 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
                 if !st.commands.is_empty() {
                     return Err(err("commands", "a fork stage runs its fanout attempts, not commands".into()));
                 }
-                for (field, set) in [("user", st.user.is_some()), ("workdir", st.workdir.is_some()), ("secrets", !st.secrets.is_empty())] {
+                for (field, set) in [("user", st.user.is_some()), ("workdir", st.workdir.is_some()), ("secrets", !st.secrets.is_empty()), ("network", st.network.is_some())] {
                     if set {
-                        let why = if field == "secrets" { "a fork stage's children are forked from its source, not created: they have no secrets of their own".to_string() } else { format!("a fork stage sets {field} in its [stage.fanout] table") };
+                        let why = match field {
+                            "secrets" => "a fork stage's children are forked from its source, not created: they have no secrets of their own".to_string(),
+                            "network" => "a fork stage's children inherit their source's network".to_string(),
+                            _ => format!("a fork stage sets {field} in its [stage.fanout] table"),
+                        };
                         return Err(err(field, why));
                     }
                 }
@@ -164,6 +168,9 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
             (_, None) => {}
         }
         crate::scan::validate_flush(&st.flush).map_err(|e| err("flush", e.body.message))?;
+        if let Some(n) = &st.network {
+            crate::network::validate(n).map_err(|e| err("network", e.to_string()))?;
+        }
         if let Some(t) = &st.template {
             if kept_by(st.lifecycle) != StageKeep::Filesystem {
                 return Err(err("template", format!("lifecycle {} has no output checkpoint to promote", st.lifecycle.as_str())));
@@ -557,6 +564,9 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         SourceRef::Stage(n) if upstream(n)?.output_sandbox.is_some() => {
             let id = upstream(n)?.output_sandbox.expect("checked");
             crate::standby::ensure_running(st, &id).await.map_err(api)?;
+            if let Some(net) = &spec.network {
+                crate::network::update(st, &id, net.clone()).await.map_err(|e| format!("network: {}", e.body.message))?;
+            }
             id
         }
         _ => {
@@ -581,6 +591,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 source: from,
                 name: Some(object_name(run, &spec.name, attempt, "")),
                 secrets,
+                network: spec.network.clone(),
                 lifecycle: if spec.lifecycle == StageLifecycle::Ephemeral { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
                 ttl: spec.ttl.clone(),
                 limits: spec.limits.clone().unwrap_or_default(),
