@@ -18,6 +18,17 @@ fn spec_file(d: &TestDaemon, name: &str, text: &str) -> String {
     common::write_file(d.dir.path(), name, text.as_bytes()).to_str().unwrap().to_string()
 }
 
+/// Runs a spec that must be refused before anything runs: 400 `bad_request`; its message.
+fn refused(d: &TestDaemon, toml: String) -> String {
+    match common::rt().block_on(d.client().run_pipeline(&RunPipelineRequest { toml: Some(toml), spec: None })).unwrap_err() {
+        strata_client::ClientError::Api { status, body } => {
+            assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
+            body.message
+        }
+        other => panic!("{other}"),
+    }
+}
+
 /// The last line of a `--json` follow: the `finished` event's run.
 fn finished(out: &str) -> serde_json::Value {
     let last: serde_json::Value = serde_json::from_str(out.lines().last().expect("events")).unwrap();
@@ -107,15 +118,7 @@ fn bad_specs_and_unknown_runs_are_refused_and_a_failing_command_stops_the_run() 
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let c = d.client();
-    let rt = common::rt();
-    let bad = |text: String| match rt.block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(text), spec: None })).unwrap_err() {
-        strata_client::ClientError::Api { status, body } => {
-            assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
-            body.message
-        }
-        other => panic!("{other}"),
-    };
+    let bad = |text: String| refused(&d, text);
     let m = bad(THREE_STAGES.replace("stage:setup", "stage:eval"));
     assert!(m.contains("\"fix\"") && m.contains("source") && m.contains("forward reference"), "{m}");
     let m = bad(THREE_STAGES.replace("count = 3", "count = 65"));
@@ -140,6 +143,7 @@ fn bad_specs_and_unknown_runs_are_refused_and_a_failing_command_stops_the_run() 
     let out = d.cli(&["pipeline", "run", &file]);
     assert!(!out.status.success() && common::stderr(&out).contains("no stage named \"fix2\""), "{}", common::stderr(&out));
     // Unknown run ids are 404s.
+    let (c, rt) = (d.client(), common::rt());
     assert_eq!(rt.block_on(c.pipeline("0123456789abcdef")).unwrap_err().code(), Some(ErrorCode::PipelineNotFound));
     assert_eq!(rt.block_on(c.resume_pipeline("0123456789abcdef")).unwrap_err().code(), Some(ErrorCode::PipelineNotFound));
     // A failing command fails the run, naming the stage and the command, with its output.
@@ -389,15 +393,7 @@ commands = ["grep -qx kept /work/out && test ! -e /run/secrets/TOKEN && test -z 
     assert!(store.iter().any(|f| f.starts_with(&format!("pipeline-{}", run["id"].as_str().unwrap()))), "{store:?}");
 
     // Bad secrets are refused before anything runs, naming the stage.
-    let c = d.client();
-    let rt = common::rt();
-    let bad = |text: String| match rt.block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(text), spec: None })).unwrap_err() {
-        strata_client::ClientError::Api { status, body } => {
-            assert_eq!(status, 400);
-            body.message
-        }
-        other => panic!("{other}"),
-    };
+    let bad = |text: String| refused(&d, text);
     let m = bad(spec.replace(&secret.display().to_string(), "/nonexistent/token"));
     assert!(m.contains("\"setup\"") && m.contains("secrets") && m.contains("/nonexistent/token"), "{m}");
     let m = bad(THREE_STAGES.replace("[stage.fanout]", &format!("secrets = [{{ name = \"T\", host_file = \"{}\" }}]\n[stage.fanout]", secret.display())));
@@ -430,15 +426,7 @@ commands = ["! ip route | grep -q default"]
     assert_eq!(net["mode"], "egress", "{net}");
     assert!(net.to_string().contains("198.51.100.7"), "{net}");
 
-    let c = d.client();
-    let rt = common::rt();
-    let bad = |text: String| match rt.block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(text), spec: None })).unwrap_err() {
-        strata_client::ClientError::Api { status, body } => {
-            assert_eq!(status, 400);
-            body.message
-        }
-        other => panic!("{other}"),
-    };
+    let bad = |text: String| refused(&d, text);
     let m = bad(spec.replace("198.51.100.7/32:80", "300.1.2.3/8:99999"));
     assert!(m.contains("\"fetch\"") && m.contains("network") && m.contains("300.1.2.3"), "{m}");
     let m = bad(THREE_STAGES.replace("[stage.fanout]", "network = { mode = \"none\" }\n[stage.fanout]"));
