@@ -185,11 +185,13 @@ row pipeline "per stage (spec)" "$PIPE_MS" "work: checkpoint per step; fix: fork
 echo
 note "stage 6 · evaluate: ephemeral, clean start, nothing left behind"
 "$STRATA" cp "$DEV:/home/user/proj" "$WORK/export"
+BEFORE=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 t=$(ms)
 "$STRATA" run --rm debian-python --memory 1g -- python3 -c 'import os; print("eval in a fresh sandbox; home has:", sorted(os.listdir("/home/user")))'
 EVAL_MS=$(( $(ms) - t ))
 LEFT=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
-row evaluate "ephemeral (--rm)" "$EVAL_MS" "nothing: sandboxes left = $LEFT (only dev)"
+[ "$LEFT" = "$BEFORE" ] || die "the ephemeral run left a sandbox behind ($BEFORE before, $LEFT after)"
+row evaluate "ephemeral (--rm)" "$EVAL_MS" "nothing: sandboxes before and after = $LEFT (dev, the pipeline's kept outputs)"
 
 echo
 "$STRATA" events "$DEV"
