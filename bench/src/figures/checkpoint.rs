@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use base64::Engine;
 use strata_api::{Checkpoint, CheckpointRequest, CreateSandboxRequest, ExecRequest, ForkRequest, ImportImageRequest, Lifecycle, SandboxState};
 use strata_client::Client;
 
-use super::create_req;
+use super::{create_req, exec_ok};
 use super::import::SplitMix;
 use crate::report::{Row, Verdict};
 use crate::stats::{bytes, ms, ratio, secs, summarize};
@@ -98,13 +97,7 @@ fn generate_big(images: &Path, work: &Path, mib: u64) -> Result<(PathBuf, usize)
 
 /// Runs `cmd` in sandbox `id`; fails unless it exits 0; returns stdout.
 async fn run_in(c: &Client, id: &str, cmd: &[&str]) -> Result<String> {
-    let req = ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), timeout: Some("120s".into()), ..Default::default() };
-    let r = c.exec(id, &req).await.with_context(|| format!("exec {cmd:?} in {id}"))?;
-    let dec = |s: &str| String::from_utf8_lossy(&base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()).into_owned();
-    if r.process.exit_status() != 0 {
-        bail!("`{}` in sandbox {id} exited {}: stderr {:?}, spawn error {:?}", cmd.join(" "), r.process.exit_status(), dec(&r.stderr_b64), r.process.spawn_error);
-    }
-    Ok(dec(&r.stdout_b64))
+    exec_ok(c, id, ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), timeout: Some("120s".into()), ..Default::default() }).await
 }
 
 /// Writes `mib` MiB of fresh random data to `path` inside the sandbox.

@@ -9,9 +9,10 @@ pub mod network;
 pub mod pipeline;
 pub mod standby;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use base64::Engine;
 use strata_api::{CreateSandboxRequest, ExecRequest, ExecResult};
+use strata_client::Client;
 
 /// The sandbox every figure creates: the busybox image, defaults otherwise.
 pub fn create_req(image: &str) -> CreateSandboxRequest {
@@ -37,4 +38,26 @@ pub fn check_echo(r: &ExecResult) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// An exec's base64 output as text (lossy).
+pub fn decode_output(b64: &str) -> String {
+    String::from_utf8_lossy(&base64::engine::general_purpose::STANDARD.decode(b64).unwrap_or_default()).into_owned()
+}
+
+/// Runs `req` in sandbox `id`; fails unless it exits 0 (naming the command, its
+/// output and any spawn error); returns its stdout.
+pub async fn exec_ok(c: &Client, id: &str, req: ExecRequest) -> Result<String> {
+    let r = c.exec(id, &req).await.with_context(|| format!("exec {:?} in {id}", req.cmd))?;
+    if r.process.exit_status() != 0 {
+        bail!(
+            "`{}` in sandbox {id} exited {}: stdout {:?}, stderr {:?}, spawn error {:?}",
+            req.cmd.join(" "),
+            r.process.exit_status(),
+            decode_output(&r.stdout_b64),
+            decode_output(&r.stderr_b64),
+            r.process.spawn_error
+        );
+    }
+    Ok(decode_output(&r.stdout_b64))
 }

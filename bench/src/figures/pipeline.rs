@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use base64::Engine;
 use strata_api::{CreateSandboxRequest, CreateTemplateRequest, ExecRequest, ImportImageRequest, PipelineState, RunPipelineRequest, StageLifecycle};
 
+use super::exec_ok;
 use crate::report::{Row, Verdict};
 use crate::stats::{ms, ratio, secs, summarize};
 use crate::sys::timed;
@@ -34,13 +34,7 @@ fn wheelhouse() -> PathBuf {
 
 /// Runs `sh -c script` as `user` in `id`; fails with its output unless it exits 0.
 async fn sh(b: &Bench, id: &str, user: Option<&str>, script: &str) -> Result<String> {
-    let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], user: user.map(str::to_string), ..Default::default() };
-    let r = b.client.exec(id, &req).await.with_context(|| format!("exec {script:?}"))?;
-    let dec = |s: &str| String::from_utf8_lossy(&base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()).into_owned();
-    if r.process.exit_status() != 0 {
-        bail!("`{script}` exited {}: {}{}", r.process.exit_status(), dec(&r.stdout_b64), dec(&r.stderr_b64));
-    }
-    Ok(dec(&r.stdout_b64))
+    exec_ok(&b.client, id, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], user: user.map(str::to_string), ..Default::default() }).await
 }
 
 /// The demo's setup in a new sandbox: wheelhouse in, venv with every package, a project.

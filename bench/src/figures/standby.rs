@@ -14,11 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use base64::Engine;
 use strata_api::{CreateSandboxRequest, ExecRequest, ExecResult, OnIdle, PolicyPatch, ProcessStatus, SandboxEvent, SandboxState, StandbyMode};
 use strata_client::Client;
 
-use super::{check_echo, echo_req};
+use super::{check_echo, decode_output, echo_req};
 use crate::report::{Row, Verdict};
 use crate::stats::{bytes, kib, ms, ratio, secs, summarize, Summary};
 use crate::sys::{
@@ -63,10 +62,6 @@ fn fms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn dec(s: &str) -> String {
-    String::from_utf8_lossy(&base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()).into_owned()
-}
-
 fn named(image: &str, name: String) -> CreateSandboxRequest {
     CreateSandboxRequest { source: image.to_string(), name: Some(name), ..Default::default() }
 }
@@ -89,7 +84,7 @@ fn workload_script() -> String {
 async fn run_cmd(c: &Client, id: &str, cmd: &[&str]) -> Result<(i32, String, String)> {
     let req = ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), timeout: Some("120s".into()), ..Default::default() };
     let r = c.exec(id, &req).await.with_context(|| format!("exec {cmd:?} in {id}"))?;
-    Ok((r.process.exit_status(), dec(&r.stdout_b64), dec(&r.stderr_b64)))
+    Ok((r.process.exit_status(), decode_output(&r.stdout_b64), decode_output(&r.stderr_b64)))
 }
 
 /// Polls `cat path` until it prints something; fails when `holder` (an API process)

@@ -119,7 +119,7 @@ fn private_key_block(s: &str) -> Option<KeyBlock> {
     let mut rest = s;
     while let Some(i) = rest.find("-----BEGIN ") {
         let after = &rest[i + "-----BEGIN ".len()..];
-        let Some(end) = after.find("-----") else { return None };
+        let end = after.find("-----")?;
         let label = &after[..end];
         rest = &after[end + 5..];
         if label.len() > 40 || !label.ends_with("PRIVATE KEY") {

@@ -295,6 +295,11 @@ fn secret_key(run_id: &str, idx: usize) -> String {
     format!("pipeline-{run_id}-{idx}")
 }
 
+/// Store keys of a run's stage secrets (stages without secrets have none).
+fn secret_keys(run: &PipelineRun) -> impl Iterator<Item = String> + '_ {
+    run.spec.stages.iter().enumerate().filter(|(_, s)| !s.secrets.is_empty()).map(|(i, _)| secret_key(&run.id, i))
+}
+
 /// Store keys of the secrets of runs that may still run a stage (not succeeded),
 /// which the daemon's startup sweep keeps.
 pub fn live_secret_keys(st: &Shared) -> ApiResult<HashSet<String>> {
@@ -302,7 +307,7 @@ pub fn live_secret_keys(st: &Shared) -> ApiResult<HashSet<String>> {
     for id in st.db.list_pipeline_run_ids()? {
         let Some(run) = st.db.get_pipeline_run(&id)? else { continue };
         if run.state != PipelineState::Succeeded {
-            keys.extend(run.spec.stages.iter().enumerate().filter(|(_, s)| !s.secrets.is_empty()).map(|(i, _)| secret_key(&run.id, i)));
+            keys.extend(secret_keys(&run));
         }
     }
     Ok(keys)
@@ -310,10 +315,8 @@ pub fn live_secret_keys(st: &Shared) -> ApiResult<HashSet<String>> {
 
 /// Forgets a finished run's secret values.
 fn drop_secrets(st: &Shared, run: &PipelineRun) {
-    for (i, s) in run.spec.stages.iter().enumerate() {
-        if !s.secrets.is_empty() {
-            st.secrets.remove(&secret_key(&run.id, i));
-        }
+    for key in secret_keys(run) {
+        st.secrets.remove(&key);
     }
 }
 
