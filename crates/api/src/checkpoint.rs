@@ -66,6 +66,10 @@ pub struct Checkpoint {
     /// Kept regardless of retention.
     #[serde(default)]
     pub pinned: bool,
+    /// Rule-of-Two capabilities declared by its sandbox when it was taken; a
+    /// sandbox started from it (fork, template) inherits them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::Capability>,
     /// How long the sandbox was frozen (0 when it was not running), in milliseconds.
     pub frozen_ms: u64,
     /// Total time to take it, in milliseconds.

@@ -53,6 +53,11 @@ pub enum ErrorCode {
     StandbyImageInvalid,
     /// A state-hygiene scan has findings (listed in `findings`) and they were not accepted (409).
     ScanFindings,
+    /// The request would give one sandbox all three Rule-of-Two capabilities; it
+    /// waits for a human decision (`approval` names it) (403).
+    ApprovalRequired,
+    /// The approval id is unknown (404).
+    ApprovalNotFound,
     /// Anything else; the message carries the cause chain (500).
     Internal,
 }
@@ -69,11 +74,12 @@ impl ErrorCode {
             | ErrorCode::RouteNotFound
             | ErrorCode::LeaseNotFound
             | ErrorCode::PipelineNotFound
-            | ErrorCode::TokenNotFound => 404,
+            | ErrorCode::TokenNotFound
+            | ErrorCode::ApprovalNotFound => 404,
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::Forbidden => 403,
+            ErrorCode::Forbidden | ErrorCode::ApprovalRequired => 403,
             ErrorCode::Unsupported => 501,
             ErrorCode::RegistryError => 502,
             ErrorCode::Timeout => 504,
@@ -106,6 +112,8 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::StandbyImageInvalid => "standby_image_invalid",
             ErrorCode::ScanFindings => "scan_findings",
+            ErrorCode::ApprovalRequired => "approval_required",
+            ErrorCode::ApprovalNotFound => "approval_not_found",
             ErrorCode::Internal => "internal",
         }
     }
@@ -133,4 +141,8 @@ pub struct ApiErrorBody {
     /// For `scan_findings`: what the state-hygiene scan found.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<crate::Finding>,
+    /// For `approval_required`: the pending (or denied) approval; for `invalid_state`
+    /// on an approval: its current record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Box<crate::Approval>>,
 }

@@ -5,6 +5,7 @@
 //! definition. This crate has no runtime dependencies (no tokio, no nix).
 
 pub mod advice;
+pub mod approval;
 pub mod checkpoint;
 pub mod cost;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod template;
 pub mod tenant;
 
 pub use advice::*;
+pub use approval::*;
 pub use checkpoint::*;
 pub use cost::*;
 pub use error::{ApiErrorBody, ErrorCode};

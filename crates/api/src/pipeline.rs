@@ -109,6 +109,13 @@ pub struct StageSpec {
     /// Not on fork stages (children inherit their source's network).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::NetworkSpec>,
+    /// Rule-of-Two capabilities the stage declares (e.g. `["untrusted_input"]` for a
+    /// stage that reads a user's upload); secrets and egress add the other two. A
+    /// stage that would hold all three waits for an operator's approval (a denial or
+    /// the approval timeout fails it). Not on fork stages (children inherit their
+    /// source checkpoint's capabilities).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::Capability>,
     /// Resource limits of the stage's sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ResourceLimits>,

@@ -68,6 +68,11 @@ pub struct SandboxPolicy {
     /// before fork and template creation from the sandbox).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flush: Vec<String>,
+    /// Rule-of-Two capabilities declared for the sandbox (or inherited from the
+    /// checkpoint it started from). What its configuration implies (secrets,
+    /// egress, previews) is added to these; see `Sandbox::capabilities`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::Capability>,
 }
 
 /// Commands run inside a sandbox around transitions (e.g. to flush a dev
@@ -112,6 +117,7 @@ impl SandboxPolicy {
             delete_after: None,
             hooks: LifecycleHooks::default(),
             flush: Vec::new(),
+            capabilities: Vec::new(),
         }
     }
 }
@@ -165,6 +171,11 @@ pub struct UpdateSandboxRequest {
     /// Policy fields to change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyPatch>,
+    /// Rule-of-Two capabilities to declare in addition to those already declared
+    /// (a declared capability cannot be dropped). A declaration that would give
+    /// the sandbox all three needs an approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Vec<crate::Capability>>,
 }
 
 /// A keep-alive lease: while it is held (until `expires_at`), the sandbox is

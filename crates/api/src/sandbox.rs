@@ -135,6 +135,11 @@ pub struct CreateSandboxRequest {
     /// rules (see docs/network.md). A malformed rule is a 400 naming it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::NetworkSpec>,
+    /// Rule-of-Two capabilities the sandbox declares (e.g. `untrusted_input` for
+    /// a sandbox that reads user uploads); those its configuration implies are
+    /// derived. All three at once need an approval (403 `approval_required`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::Capability>,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -214,6 +219,9 @@ pub struct Sandbox {
     /// Its network mode and allow rules.
     #[serde(default)]
     pub network: crate::NetworkSpec,
+    /// The Rule-of-Two capabilities it holds, declared and derived, each with its reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::CapabilityGrant>,
 }
 
 /// How a sandbox in standby keeps its state.

@@ -21,6 +21,10 @@ pub struct Cli {
     /// Act as this tenant (operator: create in it and see only it; sent as X-Strata-Tenant).
     #[arg(long = "as-tenant", global = true, env = "STRATA_TENANT", value_name = "TENANT")]
     pub as_tenant: Option<String>,
+    /// Cite an approved Rule-of-Two approval (sent as X-Strata-Approval) when repeating
+    /// a request that was refused with `approval required`.
+    #[arg(long, global = true, env = "STRATA_APPROVAL", value_name = "APPROVAL_ID")]
+    pub approval: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -42,6 +46,10 @@ pub enum Command {
     /// checkpoints, templates and pipeline runs.
     #[command(subcommand)]
     Token(TokenCmd),
+    /// The Rule of Two's approval queue: requests that would give one sandbox untrusted
+    /// input, sensitive access and external communication at once wait here for a human.
+    #[command(subcommand, alias = "approval")]
+    Approvals(ApprovalCmd),
     /// Run pipelines (a TOML spec of stages, each with its own lifecycle) and follow them.
     #[command(subcommand)]
     Pipeline(PipelineCmd),
@@ -298,6 +306,14 @@ pub struct DaemonArgs {
     /// Default: the first IPv4 nameserver in /etc/resolv.conf.
     #[arg(long, env = "STRATA_DNS_UPSTREAM")]
     pub dns_upstream: Option<std::net::SocketAddr>,
+    /// How long a Rule-of-Two approval waits for an operator before it is
+    /// denied, and an approved one for the request to be repeated (e.g. 15m, 1h).
+    #[arg(long, env = "STRATA_APPROVAL_TIMEOUT", value_parser = parse_timeout)]
+    pub approval_timeout: Option<std::time::Duration>,
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    strata_core::units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -392,6 +408,15 @@ pub struct CreateArgs {
     pub secrets: SecretArgs,
     #[command(flatten)]
     pub network: NetworkArgs,
+    /// Declare a Rule-of-Two capability (repeatable): untrusted_input, sensitive_access,
+    /// external_comms. Secrets and egress imply the last two; all three need an approval.
+    #[arg(long = "capability", value_name = "CAP", value_parser = parse_capability)]
+    pub capabilities: Vec<strata_api::Capability>,
+}
+
+/// Parses a Rule-of-Two capability name.
+pub fn parse_capability(s: &str) -> Result<strata_api::Capability, String> {
+    strata_api::Capability::parse(s).ok_or_else(|| format!("unknown capability {s:?} (untrusted_input, sensitive_access, external_comms)"))
 }
 
 /// Network of a sandbox (see docs/network.md).
@@ -536,6 +561,48 @@ pub struct AuditArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum ApprovalCmd {
+    /// List approvals (a tenant sees its own), oldest first.
+    Ls {
+        /// Only those in this state: pending, approved, denied, used.
+        #[arg(long)]
+        state: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one approval: what was asked, the capabilities and why, the decision.
+    Show {
+        /// Approval id.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending request (operator only); the caller then repeats it once.
+    Approve {
+        /// Approval id.
+        id: String,
+        /// Why (recorded on the approval and in the audit log).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Deny a pending request (operator only).
+    Deny {
+        /// Approval id.
+        id: String,
+        /// Why (recorded on the approval and in the audit log).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Wait until an approval is decided (or times out); exit 0 when approved.
+    Wait {
+        /// Approval id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum TokenCmd {
     /// Create a token; prints its secret (shown only now) for STRATA_TOKEN or E2B_API_KEY.
     Create {
@@ -593,6 +660,9 @@ pub struct UpdateArgs {
     pub id: String,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    /// Declare a further Rule-of-Two capability (repeatable; declared ones cannot be dropped).
+    #[arg(long = "capability", value_name = "CAP", value_parser = parse_capability)]
+    pub capabilities: Vec<strata_api::Capability>,
     /// JSON output (the updated sandbox).
     #[arg(long)]
     pub json: bool,

@@ -90,7 +90,7 @@ fn client(cli: &Cli) -> Client {
         Some(h) => Client::new(Endpoint::Tcp { addr: h.clone(), token: cli.token.clone() }),
         None => Client::unix(&cli.socket),
     };
-    c.with_tenant(cli.as_tenant.clone())
+    c.with_tenant(cli.as_tenant.clone()).with_approval(cli.approval.clone())
 }
 
 fn token_rows(list: &[strata_api::TokenInfo]) -> Vec<Vec<String>> {
@@ -101,6 +101,69 @@ fn token_rows(list: &[strata_api::TokenInfo]) -> Vec<Vec<String>> {
         (None, None) => "active".into(),
     };
     list.iter().map(|t| vec![t.id.clone(), t.name.clone(), t.tenant.clone(), t.created_at.clone(), t.last_used_at.clone().unwrap_or_else(|| "-".into()), status(t)]).collect()
+}
+
+async fn approvals_cmd(c: &Client, cmd: ApprovalCmd) -> Result<i32> {
+    match cmd {
+        ApprovalCmd::Ls { state, json } => {
+            let list = c.list_approvals(state.as_deref()).await?;
+            if json {
+                output::json(&list);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|a| vec![a.id.clone(), a.state.to_string(), a.tenant.clone(), format!("{} {}", a.action, a.target), a.requested_by.clone(), a.expires_at.clone()])
+                    .collect();
+                output::table(&["ID", "STATE", "TENANT", "REQUEST", "BY", "EXPIRES"], rows);
+            }
+            Ok(0)
+        }
+        ApprovalCmd::Show { id, json } => {
+            let a = c.get_approval(&id).await?;
+            if json {
+                output::json(&a);
+            } else {
+                print_approval(&a);
+            }
+            Ok(0)
+        }
+        ApprovalCmd::Approve { id, reason } => {
+            let a = c.decide_approval(&id, true, reason).await?;
+            println!("{} {}", a.id, a.state);
+            Ok(0)
+        }
+        ApprovalCmd::Deny { id, reason } => {
+            let a = c.decide_approval(&id, false, reason).await?;
+            println!("{} {}", a.id, a.state);
+            Ok(0)
+        }
+        ApprovalCmd::Wait { id } => loop {
+            let a = c.get_approval(&id).await?;
+            if a.state != strata_api::ApprovalState::Pending {
+                print_approval(&a);
+                return Ok(if a.state == strata_api::ApprovalState::Approved { 0 } else { 1 });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        },
+    }
+}
+
+fn print_approval(a: &strata_api::Approval) {
+    println!("id:           {}", a.id);
+    println!("state:        {}", a.state);
+    println!("tenant:       {}", a.tenant);
+    println!("request:      {} {}", a.action, a.target);
+    println!("requested by: {} at {}", a.requested_by, a.requested_at);
+    println!("expires:      {}", a.expires_at);
+    for g in &a.capabilities {
+        println!("capability:   {} ({})", g.capability, g.because);
+    }
+    if let Some(by) = &a.decided_by {
+        println!("decided by:   {} at {}{}", by, a.decided_at.as_deref().unwrap_or("?"), a.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default());
+    }
+    if let Some(u) = &a.used_at {
+        println!("used at:      {u}");
+    }
 }
 
 /// Prints an error with its whole cause chain.
@@ -121,7 +184,11 @@ pub async fn run(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             print_error(&e);
-            1
+            // A distinct code for scripts: the request waits for a human (`strata approvals`).
+            match e.downcast_ref::<strata_client::ClientError>() {
+                Some(strata_client::ClientError::Api { body, .. }) if body.code == strata_api::ErrorCode::ApprovalRequired => 3,
+                _ => 1,
+            }
         }
     }
 }
@@ -132,7 +199,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream } }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, approval_timeout: a.approval_timeout }).await?;
             Ok(0)
         }
         Command::Mcp => {
@@ -196,10 +263,18 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Update(a) => {
-            let Some(patch) = policy_patch(&a.policy) else {
-                bail!("nothing to update: give --on-idle, --idle-timeout, --max-lifetime, --archive-after or --delete-after");
+            let patch = policy_patch(&a.policy);
+            if patch.is_none() && a.capabilities.is_empty() {
+                bail!("nothing to update: give --on-idle, --idle-timeout, --max-lifetime, --archive-after, --delete-after or --capability");
+            }
+            // Declared capabilities only grow: send the current ones with the new.
+            let capabilities = if a.capabilities.is_empty() {
+                None
+            } else {
+                let current = c.get_sandbox(&a.id).await?.policy.capabilities;
+                Some(current.into_iter().chain(a.capabilities.iter().copied()).collect())
             };
-            let s = c.update_sandbox(&a.id, &UpdateSandboxRequest { policy: Some(patch) }).await?;
+            let s = c.update_sandbox(&a.id, &UpdateSandboxRequest { policy: patch, capabilities }).await?;
             if a.json {
                 output::json(&s);
             } else {
@@ -408,6 +483,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(if r.clean { 0 } else { 2 })
         }
+        Command::Approvals(cmd) => approvals_cmd(&c, cmd).await,
         Command::Token(cmd) => match cmd {
             TokenCmd::Create { name, tenant, expires, json } => {
                 let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires }).await?;
@@ -532,6 +608,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         policy: policy_patch(&a.policy),
         secrets: secrets(&a.secrets)?,
         network: network_spec(&a.network),
+        capabilities: a.capabilities.clone(),
     })
 }
 
@@ -628,6 +705,10 @@ fn print_sandbox(s: &Sandbox) {
         rows.push(("init pid", p.to_string()));
     }
     rows.push(("oom kills", s.oom_kills.to_string()));
+    if !s.capabilities.is_empty() {
+        let caps: Vec<String> = s.capabilities.iter().map(|g| format!("{} ({})", g.capability, g.because)).collect();
+        rows.push(("rule of 2", caps.join("; ")));
+    }
     for (k, v) in rows {
         println!("{k:<10} {v}");
     }

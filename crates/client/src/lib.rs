@@ -83,6 +83,7 @@ impl std::fmt::Display for Endpoint {
 pub struct Client {
     endpoint: Endpoint,
     tenant: Option<String>,
+    approval: Option<String>,
 }
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
@@ -145,7 +146,15 @@ impl<T: DeserializeOwned> NdjsonStream<T> {
 impl Client {
     /// A client for `endpoint`.
     pub fn new(endpoint: Endpoint) -> Self {
-        Client { endpoint, tenant: None }
+        Client { endpoint, tenant: None, approval: None }
+    }
+
+    /// Sends an approved approval's id (the `X-Strata-Approval` header) with
+    /// every request: a request refused with `approval_required` goes through
+    /// when repeated with it (once, see docs/security.md "Rule of Two").
+    pub fn with_approval(mut self, approval: Option<String>) -> Self {
+        self.approval = approval;
+        self
     }
 
     /// Acts as one tenant (the `X-Strata-Tenant` header): the operator then
@@ -165,6 +174,9 @@ impl Client {
         let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata").header(hyper::header::CONTENT_TYPE, content_type);
         if let Some(t) = &self.tenant {
             req = req.header(strata_api::TENANT_HEADER, t.as_str());
+        }
+        if let Some(a) = &self.approval {
+            req = req.header(strata_api::APPROVAL_HEADER, a.as_str());
         }
         let resp = match &self.endpoint {
             Endpoint::Unix(p) => {
@@ -194,6 +206,7 @@ impl Client {
             current_state: None,
             dependents: vec![],
             findings: vec![],
+            approval: None,
         });
         Err(ClientError::Api { status, body })
     }
@@ -554,6 +567,26 @@ impl Client {
             q.push_str(&format!("?tenant={}", enc(t)));
         }
         self.call::<(), _>(Method::DELETE, &q, None).await
+    }
+
+    /// Lists approvals (a tenant sees its own), optionally only those in `state`.
+    pub async fn list_approvals(&self, state: Option<&str>) -> Result<Vec<strata_api::Approval>> {
+        let q = match state {
+            Some(s) => format!("/v1/approvals?state={}", enc(s)),
+            None => "/v1/approvals".to_string(),
+        };
+        self.call::<(), _>(Method::GET, &q, None).await
+    }
+
+    /// One approval.
+    pub async fn get_approval(&self, id: &str) -> Result<strata_api::Approval> {
+        self.call::<(), _>(Method::GET, &format!("/v1/approvals/{}", enc(id)), None).await
+    }
+
+    /// Approves (`approve = true`) or denies a pending approval (the operator only).
+    pub async fn decide_approval(&self, id: &str, approve: bool, reason: Option<String>) -> Result<strata_api::Approval> {
+        let verb = if approve { "approve" } else { "deny" };
+        self.call(Method::POST, &format!("/v1/approvals/{}/{verb}", enc(id)), Some(&strata_api::ApprovalDecision { reason })).await
     }
 
     /// Lists templates.

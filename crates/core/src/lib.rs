@@ -3,10 +3,12 @@
 //! * [`lifecycle`]: the exhaustive transition table of sandbox states.
 //! * [`units`]: durations (`30s`, `2h`), sizes (`512m`, `2G`) and CPU counts.
 //! * [`ids`]: sandbox ids and names.
+//! * [`rule_of_two`]: which Rule-of-Two capabilities a sandbox holds.
 
 pub mod advisor;
 pub mod ids;
 pub mod lifecycle;
+pub mod rule_of_two;
 pub mod units;
 
 pub use lifecycle::{Action, InvalidTransition};

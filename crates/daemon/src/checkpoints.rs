@@ -157,6 +157,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         created_at: now(),
         expires_at,
         pinned: req.pinned,
+        capabilities: rec.sandbox.policy.capabilities.clone(),
         frozen_ms,
         duration_ms: started.elapsed().as_millis() as u64,
     };
@@ -268,25 +269,40 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     Ok(RestoreResult { sandbox, kept })
 }
 
+/// What a fork starts from.
+enum ForkSource {
+    Checkpoint(Checkpoint),
+    /// A live sandbox, checkpointed once the fork may go ahead.
+    Live(SandboxRecord),
+}
+
 /// Forks `count` sandboxes from a checkpoint, or from a live sandbox (checkpointed first).
 pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     let started = Instant::now();
     if req.count == 0 || req.count > MAX_FORK {
         return Err(ApiError::bad_request(format!("fork count must be between 1 and {MAX_FORK}, got {}", req.count)));
     }
-    let ckpt = match tenancy::find_checkpoint(st, &req.source)? {
-        Some((c, _)) => c,
-        None => {
-            let rec = tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?;
-            checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), ..Default::default() }).await?
-        }
+    let source = match tenancy::find_checkpoint(st, &req.source)? {
+        Some((c, _)) => ForkSource::Checkpoint(c),
+        None => ForkSource::Live(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?),
     };
-    let parent = st.db.get_sandbox(&ckpt.sandbox_id)?;
+    // The Rule of Two once for all children, before a live source is checkpointed:
+    // they inherit its declared capabilities and (unless the request names one) its network.
+    let (parent_id, source_name, inherited, tenant) = match &source {
+        ForkSource::Checkpoint(c) => (c.sandbox_id.clone(), c.name.clone(), c.capabilities.clone(), c.tenant.clone()),
+        ForkSource::Live(r) => (r.sandbox.id.clone(), r.sandbox.name.clone(), r.sandbox.policy.capabilities.clone(), r.sandbox.tenant.clone()),
+    };
+    let parent = st.db.get_sandbox(&parent_id)?;
+    let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { inherited: Some((&source_name, &inherited)), network: network.as_ref(), ..Default::default() });
+    crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
+    let ckpt = match source {
+        ForkSource::Checkpoint(c) => c,
+        ForkSource::Live(rec) => checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), ..Default::default() }).await?,
+    };
     let generation = parent.as_ref().map_or(0, |p| p.sandbox.fork_generation) + 1;
     let prefix = req.name_prefix.clone().unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
     let limits = req.limits.clone().or_else(|| parent.as_ref().map(|p| p.sandbox.limits.clone())).unwrap_or_default();
-    // Children inherit the parent's network unless the request names one.
-    let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
     let mut names = Vec::new();
     for i in 1..=req.count {
         let mut n = format!("{prefix}-{i}");
@@ -297,7 +313,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     }
     let creates = names.clone().into_iter().map(|name| {
         let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), ..Default::default() };
-        sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation })
+        sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation, rule_of_two_checked: true })
     });
     let results = futures_util::future::join_all(creates).await;
     let mut ids_out = Vec::new();
@@ -514,9 +530,14 @@ pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
 
 /// The same change set as an OCI layer tar (deletions as `.wh.` entries).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/export", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
-    responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
+    responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Response> {
     let rec = load(&st, &id)?;
+    // The Rule of Two: exporting files is external communication.
+    let view = sandboxes::with_secret_names(&st, rec.sandbox.clone());
+    let names = sandboxes::secret_names(&view.secrets);
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &names) });
+    crate::approvals::gate(&st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
     let cmp = comparison(&st, &rec, q.against.as_deref())?;
     let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {
         let mut out = Vec::new();

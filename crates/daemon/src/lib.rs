@@ -12,6 +12,7 @@
 pub mod accounting;
 pub mod activity;
 pub mod advisor;
+pub mod approvals;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
@@ -133,6 +134,8 @@ pub struct Config {
     pub prices: Option<PathBuf>,
     /// Per-sandbox networks: address pool and upstream DNS server.
     pub network: network::NetworkConfig,
+    /// How long a Rule-of-Two approval waits for a decision (default 15 minutes).
+    pub approval_timeout: Option<std::time::Duration>,
 }
 
 /// Name of the token file in the state directory.
@@ -224,6 +227,10 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))
         .route("/v1/templates/build", post(t::build_handler))
         .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))
+        .route("/v1/approvals", get(approvals::list_handler))
+        .route("/v1/approvals/{id}", get(approvals::get_handler))
+        .route("/v1/approvals/{id}/approve", post(approvals::approve_handler))
+        .route("/v1/approvals/{id}/deny", post(approvals::deny_handler))
         .route("/v1/tokens", get(tenancy::list_tokens_handler).post(tenancy::create_token_handler))
         .route("/v1/tokens/{id}", axum::routing::delete(tenancy::revoke_token_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
@@ -274,7 +281,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
         s if s.is_server_error() => ErrorCode::Internal,
         _ => ErrorCode::BadRequest,
     };
-    let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![], findings: vec![] };
+    let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![], findings: vec![], approval: None };
     (status, axum::Json(body)).into_response()
 }
 
@@ -327,6 +334,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive);
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
+    app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     network::reconcile(&st).await;

@@ -150,11 +150,12 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
                 if !st.commands.is_empty() {
                     return Err(err("commands", "a fork stage runs its fanout attempts, not commands".into()));
                 }
-                for (field, set) in [("user", st.user.is_some()), ("workdir", st.workdir.is_some()), ("secrets", !st.secrets.is_empty()), ("network", st.network.is_some())] {
+                for (field, set) in [("user", st.user.is_some()), ("workdir", st.workdir.is_some()), ("secrets", !st.secrets.is_empty()), ("network", st.network.is_some()), ("capabilities", !st.capabilities.is_empty())] {
                     if set {
                         let why = match field {
                             "secrets" => "a fork stage's children are forked from its source, not created: they have no secrets of their own".to_string(),
                             "network" => "a fork stage's children inherit their source's network".to_string(),
+                            "capabilities" => "a fork stage's children inherit their source checkpoint's capabilities".to_string(),
                             _ => format!("a fork stage sets {field} in its [stage.fanout] table"),
                         };
                         return Err(err(field, why));
@@ -483,6 +484,53 @@ fn tail_of(p: &crate::processes::Proc) -> String {
     }
 }
 
+/// How often a stage waiting for a Rule-of-Two approval looks at it.
+const APPROVAL_POLL: Duration = Duration::from_millis(500);
+
+/// Runs `call`; when the Rule of Two holds it for an approval, notes the
+/// approval on stage `idx`, waits for the decision and, once approved, runs it
+/// again (the approval then lets it through once). A denial or the approval
+/// timeout fails the stage with the decider's reason.
+async fn with_approval<T, F, Fut>(st: &Shared, run: &mut PipelineRun, idx: usize, mut call: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ApiResult<T>>,
+{
+    loop {
+        let e = match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let Some(a) = e.body.approval.as_deref().filter(|_| e.body.code == ErrorCode::ApprovalRequired) else {
+            return Err(e.body.message);
+        };
+        let id = a.id.clone();
+        info!(run = %run.id, stage = idx, approval = %id, "stage waits for a Rule-of-Two approval");
+        run.stages[idx].notes.push(format!("waiting for approval {id} (strata approvals approve|deny {id}): {}", e.body.message));
+        save(st, run, Some(idx));
+        loop {
+            tokio::time::sleep(APPROVAL_POLL).await;
+            crate::approvals::expire_pending(st);
+            let a = st.db.get_approval(&id).map_err(|e| e.to_string())?.ok_or_else(|| format!("approval {id} vanished"))?;
+            match a.state {
+                strata_api::ApprovalState::Pending => continue,
+                strata_api::ApprovalState::Approved => {
+                    run.stages[idx].notes.push(format!("approval {id} approved by {}", a.decided_by.as_deref().unwrap_or("?")));
+                    break;
+                }
+                _ => {
+                    return Err(format!(
+                        "approval {id} {} by {}{}",
+                        a.state,
+                        a.decided_by.as_deref().unwrap_or("?"),
+                        a.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+                    ))
+                }
+            }
+        }
+    }
+}
+
 /// Runs stage `idx`; on error returns the message recorded on the stage.
 async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(), String> {
     let spec = run.spec.stages[idx].clone();
@@ -567,8 +615,13 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         SourceRef::Stage(n) if upstream(n)?.output_sandbox.is_some() => {
             let id = upstream(n)?.output_sandbox.expect("checked");
             crate::standby::ensure_running(st, &id).await.map_err(api)?;
+            if !spec.capabilities.is_empty() {
+                let current = crate::sandboxes::load(st, &id).map_err(api)?.sandbox.policy.capabilities;
+                let req = strata_api::UpdateSandboxRequest { capabilities: Some(current.into_iter().chain(spec.capabilities.iter().copied()).collect()), ..Default::default() };
+                with_approval(st, run, idx, || async { crate::policy::update(st, &id, &req) }).await.map_err(|e| format!("capabilities: {e}"))?;
+            }
             if let Some(net) = &spec.network {
-                crate::network::update(st, &id, net.clone()).await.map_err(|e| format!("network: {}", e.body.message))?;
+                with_approval(st, run, idx, || crate::network::update(st, &id, net.clone())).await.map_err(|e| format!("network: {e}"))?;
             }
             id
         }
@@ -600,9 +653,10 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 limits: spec.limits.clone().unwrap_or_default(),
                 env: env.clone(),
                 policy,
+                capabilities: spec.capabilities.clone(),
                 ..Default::default()
             };
-            crate::sandboxes::create(st, req).await.map_err(api)?.id
+            with_approval(st, run, idx, || crate::sandboxes::create(st, req.clone())).await?.id
         }
     };
     run.stages[idx].sandboxes.push(sandbox_id.clone());

@@ -126,6 +126,9 @@ pub fn initial(lifecycle: Lifecycle, patch: Option<&PolicyPatch>) -> ApiResult<S
 /// Changes a sandbox's policy; returns the sandbox.
 pub fn update(st: &Shared, id: &str, req: &UpdateSandboxRequest) -> ApiResult<Sandbox> {
     let rec = load(st, id)?;
+    if let Some(caps) = req.capabilities.as_ref() {
+        declare(st, &rec, caps)?;
+    }
     if let Some(patch) = req.policy.as_ref().filter(|p| !p.is_empty()) {
         validate(patch)?;
         let policy = st.db.update_policy(&rec.sandbox.id, |p| apply_patch(p, patch))?.ok_or_else(|| ApiError::sandbox_not_found(id))?;
@@ -133,6 +136,32 @@ pub fn update(st: &Shared, id: &str, req: &UpdateSandboxRequest) -> ApiResult<Sa
             archive_after = ?policy.archive_after, delete_after = ?policy.delete_after, "policy updated");
     }
     Ok(load(st, &rec.sandbox.id)?.sandbox)
+}
+
+/// Adds declared Rule-of-Two capabilities to a sandbox (the gate decides
+/// whether it may then hold all three). Declared ones cannot be dropped: the
+/// data that made them true is still in the sandbox.
+fn declare(st: &Shared, rec: &strata_store::db::SandboxRecord, caps: &[strata_api::Capability]) -> ApiResult<()> {
+    let current = &rec.sandbox.policy.capabilities;
+    if let Some(dropped) = current.iter().find(|c| !caps.contains(c)) {
+        return Err(ApiError::bad_request(format!(
+            "capability {dropped} cannot be dropped (declared capabilities only grow: its data is still in the sandbox; start a new one from a clean template instead)"
+        )));
+    }
+    let mut declared: Vec<strata_api::Capability> = current.iter().chain(caps).copied().collect();
+    declared.sort();
+    declared.dedup();
+    if declared == *current {
+        return Ok(());
+    }
+    let mut view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
+    view.policy.capabilities = declared.clone();
+    let names = crate::sandboxes::secret_names(&view.secrets);
+    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &names));
+    crate::approvals::gate(st, &rec.sandbox.tenant, "declare capabilities of", &rec.sandbox.id, &grants)?;
+    st.db.update_policy(&rec.sandbox.id, |p| p.capabilities = declared.clone())?.ok_or_else(|| ApiError::sandbox_not_found(&rec.sandbox.id))?;
+    info!(sandbox = %rec.sandbox.id, capabilities = ?declared, "capabilities declared");
+    Ok(())
 }
 
 /// Everything [`decide`] looks at, taken at one instant.
@@ -366,6 +395,7 @@ pub async fn run(st: Shared) {
                 }
             }
         }
+        crate::approvals::expire_pending(&st);
         let leases = match crate::activity::sweep_leases(&st) {
             Ok(l) => l,
             Err(e) => {

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use strata_api::{CreateSandboxRequest, CreatedSandbox, ErrorCode, Lifecycle, RemoveQuery, Sandbox, SandboxEvent, SandboxState};
 use strata_core::lifecycle::{has_processes, next_state};
-use strata_core::{ids, units, Action};
+use strata_core::{ids, rule_of_two, units, Action};
 use strata_runtime::{SandboxHandle, SandboxSpec};
 use strata_store::db::{SandboxRecord, Transition};
 use tracing::{info, info_span, warn, Instrument};
@@ -255,6 +255,8 @@ pub async fn create(st: &Shared, req: CreateSandboxRequest) -> ApiResult<Sandbox
 pub struct Lineage {
     /// Fork generation of the new sandbox.
     pub fork_generation: u32,
+    /// The Rule of Two was already checked for this create (a fork checks once for all its children).
+    pub rule_of_two_checked: bool,
 }
 
 /// The layer chain, image identity and defaults a sandbox starts from: an image,
@@ -272,21 +274,23 @@ pub struct Source {
     pub checkpoint: Option<String>,
     /// The checkpoint's tenant, which a sandbox made from it joins.
     pub tenant: Option<String>,
+    /// Rule-of-Two capabilities declared on the checkpoint, which a sandbox made from it inherits.
+    pub capabilities: Vec<strata_api::Capability>,
 }
 
 /// Resolves a source name: an image (shared by every tenant) first, then a
 /// template, then a checkpoint, of those the caller may see.
 pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
     if let Some(image) = st.db.get_image(name)? {
-        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None });
+        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None, capabilities: Vec::new() });
     }
     if let Some((ckpt, _)) = crate::tenancy::find_template(st, name)? {
         if let Some((c, config)) = st.db.get_checkpoint(&ckpt)? {
-            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant) });
+            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
         }
     }
     if let Some((c, config)) = crate::tenancy::find_checkpoint(st, name)? {
-        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant) });
+        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
     }
     Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {name:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)")))
 }
@@ -312,7 +316,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     if let Some(t) = &req.ttl {
         units::parse_duration(t)?;
     }
-    let policy = crate::policy::initial(req.lifecycle, req.policy.as_ref())?;
+    let mut policy = crate::policy::initial(req.lifecycle, req.policy.as_ref())?;
     if req.limits.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) || req.limits.memory_bytes == Some(0) || req.limits.pids == Some(0) {
         return Err(ApiError::bad_request("resource limits must be positive"));
     }
@@ -324,6 +328,25 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     // Read and checked before anything is recorded: a bad secret creates nothing.
     let secrets = crate::secrets::validate(&req.secrets)?;
     let network = crate::network::check(st, req.network.as_ref())?;
+    let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
+    // The Rule of Two, before anything is recorded: all three capabilities need an approval.
+    let secret_names: Vec<String> = req.secrets.iter().map(|s| s.name.clone()).collect();
+    let grants = rule_of_two::grants(&rule_of_two::Exposure {
+        declared: &req.capabilities,
+        inherited: Some((source.name.as_str(), source.capabilities.as_slice())),
+        secrets: &secret_names,
+        network: network.as_ref().map(|(spec, _)| spec),
+        ..Default::default()
+    });
+    if !lineage.rule_of_two_checked {
+        let target = match &req.name {
+            Some(n) => format!("from {} named {n}", source.name),
+            None => format!("from {}", source.name),
+        };
+        crate::approvals::gate(st, &tenant, "create sandbox", &target, &grants)?;
+    }
+    // Declared and inherited capabilities stay with the sandbox (and its checkpoints).
+    policy.capabilities = req.capabilities.iter().chain(&source.capabilities).copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     let hostname = match &req.hostname {
         Some(h) => {
             ids::validate_name(h, false)?;
@@ -335,7 +358,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     let rec = SandboxRecord {
         sandbox: Sandbox {
             id: id.clone(),
-            tenant: source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant),
+            tenant,
             name,
             state: SandboxState::Creating,
             state_reason: "user".into(),
@@ -362,6 +385,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
             standby: None,
             secrets: Vec::new(),
             network: Default::default(),
+            capabilities: Vec::new(),
         },
         layers: source.layers,
         init_start_time: None,
@@ -722,7 +746,18 @@ pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
 pub fn with_secret_names(st: &Shared, mut sb: Sandbox) -> Sandbox {
     sb.secrets = st.secrets.get_or_empty(&sb.id).refs();
     sb.network = st.network.spec_of(&sb.id);
+    sb.capabilities = rule_of_two::grants(&exposure(&sb, &secret_names(&sb.secrets)));
     sb
+}
+
+/// Names of secrets, as the Rule of Two reports them.
+pub fn secret_names(refs: &[strata_api::SecretRef]) -> Vec<String> {
+    refs.iter().map(|r| r.name.clone()).collect()
+}
+
+/// What a sandbox (its view with secrets and network filled in) exposes, for the Rule of Two.
+pub fn exposure<'a>(sb: &'a Sandbox, secret_names: &'a [String]) -> rule_of_two::Exposure<'a> {
+    rule_of_two::Exposure { declared: &sb.policy.capabilities, secrets: secret_names, network: Some(&sb.network), ..Default::default() }
 }
 
 // ---- HTTP handlers ----

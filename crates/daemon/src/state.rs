@@ -44,6 +44,8 @@ pub struct AppState {
     pub secrets: crate::secrets::SecretStore,
     /// Per-sandbox networks (egress entries, DNS filter state).
     pub network: crate::network::Network,
+    /// How long a Rule-of-Two approval waits for a decision (and then for its use).
+    pub approval_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -67,6 +69,7 @@ impl AppState {
             metrics: crate::metrics::Metrics::new(),
             accounting: crate::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
+            approval_timeout: crate::approvals::DEFAULT_TIMEOUT,
         }
     }
 

@@ -73,12 +73,14 @@ pub struct Caller {
     pub principal: Principal,
     /// For the operator: the tenant named with `X-Strata-Tenant`, if any.
     pub acting_as: Option<String>,
+    /// The approval the request cites (`X-Strata-Approval`), for the Rule of Two.
+    pub approval: Option<String>,
 }
 
 impl Caller {
     /// The operator, acting in no particular tenant.
     pub fn operator(actor: impl Into<String>) -> Self {
-        Caller { principal: Principal::Operator { actor: actor.into() }, acting_as: None }
+        Caller { principal: Principal::Operator { actor: actor.into() }, acting_as: None, approval: None }
     }
 
     /// The only tenant this caller sees; `None` means every tenant.
@@ -152,7 +154,7 @@ pub async fn run_as<F: Future>(caller: Caller, fut: F) -> F::Output {
 
 /// Runs `fut` as the daemon acting in `tenant` (resumed pipeline runs).
 pub async fn run_in_tenant<F: Future>(tenant: &str, fut: F) -> F::Output {
-    let caller = Caller { principal: Principal::Operator { actor: "daemon".into() }, acting_as: Some(tenant.to_string()) };
+    let caller = Caller { principal: Principal::Operator { actor: "daemon".into() }, acting_as: Some(tenant.to_string()), approval: None };
     CALLER.scope(caller, fut).await
 }
 
@@ -258,7 +260,7 @@ pub fn tenant_caller(st: &Shared, secret: &str) -> Result<Caller, ApiError> {
     if let Err(e) = st.db.touch_token(&t.id, &now(), &stale) {
         tracing::warn!(error = %e, token = %t.id, "recording token use");
     }
-    Ok(Caller { principal: Principal::Tenant { tenant: t.tenant, token_id: t.id, token_name: t.name }, acting_as: None })
+    Ok(Caller { principal: Principal::Tenant { tenant: t.tenant, token_id: t.id, token_name: t.name }, acting_as: None, approval: None })
 }
 
 /// Middleware (outermost): establishes the [`Caller`] of every request, or refuses it with 401/403.
@@ -293,6 +295,12 @@ pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut 
             Principal::Operator { .. } => caller.acting_as = Some(t),
         }
     }
+    if let Some(v) = req.headers().get(strata_api::APPROVAL_HEADER) {
+        match v.to_str().map(str::trim) {
+            Ok(a) if crate::approvals::valid_id(a) => caller.approval = Some(a.to_string()),
+            _ => return ApiError::bad_request(format!("header {}: not an approval id (apr-<hex>)", strata_api::APPROVAL_HEADER)).into_response(),
+        }
+    }
     req.extensions_mut().insert(crate::audit::Actor(caller.actor()));
     req.extensions_mut().insert(caller.clone());
     CALLER.scope(caller, next.run(req)).await
@@ -320,6 +328,8 @@ pub enum Owned {
     Pipeline,
     /// A sandbox or else a checkpoint (lineage, scan).
     SandboxOrCheckpoint,
+    /// A Rule-of-Two approval.
+    Approval,
 }
 
 /// How a route treats tenant callers.
@@ -348,6 +358,9 @@ pub const OPERATOR_ONLY: &[&str] = &[
     "/v1/doctor",
     "/metrics",
     "/v1/audit/verify",
+    // An agent holding a tenant token must not approve its own request.
+    "/v1/approvals/{id}/approve",
+    "/v1/approvals/{id}/deny",
 ];
 
 /// The tenancy policy of a route (its template as matched). Anything not
@@ -373,9 +386,10 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         "/v1/templates/{name}" => Owned(self::Owned::Template),
         "/v1/cost/{id}" => Owned(self::Owned::Usage),
         "/v1/lineage/{id}" | "/v1/scan/{id}" => Owned(self::Owned::SandboxOrCheckpoint),
-        // Approvals (Rule of Two): once they record their tenant, list them as
-        // `"/v1/approvals" => Open` (filtered) and `"/v1/approvals/{id}"` as an
-        // `Owned` kind resolved in `check_owned`.
+        // Approvals (Rule of Two): a tenant lists and reads its own (to wait for
+        // a decision); deciding is for the operator, a human (see OPERATOR_ONLY).
+        "/v1/approvals" => Open,
+        "/v1/approvals/{id}" => Owned(self::Owned::Approval),
         //
         // Operator-only: tokens, image import/pull/removal, gc, doctor,
         // /metrics (host-wide series), audit verification (needs every entry).
@@ -391,6 +405,7 @@ fn not_found(kind: Owned, key: &str) -> ApiError {
         Owned::Template => crate::templates::not_found(key),
         Owned::Pipeline => crate::pipelines::not_found(key),
         Owned::SandboxOrCheckpoint => ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {key:?}")),
+        Owned::Approval => crate::approvals::not_found(key),
     }
 }
 
@@ -409,6 +424,7 @@ fn owned_by(st: &Shared, kind: Owned, key: &str, scope: &str) -> ApiResult<bool>
         Owned::Checkpoint => st.db.get_checkpoint(key)?.is_none_or(|(c, _)| c.tenant == scope),
         Owned::Template => st.db.template_tenant(key)?.is_none_or(|t| t == scope),
         Owned::Pipeline => st.db.get_pipeline_run(key)?.is_none_or(|r| r.tenant == scope),
+        Owned::Approval => st.db.get_approval(key)?.is_none_or(|a| a.tenant == scope),
         Owned::SandboxOrCheckpoint => match sandbox(key)? {
             Some(own) => own,
             None => st.db.get_checkpoint(key)?.is_none_or(|(c, _)| c.tenant == scope),
@@ -517,7 +533,7 @@ mod tests {
     use super::*;
 
     fn tenant(t: &str) -> Caller {
-        Caller { principal: Principal::Tenant { tenant: t.into(), token_id: "abc".into(), token_name: "ci".into() }, acting_as: None }
+        Caller { principal: Principal::Tenant { tenant: t.into(), token_id: "abc".into(), token_name: "ci".into() }, acting_as: None, approval: None }
     }
 
     #[test]

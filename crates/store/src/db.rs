@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{AuditEntry, TokenInfo, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +205,19 @@ pub const MIGRATIONS: &[&str] = &[
         revoked_at TEXT
     );
     CREATE UNIQUE INDEX tokens_live_name ON tokens(tenant, name) WHERE revoked_at IS NULL;",
+    // 10: Rule of Two: the capabilities a checkpoint's sandbox declared (a
+    // sandbox started from it inherits them) and the approval queue (the record
+    // as JSON; id, tenant, state, fingerprint and expiry as columns to query).
+    "ALTER TABLE checkpoints ADD COLUMN capabilities TEXT NOT NULL DEFAULT '[]';
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        state TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX approvals_by_state ON approvals(state, expires_at);",
 ];
 
 /// `prev_hash` of the first audit entry.
@@ -377,6 +390,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 standby: None,
                 secrets: Vec::new(),
                 network: Default::default(),
+                capabilities: Vec::new(),
             },
             init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
@@ -386,12 +400,13 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities";
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
     let config: String = r.get(9)?;
     let labels: String = r.get(11)?;
+    let capabilities: String = r.get(18)?;
     let build = || -> Result<(Checkpoint, ImageConfig), DbError> {
         Ok((
             Checkpoint {
@@ -412,6 +427,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                 duration_ms: r.get::<_, i64>(14)? as u64,
                 expires_at: r.get(15)?,
                 pinned: r.get::<_, i64>(16)? != 0,
+                capabilities: parse(&capabilities, "capabilities")?,
             },
             parse(&config, "image_config")?,
         ))
@@ -830,11 +846,12 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18))",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
-                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant
+                c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
+                json(&c.capabilities)
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -1196,6 +1213,74 @@ impl Db {
     }
 }
 
+fn approval_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Approval, DbError>> {
+    let record: String = r.get(0)?;
+    Ok(parse(&record, "approvals.record"))
+}
+
+/// The Rule of Two's approval queue (migration 10).
+impl Db {
+    /// Stores a new approval.
+    pub fn insert_approval(&self, a: &Approval) -> Result<(), DbError> {
+        self.conn().execute(
+            "INSERT INTO approvals (id, tenant, state, fingerprint, expires_at, record) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![a.id, a.tenant, a.state.as_str(), a.fingerprint, a.expires_at, json(a)],
+        )?;
+        Ok(())
+    }
+
+    /// An approval by id.
+    pub fn get_approval(&self, id: &str) -> Result<Option<Approval>, DbError> {
+        let conn = self.conn();
+        conn.query_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row).optional()?.transpose()
+    }
+
+    /// Approvals (of one tenant, or all; in one state, or any), oldest first.
+    pub fn list_approvals(&self, tenant: Option<&str>, state: Option<ApprovalState>) -> Result<Vec<Approval>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT record FROM approvals WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) ORDER BY rowid")?;
+        let rows = stmt.query_map(params![tenant, state.map(ApprovalState::as_str)], approval_from_row)?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// The pending or approved approval of `tenant` for exactly this request (`fingerprint`), if any.
+    pub fn open_approval(&self, tenant: &str, fingerprint: &str) -> Result<Option<Approval>, DbError> {
+        let conn = self.conn();
+        conn.query_row(
+            "SELECT record FROM approvals WHERE tenant = ?1 AND fingerprint = ?2 AND state IN ('pending', 'approved') ORDER BY rowid DESC LIMIT 1",
+            params![tenant, fingerprint],
+            approval_from_row,
+        )
+        .optional()?
+        .transpose()
+    }
+
+    /// Changes an approval in one transaction: `change` sees the current record
+    /// and returns whether it changed it. Returns the record after the call and
+    /// that flag, or `None` when the id is unknown.
+    pub fn update_approval(&self, id: &str, change: impl FnOnce(&mut Approval) -> bool) -> Result<Option<(Approval, bool)>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let Some(mut a) = tx.query_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row).optional()?.transpose()? else {
+            return Ok(None);
+        };
+        let changed = change(&mut a);
+        if changed {
+            tx.execute("UPDATE approvals SET state = ?1, expires_at = ?2, record = ?3 WHERE id = ?4", params![a.state.as_str(), a.expires_at, json(&a), id])?;
+        }
+        tx.commit()?;
+        Ok(Some((a, changed)))
+    }
+
+    /// Ids of pending approvals whose `expires_at` is before `now` (RFC 3339, same format).
+    pub fn expired_approvals(&self, now: &str) -> Result<Vec<String>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT id FROM approvals WHERE state = 'pending' AND expires_at < ?1")?;
+        let rows = stmt.query_map(params![now], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1232,6 +1317,7 @@ mod tests {
                 standby: None,
                 secrets: Vec::new(),
                 network: Default::default(),
+                capabilities: Vec::new(),
             },
             layers: vec!["sha256:00".into()],
             init_start_time: None,
@@ -1425,6 +1511,42 @@ mod tests {
     }
 
     #[test]
+    fn approvals_are_found_by_fingerprint_and_changed_in_a_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let a = |id: &str, tenant: &str, expires: &str| Approval {
+            id: id.into(),
+            tenant: tenant.into(),
+            state: ApprovalState::Pending,
+            action: "create sandbox".into(),
+            target: "busybox".into(),
+            capabilities: vec![],
+            requested_by: "uid:0".into(),
+            requested_at: "2026-12-01T10:00:00.000Z".into(),
+            expires_at: expires.into(),
+            decided_by: None,
+            decided_at: None,
+            reason: None,
+            used_at: None,
+            fingerprint: "f1".into(),
+        };
+        db.insert_approval(&a("apr-1", "acme", "2026-12-01T10:15:00.000Z")).unwrap();
+        db.insert_approval(&a("apr-2", "globex", "2026-12-01T10:05:00.000Z")).unwrap();
+        assert_eq!(db.open_approval("acme", "f1").unwrap().unwrap().id, "apr-1");
+        assert!(db.open_approval("acme", "f2").unwrap().is_none());
+        assert_eq!(db.list_approvals(Some("globex"), None).unwrap().len(), 1);
+        assert_eq!(db.expired_approvals("2026-12-01T10:10:00.000Z").unwrap(), vec!["apr-2".to_string()]);
+        let (after, changed) = db.update_approval("apr-1", |r| { r.state = ApprovalState::Denied; true }).unwrap().unwrap();
+        assert!(changed && after.state == ApprovalState::Denied);
+        assert_eq!(db.get_approval("apr-1").unwrap().unwrap().state, ApprovalState::Denied);
+        assert!(db.open_approval("acme", "f1").unwrap().is_none(), "a denied approval is not open");
+        assert_eq!(db.list_approvals(None, Some(ApprovalState::Pending)).unwrap().len(), 1);
+        let (_, changed) = db.update_approval("apr-2", |_| false).unwrap().unwrap();
+        assert!(!changed);
+        assert!(db.update_approval("apr-9", |_| true).unwrap().is_none());
+    }
+
+    #[test]
     fn tokens_are_stored_by_hash_with_names_unique_among_live_ones() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
@@ -1478,6 +1600,7 @@ mod tests {
             duration_ms: 0,
             expires_at: None,
             pinned: false,
+            capabilities: vec![strata_api::Capability::UntrustedInput],
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
         assert_eq!(db.get_checkpoint("c1").unwrap().unwrap().0.tenant, "acme", "a checkpoint is its sandbox's tenant's");
