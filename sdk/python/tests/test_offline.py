@@ -12,10 +12,12 @@ import threading
 import unittest
 
 from strata_sdk import (
+    ApprovalRequired,
     BadRequest,
     Client,
     Conflict,
     ExecResult,
+    Forbidden,
     NotFound,
     ProcessEvent,
     Sandbox,
@@ -90,6 +92,13 @@ class ErrorMappingTest(unittest.TestCase):
         self.assertIn("paused", str(e))
         e = error_from_response(409, {"code": "in_use", "message": "no", "dependents": ["a"]}, "")
         self.assertEqual(e.dependents, ["a"])
+        e = error_from_response(403, {"code": "forbidden", "message": "operator only"}, "")
+        self.assertIs(type(e), Forbidden)
+        e = error_from_response(403, {"code": "approval_required", "message": "held", "approval": {"id": "apr-1", "state": "pending"}}, "")
+        self.assertIs(type(e), ApprovalRequired)
+        self.assertIsInstance(e, Forbidden)
+        assert e.approval is not None
+        self.assertEqual(e.approval["id"], "apr-1")
 
     def test_url_validation(self) -> None:
         with self.assertRaises(ValueError):

@@ -22,6 +22,7 @@ import unittest
 import uuid
 
 from strata_sdk import (
+    ApprovalRequired,
     BadRequest,
     Client,
     Conflict,
@@ -187,6 +188,27 @@ class SandboxTest(unittest.TestCase):
         self.assertEqual(updated.policy.on_idle, "standby")
         self.assertEqual(updated.policy.idle_timeout, "30m")  # kept
         self.assertEqual(updated.policy.max_lifetime, "2h")
+
+    def test_rule_of_two_approval(self) -> None:
+        name = uniq("sdk-r2")
+        kwargs = dict(
+            name=name,
+            capabilities=["untrusted_input", "sensitive_access"],
+            network={"mode": "egress", "allow": ["10.0.0.0/8:443"]},
+        )
+        with self.assertRaises(ApprovalRequired) as held:
+            client.create_sandbox(IMAGE, **kwargs)  # type: ignore[arg-type]
+        approval = held.exception.approval
+        assert approval is not None
+        self.assertEqual(held.exception.status, 403)
+        self.assertEqual(client.get_approval(approval["id"])["state"], "pending")
+        self.assertIn(approval["id"], [a["id"] for a in client.list_approvals("pending")])
+        self.assertEqual(client.approve(approval["id"], reason="sdk test")["state"], "approved")
+        sb = client.create_sandbox(IMAGE, **kwargs)  # type: ignore[arg-type]
+        _sandboxes.append(sb.id)
+        self.assertEqual(client.get_approval(approval["id"])["state"], "used")
+        with self.assertRaises(Conflict):
+            client.deny(approval["id"])
 
     def test_stop_start_pause_destroy(self) -> None:
         sb = new_sandbox()

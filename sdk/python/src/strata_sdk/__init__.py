@@ -17,8 +17,10 @@ friends) and the advisor (:meth:`Client.advise`) return the API's JSON as dicts.
 
 from .client import DEFAULT_SOCKET, Client
 from .errors import (
+    ApprovalRequired,
     BadRequest,
     Conflict,
+    Forbidden,
     NotFound,
     ServerError,
     StrataConnectionError,
@@ -61,11 +63,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SOCKET",
+    "ApprovalRequired",
     "BadRequest",
     "Checkpoint",
     "Client",
     "ComputeCost",
     "Conflict",
+    "Forbidden",
     "CostReport",
     "CostSummary",
     "Counterfactual",

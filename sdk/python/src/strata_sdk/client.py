@@ -282,6 +282,7 @@ class Client:
         limits: ResourceLimits | None = None,
         policy: Policy | None = None,
         network: Mapping[str, Any] | None = None,
+        capabilities: list[str] | None = None,
     ) -> Sandbox:
         """Creates and starts a sandbox from an image, checkpoint or template; returns it (running).
 
@@ -297,6 +298,9 @@ class Client:
             policy: Lifecycle policy (``on_idle``, ``idle_timeout``, ``max_lifetime``, ...).
             network: ``{"mode": "egress", "allow": ["pypi.org", "10.0.0.0/8:443"]}``
                 (default: ``none``, loopback only); see docs/network.md.
+            capabilities: Rule-of-Two capabilities to declare (``"untrusted_input"``,
+                ``"sensitive_access"``, ``"external_comms"``). A sandbox that would hold
+                all three raises :class:`ApprovalRequired` until an operator approves it.
         """
         body = _drop_none(
             {
@@ -310,6 +314,7 @@ class Client:
                 "limits": limits.to_json() if limits else None,
                 "policy": policy.to_json() if policy else None,
                 "network": dict(network) if network else None,
+                "capabilities": list(capabilities) if capabilities else None,
             }
         )
         created = self._json("POST", "/v1/sandboxes", json_body=body)
@@ -326,6 +331,31 @@ class Client:
     def update_policy(self, sandbox: str, policy: Policy) -> Sandbox:
         """Changes the lifecycle policy; fields left ``None`` are kept. Returns the sandbox."""
         return Sandbox.from_json(self._json("PATCH", self._sb(sandbox), json_body={"policy": policy.to_json()}))
+
+    def declare_capabilities(self, sandbox: str, capabilities: list[str]) -> Sandbox:
+        """Declares further Rule-of-Two capabilities (they only grow); :class:`ApprovalRequired`
+        when the sandbox would then hold all three."""
+        current = [c for c in (self._obj("GET", self._sb(sandbox)).get("policy") or {}).get("capabilities") or []]
+        merged = sorted(set(current) | set(capabilities))
+        return Sandbox.from_json(self._json("PATCH", self._sb(sandbox), json_body={"capabilities": merged}))
+
+    # --- Rule-of-Two approvals ----------------------------------------------
+
+    def list_approvals(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Approvals (a tenant sees its own), optionally only ``pending``, ``approved``, ``denied`` or ``used``."""
+        return list(self._json("GET", "/v1/approvals", query=_drop_none({"state": state})))
+
+    def get_approval(self, approval: str) -> dict[str, Any]:
+        """One approval (:class:`NotFound` ``approval_not_found``)."""
+        return self._obj("GET", f"/v1/approvals/{_seg(approval)}")
+
+    def approve(self, approval: str, reason: str | None = None) -> dict[str, Any]:
+        """Approves a pending approval (operator only); the held request may then be repeated once."""
+        return self._obj("POST", f"/v1/approvals/{_seg(approval)}/approve", json_body=_drop_none({"reason": reason}))
+
+    def deny(self, approval: str, reason: str | None = None) -> dict[str, Any]:
+        """Denies a pending approval (operator only)."""
+        return self._obj("POST", f"/v1/approvals/{_seg(approval)}/deny", json_body=_drop_none({"reason": reason}))
 
     def get_network(self, sandbox: str) -> dict[str, Any]:
         """The sandbox's network: ``mode``, ``allow``, ``address``, ``gateway``, counters

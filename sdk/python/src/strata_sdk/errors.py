@@ -64,6 +64,23 @@ class Unauthorized(StrataError):
     """401: TCP access without the right bearer token."""
 
 
+class Forbidden(StrataError):
+    """403: a tenant token on an operator-only route, another tenant named, or a
+    request citing a denied Rule-of-Two approval (``approval`` holds it)."""
+
+    @property
+    def approval(self) -> dict[str, Any] | None:
+        """The approval the refusal is about, if any."""
+        a = self.body.get("approval")
+        return dict(a) if isinstance(a, dict) else None
+
+
+class ApprovalRequired(Forbidden):
+    """403 ``approval_required``: the request would give one sandbox all three
+    Rule-of-Two capabilities. ``approval["id"]`` names the pending approval; once an
+    operator approves it (:meth:`Client.approve`), repeat the request."""
+
+
 class NotFound(StrataError):
     """404: unknown sandbox, image, checkpoint, process, file, lease or route."""
 
@@ -88,6 +105,7 @@ class StrataConnectionError(StrataError):
 _BY_STATUS: dict[int, type[StrataError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     501: Unsupported,
@@ -98,6 +116,8 @@ def error_from_response(status: int, body: dict[str, Any] | None, fallback: str)
     """Builds the exception for an error response (used by the client)."""
     body = body or {}
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else StrataError)
+    if body.get("code") == "approval_required":
+        cls = ApprovalRequired
     return cls(
         str(body.get("message") or fallback),
         status=status,
