@@ -16,6 +16,7 @@ pub mod approvals;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
+pub mod e2b;
 pub mod error;
 pub mod events;
 pub mod fanout;
@@ -383,7 +384,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if let (Some(tcp), Some(token)) = (tcp, token) {
         let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
-        let tcp_app = app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp));
+        // The E2B-compatible API (docs/e2b-compat.md) is TCP only: it calls
+        // this listener's native API with the caller's own token.
+        let e2b_layer = e2b::E2b::new(loopback(addr).to_string());
+        let tcp_app = e2b::mount(app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp)), e2b_layer);
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {

@@ -1,0 +1,608 @@
+//! The E2B control plane (`/sandboxes`, `/v2/sandboxes`, `/snapshots`),
+//! mapped onto strata's sandboxes, policies, standby, checkpoints and forks.
+//! JSON shapes follow the `e2b` SDK's API models (`e2b/api/client/models`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use strata_api::{CheckpointRequest, CreateSandboxRequest, ForkRequest, Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxState, UpdateSandboxRequest};
+use strata_client::Client;
+use tracing::info;
+
+use super::{request_token, E2bError, SharedE2b, BASE_TEMPLATE, ENVD_VERSION, TEMPLATE_LABEL};
+
+/// Default sandbox timeout of the SDK (seconds).
+const DEFAULT_TIMEOUT: u64 = 300;
+/// Largest timeout accepted (E2B's own limit for paid plans: 24 h).
+const MAX_TIMEOUT: u64 = 24 * 3600;
+
+/// The control-plane routes.
+pub fn router(e2b: SharedE2b) -> Router {
+    Router::new()
+        .route("/sandboxes", get(list_v1).post(create))
+        .route("/v2/sandboxes", get(list_v2).post(create))
+        .route("/sandboxes/metrics", get(metrics_many))
+        .route("/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshot))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/logs", get(logs))
+        .route("/v2/sandboxes/{id}/logs", get(logs))
+        .route("/sandboxes/{id}/network", put(network))
+        .route("/snapshots", get(list_snapshots))
+        .route("/templates", any(templates))
+        .route("/templates/{*rest}", any(templates))
+        .route("/v2/templates", any(templates))
+        .route("/v2/templates/{*rest}", any(templates))
+        .route("/v3/templates", any(templates))
+        .route("/volumes", any(volumes))
+        .route("/volumes/{*rest}", any(volumes))
+        .with_state(e2b)
+}
+
+/// The caller's native client and key (401 without one).
+fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Client, String), E2bError> {
+    let key = request_token(headers).ok_or_else(|| E2bError::Unauthorized("missing API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)".into()))?;
+    Ok((e.client(key.clone()), key))
+}
+
+/// Maps the native answer for an unknown sandbox to E2B's 404 with the E2B wording.
+fn sandbox_err(id: &str) -> impl FnOnce(strata_client::ClientError) -> E2bError + '_ {
+    move |e| match e.code() {
+        Some(strata_api::ErrorCode::SandboxNotFound) => E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")),
+        _ => E2bError::Native(e),
+    }
+}
+
+/// E2B template id -> strata image/template/checkpoint name.
+fn strata_source(template: &str) -> String {
+    if template == "base" { BASE_TEMPLATE.to_string() } else { template.to_string() }
+}
+
+/// The E2B template id of a sandbox.
+fn template_of(s: &Sandbox) -> String {
+    s.labels.get(TEMPLATE_LABEL).cloned().unwrap_or_else(|| s.source.clone())
+}
+
+/// E2B's two states: `running`, or `paused` for everything parked.
+fn e2b_state(s: SandboxState) -> &'static str {
+    match s {
+        SandboxState::Paused | SandboxState::Standby | SandboxState::Stopped | SandboxState::Archived => "paused",
+        _ => "running",
+    }
+}
+
+/// Whether E2B shows the sandbox at all (destroyed, failed and lost ones are gone).
+fn visible(s: &Sandbox) -> bool {
+    !matches!(s.state, SandboxState::Destroyed | SandboxState::Error | SandboxState::Lost)
+}
+
+fn parse_time(s: &str) -> Option<SystemTime> {
+    humantime::parse_rfc3339_weak(s).ok().or_else(|| humantime::parse_rfc3339(s).ok())
+}
+
+fn fmt_time(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// When the sandbox's timeout ends: creation + `max_lifetime`.
+fn end_at(s: &Sandbox) -> String {
+    let created = parse_time(&s.created_at).unwrap_or_else(SystemTime::now);
+    let life = s.policy.max_lifetime.as_deref().and_then(|m| humantime::parse_duration(m).ok()).unwrap_or(Duration::from_secs(MAX_TIMEOUT));
+    fmt_time(created + life)
+}
+
+fn metadata(s: &Sandbox) -> BTreeMap<String, String> {
+    s.labels.iter().filter(|(k, _)| !k.starts_with("e2b.")).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// The `Sandbox` model (create, connect, resume).
+fn sandbox_json(s: &Sandbox, key: &str) -> Value {
+    json!({
+        "templateID": template_of(s),
+        "sandboxID": s.id,
+        "clientID": "strata",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": key,
+        "domain": Value::Null,
+    })
+}
+
+/// The `SandboxDetail` / `ListedSandbox` model.
+fn detail_json(s: &Sandbox, key: Option<&str>) -> Value {
+    let mut v = json!({
+        "templateID": template_of(s),
+        "sandboxID": s.id,
+        "alias": template_of(s),
+        "clientID": "strata",
+        "startedAt": s.created_at,
+        "endAt": end_at(s),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1),
+        "memoryMB": s.limits.memory_bytes.map(|m| m / (1024 * 1024)).unwrap_or(0),
+        "diskSizeMB": 0,
+        "state": e2b_state(s.state),
+        "metadata": metadata(s),
+    });
+    if let Some(k) = key {
+        v["envdAccessToken"] = json!(k);
+    }
+    v
+}
+
+/// Body of `POST /sandboxes` and `POST /v2/sandboxes` (`NewSandbox`/`NewSandboxV2`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    auto_pause: Option<bool>,
+    #[serde(default)]
+    auto_pause_memory: Option<Value>,
+    #[serde(default)]
+    auto_resume: Option<Value>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    network: Option<Value>,
+    #[serde(default)]
+    mcp: Option<Value>,
+    #[serde(default)]
+    iam: Option<Value>,
+    #[serde(default)]
+    volume_mounts: Option<Value>,
+    #[serde(default)]
+    secure: Option<bool>,
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, E2bError> {
+    let body: &[u8] = if body.is_empty() { b"{}" } else { body };
+    serde_json::from_slice(body).map_err(|e| E2bError::BadRequest(format!("malformed {what} body: {e}")))
+}
+
+fn check_timeout(t: u64) -> Result<u64, E2bError> {
+    if t > MAX_TIMEOUT {
+        return Err(E2bError::BadRequest(format!("timeout {t}s exceeds the maximum of {MAX_TIMEOUT}s")));
+    }
+    Ok(t.max(1))
+}
+
+/// `POST /sandboxes`, `POST /v2/sandboxes`: create from a template.
+async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &headers)?;
+    let req: NewSandbox = json_body(&body, "NewSandbox")?;
+    for (given, what) in [
+        (req.network.as_ref().is_some_and(|v| !v.is_null()), "network configuration on create (strata's egress rules: PUT /v1/sandboxes/{id}/network)"),
+        (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
+        (req.iam.as_ref().is_some_and(|v| !v.is_null()), "IAM workload tokens (iam)"),
+        (req.volume_mounts.as_ref().is_some_and(|v| !v.is_null()), "volume mounts (volumeMounts)"),
+        (req.auto_resume.as_ref().is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(true)), "autoResume on traffic (strata resumes on any API access instead)"),
+        (req.allow_internet_access == Some(true), "allow_internet_access=True (strata sandboxes have no network unless egress rules are set natively)"),
+        (req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool() != Some(true)), "autoPauseMemory=false"),
+    ] {
+        if given {
+            return Err(E2bError::Unsupported(format!("not supported by strata: {what}")));
+        }
+    }
+    let _ = req.secure;
+    let timeout = check_timeout(req.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
+    let auto_pause = req.auto_pause.unwrap_or(false);
+    let mut labels = req.metadata.unwrap_or_default();
+    labels.insert(TEMPLATE_LABEL.to_string(), req.template_id.clone());
+    let native = CreateSandboxRequest {
+        source: strata_source(&req.template_id),
+        // autoPause keeps the sandbox when its timeout ends (stopped, filesystem
+        // kept); otherwise the timeout ends it like E2B's kill.
+        lifecycle: if auto_pause { Lifecycle::Persistent } else { Lifecycle::Ephemeral },
+        env: req.env_vars.unwrap_or_default(),
+        labels,
+        policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), ..Default::default() }),
+        ..Default::default()
+    };
+    let created = client.create_sandbox(&native).await.map_err(|err| match err.code() {
+        Some(strata_api::ErrorCode::ImageNotFound) | Some(strata_api::ErrorCode::CheckpointNotFound) => {
+            E2bError::NotFound(format!("template '{}' not found (strata image, template or checkpoint '{}')", req.template_id, strata_source(&req.template_id)))
+        }
+        _ => E2bError::Native(err),
+    })?;
+    let s = client.get_sandbox(&created.id).await?;
+    info!(sandbox = %s.id, template = %req.template_id, timeout, auto_pause, "e2b create");
+    Ok((StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response())
+}
+
+/// Query of the v1 list.
+#[derive(Debug, Deserialize)]
+struct ListV1Query {
+    #[serde(default)]
+    metadata: Option<String>,
+}
+
+/// Query of the v2 list.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListV2Query {
+    #[serde(default)]
+    metadata: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    next_token: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    template: Option<String>,
+}
+
+/// Parses E2B's metadata filter: a query string `k1=v1&k2=v2` (itself URL-encoded).
+fn metadata_filter(q: Option<&str>) -> Result<HashMap<String, String>, E2bError> {
+    let mut out = HashMap::new();
+    let Some(q) = q.filter(|q| !q.is_empty()) else { return Ok(out) };
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| E2bError::BadRequest(format!("metadata filter {pair:?} is not key=value")))?;
+        out.insert(url_decode(k), url_decode(v));
+    }
+    Ok(out)
+}
+
+fn url_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn matches_metadata(s: &Sandbox, f: &HashMap<String, String>) -> bool {
+    f.iter().all(|(k, v)| s.labels.get(k) == Some(v))
+}
+
+/// `GET /sandboxes`: running sandboxes (v1).
+async fn list_v1(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<ListV1Query>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let f = metadata_filter(q.metadata.as_deref())?;
+    let list: Vec<Value> = client.list_sandboxes().await?.iter().filter(|s| visible(s) && e2b_state(s.state) == "running" && matches_metadata(s, &f)).map(|s| detail_json(s, None)).collect();
+    Ok(Json(list).into_response())
+}
+
+/// `GET /v2/sandboxes`: filter by state and metadata, paginate by `nextToken`
+/// (the id to start after, in creation order) and `limit`; the next token is
+/// in the `x-next-token` header.
+async fn list_v2(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<ListV2Query>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let f = metadata_filter(q.metadata.as_deref())?;
+    let states: Vec<String> = q.state.as_deref().unwrap_or("").split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+    for s in &states {
+        if s != "running" && s != "paused" {
+            return Err(E2bError::BadRequest(format!("unknown state {s:?} (running, paused)")));
+        }
+    }
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let mut all: Vec<Sandbox> = client
+        .list_sandboxes()
+        .await?
+        .into_iter()
+        .filter(|s| visible(s) && matches_metadata(s, &f))
+        .filter(|s| states.is_empty() || states.iter().any(|st| st == e2b_state(s.state)))
+        .filter(|s| q.template.as_deref().is_none_or(|t| template_of(s) == t))
+        .collect();
+    all.sort_by(|a, b| (a.created_at.as_str(), a.id.as_str()).cmp(&(b.created_at.as_str(), b.id.as_str())));
+    let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
+        Some(t) => all.iter().position(|s| s.id == t).map(|i| i + 1).ok_or_else(|| E2bError::BadRequest(format!("invalid nextToken {t:?}")))?,
+        None => 0,
+    };
+    let page: Vec<&Sandbox> = all.iter().skip(start).take(limit).collect();
+    let more = start + page.len() < all.len();
+    let body: Vec<Value> = page.iter().map(|s| detail_json(s, None)).collect();
+    let mut resp = Json(body).into_response();
+    if more {
+        if let Some(last) = page.last() {
+            if let Ok(v) = HeaderValue::from_str(&last.id) {
+                resp.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(resp)
+}
+
+/// `GET /sandboxes/{id}`.
+async fn get_one(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &headers)?;
+    let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
+    if !visible(&s) {
+        return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
+    }
+    Ok(Json(detail_json(&s, Some(&key))).into_response())
+}
+
+/// `DELETE /sandboxes/{id}`: destroy.
+async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
+        // Already destroyed: E2B answers 404 for a sandbox that is gone.
+        Some(strata_api::ErrorCode::InvalidState) => E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")),
+        _ => sandbox_err(&id)(err),
+    })?;
+    e.lock().procs.retain(|(sb, _), _| sb != &id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Sets the sandbox's end to `timeout` seconds from now (`max_lifetime` = age + timeout).
+async fn extend(client: &Client, id: &str, timeout: u64) -> Result<Sandbox, E2bError> {
+    let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
+    let age = parse_time(&s.created_at).and_then(|c| SystemTime::now().duration_since(c).ok()).unwrap_or_default();
+    let life = age.as_secs() + timeout + 1;
+    let patch = UpdateSandboxRequest { policy: Some(PolicyPatch { max_lifetime: Some(format!("{life}s")), ..Default::default() }), ..Default::default() };
+    Ok(client.update_sandbox(id, &patch).await.map_err(sandbox_err(id))?)
+}
+
+#[derive(Debug, Deserialize)]
+struct TimeoutBody {
+    timeout: u64,
+}
+
+/// `POST /sandboxes/{id}/timeout`.
+async fn set_timeout(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let b: TimeoutBody = json_body(&body, "SandboxTimeoutRequest")?;
+    extend(&client, &id, check_timeout(b.timeout)?).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct RefreshBody {
+    #[serde(default)]
+    duration: Option<u64>,
+}
+
+/// `POST /sandboxes/{id}/refreshes`: keep alive for `duration` seconds more.
+async fn refresh(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let b: RefreshBody = json_body(&body, "SandboxRefreshRequest")?;
+    extend(&client, &id, check_timeout(b.duration.unwrap_or(DEFAULT_TIMEOUT))?).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ConnectBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+/// Resumes a parked sandbox; whether it was parked.
+async fn wake(client: &Client, id: &str) -> Result<(Sandbox, bool), E2bError> {
+    let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
+    if !visible(&s) {
+        return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
+    }
+    if e2b_state(s.state) == "paused" {
+        let r = client.resume_sandbox(id).await.map_err(sandbox_err(id))?;
+        return Ok((r.sandbox, true));
+    }
+    Ok((s, false))
+}
+
+/// `POST /sandboxes/{id}/connect`, `/v2/...`: resume if paused (201), else 200; a
+/// `timeout` extends the sandbox's end.
+async fn connect(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &headers)?;
+    let b: ConnectBody = json_body(&body, "ConnectSandbox")?;
+    let (mut s, resumed) = wake(&client, &id).await?;
+    if let Some(t) = b.timeout {
+        s = extend(&client, &id, check_timeout(t)?).await?;
+    }
+    let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(sandbox_json(&s, &key))).into_response())
+}
+
+/// `POST /sandboxes/{id}/resume` (deprecated in the SDK): like connect, 409 when running.
+async fn resume(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &headers)?;
+    let b: ConnectBody = json_body(&body, "ResumedSandbox")?;
+    let (mut s, resumed) = wake(&client, &id).await?;
+    if !resumed {
+        return Ok((StatusCode::CONFLICT, Json(json!({"code": 409, "message": format!("sandbox \"{id}\" is already running")}))).into_response());
+    }
+    if let Some(t) = b.timeout {
+        s = extend(&client, &id, check_timeout(t)?).await?;
+    }
+    Ok((StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response())
+}
+
+/// `POST /sandboxes/{id}/pause`: strata standby (processes and memory dumped,
+/// compute released); 409 when already paused.
+async fn pause(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
+    if e2b_state(s.state) == "paused" {
+        return Ok((StatusCode::CONFLICT, Json(json!({"code": 409, "message": format!("sandbox \"{id}\" is already paused")}))).into_response());
+    }
+    client.standby_sandbox(&id, false).await.map_err(sandbox_err(&id))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ForkBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    count: Option<u32>,
+}
+
+/// `POST /sandboxes/{id}/fork`: strata fork (copy-on-write children of a
+/// checkpoint taken now); a list of `{"sandbox": Sandbox}`.
+async fn fork(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &headers)?;
+    let b: ForkBody = json_body(&body, "SandboxForkRequest")?;
+    let count = b.count.unwrap_or(1);
+    if count == 0 || count > 64 {
+        return Err(E2bError::BadRequest(format!("count {count} is out of range (1..=64)")));
+    }
+    let parent = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
+    let res = client.fork(&ForkRequest { source: id.clone(), count, name_prefix: None, lifecycle: Lifecycle::Ephemeral, ttl: None, limits: None, network: None }).await.map_err(sandbox_err(&id))?;
+    let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
+    let mut out = Vec::new();
+    for child in &res.sandboxes {
+        let patch = UpdateSandboxRequest { policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), ..Default::default() }), ..Default::default() };
+        let mut s = client.update_sandbox(child, &patch).await?;
+        // The child keeps the parent's E2B template id.
+        if !s.labels.contains_key(TEMPLATE_LABEL) {
+            s.labels.insert(TEMPLATE_LABEL.into(), template_of(&parent));
+        }
+        out.push(json!({"sandbox": sandbox_json(&s, &key)}));
+    }
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct SnapshotBody {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/snapshots`: a strata checkpoint; its id is the
+/// snapshot id, usable as a template id to create from.
+async fn snapshot(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let b: SnapshotBody = json_body(&body, "SandboxSnapshotRequest")?;
+    let mut labels = BTreeMap::new();
+    labels.insert("e2b.snapshot".to_string(), "true".to_string());
+    let cp = client.checkpoint(&id, &CheckpointRequest { name: b.name.clone(), labels, ..Default::default() }).await.map_err(sandbox_err(&id))?;
+    Ok((StatusCode::CREATED, Json(json!({"snapshotID": cp.id, "names": [cp.name]}))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotsQuery {
+    #[serde(default, rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    next_token: Option<String>,
+}
+
+/// `GET /snapshots`: the checkpoints taken through the E2B API.
+async fn list_snapshots(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<SnapshotsQuery>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let mut cps: Vec<_> = client.list_checkpoints(q.sandbox_id.as_deref()).await?.into_iter().filter(|c| c.labels.get("e2b.snapshot").is_some_and(|v| v == "true")).collect();
+    cps.sort_by(|a, b| (a.created_at.as_str(), a.id.as_str()).cmp(&(b.created_at.as_str(), b.id.as_str())));
+    let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
+        Some(t) => cps.iter().position(|c| c.id == t).map(|i| i + 1).ok_or_else(|| E2bError::BadRequest(format!("invalid nextToken {t:?}")))?,
+        None => 0,
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let page: Vec<_> = cps.iter().skip(start).take(limit).collect();
+    let more = start + page.len() < cps.len();
+    let body: Vec<Value> = page.iter().map(|c| json!({"snapshotID": c.id, "names": [c.name]})).collect();
+    let mut resp = Json(body).into_response();
+    if let (true, Some(last)) = (more, page.last()) {
+        if let Ok(v) = HeaderValue::from_str(&last.id) {
+            resp.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(resp)
+}
+
+/// `GET /sandboxes/{id}/metrics`: one sample from strata's accounting (CPU
+/// time over the lifetime, current and peak memory).
+async fn metrics(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
+    let cost = client.cost(&id).await.map_err(sandbox_err(&id))?;
+    let cpus = s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1).max(1);
+    let cpu_secs = cost.usage.compute.cpu_seconds;
+    let pct = if cost.lifetime_seconds > 0.0 { (cpu_secs / cost.lifetime_seconds / cpus as f64 * 100.0).min(100.0) } else { 0.0 };
+    let now = SystemTime::now();
+    let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let mem_total = s.limits.memory_bytes.unwrap_or(0);
+    let sample = json!({
+        "timestamp": fmt_time(now),
+        "timestampUnix": unix,
+        "cpuCount": cpus,
+        "cpuUsedPct": pct,
+        "memUsed": cost.usage.last_memory_bytes,
+        "memTotal": mem_total,
+        "memCache": 0,
+        "diskUsed": 0,
+        "diskTotal": 0,
+    });
+    Ok(Json(vec![sample]).into_response())
+}
+
+/// `GET /sandboxes/metrics`: not supported.
+async fn metrics_many() -> E2bError {
+    E2bError::Unsupported("not supported by strata: metrics of many sandboxes at once (GET /sandboxes/metrics); ask per sandbox".into())
+}
+
+/// `GET /sandboxes/{id}/logs`: not supported (strata keeps per-process output, see docs/e2b-compat.md).
+async fn logs(Path(id): Path<String>) -> E2bError {
+    E2bError::Unsupported(format!("not supported by strata: sandbox logs of {id} (read process output with commands.connect or strata's /v1/sandboxes/{{id}}/processes/{{pid}}/logs)"))
+}
+
+/// `PUT /sandboxes/{id}/network`: not supported through the E2B API.
+async fn network(Path(id): Path<String>) -> E2bError {
+    E2bError::Unsupported(format!("not supported by strata: E2B network rules update for {id} (use strata's PUT /v1/sandboxes/{{id}}/network)"))
+}
+
+/// `/templates*`: template builds are strata's own (`strata template build`).
+async fn templates() -> E2bError {
+    E2bError::Unsupported("not supported by strata: E2B template builds and template management (use `strata template build` / POST /v1/templates/build; an existing strata image or template name works as templateID)".into())
+}
+
+/// `/volumes*`: not supported.
+async fn volumes() -> E2bError {
+    E2bError::Unsupported("not supported by strata: volumes".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filter_parses_encoded_pairs() {
+        let f = metadata_filter(Some("user=alice&app=a%20b")).unwrap();
+        assert_eq!(f.get("user").map(String::as_str), Some("alice"));
+        assert_eq!(f.get("app").map(String::as_str), Some("a b"));
+        assert!(metadata_filter(Some("novalue")).is_err());
+        assert_eq!(url_decode("%"), "%");
+        assert_eq!(url_decode("%4"), "%4");
+        assert_eq!(url_decode("%zz"), "%zz");
+    }
+}
