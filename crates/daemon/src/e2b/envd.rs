@@ -94,6 +94,35 @@ impl Ctx {
     }
 }
 
+/// Runs `cmd` in the sandbox as the caller's user (file operations that must
+/// create things owned by that user, with that user's permissions).
+async fn run_as(c: &Ctx, cmd: &[&str]) -> Result<(), ConnectError> {
+    let req = ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), user: Some(c.user.clone()), cwd: Some("/".into()), timeout: Some("60s".into()), ..Default::default() };
+    let r = c.client.exec(&c.sandbox, &req).await.map_err(native)?;
+    if r.process.exit_status() == 0 {
+        return Ok(());
+    }
+    let err = base64::engine::general_purpose::STANDARD.decode(&r.stderr_b64).unwrap_or_default();
+    let msg = String::from_utf8_lossy(&err).trim().to_string();
+    let code = if msg.contains("Permission denied") { Code::PermissionDenied } else if msg.contains("No such file") { Code::NotFound } else { Code::InvalidArgument };
+    Err(ConnectError::new(code, format!("{}: {msg}", cmd.join(" "))))
+}
+
+/// Gives a file the daemon wrote to the caller's user (files are written by
+/// the daemon as root; E2B's files belong to the user who wrote them).
+async fn chown_to_user(c: &Ctx, path: &str) -> Result<(), ConnectError> {
+    if c.user == "root" {
+        return Ok(());
+    }
+    let req = ExecRequest { cmd: vec!["chown".into(), "-h".into(), format!("{0}:{0}", c.user), path.into()], user: Some("root".into()), cwd: Some("/".into()), timeout: Some("60s".into()), ..Default::default() };
+    let r = c.client.exec(&c.sandbox, &req).await.map_err(native)?;
+    if r.process.exit_status() != 0 {
+        let err = base64::engine::general_purpose::STANDARD.decode(&r.stderr_b64).unwrap_or_default();
+        return Err(ConnectError::new(Code::Internal, format!("chown {path}: {}", String::from_utf8_lossy(&err).trim())));
+    }
+    Ok(())
+}
+
 /// The user from `Authorization: Basic base64(user:)` or a `username` query.
 fn user_of(headers: &HeaderMap, query_user: Option<&str>) -> String {
     if let Some(u) = query_user.filter(|u| !u.is_empty()) {
@@ -662,7 +691,7 @@ async fn fs_mkdir(c: &Ctx, req: &FsRequest) -> Result<Value, ConnectError> {
         let what = if st.kind == FileKind::Dir { "directory" } else { "file" };
         return Err(ConnectError::new(Code::AlreadyExists, format!("{what} {path} already exists")));
     }
-    c.client.mkdir(&c.sandbox, &path, true).await.map_err(native)?;
+    run_as(c, &["mkdir", "-p", "--", &path]).await?;
     let st = c.client.stat(&c.sandbox, &path).await.map_err(native)?;
     Ok(json!({"entry": entry_info(&st)}))
 }
@@ -929,13 +958,19 @@ async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<
         let path = c.path(&p);
         if let Some((parent, _)) = path.rsplit_once('/').filter(|(d, _)| !d.is_empty()) {
             if c.client.stat(&c.sandbox, parent).await.is_err() {
-                if let Err(err) = c.client.mkdir(&c.sandbox, parent, true).await {
-                    return http_native(err);
+                if let Err(err) = run_as(&c, &["mkdir", "-p", "--", parent]).await {
+                    return http_error(err.code.http_status(), err.message);
                 }
             }
         }
+        let existed = c.client.stat(&c.sandbox, &path).await.is_ok();
         if let Err(err) = c.client.upload(&c.sandbox, &path, Bytes::from(data), None, false).await {
             return http_native(err);
+        }
+        if !existed {
+            if let Err(err) = chown_to_user(&c, &path).await {
+                return http_error(err.code.http_status(), err.message);
+            }
         }
         let name = path.rsplit('/').next().unwrap_or("").to_string();
         infos.push(json!({"name": name, "type": "file", "path": path}));

@@ -1,0 +1,394 @@
+"""Compatibility suite: the official e2b SDK (pinned, see E2B_VERSION) against
+a strata daemon. Run by crates/cli/tests/e2b.rs with E2B_API_URL,
+E2B_SANDBOX_URL and E2B_API_KEY pointing at a private daemon; every test
+asserts real results, unsupported calls assert the exception and message."""
+
+import json
+import os
+import socket
+import time
+import unittest
+import urllib.request
+import urllib.error
+
+import e2b
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+    SandboxState,
+    TimeoutException,
+)
+from e2b.sandbox.filesystem.filesystem import FileType
+from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+E2B_VERSION = "2.63.0"
+API = os.environ["E2B_API_URL"]
+KEY = os.environ["E2B_API_KEY"]
+
+
+def raw(method, path, body=None, headers=None):
+    """A plain HTTP/1.1 request to the daemon: (status, parsed JSON or bytes)."""
+    req = urllib.request.Request(API + path, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            data = r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        data = e.read()
+        status = e.code
+    try:
+        return status, json.loads(data)
+    except ValueError:
+        return status, data
+
+
+class Base(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sb = Sandbox.create(metadata={"suite": "e2b", "cls": cls.__name__}, envs={"SANDBOX_VAR": "from-create"})
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.sb.kill()
+        except Exception:
+            pass
+
+
+class TestVersion(unittest.TestCase):
+    def test_pinned_sdk(self):
+        from importlib.metadata import version
+        self.assertEqual(version("e2b"), E2B_VERSION)
+
+
+class TestLifecycle(unittest.TestCase):
+    def test_create_info_list_connect_kill(self):
+        sb = Sandbox.create("base", timeout=120, metadata={"owner": "lifecycle"})
+        try:
+            info = sb.get_info()
+            self.assertEqual(info.sandbox_id, sb.sandbox_id)
+            self.assertEqual(info.template_id, "base")
+            self.assertEqual(info.metadata, {"owner": "lifecycle"})
+            self.assertEqual(info.state.value, "running")
+            left = (info.end_at - info.started_at).total_seconds()
+            self.assertTrue(110 <= left <= 130, left)
+            self.assertTrue(sb.is_running())
+            # v2 list with metadata and state filters.
+            found = Sandbox.list(query=SandboxQuery(metadata={"owner": "lifecycle"}, state=[SandboxState.RUNNING])).next_items()
+            self.assertEqual([s.sandbox_id for s in found], [sb.sandbox_id])
+            none = Sandbox.list(query=SandboxQuery(metadata={"owner": "lifecycle"}, state=[SandboxState.PAUSED])).next_items()
+            self.assertEqual(none, [])
+            # connect by id, run through the new handle.
+            again = Sandbox.connect(sb.sandbox_id)
+            self.assertEqual(again.commands.run("echo connected").stdout, "connected\n")
+        finally:
+            self.assertTrue(sb.kill())
+        self.assertFalse(Sandbox.kill(sb.sandbox_id))
+        with self.assertRaises(NotFoundException):
+            Sandbox.connect(sb.sandbox_id)
+
+    def test_list_pagination(self):
+        boxes = [Sandbox.create(metadata={"page": "p"}) for _ in range(3)]
+        try:
+            pager = Sandbox.list(query=SandboxQuery(metadata={"page": "p"}), limit=2)
+            first = pager.next_items()
+            self.assertEqual(len(first), 2)
+            self.assertTrue(pager.has_next)
+            second = pager.next_items()
+            self.assertEqual(len(second), 1)
+            self.assertFalse(pager.has_next)
+            self.assertEqual(sorted(s.sandbox_id for s in first + second), sorted(b.sandbox_id for b in boxes))
+        finally:
+            for b in boxes:
+                b.kill()
+
+    def test_set_timeout(self):
+        sb = Sandbox.create(timeout=60)
+        try:
+            sb.set_timeout(900)
+            info = sb.get_info()
+            left = (info.end_at.timestamp() - time.time())
+            self.assertTrue(880 <= left <= 910, left)
+        finally:
+            sb.kill()
+
+    def test_unknown_template_is_not_found(self):
+        with self.assertRaises(SandboxException) as cm:
+            Sandbox.create("no-such-template")
+        self.assertIn("no-such-template", str(cm.exception))
+
+
+class TestAuth(unittest.TestCase):
+    def test_wrong_and_missing_key(self):
+        with self.assertRaises(AuthenticationException):
+            Sandbox.create(api_key="e2b_wrong_key_0000000000000000")
+        status, body = raw("GET", "/v2/sandboxes")
+        self.assertEqual(status, 401)
+        self.assertEqual(body["code"], 401)
+        self.assertIn("API key", body["message"])
+        status, body = raw("GET", "/v2/sandboxes", headers={"X-API-Key": "wrong"})
+        self.assertEqual(status, 401)
+        self.assertEqual(body["code"], 401)
+
+    def test_unknown_sandbox_is_404(self):
+        with self.assertRaises(NotFoundException):
+            Sandbox.connect("0123456789abcdef")
+        status, body = raw("GET", "/sandboxes/0123456789abcdef", headers={"X-API-Key": KEY})
+        self.assertEqual(status, 404)
+        self.assertEqual(body["code"], 404)
+
+
+class TestCommands(Base):
+    def test_foreground(self):
+        r = self.sb.commands.run("echo hi; echo err >&2; whoami; pwd; echo $SANDBOX_VAR")
+        self.assertEqual(r.exit_code, 0)
+        self.assertEqual(r.stdout, "hi\nuser\n/home/user\nfrom-create\n")
+        self.assertEqual(r.stderr, "err\n")
+
+    def test_envs_cwd_user(self):
+        r = self.sb.commands.run("echo $FOO; pwd", envs={"FOO": "bar"}, cwd="/tmp")
+        self.assertEqual(r.stdout, "bar\n/tmp\n")
+        r = self.sb.commands.run("whoami", user="root")
+        self.assertEqual(r.stdout, "root\n")
+
+    def test_exit_code(self):
+        with self.assertRaises(CommandExitException) as cm:
+            self.sb.commands.run("echo out; exit 3")
+        self.assertEqual(cm.exception.exit_code, 3)
+        self.assertEqual(cm.exception.stdout, "out\n")
+
+    def test_callbacks(self):
+        seen = []
+        self.sb.commands.run("echo a; echo b", on_stdout=lambda s: seen.append(s))
+        self.assertEqual("".join(seen), "a\nb\n")
+
+    def test_background_and_wait(self):
+        h = self.sb.commands.run("sleep 0.5; echo done", background=True)
+        self.assertGreater(h.pid, 0)
+        r = h.wait()
+        self.assertEqual(r.stdout, "done\n")
+
+    def test_stdin(self):
+        h = self.sb.commands.run("cat", background=True, stdin=True)
+        self.sb.commands.send_stdin(h.pid, "hello ")
+        self.sb.commands.send_stdin(h.pid, b"world\n")
+        self.sb.commands.close_stdin(h.pid)
+        self.assertEqual(h.wait().stdout, "hello world\n")
+
+    def test_timeout(self):
+        t = time.time()
+        with self.assertRaises(TimeoutException):
+            self.sb.commands.run("sleep 30", timeout=1)
+        self.assertLess(time.time() - t, 10)
+
+    def test_kill_and_list(self):
+        h = self.sb.commands.run("sleep 300", background=True)
+        procs = {p.pid: p for p in self.sb.commands.list()}
+        self.assertIn(h.pid, procs)
+        self.assertEqual(procs[h.pid].cmd, "/bin/bash")
+        self.assertEqual(procs[h.pid].args, ["-l", "-c", "sleep 300"])
+        self.assertTrue(self.sb.commands.kill(h.pid))
+        with self.assertRaises(CommandExitException):
+            h.wait()
+        self.assertNotIn(h.pid, [p.pid for p in self.sb.commands.list()])
+        self.assertFalse(self.sb.commands.kill(h.pid))
+
+    def test_reconnect_to_running_command(self):
+        h = self.sb.commands.run("for i in 1 2 3; do echo line$i; sleep 0.4; done", background=True)
+        h.disconnect()
+        again = self.sb.commands.connect(h.pid)
+        r = again.wait()
+        self.assertEqual(r.stdout, "line1\nline2\nline3\n")
+
+    def test_pty_is_unsupported(self):
+        from e2b.sandbox.commands.command_handle import PtySize
+        with self.assertRaises(SandboxException) as cm:
+            self.sb.pty.create(PtySize(rows=24, cols=80))
+        self.assertIn("PTY", str(cm.exception))
+
+    def test_base_image(self):
+        r = self.sb.commands.run("python3 -c 'print(1+1)'; git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; id -u; echo $HOME")
+        self.assertEqual(r.stdout, "2\ngit\ncurl\n1000\n/home/user\n")
+        # sudo itself is refused: strata runs every process with no_new_privs
+        # (docs/security.md), so setuid binaries cannot raise privileges. Root
+        # is one argument away: user="root".
+        with self.assertRaises(CommandExitException) as cm:
+            self.sb.commands.run("sudo -n whoami")
+        self.assertIn("no new privileges", cm.exception.stderr)
+        self.assertEqual(self.sb.commands.run("whoami", user="root").stdout, "root\n")
+        r = self.sb.commands.run("grep -c NOPASSWD /etc/sudoers.d/user; getent passwd user", user="root")
+        self.assertEqual(r.stdout, "1\nuser:x:1000:1000::/home/user:/bin/bash\n")
+
+    def test_files_belong_to_the_user(self):
+        self.sb.files.write("/tmp/own/x.txt", "x")
+        self.sb.files.make_dir("/home/user/mine")
+        r = self.sb.commands.run("stat -c %U /tmp/own /tmp/own/x.txt /home/user/mine; echo y >> /tmp/own/x.txt; rm /tmp/own/x.txt && echo removed")
+        self.assertEqual(r.stdout, "user\nuser\nuser\nremoved\n")
+        with self.assertRaises(SandboxException):
+            self.sb.files.make_dir("/etc/not-yours")
+
+
+class TestFiles(Base):
+    def test_write_read_text_and_binary(self):
+        info = self.sb.files.write("hello.txt", "hello")
+        self.assertEqual(info.path, "/home/user/hello.txt")
+        self.assertEqual(self.sb.files.read("hello.txt"), "hello")
+        blob = bytes(range(256)) * 64
+        self.sb.files.write("/tmp/blob.bin", blob)
+        self.assertEqual(bytes(self.sb.files.read("/tmp/blob.bin", format="bytes")), blob)
+        self.sb.files.write("/tmp/blob2.bin", blob, use_octet_stream=True)
+        self.assertEqual(bytes(self.sb.files.read("/tmp/blob2.bin", format="bytes")), blob)
+        self.assertEqual(self.sb.commands.run("md5sum < /tmp/blob.bin").stdout, self.sb.commands.run("md5sum < /tmp/blob2.bin").stdout)
+
+    def test_write_files_multipart(self):
+        out = self.sb.files.write_files([{"path": "/tmp/m/a.txt", "data": "A"}, {"path": "/tmp/m/b.txt", "data": b"B"}])
+        self.assertEqual(sorted(w.path for w in out), ["/tmp/m/a.txt", "/tmp/m/b.txt"])
+        self.assertEqual(self.sb.commands.run("cat /tmp/m/a.txt /tmp/m/b.txt").stdout, "AB")
+
+    def test_list_exists_info_rename_remove_mkdir(self):
+        self.assertTrue(self.sb.files.make_dir("/tmp/d/sub"))
+        self.assertFalse(self.sb.files.make_dir("/tmp/d/sub"))
+        self.sb.files.write("/tmp/d/f.txt", "12345")
+        names = sorted(e.name for e in self.sb.files.list("/tmp/d"))
+        self.assertEqual(names, ["f.txt", "sub"])
+        deep = sorted(e.path for e in self.sb.files.list("/tmp/d", depth=2))
+        self.assertEqual(deep, ["/tmp/d/f.txt", "/tmp/d/sub"])
+        self.assertTrue(self.sb.files.exists("/tmp/d/f.txt"))
+        self.assertFalse(self.sb.files.exists("/tmp/d/nope"))
+        info = self.sb.files.get_info("/tmp/d/f.txt")
+        self.assertEqual(info.type, FileType.FILE)
+        self.assertEqual(info.size, 5)
+        self.assertEqual(self.sb.files.get_info("/tmp/d").type, FileType.DIR)
+        moved = self.sb.files.rename("/tmp/d/f.txt", "/tmp/d/g.txt")
+        self.assertEqual(moved.path, "/tmp/d/g.txt")
+        self.assertFalse(self.sb.files.exists("/tmp/d/f.txt"))
+        self.sb.files.remove("/tmp/d")
+        self.assertFalse(self.sb.files.exists("/tmp/d"))
+        with self.assertRaises(NotFoundException):
+            self.sb.files.read("/tmp/d/g.txt")
+
+    def test_watch_dir(self):
+        self.sb.files.make_dir("/tmp/w")
+        w = self.sb.files.watch_dir("/tmp/w")
+        self.sb.files.write("/tmp/w/new.txt", "x")
+        kinds = [(e.name, e.type) for e in w.get_new_events()]
+        self.assertIn(("new.txt", FilesystemEventType.CREATE), kinds)
+        self.assertEqual(w.get_new_events(), [])
+        self.sb.commands.run("echo more >> /tmp/w/new.txt")
+        self.assertEqual([(e.name, e.type) for e in w.get_new_events()], [("new.txt", FilesystemEventType.WRITE)])
+        self.sb.commands.run("rm /tmp/w/new.txt")
+        self.assertEqual([(e.name, e.type) for e in w.get_new_events()], [("new.txt", FilesystemEventType.REMOVE)])
+        w.stop()
+        with self.assertRaises(SandboxException):
+            w.get_new_events()
+
+
+class TestPauseForkSnapshot(unittest.TestCase):
+    def test_pause_resume_keeps_process_and_files(self):
+        sb = Sandbox.create()
+        try:
+            sb.files.write("/home/user/keep.txt", "kept")
+            h = sb.commands.run("i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done", background=True)
+            time.sleep(0.5)
+            sb.pause()
+            self.assertEqual(Sandbox.get_info(sb.sandbox_id).state.value, "paused")
+            before = int(sb.files.read("/tmp/counter").strip() or 0) if False else None
+            resumed = Sandbox.connect(sb.sandbox_id)
+            self.assertEqual(resumed.get_info().state.value, "running")
+            self.assertEqual(resumed.files.read("/home/user/keep.txt"), "kept")
+            self.assertIn(h.pid, [p.pid for p in resumed.commands.list()])
+            a = int(resumed.files.read("/tmp/counter").strip())
+            time.sleep(0.5)
+            b = int(resumed.files.read("/tmp/counter").strip())
+            self.assertGreater(b, a)
+        finally:
+            sb.kill()
+
+    def test_fork(self):
+        sb = Sandbox.create()
+        try:
+            sb.files.write("/home/user/f.txt", "parent")
+            forks = sb.fork(count=2)
+            self.assertEqual(len(forks), 2)
+            for f in forks:
+                self.assertIsInstance(f, Sandbox)
+                self.assertNotEqual(f.sandbox_id, sb.sandbox_id)
+                self.assertEqual(f.files.read("/home/user/f.txt"), "parent")
+                f.files.write("/home/user/f.txt", f.sandbox_id)
+            self.assertEqual(sb.files.read("/home/user/f.txt"), "parent")
+            for f in forks:
+                f.kill()
+        finally:
+            sb.kill()
+
+    def test_snapshots(self):
+        sb = Sandbox.create()
+        try:
+            sb.files.write("/home/user/s.txt", "snap")
+            snap = sb.create_snapshot()
+            self.assertTrue(snap.snapshot_id)
+            ids = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+            self.assertIn(snap.snapshot_id, ids)
+            child = Sandbox.create(snap.snapshot_id)
+            try:
+                self.assertEqual(child.files.read("/home/user/s.txt"), "snap")
+            finally:
+                child.kill()
+        finally:
+            sb.kill()
+
+    def test_metrics(self):
+        sb = Sandbox.create()
+        try:
+            sb.commands.run("python3 -c 'sum(range(3000000))'")
+            m = sb.get_metrics()
+            self.assertGreaterEqual(len(m), 1)
+            self.assertGreaterEqual(m[0].cpu_count, 1)
+            self.assertGreaterEqual(m[0].cpu_used_pct, 0)
+        finally:
+            sb.kill()
+
+
+class TestUnsupportedAndMalformed(Base):
+    def test_network_update_is_unsupported(self):
+        with self.assertRaises(SandboxException) as cm:
+            self.sb.update_network({"deny_out": ["0.0.0.0/0"]})
+        self.assertIn("network", str(cm.exception))
+
+    def test_other_port_is_501(self):
+        status, body = raw("GET", "/", headers={"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "8080"})
+        self.assertEqual(status, 501)
+        self.assertIn("8080", body["message"])
+        self.assertIn("port routing", body["message"])
+
+    def test_malformed_connect_frames(self):
+        h = {"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": KEY, "Content-Type": "application/connect+json"}
+        for garbage in [b"\x00\x00", b"\x00\xff\xff\xff\xff", b"\x01\x00\x00\x00\x01x", b"\x00\x00\x00\x00\x03abc", os.urandom(200)]:
+            status, body = raw("POST", "/process.Process/Start", body=garbage, headers=h)
+            self.assertEqual(status, 200)
+            self.assertIsInstance(body, bytes)
+            self.assertEqual(body[0], 2, body)  # end-of-stream envelope
+            end = json.loads(body[5:])
+            self.assertIn(end["error"]["code"], ("invalid_argument",))
+        uh = dict(h, **{"Content-Type": "application/json"})
+        status, body = raw("POST", "/filesystem.Filesystem/Stat", body=b"{not json", headers=uh)
+        self.assertEqual(status, 400)
+        self.assertEqual(body["code"], "invalid_argument")
+        status, body = raw("POST", "/process.Process/Nope", body=b"{}", headers=uh)
+        self.assertEqual(status, 501)
+        self.assertEqual(body["code"], "unimplemented")
+        # Still alive.
+        self.assertEqual(self.sb.commands.run("echo alive").stdout, "alive\n")
+
+    def test_logs_are_unsupported(self):
+        status, body = raw("GET", f"/v2/sandboxes/{self.sb.sandbox_id}/logs", headers={"X-API-Key": KEY})
+        self.assertEqual(status, 501)
+        self.assertIn("logs", body["message"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
