@@ -9,7 +9,8 @@
 #                                    users root(0), user(1000, /home/user), nobody(65534)
 #   OUT_DIR/busybox-rootfs.tar       tar --numeric-owner -C busybox-rootfs .  (reproducible:
 #   OUT_DIR/busybox-rootfs.tar.gz    sorted names, fixed mtimes, gzip -n)
-# With --debian (slow: minutes; the demo's image):
+# With --debian (slow: minutes; the demo's image, and the E2B `base` template:
+# import it with `strata image import OUT_DIR/debian-python.tar.gz --name e2b-base --trusted`):
 #   OUT_DIR/debian-python/           debootstrap --variant=minbase bookworm + python3, venv, pip,
 #                                    git, curl, sudo, procps, iproute2; user 1000 with
 #                                    passwordless sudo; no apt caches or lists

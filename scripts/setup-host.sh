@@ -243,6 +243,23 @@ else
     step "python venv with mcp==$MCP_PY_VERSION ($MCP_VENV)" install_mcp_venv
 fi
 
+# --- E2B SDK for the E2B compatibility suite (crates/cli/tests/e2b.rs) ---------------
+# The official `e2b` Python SDK, pinned, in its own venv (docs/e2b-compat.md).
+# STRATA_E2B_VENV overrides the location (the tests read it too).
+E2B_PY_VERSION=2.63.0
+E2B_VENV=${STRATA_E2B_VENV:-$CACHE/venv-e2b}
+install_e2b_venv() {
+    rm -rf "$E2B_VENV"
+    python3 -m venv "$E2B_VENV"
+    "$E2B_VENV/bin/pip" install --quiet --disable-pip-version-check "e2b==$E2B_PY_VERSION"
+    "$E2B_VENV/bin/python" -c "import e2b"
+}
+if [ "$("$E2B_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null)" = "$E2B_PY_VERSION" ]; then
+    note "e2b $E2B_PY_VERSION: present in $E2B_VENV"
+else
+    step "python venv with e2b==$E2B_PY_VERSION ($E2B_VENV)" install_e2b_venv
+fi
+
 # --- Rust toolchain (not installable from Debian 12: its rustc is too old) ---------
 if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     warn "cargo not found: strata needs a Rust toolchain >= 1.80 (rustup); Debian 12's rustc is too old"

@@ -5,7 +5,7 @@
 #   scripts/test.sh [EXTRA CARGO TEST ARGS, e.g. -p strata-store]
 #
 # Works on a fresh Debian 12 machine: as root it first runs scripts/setup-host.sh
-# and scripts/build-test-images.sh (both idempotent and quick when already done;
+# and scripts/build-test-images.sh --debian (both idempotent and quick when already done;
 # STRATA_SKIP_SETUP=1 skips them). The tests find the images through
 # STRATA_TEST_IMAGES (default /var/cache/strata/images).
 # Uses --locked when Cargo.lock is tracked by git (set STRATA_CARGO_LOCKED=0 to not).
@@ -20,7 +20,8 @@ cd "$(dirname "$(readlink -f "$0")")/.."
 export STRATA_TEST_IMAGES=${STRATA_TEST_IMAGES:-/var/cache/strata/images}
 if [ "${STRATA_SKIP_SETUP:-0}" != 1 ] && [ "$(id -u)" -eq 0 ]; then
     scripts/setup-host.sh
-    scripts/build-test-images.sh "$STRATA_TEST_IMAGES"
+    # --debian: the E2B suite's `base` template (slow once, then cached).
+    scripts/build-test-images.sh --debian "$STRATA_TEST_IMAGES"
 fi
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"
