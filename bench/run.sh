@@ -128,7 +128,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # Own session: a Ctrl-C in the terminal must not stop the daemon before cleanup has used it.
-setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" --init-binary "$INIT" >"$TMP/daemon.log" 2>&1 &
+# A loopback TCP listener too: the e2b figure drives it with the E2B SDK.
+LISTEN=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" --init-binary "$INIT" --listen "$LISTEN" >"$TMP/daemon.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 100); do
     [ -S "$SOCK" ] && "$STRATA" --socket "$SOCK" ps >/dev/null 2>&1 && break
@@ -145,12 +147,26 @@ note "daemon pid $DAEMON_PID, state $STATE"
 step "strata image import busybox-rootfs.tar --name busybox" \
     "$STRATA" --socket "$SOCK" image import "$IMAGES/busybox-rootfs.tar" --name busybox
 
+# The e2b figure: the E2B `base` template is the Debian test image, imported as e2b-base.
+WANT_E2B=1
+for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+    if [ "${EXTRA[$i]}" = --only ]; then
+        case ",${EXTRA[$((i + 1))]:-}," in *,e2b,*) ;; *) WANT_E2B=0 ;; esac
+    fi
+done
+if [ "$WANT_E2B" = 1 ]; then
+    [ -f "$IMAGES/debian-python.tar.gz" ] ||
+        step "scripts/build-test-images.sh --debian $IMAGES" "$ROOT/scripts/build-test-images.sh" --debian "$IMAGES"
+    step "strata image import debian-python.tar.gz --name e2b-base --trusted" \
+        "$STRATA" --socket "$SOCK" image import "$IMAGES/debian-python.tar.gz" --name e2b-base --trusted
+fi
+
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then COMMIT="$COMMIT (working tree has uncommitted changes)"; fi
 
 ARGS=(--socket "$SOCK" --strata "$STRATA" --daemon-pid "$DAEMON_PID" --state-dir "$STATE"
     --images "$IMAGES" --image busybox --work "$TMP" --out "$TMP/benchmarks.md"
-    --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$COMMIT")
+    --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --commit "$COMMIT" --listen "$LISTEN")
 OUT=docs/benchmarks.md
 if [ "$QUICK" = 1 ]; then
     ARGS+=(--runs 30 --cli-runs 10 --idle 50 --warmup 3 --standby-count 100 --standby-idle 10)

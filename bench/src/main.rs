@@ -6,7 +6,8 @@
 //! (3) host memory of idle sandboxes, (4) image import and its deduplication,
 //! (5) checkpoint and fork on a ~1 GiB rootfs, and the disk forks use,
 //! (6) standby and resume: a ~100 MiB workload, many sandboxes in standby,
-//! idle-timeout standby and resume on access.
+//! idle-timeout standby and resume on access, (9) the E2B SDK's create + run +
+//! kill round trip against the native API's.
 
 mod figures;
 mod report;
@@ -43,16 +44,21 @@ pub struct Cfg {
     pub only: Vec<String>,
     pub date: String,
     pub commit: String,
+    /// The daemon's TCP listener (`host:port`), for the E2B figure.
+    pub listen: Option<String>,
+    /// Python of the venv holding the pinned `e2b` SDK.
+    pub e2b_python: PathBuf,
 }
 
 const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid PID --state-dir DIR --images DIR --work DIR
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network] [--date S] [--commit S]";
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,e2b] [--date S] [--commit S]
+       [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 8] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network"];
+const FIGURES: [&str; 9] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "e2b"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -75,6 +81,8 @@ fn parse_args() -> Result<Cfg> {
         only: vec![],
         date: String::new(),
         commit: String::new(),
+        listen: None,
+        e2b_python: PathBuf::from("/var/cache/strata/venv-e2b/bin/python"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -107,6 +115,8 @@ fn parse_args() -> Result<Cfg> {
             "--only" => c.only = v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect(),
             "--date" => c.date = v,
             "--commit" => c.commit = v,
+            "--listen" => c.listen = Some(v),
+            "--e2b-python" => c.e2b_python = v.into(),
             _ => bail!("unknown argument {k}\n{USAGE}"),
         }
     }
@@ -155,7 +165,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 8] = [
+    let figs: [(&str, Fig); 9] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -164,6 +174,7 @@ async fn run() -> Result<()> {
         ("standby", |b| Box::pin(figures::standby::run(b))),
         ("pipeline", |b| Box::pin(figures::pipeline::run(b))),
         ("network", |b| Box::pin(figures::network::run(b))),
+        ("e2b", |b| Box::pin(figures::e2b::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod create;
+pub mod e2b;
 pub mod exec;
 pub mod idle;
 pub mod import;

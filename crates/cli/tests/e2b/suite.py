@@ -179,6 +179,12 @@ class TestCommands(Base):
         self.sb.commands.close_stdin(h.pid)
         self.assertEqual(h.wait().stdout, "hello world\n")
 
+    def test_stream_input(self):
+        h = self.sb.commands.run("cat", background=True, stdin=True)
+        self.sb.commands.stream_input(h.pid, iter(["a", b"b", "c\n"]))
+        self.sb.commands.close_stdin(h.pid)
+        self.assertEqual(h.wait().stdout, "abc\n")
+
     def test_timeout(self):
         t = time.time()
         with self.assertRaises(TimeoutException):
@@ -338,8 +344,15 @@ class TestPauseForkSnapshot(unittest.TestCase):
                 self.assertEqual(child.files.read("/home/user/s.txt"), "snap")
             finally:
                 child.kill()
+            # strata keeps a checkpoint while its sandbox lives (409 in_use).
+            with self.assertRaises(SandboxException) as cm:
+                Sandbox.delete_snapshot(snap.snapshot_id)
+            self.assertIn("still needed", str(cm.exception))
         finally:
             sb.kill()
+        self.assertTrue(Sandbox.delete_snapshot(snap.snapshot_id))
+        self.assertFalse(Sandbox.delete_snapshot(snap.snapshot_id))
+        self.assertNotIn(snap.snapshot_id, [s.snapshot_id for s in Sandbox.list_snapshots().next_items()])
 
     def test_metrics(self):
         sb = Sandbox.create()

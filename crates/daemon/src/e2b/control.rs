@@ -45,7 +45,8 @@ pub fn router(e2b: SharedE2b) -> Router {
         .route("/sandboxes/{id}/network", put(network))
         .route("/snapshots", get(list_snapshots))
         .route("/templates", any(templates))
-        .route("/templates/{*rest}", any(templates))
+        .route("/templates/{id}", axum::routing::delete(delete_snapshot).fallback(templates))
+        .route("/templates/{id}/{*rest}", any(templates))
         .route("/v2/templates", any(templates))
         .route("/v2/templates/{*rest}", any(templates))
         .route("/v3/templates", any(templates))
@@ -538,6 +539,23 @@ async fn list_snapshots(State(e): State<SharedE2b>, headers: HeaderMap, Query(q)
         }
     }
     Ok(resp)
+}
+
+/// `DELETE /templates/{id}` for a snapshot id (`Sandbox.delete_snapshot`):
+/// deletes the checkpoint (409 `in_use` while sandboxes depend on it); 404 for
+/// anything that is not a snapshot.
+async fn delete_snapshot(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let not_found = || E2bError::NotFound(format!("snapshot '{id}' not found (template deletion is not supported by strata: only snapshots made through the E2B API)"));
+    let cp = client.get_checkpoint(&id).await.map_err(|err| match err.code() {
+        Some(strata_api::ErrorCode::CheckpointNotFound) => not_found(),
+        _ => E2bError::Native(err),
+    })?;
+    if cp.labels.get("e2b.snapshot").map(String::as_str) != Some("true") {
+        return Err(not_found());
+    }
+    client.delete_checkpoint(&cp.id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `GET /sandboxes/{id}/metrics`: one sample from strata's accounting (CPU
