@@ -360,7 +360,9 @@ async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
         Some(strata_api::ErrorCode::InvalidState) => E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")),
         _ => sandbox_err(&id)(err),
     })?;
-    e.lock().procs.retain(|(sb, _), _| sb != &id);
+    let mut st = e.lock();
+    st.procs.retain(|(sb, _), _| sb != &id);
+    st.watchers.retain(|_, w| w.sandbox() != id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -56,6 +56,13 @@ pub struct Watcher {
     seen: HashMap<String, (FileKind, u64, i64)>,
 }
 
+impl Watcher {
+    /// The watched sandbox.
+    pub fn sandbox(&self) -> &str {
+        &self.sandbox
+    }
+}
+
 /// The envd routes (reached through [`super::dispatch`]).
 pub fn router(e2b: SharedE2b) -> Router {
     Router::new()
@@ -489,7 +496,10 @@ async fn reconnect(e: SharedE2b, c: Ctx, req: ProcessRequest, keepalive: Option<
 /// `process.Process/List`: running processes.
 async fn list(e: &SharedE2b, c: &Ctx) -> Result<Value, ConnectError> {
     let procs = c.client.list_processes(&c.sandbox).await.map_err(native)?;
-    let st = e.lock();
+    let mut st = e.lock();
+    // Forget what is no longer running (the map only serves tags and configs of live processes).
+    let running: std::collections::HashSet<u64> = procs.iter().filter(|p| p.status == ProcessStatus::Running).map(|p| p.id).collect();
+    st.procs.retain(|(sb, pid), _| sb != &c.sandbox || running.contains(pid));
     let out: Vec<Value> = procs
         .iter()
         .filter(|p| p.status == ProcessStatus::Running)
@@ -669,8 +679,8 @@ async fn filesystem(State(e): State<SharedE2b>, Path(method): Path<String>, head
         "ListDir" => fs_list(&c, &req).await,
         "Remove" => fs_remove(&c, &req).await,
         "CreateWatcher" => create_watcher(&e, &c, &req).await,
-        "GetWatcherEvents" => watcher_events(&e, &req).await,
-        "RemoveWatcher" => remove_watcher(&e, &req),
+        "GetWatcherEvents" => watcher_events(&e, &c, &req).await,
+        "RemoveWatcher" => remove_watcher(&e, &c, &req),
         _ => Err(ConnectError::new(Code::Unimplemented, format!("filesystem.{method} is not a method of filesystem.Filesystem"))),
     };
     match res {
@@ -788,11 +798,21 @@ async fn create_watcher(e: &SharedE2b, c: &Ctx, req: &FsRequest) -> Result<Value
     Ok(json!({"watcherId": id}))
 }
 
-async fn watcher_events(e: &SharedE2b, req: &FsRequest) -> Result<Value, ConnectError> {
+/// The watcher `id` if the caller made it (same key, same sandbox); anyone
+/// else gets the answer of an unknown id.
+fn own_watcher(e: &SharedE2b, c: &Ctx, id: &str) -> Result<Watcher, ConnectError> {
+    e.lock()
+        .watchers
+        .get(id)
+        .filter(|w| w.token == c.token && w.sandbox == c.sandbox)
+        .cloned()
+        .ok_or_else(|| ConnectError::new(Code::NotFound, format!("watcher {id} not found")))
+}
+
+async fn watcher_events(e: &SharedE2b, c: &Ctx, req: &FsRequest) -> Result<Value, ConnectError> {
     let id = need(&req.watcher_id, "watcherId")?.to_string();
-    let w = e.lock().watchers.get(&id).cloned().ok_or_else(|| ConnectError::new(Code::NotFound, format!("watcher {id} not found")))?;
-    let c = Ctx { client: e.client(w.token.clone()), token: w.token.clone(), sandbox: w.sandbox.clone(), user: DEFAULT_USER.into() };
-    let now = snapshot(&c, &w.path, w.recursive).await?;
+    let w = own_watcher(e, c, &id)?;
+    let now = snapshot(c, &w.path, w.recursive).await?;
     let events = diff(&w.path, &w.seen, &now);
     if let Some(w) = e.lock().watchers.get_mut(&id) {
         w.seen = now;
@@ -800,9 +820,11 @@ async fn watcher_events(e: &SharedE2b, req: &FsRequest) -> Result<Value, Connect
     Ok(json!({"events": events}))
 }
 
-fn remove_watcher(e: &SharedE2b, req: &FsRequest) -> Result<Value, ConnectError> {
+fn remove_watcher(e: &SharedE2b, c: &Ctx, req: &FsRequest) -> Result<Value, ConnectError> {
     let id = need(&req.watcher_id, "watcherId")?;
-    e.lock().watchers.remove(id).map(|_| json!({})).ok_or_else(|| ConnectError::new(Code::NotFound, format!("watcher {id} not found")))
+    own_watcher(e, c, id)?;
+    e.lock().watchers.remove(id);
+    Ok(json!({}))
 }
 
 /// `filesystem.Filesystem/WatchDir`: a polling watch, streamed.
