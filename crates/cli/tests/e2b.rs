@@ -7,7 +7,7 @@
 //! timeouts, kill, list, reconnect), files (text and binary, multipart and
 //! octet-stream, list, exists, rename, remove, make_dir, get_info, watch),
 //! pause -> resume with a running process, fork, snapshots, metrics, and the
-//! errors of bad keys, unknown ids, unsupported calls and malformed frames.
+//! errors of bad keys, unknown ids, another tenant's key, unsupported calls and malformed frames.
 //! The E2B template `base` is the Debian test image imported as `e2b-base`.
 
 mod common;
@@ -52,6 +52,8 @@ fn e2b_sdk_suite_passes_against_a_live_daemon() {
     // A tenant's key, as `strata token create` prints it for E2B_API_KEY.
     let key = d.cli_ok(&["token", "create", "--name", "e2b-suite", "--tenant", "e2b"]);
     let key = key.lines().find(|l| l.starts_with("strata_")).unwrap_or(key.trim()).trim().to_string();
+    let other = d.cli_ok(&["token", "create", "--name", "e2b-other", "--tenant", "other"]);
+    let other = other.trim().to_string();
     let url = format!("http://127.0.0.1:{port}");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/suite.py");
     let out = Command::new(&py)
@@ -59,6 +61,7 @@ fn e2b_sdk_suite_passes_against_a_live_daemon() {
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", &key)
+        .env("E2B_OTHER_KEY", &other)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run the e2b suite");

@@ -134,6 +134,28 @@ class TestAuth(unittest.TestCase):
         self.assertEqual(status, 401)
         self.assertEqual(body["code"], 401)
 
+    def test_other_tenants_key_sees_nothing(self):
+        other = os.environ.get("E2B_OTHER_KEY")
+        self.assertTrue(other, "E2B_OTHER_KEY (a key of another tenant) is not set")
+        sb = Sandbox.create()
+        try:
+            with self.assertRaises(NotFoundException):
+                Sandbox.connect(sb.sandbox_id, api_key=other)
+            with self.assertRaises(NotFoundException):
+                Sandbox.get_info(sb.sandbox_id, api_key=other)
+            self.assertFalse(Sandbox.kill(sb.sandbox_id, api_key=other))
+            self.assertNotIn(sb.sandbox_id, [s.sandbox_id for s in Sandbox.list(api_key=other).next_items()])
+            # envd with the other key: the sandbox does not exist for it.
+            h = {"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": other, "Content-Type": "application/json"}
+            status, body = raw("POST", "/filesystem.Filesystem/Stat", body=b'{"path": "/etc"}', headers=h)
+            self.assertEqual(status, 404)
+            self.assertEqual(body["code"], "not_found")
+            status, body = raw("GET", "/files?path=/etc/hostname", headers=h)
+            self.assertEqual(status, 404)
+            self.assertTrue(sb.is_running())
+        finally:
+            sb.kill()
+
     def test_unknown_sandbox_is_404(self):
         with self.assertRaises(NotFoundException):
             Sandbox.connect("0123456789abcdef")
