@@ -190,6 +190,8 @@ impl Client {
                     req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
                 }
                 let stream = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
+                // Small request writes and streamed lines must not wait for Nagle's algorithm.
+                let _ = stream.set_nodelay(true);
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
                 tokio::spawn(conn);
                 sender.send_request(req.body(Full::new(body)).expect("valid request")).await?

@@ -390,6 +390,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         let tcp_app = e2b::mount(app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp)), e2b_layer);
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
+            // No Nagle delay: streamed responses (process output, Connect
+            // messages, NDJSON) are many small writes.
+            let tcp = axum::serve::ListenerExt::tap_io(tcp, |s: &mut tokio::net::TcpStream| {
+                let _ = s.set_nodelay(true);
+            });
             let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {
                 let _ = rx.recv().await;
             }).await;
