@@ -17,21 +17,45 @@ use crate::Bench;
 /// The strata image the E2B template `base` maps to.
 const BASE: &str = "e2b-base";
 
-/// The SDK loop: warm-up rounds, then one elapsed time (ms) per line.
+/// The SDK side: one round per line read from stdin, its elapsed time (ms)
+/// printed back, so the rounds interleave with the native ones.
 const SCRIPT: &str = r#"
 import sys, time
 from e2b import Sandbox
-warm, n = int(sys.argv[1]), int(sys.argv[2])
-for i in range(warm + n):
+for _ in sys.stdin:
     t = time.perf_counter()
     sb = Sandbox.create()
     r = sb.commands.run("echo hi")
     sb.kill()
     el = time.perf_counter() - t
     assert r.stdout == "hi\n" and r.exit_code == 0, (r.stdout, r.exit_code)
-    if i >= warm:
-        print(f"{el * 1000:.3f}", flush=True)
+    print(f"{el * 1000:.3f}", flush=True)
 "#;
+
+/// The running SDK process.
+struct Sdk {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Sdk {
+    fn round(&mut self) -> Result<Duration> {
+        use std::io::{BufRead, Write};
+        self.stdin.write_all(b"go\n").and_then(|()| self.stdin.flush()).context("write to the SDK process")?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).context("read from the SDK process")?;
+        let ms: f64 = line.trim().parse().with_context(|| format!("the SDK process printed {line:?} (see its stderr above)"))?;
+        Ok(Duration::from_secs_f64(ms / 1000.0))
+    }
+}
+
+impl Drop for Sdk {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 pub async fn run(b: &mut Bench) -> Result<()> {
     let cfg = b.cfg.clone();
@@ -40,36 +64,47 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     let key = std::fs::read_to_string(cfg.state_dir.join("api-token")).context("read the daemon's api-token")?.trim().to_string();
     let n = cfg.cli_runs;
     let url = format!("http://{listen}");
-    let out = Command::new(&cfg.e2b_python)
-        .args(["-c", SCRIPT, &cfg.warmup.min(5).to_string(), &n.to_string()])
+    let mut child = Command::new(&cfg.e2b_python)
+        .args(["-c", SCRIPT])
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", &key)
-        .output()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .with_context(|| format!("run {} (the e2b venv: scripts/setup-host.sh)", cfg.e2b_python.display()))?;
-    if !out.status.success() {
-        bail!("the e2b SDK loop failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let sdk: Vec<Duration> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<f64>().ok()).map(|ms| Duration::from_secs_f64(ms / 1000.0)).collect();
-    if sdk.len() != n {
-        bail!("the e2b SDK loop printed {} timings, expected {n}", sdk.len());
-    }
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else { bail!("no pipes to the SDK process") };
+    let mut sdk_proc = Sdk { child, stdin, stdout: std::io::BufReader::new(stdout) };
 
-    // The native round trip over the Unix socket, same image, same count.
+    // The native round trip over the Unix socket, same image.
     let c = b.client.clone();
     let req = CreateSandboxRequest { source: BASE.into(), lifecycle: Lifecycle::Ephemeral, ..Default::default() };
-    let mut native = Vec::with_capacity(n);
-    for i in 0..cfg.warmup.min(5) + n {
+    let native_round = || async {
         let t = Instant::now();
         let sb = c.create_sandbox(&req).await.context("create")?;
         let r = c.exec(&sb.id, &echo_req()).await.context("exec")?;
         c.remove_sandbox(&sb.id, true).await.context("destroy")?;
         let el = t.elapsed();
         check_echo(&r)?;
-        if i >= cfg.warmup.min(5) {
-            native.push(el);
+        anyhow::Ok(el)
+    };
+    let warm = cfg.warmup.min(5);
+    for _ in 0..warm {
+        sdk_proc.round()?;
+        native_round().await?;
+    }
+    // Interleaved, alternating order: load from elsewhere hits both alike.
+    let (mut sdk, mut native) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        if i % 2 == 0 {
+            sdk.push(sdk_proc.round()?);
+            native.push(native_round().await?);
+        } else {
+            native.push(native_round().await?);
+            sdk.push(sdk_proc.round()?);
         }
     }
+    drop(sdk_proc);
     let (se, sn) = (summarize(&sdk), summarize(&native));
     b.report.rows.push(Row::new(
         format!("E2B SDK create + run `echo hi` + kill, p50 (e2b 2.63.0, n={n})"),
@@ -92,12 +127,12 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         format!(
             "The official `e2b` Python SDK (2.63.0, HTTP/2 cleartext as it defaults to) runs `Sandbox.create()` \
              (template `base` = image `{BASE}`, the Debian test image), `commands.run(\"echo hi\")` (stdout checked) \
-             and `kill()` {n} times in one Python process against the daemon's TCP listener ({w} warm-up rounds \
-             first); each round is timed in Python. Baseline: the same round trip through strata's typed Rust \
-             client over the Unix socket (create an ephemeral sandbox of `{BASE}`, exec `echo hi`, destroy), \
-             {n} times after the SDK's. The difference is the E2B layer (a translation onto the native API over \
+             and `kill()` {n} times in one Python process against the daemon's TCP listener, each round timed in \
+             Python. Baseline: the same round trip through strata's typed Rust client over the Unix socket \
+             (create an ephemeral sandbox of `{BASE}`, exec `echo hi`, destroy). The two are interleaved \
+             (alternating order), after {w} warm-up rounds of each. The difference is the E2B layer (a translation onto the native API over \
              loopback TCP, the Connect stream of the command) plus the SDK's own client-side cost.",
-            w = cfg.warmup.min(5)
+            w = warm
         ),
         vec![format!("{:<28} {}", "e2b SDK round trip", se.line()), format!("{:<28} {}", "native API round trip", sn.line())],
     ));
