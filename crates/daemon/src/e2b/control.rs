@@ -372,7 +372,7 @@ async fn extend(client: &Client, id: &str, timeout: u64) -> Result<Sandbox, E2bE
     let age = parse_time(&s.created_at).and_then(|c| SystemTime::now().duration_since(c).ok()).unwrap_or_default();
     let life = age.as_secs() + timeout + 1;
     let patch = UpdateSandboxRequest { policy: Some(PolicyPatch { max_lifetime: Some(format!("{life}s")), ..Default::default() }), ..Default::default() };
-    Ok(client.update_sandbox(id, &patch).await.map_err(sandbox_err(id))?)
+    client.update_sandbox(id, &patch).await.map_err(sandbox_err(id))
 }
 
 #[derive(Debug, Deserialize)]

@@ -904,8 +904,11 @@ async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Quer
     }
 }
 
-/// The parts of a `multipart/form-data` body: (file name, data).
-fn multipart_parts(content_type: &str, body: &[u8]) -> Result<Vec<(Option<String>, Vec<u8>)>, String> {
+/// One part of a `multipart/form-data` body: its file name, if any, and its data.
+type Part = (Option<String>, Vec<u8>);
+
+/// The parts of a `multipart/form-data` body.
+fn multipart_parts(content_type: &str, body: &[u8]) -> Result<Vec<Part>, String> {
     let boundary = content_type
         .split(';')
         .map(str::trim)
