@@ -388,7 +388,7 @@ class TestPauseForkSnapshot(unittest.TestCase):
             sb.kill()
 
 
-class TestUnsupportedAndMalformed(Base):
+class TestLogsUnsupportedMalformed(Base):
     def test_network_update_is_unsupported(self):
         with self.assertRaises(SandboxException) as cm:
             self.sb.update_network({"deny_out": ["0.0.0.0/0"]})
@@ -419,10 +419,22 @@ class TestUnsupportedAndMalformed(Base):
         # Still alive.
         self.assertEqual(self.sb.commands.run("echo alive").stdout, "alive\n")
 
-    def test_logs_are_unsupported(self):
-        status, body = raw("GET", f"/v2/sandboxes/{self.sb.sandbox_id}/logs", headers={"X-API-Key": KEY})
-        self.assertEqual(status, 501)
-        self.assertIn("logs", body["message"])
+    def test_logs_are_lifecycle_events(self):
+        # The SDK 2.63.0 has no logs call: its generated client is used directly.
+        from e2b.api.client_sync import get_api_client
+        from e2b.api.client.api.sandboxes import get_v_2_sandboxes_sandbox_id_logs, get_sandboxes_sandbox_id_logs
+        from e2b.connection_config import ConnectionConfig
+        client = get_api_client(ConnectionConfig())
+        res = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(self.sb.sandbox_id, client=client)
+        self.assertEqual(res.status_code, 200, res.content)
+        msgs = [l.message for l in res.parsed.logs]
+        self.assertTrue(any("-> running" in m for m in msgs), msgs)
+        self.assertTrue(all(l.level.value == "info" for l in res.parsed.logs))
+        res = get_sandboxes_sandbox_id_logs.sync_detailed(self.sb.sandbox_id, client=client)
+        self.assertEqual(res.status_code, 200, res.content)
+        self.assertEqual([l.line for l in res.parsed.logs], msgs)
+        status, body = raw("GET", "/v2/sandboxes/0123456789abcdef/logs", headers={"X-API-Key": KEY})
+        self.assertEqual(status, 404)
 
 
 if __name__ == "__main__":

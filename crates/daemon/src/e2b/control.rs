@@ -40,8 +40,8 @@ pub fn router(e2b: SharedE2b) -> Router {
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/sandboxes/{id}/snapshots", post(snapshot))
         .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/logs", get(logs))
-        .route("/v2/sandboxes/{id}/logs", get(logs))
+        .route("/sandboxes/{id}/logs", get(logs_v1))
+        .route("/v2/sandboxes/{id}/logs", get(logs_v2))
         .route("/sandboxes/{id}/network", put(network))
         .route("/snapshots", get(list_snapshots))
         .route("/templates", any(templates))
@@ -591,9 +591,83 @@ async fn metrics_many() -> E2bError {
     E2bError::Unsupported("not supported by strata: metrics of many sandboxes at once (GET /sandboxes/metrics); ask per sandbox".into())
 }
 
-/// `GET /sandboxes/{id}/logs`: not supported (strata keeps per-process output, see docs/e2b-compat.md).
-async fn logs(Path(id): Path<String>) -> E2bError {
-    E2bError::Unsupported(format!("not supported by strata: sandbox logs of {id} (read process output with commands.connect or strata's /v1/sandboxes/{{id}}/processes/{{pid}}/logs)"))
+/// Query of the log routes (v1: `start`, `limit`; v2: `cursor`, `limit`,
+/// `direction`, `level`, `search`).
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    #[serde(default)]
+    start: Option<u64>,
+    #[serde(default)]
+    cursor: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    direction: Option<String>,
+    #[serde(default)]
+    level: Option<String>,
+    #[serde(default)]
+    search: Option<String>,
+}
+
+/// A sandbox's log: its lifecycle events from strata's event log (E2B's
+/// sandbox logs are envd's own; process output is read per command).
+/// Entries: (unix ms, RFC 3339 time, level, message, fields).
+async fn log_entries(e: &SharedE2b, headers: &HeaderMap, id: &str, q: &LogsQuery) -> Result<Vec<(u64, String, &'static str, String, Value)>, E2bError> {
+    let (client, _) = caller(e, headers)?;
+    let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
+    let events = client.events(Some(&s.id), 0).await.map_err(sandbox_err(id))?;
+    let from = q.cursor.or(q.start).unwrap_or(0);
+    let backward = match q.direction.as_deref() {
+        None | Some("forward") => false,
+        Some("backward") => true,
+        Some(d) => return Err(E2bError::BadRequest(format!("unknown direction {d:?} (forward, backward)"))),
+    };
+    let levels: &[&str] = match q.level.as_deref() {
+        None | Some("debug") | Some("info") => &["info", "warn", "error"],
+        Some("warn") => &["warn", "error"],
+        Some("error") => &["error"],
+        Some(l) => return Err(E2bError::BadRequest(format!("unknown level {l:?} (debug, info, warn, error)"))),
+    };
+    let mut out: Vec<_> = events
+        .into_iter()
+        .filter_map(|ev| {
+            let t = parse_time(&ev.time)?;
+            let ms = t.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_millis() as u64;
+            let level = match ev.to {
+                SandboxState::Error | SandboxState::Lost => "error",
+                _ => "info",
+            };
+            let from_state = ev.from.map(|f| f.as_str().to_string()).unwrap_or_else(|| "-".into());
+            let mut msg = format!("{from_state} -> {} ({})", ev.to, ev.reason);
+            if let Some(d) = &ev.detail {
+                msg.push_str(": ");
+                msg.push_str(d);
+            }
+            let fields = json!({"from": from_state, "to": ev.to.as_str(), "reason": ev.reason, "duration_ms": ev.duration_ms.to_string()});
+            Some((ms, fmt_time(t), level, msg, fields))
+        })
+        .filter(|(ms, _, level, msg, _)| (if backward { *ms <= from || from == 0 } else { *ms >= from }) && levels.contains(level) && q.search.as_deref().is_none_or(|needle| msg.contains(needle)))
+        .collect();
+    if backward {
+        out.reverse();
+    }
+    out.truncate(q.limit.unwrap_or(1000).clamp(1, 1000));
+    Ok(out)
+}
+
+/// `GET /sandboxes/{id}/logs`: `{"logs": [{timestamp, line}], "logEntries": [...]}`.
+async fn logs_v1(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<LogsQuery>) -> Result<Response, E2bError> {
+    let entries = log_entries(&e, &headers, &id, &q).await?;
+    let logs: Vec<Value> = entries.iter().map(|(_, t, _, m, _)| json!({"timestamp": t, "line": m})).collect();
+    let log_entries: Vec<Value> = entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
+    Ok(Json(json!({"logs": logs, "logEntries": log_entries})).into_response())
+}
+
+/// `GET /v2/sandboxes/{id}/logs`: `{"logs": [{timestamp, level, message, fields}]}`.
+async fn logs_v2(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<LogsQuery>) -> Result<Response, E2bError> {
+    let entries = log_entries(&e, &headers, &id, &q).await?;
+    let logs: Vec<Value> = entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
+    Ok(Json(json!({"logs": logs})).into_response())
 }
 
 /// `PUT /sandboxes/{id}/network`: not supported through the E2B API.
