@@ -389,10 +389,29 @@ class TestPauseForkSnapshot(unittest.TestCase):
 
 
 class TestLogsUnsupportedMalformed(Base):
-    def test_network_update_is_unsupported(self):
+    def test_network_rules(self):
+        def native():
+            status, body = raw("GET", f"/v1/sandboxes/{self.sb.sandbox_id}/network", headers={"Authorization": "Bearer " + KEY})
+            self.assertEqual(status, 200, body)
+            return body["mode"], body.get("allow", [])
+        self.sb.update_network({"deny_out": ["0.0.0.0/0"], "allow_out": ["pypi.org", "10.1.2.0/24:443"]})
+        self.assertEqual(native(), ("egress", ["pypi.org", "10.1.2.0/24:443"]))
+        self.sb.update_network({"deny_out": ["0.0.0.0/0"]})
+        self.assertEqual(native(), ("none", []))
+        # Open internet with deny exceptions has no strata equivalent.
         with self.assertRaises(SandboxException) as cm:
-            self.sb.update_network({"deny_out": ["0.0.0.0/0"]})
-        self.assertIn("network", str(cm.exception))
+            self.sb.update_network({"deny_out": ["1.1.1.1"]})
+        self.assertIn("allowlist", str(cm.exception))
+        with self.assertRaises(SandboxException) as cm:
+            Sandbox.create(allow_internet_access=True)
+        self.assertIn("allow_internet_access", str(cm.exception))
+        # On create: deny all but one host.
+        sb = Sandbox.create(network={"deny_out": ["0.0.0.0/0"], "allow_out": ["pypi.org"]})
+        try:
+            status, body = raw("GET", f"/v1/sandboxes/{sb.sandbox_id}/network", headers={"Authorization": "Bearer " + KEY})
+            self.assertEqual((body["mode"], body["allow"]), ("egress", ["pypi.org"]))
+        finally:
+            sb.kill()
 
     def test_other_port_is_501(self):
         status, body = raw("GET", "/", headers={"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "8080"})

@@ -163,7 +163,8 @@ struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
-    #[serde(default)]
+    /// The SDK's model spells this one in snake case.
+    #[serde(default, rename = "allow_internet_access", alias = "allowInternetAccess")]
     allow_internet_access: Option<bool>,
     #[serde(default)]
     network: Option<Value>,
@@ -194,12 +195,10 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
     let (client, key) = caller(&e, &headers)?;
     let req: NewSandbox = json_body(&body, "NewSandbox")?;
     for (given, what) in [
-        (req.network.as_ref().is_some_and(|v| !v.is_null()), "network configuration on create (strata's egress rules: PUT /v1/sandboxes/{id}/network)"),
         (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
         (req.iam.as_ref().is_some_and(|v| !v.is_null()), "IAM workload tokens (iam)"),
         (req.volume_mounts.as_ref().is_some_and(|v| !v.is_null()), "volume mounts (volumeMounts)"),
         (req.auto_resume.as_ref().is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(true)), "autoResume on traffic (strata resumes on any API access instead)"),
-        (req.allow_internet_access == Some(true), "allow_internet_access=True (strata sandboxes have no network unless egress rules are set natively)"),
         (req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool() != Some(true)), "autoPauseMemory=false"),
     ] {
         if given {
@@ -207,6 +206,19 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
         }
     }
     let _ = req.secure;
+    let network = match (&req.network, req.allow_internet_access) {
+        (Some(v), allow) if !v.is_null() => {
+            let mut n: E2bNetwork = serde_json::from_value(v.clone()).map_err(|err| E2bError::BadRequest(format!("malformed network: {err}")))?;
+            if n.allow_internet_access.is_none() {
+                n.allow_internet_access = allow;
+            }
+            Some(strata_network(&n)?)
+        }
+        (_, Some(true)) => {
+            return Err(E2bError::Unsupported(format!("not supported by strata: allow_internet_access=True (strata egress is an allowlist: network={{\"deny_out\": [\"{ALL_TRAFFIC}\"], \"allow_out\": [...]}})")));
+        }
+        _ => None,
+    };
     let timeout = check_timeout(req.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
     let auto_pause = req.auto_pause.unwrap_or(false);
     let mut labels = req.metadata.unwrap_or_default();
@@ -219,6 +231,7 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
         env: req.env_vars.unwrap_or_default(),
         labels,
         policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), ..Default::default() }),
+        network,
         ..Default::default()
     };
     let created = client.create_sandbox(&native).await.map_err(|err| match err.code() {
@@ -670,9 +683,56 @@ async fn logs_v2(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<
     Ok(Json(json!({"logs": logs})).into_response())
 }
 
-/// `PUT /sandboxes/{id}/network`: not supported through the E2B API.
-async fn network(Path(id): Path<String>) -> E2bError {
-    E2bError::Unsupported(format!("not supported by strata: E2B network rules update for {id} (use strata's PUT /v1/sandboxes/{{id}}/network)"))
+/// E2B's "all traffic" CIDR.
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+/// E2B egress settings (`SandboxNetworkConfig` / `SandboxNetworkUpdateConfig`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bNetwork {
+    #[serde(default)]
+    allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    deny_out: Option<Vec<String>>,
+    #[serde(default, rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+/// E2B's deny-then-allow egress as a strata network: strata's egress is an
+/// allowlist, so the expressible E2B settings are "deny all" (`denyOut`
+/// holding 0.0.0.0/0, or no internet access) plus `allowOut` exceptions.
+fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
+    if let Some((k, _)) = n.other.iter().find(|(_, v)| !v.is_null()) {
+        return Err(E2bError::Unsupported(format!("not supported by strata: network option {k}")));
+    }
+    let deny = n.deny_out.clone().unwrap_or_default();
+    let allow = n.allow_out.clone().unwrap_or_default();
+    let deny_all = deny.iter().any(|d| d == ALL_TRAFFIC) || n.allow_internet_access == Some(false);
+    if !deny_all {
+        return Err(E2bError::Unsupported(format!(
+            "not supported by strata: open internet access{} (strata egress is an allowlist: deny {ALL_TRAFFIC} and list allow_out)",
+            if deny.is_empty() { String::new() } else { format!(" with deny_out exceptions {deny:?}") }
+        )));
+    }
+    if let Some(d) = deny.iter().find(|d| *d != ALL_TRAFFIC) {
+        return Err(E2bError::Unsupported(format!("not supported by strata: deny_out {d:?} next to {ALL_TRAFFIC} (everything not allowed is denied already)")));
+    }
+    Ok(if allow.is_empty() {
+        strata_api::NetworkSpec { mode: strata_api::NetworkMode::None, allow: vec![] }
+    } else {
+        strata_api::NetworkSpec { mode: strata_api::NetworkMode::Egress, allow }
+    })
+}
+
+/// `PUT /sandboxes/{id}/network`: E2B egress rules onto strata's (live).
+async fn network(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &headers)?;
+    let n: E2bNetwork = json_body(&body, "SandboxNetworkUpdateConfig")?;
+    let spec = strata_network(&n)?;
+    client.set_network(&id, &spec).await.map_err(sandbox_err(&id))?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `/templates*`: template builds are strata's own (`strata template build`).
@@ -688,6 +748,20 @@ async fn volumes() -> E2bError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e2b_network_maps_onto_an_allowlist() {
+        let n = |allow: &[&str], deny: &[&str]| E2bNetwork { allow_out: Some(allow.iter().map(|s| s.to_string()).collect()), deny_out: Some(deny.iter().map(|s| s.to_string()).collect()), ..Default::default() };
+        let spec = strata_network(&n(&["pypi.org"], &[ALL_TRAFFIC])).unwrap();
+        assert_eq!(spec.mode, strata_api::NetworkMode::Egress);
+        assert_eq!(spec.allow, vec!["pypi.org".to_string()]);
+        assert_eq!(strata_network(&n(&[], &[ALL_TRAFFIC])).unwrap().mode, strata_api::NetworkMode::None);
+        assert!(matches!(strata_network(&n(&[], &["1.1.1.1"])), Err(E2bError::Unsupported(_))));
+        assert!(matches!(strata_network(&n(&["x.org"], &[])), Err(E2bError::Unsupported(_))));
+        let mut other = n(&[], &[ALL_TRAFFIC]);
+        other.other.insert("dnsServers".into(), json!(["1.1.1.1"]));
+        assert!(matches!(strata_network(&other), Err(E2bError::Unsupported(m)) if m.contains("dnsServers")));
+    }
 
     #[test]
     fn metadata_filter_parses_encoded_pairs() {

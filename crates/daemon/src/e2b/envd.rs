@@ -528,12 +528,20 @@ async fn send_signal(e: &SharedE2b, c: &Ctx, req: ProcessRequest) -> Result<(), 
         Some(Value::Number(n)) if n.as_u64() == Some(15) => "SIGTERM",
         other => return Err(ConnectError::new(Code::InvalidArgument, format!("unsupported signal {other:?} (SIGNAL_SIGKILL, SIGNAL_SIGTERM)"))),
     };
-    let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
-    if p.status == ProcessStatus::Exited {
-        return Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")));
+    // A process that has just started may not have its in-sandbox pid yet
+    // (strata answers 409 `not running` for a moment): retry briefly.
+    for _ in 0..50 {
+        let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
+        if p.status == ProcessStatus::Exited {
+            return Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")));
+        }
+        match c.client.signal(&c.sandbox, pid, sig).await {
+            Ok(_) => return Ok(()),
+            Err(err) if err.code() == Some(ErrorCode::InvalidState) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(err) => return Err(native(err)),
+        }
     }
-    c.client.signal(&c.sandbox, pid, sig).await.map_err(native)?;
-    Ok(())
+    Err(ConnectError::new(Code::Unavailable, format!("process {pid} could not be signalled: it stayed between start and running for 1 s")))
 }
 
 async fn send_input(e: &SharedE2b, c: &Ctx, sel: Option<Selector>, input: Option<ProcessInput>) -> Result<(), ConnectError> {
