@@ -232,11 +232,22 @@ class TestCommands(Base):
         r = again.wait()
         self.assertEqual(r.stdout, "line1\nline2\nline3\n")
 
-    def test_pty_is_unsupported(self):
+    def test_pty(self):
         from e2b.sandbox.commands.command_handle import PtySize
-        with self.assertRaises(SandboxException) as cm:
-            self.sb.pty.create(PtySize(rows=24, cols=80))
-        self.assertIn("PTY", str(cm.exception))
+        h = self.sb.pty.create(PtySize(rows=30, cols=100))
+        self.sb.pty.send_stdin(h.pid, b"tty; stty size; echo pty-$((6*7))\n")
+        time.sleep(1.5)  # let the shell answer before the resize
+        self.sb.pty.resize(h.pid, PtySize(rows=40, cols=120))
+        self.sb.pty.send_stdin(h.pid, b"stty size; exit 5\n")
+        out = []
+        with self.assertRaises(CommandExitException) as cm:
+            h.wait(on_pty=lambda d: out.append(bytes(d)))
+        self.assertEqual(cm.exception.exit_code, 5)
+        text = b"".join(out).decode(errors="replace")
+        self.assertIn("/dev/pts/", text)
+        self.assertIn("30 100", text)
+        self.assertIn("pty-42", text)
+        self.assertIn("40 120", text)
 
     def test_base_image(self):
         r = self.sb.commands.run("python3 -c 'print(1+1)'; git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; id -u; echo $HOME")

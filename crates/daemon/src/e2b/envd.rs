@@ -44,6 +44,8 @@ pub struct ProcMeta {
     pub config: Value,
     /// The tag, if any.
     pub tag: Option<String>,
+    /// Runs on a pseudo-terminal (its output is `pty` data, its input `pty` input).
+    pub pty: bool,
 }
 
 /// A polling directory watcher (`CreateWatcher`).
@@ -289,6 +291,43 @@ struct ProcessRequest {
     input: Option<ProcessInput>,
 }
 
+/// `process.UpdateRequest`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UpdateRequest {
+    #[serde(default)]
+    process: Option<Selector>,
+    #[serde(default)]
+    pty: Option<Value>,
+}
+
+/// `process.PTY` -> (cols, rows), clamped to sane terminal sizes.
+fn pty_size(v: &Value) -> (u32, u32) {
+    let dim = |k: &str, d: u64| v.get("size").and_then(|s| s.get(k)).and_then(Value::as_u64).unwrap_or(d).clamp(1, 1000) as u32;
+    (dim("cols", 80), dim("rows", 24))
+}
+
+/// A word for `sh -c`.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// `process.Process/Update`: resizes a PTY (the terminal `script` holds for
+/// the process: `stty` on it, then SIGWINCH to its foreground).
+async fn resize(e: &SharedE2b, c: &Ctx, req: UpdateRequest) -> Result<(), ConnectError> {
+    let pid = resolve(e, c, req.process)?;
+    let Some(size) = req.pty.as_ref().filter(|p| !p.is_null()) else { return Ok(()) };
+    if !e.lock().procs.get(&(c.sandbox.clone(), pid)).is_some_and(|m| m.pty) {
+        return Err(ConnectError::new(Code::InvalidArgument, format!("process {pid} has no PTY")));
+    }
+    let (cols, rows) = pty_size(size);
+    let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
+    let ns_pid = p.pid.filter(|_| p.status == ProcessStatus::Running).ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")))?;
+    let script = format!("for t in $(ps -o tty= --ppid {ns_pid}); do stty -F /dev/$t cols {cols} rows {rows} || exit 1; done; pkill -WINCH -P {ns_pid}; true");
+    let ctx = Ctx { client: c.client.clone(), token: c.token.clone(), sandbox: c.sandbox.clone(), user: "root".into() };
+    run_as(&ctx, &["sh", "-c", &script]).await
+}
+
 /// `process.ProcessInput` (a oneof: `stdin` or `pty`, base64 bytes).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -346,8 +385,11 @@ async fn process(State(e): State<SharedE2b>, Path(method): Path<String>, headers
             Ok(req) => close_stdin(&e, &c, req).await.map(|()| unary_ok(json!({}))),
             Err(err) => Err(err),
         },
-        ("Update", _) => Err(ConnectError::new(Code::Unimplemented, "process.Update (PTY resize) is not supported by strata: strata has no PTY")),
-        ("Start" | "Connect" | "StreamInput", Framing::Unary) | ("List" | "SendSignal" | "SendInput" | "CloseStdin", Framing::Stream) => {
+        ("Update", Framing::Unary) => match parse::<UpdateRequest>(&body, "process.UpdateRequest") {
+            Ok(req) => resize(&e, &c, req).await.map(|()| unary_ok(json!({}))),
+            Err(err) => Err(err),
+        },
+        ("Start" | "Connect" | "StreamInput", Framing::Unary) | ("List" | "SendSignal" | "SendInput" | "CloseStdin" | "Update", Framing::Stream) => {
             Err(ConnectError::new(Code::InvalidArgument, format!("process.{method}: wrong content type for this method's streaming kind")))
         }
         _ => Err(ConnectError::new(Code::Unimplemented, format!("process.{method} is not a method of process.Process"))),
@@ -388,7 +430,7 @@ fn end_event(p: &ProcessInfo) -> Value {
 }
 
 /// Streams a process's events (`StartResponse`/`ConnectResponse`) from its log.
-fn follow(c: Ctx, pid: u64, keepalive: Option<Duration>) -> Response {
+fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Value, ConnectError>>(64);
     tokio::spawn(async move {
         if tx.send(Ok(json!({"event": {"start": {"pid": pid}}}))).await.is_err() {
@@ -439,6 +481,7 @@ fn follow(c: Ctx, pid: u64, keepalive: Option<Duration>) -> Response {
                 ProcessEvent::Started { .. } | ProcessEvent::Dropped { .. } => continue,
                 ProcessEvent::Output { stream, data_b64, .. } => {
                     let key = match stream {
+                        _ if pty => "pty",
                         StreamKind::Stdout => "stdout",
                         StreamKind::Stderr => "stderr",
                     };
@@ -459,27 +502,33 @@ fn follow(c: Ctx, pid: u64, keepalive: Option<Duration>) -> Response {
 
 /// `process.Process/Start`: a strata background process, streamed.
 async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Duration>) -> Result<Response, ConnectError> {
-    if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
-        return Err(ConnectError::new(Code::Unimplemented, "PTY is not supported by strata: commands.run works, pty.create does not (strata has no pseudo-terminals)"));
-    }
+    let pty = req.pty.as_ref().filter(|p| !p.is_null()).map(pty_size);
     let cfg = req.process.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process.StartRequest without process"))?;
     if cfg.cmd.is_empty() {
         return Err(ConnectError::new(Code::InvalidArgument, "process.cmd is empty"));
     }
     let mut cmd = vec![cfg.cmd.clone()];
     cmd.extend(cfg.args.iter().cloned());
+    if let Some((cols, rows)) = pty {
+        // strata has no terminal of its own: util-linux `script` (in every
+        // Debian-family image) puts the command on a pseudo-terminal of the
+        // given size and relays it to the process's stdin/stdout.
+        let inner = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
+        cmd = vec!["script".into(), "-qfec".into(), format!("stty cols {cols} rows {rows} 2>/dev/null; exec {inner}"), "/dev/null".into()];
+    }
     let cwd = c.path(cfg.cwd.as_deref().unwrap_or(""));
     let mut env = cfg.envs.clone();
     env.entry("HOME".into()).or_insert_with(|| c.home());
     env.entry("USER".into()).or_insert_with(|| c.user.clone());
-    let native_req = ExecRequest { cmd, env, cwd: Some(cwd.clone()), user: Some(c.user.clone()), keep_stdin_open: req.stdin.unwrap_or(false), ..Default::default() };
+    let native_req = ExecRequest { cmd, env, cwd: Some(cwd.clone()), user: Some(c.user.clone()), keep_stdin_open: req.stdin.unwrap_or(false) || pty.is_some(), ..Default::default() };
     let info = c.client.start_process(&c.sandbox, &native_req).await.map_err(native)?;
     if let Some(err) = &info.spawn_error {
-        return Err(ConnectError::new(Code::InvalidArgument, format!("cannot start {:?}: {err}", cfg.cmd)));
+        let hint = if pty.is_some() { " (a PTY needs util-linux `script` in the image)" } else { "" };
+        return Err(ConnectError::new(Code::InvalidArgument, format!("cannot start {:?}: {err}{hint}", cfg.cmd)));
     }
     let config = json!({"cmd": cfg.cmd, "args": cfg.args, "envs": cfg.envs, "cwd": cwd});
-    e.lock().procs.insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag });
-    Ok(follow(c, info.id, keepalive))
+    e.lock().procs.insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag, pty: pty.is_some() });
+    Ok(follow(c, info.id, pty.is_some(), keepalive))
 }
 
 /// `process.Process/Connect`: reattach to a process; its output is replayed
@@ -490,7 +539,8 @@ async fn reconnect(e: SharedE2b, c: Ctx, req: ProcessRequest, keepalive: Option<
     if p.status == ProcessStatus::Exited {
         return Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")));
     }
-    Ok(follow(c, pid, keepalive))
+    let pty = e.lock().procs.get(&(c.sandbox.clone(), pid)).is_some_and(|m| m.pty);
+    Ok(follow(c, pid, pty, keepalive))
 }
 
 /// `process.Process/List`: running processes.
@@ -547,10 +597,7 @@ async fn send_signal(e: &SharedE2b, c: &Ctx, req: ProcessRequest) -> Result<(), 
 async fn send_input(e: &SharedE2b, c: &Ctx, sel: Option<Selector>, input: Option<ProcessInput>) -> Result<(), ConnectError> {
     let pid = resolve(e, c, sel)?;
     let input = input.unwrap_or_default();
-    if input.pty.is_some() {
-        return Err(ConnectError::new(Code::Unimplemented, "PTY input is not supported by strata: strata has no PTY"));
-    }
-    let data = input.stdin.unwrap_or_default();
+    let data = input.stdin.or(input.pty).unwrap_or_default();
     base64::engine::general_purpose::STANDARD.decode(&data).map_err(|err| ConnectError::new(Code::InvalidArgument, format!("stdin is not base64: {err}")))?;
     c.client.write_stdin(&c.sandbox, pid, &StdinRequest { data_b64: data, close: false }).await.map_err(native)
 }
