@@ -4,9 +4,11 @@
 //! `E2B_API_URL`/`E2B_SANDBOX_URL` pointing at it and a tenant token as
 //! `E2B_API_KEY`: sandboxes (create, info, list with filters and pages,
 //! connect, kill, timeouts), commands (foreground, background, stdin,
-//! timeouts, kill, list, reconnect), files (text and binary, multipart and
+//! timeouts, kill, list, reconnect, stream input), PTY (create, input, resize,
+//! exit code), files (text and binary, multipart and
 //! octet-stream, list, exists, rename, remove, make_dir, get_info, watch),
-//! pause -> resume with a running process, fork, snapshots, metrics, and the
+//! pause -> resume with a running process, fork, snapshots, metrics, logs,
+//! network rules, and the
 //! errors of bad keys, unknown ids, another tenant's key, unsupported calls and malformed frames.
 //! The E2B template `base` is the Debian test image imported as `e2b-base`.
 
