@@ -273,7 +273,7 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
 enum ForkSource {
     Checkpoint(Checkpoint),
     /// A live sandbox, checkpointed once the fork may go ahead.
-    Live(SandboxRecord),
+    Live(Box<SandboxRecord>),
 }
 
 /// Forks `count` sandboxes from a checkpoint, or from a live sandbox (checkpointed first).
@@ -284,7 +284,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     }
     let source = match tenancy::find_checkpoint(st, &req.source)? {
         Some((c, _)) => ForkSource::Checkpoint(c),
-        None => ForkSource::Live(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?),
+        None => ForkSource::Live(Box::new(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?)),
     };
     // The Rule of Two once for all children, before a live source is checkpointed:
     // they inherit its declared capabilities and (unless the request names one) its network.
