@@ -401,7 +401,7 @@ fn a_non_root_server_with_open_connections_survives_standby() {
     d.cli_ok(&["standby", &id]);
     d.cli_ok(&["resume", &id]);
     assert_eq!(fetch(), "hello-from-before\n", "the same server answers after resume");
-    let owner = d.cli_ok(&["exec", &id, "--", "sh", "-c", "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = httpd ] && stat -c %U $p; done"]);
+    let owner = d.cli_ok(&["exec", &id, "--", "sh", "-c", "for p in /proc/[0-9]*; do if [ \"$(cat $p/comm)\" = httpd ]; then stat -c %U $p; fi; done"]);
     assert!(!owner.trim().is_empty() && owner.lines().all(|l| l == "user"), "httpd (and the child serving the open connection) run as user: {owner:?}");
     assert!(common::wait_until(10, || std::fs::read_to_string(d.state(&format!("sandboxes/{id}/upper/root/late-reply"))).is_ok_and(|r| r.contains("hello-from-before"))), "the connection opened before standby was answered after it");
 }
