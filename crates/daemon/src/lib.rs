@@ -15,6 +15,7 @@ pub mod advisor;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
+pub mod disk;
 pub mod error;
 pub mod events;
 pub mod fanout;
@@ -133,6 +134,8 @@ pub struct Config {
     pub prices: Option<PathBuf>,
     /// Per-sandbox networks: address pool and upstream DNS server.
     pub network: network::NetworkConfig,
+    /// Writable-layer size of sandboxes created without one (`None`: unlimited).
+    pub default_disk_bytes: Option<u64>,
 }
 
 /// Name of the token file in the state directory.
@@ -327,8 +330,13 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive);
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
+    app_state.default_disk_bytes = cfg.default_disk_bytes;
+    if let (Some(_), Some(why)) = (cfg.default_disk_bytes, disk::unavailable()) {
+        tracing::warn!("per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable");
+    }
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    sandboxes::mount_disks(&st).await;
     network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));

@@ -44,6 +44,8 @@ pub struct AppState {
     pub secrets: crate::secrets::SecretStore,
     /// Per-sandbox networks (egress entries, DNS filter state).
     pub network: crate::network::Network,
+    /// Writable-layer size of sandboxes created without `disk_bytes` (`None`: unlimited).
+    pub default_disk_bytes: Option<u64>,
 }
 
 impl AppState {
@@ -67,6 +69,7 @@ impl AppState {
             metrics: crate::metrics::Metrics::new(),
             accounting: crate::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
+            default_disk_bytes: None,
         }
     }
 
@@ -84,6 +87,11 @@ impl AppState {
     /// Directory of one sandbox.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.sandboxes_dir.join(id)
+    }
+
+    /// The overlay upper directory (writable layer) of a sandbox (see [`crate::disk`]).
+    pub fn upper_dir(&self, id: &str) -> PathBuf {
+        crate::disk::upper_dir(&self.sandbox_dir(id))
     }
 
     /// Tells event followers that new events exist.
