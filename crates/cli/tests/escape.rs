@@ -240,6 +240,12 @@ const SYSCALLS: &str = r#"
 import ctypes, errno, os, socket, sys
 libc = ctypes.CDLL(None, use_errno=True)
 host_pid = int(sys.argv[1])
+# Descriptors inherited from outside: none but stdio, and none naming a host file.
+for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+    try:
+        print("fd_" + fd, 0, os.readlink("/proc/self/fd/" + fd).replace(" ", "_"), flush=True)
+    except OSError:
+        pass
 def sc(name, nr, *args):
     ctypes.set_errno(0)
     r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
@@ -303,6 +309,16 @@ for name, fam, kind, proto in [("af_packet", 17, socket.SOCK_RAW, 0x0300), ("ine
         s = socket.socket(fam, kind, proto); print("socket_" + name, 0, "OK", flush=True); s.close()
     except OSError as e:
         print("socket_" + name, -1, errno.errorcode.get(e.errno, e.errno), flush=True)
+# The host's abstract unix sockets (network-namespaced) and its loopback TCP ports.
+for name, addr in [("abstract_connect", "\0" + sys.argv[2])]:
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(addr); print(name, 0, "OK", flush=True)
+    except OSError as e:
+        print(name, -1, errno.errorcode.get(e.errno, e.errno), flush=True)
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[3])), timeout=2); print("host_loopback_tcp", 0, "OK", flush=True)
+except OSError as e:
+    print("host_loopback_tcp", -1, errno.errorcode.get(e.errno, e.errno) if e.errno else "ETIMEDOUT", flush=True)
 for path in ["/dev/mem", "/dev/kmem", "/dev/port", "/proc/kcore", "/dev/sda", "/sys/kernel/uevent_helper", "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger"]:
     try:
         fd = os.open(path, os.O_RDWR); print("open_" + path, 0, "OK", flush=True); os.close(fd)
@@ -338,7 +354,14 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     let canary = Canary::start(&d, &[]);
     d.cli_ok(&["image", "import", common::images_dir().join("debian-python.tar.gz").to_str().unwrap(), "--name", "debian-python"]);
     let id = d.cli_ok(&["create", "debian-python", "--name", "pyattacker"]).trim().to_string();
-    let out = d.cli(&["exec", "--timeout", "60s", &id, "--", "python3", "-c", SYSCALLS, &host.sleeper.id().to_string()]);
+    // A host service on an abstract unix socket (the containerd-shim CVE-2020-15257
+    // pattern) and one on the host's loopback.
+    use std::os::linux::net::SocketAddrExt;
+    let abstract_name = format!("strata-escape-{}", std::process::id());
+    let _abstract = std::os::unix::net::UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap()).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port().to_string();
+    let out = d.cli(&["exec", "--timeout", "60s", &id, "--", "python3", "-c", SYSCALLS, &host.sleeper.id().to_string(), &abstract_name, &port]);
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     let results: std::collections::BTreeMap<&str, (&str, &str)> = text
@@ -370,6 +393,13 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     expect("process_vm_readv_init", &["EPERM", "EFAULT"]);
     for dev in ["/dev/mem", "/dev/kmem", "/dev/port", "/dev/sda"] {
         expect(&format!("open_{dev}"), &["ENOENT"]);
+    }
+    expect("abstract_connect", &["ECONNREFUSED"]);
+    expect("host_loopback_tcp", &["ECONNREFUSED"]);
+    let fds: Vec<(&str, &str)> = results.iter().filter(|(k, _)| k.starts_with("fd_")).map(|(k, (_, target))| (*k, *target)).collect();
+    assert!(fds.len() <= 3, "descriptors beyond stdio: {fds:?}");
+    for (fd, target) in &fds {
+        assert!(target.starts_with("pipe:") || target.starts_with("socket:") || target.starts_with("/dev/") || target.starts_with("/proc/"), "{fd} -> {target}: a descriptor from outside the sandbox");
     }
     for (path, present) in [("/sys/kernel/uevent_helper", "EROFS"), ("/proc/sys/kernel/modprobe", "EROFS"), ("/proc/sysrq-trigger", "EROFS"), ("/proc/kcore", "EACCES")] {
         // Absent from this host's kernel: then absent inside too.
