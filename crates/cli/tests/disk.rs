@@ -162,6 +162,21 @@ fn disk_limits_are_validated_defaulted_and_tmp_is_capped_by_memory() {
 }
 
 #[test]
+fn a_host_that_cannot_makes_sandboxes_without_a_disk_and_says_so() {
+    require_host!();
+    let d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "disk-unavailable")]);
+    d.import_busybox();
+    let id = d.create(&["--disk", "64m"]);
+    let info = inspect(&d, &id);
+    assert_eq!(info["limits"]["disk_bytes"], 64 * MIB, "{info}");
+    assert_eq!(info["limits"]["disk_quota"], "unavailable (disabled by the disk-unavailable failpoint)", "{info}");
+    assert!(d.cli_ok(&["inspect", &id]).contains("disk_quota"), "inspect shows it");
+    assert!(d.log().contains("per-sandbox disk limits are unavailable"), "the daemon says so at start:\n{}", d.log());
+    assert!(d.state(&format!("sandboxes/{id}/upper")).is_dir() && !d.state(&format!("sandboxes/{id}/disk.img")).exists());
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo ok > /x && cat /x"]), "ok\n");
+}
+
+#[test]
 fn a_daemon_without_a_default_records_none() {
     require_host!();
     let d = TestDaemon::start_with_env(&[("STRATA_DEFAULT_DISK", "none")]);

@@ -53,7 +53,14 @@ fn find_tool(name: &str) -> Option<PathBuf> {
 /// Why per-sandbox disks cannot be made on this host (`None` when they can).
 pub fn unavailable() -> Option<String> {
     static WHY: OnceLock<Option<String>> = OnceLock::new();
-    WHY.get_or_init(strata_runtime::probe::disk_unavailable).clone()
+    WHY.get_or_init(|| {
+        // Failpoint `disk-unavailable`: behave as on a host without loop devices (tests).
+        if crate::failpoint("disk-unavailable").is_err() {
+            return Some("disabled by the disk-unavailable failpoint".into());
+        }
+        strata_runtime::probe::disk_unavailable()
+    })
+    .clone()
 }
 
 /// What is recorded on a sandbox asking for `bytes`.
