@@ -349,6 +349,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tmp_is_capped_by_the_memory_limit() {
+        assert_eq!(tmp_size(Some(64 << 20)), "size=65536k");
+        assert_eq!(tmp_size(Some(1000)), "size=1024k");
+        assert_eq!(tmp_size(None), "size=50%");
+    }
+
+    #[test]
     fn overlay_options_use_relative_layer_names() {
         let lowers: Vec<PathBuf> = ["a", "b"].iter().map(|h| PathBuf::from(format!("/s/layers/sha256/{h}/fs"))).collect();
         let (dir, opts) = overlay_options(&lowers, Path::new("/s/sb/1/upper"), Path::new("/s/sb/1/work")).unwrap();
