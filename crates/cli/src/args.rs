@@ -306,6 +306,11 @@ pub struct DaemonArgs {
     /// Default: the first IPv4 nameserver in /etc/resolv.conf.
     #[arg(long, env = "STRATA_DNS_UPSTREAM")]
     pub dns_upstream: Option<std::net::SocketAddr>,
+    /// Writable-layer size of sandboxes created without --disk (each gets its
+    /// own ext4 filesystem of that size on a loop device); `none` disables
+    /// the default limit.
+    #[arg(long, env = "STRATA_DEFAULT_DISK", default_value = "10g")]
+    pub default_disk: String,
     /// How long a Rule-of-Two approval waits for an operator before it is
     /// denied, and an approved one for the request to be repeated (e.g. 15m, 1h).
     #[arg(long, env = "STRATA_APPROVAL_TIMEOUT", value_parser = parse_timeout)]
@@ -492,6 +497,10 @@ pub struct LimitArgs {
     /// Maximum number of processes.
     #[arg(long)]
     pub pids: Option<u64>,
+    /// Size of the writable layer (e.g. 512m, 20g); writes beyond it fail with
+    /// "No space left on device". Default: the daemon's --default-disk.
+    #[arg(long)]
+    pub disk: Option<String>,
 }
 
 /// What happens to an idle sandbox.

@@ -47,6 +47,8 @@ fn limits(l: &LimitArgs) -> Result<ResourceLimits> {
         memory_bytes: l.memory.as_deref().map(strata_core::units::parse_size).transpose()?,
         cpus: l.cpus.as_deref().map(strata_core::units::parse_cpus).transpose()?,
         pids: l.pids,
+        disk_bytes: l.disk.as_deref().map(strata_core::units::parse_size).transpose()?,
+        disk_quota: None,
     })
 }
 
@@ -199,7 +201,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, approval_timeout: a.approval_timeout }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, default_disk_bytes: match a.default_disk.as_str() { "none" | "0" => None, s => Some(strata_core::units::parse_size(s).map_err(|e| anyhow::anyhow!("--default-disk: {e}"))?) }, approval_timeout: a.approval_timeout }).await?;
             Ok(0)
         }
         Command::Mcp => {
@@ -686,12 +688,16 @@ fn print_sandbox(s: &Sandbox) {
     rows.push((
         "limits",
         format!(
-            "memory={} cpus={} pids={}",
+            "memory={} cpus={} pids={} disk={}",
             l.memory_bytes.map(output::size).unwrap_or("none".into()),
             l.cpus.map(|c| c.to_string()).unwrap_or("none".into()),
-            l.pids.map(|p| p.to_string()).unwrap_or("none".into())
+            l.pids.map(|p| p.to_string()).unwrap_or("none".into()),
+            l.disk_bytes.map(output::size).unwrap_or("none".into())
         ),
     ));
+    if let Some(q) = &l.disk_quota {
+        rows.push(("disk_quota", q.clone()));
+    }
     let p = &s.policy;
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
     rows.push((

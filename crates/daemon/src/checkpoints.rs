@@ -97,7 +97,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     };
     let base = base_of(st, rec)?;
     let classify_lowers = lowers_top_first(st, &base.chain)?;
-    let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
+    let upper = st.upper_dir(&rec.sandbox.id);
     let manifest_file = manifest_path(st, &rec.sandbox.id, &id);
     // Layer commit and the checkpoint row go together against concurrent garbage collection.
     let _gc = st.image_lock.lock().await;
@@ -257,8 +257,8 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
         sandboxes::stop_locked(st, &rec, "restore", std::time::Duration::ZERO).await?;
     }
     let dir = st.sandbox_dir(&rec.sandbox.id);
-    for sub in ["upper", "work", "manifests"] {
-        strata_store::fsutil::remove_dir_all_if_exists(&dir.join(sub)).map_err(|e| ApiError::internal("discard writable layer", &e))?;
+    for sub in [crate::disk::upper_dir(&dir), crate::disk::work_dir(&dir), dir.join("manifests")] {
+        strata_store::fsutil::remove_dir_all_if_exists(&sub).map_err(|e| ApiError::internal("discard writable layer", &e))?;
     }
     st.db.set_chain(&rec.sandbox.id, &ckpt.layers, &config, Some(&ckpt.id), Some(&ckpt.id))?;
     if let Ok(ev) = st.db.record_event(&rec.sandbox.id, load(st, &rec.sandbox.id)?.sandbox.state, "restore", Some(&format!("rolled back to {} ({})", ckpt.id, ckpt.name)), &now()) {
@@ -354,7 +354,7 @@ fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiRes
         return Err(ApiError::invalid_state(rec.sandbox.state, "the writable layer is not on local disk"));
     }
     let base = base_of(st, rec)?;
-    let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
+    let upper = st.upper_dir(&rec.sandbox.id);
     let target = match against {
         None => None,
         Some(a) => Some(tenancy::find_checkpoint(st, a)?.ok_or_else(|| not_found(a))?.0),

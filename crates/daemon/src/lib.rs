@@ -16,6 +16,7 @@ pub mod approvals;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
+pub mod disk;
 pub mod error;
 pub mod events;
 pub mod fanout;
@@ -136,6 +137,8 @@ pub struct Config {
     pub network: network::NetworkConfig,
     /// How long a Rule-of-Two approval waits for a decision (default 15 minutes).
     pub approval_timeout: Option<std::time::Duration>,
+    /// Writable-layer size of sandboxes created without one (`None`: unlimited).
+    pub default_disk_bytes: Option<u64>,
 }
 
 /// Name of the token file in the state directory.
@@ -335,8 +338,13 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
+    app_state.default_disk_bytes = cfg.default_disk_bytes;
+    if let (Some(_), Some(why)) = (cfg.default_disk_bytes, disk::unavailable()) {
+        tracing::warn!("per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable");
+    }
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    sandboxes::mount_disks(&st).await;
     network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));

@@ -473,7 +473,7 @@ impl StrataMcp {
     )]
     async fn create_sandbox(&self, Parameters(args): Parameters<CreateSandboxArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
         finish(async {
-            let limits = ResourceLimits { memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)), cpus: args.cpus, pids: args.pids };
+            let limits = ResourceLimits { memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)), cpus: args.cpus, pids: args.pids, ..Default::default() };
             let req = CreateSandboxRequest {
                 source: args.source,
                 name: args.name,

@@ -1305,7 +1305,7 @@ mod tests {
                 policy: SandboxPolicy::default_for(Lifecycle::Ephemeral),
                 ttl: None,
                 expires_at: None,
-                limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10) },
+                limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10), ..Default::default() },
                 env: BTreeMap::from([("A".into(), "1".into())]),
                 hostname: "h".into(),
                 labels: BTreeMap::new(),
