@@ -68,6 +68,9 @@ pub enum Command {
     /// Show or change a sandbox's network (mode, allow rules, counters).
     #[command(subcommand)]
     Network(NetworkCmd),
+    /// Open sandbox ports as preview URLs (HTTP and WebSocket through the daemon's proxy).
+    #[command(subcommand)]
+    Preview(PreviewCmd),
     /// Keep a sandbox awake with a lease (prints the lease id and expiry), or manage leases.
     Lease(LeaseArgs),
     /// Stop sandboxes (processes killed, filesystem kept).
@@ -298,6 +301,11 @@ pub struct DaemonArgs {
     /// Default: the first IPv4 nameserver in /etc/resolv.conf.
     #[arg(long, env = "STRATA_DNS_UPSTREAM")]
     pub dns_upstream: Option<std::net::SocketAddr>,
+    /// Domain of host-based preview URLs: `http://<port>-<sandbox>.<domain>` reaches
+    /// the port on the TCP listener (point a wildcard DNS record at the daemon).
+    /// Default: preview.localhost.
+    #[arg(long, env = "STRATA_PREVIEW_DOMAIN")]
+    pub preview_domain: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -571,6 +579,47 @@ pub enum TokenCmd {
         /// The tenant a name is looked up in (when several tenants use it).
         #[arg(long)]
         tenant: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PreviewCmd {
+    /// Open a port bound on the sandbox's 127.0.0.1; prints the signed URL (its token is shown only now).
+    Create {
+        /// Sandbox id or name.
+        id: String,
+        /// Port inside the sandbox, or `all` for every port.
+        port: String,
+        /// No token needed: anyone who can reach the daemon's listener may use it.
+        #[arg(long)]
+        public: bool,
+        /// Lifetime, e.g. `1h`, `7d` (default 1 day, at most 30 days).
+        #[arg(long)]
+        ttl: Option<String>,
+        /// JSON output (the preview, its token and URLs).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a sandbox's previews (never their tokens).
+    Ls {
+        /// Sandbox id or name.
+        id: String,
+        /// Include revoked and expired previews.
+        #[arg(long)]
+        all: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a preview: its token and URLs are refused (401) from the next request on.
+    Revoke {
+        /// Sandbox id or name.
+        id: String,
+        /// Preview id.
+        preview: String,
         /// JSON output.
         #[arg(long)]
         json: bool,

@@ -29,6 +29,7 @@ pub mod network;
 pub mod pipelines;
 pub mod openapi;
 pub mod policy;
+pub mod preview;
 pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
@@ -133,6 +134,8 @@ pub struct Config {
     pub prices: Option<PathBuf>,
     /// Per-sandbox networks: address pool and upstream DNS server.
     pub network: network::NetworkConfig,
+    /// Domain of host-based preview URLs (`<port>-<sandbox>.<domain>`; default [`preview::DEFAULT_DOMAIN`]).
+    pub preview_domain: Option<String>,
 }
 
 /// Name of the token file in the state directory.
@@ -162,8 +165,12 @@ pub fn app(st: Shared, listener: tenancy::Listener) -> Router {
 }
 
 /// [`app`] with the MCP endpoint at `/mcp` (see [`router_with_mcp`]).
+/// Preview URLs ([`preview::intercept`]) are served before authentication:
+/// they carry a preview token, not an API token.
 pub fn app_with_mcp(st: Shared, listener: tenancy::Listener, mcp: Option<strata_mcp::StrataMcp>) -> Router {
-    router_with_mcp(st.clone(), mcp).layer(middleware::from_fn_with_state((st, listener), tenancy::authenticate))
+    router_with_mcp(st.clone(), mcp)
+        .layer(middleware::from_fn_with_state((st.clone(), listener), tenancy::authenticate))
+        .layer(middleware::from_fn_with_state(st, preview::intercept))
 }
 
 /// The router with every native route. It expects a [`tenancy::Caller`] in
@@ -198,6 +205,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/sandboxes/{id}/leases/{lease}/renew", post(a::renew_lease_handler))
         .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
         .route("/v1/sandboxes/{id}/network", get(network::get_handler).put(network::put_handler))
+        .route("/v1/sandboxes/{id}/previews", get(preview::list_handler).post(preview::create_handler))
+        .route("/v1/sandboxes/{id}/previews/{preview}", axum::routing::delete(preview::revoke_handler))
         .route("/v1/sandboxes/{id}/pause", post(crate::standby::pause_handler))
         .route("/v1/sandboxes/{id}/unpause", post(crate::standby::unpause_handler))
         .route("/v1/sandboxes/{id}/standby", post(crate::standby::standby_handler))
@@ -279,7 +288,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
 }
 
 /// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
-fn loopback(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn loopback(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()),
@@ -327,6 +336,8 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive);
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
+    let preview_domain = cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
+    app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     network::reconcile(&st).await;
@@ -375,10 +386,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if let (Some(tcp), Some(token)) = (tcp, token) {
         let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
+        let _ = st.previews.listen.set(addr);
         let tcp_app = app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp));
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {
+            let _ = axum::serve(tcp, tcp_app.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(async move {
                 let _ = rx.recv().await;
             }).await;
         }));

@@ -44,6 +44,8 @@ pub struct AppState {
     pub secrets: crate::secrets::SecretStore,
     /// Per-sandbox networks (egress entries, DNS filter state).
     pub network: crate::network::Network,
+    /// The preview proxy (settings, idle upstream connections).
+    pub previews: crate::preview::Previews,
 }
 
 impl AppState {
@@ -67,6 +69,7 @@ impl AppState {
             metrics: crate::metrics::Metrics::new(),
             accounting: crate::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
+            previews: crate::preview::Previews::default(),
         }
     }
 
