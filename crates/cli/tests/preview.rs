@@ -350,6 +350,11 @@ fn tenants_cannot_preview_each_others_sandboxes() {
     assert_eq!((r.status, r.body.as_str()), (200, "acme-page\n"), "{r:?}");
     let r = get(&addr, &format!("/preview/{sb}/8000/"), &[tok_header(&pa.token)]);
     assert_eq!(r.status, 401, "{r:?}");
+    // Only full ids: a name (or prefix) is unknown, so anonymous callers learn nothing about names.
+    for key in ["a-web", &sa[..8]] {
+        let r = get(&addr, &format!("/preview/{key}/8000/"), &[tok_header(&pa.token)]);
+        assert_eq!((r.status, r.code().as_str()), (404, "sandbox_not_found"), "{key}: {r:?}");
+    }
     // The API tokens are not preview tokens.
     let r = get(&addr, &format!("/preview/{sb}/8000/"), &[tok_header(&tok("b2", "globex"))]);
     assert_eq!(r.status, 401, "{r:?}");

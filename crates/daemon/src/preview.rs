@@ -188,7 +188,7 @@ impl Previews {
 /// Where a preview request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    /// Sandbox id, name or prefix as given.
+    /// Sandbox id as given (only a full id is served).
     pub key: String,
     /// The port inside the sandbox.
     pub port: u16,
@@ -410,13 +410,17 @@ async fn ready_sandbox(st: &Shared, rec: SandboxRecord) -> ApiResult<(SandboxRec
     }
 }
 
-/// Connects to 127.0.0.1:`port` inside the network namespace of the process `pid`.
+/// Opens the network namespace of the process `pid`.
+fn open_netns(sandbox: &str, pid: i32) -> Result<std::fs::File, PreviewError> {
+    std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|source| PreviewError::Netns { sandbox: sandbox.to_string(), source })
+}
+
+/// Connects to 127.0.0.1:`port` inside the network namespace `ns`.
 ///
 /// The socket is made on a fresh thread that joins the namespace and then
 /// exits (never on a pooled thread, which would stay in the namespace).
-async fn connect(sandbox: &str, pid: i32, port: u16) -> Result<tokio::net::TcpStream, PreviewError> {
+async fn connect(sandbox: &str, ns: std::fs::File, port: u16) -> Result<tokio::net::TcpStream, PreviewError> {
     let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(netns_err)?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("preview-connect".into())
@@ -478,7 +482,9 @@ fn is_upgrade(h: &HeaderMap) -> Option<HeaderValue> {
 }
 
 async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
-    let rec = st.db.get_sandbox(&t.key)?.ok_or_else(|| ApiError::sandbox_not_found(&t.key))?;
+    // The full id only (no names or prefixes): these URLs are reachable without
+    // an API token, so an answer must not tell whether a guessable name exists.
+    let rec = st.db.get_sandbox(&t.key)?.filter(|r| r.sandbox.id == t.key).ok_or_else(|| ApiError::sandbox_not_found(&t.key))?;
     let id = rec.sandbox.id.clone();
     let (tokens, query_token) = presented_tokens(req.headers(), req.uri());
     let (preview, admitted_by) = authorize(st, &id, t.port, &tokens)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;
@@ -537,11 +543,13 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
     let mut sender = match pooled {
         Some(s) => s,
         None => {
+            // Opened before the liveness check, so a reused pid cannot hand us another namespace.
+            let ns = open_netns(&id, pid)?;
             if !st.runtime.is_alive(&handle) {
                 st.previews.forget(&id);
                 return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
             }
-            let stream = connect(&id, pid, t.port).await?;
+            let stream = connect(&id, ns, t.port).await?;
             let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|source| PreviewError::Upstream { sandbox: id.clone(), port: t.port, source })?;
             let sid = id.clone();
             tokio::spawn(async move {
