@@ -1277,14 +1277,6 @@ impl Db {
         Ok(p)
     }
 
-    /// Forgets every preview of a destroyed sandbox.
-    pub fn delete_previews(&self, sandbox_id: &str) -> Result<usize, DbError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let n = tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![sandbox_id])?;
-        tx.commit()?;
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
@@ -1513,6 +1505,25 @@ mod tests {
         assert!(db.get_image("abcdef01").unwrap().is_some());
         assert!(db.delete_image("busybox").unwrap());
         assert!(!db.delete_image("busybox").unwrap());
+    }
+
+    #[test]
+    fn previews_are_stored_by_hash_and_revoked_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let p = Preview { id: "p1".into(), sandbox_id: "s1".into(), port: Some(8000), public: false, tenant: "acme".into(), created_at: "t0".into(), expires_at: "t9".into(), revoked_at: None, url_host: String::new(), url_path: String::new() };
+        db.insert_preview(&p, "h1").unwrap();
+        db.insert_preview(&Preview { id: "p2".into(), port: None, public: true, ..p.clone() }, "h2").unwrap();
+        db.insert_preview(&Preview { id: "p3".into(), sandbox_id: "s2".into(), public: true, ..p.clone() }, "h3").unwrap();
+        assert!(db.insert_preview(&Preview { id: "p4".into(), ..p.clone() }, "h1").is_err(), "a secret hash is unique");
+        assert_eq!(db.preview_by_hash("h1").unwrap(), Some(p.clone()));
+        assert_eq!(db.preview_by_hash("nope").unwrap(), None);
+        assert_eq!(db.list_previews("s1").unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
+        assert_eq!(db.public_previews("s1", 8000).unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p2"], "every-port public previews match any port");
+        assert_eq!(db.public_previews("s2", 8001).unwrap().len(), 0, "a one-port public preview matches its port only");
+        assert!(db.revoke_preview("s2", "p1", "r0").unwrap().is_none(), "a preview of another sandbox is not found");
+        assert_eq!(db.revoke_preview("s1", "p1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
+        assert_eq!(db.revoke_preview("s1", "p1", "r2").unwrap().unwrap().revoked_at.as_deref(), Some("r1"), "the first revocation time stays");
     }
 
     #[test]
