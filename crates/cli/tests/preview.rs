@@ -3,7 +3,8 @@
 //! tokens by header, signed URL and cookie (never passed upstream), 401 for
 //! missing, wrong, expired and revoked tokens, public previews, 404/409/502,
 //! tenants, a WebSocket-style upgrade round trip, a preview connection keeping
-//! an idle sandbox awake, and a request resuming a sandbox in standby.
+//! an idle sandbox awake, a request resuming a sandbox in standby, and pooled
+//! keep-alive connections to the sandbox's server.
 
 mod common;
 
@@ -463,4 +464,35 @@ fn a_preview_request_resumes_a_sandbox_in_standby() {
     // The same server (restored, not restarted) answers the next request.
     let r = get(&addr, &format!("/preview/{id}/8000/"), &[tok_header(&t)]);
     assert_eq!((r.status, r.body.as_str()), (200, "hello-preview\n"), "{r:?}");
+}
+
+/// A keep-alive HTTP/1.1 server for `nc -e`: answers every request on its
+/// connection with `<shell pid>-<request number on this connection>`.
+const KEEPALIVE: &str = "#!/bin/sh\nn=0\nwhile :; do\n  while :; do IFS= read -r line || exit 0; [ ${#line} -le 1 ] && break; done\n  n=$((n+1)); body=\"$$-$n\"\n  printf 'HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n%s' ${#body} \"$body\"\ndone\n";
+
+#[test]
+fn keep_alive_upstream_connections_are_reused() {
+    require_host!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    let id = d.create(&[]);
+    let out = d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
+    let t = token(&preview(&d, &id, "9100", &[]));
+    let mut first = None;
+    assert!(common::wait_until(10, || {
+        let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+        let ok = r.status == 200;
+        first = Some(r);
+        ok
+    }), "{first:?}");
+    let first = first.unwrap().body;
+    let (conn, n) = first.split_once('-').unwrap();
+    assert_eq!(n, "1", "{first}");
+    // Two more client connections: served on the same, pooled upstream connection.
+    for want in ["2", "3"] {
+        let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+        assert_eq!((r.status, r.body.clone()), (200, format!("{conn}-{want}")), "the upstream connection is reused");
+    }
 }
