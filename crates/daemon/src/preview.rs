@@ -67,6 +67,9 @@ const POOL_PER_PORT: usize = 16;
 /// How long connecting to a sandbox port may take (loopback: refused or accepted at once).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A connector thread ends after this long without requests.
+const CONNECTOR_IDLE: Duration = Duration::from_secs(10);
+
 /// Errors of the proxy's upstream side.
 #[derive(Debug, thiserror::Error)]
 pub enum PreviewError {
@@ -135,6 +138,8 @@ pub struct Previews {
     /// The TCP listener's address once bound, for the URLs shown (path-based URLs are relative without one).
     pub listen: std::sync::OnceLock<SocketAddr>,
     pool: Mutex<HashMap<PoolKey, Vec<SendRequest<Body>>>>,
+    /// Connector threads by (sandbox, init pid, init start time).
+    connectors: Mutex<HashMap<(String, i32, u64), Connector>>,
 }
 
 impl std::fmt::Debug for Previews {
@@ -146,7 +151,7 @@ impl std::fmt::Debug for Previews {
 impl Previews {
     /// A proxy with these settings.
     pub fn new(config: PreviewConfig) -> Self {
-        Previews { config, listen: std::sync::OnceLock::new(), pool: Mutex::new(HashMap::new()) }
+        Previews { config, listen: std::sync::OnceLock::new(), pool: Mutex::new(HashMap::new()), connectors: Mutex::new(HashMap::new()) }
     }
 
     fn take(&self, key: &PoolKey) -> Option<SendRequest<Body>> {
@@ -168,6 +173,7 @@ impl Previews {
 
     fn forget(&self, sandbox: &str) {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != sandbox);
+        self.connectors.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != sandbox);
     }
 
     /// The listing form of a stored preview (with its URLs).
@@ -415,32 +421,71 @@ fn open_netns(sandbox: &str, pid: i32) -> Result<std::fs::File, PreviewError> {
     std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|source| PreviewError::Netns { sandbox: sandbox.to_string(), source })
 }
 
-/// Connects to 127.0.0.1:`port` inside the network namespace `ns`.
-///
-/// The socket is made on a fresh thread that joins the namespace and then
-/// exits (never on a pooled thread, which would stay in the namespace).
-async fn connect(sandbox: &str, ns: std::fs::File, port: u16) -> Result<tokio::net::TcpStream, PreviewError> {
-    let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("preview-connect".into())
-        .spawn(move || {
-            let r = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| (true, std::io::Error::from(e))).and_then(|()| {
-                let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
-                std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| (false, e))
-            });
-            let _ = tx.send(r);
-        })
-        .map_err(netns_err)?;
-    let stream = match rx.await {
-        Ok(Ok(s)) => s,
-        Ok(Err((true, e))) => return Err(netns_err(e)),
-        Ok(Err((false, e))) => return Err(PreviewError::Connect { sandbox: sandbox.to_string(), port, source: e }),
-        Err(_) => return Err(netns_err(std::io::Error::other("the connecting thread ended early"))),
-    };
-    let _ = stream.set_nodelay(true);
-    stream.set_nonblocking(true).map_err(netns_err)?;
-    tokio::net::TcpStream::from_std(stream).map_err(netns_err)
+/// What a connector thread answers: a socket made in the sandbox's network namespace.
+type SocketReply = tokio::sync::oneshot::Sender<std::io::Result<tokio::net::TcpSocket>>;
+
+/// A connector thread's queue: each message asks for one socket.
+type Connector = std::sync::mpsc::Sender<SocketReply>;
+
+/// Starts a connector thread for the network namespace `ns`: it joins the
+/// namespace once, then makes sockets on request (`socket()` only; the connect
+/// is done by tokio: a socket stays in the namespace it was made in), and ends
+/// after [`CONNECTOR_IDLE`] without requests so it does not pin the namespace.
+/// A dedicated thread: never a pooled one, which would stay in the namespace.
+fn spawn_connector(ns: std::fs::File) -> std::io::Result<Connector> {
+    let (tx, rx) = std::sync::mpsc::channel::<SocketReply>();
+    std::thread::Builder::new().name("preview-netns".into()).spawn(move || {
+        let joined = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from);
+        drop(ns);
+        while let Ok(reply) = rx.recv_timeout(CONNECTOR_IDLE) {
+            match &joined {
+                Ok(()) => {
+                    let _ = reply.send(tokio::net::TcpSocket::new_v4());
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(std::io::Error::new(e.kind(), e.to_string())));
+                    return;
+                }
+            }
+        }
+    })?;
+    Ok(tx)
+}
+
+impl Previews {
+    /// Connects to 127.0.0.1:`port` inside the network namespace of the sandbox's init.
+    async fn connect(&self, sandbox: &str, init: &strata_runtime::SandboxHandle, port: u16) -> Result<tokio::net::TcpStream, PreviewError> {
+        let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
+        let pid = init.init_pid;
+        let key = (sandbox.to_string(), pid, init.init_start_time);
+        let mut socket = None;
+        // A connector that just ended (idle) drops the request: then once more with a new one.
+        for _ in 0..2 {
+            let existing = self.connectors.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+            let tx = match existing {
+                Some(tx) => tx,
+                None => {
+                    let tx = spawn_connector(open_netns(sandbox, pid)?).map_err(netns_err)?;
+                    self.connectors.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), tx.clone());
+                    tx
+                }
+            };
+            let (rtx, rrx) = tokio::sync::oneshot::channel();
+            if tx.send(rtx).is_ok() {
+                if let Ok(r) = rrx.await {
+                    socket = Some(r.map_err(netns_err)?);
+                    break;
+                }
+            }
+            self.connectors.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        }
+        let socket = socket.ok_or_else(|| netns_err(std::io::Error::other("the namespace's connector thread ended")))?;
+        let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+        let conn_err = |source| PreviewError::Connect { sandbox: sandbox.to_string(), port, source };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr)).await.map_err(|_| conn_err(std::io::ErrorKind::TimedOut.into()))?.map_err(conn_err)?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
 }
 
 /// Headers never forwarded (hop-by-hop, RFC 9110 7.6.1), besides those named in `Connection`.
@@ -543,13 +588,16 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
     let mut sender = match pooled {
         Some(s) => s,
         None => {
-            // Opened before the liveness check, so a reused pid cannot hand us another namespace.
-            let ns = open_netns(&id, pid)?;
             if !st.runtime.is_alive(&handle) {
                 st.previews.forget(&id);
                 return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
             }
-            let stream = connect(&id, ns, t.port).await?;
+            let stream = st.previews.connect(&id, &handle, t.port).await?;
+            // Checked again now that a namespace was (maybe) opened by pid: a reused pid must not hand us another one.
+            if !st.runtime.is_alive(&handle) {
+                st.previews.forget(&id);
+                return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
+            }
             let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|source| PreviewError::Upstream { sandbox: id.clone(), port: t.port, source })?;
             let sid = id.clone();
             tokio::spawn(async move {
