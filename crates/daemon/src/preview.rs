@@ -10,11 +10,12 @@
 //!   scoped to the preview), or a public preview. Tokens are looked up on every
 //!   request (only their SHA-256 is stored), so a revoke or an expiry counts
 //!   from the next request; a refused one is a 401.
-//! * **Reaching the port**: the upstream socket is created by a short-lived
-//!   thread that has `setns()` into the sandbox's network namespace (a socket
-//!   stays in the namespace it was made in), so a port bound on 127.0.0.1
-//!   inside the sandbox is reachable in every network mode, and nothing is
-//!   published on the host.
+//! * **Reaching the port**: the upstream socket is created by a dedicated
+//!   connector thread that has `setns()` into the sandbox's network namespace
+//!   (a socket stays in the namespace it was made in; tokio then connects it),
+//!   so a port bound on 127.0.0.1 inside the sandbox is reachable in every
+//!   network mode, and nothing is published on the host. The thread ends after
+//!   10 s without requests, so it does not keep the namespace alive.
 //! * **Lifecycle**: a sandbox in standby (or paused) is resumed by the first
 //!   request; every proxied request, streamed body and upgraded connection
 //!   (WebSocket) holds an [`crate::activity::ActivityGuard`], so the idle
