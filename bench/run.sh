@@ -128,7 +128,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # Own session: a Ctrl-C in the terminal must not stop the daemon before cleanup has used it.
-setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" --init-binary "$INIT" >"$TMP/daemon.log" 2>&1 &
+# A TCP listener on a free loopback port: the preview figure's proxied requests go there.
+setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" --init-binary "$INIT" --listen 127.0.0.1:0 >"$TMP/daemon.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 100); do
     [ -S "$SOCK" ] && "$STRATA" --socket "$SOCK" ps >/dev/null 2>&1 && break

@@ -6,7 +6,9 @@
 //! (3) host memory of idle sandboxes, (4) image import and its deduplication,
 //! (5) checkpoint and fork on a ~1 GiB rootfs, and the disk forks use,
 //! (6) standby and resume: a ~100 MiB workload, many sandboxes in standby,
-//! idle-timeout standby and resume on access.
+//! idle-timeout standby and resume on access, (7) setup reuse and pipeline
+//! overhead, (8) network egress vs none, (9) the preview proxy vs a direct
+//! connection to the sandbox port.
 
 mod figures;
 mod report;
@@ -49,10 +51,10 @@ const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network] [--date S] [--commit S]";
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview] [--date S] [--commit S]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 8] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network"];
+const FIGURES: [&str; 9] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -155,7 +157,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 8] = [
+    let figs: [(&str, Fig); 9] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -164,6 +166,7 @@ async fn run() -> Result<()> {
         ("standby", |b| Box::pin(figures::standby::run(b))),
         ("pipeline", |b| Box::pin(figures::pipeline::run(b))),
         ("network", |b| Box::pin(figures::network::run(b))),
+        ("preview", |b| Box::pin(figures::preview::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

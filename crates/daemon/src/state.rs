@@ -48,6 +48,8 @@ pub struct AppState {
     pub approval_timeout: std::time::Duration,
     /// Writable-layer size of sandboxes created without `disk_bytes` (`None`: unlimited).
     pub default_disk_bytes: Option<u64>,
+    /// The preview proxy (settings, idle upstream connections).
+    pub previews: crate::preview::Previews,
 }
 
 impl AppState {
@@ -73,6 +75,7 @@ impl AppState {
             prices: strata_api::Prices::default(),
             approval_timeout: crate::approvals::DEFAULT_TIMEOUT,
             default_disk_bytes: None,
+            previews: crate::preview::Previews::default(),
         }
     }
 
