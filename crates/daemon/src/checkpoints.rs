@@ -535,8 +535,8 @@ pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
     let rec = load(&st, &id)?;
     // The Rule of Two: exporting files is external communication.
     let view = sandboxes::with_secret_names(&st, rec.sandbox.clone());
-    let names = sandboxes::secret_names(&view.secrets);
-    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &names) });
+    let facts = sandboxes::exposure_facts(&st, &view);
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &facts) });
     crate::approvals::gate(&st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
     let cmp = comparison(&st, &rec, q.against.as_deref())?;
     let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {

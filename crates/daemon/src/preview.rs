@@ -730,6 +730,12 @@ pub fn create(st: &Shared, sandbox: &str, req: &CreatePreviewRequest) -> ApiResu
     if rec.sandbox.state == SandboxState::Destroyed {
         return Err(ApiError::sandbox_not_found(sandbox));
     }
+    // The Rule of Two: a preview is external communication.
+    let view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
+    let mut facts = crate::sandboxes::exposure_facts(st, &view);
+    facts.preview_ports.push(req.port.unwrap_or(0));
+    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &facts));
+    crate::approvals::gate(st, &rec.sandbox.tenant, "create preview of", &rec.sandbox.id, &grants)?;
     let created = SystemTime::now();
     let token = format!("{PREVIEW_SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));
     let p = Preview {

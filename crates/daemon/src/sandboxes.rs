@@ -776,18 +776,38 @@ pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
 pub fn with_secret_names(st: &Shared, mut sb: Sandbox) -> Sandbox {
     sb.secrets = st.secrets.get_or_empty(&sb.id).refs();
     sb.network = st.network.spec_of(&sb.id);
-    sb.capabilities = rule_of_two::grants(&exposure(&sb, &secret_names(&sb.secrets)));
+    let facts = exposure_facts(st, &sb);
+    sb.capabilities = rule_of_two::grants(&exposure(&sb, &facts));
     sb
 }
 
-/// Names of secrets, as the Rule of Two reports them.
-pub fn secret_names(refs: &[strata_api::SecretRef]) -> Vec<String> {
-    refs.iter().map(|r| r.name.clone()).collect()
+/// What the Rule of Two looks at besides a sandbox's view: the names of its
+/// secrets and the ports of its live previews (0: every port).
+#[derive(Debug, Clone, Default)]
+pub struct ExposureFacts {
+    /// Secret names.
+    pub secret_names: Vec<String>,
+    /// Ports of previews that are neither revoked nor expired.
+    pub preview_ports: Vec<u16>,
+}
+
+/// The [`ExposureFacts`] of a sandbox view (its secrets filled in, see [`with_secret_names`]).
+pub fn exposure_facts(st: &Shared, sb: &Sandbox) -> ExposureFacts {
+    let now = std::time::SystemTime::now();
+    let preview_ports = st
+        .db
+        .list_previews(&sb.id)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.revoked_at.is_none() && humantime::parse_rfc3339_weak(&p.expires_at).is_ok_and(|e| e > now))
+        .map(|p| p.port.unwrap_or(0))
+        .collect();
+    ExposureFacts { secret_names: sb.secrets.iter().map(|r| r.name.clone()).collect(), preview_ports }
 }
 
 /// What a sandbox (its view with secrets and network filled in) exposes, for the Rule of Two.
-pub fn exposure<'a>(sb: &'a Sandbox, secret_names: &'a [String]) -> rule_of_two::Exposure<'a> {
-    rule_of_two::Exposure { declared: &sb.policy.capabilities, secrets: secret_names, network: Some(&sb.network), ..Default::default() }
+pub fn exposure<'a>(sb: &'a Sandbox, facts: &'a ExposureFacts) -> rule_of_two::Exposure<'a> {
+    rule_of_two::Exposure { declared: &sb.policy.capabilities, secrets: &facts.secret_names, network: Some(&sb.network), previews: &facts.preview_ports, ..Default::default() }
 }
 
 // ---- HTTP handlers ----
