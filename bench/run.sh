@@ -128,7 +128,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # Own session: a Ctrl-C in the terminal must not stop the daemon before cleanup has used it.
-# A loopback TCP listener too: the e2b figure drives it with the E2B SDK.
+# A TCP listener on a free loopback port: the preview figure's proxied requests go
+# there, and the e2b figure drives it with the E2B SDK.
 LISTEN=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 setsid "$STRATA" daemon --state-dir "$STATE" --socket "$SOCK" --init-binary "$INIT" --listen "$LISTEN" >"$TMP/daemon.log" 2>&1 &
 DAEMON_PID=$!

@@ -53,6 +53,8 @@ RUNTIME_DEBS=(
     nftables         # sandbox networking; also CRIU's network lock backend
     iptables         # CRIU runs iptables-save/iptables-restore for net namespaces
     util-linux       # nsenter, unshare, mount
+    mount            # mount -o loop: per-sandbox disks (ext4 image on a loop device)
+    e2fsprogs        # mkfs.ext4 for per-sandbox disks
     ca-certificates
     tar gzip xz-utils
     python3 python3-venv python3-pip   # the demo's Python client

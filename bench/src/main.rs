@@ -6,8 +6,10 @@
 //! (3) host memory of idle sandboxes, (4) image import and its deduplication,
 //! (5) checkpoint and fork on a ~1 GiB rootfs, and the disk forks use,
 //! (6) standby and resume: a ~100 MiB workload, many sandboxes in standby,
-//! idle-timeout standby and resume on access, (9) the E2B SDK's create + run +
-//! kill round trip against the native API's.
+//! idle-timeout standby and resume on access, (7) setup reuse and pipeline
+//! overhead, (8) network egress vs none, (9) the preview proxy vs a direct
+//! connection to the sandbox port, (10) the E2B SDK's create + run + kill
+//! round trip against the native API's.
 
 mod figures;
 mod report;
@@ -54,11 +56,11 @@ const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,e2b] [--date S] [--commit S]
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b] [--date S] [--commit S]
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 9] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "e2b"];
+const FIGURES: [&str; 10] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview", "e2b"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -165,7 +167,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 9] = [
+    let figs: [(&str, Fig); 10] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -174,6 +176,7 @@ async fn run() -> Result<()> {
         ("standby", |b| Box::pin(figures::standby::run(b))),
         ("pipeline", |b| Box::pin(figures::pipeline::run(b))),
         ("network", |b| Box::pin(figures::network::run(b))),
+        ("preview", |b| Box::pin(figures::preview::run(b))),
         ("e2b", |b| Box::pin(figures::e2b::run(b))),
     ];
     for (name, f) in figs {

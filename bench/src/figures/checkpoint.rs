@@ -198,7 +198,9 @@ async fn sample(c: &Client, o: &mut Owned, cfg: &crate::Cfg, id: &str, tag: &str
     let path = format!("/work/blob{n}");
     write_random(c, id, &path, n).await?;
     sync_all();
-    let host = cfg.state_dir.join("sandboxes").join(id).join("upper").join(format!("work/blob{n}"));
+    let dir = cfg.state_dir.join("sandboxes").join(id);
+    let upper = if dir.join("disk.img").exists() { dir.join("disk/upper") } else { dir.join("upper") };
+    let host = upper.join(format!("work/blob{n}"));
     let len = std::fs::metadata(&host).with_context(|| format!("the sandbox's file is not at {} in its writable layer", host.display()))?.len();
     if len != n * MIB {
         bail!("{} has {len} bytes, expected {}", host.display(), n * MIB);

@@ -1,4 +1,4 @@
-//! The eight figures of the benchmark, and what they share.
+//! The nine figures of the benchmark, and what they share.
 
 pub mod checkpoint;
 pub mod create;
@@ -8,6 +8,7 @@ pub mod idle;
 pub mod import;
 pub mod network;
 pub mod pipeline;
+pub mod preview;
 pub mod standby;
 
 use anyhow::{bail, Context, Result};

@@ -42,7 +42,7 @@ async fn sh(b: &Bench, id: &str, user: Option<&str>, script: &str) -> Result<Str
 async fn setup(b: &Bench, wheels: &Path) -> Result<(String, usize)> {
     let req = CreateSandboxRequest {
         source: IMAGE.into(),
-        limits: strata_api::ResourceLimits { memory_bytes: Some(4 << 30), cpus: Some(2.0), pids: Some(1024) },
+        limits: strata_api::ResourceLimits { memory_bytes: Some(4 << 30), cpus: Some(2.0), pids: Some(1024), ..Default::default() },
         policy: Some(strata_api::PolicyPatch { flush: Some(vec!["/tmp/wheels".into(), "/home/user/.cache".into()]), ..Default::default() }),
         ..Default::default()
     };

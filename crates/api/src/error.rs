@@ -43,6 +43,10 @@ pub enum ErrorCode {
     Forbidden,
     /// The API token id or name is unknown (404).
     TokenNotFound,
+    /// The preview id is unknown for this sandbox (404).
+    PreviewNotFound,
+    /// Nothing answers on the sandbox port a preview request was for (502).
+    UpstreamUnavailable,
     /// The host cannot do this (missing kernel feature, tool or capability) (501).
     Unsupported,
     /// An upstream registry failed or could not be reached (502).
@@ -75,13 +79,14 @@ impl ErrorCode {
             | ErrorCode::LeaseNotFound
             | ErrorCode::PipelineNotFound
             | ErrorCode::TokenNotFound
-            | ErrorCode::ApprovalNotFound => 404,
+            | ErrorCode::ApprovalNotFound
+            | ErrorCode::PreviewNotFound => 404,
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::ApprovalRequired => 403,
             ErrorCode::Unsupported => 501,
-            ErrorCode::RegistryError => 502,
+            ErrorCode::RegistryError | ErrorCode::UpstreamUnavailable => 502,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal | ErrorCode::StandbyImageInvalid => 500,
         }
@@ -107,6 +112,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::TokenNotFound => "token_not_found",
+            ErrorCode::PreviewNotFound => "preview_not_found",
+            ErrorCode::UpstreamUnavailable => "upstream_unavailable",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::RegistryError => "registry_error",
             ErrorCode::Timeout => "timeout",

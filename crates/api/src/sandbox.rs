@@ -93,6 +93,14 @@ pub struct ResourceLimits {
     /// Maximum number of processes/threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u64>,
+    /// Size of the sandbox's writable layer in bytes (its own filesystem: writes
+    /// beyond it fail with ENOSPC). Default: the daemon's `--default-disk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// How `disk_bytes` is enforced, set by the daemon (ignored in requests):
+    /// `enforced (...)`, `none` (no limit asked) or `unavailable (reason)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_quota: Option<String>,
 }
 
 /// Request body of `POST /v1/sandboxes`.

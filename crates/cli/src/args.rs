@@ -76,6 +76,9 @@ pub enum Command {
     /// Show or change a sandbox's network (mode, allow rules, counters).
     #[command(subcommand)]
     Network(NetworkCmd),
+    /// Open sandbox ports as preview URLs (HTTP and WebSocket through the daemon's proxy).
+    #[command(subcommand)]
+    Preview(PreviewCmd),
     /// Keep a sandbox awake with a lease (prints the lease id and expiry), or manage leases.
     Lease(LeaseArgs),
     /// Stop sandboxes (processes killed, filesystem kept).
@@ -306,10 +309,20 @@ pub struct DaemonArgs {
     /// Default: the first IPv4 nameserver in /etc/resolv.conf.
     #[arg(long, env = "STRATA_DNS_UPSTREAM")]
     pub dns_upstream: Option<std::net::SocketAddr>,
+    /// Writable-layer size of sandboxes created without --disk (each gets its
+    /// own ext4 filesystem of that size on a loop device); `none` disables
+    /// the default limit.
+    #[arg(long, env = "STRATA_DEFAULT_DISK", default_value = "10g")]
+    pub default_disk: String,
     /// How long a Rule-of-Two approval waits for an operator before it is
     /// denied, and an approved one for the request to be repeated (e.g. 15m, 1h).
     #[arg(long, env = "STRATA_APPROVAL_TIMEOUT", value_parser = parse_timeout)]
     pub approval_timeout: Option<std::time::Duration>,
+    /// Domain of host-based preview URLs: `http://<port>-<sandbox>.<domain>` reaches
+    /// the port on the TCP listener (point a wildcard DNS record at the daemon).
+    /// Default: preview.localhost.
+    #[arg(long, env = "STRATA_PREVIEW_DOMAIN")]
+    pub preview_domain: Option<String>,
 }
 
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
@@ -492,6 +505,10 @@ pub struct LimitArgs {
     /// Maximum number of processes.
     #[arg(long)]
     pub pids: Option<u64>,
+    /// Size of the writable layer (e.g. 512m, 20g); writes beyond it fail with
+    /// "No space left on device". Default: the daemon's --default-disk.
+    #[arg(long)]
+    pub disk: Option<String>,
 }
 
 /// What happens to an idle sandbox.
@@ -638,6 +655,47 @@ pub enum TokenCmd {
         /// The tenant a name is looked up in (when several tenants use it).
         #[arg(long)]
         tenant: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PreviewCmd {
+    /// Open a port bound on the sandbox's 127.0.0.1; prints the signed URL (its token is shown only now).
+    Create {
+        /// Sandbox id or name.
+        id: String,
+        /// Port inside the sandbox, or `all` for every port.
+        port: String,
+        /// No token needed: anyone who can reach the daemon's listener may use it.
+        #[arg(long)]
+        public: bool,
+        /// Lifetime, e.g. `1h`, `7d` (default 1 day, at most 30 days).
+        #[arg(long)]
+        ttl: Option<String>,
+        /// JSON output (the preview, its token and URLs).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a sandbox's previews (never their tokens).
+    Ls {
+        /// Sandbox id or name.
+        id: String,
+        /// Include revoked and expired previews.
+        #[arg(long)]
+        all: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a preview: its token and URLs are refused (401) from the next request on.
+    Revoke {
+        /// Sandbox id or name.
+        id: String,
+        /// Preview id.
+        preview: String,
         /// JSON output.
         #[arg(long)]
         json: bool,

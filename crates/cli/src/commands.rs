@@ -47,6 +47,8 @@ fn limits(l: &LimitArgs) -> Result<ResourceLimits> {
         memory_bytes: l.memory.as_deref().map(strata_core::units::parse_size).transpose()?,
         cpus: l.cpus.as_deref().map(strata_core::units::parse_cpus).transpose()?,
         pids: l.pids,
+        disk_bytes: l.disk.as_deref().map(strata_core::units::parse_size).transpose()?,
+        disk_quota: None,
     })
 }
 
@@ -166,6 +168,66 @@ fn print_approval(a: &strata_api::Approval) {
     }
 }
 
+fn preview_rows(list: &[strata_api::Preview]) -> Vec<Vec<String>> {
+    let status = |p: &strata_api::Preview| match &p.revoked_at {
+        Some(r) => format!("revoked {r}"),
+        None if humantime::parse_rfc3339_weak(&p.expires_at).is_ok_and(|e| e <= std::time::SystemTime::now()) => format!("expired {}", p.expires_at),
+        None => format!("expires {}", p.expires_at),
+    };
+    list.iter()
+        .map(|p| vec![p.id.clone(), p.port.map_or_else(|| "all".into(), |p| p.to_string()), if p.public { "public".into() } else { "token".into() }, status(p), p.url_path.clone(), p.url_host.clone()])
+        .collect()
+}
+
+async fn preview_cmd(c: &Client, cmd: PreviewCmd) -> anyhow::Result<i32> {
+    match cmd {
+        PreviewCmd::Create { id, port, public, ttl, json } => {
+            let port = match port.as_str() {
+                "all" | "*" => None,
+                p => Some(p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| anyhow::anyhow!("invalid port {p:?}: 1-65535, or `all`"))?),
+            };
+            let ttl_secs = match ttl {
+                Some(t) => Some(strata_core::units::parse_duration(&t).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?.as_secs()),
+                None => None,
+            };
+            let p = c.create_preview(&id, &strata_api::CreatePreviewRequest { port, public, ttl_secs }).await?;
+            if json {
+                output::json(&p);
+            } else {
+                println!("{}", p.signed_url);
+                eprintln!(
+                    "preview {} of sandbox {} ({}, expires {}); token (shown only now): {}\nhost-based: {}",
+                    p.preview.id,
+                    p.preview.sandbox_id,
+                    if p.preview.public { "public" } else { "token required" },
+                    p.preview.expires_at,
+                    p.token,
+                    p.preview.url_host
+                );
+            }
+            Ok(0)
+        }
+        PreviewCmd::Ls { id, all, json } => {
+            let list = c.list_previews(&id, all).await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(&["ID", "PORT", "ACCESS", "STATUS", "URL", "HOST URL"], preview_rows(&list));
+            }
+            Ok(0)
+        }
+        PreviewCmd::Revoke { id, preview, json } => {
+            let p = c.revoke_preview(&id, &preview).await?;
+            if json {
+                output::json(&p);
+            } else {
+                println!("revoked preview {} of sandbox {}", p.id, p.sandbox_id);
+            }
+            Ok(0)
+        }
+    }
+}
+
 /// Prints an error with its whole cause chain.
 fn print_error(e: &anyhow::Error) {
     let mut msg = format!("error: {e}");
@@ -199,7 +261,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, approval_timeout: a.approval_timeout }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, default_disk_bytes: match a.default_disk.as_str() { "none" | "0" => None, s => Some(strata_core::units::parse_size(s).map_err(|e| anyhow::anyhow!("--default-disk: {e}"))?) }, approval_timeout: a.approval_timeout, preview_domain: a.preview_domain }).await?;
             Ok(0)
         }
         Command::Mcp => {
@@ -484,6 +546,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(if r.clean { 0 } else { 2 })
         }
         Command::Approvals(cmd) => approvals_cmd(&c, cmd).await,
+        Command::Preview(cmd) => preview_cmd(&c, cmd).await,
         Command::Token(cmd) => match cmd {
             TokenCmd::Create { name, tenant, expires, json } => {
                 let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires }).await?;
@@ -686,12 +749,16 @@ fn print_sandbox(s: &Sandbox) {
     rows.push((
         "limits",
         format!(
-            "memory={} cpus={} pids={}",
+            "memory={} cpus={} pids={} disk={}",
             l.memory_bytes.map(output::size).unwrap_or("none".into()),
             l.cpus.map(|c| c.to_string()).unwrap_or("none".into()),
-            l.pids.map(|p| p.to_string()).unwrap_or("none".into())
+            l.pids.map(|p| p.to_string()).unwrap_or("none".into()),
+            l.disk_bytes.map(output::size).unwrap_or("none".into())
         ),
     ));
+    if let Some(q) = &l.disk_quota {
+        rows.push(("disk_quota", q.clone()));
+    }
     let p = &s.policy;
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
     rows.push((

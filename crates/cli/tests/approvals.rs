@@ -165,6 +165,14 @@ fn declarations_and_exports_are_gated_and_an_undecided_approval_times_out_denied
     // Used up: the next export asks again.
     let (_, body) = api_err(rt().block_on(c.export(&tainted, None)));
     assert_eq!(body.code, ErrorCode::ApprovalRequired);
+    // A preview URL is external communication too; once approved, the sandbox shows it.
+    let out = d.cli(&["preview", "create", &tainted, "8000"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let id = approval_in(&stderr(&out));
+    assert_eq!(approval(&d, &id)["action"], "create preview of");
+    d.cli_ok(&["approvals", "approve", &id]);
+    d.cli_ok(&["preview", "create", &tainted, "8000"]);
+    assert!(capabilities(&d, &tainted).contains(&("external_comms".into(), "preview of port 8000".into())), "{:?}", capabilities(&d, &tainted));
 }
 
 #[test]

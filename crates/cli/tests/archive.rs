@@ -132,7 +132,7 @@ fn failed_uploads_and_crashes_keep_the_local_copy() {
     assert_eq!(status, 500);
     assert!(body.message.contains("stays stopped"), "{}", body.message);
     assert_eq!(state(&d, &id).state, SandboxState::Stopped);
-    assert!(d.state(&format!("sandboxes/{id}/upper/root/data")).exists());
+    assert!(d.upper(&id, "root/data").exists(), "the writable layer is kept");
 
     // A crash after the upload, before the archive is recorded: rolled back at restart.
     d.env = vec![("STRATA_FAILPOINTS".into(), "archive-pointer:crash".into())];

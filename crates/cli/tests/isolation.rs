@@ -22,13 +22,7 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     // Own network namespace with loopback only.
     let ifaces = d.cli_ok(&["exec", &id, "--", "sh", "-c", "ls /sys/class/net"]);
     assert_eq!(ifaces.trim(), "lo");
-    // Mounting, unsharing, kernel tunables, module loading: refused.
-    assert!(!sh("mount -t tmpfs none /mnt").status.success());
-    assert!(!sh("unshare -U true").status.success());
-    assert!(!sh("unshare -n true").status.success());
-    assert!(!sh("echo '|/bin/evil' > /proc/sys/kernel/core_pattern").status.success());
-    assert!(!sh("echo b > /proc/sysrq-trigger").status.success());
-    assert!(!sh("mknod /tmp/sda b 8 0").status.success(), "no CAP_MKNOD");
+    // Mounts, namespaces, kernel tunables, devices, host paths: see escape.rs.
     // no_new_privs, seccomp filter mode, reduced capability set.
     let status = d.cli_ok(&["exec", &id, "--", "cat", "/proc/self/status"]);
     assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{status}");
@@ -46,8 +40,6 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     assert!(!sh("echo x > /run/strata/init").status.success());
     assert!(!sh("rm -f /run/strata/init").status.success());
     assert!(!sh("umount /run/strata/init").status.success());
-    // Host files are not visible.
-    assert!(!sh("test -e /work || test -e /var/lib/strata").status.success() || !std::path::Path::new("/work").exists());
     // A non-root user gets no capabilities at all.
     let status = d.cli_ok(&["exec", "--user", "user", &id, "--", "cat", "/proc/self/status"]);
     assert!(status.lines().any(|l| l == "CapEff:\t0000000000000000"), "{status}");

@@ -123,7 +123,7 @@ fn after_a_restart_idle_time_counts_from_the_daemon_start() {
     d.kill9_and_restart();
     // The new daemon knows no activity: it counts the sandbox active at its start,
     // so switching to "stop" right away does not stop it at once.
-    let s = common::rt().block_on(d.client().update_sandbox(&id, &UpdateSandboxRequest { policy: Some(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() }) })).unwrap();
+    let s = common::rt().block_on(d.client().update_sandbox(&id, &UpdateSandboxRequest { policy: Some(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() }), ..Default::default() })).unwrap();
     assert_eq!(s.policy.on_idle, OnIdle::Stop);
     assert_eq!(state(&d, &id), "running", "not stopped right after a restart");
     wait_state(&d, &id, "stopped", 40);
@@ -234,7 +234,7 @@ fn bad_policy_and_lease_requests_are_rejected_with_codes() {
     let id = d.create(&[]);
     let c = d.client();
     let rt = common::rt();
-    let patch = |p: PolicyPatch| UpdateSandboxRequest { policy: Some(p) };
+    let patch = |p: PolicyPatch| UpdateSandboxRequest { policy: Some(p), ..Default::default() };
     rt.block_on(async {
         // Unknown sandbox.
         let e = c.update_sandbox("nope", &patch(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() })).await.unwrap_err();

@@ -120,4 +120,8 @@ fn http_endpoint_lists_and_calls_every_tool_with_the_bearer_token() {
     let create = audit.iter().find(|e| e["route"] == "/v1/sandboxes" && e["method"] == "POST" && e["target"] == sid).unwrap_or_else(|| panic!("create of {sid} not audited: {audit:?}"));
     assert!(create["actor"].as_str().unwrap().starts_with("token:"), "{create}");
     assert!(audit.iter().any(|e| e["route"] == "/mcp" && e["actor"] == create["actor"]), "the /mcp requests are audited too");
+    // X-Strata-Tenant on the MCP request goes with the tools' calls.
+    let acme = run_client(&d, &py, &["http-tenant", url.as_str(), token.as_str()]);
+    let sb = common::rt().block_on(d.client().get_sandbox(acme["sandbox"].as_str().unwrap())).unwrap();
+    assert_eq!(sb.tenant, "acme");
 }

@@ -83,7 +83,12 @@ fn exec_passes_stdio_exit_codes_env_cwd_user_and_timeouts() {
     assert_eq!(out.status.code(), Some(3));
     // Binary output survives the trip.
     let out = d.cli(&["exec", &id, "--", "sh", "-c", "printf '\\000\\377\\001'"]);
-    assert_eq!(out.stdout, vec![0u8, 255, 1]);
+    assert_eq!(out.stdout, vec![0u8, 255, 1]);    // SIGPIPE is at its default in sandbox processes, as on any Linux box:
+    // a writer whose reader has gone ends (busybox `yes` ignores write errors).
+    assert_eq!(d.cli_ok(&["exec", "--timeout", "30s", &id, "--", "sh", "-c", "yes | head -n 2"]), "y\ny\n");
+    let status = d.cli_ok(&["exec", &id, "--", "cat", "/proc/self/status"]);
+    let ignored = status.lines().find_map(|l| l.strip_prefix("SigIgn:")).map(|v| u64::from_str_radix(v.trim(), 16).unwrap()).unwrap();
+    assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored: SigIgn {ignored:x}");
 }
 
 #[test]
@@ -194,6 +199,9 @@ fn daemon_kill9_readopts_running_sandboxes_and_applies_due_ttls() {
     d.import_busybox();
     let keep = d.create(&["--name", "keep"]);
     d.cli_ok(&["exec", &keep, "--", "sh", "-c", "echo before > /root/f"]);
+    // A background process that writes all the time outlives the daemon's crash
+    // (the output has nowhere to go meanwhile, but the process keeps running).
+    d.cli_ok(&["exec", "-d", &keep, "--", "sh", "-c", "while true; do echo tick; date +%s%N > /root/alive; sleep 0.05; done"]);
     let eph = d.create(&["--lifecycle", "ephemeral", "--ttl", "2s"]);
     let init_pid: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &keep, "--json"])).unwrap();
     let init_pid = init_pid["init_pid"].as_i64().unwrap();
@@ -203,6 +211,9 @@ fn daemon_kill9_readopts_running_sandboxes_and_applies_due_ttls() {
     assert_eq!(info["state"], "running");
     assert_eq!(info["init_pid"].as_i64().unwrap(), init_pid);
     assert_eq!(d.cli_ok(&["exec", &keep, "--", "cat", "/root/f"]), "before\n");
+    let alive = || d.cli_ok(&["exec", &keep, "--", "cat", "/root/alive"]);
+    let t0 = alive();
+    assert!(common::wait_until(10, || alive() != t0), "the writer died with the daemon");
     // The ephemeral sandbox's TTL still applies after the restart.
     assert!(common::wait_until(15, || !ps(&d).iter().any(|s| s["id"] == eph.as_str())));
     // A sandbox whose init died while the daemon was down is marked lost, not left "running".

@@ -34,6 +34,35 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// The bytes of a file's allocated extents (SEEK_DATA/SEEK_HOLE): a sandbox's
+/// disk image is sparse and gigabytes large, but only its written blocks can
+/// hold anything (raw blocks are scanned too, so deleted files count).
+fn read_allocated(p: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::File::open(p)?;
+    let len = f.metadata()?.len() as i64;
+    let mut out = Vec::new();
+    let mut pos = 0i64;
+    while pos < len {
+        // SAFETY: lseek on an open descriptor.
+        let data = unsafe { libc::lseek(f.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            break;
+        }
+        let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let end = if hole < 0 { len } else { hole };
+        f.seek(SeekFrom::Start(data as u64))?;
+        let mut chunk = Vec::new();
+        (&mut f).take((end - data) as u64).read_to_end(&mut chunk)?;
+        // Keep the chunks apart so no false match spans a hole.
+        out.extend_from_slice(&chunk);
+        out.push(0);
+        pos = end;
+    }
+    Ok(out)
+}
+
 /// Every file under `root` (symlinks not followed, `exclude` skipped) whose
 /// bytes — or, for gzip files, decompressed bytes — contain one of `needles`.
 fn files_containing(root: &Path, needles: &[Vec<u8>], exclude: Option<&Path>) -> Vec<PathBuf> {
@@ -54,7 +83,8 @@ fn files_containing(root: &Path, needles: &[Vec<u8>], exclude: Option<&Path>) ->
                 }
                 stack.push(p);
             } else if ft.is_file() {
-                let Ok(mut bytes) = std::fs::read(&p) else { continue };
+                let read = if p.file_name().is_some_and(|n| n == "disk.img") { read_allocated(&p) } else { std::fs::read(&p) };
+                let Ok(mut bytes) = read else { continue };
                 if bytes.starts_with(&[0x1f, 0x8b]) {
                     let out = Command::new("gzip").arg("-dc").arg(&p).output().unwrap();
                     bytes.extend_from_slice(&out.stdout);

@@ -27,7 +27,7 @@ fn err_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, strata_api::Ap
 }
 
 fn log_path(d: &TestDaemon, id: &str) -> PathBuf {
-    d.state(&format!("sandboxes/{id}/upper/root/log"))
+    d.upper(id, "root/log")
 }
 
 /// The counter's last value, read from the host (no API call, so it resumes nothing).
@@ -190,9 +190,9 @@ fn hooks_run_before_standby_and_after_resume() {
     d.import_busybox();
     let id = d.create(&["--hook-before-standby", "date +%s%N > /root/flushed", "--hook-after-resume", "echo back >> /root/resumed; exit 3", "--hook-timeout", "5s"]);
     d.cli_ok(&["standby", &id]);
-    assert!(d.state(&format!("sandboxes/{id}/upper/root/flushed")).exists(), "before_standby ran while the processes were still up");
+    assert!(d.upper(&id, "root/flushed").exists(), "before_standby ran while the processes were still up");
     d.cli_ok(&["resume", &id]);
-    assert_eq!(std::fs::read_to_string(d.state(&format!("sandboxes/{id}/upper/root/resumed"))).unwrap(), "back\n");
+    assert_eq!(std::fs::read_to_string(d.upper(&id, "root/resumed")).unwrap(), "back\n");
     let evs = rt().block_on(d.client().events(Some(&id), 0)).unwrap();
     assert!(evs.iter().any(|e| e.reason == "hook_ok" && e.detail.as_deref().unwrap_or("").starts_with("before_standby")), "{evs:?}");
     // A failing hook is recorded and does not block the transition.
@@ -333,7 +333,7 @@ fn many_standby_resume_cycles_keep_every_file_and_the_count() {
     d.cli_ok(&["pause", &id]);
     assert_log_contiguous(&d, &id);
     let last = last_count(&d, &id);
-    let files = d.state(&format!("sandboxes/{id}/upper/root/files"));
+    let files = d.upper(&id, "root/files");
     for k in 1..=last {
         let content = std::fs::read_to_string(files.join(k.to_string())).unwrap_or_else(|e| panic!("file {k} of {last}: {e}"));
         assert_eq!(content.trim(), k.to_string(), "file {k}");
@@ -401,7 +401,7 @@ fn a_non_root_server_with_open_connections_survives_standby() {
     d.cli_ok(&["standby", &id]);
     d.cli_ok(&["resume", &id]);
     assert_eq!(fetch(), "hello-from-before\n", "the same server answers after resume");
-    let owner = d.cli_ok(&["exec", &id, "--", "sh", "-c", "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = httpd ] && stat -c %U $p; done"]);
+    let owner = d.cli_ok(&["exec", &id, "--", "sh", "-c", "for p in /proc/[0-9]*; do if [ \"$(cat $p/comm)\" = httpd ]; then stat -c %U $p; fi; done"]);
     assert!(!owner.trim().is_empty() && owner.lines().all(|l| l == "user"), "httpd (and the child serving the open connection) run as user: {owner:?}");
-    assert!(common::wait_until(10, || std::fs::read_to_string(d.state(&format!("sandboxes/{id}/upper/root/late-reply"))).is_ok_and(|r| r.contains("hello-from-before"))), "the connection opened before standby was answered after it");
+    assert!(common::wait_until(10, || std::fs::read_to_string(d.upper(&id, "root/late-reply")).is_ok_and(|r| r.contains("hello-from-before"))), "the connection opened before standby was answered after it");
 }

@@ -591,6 +591,23 @@ impl Client {
         self.call(Method::POST, &format!("/v1/approvals/{}/{verb}", enc(id)), Some(&strata_api::ApprovalDecision { reason })).await
     }
 
+    // ---- previews ----
+
+    /// Opens a sandbox port (`None`: every port) as a preview URL; the response carries its token, shown only now.
+    pub async fn create_preview(&self, id: &str, req: &strata_api::CreatePreviewRequest) -> Result<strata_api::CreatedPreview> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/previews", enc(id)), Some(req)).await
+    }
+
+    /// A sandbox's previews (revoked and expired ones too with `all`).
+    pub async fn list_previews(&self, id: &str, all: bool) -> Result<Vec<strata_api::Preview>> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/previews?all={all}", enc(id)), None).await
+    }
+
+    /// Revokes a preview: its token is refused from the next request on.
+    pub async fn revoke_preview(&self, id: &str, preview: &str) -> Result<strata_api::Preview> {
+        self.call::<(), _>(Method::DELETE, &format!("/v1/sandboxes/{}/previews/{}", enc(id), enc(preview)), None).await
+    }
+
     /// Lists templates.
     pub async fn list_templates(&self) -> Result<Vec<Template>> {
         self.call::<(), _>(Method::GET, "/v1/templates", None).await

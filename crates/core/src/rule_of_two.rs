@@ -5,7 +5,7 @@
 //! Derivation (docs/security.md, "Rule of Two"):
 //! * `sensitive_access` from secrets;
 //! * `external_comms` from network egress with at least one allow rule, from
-//!   previews of its ports, and from exporting its files;
+//!   live previews of its ports, and from exporting its files;
 //! * `untrusted_input` only by declaration (strata cannot tell what a workload
 //!   reads), on the sandbox or on the checkpoint it started from.
 
@@ -23,7 +23,7 @@ pub struct Exposure<'a> {
     pub secrets: &'a [String],
     /// Its network.
     pub network: Option<&'a NetworkSpec>,
-    /// Ports it exposes as previews.
+    /// Ports it exposes as previews (0: every port).
     pub previews: &'a [u16],
     /// The request exports its files.
     pub export: bool,
@@ -53,7 +53,7 @@ pub fn grants(e: &Exposure<'_>) -> Vec<CapabilityGrant> {
         let mut ports = e.previews.to_vec();
         ports.sort_unstable();
         ports.dedup();
-        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+        let ports: Vec<String> = ports.iter().map(|p| if *p == 0 { "every port".to_string() } else { p.to_string() }).collect();
         add(Capability::ExternalComms, format!("preview of port {}", ports.join(", ")));
     }
     if e.export {
@@ -126,6 +126,8 @@ mod tests {
         assert!(holds_all_three(&g), "{g:?}");
         assert!(g.iter().any(|x| x.because == "inherited from checkpoint setup-1"));
         assert!(g.iter().any(|x| x.because == "preview of port 3000, 8080"));
+        let every = grants(&Exposure { previews: &[0], ..Default::default() });
+        assert_eq!(every[0].because, "preview of port every port");
         let g2 = grants(&Exposure { declared: &declared, export: true, ..Default::default() });
         assert_eq!(capabilities(&g2), vec![Capability::UntrustedInput, Capability::ExternalComms]);
     }

@@ -236,7 +236,7 @@ fn measure(st: &Shared) -> HashMap<String, BTreeMap<&'static str, u64>> {
             let dir = st.sandbox_dir(&id);
             let e = out.entry(id.clone()).or_default();
             if rec.sandbox.state != SandboxState::Archived {
-                e.insert("writable", du(&dir.join("upper")));
+                e.insert("writable", du(&crate::disk::upper_dir(&dir)));
             }
             e.insert("standby", du(&dir.join("standby")));
             if let Some(m) = crate::archive::pointer(st, &id) {

@@ -239,6 +239,7 @@ pub async fn archive(st: &Shared, id: &str, reason: &str) -> ApiResult<SandboxEv
     let detail = format!("{} to {} ({})", strata_core::units::format_size(bytes), manifest.store, manifest.prefix);
     let ev = transition(st, &id, from, Change::new(Action::Archive, reason).detail(&detail), started, None)?;
     // The archive is recorded: the local copies can go.
+    crate::disk::release(&dir);
     for d in ["upper", "work", "standby", "rootfs"] {
         if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d)) {
             warn!(sandbox = %id, error = %e, "freeing {d} after archiving");
@@ -253,7 +254,7 @@ async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<Archiv
     let id = &rec.sandbox.id;
     let dir = st.sandbox_dir(id);
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
-    let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", dir.join("upper"))];
+    let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", crate::disk::upper_dir(&dir))];
     if rec.sandbox.state == SandboxState::Standby {
         parts.push(("standby.tar", dir.join("standby")));
     }
@@ -303,7 +304,19 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     let dir = st.sandbox_dir(&id);
     let staging = dir.join(UNPACK_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    let res = unpack(st, &m, &staging).await;
+    // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
+    let upper_target = match (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
+        (Some(bytes), true) => {
+            let d = dir.clone();
+            match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes)).await {
+                Ok(Ok(())) => Some(crate::disk::upper_dir(&dir)),
+                Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+                Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+            }
+        }
+        _ => None,
+    };
+    let res = unpack(st, &m, &staging, upper_target.as_deref()).await;
     if let Err(msg) = res {
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
         return Err(fail(st, rec, &msg, started));
@@ -317,7 +330,7 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
                 std::fs::rename(&src, dir.join(d))?;
             }
         }
-        std::fs::create_dir_all(dir.join("work"))
+        std::fs::create_dir_all(crate::disk::work_dir(&dir))
     })();
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     if let Err(e) = moved {
@@ -330,7 +343,7 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     load(st, &id)
 }
 
-async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path) -> Result<(), String> {
+async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: Option<&Path>) -> Result<(), String> {
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
     crate::failpoint("archive-download").map_err(|e| format!("downloading: {e}"))?;
     // Every object is fetched and checked before anything is unpacked.
@@ -338,7 +351,10 @@ async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path) -> Result<(), 
         download(st.archive.store.as_ref(), &ObjectPath::from(format!("{}/{}", m.prefix, o.name)), &staging.join(&o.name), o).await?;
     }
     for o in &m.objects {
-        let target = staging.join(o.name.trim_end_matches(".tar"));
+        let target = match upper_target {
+            Some(t) if o.name == "upper.tar" => t.to_path_buf(),
+            _ => staging.join(o.name.trim_end_matches(".tar")),
+        };
         tokio::fs::create_dir_all(&target).await.map_err(|e| format!("{}: {e}", target.display()))?;
         let file = staging.join(&o.name);
         tar(&["--extract".as_ref(), "--same-permissions".as_ref(), "--same-owner".as_ref(), "--file".as_ref(), file.as_os_str(), "-C".as_ref(), target.as_os_str()]).await?;
@@ -372,6 +388,7 @@ pub async fn reconcile(st: &Shared, rec: &SandboxRecord) {
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(UNPACK_DIR));
     match (rec.sandbox.state, pointer(st, id)) {
         (SandboxState::Archived, Some(_)) => {
+            crate::disk::release(&dir);
             for d in ["upper", "work", "standby"] {
                 let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d));
             }

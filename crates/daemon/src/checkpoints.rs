@@ -97,7 +97,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     };
     let base = base_of(st, rec)?;
     let classify_lowers = lowers_top_first(st, &base.chain)?;
-    let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
+    let upper = st.upper_dir(&rec.sandbox.id);
     let manifest_file = manifest_path(st, &rec.sandbox.id, &id);
     // Layer commit and the checkpoint row go together against concurrent garbage collection.
     let _gc = st.image_lock.lock().await;
@@ -257,8 +257,8 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
         sandboxes::stop_locked(st, &rec, "restore", std::time::Duration::ZERO).await?;
     }
     let dir = st.sandbox_dir(&rec.sandbox.id);
-    for sub in ["upper", "work", "manifests"] {
-        strata_store::fsutil::remove_dir_all_if_exists(&dir.join(sub)).map_err(|e| ApiError::internal("discard writable layer", &e))?;
+    for sub in [crate::disk::upper_dir(&dir), crate::disk::work_dir(&dir), dir.join("manifests")] {
+        strata_store::fsutil::remove_dir_all_if_exists(&sub).map_err(|e| ApiError::internal("discard writable layer", &e))?;
     }
     st.db.set_chain(&rec.sandbox.id, &ckpt.layers, &config, Some(&ckpt.id), Some(&ckpt.id))?;
     if let Ok(ev) = st.db.record_event(&rec.sandbox.id, load(st, &rec.sandbox.id)?.sandbox.state, "restore", Some(&format!("rolled back to {} ({})", ckpt.id, ckpt.name)), &now()) {
@@ -273,7 +273,7 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
 enum ForkSource {
     Checkpoint(Checkpoint),
     /// A live sandbox, checkpointed once the fork may go ahead.
-    Live(SandboxRecord),
+    Live(Box<SandboxRecord>),
 }
 
 /// Forks `count` sandboxes from a checkpoint, or from a live sandbox (checkpointed first).
@@ -284,7 +284,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     }
     let source = match tenancy::find_checkpoint(st, &req.source)? {
         Some((c, _)) => ForkSource::Checkpoint(c),
-        None => ForkSource::Live(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?),
+        None => ForkSource::Live(Box::new(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?)),
     };
     // The Rule of Two once for all children, before a live source is checkpointed:
     // they inherit its declared capabilities and (unless the request names one) its network.
@@ -354,7 +354,7 @@ fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiRes
         return Err(ApiError::invalid_state(rec.sandbox.state, "the writable layer is not on local disk"));
     }
     let base = base_of(st, rec)?;
-    let upper = st.sandbox_dir(&rec.sandbox.id).join("upper");
+    let upper = st.upper_dir(&rec.sandbox.id);
     let target = match against {
         None => None,
         Some(a) => Some(tenancy::find_checkpoint(st, a)?.ok_or_else(|| not_found(a))?.0),
@@ -535,8 +535,8 @@ pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
     let rec = load(&st, &id)?;
     // The Rule of Two: exporting files is external communication.
     let view = sandboxes::with_secret_names(&st, rec.sandbox.clone());
-    let names = sandboxes::secret_names(&view.secrets);
-    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &names) });
+    let facts = sandboxes::exposure_facts(&st, &view);
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &facts) });
     crate::approvals::gate(&st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
     let cmp = comparison(&st, &rec, q.against.as_deref())?;
     let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {

@@ -16,6 +16,7 @@ pub mod approvals;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
+pub mod disk;
 pub mod e2b;
 pub mod error;
 pub mod events;
@@ -31,6 +32,7 @@ pub mod network;
 pub mod pipelines;
 pub mod openapi;
 pub mod policy;
+pub mod preview;
 pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
@@ -137,6 +139,10 @@ pub struct Config {
     pub network: network::NetworkConfig,
     /// How long a Rule-of-Two approval waits for a decision (default 15 minutes).
     pub approval_timeout: Option<std::time::Duration>,
+    /// Writable-layer size of sandboxes created without one (`None`: unlimited).
+    pub default_disk_bytes: Option<u64>,
+    /// Domain of host-based preview URLs (`<port>-<sandbox>.<domain>`; default [`preview::DEFAULT_DOMAIN`]).
+    pub preview_domain: Option<String>,
 }
 
 /// Name of the token file in the state directory.
@@ -166,8 +172,12 @@ pub fn app(st: Shared, listener: tenancy::Listener) -> Router {
 }
 
 /// [`app`] with the MCP endpoint at `/mcp` (see [`router_with_mcp`]).
+/// Preview URLs ([`preview::intercept`]) are served before authentication:
+/// they carry a preview token, not an API token.
 pub fn app_with_mcp(st: Shared, listener: tenancy::Listener, mcp: Option<strata_mcp::StrataMcp>) -> Router {
-    router_with_mcp(st.clone(), mcp).layer(middleware::from_fn_with_state((st, listener), tenancy::authenticate))
+    router_with_mcp(st.clone(), mcp)
+        .layer(middleware::from_fn_with_state((st.clone(), listener), tenancy::authenticate))
+        .layer(middleware::from_fn_with_state(st, preview::intercept))
 }
 
 /// The router with every native route. It expects a [`tenancy::Caller`] in
@@ -202,6 +212,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/sandboxes/{id}/leases/{lease}/renew", post(a::renew_lease_handler))
         .route("/v1/sandboxes/{id}/stop", post(s::stop_handler))
         .route("/v1/sandboxes/{id}/network", get(network::get_handler).put(network::put_handler))
+        .route("/v1/sandboxes/{id}/previews", get(preview::list_handler).post(preview::create_handler))
+        .route("/v1/sandboxes/{id}/previews/{preview}", axum::routing::delete(preview::revoke_handler))
         .route("/v1/sandboxes/{id}/pause", post(crate::standby::pause_handler))
         .route("/v1/sandboxes/{id}/unpause", post(crate::standby::unpause_handler))
         .route("/v1/sandboxes/{id}/standby", post(crate::standby::standby_handler))
@@ -287,7 +299,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
 }
 
 /// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
-fn loopback(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn loopback(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()),
@@ -336,8 +348,15 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
+    app_state.default_disk_bytes = cfg.default_disk_bytes;
+    if let (Some(_), Some(why)) = (cfg.default_disk_bytes, disk::unavailable()) {
+        tracing::warn!("per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable");
+    }
+    let preview_domain = cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
+    app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    sandboxes::mount_disks(&st).await;
     network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
@@ -384,6 +403,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if let (Some(tcp), Some(token)) = (tcp, token) {
         let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
+        let _ = st.previews.listen.set(addr);
         // The E2B-compatible API (docs/e2b-compat.md) is TCP only: it calls
         // this listener's native API with the caller's own token.
         let e2b_layer = e2b::E2b::new(loopback(addr).to_string());
@@ -395,7 +415,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             let tcp = axum::serve::ListenerExt::tap_io(tcp, |s: &mut tokio::net::TcpStream| {
                 let _ = s.set_nodelay(true);
             });
-            let _ = axum::serve(tcp, tcp_app).with_graceful_shutdown(async move {
+            let _ = axum::serve(tcp, tcp_app.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(async move {
                 let _ = rx.recv().await;
             }).await;
         }));

@@ -49,6 +49,16 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PreviewLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SandboxLabels {
     sandbox: String,
 }
@@ -62,6 +72,8 @@ pub struct Metrics {
     memory: Family<SandboxLabels, Gauge>,
     cpu: Family<SandboxLabels, Counter<f64, AtomicU64>>,
     pids: Family<SandboxLabels, Gauge>,
+    preview_requests: Family<PreviewLabels, Counter>,
+    preview_bytes: Family<DirectionLabels, Counter>,
     /// One scrape at a time (gauges are cleared and refilled).
     scrape: Mutex<()>,
 }
@@ -88,11 +100,25 @@ impl Metrics {
         registry.register("strata_sandbox_cpu_seconds", "CPU time used by a running sandbox since its cgroup was created", cpu.clone());
         let pids = Family::<SandboxLabels, Gauge>::default();
         registry.register("strata_sandbox_pids", "Tasks in a running sandbox", pids.clone());
+        let preview_requests = Family::<PreviewLabels, Counter>::default();
+        registry.register("strata_preview_requests", "Requests to preview URLs by outcome (proxied, upgraded, unauthorized, refused, upstream_error)", preview_requests.clone());
+        let preview_bytes = Family::<DirectionLabels, Counter>::default();
+        registry.register("strata_preview_bytes", "Bytes proxied through preview URLs (to_sandbox, from_sandbox; bodies and upgraded streams)", preview_bytes.clone());
         // Every phase appears (with zero counts) from the first scrape.
         for p in PHASES {
             let _ = phases.get_or_create(&PhaseLabels { phase: p.to_string() });
         }
-        Metrics { registry, phases, transitions, states, memory, cpu, pids, scrape: Mutex::new(()) }
+        Metrics { registry, phases, transitions, states, memory, cpu, pids, preview_requests, preview_bytes, scrape: Mutex::new(()) }
+    }
+
+    /// Counts one preview request by outcome.
+    pub fn preview_request(&self, outcome: &str) {
+        self.preview_requests.get_or_create(&PreviewLabels { outcome: outcome.to_string() }).inc();
+    }
+
+    /// Counts bytes proxied for a preview (`to_sandbox` or `from_sandbox`).
+    pub fn preview_bytes(&self, direction: &str, n: u64) {
+        self.preview_bytes.get_or_create(&DirectionLabels { direction: direction.to_string() }).inc_by(n);
     }
 
     /// Records one completed phase.

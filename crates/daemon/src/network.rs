@@ -536,8 +536,8 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> ApiResult<Networ
     }
     // The Rule of Two: egress on a sandbox that already holds the other two capabilities needs an approval.
     let view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
-    let names = crate::sandboxes::secret_names(&view.secrets);
-    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { network: Some(&spec), ..crate::sandboxes::exposure(&view, &names) });
+    let facts = crate::sandboxes::exposure_facts(st, &view);
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { network: Some(&spec), ..crate::sandboxes::exposure(&view, &facts) });
     crate::approvals::gate(st, &rec.sandbox.tenant, "update network of", &id, &grants)?;
     let old = st.network.entries().get(&id).cloned();
     let live = matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused | SandboxState::Standby);

@@ -2,12 +2,12 @@
 
 use utoipa::OpenApi;
 
-use crate::{accounting, activity, advisor, approvals, archive, audit, checkpoints, events, fanout, files, images, metrics, network, pipelines, policy, processes, sandboxes, scan, standby, templates, tenancy};
+use crate::{accounting, activity, advisor, approvals, archive, audit, checkpoints, events, fanout, files, images, metrics, network, pipelines, policy, preview, processes, sandboxes, scan, standby, templates, tenancy};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "strata", description = "Sandbox runtime for multi-step AI-agent pipelines: native HTTP API. Over TCP, send `Authorization: Bearer <token>`: the operator's token (`<state-dir>/api-token`, every tenant) or a tenant token from `POST /v1/tokens` (its tenant's sandboxes, checkpoints, templates and pipeline runs only; another tenant's ids are 404 like unknown ones; operator-only routes are 403). The operator may send `X-Strata-Tenant: T` to act as tenant T. A request that would give one sandbox all three Rule-of-Two capabilities (untrusted_input, sensitive_access, external_comms) is refused with 403 `approval_required` and a pending approval; once an operator approves it, repeat the request (optionally with `X-Strata-Approval: <id>`). Errors are JSON `ApiErrorBody` with a machine-readable `code`."),
+    info(title = "strata", description = "Sandbox runtime for multi-step AI-agent pipelines: native HTTP API. Over TCP, send `Authorization: Bearer <token>`: the operator's token (`<state-dir>/api-token`, every tenant) or a tenant token from `POST /v1/tokens` (its tenant's sandboxes, checkpoints, templates and pipeline runs only; another tenant's ids are 404 like unknown ones; operator-only routes are 403). The operator may send `X-Strata-Tenant: T` to act as tenant T. A request that would give one sandbox all three Rule-of-Two capabilities (untrusted_input, sensitive_access, external_comms) is refused with 403 `approval_required` and a pending approval; once an operator approves it, repeat the request (optionally with `X-Strata-Approval: <id>`). Errors are JSON `ApiErrorBody` with a machine-readable `code`. Preview URLs (`/preview/<sandbox>/<port>/...`, or the Host `<port>-<sandbox>.<preview-domain>`) are proxied to the sandbox before any of this: they take a preview token (`X-Strata-Preview-Token`, `?strata_token=`, or the cookie a signed URL sets), not a bearer token."),
     paths(
         sandboxes::create_handler, sandboxes::list_handler, sandboxes::get_handler, sandboxes::stop_handler, sandboxes::start_handler, sandboxes::remove_handler,
         standby::pause_handler, standby::unpause_handler, standby::standby_handler, standby::resume_handler, archive::archive_handler,
@@ -27,6 +27,7 @@ use crate::{accounting, activity, advisor, approvals, archive, audit, checkpoint
         pipelines::create_handler, pipelines::list_handler, pipelines::get_handler, pipelines::resume_handler, pipelines::pause_handler, pipelines::cost_handler,
         tenancy::create_token_handler, tenancy::list_tokens_handler, tenancy::revoke_token_handler,
         approvals::list_handler, approvals::get_handler, approvals::approve_handler, approvals::deny_handler,
+        preview::create_handler, preview::list_handler, preview::revoke_handler,
     ),
     components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity, strata_api::PipelineEvent))
 )]

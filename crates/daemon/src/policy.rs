@@ -156,8 +156,8 @@ fn declare(st: &Shared, rec: &strata_store::db::SandboxRecord, caps: &[strata_ap
     }
     let mut view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
     view.policy.capabilities = declared.clone();
-    let names = crate::sandboxes::secret_names(&view.secrets);
-    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &names));
+    let facts = crate::sandboxes::exposure_facts(st, &view);
+    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &facts));
     crate::approvals::gate(st, &rec.sandbox.tenant, "declare capabilities of", &rec.sandbox.id, &grants)?;
     st.db.update_policy(&rec.sandbox.id, |p| p.capabilities = declared.clone())?.ok_or_else(|| ApiError::sandbox_not_found(&rec.sandbox.id))?;
     info!(sandbox = %rec.sandbox.id, capabilities = ?declared, "capabilities declared");

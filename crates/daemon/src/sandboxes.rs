@@ -113,6 +113,9 @@ pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>,
 
 fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
     let dir = st.sandbox_dir(&rec.sandbox.id);
+    if let (Some(bytes), true) = (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
+        crate::disk::ensure(&dir, bytes).map_err(|e| ApiError::new(ErrorCode::Internal, format!("the disk of sandbox {} ({}): {e}", rec.sandbox.id, units::format_size(bytes))))?;
+    }
     let lower_dirs = rec
         .layers
         .iter()
@@ -127,8 +130,8 @@ fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
         id: rec.sandbox.id.clone(),
         hostname: rec.sandbox.hostname.clone(),
         lower_dirs,
-        upper_dir: dir.join("upper"),
-        work_dir: dir.join("work"),
+        upper_dir: crate::disk::upper_dir(&dir),
+        work_dir: crate::disk::work_dir(&dir),
         rootfs_dir: dir.join("rootfs"),
         limits: rec.sandbox.limits.clone(),
         log_path: dir.join("init.log"),
@@ -320,6 +323,12 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     if req.limits.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) || req.limits.memory_bytes == Some(0) || req.limits.pids == Some(0) {
         return Err(ApiError::bad_request("resource limits must be positive"));
     }
+    if let Some(b) = req.limits.disk_bytes.filter(|b| *b < crate::disk::MIN_BYTES) {
+        return Err(ApiError::bad_request(format!("limits.disk_bytes must be at least {} ({}), got {b}", crate::disk::MIN_BYTES, units::format_size(crate::disk::MIN_BYTES))));
+    }
+    let mut req = req;
+    req.limits.disk_bytes = req.limits.disk_bytes.or(st.default_disk_bytes);
+    req.limits.disk_quota = Some(crate::disk::describe(req.limits.disk_bytes));
     for k in req.env.keys() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(ApiError::bad_request(format!("invalid environment variable name {k:?}")));
@@ -473,8 +482,29 @@ fn release_resources(st: &Shared, id: &str) {
     if let Err(e) = st.runtime.cleanup(id) {
         warn!(sandbox = id, error = %crate::error::chain(&e), "releasing cgroup");
     }
+    crate::disk::release(&st.sandbox_dir(id));
     if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&st.sandbox_dir(id)) {
         warn!(sandbox = id, error = %e, "removing sandbox directory");
+    }
+}
+
+/// After a daemon (re)start: mounts the disk of every sandbox that has one (idempotent;
+/// they stay mounted across daemon restarts unless the host rebooted).
+pub async fn mount_disks(st: &Shared) {
+    let Ok(list) = st.db.list_sandboxes() else { return };
+    for rec in list {
+        let l = &rec.sandbox.limits;
+        let (Some(bytes), true) = (l.disk_bytes, crate::disk::enforced(l.disk_quota.as_deref())) else { continue };
+        let dir = st.sandbox_dir(&rec.sandbox.id);
+        if rec.sandbox.state == SandboxState::Archived || !dir.join(crate::disk::IMAGE).exists() {
+            continue;
+        }
+        let id = rec.sandbox.id.clone();
+        match tokio::task::spawn_blocking(move || crate::disk::ensure(&dir, bytes)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(sandbox = %id, error = %e, "mounting the sandbox's disk"),
+            Err(e) => warn!(sandbox = %id, error = %e, "mounting the sandbox's disk"),
+        }
     }
 }
 
@@ -746,18 +776,38 @@ pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
 pub fn with_secret_names(st: &Shared, mut sb: Sandbox) -> Sandbox {
     sb.secrets = st.secrets.get_or_empty(&sb.id).refs();
     sb.network = st.network.spec_of(&sb.id);
-    sb.capabilities = rule_of_two::grants(&exposure(&sb, &secret_names(&sb.secrets)));
+    let facts = exposure_facts(st, &sb);
+    sb.capabilities = rule_of_two::grants(&exposure(&sb, &facts));
     sb
 }
 
-/// Names of secrets, as the Rule of Two reports them.
-pub fn secret_names(refs: &[strata_api::SecretRef]) -> Vec<String> {
-    refs.iter().map(|r| r.name.clone()).collect()
+/// What the Rule of Two looks at besides a sandbox's view: the names of its
+/// secrets and the ports of its live previews (0: every port).
+#[derive(Debug, Clone, Default)]
+pub struct ExposureFacts {
+    /// Secret names.
+    pub secret_names: Vec<String>,
+    /// Ports of previews that are neither revoked nor expired.
+    pub preview_ports: Vec<u16>,
+}
+
+/// The [`ExposureFacts`] of a sandbox view (its secrets filled in, see [`with_secret_names`]).
+pub fn exposure_facts(st: &Shared, sb: &Sandbox) -> ExposureFacts {
+    let now = std::time::SystemTime::now();
+    let preview_ports = st
+        .db
+        .list_previews(&sb.id)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.revoked_at.is_none() && humantime::parse_rfc3339_weak(&p.expires_at).is_ok_and(|e| e > now))
+        .map(|p| p.port.unwrap_or(0))
+        .collect();
+    ExposureFacts { secret_names: sb.secrets.iter().map(|r| r.name.clone()).collect(), preview_ports }
 }
 
 /// What a sandbox (its view with secrets and network filled in) exposes, for the Rule of Two.
-pub fn exposure<'a>(sb: &'a Sandbox, secret_names: &'a [String]) -> rule_of_two::Exposure<'a> {
-    rule_of_two::Exposure { declared: &sb.policy.capabilities, secrets: secret_names, network: Some(&sb.network), ..Default::default() }
+pub fn exposure<'a>(sb: &'a Sandbox, facts: &'a ExposureFacts) -> rule_of_two::Exposure<'a> {
+    rule_of_two::Exposure { declared: &sb.policy.capabilities, secrets: &facts.secret_names, network: Some(&sb.network), previews: &facts.preview_ports, ..Default::default() }
 }
 
 // ---- HTTP handlers ----

@@ -80,7 +80,7 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> ApiResult<Target> {
         return Err(ApiError::invalid_state(s.state, "the writable layer is not on local disk"));
     }
     let depth = image_depth(st, &s.image_id, &rec.layers, s.base_checkpoint.is_some())?;
-    let upper = st.sandbox_dir(&s.id).join("upper");
+    let upper = st.upper_dir(&s.id);
     let mut now = vec![upper.clone()];
     now.extend(dirs(st, &rec.layers)?);
     let image = dirs(st, &rec.layers[..depth])?;

@@ -46,6 +46,10 @@ pub struct AppState {
     pub network: crate::network::Network,
     /// How long a Rule-of-Two approval waits for a decision (and then for its use).
     pub approval_timeout: std::time::Duration,
+    /// Writable-layer size of sandboxes created without `disk_bytes` (`None`: unlimited).
+    pub default_disk_bytes: Option<u64>,
+    /// The preview proxy (settings, idle upstream connections).
+    pub previews: crate::preview::Previews,
 }
 
 impl AppState {
@@ -70,6 +74,8 @@ impl AppState {
             accounting: crate::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
             approval_timeout: crate::approvals::DEFAULT_TIMEOUT,
+            default_disk_bytes: None,
+            previews: crate::preview::Previews::default(),
         }
     }
 
@@ -87,6 +93,11 @@ impl AppState {
     /// Directory of one sandbox.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.sandboxes_dir.join(id)
+    }
+
+    /// The overlay upper directory (writable layer) of a sandbox (see [`crate::disk`]).
+    pub fn upper_dir(&self, id: &str) -> PathBuf {
+        crate::disk::upper_dir(&self.sandbox_dir(id))
     }
 
     /// Tells event followers that new events exist.

@@ -114,12 +114,27 @@ pub fn shim_main() -> ! {
     for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGPIPE] {
         set.add(sig);
     }
+    // The process writes its output into pipes the shim holds and relays to the
+    // daemon: when the daemon goes away (a restart), the shim drops the output
+    // and the process runs on, with SIGPIPE at its default like anywhere else.
+    let relays: Vec<Relay> = [1, 2].into_iter().filter_map(Relay::new).collect();
     // SAFETY: single-threaded; the child restores the default mask before exec.
     match unsafe { fork() } {
         Err(e) => die(&mut rep, format!("fork: {e}")),
-        Ok(ForkResult::Child) => child(spec, rep),
+        Ok(ForkResult::Child) => {
+            for r in &relays {
+                r.install_in_child();
+            }
+            child(spec, rep)
+        }
         Ok(ForkResult::Parent { child }) => {
             let _ = set.thread_block();
+            // After the mask: the relay threads inherit it, so no stop signal lands on them.
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            let running = relays.len();
+            for r in relays {
+                r.start(done_tx.clone());
+            }
             // Stdio belongs to the process now; the shim keeps only its report pipe.
             // SAFETY: open/dup2 on descriptors 0-2, which no Rust object owns here.
             unsafe {
@@ -138,10 +153,12 @@ pub fn shim_main() -> ! {
             loop {
                 match waitpid(child, None) {
                     Ok(WaitStatus::Exited(_, code)) => {
+                        drain(&done_rx, running);
                         rep.send(&ExecReport::Exited { code });
                         std::process::exit(0)
                     }
                     Ok(WaitStatus::Signaled(_, sig, _)) => {
+                        drain(&done_rx, running);
                         rep.send(&ExecReport::Signaled { signal: sig as i32 });
                         std::process::exit(0)
                     }
@@ -150,6 +167,82 @@ pub fn shim_main() -> ! {
                 }
             }
         }
+    }
+}
+
+/// How long the shim lets its relays pass on what an exited process wrote
+/// before it reports the exit (background children may hold the pipes open:
+/// do not wait for them).
+const DRAIN: std::time::Duration = std::time::Duration::from_millis(150);
+
+/// Waits (at most [`DRAIN`]) until `running` relays have reached end of file.
+fn drain(done: &std::sync::mpsc::Receiver<()>, running: usize) {
+    let deadline = std::time::Instant::now() + DRAIN;
+    for _ in 0..running {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done.recv_timeout(left).is_err() {
+            return;
+        }
+    }
+}
+
+/// One of the process's output streams: a pipe whose write end becomes the
+/// process's descriptor `target` and whose read end the shim copies to the
+/// daemon's pipe (the shim's own `target`).
+struct Relay {
+    target: i32,
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+}
+
+impl Relay {
+    /// A relay for `target` when it is a pipe (the daemon's); other descriptors
+    /// (a file, /dev/null) are handed to the process as they are.
+    fn new(target: i32) -> Option<Relay> {
+        let st = nix::sys::stat::fstat(target).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+            return None;
+        }
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+        Some(Relay { target, read, write })
+    }
+
+    /// In the child, before exec: the write end becomes `target`.
+    fn install_in_child(&self) {
+        // SAFETY: dup2 onto a stdio descriptor of this (single-threaded) child; the
+        // copy does not have close-on-exec, the original ends close at exec.
+        unsafe { libc::dup2(self.write.as_raw_fd(), self.target) };
+    }
+
+    /// In the shim: copies everything from the pipe to the daemon's pipe until
+    /// end of file; once the daemon's end is gone, keeps reading and drops it.
+    fn start(self, done: std::sync::mpsc::Sender<()>) {
+        drop(self.write);
+        // SAFETY: duplicates our own stdio descriptor (the shim points 0-2 at /dev/null next).
+        let fd = unsafe { libc::fcntl(self.target, libc::F_DUPFD_CLOEXEC, 3) };
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let mut out = (fd >= 0).then(|| unsafe { File::from_raw_fd(fd) });
+        let mut input = File::from(self.read);
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match input.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if let Some(o) = out.as_mut() {
+                            if o.write_all(&buf[..n]).is_err() {
+                                // The daemon went away: the rest is dropped, the process runs on.
+                                out = None;
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+            }
+            let _ = done.send(());
+        });
     }
 }
 
@@ -164,6 +257,10 @@ fn child(exec: ExecSpec, mut rep: Reporter) -> ! {
         die(&mut rep, format!("setsid: {e}"));
     }
     rep.send(&ExecReport::NsPid { pid: std::process::id() as i32 });
+    // The Rust runtime of the helpers ignores SIGPIPE and an ignored signal
+    // survives exec: give the process the default (`yes | head` must end).
+    // SAFETY: resetting a signal disposition in a single-threaded child.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match prepare(&exec) {
         Ok((argv0_candidates, argv, envp)) => {
             let mut last = String::from("empty command");

@@ -432,19 +432,23 @@ impl StrataMcp {
         self
     }
 
-    /// The client for one call.
+    /// The client for one call: the caller's bearer token (over TCP), and its
+    /// `X-Strata-Tenant` and `X-Strata-Approval` headers, go with the call.
     fn client_for(&self, ext: &Extensions) -> Client {
-        let Some(addr) = &self.forward_tcp else { return self.client.clone() };
-        let token = ext
-            .get::<http::request::Parts>()
-            .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| t.trim().to_string());
-        match token {
-            Some(token) => Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(token) }),
-            None => self.client.clone(),
+        let parts = ext.get::<http::request::Parts>();
+        let header = |name: &str| parts.and_then(|p| p.headers.get(name)).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string());
+        let token = header(http::header::AUTHORIZATION.as_str()).and_then(|v| v.strip_prefix("Bearer ").map(|t| t.trim().to_string()));
+        let mut client = match (token, &self.forward_tcp) {
+            (Some(token), Some(addr)) => Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(token) }),
+            _ => self.client.clone(),
+        };
+        if let Some(t) = header(strata_api::TENANT_HEADER) {
+            client = client.with_tenant(Some(t));
         }
+        if let Some(a) = header(strata_api::APPROVAL_HEADER) {
+            client = client.with_approval(Some(a));
+        }
+        client
     }
 
     #[tool(
@@ -469,7 +473,7 @@ impl StrataMcp {
     )]
     async fn create_sandbox(&self, Parameters(args): Parameters<CreateSandboxArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
         finish(async {
-            let limits = ResourceLimits { memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)), cpus: args.cpus, pids: args.pids };
+            let limits = ResourceLimits { memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)), cpus: args.cpus, pids: args.pids, ..Default::default() };
             let req = CreateSandboxRequest {
                 source: args.source,
                 name: args.name,

@@ -30,6 +30,34 @@ fn capability_in_effective_set(cap: u32) -> bool {
         .is_some_and(|mask| mask & (1u64 << cap) != 0)
 }
 
+/// An executable by name: on PATH, then in the usual system directories.
+pub fn find_tool(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path.split(':').filter(|d| !d.is_empty()).chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"]).map(|d| Path::new(d).join(name)).find(|p| p.is_file());
+    found
+}
+
+/// Why per-sandbox disks (an ext4 image on a loop device per sandbox) cannot
+/// be made on this host; `None` when they can.
+pub fn disk_unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root (loop devices and mounts need root)".into());
+    }
+    if !read("/proc/filesystems").lines().any(|l| l.trim_end().ends_with("ext4")) {
+        return Some("the kernel has no ext4".into());
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no loop device support (/dev/loop-control missing)".into());
+    }
+    if find_tool("mkfs.ext4").is_none() {
+        return Some("mkfs.ext4 not found (install e2fsprogs; scripts/setup-host.sh does)".into());
+    }
+    if find_tool("mount").is_none() {
+        return Some("mount not found (install mount/util-linux)".into());
+    }
+    None
+}
+
 /// Probes the host.
 pub fn doctor() -> DoctorReport {
     let mut f = Vec::new();
@@ -72,6 +100,13 @@ pub fn doctor() -> DoctorReport {
         None => "criu not found (run scripts/setup-host.sh)".to_string(),
     };
     f.push(check("criu", criu_ok, criu_detail, "standby with running processes (process checkpoint/restore); standby degrades to --fs-only"));
+    let disk = disk_unavailable();
+    f.push(check(
+        "disk_quota",
+        disk.is_none(),
+        disk.clone().unwrap_or_else(|| "per-sandbox ext4 filesystem on a loop device (mkfs.ext4, /dev/loop-control)".into()),
+        "per-sandbox disk limits (sandboxes are created without one and record disk_quota: unavailable)",
+    ));
     let nft = Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success());
     f.push(check("nftables", nft, if nft { "nft present" } else { "nft not found" }, "host-enforced egress rules"));
     let vm = crate::microvm::probe();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Preview, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +218,20 @@ pub const MIGRATIONS: &[&str] = &[
         record TEXT NOT NULL
     );
     CREATE INDEX approvals_by_state ON approvals(state, expires_at);",
+    // 11: preview URLs: a port (NULL: every port) of a sandbox opened through
+    // the daemon's reverse proxy; only a SHA-256 of the token secret is kept.
+    "CREATE TABLE previews (
+        id TEXT PRIMARY KEY,
+        sandbox_id TEXT NOT NULL,
+        port INTEGER,
+        tenant TEXT NOT NULL,
+        secret_sha256 TEXT NOT NULL UNIQUE,
+        public INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    CREATE INDEX previews_by_sandbox ON previews(sandbox_id);",
 ];
 
 /// `prev_hash` of the first audit entry.
@@ -603,6 +617,7 @@ impl Db {
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         tx.execute("DELETE FROM leases WHERE sandbox_id = ?1", params![id])?;
+        tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![id])?;
         tx.execute("UPDATE usage SET destroyed_at = ?1 WHERE sandbox_id = ?2", params![t.time, id])?;
         let ev = insert_event(&tx, id, Some(from), t)?;
         tx.commit()?;
@@ -1281,6 +1296,74 @@ impl Db {
     }
 }
 
+/// A preview row: the listing fields without the URLs (the daemon adds those).
+fn preview_from_row(r: &Row<'_>) -> rusqlite::Result<Preview> {
+    let port: Option<i64> = r.get(2)?;
+    Ok(Preview {
+        id: r.get(0)?,
+        sandbox_id: r.get(1)?,
+        port: port.and_then(|p| u16::try_from(p).ok()),
+        tenant: r.get(3)?,
+        public: r.get(4)?,
+        created_at: r.get(5)?,
+        expires_at: r.get(6)?,
+        revoked_at: r.get(7)?,
+        url_host: String::new(),
+        url_path: String::new(),
+    })
+}
+
+const PREVIEW_COLUMNS: &str = "id, sandbox_id, port, tenant, public, created_at, expires_at, revoked_at";
+
+/// Preview URLs (migration 11). Only the SHA-256 of a token secret is stored.
+impl Db {
+    /// Stores a new preview.
+    pub fn insert_preview(&self, p: &Preview, secret_sha256: &str) -> Result<(), DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            &format!("INSERT INTO previews ({PREVIEW_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+            params![p.id, p.sandbox_id, p.port.map(i64::from), p.tenant, p.public, p.created_at, p.expires_at, p.revoked_at, secret_sha256],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The preview whose token hashes to `secret_sha256` (revoked and expired ones included: the caller decides).
+    pub fn preview_by_hash(&self, secret_sha256: &str) -> Result<Option<Preview>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE secret_sha256 = ?1"))?;
+        Ok(stmt.query_row(params![secret_sha256], preview_from_row).optional()?)
+    }
+
+    /// The previews of a sandbox, oldest first (revoked and expired ones included).
+    pub fn list_previews(&self, sandbox_id: &str) -> Result<Vec<Preview>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 ORDER BY created_at, id"))?;
+        let rows = stmt.query_map(params![sandbox_id], preview_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The public previews of a sandbox that open `port` (revoked and expired ones included).
+    pub fn public_previews(&self, sandbox_id: &str, port: u16) -> Result<Vec<Preview>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 AND public AND (port IS NULL OR port = ?2)"))?;
+        let rows = stmt.query_map(params![sandbox_id, i64::from(port)], preview_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Revokes a preview of a sandbox (idempotent: the first revocation time stays); `None` if it does not exist.
+    pub fn revoke_preview(&self, sandbox_id: &str, id: &str, time: &str) -> Result<Option<Preview>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("UPDATE previews SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2 AND sandbox_id = ?3", params![time, id, sandbox_id])?;
+        let p = tx.query_row(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE id = ?1 AND sandbox_id = ?2"), params![id, sandbox_id], preview_from_row).optional()?;
+        tx.commit()?;
+        Ok(p)
+    }
+
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1305,7 +1388,7 @@ mod tests {
                 policy: SandboxPolicy::default_for(Lifecycle::Ephemeral),
                 ttl: None,
                 expires_at: None,
-                limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10) },
+                limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10), ..Default::default() },
                 env: BTreeMap::from([("A".into(), "1".into())]),
                 hostname: "h".into(),
                 labels: BTreeMap::new(),
@@ -1544,6 +1627,25 @@ mod tests {
         let (_, changed) = db.update_approval("apr-2", |_| false).unwrap().unwrap();
         assert!(!changed);
         assert!(db.update_approval("apr-9", |_| true).unwrap().is_none());
+    }
+
+    #[test]
+    fn previews_are_stored_by_hash_and_revoked_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let p = Preview { id: "p1".into(), sandbox_id: "s1".into(), port: Some(8000), public: false, tenant: "acme".into(), created_at: "t0".into(), expires_at: "t9".into(), revoked_at: None, url_host: String::new(), url_path: String::new() };
+        db.insert_preview(&p, "h1").unwrap();
+        db.insert_preview(&Preview { id: "p2".into(), port: None, public: true, ..p.clone() }, "h2").unwrap();
+        db.insert_preview(&Preview { id: "p3".into(), sandbox_id: "s2".into(), public: true, ..p.clone() }, "h3").unwrap();
+        assert!(db.insert_preview(&Preview { id: "p4".into(), ..p.clone() }, "h1").is_err(), "a secret hash is unique");
+        assert_eq!(db.preview_by_hash("h1").unwrap(), Some(p.clone()));
+        assert_eq!(db.preview_by_hash("nope").unwrap(), None);
+        assert_eq!(db.list_previews("s1").unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
+        assert_eq!(db.public_previews("s1", 8000).unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p2"], "every-port public previews match any port");
+        assert_eq!(db.public_previews("s2", 8001).unwrap().len(), 0, "a one-port public preview matches its port only");
+        assert!(db.revoke_preview("s2", "p1", "r0").unwrap().is_none(), "a preview of another sandbox is not found");
+        assert_eq!(db.revoke_preview("s1", "p1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
+        assert_eq!(db.revoke_preview("s1", "p1", "r2").unwrap().unwrap().revoked_at.as_deref(), Some("r1"), "the first revocation time stays");
     }
 
     #[test]

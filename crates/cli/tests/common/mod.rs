@@ -179,6 +179,13 @@ impl TestDaemon {
     pub fn state(&self, rel: &str) -> PathBuf {
         self.state_dir.join(rel)
     }
+
+    /// Host path of `rel` in a sandbox's writable layer (on its own disk when it has one).
+    pub fn upper(&self, id: &str, rel: &str) -> PathBuf {
+        let dir = self.state_dir.join("sandboxes").join(id);
+        let upper = if dir.join("disk.img").exists() { dir.join("disk/upper") } else { dir.join("upper") };
+        upper.join(rel)
+    }
 }
 
 impl Drop for TestDaemon {

@@ -227,6 +227,15 @@ async def main():
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {b}"}, timeout=httpx2.Timeout(120.0)) as http:
             async with Client(streamable_http_client(a, http_client=http)) as c:
                 summary = await scenario(c, f"http-{os.getpid()}", criu)
+    elif mode == "http-tenant":
+        # The operator acting as a tenant: the header goes with every tool's API call.
+        headers = {"Authorization": f"Bearer {b}", "X-Strata-Tenant": "acme"}
+        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0)) as http:
+            async with Client(streamable_http_client(a, http_client=http)) as c:
+                created = await call(c, "create_sandbox", {"source": "busybox"})
+                listed = await call(c, "list_sandboxes", {})
+                check([s["id"] for s in listed["sandboxes"]] == [created["id"]], "acting as acme lists only acme's sandboxes", listed)
+        summary = {"sandbox": created["id"]}
     elif mode == "http-unauthorized":
         async with httpx2.AsyncClient(headers={"Authorization": "Bearer wrong"}) as http:
             r = await http.post(a, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers={"Accept": "application/json, text/event-stream"})

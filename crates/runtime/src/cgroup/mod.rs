@@ -257,7 +257,7 @@ mod tests {
         for dir in cg.dirs() {
             fs::create_dir_all(dir).unwrap();
         }
-        let limits = ResourceLimits { memory_bytes: Some(64 << 20), cpus: Some(0.5), pids: Some(32) };
+        let limits = ResourceLimits { memory_bytes: Some(64 << 20), cpus: Some(0.5), pids: Some(32), ..Default::default() };
         cg.create(&limits).unwrap();
         let m = d.path().join("memory/strata/abc");
         assert_eq!(fs::read_to_string(m.join("memory.limit_in_bytes")).unwrap(), (64u64 << 20).to_string());
@@ -270,7 +270,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
         let cg = SandboxCgroup::new(d.path(), CgroupVersion::V2, "abc");
-        let limits = ResourceLimits { memory_bytes: Some(1 << 20), cpus: Some(2.0), pids: None };
+        let limits = ResourceLimits { memory_bytes: Some(1 << 20), cpus: Some(2.0), pids: None, ..Default::default() };
         cg.create(&limits).unwrap();
         let dir = d.path().join("strata/abc");
         assert_eq!(fs::read_to_string(dir.join("memory.max")).unwrap(), "1048576");

@@ -105,7 +105,7 @@ fn pid1(cfg: InitConfig) -> ! {
     // it from inside the sandbox (see [`SELF_PATH`]).
     let setup = || -> Result<(), String> {
         let helper = mounts::clone_helper_mount(&cfg.init_binary)?;
-        mounts::build_rootfs(&spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir)?;
+        mounts::build_rootfs(&spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir, spec.limits.memory_bytes)?;
         nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
         mounts::loopback_up()?;
         mounts::pivot_into(&spec.rootfs_dir)?;

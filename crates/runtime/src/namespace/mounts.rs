@@ -71,9 +71,19 @@ const MASKED: [&str; 8] = ["proc/kcore", "proc/keys", "proc/timer_list", "proc/s
 /// Paths made read-only.
 const READ_ONLY: [&str; 5] = ["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
 
+/// Size option of the sandbox's /tmp tmpfs: its pages are charged to the
+/// sandbox's memory cgroup, and the size caps it at the memory limit (half of
+/// the host's RAM, the kernel default, made explicit, without one).
+pub fn tmp_size(memory_bytes: Option<u64>) -> String {
+    match memory_bytes {
+        Some(b) => format!("size={}k", b.div_ceil(1024).max(1024)),
+        None => "size=50%".into(),
+    }
+}
+
 /// Mounts the overlay root and the pseudo-filesystems under it. Must run in a
-/// fresh mount (and pid) namespace.
-pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path) -> SetupResult<()> {
+/// fresh mount (and pid) namespace. `memory_bytes` (the memory limit) caps /tmp.
+pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path, memory_bytes: Option<u64>) -> SetupResult<()> {
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(ctx("make / private"))?;
     let (chdir, opts) = overlay_options(lower, upper, work)?;
     if let Some(d) = &chdir {
@@ -103,7 +113,7 @@ pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path) -
     mnt("mqueue", &dev.join("mqueue"), Some("mqueue"), nosuid_nodev_noexec, None)?;
 
     mnt("sysfs", &mount_point(root, "sys")?, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
-    mnt("tmpfs", &mount_point(root, "tmp")?, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+    mnt("tmpfs", &mount_point(root, "tmp")?, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(&format!("mode=1777,{}", tmp_size(memory_bytes))))?;
 
     for rel in MASKED {
         let p = root.join(rel);
@@ -337,6 +347,13 @@ pub fn loopback_up() -> SetupResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tmp_is_capped_by_the_memory_limit() {
+        assert_eq!(tmp_size(Some(64 << 20)), "size=65536k");
+        assert_eq!(tmp_size(Some(1000)), "size=1024k");
+        assert_eq!(tmp_size(None), "size=50%");
+    }
 
     #[test]
     fn overlay_options_use_relative_layer_names() {

@@ -90,6 +90,10 @@ class ResourceLimits(Model):
     cpus: float | None = None
     memory_bytes: int | None = None
     pids: int | None = None
+    #: Size of the writable layer (its own filesystem; ENOSPC beyond it).
+    disk_bytes: int | None = None
+    #: Set by the daemon: ``enforced (...)``, ``none`` or ``unavailable (reason)``.
+    disk_quota: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request body form (unset fields left out)."""
