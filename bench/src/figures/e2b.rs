@@ -1,4 +1,4 @@
-//! Figure 9: the E2B round trip through the official `e2b` Python SDK
+//! Figure 10: the E2B round trip through the official `e2b` Python SDK
 //! (`Sandbox.create()` + `commands.run("echo hi")` + `kill()`, template `base`)
 //! against the same round trip through strata's typed client (create from the
 //! same image, exec `echo hi`, destroy).
@@ -123,7 +123,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         Verdict::Info,
     ));
     b.report.sections.push((
-        "9. E2B compatibility: the SDK's round trip".into(),
+        "10. E2B compatibility: the SDK's round trip".into(),
         format!(
             "The official `e2b` Python SDK (2.63.0, HTTP/2 cleartext as it defaults to) runs `Sandbox.create()` \
              (template `base` = image `{BASE}`, the Debian test image), `commands.run(\"echo hi\")` (stdout checked) \
