@@ -335,7 +335,6 @@ class TestPauseForkSnapshot(unittest.TestCase):
             time.sleep(0.5)
             sb.pause()
             self.assertEqual(Sandbox.get_info(sb.sandbox_id).state.value, "paused")
-            before = int(sb.files.read("/tmp/counter").strip() or 0) if False else None
             resumed = Sandbox.connect(sb.sandbox_id)
             self.assertEqual(resumed.get_info().state.value, "running")
             self.assertEqual(resumed.files.read("/home/user/keep.txt"), "kept")
