@@ -228,39 +228,28 @@ else
     warn "checkpoint/restore tests may fail or be skipped on this host"
 fi
 
-# --- MCP client for the MCP tests (crates/cli/tests/mcp.rs) --------------------------
-# The official MCP Python SDK, pinned, in its own venv; skipped when that venv already
-# has this version. STRATA_MCP_VENV overrides the location (the tests read it too).
-MCP_PY_VERSION=2.3.0
-MCP_VENV=${STRATA_MCP_VENV:-$CACHE/venv-mcp}
-install_mcp_venv() {
-    rm -rf "$MCP_VENV"
-    python3 -m venv "$MCP_VENV"
-    "$MCP_VENV/bin/pip" install --quiet --disable-pip-version-check "mcp==$MCP_PY_VERSION"
-    "$MCP_VENV/bin/python" -c "import mcp, httpx2"
+# --- pinned Python SDKs for the MCP and E2B tests ---------------------------------
+# Each official SDK, pinned, in its own venv; skipped when that venv already has the
+# version. pinned_venv PACKAGE VERSION VENV IMPORTS
+pinned_venv() {
+    local pkg=$1 version=$2 venv=$3 imports=$4
+    install_venv() {
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check "$pkg==$version"
+        "$venv/bin/python" -c "import $imports"
+    }
+    if [ "$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('$pkg'))" 2>/dev/null)" = "$version" ]; then
+        note "$pkg $version: present in $venv"
+    else
+        step "python venv with $pkg==$version ($venv)" install_venv
+    fi
 }
-if [ "$("$MCP_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" = "$MCP_PY_VERSION" ]; then
-    note "mcp $MCP_PY_VERSION: present in $MCP_VENV"
-else
-    step "python venv with mcp==$MCP_PY_VERSION ($MCP_VENV)" install_mcp_venv
-fi
-
-# --- E2B SDK for the E2B compatibility suite (crates/cli/tests/e2b.rs) ---------------
-# The official `e2b` Python SDK, pinned, in its own venv (docs/e2b-compat.md).
-# STRATA_E2B_VENV overrides the location (the tests read it too).
-E2B_PY_VERSION=2.63.0
-E2B_VENV=${STRATA_E2B_VENV:-$CACHE/venv-e2b}
-install_e2b_venv() {
-    rm -rf "$E2B_VENV"
-    python3 -m venv "$E2B_VENV"
-    "$E2B_VENV/bin/pip" install --quiet --disable-pip-version-check "e2b==$E2B_PY_VERSION"
-    "$E2B_VENV/bin/python" -c "import e2b"
-}
-if [ "$("$E2B_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null)" = "$E2B_PY_VERSION" ]; then
-    note "e2b $E2B_PY_VERSION: present in $E2B_VENV"
-else
-    step "python venv with e2b==$E2B_PY_VERSION ($E2B_VENV)" install_e2b_venv
-fi
+# The MCP Python SDK for crates/cli/tests/mcp.rs (STRATA_MCP_VENV overrides; the tests read it too).
+pinned_venv mcp 2.3.0 "${STRATA_MCP_VENV:-$CACHE/venv-mcp}" "mcp, httpx2"
+# The `e2b` SDK for the E2B compatibility suite, crates/cli/tests/e2b.rs and docs/e2b-compat.md
+# (STRATA_E2B_VENV overrides; the tests read it too).
+pinned_venv e2b 2.63.0 "${STRATA_E2B_VENV:-$CACHE/venv-e2b}" e2b
 
 # --- Rust toolchain (not installable from Debian 12: its rustc is too old) ---------
 if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
