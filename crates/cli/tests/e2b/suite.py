@@ -423,11 +423,31 @@ class TestLogsUnsupportedMalformed(Base):
         finally:
             sb.kill()
 
-    def test_other_port_is_501(self):
-        status, body = raw("GET", "/", headers={"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "8080"})
-        self.assertEqual(status, 501)
-        self.assertIn("8080", body["message"])
-        self.assertIn("port routing", body["message"])
+    def test_other_ports_go_through_the_preview_proxy(self):
+        # A server on port 8000 inside, reached by E2b-Sandbox-Port with the caller's key.
+        self.sb.files.write("/home/user/www/hello.txt", "hello from the sandbox\n")
+        server = self.sb.commands.run("python3 -m http.server 8000 --bind 127.0.0.1", background=True, cwd="/home/user/www")
+        try:
+            h = {"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "8000", "X-API-Key": KEY}
+            deadline = time.time() + 20
+            while True:
+                status, body = raw("GET", "/hello.txt", headers=h)
+                if status == 200 or time.time() > deadline:
+                    break
+                time.sleep(0.2)
+            self.assertEqual((status, body), (200, b"hello from the sandbox\n"))
+            status, body = raw("GET", "/missing.txt", headers=h)
+            self.assertEqual(status, 404)  # the server's own answer
+            # No key: 401 in E2B's shape; a port nobody listens on: the proxy's 502.
+            status, body = raw("GET", "/", headers={"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "8000"})
+            self.assertEqual(status, 401)
+            self.assertEqual(body["code"], 401)
+            status, body = raw("GET", "/", headers=dict(h, **{"E2b-Sandbox-Port": "8081"}))
+            self.assertEqual(status, 502)
+            status, body = raw("GET", "/", headers=dict(h, **{"E2b-Sandbox-Id": "no-such-sandbox"}))
+            self.assertEqual(status, 404)
+        finally:
+            server.kill()
 
     def test_malformed_connect_frames(self):
         h = {"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": KEY, "Content-Type": "application/connect+json"}

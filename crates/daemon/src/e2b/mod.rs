@@ -94,6 +94,9 @@ impl IntoResponse for E2bError {
 pub struct E2bState {
     /// Processes started through envd: (sandbox id, pid) -> how they were started.
     pub procs: HashMap<(String, u64), envd::ProcMeta>,
+    /// Preview tokens made for port routing: (sandbox id, port, SHA-256 of the
+    /// caller's key) -> (token, when to make a new one).
+    pub port_previews: HashMap<(String, u16, String), (String, std::time::Instant)>,
     /// Directory watchers (`CreateWatcher`): id -> watcher.
     pub watchers: HashMap<String, envd::Watcher>,
 }
@@ -147,13 +150,13 @@ pub fn request_token(headers: &HeaderMap) -> Option<String> {
 /// everything, [`dispatch`] for requests addressed to a sandbox.
 pub fn mount(native: Router, e2b: SharedE2b) -> Router {
     let envd_router = envd::router(e2b.clone());
-    native.merge(control::router(e2b)).layer(axum::middleware::from_fn_with_state(envd_router, dispatch))
+    native.merge(control::router(e2b.clone())).layer(axum::middleware::from_fn_with_state((envd_router, e2b), dispatch))
 }
 
 /// Routes a request carrying `E2b-Sandbox-Id` by its `E2b-Sandbox-Port`: envd's
-/// port to strata's envd; any other port is the preview proxy's (not in this
-/// build: a 501 naming the port). Requests without the header pass through.
-pub async fn dispatch(State(envd_router): State<Router>, req: Request, next: Next) -> Response {
+/// port to strata's envd; any other port through the preview proxy
+/// ([`route_port`]). Requests without the header pass through.
+pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, req: Request, next: Next) -> Response {
     let Some(sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string) else {
         return next.run(req).await;
     };
@@ -166,15 +169,66 @@ pub async fn dispatch(State(envd_router): State<Router>, req: Request, next: Nex
                 Err(never) => match never {},
             }
         }
-        Ok(p) => {
-            let msg = format!(
-                "port routing is not in this build: E2b-Sandbox-Port {p} of sandbox {sandbox} (only envd's port {ENVD_PORT} is served; other ports go to the preview proxy)"
-            );
-            (StatusCode::NOT_IMPLEMENTED, axum::Json(serde_json::json!({"code": 501, "message": msg}))).into_response()
-        }
-        Err(_) => {
+        Ok(p) if p > 0 => match route_port(&e2b, &sandbox, p, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        _ => {
             let msg = format!("E2b-Sandbox-Port {port:?} is not a port number");
             (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"code": 400, "message": msg}))).into_response()
         }
     }
+}
+
+/// How long a preview made for port routing lives (it is remade before it ends).
+const PORT_PREVIEW_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Sends a request for `port` of `sandbox` through strata's preview proxy: the
+/// caller's key makes (once an hour per key, sandbox and port) a token preview
+/// of that port — so tenancy, the Rule of Two (a preview is external
+/// communication) and the audit log apply — and the request goes, with that
+/// token, to `/preview/<id>/<port>/...` on the daemon's own listener.
+/// WebSocket upgrades are not passed through this way (use a preview URL).
+async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Result<Response, E2bError> {
+    let key = request_token(req.headers()).ok_or_else(|| E2bError::Unauthorized("missing API key (X-API-Key or X-Access-Token) for sandbox port routing".into()))?;
+    let cache_key = (sandbox.to_string(), port, crate::tenancy::secret_hash(&key));
+    let cached = e.lock().port_previews.get(&cache_key).filter(|(_, renew)| *renew > std::time::Instant::now()).map(|(t, _)| t.clone());
+    let token = match cached {
+        Some(t) => t,
+        None => {
+            let created = e
+                .client(key.clone())
+                .create_preview(sandbox, &strata_api::CreatePreviewRequest { port: Some(port), public: false, ttl_secs: Some(PORT_PREVIEW_TTL.as_secs()) })
+                .await
+                .map_err(|err| match err {
+                    ClientError::Api { status: 404, .. } => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
+                    other => E2bError::Native(other),
+                })?;
+            let renew = std::time::Instant::now() + PORT_PREVIEW_TTL / 2;
+            e.lock().port_previews.insert(cache_key, (created.token.clone(), renew));
+            created.token
+        }
+    };
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: axum::http::Uri = format!("/preview/{sandbox}/{port}{}", if path.starts_with('/') { path.to_string() } else { format!("/{path}") })
+        .parse()
+        .map_err(|_| E2bError::BadRequest(format!("invalid path {path:?}")))?;
+    for h in ["e2b-sandbox-id", "e2b-sandbox-port", "x-api-key", "x-access-token", "authorization"] {
+        parts.headers.remove(h);
+    }
+    parts.headers.insert(strata_api::PREVIEW_TOKEN_HEADER, axum::http::HeaderValue::from_str(&token).map_err(|_| E2bError::BadRequest("unusable preview token".into()))?);
+    let stream = tokio::net::TcpStream::connect(e.addr.as_str()).await.map_err(|err| E2bError::Unsupported(format!("the daemon's own listener {}: {err}", e.addr)))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|err| E2bError::Unsupported(format!("the daemon's own listener: {err}")))?;
+    tokio::spawn(conn);
+    let mut up = hyper::Request::builder().method(parts.method).uri(uri).version(hyper::Version::HTTP_11);
+    if let Some(h) = up.headers_mut() {
+        *h = parts.headers;
+    }
+    let up = up.body(body).map_err(|err| E2bError::BadRequest(err.to_string()))?;
+    let resp = sender.send_request(up).await.map_err(|err| E2bError::Unsupported(format!("sandbox port {port}: {err}")))?;
+    Ok(resp.map(axum::body::Body::new))
 }
