@@ -205,7 +205,10 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
                     other => E2bError::Native(other),
                 })?;
             let renew = std::time::Instant::now() + PORT_PREVIEW_TTL / 2;
-            e.lock().port_previews.insert(cache_key, (created.token.clone(), renew));
+            let mut state = e.lock();
+            let now = std::time::Instant::now();
+            state.port_previews.retain(|_, (_, r)| *r > now);
+            state.port_previews.insert(cache_key, (created.token.clone(), renew));
             created.token
         }
     };
