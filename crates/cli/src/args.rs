@@ -314,6 +314,12 @@ pub struct DaemonArgs {
     /// the default limit.
     #[arg(long, env = "STRATA_DEFAULT_DISK", default_value = "10g")]
     pub default_disk: String,
+    /// How many disks of the default size the daemon keeps formatted and
+    /// mounted ahead of need, so a create or fork child does not wait for one
+    /// (each costs a loop device and about 0.2 MiB of disk); 0 makes every
+    /// disk on demand.
+    #[arg(long, env = "STRATA_DISK_POOL", default_value_t = 8)]
+    pub disk_pool: usize,
     /// How long a Rule-of-Two approval waits for an operator before it is
     /// denied, and an approved one for the request to be repeated (e.g. 15m, 1h).
     #[arg(long, env = "STRATA_APPROVAL_TIMEOUT", value_parser = parse_timeout)]

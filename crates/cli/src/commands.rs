@@ -261,7 +261,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, default_disk_bytes: match a.default_disk.as_str() { "none" | "0" => None, s => Some(strata_core::units::parse_size(s).map_err(|e| anyhow::anyhow!("--default-disk: {e}"))?) }, approval_timeout: a.approval_timeout, preview_domain: a.preview_domain }).await?;
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, default_disk_bytes: match a.default_disk.as_str() { "none" | "0" => None, s => Some(strata_core::units::parse_size(s).map_err(|e| anyhow::anyhow!("--default-disk: {e}"))?) }, disk_pool: a.disk_pool, approval_timeout: a.approval_timeout, preview_domain: a.preview_domain }).await?;
             Ok(0)
         }
         Command::Mcp => {

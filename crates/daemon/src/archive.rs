@@ -307,8 +307,8 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
     let upper_target = match (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
         (Some(bytes), true) => {
-            let d = dir.clone();
-            match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes)).await {
+            let (d, pool) = (dir.clone(), st.disks.clone());
+            match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes, &pool)).await {
                 Ok(Ok(())) => Some(crate::disk::upper_dir(&dir)),
                 Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
                 Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),

@@ -18,16 +18,31 @@
 //! of every sandbox again ([`ensure`] is idempotent); destroy and archive
 //! unmount it and delete the image ([`release`]).
 //!
+//! Making a disk is kept off the create path: `mkfs.ext4` runs once per size
+//! (a *template* image under `disk-pool/`, with lazy inode tables and no resize
+//! inode, so a fresh 10 GiB filesystem allocates about 0.2 MiB); each disk is a
+//! sparse copy of its template (only the allocated extents are copied), attached
+//! to a loop device and mounted in-process (`LOOP_CONFIGURE` + `mount(2)`, no
+//! `mount` process). The [`DiskPool`] keeps a few disks of the default size
+//! ready and mounted, so a create or fork child adopts one with a rename and a
+//! bind mount. All images made from one template share its filesystem UUID
+//! (ext4 allows that; nothing in strata identifies filesystems by UUID).
+//!
 //! Why not project quotas (what Docker's overlay2 `size=` uses on xfs/ext4
 //! pquota): they need a host filesystem with the project feature mounted with
 //! prjquota, and kernel support (CONFIG_QFMT_V2 for ext4, CONFIG_XFS_QUOTA for
 //! xfs) that not every host has (the CI kernel has neither); an image per
 //! sandbox needs only ext4 and loop devices, and moves with the sandbox.
 
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tracing::{debug, warn};
 
 /// The image file in a sandbox's directory.
 pub const IMAGE: &str = "disk.img";
@@ -35,6 +50,21 @@ pub const IMAGE: &str = "disk.img";
 pub const MOUNT: &str = "disk";
 /// The smallest disk a sandbox may ask for (ext4 with its journal needs a few MiB).
 pub const MIN_BYTES: u64 = 16 << 20;
+/// How many disks of the default size the pool keeps ready (`--disk-pool`).
+pub const DEFAULT_POOL: usize = 8;
+
+/// `mkfs.ext4` options of every template: no reserved blocks (root would get
+/// past the limit), a 4 MiB journal, no resize inode (its reserved GDT blocks
+/// are most of a fresh filesystem's allocated bytes; strata never grows a
+/// disk online), large flex groups, a root-owned root directory, and lazy
+/// inode tables and journal (the image is a fresh sparse file: its holes read
+/// as zeros already, so nothing needs zeroing; `noinit_itable` at mount keeps
+/// the kernel from zeroing them later).
+const MKFS_ARGS: [&str; 14] = ["-q", "-F", "-m", "0", "-J", "size=4", "-O", "^resize_inode", "-G", "1024", "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-L", "strata-disk"];
+/// Part of a template's file name: a change to [`MKFS_ARGS`] bumps it, so old templates are not reused.
+const TEMPLATE_VERSION: u32 = 2;
+/// Mount options of every disk (with MS_NOSUID | MS_NODEV | MS_NOATIME).
+const MOUNT_DATA: &str = "noinit_itable";
 
 /// The overlay upper directory of the sandbox whose directory is `dir`.
 pub fn upper_dir(dir: &Path) -> PathBuf {
@@ -93,9 +123,10 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-/// Makes sure the disk of the sandbox in `dir` exists (making it of `bytes`
-/// when it does not) and is mounted, with `upper/` and `work/` in it.
-pub fn ensure(dir: &Path, bytes: u64) -> Result<(), String> {
+/// Makes sure the disk of the sandbox in `dir` exists (taking one from `pool`,
+/// or making one of `bytes`, when it does not) and is mounted, with `upper/`
+/// and `work/` in it.
+pub fn ensure(dir: &Path, bytes: u64, pool: &DiskPool) -> Result<(), String> {
     let image = dir.join(IMAGE);
     let mount = dir.join(MOUNT);
     std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
@@ -104,23 +135,30 @@ pub fn ensure(dir: &Path, bytes: u64) -> Result<(), String> {
         if std::fs::read_dir(dir.join("upper")).is_ok_and(|mut d| d.next().is_some()) {
             return Err("the sandbox already has a writable layer outside a disk".into());
         }
-        let staging = dir.join(format!("{IMAGE}.tmp"));
-        let f = std::fs::File::create(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
-        f.set_len(bytes).map_err(|e| format!("sizing {}: {e}", staging.display()))?;
-        drop(f);
-        let mkfs = find_tool("mkfs.ext4").ok_or("mkfs.ext4 not found")?;
-        // No reserved blocks (root would get past the limit), a small journal,
-        // root-owned root directory; discarding a fresh sparse file is free and
-        // lets mke2fs skip zeroing the inode tables.
-        run(Command::new(mkfs).args(["-q", "-F", "-m", "0", "-J", "size=4", "-E", "root_owner=0:0", "-L", "strata-disk"]).arg(&staging))?;
-        std::fs::rename(&staging, &image).map_err(|e| format!("{}: {e}", image.display()))?;
         for d in ["upper", "work"] {
             let _ = std::fs::remove_dir(dir.join(d));
         }
+        if let Some(entry) = pool.take(bytes) {
+            match adopt(&entry, dir) {
+                Ok(()) => return Ok(()),
+                Err(e) => warn!(entry = %entry.display(), error = %e, "adopting a pooled disk"),
+            }
+        }
+        if !image.exists() {
+            let staging = dir.join(format!("{IMAGE}.tmp"));
+            let _ = std::fs::remove_file(&staging);
+            sparse_copy(&pool.template(bytes)?, &staging)?;
+            std::fs::rename(&staging, &image).map_err(|e| format!("{}: {e}", image.display()))?;
+        }
     }
     if !is_mounted(&mount) {
-        run(Command::new("mount").args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"]).arg(&image).arg(&mount))?;
+        mount_image(&image, &mount)?;
     }
+    prepare_layer_dirs(&mount)
+}
+
+/// `upper/` and `work/` on a mounted disk (and no `lost+found`, which would show in the sandbox's root).
+fn prepare_layer_dirs(mount: &Path) -> Result<(), String> {
     for d in ["upper", "work"] {
         let p = mount.join(d);
         if !p.is_dir() {
@@ -131,13 +169,174 @@ pub fn ensure(dir: &Path, bytes: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Moves a pooled disk (`entry/disk.img`, mounted at `entry/disk`) into the
+/// sandbox directory `dir`: the image is renamed, the mounted filesystem is
+/// bind-mounted at `dir/disk` and its pool mount point detached.
+fn adopt(entry: &Path, dir: &Path) -> Result<(), String> {
+    let image = dir.join(IMAGE);
+    let mount = dir.join(MOUNT);
+    std::fs::rename(entry.join(IMAGE), &image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let bound = nix::mount::mount(Some(&entry.join(MOUNT)), &mount, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>);
+    let _ = nix::mount::umount2(&entry.join(MOUNT), nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir_all(entry);
+    // Without the bind, the image is still a complete disk: `ensure` mounts it.
+    bound.map_err(|e| format!("bind mount of {}: {e}", mount.display()))
+}
+
+/// Copies `src` to a new file `dst` of the same length, only its allocated
+/// extents (the rest stays a hole), and syncs it.
+fn sparse_copy(src: &Path, dst: &Path) -> Result<(), String> {
+    use nix::unistd::{lseek, Whence};
+    let ctx = |e: &dyn std::fmt::Display| format!("copying {} to {}: {e}", src.display(), dst.display());
+    let s = File::open(src).map_err(|e| ctx(&e))?;
+    let len = s.metadata().map_err(|e| ctx(&e))?.len();
+    let d = std::fs::OpenOptions::new().write(true).create_new(true).open(dst).map_err(|e| ctx(&e))?;
+    d.set_len(len).map_err(|e| ctx(&e))?;
+    let mut off: i64 = 0;
+    while (off as u64) < len {
+        let data = match lseek(s.as_raw_fd(), off, Whence::SeekData) {
+            Ok(o) => o,
+            Err(nix::errno::Errno::ENXIO) => break, // only a hole is left
+            Err(e) => return Err(ctx(&e)),
+        };
+        let hole = lseek(s.as_raw_fd(), data, Whence::SeekHole).map_err(|e| ctx(&e))?;
+        let (mut pos_in, mut pos_out) = (data, data);
+        while pos_in < hole {
+            let want = (hole - pos_in) as usize;
+            let n = nix::fcntl::copy_file_range(s.as_fd(), Some(&mut pos_in), d.as_fd(), Some(&mut pos_out), want).map_err(|e| ctx(&e))?;
+            if n == 0 {
+                return Err(ctx(&"unexpected end of file"));
+            }
+        }
+        off = hole;
+    }
+    d.sync_all().map_err(|e| ctx(&e))
+}
+
+/// Formats a template image of `bytes` at `path` (staged, then renamed into place).
+fn make_template(path: &Path, bytes: u64) -> Result<(), String> {
+    let staging = path.with_extension(format!("tmp-{}", strata_core::ids::new_id()));
+    let res = (|| {
+        let f = File::create(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
+        f.set_len(bytes).map_err(|e| format!("sizing {}: {e}", staging.display()))?;
+        drop(f);
+        let mkfs = find_tool("mkfs.ext4").ok_or("mkfs.ext4 not found")?;
+        run(Command::new(mkfs).args(MKFS_ARGS).arg(&staging))?;
+        File::open(&staging).and_then(|f| f.sync_all()).map_err(|e| format!("{}: {e}", staging.display()))?;
+        std::fs::rename(&staging, path).map_err(|e| format!("{}: {e}", path.display()))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&staging);
+    }
+    res
+}
+
+/// Attaches `image` to a free loop device and mounts its ext4 at `mount`. The
+/// loop device clears itself when the filesystem is unmounted.
+fn mount_image(image: &Path, mount: &Path) -> Result<(), String> {
+    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOATIME;
+    match loopdev::attach(image) {
+        Ok((device, loop_fd)) => {
+            let res = nix::mount::mount(Some(&device), mount, Some("ext4"), flags, Some(MOUNT_DATA)).map_err(|e| format!("mount {} ({}) at {}: {e}", image.display(), device.display(), mount.display()));
+            // Closing our descriptor leaves the device to the mount (or, when the mount failed, clears it).
+            drop(loop_fd);
+            res
+        }
+        // Kernels before 5.8 lack LOOP_CONFIGURE: util-linux's mount sets the device up.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOTTY) => {
+            debug!(error = %e, "LOOP_CONFIGURE unavailable; using mount -o loop");
+            run(Command::new("mount").args(["-t", "ext4", "-o"]).arg(format!("loop,nosuid,nodev,noatime,{MOUNT_DATA}")).arg(image).arg(mount))
+        }
+        Err(e) => Err(format!("loop device for {}: {e}", image.display())),
+    }
+}
+
+/// Loop devices through their ioctls (linux/loop.h).
+mod loopdev {
+    use super::*;
+
+    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+    const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+    /// `struct loop_info64`.
+    #[repr(C)]
+    struct LoopInfo64 {
+        lo_device: u64,
+        lo_inode: u64,
+        lo_rdevice: u64,
+        lo_offset: u64,
+        lo_sizelimit: u64,
+        lo_number: u32,
+        lo_encrypt_type: u32,
+        lo_encrypt_key_size: u32,
+        lo_flags: u32,
+        lo_file_name: [u8; 64],
+        lo_crypt_name: [u8; 64],
+        lo_encrypt_key: [u8; 32],
+        lo_init: [u64; 2],
+    }
+
+    /// `struct loop_config`.
+    #[repr(C)]
+    struct LoopConfig {
+        fd: u32,
+        block_size: u32,
+        info: LoopInfo64,
+        reserved: [u64; 8],
+    }
+
+    /// Opens read-write (std opens with O_CLOEXEC).
+    fn open_rw(path: &Path) -> std::io::Result<OwnedFd> {
+        Ok(std::fs::OpenOptions::new().read(true).write(true).open(path)?.into())
+    }
+
+    /// A free loop device backed by `image` (auto-clearing), and a descriptor
+    /// of it that keeps it alive until something else (a mount) holds it.
+    pub fn attach(image: &Path) -> std::io::Result<(PathBuf, OwnedFd)> {
+        let backing = open_rw(image)?;
+        let ctl = open_rw(Path::new("/dev/loop-control"))?;
+        let mut last = std::io::Error::from_raw_os_error(libc::EBUSY);
+        // Another process may take the free device between GET_FREE and CONFIGURE: try again.
+        for _ in 0..16 {
+            // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
+            let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let device = PathBuf::from(format!("/dev/loop{n}"));
+            let dev = open_rw(&device)?;
+            // SAFETY: all-zero is a valid `loop_config` (plain integers and byte arrays).
+            let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+            cfg.fd = backing.as_raw_fd() as u32;
+            cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+            let name = image.as_os_str().as_encoded_bytes();
+            let k = name.len().min(cfg.info.lo_file_name.len() - 1);
+            cfg.info.lo_file_name[..k].copy_from_slice(&name[..k]);
+            // SAFETY: LOOP_CONFIGURE reads a `loop_config` that lives across the call.
+            if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &cfg as *const LoopConfig) } == 0 {
+                return Ok((device, dev));
+            }
+            last = std::io::Error::last_os_error();
+            if last.raw_os_error() != Some(libc::EBUSY) {
+                return Err(last);
+            }
+        }
+        Err(last)
+    }
+
+    // linux/loop.h: sizeof(struct loop_info64) == 232, sizeof(struct loop_config) == 304.
+    const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+    const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+}
+
 /// Unmounts the disk of the sandbox in `dir` (lazily: a sandbox still holding
 /// its overlay keeps the filesystem alive until it exits) and deletes its image.
 pub fn release(dir: &Path) {
     let mount = dir.join(MOUNT);
     if is_mounted(&mount) {
         if let Err(e) = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH) {
-            tracing::warn!(dir = %dir.display(), error = %e, "unmounting a sandbox disk");
+            warn!(dir = %dir.display(), error = %e, "unmounting a sandbox disk");
             return;
         }
     }
@@ -154,6 +353,146 @@ pub fn unmount(dir: &Path) {
     }
 }
 
+/// Disks made ahead of need: per size a template image, and for the default
+/// size a few ready disks (`disk-pool/<entry>/disk.img`, mounted at
+/// `disk-pool/<entry>/disk` with `upper/` and `work/`), refilled in the
+/// background by [`DiskPool::run`].
+pub struct DiskPool {
+    dir: PathBuf,
+    /// The size the ready disks have (the daemon's `--default-disk`).
+    bytes: Option<u64>,
+    /// How many ready disks to keep.
+    target: usize,
+    ready: Mutex<Vec<PathBuf>>,
+    /// Serializes template creation (one `mkfs.ext4` per size).
+    templates: Mutex<()>,
+    wake: tokio::sync::Notify,
+}
+
+impl DiskPool {
+    /// A pool under `<state>/disk-pool` keeping `target` disks of `bytes` ready
+    /// (none when `bytes` is `None`, `target` is 0 or the host cannot make disks).
+    pub fn new(state_dir: &Path, bytes: Option<u64>, target: usize) -> DiskPool {
+        let target = if bytes.is_some() && unavailable().is_none() { target } else { 0 };
+        DiskPool { dir: state_dir.join("disk-pool"), bytes, target, ready: Mutex::new(Vec::new()), templates: Mutex::new(()), wake: tokio::sync::Notify::new() }
+    }
+
+    /// A pool that keeps nothing ready (templates still go under `<state>/disk-pool`).
+    pub fn disabled(state_dir: &Path) -> DiskPool {
+        DiskPool::new(state_dir, None, 0)
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many ready disks the pool holds now.
+    pub fn len(&self) -> usize {
+        self.ready().len()
+    }
+
+    /// Whether the pool holds no ready disk.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The template image of `bytes`, made on first use.
+    pub fn template(&self, bytes: u64) -> Result<PathBuf, String> {
+        let path = self.dir.join(format!("template-v{TEMPLATE_VERSION}-{bytes}.img"));
+        if path.is_file() {
+            return Ok(path);
+        }
+        let _g = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+        if !path.is_file() {
+            std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+            make_template(&path, bytes)?;
+        }
+        Ok(path)
+    }
+
+    /// A ready disk of `bytes`, if the pool has one (the refill task is woken).
+    fn take(&self, bytes: u64) -> Option<PathBuf> {
+        if self.bytes != Some(bytes) {
+            return None;
+        }
+        let entry = self.ready().pop();
+        self.wake.notify_one();
+        entry
+    }
+
+    /// Makes one ready disk.
+    fn make_entry(&self, bytes: u64) -> Result<PathBuf, String> {
+        let template = self.template(bytes)?;
+        let entry = self.dir.join(format!("ready-{}", strata_core::ids::new_id()));
+        let mount = entry.join(MOUNT);
+        let res = (|| {
+            std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
+            sparse_copy(&template, &entry.join(IMAGE))?;
+            mount_image(&entry.join(IMAGE), &mount)?;
+            prepare_layer_dirs(&mount)
+        })();
+        match res {
+            Ok(()) => Ok(entry),
+            Err(e) => {
+                remove_entry(&entry);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes what an earlier daemon left in the pool (ready disks, staged
+    /// templates); templates are kept. Runs before any sandbox disk is mounted.
+    pub fn sweep(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("ready-") {
+                remove_entry(&e.path());
+            } else if name.contains(".tmp-") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// Unmounts and deletes every ready disk (at daemon shutdown).
+    pub fn drain(&self) {
+        for entry in std::mem::take(&mut *self.ready()) {
+            remove_entry(&entry);
+        }
+    }
+
+    /// Keeps the pool full, forever (one disk at a time, off the request path).
+    pub async fn run(self: std::sync::Arc<Self>) {
+        let Some(bytes) = self.bytes else { return };
+        if self.target == 0 {
+            return;
+        }
+        loop {
+            while self.len() < self.target {
+                let pool = self.clone();
+                match tokio::task::spawn_blocking(move || pool.make_entry(bytes)).await {
+                    Ok(Ok(entry)) => self.ready().push(entry),
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "making a disk for the pool; retrying in 10 s");
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    }
+                    Err(e) => warn!(error = %e, "disk pool task"),
+                }
+            }
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// Unmounts (lazily) and deletes one pool entry.
+fn remove_entry(entry: &Path) {
+    let mount = entry.join(MOUNT);
+    if is_mounted(&mount) {
+        let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
+    }
+    let _ = std::fs::remove_dir_all(entry);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +505,25 @@ mod tests {
         assert_eq!(upper_dir(d.path()), d.path().join("disk/upper"));
         assert_eq!(work_dir(d.path()), d.path().join("disk/work"));
         assert!(enforced(Some("enforced (x)")) && !enforced(Some("unavailable (y)")) && !enforced(None));
+    }
+
+    #[test]
+    fn sparse_copy_keeps_data_and_holes() {
+        use std::io::{Seek, SeekFrom, Write};
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+        let mut f = File::create(&src).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all(b"head").unwrap();
+        f.seek(SeekFrom::Start(40 << 20)).unwrap();
+        f.write_all(&[7u8; 8192]).unwrap();
+        drop(f);
+        sparse_copy(&src, &dst).unwrap();
+        let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+        assert_eq!(a.len(), b.len());
+        assert!(a == b, "contents differ");
+        // Only the written extents take space (a few blocks, not 64 MiB).
+        assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 1 << 20);
+        assert!(sparse_copy(&src, &dst).is_err(), "an existing destination is never overwritten");
     }
 }

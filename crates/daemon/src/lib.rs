@@ -141,6 +141,8 @@ pub struct Config {
     pub approval_timeout: Option<std::time::Duration>,
     /// Writable-layer size of sandboxes created without one (`None`: unlimited).
     pub default_disk_bytes: Option<u64>,
+    /// How many disks of the default size to keep ready (0: make each on demand).
+    pub disk_pool: usize,
     /// Domain of host-based preview URLs (`<port>-<sandbox>.<domain>`; default [`preview::DEFAULT_DOMAIN`]).
     pub preview_domain: Option<String>,
 }
@@ -349,6 +351,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
     app_state.default_disk_bytes = cfg.default_disk_bytes;
+    app_state.disks = Arc::new(disk::DiskPool::new(&cfg.state_dir, cfg.default_disk_bytes, cfg.disk_pool));
     if let (Some(_), Some(why)) = (cfg.default_disk_bytes, disk::unavailable()) {
         tracing::warn!("per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable");
     }
@@ -356,7 +359,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    // Pool leftovers of an earlier daemon go first: their images must not be mounted twice.
+    st.disks.sweep();
     sandboxes::mount_disks(&st).await;
+    tokio::spawn(st.disks.clone().run());
     network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
@@ -431,6 +437,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     });
     shutdown.await;
     network::shutdown(&st).await;
+    st.disks.drain();
     let _ = stop_tx.send(());
     // Streams (follow) may hold connections open: do not wait for them forever.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), uds_task).await;

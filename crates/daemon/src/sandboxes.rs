@@ -111,11 +111,19 @@ pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>,
     Ok(ev)
 }
 
+/// Makes sure the sandbox's own disk (when it has one) exists and is mounted.
+async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
+    let (Some(bytes), true) = (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) else { return Ok(()) };
+    let (dir, pool) = (st.sandbox_dir(&rec.sandbox.id), st.disks.clone());
+    tokio::task::spawn_blocking(move || crate::disk::ensure(&dir, bytes, &pool))
+        .await
+        .map_err(|e| ApiError::internal("disk task", &e))?
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the disk of sandbox {} ({}): {e}", rec.sandbox.id, units::format_size(bytes))))
+}
+
+/// The runtime's description of `rec` (its disk must be in place: [`ensure_disk`]).
 fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
     let dir = st.sandbox_dir(&rec.sandbox.id);
-    if let (Some(bytes), true) = (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
-        crate::disk::ensure(&dir, bytes).map_err(|e| ApiError::new(ErrorCode::Internal, format!("the disk of sandbox {} ({}): {e}", rec.sandbox.id, units::format_size(bytes))))?;
-    }
     let lower_dirs = rec
         .layers
         .iter()
@@ -211,6 +219,7 @@ pub fn expiry(ttl: Option<&str>) -> ApiResult<Option<String>> {
 
 /// The mount description of `rec`'s root (deep chains flattened), as its init would get it.
 pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
+    ensure_disk(st, rec).await?;
     let spec = spec_for(st, rec)?;
     let layers = st.layers.clone();
     tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers))
@@ -223,6 +232,10 @@ pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<Sa
 /// holds the sandbox's operation lock.
 pub(crate) async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
     let started = Instant::now();
+    if let Err(e) = ensure_disk(st, rec).await {
+        transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&e.body.message), started, None)?;
+        return Err(e);
+    }
     let mut spec = spec_for(st, rec)?;
     if let Err(e) = crate::network::prepare(st, &rec.sandbox.id, &mut spec).await {
         transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&e.body.message), started, None)?;
@@ -499,8 +512,8 @@ pub async fn mount_disks(st: &Shared) {
         if rec.sandbox.state == SandboxState::Archived || !dir.join(crate::disk::IMAGE).exists() {
             continue;
         }
-        let id = rec.sandbox.id.clone();
-        match tokio::task::spawn_blocking(move || crate::disk::ensure(&dir, bytes)).await {
+        let (id, pool) = (rec.sandbox.id.clone(), st.disks.clone());
+        match tokio::task::spawn_blocking(move || crate::disk::ensure(&dir, bytes, &pool)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(sandbox = %id, error = %e, "mounting the sandbox's disk"),
             Err(e) => warn!(sandbox = %id, error = %e, "mounting the sandbox's disk"),

@@ -50,6 +50,8 @@ pub struct AppState {
     pub default_disk_bytes: Option<u64>,
     /// The preview proxy (settings, idle upstream connections).
     pub previews: crate::preview::Previews,
+    /// Disk templates and ready disks of the default size (see [`crate::disk`]).
+    pub disks: Arc<crate::disk::DiskPool>,
 }
 
 impl AppState {
@@ -63,6 +65,7 @@ impl AppState {
             sandboxes_dir: state_dir.join("sandboxes"),
             secrets: crate::secrets::SecretStore::new(&state_dir),
             network: crate::network::Network::new(&state_dir, &Default::default()),
+            disks: Arc::new(crate::disk::DiskPool::disabled(&state_dir)),
             state_dir,
             processes: ProcessTable::default(),
             activity: Arc::new(ActivityTracker::default()),
