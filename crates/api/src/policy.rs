@@ -50,10 +50,14 @@ pub struct SandboxPolicy {
     pub on_idle: OnIdle,
     /// How long a running sandbox must be idle before `on_idle` applies.
     pub idle_timeout: String,
-    /// Hard cap on a sandbox's age (since creation): a run that crosses it is
-    /// stopped (persistent) or the sandbox destroyed (ephemeral).
+    /// Hard cap on a sandbox's age (since creation): a run that crosses it gets
+    /// `on_max_lifetime`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lifetime: Option<String>,
+    /// What a run crossing `max_lifetime` gets: `stop`, `standby` or `destroy`
+    /// (absent: stop when persistent, destroy when ephemeral).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_max_lifetime: Option<OnIdle>,
     /// Archive a sandbox after this long in `stopped`/`standby`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive_after: Option<String>,
@@ -113,6 +117,7 @@ impl SandboxPolicy {
             },
             idle_timeout: DEFAULT_IDLE_TIMEOUT.to_string(),
             max_lifetime: None,
+            on_max_lifetime: None,
             archive_after: None,
             delete_after: None,
             hooks: LifecycleHooks::default(),
@@ -143,6 +148,9 @@ pub struct PolicyPatch {
     /// Maximum age, e.g. "24h", or "none".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lifetime: Option<String>,
+    /// Action at `max_lifetime`: `stop`, `standby` or `destroy` (`keep` is refused: use `max_lifetime: "none"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_max_lifetime: Option<OnIdle>,
     /// Time in stopped/standby before archiving, or "none".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive_after: Option<String>,

@@ -148,6 +148,13 @@ pub struct CreateSandboxRequest {
     /// derived. All three at once need an approval (403 `approval_required`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<crate::Capability>,
+    /// Let setuid/setgid binaries (`sudo`, `su`) take effect inside: processes
+    /// run without `no_new_privs`. What they can become is still the sandbox's
+    /// root, with its reduced capability set and seccomp filter — no more than
+    /// a process started as root through the API. Off by default; on for the
+    /// E2B API's sandboxes (E2B's base image has passwordless sudo). Forks inherit it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_setuid: bool,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -230,6 +237,9 @@ pub struct Sandbox {
     /// The Rule-of-Two capabilities it holds, declared and derived, each with its reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<crate::CapabilityGrant>,
+    /// Whether setuid/setgid binaries take effect inside (see `CreateSandboxRequest::allow_setuid`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_setuid: bool,
 }
 
 /// How a sandbox in standby keeps its state.

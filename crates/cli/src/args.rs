@@ -431,6 +431,11 @@ pub struct CreateArgs {
     /// external_comms. Secrets and egress imply the last two; all three need an approval.
     #[arg(long = "capability", value_name = "CAP", value_parser = parse_capability)]
     pub capabilities: Vec<strata_api::Capability>,
+    /// Let setuid binaries (sudo, su) take effect inside: processes run without
+    /// no_new_privs. They can become the sandbox's root, with its reduced
+    /// capabilities and seccomp filter, and no more (see docs/security.md).
+    #[arg(long)]
+    pub allow_setuid: bool,
 }
 
 /// Parses a Rule-of-Two capability name.
@@ -540,9 +545,13 @@ pub struct PolicyArgs {
     /// Idle time before the on-idle action (default 15m).
     #[arg(long, value_name = "DUR")]
     pub idle_timeout: Option<String>,
-    /// Maximum age: a running sandbox is then stopped (persistent) or destroyed (ephemeral).
+    /// Maximum age: a running sandbox then gets --on-max-lifetime.
     #[arg(long, value_name = "DUR")]
     pub max_lifetime: Option<String>,
+    /// Action at the maximum age: stop, standby or destroy (default: stop
+    /// when persistent, destroy when ephemeral).
+    #[arg(long, value_enum)]
+    pub on_max_lifetime: Option<OnIdleArg>,
     /// Archive after this long stopped or in standby.
     #[arg(long, value_name = "DUR")]
     pub archive_after: Option<String>,

@@ -54,15 +54,17 @@ fn limits(l: &LimitArgs) -> Result<ResourceLimits> {
 
 /// The policy fields given on the command line (`None` when none were).
 fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
+    let action = |a: OnIdleArg| match a {
+        OnIdleArg::Standby => OnIdle::Standby,
+        OnIdleArg::Stop => OnIdle::Stop,
+        OnIdleArg::Destroy => OnIdle::Destroy,
+        OnIdleArg::Keep => OnIdle::Keep,
+    };
     let patch = PolicyPatch {
-        on_idle: p.on_idle.map(|a| match a {
-            OnIdleArg::Standby => OnIdle::Standby,
-            OnIdleArg::Stop => OnIdle::Stop,
-            OnIdleArg::Destroy => OnIdle::Destroy,
-            OnIdleArg::Keep => OnIdle::Keep,
-        }),
+        on_idle: p.on_idle.map(action),
         idle_timeout: p.idle_timeout.clone(),
         max_lifetime: p.max_lifetime.clone(),
+        on_max_lifetime: p.on_max_lifetime.map(action),
         archive_after: p.archive_after.clone(),
         delete_after: p.delete_after.clone(),
         hooks: None,
@@ -672,6 +674,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         secrets: secrets(&a.secrets)?,
         network: network_spec(&a.network),
         capabilities: a.capabilities.clone(),
+        allow_setuid: a.allow_setuid,
     })
 }
 
@@ -775,6 +778,9 @@ fn print_sandbox(s: &Sandbox) {
     if !s.capabilities.is_empty() {
         let caps: Vec<String> = s.capabilities.iter().map(|g| format!("{} ({})", g.capability, g.because)).collect();
         rows.push(("rule of 2", caps.join("; ")));
+    }
+    if s.allow_setuid {
+        rows.push(("setuid", "allowed (no no_new_privs: sudo works, up to the sandbox's root)".into()));
     }
     for (k, v) in rows {
         println!("{k:<10} {v}");

@@ -45,6 +45,41 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     assert!(status.lines().any(|l| l == "CapEff:\t0000000000000000"), "{status}");
 }
 
+/// The `CapBnd`, `CapEff`, `NoNewPrivs` and `Seccomp` lines of a process's status.
+fn privileges(status: &str) -> Vec<&str> {
+    status.lines().filter(|l| ["CapBnd:", "CapEff:", "NoNewPrivs:", "Seccomp:"].iter().any(|p| l.starts_with(p))).collect()
+}
+
+#[test]
+fn allow_setuid_drops_only_no_new_privs() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let strict = d.create(&[]);
+    let setuid = d.create(&["--allow-setuid"]);
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &setuid, "--json"])).unwrap();
+    assert_eq!(info["allow_setuid"], true, "{info}");
+    assert!(d.cli_ok(&["inspect", &setuid]).contains("setuid"), "inspect names it");
+    for user in ["root", "user"] {
+        let a = d.cli_ok(&["exec", "--user", user, &strict, "--", "cat", "/proc/self/status"]);
+        let b = d.cli_ok(&["exec", "--user", user, &setuid, "--", "cat", "/proc/self/status"]);
+        let (a, b) = (privileges(&a), privileges(&b));
+        // The same capabilities and the same filter; only no_new_privs differs.
+        let same = |l: &&&str| !l.starts_with("NoNewPrivs:");
+        assert_eq!(a.iter().filter(same).collect::<Vec<_>>(), b.iter().filter(same).collect::<Vec<_>>(), "{user}: {a:?} vs {b:?}");
+        assert!(a.contains(&"NoNewPrivs:\t1") && b.contains(&"NoNewPrivs:\t0"), "{user}: {a:?} vs {b:?}");
+        assert!(b.contains(&"Seccomp:\t2"), "{b:?}");
+        // The filter still holds without no_new_privs.
+        let out = d.cli(&["exec", "--user", user, &setuid, "--", "unshare", "-m", "true"]);
+        assert!(!out.status.success(), "unshare must be refused: {}", common::stderr(&out));
+    }
+    // Forks inherit it.
+    let fork: serde_json::Value = serde_json::from_str(&d.cli_ok(&["fork", &setuid, "--count", "1", "--json"])).unwrap();
+    let child = fork["sandboxes"][0].as_str().unwrap();
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", child, "--json"])).unwrap();
+    assert_eq!(info["allow_setuid"], true, "{info}");
+}
+
 #[test]
 fn fork_bomb_stays_inside_the_pids_limit() {
     require_host!();

@@ -175,14 +175,21 @@ fn max_lifetime_ends_a_run_even_while_busy() {
     d.import_busybox();
     let per = d.create(&["--on-idle", "keep", "--max-lifetime", "3s"]);
     let eph = d.create(&["--lifecycle", "ephemeral", "--max-lifetime", "3s"]);
+    // --on-max-lifetime chooses the action: an ephemeral sandbox kept in standby.
+    let parked = d.create(&["--lifecycle", "ephemeral", "--max-lifetime", "3s", "--on-max-lifetime", "standby"]);
+    assert_eq!(inspect(&d, &parked)["policy"]["on_max_lifetime"], "standby");
+    let refused = d.cli(&["create", "busybox", "--max-lifetime", "3s", "--on-max-lifetime", "keep"]);
+    assert!(!refused.status.success() && common::stderr(&refused).contains("on_max_lifetime"), "{}", common::stderr(&refused));
     let c = d.client();
-    for id in [&per, &eph] {
+    for id in [&per, &eph, &parked] {
         common::rt().block_on(c.start_process(id, &ExecRequest { cmd: vec!["sleep".into(), "60".into()], ..Default::default() })).unwrap();
     }
     wait_state(&d, &per, "stopped", 40);
     assert_eq!(inspect(&d, &per)["state_reason"], "max_lifetime");
     assert!(common::wait_until(30, || !exists(&d, &eph)));
     assert_eq!(event_with(&d, &eph, "max_lifetime").expect("a max_lifetime event")["to"], "destroyed");
+    wait_state(&d, &parked, "standby", 40);
+    assert_eq!(inspect(&d, &parked)["state_reason"], "max_lifetime");
     // Started by hand after the deadline: the new run is left alone.
     d.cli_ok(&["start", &per]);
     std::thread::sleep(Duration::from_secs(3));

@@ -312,7 +312,8 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         names.push(n);
     }
     let creates = names.clone().into_iter().map(|name| {
-        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), ..Default::default() };
+        let allow_setuid = parent.as_ref().is_some_and(|p| p.sandbox.allow_setuid);
+        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), allow_setuid, ..Default::default() };
         sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation, rule_of_two_checked: true })
     });
     let results = futures_util::future::join_all(creates).await;

@@ -45,6 +45,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Maximum age.
     pub max_lifetime: Option<Duration>,
+    /// Action at `max_lifetime` (`None`: by lifecycle).
+    pub on_max_lifetime: Option<OnIdle>,
     /// Time parked before archiving.
     pub archive_after: Option<Duration>,
     /// Time parked before destroying.
@@ -59,6 +61,7 @@ impl Limits {
             on_idle: p.on_idle,
             idle_timeout: units::parse_duration(&p.idle_timeout)?,
             max_lifetime: opt(&p.max_lifetime)?,
+            on_max_lifetime: p.on_max_lifetime,
             archive_after: opt(&p.archive_after)?,
             delete_after: opt(&p.delete_after)?,
         })
@@ -77,6 +80,9 @@ pub fn validate(patch: &PolicyPatch) -> ApiResult<()> {
         if let Some(v) = v.as_deref().filter(|v| v.trim() != NONE) {
             units::parse_duration(v).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))?;
         }
+    }
+    if patch.on_max_lifetime == Some(OnIdle::Keep) {
+        return Err(ApiError::bad_request("on_max_lifetime cannot be keep; set max_lifetime to none to remove the limit"));
     }
     if let Some(h) = &patch.hooks {
         crate::hooks::validate(h)?;
@@ -98,6 +104,9 @@ pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
     }
     if let Some(v) = &patch.max_lifetime {
         policy.max_lifetime = opt(v);
+    }
+    if let Some(a) = patch.on_max_lifetime {
+        policy.on_max_lifetime = Some(a);
     }
     if let Some(v) = &patch.archive_after {
         policy.archive_after = opt(v);
@@ -246,8 +255,9 @@ pub fn idle_for(s: &Snapshot) -> Option<Duration> {
 /// The action due for a sandbox, if any. Pure: the engine's whole policy.
 ///
 /// * Running or paused past `max_lifetime` (a run that began before that
-///   deadline): stop (persistent) or destroy (ephemeral). Leases do not hold
-///   this off; a run started by hand after the deadline is left alone.
+///   deadline): `on_max_lifetime`, by default stop (persistent) or destroy
+///   (ephemeral). Leases do not hold this off; a run started by hand after the
+///   deadline is left alone.
 /// * Running or paused and idle for `idle_timeout`: `on_idle` (nothing for `keep`).
 /// * Parked (stopped/standby/archived) for `delete_after`: destroy; parked in
 ///   stopped/standby for `archive_after`: archive. A held lease holds these off.
@@ -257,7 +267,11 @@ pub fn decide(s: &Snapshot) -> Option<Step> {
         if let Some(max) = l.max_lifetime {
             let run_began_before_deadline = s.age.saturating_sub(s.in_state_for) < max;
             if s.age >= max && run_began_before_deadline {
-                let action = if s.lifecycle == Lifecycle::Ephemeral { PolicyAction::Destroy } else { PolicyAction::Stop };
+                let action = match (l.on_max_lifetime, s.lifecycle) {
+                    (Some(OnIdle::Standby), _) => PolicyAction::Standby,
+                    (Some(OnIdle::Destroy), _) | (None, Lifecycle::Ephemeral) => PolicyAction::Destroy,
+                    (Some(OnIdle::Stop | OnIdle::Keep), _) | (None, Lifecycle::Persistent) => PolicyAction::Stop,
+                };
                 return Some(Step { action, reason: "max_lifetime" });
             }
         }
@@ -456,7 +470,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn limits(on_idle: OnIdle) -> Limits {
-        Limits { on_idle, idle_timeout: 60 * S, max_lifetime: None, archive_after: None, delete_after: None }
+        Limits { on_idle, idle_timeout: 60 * S, max_lifetime: None, on_max_lifetime: None, archive_after: None, delete_after: None }
     }
 
     /// A running persistent sandbox, up for an hour and quiet for 10 minutes.
@@ -528,6 +542,21 @@ mod tests {
         // max_lifetime wins over idleness.
         let idle = Snapshot { limits: Limits { max_lifetime: Some(1800 * S), ..limits(OnIdle::Standby) }, ..running() };
         assert_eq!(decide(&idle).unwrap().reason, "max_lifetime");
+        // on_max_lifetime chooses the action, whatever the lifecycle.
+        for (on, action) in [(OnIdle::Standby, PolicyAction::Standby), (OnIdle::Stop, PolicyAction::Stop), (OnIdle::Destroy, PolicyAction::Destroy)] {
+            let l = Limits { on_max_lifetime: Some(on), ..l };
+            assert_eq!(decide(&Snapshot { limits: l, ..busy }), Some(Step { action, reason: "max_lifetime" }));
+            assert_eq!(decide(&Snapshot { limits: l, ..eph }), Some(Step { action, reason: "max_lifetime" }));
+        }
+    }
+
+    #[test]
+    fn on_max_lifetime_keep_is_refused() {
+        let e = validate(&PolicyPatch { on_max_lifetime: Some(OnIdle::Keep), ..Default::default() }).unwrap_err();
+        assert!(e.body.message.contains("on_max_lifetime"), "{}", e.body.message);
+        let mut p = SandboxPolicy::default_for(Lifecycle::Persistent);
+        apply_patch(&mut p, &PolicyPatch { on_max_lifetime: Some(OnIdle::Standby), ..Default::default() });
+        assert_eq!(p.on_max_lifetime, Some(OnIdle::Standby));
     }
 
     #[test]

@@ -380,6 +380,7 @@ fn exec_spec(rec: &SandboxRecord, req: &ExecRequest, secrets: &crate::secrets::S
         env,
         cwd: req.cwd.clone().or_else(|| rec.image_config.working_dir.clone().filter(|w| !w.is_empty())),
         user: req.user.clone().or_else(|| rec.image_config.user.clone().filter(|u| !u.is_empty())),
+        allow_setuid: rec.sandbox.allow_setuid,
     }
 }
 

@@ -408,6 +408,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
             secrets: Vec::new(),
             network: Default::default(),
             capabilities: Vec::new(),
+            allow_setuid: req.allow_setuid,
         },
         layers: source.layers,
         init_start_time: None,

@@ -32,6 +32,10 @@ pub struct ExecSpec {
     pub cwd: Option<String>,
     /// `name`, `uid`, `name:group` or `uid:gid` (default root).
     pub user: Option<String>,
+    /// Leave `no_new_privs` unset, so setuid/setgid binaries take effect (the
+    /// seccomp filter is installed while CAP_SYS_ADMIN is still held instead).
+    #[serde(default)]
+    pub allow_setuid: bool,
 }
 
 /// Lines the exec helper writes to file descriptor 3, one per line, as JSON.
@@ -339,11 +343,20 @@ fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     let envp = CArray::new(env.iter().map(|(k, v)| format!("{k}={v}")))?;
 
     let filters = seccomp::build_filters()?;
-    creds::drop_to(&user, &creds::KEPT)?;
-    creds::no_new_privs()?;
     // Every descriptor but stdio closes on exec (the report pipe already is close-on-exec).
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
-    seccomp::apply(&filters)?;
+    if exec.allow_setuid {
+        // Without no_new_privs the kernel takes a filter only from a holder of
+        // CAP_SYS_ADMIN: install it first, then drop to the user. A setuid
+        // binary can then become the sandbox's root, whose capabilities the
+        // bounding set limits to creds::KEPT, under the same filter.
+        seccomp::apply_privileged(&filters)?;
+        creds::drop_to(&user, &creds::KEPT)?;
+    } else {
+        creds::drop_to(&user, &creds::KEPT)?;
+        creds::no_new_privs()?;
+        seccomp::apply(&filters)?;
+    }
     Ok((candidates, argv, envp))
 }

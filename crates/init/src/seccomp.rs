@@ -119,6 +119,22 @@ pub fn apply(filters: &[BpfProgram]) -> Result<(), String> {
     Ok(())
 }
 
+/// Installs the filters without setting no_new_privs; the calling thread must
+/// hold CAP_SYS_ADMIN (seccompiler's `apply_filter` always sets no_new_privs).
+pub fn apply_privileged(filters: &[BpfProgram]) -> Result<(), String> {
+    for f in filters {
+        let len = u16::try_from(f.len()).map_err(|_| "seccomp filter too long".to_string())?;
+        // seccompiler's sock_filter has the kernel's layout (u16, u8, u8, u32), as libc's does.
+        let prog = libc::sock_fprog { len, filter: f.as_ptr() as *mut libc::sock_filter };
+        // SAFETY: `prog` points at `f`, which outlives the call; the kernel copies the program.
+        let r = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &prog as *const libc::sock_fprog) };
+        if r != 0 {
+            return Err(format!("seccomp apply: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

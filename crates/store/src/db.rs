@@ -232,6 +232,8 @@ pub const MIGRATIONS: &[&str] = &[
         revoked_at TEXT
     );
     CREATE INDEX previews_by_sandbox ON previews(sandbox_id);",
+    // 12: whether setuid binaries take effect in a sandbox (no no_new_privs).
+    "ALTER TABLE sandboxes ADD COLUMN allow_setuid INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// `prev_hash` of the first audit entry.
@@ -355,7 +357,7 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid";
 
 /// States in which a sandbox is parked (`inactive_since` is set), as SQL.
 const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
@@ -405,6 +407,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 secrets: Vec::new(),
                 network: Default::default(),
                 capabilities: Vec::new(),
+                allow_setuid: r.get::<_, i64>(28)? != 0,
             },
             init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
@@ -564,13 +567,13 @@ impl Db {
         let tx = conn.transaction()?;
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
                 json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation,
-                json(&s.policy), s.inactive_since, s.tenant
+                json(&s.policy), s.inactive_since, s.tenant, s.allow_setuid as i64
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -1401,6 +1404,7 @@ mod tests {
                 secrets: Vec::new(),
                 network: Default::default(),
                 capabilities: Vec::new(),
+                allow_setuid: true,
             },
             layers: vec!["sha256:00".into()],
             init_start_time: None,
@@ -1424,6 +1428,7 @@ mod tests {
         assert_eq!(got.sandbox.init_pid, Some(42));
         assert_eq!(got.init_start_time, Some(7));
         assert_eq!(got.sandbox.limits.pids, Some(10));
+        assert!(got.sandbox.allow_setuid);
         assert!(db.get_sandbox("0123").unwrap().is_some(), "unique prefix resolves");
         assert!(db.get_sandbox("nope").unwrap().is_none());
         let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();

@@ -183,11 +183,22 @@ class SandboxTest(unittest.TestCase):
         self.assertEqual(client.get_sandbox(sb.id[:8]).id, sb.id)  # by prefix
         self.assertEqual(client.exec(sb.id, "echo $SDK_VAR").stdout, b"from-create\n")
 
-        updated = client.update_policy(sb.id, Policy(on_idle="standby", max_lifetime="2h"))
+        updated = client.update_policy(sb.id, Policy(on_idle="standby", max_lifetime="2h", on_max_lifetime="standby"))
         assert updated.policy is not None
         self.assertEqual(updated.policy.on_idle, "standby")
         self.assertEqual(updated.policy.idle_timeout, "30m")  # kept
         self.assertEqual(updated.policy.max_lifetime, "2h")
+        self.assertEqual(updated.policy.on_max_lifetime, "standby")
+        self.assertFalse(updated.allow_setuid)
+
+    def test_allow_setuid(self) -> None:
+        sb = client.create_sandbox(IMAGE, name=uniq("sdk-suid"), allow_setuid=True)
+        try:
+            self.assertTrue(sb.allow_setuid)
+            status = client.exec(sb.id, "grep NoNewPrivs /proc/self/status").stdout
+            self.assertEqual(status.split(), [b"NoNewPrivs:", b"0"])
+        finally:
+            client.destroy(sb.id, force=True)
 
     def test_rule_of_two_approval(self) -> None:
         name = uniq("sdk-r2")

@@ -252,12 +252,15 @@ class TestCommands(Base):
     def test_base_image(self):
         r = self.sb.commands.run("python3 -c 'print(1+1)'; git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; id -u; echo $HOME")
         self.assertEqual(r.stdout, "2\ngit\ncurl\n1000\n/home/user\n")
-        # sudo itself is refused: strata runs every process with no_new_privs
-        # (docs/security.md), so setuid binaries cannot raise privileges. Root
-        # is one argument away: user="root".
+        # Passwordless sudo works as in E2B's base image (E2B sandboxes allow
+        # setuid): it reaches the sandbox's root, whose capabilities stay the
+        # reduced set (CapBnd 0x5fb) under the same seccomp filter.
+        self.assertEqual(self.sb.commands.run("sudo -n whoami").stdout, "root\n")
+        r = self.sb.commands.run("sudo -n grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status")
+        self.assertEqual(r.stdout.split(), ["CapEff:", "00000000000005fb", "CapBnd:", "00000000000005fb", "NoNewPrivs:", "0", "Seccomp:", "2"])
         with self.assertRaises(CommandExitException) as cm:
-            self.sb.commands.run("sudo -n whoami")
-        self.assertIn("no new privileges", cm.exception.stderr)
+            self.sb.commands.run("sudo -n mount -t tmpfs none /mnt")
+        self.assertIn("permission denied", cm.exception.stderr.lower())
         self.assertEqual(self.sb.commands.run("whoami", user="root").stdout, "root\n")
         r = self.sb.commands.run("grep -c NOPASSWD /etc/sudoers.d/user; getent passwd user", user="root")
         self.assertEqual(r.stdout, "1\nuser:x:1000:1000::/home/user:/bin/bash\n")
@@ -343,6 +346,42 @@ class TestPauseForkSnapshot(unittest.TestCase):
             time.sleep(0.5)
             b = int(resumed.files.read("/tmp/counter").strip())
             self.assertGreater(b, a)
+        finally:
+            sb.kill()
+
+    def wait_paused(self, sid, secs=30):
+        deadline = time.time() + secs
+        while time.time() < deadline:
+            if Sandbox.get_info(sid).state.value == "paused":
+                return
+            time.sleep(0.25)
+        self.fail(f"sandbox {sid} did not pause within {secs} s")
+
+    def test_auto_pause_at_timeout_keeps_processes(self):
+        # on_timeout "pause" keeps memory (strata: standby at max_lifetime).
+        sb = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+        try:
+            h = sb.commands.run("i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done", background=True)
+            self.wait_paused(sb.sandbox_id)
+            resumed = Sandbox.connect(sb.sandbox_id, timeout=60)
+            self.assertEqual(resumed.get_info().state.value, "running")
+            self.assertIn(h.pid, [p.pid for p in resumed.commands.list()])
+            a = int(resumed.files.read("/tmp/counter").strip())
+            time.sleep(0.5)
+            self.assertGreater(int(resumed.files.read("/tmp/counter").strip()), a)
+        finally:
+            sb.kill()
+
+    def test_auto_pause_filesystem_mode_keeps_files_only(self):
+        # mode "filesystem" (autoPauseMemory=false): a cold boot on resume (strata: stop).
+        sb = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+        try:
+            sb.files.write("/home/user/kept.txt", "kept")
+            sb.commands.run("sleep 600", background=True)
+            self.wait_paused(sb.sandbox_id)
+            resumed = Sandbox.connect(sb.sandbox_id, timeout=60)
+            self.assertEqual(resumed.files.read("/home/user/kept.txt"), "kept")
+            self.assertEqual([p for p in resumed.commands.list() if "sleep 600" in " ".join([p.cmd] + p.args)], [])
         finally:
             sb.kill()
 

@@ -198,8 +198,9 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
         (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
         (req.iam.as_ref().is_some_and(|v| !v.is_null()), "IAM workload tokens (iam)"),
         (req.volume_mounts.as_ref().is_some_and(|v| !v.is_null()), "volume mounts (volumeMounts)"),
-        (req.auto_resume.as_ref().is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(true)), "autoResume on traffic (strata resumes on any API access instead)"),
-        (req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool() != Some(true)), "autoPauseMemory=false"),
+        // strata resumes a paused sandbox on any access: that is autoResume on, always.
+        (req.auto_resume.as_ref().is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(false)), "autoResume disabled (strata resumes a paused sandbox on any access)"),
+        (req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool().is_none()), "autoPauseMemory other than true or false"),
     ] {
         if given {
             return Err(E2bError::Unsupported(format!("not supported by strata: {what}")));
@@ -221,17 +222,28 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
     };
     let timeout = check_timeout(req.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
     let auto_pause = req.auto_pause.unwrap_or(false);
+    // E2B's pause keeps memory unless autoPauseMemory is false ("filesystem"
+    // mode: a cold boot on resume): standby, or a stop, at the timeout.
+    let keep_memory = req.auto_pause_memory.as_ref().and_then(Value::as_bool) != Some(false);
+    let at_timeout = match (auto_pause, keep_memory) {
+        (false, _) => OnIdle::Destroy,
+        (true, true) => OnIdle::Standby,
+        (true, false) => OnIdle::Stop,
+    };
     let mut labels = req.metadata.unwrap_or_default();
     labels.insert(TEMPLATE_LABEL.to_string(), req.template_id.clone());
     let native = CreateSandboxRequest {
         source: strata_source(&req.template_id),
-        // autoPause keeps the sandbox when its timeout ends (stopped, filesystem
-        // kept); otherwise the timeout ends it like E2B's kill.
+        // autoPause keeps the sandbox when its timeout ends (in standby, or
+        // stopped without memory); otherwise the timeout ends it like E2B's kill.
         lifecycle: if auto_pause { Lifecycle::Persistent } else { Lifecycle::Ephemeral },
         env: req.env_vars.unwrap_or_default(),
         labels,
-        policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), ..Default::default() }),
+        policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), on_max_lifetime: Some(at_timeout), ..Default::default() }),
         network,
+        // E2B's base image has passwordless sudo for `user`, and code written
+        // for E2B uses it: setuid binaries must take effect (up to the sandbox's root).
+        allow_setuid: true,
         ..Default::default()
     };
     let created = client.create_sandbox(&native).await.map_err(|err| match err.code() {

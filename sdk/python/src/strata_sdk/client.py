@@ -283,6 +283,7 @@ class Client:
         policy: Policy | None = None,
         network: Mapping[str, Any] | None = None,
         capabilities: list[str] | None = None,
+        allow_setuid: bool = False,
     ) -> Sandbox:
         """Creates and starts a sandbox from an image, checkpoint or template; returns it (running).
 
@@ -301,6 +302,8 @@ class Client:
             capabilities: Rule-of-Two capabilities to declare (``"untrusted_input"``,
                 ``"sensitive_access"``, ``"external_comms"``). A sandbox that would hold
                 all three raises :class:`ApprovalRequired` until an operator approves it.
+            allow_setuid: Let setuid binaries (``sudo``) take effect inside; they reach
+                the sandbox's root with its reduced capabilities, no more.
         """
         body = _drop_none(
             {
@@ -315,6 +318,7 @@ class Client:
                 "policy": policy.to_json() if policy else None,
                 "network": dict(network) if network else None,
                 "capabilities": list(capabilities) if capabilities else None,
+                "allow_setuid": True if allow_setuid else None,
             }
         )
         created = self._json("POST", "/v1/sandboxes", json_body=body)

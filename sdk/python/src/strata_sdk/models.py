@@ -122,6 +122,8 @@ class Policy(Model):
     on_idle: OnIdle | None = None
     idle_timeout: str | None = None
     max_lifetime: str | None = None
+    #: What a run reaching ``max_lifetime`` gets: ``"stop"``, ``"standby"`` or ``"destroy"``.
+    on_max_lifetime: OnIdle | None = None
     archive_after: str | None = None
     delete_after: str | None = None
     flush: list[str] | None = None
@@ -180,6 +182,8 @@ class Sandbox(Model):
     inactive_since: str | None = None
     init_pid: int | None = None
     oom_kills: int = 0
+    #: Whether setuid binaries (``sudo``) take effect inside (no ``no_new_privs``).
+    allow_setuid: bool = False
     raw: dict[str, Any] = _raw()
 
 
