@@ -267,7 +267,7 @@ struct ForkRun {
 }
 
 async fn fork_round(c: &Client, o: &mut Owned, ckpt: &str, prefix: &str, keep: bool) -> Result<ForkRun> {
-    let req = ForkRequest { source: ckpt.to_string(), count: FORKS, name_prefix: Some(prefix.to_string()), lifecycle: Lifecycle::Persistent, ttl: None, limits: None, network: None };
+    let req = ForkRequest { source: ckpt.to_string(), count: FORKS, name_prefix: Some(prefix.to_string()), lifecycle: Lifecycle::Persistent, ttl: None, limits: None, network: None, processes: None };
     sync_all();
     let t = Instant::now();
     let r = match c.fork(&req).await {

@@ -24,6 +24,24 @@ pub struct CheckpointRequest {
     /// Never expire.
     #[serde(default)]
     pub pinned: bool,
+    /// Also copy the running processes (memory, open files, pids) at the same
+    /// instant as the filesystem: sandboxes started from the checkpoint (fork,
+    /// create, template, restore) come up with them running. Needs CRIU; refused
+    /// for a sandbox with secrets (their values would be in process memory).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub processes: bool,
+}
+
+/// The processes kept with a checkpoint (see `CheckpointRequest::processes`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProcessImage {
+    /// Bytes of the process image (memory, open files) on disk.
+    pub bytes: u64,
+    /// Processes started through the API among them (re-registered, with their
+    /// ids, in each sandbox started from the checkpoint).
+    pub api_processes: u32,
+    /// How long copying them took (the sandbox stayed frozen meanwhile), in milliseconds.
+    pub dump_ms: u64,
 }
 
 /// An immutable point in a sandbox's history: its filesystem as a chain of layers.
@@ -74,6 +92,9 @@ pub struct Checkpoint {
     pub frozen_ms: u64,
     /// Total time to take it, in milliseconds.
     pub duration_ms: u64,
+    /// Its processes, when they were kept (a *warm* checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<ProcessImage>,
 }
 
 /// Request body of `POST /v1/fork`.
@@ -99,6 +120,12 @@ pub struct ForkRequest {
     /// Network of each child (default: the source sandbox's mode and rules, else `none`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::NetworkSpec>,
+    /// Whether the children come up with the source's running processes. A
+    /// live source is then checkpointed with its processes; a checkpoint
+    /// source must have them. Default: what the source checkpoint has (a live
+    /// source: no, the children boot fresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<bool>,
 }
 
 /// Response of `POST /v1/fork`.
@@ -120,6 +147,10 @@ pub struct RestoreRequest {
     /// Checkpoint the current state first (else it is discarded).
     #[serde(default)]
     pub keep_current: bool,
+    /// With a checkpoint that kept processes: bring them back too (default
+    /// true); false boots the rolled-back filesystem fresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<bool>,
 }
 
 /// Response of `POST /v1/sandboxes/{id}/restore`.

@@ -155,6 +155,10 @@ pub struct CreateSandboxRequest {
     /// E2B API's sandboxes (E2B's base image has passwordless sudo). Forks inherit it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_setuid: bool,
+    /// From a checkpoint or template that kept processes: start with them
+    /// running (default true); false boots its filesystem fresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<bool>,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.

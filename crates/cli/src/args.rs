@@ -187,6 +187,8 @@ pub enum Command {
         /// Checkpoint the current state first instead of discarding it.
         #[arg(long)]
         keep_current: bool,
+        #[command(flatten)]
+        warm: WarmArgs,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -211,6 +213,8 @@ pub enum Command {
         /// TTL of the children.
         #[arg(long)]
         ttl: Option<String>,
+        #[command(flatten)]
+        warm: WarmArgs,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -436,6 +440,31 @@ pub struct CreateArgs {
     /// capabilities and seccomp filter, and no more (see docs/security.md).
     #[arg(long)]
     pub allow_setuid: bool,
+    #[command(flatten)]
+    pub warm: WarmArgs,
+}
+
+/// Whether a sandbox starts with the running processes a checkpoint kept.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct WarmArgs {
+    /// Start with the running processes of the source checkpoint (a live fork
+    /// source is checkpointed with its processes). Default: when the checkpoint kept them.
+    #[arg(long, conflicts_with = "no_processes")]
+    pub processes: bool,
+    /// Boot the filesystem fresh, even from a checkpoint that kept processes.
+    #[arg(long)]
+    pub no_processes: bool,
+}
+
+impl WarmArgs {
+    /// The request field: `Some(true)`, `Some(false)` or the source's default.
+    pub fn choice(&self) -> Option<bool> {
+        match (self.processes, self.no_processes) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
 }
 
 /// Parses a Rule-of-Two capability name.
@@ -870,6 +899,11 @@ pub struct CheckpointArgs {
     /// Never expire.
     #[arg(long)]
     pub pin: bool,
+    /// Also keep the running processes (memory, open files): sandboxes forked or
+    /// created from the checkpoint start with them running (needs CRIU; not for
+    /// sandboxes with secrets).
+    #[arg(long)]
+    pub processes: bool,
     /// JSON output (the checkpoint).
     #[arg(long)]
     pub json: bool,

@@ -481,8 +481,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Restore { id, to, keep_current, json } => {
-            let r = c.restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current }).await?;
+        Command::Restore { id, to, keep_current, warm, json } => {
+            let r = c.restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current, processes: warm.choice() }).await?;
             if json {
                 output::json(&r);
             } else {
@@ -493,7 +493,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Fork { source, count, fanout, name_prefix, lifecycle, ttl, json } => {
+        Command::Fork { source, count, fanout, name_prefix, lifecycle, ttl, warm, json } => {
             let lifecycle = match lifecycle {
                 LifecycleArg::Ephemeral => Lifecycle::Ephemeral,
                 LifecycleArg::Persistent => Lifecycle::Persistent,
@@ -524,7 +524,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 return Ok(if r.winner.is_some() { 0 } else { 1 });
             }
             let count = count.ok_or_else(|| anyhow!("--count is required (or --run with --arg)"))?;
-            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None, network: None }).await?;
+            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None, network: None, processes: warm.choice() }).await?;
             if json {
                 output::json(&r);
             } else {
@@ -675,6 +675,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         network: network_spec(&a.network),
         capabilities: a.capabilities.clone(),
         allow_setuid: a.allow_setuid,
+        processes: a.warm.choice(),
     })
 }
 
@@ -1118,7 +1119,7 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
     match a.command {
         None => {
             let id = a.id.expect("clap requires the sandbox id");
-            let req = strata_api::CheckpointRequest { name: a.name, labels: kv(&a.labels, "--label")?, ttl: a.ttl, pinned: a.pin };
+            let req = strata_api::CheckpointRequest { name: a.name, labels: kv(&a.labels, "--label")?, ttl: a.ttl, pinned: a.pin, processes: a.processes };
             let ck = c.checkpoint(&id, &req).await?;
             if a.json {
                 output::json(&ck);

@@ -187,7 +187,7 @@ fn forks_inherit_declared_capabilities_and_a_pipeline_stage_waits_for_its_approv
     let ck = rt().block_on(c.checkpoint(&src, &CheckpointRequest { name: Some("read-1".into()), ..Default::default() })).unwrap();
     assert_eq!(ck.capabilities, vec![Capability::UntrustedInput]);
     let egress = NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/8:443".into()] };
-    let forks = rt().block_on(c.fork(&ForkRequest { source: "read-1".into(), count: 2, name_prefix: None, lifecycle: strata_api::Lifecycle::Persistent, ttl: None, limits: None, network: Some(egress) })).unwrap();
+    let forks = rt().block_on(c.fork(&ForkRequest { source: "read-1".into(), count: 2, name_prefix: None, lifecycle: strata_api::Lifecycle::Persistent, ttl: None, limits: None, network: Some(egress), processes: None })).unwrap();
     for child in &forks.sandboxes {
         let caps: Vec<String> = capabilities(&d, child).into_iter().map(|(c, _)| c).collect();
         assert_eq!(caps, vec!["untrusted_input".to_string(), "external_comms".to_string()], "{child}");

@@ -125,7 +125,7 @@ fn bad_checkpoint_and_fork_requests() {
     let rt = common::rt();
     let e = rt.block_on(c.checkpoint("nope", &Default::default())).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
-    let fork = |source: &str, count: u32| ForkRequest { source: source.into(), count, name_prefix: None, lifecycle: Default::default(), ttl: None, limits: None, network: None };
+    let fork = |source: &str, count: u32| ForkRequest { source: source.into(), count, name_prefix: None, lifecycle: Default::default(), ttl: None, limits: None, network: None, processes: None };
     assert_eq!(rt.block_on(c.fork(&fork("nope", 1))).unwrap_err().code(), Some(ErrorCode::SandboxNotFound));
     assert_eq!(rt.block_on(c.fork(&fork(&id, 0))).unwrap_err().code(), Some(ErrorCode::BadRequest));
     assert_eq!(rt.block_on(c.fork(&fork(&id, 10_000))).unwrap_err().code(), Some(ErrorCode::BadRequest));

@@ -103,7 +103,7 @@ fn tenants_cannot_see_or_touch_each_others_objects() {
     // ... its checkpoint and template too, and nothing can be made from them.
     same_as_unknown("get checkpoint", rt.block_on(globex.get_checkpoint(&ca.id)), &ca.id, rt.block_on(globex.get_checkpoint(nope)), nope);
     same_as_unknown("delete checkpoint", rt.block_on(globex.delete_checkpoint("acme-ckpt")), "acme-ckpt", rt.block_on(globex.delete_checkpoint("no-ckpt")), "no-ckpt");
-    let fork = |source: &str| ForkRequest { source: source.into(), count: 1, name_prefix: None, lifecycle: Lifecycle::Persistent, ttl: None, limits: None, network: None };
+    let fork = |source: &str| ForkRequest { source: source.into(), count: 1, name_prefix: None, lifecycle: Lifecycle::Persistent, ttl: None, limits: None, network: None, processes: None };
     same_as_unknown("fork a checkpoint", rt.block_on(globex.fork(&fork(&ca.id))), &ca.id, rt.block_on(globex.fork(&fork(nope))), nope);
     same_as_unknown("fork a sandbox", rt.block_on(globex.fork(&fork("acme-box"))), "acme-box", rt.block_on(globex.fork(&fork("no-box"))), "no-box");
     let from = |s: &str| CreateSandboxRequest { source: s.into(), ..Default::default() };
@@ -115,7 +115,7 @@ fn tenants_cannot_see_or_touch_each_others_objects() {
     let replace = CreateTemplateRequest { name: "acme-tmpl".into(), from: b.clone(), replace: true, accept_findings: true };
     assert_eq!(err(rt.block_on(globex.create_template(&replace))).1, ErrorCode::NameConflict);
     same_as_unknown("delete template", rt.block_on(globex.delete_template("acme-tmpl")), "acme-tmpl", rt.block_on(globex.delete_template("no-tmpl")), "no-tmpl");
-    let restore = |c: &str| RestoreRequest { checkpoint: c.into(), keep_current: false };
+    let restore = |c: &str| RestoreRequest { checkpoint: c.into(), keep_current: false, processes: None };
     same_as_unknown("restore own sandbox to theirs", rt.block_on(globex.restore(&b, &restore(&ca.id))), &ca.id, rt.block_on(globex.restore(&b, &restore(nope))), nope);
     same_as_unknown("diff against theirs", rt.block_on(globex.diff(&b, Some(&ca.id))), &ca.id, rt.block_on(globex.diff(&b, Some(nope))), nope);
 

@@ -95,6 +95,17 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         (Some(t), false) => sandboxes::expiry(Some(t))?,
         _ => None,
     };
+    // A warm checkpoint copies the processes too, at the same frozen instant.
+    let warm = match req.processes {
+        true => {
+            crate::warm::check_capturable(st, rec)?;
+            let handle = sandboxes::handle_of(rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("sandbox {} is running but has no init", rec.sandbox.id)))?;
+            let staging = crate::warm::staging_dir(st, &id);
+            let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+            Some((handle, staging, st.processes.capture(&rec.sandbox.id).await))
+        }
+        false => None,
+    };
     let base = base_of(st, rec)?;
     let classify_lowers = lowers_top_first(st, &base.chain)?;
     let upper = st.upper_dir(&rec.sandbox.id);
@@ -104,15 +115,24 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let (rt, layers, sid) = (st.runtime.clone(), st.layers.clone(), rec.sandbox.id.clone());
     let running = state == SandboxState::Running;
     let base_manifest = base.manifest.clone();
-    let sealed = tokio::task::spawn_blocking(move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64), ApiError> {
+    let copy_into = warm.as_ref().map(|(h, dir, _)| (h.clone(), dir.clone()));
+    type Copied = Option<Result<(PathBuf, u64), strata_runtime::RuntimeError>>;
+    let sealed = tokio::task::spawn_blocking(move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), ApiError> {
         if running {
             rt.set_frozen(&sid, true).map_err(|e| ApiError::internal("freeze", &e))?;
         }
         let frozen_at = Instant::now();
         let frozen_ms = std::sync::atomic::AtomicU64::new(0);
-        // Thawed as soon as the change set has been read: hashing the layer and
-        // syncing it to disk do not need the sandbox to hold still.
+        let copied = std::sync::Mutex::new(None);
+        // Thawed as soon as the change set has been read (and, for a warm
+        // checkpoint, the processes copied): hashing the layer and syncing it
+        // to disk do not need the sandbox to hold still.
         let thaw = || {
+            if let Some((handle, dir)) = &copy_into {
+                let t = Instant::now();
+                let r = rt.copy_processes(&sid, handle, dir).map(|helper| (helper, t.elapsed().as_millis() as u64));
+                *copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            }
             if running {
                 frozen_ms.store(frozen_at.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
                 if let Err(e) = rt.set_frozen(&sid, false) {
@@ -121,11 +141,41 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
             }
         };
         let (layer, now, changed) = seal(&upper, &base_manifest, &classify_lowers, &layers, thaw)?;
-        Ok((layer, now, changed, frozen_ms.into_inner()))
+        Ok((layer, now, changed, frozen_ms.into_inner(), copied.into_inner().unwrap_or_else(|p| p.into_inner())))
     })
     .await
-    .map_err(|e| ApiError::internal("checkpoint task", &e))??;
-    let (layer, now_manifest, changed, frozen_ms) = sealed;
+    .map_err(|e| ApiError::internal("checkpoint task", &e));
+    let discard_staging = || {
+        if let Some((_, dir, _)) = &warm {
+            let _ = strata_store::fsutil::remove_dir_all_if_exists(dir);
+        }
+    };
+    let (layer, now_manifest, changed, frozen_ms, copied) = match sealed.and_then(|r| r) {
+        Ok(x) => x,
+        Err(e) => {
+            discard_staging();
+            return Err(e);
+        }
+    };
+    let processes = match (warm.as_ref(), copied) {
+        (Some((_, staging, captured)), Some(Ok((helper, dump_ms)))) => match crate::warm::publish(st, &id, staging, helper, captured, dump_ms) {
+            Ok(image) => Some(image),
+            Err(e) => {
+                discard_staging();
+                crate::warm::remove(st, &id);
+                return Err(ApiError::internal("saving the checkpoint's processes", &e));
+            }
+        },
+        (Some(_), Some(Err(e))) => {
+            discard_staging();
+            return Err(ApiError::new(ErrorCode::Internal, format!("copying the processes of sandbox {} failed (it keeps running; no checkpoint was taken): {}", rec.sandbox.id, crate::error::chain(&e))));
+        }
+        (Some(_), None) => {
+            discard_staging();
+            return Err(ApiError::new(ErrorCode::Internal, "the processes were not copied"));
+        }
+        (None, _) => None,
+    };
     let json = serde_json::to_vec(&now_manifest).expect("manifest serializes");
     std::fs::create_dir_all(manifest_file.parent().expect("has parent")).map_err(|e| ApiError::internal("manifest dir", &e))?;
     strata_store::fsutil::write_atomic(&manifest_file, &json, 0o600).map_err(|e| ApiError::internal("write checkpoint manifest", &e))?;
@@ -160,11 +210,13 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         capabilities: rec.sandbox.policy.capabilities.clone(),
         frozen_ms,
         duration_ms: started.elapsed().as_millis() as u64,
+        processes,
     };
     // Crash point (`checkpoint-layer:crash`): the layer is stored, the checkpoint not yet recorded.
     let _ = crate::failpoint("checkpoint-layer");
     if let Err(e) = st.db.insert_checkpoint(&ckpt, &rec.image_config) {
         let _ = std::fs::remove_file(&manifest_file);
+        crate::warm::remove(st, &ckpt.id);
         return Err(e.into());
     }
     if let Ok(ev) = st.db.record_event(&rec.sandbox.id, state, "checkpoint", Some(&format!("{} ({}, {} paths, {} bytes)", ckpt.id, ckpt.name, ckpt.changed_paths, ckpt.layer_size)), &ckpt.created_at) {
@@ -250,11 +302,23 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     if !matches!(state, SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost) {
         return Err(ApiError::invalid_state(state, format!("cannot restore sandbox {} while it is {state}", rec.sandbox.id)));
     }
+    // A warm checkpoint brings its processes back too, unless asked otherwise.
+    let warm = match (ckpt.processes.is_some(), req.processes) {
+        (true, None | Some(true)) => {
+            crate::warm::check_startable(st, &rec.sandbox.id, !st.secrets.get(&rec.sandbox.id)?.is_empty(), &ckpt.id)?;
+            true
+        }
+        (false, Some(true)) => return Err(ApiError::bad_request(format!("checkpoint {} kept no processes", ckpt.id))),
+        _ => false,
+    };
     let kept = if req.keep_current { Some(checkpoint_locked(st, &rec, CheckpointRequest::default()).await?) } else { None };
     let rec = load(st, &rec.sandbox.id)?;
     let was_running = state == SandboxState::Running;
     if was_running {
         sandboxes::stop_locked(st, &rec, "restore", std::time::Duration::ZERO).await?;
+    } else if warm && matches!(state, SandboxState::Error | SandboxState::Lost) {
+        // Leftovers of a crashed run must go before the processes come back.
+        sandboxes::kill_processes(st, &rec, std::time::Duration::from_secs(1)).await?;
     }
     let dir = st.sandbox_dir(&rec.sandbox.id);
     for sub in [crate::disk::upper_dir(&dir), crate::disk::work_dir(&dir), dir.join("manifests")] {
@@ -264,14 +328,21 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     if let Ok(ev) = st.db.record_event(&rec.sandbox.id, load(st, &rec.sandbox.id)?.sandbox.state, "restore", Some(&format!("rolled back to {} ({})", ckpt.id, ckpt.name)), &now()) {
         st.notify_events(ev.seq);
     }
-    drop(g);
-    let sandbox = if was_running { sandboxes::start_because(st, &rec.sandbox.id, "restore").await? } else { load(st, &rec.sandbox.id)?.sandbox };
+    let sandbox = if warm {
+        let rec = load(st, &rec.sandbox.id)?;
+        crate::warm::boot(st, &rec, &ckpt.id, rec.sandbox.state, strata_core::Action::Start, "restore").await?;
+        drop(g);
+        load(st, &rec.sandbox.id)?.sandbox
+    } else {
+        drop(g);
+        if was_running { sandboxes::start_because(st, &rec.sandbox.id, "restore").await? } else { load(st, &rec.sandbox.id)?.sandbox }
+    };
     Ok(RestoreResult { sandbox, kept })
 }
 
 /// What a fork starts from.
 enum ForkSource {
-    Checkpoint(Checkpoint),
+    Checkpoint(Box<Checkpoint>),
     /// A live sandbox, checkpointed once the fork may go ahead.
     Live(Box<SandboxRecord>),
 }
@@ -283,7 +354,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         return Err(ApiError::bad_request(format!("fork count must be between 1 and {MAX_FORK}, got {}", req.count)));
     }
     let source = match tenancy::find_checkpoint(st, &req.source)? {
-        Some((c, _)) => ForkSource::Checkpoint(c),
+        Some((c, _)) => ForkSource::Checkpoint(Box::new(c)),
         None => ForkSource::Live(Box::new(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?)),
     };
     // The Rule of Two once for all children, before a live source is checkpointed:
@@ -297,8 +368,11 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { inherited: Some((&source_name, &inherited)), network: network.as_ref(), ..Default::default() });
     crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
     let ckpt = match source {
-        ForkSource::Checkpoint(c) => c,
-        ForkSource::Live(rec) => checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), ..Default::default() }).await?,
+        ForkSource::Checkpoint(c) => *c,
+        ForkSource::Live(rec) => {
+            let processes = req.processes == Some(true);
+            checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), processes, ..Default::default() }).await?
+        }
     };
     let generation = parent.as_ref().map_or(0, |p| p.sandbox.fork_generation) + 1;
     let prefix = req.name_prefix.clone().unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
@@ -313,7 +387,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     }
     let creates = names.clone().into_iter().map(|name| {
         let allow_setuid = parent.as_ref().is_some_and(|p| p.sandbox.allow_setuid);
-        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), allow_setuid, ..Default::default() };
+        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), allow_setuid, processes: req.processes, ..Default::default() };
         sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation, rule_of_two_checked: true })
     });
     let results = futures_util::future::join_all(creates).await;
@@ -459,6 +533,7 @@ pub fn dependents_of(st: &Shared, id: &str) -> ApiResult<Vec<String>> {
 fn remove_checkpoint(st: &Shared, c: &Checkpoint) -> ApiResult<()> {
     st.db.delete_checkpoint(&c.id)?;
     let _ = std::fs::remove_file(manifest_path(st, &c.sandbox_id, &c.id));
+    crate::warm::remove(st, &c.id);
     Ok(())
 }
 

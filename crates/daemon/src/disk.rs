@@ -366,7 +366,10 @@ pub struct DiskPool {
     ready: Mutex<Vec<PathBuf>>,
     /// Serializes template creation (one `mkfs.ext4` per size).
     templates: Mutex<()>,
-    wake: tokio::sync::Notify,
+    /// Wakes the refill thread when a disk was taken.
+    wake: std::sync::Condvar,
+    /// Set by [`DiskPool::drain`]: the refill thread makes no more disks.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl DiskPool {
@@ -374,7 +377,7 @@ impl DiskPool {
     /// (none when `bytes` is `None`, `target` is 0 or the host cannot make disks).
     pub fn new(state_dir: &Path, bytes: Option<u64>, target: usize) -> DiskPool {
         let target = if bytes.is_some() && unavailable().is_none() { target } else { 0 };
-        DiskPool { dir: state_dir.join("disk-pool"), bytes, target, ready: Mutex::new(Vec::new()), templates: Mutex::new(()), wake: tokio::sync::Notify::new() }
+        DiskPool { dir: state_dir.join("disk-pool"), bytes, target, ready: Mutex::new(Vec::new()), templates: Mutex::new(()), wake: std::sync::Condvar::new(), stopped: Default::default() }
     }
 
     /// A pool that keeps nothing ready (templates still go under `<state>/disk-pool`).
@@ -454,32 +457,48 @@ impl DiskPool {
         }
     }
 
-    /// Unmounts and deletes every ready disk (at daemon shutdown).
+    /// Unmounts and deletes every ready disk and stops refilling (at daemon shutdown).
     pub fn drain(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         for entry in std::mem::take(&mut *self.ready()) {
             remove_entry(&entry);
         }
     }
 
-    /// Keeps the pool full, forever (one disk at a time, off the request path).
-    pub async fn run(self: std::sync::Arc<Self>) {
+    fn stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Keeps the pool full, on a thread of its own at the lowest CPU priority
+    /// (nice 19), so that refilling never competes with the requests that
+    /// take disks: one disk at a time, woken when one is taken.
+    pub fn start(self: std::sync::Arc<Self>) {
         let Some(bytes) = self.bytes else { return };
         if self.target == 0 {
             return;
         }
-        loop {
-            while self.len() < self.target {
-                let pool = self.clone();
-                match tokio::task::spawn_blocking(move || pool.make_entry(bytes)).await {
-                    Ok(Ok(entry)) => self.ready().push(entry),
-                    Ok(Err(e)) => {
-                        warn!(error = %e, "making a disk for the pool; retrying in 10 s");
-                        tokio::time::sleep(Duration::from_secs(10)).await;
+        let spawned = std::thread::Builder::new().name("disk-pool".into()).spawn(move || {
+            // SAFETY: setpriority on the calling thread (tid 0 = caller) with a constant.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+            while !self.stopped() {
+                while self.len() < self.target && !self.stopped() {
+                    match self.make_entry(bytes) {
+                        Ok(entry) if self.stopped() => remove_entry(&entry),
+                        Ok(entry) => self.ready().push(entry),
+                        Err(e) => {
+                            warn!(error = %e, "making a disk for the pool; retrying in 10 s");
+                            std::thread::sleep(Duration::from_secs(10));
+                        }
                     }
-                    Err(e) => warn!(error = %e, "disk pool task"),
+                }
+                let guard = self.ready();
+                if guard.len() >= self.target {
+                    let _unused = self.wake.wait(guard);
                 }
             }
-            self.wake.notified().await;
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "starting the disk pool thread; disks are made on demand");
         }
     }
 }

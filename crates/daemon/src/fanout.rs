@@ -307,7 +307,7 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
     }
     let fork = checkpoints::fork(
         st,
-        ForkRequest { source: req.source.clone(), count: specs.len() as u32, name_prefix: req.name_prefix.clone(), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: req.limits.clone(), network: None },
+        ForkRequest { source: req.source.clone(), count: specs.len() as u32, name_prefix: req.name_prefix.clone(), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: req.limits.clone(), network: None, processes: None },
     )
     .await?;
     let plan = &req.plan;

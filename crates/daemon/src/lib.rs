@@ -42,6 +42,7 @@ pub mod standby;
 pub mod state;
 pub mod templates;
 pub mod tenancy;
+pub mod warm;
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -359,10 +360,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    warm::sweep(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     // Pool leftovers of an earlier daemon go first: their images must not be mounted twice.
     st.disks.sweep();
     sandboxes::mount_disks(&st).await;
-    tokio::spawn(st.disks.clone().run());
+    st.disks.clone().start();
     network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));

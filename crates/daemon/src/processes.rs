@@ -74,12 +74,23 @@ struct ProcState {
 }
 
 /// Inode numbers of a process's pipes to the daemon.
-#[derive(Debug, Clone, Copy, Default)]
-struct PipeInodes {
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct PipeInodes {
     report: u64,
     stdout: u64,
     stderr: u64,
     stdin: u64,
+}
+
+/// A running API process as a warm checkpoint records it: a sandbox started
+/// from the checkpoint gets it back under the same id, on fresh pipes that
+/// replace these inodes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CapturedProcess {
+    /// Its record (id, command, pid, start time).
+    pub info: ProcessInfo,
+    /// The pipes it held (`stdin` is 0 when its stdin was closed).
+    pub pipes: PipeInodes,
 }
 
 /// The daemon's ends of a process's pipes.
@@ -210,7 +221,7 @@ impl ProcessTable {
                 sp.procs.remove(k);
             }
         }
-        let info = ProcessInfo {
+        let p = new_proc(ProcessInfo {
             id,
             sandbox_id: sandbox_id.to_string(),
             cmd,
@@ -223,16 +234,58 @@ impl ProcessTable {
             spawn_error: None,
             started_at: now(),
             finished_at: None,
-        };
-        let (changed, _) = watch::channel(0);
-        let p = Arc::new(Proc {
-            state: Mutex::new(ProcState { info, log: LogBuf::default(), pipes: PipeInodes::default(), suspended: false, stdin_open: false }),
-            stdin: Arc::new(tokio::sync::Mutex::new(None)),
-            changed,
-            reattach: Mutex::new(None),
         });
         sp.procs.insert(id, p.clone());
         p
+    }
+
+    /// The running processes of a sandbox, for a warm checkpoint taken now.
+    pub async fn capture(&self, sandbox_id: &str) -> Vec<CapturedProcess> {
+        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut out = Vec::new();
+        for p in procs {
+            let stdin_open = p.stdin.lock().await.is_some();
+            let s = p.lock();
+            if s.info.status != ProcessStatus::Running || s.suspended {
+                continue;
+            }
+            let mut pipes = s.pipes;
+            if !stdin_open {
+                pipes.stdin = 0;
+            }
+            out.push(CapturedProcess { info: s.info.clone(), pipes });
+        }
+        out
+    }
+
+    /// Registers the processes of a warm checkpoint in a sandbox being started
+    /// from it, with fresh pipes: the ends its restored processes take over
+    /// (each with the inode it replaces) and the daemon's ends, handed to
+    /// supervisors by [`AdoptedProcesses::commit`].
+    pub fn adopt(&self, sandbox_id: &str, captured: &[CapturedProcess]) -> ApiResult<AdoptedProcesses> {
+        let mut out = AdoptedProcesses { sandbox_id: sandbox_id.to_string(), inherit: Vec::new(), pending: Vec::new() };
+        for c in captured {
+            let (report_r, report_w) = cloexec_pipe()?;
+            let (stdout_r, stdout_w) = cloexec_pipe()?;
+            let (stderr_r, stderr_w) = cloexec_pipe()?;
+            let mut pipes = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+            out.inherit.push((report_w, c.pipes.report));
+            out.inherit.push((stdout_w, c.pipes.stdout));
+            out.inherit.push((stderr_w, c.pipes.stderr));
+            let stdin = if c.pipes.stdin != 0 {
+                let (r, w) = cloexec_pipe()?;
+                pipes.stdin = inode(&r);
+                out.inherit.push((r, c.pipes.stdin));
+                Some(w)
+            } else {
+                None
+            };
+            let info = ProcessInfo { sandbox_id: sandbox_id.to_string(), status: ProcessStatus::Running, finished_at: None, ..c.info.clone() };
+            let p = new_proc(info);
+            p.lock().pipes = pipes;
+            out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }));
+        }
+        Ok(out)
     }
 
     /// A process of a sandbox.
@@ -326,6 +379,47 @@ impl ProcessTable {
                     p.reattach.lock().unwrap_or_else(|e| e.into_inner()).take();
                 }
             }
+        }
+    }
+}
+
+/// A new process record, running.
+fn new_proc(info: ProcessInfo) -> Arc<Proc> {
+    let (changed, _) = watch::channel(0);
+    Arc::new(Proc {
+        state: Mutex::new(ProcState { info, log: LogBuf::default(), pipes: PipeInodes::default(), suspended: false, stdin_open: false }),
+        stdin: Arc::new(tokio::sync::Mutex::new(None)),
+        changed,
+        reattach: Mutex::new(None),
+    })
+}
+
+/// Processes of a warm checkpoint registered in a sandbox started from it
+/// (see [`ProcessTable::adopt`]).
+pub struct AdoptedProcesses {
+    sandbox_id: String,
+    /// Ends for the restored processes, each with the inode of the pipe it replaces.
+    pub inherit: Vec<(OwnedFd, u64)>,
+    pending: Vec<(Arc<Proc>, DaemonEnds)>,
+}
+
+impl AdoptedProcesses {
+    /// The processes run: they join the sandbox's table under their ids and are supervised.
+    pub fn commit(self, st: &Shared) {
+        let secrets = st.secrets.get_or_empty(&self.sandbox_id);
+        let oom_before = st.runtime.usage(&self.sandbox_id).oom_kills;
+        for (p, ends) in self.pending {
+            let id = p.info().id;
+            {
+                let mut m = st.processes.lock();
+                let sp = m.entry(self.sandbox_id.clone()).or_default();
+                sp.next_id = sp.next_id.max(id);
+                sp.procs.insert(id, p.clone());
+            }
+            let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
+            *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = Some(reattach_tx);
+            let opts = SuperviseOpts { timeout: None, oom_before, secrets: secrets.clone() };
+            tokio::spawn(supervise(st.clone(), p, self.sandbox_id.clone(), ends, opts, reattach_rx));
         }
     }
 }

@@ -292,21 +292,23 @@ pub struct Source {
     pub tenant: Option<String>,
     /// Rule-of-Two capabilities declared on the checkpoint, which a sandbox made from it inherits.
     pub capabilities: Vec<strata_api::Capability>,
+    /// The checkpoint kept its processes (a warm checkpoint).
+    pub warm: bool,
 }
 
 /// Resolves a source name: an image (shared by every tenant) first, then a
 /// template, then a checkpoint, of those the caller may see.
 pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
     if let Some(image) = st.db.get_image(name)? {
-        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None, capabilities: Vec::new() });
+        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None, capabilities: Vec::new(), warm: false });
     }
     if let Some((ckpt, _)) = crate::tenancy::find_template(st, name)? {
         if let Some((c, config)) = st.db.get_checkpoint(&ckpt)? {
-            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
+            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, warm: c.processes.is_some(), checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
         }
     }
     if let Some((c, config)) = crate::tenancy::find_checkpoint(st, name)? {
-        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
+        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, warm: c.processes.is_some(), checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
     }
     Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {name:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)")))
 }
@@ -349,6 +351,15 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     }
     // Read and checked before anything is recorded: a bad secret creates nothing.
     let secrets = crate::secrets::validate(&req.secrets)?;
+    // From a warm checkpoint the processes come along unless asked otherwise.
+    let warm_from = match (source.warm, req.processes, &source.checkpoint) {
+        (true, None | Some(true), Some(c)) => {
+            crate::warm::check_startable(st, &id, !req.secrets.is_empty(), c)?;
+            Some(c.clone())
+        }
+        (false, Some(true), _) => return Err(ApiError::bad_request(format!("{} kept no processes (processes: true needs a checkpoint taken with processes)", source.name))),
+        _ => None,
+    };
     let network = crate::network::check(st, req.network.as_ref())?;
     let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
     // The Rule of Two, before anything is recorded: all three capabilities need an approval.
@@ -427,7 +438,10 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
         return Err(e.into());
     }
     let span = info_span!("sandbox", id = %id);
-    let res = boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await;
+    let res = match &warm_from {
+        Some(c) => crate::warm::boot(st, &rec, c, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
+        None => boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
+    };
     if let Err(e) = res {
         if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
             drop(_g);

@@ -47,13 +47,13 @@ const LAST_RESTORE_LOG: &str = "criu-restore.last.log";
 /// (renamed first, so the removal of a large image is off the resume's path).
 const SPENT_PREFIX: &str = "standby.spent.";
 
-/// `manifest.json` of a standby image.
+/// `manifest.json` of a process image (a standby image, or a warm checkpoint's).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Manifest {
-    info: StandbyInfo,
+pub(crate) struct Manifest {
+    pub(crate) info: StandbyInfo,
     /// The strata-init binary the dumped processes run (bound again on restore).
     #[serde(default)]
-    helper: Option<PathBuf>,
+    pub(crate) helper: Option<PathBuf>,
     /// Every image file with its size and CRC32.
     files: Vec<FileSum>,
 }
@@ -103,24 +103,24 @@ fn sum_files(dir: &Path) -> std::io::Result<Vec<FileSum>> {
 }
 
 /// Checks an image against its manifest: every listed file present with its size and CRC32.
-fn verify(dir: &Path) -> Result<Manifest, String> {
+pub(crate) fn verify(dir: &Path) -> Result<Manifest, String> {
     if !dir.is_dir() {
-        return Err(format!("the standby image {} is missing", dir.display()));
+        return Err(format!("the process image {} is missing", dir.display()));
     }
     let m = read_manifest(dir)?;
     for f in &m.files {
         let p = dir.join(&f.name);
         match crc_of(&p) {
             Ok((size, crc)) if size == f.size && crc == f.crc32 => {}
-            Ok((size, crc)) => return Err(format!("standby image file {} is corrupt ({size} bytes, crc32 {crc:08x}; expected {} bytes, crc32 {:08x})", f.name, f.size, f.crc32)),
-            Err(e) => return Err(format!("standby image file {}: {e}", f.name)),
+            Ok((size, crc)) => return Err(format!("process image file {} is corrupt ({size} bytes, crc32 {crc:08x}; expected {} bytes, crc32 {:08x})", f.name, f.size, f.crc32)),
+            Err(e) => return Err(format!("process image file {}: {e}", f.name)),
         }
     }
     Ok(m)
 }
 
 /// Writes `manifest.json` into `dir` (temp + fsync + rename) and syncs the files it lists.
-fn seal(dir: &Path, info: StandbyInfo, helper: Option<PathBuf>) -> std::io::Result<Manifest> {
+pub(crate) fn seal(dir: &Path, info: StandbyInfo, helper: Option<PathBuf>) -> std::io::Result<Manifest> {
     let files = sum_files(dir)?;
     for f in &files {
         std::fs::File::open(dir.join(&f.name))?.sync_all()?;
@@ -131,7 +131,7 @@ fn seal(dir: &Path, info: StandbyInfo, helper: Option<PathBuf>) -> std::io::Resu
 }
 
 /// Renames a complete staging directory into place (replacing an old image) and syncs the parent.
-fn publish(staging: &Path, dir: &Path) -> std::io::Result<()> {
+pub(crate) fn publish(staging: &Path, dir: &Path) -> std::io::Result<()> {
     strata_store::fsutil::remove_dir_all_if_exists(dir)?;
     std::fs::rename(staging, dir)?;
     std::fs::File::open(dir.parent().expect("has parent"))?.sync_all()
@@ -369,7 +369,7 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
     let verified_ms = started.elapsed().as_millis() as u64;
     let restored = tokio::task::spawn_blocking(move || {
         crate::failpoint("standby-restore").map_err(|e| strata_runtime::RuntimeError::Setup(format!("restoring: {e}")))?;
-        rt.restore_processes(&spec, &images, &helper, &inherit)
+        rt.restore_processes(&spec, &images, &images, &helper, &inherit)
     })
     .await
     .map_err(|e| ApiError::internal("restore task", &e))?;

@@ -273,6 +273,10 @@ pub struct CheckpointArgs {
     /// Keep it forever (default: kept per the daemon's retention).
     #[serde(default)]
     pub pinned: bool,
+    /// Also keep the running processes (a dev server, a loaded REPL): sandboxes
+    /// forked or created from this checkpoint start with them already running.
+    #[serde(default)]
+    pub processes: bool,
 }
 
 /// Input of `restore`.
@@ -315,6 +319,11 @@ pub struct ForkArgs {
     /// Lifecycle of the children: "persistent" (default) or "ephemeral".
     #[serde(default)]
     pub lifecycle: Option<LifecycleArg>,
+    /// Start the children with the source's running processes (a sandbox
+    /// source is then checkpointed with them). Default: a checkpoint source's
+    /// own choice; a sandbox source's children boot fresh.
+    #[serde(default)]
+    pub processes: Option<bool>,
 }
 
 /// Input of `diff`.
@@ -655,7 +664,7 @@ impl StrataMcp {
     )]
     async fn checkpoint(&self, Parameters(args): Parameters<CheckpointArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
         finish(async {
-            let req = CheckpointRequest { name: args.name, pinned: args.pinned, ..Default::default() };
+            let req = CheckpointRequest { name: args.name, pinned: args.pinned, processes: args.processes, ..Default::default() };
             let c = self.client_for(&ext).checkpoint(&args.sandbox, &req).await?;
             Ok(json!({
                 "id": c.id,
@@ -666,6 +675,7 @@ impl StrataMcp {
                 "layer_bytes": c.layer_size,
                 "frozen_ms": c.frozen_ms,
                 "duration_ms": c.duration_ms,
+                "processes_kept": c.processes.is_some(),
             }))
         }.await)
     }
@@ -676,7 +686,7 @@ impl StrataMcp {
     )]
     async fn restore(&self, Parameters(args): Parameters<RestoreArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
         finish(async {
-            let req = RestoreRequest { checkpoint: args.checkpoint, keep_current: args.keep_current };
+            let req = RestoreRequest { checkpoint: args.checkpoint, keep_current: args.keep_current, processes: None };
             let r = self.client_for(&ext).restore(&args.sandbox, &req).await?;
             let mut v = json!({ "sandbox": sandbox_summary(&r.sandbox) });
             if let Some(k) = r.kept {
@@ -702,7 +712,7 @@ impl StrataMcp {
     }
 
     #[tool(
-        description = "Copy a sandbox (or a checkpoint) into `count` new, independent, running sandboxes and return their ids. A sandbox source is checkpointed first; its files are copied, its running processes are not. Use it to explore several approaches in parallel from the same state; the source is left untouched.",
+        description = "Copy a sandbox (or a checkpoint) into `count` new, independent, running sandboxes and return their ids. A sandbox source is checkpointed first; its files are copied, and its running processes too with processes=true (a dev server comes up already running in every copy). Use it to explore several approaches in parallel from the same state; the source is left untouched.",
         annotations(title = "Fork sandbox", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
     )]
     async fn fork(&self, Parameters(args): Parameters<ForkArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
@@ -716,6 +726,7 @@ impl StrataMcp {
                 limits: None,
                 // Children inherit the source's network rules.
                 network: None,
+                processes: args.processes,
             };
             let r = self.client_for(&ext).fork(&req).await?;
             Ok(json!({ "checkpoint": r.checkpoint, "sandboxes": r.sandboxes, "duration_ms": r.duration_ms }))

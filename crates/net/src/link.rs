@@ -53,7 +53,7 @@ pub fn create_netns(path: &Path) -> Result<(), NetError> {
 pub fn netns_exists(path: &Path) -> bool {
     use nix::sys::statfs::statfs;
     // nsfs magic.
-    statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == 0x6e736673)
+    statfs(path).is_ok_and(|s| s.filesystem_type().0 == 0x6e736673)
 }
 
 /// Removes a namespace made by [`create_netns`] (the namespace itself goes

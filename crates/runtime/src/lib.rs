@@ -143,8 +143,24 @@ pub trait Runtime: Send + Sync {
     /// helper binary the images refer to (needed to restore them).
     fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError>;
 
-    /// Brings back processes dumped by [`Runtime::dump_processes`] on the
-    /// sandbox's (unchanged) filesystem. `inherit` are open descriptors of this
-    /// process that replace the dumped pipes with the given inodes.
-    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError>;
+    /// Copies every process of a sandbox the caller has frozen
+    /// ([`Runtime::set_frozen`]) into `images_dir`, leaving them running and
+    /// still frozen: the process part of a checkpoint, taken at the instant
+    /// its filesystem was read. Established TCP connections are recorded as
+    /// closed (a copy cannot continue them). Returns the helper binary the
+    /// images refer to.
+    fn copy_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError>;
+
+    /// Brings back processes dumped by [`Runtime::dump_processes`] (or copied
+    /// by [`Runtime::copy_processes`]) on a filesystem with the content they
+    /// were dumped with: the sandbox's own, or a new sandbox's made from the
+    /// same checkpoint. `inherit` are open descriptors of this process that
+    /// replace the dumped pipes with the given inodes. CRIU's log and pid file
+    /// go to `work_dir` (images shared by several restores are only read).
+    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, work_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Gives restored processes the identity of `spec` (hostname, sandbox id,
+    /// machine id, fork generation) where a restore brought back the identity
+    /// of the sandbox they were copied from.
+    fn reidentify(&self, spec: &SandboxSpec, handle: &SandboxHandle) -> Result<(), RuntimeError>;
 }

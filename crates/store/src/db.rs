@@ -234,6 +234,8 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX previews_by_sandbox ON previews(sandbox_id);",
     // 12: whether setuid binaries take effect in a sandbox (no no_new_privs).
     "ALTER TABLE sandboxes ADD COLUMN allow_setuid INTEGER NOT NULL DEFAULT 0;",
+    // 13: warm checkpoints: the process image kept with a checkpoint (JSON, NULL: filesystem only).
+    "ALTER TABLE checkpoints ADD COLUMN processes TEXT;",
 ];
 
 /// `prev_hash` of the first audit entry.
@@ -417,13 +419,14 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes";
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
     let config: String = r.get(9)?;
     let labels: String = r.get(11)?;
     let capabilities: String = r.get(18)?;
+    let processes: Option<String> = r.get(19)?;
     let build = || -> Result<(Checkpoint, ImageConfig), DbError> {
         Ok((
             Checkpoint {
@@ -445,6 +448,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                 expires_at: r.get(15)?,
                 pinned: r.get::<_, i64>(16)? != 0,
                 capabilities: parse(&capabilities, "capabilities")?,
+                processes: processes.as_deref().map(|p| parse(p, "processes")).transpose()?,
             },
             parse(&config, "image_config")?,
         ))
@@ -864,12 +868,12 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
                 c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
-                json(&c.capabilities)
+                json(&c.capabilities), c.processes.as_ref().map(json)
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -1708,9 +1712,12 @@ mod tests {
             expires_at: None,
             pinned: false,
             capabilities: vec![strata_api::Capability::UntrustedInput],
+            processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
-        assert_eq!(db.get_checkpoint("c1").unwrap().unwrap().0.tenant, "acme", "a checkpoint is its sandbox's tenant's");
+        let got = db.get_checkpoint("c1").unwrap().unwrap().0;
+        assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
+        assert_eq!(got.processes, c.processes);
         db.put_template("tpl", &c.id, "t", false).unwrap();
         assert_eq!(db.template_tenant("tpl").unwrap().as_deref(), Some("acme"), "a template is its checkpoint's tenant's");
         db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();

@@ -503,7 +503,9 @@ async fn fork(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
         return Err(E2bError::BadRequest(format!("count {count} is out of range (1..=64)")));
     }
     let parent = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
-    let res = client.fork(&ForkRequest { source: id.clone(), count, name_prefix: None, lifecycle: Lifecycle::Ephemeral, ttl: None, limits: None, network: None }).await.map_err(sandbox_err(&id))?;
+    // E2B's fork copies the running sandbox, processes and memory included.
+    let req = ForkRequest { source: id.clone(), count, name_prefix: None, lifecycle: Lifecycle::Ephemeral, ttl: None, limits: None, network: None, processes: Some(true) };
+    let res = client.fork(&req).await.map_err(sandbox_err(&id))?;
     let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
     let mut out = Vec::new();
     for child in &res.sandboxes {
@@ -531,7 +533,8 @@ async fn snapshot(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path
     let b: SnapshotBody = json_body(&body, "SandboxSnapshotRequest")?;
     let mut labels = BTreeMap::new();
     labels.insert("e2b.snapshot".to_string(), "true".to_string());
-    let cp = client.checkpoint(&id, &CheckpointRequest { name: b.name.clone(), labels, ..Default::default() }).await.map_err(sandbox_err(&id))?;
+    // E2B's snapshots keep the running processes and memory: a warm checkpoint.
+    let cp = client.checkpoint(&id, &CheckpointRequest { name: b.name.clone(), labels, processes: true, ..Default::default() }).await.map_err(sandbox_err(&id))?;
     Ok((StatusCode::CREATED, Json(json!({"snapshotID": cp.id, "names": [cp.name]}))).into_response())
 }
 

@@ -349,16 +349,16 @@ struct StreamInputRequest {
 }
 
 /// The framing and caller of a Connect call, or the Connect error answering it.
-fn connect_call(e: &SharedE2b, headers: &HeaderMap) -> Result<(Framing, Ctx), Response> {
-    let f = framing(headers).map_err(|err| error_response(Framing::Unary, err))?;
-    let c = ctx(e, headers, None).map_err(|err| error_response(f, err))?;
+fn connect_call(e: &SharedE2b, headers: &HeaderMap) -> Result<(Framing, Ctx), Box<Response>> {
+    let f = framing(headers).map_err(|err| Box::new(error_response(Framing::Unary, err)))?;
+    let c = ctx(e, headers, None).map_err(|err| Box::new(error_response(f, err)))?;
     Ok((f, c))
 }
 
 async fn process(State(e): State<SharedE2b>, Path(method): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
     let (f, c) = match connect_call(&e, &headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let keepalive = headers.get("keepalive-ping-interval").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).filter(|s| *s > 0).map(Duration::from_secs);
     let res = match (method.as_str(), f) {
@@ -708,7 +708,7 @@ fn need<'a>(v: &'a Option<String>, what: &str) -> Result<&'a str, ConnectError> 
 async fn filesystem(State(e): State<SharedE2b>, Path(method): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
     let (f, c) = match connect_call(&e, &headers) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if method == "WatchDir" {
         if f != Framing::Stream {

@@ -114,13 +114,22 @@ impl SandboxCgroup {
         self.dirs.iter().map(|d| d.join(name)).collect()
     }
 
+    /// The directory whose freezer state freezes the sandbox (v1: its freezer
+    /// controller's, v2: its only one), as CRIU's `--freeze-cgroup` takes it.
+    pub fn freezer_dir(&self) -> Option<PathBuf> {
+        match self.version {
+            CgroupVersion::V1 => self.dirs.iter().find(|d| d.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == "freezer")).cloned(),
+            CgroupVersion::V2 => self.dirs.first().cloned(),
+        }
+    }
+
     /// Freezes (`true`) or thaws every task of the cgroup and waits until the
     /// kernel reports the new state (at most `timeout`).
     pub fn set_frozen(&self, frozen: bool, timeout: std::time::Duration) -> Result<(), CgroupError> {
         let deadline = std::time::Instant::now() + timeout;
         match self.version {
             CgroupVersion::V1 => {
-                let Some(d) = self.dirs.iter().find(|d| d.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == "freezer")) else {
+                let Some(d) = self.freezer_dir() else {
                     return Err(CgroupError::Io { path: self.dirs.first().cloned().unwrap_or_default(), source: io::Error::new(io::ErrorKind::Unsupported, "no freezer hierarchy") });
                 };
                 let f = d.join("freezer.state");

@@ -91,7 +91,26 @@ pub fn log_errors(log: &Path) -> String {
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Arguments shared by dump and restore.
-const COMMON: [&str; 4] = ["--tcp-established", "--file-locks", "--ext-unix-sk", "-v2"];
+const COMMON: [&str; 3] = ["--file-locks", "--ext-unix-sk", "-v2"];
+
+/// What a dump does to the processes it dumps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DumpMode {
+    /// Standby: the processes end once dumped; established TCP connections
+    /// are saved and continue on restore (the network is locked meanwhile).
+    Standby,
+    /// A checkpoint's copy: the processes keep running (frozen by the caller
+    /// through the cgroup at `freezer`, and left frozen); established TCP
+    /// connections are saved as closed, since several copies cannot all
+    /// continue one connection.
+    Copy {
+        /// The freezer cgroup directory (`--freeze-cgroup`).
+        freezer: PathBuf,
+    },
+}
+
+/// How an image's TCP connections were saved: the restore must say the same.
+pub const TCP_CLOSED_MARKER: &str = "strata-tcp.closed";
 
 /// Key under which the sandbox's network namespace is recorded as external: it
 /// is not saved in the images, and a restore gets a fresh one from strata (the
@@ -138,10 +157,11 @@ pub fn has_mount(pid: i32, mount_point: &str) -> bool {
     info.lines().any(|l| l.split(' ').nth(4) == Some(mount_point))
 }
 
-/// Dumps the process tree rooted at `init_pid` into `dir` (created) and kills it.
-/// On failure the processes keep running (CRIU resumes them). A secrets tmpfs
-/// is declared external, so its contents stay out of the images.
-pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeError> {
+/// Dumps the process tree rooted at `init_pid` into `dir` (created): for
+/// standby it ends the processes, for a copy it leaves them running (see
+/// [`DumpMode`]). On failure the processes keep running (CRIU resumes them).
+/// A secrets tmpfs is declared external, so its contents stay out of the images.
+pub fn dump(init_pid: i32, dir: &Path, mode: &DumpMode) -> Result<std::time::Duration, RuntimeError> {
     let bin = binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
     std::fs::create_dir_all(dir).map_err(|e| RuntimeError::sys(format!("create {}", dir.display()), e))?;
     let netns = netns_inode(init_pid)?;
@@ -161,7 +181,14 @@ pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeErr
         .arg(format!("mnt[{}]:{HELPER_KEY}", super::init::SELF_PATH))
         .arg("--external")
         .arg(format!("net[{netns}]:{NETNS_KEY}"))
-        .args(network_lock_args(nftables_lock(&bin)))
+        .args(match mode {
+            DumpMode::Standby => {
+                let mut a: Vec<String> = network_lock_args(nftables_lock(&bin)).iter().map(|s| s.to_string()).collect();
+                a.push("--tcp-established".into());
+                a
+            }
+            DumpMode::Copy { freezer } => vec!["--leave-running".into(), "--tcp-close".into(), "--freeze-cgroup".into(), freezer.to_string_lossy().into_owned()],
+        })
         .args(if secrets { vec!["--external".to_string(), format!("mnt[{}]:{SECRETS_KEY}", crate::spec::SECRETS_DIR)] } else { Vec::new() })
         .args(COMMON)
         .output()
@@ -171,6 +198,9 @@ pub fn dump(init_pid: i32, dir: &Path) -> Result<std::time::Duration, RuntimeErr
     }
     let took = t.elapsed();
     std::fs::write(dir.join(NETNS_MARKER), b"loopback\n").map_err(|e| RuntimeError::sys(format!("write {}", dir.join(NETNS_MARKER).display()), e))?;
+    if matches!(mode, DumpMode::Copy { .. }) {
+        std::fs::write(dir.join(TCP_CLOSED_MARKER), b"closed\n").map_err(|e| RuntimeError::sys(format!("write {}", dir.join(TCP_CLOSED_MARKER).display()), e))?;
+    }
     Ok(took)
 }
 
@@ -189,6 +219,17 @@ pub struct RestoreConfig {
     pub cgroup_join_files: Vec<PathBuf>,
     /// The images directory.
     pub images_dir: PathBuf,
+    /// Where CRIU writes its log (`-W`; the images directory when `None`).
+    #[serde(default)]
+    pub criu_work_dir: Option<PathBuf>,
+    /// The images hold established TCP connections as closed ([`TCP_CLOSED_MARKER`]).
+    #[serde(default)]
+    pub tcp_closed: bool,
+    /// The root is not the dumped sandbox's own (a restore from a checkpoint's
+    /// copy): create the identity mount points checkpoints leave out first
+    /// (see [`super::mounts::ensure_identity_mountpoints`]).
+    #[serde(default)]
+    pub foreign_root: bool,
     /// The helper binary to bind where the dumped one was.
     pub helper: PathBuf,
     /// Inherited descriptors and the pipe inode each replaces.
@@ -231,6 +272,7 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
         cfg.images_dir.to_string_lossy().into_owned(),
         "-o".into(),
         RESTORE_LOG.into(),
+        if cfg.tcp_closed { "--tcp-close".into() } else { "--tcp-established".into() },
         "--root".into(),
         cfg.rootfs_dir.to_string_lossy().into_owned(),
         "--restore-detached".into(),
@@ -239,6 +281,10 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
         "--external".into(),
         format!("mnt[{HELPER_KEY}]:{}", cfg.helper.display()),
     ];
+    if let Some(dir) = &cfg.criu_work_dir {
+        a.push("-W".into());
+        a.push(dir.to_string_lossy().into_owned());
+    }
     if let Some(dir) = &cfg.secrets_mount {
         a.push("--external".into());
         a.push(format!("mnt[{SECRETS_KEY}]:{}", dir.display()));

@@ -258,7 +258,7 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        let took = criu::dump(handle.init_pid, images_dir)?;
+        let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Standby)?;
         if !wait_for_exit(handle, Duration::from_secs(5)) {
             return Err(RuntimeError::Setup(format!("init of sandbox {sandbox_id} survived the dump")));
         }
@@ -268,14 +268,32 @@ impl Runtime for NamespaceRuntime {
         Ok(self.init_binary.clone())
     }
 
-    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError> {
+    fn copy_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox init is not running".into()));
+        }
+        let freezer = self.cgroup(sandbox_id).freezer_dir().ok_or_else(|| RuntimeError::Unsupported("no freezer cgroup for this sandbox".into()))?;
+        let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Copy { freezer })?;
+        debug!(sandbox = sandbox_id, ms = took.as_millis() as u64, "processes copied");
+        Ok(self.init_binary.clone())
+    }
+
+    fn reidentify(&self, spec: &SandboxSpec, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox init is not running".into()));
+        }
+        mounts::reidentify(handle.init_pid, &spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation).map_err(RuntimeError::Setup)
+    }
+
+    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, work_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError> {
         if let Some(why) = self.process_dump_unsupported() {
             return Err(RuntimeError::Unsupported(why));
         }
         let bin = criu::binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
-        let pidfile = images_dir.join(criu::PIDFILE);
+        std::fs::create_dir_all(work_dir).map_err(|e| RuntimeError::sys(format!("create {}", work_dir.display()), e))?;
+        let pidfile = work_dir.join(criu::PIDFILE);
         let _ = std::fs::remove_file(&pidfile);
         let cfg = criu::RestoreConfig {
             lower_dirs: spec.lower_dirs.clone(),
@@ -284,6 +302,9 @@ impl Runtime for NamespaceRuntime {
             rootfs_dir: spec.rootfs_dir.clone(),
             cgroup_join_files: cg.join_files(),
             images_dir: images_dir.to_path_buf(),
+            criu_work_dir: (work_dir != images_dir).then(|| work_dir.to_path_buf()),
+            foreign_root: work_dir != images_dir,
+            tcp_closed: images_dir.join(criu::TCP_CLOSED_MARKER).is_file(),
             helper: helper.to_path_buf(),
             inherit: inherit.to_vec(),
             pidfile: pidfile.clone(),
@@ -333,7 +354,7 @@ impl Runtime for NamespaceRuntime {
             Err(RuntimeError::Setup(msg))
         };
         if !status.success() {
-            let detail = criu::log_errors(&images_dir.join(criu::RESTORE_LOG));
+            let detail = criu::log_errors(&work_dir.join(criu::RESTORE_LOG));
             // Whatever CRIU left behind dies with the cgroup.
             for p in cg.pids() {
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);

@@ -174,11 +174,7 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
     if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
         new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
     }
-    for l in hosts.lines().filter(|l| !l.starts_with("127.0.1.1")) {
-        new.push_str(l);
-        new.push('\n');
-    }
-    new.push_str(&format!("127.0.1.1\t{hostname}\n"));
+    new.push_str(&hosts_with(&hosts, hostname));
     put("hosts", new)?;
     put("hostname", format!("{hostname}\n"))?;
     put("machine-id", format!("{machine_id}\n"))?;
@@ -194,6 +190,100 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
         mount(Some(format!("/run/strata/{name}").as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx(format!("bind /etc/{name}")))?;
     }
     Ok(())
+}
+
+/// Creates, in the root at `root` (not entered: every path is resolved inside
+/// it with `openat2(RESOLVE_IN_ROOT)`, so the tree's own symlinks cannot lead
+/// out), the mount points of the identity mounts that checkpoints leave out
+/// ([`IDENTITY_PATHS`]): `/run/strata`, and `/etc/hostname`, `/etc/hosts` and
+/// `/etc/machine-id` when `/etc` exists. A sandbox restored from another
+/// sandbox's process image needs them where CRIU re-mounts its tree.
+pub fn ensure_identity_mountpoints(root: &Path) -> Result<(), String> {
+    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
+    use std::os::fd::AsRawFd;
+    let root_fd = fs::File::open(root).map_err(|e| format!("open {}: {e}", root.display()))?;
+    let resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+    let dir = |rel: &str| openat2(root_fd.as_raw_fd(), rel, libc::O_PATH | libc::O_DIRECTORY, 0, resolve);
+    let run = match dir("run") {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            nix::sys::stat::mkdirat(Some(root_fd.as_raw_fd()), "run", Mode::from_bits_truncate(0o755)).map_err(|e| format!("mkdir /run: {e}"))?;
+            dir("run").map_err(|e| format!("open /run: {e}"))?
+        }
+        Err(e) => return Err(format!("open /run: {e}")),
+    };
+    match nix::sys::stat::mkdirat(Some(run.as_raw_fd()), "strata", Mode::from_bits_truncate(0o755)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => return Err(format!("mkdir /run/strata: {e}")),
+    }
+    let Ok(etc) = dir("etc") else { return Ok(()) };
+    for name in ["hostname", "hosts", "machine-id"] {
+        let flags = nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_CLOEXEC;
+        match nix::fcntl::openat(Some(etc.as_raw_fd()), name, flags, Mode::from_bits_truncate(0o644)) {
+            Ok(fd) => {
+                let _ = nix::unistd::close(fd);
+            }
+            Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(format!("create /etc/{name}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// The `127.0.1.1 <hostname>` line of `hosts`, replaced (or added).
+fn hosts_with(hosts: &str, hostname: &str) -> String {
+    let mut new: String = hosts.lines().filter(|l| !l.starts_with("127.0.1.1")).map(|l| format!("{l}\n")).collect();
+    new.push_str(&format!("127.0.1.1\t{hostname}\n"));
+    new
+}
+
+/// After a restore of processes copied from another sandbox: rewrites the
+/// identity files in the restored sandbox's /run/strata (in place: the bind
+/// mounts over /etc/hostname, /etc/hosts and /etc/machine-id show the new
+/// contents) and sets its hostname. The files are reached through
+/// `/proc/<init>/root` with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`:
+/// whatever the copied workload left there, no write leaves the sandbox.
+pub fn reidentify(init_pid: i32, hostname: &str, sandbox_id: &str, machine_id: &str, generation: u32) -> Result<(), String> {
+    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
+    use std::io::{Read, Seek, Write};
+    let root = fs::File::open(format!("/proc/{init_pid}/root")).map_err(|e| format!("open the root of pid {init_pid}: {e}"))?;
+    let resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    let open = |name: &str| -> Result<Option<fs::File>, String> {
+        match openat2(std::os::fd::AsRawFd::as_raw_fd(&root), &format!("run/strata/{name}"), libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY, 0, resolve) {
+            Ok(fd) => {
+                let f = fs::File::from(fd);
+                let regular = f.metadata().map(|m| m.is_file()).unwrap_or(false);
+                if regular { Ok(Some(f)) } else { Err(format!("/run/strata/{name} is not a regular file")) }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(format!("open /run/strata/{name}: {e}")),
+        }
+    };
+    let put = |name: &str, content: &str| -> Result<(), String> {
+        if let Some(mut f) = open(name)? {
+            f.set_len(0).and_then(|_| f.rewind()).and_then(|_| f.write_all(content.as_bytes())).map_err(|e| format!("write /run/strata/{name}: {e}"))?;
+        }
+        Ok(())
+    };
+    put("sandbox-id", &format!("{sandbox_id}\n"))?;
+    put("generation", &format!("{generation}\n"))?;
+    put("hostname", &format!("{hostname}\n"))?;
+    put("machine-id", &format!("{machine_id}\n"))?;
+    if let Some(mut f) = open("hosts")? {
+        let mut old = String::new();
+        let _ = Read::take(&mut f, 1 << 20).read_to_string(&mut old);
+        let new = hosts_with(&old, hostname);
+        f.set_len(0).and_then(|_| f.rewind()).and_then(|_| f.write_all(new.as_bytes())).map_err(|e| format!("write /run/strata/hosts: {e}"))?;
+    }
+    // The UTS namespace is per thread: join it from a thread of its own, which then ends.
+    let uts = fs::File::open(format!("/proc/{init_pid}/ns/uts")).map_err(|e| format!("open the UTS namespace of pid {init_pid}: {e}"))?;
+    let name = hostname.to_string();
+    std::thread::spawn(move || -> Result<(), String> {
+        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS).map_err(|e| format!("join the UTS namespace: {e}"))?;
+        nix::unistd::sethostname(&name).map_err(|e| format!("sethostname {name}: {e}"))
+    })
+    .join()
+    .map_err(|_| "the hostname thread panicked".to_string())?
 }
 
 /// Binds `/run/strata/resolv.conf` (holding `content`) over /etc/resolv.conf
@@ -347,6 +437,13 @@ pub fn loopback_up() -> SetupResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_get_exactly_one_line_for_the_hostname() {
+        let old = "127.0.0.1\tlocalhost\n127.0.1.1\tparent\n10.0.0.1 db\n";
+        assert_eq!(hosts_with(old, "child"), "127.0.0.1\tlocalhost\n10.0.0.1 db\n127.0.1.1\tchild\n");
+        assert_eq!(hosts_with("", "x"), "127.0.1.1\tx\n");
+    }
 
     #[test]
     fn tmp_is_capped_by_the_memory_limit() {

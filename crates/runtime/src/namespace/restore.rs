@@ -75,6 +75,11 @@ pub fn main() -> ! {
     if let Err(e) = mount(Some("overlay"), &cfg.rootfs_dir, Some("overlay"), MsFlags::empty(), Some(opts.as_str())) {
         fail(format!("mount the overlay root on {}: {e}", cfg.rootfs_dir.display()));
     }
+    if cfg.foreign_root {
+        if let Err(e) = super::mounts::ensure_identity_mountpoints(&cfg.rootfs_dir) {
+            fail(format!("mount points in the restored root: {e}"));
+        }
+    }
     if let Some(dir) = &cfg.secrets_mount {
         // The values come on stdin (never in the environment or on disk).
         let mut raw = Vec::new();
