@@ -385,16 +385,29 @@ class TestPauseForkSnapshot(unittest.TestCase):
         finally:
             sb.kill()
 
+    COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done"
+
+    def assert_counter_runs(self, sb, pid):
+        """The background counter (copied with its memory) runs on in `sb`."""
+        self.assertIn(pid, [p.pid for p in sb.commands.list()])
+        a = int(sb.files.read("/tmp/counter").strip())
+        time.sleep(0.3)
+        self.assertGreater(int(sb.files.read("/tmp/counter").strip()), a)
+
     def test_fork(self):
         sb = Sandbox.create()
         try:
             sb.files.write("/home/user/f.txt", "parent")
+            h = sb.commands.run(self.COUNTER, background=True)
+            time.sleep(0.3)
             forks = sb.fork(count=2)
             self.assertEqual(len(forks), 2)
             for f in forks:
                 self.assertIsInstance(f, Sandbox)
                 self.assertNotEqual(f.sandbox_id, sb.sandbox_id)
                 self.assertEqual(f.files.read("/home/user/f.txt"), "parent")
+                # E2B forks the running sandbox: its processes and memory too.
+                self.assert_counter_runs(f, h.pid)
                 f.files.write("/home/user/f.txt", f.sandbox_id)
             self.assertEqual(sb.files.read("/home/user/f.txt"), "parent")
             for f in forks:
@@ -406,6 +419,8 @@ class TestPauseForkSnapshot(unittest.TestCase):
         sb = Sandbox.create()
         try:
             sb.files.write("/home/user/s.txt", "snap")
+            h = sb.commands.run(self.COUNTER, background=True)
+            time.sleep(0.3)
             snap = sb.create_snapshot()
             self.assertTrue(snap.snapshot_id)
             ids = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
@@ -413,6 +428,8 @@ class TestPauseForkSnapshot(unittest.TestCase):
             child = Sandbox.create(snap.snapshot_id)
             try:
                 self.assertEqual(child.files.read("/home/user/s.txt"), "snap")
+                # A sandbox made from a snapshot starts with its processes running.
+                self.assert_counter_runs(child, h.pid)
             finally:
                 child.kill()
             # strata keeps a checkpoint while its sandbox lives (409 in_use).
