@@ -56,11 +56,11 @@ const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b] [--date S] [--commit S]
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm] [--date S] [--commit S]
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 10] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview", "e2b"];
+const FIGURES: [&str; 11] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview", "e2b", "warm"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -167,7 +167,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 10] = [
+    let figs: [(&str, Fig); 11] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -178,6 +178,7 @@ async fn run() -> Result<()> {
         ("network", |b| Box::pin(figures::network::run(b))),
         ("preview", |b| Box::pin(figures::preview::run(b))),
         ("e2b", |b| Box::pin(figures::e2b::run(b))),
+        ("warm", |b| Box::pin(figures::warm::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

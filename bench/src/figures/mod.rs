@@ -1,4 +1,4 @@
-//! The nine figures of the benchmark, and what they share.
+//! The figures of the benchmark, and what they share.
 
 pub mod checkpoint;
 pub mod create;
@@ -10,6 +10,7 @@ pub mod network;
 pub mod pipeline;
 pub mod preview;
 pub mod standby;
+pub mod warm;
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
