@@ -176,6 +176,21 @@ TEMPLATE_MS=$(( $(ms) - t ))
 row new-task "from template" "$TEMPLATE_MS" "a new sandbox with the prepared venv, nothing reinstalled"
 
 echo
+note "stage 5a · warm fork: dev is checkpointed with its running dev server; 3 forks come up with it already serving"
+t=$(ms)
+"$STRATA" checkpoint "$DEV" --processes --name dev-warm --json |
+    python3 -c 'import json, sys; c = json.load(sys.stdin); p = c["processes"]; print("  checkpoint %s: filesystem + %d API processes, %d KiB of process image, copied in %d ms" % (c["name"], p["api_processes"], p["bytes"] // 1024, p["dump_ms"]))'
+"$STRATA" fork dev-warm --count 3 --name-prefix warm --json >"$WORK/warm.json"
+for id in $(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["sandboxes"]))' "$WORK/warm.json"); do
+    "$STRATA" exec -u user "$id" -- sh -c 'printf "  %s: dev server answers %s without being started\n" "$(hostname)" "$(curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8000/)"'
+done
+WARM_MS=$(( $(ms) - t ))
+for id in $(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["sandboxes"]))' "$WORK/warm.json"); do
+    "$STRATA" rm -f "$id" >/dev/null
+done
+row warm-fork "fork 3 with processes" "$WARM_MS" "each child: the running dev server (its memory), own identity"
+
+echo
 note "stage 5b · the next task as a pipeline (examples/demo/pipeline.toml): from the template, a lifecycle per stage"
 t=$(ms)
 "$STRATA" pipeline run examples/demo/pipeline.toml
