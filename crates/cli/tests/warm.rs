@@ -120,6 +120,11 @@ fn warm_checkpoints_start_sandboxes_with_their_processes_running() {
     for child in &children {
         assert_warm_copy(&d, child, counter, &src_machine_id);
     }
+    // A copy is an ordinary sandbox from then on: standby and resume keep its processes.
+    d.cli_ok(&["standby", &children[0]]);
+    d.cli_ok(&["resume", &children[0]]);
+    let n = counts(&d, &children[0]).len();
+    assert_contiguous(&wait_longer(&d, &children[0], n), "a copy after standby");
     // A fork from the live sandbox with --processes checkpoints it warm first.
     let live = json(&d.cli_ok(&["fork", "src", "--count", "1", "--processes", "--json"]));
     assert_warm_copy(&d, live["sandboxes"][0].as_str().unwrap(), counter, &src_machine_id);

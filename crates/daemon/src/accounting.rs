@@ -248,7 +248,8 @@ fn measure(st: &Shared) -> HashMap<String, BTreeMap<&'static str, u64>> {
     if let Ok(ckpts) = st.db.list_checkpoints(None) {
         for c in ckpts {
             let kind = if templates.contains(&c.id) { "template" } else { "checkpoint" };
-            *out.entry(c.sandbox_id.clone()).or_default().entry(kind).or_default() += c.layer_size;
+            // A warm checkpoint's process image is stored with it.
+            *out.entry(c.sandbox_id.clone()).or_default().entry(kind).or_default() += c.layer_size + c.processes.as_ref().map_or(0, |p| p.bytes);
         }
     }
     out
