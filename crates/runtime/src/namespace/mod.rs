@@ -146,6 +146,13 @@ impl Runtime for NamespaceRuntime {
             cleanup(None);
             return Err(RuntimeError::Setup("init did not report its pid".into()));
         };
+        // Pid 1 reports ready, then re-executes strata-init from inside the
+        // sandbox: until it has, its memory maps the host's strata binary, which
+        // a process dump (standby, a warm checkpoint) right after create cannot take.
+        if let Err(e) = wait_for_exe(pid, &self.init_binary, Duration::from_secs(5)) {
+            cleanup(Some(pid));
+            return Err(e);
+        }
         let Some(start) = process_start_time(pid) else {
             cleanup(Some(pid));
             return Err(RuntimeError::Setup("init exited right after setup".into()));
@@ -367,6 +374,25 @@ impl Runtime for NamespaceRuntime {
         };
         let Some(start) = process_start_time(pid) else { return fail("the restored init exited at once".into()) };
         Ok(SandboxHandle { init_pid: pid, init_start_time: start })
+    }
+}
+
+/// Waits until process `pid` runs the file `binary` (the same inode: inside the
+/// sandbox it is a bind mount of it), at most `timeout`.
+fn wait_for_exe(pid: i32, binary: &std::path::Path, timeout: Duration) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let want = std::fs::metadata(binary).map_err(|e| RuntimeError::sys(format!("stat {}", binary.display()), e))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match std::fs::metadata(format!("/proc/{pid}/exe")) {
+            Ok(m) if m.ino() == want.ino() && m.dev() == want.dev() => return Ok(()),
+            Ok(_) => {}
+            Err(_) => return Err(RuntimeError::Setup("init exited before it became strata-init".into())),
+        }
+        if Instant::now() > deadline {
+            return Err(RuntimeError::Setup(format!("init did not execute {} within {timeout:?}", binary.display())));
+        }
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 
