@@ -75,6 +75,24 @@ pub struct TestDaemon {
     pub env: Vec<(String, String)>,
 }
 
+/// A network pool of its own for each daemon of a test binary: daemons that
+/// share a pool share its nftables table and veth names, and each one's start
+/// removes what it does not know there (the other's sandboxes' plumbing). The
+/// network tests name theirs (10.220-10.252); these stay below.
+fn own_network_pool() -> (String, String) {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 50;
+    ("STRATA_NETWORK_POOL".to_string(), format!("10.{}.0.0/24", 160 + n))
+}
+
+/// `env` with a network pool of its own unless it names one.
+fn with_own_pool(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+    if !env.iter().any(|(k, _)| k == "STRATA_NETWORK_POOL") {
+        env.push(own_network_pool());
+    }
+    env
+}
+
 impl TestDaemon {
     pub fn start() -> TestDaemon {
         Self::start_with(None)
@@ -84,7 +102,7 @@ impl TestDaemon {
         let dir = tempfile::Builder::new().prefix("strata-it-").tempdir_in("/var/tmp").expect("tempdir");
         let socket = dir.path().join("strata.sock");
         let state_dir = dir.path().join("state");
-        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: listen.map(str::to_string), env: Vec::new() };
+        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: listen.map(str::to_string), env: with_own_pool(Vec::new()) };
         d.spawn();
         d
     }
@@ -94,7 +112,7 @@ impl TestDaemon {
         let dir = tempfile::Builder::new().prefix("strata-it-").tempdir_in("/var/tmp").expect("tempdir");
         let socket = dir.path().join("strata.sock");
         let state_dir = dir.path().join("state");
-        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env = with_own_pool(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
         let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: None, env };
         d.spawn();
         d
