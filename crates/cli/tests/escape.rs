@@ -139,8 +139,7 @@ fn host_filesystem_processes_daemon_and_other_sandboxes_are_out_of_reach() {
     let (_, sockets) = run(&d, &id, "find / -xdev -type s 2>/dev/null; find /run /tmp /dev /var -type s 2>/dev/null");
     assert!(sockets.trim().is_empty(), "unix sockets visible inside: {sockets}");
     let (_, mounts) = run(&d, &id, "cat /proc/self/mountinfo");
-    // (mountinfo does name host paths, as the source of the overlay's upperdir
-    // and of the init binary's bind mount: information, not access.)
+    // (No host path appears in mountinfo at all: kernel_information_and_host_paths_are_masked.)
     for l in mounts.lines() {
         let mount_point = l.split(' ').nth(4).unwrap();
         assert!(!mount_point.starts_with("/work") && !mount_point.starts_with("/var/tmp"), "host path mounted inside: {l}");
@@ -309,6 +308,26 @@ for name, fam, kind, proto in [("af_packet", 17, socket.SOCK_RAW, 0x0300), ("ine
         s = socket.socket(fam, kind, proto); print("socket_" + name, 0, "OK", flush=True); s.close()
     except OSError as e:
         print("socket_" + name, -1, errno.errorcode.get(e.errno, e.errno), flush=True)
+# Socket families: those that are not network-namespaced (vsock shares the
+# host's port space) or that a sandbox has no use for are refused whatever the
+# kernel supports; the usual ones work.
+for name, fam in [("vsock", 40), ("alg", 38), ("bluetooth", 31), ("tipc", 30), ("rds", 21), ("key", 15), ("xdp", 44), ("can", 29), ("qipcrtr", 42), ("smc", 43), ("llc", 26), ("nfc", 39), ("mctp", 45), ("ax25", 3), ("x25", 9), ("atmpvc", 8), ("phonet", 35), ("ieee802154", 36)]:
+    outcome = None
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW):
+        try:
+            s = socket.socket(fam, kind, 0); s.close(); outcome = (0, "OK"); break
+        except OSError as e:
+            outcome = (-1, errno.errorcode.get(e.errno, e.errno))
+    print("family_" + name, *outcome, flush=True)
+for name, fam, kind in [("unix", socket.AF_UNIX, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM), ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("netlink", 16, socket.SOCK_RAW)]:
+    try:
+        s = socket.socket(fam, kind, 0); s.close(); print("usable_" + name, 0, "OK", flush=True)
+    except OSError as e:
+        print("usable_" + name, -1, errno.errorcode.get(e.errno, e.errno), flush=True)
+try:
+    a, b_ = socket.socketpair(40, socket.SOCK_STREAM); print("socketpair_vsock", 0, "OK", flush=True)
+except OSError as e:
+    print("socketpair_vsock", -1, errno.errorcode.get(e.errno, e.errno), flush=True)
 # The host's abstract unix sockets (network-namespaced) and its loopback TCP ports.
 for name, addr in [("abstract_connect", "\0" + sys.argv[2])]:
     try:
@@ -394,6 +413,13 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     for dev in ["/dev/mem", "/dev/kmem", "/dev/port", "/dev/sda"] {
         expect(&format!("open_{dev}"), &["ENOENT"]);
     }
+    for fam in ["vsock", "alg", "bluetooth", "tipc", "rds", "key", "xdp", "can", "qipcrtr", "smc", "llc", "nfc", "mctp", "ax25", "x25", "atmpvc", "phonet", "ieee802154"] {
+        expect(&format!("family_{fam}"), &["EAFNOSUPPORT"]);
+    }
+    expect("socketpair_vsock", &["EAFNOSUPPORT"]);
+    for fam in ["unix", "inet", "inet6", "netlink"] {
+        assert_eq!(results.get(format!("usable_{fam}").as_str()).map(|r| r.1), Some("OK"), "AF_{fam} must stay usable:\n{text}");
+    }
     expect("abstract_connect", &["ECONNREFUSED"]);
     expect("host_loopback_tcp", &["ECONNREFUSED"]);
     let fds: Vec<(&str, &str)> = results.iter().filter(|(k, _)| k.starts_with("fd_")).map(|(k, (_, target))| (*k, *target)).collect();
@@ -413,4 +439,121 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     host.assert_untouched();
     canary.assert_alive(&d);
     assert_eq!(d.cli_ok(&["exec", &id, "--", "echo", "ok"]), "ok\n");
+}
+
+/// A script that, run by the exec helper as host root, would prove it: it
+/// records its capabilities and tries to make the host's disk.
+const PLANTED_HELPER: &str = "#!/bin/sh\ngrep Cap /proc/self/status > /pwned\nmknod /pwned-disk b 8 0 2>> /pwned\nexit 0\n";
+
+/// Whether `path` exists in sandbox `id`, asked through the file API (a
+/// planted helper would hijack an exec asking the same).
+fn exists_via_file_api(d: &TestDaemon, id: &str, path: &str) -> bool {
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("f");
+    d.cli(&["cp", &format!("{id}:{path}"), dest.to_str().unwrap()]).status.success()
+}
+
+/// Issue 14.1: the exec helper joins the sandbox with every host privilege;
+/// it used to execute `/run/strata/init` by path inside the sandbox, so a
+/// sandbox that moved /run away and planted its own file there got host root
+/// on its next exec (or template build step). The helper now executes the
+/// binary pid 1 runs, from a descriptor opened on the host.
+#[test]
+fn a_helper_planted_at_run_strata_init_is_never_executed() {
+    require_host!();
+    let mut host = Host::new("plant");
+    let d = TestDaemon::start();
+    d.import_busybox();
+    // The attack needs a /run that lies wholly in the writable layer (overlayfs
+    // refuses to rename a directory of the image): an image without /run.
+    let tar = d.dir.path().join("busybox-without-run.tar");
+    std::fs::copy(common::images_dir().join("busybox-rootfs.tar"), &tar).unwrap();
+    let del = std::process::Command::new("tar").arg("--delete").arg("-f").arg(&tar).arg("./run/").status().unwrap();
+    assert!(del.success(), "tar --delete ./run/");
+    d.cli_ok(&["image", "import", tar.to_str().unwrap(), "--name", "no-run"]);
+    let id = d.cli_ok(&["create", "no-run", "--name", "planter"]).trim().to_string();
+    let plant = format!("mv /run /run.old && mkdir -p /run/strata && printf '%s' '{PLANTED_HELPER}' > /run/strata/init && chmod 755 /run/strata/init && ls -l /run/strata/init");
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", &plant]);
+    // The next exec runs the real helper: the command runs and reports its own status.
+    let out = d.cli(&["exec", &id, "--", "sh", "-c", "echo from-the-command; exit 7"]);
+    assert_eq!(out.status.code(), Some(7), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(stdout(&out), "from-the-command\n");
+    let out = d.cli(&["exec", "-u", "1000", &id, "--", "id", "-u"]);
+    assert_eq!(stdout(&out), "1000\n", "{}", stderr(&out));
+    assert!(!exists_via_file_api(&d, &id, "/pwned"), "the planted helper ran as host root");
+    assert!(!exists_via_file_api(&d, &id, "/pwned-disk"));
+    // Replacing the helper's bind mount itself is refused (it is read-only and a mount point).
+    refused(&d, &id, "cp /bin/busybox /run.old/strata/init", &["Read-only file system", "Text file busy", "Permission denied"]);
+    refused(&d, &id, "rm /run.old/strata/init", &["Read-only file system", "resource busy", "Permission denied"]);
+
+    // The same through a template build: one step plants, the next would trigger it.
+    let ctx = tempfile::tempdir().unwrap();
+    let file = ctx.path().join("Stratafile");
+    let escaped = PLANTED_HELPER.replace('\n', "\\n");
+    std::fs::write(&file, format!("FROM no-run\nRUN mv /run /run.old && mkdir -p /run/strata && printf '{escaped}' > /run/strata/init && chmod 755 /run/strata/init\nRUN echo second > /second\n")).unwrap();
+    let out = d.cli(&["template", "build", "planted", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let built = d.cli_ok(&["create", "planted"]).trim().to_string();
+    assert!(exists_via_file_api(&d, &built, "/second"), "the second step did not run");
+    assert!(!exists_via_file_api(&d, &built, "/pwned"), "the planted helper ran during the template build");
+    host.assert_untouched();
+}
+
+/// Issue 14.2: a process inside could open the report pipe of an exec that
+/// was starting (through /proc/<pid>/fd, while the process being started was
+/// still dumpable) and write the daemon a status of its choice. The attacker
+/// here scans every descriptor of every visible process and writes a forged
+/// "exited 0" into each pipe it can open, while commands whose start is made
+/// slow on purpose (a PATH of 1500 directories whose `prog` is a script with
+/// a missing interpreter: each exec attempt fails with ENOENT and the next is
+/// tried) exit with 7.
+#[test]
+fn a_sandbox_cannot_reach_the_report_channel_of_an_exec() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--name", "forger"]);
+    let setup = "for i in $(seq 1 1500); do mkdir -p /w/d$i && printf '#!/nonexistent/interpreter\\n' > /w/d$i/prog && chmod 755 /w/d$i/prog; done; \
+                 mkdir -p /w/real && printf '#!/bin/sh\\nexit 7\\n' > /w/real/prog && chmod 755 /w/real/prog";
+    d.cli_ok(&["exec", "--timeout", "120s", &id, "--", "sh", "-c", setup]);
+    let path: String = (1..=1500).map(|i| format!("/w/d{i}:")).collect::<String>() + "/w/real";
+    let attacker = r#"while :; do for f in /proc/[0-9]*/fd/*; do case "$f" in */fd/0|*/fd/1|*/fd/2|/proc/$$/*) continue;; esac; [ -p "$f" ] || continue; if echo '{"type":"exited","code":0}' 2>/dev/null > "$f"; then echo "$f" >> /tmp/hits; fi; done 2>/dev/null; done"#;
+    let attacker_proc = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", attacker]).trim().to_string();
+    let mut codes = Vec::new();
+    for _ in 0..15 {
+        let out = d.cli(&["exec", "-e", &format!("PATH={path}"), &id, "--", "prog"]);
+        codes.push(out.status.code());
+    }
+    d.cli_ok(&["proc", "kill", &id, &attacker_proc, "--signal", "KILL"]);
+    let _ = d.cli(&["proc", "wait", &id, &attacker_proc]);
+    let hits = d.cli_ok(&["exec", &id, "--", "sh", "-c", "cat /tmp/hits 2>/dev/null | wc -l; for f in $(sort -u /tmp/hits 2>/dev/null | head -5); do echo $f $(readlink $f) $(cat ${f%/fd/*}/cmdline | tr '\\0' ' '); done"]);
+    assert!(codes.iter().all(|c| *c == Some(7)), "forged exit statuses: {codes:?} (attacker writes: {})", hits.trim());
+    assert_eq!(hits.lines().next().map(str::trim), Some("0"), "the attacker opened pipes of other processes: {hits}");
+}
+
+/// Issue 14.9: kernel information the sandbox has no use for is masked, and
+/// no host path of the daemon's state directory appears in the sandbox's view
+/// of its mounts.
+#[test]
+fn kernel_information_and_host_paths_are_masked() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--name", "looker"]);
+    for path in ["/sys/kernel/vmcoreinfo", "/proc/slabinfo", "/proc/key-users", "/proc/vmallocinfo", "/proc/pagetypeinfo", "/proc/timer_list", "/proc/sched_debug", "/proc/keys", "/proc/kcore", "/sys/kernel/notes"] {
+        if !std::path::Path::new(path).exists() {
+            continue;
+        }
+        let (_, out) = run(&d, &id, &format!("wc -c < {path}"));
+        assert!(out.trim() == "0" || out.contains("Permission denied") || out.contains("No such file"), "{path} is readable inside: {out}");
+    }
+    let (code, out) = run(&d, &id, "ls /sys/devices/virtual/powercap 2>&1; ls /sys/firmware 2>&1");
+    assert!(code == 0 || !out.is_empty(), "{out}");
+    assert!(!out.contains("intel-rapl"), "power counters are visible: {out}");
+    let (_, mounts) = run(&d, &id, "cat /proc/self/mountinfo /proc/1/mountinfo /proc/self/mounts");
+    let state = d.state_dir.display().to_string();
+    let tmp = d.dir.path().display().to_string();
+    for l in mounts.lines() {
+        assert!(!l.contains(&state) && !l.contains(&tmp) && !l.contains("/var/tmp") && !l.contains("strata-init-"), "a host path in the sandbox's mount table: {l}");
+    }
 }

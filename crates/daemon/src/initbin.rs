@@ -3,7 +3,10 @@
 //!
 //! The daemon keeps a content-addressed copy under `<state>/bin/`, so sandboxes
 //! in standby (whose process images refer to the binary they were started
-//! with) stay resumable after strata is rebuilt or upgraded.
+//! with) stay resumable after strata is rebuilt or upgraded. Sandboxes
+//! bind-mount it from a tmpfs of the daemon's ([`serve`]), so that what a
+//! sandbox sees of the mount (its mountinfo, its processes' names) names no
+//! host path.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +21,15 @@ pub enum InitBinaryError {
     /// The binary needs a dynamic loader.
     #[error("{0} is dynamically linked; strata-init must be static (scripts/build-init.sh builds it so) because it runs inside sandboxes")]
     Dynamic(PathBuf),
+    /// Mounting the tmpfs the binary is served from failed.
+    #[error("mount a tmpfs on {}: {source}", path.display())]
+    Mount {
+        /// The mount point.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: nix::Error,
+    },
     /// Reading or copying failed.
     #[error("{what} {}: {source}", path.display())]
     Io {
@@ -95,6 +107,58 @@ pub fn pin(explicit: Option<&Path>, strata_exe: &Path, state_dir: &Path) -> Resu
         strata_store::fsutil::write_atomic(&dest, &bytes, 0o755).map_err(|source| InitBinaryError::Io { what: "write", path: dest.clone(), source })?;
     }
     Ok(dest)
+}
+
+/// The tmpfs sandboxes bind-mount strata-init from: `<state>/run/helper`.
+pub fn serve_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("run").join("helper")
+}
+
+/// File name of every served copy (what a sandbox's `ps` shows for pid 1 and the shims).
+const SERVED_NAME: &str = "strata-init";
+
+/// Serves every pinned strata-init (`<state>/bin/strata-init-<hash>`) at
+/// `<serve_dir>/<hash>/strata-init` on a tmpfs mounted there (once; an
+/// existing tmpfs from an earlier run is reused), and returns the served path
+/// of `pinned`. A bind mount of a file shows the file's path within its
+/// filesystem to whoever reads the mount table: on the state directory's
+/// filesystem that is a host path, on this tmpfs it is `/<hash>/strata-init`.
+/// Older pinned copies are served too, so process images made with them
+/// (standby, warm checkpoints) still restore after a reboot.
+pub fn serve(pinned: &Path, state_dir: &Path) -> Result<PathBuf, InitBinaryError> {
+    let dir = serve_dir(state_dir);
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| InitBinaryError::Io { what, path, source }
+    };
+    std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+    let on_tmpfs = nix::sys::statfs::statfs(&dir).is_ok_and(|f| f.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    if !on_tmpfs {
+        let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV;
+        nix::mount::mount(Some("strata-helper"), &dir, Some("tmpfs"), flags, Some("mode=0711,size=256m"))
+            .map_err(|source| InitBinaryError::Mount { path: dir.clone(), source })?;
+    }
+    let bin = pinned.parent().expect("a pinned path has a parent");
+    for entry in std::fs::read_dir(bin).map_err(io("list", bin))? {
+        let entry = entry.map_err(io("list", bin))?;
+        let name = entry.file_name();
+        let Some(hash) = name.to_str().and_then(|n| n.strip_prefix("strata-init-")).filter(|h| h.chars().all(|c| c.is_ascii_hexdigit())) else { continue };
+        let served = dir.join(hash).join(SERVED_NAME);
+        if served.is_file() {
+            continue;
+        }
+        let bytes = std::fs::read(entry.path()).map_err(io("read", &entry.path()))?;
+        std::fs::create_dir_all(served.parent().expect("has parent")).map_err(io("create", &served))?;
+        strata_store::fsutil::write_atomic(&served, &bytes, 0o555).map_err(io("write", &served))?;
+    }
+    let hash = pinned.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("strata-init-")).expect("pin names copies strata-init-<hash>");
+    Ok(dir.join(hash).join(SERVED_NAME))
+}
+
+/// Detaches the tmpfs of [`serve`] (at shutdown): running sandboxes keep their
+/// bind mounts of it; the next start serves the binaries again.
+pub fn unserve(state_dir: &Path) {
+    let _ = nix::mount::umount2(&serve_dir(state_dir), nix::mount::MntFlags::MNT_DETACH);
 }
 
 #[cfg(test)]

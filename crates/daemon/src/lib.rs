@@ -337,7 +337,8 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let layers = strata_store::LayerStore::open(cfg.state_dir.join("layers"))?;
     let sandboxes_dir = cfg.state_dir.join("sandboxes");
     std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;
-    let init_binary = initbin::pin(cfg.init_binary.as_deref(), &cfg.helper_exe, &cfg.state_dir)?;
+    let pinned = initbin::pin(cfg.init_binary.as_deref(), &cfg.helper_exe, &cfg.state_dir)?;
+    let init_binary = initbin::serve(&pinned, &cfg.state_dir)?;
     let runtime = strata_runtime::namespace::NamespaceRuntime::new(cfg.helper_exe.clone(), init_binary, cfg.state_dir.join("run"))?;
     let archive = match cfg.archive_url.as_deref() {
         Some(url) => archive::ArchiveStore::from_url(url)?,
@@ -440,6 +441,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     shutdown.await;
     network::shutdown(&st).await;
     st.disks.drain();
+    initbin::unserve(&cfg.state_dir);
     let _ = stop_tx.send(());
     // Streams (follow) may hold connections open: do not wait for them forever.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), uds_task).await;

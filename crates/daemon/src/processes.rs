@@ -26,7 +26,7 @@ use strata_store::db::SandboxRecord;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe::Sender as PipeSender;
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::error::{ApiError, ApiResult};
 use crate::sandboxes::{self, handle_of, load, now};
@@ -638,6 +638,7 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
                 info.signal = Some(libc::SIGKILL);
                 info.spawn_error = Some(msg);
             }
+            FinalReport::Tampered(why) => info.spawn_error = Some(format!("the process's exit status is unknown: its report channel carried {why}")),
         }
         info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > opts.oom_before && !timed_out;
     }
@@ -704,7 +705,16 @@ enum FinalReport {
     Exited(i32),
     Signaled(i32),
     SpawnError(String),
+    /// The channel carried something the shim never writes; the process's
+    /// status is unknown.
+    Tampered(String),
 }
+
+/// Longest report line the shim writes (its spawn errors are short): a longer
+/// one did not come from the shim.
+const MAX_REPORT_LINE: u64 = 16 * 1024;
+/// Most report lines one process's shim writes (its pid, a spawn error, its end).
+const MAX_REPORT_LINES: usize = 8;
 
 async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
     let rx = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
@@ -714,14 +724,37 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
             return FinalReport::None;
         }
     };
-    let mut lines = BufReader::new(rx).lines();
+    let report = parse_reports(BufReader::new(rx), |pid| {
+        p.lock().info.pid = Some(pid);
+        p.bump();
+    })
+    .await;
+    if let FinalReport::Tampered(why) = &report {
+        warn!(command = ?p.info().cmd, why, "exec report channel");
+    }
+    report
+}
+
+/// Reads the shim's report lines, each at most [`MAX_REPORT_LINE`] bytes and
+/// at most [`MAX_REPORT_LINES`] of them, so nothing written into the channel
+/// can grow the daemon; anything else ends the channel as [`FinalReport::Tampered`].
+async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid: impl FnMut(i32)) -> FinalReport {
     let mut last = FinalReport::None;
-    while let Ok(Some(line)) = lines.next_line().await {
-        match serde_json::from_str::<ExecReport>(&line) {
-            Ok(ExecReport::NsPid { pid }) => {
-                p.lock().info.pid = Some(pid);
-                p.bump();
+    for _ in 0..MAX_REPORT_LINES {
+        let mut line = Vec::new();
+        match (&mut r).take(MAX_REPORT_LINE + 1).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return last,
+            Ok(_) if line.last() != Some(&b'\n') => {
+                return if line.len() as u64 > MAX_REPORT_LINE {
+                    FinalReport::Tampered(format!("a report line over {} KiB (the shim writes short lines)", MAX_REPORT_LINE / 1024))
+                } else {
+                    last // the channel closed mid-line
+                };
             }
+            Ok(_) => {}
+        }
+        match serde_json::from_slice::<ExecReport>(&line) {
+            Ok(ExecReport::NsPid { pid }) => on_pid(pid),
             Ok(ExecReport::SpawnError { message }) => last = FinalReport::SpawnError(message),
             // A spawn error is followed by the helper reporting its child's exit (127): keep the error.
             // The exit line is the helper's last word: stop there rather than wait for EOF.
@@ -729,18 +762,18 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
                 if !matches!(last, FinalReport::SpawnError(_)) {
                     last = FinalReport::Exited(code);
                 }
-                break;
+                return last;
             }
             Ok(ExecReport::Signaled { signal }) => {
                 if !matches!(last, FinalReport::SpawnError(_)) {
                     last = FinalReport::Signaled(signal);
                 }
-                break;
+                return last;
             }
-            Err(_) => debug!(line, "unexpected exec report"),
+            Err(_) => return FinalReport::Tampered(format!("a report line that is not the shim's ({} bytes)", line.len())),
         }
     }
-    last
+    FinalReport::Tampered(format!("more than {MAX_REPORT_LINES} report lines (the shim writes at most 3)"))
 }
 
 /// Sends a process's events from `offset` to `tx` (a `Started` first when
@@ -914,6 +947,49 @@ mod tests {
         b.push(StreamKind::Stdout, Bytes::from_static(b"y"));
         assert_eq!(b.start, LOG_CAP_BYTES / 2);
         assert_eq!(b.end, LOG_CAP_BYTES + 1);
+    }
+
+    fn parse(input: &[u8]) -> (FinalReport, Vec<i32>) {
+        let mut pids = Vec::new();
+        let r = rt().block_on(parse_reports(input, |p| pids.push(p)));
+        (r, pids)
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().build().unwrap()
+    }
+
+    #[test]
+    fn reports_are_read_up_to_the_final_line() {
+        let (r, pids) = parse(b"{\"type\":\"ns_pid\",\"pid\":7}\n{\"type\":\"exited\",\"code\":3}\n{\"type\":\"exited\",\"code\":0}\n");
+        assert!(matches!(r, FinalReport::Exited(3)), "the first final line wins");
+        assert_eq!(pids, [7]);
+        let (r, _) = parse(b"{\"type\":\"spawn_error\",\"message\":\"no\"}\n{\"type\":\"exited\",\"code\":127}\n");
+        assert!(matches!(r, FinalReport::SpawnError(m) if m == "no"));
+        assert!(matches!(parse(b"").0, FinalReport::None));
+        assert!(matches!(parse(b"{\"type\":\"ns_pid\",\"pid\":7}\n{\"type\":\"exi").0, FinalReport::None));
+    }
+
+    #[test]
+    fn a_report_channel_cannot_grow_the_daemon() {
+        // 64 MiB without a newline: read no further than one line's bound.
+        struct Endless(u64);
+        impl tokio::io::AsyncRead for Endless {
+            fn poll_read(mut self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+                let n = buf.remaining().min(64 << 20usize.saturating_sub(self.0 as usize));
+                buf.put_slice(&vec![b'x'; n]);
+                self.0 += n as u64;
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let mut src = Endless(0);
+        let r = rt().block_on(parse_reports(tokio::io::BufReader::new(&mut src), |_| {}));
+        assert!(matches!(&r, FinalReport::Tampered(w) if w.contains("over 16 KiB")), "a line without end is refused");
+        assert!(src.0 <= MAX_REPORT_LINE + 64 * 1024, "read {} bytes of it", src.0);
+        // Lines that are not the shim's, and too many lines.
+        assert!(matches!(parse(b"hello\n").0, FinalReport::Tampered(_)));
+        let many = "{\"type\":\"ns_pid\",\"pid\":7}\n".repeat(100);
+        assert!(matches!(parse(many.as_bytes()).0, FinalReport::Tampered(w) if w.contains("more than")));
     }
 
     #[test]

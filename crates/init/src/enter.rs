@@ -4,19 +4,41 @@
 //!
 //! Like `nsenter`: join the cgroup, `setns` into init's namespaces and fork
 //! twice, so that the process's parent inside the sandbox is the sandbox's pid 1
-//! (the whole tree can then be dumped for standby). The inner child executes
-//! `strata-init _shim` from inside the sandbox ([`crate::SELF_PATH`]),
-//! which forks the process, resolves the user against the sandbox's own
-//! /etc/passwd, drops capabilities, sets no_new_privs, installs the seccomp
-//! filter, execs, and reports on the descriptor named by `STRATA_REPORT_FD`
-//! ([`ExecReport`] JSON lines) until the process ends.
+//! (the whole tree can then be dumped for standby). The inner child becomes
+//! `strata-init _shim`, which forks the process, lowers itself to the
+//! sandbox's root, installs the seccomp filter, resolves the user against the
+//! sandbox's own /etc/passwd, drops to that user, execs, and reports on the
+//! descriptor named by `STRATA_REPORT_FD` ([`ExecReport`] JSON lines) until the
+//! process ends.
+//!
+//! ## Privilege order
+//!
+//! This helper holds every host capability and joins namespaces whose files
+//! the sandbox controls, so it never resolves, opens or executes a path inside
+//! the sandbox:
+//!
+//! 1. It makes itself non-dumpable first (nothing in the sandbox may open its
+//!    `/proc` entries or descriptors once it is visible there).
+//! 2. Still on the host, it opens `/proc/<init>` (checking the kernel start
+//!    time, so a recycled pid is never joined) and, relative to it, init's
+//!    namespaces and `exe`: the strata-init binary pid 1 runs, through the
+//!    read-only bind mount init made before any sandbox code ran. Executing
+//!    that descriptor (`execveat(AT_EMPTY_PATH)`) runs the pinned binary whatever
+//!    the sandbox did to `/run` (a moved directory, a planted file), and the
+//!    process's mappings still lie in the sandbox's own mount tree (CRIU can
+//!    dump it).
+//! 3. Only then does it join the cgroup and the namespaces, fork, and execute
+//!    that descriptor as the shim; the shim is non-dumpable from its first
+//!    instruction on and lowers its credentials before it reads a single file
+//!    of the sandbox ([`crate::exec`]).
 
 use std::ffi::CString;
-use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
+use nix::fcntl::OFlag;
 use nix::sched::{setns, CloneFlags};
+use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
@@ -31,53 +53,78 @@ pub const CONFIG_ENV: &str = "STRATA_ENTER_CONFIG";
 pub struct EnterConfig {
     /// Host pid of the sandbox's init.
     pub init_pid: i32,
+    /// Kernel start time of that process (field 22 of `/proc/<pid>/stat`): a
+    /// pid that was recycled by another process is refused.
+    pub init_start_time: u64,
     /// Cgroup files to write "0" to (join).
     pub cgroup_join_files: Vec<PathBuf>,
     /// The process.
     pub exec: ExecSpec,
 }
 
+/// The namespaces joined, in order (the mount namespace last: it changes our view of /proc).
+const NAMESPACES: [(&str, CloneFlags); 6] = [
+    ("ipc", CloneFlags::CLONE_NEWIPC),
+    ("uts", CloneFlags::CLONE_NEWUTS),
+    ("net", CloneFlags::CLONE_NEWNET),
+    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+    ("pid", CloneFlags::CLONE_NEWPID),
+    ("mnt", CloneFlags::CLONE_NEWNS),
+];
+
+/// Makes the calling process non-dumpable: processes without CAP_SYS_PTRACE
+/// (everything inside a sandbox) can then neither ptrace it nor open its
+/// `/proc/<pid>/fd`, `environ`, `mem` and the like.
+pub fn make_undumpable() {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+}
+
 /// Entry point of `strata _enter`. Never returns.
 pub fn main() -> ! {
+    make_undumpable();
     let mut rep = Reporter::from_env();
     let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| die(&mut rep, format!("{CONFIG_ENV} is not set")));
     let cfg: EnterConfig = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
+    // Everything below is opened on the host, relative to init's /proc directory
+    // (which stays bound to that very process even if its pid is reused).
+    let proc_dir = match nix::fcntl::open(format!("/proc/{}", cfg.init_pid).as_str(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        Err(e) => die(&mut rep, format!("open /proc/{}: {e} (is the sandbox running?)", cfg.init_pid)),
+    };
+    match start_time_at(proc_dir.as_raw_fd()) {
+        Some(t) if t == cfg.init_start_time => {}
+        _ => die(&mut rep, format!("the sandbox's init (pid {}) is no longer running", cfg.init_pid)),
+    }
+    let helper = open_helper(proc_dir.as_raw_fd()).unwrap_or_else(|e| die(&mut rep, e));
+    let mut namespaces = Vec::new();
+    for (name, flag) in NAMESPACES {
+        match openat_owned(proc_dir.as_raw_fd(), &format!("ns/{name}"), OFlag::O_RDONLY | OFlag::O_CLOEXEC) {
+            Ok(f) => namespaces.push((name, flag, f)),
+            Err(e) => die(&mut rep, format!("open the {name} namespace of pid {}: {e} (is the sandbox running?)", cfg.init_pid)),
+        }
+    }
+    drop(proc_dir);
     // "0" moves the writing (single-threaded) process itself; see SandboxCgroup::join_files.
     for f in &cfg.cgroup_join_files {
         if let Err(e) = std::fs::write(f, "0") {
             die(&mut rep, format!("join cgroup {}: {e}", f.display()));
         }
     }
-    // Open every namespace first (the mount namespace changes our view of /proc), then join.
-    let order = [
-        ("ipc", CloneFlags::CLONE_NEWIPC),
-        ("uts", CloneFlags::CLONE_NEWUTS),
-        ("net", CloneFlags::CLONE_NEWNET),
-        ("cgroup", CloneFlags::CLONE_NEWCGROUP),
-        ("pid", CloneFlags::CLONE_NEWPID),
-        ("mnt", CloneFlags::CLONE_NEWNS),
-    ];
-    let mut files = Vec::new();
-    for (name, flag) in order {
-        let path = format!("/proc/{}/ns/{name}", cfg.init_pid);
-        match File::open(&path) {
-            Ok(f) => files.push((name, flag, f)),
-            Err(e) => die(&mut rep, format!("open {path}: {e} (is the sandbox running?)")),
-        }
-    }
-    for (name, flag, f) in &files {
+    for (name, flag, f) in &namespaces {
         if let Err(e) = setns(f.as_fd(), *flag) {
             die(&mut rep, format!("setns {name}: {e}"));
         }
     }
-    drop(files);
+    drop(namespaces);
     // Outer (host) -> A (inside the pid namespace) -> B: A exits at once, so B is
     // reparented to the sandbox's pid 1 and the whole process tree lies inside
-    // the sandbox (CRIU can dump it for standby). B re-executes as the `_shim`
-    // seen from inside the sandbox, which runs the process and reports its exit.
-    // B waits until the outer helper has reaped A, so that the sandbox never
-    // sees A as a zombie next to the process.
-    let (go_r, go_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+    // the sandbox (CRIU can dump it for standby). B executes the helper as the
+    // `_shim`, which runs the process and reports its exit. B waits until the
+    // outer helper has reaped A, so that the sandbox never sees A as a zombie
+    // next to the process.
+    let (go_r, go_w) = match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => die(&mut rep, format!("pipe: {e}")),
     };
@@ -95,7 +142,7 @@ pub fn main() -> ! {
                     // EOF (the outer helper died) also lets B go on.
                     let _ = nix::unistd::read(go_r.as_raw_fd(), &mut byte);
                     drop(go_r);
-                    exec_shim(&cfg.exec, rep)
+                    exec_shim(&helper, &cfg.exec, rep)
                 }
                 Ok(ForkResult::Parent { .. }) => std::process::exit(0),
             }
@@ -116,10 +163,47 @@ pub fn main() -> ! {
     }
 }
 
-/// B: becomes the shim by executing the helper binary bind-mounted inside the
-/// sandbox (its mount point cannot be changed from inside: sandbox processes lack
-/// CAP_SYS_ADMIN). The report descriptor and stdio are handed over.
-fn exec_shim(exec: &ExecSpec, mut rep: Reporter) -> ! {
+fn openat_owned(dir: RawFd, path: &str, flags: OFlag) -> nix::Result<OwnedFd> {
+    let fd = nix::fcntl::openat(Some(dir), path, flags, Mode::empty())?;
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The kernel start time (field 22 of `stat`) of the process whose /proc
+/// directory is `proc_dir`.
+fn start_time_at(proc_dir: RawFd) -> Option<u64> {
+    let fd = openat_owned(proc_dir, "stat", OFlag::O_RDONLY | OFlag::O_CLOEXEC).ok()?;
+    let mut buf = [0u8; 1024];
+    let n = nix::unistd::read(fd.as_raw_fd(), &mut buf).ok()?;
+    parse_start_time(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line (the command name, field 2, may hold
+/// spaces and parentheses: fields are counted after its last `)`).
+pub fn parse_start_time(stat: &str) -> Option<u64> {
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The strata-init binary pid 1 runs (`/proc/<init>/exe`), opened `O_PATH`
+/// from the host: a regular file on a read-only mount (the bind mount init
+/// made before anything in the sandbox ran).
+fn open_helper(proc_dir: RawFd) -> Result<OwnedFd, String> {
+    let fd = openat_owned(proc_dir, "exe", OFlag::O_PATH | OFlag::O_CLOEXEC).map_err(|e| format!("open the sandbox init's executable: {e}"))?;
+    let st = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(|e| format!("stat the sandbox init's executable: {e}"))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err("the sandbox init's executable is not a regular file".into());
+    }
+    let vfs = nix::sys::statvfs::fstatvfs(&fd).map_err(|e| format!("statvfs the sandbox init's executable: {e}"))?;
+    if !vfs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+        return Err("the sandbox init's executable is not on a read-only mount".into());
+    }
+    Ok(fd)
+}
+
+/// B: becomes the shim by executing `helper` (the descriptor opened on the
+/// host); the report descriptor and stdio are handed over.
+fn exec_shim(helper: &OwnedFd, exec: &ExecSpec, mut rep: Reporter) -> ! {
     if let Err(e) = nix::unistd::setsid() {
         die(&mut rep, format!("setsid: {e}"));
     }
@@ -128,14 +212,37 @@ fn exec_shim(exec: &ExecSpec, mut rep: Reporter) -> ! {
         // SAFETY: F_SETFD on our own descriptor: it must survive the exec.
         unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
     }
-    let path = CString::new(crate::SELF_PATH).expect("no NUL");
     let argv = [c"strata".to_owned(), c"_shim".to_owned()];
     let json = serde_json::to_string(exec).expect("ExecSpec serializes");
     let mut env = vec![CString::new(format!("{SPEC_ENV}={json}")).unwrap_or_else(|_| die(&mut rep, "command or environment contains a NUL byte".into()))];
     if let Some(fd) = fd {
         env.push(CString::new(format!("{REPORT_FD_ENV}={fd}")).expect("digits"));
     }
-    let err = nix::unistd::execve(&path, &argv, &env).unwrap_err();
-    die(&mut rep, format!("exec the sandbox's process helper {}: {err} (was the sandbox started by an older strata? restart it)", crate::SELF_PATH))
+    let err = exec_fd(helper, &argv, &env);
+    die(&mut rep, format!("exec the sandbox's process helper: {err}"))
 }
 
+/// Executes the file behind `fd` (`execveat(fd, "", AT_EMPTY_PATH)`); returns
+/// only on failure.
+pub fn exec_fd(fd: &OwnedFd, argv: &[CString], env: &[CString]) -> std::io::Error {
+    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut env_p: Vec<*const libc::c_char> = env.iter().map(|a| a.as_ptr()).collect();
+    env_p.push(std::ptr::null());
+    // SAFETY: execveat with a descriptor we own, an empty NUL-terminated path and
+    // NULL-terminated arrays of NUL-terminated strings that outlive the call.
+    unsafe { libc::syscall(libc::SYS_execveat, fd.as_raw_fd(), c"".as_ptr(), argv_p.as_ptr(), env_p.as_ptr(), libc::AT_EMPTY_PATH) };
+    std::io::Error::last_os_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_is_field_22_even_with_odd_command_names() {
+        let stat = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert_eq!(parse_start_time("garbage"), None);
+    }
+}

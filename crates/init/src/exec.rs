@@ -108,6 +108,10 @@ pub fn die(rep: &mut Reporter, message: String) -> ! {
 /// Entry point of `strata _shim` (inside the sandbox, a child of its pid 1):
 /// forks the process, hands it stdio, and reports its exit. Never returns.
 pub fn shim_main() -> ! {
+    // First of all: nothing inside may open this process's descriptors (the
+    // report pipe among them) through /proc. Until this call the shim holds
+    // every capability, which keeps sandbox processes out as well.
+    crate::enter::make_undumpable();
     let mut rep = Reporter::from_env();
     close_inherited(rep.0.as_ref().map(|f| f.as_raw_fd()));
     let raw = std::env::var(SPEC_ENV).unwrap_or_else(|_| die(&mut rep, format!("{SPEC_ENV} is not set")));
@@ -139,21 +143,22 @@ pub fn shim_main() -> ! {
             for r in relays {
                 r.start(done_tx.clone());
             }
+            // The shim needs no privilege from here on: drop it before touching
+            // anything of the sandbox's (its /dev/null).
+            let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
+            let _ = creds::drop_to(&root, &[]);
+            let _ = creds::no_new_privs();
             // Stdio belongs to the process now; the shim keeps only its report pipe.
             // SAFETY: open/dup2 on descriptors 0-2, which no Rust object owns here.
             unsafe {
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW);
                 if null >= 0 {
                     for fd in 0..3 {
                         libc::dup2(null, fd);
                     }
                     libc::close(null);
                 }
-                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
             }
-            let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
-            let _ = creds::drop_to(&root, &[]);
-            let _ = creds::no_new_privs();
             loop {
                 match waitpid(child, None) {
                     Ok(WaitStatus::Exited(_, code)) => {
@@ -300,11 +305,48 @@ impl CArray {
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Everything between fork and exec: user, cwd, environment, credentials, seccomp.
+/// Largest /etc/passwd or /etc/group the shim reads (the rest is ignored).
+const MAX_ACCOUNT_FILE: u64 = 4 << 20;
+
+/// Reads a regular file of the sandbox (at most [`MAX_ACCOUNT_FILE`] bytes);
+/// empty when it is missing, not a regular file, or a symlink.
+fn read_account_file(path: &str) -> String {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY).open(path) else {
+        return String::new();
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return String::new();
+    }
+    let mut s = String::new();
+    let _ = f.take(MAX_ACCOUNT_FILE).read_to_string(&mut s);
+    s
+}
+
+/// Everything between fork and exec, in privilege order: the seccomp filter
+/// and the sandbox root's capability set first (the process still holds every
+/// host capability when it starts), then what reads the sandbox's files (user,
+/// cwd, PATH lookup), then the user, then exec.
 fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     let program = exec.argv.first().ok_or("empty command")?.clone();
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    let filters = seccomp::build_filters()?;
+    let sandbox_root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
+    if exec.allow_setuid {
+        // Without no_new_privs the kernel takes a filter only from a holder of
+        // CAP_SYS_ADMIN: install it first, then drop. A setuid binary can then
+        // become the sandbox's root, whose capabilities the bounding set limits
+        // to creds::KEPT, under the same filter.
+        seccomp::apply_privileged(&filters)?;
+        creds::drop_to(&sandbox_root, &creds::KEPT)?;
+    } else {
+        creds::drop_to(&sandbox_root, &creds::KEPT)?;
+        creds::no_new_privs()?;
+        seccomp::apply(&filters)?;
+    }
+
+    let passwd = read_account_file("/etc/passwd");
+    let group = read_account_file("/etc/group");
     let user = user::resolve(exec.user.as_deref(), &passwd, &group)?;
 
     let mut env = exec.env.clone();
@@ -342,21 +384,12 @@ fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     let argv = CArray::new(exec.argv.iter().cloned())?;
     let envp = CArray::new(env.iter().map(|(k, v)| format!("{k}={v}")))?;
 
-    let filters = seccomp::build_filters()?;
+    creds::drop_to(&user, &creds::KEPT)?;
+    // A change of user may have made the process dumpable again (fs.suid_dumpable):
+    // it holds the report pipe until exec.
+    crate::enter::make_undumpable();
     // Every descriptor but stdio closes on exec (the report pipe already is close-on-exec).
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
-    if exec.allow_setuid {
-        // Without no_new_privs the kernel takes a filter only from a holder of
-        // CAP_SYS_ADMIN: install it first, then drop to the user. A setuid
-        // binary can then become the sandbox's root, whose capabilities the
-        // bounding set limits to creds::KEPT, under the same filter.
-        seccomp::apply_privileged(&filters)?;
-        creds::drop_to(&user, &creds::KEPT)?;
-    } else {
-        creds::drop_to(&user, &creds::KEPT)?;
-        creds::no_new_privs()?;
-        seccomp::apply(&filters)?;
-    }
     Ok((candidates, argv, envp))
 }

@@ -4,7 +4,8 @@
 //! beyond the sandbox (mounts, kernel modules, kexec, bpf, keyrings, clock
 //! changes, swap, reboot, namespace creation/entry, handle-based opens, io_uring)
 //! fail with EPERM. `clone3` fails with ENOSYS so libc falls back to `clone`,
-//! whose flags can be inspected.
+//! whose flags can be inspected. Sockets of families other than
+//! [`ALLOWED_SOCKET_FAMILIES`] fail with EAFNOSUPPORT.
 
 use std::collections::BTreeMap;
 
@@ -65,6 +66,15 @@ pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
     v
 }
 
+/// Socket address families sandbox processes may use; `socket` and
+/// `socketpair` with any other family fail with EAFNOSUPPORT, as on a kernel
+/// without it. Families outside this list either are not confined by the
+/// network namespace (AF_VSOCK shares the host's port space, both ways) or
+/// give a sandbox only kernel attack surface (AF_ALG, AF_TIPC, AF_RDS,
+/// AF_BLUETOOTH, ...). AF_PACKET stays on the list: it is network-namespaced
+/// and needs CAP_NET_RAW, which sandbox processes lack.
+pub const ALLOWED_SOCKET_FAMILIES: [u64; 5] = [libc::AF_UNIX as u64, libc::AF_INET as u64, libc::AF_INET6 as u64, libc::AF_NETLINK as u64, libc::AF_PACKET as u64];
+
 /// Namespace-creating clone/unshare flags that sandbox processes may not use.
 pub const NAMESPACE_FLAGS: [u64; 7] = [
     libc::CLONE_NEWNS as u64,
@@ -91,7 +101,18 @@ fn flag_rules(arg: u8) -> Result<Vec<SeccompRule>, String> {
         .collect()
 }
 
-/// Compiles the filters: the EPERM deny-list (with clone/unshare flag checks) and the clone3 ENOSYS filter.
+/// A rule matching a call whose first argument (the address family) is none of
+/// [`ALLOWED_SOCKET_FAMILIES`].
+fn foreign_family_rule() -> Result<Vec<SeccompRule>, String> {
+    let conds = ALLOWED_SOCKET_FAMILIES
+        .iter()
+        .map(|&family| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family).map_err(|e| format!("seccomp condition: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![SeccompRule::new(conds).map_err(|e| format!("seccomp rule: {e}"))?])
+}
+
+/// Compiles the filters: the EPERM deny-list (with clone/unshare flag checks),
+/// the clone3 ENOSYS filter and the EAFNOSUPPORT filter of socket families.
 pub fn build_filters() -> Result<Vec<BpfProgram>, String> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for (_, nr) in denied_syscalls() {
@@ -106,9 +127,12 @@ pub fn build_filters() -> Result<Vec<BpfProgram>, String> {
     clone3.insert(libc::SYS_clone3, vec![]);
     let enosys = SeccompFilter::new(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch()?)
         .map_err(|e| format!("seccomp filter: {e}"))?;
-    let a: BpfProgram = deny.try_into().map_err(|e| format!("seccomp compile: {e}"))?;
-    let b: BpfProgram = enosys.try_into().map_err(|e| format!("seccomp compile: {e}"))?;
-    Ok(vec![a, b])
+    let mut families = BTreeMap::new();
+    families.insert(libc::SYS_socket, foreign_family_rule()?);
+    families.insert(libc::SYS_socketpair, foreign_family_rule()?);
+    let eafnosupport = SeccompFilter::new(families, SeccompAction::Allow, SeccompAction::Errno(libc::EAFNOSUPPORT as u32), arch()?)
+        .map_err(|e| format!("seccomp filter: {e}"))?;
+    [deny, enosys, eafnosupport].into_iter().map(|f| f.try_into().map_err(|e| format!("seccomp compile: {e}"))).collect()
 }
 
 /// Installs the filters on the calling thread (no_new_privs must already be set).
@@ -142,7 +166,7 @@ mod tests {
     #[test]
     fn filters_compile_and_cover_the_required_syscalls() {
         let f = build_filters().unwrap();
-        assert_eq!(f.len(), 2);
+        assert_eq!(f.len(), 3);
         let names: Vec<_> = denied_syscalls().into_iter().map(|(n, _)| n).collect();
         for required in ["mount", "kexec_load", "init_module", "bpf", "keyctl", "setns", "open_by_handle_at"] {
             assert!(names.contains(&required), "{required} must be denied");

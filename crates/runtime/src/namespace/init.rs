@@ -7,6 +7,7 @@
 //! inherited descriptor and then only reaps zombies and relays stop requests.
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use nix::sched::{unshare, CloneFlags};
@@ -103,7 +104,7 @@ fn pid1(cfg: InitConfig) -> ! {
     let spec = &cfg.spec;
     // The helper binary, opened before pivot_root hides the host: pid 1 re-executes
     // it from inside the sandbox (see [`SELF_PATH`]).
-    let setup = || -> Result<(), String> {
+    let setup = || -> Result<std::os::fd::OwnedFd, String> {
         let helper = mounts::clone_helper_mount(&cfg.init_binary)?;
         mounts::build_rootfs(&spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir, spec.limits.memory_bytes)?;
         nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
@@ -114,42 +115,52 @@ fn pid1(cfg: InitConfig) -> ! {
             mounts::bind_resolv_conf(conf)?;
         }
         mounts::mount_secrets(&spec.secrets, spec.secrets_owner.as_deref())?;
-        mounts::attach_helper(helper, SELF_PATH)?;
-        Ok(())
+        mounts::attach_helper(&helper, SELF_PATH)?;
+        Ok(helper)
     };
-    if let Err(message) = setup() {
-        fail(message);
-    }
+    let helper = setup().unwrap_or_else(|message| fail(message));
     report(&InitReport::Ready);
-    detach_stdio();
+    detach_stdio(helper.as_raw_fd());
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("strata init: setsid: {e}");
     }
     // Pid 1 continues as strata-init seen from inside the sandbox, so that every
     // mapping of the sandbox's processes lies in its own mount tree (which is
-    // what lets CRIU dump the tree for standby).
+    // what lets CRIU dump the tree for standby). It executes the helper mount
+    // itself (no path is resolved), which is also the binary every exec helper
+    // later executes through `/proc/<pid 1>/exe`.
     let argv = [c"strata".to_owned(), c"_pid1".to_owned(), std::ffi::CString::new(cfg.stop_grace_secs.to_string()).expect("digits")];
-    let path = std::ffi::CString::new(SELF_PATH).expect("no NUL");
-    let env: [std::ffi::CString; 0] = [];
-    let err = nix::unistd::execve(&path, &argv, &env).unwrap_err();
+    let err = strata_init::enter::exec_fd(&helper, &argv, &[]);
     eprintln!("strata init: exec {SELF_PATH}: {err}");
     std::process::exit(1)
 }
 
 pub use strata_init::SELF_PATH;
 
-/// Closes every inherited descriptor and points 0, 1, 2 at the sandbox's /dev/null,
-/// so nothing of the host stays open inside (which would also block checkpointing).
-fn detach_stdio() {
+/// Closes every inherited descriptor but `keep` (close-on-exec; at least 3:
+/// stdio was open when it was made) and points 0, 1, 2 at the sandbox's
+/// /dev/null, so nothing of the host stays open inside (which would also block
+/// checkpointing).
+fn detach_stdio(keep: i32) {
+    if keep < 3 {
+        fail(format!("the helper descriptor {keep} collides with stdio"));
+    }
     // SAFETY: close_range only closes descriptors; none is in use by Rust objects here
-    // (stdin was read to the end, stdout/stderr are re-opened below).
-    unsafe { libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) };
-    // SAFETY: open returns the lowest free descriptor (0 after close_range); dup2 copies it to 1 and 2.
+    // (stdin was read to the end, stdout/stderr are replaced below; `keep` is skipped).
     unsafe {
-        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if fd == 0 {
-            libc::dup2(0, 1);
-            libc::dup2(0, 2);
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
+    }
+    // SAFETY: open returns a new descriptor; dup2 onto 0-2 replaces the host's stdio.
+    unsafe {
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if fd >= 0 {
+            for target in 0..3 {
+                libc::dup2(fd, target);
+            }
+            libc::close(fd);
         }
     }
 }

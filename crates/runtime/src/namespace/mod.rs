@@ -168,7 +168,7 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        let cfg = enter::EnterConfig { init_pid: handle.init_pid, cgroup_join_files: self.cgroup(sandbox_id).join_files(), exec: exec.clone() };
+        let cfg = enter::EnterConfig { init_pid: handle.init_pid, init_start_time: handle.init_start_time, cgroup_join_files: self.cgroup(sandbox_id).join_files(), exec: exec.clone() };
         let mut cmd = Command::new(&self.init_binary);
         cmd.arg("_enter").env_clear().env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
         Ok(cmd)

@@ -14,35 +14,40 @@ fn ctx<E: std::fmt::Display>(what: impl std::fmt::Display) -> impl FnOnce(E) -> 
     move |e| format!("{what}: {e}")
 }
 
-/// Builds the overlay mount options. When every lower directory shares one
-/// parent (the layer store), returns that parent to chdir into and relative
-/// names, which keeps deep chains under the kernel's one-page option limit.
-pub fn overlay_options(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path) -> SetupResult<(Option<PathBuf>, String)> {
-    for p in lower_bottom_first.iter().chain([upper.to_path_buf(), work.to_path_buf()].iter()) {
-        let s = p.to_string_lossy();
-        if s.contains(',') || s.contains(':') {
-            return Err(format!("overlay path {s:?} contains ',' or ':'"));
-        }
-    }
-    if lower_bottom_first.is_empty() {
+/// Largest overlay option string the kernel takes (one page, less slack).
+const MAX_OVERLAY_DATA: usize = 4000;
+
+/// The overlay mount options for layers held open as descriptors: each
+/// directory is named `/proc/self/fd/N`, so the options (which the sandbox
+/// reads in its mountinfo) carry no host path, and a long chain stays short.
+/// `lower_fds` is topmost first, as overlayfs lists them.
+pub fn overlay_data(lower_fds: &[i32], upper_fd: i32, work_fd: i32) -> SetupResult<String> {
+    if lower_fds.is_empty() {
         return Err("a sandbox needs at least one image layer".into());
     }
-    // Layer dirs are .../sha256/<hex>/fs: the shared base is two levels up.
-    let base = lower_bottom_first[0].parent().and_then(Path::parent).map(Path::to_path_buf);
-    let relative = base.as_ref().filter(|b| lower_bottom_first.iter().all(|l| l.parent().and_then(Path::parent) == Some(b.as_path())));
-    let lowers: Vec<String> = lower_bottom_first
-        .iter()
-        .rev() // overlayfs lists the topmost lower first
-        .map(|l| match relative {
-            Some(b) => l.strip_prefix(b).expect("checked prefix").to_string_lossy().into_owned(),
-            None => l.to_string_lossy().into_owned(),
-        })
-        .collect();
-    let opts = format!("lowerdir={},upperdir={},workdir={}", lowers.join(":"), upper.display(), work.display());
-    if opts.len() >= 4000 {
-        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_bottom_first.len()));
+    let lowers: Vec<String> = lower_fds.iter().map(|fd| format!("/proc/self/fd/{fd}")).collect();
+    let data = format!("lowerdir={},upperdir=/proc/self/fd/{upper_fd},workdir=/proc/self/fd/{work_fd}", lowers.join(":"));
+    if data.len() >= MAX_OVERLAY_DATA {
+        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_fds.len()));
     }
-    Ok((relative.cloned(), opts))
+    Ok(data)
+}
+
+/// Mounts the overlay of `lower` (bottom first), `upper` and `work` on
+/// `target`, naming each directory by a descriptor held for the call (see
+/// [`overlay_data`]).
+pub fn mount_overlay(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> SetupResult<()> {
+    use std::os::fd::AsRawFd;
+    let open = |p: &Path| -> SetupResult<std::os::fd::OwnedFd> {
+        let fd = nix::fcntl::open(p, nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, Mode::empty()).map_err(ctx(format!("open layer {}", p.display())))?;
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    };
+    let lowers = lower_bottom_first.iter().rev().map(|p| open(p)).collect::<SetupResult<Vec<_>>>()?;
+    let (upper_fd, work_fd) = (open(upper)?, open(work)?);
+    let lower_fds: Vec<i32> = lowers.iter().map(|f| f.as_raw_fd()).collect();
+    let data = overlay_data(&lower_fds, upper_fd.as_raw_fd(), work_fd.as_raw_fd())?;
+    mnt("overlay", target, Some("overlay"), MsFlags::empty(), Some(&data))
 }
 
 /// Makes sure `root/name` is a real directory (creating it), never a symlink
@@ -66,8 +71,35 @@ fn mnt(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Opt
 
 const DEVICES: [(&str, u64, u64); 6] = [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
 
-/// Paths hidden from the sandbox (bound to /dev/null or an empty read-only tmpfs).
-const MASKED: [&str; 8] = ["proc/kcore", "proc/keys", "proc/timer_list", "proc/sched_debug", "proc/latency_stats", "proc/acpi", "proc/scsi", "sys/firmware"];
+/// Paths hidden from the sandbox (bound to /dev/null or an empty read-only
+/// tmpfs): runc's and gVisor's defaults, and more kernel state a sandbox has
+/// no use for and an exploit has (heap layout, kernel build notes and the
+/// vmcore note's physical address, key owners, RAPL energy counters, whose
+/// readings leak what other tenants compute).
+const MASKED: [&str; 22] = [
+    "proc/kcore",
+    "proc/keys",
+    "proc/key-users",
+    "proc/timer_list",
+    "proc/timer_stats",
+    "proc/sched_debug",
+    "proc/latency_stats",
+    "proc/slabinfo",
+    "proc/vmallocinfo",
+    "proc/pagetypeinfo",
+    "proc/kpagecount",
+    "proc/kpageflags",
+    "proc/kpagecgroup",
+    "proc/acpi",
+    "proc/asound",
+    "proc/scsi",
+    "sys/firmware",
+    "sys/kernel/vmcoreinfo",
+    "sys/kernel/notes",
+    "sys/kernel/debug",
+    "sys/kernel/security",
+    "sys/devices/virtual/powercap",
+];
 /// Paths made read-only.
 const READ_ONLY: [&str; 5] = ["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
 
@@ -85,11 +117,7 @@ pub fn tmp_size(memory_bytes: Option<u64>) -> String {
 /// fresh mount (and pid) namespace. `memory_bytes` (the memory limit) caps /tmp.
 pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path, memory_bytes: Option<u64>) -> SetupResult<()> {
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(ctx("make / private"))?;
-    let (chdir, opts) = overlay_options(lower, upper, work)?;
-    if let Some(d) = &chdir {
-        nix::unistd::chdir(d).map_err(ctx(format!("chdir {}", d.display())))?;
-    }
-    mnt("overlay", root, Some("overlay"), MsFlags::empty(), Some(&opts))?;
+    mount_overlay(lower, upper, work, root)?;
 
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mnt("proc", &mount_point(root, "proc")?, Some("proc"), nosuid_nodev_noexec, None)?;
@@ -244,17 +272,14 @@ fn hosts_with(hosts: &str, hostname: &str) -> String {
 /// `/proc/<init>/root` with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`:
 /// whatever the copied workload left there, no write leaves the sandbox.
 pub fn reidentify(init_pid: i32, hostname: &str, sandbox_id: &str, machine_id: &str, generation: u32) -> Result<(), String> {
-    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
+    use crate::openat2::{open_regular, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
     use std::io::{Read, Seek, Write};
     let root = fs::File::open(format!("/proc/{init_pid}/root")).map_err(|e| format!("open the root of pid {init_pid}: {e}"))?;
     let resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    // Only regular files are opened (checked through an O_PATH descriptor first).
     let open = |name: &str| -> Result<Option<fs::File>, String> {
-        match openat2(std::os::fd::AsRawFd::as_raw_fd(&root), &format!("run/strata/{name}"), libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY, 0, resolve) {
-            Ok(fd) => {
-                let f = fs::File::from(fd);
-                let regular = f.metadata().map(|m| m.is_file()).unwrap_or(false);
-                if regular { Ok(Some(f)) } else { Err(format!("/run/strata/{name} is not a regular file")) }
-            }
+        match open_regular(std::os::fd::AsRawFd::as_raw_fd(&root), &format!("run/strata/{name}"), libc::O_RDWR | libc::O_NONBLOCK, resolve) {
+            Ok(f) => Ok(Some(f)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(format!("open /run/strata/{name}: {e}")),
         }
@@ -388,8 +413,9 @@ pub fn clone_helper_mount(exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
 }
 
 /// Attaches the detached helper mount on `target` (a file it creates on the
-/// /run/strata tmpfs) and makes it read-only; after pivot_root.
-pub fn attach_helper(tree: std::os::fd::OwnedFd, target: &str) -> SetupResult<()> {
+/// /run/strata tmpfs) and makes it read-only; after pivot_root. `tree` stays
+/// valid: it then names the attached mount (pid 1 executes it).
+pub fn attach_helper(tree: &std::os::fd::OwnedFd, target: &str) -> SetupResult<()> {
     use std::os::fd::AsRawFd;
     fs::OpenOptions::new().create(true).truncate(true).write(true).open(target).map_err(ctx(format!("create {target}")))?;
     let c_target = std::ffi::CString::new(target).map_err(ctx("target"))?;
@@ -453,11 +479,11 @@ mod tests {
     }
 
     #[test]
-    fn overlay_options_use_relative_layer_names() {
-        let lowers: Vec<PathBuf> = ["a", "b"].iter().map(|h| PathBuf::from(format!("/s/layers/sha256/{h}/fs"))).collect();
-        let (dir, opts) = overlay_options(&lowers, Path::new("/s/sb/1/upper"), Path::new("/s/sb/1/work")).unwrap();
-        assert_eq!(dir.unwrap(), PathBuf::from("/s/layers/sha256"));
-        assert_eq!(opts, "lowerdir=b/fs:a/fs,upperdir=/s/sb/1/upper,workdir=/s/sb/1/work");
+    fn overlay_data_names_descriptors_only() {
+        assert_eq!(overlay_data(&[7, 5], 8, 9).unwrap(), "lowerdir=/proc/self/fd/7:/proc/self/fd/5,upperdir=/proc/self/fd/8,workdir=/proc/self/fd/9");
+        assert!(overlay_data(&[], 8, 9).is_err());
+        let deep: Vec<i32> = (100..400).collect();
+        assert!(overlay_data(&deep, 8, 9).unwrap_err().contains("too deep"));
     }
 
     #[test]
@@ -472,9 +498,4 @@ mod tests {
         assert_eq!(secrets_owner(Some(""), passwd, group), (0, 0));
     }
 
-    #[test]
-    fn overlay_options_reject_separators_and_empty_chains() {
-        assert!(overlay_options(&[PathBuf::from("/x,y/fs")], Path::new("/u"), Path::new("/w")).is_err());
-        assert!(overlay_options(&[], Path::new("/u"), Path::new("/w")).is_err());
-    }
 }

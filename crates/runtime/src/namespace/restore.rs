@@ -63,17 +63,11 @@ pub fn main() -> ! {
     if let Err(e) = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>) {
         fail(format!("make / private: {e}"));
     }
-    let (chdir, opts) = super::mounts::overlay_options(&cfg.lower_dirs, &cfg.upper_dir, &cfg.work_dir).unwrap_or_else(|e| fail(e));
-    if let Some(d) = &chdir {
-        if let Err(e) = nix::unistd::chdir(d) {
-            fail(format!("chdir {}: {e}", d.display()));
-        }
-    }
     if let Err(e) = std::fs::create_dir_all(&cfg.rootfs_dir) {
         fail(format!("create {}: {e}", cfg.rootfs_dir.display()));
     }
-    if let Err(e) = mount(Some("overlay"), &cfg.rootfs_dir, Some("overlay"), MsFlags::empty(), Some(opts.as_str())) {
-        fail(format!("mount the overlay root on {}: {e}", cfg.rootfs_dir.display()));
+    if let Err(e) = super::mounts::mount_overlay(&cfg.lower_dirs, &cfg.upper_dir, &cfg.work_dir, &cfg.rootfs_dir) {
+        fail(format!("mount the overlay root: {e}"));
     }
     if cfg.foreign_root {
         if let Err(e) = super::mounts::ensure_identity_mountpoints(&cfg.rootfs_dir) {
@@ -113,15 +107,15 @@ pub fn main() -> ! {
 }
 
 /// Reads `rel` inside `root` as the sandbox would see it (symlinks resolved
-/// within `root`, never to host files): `openat2` with `RESOLVE_IN_ROOT`.
-/// Empty when it cannot be read (O_NONBLOCK: a FIFO planted there does not block).
+/// within `root`, never to host files: `RESOLVE_IN_ROOT`), at most 1 MiB of it,
+/// and only when it is a regular file (a device node or FIFO planted there is
+/// never opened). Empty when it cannot be read.
 fn read_in_root(root: &std::path::Path, rel: &str) -> String {
-    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
+    use crate::openat2::{open_regular, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
     let Ok(root_fd) = std::fs::File::open(root) else { return String::new() };
-    let Ok(fd) = openat2(std::os::fd::AsRawFd::as_raw_fd(&root_fd), rel, libc::O_RDONLY | libc::O_NONBLOCK, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) else {
+    let Ok(mut f) = open_regular(std::os::fd::AsRawFd::as_raw_fd(&root_fd), rel, libc::O_RDONLY | libc::O_NONBLOCK, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) else {
         return String::new();
     };
-    let mut f = std::fs::File::from(fd);
     let mut s = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut f, 1 << 20), &mut s);
     s
