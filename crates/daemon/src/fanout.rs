@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::Json;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::Pid;
 use strata_api::{
     AttemptOutcome, AttemptSpec, CheckpointRequest, ErrorCode, ExecRequest, FanoutAttempt, FanoutPlan, FanoutRequest, FanoutResult, ForkRequest, LoserPolicy, ProcessStatus,
     SandboxState, SelectRule, FANOUT_TAIL_BYTES,
@@ -171,10 +169,8 @@ fn kill_attempt(st: &Shared, p: &Proc) {
     if info.status != ProcessStatus::Running {
         return;
     }
-    if let Some(h) = info.pid.and_then(|ns| st.runtime.host_pid(&info.sandbox_id, ns)) {
-        if killpg(Pid::from_raw(h), Signal::SIGKILL).is_err() {
-            let _ = kill(Pid::from_raw(h), Signal::SIGKILL);
-        }
+    if let Some(ns) = info.pid {
+        st.runtime.signal(&info.sandbox_id, ns, libc::SIGKILL, true);
     }
 }
 

@@ -14,8 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
 use bytes::Bytes;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use strata_api::{
     ErrorCode, ExecQuery, ExecRequest, ExecResult, LogsQuery, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState, SignalRequest,
     StdinRequest, StreamKind, WaitQuery,
@@ -592,10 +591,7 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
                     timed_out = true;
                     if let Some(pid) = p.info().pid {
                         // The process leads its own session/process group: kill the group.
-                        if let Some(h) = st.runtime.host_pid(&sandbox_id, pid) {
-                            let _ = kill(Pid::from_raw(-h), Signal::SIGKILL);
-                            let _ = kill(Pid::from_raw(h), Signal::SIGKILL);
-                        }
+                        st.runtime.signal(&sandbox_id, pid, libc::SIGKILL, true);
                     }
                 }
             }
@@ -892,12 +888,8 @@ pub async fn signal_handler(State(st): State<Shared>, Path((id, pid)): Path<(Str
     let sig = parse_signal(&req.signal)?;
     let p = get_proc(&st, &id, pid)?;
     let info = p.info();
-    let host_pid = info.pid.and_then(|ns| st.runtime.host_pid(&info.sandbox_id, ns));
-    match (info.status, host_pid) {
-        (ProcessStatus::Running, Some(h)) => {
-            kill(Pid::from_raw(h), sig).map_err(|e| ApiError::internal("kill", &e))?;
-            Ok(Json(p.info()))
-        }
+    match (info.status, info.pid) {
+        (ProcessStatus::Running, Some(ns)) if st.runtime.signal(&info.sandbox_id, ns, sig as i32, false) > 0 => Ok(Json(p.info())),
         _ => Err(ApiError::new(ErrorCode::InvalidState, format!("process {pid} is not running"))),
     }
 }

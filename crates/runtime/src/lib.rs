@@ -131,8 +131,12 @@ pub trait Runtime: Send + Sync {
     /// Directory where the tier keeps per-sandbox runtime files.
     fn run_dir(&self) -> PathBuf;
 
-    /// Host pid of the sandbox's process whose pid inside the sandbox is `ns_pid`.
-    fn host_pid(&self, sandbox_id: &str, ns_pid: i32) -> Option<i32>;
+    /// Sends `signal` to the sandbox's process whose pid inside is `ns_pid`
+    /// (with `group`, to every process of the sandbox in its process group, which
+    /// it leads). Each target is held by a pidfd and checked to be that process
+    /// of this sandbox before it is signalled, so a pid recycled meanwhile is
+    /// never hit. Returns how many processes were signalled.
+    fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize;
 
     /// Why the processes of a sandbox cannot be dumped for standby on this host
     /// (`None`: they can).

@@ -241,8 +241,33 @@ impl Runtime for NamespaceRuntime {
         self.run_dir.clone()
     }
 
-    fn host_pid(&self, sandbox_id: &str, ns_pid: i32) -> Option<i32> {
-        self.cgroup(sandbox_id).pids().into_iter().find(|p| ns_pid_of(*p) == Some(ns_pid))
+    fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize {
+        let cg = self.cgroup(sandbox_id);
+        let Some(leader) = cg.pids().into_iter().find(|p| ns_pid_of(*p) == Some(ns_pid)) else { return 0 };
+        let targets: Vec<i32> = if group { cg.pids().into_iter().filter(|p| *p == leader || pgid_of(*p) == Some(leader)).collect() } else { vec![leader] };
+        let mut sent = 0;
+        for pid in targets {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            if fd < 0 {
+                continue;
+            }
+            // SAFETY: fd is a new descriptor that nothing else owns.
+            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+            // The pidfd names one process for good: if `pid` is still this sandbox's
+            // (in its cgroup, with the same pid inside or in the group), the
+            // signal reaches exactly it; a process that died meanwhile gets none.
+            let still = cg.pids().contains(&pid) && if pid == leader { ns_pid_of(pid) == Some(ns_pid) } else { pgid_of(pid) == Some(leader) };
+            if !still {
+                continue;
+            }
+            // SAFETY: pidfd_send_signal takes the pidfd, a signal number, a NULL siginfo and flags.
+            let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, std::os::fd::AsRawFd::as_raw_fd(&fd), signal, std::ptr::null::<libc::siginfo_t>(), 0) };
+            if r == 0 {
+                sent += 1;
+            }
+        }
+        sent
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {
@@ -406,6 +431,12 @@ fn ns_pid_of(pid: i32) -> Option<i32> {
         return None;
     }
     fields.last()?.parse().ok()
+}
+
+/// The process group of host process `pid` (field 5 of /proc/PID/stat).
+fn pgid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 2..)?.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// Waits up to `timeout` for the process behind `handle` to exit (a zombie counts
