@@ -327,3 +327,68 @@ fn pipelines_builds_and_host_paths_follow_the_tenant() {
     }
     assert_eq!(failed, Some(ErrorCode::Forbidden));
 }
+
+/// Routes that name two objects (a sandbox and one of its leases, previews or
+/// processes) look the second up *within* the first: tenant A, through its own
+/// sandbox, cannot reach tenant B's lease, preview or process, gets exactly the
+/// answer an unknown id gets, and B's objects are untouched afterwards. The
+/// operator naming the wrong sandbox gets the same 404 and changes nothing.
+#[test]
+fn two_id_routes_look_the_second_object_up_within_the_first() {
+    require_host!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    let acme = tcp(&addr, &secret(&token(&d, "ci", "acme", &[])));
+    let globex = tcp(&addr, &secret(&token(&d, "ci", "globex", &[])));
+    let op = d.client();
+    let rt = rt();
+    let a = create(&acme, "busybox", "acme-own");
+    let b = create(&globex, "busybox", "globex-own");
+    let nope = "0123456789abcdef";
+
+    // globex's objects under its sandbox.
+    let lease = rt.block_on(globex.create_lease(&b, "1h")).unwrap();
+    let preview = rt.block_on(globex.create_preview(&b, &strata_api::CreatePreviewRequest { port: Some(8080), public: false, ttl_secs: None })).unwrap().preview;
+    let sleeper = ExecRequest { cmd: vec!["sleep".into(), "600".into()], keep_stdin_open: true, ..Default::default() };
+    // Process ids count per sandbox: globex's second process has an id acme's sandbox never had.
+    rt.block_on(globex.exec(&b, &ExecRequest { cmd: vec!["true".into()], ..Default::default() })).unwrap();
+    let proc_b = rt.block_on(globex.start_process(&b, &sleeper)).unwrap();
+    assert!(rt.block_on(acme.list_processes(&a)).unwrap().is_empty());
+    let other_pid = 999;
+    for (who, c) in [("acme", &acme), ("operator", &op)] {
+        // Leases: release and renew by (sandbox, lease), never by lease id alone.
+        same_as_unknown(&format!("{who}: release globex's lease through acme's sandbox"), rt.block_on(c.release_lease(&a, &lease.id)), &lease.id, rt.block_on(c.release_lease(&a, nope)), nope);
+        same_as_unknown(&format!("{who}: renew globex's lease through acme's sandbox"), rt.block_on(c.renew_lease(&a, &lease.id, "5h")), &lease.id, rt.block_on(c.renew_lease(&a, nope, "5h")), nope);
+        // Previews: revoke by (sandbox, preview).
+        same_as_unknown(&format!("{who}: revoke globex's preview through acme's sandbox"), rt.block_on(c.revoke_preview(&a, &preview.id)), &preview.id, rt.block_on(c.revoke_preview(&a, nope)), nope);
+    }
+    // Processes: acme's sandbox has no process with globex's process id.
+    let pid = proc_b.id;
+    let what = |w: &str| format!("acme: {w} of globex's process through acme's sandbox");
+    let (s1, c1, m1) = err(rt.block_on(acme.get_process(&a, pid)));
+    let (s2, c2, m2) = err(rt.block_on(acme.get_process(&a, other_pid)));
+    assert_eq!((s1, c1, m1.replace(&format!("process {pid} "), "process PID ")), (s2, c2, m2.replace(&format!("process {other_pid} "), "process PID ")), "{}", what("get"));
+    assert_eq!(s1, 404);
+    for (w, r) in [
+        ("signal", err(rt.block_on(acme.signal(&a, pid, "KILL")))),
+        ("stdin", err(rt.block_on(acme.write_stdin(&a, pid, &strata_api::StdinRequest { data_b64: String::new(), close: true })))),
+        ("wait", err(rt.block_on(acme.wait(&a, pid, Some("1s"))))),
+        ("logs", err(rt.block_on(acme.logs(&a, pid, 0, false)).map(|_| ()))),
+    ] {
+        assert_eq!((r.0, r.1), (404, ErrorCode::ProcessNotFound), "{}: {}", what(w), r.2);
+    }
+    // Through globex's sandbox named by acme: the sandbox itself is unknown to acme.
+    same_as_unknown("release through globex's sandbox", rt.block_on(acme.release_lease(&b, &lease.id)), &b, rt.block_on(acme.release_lease(nope, &lease.id)), nope);
+
+    // globex's lease, preview and process are exactly as they were.
+    let leases = rt.block_on(globex.list_leases(&b)).unwrap();
+    assert_eq!(leases.iter().map(|l| (&l.id, &l.expires_at)).collect::<Vec<_>>(), vec![(&lease.id, &lease.expires_at)], "globex's lease is still held, unrenewed");
+    let previews = rt.block_on(globex.list_previews(&b, true)).unwrap();
+    assert!(previews.iter().any(|p| p.id == preview.id && p.revoked_at.is_none()), "globex's preview is not revoked: {previews:?}");
+    let p = rt.block_on(globex.get_process(&b, proc_b.id)).unwrap();
+    assert_eq!(p.status, strata_api::ProcessStatus::Running, "{p:?}");
+    // ... and still globex's to use.
+    rt.block_on(globex.release_lease(&b, &lease.id)).unwrap();
+    rt.block_on(globex.revoke_preview(&b, &preview.id)).unwrap();
+    rt.block_on(globex.write_stdin(&b, proc_b.id, &strata_api::StdinRequest { data_b64: String::new(), close: true })).unwrap();
+}

@@ -839,13 +839,14 @@ impl Db {
         Ok(lease)
     }
 
-    /// Removes leases by id. Returns how many existed.
-    pub fn delete_leases(&self, ids: &[&str]) -> Result<usize, DbError> {
+    /// Removes leases, each named by its sandbox and its id (a lease id alone
+    /// never selects a row: the lease must be the sandbox's). Returns how many existed.
+    pub fn delete_leases(&self, leases: &[(&str, &str)]) -> Result<usize, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut n = 0;
-        for id in ids {
-            n += tx.execute("DELETE FROM leases WHERE id = ?1", params![id])?;
+        for (sandbox_id, id) in leases {
+            n += tx.execute("DELETE FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id])?;
         }
         tx.commit()?;
         Ok(n)
@@ -1539,7 +1540,9 @@ mod tests {
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
         db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
         assert!(db.list_leases(Some(id)).unwrap().is_empty());
-        assert_eq!(db.delete_leases(&["l2", "l3"]).unwrap(), 1);
+        assert_eq!(db.delete_leases(&[(id, "l2"), ("other", "l3")]).unwrap(), 0, "a lease is deleted only through its own sandbox");
+        assert_eq!(db.list_leases(Some("other")).unwrap().len(), 1);
+        assert_eq!(db.delete_leases(&[("other", "l2"), ("other", "l3")]).unwrap(), 1);
     }
 
     #[test]
