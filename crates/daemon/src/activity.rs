@@ -133,7 +133,8 @@ pub async fn track(State(st): State<Shared>, req: Request, next: Next) -> Respon
     let Some(name) = tracked_sandbox(req.method(), req.uri().path()) else {
         return next.run(req).await;
     };
-    let Ok(Some(id)) = st.db.resolve_sandbox_id(name) else {
+    // Resolved like the handler resolves it: among the caller's own sandboxes.
+    let Ok(Some(id)) = crate::tenancy::resolve_sandbox_id(&st, name) else {
         return next.run(req).await;
     };
     let guard = st.activity.hold(&id);
