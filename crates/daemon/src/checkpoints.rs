@@ -182,7 +182,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     // An empty change set adds no layer: the chain stays the parent's (overlayfs
     // also refuses the same directory twice in one stack).
     let mut chain = base.chain;
-    let added = (changed > 0).then(|| layer.digest.clone());
+    let added = (changed > 0).then(|| layer.key.clone());
     if let Some(d) = &added {
         if chain.contains(d) {
             // Byte-identical to a layer lower in the chain (same files, same mtimes):

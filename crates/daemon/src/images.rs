@@ -124,7 +124,7 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> ApiResult
     })
     .await
     .map_err(|e| ApiError::internal("import task", &e))??;
-    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.digest.clone(), size: l.size }).collect();
+    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.key.clone(), size: l.size }).collect();
     let image = Image {
         id: image_id(&layer_infos, &imported.config),
         name: r.name.clone(),
