@@ -59,7 +59,7 @@ pub struct Checkpoint {
     /// The previous checkpoint in its lineage, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
-    /// The layer this checkpoint added (`sha256:<hex>` of its tar); absent when
+    /// The layer this checkpoint added (its key: `sha256:<hex>` of its tar, `+trusted`: the sandbox's files as they are); absent when
     /// nothing changed since its parent (the chain is then the parent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer: Option<String>,

@@ -39,6 +39,10 @@ pub struct DoctorReport {
     pub features: Vec<FeatureCheck>,
     /// Isolation tiers.
     pub tiers: Vec<TierReport>,
+    /// Names in the daemon's metadata that could be read as ids (from before
+    /// names like that were refused). Only from a daemon.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names_like_ids: Vec<NameLikeId>,
 }
 
 /// Response of `GET /v1/info`.
@@ -52,4 +56,22 @@ pub struct DaemonInfo {
     pub sandboxes: std::collections::BTreeMap<String, u64>,
     /// Number of images.
     pub images: u64,
+}
+
+/// A user-chosen name that could be read as an id or an id prefix (made only
+/// of hex digits). New objects cannot get one; records from before that rule
+/// keep theirs and are listed by `strata doctor` (`names_like_ids`). A key
+/// resolves by exact id before exact name, so such a name never hides an id;
+/// it can still win over an id *prefix* of another object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NameLikeId {
+    /// `sandbox`, `checkpoint`, `template` (its checkpoint's id), `pipeline_run`, `token` or `image`.
+    pub kind: String,
+    /// The object's id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its tenant (images are shared: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }

@@ -55,7 +55,11 @@ pub struct ImageConfig {
 /// One content-addressed layer of an image.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LayerInfo {
-    /// `sha256:<hex>` of the uncompressed layer tar (the OCI diff id).
+    /// The layer's key in the store: `sha256:<hex>` of the uncompressed layer
+    /// tar (the OCI diff id) and how it was unpacked, `+untrusted` (setuid/setgid
+    /// bits and file capabilities stripped) or `+trusted` (kept); the same bytes
+    /// unpacked both ways are two layers. Layers stored before the unpack policy
+    /// was recorded have no suffix (never shared with new imports).
     pub digest: String,
     /// Bytes of unpacked content.
     pub size: u64,

@@ -839,6 +839,12 @@ async fn doctor(c: &Client, json: bool) -> Result<i32> {
     for t in &report.tiers {
         println!("  {} {:<10} {}", if t.available { "ok " } else { "-- " }, t.name, t.detail);
     }
+    if !report.names_like_ids.is_empty() {
+        println!("names that could be read as ids (from before such names were refused; use their ids):");
+        for n in &report.names_like_ids {
+            println!("  {:<12} {:<20} id {}{}", n.kind, n.name, n.id, n.tenant.as_deref().map(|t| format!("  tenant {t}")).unwrap_or_default());
+        }
+    }
     Ok(0)
 }
 

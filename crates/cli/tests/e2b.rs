@@ -80,3 +80,126 @@ fn e2b_sdk_suite_passes_against_a_live_daemon() {
         assert_eq!(s["tenant"], "e2b", "sandbox outside the key's tenant: {s}");
     }
 }
+
+/// One HTTP/1.1 request on a fresh connection: (status, body). With `first_bytes`,
+/// reads only that much of the body (a streamed answer) and hangs up.
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8], first_bytes: Option<usize>) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if let (Some(want), Some(end)) = (first_bytes, got.windows(4).position(|w| w == b"\r\n\r\n")) {
+            if got.len() >= end + 4 + want {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let end = got.windows(4).position(|w| w == b"\r\n\r\n").map_or(got.len(), |e| e + 4);
+    let mut body = got[end..].to_vec();
+    if text[..end.min(text.len())].to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        // De-chunk (enough for these small answers).
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        while let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") {
+            let len = usize::from_str_radix(String::from_utf8_lossy(&rest[..nl]).trim(), 16).unwrap_or(0);
+            if len == 0 || rest.len() < nl + 2 + len {
+                out.extend_from_slice(&rest[nl + 2..]);
+                break;
+            }
+            out.extend_from_slice(&rest[nl + 2..nl + 2 + len]);
+            rest = &rest[nl + 2 + len + 2..];
+        }
+        body = out;
+    }
+    (status, body)
+}
+
+/// What the E2B layer keeps itself (port previews, process tags) is keyed by
+/// full sandbox ids and checked per request: a sandbox named by its name in
+/// `E2b-Sandbox-Id` reaches the same sandbox, a revoked key stops reaching a
+/// port at once (not when the preview it made ends), and another tenant's key
+/// learns nothing about a process tag (the answer of an unknown tag).
+/// Raw HTTP, no SDK: runs wherever sandboxes run.
+#[test]
+fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
+    require_host!();
+    use base64::Engine;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = TestDaemon::start_with(Some(&addr));
+    d.import_busybox();
+    let key = |name: &str, tenant: &str| {
+        let v: serde_json::Value = serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"])).unwrap();
+        (v["id"].as_str().unwrap().to_string(), v["secret"].as_str().unwrap().to_string())
+    };
+    let (_, acme) = key("acme-main", "acme");
+    let (short_id, short) = key("acme-short", "acme");
+    let (_, globex) = key("globex", "globex");
+    let rt = common::rt();
+    let c = strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: Some(acme.clone()) });
+    let sb = rt.block_on(c.create_sandbox(&strata_api::CreateSandboxRequest { source: "busybox".into(), name: Some("web-box".into()), lifecycle: strata_api::Lifecycle::Persistent, ..Default::default() })).unwrap().id;
+    let sh = |cmd: &str| strata_api::ExecRequest { cmd: vec!["sh".into(), "-c".into(), cmd.into()], ..Default::default() };
+    rt.block_on(c.exec(&sb, &sh("mkdir -p /srv && echo hello > /srv/hello.txt"))).unwrap();
+    rt.block_on(c.start_process(&sb, &sh("exec busybox httpd -f -p 127.0.0.1:8000 -h /srv"))).unwrap();
+
+    // Port routing, by id and by name, with the key that will be revoked.
+    let get = |sandbox: &str, k: &str| http(&addr, "GET", "/hello.txt", &[("E2b-Sandbox-Id", sandbox), ("E2b-Sandbox-Port", "8000"), ("X-API-Key", k)], b"", None);
+    assert!(common::wait_until(20, || get(&sb, &short).0 == 200), "the port is reachable by id: {:?}", get(&sb, &short));
+    assert_eq!(get(&sb, &short), (200, b"hello\n".to_vec()));
+    assert_eq!(get("web-box", &short), (200, b"hello\n".to_vec()), "a name in E2b-Sandbox-Id reaches the sandbox it names");
+    d.cli_ok(&["token", "revoke", &short_id]);
+    for sandbox in [sb.as_str(), "web-box"] {
+        let (status, body) = get(sandbox, &short);
+        assert_eq!(status, 401, "a revoked key is refused from the next request on ({sandbox}): {}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(get(&sb, &acme).0, 200, "the other key of the tenant still works");
+    assert_eq!(get(&sb, &globex).0, 404, "another tenant's key: unknown sandbox");
+
+    // A tagged process started through envd (as root: busybox has no `user`).
+    let envelope = |json: serde_json::Value| {
+        let p = json.to_string().into_bytes();
+        let mut b = vec![0u8];
+        b.extend_from_slice(&(p.len() as u32).to_be_bytes());
+        b.extend_from_slice(&p);
+        b
+    };
+    let root = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("root:"));
+    let envd = |k: &str, ct: &str| vec![("E2b-Sandbox-Id".to_string(), sb.clone()), ("E2b-Sandbox-Port".into(), "49983".into()), ("X-Access-Token".into(), k.to_string()), ("Authorization".into(), root.clone()), ("Content-Type".into(), ct.to_string())];
+    let h = envd(&acme, "application/connect+json");
+    let h: Vec<(&str, &str)> = h.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let start = envelope(serde_json::json!({"process": {"cmd": "sleep", "args": ["120"]}, "tag": "secret-tag"}));
+    let (status, _) = http(&addr, "POST", "/process.Process/Start", &h, &start, Some(5));
+    assert_eq!(status, 200);
+    assert!(common::wait_until(10, || rt.block_on(c.list_processes(&sb)).unwrap().iter().any(|p| p.cmd == ["sleep", "120"] && p.status == strata_api::ProcessStatus::Running)));
+    // globex names acme's sandbox by its full id and the tag: exactly the answer of an unknown tag.
+    let hg = envd(&globex, "application/json");
+    let hg: Vec<(&str, &str)> = hg.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let signal = |tag: &str| http(&addr, "POST", "/process.Process/SendSignal", &hg, serde_json::json!({"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}).to_string().as_bytes(), None);
+    let (s1, b1) = signal("secret-tag");
+    let (s2, b2) = signal("no-such-tag");
+    let (b1, b2) = (String::from_utf8_lossy(&b1).replace("secret-tag", "TAG"), String::from_utf8_lossy(&b2).replace("no-such-tag", "TAG"));
+    assert_eq!((s1, &b1), (s2, &b2), "another tenant's key cannot tell a tag exists");
+    assert_eq!(s1, 404, "{b1}");
+    // acme's process is untouched, and acme's own key still finds it by tag.
+    assert!(rt.block_on(c.list_processes(&sb)).unwrap().iter().any(|p| p.cmd == ["sleep", "120"] && p.status == strata_api::ProcessStatus::Running));
+    let ha = envd(&acme, "application/json");
+    let ha: Vec<(&str, &str)> = ha.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let (status, body) = http(&addr, "POST", "/process.Process/SendSignal", &ha, br#"{"process": {"tag": "secret-tag"}, "signal": "SIGNAL_SIGKILL"}"#, None);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}

@@ -152,3 +152,79 @@ fn device_nodes_are_dropped_and_setuid_is_stripped_unless_trusted() {
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(layer.join("bin/suid")).unwrap().permissions());
     assert_eq!(mode & 0o7777, 0o755, "setuid stripped");
 }
+
+/// A busybox rootfs with a setuid-root file `bin/suid` (mode 04755), as a tar.
+fn rootfs_with_setuid_file() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", common::images_dir().join("busybox-rootfs")).unwrap();
+    let mut h = tar::Header::new_gnu();
+    h.set_path("bin/suid").unwrap();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o4755);
+    h.set_size(10);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    b.append(&h, &b"#!/bin/sh\n"[..]).unwrap();
+    b.into_inner().unwrap()
+}
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions()) & 0o7777
+}
+
+/// Unpacked layers are keyed by digest *and* unpack policy: an untrusted import
+/// of bytes first imported `--trusted` unpacks them again (setuid stripped)
+/// instead of reusing the trusted copy, a trusted import after an untrusted one
+/// keeps its setuid bits, the two share nothing on disk, and removing one image
+/// leaves the other's layer intact.
+#[test]
+fn trusted_and_untrusted_imports_of_the_same_bytes_share_no_layer() {
+    require_host!();
+    let d = TestDaemon::start();
+    let work = tempfile::tempdir().unwrap();
+    let src = common::write_file(work.path(), "suid.tar", &rootfs_with_setuid_file());
+    let src = src.to_str().unwrap();
+    let layer_fs = |r: &serde_json::Value| d.state(&format!("layers/sha256/{}/fs", r["image"]["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:")));
+
+    let trusted: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-trusted", "--trusted", "--json"])).unwrap();
+    assert_eq!(trusted["layers_new"], 1);
+    let untrusted: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-plain", "--json"])).unwrap();
+    assert_eq!(untrusted["layers_new"], 1, "an untrusted import never reuses a trusted unpack: {untrusted}");
+    assert!(untrusted["warnings"].to_string().contains("setuid"), "{untrusted}");
+    let (t_fs, u_fs) = (layer_fs(&trusted), layer_fs(&untrusted));
+    assert_ne!(t_fs, u_fs, "the two imports share no unpacked layer");
+    assert_ne!(trusted["image"]["layers"][0]["digest"], untrusted["image"]["layers"][0]["digest"]);
+    assert_ne!(trusted["image"]["id"], untrusted["image"]["id"], "different content on disk, different image ids");
+    assert_eq!(mode_of(&t_fs.join("bin/suid")), 0o4755, "the trusted import keeps the setuid bit");
+    assert_eq!(mode_of(&u_fs.join("bin/suid")), 0o755, "the untrusted import has none");
+    // The same inside sandboxes made from each.
+    let in_sandbox = |image: &str| {
+        let id = d.cli_ok(&["create", image]).trim().to_string();
+        let mode = d.cli_ok(&["exec", &id, "--", "stat", "-c", "%a", "/bin/suid"]).trim().to_string();
+        d.cli_ok(&["rm", "-f", &id]);
+        mode
+    };
+    assert_eq!(in_sandbox("suid-trusted"), "4755");
+    assert_eq!(in_sandbox("suid-plain"), "755");
+    // Importing either again reuses the layer of its own policy only.
+    let again: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-plain-2", "--json"])).unwrap();
+    assert_eq!((again["layers_new"].as_u64(), layer_fs(&again)), (Some(0), u_fs.clone()));
+
+    // Removing the trusted image removes its layer and leaves the untrusted one intact.
+    d.cli_ok(&["image", "rm", "suid-trusted"]);
+    assert!(!t_fs.exists(), "the trusted layer went with its image");
+    assert_eq!(mode_of(&u_fs.join("bin/suid")), 0o755);
+    assert_eq!(in_sandbox("suid-plain"), "755");
+    // Trusted after untrusted: a fresh unpack that keeps the bit (not the stripped copy).
+    let trusted2: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-trusted", "--trusted", "--json"])).unwrap();
+    assert_eq!(trusted2["layers_new"], 1, "{trusted2}");
+    assert_eq!(mode_of(&layer_fs(&trusted2).join("bin/suid")), 0o4755);
+    assert_eq!(in_sandbox("suid-trusted"), "4755");
+    // And removing the untrusted images leaves the trusted layer intact.
+    d.cli_ok(&["image", "rm", "suid-plain", "suid-plain-2"]);
+    assert!(!u_fs.exists());
+    assert_eq!(in_sandbox("suid-trusted"), "4755");
+}

@@ -327,3 +327,218 @@ fn pipelines_builds_and_host_paths_follow_the_tenant() {
     }
     assert_eq!(failed, Some(ErrorCode::Forbidden));
 }
+
+/// Routes that name two objects (a sandbox and one of its leases, previews or
+/// processes) look the second up *within* the first: tenant A, through its own
+/// sandbox, cannot reach tenant B's lease, preview or process, gets exactly the
+/// answer an unknown id gets, and B's objects are untouched afterwards. The
+/// operator naming the wrong sandbox gets the same 404 and changes nothing.
+#[test]
+fn two_id_routes_look_the_second_object_up_within_the_first() {
+    require_host!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    let acme = tcp(&addr, &secret(&token(&d, "ci", "acme", &[])));
+    let globex = tcp(&addr, &secret(&token(&d, "ci", "globex", &[])));
+    let op = d.client();
+    let rt = rt();
+    let a = create(&acme, "busybox", "acme-own");
+    let b = create(&globex, "busybox", "globex-own");
+    let nope = "0123456789abcdef";
+
+    // globex's objects under its sandbox.
+    let lease = rt.block_on(globex.create_lease(&b, "1h")).unwrap();
+    let preview = rt.block_on(globex.create_preview(&b, &strata_api::CreatePreviewRequest { port: Some(8080), public: false, ttl_secs: None })).unwrap().preview;
+    let sleeper = ExecRequest { cmd: vec!["sleep".into(), "600".into()], keep_stdin_open: true, ..Default::default() };
+    // Process ids count per sandbox: globex's second process has an id acme's sandbox never had.
+    rt.block_on(globex.exec(&b, &ExecRequest { cmd: vec!["true".into()], ..Default::default() })).unwrap();
+    let proc_b = rt.block_on(globex.start_process(&b, &sleeper)).unwrap();
+    assert!(rt.block_on(acme.list_processes(&a)).unwrap().is_empty());
+    let other_pid = 999;
+    for (who, c) in [("acme", &acme), ("operator", &op)] {
+        // Leases: release and renew by (sandbox, lease), never by lease id alone.
+        same_as_unknown(&format!("{who}: release globex's lease through acme's sandbox"), rt.block_on(c.release_lease(&a, &lease.id)), &lease.id, rt.block_on(c.release_lease(&a, nope)), nope);
+        same_as_unknown(&format!("{who}: renew globex's lease through acme's sandbox"), rt.block_on(c.renew_lease(&a, &lease.id, "5h")), &lease.id, rt.block_on(c.renew_lease(&a, nope, "5h")), nope);
+        // Previews: revoke by (sandbox, preview).
+        same_as_unknown(&format!("{who}: revoke globex's preview through acme's sandbox"), rt.block_on(c.revoke_preview(&a, &preview.id)), &preview.id, rt.block_on(c.revoke_preview(&a, nope)), nope);
+    }
+    // Processes: acme's sandbox has no process with globex's process id.
+    let pid = proc_b.id;
+    let what = |w: &str| format!("acme: {w} of globex's process through acme's sandbox");
+    let (s1, c1, m1) = err(rt.block_on(acme.get_process(&a, pid)));
+    let (s2, c2, m2) = err(rt.block_on(acme.get_process(&a, other_pid)));
+    assert_eq!((s1, c1, m1.replace(&format!("process {pid} "), "process PID ")), (s2, c2, m2.replace(&format!("process {other_pid} "), "process PID ")), "{}", what("get"));
+    assert_eq!(s1, 404);
+    for (w, r) in [
+        ("signal", err(rt.block_on(acme.signal(&a, pid, "KILL")))),
+        ("stdin", err(rt.block_on(acme.write_stdin(&a, pid, &strata_api::StdinRequest { data_b64: String::new(), close: true })))),
+        ("wait", err(rt.block_on(acme.wait(&a, pid, Some("1s"))))),
+        ("logs", err(rt.block_on(acme.logs(&a, pid, 0, false)).map(|_| ()))),
+    ] {
+        assert_eq!((r.0, r.1), (404, ErrorCode::ProcessNotFound), "{}: {}", what(w), r.2);
+    }
+    // Through globex's sandbox named by acme: the sandbox itself is unknown to acme.
+    same_as_unknown("release through globex's sandbox", rt.block_on(acme.release_lease(&b, &lease.id)), &b, rt.block_on(acme.release_lease(nope, &lease.id)), nope);
+
+    // globex's lease, preview and process are exactly as they were.
+    let leases = rt.block_on(globex.list_leases(&b)).unwrap();
+    assert_eq!(leases.iter().map(|l| (&l.id, &l.expires_at)).collect::<Vec<_>>(), vec![(&lease.id, &lease.expires_at)], "globex's lease is still held, unrenewed");
+    let previews = rt.block_on(globex.list_previews(&b, true)).unwrap();
+    assert!(previews.iter().any(|p| p.id == preview.id && p.revoked_at.is_none()), "globex's preview is not revoked: {previews:?}");
+    let p = rt.block_on(globex.get_process(&b, proc_b.id)).unwrap();
+    assert_eq!(p.status, strata_api::ProcessStatus::Running, "{p:?}");
+    // ... and still globex's to use.
+    rt.block_on(globex.release_lease(&b, &lease.id)).unwrap();
+    rt.block_on(globex.revoke_preview(&b, &preview.id)).unwrap();
+    rt.block_on(globex.write_stdin(&b, proc_b.id, &strata_api::StdinRequest { data_b64: String::new(), close: true })).unwrap();
+}
+
+/// The error of a create that must be refused because its name looks like an id.
+fn refused_name<T: std::fmt::Debug>(what: &str, r: Result<T, ClientError>, name: &str) {
+    let (status, code, msg) = err(r);
+    assert_eq!((status, code), (400, ErrorCode::BadRequest), "{what}: {msg}");
+    assert!(msg.contains(name) && msg.contains("hex"), "{what}: the message names the name and the rule: {msg}");
+}
+
+/// Names never shadow ids: a name of 4+ hex digits and nothing else could be read as an
+/// id or an id prefix, so it is refused for every kind of object; the
+/// squatting attack of the issue (a tenant naming its sandbox after another
+/// tenant's id prefix) is refused, and the owner and the operator still
+/// resolve that prefix to the owner's sandbox.
+#[test]
+fn names_that_could_be_read_as_ids_are_refused() {
+    require_host!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    let acme = tcp(&addr, &secret(&token(&d, "ci", "acme", &[])));
+    let globex = tcp(&addr, &secret(&token(&d, "ci", "globex", &[])));
+    let rt = rt();
+    let g = create(&globex, "busybox", "globex-box");
+    let a = create(&acme, "busybox", "acme-box");
+
+    // The squatter: acme names a sandbox after globex's id prefix.
+    let squat = CreateSandboxRequest { source: "busybox".into(), name: Some(g[..8].to_string()), ..Default::default() };
+    refused_name("sandbox named after another tenant's id prefix", rt.block_on(acme.create_sandbox(&squat)), &g[..8]);
+    assert_eq!(rt.block_on(globex.get_sandbox(&g[..8])).unwrap().id, g, "globex still resolves its prefix");
+    let inspected: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &g[..8], "--json"])).unwrap();
+    assert_eq!(inspected["id"], g.as_str(), "the operator's inspect resolves globex's prefix to globex's sandbox");
+    assert_eq!(rt.block_on(acme.list_sandboxes()).unwrap().len(), 1, "nothing was created");
+
+    // Every kind of object with a user-chosen name, upper- or lower-case hex, short or long.
+    for name in ["deadbeef", "ABCDEF12", &a[..], "1234"] {
+        let req = CreateSandboxRequest { source: "busybox".into(), name: Some(name.to_string()), ..Default::default() };
+        refused_name("sandbox", rt.block_on(acme.create_sandbox(&req)), name);
+    }
+    refused_name("checkpoint", rt.block_on(acme.checkpoint(&a, &CheckpointRequest { name: Some("cafe0123".into()), ..Default::default() })), "cafe0123");
+    let ck = rt.block_on(acme.checkpoint(&a, &CheckpointRequest { name: Some("acme-ck".into()), ..Default::default() })).unwrap();
+    refused_name("template", rt.block_on(acme.create_template(&CreateTemplateRequest { name: "beef".into(), from: ck.id.clone(), replace: false, accept_findings: true })), "beef");
+    let build = strata_api::BuildTemplateRequest { name: "f00d".into(), file: "FROM busybox\n".into(), context: None, no_cache: false, accept_findings: true };
+    match rt.block_on(acme.build_template(&build)) {
+        Err(e) => refused_name("template build", Err::<(), _>(e), "f00d"),
+        Ok(mut evs) => {
+            let mut failed = None;
+            while let Some(ev) = rt.block_on(evs.next()).unwrap() {
+                if let strata_api::BuildEvent::Failed { error, .. } = ev {
+                    failed = Some(error);
+                }
+            }
+            let e = failed.expect("the build fails");
+            assert!(e.code == ErrorCode::BadRequest && e.message.contains("f00d") && e.message.contains("hex"), "template build: {e:?}");
+        }
+    }
+    let fork = ForkRequest { source: ck.id.clone(), count: 1, name_prefix: None, lifecycle: Lifecycle::Persistent, ttl: None, limits: None, network: None, processes: None };
+    let fanout = strata_api::FanoutRequest { source: ck.id.clone(), plan: strata_api::FanoutPlan { run: Some("true".into()), count: Some(1), ..Default::default() }, promote_as: Some("0ddba11".into()), name_prefix: None, lifecycle: Lifecycle::Ephemeral, ttl: None, limits: None };
+    refused_name("fan-out promote_as", rt.block_on(acme.fanout(&fanout)), "0ddba11");
+    let spec = "name = \"abc123\"\n\n[[stage]]\nname = \"one\"\nsource = \"image:busybox\"\nlifecycle = \"ephemeral\"\ncommands = [\"true\"]\n";
+    refused_name("pipeline run", rt.block_on(acme.run_pipeline(&strata_api::RunPipelineRequest { toml: Some(spec.into()), spec: None })), "abc123");
+    // The operator's objects too: tokens and images.
+    let op = d.client();
+    refused_name("token", rt.block_on(op.create_token(&strata_api::CreateTokenRequest { name: "c0ffee".into(), tenant: Some("acme".into()), expires: None })), "c0ffee");
+    let imgs = common::images_dir();
+    let import = strata_api::ImportImageRequest { source: imgs.join("busybox-rootfs.tar").display().to_string(), name: "facade42".into(), trusted: false, replace: false };
+    refused_name("image", rt.block_on(op.import_image(&import)), "facade42");
+    // Names with any other character are fine, and nothing above was created.
+    let forked = rt.block_on(acme.fork(&fork)).unwrap();
+    assert_eq!(forked.sandboxes.len(), 1);
+    let ok = CreateSandboxRequest { source: "busybox".into(), name: Some(format!("{}-x", &g[..8])), ..Default::default() };
+    rt.block_on(acme.create_sandbox(&ok)).unwrap();
+    assert_eq!(rt.block_on(acme.list_checkpoints(None)).unwrap().iter().map(|c| c.name.clone()).collect::<Vec<_>>(), vec!["acme-ck".to_string()], "no refused checkpoint was made");
+    assert!(rt.block_on(acme.list_templates()).unwrap().is_empty());
+    assert!(rt.block_on(acme.list_pipelines()).unwrap().is_empty());
+    assert!(rt.block_on(op.list_images()).unwrap().iter().all(|i| i.name != "facade42"));
+}
+
+/// Copies sandbox `from`'s row (and its usage record) as a stopped sandbox
+/// with `id`, `name` and `tenant`, as a database from before the name rule
+/// could hold.
+fn insert_legacy_sandbox(db: &rusqlite::Connection, from: &str, id: &str, name: &str, tenant: &str) {
+    db.execute_batch("DROP TABLE IF EXISTS temp.copy; DROP TABLE IF EXISTS temp.ucopy;").unwrap();
+    db.execute("CREATE TEMP TABLE copy AS SELECT * FROM sandboxes WHERE id = ?1", [from]).unwrap();
+    db.execute("UPDATE temp.copy SET id = ?1, name = ?2, tenant = ?3, state = 'stopped', init_pid = NULL, init_start_time = NULL", [id, name, tenant]).unwrap();
+    db.execute("INSERT INTO sandboxes SELECT * FROM temp.copy", []).unwrap();
+    db.execute("CREATE TEMP TABLE ucopy AS SELECT * FROM usage WHERE sandbox_id = ?1", [from]).unwrap();
+    db.execute("UPDATE temp.ucopy SET sandbox_id = ?1, name = ?2, tenant = ?3", [id, name, tenant]).unwrap();
+    db.execute("INSERT INTO usage SELECT * FROM temp.ucopy", []).unwrap();
+}
+
+/// Resolution is exact: a full id resolves to that id, then an exact name,
+/// then an id prefix unique among the caller's own objects. Records from
+/// before the name rule (a hex name squatting another tenant's prefix, an id
+/// sharing a prefix with another tenant's) neither break nor reveal the other
+/// tenant's prefixes, still resolve by id, and are listed by `strata doctor`.
+#[test]
+fn id_prefixes_resolve_among_the_callers_own_objects() {
+    require_host!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    let acme_secret = secret(&token(&d, "ci", "acme", &[]));
+    let globex_secret = secret(&token(&d, "ci", "globex", &[]));
+    let rt = rt();
+    let g = create(&tcp(&addr, &globex_secret), "busybox", "globex-box");
+    let a = create(&tcp(&addr, &acme_secret), "busybox", "acme-box");
+    rt.block_on(tcp(&addr, &acme_secret).stop_sandbox(&a)).unwrap();
+
+    // Legacy rows of acme (written straight into the metadata database, as a
+    // daemon from before the name rule could have): one named after globex's
+    // 8-character prefix, one whose id shares globex's first 6 characters.
+    let squatter = format!("{}{}", &a[..8], "00000000");
+    let twin = format!("{}{}", &g[..6], if &g[6..] == "0000000000" { "1111111111" } else { "0000000000" });
+    {
+        let db = rusqlite::Connection::open(d.state("metadata.db")).unwrap();
+        db.busy_timeout(Duration::from_secs(5)).unwrap();
+        insert_legacy_sandbox(&db, &a, &squatter, &g[..8], "acme");
+        insert_legacy_sandbox(&db, &a, &twin, "acme-twin", "acme");
+    }
+    let acme = tcp(&addr, &acme_secret);
+    let globex = tcp(&addr, &globex_secret);
+    let op = d.client();
+
+    // globex: its 8- and 6-character prefixes are its own sandbox, whatever acme holds.
+    for p in [&g[..8], &g[..6], &g[..4]] {
+        assert_eq!(rt.block_on(globex.get_sandbox(p)).unwrap().id, g, "globex's prefix {p}");
+        let exec = rt.block_on(globex.exec(p, &ExecRequest { cmd: vec!["hostname".into()], ..Default::default() }));
+        assert!(exec.is_ok(), "globex can use its prefix {p}: {exec:?}");
+        assert_eq!(rt.block_on(globex.cost(p)).unwrap().sandbox_id, g, "cost of {p}");
+        let evs = rt.block_on(globex.events(Some(p), 0)).unwrap();
+        assert!(!evs.is_empty() && evs.iter().all(|e| e.sandbox_id == g), "events of {p}: {evs:?}");
+    }
+    // acme: its legacy name still resolves to its own record, ids resolve exactly,
+    // and the prefix it shares with globex is its own twin for acme.
+    assert_eq!(rt.block_on(acme.get_sandbox(&g[..8])).unwrap().id, squatter);
+    assert_eq!(rt.block_on(acme.get_sandbox(&squatter)).unwrap().id, squatter, "a full id resolves to that id");
+    assert_eq!(rt.block_on(acme.get_sandbox(&g[..6])).unwrap().id, twin);
+    let nope = "0123456789abcdef";
+    same_as_unknown("globex's full id for acme", rt.block_on(acme.get_sandbox(&g)), &g, rt.block_on(acme.get_sandbox(nope)), nope);
+    // The operator sees all: full ids exactly, the legacy name by its name, an
+    // ambiguous prefix is unknown.
+    assert_eq!(rt.block_on(op.get_sandbox(&g)).unwrap().id, g);
+    assert_eq!(rt.block_on(op.get_sandbox(&squatter)).unwrap().id, squatter);
+    assert_eq!(rt.block_on(op.get_sandbox(&g[..8])).unwrap().id, squatter, "exact name before prefix");
+    assert_eq!(err(rt.block_on(op.get_sandbox(&g[..6]))).1, ErrorCode::SandboxNotFound, "ambiguous among all tenants");
+    // The check lists the legacy name, with its tenant and id (never the default names, which are ids).
+    let doctor: serde_json::Value = serde_json::from_str(&d.cli_ok(&["doctor", "--json"])).unwrap();
+    let listed = doctor["names_like_ids"].as_array().unwrap_or_else(|| panic!("doctor lists names that look like ids: {doctor}"));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((listed[0]["kind"].as_str(), listed[0]["id"].as_str(), listed[0]["name"].as_str(), listed[0]["tenant"].as_str()), (Some("sandbox"), Some(squatter.as_str()), Some(&g[..8]), Some("acme")));
+    assert!(d.log().contains(&g[..8]), "the daemon warns about it at start or on the check");
+}

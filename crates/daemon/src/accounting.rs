@@ -176,7 +176,7 @@ pub fn on_transition(st: &Shared, id: &str, from: SandboxState, to: SandboxState
     }
     let res = match action {
         Action::Ready => {
-            let Ok(Some(rec)) = st.db.get_usage(id) else { return };
+            let Ok(Some(rec)) = st.db.usage_by_id(id) else { return };
             let Some(base) = rec.base_checkpoint.as_deref() else { return };
             let inherited = st.db.checkpoint_setup(base).ok().flatten().unwrap_or_default();
             st.db.update_usage(id, |r| {
@@ -202,7 +202,7 @@ pub fn on_checkpoint(st: &Shared, sandbox_id: &str, checkpoint_id: &str, running
     if running {
         sample(st, sandbox_id);
     }
-    if let Ok(Some(u)) = st.db.get_usage(sandbox_id) {
+    if let Ok(Some(u)) = st.db.usage_by_id(sandbox_id) {
         if let Err(e) = st.db.set_checkpoint_setup(checkpoint_id, &u.inherited_setup.plus(u.compute)) {
             warn!(checkpoint = checkpoint_id, error = %e, "recording checkpoint setup");
         }
@@ -317,11 +317,11 @@ fn seconds_between(a: &str, b: Option<&str>) -> f64 {
 
 /// The priced report of one usage record.
 pub fn report(st: &Shared, mut u: UsageRecord) -> CostReport {
-    let state = match st.db.get_sandbox(&u.sandbox_id) {
+    let state = match st.db.sandbox_by_id(&u.sandbox_id) {
         Ok(Some(rec)) if u.destroyed_at.is_none() => {
             if has_processes(rec.sandbox.state) {
                 sample(st, &u.sandbox_id);
-                if let Ok(Some(fresh)) = st.db.get_usage(&u.sandbox_id) {
+                if let Ok(Some(fresh)) = st.db.usage_by_id(&u.sandbox_id) {
                     u = fresh;
                 }
             }
@@ -338,8 +338,10 @@ pub fn report(st: &Shared, mut u: UsageRecord) -> CostReport {
     responses((status = 200, body = CostReport), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<CostReport>> {
     let st2 = st.clone();
+    // The caller's scope, taken here: a blocking thread has no task-local caller.
+    let scope = crate::tenancy::scope();
     tokio::task::spawn_blocking(move || -> ApiResult<Json<CostReport>> {
-        let u = st2.db.get_usage(&id)?.ok_or_else(|| ApiError::sandbox_not_found(&id))?;
+        let u = st2.db.find_usage(&id, scope.as_deref())?.ok_or_else(|| ApiError::sandbox_not_found(&id))?;
         Ok(Json(report(&st2, u)))
     })
     .await

@@ -133,7 +133,8 @@ pub async fn track(State(st): State<Shared>, req: Request, next: Next) -> Respon
     let Some(name) = tracked_sandbox(req.method(), req.uri().path()) else {
         return next.run(req).await;
     };
-    let Ok(Some(id)) = st.db.resolve_sandbox_id(name) else {
+    // Resolved like the handler resolves it: among the caller's own sandboxes.
+    let Ok(Some(id)) = crate::tenancy::resolve_sandbox_id(&st, name) else {
         return next.run(req).await;
     };
     let guard = st.activity.hold(&id);
@@ -189,13 +190,15 @@ pub fn renew_lease(st: &Shared, sandbox: &str, lease: &str, req: &LeaseRequest) 
     Ok(l)
 }
 
-/// Releases a lease; the sandbox's idle time counts from now.
+/// Releases a lease of a sandbox; the sandbox's idle time counts from now.
+/// The lease is looked up and deleted *as this sandbox's* (by sandbox id and
+/// lease id together): a lease of another sandbox is unknown here and stays.
 pub fn release_lease(st: &Shared, sandbox: &str, lease: &str) -> ApiResult<()> {
     let rec = load(st, sandbox)?;
     let id = &rec.sandbox.id;
     let held = st.db.get_lease(id, lease)?.is_some_and(|l| is_held(&l, SystemTime::now()));
     // An expired lease is gone either way; its row is removed too.
-    let existed = st.db.delete_leases(&[lease])? > 0;
+    let existed = st.db.delete_leases(&[(id, lease)])? > 0;
     if !(held && existed) {
         return Err(lease_not_found(id, lease));
     }
@@ -223,11 +226,11 @@ pub fn sweep_leases(st: &Shared) -> ApiResult<HashMap<String, usize>> {
         } else {
             st.activity.touch(&l.sandbox_id);
             info!(sandbox = %l.sandbox_id, lease = %l.id, "lease lapsed");
-            lapsed.push(l.id);
+            lapsed.push((l.sandbox_id, l.id));
         }
     }
     if !lapsed.is_empty() {
-        st.db.delete_leases(&lapsed.iter().map(String::as_str).collect::<Vec<_>>())?;
+        st.db.delete_leases(&lapsed.iter().map(|(s, l)| (s.as_str(), l.as_str())).collect::<Vec<_>>())?;
     }
     Ok(held)
 }
@@ -257,7 +260,7 @@ pub async fn renew_lease_handler(State(st): State<Shared>, Path((id, lease)): Pa
     Ok(Json(renew_lease(&st, &id, &lease, &req)?))
 }
 
-/// Release a lease.
+/// Release a lease of this sandbox (a lease of another sandbox is a 404 and stays held).
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/leases/{lease}", tag = "leases",
     params(("id" = String, Path, description = "Sandbox id or name"), ("lease" = String, Path, description = "Lease id")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody)))]

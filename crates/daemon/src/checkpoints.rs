@@ -59,7 +59,7 @@ fn base_of(st: &Shared, rec: &SandboxRecord) -> ApiResult<Base> {
     let parent = rec.sandbox.head_checkpoint.clone();
     if let Some(head) = &parent {
         let p = manifest_path(st, &rec.sandbox.id, head);
-        if let (Ok(bytes), Some((c, _))) = (std::fs::read(&p), st.db.get_checkpoint(head)?) {
+        if let (Ok(bytes), Some((c, _))) = (std::fs::read(&p), st.db.checkpoint_by_id(head)?) {
             let manifest = serde_json::from_slice(&bytes).map_err(|e| ApiError::internal("checkpoint manifest", &e))?;
             return Ok(Base { chain: c.layers, manifest, parent });
         }
@@ -83,12 +83,12 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let id = ids::new_id();
     let name = match req.name {
         Some(n) => {
-            ids::validate_name(&n, false)?;
+            ids::validate_new_name(&n, false)?;
             n
         }
         None => format!("{}-{}", rec.sandbox.name, &id[..8]),
     };
-    if st.db.get_checkpoint(&name)?.is_some_and(|(c, _)| c.name == name) {
+    if st.db.checkpoint_name_taken(&name)? {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists")));
     }
     let expires_at = match (&req.ttl, req.pinned) {
@@ -182,7 +182,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     // An empty change set adds no layer: the chain stays the parent's (overlayfs
     // also refuses the same directory twice in one stack).
     let mut chain = base.chain;
-    let added = (changed > 0).then(|| layer.digest.clone());
+    let added = (changed > 0).then(|| layer.key.clone());
     if let Some(d) = &added {
         if chain.contains(d) {
             // Byte-identical to a layer lower in the chain (same files, same mtimes):
@@ -229,7 +229,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
 }
 
 fn image_name(st: &Shared, rec: &SandboxRecord) -> String {
-    match rec.sandbox.base_checkpoint.as_deref().and_then(|c| st.db.get_checkpoint(c).ok().flatten()) {
+    match rec.sandbox.base_checkpoint.as_deref().and_then(|c| st.db.checkpoint_by_id(c).ok().flatten()) {
         Some((c, _)) => c.image,
         None => rec.sandbox.source.clone(),
     }
@@ -353,9 +353,10 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     if req.count == 0 || req.count > MAX_FORK {
         return Err(ApiError::bad_request(format!("fork count must be between 1 and {MAX_FORK}, got {}", req.count)));
     }
-    let source = match tenancy::find_checkpoint(st, &req.source)? {
-        Some((c, _)) => ForkSource::Checkpoint(Box::new(c)),
-        None => ForkSource::Live(Box::new(tenancy::find_sandbox(st, &req.source)?.ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source)))?)),
+    let source = match tenancy::find_sandbox_or_checkpoint(st, &req.source, tenancy::NamesFirst::Checkpoint)? {
+        Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => ForkSource::Checkpoint(Box::new(c.0)),
+        Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => ForkSource::Live(r),
+        None => return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source))),
     };
     // The Rule of Two once for all children, before a live source is checkpointed:
     // they inherit its declared capabilities and (unless the request names one) its network.
@@ -363,7 +364,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         ForkSource::Checkpoint(c) => (c.sandbox_id.clone(), c.name.clone(), c.capabilities.clone(), c.tenant.clone()),
         ForkSource::Live(r) => (r.sandbox.id.clone(), r.sandbox.name.clone(), r.sandbox.policy.capabilities.clone(), r.sandbox.tenant.clone()),
     };
-    let parent = st.db.get_sandbox(&parent_id)?;
+    let parent = st.db.sandbox_by_id(&parent_id)?;
     let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { inherited: Some((&source_name, &inherited)), network: network.as_ref(), ..Default::default() });
     crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
@@ -380,7 +381,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     let mut names = Vec::new();
     for i in 1..=req.count {
         let mut n = format!("{prefix}-{i}");
-        if n.len() > 63 || ids::validate_name(&n, false).is_err() || st.db.get_sandbox(&n)?.is_some() {
+        if n.len() > 63 || ids::validate_new_name(&n, false).is_err() || st.db.sandbox_name_taken(&n)? {
             n = format!("fork-{}", ids::new_id());
         }
         names.push(n);
@@ -402,9 +403,12 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         }
     }
     if let Some(e) = first_err {
-        // Remove every child of this fork, including one left in `error` by a failed start.
+        // Remove every child of this fork, including one left in `error` by a
+        // failed start — and only those: a sandbox another caller created under
+        // one of these names in the meantime (its create made ours fail) is not
+        // made from this fork's checkpoint, so it is left alone.
         for name in &names {
-            if let Ok(Some(rec)) = st.db.get_sandbox(name) {
+            if let Ok(Some(rec)) = st.db.find_sandbox(name, None).map(|r| r.filter(|r| r.sandbox.name == *name && r.sandbox.base_checkpoint.as_deref() == Some(ckpt.id.as_str()))) {
                 let _ = sandboxes::destroy(st, &rec.sandbox.id, true, "fork_failed").await;
             }
         }
@@ -495,7 +499,7 @@ pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Checkp
 #[utoipa::path(get, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
     responses((status = 200, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Checkpoint>> {
-    Ok(Json(st.db.get_checkpoint(&id)?.ok_or_else(|| not_found(&id))?.0))
+    Ok(Json(tenancy::find_checkpoint(&st, &id)?.ok_or_else(|| not_found(&id))?.0))
 }
 
 /// Delete a checkpoint (409 naming the sandboxes and checkpoints that still build on it).
@@ -503,7 +507,7 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> Ap
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let _g = st.image_lock.lock().await;
-    let (c, _) = st.db.get_checkpoint(&id)?.ok_or_else(|| not_found(&id))?;
+    let (c, _) = tenancy::find_checkpoint(&st, &id)?.ok_or_else(|| not_found(&id))?;
     let dependents = dependents_of(&st, &c.id)?;
     if !dependents.is_empty() {
         let mut e = ApiError::new(ErrorCode::InUse, format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")));
@@ -653,12 +657,10 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
     let sandboxes: Vec<_> = st.db.list_sandboxes()?.into_iter().filter(|r| tenancy::visible(&r.sandbox.tenant)).collect();
     let ckpts: Vec<_> = st.db.list_checkpoints(None)?.into_iter().filter(|c| tenancy::visible(&c.tenant)).collect();
     let templates: Vec<_> = st.db.list_templates()?.into_iter().filter(|(n, _, _)| st.db.template_tenant(n).ok().flatten().is_some_and(|t| tenancy::visible(&t))).collect();
-    let focus = if let Some(r) = tenancy::find_sandbox(st, id)? {
-        format!("sandbox:{}", r.sandbox.id)
-    } else if let Some((c, _)) = tenancy::find_checkpoint(st, id)? {
-        format!("checkpoint:{}", c.id)
-    } else {
-        return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")));
+    let focus = match tenancy::find_sandbox_or_checkpoint(st, id, tenancy::NamesFirst::Sandbox)? {
+        Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => format!("sandbox:{}", r.sandbox.id),
+        Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => format!("checkpoint:{}", c.0.id),
+        None => return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}"))),
     };
     // Parent edges between node keys "kind:id".
     let mut parent: BTreeMap<String, String> = BTreeMap::new();

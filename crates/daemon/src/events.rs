@@ -84,6 +84,19 @@ pub async fn info_handler(State(st): State<Shared>) -> ApiResult<Json<DaemonInfo
 
 /// What this host supports.
 #[utoipa::path(get, path = "/v1/doctor", tag = "host", responses((status = 200, body = DoctorReport)))]
-pub async fn doctor_handler() -> ApiResult<Json<DoctorReport>> {
-    Ok(Json(tokio::task::spawn_blocking(strata_runtime::probe::doctor).await.map_err(|e| crate::error::ApiError::internal("doctor", &e))?))
+pub async fn doctor_handler(State(st): State<Shared>) -> ApiResult<Json<DoctorReport>> {
+    let mut report = tokio::task::spawn_blocking(strata_runtime::probe::doctor).await.map_err(|e| crate::error::ApiError::internal("doctor", &e))?;
+    report.names_like_ids = names_like_ids(&st)?;
+    Ok(Json(report))
+}
+
+/// Names in the metadata that could be read as ids (from before such names
+/// were refused), each logged as a warning: they still resolve, by id first,
+/// but one can win over another object's id *prefix* for whoever sees both.
+pub fn names_like_ids(st: &Shared) -> ApiResult<Vec<strata_api::NameLikeId>> {
+    let found = st.db.names_like_ids()?;
+    for n in &found {
+        tracing::warn!(kind = %n.kind, id = %n.id, name = %n.name, tenant = n.tenant.as_deref().unwrap_or("-"), "a name that could be read as an id (made before such names were refused); it resolves by id first, but use ids for it");
+    }
+    Ok(found)
 }

@@ -285,7 +285,7 @@ async fn run_attempt(st: Shared, c: Child, opts: AttemptOpts, mut cancel: tokio:
 }
 
 fn record(st: &Shared, sandbox_id: &str, reason: &str, detail: &str) {
-    let state = st.db.get_sandbox(sandbox_id).ok().flatten().map_or(SandboxState::Running, |r| r.sandbox.state);
+    let state = st.db.sandbox_by_id(sandbox_id).ok().flatten().map_or(SandboxState::Running, |r| r.sandbox.state);
     if let Ok(ev) = st.db.record_event(sandbox_id, state, reason, Some(detail), &now()) {
         st.notify_events(ev.seq);
     }
@@ -296,8 +296,8 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
     let started = Instant::now();
     let specs = expand(&req.plan).map_err(ApiError::bad_request)?;
     if let Some(name) = &req.promote_as {
-        ids::validate_name(name, false)?;
-        if st.db.get_checkpoint(name)?.is_some_and(|(c, _)| &c.name == name) {
+        ids::validate_new_name(name, false)?;
+        if st.db.checkpoint_name_taken(name)? {
             return Err(ApiError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists (promote_as)")));
         }
     }
@@ -310,7 +310,7 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let mut running = FuturesUnordered::new();
     for (i, (sid, spec)) in fork.sandboxes.iter().zip(specs).enumerate() {
-        let name = st.db.get_sandbox(sid)?.map_or_else(|| sid.clone(), |r| r.sandbox.name);
+        let name = st.db.sandbox_by_id(sid)?.map_or_else(|| sid.clone(), |r| r.sandbox.name);
         let child = Child { index: i as u32 + 1, sandbox_id: sid.clone(), sandbox_name: name, spec };
         running.push(tokio::spawn(run_attempt(st.clone(), child, AttemptOpts::of(plan), cancel_rx.clone())));
     }

@@ -124,7 +124,7 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> ApiResult
     })
     .await
     .map_err(|e| ApiError::internal("import task", &e))??;
-    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.digest.clone(), size: l.size }).collect();
+    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.key.clone(), size: l.size }).collect();
     let image = Image {
         id: image_id(&layer_infos, &imported.config),
         name: r.name.clone(),
@@ -155,7 +155,7 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> ApiResult
 
 /// Imports an image; `progress` receives events as it goes.
 pub async fn import(st: &Shared, req: ImportImageRequest, progress: Option<tokio::sync::mpsc::Sender<ImportEvent>>) -> ApiResult<ImportReport> {
-    ids::validate_name(&req.name, true)?;
+    ids::validate_new_name(&req.name, true)?;
     let src = PathBuf::from(&req.source);
     if !src.is_absolute() {
         return Err(ApiError::bad_request(format!("source {:?} must be an absolute path on the daemon's host", req.source)));
@@ -205,7 +205,7 @@ pub async fn pull(st: &Shared, req: PullImageRequest, progress: Option<tokio::sy
     let started = Instant::now();
     let reference = strata_image::registry::parse_reference(&req.reference)?;
     let name = req.name.clone().unwrap_or_else(|| req.reference.clone());
-    if let Err(e) = ids::validate_name(&name, true) {
+    if let Err(e) = ids::validate_new_name(&name, true) {
         return Err(match req.name {
             Some(_) => e.into(),
             None => ApiError::bad_request(format!("{e}: the reference is not a valid image name, pass a name")),

@@ -368,6 +368,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     st.disks.clone().start();
     network::reconcile(&st).await;
     pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    // Names from before names that read as ids were refused: warned about (and listed by doctor).
+    if let Err(e) = events::names_like_ids(&st) {
+        warn!(error = %e.body.message, "checking names that look like ids");
+    }
     tokio::spawn(sandboxes::ttl_reaper(st.clone()));
     tokio::spawn(policy::run(st.clone()));
     tokio::spawn(accounting::run(st.clone()));

@@ -766,7 +766,7 @@ fn log_limited(st: &Shared, id: &str, what: &str) {
     e.0 = Some(Instant::now());
     drop(m);
     warn!(sandbox = id, suppressed, "network: {what}");
-    if let Ok(Some(rec)) = st.db.get_sandbox(id) {
+    if let Ok(Some(rec)) = st.db.sandbox_by_id(id) {
         if let Ok(ev) = st.db.record_event(id, rec.sandbox.state, "network_denied", Some(what), &crate::sandboxes::now()) {
             st.notify_events(ev.seq);
         }

@@ -114,7 +114,7 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
         return Err(SpecError::Spec(format!("{} stages, at most {MAX_STAGES}", spec.stages.len())));
     }
     if let Some(n) = &spec.name {
-        ids::validate_name(n, false).map_err(|e| SpecError::Spec(format!("name: {e}")))?;
+        ids::validate_new_name(n, false).map_err(|e| SpecError::Spec(format!("name: {e}")))?;
     }
     for (i, st) in spec.stages.iter().enumerate() {
         let err = |field: &'static str, message: String| SpecError::Stage { stage: if st.name.is_empty() { format!("#{}", i + 1) } else { st.name.clone() }, field, message };
@@ -176,7 +176,7 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
             if kept_by(st.lifecycle) != StageKeep::Filesystem {
                 return Err(err("template", format!("lifecycle {} has no output checkpoint to promote", st.lifecycle.as_str())));
             }
-            ids::validate_name(t, true).map_err(|e| err("template", e.to_string()))?;
+            ids::validate_new_name(t, true).map_err(|e| err("template", e.to_string()))?;
             if spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(t.as_str())) {
                 return Err(err("template", format!("another stage promotes to template {t:?}")));
             }
@@ -219,7 +219,7 @@ fn take_pause(run_id: &str) -> bool {
 
 /// Asks a running run to stop at its next stage boundary (the current stage finishes first).
 pub fn pause(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
-    let run = st.db.get_pipeline_run(id)?.ok_or_else(|| not_found(id))?;
+    let run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
     if run.state != PipelineState::Running || !is_active(&run.id) {
         return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is {}, not running", run.id, run.state.as_str())));
     }
@@ -306,7 +306,7 @@ fn secret_keys(run: &PipelineRun) -> impl Iterator<Item = String> + '_ {
 pub fn live_secret_keys(st: &Shared) -> ApiResult<HashSet<String>> {
     let mut keys = HashSet::new();
     for id in st.db.list_pipeline_run_ids()? {
-        let Some(run) = st.db.get_pipeline_run(&id)? else { continue };
+        let Some(run) = st.db.pipeline_run_by_id(&id)? else { continue };
         if run.state != PipelineState::Succeeded {
             keys.extend(secret_keys(&run));
         }
@@ -361,7 +361,7 @@ fn spawn_driver(st: &Shared, run: &PipelineRun) {
 
 /// Continues a failed or interrupted run from its first unfinished stage.
 pub async fn resume(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
-    let mut run = st.db.get_pipeline_run(id)?.ok_or_else(|| not_found(id))?;
+    let mut run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
     match run.state {
         PipelineState::Succeeded => return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} already succeeded", run.id))),
         PipelineState::Running if is_active(&run.id) => return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is running", run.id))),
@@ -406,7 +406,7 @@ fn save(st: &Shared, run: &mut PipelineRun, idx: Option<usize>) {
 }
 
 async fn drive(st: &Shared, run_id: &str) {
-    let Ok(Some(mut run)) = st.db.get_pipeline_run(run_id) else { return };
+    let Ok(Some(mut run)) = st.db.pipeline_run_by_id(run_id) else { return };
     for idx in 0..run.stages.len() {
         if run.stages[idx].state == StageState::Succeeded {
             continue;
@@ -421,7 +421,7 @@ async fn drive(st: &Shared, run_id: &str) {
         // Leftovers of an earlier, unfinished attempt of this stage (not another stage's output).
         let outputs: HashSet<String> = run.stages.iter().filter_map(|s| s.output_sandbox.clone()).collect();
         for sb in std::mem::take(&mut run.stages[idx].sandboxes) {
-            if !outputs.contains(&sb) && st.db.get_sandbox(&sb).ok().flatten().is_some() {
+            if !outputs.contains(&sb) && st.db.sandbox_by_id(&sb).ok().flatten().is_some() {
                 let _ = crate::sandboxes::destroy(st, &sb, true, "pipeline_retry").await;
             }
         }
@@ -433,7 +433,7 @@ async fn drive(st: &Shared, run_id: &str) {
         let stage = &mut run.stages[idx];
         stage.duration_ms = started.elapsed().as_millis() as u64;
         stage.finished_at = Some(now());
-        stage.cost = stage.sandboxes.iter().filter_map(|id| st.db.get_usage(id).ok().flatten()).map(|u| crate::accounting::report(st, u).total).sum();
+        stage.cost = stage.sandboxes.iter().filter_map(|id| st.db.usage_by_id(id).ok().flatten()).map(|u| crate::accounting::report(st, u).total).sum();
         match outcome {
             Ok(()) => {
                 stage.state = StageState::Succeeded;
@@ -546,6 +546,8 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
     let upstream = |name: &str| run.stages.iter().find(|s| s.name == name).cloned().ok_or_else(|| format!("no stage {name:?}"));
 
     if spec.lifecycle == StageLifecycle::Fork {
+        // An earlier stage's output is named by its id (a template's or image's
+        // name never stands in for it); a template source by the template's checkpoint.
         let from = match &source {
             SourceRef::Stage(n) => {
                 let up = upstream(n)?;
@@ -555,12 +557,11 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 }
                 up.checkpoint.or(up.output_sandbox).ok_or_else(|| format!("stage {n:?} has no output"))?
             }
-            SourceRef::Template(n) => n.clone(),
+            SourceRef::Template(n) => match crate::tenancy::find_template(st, n).map_err(|e| e.body.message)? {
+                Some((ckpt, _)) => ckpt,
+                None => n.clone(),
+            },
             SourceRef::Image(_) => return Err("a fork stage needs a checkpoint".into()),
-        };
-        let from = match crate::tenancy::find_template(st, &from).map_err(|e| e.body.message)? {
-            Some((ckpt, _)) => ckpt,
-            None => from,
         };
         let mut plan = spec.fanout.clone().expect("validated");
         for a in plan.attempts.iter_mut() {
@@ -749,12 +750,12 @@ async fn run_commands(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &Sta
 
 /// Cost of a run's stages, priced now.
 pub fn cost(st: &Shared, id: &str) -> ApiResult<PipelineCost> {
-    let run = st.db.get_pipeline_run(id)?.ok_or_else(|| not_found(id))?;
+    let run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
     let mut stages = Vec::new();
     for s in &run.stages {
         let mut total = 0.0;
         for sb in &s.sandboxes {
-            if let Some(u) = st.db.get_usage(sb)? {
+            if let Some(u) = st.db.usage_by_id(sb)? {
                 total += crate::accounting::report(st, u).total;
             }
         }
@@ -772,7 +773,7 @@ fn follow(st: &Shared, run_id: String, mut rx: tokio::sync::broadcast::Receiver<
     let (tx, out) = tokio::sync::mpsc::channel::<PipelineEvent>(32);
     let st = st.clone();
     tokio::spawn(async move {
-        let Ok(Some(run)) = st.db.get_pipeline_run(&run_id) else { return };
+        let Ok(Some(run)) = st.db.pipeline_run_by_id(&run_id) else { return };
         for (i, s) in run.stages.iter().enumerate().filter(|(_, s)| s.state != StageState::Pending) {
             if tx.send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(s.clone()) }).await.is_err() {
                 return;
@@ -795,7 +796,7 @@ fn follow(st: &Shared, run_id: String, mut rx: tokio::sync::broadcast::Receiver<
                 }
                 Ok(Err(RecvError::Closed)) => return,
                 // Missed events or a quiet second: the database says whether it ended.
-                Ok(Err(RecvError::Lagged(_))) | Err(_) => match st.db.get_pipeline_run(&run_id) {
+                Ok(Err(RecvError::Lagged(_))) | Err(_) => match st.db.pipeline_run_by_id(&run_id) {
                     Ok(Some(run)) if run.state != PipelineState::Running => {
                         let _ = tx.send(PipelineEvent::Finished { run: Box::new(run) }).await;
                         return;
@@ -831,7 +832,7 @@ pub async fn create_handler(State(st): State<Shared>, Query(q): Query<PipelineQu
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<PipelineRun>>> {
     let mut out = Vec::new();
     for id in st.db.list_pipeline_run_ids()? {
-        if let Some(r) = st.db.get_pipeline_run(&id)?.filter(|r| crate::tenancy::visible(&r.tenant)) {
+        if let Some(r) = st.db.pipeline_run_by_id(&id)?.filter(|r| crate::tenancy::visible(&r.tenant)) {
             out.push(r);
         }
     }
@@ -843,7 +844,7 @@ pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Pipeli
     responses((status = 200, body = PipelineRun), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<PipelineQuery>) -> ApiResult<Response> {
     let rx = events().subscribe();
-    let run = st.db.get_pipeline_run(&id)?.ok_or_else(|| not_found(&id))?;
+    let run = crate::tenancy::find_pipeline_run(&st, &id)?.ok_or_else(|| not_found(&id))?;
     if q.follow {
         return Ok(follow(&st, run.id, rx));
     }

@@ -337,7 +337,7 @@ fn held_leases(st: &Shared, id: &str) -> ApiResult<usize> {
 pub async fn apply(st: &Shared, id: &str, step: Step) -> ApiResult<Option<SandboxEvent>> {
     let lock = st.lock_for(id);
     let guard = lock.lock().await;
-    let Some(rec) = st.db.get_sandbox(id)? else { return Ok(None) };
+    let Some(rec) = st.db.sandbox_by_id(id)? else { return Ok(None) };
     let due = snapshot(st, &rec, held_leases(st, id)?).and_then(|s| decide(&s));
     if due != Some(step) {
         return Ok(None);
@@ -378,7 +378,7 @@ pub fn retry_delay(attempts: u32) -> Duration {
 fn record_failure(st: &Shared, id: &str, step: Step, err: &ApiError, retry_in: Duration) {
     let reason = if step.reason == "idle_timeout" { "idle_action_failed" } else { "policy_action_failed" };
     warn!(sandbox = id, action = step.action.as_str(), trigger = step.reason, error = %err.body.message, retry_in_s = retry_in.as_secs(), "automatic lifecycle action failed");
-    let Ok(Some(rec)) = st.db.get_sandbox(id) else { return };
+    let Ok(Some(rec)) = st.db.sandbox_by_id(id) else { return };
     let detail = format!("{}: {} failed: {} (retrying in {}s)", step.reason, step.action.as_str(), err.body.message, retry_in.as_secs());
     match st.db.record_event(id, rec.sandbox.state, reason, Some(&detail), &now()) {
         Ok(ev) => st.notify_events(ev.seq),

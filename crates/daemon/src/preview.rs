@@ -530,7 +530,7 @@ fn is_upgrade(h: &HeaderMap) -> Option<HeaderValue> {
 async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
     // The full id only (no names or prefixes): these URLs are reachable without
     // an API token, so an answer must not tell whether a guessable name exists.
-    let rec = st.db.get_sandbox(&t.key)?.filter(|r| r.sandbox.id == t.key).ok_or_else(|| ApiError::sandbox_not_found(&t.key))?;
+    let rec = st.db.sandbox_by_id(&t.key)?.ok_or_else(|| ApiError::sandbox_not_found(&t.key))?;
     let id = rec.sandbox.id.clone();
     let (tokens, query_token) = presented_tokens(req.headers(), req.uri());
     let (preview, admitted_by) = authorize(st, &id, t.port, &tokens)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;

@@ -639,7 +639,7 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
         info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > opts.oom_before && !timed_out;
     }
     if oom_after > opts.oom_before {
-        if let Ok(Some(rec)) = st.db.get_sandbox(&sandbox_id) {
+        if let Ok(Some(rec)) = st.db.sandbox_by_id(&sandbox_id) {
             sandboxes::refresh_oom(&st, &rec);
         }
     }

@@ -296,21 +296,38 @@ pub struct Source {
     pub warm: bool,
 }
 
-/// Resolves a source name: an image (shared by every tenant) first, then a
-/// template, then a checkpoint, of those the caller may see.
-pub fn resolve_source(st: &Shared, name: &str) -> ApiResult<Source> {
-    if let Some(image) = st.db.get_image(name)? {
-        return Ok(Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None, capabilities: Vec::new(), warm: false });
+/// Resolves a source key among images (shared by every tenant), templates
+/// and checkpoints the caller may see, in the order of [`strata_core::ids`]:
+/// an exact id (a checkpoint's, an image's `sha256:...`), then an exact name
+/// (an image's, a template's, a checkpoint's, in that order), then an id
+/// prefix that only one image or visible checkpoint has.
+pub fn resolve_source(st: &Shared, key: &str) -> ApiResult<Source> {
+    let of_image = |image: strata_api::Image| Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None, capabilities: Vec::new(), warm: false };
+    let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source { name, image_id: c.image_id, layers: c.layers, config, warm: c.processes.is_some(), checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities };
+    // 1. Exact ids.
+    if let Some((c, config)) = st.db.checkpoint_by_id(key)?.filter(|(c, _)| crate::tenancy::visible(&c.tenant)) {
+        return Ok(of_checkpoint(c.name.clone(), c, config));
     }
-    if let Some((ckpt, _)) = crate::tenancy::find_template(st, name)? {
-        if let Some((c, config)) = st.db.get_checkpoint(&ckpt)? {
-            return Ok(Source { name: name.to_string(), image_id: c.image_id, layers: c.layers, config, warm: c.processes.is_some(), checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
+    let image = st.db.get_image(key)?;
+    if let Some(image) = image.clone().filter(|i| i.id == key || i.name == key) {
+        // 2. ... then names, an image's first (get_image tried its id before its name).
+        return Ok(of_image(image));
+    }
+    if let Some((ckpt, _)) = crate::tenancy::find_template(st, key)? {
+        if let Some((c, config)) = st.db.checkpoint_by_id(&ckpt)? {
+            return Ok(of_checkpoint(key.to_string(), c, config));
         }
     }
-    if let Some((c, config)) = crate::tenancy::find_checkpoint(st, name)? {
-        return Ok(Source { name: c.name, image_id: c.image_id, layers: c.layers, config, warm: c.processes.is_some(), checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities });
+    let checkpoint = crate::tenancy::find_checkpoint(st, key)?;
+    if let Some((c, config)) = checkpoint.clone().filter(|(c, _)| c.name == key) {
+        return Ok(of_checkpoint(c.name.clone(), c, config));
     }
-    Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {name:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)")))
+    // 3. An id prefix: unique across images and the caller's checkpoints.
+    match (image, checkpoint) {
+        (Some(image), None) => Ok(of_image(image)),
+        (None, Some((c, config))) => Ok(of_checkpoint(c.name.clone(), c, config)),
+        _ => Err(ApiError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {key:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)"))),
+    }
 }
 
 /// Creates and starts a sandbox with the given lineage.
@@ -326,7 +343,7 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     let id = ids::new_id();
     let name = match &req.name {
         Some(n) => {
-            ids::validate_name(n, false)?;
+            ids::validate_new_name(n, false)?;
             n.clone()
         }
         None => id.clone(),
@@ -680,7 +697,7 @@ fn reap_pidfd(raw: std::os::fd::RawFd) {
 async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
     let lock = st.lock_for(id);
     let _g = lock.lock().await;
-    let Ok(Some(rec)) = st.db.get_sandbox(id) else { return };
+    let Ok(Some(rec)) = st.db.sandbox_by_id(id) else { return };
     if !has_processes(rec.sandbox.state) || handle_of(&rec).as_ref() != Some(handle) {
         return; // stopped or restarted on purpose
     }
@@ -766,7 +783,7 @@ pub async fn ttl_reaper(st: Shared) {
         let Ok(ids) = st.db.with_expiry() else { continue };
         let now = SystemTime::now();
         for id in ids {
-            let Ok(Some(rec)) = st.db.get_sandbox(&id) else { continue };
+            let Ok(Some(rec)) = st.db.sandbox_by_id(&id) else { continue };
             let Some(exp) = rec.sandbox.expires_at.as_deref().and_then(parse_time) else { continue };
             if exp > now {
                 continue;

@@ -60,10 +60,12 @@ fn image_depth(st: &Shared, image_id: &str, chain: &[String], from_checkpoint: b
 }
 
 fn target(st: &Shared, id: &str) -> ApiResult<Target> {
-    if let Some(rec) = st.db.get_sandbox(id)? {
-        return sandbox_target(st, &rec);
+    let found = crate::tenancy::find_sandbox_or_checkpoint(st, id, crate::tenancy::NamesFirst::Sandbox)?;
+    if let Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) = &found {
+        return sandbox_target(st, rec);
     }
-    if let Some((c, _)) = st.db.get_checkpoint(id)? {
+    if let Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(found)) = found {
+        let c = found.0;
         let depth = image_depth(st, &c.image_id, &c.layers, true)?;
         let now = dirs(st, &c.layers)?;
         let image = dirs(st, &c.layers[..depth])?;
@@ -86,7 +88,7 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> ApiResult<Target> {
     let image = dirs(st, &rec.layers[..depth])?;
     let mut touched = vec![upper];
     touched.extend(dirs(st, &rec.layers[depth..])?);
-    let image_name = match s.base_checkpoint.as_deref().and_then(|c| st.db.get_checkpoint(c).ok().flatten()) {
+    let image_name = match s.base_checkpoint.as_deref().and_then(|c| st.db.checkpoint_by_id(c).ok().flatten()) {
         Some((c, _)) => c.image,
         None => s.source.clone(),
     };

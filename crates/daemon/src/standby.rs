@@ -507,7 +507,8 @@ pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
 pub async fn resume_on_access(State(st): State<Shared>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
     use axum::response::IntoResponse;
     let Some(name) = resumes_sandbox(req.method(), req.uri().path()) else { return next.run(req).await };
-    let Ok(Some(rec)) = st.db.get_sandbox(name) else { return next.run(req).await };
+    // Resolved like the handler resolves it: among the caller's own sandboxes.
+    let Ok(Some(rec)) = crate::tenancy::find_sandbox(&st, name) else { return next.run(req).await };
     if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
         return next.run(req).await;
     }

@@ -133,7 +133,7 @@ fn key(prev: &str, instruction: &str, extra: &[u8]) -> String {
 }
 
 fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) -> ApiResult<Template> {
-    let (c, _) = st.db.get_checkpoint(checkpoint)?.ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}")))?;
+    let (c, _) = st.db.checkpoint_by_id(checkpoint)?.ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}")))?;
     let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
     Ok(Template { name: name.into(), tenant: c.tenant, checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into(), accepted_findings })
 }
@@ -162,17 +162,17 @@ fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: 
 /// only when its state-hygiene scan is clean or `accept_findings` is set
 /// (then the findings and `actor` are recorded on the template).
 pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> ApiResult<Template> {
-    ids::validate_name(&req.name, true)?;
+    ids::validate_new_name(&req.name, true)?;
     name_usable(st, &req.name)?;
     if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("an image is named {:?}; templates and images share one namespace", req.name)));
     }
-    let ckpt = match crate::tenancy::find_checkpoint(st, &req.from)? {
-        Some((c, _)) => c,
-        None => {
-            let rec = crate::tenancy::find_sandbox(st, &req.from)?.ok_or_else(|| ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from)))?;
+    let ckpt = match crate::tenancy::find_sandbox_or_checkpoint(st, &req.from, crate::tenancy::NamesFirst::Checkpoint)? {
+        Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) => c.0,
+        Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) => {
             checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.template".into(), req.name.clone())].into(), ..Default::default() }).await?
         }
+        None => return Err(ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from))),
     };
     if !req.replace && st.db.get_template(&req.name)?.is_some() {
         return Err(ApiError::new(ErrorCode::NameConflict, format!("a template named {:?} exists (use replace)", req.name)));
@@ -275,7 +275,7 @@ fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
 /// Runs a build, streaming events; returns the template.
 pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>, actor: &str) -> Result<Template, (usize, ApiError)> {
     let started = Instant::now();
-    ids::validate_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
+    ids::validate_new_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
     name_usable(st, &req.name).map_err(|e| (0, e))?;
     let steps = parse(&req.file).map_err(|e| (0, ApiError::bad_request(format!("build file: {e}"))))?;
     // COPY reads files on the daemon's host (`context`): the operator's privilege, like image import.
@@ -322,7 +322,7 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                 return Ok(());
             }
             if !req.no_cache {
-                if let Some(c) = st.db.cached_step(&k)?.filter(|c| st.db.get_checkpoint(c).ok().flatten().is_some()) {
+                if let Some(c) = st.db.cached_step(&k)?.filter(|c| st.db.checkpoint_by_id(c).ok().flatten().is_some()) {
                     b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: true }).await;
                     b.drop_sandbox().await;
                     current_from = c;
@@ -387,14 +387,14 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
         }
     }
     // The template needs a checkpoint carrying the final config.
-    let needs_final = match st.db.get_checkpoint(&current_from).map_err(|e| (count, e.into()))? {
+    let needs_final = match st.db.checkpoint_by_id(&current_from).map_err(|e| (count, e.into()))? {
         Some((_, cfg)) => cfg != b.config,
         None => true,
     };
     let final_ckpt = if needs_final {
         let res: ApiResult<String> = async {
             let final_key = key(&k, "final", b"");
-            if let Some(c) = st.db.cached_step(&final_key)?.filter(|c| !req.no_cache && st.db.get_checkpoint(c).ok().flatten().is_some()) {
+            if let Some(c) = st.db.cached_step(&final_key)?.filter(|c| !req.no_cache && st.db.checkpoint_by_id(c).ok().flatten().is_some()) {
                 return Ok(c);
             }
             let sb = b.sandbox(&current_from).await?;

@@ -19,6 +19,11 @@
 //!   through [`visible`] / [`find_sandbox`] / [`find_checkpoint`], which read
 //!   the caller from a task-local set by [`authenticate`] (spawned work keeps
 //!   it with [`spawn`]).
+//! - **Keys resolve exactly, and only among the caller's own objects**: exact
+//!   id, exact name, id prefix unique among them ([`strata_core::ids`]), so an
+//!   object of another tenant can neither shadow a name or prefix nor make it
+//!   ambiguous. A route naming a second object under the first (a lease,
+//!   preview or process of a sandbox) looks that one up *within* the first.
 //! - **Owned objects** record their tenant: a sandbox the caller's (or, when
 //!   made from a checkpoint or template, that source's), a checkpoint its
 //!   sandbox's (in SQL, so automatic checkpoints inherit it), a template its
@@ -171,22 +176,88 @@ where
     }
 }
 
-/// A sandbox by id, name or id prefix, if the current caller may see it.
+/// The sandbox a caller's key names, resolved among the sandboxes the current
+/// caller may see (exact id, exact name, unique id prefix: see
+/// [`strata_core::ids`]); another tenant's sandbox is never looked at.
 pub fn find_sandbox(st: &Shared, key: &str) -> ApiResult<Option<SandboxRecord>> {
-    Ok(st.db.get_sandbox(key)?.filter(|r| visible(&r.sandbox.tenant)))
+    Ok(st.db.find_sandbox(key, scope().as_deref())?)
 }
 
-/// A checkpoint (with its image config) by id, name or id prefix, if the current caller may see it.
+/// The id of the sandbox [`find_sandbox`] resolves `key` to.
+pub fn resolve_sandbox_id(st: &Shared, key: &str) -> ApiResult<Option<String>> {
+    Ok(st.db.resolve_sandbox_id(key, scope().as_deref())?)
+}
+
+/// The checkpoint (with its image config) a caller's key names, resolved among
+/// the checkpoints the current caller may see.
 pub fn find_checkpoint(st: &Shared, key: &str) -> ApiResult<Option<(strata_api::Checkpoint, strata_api::ImageConfig)>> {
-    Ok(st.db.get_checkpoint(key)?.filter(|(c, _)| visible(&c.tenant)))
+    Ok(st.db.find_checkpoint(key, scope().as_deref())?)
 }
 
-/// A template's checkpoint id and creation time, if the current caller may see it.
+/// A sandbox or a checkpoint, as one key of a route that takes either names.
+#[derive(Debug, Clone)]
+pub enum SandboxOrCheckpoint {
+    /// A sandbox.
+    Sandbox(Box<SandboxRecord>),
+    /// A checkpoint, with its image config.
+    Checkpoint(Box<(strata_api::Checkpoint, strata_api::ImageConfig)>),
+}
+
+/// Which kind wins when a sandbox and a checkpoint have the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamesFirst {
+    /// The sandbox (lineage, scan).
+    Sandbox,
+    /// The checkpoint (fork and template sources: a saved state over a live one).
+    Checkpoint,
+}
+
+/// The sandbox or checkpoint a key names, among those the current caller may
+/// see, in the order of [`strata_core::ids`] across both kinds: an exact id
+/// (ids are random, so at most one matches), an exact name (`names_first`
+/// decides between a sandbox and a checkpoint of the same name), then an id
+/// prefix only one of them has.
+pub fn find_sandbox_or_checkpoint(st: &Shared, key: &str, names_first: NamesFirst) -> ApiResult<Option<SandboxOrCheckpoint>> {
+    use SandboxOrCheckpoint::*;
+    let sandbox = find_sandbox(st, key)?;
+    let checkpoint = find_checkpoint(st, key)?;
+    let s = |pick: &dyn Fn(&str, &str) -> bool| sandbox.as_ref().filter(|r| pick(&r.sandbox.id, &r.sandbox.name)).map(|r| Sandbox(Box::new(r.clone())));
+    let c = |pick: &dyn Fn(&str, &str) -> bool| checkpoint.as_ref().filter(|(c, _)| pick(&c.id, &c.name)).map(|c| Checkpoint(Box::new(c.clone())));
+    let by_id = |id: &str, _: &str| id == key;
+    let by_name = |_: &str, name: &str| name == key;
+    let named = match names_first {
+        NamesFirst::Sandbox => s(&by_name).or_else(|| c(&by_name)),
+        NamesFirst::Checkpoint => c(&by_name).or_else(|| s(&by_name)),
+    };
+    if let Some(found) = s(&by_id).or_else(|| c(&by_id)).or(named) {
+        return Ok(Some(found));
+    }
+    Ok(match (sandbox, checkpoint) {
+        (Some(r), None) => Some(Sandbox(Box::new(r))),
+        (None, Some(c)) => Some(Checkpoint(Box::new(c))),
+        _ => None,
+    })
+}
+
+/// A template's checkpoint id and creation time, if the current caller may see it
+/// (templates are named, never resolved by id or prefix).
 pub fn find_template(st: &Shared, name: &str) -> ApiResult<Option<(String, String)>> {
     match st.db.template_tenant(name)? {
         Some(t) if visible(&t) => Ok(st.db.get_template(name)?),
         _ => Ok(None),
     }
+}
+
+/// The pipeline run a caller's key names (id, or an id prefix unique among the
+/// runs the current caller may see).
+pub fn find_pipeline_run(st: &Shared, key: &str) -> ApiResult<Option<strata_api::PipelineRun>> {
+    Ok(st.db.find_pipeline_run(key, scope().as_deref())?)
+}
+
+/// The usage record a caller's key names (destroyed sandboxes included),
+/// resolved among the records the current caller may see.
+pub fn find_usage(st: &Shared, key: &str) -> ApiResult<Option<strata_api::UsageRecord>> {
+    Ok(st.db.find_usage(key, scope().as_deref())?)
 }
 
 // ---- authentication ----
@@ -316,7 +387,7 @@ pub fn validate_tenant(t: &str) -> Result<(), String> {
 /// What kind of owned object a route's first path parameter names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owned {
-    /// A sandbox by id, name or prefix (destroyed ones by id, via their usage record).
+    /// A sandbox by id, name or prefix among the caller's own (destroyed ones by id, via their usage record).
     Sandbox,
     /// A sandbox's cost record (destroyed sandboxes included).
     Usage,
@@ -409,26 +480,26 @@ fn not_found(kind: Owned, key: &str) -> ApiError {
     }
 }
 
-/// Whether `scope` may reach the object `key` of `kind` names (unknown keys pass: the handler answers them).
+/// Whether `scope` may reach the object `key` of `kind` names. The key is
+/// resolved among `scope`'s own objects only (so another tenant's names and
+/// ids neither shadow nor make ambiguous what the caller names); a key that
+/// resolves to nothing there passes when it is not the exact id of another
+/// tenant's object (the handler answers it: unknown, or for the caller's own
+/// destroyed sandbox a 409), and is refused like an unknown key otherwise.
 fn owned_by(st: &Shared, kind: Owned, key: &str, scope: &str) -> ApiResult<bool> {
-    let sandbox = |key: &str| -> ApiResult<Option<bool>> {
-        if let Some(rec) = st.db.get_sandbox(key)? {
-            return Ok(Some(rec.sandbox.tenant == scope));
-        }
-        // A destroyed sandbox: its usage record remembers the tenant.
-        Ok(st.db.sandbox_tenant_by_id(key)?.map(|t| t == scope))
-    };
+    let s = Some(scope);
+    let mine_or_unknown = |tenant: Option<String>| tenant.is_none_or(|t| t == scope);
+    // A destroyed sandbox: its usage record remembers the tenant.
+    let sandbox = |key: &str| -> ApiResult<bool> { Ok(st.db.find_sandbox(key, s)?.is_some() || mine_or_unknown(st.db.sandbox_tenant_by_id(key)?)) };
+    let checkpoint = |key: &str| -> ApiResult<bool> { Ok(st.db.find_checkpoint(key, s)?.is_some() || mine_or_unknown(st.db.checkpoint_by_id(key)?.map(|(c, _)| c.tenant))) };
     Ok(match kind {
-        Owned::Sandbox => sandbox(key)?.unwrap_or(true),
-        Owned::Usage => st.db.get_usage(key)?.is_none_or(|u| u.tenant == scope),
-        Owned::Checkpoint => st.db.get_checkpoint(key)?.is_none_or(|(c, _)| c.tenant == scope),
+        Owned::Sandbox => sandbox(key)?,
+        Owned::Usage => st.db.find_usage(key, s)?.is_some() || mine_or_unknown(st.db.usage_by_id(key)?.map(|u| u.tenant)),
+        Owned::Checkpoint => checkpoint(key)?,
         Owned::Template => st.db.template_tenant(key)?.is_none_or(|t| t == scope),
-        Owned::Pipeline => st.db.get_pipeline_run(key)?.is_none_or(|r| r.tenant == scope),
+        Owned::Pipeline => st.db.find_pipeline_run(key, s)?.is_some() || mine_or_unknown(st.db.pipeline_run_by_id(key)?.map(|r| r.tenant)),
         Owned::Approval => st.db.get_approval(key)?.is_none_or(|a| a.tenant == scope),
-        Owned::SandboxOrCheckpoint => match sandbox(key)? {
-            Some(own) => own,
-            None => st.db.get_checkpoint(key)?.is_none_or(|(c, _)| c.tenant == scope),
-        },
+        Owned::SandboxOrCheckpoint => sandbox(key)? && checkpoint(key)?,
     })
 }
 
@@ -475,6 +546,8 @@ fn caller_of(caller: Option<axum::Extension<Caller>>) -> Caller {
 pub async fn create_token_handler(State(st): State<Shared>, caller: Option<axum::Extension<Caller>>, Json(req): Json<CreateTokenRequest>) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
     let caller = caller_of(caller);
     ids::validate_name(&req.name, false).map_err(|_| ApiError::bad_request(format!("invalid token name {:?}: letters, digits, '-', '_', '.', at most 63 characters", req.name)))?;
+    // Tokens are revoked by id or name: a name must not read as an id.
+    ids::validate_new_name(&req.name, false)?;
     let tenant = req.tenant.clone().unwrap_or_else(|| caller.creating_tenant());
     validate_tenant(&tenant).map_err(|e| ApiError::bad_request(format!("tenant: {e}")))?;
     let created = SystemTime::now();

@@ -10,7 +10,9 @@
 //!
 //! Every layer goes through [`unpack_layer`]'s hardened unpacker (see the
 //! [`unpack`] module for the rules) into a staging directory of the
-//! [`LayerStore`] and is committed under the sha256 of its uncompressed tar.
+//! [`LayerStore`] and is committed under the sha256 of its uncompressed tar
+//! and the unpack policy ([`ImportOptions::trusted`]): the same bytes imported
+//! trusted and untrusted are two layers.
 //! [`import`] is all-or-nothing: when it fails, the layers it added are
 //! removed again.
 //!
@@ -134,17 +136,21 @@ pub enum Progress<'a> {
 /// One layer of an import result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportedLayer {
+    /// Its key in the store (`sha256:<hex>+<policy>`: the diff id and the
+    /// unpack policy), which images, sandboxes and checkpoints reference.
+    pub key: String,
     /// `sha256:<hex>` of the uncompressed layer tar (the OCI diff id).
     pub digest: String,
     /// Unpacked bytes (sum of regular file sizes).
     pub size: u64,
-    /// `false` when the layer was already in the store (deduplicated).
+    /// `false` when the layer was already in the store (deduplicated: same
+    /// bytes, same unpack policy).
     pub new: bool,
 }
 
 impl From<ImportedLayer> for strata_api::LayerInfo {
     fn from(l: ImportedLayer) -> Self {
-        strata_api::LayerInfo { digest: l.digest, size: l.size }
+        strata_api::LayerInfo { digest: l.key, size: l.size }
     }
 }
 
@@ -258,7 +264,7 @@ impl<'a> Session<'a> {
     pub(crate) fn commit(&mut self, layer: UnpackedLayer, input_bytes: u64) -> Result<(), ImageError> {
         let layer = layer.commit(self.store)?;
         if layer.new {
-            self.added.push(layer.digest.clone());
+            self.added.push(layer.key.clone());
         }
         self.layers.push(layer);
         self.done += input_bytes;

@@ -816,7 +816,7 @@ mod tests {
         let imported = crate::import(fetched.layout(), &store, &ImportOptions::default(), &mut |_| {}).unwrap();
         assert_eq!(
             imported.layers,
-            vec![ImportedLayer { digest: sha256_digest(&layer), size: 2, new: true }]
+            vec![ImportedLayer { key: format!("{}+untrusted", sha256_digest(&layer)), digest: sha256_digest(&layer), size: 2, new: true }]
         );
         assert_eq!(imported.config.env, vec!["PATH=/bin"]);
         drop(fetched);

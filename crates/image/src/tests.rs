@@ -170,7 +170,7 @@ fn rootfs_tar_imports_with_metadata() {
     assert!(events.iter().any(|e| e.starts_with("Layer")));
     assert!(events.last().unwrap().contains(&format!("done: {}", data.len())), "{events:?}");
 
-    let fs_dir = store.fs_dir(&layer.digest).unwrap();
+    let fs_dir = store.fs_dir(&layer.key).unwrap();
     let tool = fs::symlink_metadata(fs_dir.join("bin/tool")).unwrap();
     assert_eq!(tool.permissions().mode() & 0o7777, 0o755);
     assert_eq!(tool.mtime() as u64, MTIME);
@@ -184,7 +184,7 @@ fn rootfs_tar_imports_with_metadata() {
     assert_eq!(fs::symlink_metadata(fs_dir.join("home/user/notes")).unwrap().uid(), 1000);
     assert!(fs::symlink_metadata(fs_dir.join("run.fifo")).unwrap().file_type().is_fifo());
     assert_eq!(fs::symlink_metadata(&fs_dir).unwrap().mtime() as u64, MTIME, "root dir metadata from ./");
-    assert_eq!(store.meta(&layer.digest).unwrap().size, layer.size);
+    assert_eq!(store.meta(&layer.key).unwrap().size, layer.size);
 }
 
 #[test]
@@ -231,7 +231,7 @@ fn whiteouts_and_opaque_directories_become_overlay_markers() {
     let src = write(tmp.path(), "layer.tar", &data);
     let (_d, store) = new_store();
     let imported = run_import(&src, &store, &opts()).unwrap();
-    let fs_dir = store.fs_dir(&imported.layers[0].digest).unwrap();
+    let fs_dir = store.fs_dir(&imported.layers[0].key).unwrap();
 
     for wh in ["etc/passwd", "gone"] {
         let md = fs::symlink_metadata(fs_dir.join(wh)).unwrap();
@@ -369,7 +369,7 @@ fn device_nodes_are_dropped_with_a_warning() {
     let src = write(tmp.path(), "dev.tar", &data);
     let (_d, store) = new_store();
     let imported = run_import(&src, &store, &opts()).unwrap();
-    let fs_dir = store.fs_dir(&imported.layers[0].digest).unwrap();
+    let fs_dir = store.fs_dir(&imported.layers[0].key).unwrap();
     assert!(fs::symlink_metadata(fs_dir.join("dev/mem")).is_err());
     assert!(fs::symlink_metadata(fs_dir.join("dev/sda")).is_err());
     assert!(fs_dir.join("dev/keep").is_file());
@@ -393,7 +393,7 @@ fn setuid_is_stripped_unless_trusted() {
 
     let (_d, store) = new_store();
     let imported = run_import(&src, &store, &opts()).unwrap();
-    let fs_dir = store.fs_dir(&imported.layers[0].digest).unwrap();
+    let fs_dir = store.fs_dir(&imported.layers[0].key).unwrap();
     let mode = |p: &str| fs::symlink_metadata(fs_dir.join(p)).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode("su"), 0o755);
     assert_eq!(mode("sg"), 0o755);
@@ -403,10 +403,52 @@ fn setuid_is_stripped_unless_trusted() {
     let (_d2, store2) = new_store();
     let trusted = ImportOptions { trusted: true, ..opts() };
     let imported = run_import(&src, &store2, &trusted).unwrap();
-    let fs_dir = store2.fs_dir(&imported.layers[0].digest).unwrap();
+    let fs_dir = store2.fs_dir(&imported.layers[0].key).unwrap();
     assert_eq!(fs::symlink_metadata(fs_dir.join("su")).unwrap().permissions().mode() & 0o7777, 0o4755);
     assert_eq!(fs::symlink_metadata(fs_dir.join("sg")).unwrap().permissions().mode() & 0o7777, 0o2755);
     assert!(imported.warnings.is_empty(), "{:?}", imported.warnings);
+}
+
+/// One store, the same bytes imported trusted then untrusted (and again):
+/// each policy gets its own layer, an untrusted import never reuses the
+/// trusted unpack (nor a legacy layer of unknown policy), and the other way round.
+#[test]
+fn the_same_bytes_unpack_once_per_policy() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = Tar::new().file("su", 0o4755, b"suid").bytes();
+    let src = write(tmp.path(), "suid.tar", &data);
+    let (_d, store) = new_store();
+    let trusted_opts = ImportOptions { trusted: true, ..opts() };
+    let mode = |key: &str| fs::symlink_metadata(store.fs_dir(key).unwrap().join("su")).unwrap().permissions().mode() & 0o7777;
+
+    let trusted = run_import(&src, &store, &trusted_opts).unwrap().layers.remove(0);
+    let untrusted = run_import(&src, &store, &opts()).unwrap().layers.remove(0);
+    assert!(trusted.new && untrusted.new, "the untrusted import unpacked again");
+    assert_eq!(trusted.digest, untrusted.digest, "same diff id");
+    assert_eq!((trusted.key.clone(), untrusted.key.clone()), (format!("{}+trusted", trusted.digest), format!("{}+untrusted", trusted.digest)));
+    assert_eq!((mode(&trusted.key), mode(&untrusted.key)), (0o4755, 0o755));
+    // Again, each way: deduplicated within its policy only.
+    assert!(!run_import(&src, &store, &opts()).unwrap().layers[0].new);
+    assert!(!run_import(&src, &store, &trusted_opts).unwrap().layers[0].new);
+    assert_eq!(store.list().unwrap().len(), 2);
+
+    // A layer stored before policies were recorded (plain digest, no policy) is never reused.
+    let (_d2, store2) = new_store();
+    let legacy = store2.layer_dir(&trusted.digest).unwrap();
+    fs::create_dir_all(legacy.join("fs")).unwrap();
+    fs::write(legacy.join("fs/su"), b"suid").unwrap();
+    fs::set_permissions(legacy.join("fs/su"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::write(legacy.join("layer.json"), format!(r#"{{"digest":"{}","size":4}}"#, trusted.digest)).unwrap();
+    assert!(store2.contains(&trusted.digest));
+    let fresh = run_import(&src, &store2, &opts()).unwrap().layers.remove(0);
+    assert!(fresh.new, "an untrusted import does not reuse a layer of unknown policy");
+    let fresh_mode = fs::symlink_metadata(store2.fs_dir(&fresh.key).unwrap().join("su")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(fresh_mode, 0o755);
+    assert!(run_import(&src, &store2, &trusted_opts).unwrap().layers[0].new, "nor a trusted one");
+    assert!(store2.contains(&trusted.digest), "the legacy layer is left for what references it");
 }
 
 #[test]
@@ -430,7 +472,7 @@ fn only_allowed_xattrs_are_kept() {
 
     let (_d, store) = new_store();
     let imported = run_import(&src, &store, &opts()).unwrap();
-    let f = File::open(store.fs_dir(&imported.layers[0].digest).unwrap().join("ping")).unwrap();
+    let f = File::open(store.fs_dir(&imported.layers[0].key).unwrap().join("ping")).unwrap();
     assert_eq!(sys::fgetxattr(f.as_fd(), &name("user.note")).unwrap(), b"hello");
     assert!(sys::fgetxattr(f.as_fd(), &name("trusted.overlay.redirect")).is_err());
     assert!(sys::fgetxattr(f.as_fd(), &name("security.capability")).is_err());
@@ -439,7 +481,7 @@ fn only_allowed_xattrs_are_kept() {
 
     let (_d2, store2) = new_store();
     let imported = run_import(&src, &store2, &ImportOptions { trusted: true, ..opts() }).unwrap();
-    let f = File::open(store2.fs_dir(&imported.layers[0].digest).unwrap().join("ping")).unwrap();
+    let f = File::open(store2.fs_dir(&imported.layers[0].key).unwrap().join("ping")).unwrap();
     assert_eq!(sys::fgetxattr(f.as_fd(), &name("security.capability")).unwrap(), cap);
     assert!(sys::fgetxattr(f.as_fd(), &name("trusted.overlay.redirect")).is_err());
 }
@@ -464,7 +506,7 @@ fn later_entries_replace_earlier_ones() {
     let src = write(tmp.path(), "replace.tar", &data);
     let (_d, store) = new_store();
     let imported = run_import(&src, &store, &opts()).unwrap();
-    let fs_dir = store.fs_dir(&imported.layers[0].digest).unwrap();
+    let fs_dir = store.fs_dir(&imported.layers[0].key).unwrap();
     assert_eq!(fs::read(fs_dir.join("a/b")).unwrap(), b"b");
     assert_eq!(fs::symlink_metadata(fs_dir.join("a")).unwrap().permissions().mode() & 0o7777, 0o755);
     assert_eq!(fs::read(fs_dir.join("d")).unwrap(), b"now a file");
@@ -491,7 +533,7 @@ fn unpack_layer_reports_progress_on_a_plain_reader() {
     assert_eq!(layer.size, 3 << 20);
     assert_eq!(*done.last().unwrap(), data.len() as u64);
     assert!(done.windows(2).all(|w| w[0] <= w[1]));
-    assert!(store.contains(&layer.digest));
+    assert!(store.contains(&layer.key));
 }
 
 // --- OCI layouts -------------------------------------------------------------------
@@ -595,9 +637,9 @@ fn fabricated_oci_layout_imports_with_config() {
             user: Some("1000:1000".into()),
         }
     );
-    let top = store.fs_dir(&diff_ids[1]).unwrap();
+    let top = store.fs_dir(&imported.layers[1].key).unwrap();
     assert!(fs::symlink_metadata(top.join("etc/base")).unwrap().file_type().is_char_device());
-    assert_eq!(fs::read(store.fs_dir(&diff_ids[0]).unwrap().join("etc/base")).unwrap(), b"base");
+    assert_eq!(fs::read(store.fs_dir(&imported.layers[0].key).unwrap().join("etc/base")).unwrap(), b"base");
 }
 
 #[test]
@@ -873,7 +915,7 @@ fn rootfs_directory_import_is_deterministic_and_does_not_follow_symlinks() {
     let (_d2, store2) = new_store();
     assert_eq!(run_import(&root, &store2, &opts()).unwrap().layers[0].digest, first.layers[0].digest);
 
-    let fs_dir = store.fs_dir(&first.layers[0].digest).unwrap();
+    let fs_dir = store.fs_dir(&first.layers[0].key).unwrap();
     assert_eq!(fs::read_link(fs_dir.join("escape-dir")).unwrap(), outside);
     assert_eq!(fs::read_link(fs_dir.join("escape-file")).unwrap(), outside.join("secret"));
     assert_eq!(fs::read_link(fs_dir.join("dangling")).unwrap(), Path::new("/nonexistent"));

@@ -41,7 +41,7 @@ use std::rc::Rc;
 
 use flate2::read::MultiGzDecoder;
 use strata_store::layers::StagedLayer;
-use strata_store::LayerStore;
+use strata_store::{LayerStore, UnpackPolicy};
 use tar::EntryType;
 use tracing::debug;
 
@@ -77,6 +77,7 @@ pub struct UnpackedLayer {
     staged: StagedLayer,
     digest: String,
     size: u64,
+    policy: UnpackPolicy,
 }
 
 impl UnpackedLayer {
@@ -90,12 +91,14 @@ impl UnpackedLayer {
         self.size
     }
 
-    /// Commits the layer to the store under its digest. `new` is `false` when
-    /// an identical layer was already stored (the staged copy is discarded).
+    /// Commits the layer to the store under its key: its digest and the
+    /// unpack policy it was staged with (see [`strata_store::layers::layer_key`]).
+    /// `new` is `false` when a layer of the same bytes unpacked with the same
+    /// policy was already stored (the staged copy is discarded).
     pub fn commit(self, store: &LayerStore) -> Result<ImportedLayer, ImageError> {
-        let new = store.commit(self.staged, &self.digest, self.size)?;
-        debug!(digest = %self.digest, size = self.size, new, "committed layer");
-        Ok(ImportedLayer { digest: self.digest, size: self.size, new })
+        let (key, new) = store.commit(self.staged, &self.digest, self.policy, self.size)?;
+        debug!(digest = %self.digest, %key, size = self.size, new, "committed layer");
+        Ok(ImportedLayer { key, digest: self.digest, size: self.size, new })
     }
 }
 
@@ -215,7 +218,7 @@ pub(crate) fn stage_layer_as(
     let size = unpacker.size;
     warnings.extend(unpacker.warn.into_messages());
     debug!(%digest, entries, tar_bytes, size, "layer unpacked");
-    Ok(UnpackedLayer { staged, digest, size })
+    Ok(UnpackedLayer { staged, digest, size, policy: UnpackPolicy::of(opts.trusted) })
 }
 
 /// Reads up to `n` bytes (fewer only at end of stream).

@@ -129,7 +129,7 @@ pub fn doctor() -> DoctorReport {
             },
         },
     ];
-    DoctorReport { kernel, cgroup_version: cg_version, features: f, tiers }
+    DoctorReport { kernel, cgroup_version: cg_version, features: f, tiers, names_like_ids: Vec::new() }
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Preview, Checkpoint, ComputeUsage, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Preview, Checkpoint, ComputeUsage, NameLikeId, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_core::ids;
 
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
@@ -237,6 +238,9 @@ pub const MIGRATIONS: &[&str] = &[
     // 13: warm checkpoints: the process image kept with a checkpoint (JSON, NULL: filesystem only).
     "ALTER TABLE checkpoints ADD COLUMN processes TEXT;",
 ];
+
+/// Shortest image id prefix that resolves to an image (image ids are sha256 digests).
+pub const IMAGE_PREFIX_LEN: usize = 8;
 
 /// `prev_hash` of the first audit entry.
 pub const AUDIT_GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -489,6 +493,54 @@ fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
 }
 
+/// How an owned object's table is searched for a caller's key, in the
+/// resolution order of [`strata_core::ids`]: exact id, exact name, then an id
+/// prefix unique among the rows `scope` may see. With a scope (a tenant), rows
+/// of other tenants are never looked at, so they can neither shadow nor make
+/// ambiguous what the caller names, nor be detected through it.
+struct Keyed {
+    /// `SELECT <columns> FROM <table>`.
+    select: String,
+    /// The id column.
+    id: &'static str,
+    /// The name column, when names resolve; with the ORDER BY that picks one
+    /// of several rows of the same name (empty when names are unique).
+    name: Option<(&'static str, &'static str)>,
+    /// The tenant column.
+    tenant: &'static str,
+}
+
+impl Keyed {
+    fn resolve<T>(&self, conn: &Connection, key: &str, scope: Option<&str>, map: impl Fn(&Row<'_>) -> rusqlite::Result<T>) -> rusqlite::Result<Option<T>> {
+        let Keyed { select, id, name, tenant } = self;
+        let visible = format!("(?2 IS NULL OR {tenant} = ?2)");
+        if let Some(found) = conn.prepare_cached(&format!("{select} WHERE {id} = ?1 AND {visible}"))?.query_row(params![key, scope], &map).optional()? {
+            return Ok(Some(found));
+        }
+        if let Some((name, order)) = name {
+            if let Some(found) = conn.prepare_cached(&format!("{select} WHERE {name} = ?1 AND {visible} {order} LIMIT 1"))?.query_row(params![key, scope], &map).optional()? {
+                return Ok(Some(found));
+            }
+        }
+        if !ids::is_id_prefix(key) {
+            return Ok(None);
+        }
+        // substr, not LIKE: LIKE is case-insensitive and treats `%` and `_` as wildcards.
+        let mut stmt = conn.prepare_cached(&format!("{select} WHERE substr({id}, 1, length(?1)) = ?1 AND {visible} LIMIT 2"))?;
+        let mut rows = stmt.query_map(params![key, scope], &map)?.collect::<rusqlite::Result<Vec<T>>>()?;
+        Ok(if rows.len() == 1 { rows.pop() } else { None })
+    }
+}
+
+fn sandboxes_keyed(columns: &str) -> Keyed {
+    Keyed { select: format!("SELECT {columns} FROM sandboxes"), id: "id", name: Some(("name", "")), tenant: "tenant" }
+}
+
+fn checkpoints_keyed() -> Keyed {
+    Keyed { select: format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints"), id: "id", name: Some(("name", "")), tenant: "tenant" }
+}
+
+
 impl Db {
     /// Opens (creating and migrating) the database at `path`.
     pub fn open(path: &Path) -> Result<Self, DbError> {
@@ -542,12 +594,30 @@ impl Db {
         Ok(())
     }
 
-    /// Finds an image by name, or by id (or unique id prefix of at least 8 characters).
+    /// Finds an image (images are shared by every tenant): by its id
+    /// (`sha256:<hex>`), then by name, then by a unique id prefix of at least
+    /// [`IMAGE_PREFIX_LEN`] lower-case hex characters (with or without `sha256:`).
+    /// A name never shadows an id.
     pub fn get_image(&self, name_or_id: &str) -> Result<Option<Image>, DbError> {
+        const COLS: &str = "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images";
         let conn = self.conn();
-        let sql = "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images WHERE name = ?1 OR id = ?1 OR (length(?1) >= 8 AND (id LIKE ?1 || '%' OR id LIKE 'sha256:' || ?1 || '%')) ORDER BY name = ?1 DESC LIMIT 1";
-        let img = conn.query_row(sql, params![name_or_id], image_from_row).optional()?;
-        img.transpose()
+        if let Some(img) = conn.query_row(&format!("{COLS} WHERE id = ?1 ORDER BY name LIMIT 1"), params![name_or_id], image_from_row).optional()? {
+            return img.map(Some);
+        }
+        if let Some(img) = conn.query_row(&format!("{COLS} WHERE name = ?1"), params![name_or_id], image_from_row).optional()? {
+            return img.map(Some);
+        }
+        let hex = name_or_id.strip_prefix("sha256:").unwrap_or(name_or_id);
+        if hex.len() < IMAGE_PREFIX_LEN || hex.len() > 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Ok(None);
+        }
+        // Several images may share an id (the same content under several names): one id, one answer.
+        let mut stmt = conn.prepare(&format!("{COLS} WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id, name"))?;
+        let rows: Vec<Image> = stmt.query_map(params![format!("sha256:{hex}")], image_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
+        Ok(match rows.first() {
+            Some(first) if rows.iter().all(|i| i.id == first.id) => rows.into_iter().next(),
+            _ => None,
+        })
     }
 
     /// All images, by name.
@@ -640,17 +710,32 @@ impl Db {
     }
 
 
-    /// The usage accumulators of a sandbox, destroyed or not, by id, name or id prefix.
-    pub fn get_usage(&self, key: &str) -> Result<Option<UsageRecord>, DbError> {
+    /// The usage accumulators of the sandbox with exactly this id, destroyed or not.
+    pub fn usage_by_id(&self, id: &str) -> Result<Option<UsageRecord>, DbError> {
+        self.find_usage_in(id, None, true)
+    }
+
+    /// The usage accumulators of a sandbox, destroyed or not, by the key
+    /// resolution of [`strata_core::ids`] among `scope`'s records (every
+    /// tenant's for `None`): exact id, exact name (a live sandbox's first, else
+    /// the newest destroyed one's), unique id prefix.
+    pub fn find_usage(&self, key: &str, scope: Option<&str>) -> Result<Option<UsageRecord>, DbError> {
+        self.find_usage_in(key, scope, false)
+    }
+
+    fn find_usage_in(&self, key: &str, scope: Option<&str>, id_only: bool) -> Result<Option<UsageRecord>, DbError> {
         let conn = self.conn();
-        let row: Option<(String, Option<String>, String)> = conn
-            .query_row(
-                "SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1 OR name = ?1 OR (length(?1) >= 4 AND sandbox_id LIKE ?1 || '%')
-                 ORDER BY sandbox_id = ?1 DESC, (name = ?1 AND destroyed_at IS NULL) DESC, name = ?1 DESC, created_at DESC LIMIT 1",
-                params![key],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()?;
+        let keyed = Keyed {
+            select: "SELECT record, destroyed_at, tenant FROM usage".into(),
+            id: "sandbox_id",
+            name: (!id_only).then_some(("name", "ORDER BY destroyed_at IS NULL DESC, created_at DESC")),
+            tenant: "tenant",
+        };
+        let row = if id_only {
+            conn.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![key], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?))).optional()?
+        } else {
+            keyed.resolve(&conn, key, scope, |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?
+        };
         row.map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).transpose()
     }
 
@@ -750,33 +835,30 @@ impl Db {
         Ok(())
     }
 
-    /// Finds a sandbox by id, unique id prefix (at least 4 characters) or name.
-    pub fn get_sandbox(&self, id_or_name: &str) -> Result<Option<SandboxRecord>, DbError> {
+    /// The sandbox with exactly this id (for ids the daemon itself holds; a
+    /// caller's key goes through [`Db::find_sandbox`]).
+    pub fn sandbox_by_id(&self, id: &str) -> Result<Option<SandboxRecord>, DbError> {
         let conn = self.conn();
-        let exact = conn
-            .query_row(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1"), params![id_or_name], sandbox_from_row)
-            .optional()?;
-        if let Some(r) = exact {
-            return r.map(Some);
-        }
-        if id_or_name.len() < 4 || !id_or_name.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Ok(None);
-        }
-        let mut stmt = conn.prepare(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id LIKE ?1 || '%' LIMIT 2"))?;
-        let mut rows: Vec<SandboxRecord> = stmt.query_map(params![id_or_name], sandbox_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
-        Ok(if rows.len() == 1 { rows.pop() } else { None })
+        conn.query_row(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"), params![id], sandbox_from_row).optional()?.transpose()
     }
 
-    /// The id of the sandbox with this id, name or unique id prefix (a cheap [`Db::get_sandbox`]).
-    pub fn resolve_sandbox_id(&self, id_or_name: &str) -> Result<Option<String>, DbError> {
+    /// The sandbox a caller's key names, by the resolution of
+    /// [`strata_core::ids`] among the sandboxes of `scope` (every tenant's for
+    /// `None`): exact id, exact name, id prefix unique among them.
+    pub fn find_sandbox(&self, key: &str, scope: Option<&str>) -> Result<Option<SandboxRecord>, DbError> {
         let conn = self.conn();
-        let exact = conn.query_row("SELECT id FROM sandboxes WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1", params![id_or_name], |r| r.get(0)).optional()?;
-        if exact.is_some() || id_or_name.len() < 4 || !id_or_name.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Ok(exact);
-        }
-        let mut stmt = conn.prepare("SELECT id FROM sandboxes WHERE id LIKE ?1 || '%' LIMIT 2")?;
-        let mut ids: Vec<String> = stmt.query_map(params![id_or_name], |r| r.get(0))?.collect::<Result<_, _>>()?;
-        Ok(if ids.len() == 1 { ids.pop() } else { None })
+        sandboxes_keyed(SANDBOX_COLUMNS).resolve(&conn, key, scope, sandbox_from_row)?.transpose()
+    }
+
+    /// The id of the sandbox [`Db::find_sandbox`] resolves `key` to (cheaper).
+    pub fn resolve_sandbox_id(&self, key: &str, scope: Option<&str>) -> Result<Option<String>, DbError> {
+        let conn = self.conn();
+        Ok(sandboxes_keyed("id").resolve(&conn, key, scope, |r| r.get(0))?)
+    }
+
+    /// Whether a sandbox (of any tenant) has exactly this name: names are unique daemon-wide.
+    pub fn sandbox_name_taken(&self, name: &str) -> Result<bool, DbError> {
+        Ok(self.conn().query_row("SELECT 1 FROM sandboxes WHERE name = ?1", params![name], |_| Ok(())).optional()?.is_some())
     }
 
     /// All sandboxes, oldest first.
@@ -839,13 +921,14 @@ impl Db {
         Ok(lease)
     }
 
-    /// Removes leases by id. Returns how many existed.
-    pub fn delete_leases(&self, ids: &[&str]) -> Result<usize, DbError> {
+    /// Removes leases, each named by its sandbox and its id (a lease id alone
+    /// never selects a row: the lease must be the sandbox's). Returns how many existed.
+    pub fn delete_leases(&self, leases: &[(&str, &str)]) -> Result<usize, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut n = 0;
-        for id in ids {
-            n += tx.execute("DELETE FROM leases WHERE id = ?1", params![id])?;
+        for (sandbox_id, id) in leases {
+            n += tx.execute("DELETE FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id])?;
         }
         tx.commit()?;
         Ok(n)
@@ -882,13 +965,24 @@ impl Db {
         Ok(())
     }
 
-    /// Finds a checkpoint by id, name or unique id prefix (4+ hex characters), with its image config.
-    pub fn get_checkpoint(&self, id_or_name: &str) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
+    /// The checkpoint with exactly this id, with its image config (for ids the
+    /// daemon itself holds; a caller's key goes through [`Db::find_checkpoint`]).
+    pub fn checkpoint_by_id(&self, id: &str) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1 OR name = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC, name = ?1 DESC LIMIT 2"))?;
-        let rows: Vec<(Checkpoint, ImageConfig)> = stmt.query_map(params![id_or_name], checkpoint_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
-        let exact = rows.first().is_some_and(|(c, _)| c.id == id_or_name || c.name == id_or_name);
-        Ok(if exact || rows.len() == 1 { rows.into_iter().next() } else { None })
+        conn.query_row(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1"), params![id], checkpoint_from_row).optional()?.transpose()
+    }
+
+    /// The checkpoint a caller's key names, with its image config, by the
+    /// resolution of [`strata_core::ids`] among the checkpoints of `scope`
+    /// (every tenant's for `None`).
+    pub fn find_checkpoint(&self, key: &str, scope: Option<&str>) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
+        let conn = self.conn();
+        checkpoints_keyed().resolve(&conn, key, scope, checkpoint_from_row)?.transpose()
+    }
+
+    /// Whether a checkpoint (of any tenant) has exactly this name: names are unique daemon-wide.
+    pub fn checkpoint_name_taken(&self, name: &str) -> Result<bool, DbError> {
+        Ok(self.conn().query_row("SELECT 1 FROM checkpoints WHERE name = ?1", params![name], |_| Ok(())).optional()?.is_some())
     }
 
     /// Checkpoints (of one sandbox, or all), oldest first.
@@ -1049,6 +1143,33 @@ impl Db {
         Ok(self.conn().query_row("SELECT tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| r.get(0)).optional()?)
     }
 
+    /// User-chosen names that could be read as an id or an id prefix
+    /// ([`strata_core::ids::looks_like_id`]), refused for new objects since the
+    /// name rule; records from before it keep them (they resolve by id first).
+    /// A sandbox named after its own id (the default name) is not listed.
+    pub fn names_like_ids(&self) -> Result<Vec<NameLikeId>, DbError> {
+        let conn = self.conn();
+        let mut out = Vec::new();
+        for (kind, sql) in [
+            ("sandbox", "SELECT id, name, tenant FROM sandboxes WHERE name != id"),
+            ("checkpoint", "SELECT id, name, tenant FROM checkpoints"),
+            ("template", "SELECT checkpoint, name, tenant FROM templates"),
+            ("pipeline_run", "SELECT id, name, tenant FROM pipeline_runs"),
+            ("token", "SELECT id, name, tenant FROM tokens WHERE revoked_at IS NULL"),
+            ("image", "SELECT id, name, NULL FROM images"),
+        ] {
+            let mut stmt = conn.prepare(sql)?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?)))?;
+            for row in rows {
+                let (id, name, tenant) = row?;
+                if ids::looks_like_id(&name) {
+                    out.push(NameLikeId { kind: kind.to_string(), id, name, tenant });
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The event that destroyed sandbox `id` (its record is gone; the event log
     /// remembers it), if it was destroyed.
     pub fn destroyed_event(&self, id: &str) -> Result<Option<SandboxEvent>, DbError> {
@@ -1117,21 +1238,27 @@ impl Db {
         Ok(())
     }
 
-    /// A run by id (or unique id prefix of 4+ characters).
-    pub fn get_pipeline_run(&self, key: &str) -> Result<Option<PipelineRun>, DbError> {
+    /// The run with exactly this id.
+    pub fn pipeline_run_by_id(&self, id: &str) -> Result<Option<PipelineRun>, DbError> {
+        self.find_pipeline_run_in(id, None, true)
+    }
+
+    /// The run a caller's key names: its exact id, else an id prefix unique
+    /// among the runs of `scope` (every tenant's for `None`). Runs are not
+    /// resolved by name (several runs of one spec share it).
+    pub fn find_pipeline_run(&self, key: &str, scope: Option<&str>) -> Result<Option<PipelineRun>, DbError> {
+        self.find_pipeline_run_in(key, scope, false)
+    }
+
+    fn find_pipeline_run_in(&self, key: &str, scope: Option<&str>, id_only: bool) -> Result<Option<PipelineRun>, DbError> {
+        type RunRow = (String, String, String, Option<String>, String, String, String, String);
         let conn = self.conn();
-        // An exact id first; a prefix only when it is unique.
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, name, state, reason, spec, created_at, updated_at, tenant FROM pipeline_runs WHERE id = ?1 OR (length(?1) >= 4 AND id LIKE ?1 || '%') ORDER BY id = ?1 DESC LIMIT 2",
-        )?;
-        let rows = stmt
-            .query_map(params![key], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)))?
-            .collect::<Result<Vec<(String, String, String, Option<String>, String, String, String, String)>, _>>()?;
-        drop(stmt);
-        let row = match rows.as_slice() {
-            [first, ..] if first.0 == key => Some(first.clone()),
-            [only] => Some(only.clone()),
-            _ => None,
+        let keyed = Keyed { select: "SELECT id, name, state, reason, spec, created_at, updated_at, tenant FROM pipeline_runs".into(), id: "id", name: None, tenant: "tenant" };
+        let map = |r: &Row<'_>| -> rusqlite::Result<RunRow> { Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)) };
+        let row = if id_only {
+            conn.query_row(&format!("{} WHERE id = ?1", keyed.select), params![key], map).optional()?
+        } else {
+            keyed.resolve(&conn, key, scope, map)?
         };
         let Some((id, name, state, reason, spec, created_at, updated_at, tenant)) = row else { return Ok(None) };
         let mut stmt = conn.prepare_cached("SELECT record FROM pipeline_stages WHERE run_id = ?1 ORDER BY idx")?;
@@ -1159,7 +1286,7 @@ impl Db {
             ids
         };
         for id in &ids {
-            if let Some(mut run) = self.get_pipeline_run(id)? {
+            if let Some(mut run) = self.pipeline_run_by_id(id)? {
                 run.state = PipelineState::Interrupted;
                 run.reason = Some(reason.to_string());
                 run.updated_at = time.to_string();
@@ -1427,21 +1554,80 @@ mod tests {
         assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, Some((42, 7))).unwrap().is_some());
         // A second transition from the old state loses the race and changes nothing.
         assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, None).unwrap().is_none());
-        let got = db.get_sandbox("web").unwrap().unwrap();
+        let got = db.find_sandbox("web", None).unwrap().unwrap();
         assert_eq!(got.sandbox.state, SandboxState::Running);
         assert_eq!(got.sandbox.init_pid, Some(42));
         assert_eq!(got.init_start_time, Some(7));
         assert_eq!(got.sandbox.limits.pids, Some(10));
         assert!(got.sandbox.allow_setuid);
-        assert!(db.get_sandbox("0123").unwrap().is_some(), "unique prefix resolves");
-        assert!(db.get_sandbox("nope").unwrap().is_none());
+        assert!(db.find_sandbox("0123", None).unwrap().is_some(), "unique prefix resolves");
+        assert!(db.find_sandbox("nope", None).unwrap().is_none());
         let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();
         assert_eq!(evs.len(), 2);
         assert_eq!(evs[1].from, Some(SandboxState::Creating));
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 1, time: "2026-01-01T00:00:02Z" };
         db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap();
-        assert!(db.get_sandbox("web").unwrap().is_none());
+        assert!(db.find_sandbox("web", None).unwrap().is_none());
         assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
+    }
+
+    /// The resolution order of `strata_core::ids` over sandboxes, checkpoints,
+    /// usage and pipeline runs: exact id, exact name, id prefix unique among
+    /// the caller's own objects; other tenants' rows are never looked at.
+    #[test]
+    fn keys_resolve_exactly_and_within_the_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let put = |id: &str, name: &str, tenant: &str| {
+            let mut r = record(id, name);
+            r.sandbox.tenant = tenant.into();
+            db.insert_sandbox(&r).unwrap();
+        };
+        put("abcd000000000001", "web", "acme");
+        put("abcd000000000002", "db", "globex");
+        // A legacy name (from before the rule) that is another sandbox's id prefix, and one that is a full id.
+        put("ffff000000000003", "abcd0000", "acme");
+        put("eeee000000000004", "abcd000000000002", "acme");
+        let id = |k: &str, scope: Option<&str>| db.find_sandbox(k, scope).unwrap().map(|r| r.sandbox.id);
+        // A full id always resolves to that id, never to a name that spells it.
+        assert_eq!(id("abcd000000000002", None).as_deref(), Some("abcd000000000002"));
+        assert_eq!(id("abcd000000000002", Some("acme")).as_deref(), Some("eeee000000000004"), "for acme the other tenant's id does not exist: its own name matches");
+        assert_eq!(id("abcd000000000002", Some("globex")).as_deref(), Some("abcd000000000002"));
+        // Prefixes: among the caller's own objects only.
+        assert_eq!(id("abcd", None), None, "ambiguous among all tenants");
+        assert_eq!(id("abcd", Some("acme")).as_deref(), Some("abcd000000000001"), "unique among acme's");
+        assert_eq!(id("abcd", Some("globex")).as_deref(), Some("abcd000000000002"), "unique among globex's");
+        assert_eq!(id("abcd", Some("initech")), None);
+        // A legacy hex name is an exact name: it wins over a prefix for whoever sees it, and only for them.
+        assert_eq!(id("abcd0000", Some("acme")).as_deref(), Some("ffff000000000003"));
+        assert_eq!(id("abcd0000", Some("globex")).as_deref(), Some("abcd000000000002"), "another tenant's name never shadows globex's prefix");
+        assert_eq!(id("abcd0000", None).as_deref(), Some("ffff000000000003"));
+        // Names of another tenant are unknown; no wildcards, no case folding.
+        assert_eq!(id("db", Some("acme")), None);
+        assert_eq!(id("db", Some("globex")).as_deref(), Some("abcd000000000002"));
+        for k in ["ABCD", "abc", "ab%", "a_cd", "%%%%", "____"] {
+            assert_eq!(id(k, Some("globex")), None, "{k}");
+        }
+        assert_eq!(db.resolve_sandbox_id("abcd", Some("globex")).unwrap().as_deref(), Some("abcd000000000002"));
+        assert_eq!(db.sandbox_by_id("abcd").unwrap().map(|r| r.sandbox.id), None, "by id means the whole id");
+        assert_eq!(db.find_usage("abcd", Some("globex")).unwrap().map(|u| u.sandbox_id).as_deref(), Some("abcd000000000002"));
+        assert_eq!(db.find_usage("abcd", None).unwrap().map(|u| u.sandbox_id), None);
+        assert_eq!(db.usage_by_id("abcd").unwrap().map(|u| u.sandbox_id), None);
+        // Pipeline runs: by id or a prefix unique among the caller's runs, never by name.
+        let run = |id: &str, tenant: &str| PipelineRun { id: id.into(), tenant: tenant.into(), name: "abcd1234".into(), state: PipelineState::Succeeded, reason: None, created_at: "t".into(), updated_at: "t".into(), spec: Default::default(), stages: vec![] };
+        db.put_pipeline_run(&run("abcd1234ffff0001", "acme")).unwrap();
+        db.put_pipeline_run(&run("abcd1234ffff0002", "globex")).unwrap();
+        let r = |k: &str, scope: Option<&str>| db.find_pipeline_run(k, scope).unwrap().map(|r| r.id);
+        assert_eq!(r("abcd1234", Some("acme")).as_deref(), Some("abcd1234ffff0001"));
+        assert_eq!(r("abcd1234", None), None);
+        assert_eq!(r("abcd1234ffff0002", Some("acme")), None);
+        assert_eq!(db.pipeline_run_by_id("abcd1234ffff0002").unwrap().map(|r| r.tenant).as_deref(), Some("globex"));
+        // The check lists the legacy hex names, not default names equal to the sandbox's own id.
+        put("1111000000000005", "1111000000000005", "acme");
+        let listed: Vec<(String, String)> = db.names_like_ids().unwrap().into_iter().map(|n| (n.kind, n.name)).collect();
+        assert!(listed.contains(&("sandbox".into(), "abcd0000".into())) && listed.contains(&("sandbox".into(), "abcd000000000002".into())), "{listed:?}");
+        assert!(listed.contains(&("pipeline_run".into(), "abcd1234".into())), "{listed:?}");
+        assert!(!listed.iter().any(|(_, n)| n == "1111000000000005" || n == "web"), "{listed:?}");
     }
 
     #[test]
@@ -1450,7 +1636,7 @@ mod tests {
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         let id = "0123456789abcdef";
         db.insert_sandbox(&record(id, "web")).unwrap();
-        let u = db.get_usage("web").unwrap().unwrap();
+        let u = db.find_usage("web", None).unwrap().unwrap();
         assert_eq!((u.sandbox_id.as_str(), u.destroyed_at.as_deref()), (id, None));
         db.update_usage(id, |r| {
             r.compute.cpu_seconds += 1.5;
@@ -1459,13 +1645,13 @@ mod tests {
         .unwrap();
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t9" };
         db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
-        assert!(db.get_sandbox(id).unwrap().is_none());
-        let u = db.get_usage("0123").unwrap().unwrap();
+        assert!(db.find_sandbox(id, None).unwrap().is_none());
+        let u = db.find_usage("0123", None).unwrap().unwrap();
         assert_eq!(u.compute.cpu_seconds, 1.5);
         assert_eq!(u.storage_gb_hours["writable"], 0.25);
         assert_eq!(u.destroyed_at.as_deref(), Some("t9"));
         assert_eq!(db.list_usage().unwrap().len(), 1);
-        assert!(db.get_usage("nope").unwrap().is_none());
+        assert!(db.find_usage("nope", None).unwrap().is_none());
         db.set_checkpoint_setup("c1", &ComputeUsage { cpu_seconds: 2.0, ..Default::default() }).unwrap();
         assert_eq!(db.checkpoint_setup("c1").unwrap().unwrap().cpu_seconds, 2.0);
         assert!(db.checkpoint_setup("c2").unwrap().is_none());
@@ -1480,7 +1666,7 @@ mod tests {
         let step = |from, to, time: &str| {
             let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time };
             db.transition(id, from, &t, None).unwrap().unwrap();
-            db.get_sandbox(id).unwrap().unwrap().sandbox.inactive_since
+            db.find_sandbox(id, None).unwrap().unwrap().sandbox.inactive_since
         };
         assert_eq!(step(SandboxState::Creating, SandboxState::Running, "t1"), None);
         assert_eq!(step(SandboxState::Running, SandboxState::Stopped, "t2").as_deref(), Some("t2"));
@@ -1519,14 +1705,14 @@ mod tests {
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         let id = "0123456789abcdef";
         db.insert_sandbox(&record(id, "web")).unwrap();
-        assert_eq!(db.get_sandbox(id).unwrap().unwrap().sandbox.policy.on_idle, strata_api::OnIdle::Destroy);
+        assert_eq!(db.find_sandbox(id, None).unwrap().unwrap().sandbox.policy.on_idle, strata_api::OnIdle::Destroy);
         let p = db.update_policy(id, |p| p.delete_after = Some("1h".into())).unwrap().unwrap();
         assert_eq!(p.delete_after.as_deref(), Some("1h"));
-        assert_eq!(db.get_sandbox("web").unwrap().unwrap().sandbox.policy, p);
+        assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.policy, p);
         assert!(db.update_policy("nope", |_| {}).unwrap().is_none());
-        assert_eq!(db.resolve_sandbox_id("web").unwrap().as_deref(), Some(id));
-        assert_eq!(db.resolve_sandbox_id("0123").unwrap().as_deref(), Some(id));
-        assert_eq!(db.resolve_sandbox_id("nope").unwrap(), None);
+        assert_eq!(db.resolve_sandbox_id("web", None).unwrap().as_deref(), Some(id));
+        assert_eq!(db.resolve_sandbox_id("0123", None).unwrap().as_deref(), Some(id));
+        assert_eq!(db.resolve_sandbox_id("nope", None).unwrap(), None);
 
         let lease = Lease { id: "l1".into(), sandbox_id: id.into(), created_at: "t0".into(), expires_at: "t1".into() };
         db.insert_lease(&lease).unwrap();
@@ -1539,7 +1725,9 @@ mod tests {
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
         db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
         assert!(db.list_leases(Some(id)).unwrap().is_empty());
-        assert_eq!(db.delete_leases(&["l2", "l3"]).unwrap(), 1);
+        assert_eq!(db.delete_leases(&[(id, "l2"), ("other", "l3")]).unwrap(), 0, "a lease is deleted only through its own sandbox");
+        assert_eq!(db.list_leases(Some("other")).unwrap().len(), 1);
+        assert_eq!(db.delete_leases(&[("other", "l2"), ("other", "l3")]).unwrap(), 1);
     }
 
     #[test]
@@ -1565,12 +1753,12 @@ mod tests {
         let db = Db::open(&p).unwrap();
         assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
         // Migration 6 gives every existing sandbox an empty usage record.
-        let ua = db.get_usage("a").unwrap().unwrap();
+        let ua = db.find_usage("a", None).unwrap().unwrap();
         assert_eq!((ua.sandbox_id.as_str(), ua.source.as_str(), ua.compute.cpu_seconds), ("a", "busybox", 0.0));
-        let a = db.get_sandbox("a").unwrap().unwrap().sandbox;
+        let a = db.find_sandbox("a", None).unwrap().unwrap().sandbox;
         assert_eq!(a.policy, SandboxPolicy::default_for(Lifecycle::Persistent));
         assert_eq!(a.inactive_since.as_deref(), Some("t1"));
-        let b = db.get_sandbox("b").unwrap().unwrap().sandbox;
+        let b = db.find_sandbox("b", None).unwrap().unwrap().sandbox;
         assert_eq!(b.policy, SandboxPolicy::default_for(Lifecycle::Ephemeral));
         assert_eq!(b.inactive_since, None);
     }
@@ -1598,6 +1786,9 @@ mod tests {
         let db = Db::open(&p).unwrap();
         assert_eq!(db.list_images().unwrap().len(), 1);
         assert!(db.get_image("abcdef01").unwrap().is_some());
+        assert!(db.get_image("sha256:abcdef01").unwrap().is_some());
+        assert!(db.get_image("ABCDEF01").unwrap().is_none(), "ids are lower-case");
+        assert!(db.get_image("abcdef0").unwrap().is_none(), "prefixes of images need 8 characters");
         assert!(db.delete_image("busybox").unwrap());
         assert!(!db.delete_image("busybox").unwrap());
     }
@@ -1691,8 +1882,8 @@ mod tests {
         let mut rec = record("0123456789abcdef", "web");
         rec.sandbox.tenant = "acme".into();
         db.insert_sandbox(&rec).unwrap();
-        assert_eq!(db.get_sandbox("web").unwrap().unwrap().sandbox.tenant, "acme");
-        assert_eq!(db.get_usage("web").unwrap().unwrap().tenant, "acme");
+        assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.tenant, "acme");
+        assert_eq!(db.find_usage("web", None).unwrap().unwrap().tenant, "acme");
         let c = Checkpoint {
             id: "c000000000000001".into(),
             tenant: "wrong".into(),
@@ -1715,7 +1906,7 @@ mod tests {
             processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
-        let got = db.get_checkpoint("c1").unwrap().unwrap().0;
+        let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
         assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
         assert_eq!(got.processes, c.processes);
         db.put_template("tpl", &c.id, "t", false).unwrap();

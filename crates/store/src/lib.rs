@@ -10,4 +10,4 @@ pub mod fsutil;
 pub mod layers;
 
 pub use db::{Db, DbError};
-pub use layers::{LayerStore, LayerStoreError};
+pub use layers::{LayerStore, LayerStoreError, UnpackPolicy};

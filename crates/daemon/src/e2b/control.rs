@@ -380,14 +380,17 @@ async fn get_one(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<
 /// `DELETE /sandboxes/{id}`: destroy.
 async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
-    client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
+    let ev = client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
         // Already destroyed: E2B answers 404 for a sandbox that is gone.
         Some(strata_api::ErrorCode::InvalidState) => E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")),
         _ => sandbox_err(&id)(err),
     })?;
+    // The E2B layer's maps are keyed by full ids (see super::dispatch): forget the destroyed one's.
+    let gone = ev.sandbox_id;
     let mut st = e.lock();
-    st.procs.retain(|(sb, _), _| sb != &id);
-    st.watchers.retain(|_, w| w.sandbox() != id);
+    st.procs.retain(|(sb, _), _| *sb != gone);
+    st.watchers.retain(|_, w| w.sandbox() != gone);
+    st.port_previews.retain(|(sb, _, _), _| *sb != gone);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -46,6 +46,9 @@ pub struct ProcMeta {
     pub tag: Option<String>,
     /// Runs on a pseudo-terminal (its output is `pty` data, its input `pty` input).
     pub pty: bool,
+    /// SHA-256 of the key that started it: only that key's calls see its tag,
+    /// config and PTY (the map is looked up before any native call checks access).
+    pub owner: String,
 }
 
 /// A polling directory watcher (`CreateWatcher`).
@@ -85,6 +88,17 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The owner mark of what this caller records in the E2B layer's own maps.
+    fn owner(&self) -> String {
+        crate::tenancy::secret_hash(&self.token)
+    }
+
+    /// This caller's entry for process `pid` of its sandbox, if it started it.
+    fn own_proc(&self, e: &SharedE2b, pid: u64) -> Option<ProcMeta> {
+        let owner = self.owner();
+        e.lock().procs.get(&(self.sandbox.clone(), pid)).filter(|m| m.owner == owner).cloned()
+    }
+
     fn home(&self) -> String {
         if self.user == "root" { "/root".into() } else { format!("/home/{}", self.user) }
     }
@@ -317,7 +331,7 @@ fn shell_quote(s: &str) -> String {
 async fn resize(e: &SharedE2b, c: &Ctx, req: UpdateRequest) -> Result<(), ConnectError> {
     let pid = resolve(e, c, req.process)?;
     let Some(size) = req.pty.as_ref().filter(|p| !p.is_null()) else { return Ok(()) };
-    if !e.lock().procs.get(&(c.sandbox.clone(), pid)).is_some_and(|m| m.pty) {
+    if !c.own_proc(e, pid).is_some_and(|m| m.pty) {
         return Err(ConnectError::new(Code::InvalidArgument, format!("process {pid} has no PTY")));
     }
     let (cols, rows) = pty_size(size);
@@ -408,10 +422,11 @@ fn resolve(e: &SharedE2b, c: &Ctx, sel: Option<Selector>) -> Result<u64, Connect
         return Ok(pid);
     }
     let tag = sel.tag.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process selector has neither pid nor tag"))?;
+    let owner = c.owner();
     e.lock()
         .procs
         .iter()
-        .find(|((sb, _), m)| sb == &c.sandbox && m.tag.as_deref() == Some(tag.as_str()))
+        .find(|((sb, _), m)| sb == &c.sandbox && m.owner == owner && m.tag.as_deref() == Some(tag.as_str()))
         .map(|((_, pid), _)| *pid)
         .ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with tag {tag:?} not found")))
 }
@@ -530,7 +545,7 @@ async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Durati
         return Err(ConnectError::new(Code::InvalidArgument, format!("cannot start {:?}: {err}{hint}", cfg.cmd)));
     }
     let config = json!({"cmd": cfg.cmd, "args": cfg.args, "envs": cfg.envs, "cwd": cwd});
-    e.lock().procs.insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag, pty: pty.is_some() });
+    e.lock().procs.insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag, pty: pty.is_some(), owner: c.owner() });
     Ok(follow(c, info.id, pty.is_some(), keepalive))
 }
 
@@ -542,13 +557,14 @@ async fn reconnect(e: SharedE2b, c: Ctx, req: ProcessRequest, keepalive: Option<
     if p.status == ProcessStatus::Exited {
         return Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")));
     }
-    let pty = e.lock().procs.get(&(c.sandbox.clone(), pid)).is_some_and(|m| m.pty);
+    let pty = c.own_proc(&e, pid).is_some_and(|m| m.pty);
     Ok(follow(c, pid, pty, keepalive))
 }
 
 /// `process.Process/List`: running processes.
 async fn list(e: &SharedE2b, c: &Ctx) -> Result<Value, ConnectError> {
     let procs = c.client.list_processes(&c.sandbox).await.map_err(native)?;
+    let owner = c.owner();
     let mut st = e.lock();
     // Forget what is no longer running (the map only serves tags and configs of live processes).
     let running: std::collections::HashSet<u64> = procs.iter().filter(|p| p.status == ProcessStatus::Running).map(|p| p.id).collect();
@@ -557,7 +573,7 @@ async fn list(e: &SharedE2b, c: &Ctx) -> Result<Value, ConnectError> {
         .iter()
         .filter(|p| p.status == ProcessStatus::Running)
         .map(|p| {
-            let meta = st.procs.get(&(c.sandbox.clone(), p.id));
+            let meta = st.procs.get(&(c.sandbox.clone(), p.id)).filter(|m| m.owner == owner);
             let config = meta.map(|m| m.config.clone()).unwrap_or_else(|| {
                 let cmd = p.cmd.first().cloned().unwrap_or_default();
                 json!({"cmd": cmd, "args": p.cmd.iter().skip(1).collect::<Vec<_>>(), "envs": {}})

@@ -156,10 +156,27 @@ pub fn mount(native: Router, e2b: SharedE2b) -> Router {
 /// Routes a request carrying `E2b-Sandbox-Id` by its `E2b-Sandbox-Port`: envd's
 /// port to strata's envd; any other port through the preview proxy
 /// ([`route_port`]). Requests without the header pass through.
-pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, req: Request, next: Next) -> Response {
-    let Some(sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+///
+/// The header is made exact first: anything but a full id (a name, a prefix)
+/// is resolved once with the caller's key and replaced by the id it names for
+/// that caller, so the E2B layer's own maps (process tags and configs, port
+/// previews, watchers) are only ever keyed by full ids — a prefix that means
+/// different sandboxes to different tenants never shares an entry. A header
+/// that resolves to nothing is left as it is (the native calls answer 404).
+pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut req: Request, next: Next) -> Response {
+    let Some(mut sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string) else {
         return next.run(req).await;
     };
+    if !strata_core::ids::is_id(&sandbox) {
+        if let Some(key) = request_token(req.headers()) {
+            if let Ok(s) = e2b.client(key).get_sandbox(&sandbox).await {
+                if let Ok(v) = axum::http::HeaderValue::from_str(&s.id) {
+                    req.headers_mut().insert("e2b-sandbox-id", v);
+                    sandbox = s.id;
+                }
+            }
+        }
+    }
     let port = req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("").to_string();
     match port.parse::<u16>() {
         Ok(ENVD_PORT) => {
@@ -191,19 +208,26 @@ const PORT_PREVIEW_TTL: std::time::Duration = std::time::Duration::from_secs(360
 /// WebSocket upgrades are not passed through this way (use a preview URL).
 async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Result<Response, E2bError> {
     let key = request_token(req.headers()).ok_or_else(|| E2bError::Unauthorized("missing API key (X-API-Key or X-Access-Token) for sandbox port routing".into()))?;
+    let not_found = |err: ClientError| match err {
+        ClientError::Api { status: 404, .. } => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
+        other => E2bError::Native(other),
+    };
+    let client = e.client(key.clone());
     let cache_key = (sandbox.to_string(), port, crate::tenancy::secret_hash(&key));
     let cached = e.lock().port_previews.get(&cache_key).filter(|(_, renew)| *renew > std::time::Instant::now()).map(|(t, _)| t.clone());
     let token = match cached {
-        Some(t) => t,
+        // The key is checked again on every request, as a native call would
+        // check it: a revoked or expired key (or one that no longer sees the
+        // sandbox) is refused now, not when the cached preview ends.
+        Some(t) => {
+            client.get_sandbox(sandbox).await.map_err(not_found)?;
+            t
+        }
         None => {
-            let created = e
-                .client(key.clone())
+            let created = client
                 .create_preview(sandbox, &strata_api::CreatePreviewRequest { port: Some(port), public: false, ttl_secs: Some(PORT_PREVIEW_TTL.as_secs()) })
                 .await
-                .map_err(|err| match err {
-                    ClientError::Api { status: 404, .. } => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
-                    other => E2bError::Native(other),
-                })?;
+                .map_err(not_found)?;
             let renew = std::time::Instant::now() + PORT_PREVIEW_TTL / 2;
             let mut state = e.lock();
             let now = std::time::Instant::now();
