@@ -161,6 +161,13 @@ fn api_streams_output_while_the_command_runs_and_background_processes_are_reatta
         assert_eq!(w.exit_status(), 143);
         let e = c.get_process(&id, 999).await.unwrap_err();
         assert_eq!(e.code(), Some(strata_api::ErrorCode::ProcessNotFound));
+        // A signal right after the start reaches the process (its pid may not be reported yet).
+        for _ in 0..5 {
+            let p = c.start_process(&id, &ExecRequest { cmd: vec!["sleep".into(), "600".into()], keep_stdin_open: true, ..Default::default() }).await.unwrap();
+            c.signal(&id, p.id, "KILL").await.unwrap();
+            let w = c.wait(&id, p.id, Some("10s")).await.unwrap();
+            assert_eq!(w.signal, Some(9), "{w:?}");
+        }
     });
     // The CLI's detach + logs + wait.
     let pid = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "echo bg; exit 4"]).trim().to_string();

@@ -164,6 +164,22 @@ impl Proc {
         (out, err, st.log.start > 0)
     }
 
+    /// Its pid inside the sandbox once its shim has reported it (waiting at most
+    /// `limit` right after a start); `None` when it ended or never started.
+    pub async fn pid_when_started(&self, limit: Duration) -> Option<i32> {
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let info = self.info();
+            if info.pid.is_some() || info.status == ProcessStatus::Exited {
+                return info.pid.filter(|_| info.status == ProcessStatus::Running);
+            }
+            if !matches!(tokio::time::timeout_at(deadline, rx.changed()).await, Ok(Ok(()))) {
+                return None;
+            }
+        }
+    }
+
     /// Waits until the process has exited (or `limit` passes) and returns its record.
     pub async fn wait(&self, limit: Option<Duration>) -> ProcessInfo {
         let mut rx = self.changed.subscribe();
@@ -887,9 +903,10 @@ pub async fn logs_handler(State(st): State<Shared>, Path((id, pid)): Path<(Strin
 pub async fn signal_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Json(req): Json<SignalRequest>) -> ApiResult<Json<ProcessInfo>> {
     let sig = parse_signal(&req.signal)?;
     let p = get_proc(&st, &id, pid)?;
-    let info = p.info();
-    match (info.status, info.pid) {
-        (ProcessStatus::Running, Some(ns)) if st.runtime.signal(&info.sandbox_id, ns, sig as i32, false) > 0 => Ok(Json(p.info())),
+    // A process started a moment ago may not have reported its pid yet.
+    let sandbox_id = p.info().sandbox_id;
+    match p.pid_when_started(Duration::from_secs(5)).await {
+        Some(ns) if st.runtime.signal(&sandbox_id, ns, sig as i32, false) > 0 => Ok(Json(p.info())),
         _ => Err(ApiError::new(ErrorCode::InvalidState, format!("process {pid} is not running"))),
     }
 }
