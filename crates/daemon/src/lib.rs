@@ -33,6 +33,7 @@ pub mod pipelines;
 pub mod openapi;
 pub mod policy;
 pub mod preview;
+pub mod privileges;
 pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
@@ -42,6 +43,7 @@ pub mod standby;
 pub mod state;
 pub mod templates;
 pub mod tenancy;
+pub mod transfer;
 pub mod warm;
 
 use std::net::SocketAddr;
