@@ -64,6 +64,19 @@ pub enum ErrorCode {
     ApprovalNotFound,
     /// Anything else; the message carries the cause chain (500).
     Internal,
+    /// The path is on a kernel pseudo-filesystem (proc, sysfs, devpts, cgroup,
+    /// debugfs, ...), which the file API does not serve; the message names the
+    /// path and the filesystem (403).
+    PseudoFilesystem,
+    /// The path is a device node, FIFO or socket, which the file API does not
+    /// read or write; the message names the path and its type (403).
+    SpecialFile,
+    /// A request body, or what a request would produce, exceeds a fixed limit
+    /// of the daemon; the message names the limit (413).
+    TooLarge,
+    /// The path is a mount point of the sandbox (its /tmp, /dev/shm, the init
+    /// binary, ...), which the file API does not remove, rename or replace (403).
+    MountPoint,
 }
 
 impl ErrorCode {
@@ -84,7 +97,8 @@ impl ErrorCode {
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::Forbidden | ErrorCode::ApprovalRequired => 403,
+            ErrorCode::Forbidden | ErrorCode::ApprovalRequired | ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => 403,
+            ErrorCode::TooLarge => 413,
             ErrorCode::Unsupported => 501,
             ErrorCode::RegistryError | ErrorCode::UpstreamUnavailable => 502,
             ErrorCode::Timeout => 504,
@@ -122,6 +136,10 @@ impl ErrorCode {
             ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::ApprovalNotFound => "approval_not_found",
             ErrorCode::Internal => "internal",
+            ErrorCode::PseudoFilesystem => "pseudo_filesystem",
+            ErrorCode::SpecialFile => "special_file",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::MountPoint => "mount_point",
         }
     }
 }

@@ -4,12 +4,11 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{anyhow, bail, Context, Result};
-use bytes::Bytes;
 use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lease, Lifecycle, OnIdle, PolicyPatch, PullImageRequest, ResourceLimits, Sandbox, UpdateSandboxRequest};
 use strata_client::{Client, Endpoint};
 
 use crate::args::*;
-use crate::{exec, output};
+use crate::{exec, output, transfer};
 
 fn kv(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
     items
@@ -622,8 +621,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Export { id, against, output: out } => {
-            let data = c.export(&id, against.as_deref()).await?;
-            std::fs::write(&out, &data).with_context(|| format!("writing {}", out.display()))?;
+            transfer::download_to(c.export_stream(&id, against.as_deref()).await?, &out, 0o644).await?;
             Ok(0)
         }
         Command::Cp { src, dst } => cp(&c, &src, &dst).await,
@@ -999,34 +997,39 @@ async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32> {
             let local = std::path::Path::new(src);
             let meta = std::fs::metadata(local).with_context(|| format!("reading {src}"))?;
             if meta.is_dir() {
-                let mut b = tar::Builder::new(Vec::new());
-                b.follow_symlinks(false);
-                b.append_dir_all(".", local).with_context(|| format!("archiving {src}"))?;
-                let data = b.into_inner()?;
-                c.upload(id, path, Bytes::from(data), None, true).await?;
+                // The tar is made while it is sent: nothing is held whole in memory.
+                let root = local.to_path_buf();
+                let (chunks, archived) = transfer::produce(move |w| {
+                    let mut b = tar::Builder::new(w);
+                    b.follow_symlinks(false);
+                    b.append_dir_all(".", &root)?;
+                    b.finish()
+                });
+                let sent = c.upload_stream(id, path, chunks, None, true).await;
+                archived.await.context("archiving thread")?.with_context(|| format!("archiving {src}"))?;
+                sent?;
             } else {
                 use std::os::unix::fs::PermissionsExt;
-                let data = std::fs::read(local).with_context(|| format!("reading {src}"))?;
+                let file = tokio::fs::File::open(local).await.with_context(|| format!("reading {src}"))?;
                 // Copying into an existing directory keeps the file name, like cp(1).
                 let target = match c.stat(id, path).await {
                     Ok(s) if s.kind == strata_api::FileKind::Dir => format!("{}/{}", path.trim_end_matches('/'), local.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
                     _ => path.to_string(),
                 };
-                c.upload(id, &target, Bytes::from(data), Some(meta.permissions().mode() & 0o777), false).await?;
+                c.upload_stream(id, &target, transfer::file_chunks(file), Some(meta.permissions().mode() & 0o777), false).await?;
             }
             Ok(0)
         }
         (Some((id, path)), None) => {
             let st = c.stat(id, path).await?;
             if st.kind == strata_api::FileKind::Dir {
-                let data = c.download(id, path, true).await?;
                 let dst_path = std::path::Path::new(dst);
                 // Like cp -r: into an existing directory keeps the name, otherwise the copy is named `dst`.
                 let (into, rename_to) = if dst_path.is_dir() { (dst_path.to_path_buf(), None) } else { (dst_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")).to_path_buf(), Some(dst_path)) };
                 let staging = tempfile_dir(&into)?;
-                let mut ar = tar::Archive::new(&data[..]);
-                // The tar crate's unpack refuses entries that would leave the target directory.
-                let res = ar.unpack(&staging).with_context(|| format!("extracting into {}", staging.display()));
+                // Unpacked while it arrives (the tar crate's unpack refuses entries that would leave the target directory).
+                let target_dir = staging.clone();
+                let res = transfer::consume(c.download_stream(id, path, true).await?, move |r| tar::Archive::new(r).unpack(&target_dir)).await.with_context(|| format!("extracting into {}", staging.display()));
                 let res = res.and_then(|_| {
                     let target = rename_to.map(|p| p.to_path_buf()).unwrap_or_else(|| into.join(&st.name));
                     std::fs::rename(staging.join(&st.name), &target).with_context(|| format!("moving into {}", target.display()))
@@ -1034,9 +1037,8 @@ async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32> {
                 let _ = std::fs::remove_dir_all(&staging);
                 res?;
             } else {
-                let data = c.download(id, path, false).await?;
                 let target = if std::path::Path::new(dst).is_dir() { std::path::Path::new(dst).join(&st.name) } else { dst.into() };
-                std::fs::write(&target, &data).with_context(|| format!("writing {}", target.display()))?;
+                transfer::download_to(c.download_stream(id, path, false).await?, &target, st.mode & 0o777).await?;
             }
             Ok(0)
         }

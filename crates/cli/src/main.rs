@@ -8,6 +8,7 @@ mod args;
 mod commands;
 mod exec;
 mod output;
+mod transfer;
 
 use clap::Parser;
 

@@ -115,10 +115,177 @@ fn special_files_are_not_served() {
     common::rt().block_on(async {
         // A FIFO would block a reader forever; the daemon refuses it at once.
         let e = tokio::time::timeout(std::time::Duration::from_secs(10), c.download(&id, "/tmp/fifo", false)).await.expect("no hang").unwrap_err();
-        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
+        assert_eq!(e.code(), Some(ErrorCode::SpecialFile), "{e}");
         let e = c.download(&id, "/tmp", false).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::BadRequest), "directories need tar: {e}");
         let tar = c.download(&id, "/tmp", true).await.unwrap();
         assert!(!tar.is_empty());
     });
+}
+
+fn api_err(r: Result<impl Sized, strata_client::ClientError>, what: &str) -> (u16, strata_api::ApiErrorBody) {
+    match r {
+        Err(strata_client::ClientError::Api { status, body }) => (status, body),
+        Err(e) => panic!("{what}: not an API error: {e}"),
+        Ok(_) => panic!("{what}: succeeded"),
+    }
+}
+
+/// The daemon opens sandbox paths through /proc/<init>/root: without care it
+/// would read kernel pseudo-filesystems with its own privileges (the host's
+/// kernel addresses in /proc/kallsyms, the host's kernel log in /proc/kmsg).
+/// Every file operation refuses them, and device nodes, FIFOs and sockets,
+/// with a 403 naming what was refused — never a 500, never the host's view.
+#[test]
+fn pseudo_filesystems_and_special_files_are_refused() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkfifo /tmp/fifo && mkdir -p /srv && echo data > /srv/file"]);
+    // Inside, the sandbox's root reads the kernel's addresses as zeros.
+    let inside = d.cli_ok(&["exec", &id, "--", "head", "-n", "1", "/proc/kallsyms"]);
+    assert!(inside.starts_with("0000000000000000"), "{inside}");
+    let c = d.client();
+    let pseudo = |r: Result<(), strata_client::ClientError>, what: &str| {
+        let (status, body) = api_err(r, what);
+        assert_eq!((status, body.code), (403, ErrorCode::PseudoFilesystem), "{what}: {}", body.message);
+        assert!(body.message.contains("pseudo-filesystem"), "{what}: {}", body.message);
+    };
+    let special = |r: Result<(), strata_client::ClientError>, what: &str| {
+        let (status, body) = api_err(r, what);
+        assert_eq!((status, body.code), (403, ErrorCode::SpecialFile), "{what}: {}", body.message);
+    };
+    common::rt().block_on(async {
+        for path in ["/proc/kallsyms", "/proc/kmsg", "/proc/1/environ", "/proc/sys/kernel/hostname", "/sys/kernel/notes", "/sys/fs/cgroup", "/dev/pts/ptmx", "/dev/mqueue", "/proc", "/sys"] {
+            pseudo(c.download(&id, path, false).await.map(drop), &format!("GET {path}"));
+            pseudo(c.download(&id, path, true).await.map(drop), &format!("GET tar {path}"));
+            pseudo(c.stat(&id, path).await.map(drop), &format!("stat {path}"));
+            pseudo(c.list_dir(&id, path).await.map(drop), &format!("list {path}"));
+            pseudo(c.remove_path(&id, path, true).await, &format!("remove {path}"));
+            pseudo(c.move_path(&id, path, "/tmp/moved").await, &format!("move {path}"));
+        }
+        for path in ["/proc/strata-upload", "/proc/sys/kernel/strata-upload", "/sys/kernel/strata-upload", "/dev/pts/strata-upload"] {
+            pseudo(c.upload(&id, path, bytes::Bytes::from_static(b"x"), None, false).await, &format!("PUT {path}"));
+            pseudo(c.upload(&id, path, bytes::Bytes::from(common::tar_of(&[("f", b"x")])), None, true).await, &format!("PUT tar {path}"));
+            pseudo(c.mkdir(&id, path, true).await, &format!("mkdir {path}"));
+            pseudo(c.move_path(&id, "/srv/file", path).await, &format!("move to {path}"));
+        }
+        for path in ["/dev/null", "/dev/zero", "/tmp/fifo"] {
+            special(c.download(&id, path, false).await.map(drop), &format!("GET {path}"));
+            special(c.download(&id, path, true).await.map(drop), &format!("GET tar {path}"));
+            special(c.upload(&id, path, bytes::Bytes::from_static(b"x"), None, false).await, &format!("PUT {path}"));
+        }
+        // Listing and stat of the sandbox's own directories still work, and a
+        // tar of / leaves the pseudo-filesystems out.
+        assert_eq!(c.stat(&id, "/srv/file").await.unwrap().size, 5);
+        let names: Vec<String> = c.list_dir(&id, "/").await.unwrap().into_iter().map(|f| f.name).collect();
+        assert!(names.iter().any(|n| n == "proc") && names.iter().any(|n| n == "srv"), "{names:?}");
+        let tar = c.download(&id, "/", true).await.unwrap();
+        let names: Vec<String> = tar::Archive::new(&tar[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
+        assert!(names.iter().any(|n| n.trim_start_matches("./") == "srv/file"), "{names:?}");
+        let leaked: Vec<&String> = names.iter().filter(|n| ["proc/", "sys/", "dev/pts/", "dev/mqueue/"].iter().any(|p| n.trim_start_matches("./").starts_with(p))).collect();
+        assert!(leaked.is_empty(), "a tar of / holds pseudo-filesystem entries: {leaked:?}");
+    });
+    assert!(d.cli_ok(&["exec", &id, "--", "cat", "/srv/file"]) == "data\n", "nothing was moved");
+}
+
+fn entry_tar(name: &str, kind: tar::EntryType, link: Option<&str>, data: &[u8]) -> Vec<u8> {
+    common::raw_tar(name.as_bytes(), kind, link.map(str::as_bytes), data)
+}
+
+/// Files in a sandbox directory, with their contents (`find` + `cat`).
+fn tree(d: &TestDaemon, id: &str, dir: &str) -> String {
+    d.cli_ok(&["exec", id, "--", "sh", "-c", &format!("cd {dir} && find . | sort && find . -type f | sort | xargs cat")])
+}
+
+/// Tar uploads: hardlinks to files of the same upload are made (inside the
+/// root); hardlinks to anything else and device, FIFO and other special
+/// entries are 400s naming the entry and its type; a refused upload is
+/// rolled back: what it added is gone and what it replaced is back.
+#[test]
+fn tar_uploads_take_hardlinks_and_refuse_special_entries() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    let c = d.client();
+    common::rt().block_on(async {
+        let tar = common::concat_tars(&[
+            entry_tar("a/data", tar::EntryType::Regular, None, b"shared"),
+            entry_tar("a/link", tar::EntryType::Link, Some("a/data"), b""),
+            entry_tar("./b/second", tar::EntryType::Link, Some("./a/data"), b""),
+        ]);
+        c.upload(&id, "/srv/t", bytes::Bytes::from(tar), None, true).await.unwrap();
+    });
+    let inodes = d.cli_ok(&["exec", &id, "--", "sh", "-c", "stat -c %i /srv/t/a/data /srv/t/a/link /srv/t/b/second | sort -u | wc -l; cat /srv/t/b/second"]);
+    assert_eq!(inodes, "1\nshared", "one file, three names");
+
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /srv/u/good && echo old > /srv/u/good/file && echo keep > /srv/u/keep"]);
+    let before = tree(&d, &id, "/srv/u");
+    let good = || vec![entry_tar("good/file", tar::EntryType::Regular, None, b"new"), entry_tar("good/new/added", tar::EntryType::Regular, None, b"added")];
+    common::rt().block_on(async {
+        let cases: Vec<(Vec<u8>, &str, ErrorCode, &str)> = vec![
+            (entry_tar("dev0", tar::EntryType::Char, None, b""), "dev0", ErrorCode::InvalidArchive, "character device"),
+            (entry_tar("dev1", tar::EntryType::Block, None, b""), "dev1", ErrorCode::InvalidArchive, "block device"),
+            (entry_tar("pipe", tar::EntryType::Fifo, None, b""), "pipe", ErrorCode::InvalidArchive, "FIFO"),
+            (entry_tar("sparse", tar::EntryType::GNUSparse, None, b""), "sparse", ErrorCode::InvalidArchive, "sparse"),
+            // A hardlink to a file of the sandbox that the upload did not bring.
+            (entry_tar("steal", tar::EntryType::Link, Some("keep"), b""), "steal", ErrorCode::InvalidArchive, "not a file of this upload"),
+            (entry_tar("up", tar::EntryType::Link, Some("../../etc/passwd"), b""), "up", ErrorCode::PathEscape, ""),
+            (entry_tar("../escape", tar::EntryType::Regular, None, b"x"), "../escape", ErrorCode::PathEscape, ""),
+        ];
+        for (bad, name, code, kind) in cases {
+            let mut parts = good();
+            parts.push(bad);
+            let (status, body) = api_err(c.upload(&id, "/srv/u", bytes::Bytes::from(common::concat_tars(&parts)), None, true).await, name);
+            assert_eq!((status, body.code), (400, code), "{name}: {}", body.message);
+            assert!(body.message.contains(name) && body.message.contains(kind), "{name}: {}", body.message);
+        }
+        // A stream cut short in the middle of an entry is refused the same way.
+        let mut cut = common::concat_tars(&good());
+        cut.truncate(cut.len() - 1024); // no end marker: the entry below is cut inside its data
+        cut.extend_from_slice(&entry_tar("late", tar::EntryType::Regular, None, &[7u8; 4096])[..1024]);
+        let (status, body) = api_err(c.upload(&id, "/srv/u", bytes::Bytes::from(cut), None, true).await, "truncated");
+        assert_eq!((status, body.code), (400, ErrorCode::InvalidArchive), "{}", body.message);
+    });
+    assert_eq!(tree(&d, &id, "/srv/u"), before, "refused uploads left nothing behind and restored what they replaced");
+}
+
+/// Seen from the daemon (another mount namespace), a sandbox's mount points
+/// are ordinary names: unlinking or renaming one detaches the mount inside
+/// the sandbox, which no process inside could do (EBUSY). Through the file
+/// API that removed /run/strata (the read-only init binary and its tmpfs) so
+/// a caller's own file became the helper every exec starts with the daemon's
+/// privileges. The file API refuses to remove, rename or replace mount points.
+#[test]
+fn mount_points_of_the_sandbox_are_not_removed_renamed_or_replaced() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    let mounts = || d.cli_ok(&["exec", &id, "--", "sh", "-c", "cut -d' ' -f5 /proc/self/mountinfo | grep -E '^/(tmp|run/strata|run/strata/init|dev/shm)$' | sort"]);
+    let before = mounts();
+    assert_eq!(before, "/dev/shm\n/run/strata\n/run/strata/init\n/tmp\n");
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo f > /srv-file"]);
+    let c = d.client();
+    let mount_point = |r: Result<(), strata_client::ClientError>, what: &str| {
+        let (status, body) = api_err(r, what);
+        assert_eq!((status, body.code), (403, ErrorCode::MountPoint), "{what}: {}", body.message);
+    };
+    common::rt().block_on(async {
+        for path in ["/tmp", "/run/strata", "/run/strata/init", "/dev/shm"] {
+            mount_point(c.remove_path(&id, path, true).await, &format!("remove {path}"));
+            mount_point(c.move_path(&id, path, "/moved").await, &format!("move {path}"));
+        }
+        mount_point(c.remove_path(&id, "/run", true).await, "remove /run (holds mount points)");
+        mount_point(c.move_path(&id, "/srv-file", "/run/strata/init").await, "move onto /run/strata/init");
+        mount_point(c.upload(&id, "/run/strata/init", bytes::Bytes::from_static(b"#!/bin/sh\n"), Some(0o755), false).await, "PUT /run/strata/init");
+        let tar = common::tar_of(&[("run/strata/init", b"#!/bin/sh\n")]);
+        let (status, body) = api_err(c.upload(&id, "/", bytes::Bytes::from(tar), None, true).await, "tar onto /run/strata/init");
+        assert_eq!((status, body.code), (400, ErrorCode::InvalidArchive), "{}", body.message);
+        assert!(body.message.contains("mount point"), "{}", body.message);
+    });
+    assert_eq!(mounts(), before, "every mount of the sandbox is still there");
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "echo", "still runs"]), "still runs\n");
 }

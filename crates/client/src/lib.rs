@@ -6,8 +6,10 @@
 use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use futures_util::Stream;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
@@ -16,6 +18,25 @@ use strata_api::*;
 
 pub use bytes::Bytes as Body;
 pub use hyper::Method;
+
+/// Largest error body read from the daemon (its JSON errors are a few hundred bytes).
+const MAX_ERROR_BODY: usize = 1 << 20;
+
+/// A request body: whole bytes or a stream of chunks.
+pub type RequestBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A request body streamed from `chunks` (uploads that never sit whole in memory).
+pub fn stream_body<S>(chunks: S) -> RequestBody
+where
+    S: Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+{
+    let frames = futures_util::StreamExt::map(chunks, |c| c.map(Frame::data).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>));
+    BodyExt::boxed_unsync(StreamBody::new(frames))
+}
+
+fn full_body(bytes: Bytes) -> RequestBody {
+    BodyExt::boxed_unsync(Full::new(bytes).map_err(|never| match never {}))
+}
 
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +164,63 @@ impl<T: DeserializeOwned> NdjsonStream<T> {
     }
 }
 
+/// A response body read chunk by chunk (file downloads, exports): at most one
+/// HTTP frame is held at a time, so a large transfer never sits whole in memory.
+pub struct ByteStream {
+    headers: hyper::HeaderMap,
+    body: Incoming,
+}
+
+impl ByteStream {
+    /// A response header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The announced length of the body, when the daemon sent one.
+    pub fn content_length(&self) -> Option<u64> {
+        self.header("content-length").and_then(|v| v.parse().ok())
+    }
+
+    /// The next chunk of the body, or `None` at its end. A transfer the daemon
+    /// had to cut short (the file vanished, a read failed) is an error here,
+    /// never a silently shorter body.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(frame) => {
+                    if let Ok(data) = frame?.into_data() {
+                        if !data.is_empty() {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The body as a stream of chunks.
+    pub fn into_stream(self) -> impl Stream<Item = Result<Bytes>> + Send + 'static {
+        futures_util::stream::unfold(self, |mut s| async move {
+            match s.chunk().await {
+                Ok(Some(b)) => Some((Ok(b), s)),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), s)),
+            }
+        })
+    }
+
+    /// Reads the whole body into memory (for bodies known to be small).
+    pub async fn collect(mut self) -> Result<Bytes> {
+        let mut buf = BytesMut::new();
+        while let Some(c) = self.chunk().await? {
+            buf.extend_from_slice(&c);
+        }
+        Ok(buf.freeze())
+    }
+}
+
 impl Client {
     /// A client for `endpoint`.
     pub fn new(endpoint: Endpoint) -> Self {
@@ -171,6 +249,11 @@ impl Client {
 
     /// Sends one request and returns the raw response (errors decoded into [`ClientError::Api`]).
     pub async fn send(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Response<Incoming>> {
+        self.send_body(method, path, full_body(body), content_type).await
+    }
+
+    /// [`Client::send`] with any request body (e.g. a [`stream_body`]).
+    pub async fn send_body(&self, method: Method, path: &str, body: RequestBody, content_type: &str) -> Result<Response<Incoming>> {
         let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata").header(hyper::header::CONTENT_TYPE, content_type);
         if let Some(t) = &self.tenant {
             req = req.header(strata_api::TENANT_HEADER, t.as_str());
@@ -183,7 +266,7 @@ impl Client {
                 let stream = tokio::net::UnixStream::connect(p).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
                 tokio::spawn(conn);
-                sender.send_request(req.body(Full::new(body)).expect("valid request")).await?
+                sender.send_request(req.body(body).expect("valid request")).await?
             }
             Endpoint::Tcp { addr, token } => {
                 if let Some(t) = token {
@@ -194,14 +277,20 @@ impl Client {
                 let _ = stream.set_nodelay(true);
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
                 tokio::spawn(conn);
-                sender.send_request(req.body(Full::new(body)).expect("valid request")).await?
+                sender.send_request(req.body(body).expect("valid request")).await?
             }
         };
         if resp.status().is_success() {
             return Ok(resp);
         }
         let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await?.to_bytes();
+        let bytes = match Limited::new(resp.into_body(), MAX_ERROR_BODY).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => match e.downcast::<hyper::Error>() {
+                Ok(h) => return Err(ClientError::Http(*h)),
+                Err(other) => Bytes::from(format!("HTTP {status} with an error body that could not be read: {other}")),
+            },
+        };
         let body = serde_json::from_slice::<ApiErrorBody>(&bytes).unwrap_or_else(|_| ApiErrorBody {
             code: ErrorCode::Internal,
             message: String::from_utf8_lossy(&bytes).into_owned(),
@@ -232,6 +321,12 @@ impl Client {
     async fn raw(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes> {
         let resp = self.send(method, path, body, "application/octet-stream").await?;
         Ok(resp.into_body().collect().await?.to_bytes())
+    }
+
+    async fn bytes_stream(&self, method: Method, path: &str) -> Result<ByteStream> {
+        let resp = self.send(method, path, Bytes::new(), "application/octet-stream").await?;
+        let headers = resp.headers().clone();
+        Ok(ByteStream { headers, body: resp.into_body() })
     }
 
     // ---- host ----
@@ -441,10 +536,15 @@ impl Client {
         self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/diff{q}", enc(id)), None).await
     }
 
-    /// The change set as a tar.
+    /// The change set as a tar (in memory; see [`Client::export_stream`]).
     pub async fn export(&self, id: &str, against: Option<&str>) -> Result<Bytes> {
+        self.export_stream(id, against).await?.collect().await
+    }
+
+    /// The change set as a tar stream.
+    pub async fn export_stream(&self, id: &str, against: Option<&str>) -> Result<ByteStream> {
         let q = against.map(|a| format!("?against={}", enc(a))).unwrap_or_default();
-        self.raw(Method::GET, &format!("/v1/sandboxes/{}/export{q}", enc(id)), Bytes::new()).await
+        self.bytes_stream(Method::GET, &format!("/v1/sandboxes/{}/export{q}", enc(id))).await
     }
 
     /// Runs garbage collection.
@@ -675,13 +775,36 @@ impl Client {
 
     /// Uploads bytes to a file (or, with `tar`, extracts a tar stream under a directory).
     pub async fn upload(&self, id: &str, path: &str, data: Bytes, mode: Option<u32>, tar: bool) -> Result<()> {
-        let m = mode.map(|m| format!("&mode={m}")).unwrap_or_default();
-        self.raw(Method::PUT, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}{m}", enc(id), enc(path)), data).await.map(|_| ())
+        self.upload_body(id, path, full_body(data), mode, tar).await
     }
 
-    /// Downloads a file (or, with `tar`, a tar stream of a path).
+    /// [`Client::upload`] from a stream of chunks: the daemon writes them as they
+    /// come (into a temp file renamed into place once the stream ends), so the
+    /// upload never sits whole in memory on either side. A stream that fails
+    /// aborts the upload and leaves nothing behind in the sandbox.
+    pub async fn upload_stream<S>(&self, id: &str, path: &str, chunks: S, mode: Option<u32>, tar: bool) -> Result<()>
+    where
+        S: Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+    {
+        self.upload_body(id, path, stream_body(chunks), mode, tar).await
+    }
+
+    async fn upload_body(&self, id: &str, path: &str, body: RequestBody, mode: Option<u32>, tar: bool) -> Result<()> {
+        let m = mode.map(|m| format!("&mode={m}")).unwrap_or_default();
+        let resp = self.send_body(Method::PUT, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}{m}", enc(id), enc(path)), body, "application/octet-stream").await?;
+        resp.into_body().collect().await?;
+        Ok(())
+    }
+
+    /// Downloads a file (or, with `tar`, a tar stream of a path) into memory;
+    /// see [`Client::download_stream`] for anything that may be large.
     pub async fn download(&self, id: &str, path: &str, tar: bool) -> Result<Bytes> {
-        self.raw(Method::GET, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}", enc(id), enc(path)), Bytes::new()).await
+        self.download_stream(id, path, tar).await?.collect().await
+    }
+
+    /// Downloads a file (or, with `tar`, a tar stream of a path) chunk by chunk.
+    pub async fn download_stream(&self, id: &str, path: &str, tar: bool) -> Result<ByteStream> {
+        self.bytes_stream(Method::GET, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}", enc(id), enc(path))).await
     }
 
     /// Metadata of a path.

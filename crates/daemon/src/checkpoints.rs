@@ -15,7 +15,6 @@ use std::io::BufWriter;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
@@ -619,20 +618,51 @@ pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &facts) });
     crate::approvals::gate(&st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
     let cmp = comparison(&st, &rec, q.against.as_deref())?;
-    let data = tokio::task::spawn_blocking(move || -> ApiResult<Vec<u8>> {
-        let mut out = Vec::new();
-        match &cmp {
-            Comparison::Head { upper, base, lowers } => {
-                let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
-                changes::write_layer_tar(upper, base, &now, lowers, &mut out)?;
+    // The change set is computed first (its errors are the answer); the tar is
+    // then written while it is sent, through bounded buffers, never whole in memory.
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<ApiResult<()>>();
+    let (mut out, body) = crate::transfer::download_channel();
+    let sandbox = rec.sandbox.id.clone();
+    crate::transfer::spawn(move || {
+        let written = match &cmp {
+            Comparison::Head { upper, base, lowers } => match changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS) {
+                Ok(now) => {
+                    let _ = ready_tx.send(Ok(()));
+                    changes::write_layer_tar(upper, base, &now, lowers, &mut out)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.into()));
+                    return;
+                }
+            },
+            Comparison::Stacks { now, .. } => match compute(&cmp) {
+                Ok(list) => {
+                    let _ = ready_tx.send(Ok(()));
+                    changes::write_stack_tar(now, &list, &mut out)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            },
+        };
+        match written.map_err(|e| std::io::Error::other(e.to_string())).and_then(|_| std::io::Write::flush(&mut out)) {
+            Ok(()) => {}
+            Err(e) => {
+                if !out.is_closed() {
+                    tracing::warn!(sandbox = %sandbox, error = %e, "export cut short");
+                }
+                out.fail(e);
             }
-            Comparison::Stacks { now, .. } => changes::write_stack_tar(now, &compute(&cmp)?, &mut out)?,
         }
-        Ok(out)
     })
-    .await
-    .map_err(|e| ApiError::internal("export task", &e))??;
-    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-tar").body(Body::from(data)).expect("valid response"))
+    .map_err(|e| ApiError::internal("export thread", &e))?;
+    match ready_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(ApiError::new(ErrorCode::Internal, "export: the export thread ended without an answer")),
+    }
+    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-tar").body(body).expect("valid response"))
 }
 
 

@@ -33,6 +33,7 @@ pub mod pipelines;
 pub mod openapi;
 pub mod policy;
 pub mod preview;
+pub mod privileges;
 pub mod processes;
 pub mod sandboxes;
 pub mod sandboxfs;
@@ -42,6 +43,7 @@ pub mod standby;
 pub mod state;
 pub mod templates;
 pub mod tenancy;
+pub mod transfer;
 pub mod warm;
 
 use std::net::SocketAddr;
@@ -49,7 +51,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -257,7 +259,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(p::signal_handler))
         .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(p::stdin_handler))
         .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(p::wait_handler))
-        .route("/v1/sandboxes/{id}/files", get(f::download_handler).put(f::upload_handler).layer(DefaultBodyLimit::max(f::MAX_UPLOAD_BYTES)))
+        .route("/v1/sandboxes/{id}/files", get(f::download_handler).put(f::upload_handler))
         .route("/v1/sandboxes/{id}/files/stat", get(f::stat_handler))
         .route("/v1/sandboxes/{id}/files/list", get(f::list_handler))
         .route("/v1/sandboxes/{id}/files/mkdir", post(f::mkdir_handler))

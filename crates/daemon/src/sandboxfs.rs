@@ -8,15 +8,76 @@
 //! open uses `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
 //! on the already-resolved path, so a symlink swapped in by the sandbox between
 //! resolution and use makes the call fail instead of leaving the root.
+//!
+//! What is refused besides escapes (see docs/security.md, "File API:
+//! privileges and memory bounds"):
+//!
+//! * **Kernel pseudo-filesystems.** The directory an operation works in, and
+//!   the object it opens, are checked with `fstatfs`: anything on proc,
+//!   sysfs, devpts, cgroup, debugfs, tracefs, securityfs, bpf, mqueue and the
+//!   others of [`PSEUDO_FILESYSTEMS`] is refused ([`FsError::PseudoFs`]).
+//!   Walks (tar downloads) leave such mounts out.
+//! * **Special files.** Device nodes, FIFOs and sockets are never read or
+//!   written ([`FsError::Special`]); their metadata can be listed, and they can
+//!   be renamed and removed like any entry of the sandbox.
+//!
+//! * **Mount points.** Seen from the daemon (another mount namespace) a
+//!   sandbox's mount points are plain names: unlinking or renaming one would
+//!   detach the mount inside the sandbox (its /tmp, the read-only init binary
+//!   every exec starts). Nothing that is the root of a mount is removed,
+//!   renamed or replaced ([`FsError::MountPoint`]).
+//!
+//! Callers run the operations with the sandbox root's capabilities
+//! ([`crate::privileges`]), and every read of sandbox-controlled data is
+//! bounded: files are streamed, listings and walks have limits
+//! ([`MAX_LIST_ENTRIES`], [`MAX_DEPTH`]).
 
-use std::ffi::CString;
+mod tarwalk;
+mod untar;
+
+use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 
 use strata_api::{FileKind, FileStat};
 use strata_runtime::openat2::{RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
+
+pub use tarwalk::TarRoot;
+
+/// Most entries one directory listing returns.
+pub const MAX_LIST_ENTRIES: usize = 100_000;
+/// Deepest directory nesting a tar download or a recursive remove walks.
+pub const MAX_DEPTH: usize = 256;
+
+/// Kernel pseudo-filesystems the file API refuses, by `statfs` magic
+/// (`linux/magic.h`): their files are kernel interfaces whose answers depend
+/// on who asks, not files of the sandbox.
+pub const PSEUDO_FILESYSTEMS: &[(u64, &str)] = &[
+    (0x9fa0, "proc"),
+    (0x6265_6572, "sysfs"),
+    (0x1cd1, "devpts"),
+    (0x0027_e0eb, "cgroup"),
+    (0x6367_7270, "cgroup2"),
+    (0x6462_6720, "debugfs"),
+    (0x7472_6163, "tracefs"),
+    (0x7363_6673, "securityfs"),
+    (0xcafe_4a11, "bpf"),
+    (0x1980_0202, "mqueue"),
+    (0x6165_676c, "pstore"),
+    (0x6265_6570, "configfs"),
+    (0x6573_5543, "fusectl"),
+    (0xde5e_81e4, "efivarfs"),
+    (0x4249_4e4d, "binfmt_misc"),
+    (0xf97c_ff8c, "selinuxfs"),
+    (0x4341_5d53, "smackfs"),
+    (0x5a3c_69f0, "apparmorfs"),
+    (0x6e73_6673, "nsfs"),
+    (0x6759_6969, "rpc_pipefs"),
+    (0x6e66_7364, "nfsd"),
+];
 
 /// Errors of confined file access.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +94,42 @@ pub enum FsError {
     /// Too many symlinks.
     #[error("{0}: too many levels of symbolic links")]
     Loop(String),
+    /// The path is on a kernel pseudo-filesystem.
+    #[error("{path}: on a {fs} pseudo-filesystem, which the file API does not serve (kernel interfaces answer whoever asks; read them from inside the sandbox with exec)")]
+    PseudoFs {
+        /// The sandbox path.
+        path: String,
+        /// The filesystem type.
+        fs: &'static str,
+    },
+    /// The path is a device node, FIFO or socket.
+    #[error("{path}: a {kind}, which the file API does not read or write (only regular files, directories and symlinks)")]
+    Special {
+        /// The sandbox path.
+        path: String,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// The path is a mount point of the sandbox.
+    #[error("{0}: a mount point of the sandbox, which the file API does not remove, rename or replace (inside the sandbox that is refused too: EBUSY)")]
+    MountPoint(String),
+    /// A tar upload entry that is refused (the upload is rolled back).
+    #[error("tar entry {entry:?}: {reason}")]
+    Archive {
+        /// The entry's name as in the archive.
+        entry: String,
+        /// Why.
+        reason: String,
+    },
+    /// A fixed limit of the file API.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The upload ended before its end (the client went away or the body broke).
+    #[error("{0}: the upload was cut off before its end; nothing was kept")]
+    CutOff(String),
+    /// The thread's privileges could not be lowered.
+    #[error(transparent)]
+    Privileges(#[from] crate::privileges::PrivilegeError),
     /// Any other error.
     #[error("{path}")]
     Io {
@@ -52,7 +149,14 @@ impl FsError {
         if source.raw_os_error() == Some(libc::EXDEV) || source.raw_os_error() == Some(libc::ELOOP) {
             return FsError::Escape(path.to_string());
         }
+        if source.kind() == io::ErrorKind::ConnectionAborted {
+            return FsError::CutOff(path.to_string());
+        }
         FsError::Io { path: path.to_string(), source }
+    }
+
+    fn errno(path: &str, errno: i32) -> Self {
+        FsError::Io { path: path.to_string(), source: io::Error::from_raw_os_error(errno) }
     }
 }
 
@@ -60,6 +164,19 @@ const CONFINED: u64 = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLI
 
 fn openat2(dir: RawFd, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     strata_runtime::openat2::openat2(dir, rel, flags, mode, CONFINED)
+}
+
+/// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)` for one directory entry
+/// read by a walk: a single component cannot leave `dir`, and O_NOFOLLOW keeps
+/// a symlink there from being followed.
+fn open_entry(dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and NUL-terminated name.
+    let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn cstr(s: &str) -> io::Result<CString> {
@@ -76,24 +193,92 @@ fn check(r: libc::c_int) -> io::Result<()> {
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
 pub fn lstat_at(dir: RawFd, name: &str) -> io::Result<libc::stat> {
-    let c = cstr(if name.is_empty() { "." } else { name })?;
+    lstat_at_c(dir, &cstr(if name.is_empty() { "." } else { name })?)
+}
+
+fn lstat_at_c(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
     // SAFETY: zeroed stat is valid; fstatat writes into it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid fd, NUL-terminated name, valid out-pointer.
-    check(unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) })?;
+    check(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) })?;
     Ok(st)
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: zeroed stat is valid; fstat writes into it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// The pseudo-filesystem `fd` is on, if it is on one.
+fn pseudo_fs_of(fd: RawFd) -> io::Result<Option<&'static str>> {
+    // SAFETY: zeroed statfs is valid; fstatfs writes into it.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd (O_PATH descriptors included) and out-pointer.
+    check(unsafe { libc::fstatfs(fd, &mut sfs) })?;
+    let magic = sfs.f_type as u64 & 0xffff_ffff;
+    Ok(PSEUDO_FILESYSTEMS.iter().find(|(m, _)| *m == magic).map(|(_, name)| *name))
+}
+
+fn refuse_pseudo(fd: RawFd, path: &str) -> Result<(), FsError> {
+    match pseudo_fs_of(fd).map_err(|e| FsError::io(path, e))? {
+        Some(fs) => Err(FsError::PseudoFs { path: path.to_string(), fs }),
+        None => Ok(()),
+    }
+}
+
+/// Whether `name` in `dir` (`""` for `dir` itself) is the root of a mount:
+/// a mount point of the sandbox, seen from the daemon.
+fn is_mount_root(dir: RawFd, name: &CStr) -> io::Result<bool> {
+    // SAFETY: zeroed statx is valid; statx writes into it.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
+    // SAFETY: valid fd, NUL-terminated name, valid out-pointer.
+    check(unsafe { libc::statx(dir, name.as_ptr(), flags, libc::STATX_TYPE, &mut stx) })?;
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if stx.stx_attributes_mask & bit != 0 {
+        return Ok(stx.stx_attributes & bit != 0);
+    }
+    // Kernels before 5.8 do not report it: another device than the directory's.
+    let d = fstat(dir)?;
+    Ok(libc::makedev(stx.stx_dev_major, stx.stx_dev_minor) != d.st_dev)
+}
+
+fn refuse_mount_root(dir: RawFd, name: &CStr, path: &str) -> Result<(), FsError> {
+    match is_mount_root(dir, name) {
+        Ok(true) => Err(FsError::MountPoint(path.to_string())),
+        Ok(false) => Ok(()),
+        Err(e) => Err(FsError::io(path, e)),
+    }
+}
+
+/// What a special file is, by its mode (`None` for regular files, directories and symlinks).
+pub fn special_kind(mode: u32) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFCHR => Some("character device"),
+        libc::S_IFBLK => Some("block device"),
+        libc::S_IFIFO => Some("FIFO"),
+        libc::S_IFSOCK => Some("socket"),
+        _ => None,
+    }
 }
 
 fn readlink_at(dir: RawFd, name: &str) -> io::Result<String> {
     let c = cstr(name)?;
+    readlink_at_c(dir, &c).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+fn readlink_at_c(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: buf is writable for its length.
-    let n = unsafe { libc::readlinkat(dir, c.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
     buf.truncate(n as usize);
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    Ok(buf)
 }
 
 fn kind_of(mode: u32) -> FileKind {
@@ -105,6 +290,34 @@ fn kind_of(mode: u32) -> FileKind {
     }
 }
 
+/// The entries of directory `dir`, read through a descriptor of their own.
+fn read_dir_fd(dir: RawFd) -> io::Result<std::fs::ReadDir> {
+    std::fs::read_dir(format!("/proc/self/fd/{dir}"))
+}
+
+fn unlink_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid fd and NUL-terminated name.
+    check(unsafe { libc::unlinkat(dir, c.as_ptr(), flags) })
+}
+
+fn rename_at(from_dir: RawFd, from: &str, to_dir: RawFd, to: &str) -> io::Result<()> {
+    let (a, b) = (cstr(from)?, cstr(to)?);
+    // SAFETY: valid directory fds and NUL-terminated names.
+    check(unsafe { libc::renameat(from_dir, a.as_ptr(), to_dir, b.as_ptr()) })
+}
+
+fn link_at(from_dir: RawFd, from: &str, to_dir: RawFd, to: &str) -> io::Result<()> {
+    let (a, b) = (cstr(from)?, cstr(to)?);
+    // SAFETY: valid directory fds and NUL-terminated names; no AT_SYMLINK_FOLLOW.
+    check(unsafe { libc::linkat(from_dir, a.as_ptr(), to_dir, b.as_ptr(), 0) })
+}
+
+/// A name for a temp file of the file API in a sandbox directory.
+fn temp_name(what: &str) -> String {
+    format!(".strata-{what}-{:016x}", rand::random::<u64>())
+}
+
 /// A sandbox's root, opened for confined access.
 pub struct SandboxFs {
     root: OwnedFd,
@@ -112,13 +325,45 @@ pub struct SandboxFs {
 
 /// A resolved location: the parent directory (opened) and the final name.
 pub struct Resolved {
-    /// The parent directory.
+    /// The parent directory (an `O_PATH` descriptor, checked not to be on a pseudo-filesystem).
     pub parent: OwnedFd,
     /// The last component ("" for the root itself).
     pub name: String,
     /// The resolved absolute path inside the sandbox.
     pub path: String,
 }
+
+/// What a resolved location names, opened without being followed or read.
+struct Object {
+    /// An `O_PATH | O_NOFOLLOW` descriptor.
+    fd: OwnedFd,
+    st: libc::stat,
+    /// The root of a mount (a mount point of the sandbox).
+    mount_root: bool,
+}
+
+impl Object {
+    fn kind(&self) -> FileKind {
+        kind_of(self.st.st_mode)
+    }
+
+    /// Opens the object itself with `flags` (through `/proc/self/fd`, so it
+    /// is the same inode that was checked, whatever the sandbox renamed since).
+    fn reopen(&self, flags: i32, path: &str) -> Result<File, FsError> {
+        let f = std::fs::OpenOptions::new()
+            .read(flags & libc::O_ACCMODE == libc::O_RDONLY)
+            .custom_flags(flags | libc::O_NOCTTY)
+            .open(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+            .map_err(|e| FsError::io(path, e))?;
+        let meta = f.metadata().map_err(|e| FsError::io(path, e))?;
+        if meta.dev() != self.st.st_dev || meta.ino() != self.st.st_ino {
+            return Err(FsError::Escape(path.to_string()));
+        }
+        Ok(f)
+    }
+}
+
+use std::os::unix::fs::OpenOptionsExt;
 
 impl SandboxFs {
     /// Opens the root of the sandbox whose init has host pid `init_pid`.
@@ -171,41 +416,103 @@ impl SandboxFs {
         Ok(done)
     }
 
-    /// Resolves `path` and opens its parent directory.
+    /// Resolves `path` and opens its parent directory, refusing a parent on a
+    /// kernel pseudo-filesystem.
     pub fn locate(&self, path: &str, follow_last: bool) -> Result<Resolved, FsError> {
         let mut comps = self.resolve(path, follow_last)?;
         let name = comps.pop().unwrap_or_default();
         let parent_rel = comps.join("/");
         let parent = openat2(self.root.as_raw_fd(), &parent_rel, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(path, e))?;
         let abs = if name.is_empty() { "/".to_string() } else if parent_rel.is_empty() { format!("/{name}") } else { format!("/{parent_rel}/{name}") };
+        refuse_pseudo(parent.as_raw_fd(), &abs)?;
         Ok(Resolved { parent, name, path: abs })
     }
 
-    /// Opens a file or directory (following symlinks inside the sandbox).
-    pub fn open_path(&self, path: &str, flags: i32, mode: u32) -> Result<OwnedFd, FsError> {
+    /// Opens what `r` names (`O_PATH`, a symlink there is not followed),
+    /// refusing anything on a kernel pseudo-filesystem (a mount point of one included).
+    fn object(&self, r: &Resolved) -> Result<Object, FsError> {
+        let fd = openat2(r.parent.as_raw_fd(), &r.name, libc::O_PATH | libc::O_NOFOLLOW, 0).map_err(|e| FsError::io(&r.path, e))?;
+        let st = fstat(fd.as_raw_fd()).map_err(|e| FsError::io(&r.path, e))?;
+        refuse_pseudo(fd.as_raw_fd(), &r.path)?;
+        let mount_root = is_mount_root(fd.as_raw_fd(), c"").map_err(|e| FsError::io(&r.path, e))?;
+        Ok(Object { fd, st, mount_root })
+    }
+
+    /// [`SandboxFs::object`], refusing a mount point (for what is removed, renamed or replaced).
+    fn movable_object(&self, r: &Resolved) -> Result<Object, FsError> {
+        let o = self.object(r)?;
+        if o.mount_root {
+            return Err(FsError::MountPoint(r.path.clone()));
+        }
+        Ok(o)
+    }
+
+    /// Opens a regular file for reading (following symlinks inside the
+    /// sandbox); returns it with its size. Directories, special files and
+    /// pseudo-filesystems are refused before anything is opened for reading.
+    pub fn open_read(&self, path: &str) -> Result<(File, u64), FsError> {
         let r = self.locate(path, true)?;
-        openat2(r.parent.as_raw_fd(), &r.name, flags, mode).map_err(|e| FsError::io(path, e))
+        let o = self.object(&r)?;
+        match o.kind() {
+            FileKind::File => {}
+            FileKind::Dir => return Err(FsError::Io { path: r.path, source: io::Error::new(io::ErrorKind::IsADirectory, "a directory (download it with tar=true)") }),
+            // The resolver followed every symlink: one here was swapped in since.
+            FileKind::Symlink => return Err(FsError::Escape(path.to_string())),
+            FileKind::Other => return Err(FsError::Special { path: r.path, kind: special_kind(o.st.st_mode).unwrap_or("special file") }),
+        }
+        let f = o.reopen(libc::O_RDONLY | libc::O_NONBLOCK, &r.path)?;
+        Ok((f, o.st.st_size as u64))
+    }
+
+    /// The whole content of a small regular file (at most `cap` bytes: a
+    /// larger one is refused, never read).
+    pub fn read_small(&self, path: &str, cap: u64) -> Result<Vec<u8>, FsError> {
+        let (f, size) = self.open_read(path)?;
+        if size > cap {
+            return Err(FsError::TooLarge(format!("{path}: {size} bytes, more than the {cap} read here")));
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        f.take(cap + 1).read_to_end(&mut out).map_err(|e| FsError::io(path, e))?;
+        if out.len() as u64 > cap {
+            return Err(FsError::TooLarge(format!("{path}: grew past the {cap} bytes read here")));
+        }
+        Ok(out)
+    }
+
+    /// Opens a directory for reading its entries; returns it with its resolved path.
+    fn open_dir(&self, path: &str) -> Result<(File, String), FsError> {
+        let r = self.locate(path, true)?;
+        let o = self.object(&r)?;
+        if o.kind() != FileKind::Dir {
+            return Err(FsError::errno(&r.path, libc::ENOTDIR));
+        }
+        let f = o.reopen(libc::O_RDONLY | libc::O_DIRECTORY, &r.path)?;
+        Ok((f, r.path))
     }
 
     /// Metadata of a path (a symlink in the last component is described, not followed).
     pub fn stat(&self, path: &str) -> Result<FileStat, FsError> {
         let r = self.locate(path, false)?;
-        let st = lstat_at(r.parent.as_raw_fd(), &r.name).map_err(|e| FsError::io(path, e))?;
-        let link_target = (kind_of(st.st_mode) == FileKind::Symlink).then(|| readlink_at(r.parent.as_raw_fd(), &r.name).ok()).flatten();
-        Ok(stat_of(&r.path, &r.name, &st, link_target))
+        let o = self.object(&r)?;
+        let link_target = (o.kind() == FileKind::Symlink).then(|| readlink_at(r.parent.as_raw_fd(), &r.name).ok()).flatten();
+        Ok(stat_of(&r.path, &r.name, &o.st, link_target))
     }
 
-    /// Entries of a directory, sorted by name.
+    /// Entries of a directory, sorted by name (at most [`MAX_LIST_ENTRIES`]).
     pub fn list(&self, path: &str) -> Result<Vec<FileStat>, FsError> {
-        let dir = self.open_path(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-        let base = self.resolve(path, true)?;
-        let base = if base.is_empty() { String::new() } else { format!("/{}", base.join("/")) };
+        let (dir, base) = self.open_dir(path)?;
+        let base = if base == "/" { String::new() } else { base };
         let mut out = Vec::new();
-        for entry in std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(|e| FsError::io(path, e))? {
+        for entry in read_dir_fd(dir.as_raw_fd()).map_err(|e| FsError::io(path, e))? {
             let entry = entry.map_err(|e| FsError::io(path, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Ok(st) = lstat_at(dir.as_raw_fd(), &name) else { continue };
-            let link = (kind_of(st.st_mode) == FileKind::Symlink).then(|| readlink_at(dir.as_raw_fd(), &name).ok()).flatten();
+            if out.len() >= MAX_LIST_ENTRIES {
+                return Err(FsError::TooLarge(format!("{path}: more than {MAX_LIST_ENTRIES} entries, the most a listing returns (download it with tar=true, or list it with exec)")));
+            }
+            let name = entry.file_name();
+            let Ok(c) = CString::new(name.as_bytes()) else { continue };
+            let Ok(st) = lstat_at_c(dir.as_raw_fd(), &c) else { continue };
+            let name = name.to_string_lossy().into_owned();
+            let link = (kind_of(st.st_mode) == FileKind::Symlink).then(|| readlink_at_c(dir.as_raw_fd(), &c).ok().map(|b| String::from_utf8_lossy(&b).into_owned())).flatten();
             out.push(stat_of(&format!("{base}/{name}"), &name, &st, link));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -224,7 +531,7 @@ impl SandboxFs {
                     Ok(()) => {}
                     Err(FsError::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {
                         if self.stat(&cur)?.kind != FileKind::Dir {
-                            return Err(FsError::Io { path: cur, source: io::Error::from_raw_os_error(libc::ENOTDIR) });
+                            return Err(FsError::errno(&cur, libc::ENOTDIR));
                         }
                     }
                     Err(e) => return Err(e),
@@ -239,124 +546,172 @@ impl SandboxFs {
     fn mkdir_one(&self, path: &str, mode: u32) -> Result<(), FsError> {
         let r = self.locate(path, false)?;
         if r.name.is_empty() {
-            return Err(FsError::Io { path: path.into(), source: io::Error::from_raw_os_error(libc::EEXIST) });
+            return Err(FsError::errno(path, libc::EEXIST));
         }
-        let dir = openat2(r.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(path, e))?;
         let c = cstr(&r.name).map_err(|e| FsError::io(path, e))?;
-        // SAFETY: valid directory fd and NUL-terminated name.
-        check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode) }).map_err(|e| FsError::Io { path: path.into(), source: e })
+        // SAFETY: valid directory fd (O_PATH works for *at calls) and NUL-terminated name.
+        check(unsafe { libc::mkdirat(r.parent.as_raw_fd(), c.as_ptr(), mode) }).map_err(|e| FsError::Io { path: path.into(), source: e })
     }
 
     /// Writes a file atomically (temp file + rename in the same directory).
     pub fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<(), FsError> {
+        self.write_from(path, data, mode).map(drop)
+    }
+
+    /// Writes a file from a stream, atomically: the bytes go into a temp
+    /// file in the target's directory, renamed over the target only once the
+    /// stream has ended; a stream that fails leaves nothing (the temp file is
+    /// removed). Returns the number of bytes written. An existing directory,
+    /// special file or pseudo-filesystem at the path is refused.
+    pub fn write_from(&self, path: &str, mut input: impl Read, mode: u32) -> Result<u64, FsError> {
         let r = self.locate(path, true)?;
         if r.name.is_empty() {
             return Err(FsError::Invalid(path.to_string()));
         }
-        let dir = openat2(r.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(path, e))?;
-        let tmp = format!(".strata-upload-{:016x}", rand::random::<u64>());
-        let fd = openat2(dir.as_raw_fd(), &tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, mode).map_err(|e| FsError::io(path, e))?;
-        let mut f = File::from(fd);
-        let res = (|| -> io::Result<()> {
-            use std::io::Write;
-            use std::os::unix::fs::PermissionsExt;
-            f.write_all(data)?;
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            let (t, n) = (cstr(&tmp)?, cstr(&r.name)?);
-            // SAFETY: valid directory fd and NUL-terminated names.
-            check(unsafe { libc::renameat(dir.as_raw_fd(), t.as_ptr(), dir.as_raw_fd(), n.as_ptr()) })
-        })();
-        if let Err(e) = res {
-            if let Ok(t) = cstr(&tmp) {
-                // SAFETY: valid directory fd and NUL-terminated name.
-                unsafe { libc::unlinkat(dir.as_raw_fd(), t.as_ptr(), 0) };
-            }
-            return Err(FsError::io(path, e));
+        match self.movable_object(&r) {
+            Ok(o) => match o.kind() {
+                FileKind::File | FileKind::Symlink => {}
+                FileKind::Dir => return Err(FsError::errno(&r.path, libc::EISDIR)),
+                FileKind::Other => return Err(FsError::Special { path: r.path, kind: special_kind(o.st.st_mode).unwrap_or("special file") }),
+            },
+            Err(FsError::NotFound(_)) => {}
+            Err(e) => return Err(e),
         }
-        Ok(())
+        let dir = r.parent.as_raw_fd();
+        let tmp = temp_name("upload");
+        let fd = openat2(dir, &tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600).map_err(|e| FsError::io(path, e))?;
+        let mut f = File::from(fd);
+        let res = (|| -> io::Result<u64> {
+            use std::os::unix::fs::PermissionsExt;
+            let n = copy_buffered(&mut input, &mut f)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            rename_at(dir, &tmp, dir, &r.name)?;
+            Ok(n)
+        })();
+        res.map_err(|e| {
+            let _ = unlink_at(dir, &tmp, 0);
+            FsError::io(&r.path, e)
+        })
     }
 
-    /// Removes a file, symlink or (with `recursive`) a directory tree.
+    /// Removes a file, symlink or (with `recursive`) a directory tree (at most
+    /// [`MAX_DEPTH`] levels; a pseudo-filesystem inside stops the removal there).
     pub fn remove(&self, path: &str, recursive: bool) -> Result<(), FsError> {
         let r = self.locate(path, false)?;
         if r.name.is_empty() {
             return Err(FsError::Invalid("/ cannot be removed".into()));
         }
-        let dir = openat2(r.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(path, e))?;
-        remove_at(dir.as_raw_fd(), &r.name, recursive).map_err(|e| FsError::io(path, e))
+        self.movable_object(&r)?;
+        let c = cstr(&r.name).map_err(|e| FsError::io(path, e))?;
+        remove_at(r.parent.as_raw_fd(), &c, recursive, 0, &r.path)
     }
 
-    /// Renames `from` to `to` (neither may leave the root).
+    /// Removes everything inside directory `path` (the directory itself stays);
+    /// returns how many entries it held.
+    pub fn clear_dir(&self, path: &str) -> Result<usize, FsError> {
+        let (dir, abs) = self.open_dir(path)?;
+        clear_entries(dir.as_raw_fd(), 0, &abs)
+    }
+
+    /// Renames `from` to `to` (neither may leave the root). Across two
+    /// filesystems of the sandbox (`/tmp` is a tmpfs of its own), a file or
+    /// symlink is copied and the original removed, like mv(1); a directory is refused.
     pub fn rename(&self, from: &str, to: &str) -> Result<(), FsError> {
         let a = self.locate(from, false)?;
         let b = self.locate(to, false)?;
         if a.name.is_empty() || b.name.is_empty() {
             return Err(FsError::Invalid("/ cannot be moved".into()));
         }
-        let da = openat2(a.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(from, e))?;
-        let db = openat2(b.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(to, e))?;
-        let (na, nb) = (cstr(&a.name).map_err(|e| FsError::io(from, e))?, cstr(&b.name).map_err(|e| FsError::io(to, e))?);
-        // SAFETY: valid directory fds and NUL-terminated names.
-        check(unsafe { libc::renameat(da.as_raw_fd(), na.as_ptr(), db.as_raw_fd(), nb.as_ptr()) }).map_err(|e| FsError::io(from, e))
-    }
-
-    /// Writes `path` (file or directory tree) as a tar stream into `out`. Symlinks are stored as symlinks.
-    pub fn tar_to(&self, path: &str, out: impl io::Write) -> Result<(), FsError> {
-        let r = self.locate(path, true)?;
-        let mut b = tar::Builder::new(out);
-        b.follow_symlinks(false);
-        let top = if r.name.is_empty() { ".".to_string() } else { r.name.clone() };
-        let dir = openat2(r.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(path, e))?;
-        tar_entry(&mut b, dir.as_raw_fd(), if r.name.is_empty() { "" } else { &r.name }, &top).map_err(|e| FsError::io(path, e))?;
-        b.finish().map_err(|e| FsError::io(path, e))?;
-        Ok(())
-    }
-
-    /// Extracts a tar stream under directory `dest` (created if missing). Every
-    /// entry is resolved like any other path: entries that would leave the root
-    /// are refused, naming the entry. Device nodes are refused.
-    pub fn untar_from(&self, dest: &str, input: impl io::Read) -> Result<u64, FsError> {
-        self.mkdir(dest, true, 0o755)?;
-        let base = self.resolve(dest, true)?;
-        let base = format!("/{}", base.join("/"));
-        let mut ar = tar::Archive::new(input);
-        let mut n = 0;
-        for entry in ar.entries().map_err(|e| FsError::io(dest, e))? {
-            let mut entry = entry.map_err(|e| FsError::io(dest, e))?;
-            let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-            let rel = name.trim_start_matches("./");
-            if name.starts_with('/') || rel.split('/').any(|c| c == "..") {
-                return Err(FsError::Escape(name));
-            }
-            if rel.is_empty() {
-                continue;
-            }
-            let target = format!("{}/{}", base.trim_end_matches('/'), rel.trim_end_matches('/'));
-            let mode = entry.header().mode().unwrap_or(0o644) & 0o7777 & !0o6000;
-            match entry.header().entry_type() {
-                tar::EntryType::Directory => self.mkdir(&target, true, mode)?,
-                tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let mut data = Vec::new();
-                    io::Read::read_to_end(&mut entry, &mut data).map_err(|e| FsError::io(&name, e))?;
-                    // Parents resolve inside the root; a symlinked parent that leaves it is refused.
-                    self.locate(&target, false)?;
-                    self.write_file(&target, &data, mode)?;
-                }
-                tar::EntryType::Symlink => {
-                    let link = entry.link_name_bytes().map(|l| String::from_utf8_lossy(&l).into_owned()).unwrap_or_default();
-                    let r = self.locate(&target, false)?;
-                    let dir = openat2(r.parent.as_raw_fd(), "", libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(&name, e))?;
-                    let (l, nm) = (cstr(&link).map_err(|e| FsError::io(&name, e))?, cstr(&r.name).map_err(|e| FsError::io(&name, e))?);
-                    // SAFETY: valid directory fd and NUL-terminated strings.
-                    check(unsafe { libc::symlinkat(l.as_ptr(), dir.as_raw_fd(), nm.as_ptr()) }).map_err(|e| FsError::io(&name, e))?;
-                }
-                other => {
-                    return Err(FsError::Io { path: name, source: io::Error::new(io::ErrorKind::InvalidInput, format!("unsupported tar entry type {other:?}")) });
-                }
-            }
-            n += 1;
+        let src = self.movable_object(&a)?;
+        match self.movable_object(&b) {
+            Ok(_) | Err(FsError::NotFound(_)) => {}
+            Err(e) => return Err(e),
         }
-        Ok(n)
+        match rename_at(a.parent.as_raw_fd(), &a.name, b.parent.as_raw_fd(), &b.name) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => self.move_across(&a, &src, &b),
+            Err(e) => Err(FsError::Io { path: a.path.clone(), source: e }),
+        }
+    }
+
+    fn move_across(&self, a: &Resolved, src: &Object, b: &Resolved) -> Result<(), FsError> {
+        let dir = b.parent.as_raw_fd();
+        let tmp = temp_name("move");
+        match src.kind() {
+            FileKind::File => {
+                let mut input = src.reopen(libc::O_RDONLY | libc::O_NONBLOCK, &a.path)?;
+                let fd = openat2(dir, &tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600).map_err(|e| FsError::io(&b.path, e))?;
+                let mut out = File::from(fd);
+                let res = (|| -> io::Result<()> {
+                    copy_buffered(&mut input, &mut out)?;
+                    // SAFETY: valid fd.
+                    check(unsafe { libc::fchown(out.as_raw_fd(), src.st.st_uid, src.st.st_gid) })?;
+                    // SAFETY: valid fd.
+                    check(unsafe { libc::fchmod(out.as_raw_fd(), src.st.st_mode & 0o7777) })
+                })();
+                if let Err(e) = res {
+                    let _ = unlink_at(dir, &tmp, 0);
+                    return Err(FsError::io(&b.path, e));
+                }
+            }
+            FileKind::Symlink => {
+                let target = readlink_at_c(a.parent.as_raw_fd(), &cstr(&a.name).map_err(|e| FsError::io(&a.path, e))?).map_err(|e| FsError::io(&a.path, e))?;
+                let (t, n) = (CString::new(target).map_err(|_| FsError::Invalid(a.path.clone()))?, cstr(&tmp).map_err(|e| FsError::io(&b.path, e))?);
+                // SAFETY: valid fd and NUL-terminated strings.
+                check(unsafe { libc::symlinkat(t.as_ptr(), dir, n.as_ptr()) }).map_err(|e| FsError::io(&b.path, e))?;
+            }
+            _ => return Err(FsError::Io { path: a.path.clone(), source: io::Error::other(format!("moving it to {} crosses filesystems of the sandbox, which the file API does only for files and symlinks", b.path)) }),
+        }
+        if let Err(e) = rename_at(dir, &tmp, dir, &b.name) {
+            let _ = unlink_at(dir, &tmp, 0);
+            return Err(FsError::io(&b.path, e));
+        }
+        unlink_at(a.parent.as_raw_fd(), &a.name, 0).map_err(|e| FsError::io(&a.path, e))
+    }
+
+    /// Checks what a tar download of `path` starts from (before anything is sent).
+    pub fn tar_root(&self, path: &str) -> Result<TarRoot, FsError> {
+        tarwalk::root(self, path)
+    }
+
+    /// Writes the tree at `root` as a tar stream into `out` (symlinks as
+    /// symlinks; special files, pseudo-filesystems and the paths under
+    /// `exclude` left out). Files are read as they are written, in bounded
+    /// pieces.
+    pub fn write_tar(&self, root: TarRoot, out: impl Write, exclude: &[&str]) -> Result<(), FsError> {
+        tarwalk::write(root, out, exclude)
+    }
+
+    /// Writes `path` (file or directory tree) as a tar stream into `out`.
+    pub fn tar_to(&self, path: &str, out: impl Write) -> Result<(), FsError> {
+        let root = self.tar_root(path)?;
+        self.write_tar(root, out, &[])
+    }
+
+    /// Extracts a tar stream under directory `dest` (created if missing), as
+    /// it is read. Entries are resolved like any other path (escapes refused,
+    /// naming the entry); hardlinks must point at files of the same upload;
+    /// device, FIFO and other special entries are refused. A refused or
+    /// broken upload is rolled back: what it added is removed and what it
+    /// replaced is put back. Returns the number of entries applied.
+    pub fn untar_from(&self, dest: &str, input: impl Read) -> Result<u64, FsError> {
+        untar::extract(self, dest, input)
+    }
+}
+
+/// Copies `input` to `out` through a buffer of the transfer size.
+fn copy_buffered(input: &mut impl Read, out: &mut impl Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; crate::transfer::CHUNK];
+    let mut n = 0u64;
+    loop {
+        let k = match input.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        out.write_all(&buf[..k])?;
+        n += k as u64;
     }
 }
 
@@ -374,63 +729,50 @@ fn stat_of(path: &str, name: &str, st: &libc::stat, link_target: Option<String>)
     }
 }
 
-fn remove_at(dir: RawFd, name: &str, recursive: bool) -> io::Result<()> {
-    let st = lstat_at(dir, name)?;
-    let c = cstr(name)?;
+/// Names read from a directory per pass of a removal (the directory is read
+/// again after each pass, so memory stays bounded whatever it holds).
+const REMOVE_BATCH: usize = 1024;
+
+fn remove_at(dir: RawFd, name: &CStr, recursive: bool, depth: usize, path: &str) -> Result<(), FsError> {
+    let st = lstat_at_c(dir, name).map_err(|e| FsError::io(path, e))?;
+    refuse_mount_root(dir, name, path)?;
     if kind_of(st.st_mode) == FileKind::Dir {
         if recursive {
-            let sub = openat2(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            let names: Vec<String> = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd()))?.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-            for n in names {
-                remove_at(sub.as_raw_fd(), &n, true)?;
-            }
+            let sub = open_entry(dir, name, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| FsError::io(path, e))?;
+            clear_entries(sub.as_raw_fd(), depth, path)?;
         }
         // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(dir, c.as_ptr(), libc::AT_REMOVEDIR) })
+        check(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) }).map_err(|e| FsError::Io { path: path.into(), source: e })
     } else {
         // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(dir, c.as_ptr(), 0) })
+        check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) }).map_err(|e| FsError::Io { path: path.into(), source: e })
     }
 }
 
-fn tar_entry<W: io::Write>(b: &mut tar::Builder<W>, dir: RawFd, name: &str, archive_name: &str) -> io::Result<()> {
-    let st = lstat_at(dir, name)?;
-    let mut h = tar::Header::new_gnu();
-    h.set_mode(st.st_mode & 0o7777);
-    h.set_uid(st.st_uid as u64);
-    h.set_gid(st.st_gid as u64);
-    h.set_mtime(st.st_mtime.max(0) as u64);
-    match kind_of(st.st_mode) {
-        FileKind::File => {
-            // O_NONBLOCK and a re-check: a file swapped for a FIFO must not block the daemon.
-            let f = File::from(openat2(dir, name, libc::O_RDONLY | libc::O_NONBLOCK, 0)?);
-            if !f.metadata()?.is_file() {
-                return Ok(());
-            }
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_size(st.st_size as u64);
-            b.append_data(&mut h, archive_name, f)?;
-        }
-        FileKind::Symlink => {
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            b.append_link(&mut h, archive_name, readlink_at(dir, name)?)?;
-        }
-        FileKind::Dir => {
-            h.set_entry_type(tar::EntryType::Directory);
-            h.set_size(0);
-            b.append_data(&mut h, archive_name, io::empty())?;
-            let sub = openat2(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            let mut names: Vec<String> = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd()))?
-                .filter_map(Result::ok)
-                .map(|e| std::ffi::OsStr::from_bytes(e.file_name().as_bytes()).to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            for n in names {
-                tar_entry(b, sub.as_raw_fd(), &n, &format!("{archive_name}/{n}"))?;
-            }
-        }
-        FileKind::Other => {} // devices, fifos and sockets are not exported
+/// Removes every entry of the open directory `dir`; returns how many there were.
+fn clear_entries(dir: RawFd, depth: usize, path: &str) -> Result<usize, FsError> {
+    if depth >= MAX_DEPTH {
+        return Err(FsError::TooLarge(format!("{path}: directories nested deeper than {MAX_DEPTH} levels, the most the file API walks")));
     }
-    Ok(())
+    refuse_pseudo(dir, path)?;
+    let mut removed = 0;
+    loop {
+        let batch: Vec<std::ffi::OsString> = read_dir_fd(dir).map_err(|e| FsError::io(path, e))?.filter_map(Result::ok).map(|e| e.file_name()).take(REMOVE_BATCH).collect();
+        if batch.is_empty() {
+            return Ok(removed);
+        }
+        for n in batch {
+            let sub_path = format!("{}/{}", path.trim_end_matches('/'), n.to_string_lossy());
+            let c = CString::new(n.as_bytes()).map_err(|_| FsError::Invalid(sub_path.clone()))?;
+            match remove_at(dir, &c, true, depth + 1, &sub_path) {
+                Ok(()) | Err(FsError::NotFound(_)) => removed += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// `name` as a path component of a walk (bytes kept as they are).
+fn os(name: &[u8]) -> &OsStr {
+    OsStr::from_bytes(name)
 }

@@ -33,6 +33,10 @@ use sha2::{Digest, Sha256};
 
 /// Largest `RECORD` read (botocore's is about 300 KiB).
 const MAX_RECORD: u64 = 8 << 20;
+/// Most bytes of `RECORD`s one scan reads in all: the sandbox decides how many
+/// there are. Past it, further packages' files are not excused (their
+/// findings stay findings), so the bound can only make a scan stricter.
+const MAX_RECORDS_TOTAL: u64 = 64 << 20;
 
 /// What is scanned: the view now (top first), the image's layers (top first),
 /// and the layers whose paths are looked at.
@@ -109,10 +113,12 @@ fn run(t: Target) -> ApiResult<ScanReport> {
     report.changed_paths = list.len() as u64;
     // Files of installed Python packages, by path: (distribution, SHA-256 of the file as shipped).
     let mut shipped: HashMap<String, (String, [u8; 32])> = HashMap::new();
+    let mut record_bytes = 0u64;
     for (c, provider) in &list {
         if let (Some(i), changes::ChangeKind::Added | changes::ChangeKind::Modified) = (provider, c.change) {
-            if hygiene::is_dist_record(&c.path) {
-                if let Some((_, _, Some(text))) = changes::read_entry(&t.now[*i], c.path.trim_start_matches('/'), MAX_RECORD)? {
+            if hygiene::is_dist_record(&c.path) && record_bytes < MAX_RECORDS_TOTAL {
+                if let Some((_, _, Some(text))) = changes::read_entry(&t.now[*i], c.path.trim_start_matches('/'), MAX_RECORD.min(MAX_RECORDS_TOTAL - record_bytes))? {
+                    record_bytes += text.len() as u64;
                     let dist = hygiene::dist_name(&c.path).to_string();
                     shipped.extend(hygiene::parse_record(&c.path, &text).into_iter().map(|e| (e.path, (dist.clone(), e.sha256))));
                 }
@@ -209,15 +215,9 @@ pub fn validate_flush(paths: &[String]) -> ApiResult<()> {
 /// Home directory of `user` (name or uid) from the sandbox's /etc/passwd.
 fn home_of(fs: &crate::sandboxfs::SandboxFs, user: Option<&str>) -> String {
     let user = user.map(|u| u.split(':').next().unwrap_or(u)).filter(|u| !u.is_empty()).unwrap_or("root");
-    let passwd = fs
-        .open_path("/etc/passwd", libc::O_RDONLY, 0)
-        .ok()
-        .and_then(|fd| {
-            use std::io::Read;
-            let mut s = String::new();
-            std::fs::File::from(fd).take(1 << 20).read_to_string(&mut s).ok().map(|_| s)
-        })
-        .unwrap_or_default();
+    // The sandbox controls the file: a regular file of at most 1 MiB is read
+    // (a FIFO or device planted there is refused, never opened for reading).
+    let passwd = fs.read_small("/etc/passwd", 1 << 20).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     for line in passwd.lines() {
         let f: Vec<&str> = line.split(':').collect();
         if f.len() >= 6 && (f[0] == user || f[2] == user) && f[5].starts_with('/') {
@@ -249,12 +249,8 @@ fn wipe(fs: &crate::sandboxfs::SandboxFs, path: &str) -> Result<String, FsError>
             return Ok(format!("{path}: removed (a file)"));
         }
     }
-    let mut removed = 0;
-    for e in fs.list(path)? {
-        // `list` reports absolute, resolved paths; remove each without following it.
-        fs.remove(&e.path, true)?;
-        removed += 1;
-    }
+    // Entries are removed as the directory is read (in batches, never listed whole), without following them.
+    let removed = fs.clear_dir(path)?;
     Ok(format!("{path}: {removed} entries removed"))
 }
 

@@ -257,9 +257,9 @@ fn context_file(context: Option<&FsPath>, src: &str) -> ApiResult<PathBuf> {
     Ok(p)
 }
 
-/// The tar of COPY's sources (their names kept) and its bytes for the cache key.
-fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
-    let mut b = tar::Builder::new(Vec::new());
+/// Writes the tar of COPY's sources (their names kept) into `out`, as it is made.
+fn copy_tar(context: Option<&FsPath>, srcs: &[String], out: impl std::io::Write) -> ApiResult<()> {
+    let mut b = tar::Builder::new(out);
     b.follow_symlinks(false);
     b.mode(tar::HeaderMode::Deterministic);
     for src in srcs {
@@ -269,7 +269,29 @@ fn copy_tar(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
         let res = if p.is_dir() { b.append_dir_all(".", &p) } else { b.append_path_with_name(&p, &name) };
         res.map_err(|e| ApiError::bad_request(format!("COPY source {src}: {e}")))?;
     }
-    b.into_inner().map_err(|e| ApiError::internal("COPY archive", &e))
+    b.finish().map_err(|e| ApiError::bad_request(format!("COPY archive: {e}")))
+}
+
+/// A writer that only hashes what goes through it.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The SHA-256 of COPY's tar, for the cache key (the tar is hashed as it is
+/// made, never held in memory).
+fn copy_digest(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> {
+    let mut h = HashWriter(Sha256::new());
+    copy_tar(context, srcs, &mut h)?;
+    Ok(h.0.finalize().to_vec())
 }
 
 /// Runs a build, streaming events; returns the template.
@@ -309,7 +331,7 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                 _ => {}
             }
             let extra = match step {
-                Step::Copy(srcs, _) => copy_tar(context.as_deref(), srcs)?,
+                Step::Copy(srcs, _) => copy_digest(context.as_deref(), srcs)?,
                 _ => Vec::new(),
             };
             k = key(&k, &format!("{text}\n{}", serde_json::to_string(&b.config).expect("config serializes")), &extra);
@@ -354,22 +376,36 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                     let file = match single_file {
                         Some(src) => {
                             use std::os::unix::fs::PermissionsExt;
-                            let data = std::fs::read(&src).map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
-                            let mode = std::fs::metadata(&src).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
-                            Some((data, mode))
+                            // Streamed into the sandbox (opened here, read there), never read whole.
+                            let f = std::fs::File::open(&src).map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
+                            let mode = f.metadata().map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
+                            Some((f, mode))
                         }
                         None => None,
                     };
-                    crate::files::with_fs(st, &sb, move |fs| match file {
-                        Some((data, mode)) => {
-                            if let Some(parent) = FsPath::new(&dst).parent().and_then(|p| p.to_str()).filter(|p| *p != "/" && !p.is_empty()) {
-                                fs.mkdir(parent, true, 0o755)?;
-                            }
-                            fs.write_file(&dst, &data, mode)
+                    match file {
+                        Some((f, mode)) => {
+                            crate::files::with_fs(st, &sb, move |fs| {
+                                if let Some(parent) = FsPath::new(&dst).parent().and_then(|p| p.to_str()).filter(|p| *p != "/" && !p.is_empty()) {
+                                    fs.mkdir(parent, true, 0o755)?;
+                                }
+                                fs.write_from(&dst, f, mode).map(drop)
+                            })
+                            .await?
                         }
-                        None => fs.untar_from(&dst, &extra[..]).map(drop),
-                    })
-                    .await?;
+                        None => {
+                            // The tar is made on a thread of its own while the sandbox side
+                            // reads it from a pipe: never whole in memory.
+                            let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("COPY pipe", &e))?;
+                            let (ctx, srcs) = (context.clone(), srcs.clone());
+                            let producer = std::thread::spawn(move || copy_tar(ctx.as_deref(), &srcs, writer));
+                            let applied = crate::files::with_fs(st, &sb, move |fs| fs.untar_from(&dst, reader).map(drop)).await;
+                            let made = producer.join().map_err(|_| ApiError::new(ErrorCode::Internal, "COPY archive thread panicked"))?;
+                            // A source that could not be read is the cause of a broken archive.
+                            made?;
+                            applied?;
+                        }
+                    }
                 }
                 _ => unreachable!("only RUN and COPY run"),
             }

@@ -356,7 +356,11 @@ fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &s
             }
             let mut h = header(&st, tar::EntryType::Regular, st.st_size as u64);
             // A large read buffer: tar copies in 8 KiB steps otherwise, one syscall each.
-            b.append_data(&mut h, path, io::BufReader::with_capacity(1 << 20, f).take(st.st_size as u64)).map_err(at)?;
+            // Exactly the size in the header: a file that grew is cut there, one that
+            // shrank (a running sandbox's, in an export) is padded with zeros, so the
+            // archive stays well-formed.
+            let size = st.st_size as u64;
+            b.append_data(&mut h, path, io::BufReader::with_capacity(1 << 20, f).take(size).chain(io::repeat(0)).take(size)).map_err(at)?;
         }
         libc::S_IFLNK => {
             let target = sys::readlink_at(dir, &c).map_err(io_err(root.join(path)))?;

@@ -575,14 +575,35 @@ impl StrataMcp {
             if st.size > MAX_READ_FILE {
                 return Err(ToolError::bad_request(format!("path: {} is {} bytes, more than read_file's limit of {MAX_READ_FILE}; use exec with head/tail/grep", args.path, st.size)));
             }
-            let max = args.max_bytes.unwrap_or(DEFAULT_READ_BYTES).max(1);
-            let data = c.download(&args.sandbox, &args.path, false).await?;
-            let offset = usize::try_from(args.offset.unwrap_or(0)).unwrap_or(usize::MAX).min(data.len());
-            let end = offset.saturating_add(max).min(data.len());
-            let mut slice = &data[offset..end];
+            // Never more than read_file's limit, whatever the file grew to since the stat.
+            let max = args.max_bytes.unwrap_or(DEFAULT_READ_BYTES).clamp(1, MAX_READ_FILE as usize);
+            // Only the piece asked for is kept: the download is read up to
+            // offset + max (+1, to tell whether more remains) and then dropped,
+            // which stops the daemon sending the rest.
+            let mut stream = c.download_stream(&args.sandbox, &args.path, false).await?;
+            let size = stream.content_length().unwrap_or(st.size);
+            let want = args.offset.unwrap_or(0);
+            let mut skipped = 0u64;
+            let mut data: Vec<u8> = Vec::with_capacity(max.min(1 << 20));
+            while data.len() <= max {
+                let Some(chunk) = stream.chunk().await? else { break };
+                let mut chunk = &chunk[..];
+                if skipped < want {
+                    let k = (want - skipped).min(chunk.len() as u64) as usize;
+                    skipped += k as u64;
+                    chunk = &chunk[k..];
+                }
+                let room = (max + 1 - data.len()).min(chunk.len());
+                data.extend_from_slice(&chunk[..room]);
+            }
+            drop(stream);
+            let more = data.len() > max;
+            data.truncate(max);
+            let offset = skipped;
+            let mut slice = &data[..];
             // Do not cut a UTF-8 sequence in half when the piece is text.
             let mut text = std::str::from_utf8(slice).ok();
-            if text.is_none() && end < data.len() {
+            if text.is_none() && more {
                 for back in 1..4.min(slice.len()) {
                     if let Ok(t) = std::str::from_utf8(&slice[..slice.len() - back]) {
                         slice = &slice[..slice.len() - back];
@@ -597,10 +618,10 @@ impl StrataMcp {
             };
             Ok(json!({
                 "path": args.path,
-                "size": data.len(),
+                "size": size,
                 "offset": offset,
                 "bytes": slice.len(),
-                "truncated": offset + slice.len() < data.len(),
+                "truncated": more || offset + (slice.len() as u64) < size,
                 "encoding": encoding,
                 "content": content,
             }))

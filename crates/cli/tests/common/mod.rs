@@ -160,6 +160,11 @@ impl TestDaemon {
         Client::unix(&self.socket)
     }
 
+    /// The daemon's host pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
     /// Runs the CLI against this daemon.
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(strata_bin()).args(args).env("STRATA_SOCKET", &self.socket).stdin(Stdio::null()).output().expect("run strata")

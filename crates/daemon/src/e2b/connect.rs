@@ -49,6 +49,8 @@ pub enum Code {
     Unavailable,
     /// `unauthenticated` (401).
     Unauthenticated,
+    /// `resource_exhausted` (429): a limit was hit.
+    ResourceExhausted,
 }
 
 impl Code {
@@ -67,6 +69,7 @@ impl Code {
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
             Code::Unauthenticated => "unauthenticated",
+            Code::ResourceExhausted => "resource_exhausted",
         }
     }
 
@@ -83,6 +86,7 @@ impl Code {
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }

@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -25,10 +25,11 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::connect::{self, Code, ConnectError};
+use super::multipart::Multipart;
 use super::{request_token, SharedE2b};
 
-/// Largest `/files` upload.
-const MAX_UPLOAD: usize = 512 * 1024 * 1024;
+/// Largest `/files` upload (all its parts together), counted while it streams.
+const MAX_UPLOAD: u64 = 512 * 1024 * 1024;
 /// Default user of commands and files (E2B's base image convention).
 pub const DEFAULT_USER: &str = "user";
 /// How often a directory watch polls.
@@ -72,7 +73,7 @@ impl Watcher {
 pub fn router(e2b: SharedE2b) -> Router {
     Router::new()
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
-        .route("/files", get(download).post(upload).layer(DefaultBodyLimit::max(MAX_UPLOAD)))
+        .route("/files", get(download).post(upload))
         .route("/process.Process/{method}", post(process))
         .route("/filesystem.Filesystem/{method}", post(filesystem))
         .fallback(|uri: axum::http::Uri| async move { (StatusCode::NOT_FOUND, Json(json!({"code": 404, "message": format!("envd has no route {}", uri.path())}))) })
@@ -177,7 +178,9 @@ fn native(e: ClientError) -> ConnectError {
     let code = match e.code() {
         Some(ErrorCode::SandboxNotFound) => Code::NotFound,
         Some(ErrorCode::ProcessNotFound | ErrorCode::FileNotFound) => Code::NotFound,
-        Some(ErrorCode::BadRequest | ErrorCode::PathEscape) => Code::InvalidArgument,
+        Some(ErrorCode::BadRequest | ErrorCode::PathEscape | ErrorCode::InvalidArchive) => Code::InvalidArgument,
+        Some(ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint) => Code::PermissionDenied,
+        Some(ErrorCode::TooLarge) => Code::ResourceExhausted,
         Some(ErrorCode::Unauthorized) => Code::Unauthenticated,
         Some(ErrorCode::Forbidden | ErrorCode::ApprovalRequired) => Code::PermissionDenied,
         Some(ErrorCode::InvalidState) => Code::FailedPrecondition,
@@ -951,6 +954,10 @@ fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 fn http_native(e: ClientError) -> Response {
+    if e.code() == Some(ErrorCode::TooLarge) {
+        let ClientError::Api { body, .. } = e else { unreachable!("only API errors have codes") };
+        return http_error(StatusCode::PAYLOAD_TOO_LARGE, body.message);
+    }
     let err = native(e);
     http_error(err.code.http_status(), err.message)
 }
@@ -968,58 +975,129 @@ async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Quer
         Ok(_) => {}
         Err(err) => return http_native(err),
     }
-    match c.client.download(&c.sandbox, &path, false).await {
-        Ok(data) => ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
+    // Streamed through: the bytes are passed on as the native download sends them.
+    match c.client.download_stream(&c.sandbox, &path, false).await {
+        Ok(data) => {
+            let len = data.content_length();
+            let mut resp = Response::new(Body::from_stream(data.into_stream()));
+            resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
+            if let Some(len) = len {
+                resp.headers_mut().insert(header::CONTENT_LENGTH, len.into());
+            }
+            resp
+        }
         Err(err) => http_native(err),
     }
 }
 
-/// One part of a `multipart/form-data` body: its file name, if any, and its data.
-type Part = (Option<String>, Vec<u8>);
+/// Why an upload's body could not be passed on.
+enum BodyError {
+    /// More than [`MAX_UPLOAD`] bytes.
+    TooLarge,
+    /// A malformed or broken body.
+    Malformed(String),
+}
 
-/// The parts of a `multipart/form-data` body.
-fn multipart_parts(content_type: &str, body: &[u8]) -> Result<Vec<Part>, String> {
-    let boundary = content_type
-        .split(';')
-        .map(str::trim)
-        .find_map(|p| p.strip_prefix("boundary="))
-        .map(|b| b.trim_matches('"').to_string())
-        .ok_or("multipart body without a boundary")?;
-    let delim = format!("--{boundary}").into_bytes();
-    let find = |hay: &[u8], needle: &[u8], from: usize| -> Option<usize> { hay.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|i| i + from) };
-    let mut parts = Vec::new();
-    let mut pos = find(body, &delim, 0).ok_or("multipart body without its boundary")? + delim.len();
-    loop {
-        if body.get(pos..pos + 2) == Some(b"--") {
-            break;
-        }
-        // Skip the CRLF after the delimiter.
-        if body.get(pos..pos + 2) == Some(b"\r\n") {
-            pos += 2;
-        }
-        let head_end = find(body, b"\r\n\r\n", pos).ok_or("multipart part without headers")?;
-        let head = String::from_utf8_lossy(&body[pos..head_end]).to_string();
-        let data_start = head_end + 4;
-        let mut end_delim = b"\r\n".to_vec();
-        end_delim.extend_from_slice(&delim);
-        let data_end = find(body, &end_delim, data_start).ok_or("multipart part without a closing boundary")?;
-        let filename = head.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition")).and_then(|l| {
-            let i = l.find("filename=")?;
-            let rest = &l[i + 9..];
-            Some(if let Some(r) = rest.strip_prefix('"') { r.split('"').next().unwrap_or("").to_string() } else { rest.split(';').next().unwrap_or("").trim().to_string() })
-        });
-        parts.push((filename, body[data_start..data_end].to_vec()));
-        pos = data_end + end_delim.len();
-        if pos >= body.len() {
-            break;
+impl BodyError {
+    fn response(self) -> Response {
+        match self {
+            BodyError::TooLarge => http_error(StatusCode::PAYLOAD_TOO_LARGE, format!("upload larger than {MAX_UPLOAD} bytes, the most one /files upload may be; nothing was kept")),
+            BodyError::Malformed(m) => http_error(StatusCode::BAD_REQUEST, m),
         }
     }
-    Ok(parts)
+}
+
+/// Uploads one file of the caller's: its parent is made (as the caller's
+/// user) when missing, the bytes `pieces` yields are streamed into a native
+/// upload, and a new file is given to the caller's user. `total` counts the
+/// bytes of the whole request against [`MAX_UPLOAD`].
+async fn upload_one<F>(c: &Ctx, path: &str, total: &mut u64, mut pieces: F) -> Result<Value, Response>
+where
+    F: AsyncPieces,
+{
+    if let Some((parent, _)) = path.rsplit_once('/').filter(|(d, _)| !d.is_empty()) {
+        if c.client.stat(&c.sandbox, parent).await.is_err() {
+            run_as(c, &["mkdir", "-p", "--", parent]).await.map_err(|err| http_error(err.code.http_status(), err.message))?;
+        }
+    }
+    let existed = c.client.stat(&c.sandbox, path).await.is_ok();
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(crate::transfer::DEPTH);
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    let upload = c.client.upload_stream(&c.sandbox, path, chunks, None, false);
+    let feed = async {
+        let tx = tx;
+        loop {
+            match pieces.next_piece().await {
+                Ok(Some(b)) => {
+                    *total += b.len() as u64;
+                    if *total > MAX_UPLOAD {
+                        let _ = tx.send(Err(std::io::Error::other("over the upload limit"))).await;
+                        pieces.linger().await;
+                        return Err(BodyError::TooLarge);
+                    }
+                    if tx.send(Ok(b)).await.is_err() {
+                        // The native upload stopped reading: its answer says why.
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(m) => {
+                    let _ = tx.send(Err(std::io::Error::other(m.clone()))).await;
+                    return Err(BodyError::Malformed(m));
+                }
+            }
+        }
+    };
+    let (uploaded, fed) = tokio::join!(upload, feed);
+    fed.map_err(BodyError::response)?;
+    uploaded.map_err(http_native)?;
+    if !existed {
+        chown_to_user(c, path).await.map_err(|err| http_error(err.code.http_status(), err.message))?;
+    }
+    let name = path.rsplit('/').next().unwrap_or("").to_string();
+    Ok(json!({"name": name, "type": "file", "path": path}))
+}
+
+/// A source of upload pieces (a whole body, or one multipart part).
+trait AsyncPieces {
+    /// The next piece, `None` at the end.
+    async fn next_piece(&mut self) -> Result<Option<Bytes>, String>;
+    /// Reads and drops the rest of the request for a little while (it is refused).
+    async fn linger(&mut self);
+}
+
+/// A whole request body.
+struct BodyPieces(axum::body::BodyDataStream);
+
+impl AsyncPieces for BodyPieces {
+    async fn next_piece(&mut self) -> Result<Option<Bytes>, String> {
+        use futures_util::StreamExt;
+        self.0.next().await.transpose().map_err(|e| format!("reading the upload: {e}"))
+    }
+
+    async fn linger(&mut self) {
+        crate::transfer::linger(&mut self.0).await;
+    }
+}
+
+/// The current part of a multipart body.
+struct PartPieces<'a>(&'a mut Multipart<axum::body::BodyDataStream>);
+
+impl AsyncPieces for PartPieces<'_> {
+    async fn next_piece(&mut self) -> Result<Option<Bytes>, String> {
+        self.0.next_data().await.map_err(|m| format!("malformed multipart body: {m}"))
+    }
+
+    async fn linger(&mut self) {
+        self.0.linger().await;
+    }
 }
 
 /// `POST /files?path=&username=`: upload (octet-stream, or multipart with one
-/// or more `file` parts named by their file name); the `WriteInfo` list.
-async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<FilesQuery>, body: Bytes) -> Response {
+/// or more `file` parts named by their file name); the `WriteInfo` list. The
+/// body is streamed into the sandbox as it arrives: a part is written while
+/// it is read (into a temp file renamed into place once complete).
+async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<FilesQuery>, body: Body) -> Response {
     let c = match ctx(&e, &headers, q.username.as_deref()) {
         Ok(c) => c,
         Err(err) => return http_error(err.code.http_status(), err.message),
@@ -1027,48 +1105,45 @@ async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<
     if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes() != b"identity") {
         return http_error(StatusCode::NOT_IMPLEMENTED, "compressed uploads (Content-Encoding) are not supported by strata's envd: upload without gzip");
     }
+    if crate::transfer::announced_over(&headers, MAX_UPLOAD) {
+        return BodyError::TooLarge.response();
+    }
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let files: Vec<(String, Vec<u8>)> = if ct.to_ascii_lowercase().starts_with("multipart/form-data") {
-        let parts = match multipart_parts(&ct, &body) {
-            Ok(p) => p,
+    let mut total = 0u64;
+    let mut infos = Vec::new();
+    if ct.to_ascii_lowercase().starts_with("multipart/form-data") {
+        let mut mp = match Multipart::new(&ct, body.into_data_stream()) {
+            Ok(m) => m,
             Err(msg) => return http_error(StatusCode::BAD_REQUEST, format!("malformed multipart body: {msg}")),
         };
-        let single = parts.len() == 1;
-        let mut out = Vec::new();
-        for (name, data) in parts {
-            let p = match (single, q.path.as_deref(), name) {
+        // The first part goes to `path` when the query names one (a single-file
+        // write); every other part to its own file name.
+        let mut first = true;
+        loop {
+            let name = match mp.next_part().await {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(msg) => return http_error(StatusCode::BAD_REQUEST, format!("malformed multipart body: {msg}")),
+            };
+            let p = match (first, q.path.as_deref(), name) {
                 (true, Some(p), _) => p.to_string(),
                 (_, _, Some(n)) if !n.is_empty() => n,
                 _ => return http_error(StatusCode::BAD_REQUEST, "multipart part without a file name and no path query parameter"),
             };
-            out.push((p, data));
+            first = false;
+            let path = c.path(&p);
+            match upload_one(&c, &path, &mut total, PartPieces(&mut mp)).await {
+                Ok(info) => infos.push(info),
+                Err(resp) => return resp,
+            }
         }
-        out
     } else {
         let Some(p) = q.path.as_deref() else { return http_error(StatusCode::BAD_REQUEST, "path query parameter missing") };
-        vec![(p.to_string(), body.to_vec())]
-    };
-    let mut infos = Vec::new();
-    for (p, data) in files {
-        let path = c.path(&p);
-        if let Some((parent, _)) = path.rsplit_once('/').filter(|(d, _)| !d.is_empty()) {
-            if c.client.stat(&c.sandbox, parent).await.is_err() {
-                if let Err(err) = run_as(&c, &["mkdir", "-p", "--", parent]).await {
-                    return http_error(err.code.http_status(), err.message);
-                }
-            }
+        let path = c.path(p);
+        match upload_one(&c, &path, &mut total, BodyPieces(body.into_data_stream())).await {
+            Ok(info) => infos.push(info),
+            Err(resp) => return resp,
         }
-        let existed = c.client.stat(&c.sandbox, &path).await.is_ok();
-        if let Err(err) = c.client.upload(&c.sandbox, &path, Bytes::from(data), None, false).await {
-            return http_native(err);
-        }
-        if !existed {
-            if let Err(err) = chown_to_user(&c, &path).await {
-                return http_error(err.code.http_status(), err.message);
-            }
-        }
-        let name = path.rsplit('/').next().unwrap_or("").to_string();
-        infos.push(json!({"name": name, "type": "file", "path": path}));
     }
     Json(infos).into_response()
 }
@@ -1076,18 +1151,6 @@ async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn multipart_is_parsed_and_garbage_refused() {
-        let body = b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/tmp/a.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n\x00\x01\r\n\x02\r\n--XX--\r\n";
-        let parts = multipart_parts("multipart/form-data; boundary=XX", body).unwrap();
-        assert_eq!(parts.len(), 1);
-        assert_eq!(parts[0].0.as_deref(), Some("/tmp/a.bin"));
-        assert_eq!(parts[0].1, b"\x00\x01\r\n\x02");
-        assert!(multipart_parts("multipart/form-data", body).is_err());
-        assert!(multipart_parts("multipart/form-data; boundary=XX", b"garbage").is_err());
-        assert!(multipart_parts("multipart/form-data; boundary=XX", b"--XX\r\nno headers end").is_err());
-    }
 
     #[test]
     fn paths_resolve_to_the_users_home() {

@@ -17,6 +17,7 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+pub mod multipart;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
