@@ -64,6 +64,12 @@ pub enum ErrorCode {
     ApprovalNotFound,
     /// Anything else; the message carries the cause chain (500).
     Internal,
+    /// A tenant quota would be exceeded; the message names the quota, its limit and the usage (429).
+    QuotaExceeded,
+    /// The host's disk cannot hold the request (its free space minus the reserve); the message says what is available (507).
+    InsufficientStorage,
+    /// The host's memory cannot take the request (the over-commit limit or the reserve); the message says what is available (503).
+    InsufficientMemory,
 }
 
 impl ErrorCode {
@@ -89,6 +95,9 @@ impl ErrorCode {
             ErrorCode::RegistryError | ErrorCode::UpstreamUnavailable => 502,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal | ErrorCode::StandbyImageInvalid => 500,
+            ErrorCode::QuotaExceeded => 429,
+            ErrorCode::InsufficientStorage => 507,
+            ErrorCode::InsufficientMemory => 503,
         }
     }
 
@@ -122,6 +131,9 @@ impl ErrorCode {
             ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::ApprovalNotFound => "approval_not_found",
             ErrorCode::Internal => "internal",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::InsufficientMemory => "insufficient_memory",
         }
     }
 }
