@@ -52,4 +52,9 @@ pub struct DaemonInfo {
     pub sandboxes: std::collections::BTreeMap<String, u64>,
     /// Number of images.
     pub images: u64,
+    /// The limits a sandbox gets for every field its create request leaves out
+    /// (`strata daemon --default-memory|--default-cpus|--default-pids|--default-disk`;
+    /// an absent field has no default limit).
+    #[serde(default)]
+    pub default_limits: crate::ResourceLimits,
 }
