@@ -488,3 +488,26 @@ fn quota_overrides_through_the_api_and_the_cli_over_tcp() {
     let audit = d.cli_ok(&["audit", "--json"]);
     assert!(audit.contains("/v1/tenants/{tenant}/quota"), "{audit}");
 }
+
+#[test]
+fn pipeline_stages_are_held_to_the_quota_of_whoever_started_the_run() {
+    require_host!();
+    let d = TestDaemon::start_with_env(&[("STRATA_TENANT_QUOTA", "sandboxes=1")]);
+    d.import_busybox();
+    let spec = common::write_file(d.dir.path(), "p.toml", b"[[stage]]\nname = \"one\"\nsource = \"image:busybox\"\nlifecycle = \"persistent\"\ncommands = [\"true\"]\n");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = extra.to_vec();
+        args.extend(["pipeline", "run", spec.to_str().unwrap(), "--json"]);
+        let out = common::stdout(&d.cli(&args));
+        serde_json::from_str::<serde_json::Value>(out.lines().last().unwrap_or("{}")).unwrap()["run"].clone()
+    };
+    // The operator's own runs (tenant `default`) are not held, like its requests.
+    d.create(&["--memory", "32m"]);
+    d.create(&["--memory", "32m"]);
+    assert_eq!(run(&[])["state"], "succeeded", "the operator's pipeline is not held to default's quota of 1");
+    // A run started as a tenant is: its stage would be acme's second sandbox.
+    d.cli_ok(&["--as-tenant", "acme", "create", "busybox", "--memory", "32m"]);
+    let r = run(&["--as-tenant", "acme"]);
+    assert_eq!(r["state"], "failed", "{r}");
+    assert!(r["reason"].as_str().unwrap_or_default().contains("sandboxes quota"), "{r}");
+}

@@ -362,6 +362,17 @@ pub enum Purpose {
     Start,
 }
 
+tokio::task_local! {
+    static EXEMPT: bool;
+}
+
+/// Runs `fut` without tenant quotas: background work the operator started in
+/// no tenant (its pipeline runs execute in the run's tenant, `default`, but are
+/// the operator's like its own requests). Host admission still applies.
+pub async fn exempt_from_quotas<F: std::future::Future>(fut: F) -> F::Output {
+    EXEMPT.scope(true, fut).await
+}
+
 /// Defaults, bounds, admission control and tenant quotas of one daemon.
 pub struct Admission {
     host: HostBounds,
@@ -533,9 +544,11 @@ impl Admission {
     }
 
     /// Whether the current caller is held to tenant quotas: a tenant token, or
-    /// the operator acting as a tenant; not the operator itself, nor the daemon's own work.
+    /// the operator acting as a tenant (also the daemon working for one of them,
+    /// e.g. a pipeline run's stages); not the operator itself, nor work it
+    /// started in no tenant ([`exempt_from_quotas`]).
     pub fn quota_applies() -> bool {
-        crate::tenancy::scope().is_some()
+        !EXEMPT.try_with(|e| *e).unwrap_or(false) && crate::tenancy::scope().is_some()
     }
 
     /// Checks `count` sandboxes of `limits` for `tenant` (quota when `quota`, then the host).
