@@ -330,6 +330,13 @@ impl ForkWindow {
     /// Admits `count` children at `now` within `limit`, or says how many are in
     /// the window and when enough of them will have left it (`None`: never).
     pub fn admit(&mut self, now: Instant, count: u64, limit: u64) -> Result<(), (u64, Option<Duration>)> {
+        self.check(now, count, limit)?;
+        self.times.extend(std::iter::repeat_n(now, count as usize));
+        Ok(())
+    }
+
+    /// [`ForkWindow::admit`] without counting the children.
+    pub fn check(&mut self, now: Instant, count: u64, limit: u64) -> Result<(), (u64, Option<Duration>)> {
         let used = self.used(now);
         if used + count > limit {
             let retry = if count > limit {
@@ -340,7 +347,6 @@ impl ForkWindow {
             };
             return Err((used, retry));
         }
-        self.times.extend(std::iter::repeat_n(now, count as usize));
         Ok(())
     }
 }
@@ -666,9 +672,9 @@ impl Admission {
     }
 
     /// Checks a fork of `count` children of `limits` for `tenant` as a whole
-    /// before anything is made, and counts them in the tenant's forks-per-minute
-    /// window (each child is then admitted as a create).
-    pub fn admit_fork(&self, st: &Shared, tenant: &str, limits: &ResourceLimits, count: u64) -> ApiResult<()> {
+    /// before anything is made and, with `record`, counts them in the tenant's
+    /// forks-per-minute window (each child is then admitted as a create).
+    pub fn admit_fork(&self, st: &Shared, tenant: &str, limits: &ResourceLimits, count: u64, record: bool) -> ApiResult<()> {
         let quota = if Self::quota_applies() { Some(self.quota_of(st, tenant)?) } else { None };
         let mut book = self.book();
         let records = st.db.resource_claims()?;
@@ -676,7 +682,8 @@ impl Admission {
         self.check(tenant, quota.as_ref(), limits, count, Purpose::Create, &totals)?;
         if let Some(max) = quota.and_then(|q| q.forks_per_minute) {
             let window = book.forks.entry(tenant.to_string()).or_default();
-            if let Err((used, retry)) = window.admit(Instant::now(), count, max) {
+            let admitted = if record { window.admit(Instant::now(), count, max) } else { window.check(Instant::now(), count, max) };
+            if let Err((used, retry)) = admitted {
                 let when = match retry {
                     Some(d) => format!("retry in {} s", d.as_secs().max(1)),
                     None => format!("a fork of {count} can never fit a quota of {max} per minute"),
@@ -781,6 +788,7 @@ mod tests {
     fn the_fork_window_slides() {
         let mut w = ForkWindow::default();
         let t0 = Instant::now();
+        assert!(w.check(t0, 3, 3).is_ok() && w.used(t0) == 0, "a check counts nothing");
         assert!(w.admit(t0, 2, 3).is_ok());
         let (used, retry) = w.admit(t0 + Duration::from_secs(10), 2, 3).unwrap_err();
         assert_eq!((used, retry), (2, Some(Duration::from_secs(50))), "the first child leaves the window 60 s after it was made");

@@ -380,10 +380,12 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     let mut admitted = limits.clone();
     st.admission.apply_defaults(&mut admitted);
     st.admission.validate(&admitted)?;
-    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count))?;
+    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), false)?;
     let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { inherited: Some((&source_name, &inherited)), network: network.as_ref(), ..Default::default() });
     crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
+    // Past the gate: the children count in the forks-per-minute window from here on.
+    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), true)?;
     let ckpt = match source {
         ForkSource::Checkpoint(c) => *c,
         ForkSource::Live(rec) => {
