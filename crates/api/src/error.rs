@@ -77,6 +77,12 @@ pub enum ErrorCode {
     /// The path is a mount point of the sandbox (its /tmp, /dev/shm, the init
     /// binary, ...), which the file API does not remove, rename or replace (403).
     MountPoint,
+    /// A tenant quota would be exceeded; the message names the quota, its limit and the usage (429).
+    QuotaExceeded,
+    /// The host's disk cannot hold the request (its free space minus the reserve); the message says what is available (507).
+    InsufficientStorage,
+    /// The host's memory cannot take the request (the over-commit limit or the reserve); the message says what is available (503).
+    InsufficientMemory,
 }
 
 impl ErrorCode {
@@ -103,6 +109,9 @@ impl ErrorCode {
             ErrorCode::RegistryError | ErrorCode::UpstreamUnavailable => 502,
             ErrorCode::Timeout => 504,
             ErrorCode::Internal | ErrorCode::StandbyImageInvalid => 500,
+            ErrorCode::QuotaExceeded => 429,
+            ErrorCode::InsufficientStorage => 507,
+            ErrorCode::InsufficientMemory => 503,
         }
     }
 
@@ -140,6 +149,9 @@ impl ErrorCode {
             ErrorCode::SpecialFile => "special_file",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::MountPoint => "mount_point",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::InsufficientMemory => "insufficient_memory",
         }
     }
 }

@@ -56,6 +56,11 @@ pub struct DaemonInfo {
     pub sandboxes: std::collections::BTreeMap<String, u64>,
     /// Number of images.
     pub images: u64,
+    /// The limits a sandbox gets for every field its create request leaves out
+    /// (`strata daemon --default-memory|--default-cpus|--default-pids|--default-disk`;
+    /// an absent field has no default limit).
+    #[serde(default)]
+    pub default_limits: crate::ResourceLimits,
 }
 
 /// A user-chosen name that could be read as an id or an id prefix (made only

@@ -81,20 +81,29 @@ pub enum Lifecycle {
     Persistent,
 }
 
-/// Resource limits applied through cgroups.
+/// Resource limits applied through cgroups. In a create request a field left
+/// out takes the daemon's default; a sandbox shows the limits it runs with (a
+/// field absent there has no limit: the operator's `--default-* none`). Out of
+/// bounds is a 400 naming the field (see docs/security.md, "Defaults,
+/// admission and quotas").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ResourceLimits {
-    /// Memory limit in bytes (processes beyond it are OOM-killed inside the sandbox).
+    /// Memory limit in bytes (processes beyond it are OOM-killed inside the
+    /// sandbox; also the size of its /tmp). 16 MiB to MemTotal. Default: the
+    /// daemon's `--default-memory` (2 GiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
-    /// CPU quota in cores (e.g. 0.5, 2).
+    /// CPU quota in cores (e.g. 0.5, 2). 0.01 to the host's CPUs. Default: the
+    /// daemon's `--default-cpus` (2, or the host's CPUs when fewer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
-    /// Maximum number of processes/threads.
+    /// Maximum number of processes/threads. 16 to pid_max. Default: the
+    /// daemon's `--default-pids` (1024).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u64>,
     /// Size of the sandbox's writable layer in bytes (its own filesystem: writes
-    /// beyond it fail with ENOSPC). Default: the daemon's `--default-disk`.
+    /// beyond it fail with ENOSPC). 16 MiB to the state filesystem's size.
+    /// Default: the daemon's `--default-disk` (10 GiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
     /// How `disk_bytes` is enforced, set by the daemon (ignored in requests):

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use strata_daemon::admission::DefaultLimit;
 
 /// strata: sandboxes for multi-step AI-agent pipelines.
 #[derive(Debug, Parser)]
@@ -46,6 +47,9 @@ pub enum Command {
     /// checkpoints, templates and pipeline runs.
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Tenant quotas (sandboxes, memory, disk, forks per minute) and usage against them.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
     /// The Rule of Two's approval queue: requests that would give one sandbox untrusted
     /// input, sensitive access and external communication at once wait here for a human.
     #[command(subcommand, alias = "approval")]
@@ -314,10 +318,49 @@ pub struct DaemonArgs {
     #[arg(long, env = "STRATA_DNS_UPSTREAM")]
     pub dns_upstream: Option<std::net::SocketAddr>,
     /// Writable-layer size of sandboxes created without --disk (each gets its
-    /// own ext4 filesystem of that size on a loop device); `none` disables
-    /// the default limit.
-    #[arg(long, env = "STRATA_DEFAULT_DISK", default_value = "10g")]
-    pub default_disk: String,
+    /// own ext4 filesystem of that size on a loop device); `none`: no default
+    /// disk limit. Default: 10g (at most the state filesystem's size).
+    #[arg(long, env = "STRATA_DEFAULT_DISK", value_name = "SIZE|none", value_parser = parse_default_size)]
+    pub default_disk: Option<DefaultLimit<u64>>,
+    /// Memory limit of sandboxes created without --memory (it also caps their
+    /// /tmp); `none`: no default memory limit. Default: 2g (at most MemTotal).
+    #[arg(long, env = "STRATA_DEFAULT_MEMORY", value_name = "SIZE|none", value_parser = parse_default_size)]
+    pub default_memory: Option<DefaultLimit<u64>>,
+    /// CPU limit of sandboxes created without --cpus; `none`: no default CPU
+    /// limit. Default: 2, or the host's CPUs when it has fewer.
+    #[arg(long, env = "STRATA_DEFAULT_CPUS", value_name = "CPUS|none", value_parser = parse_default_cpus)]
+    pub default_cpus: Option<DefaultLimit<f64>>,
+    /// Process limit of sandboxes created without --pids (a fork bomb stops
+    /// there); `none`: no default pids limit. Default: 1024.
+    #[arg(long, env = "STRATA_DEFAULT_PIDS", value_name = "N|none", value_parser = parse_default_count)]
+    pub default_pids: Option<DefaultLimit<u64>>,
+    /// How far the memory limits of sandboxes holding memory (creating, running,
+    /// paused) may add up beyond the host's MemTotal, as a ratio; beyond it a
+    /// create, start or resume is refused (503). `none`: no bound. Default: 20.
+    #[arg(long, env = "STRATA_MEMORY_OVERCOMMIT", value_name = "RATIO|none", value_parser = parse_ratio)]
+    pub memory_overcommit: Option<Ratio>,
+    /// No sandbox is created, started or resumed while the host's MemAvailable
+    /// is below this (503). Default: 256m.
+    #[arg(long, env = "STRATA_MEMORY_RESERVE", value_name = "SIZE", value_parser = parse_size)]
+    pub memory_reserve: Option<u64>,
+    /// How far the nominal disk sizes of all sandboxes may add up beyond the
+    /// state filesystem's size, as a ratio (disks are sparse); beyond it a create
+    /// is refused (507). `none`: no bound. Default: 64.
+    #[arg(long, env = "STRATA_DISK_OVERCOMMIT", value_name = "RATIO|none", value_parser = parse_ratio)]
+    pub disk_overcommit: Option<Ratio>,
+    /// Free space of the state filesystem no new disk may take: a disk larger
+    /// than the free space minus this is refused (507). Default: 2g.
+    #[arg(long, env = "STRATA_DISK_RESERVE", value_name = "SIZE", value_parser = parse_size)]
+    pub disk_reserve: Option<u64>,
+    /// The default quota of every tenant (overridden per tenant with `strata
+    /// tenant quota set`): comma-separated KEY=VALUE, keys sandboxes, memory
+    /// (sum of running sandboxes' limits), disk (sum of nominal disk sizes),
+    /// forks-per-minute; VALUE a count or size, N% (memory: of MemTotal, disk:
+    /// of the state filesystem) or `unlimited`. Keys not given keep the default:
+    /// sandboxes=100,memory=100%,disk=100%,forks-per-minute=120. The operator
+    /// acting in no tenant has no quota.
+    #[arg(long, env = "STRATA_TENANT_QUOTA", value_name = "KEY=VALUE,...", value_parser = parse_tenant_quota)]
+    pub tenant_quota: Option<strata_daemon::admission::TenantQuotaConfig>,
     /// How many disks of the default size the daemon keeps formatted and
     /// mounted ahead of need, so a create or fork child does not wait for one
     /// (each costs a loop device and about 0.2 MiB of disk); 0 makes every
@@ -333,6 +376,49 @@ pub struct DaemonArgs {
     /// Default: preview.localhost.
     #[arg(long, env = "STRATA_PREVIEW_DOMAIN")]
     pub preview_domain: Option<String>,
+}
+
+fn parse_default_size(s: &str) -> Result<DefaultLimit<u64>, String> {
+    match s.trim() {
+        "none" => Ok(DefaultLimit::NoLimit),
+        v => strata_core::units::parse_size(v).map(DefaultLimit::Value).map_err(|e| format!("{e}, or `none`")),
+    }
+}
+
+fn parse_default_cpus(s: &str) -> Result<DefaultLimit<f64>, String> {
+    match s.trim() {
+        "none" => Ok(DefaultLimit::NoLimit),
+        v => strata_core::units::parse_cpus(v).map(DefaultLimit::Value).map_err(|e| format!("{e}, or `none`")),
+    }
+}
+
+fn parse_default_count(s: &str) -> Result<DefaultLimit<u64>, String> {
+    match s.trim() {
+        "none" => Ok(DefaultLimit::NoLimit),
+        v => v.parse::<u64>().map(DefaultLimit::Value).map_err(|_| format!("invalid count {v:?} (expected a number, or `none`)")),
+    }
+}
+
+/// An over-commit ratio, `None` for `none` (no bound).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio(pub Option<f64>);
+
+fn parse_ratio(s: &str) -> Result<Ratio, String> {
+    match s.trim() {
+        "none" => Ok(Ratio(None)),
+        v => match v.parse::<f64>() {
+            Ok(r) if r.is_finite() && r > 0.0 => Ok(Ratio(Some(r))),
+            _ => Err(format!("invalid ratio {v:?} (expected a positive number, e.g. 1.5, or `none`)")),
+        },
+    }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    strata_core::units::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_tenant_quota(s: &str) -> Result<strata_daemon::admission::TenantQuotaConfig, String> {
+    strata_daemon::admission::parse_tenant_quota(s)
 }
 
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
@@ -700,6 +786,63 @@ pub enum TokenCmd {
         #[arg(long)]
         tenant: Option<String>,
         /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCmd {
+    /// Show or change a tenant's quota (operator only).
+    #[command(subcommand)]
+    Quota(QuotaCmd),
+    /// A tenant's usage against its quota (a tenant token sees only its own).
+    Usage {
+        /// Tenant (default: the one --as-tenant names).
+        tenant: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuotaCmd {
+    /// The quota in force, the tenant's override and the daemon's defaults.
+    Show {
+        /// Tenant.
+        tenant: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a tenant's override; only the quotas given change. VALUE: a
+    /// number (sizes: 512m, 20g), `unlimited`, or `default` (back to the
+    /// daemon's default for that quota).
+    Set {
+        /// Tenant.
+        tenant: String,
+        /// Live sandboxes.
+        #[arg(long, value_name = "VALUE")]
+        sandboxes: Option<String>,
+        /// Sum of the memory limits of its sandboxes holding memory.
+        #[arg(long, value_name = "VALUE")]
+        memory: Option<String>,
+        /// Sum of the nominal disk sizes of its sandboxes.
+        #[arg(long, value_name = "VALUE")]
+        disk: Option<String>,
+        /// Fork and fan-out children per minute.
+        #[arg(long, value_name = "VALUE")]
+        forks_per_minute: Option<String>,
+        /// JSON output (the quota afterwards).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a tenant's override: the daemon's defaults hold again.
+    Reset {
+        /// Tenant.
+        tenant: String,
+        /// JSON output (the quota afterwards).
         #[arg(long)]
         json: bool,
     },

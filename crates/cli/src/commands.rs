@@ -256,13 +256,113 @@ pub async fn run(cli: Cli) -> i32 {
     }
 }
 
+/// The admission settings of `strata daemon` (absent flags: the built-in defaults).
+fn admission_config(a: &DaemonArgs) -> strata_daemon::admission::AdmissionConfig {
+    use strata_daemon::admission::{AdmissionConfig, DefaultLimit};
+    let d = AdmissionConfig::default();
+    AdmissionConfig {
+        default_memory: a.default_memory.unwrap_or(DefaultLimit::Builtin),
+        default_cpus: a.default_cpus.unwrap_or(DefaultLimit::Builtin),
+        default_pids: a.default_pids.unwrap_or(DefaultLimit::Builtin),
+        // `--default-disk 0` meant no default disk before `none` existed.
+        default_disk: match a.default_disk {
+            Some(DefaultLimit::Value(0)) => DefaultLimit::NoLimit,
+            other => other.unwrap_or(DefaultLimit::Builtin),
+        },
+        memory_overcommit: a.memory_overcommit.map_or(d.memory_overcommit, |r| r.0),
+        memory_reserve: a.memory_reserve.unwrap_or(d.memory_reserve),
+        disk_overcommit: a.disk_overcommit.map_or(d.disk_overcommit, |r| r.0),
+        disk_reserve: a.disk_reserve.unwrap_or(d.disk_reserve),
+        tenant_quota: a.tenant_quota.unwrap_or(d.tenant_quota),
+    }
+}
+
+/// A quota value of `strata tenant quota set`: `None` drops the override (`default`).
+fn quota_value(flag: &str, v: &str, bytes: bool) -> Result<Option<strata_api::QuotaValue>> {
+    use strata_api::QuotaValue;
+    Ok(match v.trim() {
+        "default" => None,
+        "unlimited" | "none" => Some(QuotaValue::Unlimited),
+        n if bytes => Some(QuotaValue::Limit(strata_core::units::parse_size(n).map_err(|e| anyhow!("--{flag}: {e}, `unlimited` or `default`"))?)),
+        n => Some(QuotaValue::Limit(n.parse().map_err(|_| anyhow!("--{flag}: {n:?} is not a count, `unlimited` or `default`"))?)),
+    })
+}
+
+fn quota_cell(v: Option<u64>, bytes: bool) -> String {
+    match v {
+        None => "unlimited".into(),
+        Some(n) if bytes => output::size(n),
+        Some(n) => n.to_string(),
+    }
+}
+
+fn print_quota(q: &strata_api::TenantQuota) {
+    let o = &q.overrides;
+    let over = |v: Option<strata_api::QuotaValue>, bytes: bool| v.map_or("-".to_string(), |v| quota_cell(v.limit(), bytes));
+    let (e, d) = (&q.effective, &q.defaults);
+    println!("tenant {}{}", q.tenant, q.updated_at.as_deref().map(|t| format!(" (override set {t})")).unwrap_or_else(|| " (daemon defaults)".into()));
+    output::table(
+        &["QUOTA", "LIMIT", "OVERRIDE", "DEFAULT"],
+        vec![
+            vec!["sandboxes".into(), quota_cell(e.sandboxes, false), over(o.sandboxes, false), quota_cell(d.sandboxes, false)],
+            vec!["memory".into(), quota_cell(e.memory_bytes, true), over(o.memory_bytes, true), quota_cell(d.memory_bytes, true)],
+            vec!["disk".into(), quota_cell(e.disk_bytes, true), over(o.disk_bytes, true), quota_cell(d.disk_bytes, true)],
+            vec!["forks-per-minute".into(), quota_cell(e.forks_per_minute, false), over(o.forks_per_minute, false), quota_cell(d.forks_per_minute, false)],
+        ],
+    );
+}
+
+async fn tenant_cmd(c: &Client, cli_tenant: Option<&str>, cmd: TenantCmd) -> Result<i32> {
+    match cmd {
+        TenantCmd::Quota(QuotaCmd::Show { tenant, json }) => {
+            let q = c.tenant_quota(&tenant).await?;
+            if json { output::json(&q) } else { print_quota(&q) }
+        }
+        TenantCmd::Quota(QuotaCmd::Set { tenant, sandboxes, memory, disk, forks_per_minute, json }) => {
+            let mut o = c.tenant_quota(&tenant).await?.overrides;
+            for (flag, given, slot, bytes) in [
+                ("sandboxes", sandboxes, &mut o.sandboxes, false),
+                ("memory", memory, &mut o.memory_bytes, true),
+                ("disk", disk, &mut o.disk_bytes, true),
+                ("forks-per-minute", forks_per_minute, &mut o.forks_per_minute, false),
+            ] {
+                if let Some(v) = given {
+                    *slot = quota_value(flag, &v, bytes)?;
+                }
+            }
+            let q = c.set_tenant_quota(&tenant, &o).await?;
+            if json { output::json(&q) } else { print_quota(&q) }
+        }
+        TenantCmd::Quota(QuotaCmd::Reset { tenant, json }) => {
+            let q = c.reset_tenant_quota(&tenant).await?;
+            if json { output::json(&q) } else { print_quota(&q) }
+        }
+        TenantCmd::Usage { tenant, json } => {
+            let tenant = tenant.or_else(|| cli_tenant.map(str::to_string)).ok_or_else(|| anyhow!("name the tenant: strata tenant usage TENANT (or --as-tenant TENANT)"))?;
+            let u = c.tenant_usage(&tenant).await?;
+            if json {
+                output::json(&u);
+            } else {
+                let row = |name: &str, q: &strata_api::QuotaUsage, bytes: bool| vec![name.to_string(), if bytes { output::size(q.used) } else { q.used.to_string() }, quota_cell(q.limit, bytes)];
+                println!("tenant {}", u.tenant);
+                output::table(
+                    &["QUOTA", "USED", "LIMIT"],
+                    vec![row("sandboxes", &u.sandboxes, false), row("memory", &u.memory_bytes, true), row("disk", &u.disk_bytes, true), row("forks-per-minute", &u.forks_per_minute, false)],
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
 async fn dispatch(cli: Cli) -> Result<i32> {
     let c = client(&cli);
     match cli.command {
         Command::Daemon(a) => {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, default_disk_bytes: match a.default_disk.as_str() { "none" | "0" => None, s => Some(strata_core::units::parse_size(s).map_err(|e| anyhow::anyhow!("--default-disk: {e}"))?) }, disk_pool: a.disk_pool, approval_timeout: a.approval_timeout, preview_domain: a.preview_domain }).await?;
+            let admission = admission_config(&a);
+            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, admission, disk_pool: a.disk_pool, approval_timeout: a.approval_timeout, preview_domain: a.preview_domain }).await?;
             Ok(0)
         }
         Command::Mcp => {
@@ -548,6 +648,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Approvals(cmd) => approvals_cmd(&c, cmd).await,
         Command::Preview(cmd) => preview_cmd(&c, cmd).await,
+        Command::Tenant(cmd) => tenant_cmd(&c, cli.as_tenant.as_deref(), cmd).await,
         Command::Token(cmd) => match cmd {
             TokenCmd::Create { name, tenant, expires, json } => {
                 let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires }).await?;

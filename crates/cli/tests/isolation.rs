@@ -118,3 +118,30 @@ fn memory_hog_is_oom_killed_inside_its_limit_and_reported() {
     let procs: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["proc", "ls", &id, "--json"])).unwrap();
     assert!(procs.iter().any(|p| p["oom_killed"] == true), "{procs:?}");
 }
+
+#[test]
+fn a_fork_bomb_in_a_default_sandbox_stays_inside_the_default_pids_limit() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    // No --pids: the daemon's default (1024) applies.
+    let id = d.create(&[]);
+    let cgroup = |file: &str| {
+        ["/sys/fs/cgroup/pids/strata", "/sys/fs/cgroup/strata"].iter().find_map(|root| std::fs::read_to_string(format!("{root}/{id}/{file}")).ok()).unwrap_or_else(|| panic!("pids cgroup file {file} of the sandbox"))
+    };
+    assert_eq!(cgroup("pids.max").trim(), "1024", "a sandbox made without --pids has the default pids limit");
+    // Try to start 1500 processes that outlive the exec: the limit stops it at 1024.
+    let out = d.cli(&["exec", "--timeout", "60s", &id, "--", "sh", "-c", "i=0; while [ $i -lt 1500 ]; do sleep 120 & i=$((i+1)); done 2>/dev/null; echo spawned"]);
+    assert!(out.status.code().is_some(), "the exec finished: {}", common::stderr(&out));
+    let current: u32 = cgroup("pids.current").trim().parse().unwrap();
+    assert!(current <= 1024, "tasks in the sandbox are bounded by the default 1024: {current}");
+    assert!(current >= 1000, "the bomb reached the limit (so the limit is what stopped it): {current}");
+    // The host keeps free pids: it still starts processes, and another sandbox works.
+    let pid_max: usize = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let host_tasks = std::fs::read_dir("/proc").unwrap().flatten().filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit())).count();
+    assert!(host_tasks + 1024 < pid_max, "host has {host_tasks} processes of pid_max {pid_max}");
+    assert!(std::process::Command::new("true").status().unwrap().success(), "the host can still fork");
+    let other = d.create(&[]);
+    assert_eq!(d.cli_ok(&["exec", &other, "--", "echo", "ok"]), "ok\n");
+    d.cli_ok(&["rm", "-f", &id]);
+}

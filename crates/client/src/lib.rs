@@ -671,6 +671,26 @@ impl Client {
         self.call::<(), _>(Method::DELETE, &q, None).await
     }
 
+    /// A tenant's quota: in force, the operator's override and the daemon's defaults (operator only).
+    pub async fn tenant_quota(&self, tenant: &str) -> Result<strata_api::TenantQuota> {
+        self.call::<(), _>(Method::GET, &format!("/v1/tenants/{}/quota", enc(tenant)), None).await
+    }
+
+    /// Replaces a tenant's quota override (operator only).
+    pub async fn set_tenant_quota(&self, tenant: &str, quota: &strata_api::QuotaOverride) -> Result<strata_api::TenantQuota> {
+        self.call(Method::PUT, &format!("/v1/tenants/{}/quota", enc(tenant)), Some(quota)).await
+    }
+
+    /// Removes a tenant's quota override: the defaults hold again (operator only).
+    pub async fn reset_tenant_quota(&self, tenant: &str) -> Result<strata_api::TenantQuota> {
+        self.call::<(), _>(Method::DELETE, &format!("/v1/tenants/{}/quota", enc(tenant)), None).await
+    }
+
+    /// A tenant's usage against its quota (a tenant sees only its own).
+    pub async fn tenant_usage(&self, tenant: &str) -> Result<strata_api::TenantUsage> {
+        self.call::<(), _>(Method::GET, &format!("/v1/tenants/{}/usage", enc(tenant)), None).await
+    }
+
     /// Lists approvals (a tenant sees its own), optionally only those in `state`.
     pub async fn list_approvals(&self, state: Option<&str>) -> Result<Vec<strata_api::Approval>> {
         let q = match state {

@@ -20,8 +20,8 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use strata_api::{
-    ChangeKind, Checkpoint, CheckpointRequest, CreateSandboxRequest, DiffQuery, ErrorCode, FileChange, ForkRequest, ForkResult, RestoreRequest, RestoreResult,
-    SandboxState,
+    ChangeKind, Checkpoint, CheckpointRequest, CreateSandboxRequest, DiffQuery, ErrorCode, FileChange, ForkRequest, ForkResult, ResourceLimits, RestoreRequest,
+    RestoreResult, SandboxState,
 };
 use strata_core::ids;
 use strata_image::changes::{self, TreeManifest};
@@ -310,6 +310,8 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
         (false, Some(true)) => return Err(ApiError::bad_request(format!("checkpoint {} kept no processes", ckpt.id))),
         _ => false,
     };
+    // Processes coming back into a sandbox that holds no memory now: admitted like a start.
+    let _admitted = if warm { sandboxes::admit_start(st, &rec)? } else { None };
     let kept = if req.keep_current { Some(checkpoint_locked(st, &rec, CheckpointRequest::default()).await?) } else { None };
     let rec = load(st, &rec.sandbox.id)?;
     let was_running = state == SandboxState::Running;
@@ -339,6 +341,14 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     Ok(RestoreResult { sandbox, kept })
 }
 
+/// The limits of a fork's children: each field the request gives, else the
+/// source sandbox's (when it still exists); the daemon's defaults fill the rest
+/// at create. The disk status is the children's own.
+fn fork_limits(requested: Option<&ResourceLimits>, source: Option<&ResourceLimits>) -> ResourceLimits {
+    let (r, s) = (requested.cloned().unwrap_or_default(), source.cloned().unwrap_or_default());
+    ResourceLimits { memory_bytes: r.memory_bytes.or(s.memory_bytes), cpus: r.cpus.or(s.cpus), pids: r.pids.or(s.pids), disk_bytes: r.disk_bytes.or(s.disk_bytes), disk_quota: None }
+}
+
 /// What a fork starts from.
 enum ForkSource {
     Checkpoint(Box<Checkpoint>),
@@ -364,9 +374,18 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         ForkSource::Live(r) => (r.sandbox.id.clone(), r.sandbox.name.clone(), r.sandbox.policy.capabilities.clone(), r.sandbox.tenant.clone()),
     };
     let parent = st.db.sandbox_by_id(&parent_id)?;
+    let limits = fork_limits(req.limits.as_ref(), parent.as_ref().map(|p| &p.sandbox.limits));
+    // The whole fork against the tenant's quotas (forks per minute included) and
+    // the host, before a live source is checkpointed: a refused fork makes nothing.
+    let mut admitted = limits.clone();
+    st.admission.apply_defaults(&mut admitted);
+    st.admission.validate(&admitted)?;
+    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), false)?;
     let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { inherited: Some((&source_name, &inherited)), network: network.as_ref(), ..Default::default() });
     crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
+    // Past the gate: the children count in the forks-per-minute window from here on.
+    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), true)?;
     let ckpt = match source {
         ForkSource::Checkpoint(c) => *c,
         ForkSource::Live(rec) => {
@@ -376,7 +395,6 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     };
     let generation = parent.as_ref().map_or(0, |p| p.sandbox.fork_generation) + 1;
     let prefix = req.name_prefix.clone().unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
-    let limits = req.limits.clone().or_else(|| parent.as_ref().map(|p| p.sandbox.limits.clone())).unwrap_or_default();
     let mut names = Vec::new();
     for i in 1..=req.count {
         let mut n = format!("{prefix}-{i}");
@@ -569,14 +587,14 @@ pub async fn gc(st: &Shared) -> ApiResult<strata_api::GcReport> {
 
 /// Fork N sandboxes from a checkpoint or a live sandbox.
 #[utoipa::path(post, path = "/v1/fork", tag = "checkpoints", request_body = ForkRequest,
-    responses((status = 201, body = ForkResult), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+    responses((status = 201, body = ForkResult), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody), (status = 507, description = "the host's disk cannot hold it (insufficient_storage)", body = strata_api::ApiErrorBody)))]
 pub async fn fork_handler(State(st): State<Shared>, Json(req): Json<ForkRequest>) -> ApiResult<(StatusCode, Json<ForkResult>)> {
     Ok((StatusCode::CREATED, Json(fork(&st, req).await?)))
 }
 
 /// Roll a sandbox back to a checkpoint.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", tag = "checkpoints", request_body = RestoreRequest, params(("id" = String, Path, description = "Sandbox id or name")),
-    responses((status = 200, body = RestoreResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+    responses((status = 200, body = RestoreResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody)))]
 pub async fn restore_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> ApiResult<Json<RestoreResult>> {
     Ok(Json(restore(&st, &id, req).await?))
 }

@@ -79,6 +79,7 @@ pub async fn info_handler(State(st): State<Shared>) -> ApiResult<Json<DaemonInfo
         state_dir: st.state_dir.display().to_string(),
         sandboxes,
         images: st.db.list_images()?.len() as u64,
+        default_limits: st.admission.defaults().clone(),
     }))
 }
 

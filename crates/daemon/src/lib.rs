@@ -11,6 +11,7 @@
 
 pub mod accounting;
 pub mod activity;
+pub mod admission;
 pub mod advisor;
 pub mod approvals;
 pub mod archive;
@@ -35,6 +36,7 @@ pub mod policy;
 pub mod preview;
 pub mod privileges;
 pub mod processes;
+pub mod quotas;
 pub mod sandboxes;
 pub mod sandboxfs;
 pub mod scan;
@@ -119,6 +121,9 @@ pub enum DaemonError {
     /// Startup reconciliation failed.
     #[error("reconciling sandboxes: {0}")]
     Reconcile(String),
+    /// A default limit, reserve, over-commit ratio or tenant quota flag is unusable.
+    #[error(transparent)]
+    Admission(#[from] admission::ConfigError),
 }
 
 /// Daemon configuration.
@@ -142,8 +147,8 @@ pub struct Config {
     pub network: network::NetworkConfig,
     /// How long a Rule-of-Two approval waits for a decision (default 15 minutes).
     pub approval_timeout: Option<std::time::Duration>,
-    /// Writable-layer size of sandboxes created without one (`None`: unlimited).
-    pub default_disk_bytes: Option<u64>,
+    /// Default limits (disk included), admission control and the default tenant quota.
+    pub admission: admission::AdmissionConfig,
     /// How many disks of the default size to keep ready (0: make each on demand).
     pub disk_pool: usize,
     /// Domain of host-based preview URLs (`<port>-<sandbox>.<domain>`; default [`preview::DEFAULT_DOMAIN`]).
@@ -251,6 +256,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/approvals/{id}/deny", post(approvals::deny_handler))
         .route("/v1/tokens", get(tenancy::list_tokens_handler).post(tenancy::create_token_handler))
         .route("/v1/tokens/{id}", axum::routing::delete(tenancy::revoke_token_handler))
+        .route("/v1/tenants/{tenant}/quota", get(quotas::get_quota_handler).put(quotas::put_quota_handler).delete(quotas::delete_quota_handler))
+        .route("/v1/tenants/{tenant}/usage", get(quotas::usage_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
         .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
         .route("/v1/sandboxes/{id}/processes", get(p::list_processes_handler).post(p::start_process_handler))
@@ -350,13 +357,18 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         Some(p) => accounting::load_prices(p).map_err(DaemonError::Prices)?,
         None => strata_api::Prices::default(),
     };
-    let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive);
+    let admission = Arc::new(admission::Admission::new(&cfg.admission, admission::HostBounds::probe(&cfg.state_dir)?)?);
+    let default_disk_bytes = admission.defaults().disk_bytes;
+    {
+        let (d, q) = (admission.defaults(), admission.tenant_defaults());
+        info!(memory = ?d.memory_bytes, cpus = ?d.cpus, pids = ?d.pids, disk = ?d.disk_bytes, tenant_sandboxes = ?q.sandboxes, tenant_memory = ?q.memory_bytes, tenant_disk = ?q.disk_bytes, tenant_forks_per_minute = ?q.forks_per_minute, "default limits and tenant quota");
+    }
+    let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive, admission);
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
-    app_state.default_disk_bytes = cfg.default_disk_bytes;
-    app_state.disks = Arc::new(disk::DiskPool::new(&cfg.state_dir, cfg.default_disk_bytes, cfg.disk_pool));
-    if let (Some(_), Some(why)) = (cfg.default_disk_bytes, disk::unavailable()) {
+    app_state.disks = Arc::new(disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
+    if let (Some(_), Some(why)) = (default_disk_bytes, disk::unavailable()) {
         tracing::warn!("per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable");
     }
     let preview_domain = cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();

@@ -2,7 +2,7 @@
 
 use utoipa::OpenApi;
 
-use crate::{accounting, activity, advisor, approvals, archive, audit, checkpoints, events, fanout, files, images, metrics, network, pipelines, policy, preview, processes, sandboxes, scan, standby, templates, tenancy};
+use crate::{accounting, activity, advisor, approvals, archive, audit, checkpoints, events, fanout, files, images, metrics, network, pipelines, policy, preview, processes, quotas, sandboxes, scan, standby, templates, tenancy};
 
 /// strata's native HTTP API.
 #[derive(OpenApi)]
@@ -26,10 +26,11 @@ use crate::{accounting, activity, advisor, approvals, archive, audit, checkpoint
         fanout::fanout_handler,
         pipelines::create_handler, pipelines::list_handler, pipelines::get_handler, pipelines::resume_handler, pipelines::pause_handler, pipelines::cost_handler,
         tenancy::create_token_handler, tenancy::list_tokens_handler, tenancy::revoke_token_handler,
+        quotas::get_quota_handler, quotas::put_quota_handler, quotas::delete_quota_handler, quotas::usage_handler,
         approvals::list_handler, approvals::get_handler, approvals::approve_handler, approvals::deny_handler,
         preview::create_handler, preview::list_handler, preview::revoke_handler,
     ),
-    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity, strata_api::PipelineEvent))
+    components(schemas(strata_api::ApiErrorBody, strata_api::ErrorCode, strata_api::ProcessEvent, strata_api::ImportEvent, strata_api::SandboxState, strata_api::Finding, strata_api::Severity, strata_api::PipelineEvent, strata_api::QuotaValue))
 )]
 pub struct ApiDoc;
 

@@ -345,7 +345,9 @@ fn pending(s: &StageSpec) -> StageResult {
 }
 
 /// Drives a run in the background, in the run's tenant (its sandboxes,
-/// checkpoints and templates are that tenant's, whoever resumed it).
+/// checkpoints and templates are that tenant's, whoever resumed it). Its stages
+/// are held to the tenant's quota unless the caller starting (or resuming) the
+/// run is not: the operator acting in no tenant.
 fn spawn_driver(st: &Shared, run: &PipelineRun) {
     let run_id = run.id.clone();
     if !claim(&run_id) {
@@ -353,8 +355,14 @@ fn spawn_driver(st: &Shared, run: &PipelineRun) {
     }
     let st = st.clone();
     let tenant = run.tenant.clone();
+    let exempt = !crate::admission::Admission::quota_applies();
     tokio::spawn(async move {
-        crate::tenancy::run_in_tenant(&tenant, drive(&st, &run_id)).await;
+        let driven = crate::tenancy::run_in_tenant(&tenant, drive(&st, &run_id));
+        if exempt {
+            crate::admission::exempt_from_quotas(driven).await;
+        } else {
+            driven.await;
+        }
         release(&run_id);
     });
 }

@@ -352,14 +352,11 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
         units::parse_duration(t)?;
     }
     let mut policy = crate::policy::initial(req.lifecycle, req.policy.as_ref())?;
-    if req.limits.cpus.is_some_and(|c| !(c > 0.0 && c.is_finite())) || req.limits.memory_bytes == Some(0) || req.limits.pids == Some(0) {
-        return Err(ApiError::bad_request("resource limits must be positive"));
-    }
-    if let Some(b) = req.limits.disk_bytes.filter(|b| *b < crate::disk::MIN_BYTES) {
-        return Err(ApiError::bad_request(format!("limits.disk_bytes must be at least {} ({}), got {b}", crate::disk::MIN_BYTES, units::format_size(crate::disk::MIN_BYTES))));
-    }
+    // The daemon's defaults fill what the request leaves out (recorded on the
+    // sandbox); then every limit must be one a sandbox can run with on this host.
     let mut req = req;
-    req.limits.disk_bytes = req.limits.disk_bytes.or(st.default_disk_bytes);
+    st.admission.apply_defaults(&mut req.limits);
+    st.admission.validate(&req.limits)?;
     req.limits.disk_quota = Some(crate::disk::describe(req.limits.disk_bytes));
     for k in req.env.keys() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -379,6 +376,9 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     };
     let network = crate::network::check(st, req.network.as_ref())?;
     let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
+    // Host admission and the tenant's quota, before anything is recorded: the
+    // reservation counts this sandbox in every other check until its record does.
+    let _admitted = st.admission.admit(st, &id, &tenant, &req.limits, crate::admission::Purpose::Create)?;
     // The Rule of Two, before anything is recorded: all three capabilities need an approval.
     let secret_names: Vec<String> = req.secrets.iter().map(|s| s.name.clone()).collect();
     let grants = rule_of_two::grants(&rule_of_two::Exposure {
@@ -459,10 +459,14 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
         Some(c) => crate::warm::boot(st, &rec, c, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
         None => boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
     };
-    if let Err(e) = res {
-        if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
-            drop(_g);
-            let _ = destroy(st, &id, true, "start_failed").await;
+    if let Err(mut e) = res {
+        // A sandbox that never started holds nothing worth keeping: roll the
+        // creation back completely (record, disk, cgroup, secrets, network);
+        // the event log keeps its creating -> error -> destroyed story.
+        drop(_g);
+        match destroy(st, &id, true, "start_failed").await {
+            Ok(_) => e.body.message.push_str(" (nothing was kept: the sandbox was removed)"),
+            Err(d) => warn!(sandbox = %id, error = %d.body.message, "removing a sandbox that failed to start"),
         }
         return Err(e);
     }
@@ -580,6 +584,8 @@ pub async fn start(st: &Shared, id: &str) -> ApiResult<Sandbox> {
 /// [`start`] recording `reason` on the transition.
 pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<Sandbox> {
     let (_g, mut rec) = lock_and_load(st, id).await?;
+    // Getting processes again takes memory: admitted like a create (429/503), before anything changes.
+    let _admitted = admit_start(st, &rec)?;
     if matches!(rec.sandbox.state, SandboxState::Archived | SandboxState::Error) && crate::archive::pointer(st, &rec.sandbox.id).is_some() {
         // Its files are in the archive (also after a failed restore): never start on an empty layer.
         rec = crate::archive::unarchive_locked(st, &rec, reason).await?;
@@ -597,6 +603,17 @@ pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<San
     }
     boot(st, &rec, rec.sandbox.state, Action::Start, reason).await?;
     Ok(load(st, &rec.sandbox.id)?.sandbox)
+}
+
+/// Admits a sandbox that is about to get processes again (start, resume,
+/// a warm restore) against the host's memory and its tenant's memory quota;
+/// `None` when it holds memory already.
+pub fn admit_start(st: &Shared, rec: &SandboxRecord) -> ApiResult<Option<crate::admission::Reservation>> {
+    if crate::admission::holds_memory(rec.sandbox.state) || rec.sandbox.state == SandboxState::Destroyed {
+        return Ok(None);
+    }
+    let s = &rec.sandbox;
+    st.admission.admit(st, &s.id, &s.tenant, &s.limits, crate::admission::Purpose::Start).map(Some)
 }
 
 /// Destroys a sandbox: processes, cgroup, writable layer, record.
@@ -859,7 +876,7 @@ pub fn exposure<'a>(sb: &'a Sandbox, facts: &'a ExposureFacts) -> rule_of_two::E
 
 /// Create and start a sandbox.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
-    responses((status = 201, body = CreatedSandbox), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+    responses((status = 201, body = CreatedSandbox), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody), (status = 507, description = "the host's disk cannot hold it (insufficient_storage)", body = strata_api::ApiErrorBody)))]
 pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateSandboxRequest>) -> ApiResult<(StatusCode, Json<CreatedSandbox>)> {
     let sb = create(&st, req).await?;
     Ok((StatusCode::CREATED, Json(CreatedSandbox { id: sb.id, name: sb.name })))
@@ -895,7 +912,7 @@ pub async fn stop_handler(State(st): State<Shared>, Path(id): Path<String>) -> A
 
 /// Start a stopped sandbox.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
-    responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+    responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody)))]
 pub async fn start_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
     Ok(Json(start(&st, &id).await?))
 }

@@ -311,6 +311,8 @@ pub async fn ensure_running(st: &Shared, id: &str) -> ApiResult<Option<ResumeRes
 async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> ApiResult<ResumeResult> {
     let started = Instant::now();
     let from = rec.sandbox.state;
+    // Processes coming back take memory: admitted like a create (429/503), before anything changes.
+    let _admitted = sandboxes::admit_start(st, rec)?;
     let unarchived;
     let rec = if from == SandboxState::Archived {
         unarchived = crate::archive::unarchive_locked(st, rec, reason).await?;
@@ -570,7 +572,7 @@ pub async fn standby_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
 
 /// Resume a sandbox from standby (or thaw a paused one, or start a stopped one).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
-    responses((status = 200, body = ResumeResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody),
+    responses((status = 200, body = ResumeResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody),
         (status = 500, description = "the standby image is missing or corrupt (code standby_image_invalid); the sandbox is now `error`", body = strata_api::ApiErrorBody)))]
 pub async fn resume_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
     let rec = sandboxes::load_for_transition(&st, &id)?;

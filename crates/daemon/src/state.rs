@@ -46,8 +46,8 @@ pub struct AppState {
     pub network: crate::network::Network,
     /// How long a Rule-of-Two approval waits for a decision (and then for its use).
     pub approval_timeout: std::time::Duration,
-    /// Writable-layer size of sandboxes created without `disk_bytes` (`None`: unlimited).
-    pub default_disk_bytes: Option<u64>,
+    /// Default limits, their bounds, admission control and tenant quotas.
+    pub admission: Arc<crate::admission::Admission>,
     /// The preview proxy (settings, idle upstream connections).
     pub previews: crate::preview::Previews,
     /// Disk templates and ready disks of the default size (see [`crate::disk`]).
@@ -56,7 +56,7 @@ pub struct AppState {
 
 impl AppState {
     /// Builds the state.
-    pub fn new(db: Db, layers: LayerStore, runtime: Arc<dyn Runtime>, state_dir: PathBuf, archive: crate::archive::ArchiveStore) -> Self {
+    pub fn new(db: Db, layers: LayerStore, runtime: Arc<dyn Runtime>, state_dir: PathBuf, archive: crate::archive::ArchiveStore, admission: Arc<crate::admission::Admission>) -> Self {
         let (events_tx, _) = tokio::sync::watch::channel(0);
         AppState {
             db,
@@ -77,7 +77,7 @@ impl AppState {
             accounting: crate::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
             approval_timeout: crate::approvals::DEFAULT_TIMEOUT,
-            default_disk_bytes: None,
+            admission,
             previews: crate::preview::Previews::default(),
         }
     }

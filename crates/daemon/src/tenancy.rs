@@ -420,6 +420,8 @@ pub enum RoutePolicy {
 pub const OPERATOR_ONLY: &[&str] = &[
     "/v1/tokens",
     "/v1/tokens/{id}",
+    // Quota overrides are the operator's, like tokens (a tenant reads its usage).
+    "/v1/tenants/{tenant}/quota",
     // Reads paths on the daemon's host, changes what every tenant shares.
     "/v1/images/import",
     "/v1/images/pull",
@@ -461,6 +463,8 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         // a decision); deciding is for the operator, a human (see OPERATOR_ONLY).
         "/v1/approvals" => Open,
         "/v1/approvals/{id}" => Owned(self::Owned::Approval),
+        // A tenant's own usage against its quota (the handler refuses another tenant's).
+        "/v1/tenants/{tenant}/usage" if read => Open,
         //
         // Operator-only: tokens, image import/pull/removal, gc, doctor,
         // /metrics (host-wide series), audit verification (needs every entry).

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Preview, Checkpoint, ComputeUsage, NameLikeId, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Preview, QuotaOverride, Checkpoint, ComputeUsage, NameLikeId, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
 use strata_core::ids;
 
 /// Errors of the metadata database.
@@ -237,6 +237,13 @@ pub const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sandboxes ADD COLUMN allow_setuid INTEGER NOT NULL DEFAULT 0;",
     // 13: warm checkpoints: the process image kept with a checkpoint (JSON, NULL: filesystem only).
     "ALTER TABLE checkpoints ADD COLUMN processes TEXT;",
+    // 14: per-tenant quota overrides set by the operator (JSON `QuotaOverride`;
+    // a tenant without a row has the daemon's default quota).
+    "CREATE TABLE tenant_quotas (
+        tenant TEXT PRIMARY KEY,
+        quota TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );",
 ];
 
 /// Shortest image id prefix that resolves to an image (image ids are sha256 digests).
@@ -1447,6 +1454,61 @@ fn preview_from_row(r: &Row<'_>) -> rusqlite::Result<Preview> {
     })
 }
 
+/// What a sandbox commits of the host's resources, as admission control and
+/// quotas count it (see [`Db::resource_claims`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceClaim {
+    /// Sandbox id.
+    pub id: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its state.
+    pub state: SandboxState,
+    /// `limits.memory_bytes`.
+    pub memory_bytes: Option<u64>,
+    /// `limits.disk_bytes`.
+    pub disk_bytes: Option<u64>,
+}
+
+/// Admission control and tenant quotas (migration 14).
+impl Db {
+    /// Every sandbox's tenant, state, memory limit and nominal disk size, read
+    /// from the limits column without decoding whole records (one pass over
+    /// the table per admission check).
+    pub fn resource_claims(&self) -> Result<Vec<ResourceClaim>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT id, tenant, state, json_extract(limits, '$.memory_bytes'), json_extract(limits, '$.disk_bytes') FROM sandboxes")?;
+        let rows = stmt.query_map([], |r| {
+            let state: String = r.get(2)?;
+            let bytes = |i: usize| -> rusqlite::Result<Option<u64>> { Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64)) };
+            Ok(ResourceClaim { id: r.get(0)?, tenant: r.get(1)?, state: SandboxState::parse(&state).unwrap_or(SandboxState::Error), memory_bytes: bytes(3)?, disk_bytes: bytes(4)? })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Sets (replaces) a tenant's quota override.
+    pub fn put_tenant_quota(&self, tenant: &str, quota: &QuotaOverride, time: &str) -> Result<(), DbError> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO tenant_quotas (tenant, quota, updated_at) VALUES (?1, ?2, ?3) ON CONFLICT(tenant) DO UPDATE SET quota = excluded.quota, updated_at = excluded.updated_at",
+            params![tenant, json(quota), time],
+        )?;
+        Ok(())
+    }
+
+    /// A tenant's quota override and when it was set, if it has one.
+    pub fn tenant_quota(&self, tenant: &str) -> Result<Option<(QuotaOverride, String)>, DbError> {
+        let conn = self.conn();
+        let row = conn.query_row("SELECT quota, updated_at FROM tenant_quotas WHERE tenant = ?1", params![tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))).optional()?;
+        row.map(|(q, t)| Ok((parse(&q, "tenant_quotas.quota")?, t))).transpose()
+    }
+
+    /// Removes a tenant's quota override (it gets the defaults again). Returns whether there was one.
+    pub fn delete_tenant_quota(&self, tenant: &str) -> Result<bool, DbError> {
+        Ok(self.conn().execute("DELETE FROM tenant_quotas WHERE tenant = ?1", params![tenant])? > 0)
+    }
+}
+
 const PREVIEW_COLUMNS: &str = "id, sandbox_id, port, tenant, public, created_at, expires_at, revoked_at";
 
 /// Preview URLs (migration 11). Only the SHA-256 of a token secret is stored.
@@ -1502,6 +1564,41 @@ impl Db {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn tenant_quotas_are_stored_replaced_and_removed() {
+        use strata_api::QuotaValue;
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        assert_eq!(db.tenant_quota("acme").unwrap(), None);
+        let q = QuotaOverride { sandboxes: Some(QuotaValue::Limit(3)), memory_bytes: Some(QuotaValue::Unlimited), ..Default::default() };
+        db.put_tenant_quota("acme", &q, "2026-01-01T00:00:00Z").unwrap();
+        assert_eq!(db.tenant_quota("acme").unwrap(), Some((q, "2026-01-01T00:00:00Z".to_string())));
+        let q2 = QuotaOverride { disk_bytes: Some(QuotaValue::Limit(1 << 30)), ..Default::default() };
+        db.put_tenant_quota("acme", &q2, "2026-01-02T00:00:00Z").unwrap();
+        assert_eq!(db.tenant_quota("acme").unwrap().unwrap().0, q2, "a put replaces the whole override");
+        assert_eq!(db.tenant_quota("globex").unwrap(), None);
+        assert!(db.delete_tenant_quota("acme").unwrap());
+        assert!(!db.delete_tenant_quota("acme").unwrap());
+        assert_eq!(db.tenant_quota("acme").unwrap(), None);
+    }
+
+    #[test]
+    fn resource_claims_read_limits_without_whole_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let mut a = record("0123456789abcdef", "a");
+        a.sandbox.tenant = "acme".into();
+        a.sandbox.limits.disk_bytes = Some(1 << 30);
+        db.insert_sandbox(&a).unwrap();
+        let mut b = record("1123456789abcdef", "b");
+        b.sandbox.limits = ResourceLimits::default();
+        db.insert_sandbox(&b).unwrap();
+        let mut claims = db.resource_claims().unwrap();
+        claims.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(claims[0], ResourceClaim { id: a.sandbox.id.clone(), tenant: "acme".into(), state: SandboxState::Creating, memory_bytes: Some(1 << 20), disk_bytes: Some(1 << 30) });
+        assert_eq!((claims[1].memory_bytes, claims[1].disk_bytes, claims[1].tenant.as_str()), (None, None, "default"));
+    }
 
     fn record(id: &str, name: &str) -> SandboxRecord {
         SandboxRecord {

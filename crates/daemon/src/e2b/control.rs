@@ -135,7 +135,7 @@ fn detail_json(s: &Sandbox, key: Option<&str>) -> Value {
         "envdVersion": ENVD_VERSION,
         "cpuCount": s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1),
         "memoryMB": s.limits.memory_bytes.map(|m| m / (1024 * 1024)).unwrap_or(0),
-        "diskSizeMB": 0,
+        "diskSizeMB": s.limits.disk_bytes.map(|b| b / (1024 * 1024)).unwrap_or(0),
         "state": e2b_state(s.state),
         "metadata": metadata(s),
     });

@@ -98,6 +98,18 @@ class ServerError(StrataError):
     """5xx other than 501: an internal daemon error, a corrupt standby image, a registry failure."""
 
 
+class QuotaExceeded(StrataError):
+    """429 ``quota_exceeded``: the request would take the tenant over one of its
+    quotas (sandboxes, memory, disk, forks per minute); the message names the
+    quota, its limit and the usage. Nothing was created."""
+
+
+class InsufficientResources(ServerError):
+    """507 ``insufficient_storage`` / 503 ``insufficient_memory``: the host cannot
+    take the request now (its free disk or memory, minus the daemon's reserve and
+    over-commit limits); the message says what is available. Nothing was created."""
+
+
 class StrataConnectionError(StrataError):
     """The daemon could not be reached (socket missing, connection refused, dropped)."""
 
@@ -108,7 +120,10 @@ _BY_STATUS: dict[int, type[StrataError]] = {
     403: Forbidden,
     404: NotFound,
     409: Conflict,
+    429: QuotaExceeded,
     501: Unsupported,
+    503: InsufficientResources,
+    507: InsufficientResources,
 }
 
 

@@ -85,7 +85,9 @@ def _raw() -> Any:
 
 @dataclass
 class ResourceLimits(Model):
-    """Resource limits of a sandbox (``None``: unlimited / default)."""
+    """Resource limits of a sandbox. In a request, ``None`` takes the daemon's
+    default (``strata daemon --default-memory`` etc.); a sandbox shows the limits
+    it runs with (``None`` there: no limit, the operator's ``--default-* none``)."""
 
     cpus: float | None = None
     memory_bytes: int | None = None
