@@ -285,3 +285,28 @@ fn uploads_stream_in_bounded_memory() {
     assert!(common::wait_until(20, || left_behind().is_empty()), "an abandoned upload left {:?}", left_behind());
     assert!(common::wait_until(20, || transfer_threads(&d) == 0), "a transfer thread outlived its client");
 }
+
+/// Output of processes started through the API: each keeps at most 8 MiB, and
+/// a sandbox's processes together at most 64 MiB (older exited processes give
+/// theirs up first), so a caller starting many processes that each write a
+/// lot cannot grow the daemon without bound. 40 processes of 8 MiB each would
+/// hold 320 MiB.
+#[test]
+fn process_output_is_bounded_per_sandbox() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    let ceiling = Ceiling::new(&d);
+    ceiling.check("40 processes writing 8 MiB each", || {
+        let procs: Vec<String> = (0..40).map(|_| d.cli_ok(&["exec", "-d", &id, "--", "head", "-c", "8388608", "/dev/zero"]).trim().to_string()).collect();
+        for p in &procs {
+            let out = d.cli(&["proc", "wait", &id, p]);
+            assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+        }
+    });
+    // The newest process still has its output (the budget takes from the oldest first).
+    let last = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "head -c 1000 /dev/zero | tr '\\0' x"]).trim().to_string();
+    let _ = d.cli(&["proc", "wait", &id, &last]);
+    assert_eq!(d.cli_ok(&["proc", "logs", &id, &last]).len(), 1000);
+}

@@ -33,6 +33,18 @@ use crate::state::Shared;
 
 /// Output kept per process; older output is dropped (and reported as dropped).
 pub const LOG_CAP_BYTES: u64 = 8 << 20;
+/// Output kept for all API processes of one sandbox together. Over it, the
+/// oldest exited processes lose their output first, then running processes
+/// their oldest output down to [`LOG_FLOOR_BYTES`] each: a caller starting
+/// many processes, or processes writing without end, cannot grow the daemon
+/// past a fixed amount per sandbox.
+pub const SANDBOX_LOG_BUDGET: u64 = 64 << 20;
+/// What a running process keeps of its newest output when its sandbox is over
+/// [`SANDBOX_LOG_BUDGET`].
+pub const LOG_FLOOR_BYTES: u64 = 256 << 10;
+/// The sandbox's budget is checked each time a process's output crosses a
+/// multiple of this many bytes.
+const BUDGET_CHECK_EVERY: u64 = 1 << 20;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -46,11 +58,33 @@ struct LogBuf {
 }
 
 impl LogBuf {
+    /// Bytes held now.
+    fn retained(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// Drops the oldest chunks (whole) as long as at least `keep` bytes stay
+    /// held; returns the bytes freed.
+    fn trim_to(&mut self, keep: u64) -> u64 {
+        let before = self.retained();
+        while let Some(len) = self.chunks.front().map(|(_, _, d)| d.len() as u64) {
+            if self.retained() - len < keep {
+                break;
+            }
+            self.chunks.pop_front();
+            self.start += len;
+        }
+        if self.chunks.is_empty() {
+            self.start = self.end;
+        }
+        before - self.retained()
+    }
+
     fn push(&mut self, stream: StreamKind, data: Bytes) {
         let len = data.len() as u64;
         self.chunks.push_back((stream, self.end, data));
         self.end += len;
-        while self.end - self.start > LOG_CAP_BYTES {
+        while self.retained() > LOG_CAP_BYTES {
             match self.chunks.pop_front() {
                 Some((_, _, d)) => self.start += d.len() as u64,
                 None => break,
@@ -123,9 +157,16 @@ impl Proc {
         self.changed.send_modify(|v| *v += 1);
     }
 
-    fn append(&self, stream: StreamKind, data: Bytes) {
-        self.lock().log.push(stream, data);
+    /// Appends output; true when the sandbox's [`SANDBOX_LOG_BUDGET`] is due for a check.
+    fn append(&self, stream: StreamKind, data: Bytes) -> bool {
+        let due = {
+            let mut st = self.lock();
+            let before = st.log.end;
+            st.log.push(stream, data);
+            before / BUDGET_CHECK_EVERY != st.log.end / BUDGET_CHECK_EVERY
+        };
         self.bump();
+        due
     }
 
     /// Events from `offset` on: output chunks (and a `Dropped` marker if the buffer
@@ -252,6 +293,34 @@ impl ProcessTable {
         });
         sp.procs.insert(id, p.clone());
         p
+    }
+
+    /// Holds the output of a sandbox's processes to [`SANDBOX_LOG_BUDGET`]:
+    /// exited processes lose theirs first (oldest first), then running
+    /// processes, largest first, keep [`LOG_FLOOR_BYTES`] each.
+    pub fn enforce_log_budget(&self, sandbox_id: &str) {
+        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut total: u64 = procs.iter().map(|p| p.lock().log.retained()).sum();
+        if total <= SANDBOX_LOG_BUDGET {
+            return;
+        }
+        let (exited, mut running): (Vec<_>, Vec<_>) = procs.into_iter().partition(|p| p.info().status == ProcessStatus::Exited);
+        running.sort_by_key(|p| std::cmp::Reverse(p.lock().log.retained()));
+        for (p, keep) in exited.iter().map(|p| (p, 0)).chain(running.iter().map(|p| (p, LOG_FLOOR_BYTES))) {
+            if total <= SANDBOX_LOG_BUDGET {
+                break;
+            }
+            let freed = {
+                let mut st = p.lock();
+                let over = total - SANDBOX_LOG_BUDGET;
+                let keep = keep.max(st.log.retained().saturating_sub(over));
+                st.log.trim_to(keep)
+            };
+            total -= freed;
+            if freed > 0 {
+                p.bump();
+            }
+        }
     }
 
     /// The running processes of a sandbox, for a warm checkpoint taken now.
@@ -586,8 +655,8 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
     let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let report = loop {
-        let out_task = tokio::spawn(pump(p.clone(), ends.stdout, StreamKind::Stdout, opts.secrets.redactor()));
-        let err_task = tokio::spawn(pump(p.clone(), ends.stderr, StreamKind::Stderr, opts.secrets.redactor()));
+        let out_task = tokio::spawn(pump(st.clone(), sandbox_id.clone(), p.clone(), ends.stdout, StreamKind::Stdout, opts.secrets.redactor()));
+        let err_task = tokio::spawn(pump(st.clone(), sandbox_id.clone(), p.clone(), ends.stderr, StreamKind::Stderr, opts.secrets.redactor()));
         if let Some(fd) = ends.stdin.take() {
             // Reattached after a resume: it was open when the process was suspended.
             attach_stdin(&p, fd, None, true).await;
@@ -687,9 +756,14 @@ async fn attach_stdin(p: &Arc<Proc>, fd: OwnedFd, data: Option<Vec<u8>>, keep_op
 
 /// Copies one output pipe into the process's log, redacting secret values
 /// (a value split across reads is caught; see [`crate::secrets::Redactor`]).
-async fn pump(p: Arc<Proc>, fd: OwnedFd, stream: StreamKind, mut redactor: Option<crate::secrets::Redactor>) {
+async fn pump(st: Shared, sandbox_id: String, p: Arc<Proc>, fd: OwnedFd, stream: StreamKind, mut redactor: Option<crate::secrets::Redactor>) {
     let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
     let mut buf = vec![0u8; 64 * 1024];
+    let append = |data: Bytes| {
+        if p.append(stream, data) {
+            st.processes.enforce_log_budget(&sandbox_id);
+        }
+    };
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -697,16 +771,18 @@ async fn pump(p: Arc<Proc>, fd: OwnedFd, stream: StreamKind, mut redactor: Optio
                 Some(red) => {
                     let out = red.feed(&buf[..n]);
                     if !out.is_empty() {
-                        p.append(stream, Bytes::from(out));
+                        append(Bytes::from(out));
                     }
                 }
-                None => p.append(stream, Bytes::copy_from_slice(&buf[..n])),
+                None => append(Bytes::copy_from_slice(&buf[..n])),
             },
         }
     }
     if let Some(out) = redactor.as_mut().map(|r| r.finish()).filter(|o| !o.is_empty()) {
-        p.append(stream, Bytes::from(out));
+        append(Bytes::from(out));
     }
+    // An exit leaves output behind: hold the sandbox to its budget now too.
+    st.processes.enforce_log_budget(&sandbox_id);
 }
 
 enum FinalReport {
@@ -999,6 +1075,47 @@ mod tests {
         assert!(matches!(parse(b"hello\n").0, FinalReport::Tampered(_)));
         let many = "{\"type\":\"ns_pid\",\"pid\":7}\n".repeat(100);
         assert!(matches!(parse(many.as_bytes()).0, FinalReport::Tampered(w) if w.contains("more than")));
+    }
+
+    #[test]
+    fn trimming_keeps_the_newest_output() {
+        let mut b = LogBuf::default();
+        for i in 0..10u8 {
+            b.push(StreamKind::Stdout, Bytes::from(vec![i; 1000]));
+        }
+        assert_eq!(b.trim_to(2500), 7000, "whole chunks go, oldest first, as long as 2500 bytes stay");
+        assert_eq!((b.start, b.end, b.retained()), (7000, 10000, 3000));
+        assert_eq!(b.chunks.front().unwrap().2[0], 7);
+        assert_eq!(b.trim_to(0), 3000);
+        assert_eq!((b.start, b.end), (10000, 10000), "offsets go on where they were");
+    }
+
+    #[test]
+    fn a_sandbox_keeps_its_processes_output_within_its_budget() {
+        let table = ProcessTable::default();
+        // Chunks as the pumps read them.
+        let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+        // 20 exited processes with 8 MiB each, then 20 running ones writing 8 MiB each.
+        for i in 0..40 {
+            let p = table.insert("sb", vec![format!("p{i}")]);
+            for _ in 0..128 {
+                if p.append(StreamKind::Stdout, chunk.clone()) {
+                    table.enforce_log_budget("sb");
+                }
+            }
+            if i < 20 {
+                p.lock().info.status = ProcessStatus::Exited;
+            }
+            table.enforce_log_budget("sb");
+        }
+        let procs: Vec<Arc<Proc>> = table.lock()["sb"].procs.values().cloned().collect();
+        let total: u64 = procs.iter().map(|p| p.lock().log.retained()).sum();
+        assert!(total <= SANDBOX_LOG_BUDGET + chunk.len() as u64, "{} MiB kept", total >> 20);
+        // The exited ones gave theirs up first; every running one keeps its newest output.
+        assert!(procs[..20].iter().all(|p| p.lock().log.retained() == 0));
+        assert!(procs[20..].iter().all(|p| p.lock().log.retained() >= LOG_FLOOR_BYTES));
+        let newest = procs.last().unwrap();
+        assert_eq!(newest.lock().log.end, 8 << 20, "offsets count everything written");
     }
 
     #[test]
