@@ -10,8 +10,7 @@ use futures_util::Stream;
 use strata_client::ByteStream;
 use tokio::sync::mpsc;
 
-/// Size of the pieces read and sent.
-const CHUNK: usize = 128 * 1024;
+use strata_client::chunks::{ChunkWriter, CHUNK};
 /// Pieces in flight between a thread and the connection.
 const DEPTH: usize = 8;
 
@@ -29,37 +28,13 @@ pub fn file_chunks(file: tokio::fs::File) -> impl Stream<Item = io::Result<Bytes
     })
 }
 
-struct ChannelWriter {
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    buf: BytesMut,
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() >= CHUNK {
-            self.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let piece = std::mem::replace(&mut self.buf, BytesMut::with_capacity(CHUNK)).freeze();
-        self.tx.blocking_send(Ok(piece)).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the upload stopped"))
-    }
-}
-
 /// Runs `make` on a thread of its own, writing into a stream of pieces as
 /// they are sent. A failure of `make` ends the stream with an error (the
 /// daemon then keeps nothing of the upload) and is the thread's result.
 pub fn produce(make: impl FnOnce(&mut dyn Write) -> io::Result<()> + Send + 'static) -> (impl Stream<Item = io::Result<Bytes>> + Send + 'static, tokio::task::JoinHandle<io::Result<()>>) {
     let (tx, rx) = mpsc::channel(DEPTH);
     let done = tokio::task::spawn_blocking(move || {
-        let mut w = ChannelWriter { tx: tx.clone(), buf: BytesMut::with_capacity(CHUNK) };
+        let mut w = ChunkWriter::new(tx.clone(), "the upload stopped");
         let res = make(&mut w).and_then(|_| w.flush());
         if let Err(e) = &res {
             let _ = tx.blocking_send(Err(io::Error::new(e.kind(), e.to_string())));

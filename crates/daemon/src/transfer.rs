@@ -16,15 +16,14 @@
 //! Each transfer runs on a thread of its own named [`THREAD_NAME`], which ends
 //! with its transfer: no pool thread is parked behind a slow client.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 
 use axum::body::{Body, Bytes};
-use bytes::BytesMut;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 /// Size of the pieces moved through a channel.
-pub const CHUNK: usize = 128 * 1024;
+pub const CHUNK: usize = strata_client::chunks::CHUNK;
 /// Pieces a channel holds: with [`CHUNK`], at most about 1 MiB in flight per transfer.
 pub const DEPTH: usize = 8;
 /// Name of the threads that carry transfers (visible in `/proc/<pid>/task/*/comm`).
@@ -35,84 +34,15 @@ pub fn spawn(f: impl FnOnce() + Send + 'static) -> io::Result<()> {
     std::thread::Builder::new().name(THREAD_NAME.into()).spawn(f).map(drop)
 }
 
-/// The sending half of a download: a [`Write`] whose bytes reach the
+/// The sending half of a download: a [`std::io::Write`] whose bytes reach the
 /// response body in [`CHUNK`]-sized pieces.
-pub struct ChunkSender {
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    buf: BytesMut,
-}
+pub type ChunkSender = strata_client::chunks::ChunkWriter;
 
 /// A download body fed by a [`ChunkSender`] on another thread.
 pub fn download_channel() -> (ChunkSender, Body) {
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(DEPTH);
     let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    (ChunkSender { tx, buf: BytesMut::with_capacity(CHUNK) }, Body::from_stream(body))
-}
-
-fn gone() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "the client went away")
-}
-
-impl ChunkSender {
-    /// Sends a piece as it is (for readers that fill whole pieces themselves).
-    pub fn send(&mut self, piece: Bytes) -> io::Result<()> {
-        self.flush()?;
-        self.tx.blocking_send(Ok(piece)).map_err(|_| gone())
-    }
-
-    /// Ends the body with an error: the client sees a broken transfer, never
-    /// a silently shorter one.
-    pub fn fail(mut self, e: io::Error) {
-        let _ = self.flush();
-        let _ = self.tx.blocking_send(Err(e));
-    }
-
-    /// Whether the client went away.
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-
-    /// Copies exactly `len` bytes of `r`, reading into fresh pieces (no extra
-    /// copy). A reader that ends early is an error.
-    pub fn copy_exact(&mut self, mut r: impl Read, len: u64) -> io::Result<()> {
-        self.flush()?;
-        let mut left = len;
-        while left > 0 {
-            let want = (left as usize).min(CHUNK);
-            let mut piece = BytesMut::zeroed(want);
-            let mut got = 0;
-            while got < want {
-                match r.read(&mut piece[got..]) {
-                    Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("the file ended {} bytes short of its size when the transfer started", left - got as u64))),
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            left -= want as u64;
-            self.send(piece.freeze())?;
-        }
-        Ok(())
-    }
-}
-
-impl Write for ChunkSender {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() >= CHUNK {
-            self.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let piece = std::mem::replace(&mut self.buf, BytesMut::with_capacity(CHUNK)).freeze();
-        self.tx.blocking_send(Ok(piece)).map_err(|_| gone())
-    }
+    (ChunkSender::new(tx, "the client went away"), Body::from_stream(body))
 }
 
 /// What the request side hands to an upload thread.
