@@ -232,3 +232,26 @@ fn daemon_kill9_readopts_running_sandboxes_and_applies_due_ttls() {
     d.cli_ok(&["start", &victim]);
     assert_eq!(d.cli_ok(&["exec", &victim, "--", "echo", "back"]), "back\n");
 }
+
+/// An image whose tree has a file where strata mounts a directory (`/run`,
+/// `/tmp`) cannot run as a sandbox: that is the caller's input, a 400 that
+/// says so, and nothing is left behind (it used to be a 500).
+#[test]
+fn an_image_that_cannot_run_is_a_400_and_leaves_nothing() {
+    require_host!();
+    let d = TestDaemon::start();
+    for dir in ["run", "tmp"] {
+        let tar = d.dir.path().join(format!("busybox-{dir}-file.tar"));
+        std::fs::copy(common::images_dir().join("busybox-rootfs.tar"), &tar).unwrap();
+        assert!(std::process::Command::new("tar").arg("--delete").arg("-f").arg(&tar).arg(format!("./{dir}/")).status().unwrap().success());
+        let extra = tempfile::tempdir().unwrap();
+        std::fs::write(extra.path().join(dir), "a file, not a directory\n").unwrap();
+        assert!(std::process::Command::new("tar").arg("-rf").arg(&tar).arg("-C").arg(extra.path()).arg(format!("./{dir}")).status().unwrap().success());
+        let name = format!("{dir}-file");
+        d.cli_ok(&["image", "import", tar.to_str().unwrap(), "--name", &name]);
+        let e = common::rt().block_on(d.client().create_sandbox(&strata_api::CreateSandboxRequest { source: name.clone(), ..Default::default() })).unwrap_err();
+        assert_eq!(e.code(), Some(strata_api::ErrorCode::BadRequest), "{e}");
+        assert!(e.to_string().contains("cannot run as a sandbox") && e.to_string().contains(&format!("/{dir}")), "{e}");
+        assert!(ps(&d).is_empty(), "a sandbox was left behind: {:?}", ps(&d));
+    }
+}

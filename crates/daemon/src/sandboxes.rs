@@ -256,7 +256,9 @@ pub(crate) async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, a
         Err(e) => {
             let msg = crate::error::chain(&e);
             transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&msg), started, None)?;
-            Err(ApiError::new(ErrorCode::Internal, format!("sandbox {} failed to start: {msg}", rec.sandbox.id)))
+            // An image that cannot run is the caller's input (400), anything else the host's (500).
+            let code = if matches!(e, strata_runtime::RuntimeError::Image(_)) { ErrorCode::BadRequest } else { ErrorCode::Internal };
+            Err(ApiError::new(code, format!("sandbox {} failed to start: {msg}", rec.sandbox.id)))
         }
     }
 }

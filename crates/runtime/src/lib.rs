@@ -33,6 +33,10 @@ pub enum RuntimeError {
     /// The sandbox's init failed during setup; the message comes from inside.
     #[error("sandbox setup failed: {0}")]
     Setup(String),
+    /// The image cannot run as a sandbox (its tree has a file or symlink where
+    /// strata mounts something): the caller's input, not the host's fault.
+    #[error("the image cannot run as a sandbox: {0}")]
+    Image(String),
     /// A cgroup operation failed.
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),

@@ -45,6 +45,9 @@ pub enum InitReport {
     Error {
         /// Why.
         message: String,
+        /// The image's own tree made it impossible (the caller's input), not the host.
+        #[serde(default)]
+        image: bool,
     },
 }
 
@@ -56,8 +59,13 @@ fn report(r: &InitReport) {
 }
 
 fn fail(message: String) -> ! {
-    eprintln!("strata init: {message}");
-    report(&InitReport::Error { message });
+    fail_with(mounts::SetupError::Host(message))
+}
+
+fn fail_with(e: mounts::SetupError) -> ! {
+    eprintln!("strata init: {e}");
+    let image = matches!(e, mounts::SetupError::Image(_));
+    report(&InitReport::Error { message: e.to_string(), image });
     std::process::exit(1)
 }
 
@@ -104,7 +112,7 @@ fn pid1(cfg: InitConfig) -> ! {
     let spec = &cfg.spec;
     // The helper binary, opened before pivot_root hides the host: pid 1 re-executes
     // it from inside the sandbox (see [`SELF_PATH`]).
-    let setup = || -> Result<std::os::fd::OwnedFd, String> {
+    let setup = || -> mounts::SetupResult<std::os::fd::OwnedFd> {
         let helper = mounts::clone_helper_mount(&cfg.init_binary)?;
         mounts::build_rootfs(&spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir, spec.limits.memory_bytes)?;
         nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
@@ -118,7 +126,7 @@ fn pid1(cfg: InitConfig) -> ! {
         mounts::attach_helper(&helper, SELF_PATH)?;
         Ok(helper)
     };
-    let helper = setup().unwrap_or_else(|message| fail(message));
+    let helper = setup().unwrap_or_else(|e| fail_with(e));
     report(&InitReport::Ready);
     detach_stdio(helper.as_raw_fd());
     if let Err(e) = nix::unistd::setsid() {

@@ -122,7 +122,8 @@ impl Runtime for NamespaceRuntime {
             match serde_json::from_str::<init::InitReport>(&line) {
                 Ok(init::InitReport::Pid { pid: p }) => pid = Some(p),
                 Ok(init::InitReport::Ready) => outcome = Some(Ok(())),
-                Ok(init::InitReport::Error { message }) => outcome = Some(Err(RuntimeError::Setup(message))),
+                Ok(init::InitReport::Error { message, image: true }) => outcome = Some(Err(RuntimeError::Image(message))),
+                Ok(init::InitReport::Error { message, image: false }) => outcome = Some(Err(RuntimeError::Setup(message))),
                 Err(_) => debug!(line, "unexpected line from init"),
             }
             if pid.is_some() && outcome.is_some() {

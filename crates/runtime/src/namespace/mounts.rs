@@ -7,8 +7,39 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 
-/// Errors are plain messages: they travel back to the daemon over a pipe.
-pub type SetupResult<T> = Result<T, String>;
+/// Why setting up a sandbox's mount tree failed. The message travels back to
+/// the daemon over a pipe; the kind says whose fault it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupError {
+    /// The image's own tree makes the sandbox impossible to set up (a symlink
+    /// or a file where strata mounts something): the caller's input.
+    Image(String),
+    /// Anything else (the host, the kernel, strata itself).
+    Host(String),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::Image(m) | SetupError::Host(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<String> for SetupError {
+    fn from(m: String) -> Self {
+        SetupError::Host(m)
+    }
+}
+
+impl From<&str> for SetupError {
+    fn from(m: &str) -> Self {
+        SetupError::Host(m.to_string())
+    }
+}
+
+/// Result of the setup steps.
+pub type SetupResult<T> = Result<T, SetupError>;
 
 fn ctx<E: std::fmt::Display>(what: impl std::fmt::Display) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
@@ -28,7 +59,7 @@ pub fn overlay_data(lower_fds: &[i32], upper_fd: i32, work_fd: i32) -> SetupResu
     let lowers: Vec<String> = lower_fds.iter().map(|fd| format!("/proc/self/fd/{fd}")).collect();
     let data = format!("lowerdir={},upperdir=/proc/self/fd/{upper_fd},workdir=/proc/self/fd/{work_fd}", lowers.join(":"));
     if data.len() >= MAX_OVERLAY_DATA {
-        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_fds.len()));
+        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_fds.len()).into());
     }
     Ok(data)
 }
@@ -55,9 +86,9 @@ pub fn mount_overlay(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path, 
 fn mount_point(root: &Path, rel: &str) -> SetupResult<PathBuf> {
     let p = root.join(rel);
     match fs::symlink_metadata(&p) {
-        Ok(m) if m.file_type().is_symlink() => Err(format!("refusing to mount on /{rel}: it is a symlink in the image")),
+        Ok(m) if m.file_type().is_symlink() => Err(SetupError::Image(format!("refusing to mount on /{rel}: it is a symlink in the image"))),
         Ok(m) if m.is_dir() => Ok(p),
-        Ok(_) => Err(format!("refusing to mount on /{rel}: not a directory in the image")),
+        Ok(_) => Err(SetupError::Image(format!("refusing to mount on /{rel}: not a directory in the image"))),
         Err(_) => {
             fs::create_dir(&p).map_err(ctx(format!("mkdir /{rel}")))?;
             Ok(p)
@@ -66,7 +97,7 @@ fn mount_point(root: &Path, rel: &str) -> SetupResult<PathBuf> {
 }
 
 fn mnt(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> SetupResult<()> {
-    mount(Some(src), target, fstype, flags, data).map_err(ctx(format!("mount {src} on {}", target.display())))
+    Ok(mount(Some(src), target, fstype, flags, data).map_err(ctx(format!("mount {src} on {}", target.display())))?)
 }
 
 const DEVICES: [(&str, u64, u64); 6] = [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
@@ -188,7 +219,14 @@ pub const IDENTITY_PATHS: [&str; 5] = ["etc/hostname", "etc/hosts", "etc/machine
 /// /etc/hostname, /etc/hosts and /etc/machine-id. Forks get fresh values here,
 /// and nothing of it lands in the writable layer.
 pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, generation: u32) -> SetupResult<()> {
-    fs::create_dir_all("/run/strata").map_err(ctx("mkdir /run/strata"))?;
+    match fs::create_dir_all("/run/strata") {
+        Ok(()) => {}
+        // A file (or a symlink to one) where /run or /run/strata must be a directory.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::EEXIST)) => {
+            return Err(SetupError::Image(format!("the image has no usable /run directory (mkdir /run/strata: {e}); strata keeps the sandbox's identity files and its init there")));
+        }
+        Err(e) => return Err(format!("mkdir /run/strata: {e}").into()),
+    }
     mnt("tmpfs", Path::new("/run/strata"), Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("mode=755,size=1m"))?;
     let put = |name: &str, content: String| fs::write(format!("/run/strata/{name}"), content).map_err(ctx(format!("write /run/strata/{name}")));
     put("sandbox-id", format!("{sandbox_id}\n"))?;
@@ -355,7 +393,7 @@ pub fn fill_secrets(dir: &Path, secrets: &[crate::spec::SecretFile], owner: (u32
     mnt("tmpfs", dir, Some("tmpfs"), flags, Some(&opts))?;
     for s in secrets {
         if !strata_api::valid_secret_name(&s.name) {
-            return Err(format!("invalid secret name {:?}", s.name));
+            return Err(format!("invalid secret name {:?}", s.name).into());
         }
         let p = dir.join(&s.name);
         let mut f = fs::OpenOptions::new()
@@ -383,11 +421,11 @@ pub fn mount_secrets(secrets: &[crate::spec::SecretFile], owner: Option<&str>) -
     let dir = Path::new(crate::spec::SECRETS_DIR);
     match fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(format!("refusing to mount secrets on {}: not a directory in the image", dir.display())),
+        Ok(_) => return Err(SetupError::Image(format!("refusing to mount secrets on {}: not a directory in the image", dir.display()))),
         Err(_) => {
             let run = Path::new("/run");
             if fs::symlink_metadata(run).is_ok_and(|m| !m.is_dir()) {
-                return Err("refusing to mount secrets: /run is not a directory in the image".into());
+                return Err(SetupError::Image("refusing to mount secrets: /run is not a directory in the image".into()));
             }
             fs::create_dir_all(dir).map_err(ctx(format!("mkdir {}", dir.display())))?;
         }
@@ -406,7 +444,7 @@ pub fn clone_helper_mount(exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
     // SAFETY: open_tree takes a dirfd, a NUL-terminated path that outlives the call, and flags.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint) };
     if fd < 0 {
-        return Err(format!("open_tree {}: {}", exe.display(), std::io::Error::last_os_error()));
+        return Err(format!("open_tree {}: {}", exe.display(), std::io::Error::last_os_error()).into());
     }
     // SAFETY: fd is a new descriptor owned by nobody else.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
@@ -423,7 +461,7 @@ pub fn attach_helper(tree: &std::os::fd::OwnedFd, target: &str) -> SetupResult<(
     // SAFETY: move_mount takes two (dirfd, NUL-terminated path) pairs that outlive the call, and flags.
     let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, c_target.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH) };
     if r < 0 {
-        return Err(format!("attach the helper on {target}: {}", std::io::Error::last_os_error()));
+        return Err(format!("attach the helper on {target}: {}", std::io::Error::last_os_error()).into());
     }
     mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV, None::<&str>)
         .map_err(ctx(format!("read-only {target}")))?;
@@ -435,7 +473,7 @@ pub fn loopback_up() -> SetupResult<()> {
     // SAFETY: socket() has no memory-safety preconditions; the fd is closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+        return Err(format!("socket: {}", std::io::Error::last_os_error()).into());
     }
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -455,7 +493,7 @@ pub fn loopback_up() -> SetupResult<()> {
     // SAFETY: fd was returned by socket() above and is closed once.
     unsafe { libc::close(fd) };
     if r < 0 {
-        return Err(format!("bring up lo: {err}"));
+        return Err(format!("bring up lo: {err}").into());
     }
     Ok(())
 }

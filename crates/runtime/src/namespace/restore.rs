@@ -17,7 +17,7 @@ use super::criu::{restore_args, RestoreConfig, RESTORE_CONFIG_ENV};
 fn new_network_namespace() -> Result<RawFd, String> {
     let current = std::fs::File::open("/proc/self/ns/net").map_err(|e| format!("open /proc/self/ns/net: {e}"))?;
     unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare network namespace: {e}"))?;
-    super::mounts::loopback_up()?;
+    super::mounts::loopback_up().map_err(|e| e.to_string())?;
     let new = std::fs::File::open("/proc/self/ns/net").map_err(|e| format!("open the new /proc/self/ns/net: {e}"))?;
     setns(&current, CloneFlags::CLONE_NEWNET).map_err(|e| format!("return to the daemon's network namespace: {e}"))?;
     let fd = new.into_raw_fd();
@@ -89,7 +89,7 @@ pub fn main() -> ! {
         let group = read_in_root(&cfg.rootfs_dir, "etc/group");
         let owner = super::mounts::secrets_owner(cfg.secrets_owner.as_deref(), &passwd, &group);
         if let Err(e) = super::mounts::fill_secrets(dir, &secrets, owner) {
-            fail(e);
+            fail(e.to_string());
         }
     }
     // Nothing of the config pipe reaches CRIU.
