@@ -521,7 +521,7 @@ mod tests {
         assert_eq!(overlay_data(&[7, 5], 8, 9).unwrap(), "lowerdir=/proc/self/fd/7:/proc/self/fd/5,upperdir=/proc/self/fd/8,workdir=/proc/self/fd/9");
         assert!(overlay_data(&[], 8, 9).is_err());
         let deep: Vec<i32> = (100..400).collect();
-        assert!(overlay_data(&deep, 8, 9).unwrap_err().contains("too deep"));
+        assert!(overlay_data(&deep, 8, 9).unwrap_err().to_string().contains("too deep"));
     }
 
     #[test]
