@@ -175,6 +175,7 @@ pub async fn feed_upload<T>(body: Body, tx: mpsc::Sender<UploadChunk>, limit: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[tokio::test]
     async fn downloads_arrive_whole_and_in_bounded_pieces() {
