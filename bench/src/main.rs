@@ -52,7 +52,8 @@ pub struct Cfg {
     pub e2b_python: PathBuf,
 }
 
-const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid PID --state-dir DIR --images DIR --work DIR
+const USAGE: &str =
+    "usage: strata-bench --socket PATH --strata BIN --daemon-pid PID --state-dir DIR --images DIR --work DIR
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
@@ -60,7 +61,8 @@ const USAGE: &str = "usage: strata-bench --socket PATH --strata BIN --daemon-pid
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 11] = ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview", "e2b", "warm"];
+const FIGURES: [&str; 11] =
+    ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview", "e2b", "warm"];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -122,7 +124,12 @@ fn parse_args() -> Result<Cfg> {
             _ => bail!("unknown argument {k}\n{USAGE}"),
         }
     }
-    if c.socket.as_os_str().is_empty() || c.strata.as_os_str().is_empty() || c.daemon_pid == 0 || c.work.as_os_str().is_empty() || c.state_dir.as_os_str().is_empty() {
+    if c.socket.as_os_str().is_empty()
+        || c.strata.as_os_str().is_empty()
+        || c.daemon_pid == 0
+        || c.work.as_os_str().is_empty()
+        || c.state_dir.as_os_str().is_empty()
+    {
         bail!("--socket, --strata, --daemon-pid, --state-dir and --work are required\n{USAGE}");
     }
     if let Some(f) = c.only.iter().find(|f| !FIGURES.contains(&f.as_str())) {
@@ -159,7 +166,12 @@ async fn run() -> Result<()> {
     let cfg = parse_args()?;
     let client = Client::unix(&cfg.socket);
     let info = client.info().await.context("daemon not reachable")?;
-    println!("strata-bench: daemon {} (pid {}), image {:?}", serde_json::to_string(&info).unwrap_or_default(), cfg.daemon_pid, cfg.image);
+    println!(
+        "strata-bench: daemon {} (pid {}), image {:?}",
+        serde_json::to_string(&info).unwrap_or_default(),
+        cfg.daemon_pid,
+        cfg.image
+    );
     client.get_image(&cfg.image).await.with_context(|| format!("image {:?} is not imported", cfg.image))?;
     let started = Instant::now();
     let load0 = loadavg();
@@ -189,7 +201,14 @@ async fn run() -> Result<()> {
         println!("\n== {name} ==");
         if let Err(e) = f(&mut b).await {
             eprintln!("strata-bench: figure {name} failed: {e:#}");
-            b.report.rows.push(report::Row::new(format!("{name}: ERROR"), format!("{e:#}"), "-", "-", "-", report::Verdict::Fail));
+            b.report.rows.push(report::Row::new(
+                format!("{name}: ERROR"),
+                format!("{e:#}"),
+                "-",
+                "-",
+                "-",
+                report::Verdict::Fail,
+            ));
             failed.push(name.to_string());
         }
         report::print_rows(&b.report.rows[rows_before..]);
@@ -197,15 +216,31 @@ async fn run() -> Result<()> {
     }
 
     let (kernel, nproc, cpu, mem) = sys::machine();
-    let facts = Facts { date: b.cfg.date.clone(), commit: b.cfg.commit.clone(), kernel, nproc, cpu, mem, wall: stats::secs(started.elapsed()), load: format!("{load0} -> {}", loadavg()) };
-    println!("\n== summary (kernel {}, nproc {}, {}, {}, load {}) ==", facts.kernel, facts.nproc, facts.cpu, facts.date, facts.load);
+    let facts = Facts {
+        date: b.cfg.date.clone(),
+        commit: b.cfg.commit.clone(),
+        kernel,
+        nproc,
+        cpu,
+        mem,
+        wall: stats::secs(started.elapsed()),
+        load: format!("{load0} -> {}", loadavg()),
+    };
+    println!(
+        "\n== summary (kernel {}, nproc {}, {}, {}, load {}) ==",
+        facts.kernel, facts.nproc, facts.cpu, facts.date, facts.load
+    );
     report::print_rows(&b.report.rows);
     if let Some(out) = &b.cfg.out {
         std::fs::write(out, report::markdown(&b.report, &facts)).with_context(|| format!("write {}", out.display()))?;
         println!("\nwrote {}", out.display());
     }
     let fails = b.report.rows.iter().filter(|r| r.verdict == report::Verdict::Fail).count();
-    println!("{} targets passed, {fails} failed{}", b.report.rows.iter().filter(|r| r.verdict == report::Verdict::Pass).count(), if failed.is_empty() { String::new() } else { format!("; figures that errored: {}", failed.join(", ")) });
+    println!(
+        "{} targets passed, {fails} failed{}",
+        b.report.rows.iter().filter(|r| r.verdict == report::Verdict::Pass).count(),
+        if failed.is_empty() { String::new() } else { format!("; figures that errored: {}", failed.join(", ")) }
+    );
     if !failed.is_empty() {
         bail!("{} figure(s) could not be measured", failed.len());
     }
@@ -214,5 +249,7 @@ async fn run() -> Result<()> {
 
 /// The first three fields of /proc/loadavg.
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }

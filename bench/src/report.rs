@@ -41,8 +41,22 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(metric: impl Into<String>, strata: impl Into<String>, baseline: impl Into<String>, ratio: impl Into<String>, target: impl Into<String>, verdict: Verdict) -> Row {
-        Row { metric: metric.into(), strata: strata.into(), baseline: baseline.into(), ratio: ratio.into(), target: target.into(), verdict }
+    pub fn new(
+        metric: impl Into<String>,
+        strata: impl Into<String>,
+        baseline: impl Into<String>,
+        ratio: impl Into<String>,
+        target: impl Into<String>,
+        verdict: Verdict,
+    ) -> Row {
+        Row {
+            metric: metric.into(),
+            strata: strata.into(),
+            baseline: baseline.into(),
+            ratio: ratio.into(),
+            target: target.into(),
+            verdict,
+        }
     }
 }
 

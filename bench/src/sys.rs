@@ -26,7 +26,8 @@ pub fn pss_kib(pid: i32) -> Option<u64> {
 
 /// MemAvailable of the host in KiB.
 pub fn mem_available_kib() -> Result<u64> {
-    kb_field(&std::fs::read_to_string("/proc/meminfo")?, "MemAvailable").context("MemAvailable missing from /proc/meminfo")
+    kb_field(&std::fs::read_to_string("/proc/meminfo")?, "MemAvailable")
+        .context("MemAvailable missing from /proc/meminfo")
 }
 
 /// Pids of all processes on the host.
@@ -58,7 +59,11 @@ pub fn children(pid: i32) -> Vec<i32> {
 /// spawn to reaped exit, and checks exit status 0 and (if given) stdout.
 pub fn timed(argv: &[&str], expect_stdout: Option<&str>) -> Result<Duration> {
     let t = Instant::now();
-    let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).output().with_context(|| format!("spawn {}", argv[0]))?;
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("spawn {}", argv[0]))?;
     let el = t.elapsed();
     if !out.status.success() {
         bail!("`{}` failed ({}): {}", argv.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
@@ -74,7 +79,11 @@ pub fn timed(argv: &[&str], expect_stdout: Option<&str>) -> Result<Duration> {
 /// Runs `argv`, returns (wall time, stdout); fails on non-zero exit.
 pub fn timed_output(argv: &[&str]) -> Result<(Duration, String)> {
     let t = Instant::now();
-    let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).output().with_context(|| format!("spawn {}", argv[0]))?;
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("spawn {}", argv[0]))?;
     let el = t.elapsed();
     if !out.status.success() {
         bail!("`{}` failed ({}): {}", argv.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
@@ -161,24 +170,36 @@ pub fn sandbox_memcg(id: &str) -> Option<std::path::PathBuf> {
 
 /// Whether any cgroup directory of sandbox `id` exists (any controller, v1 or v2).
 pub fn sandbox_cgroup_exists(id: &str) -> bool {
-    let v1 = std::fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().any(|c| c.path().join("strata").join(id).exists())).unwrap_or(false);
+    let v1 = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|rd| rd.flatten().any(|c| c.path().join("strata").join(id).exists()))
+        .unwrap_or(false);
     v1 || Path::new("/sys/fs/cgroup/strata").join(id).exists()
 }
 
 /// Charged memory of a memory cgroup in KiB (v1 `memory.usage_in_bytes`, v2 `memory.current`).
 pub fn memcg_usage_kib(dir: &Path) -> Option<u64> {
-    ["memory.usage_in_bytes", "memory.current"].iter().find_map(|f| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok()).map(|b| b / 1024)
+    ["memory.usage_in_bytes", "memory.current"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok())
+        .map(|b| b / 1024)
 }
 
 /// Page cache charged to a memory cgroup in KiB (v1 `total_cache`, v2 `file`, from memory.stat).
 pub fn memcg_cache_kib(dir: &Path) -> Option<u64> {
     let s = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
-    ["total_cache", "file"].iter().find_map(|k| s.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse::<u64>().ok())).map(|b| b / 1024)
+    ["total_cache", "file"]
+        .iter()
+        .find_map(|k| s.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse::<u64>().ok()))
+        .map(|b| b / 1024)
 }
 
 /// Host pids of the processes in a cgroup directory and its child cgroups.
 pub fn cgroup_pids(dir: &Path) -> Vec<i32> {
-    let mut out: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    let mut out: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -216,9 +237,16 @@ pub fn machine() -> (String, usize, String, String) {
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
         .unwrap_or_else(|| "unknown".into());
-    let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| kb_field(&s, "MemTotal")).map(|k| format!("{:.1} GiB", k as f64 / 1048576.0)).unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| kb_field(&s, "MemTotal"))
+        .map(|k| format!("{:.1} GiB", k as f64 / 1048576.0))
+        .unwrap_or_default();
     (kernel, nproc, cpu, mem)
 }
 

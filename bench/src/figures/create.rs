@@ -67,7 +67,20 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         bail!("{} is missing (run scripts/build-test-images.sh)", rootfs.display());
     }
     let rs = rootfs.to_string_lossy().into_owned();
-    let bw = ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", &rs, "/", "--proc", "/proc", "--dev", "/dev", "/bin/echo", "hi"];
+    let bw = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        &rs,
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "/bin/echo",
+        "hi",
+    ];
     let un = ["unshare", "-pmuin", "--fork", "chroot", &rs, "/bin/echo", "hi"];
     let req = create_req(&cfg.image);
     let c = b.client.clone();
@@ -78,7 +91,8 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         timed(&un, Some("hi\n"))?;
     }
     let n = cfg.runs;
-    let (mut total, mut create, mut exec, mut destroy, mut sbw, mut sun) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut total, mut create, mut exec, mut destroy, mut sbw, mut sun) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut ids = HashSet::new();
     // Interleaved, with the order rotating, so machine noise hits all three alike.
     for i in 0..n {
@@ -173,7 +187,11 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         "same cycle vs unshare -pmuin --fork chroot, p50 / p99",
         st.p50_p99(),
         su.p50_p99(),
-        format!("{} / {}", ratio(st.p50.as_secs_f64(), su.p50.as_secs_f64()), ratio(st.p99.as_secs_f64(), su.p99.as_secs_f64())),
+        format!(
+            "{} / {}",
+            ratio(st.p50.as_secs_f64(), su.p50.as_secs_f64()),
+            ratio(st.p99.as_secs_f64(), su.p99.as_secs_f64())
+        ),
         "-",
         Verdict::Info,
     ));
@@ -181,7 +199,11 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         format!("same cycle after {GAP_MS} ms idle, p50 / p99 (API, n={ng})"),
         sgt.p50_p99(),
         format!("{} (bwrap)", sgb.p50_p99()),
-        format!("{} / {}", ratio(sgt.p50.as_secs_f64(), sgb.p50.as_secs_f64()), ratio(sgt.p99.as_secs_f64(), sgb.p99.as_secs_f64())),
+        format!(
+            "{} / {}",
+            ratio(sgt.p50.as_secs_f64(), sgb.p50.as_secs_f64()),
+            ratio(sgt.p99.as_secs_f64(), sgb.p99.as_secs_f64())
+        ),
         "-",
         Verdict::Info,
     ));
@@ -197,7 +219,11 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         format!("same cycle via CLI (3 processes), p50 / p99 (n={})", cfg.cli_runs),
         scli.p50_p99(),
         format!("{} (bwrap)", sb.p50_p99()),
-        format!("{} / {}", ratio(scli.p50.as_secs_f64(), sb.p50.as_secs_f64()), ratio(scli.p99.as_secs_f64(), sb.p99.as_secs_f64())),
+        format!(
+            "{} / {}",
+            ratio(scli.p50.as_secs_f64(), sb.p50.as_secs_f64()),
+            ratio(scli.p99.as_secs_f64(), sb.p99.as_secs_f64())
+        ),
         "-",
         Verdict::Info,
     ));

@@ -45,7 +45,8 @@ impl Sdk {
         self.stdin.write_all(b"go\n").and_then(|()| self.stdin.flush()).context("write to the SDK process")?;
         let mut line = String::new();
         self.stdout.read_line(&mut line).context("read from the SDK process")?;
-        let ms: f64 = line.trim().parse().with_context(|| format!("the SDK process printed {line:?} (see its stderr above)"))?;
+        let ms: f64 =
+            line.trim().parse().with_context(|| format!("the SDK process printed {line:?} (see its stderr above)"))?;
         Ok(Duration::from_secs_f64(ms / 1000.0))
     }
 }
@@ -60,8 +61,13 @@ impl Drop for Sdk {
 pub async fn run(b: &mut Bench) -> Result<()> {
     let cfg = b.cfg.clone();
     let Some(listen) = cfg.listen.clone() else { bail!("the e2b figure needs the daemon's TCP listener (--listen)") };
-    b.client.get_image(BASE).await.with_context(|| format!("image {BASE:?} is not imported (bench/run.sh imports debian-python.tar.gz as {BASE})"))?;
-    let key = std::fs::read_to_string(cfg.state_dir.join("api-token")).context("read the daemon's api-token")?.trim().to_string();
+    b.client.get_image(BASE).await.with_context(|| {
+        format!("image {BASE:?} is not imported (bench/run.sh imports debian-python.tar.gz as {BASE})")
+    })?;
+    let key = std::fs::read_to_string(cfg.state_dir.join("api-token"))
+        .context("read the daemon's api-token")?
+        .trim()
+        .to_string();
     let n = cfg.cli_runs;
     let url = format!("http://{listen}");
     let mut child = Command::new(&cfg.e2b_python)
@@ -73,7 +79,9 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .with_context(|| format!("run {} (the e2b venv: scripts/setup-host.sh)", cfg.e2b_python.display()))?;
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else { bail!("no pipes to the SDK process") };
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        bail!("no pipes to the SDK process")
+    };
     let mut sdk_proc = Sdk { child, stdin, stdout: std::io::BufReader::new(stdout) };
 
     // The native round trip over the Unix socket, same image.

@@ -89,7 +89,11 @@ async fn measure(b: &mut Bench, id: &str) -> Result<()> {
         format!("exec `echo hi` after {GAP_MS} ms idle, p50 / p99 (API, n={ng})"),
         ssg.p50_p99(),
         format!("{} (nsenter)", sbg.p50_p99()),
-        format!("{} / {}", ratio(ssg.p50.as_secs_f64(), sbg.p50.as_secs_f64()), ratio(ssg.p99.as_secs_f64(), sbg.p99.as_secs_f64())),
+        format!(
+            "{} / {}",
+            ratio(ssg.p50.as_secs_f64(), sbg.p50.as_secs_f64()),
+            ratio(ssg.p99.as_secs_f64(), sbg.p99.as_secs_f64())
+        ),
         "-",
         Verdict::Info,
     ));

@@ -36,7 +36,8 @@ fn cgroup_mem_kib(id: &str) -> Option<u64> {
 /// Whether any cgroup directory of sandbox `id` still exists.
 fn cgroup_exists(id: &str) -> bool {
     let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else { return false };
-    rd.flatten().any(|c| c.path().join("strata").join(id).exists()) || std::path::Path::new("/sys/fs/cgroup/strata").join(id).exists()
+    rd.flatten().any(|c| c.path().join("strata").join(id).exists())
+        || std::path::Path::new("/sys/fs/cgroup/strata").join(id).exists()
 }
 
 struct Settled {
@@ -268,7 +269,11 @@ async fn measure(b: &Bench, ids: &[String], before: &Settled) -> Result<Measured
     }
     let mut hist: Vec<_> = hist.into_iter().collect();
     hist.sort();
-    let ns_counts = hist.iter().map(|(procs, sbs)| format!("{sbs} sandboxes with {procs} process(es)")).collect::<Vec<_>>().join(", ");
+    let ns_counts = hist
+        .iter()
+        .map(|(procs, sbs)| format!("{sbs} sandboxes with {procs} process(es)"))
+        .collect::<Vec<_>>()
+        .join(", ");
     Ok(Measured {
         init_rss: avg(&rss),
         init_pss: avg(&pss),

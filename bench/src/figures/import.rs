@@ -57,7 +57,18 @@ fn generate(images: &Path, work: &Path) -> Result<PathBuf> {
         i += 1;
     }
     timed(
-        &["tar", "--numeric-owner", "--sort=name", "--mtime=@1700000000", "--format=posix", "-C", &dir.to_string_lossy(), "-cf", &tar.to_string_lossy(), "."],
+        &[
+            "tar",
+            "--numeric-owner",
+            "--sort=name",
+            "--mtime=@1700000000",
+            "--format=posix",
+            "-C",
+            &dir.to_string_lossy(),
+            "-cf",
+            &tar.to_string_lossy(),
+            ".",
+        ],
         None,
     )?;
     std::fs::remove_dir_all(&dir)?;
@@ -65,7 +76,12 @@ fn generate(images: &Path, work: &Path) -> Result<PathBuf> {
 }
 
 async fn import(b: &Bench, src: &Path, name: &str) -> Result<(Duration, ImportReport)> {
-    let req = ImportImageRequest { source: src.to_string_lossy().into_owned(), name: name.into(), trusted: false, replace: true };
+    let req = ImportImageRequest {
+        source: src.to_string_lossy().into_owned(),
+        name: name.into(),
+        trusted: false,
+        replace: true,
+    };
     sync_all();
     let t = Instant::now();
     let r = b.client.import_image(&req).await.with_context(|| format!("import {} as {name}", src.display()))?;
@@ -112,7 +128,10 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         "auto" if deb.exists() => (deb, "debian-python.tar.gz (scripts/build-test-images.sh --debian)".to_string()),
         "auto" | "generated" => {
             println!("generating a ~200 MB rootfs tarball in {}", cfg.work.display());
-            (generate(&cfg.images, &cfg.work)?, "generated: busybox rootfs + 200 MB of seeded random files, uncompressed tar".to_string())
+            (
+                generate(&cfg.images, &cfg.work)?,
+                "generated: busybox rootfs + 200 MB of seeded random files, uncompressed tar".to_string(),
+            )
         }
         p => (PathBuf::from(p), format!("{p} (given with --import)")),
     };
@@ -176,7 +195,14 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         r2s.push((r2, du2.saturating_sub(du1)));
     }
     let t = &tars[0];
-    details.insert(1, format!("unpacked (tar -xf, apparent size): {}; disk used by the extracted tree: {}", bytes(t.unpacked), bytes(t.disk)));
+    details.insert(
+        1,
+        format!(
+            "unpacked (tar -xf, apparent size): {}; disk used by the extracted tree: {}",
+            bytes(t.unpacked),
+            bytes(t.disk)
+        ),
+    );
 
     let p = |v: &[Duration]| summarize(v).p50.as_secs_f64();
     let mb = t.unpacked as f64 / 1e6;

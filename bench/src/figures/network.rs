@@ -19,7 +19,10 @@ const SETUP_TARGET_MS: f64 = 30.0;
 
 fn egress_req(image: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
-        network: Some(NetworkSpec { mode: NetworkMode::Egress, allow: vec!["198.51.100.0/24:443".into(), "pypi.org".into(), "*.pythonhosted.org:443".into()] }),
+        network: Some(NetworkSpec {
+            mode: NetworkMode::Egress,
+            allow: vec!["198.51.100.0/24:443".into(), "pypi.org".into(), "*.pythonhosted.org:443".into()],
+        }),
         ..create_req(image)
     }
 }
@@ -75,7 +78,11 @@ pub async fn run(b: &mut Bench) -> Result<()> {
                 let r = c.exec(id, &echo_req()).await.context("exec")?;
                 let el = t.elapsed();
                 check_echo(&r)?;
-                if id == &a.id { xn.push(el) } else { xe.push(el) }
+                if id == &a.id {
+                    xn.push(el)
+                } else {
+                    xe.push(el)
+                }
             }
         }
         anyhow::Ok((xn, xe))

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use strata_api::{CreateSandboxRequest, CreateTemplateRequest, ExecRequest, ImportImageRequest, PipelineState, RunPipelineRequest, StageLifecycle};
+use strata_api::{
+    CreateSandboxRequest, CreateTemplateRequest, ExecRequest, ImportImageRequest, PipelineState, RunPipelineRequest,
+    StageLifecycle,
+};
 
 use super::exec_ok;
 use crate::report::{Row, Verdict};
@@ -34,7 +37,16 @@ fn wheelhouse() -> PathBuf {
 
 /// Runs `sh -c script` as `user` in `id`; fails with its output unless it exits 0.
 async fn sh(b: &Bench, id: &str, user: Option<&str>, script: &str) -> Result<String> {
-    exec_ok(&b.client, id, ExecRequest { cmd: vec!["sh".into(), "-c".into(), script.into()], user: user.map(str::to_string), ..Default::default() }).await
+    exec_ok(
+        &b.client,
+        id,
+        ExecRequest {
+            cmd: vec!["sh".into(), "-c".into(), script.into()],
+            user: user.map(str::to_string),
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// The demo's setup in a new sandbox: wheelhouse in, venv with every package, a project.
@@ -42,8 +54,16 @@ async fn sh(b: &Bench, id: &str, user: Option<&str>, script: &str) -> Result<Str
 async fn setup(b: &Bench, wheels: &Path) -> Result<(String, usize)> {
     let req = CreateSandboxRequest {
         source: IMAGE.into(),
-        limits: strata_api::ResourceLimits { memory_bytes: Some(4 << 30), cpus: Some(2.0), pids: Some(1024), ..Default::default() },
-        policy: Some(strata_api::PolicyPatch { flush: Some(vec!["/tmp/wheels".into(), "/home/user/.cache".into()]), ..Default::default() }),
+        limits: strata_api::ResourceLimits {
+            memory_bytes: Some(4 << 30),
+            cpus: Some(2.0),
+            pids: Some(1024),
+            ..Default::default()
+        },
+        policy: Some(strata_api::PolicyPatch {
+            flush: Some(vec!["/tmp/wheels".into(), "/home/user/.cache".into()]),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let id = b.client.create_sandbox(&req).await.context("create the setup sandbox")?.id;
@@ -72,7 +92,12 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         bail!("{} missing (run scripts/build-test-images.sh --debian)", deb.display());
     }
     if b.client.get_image(IMAGE).await.is_err() {
-        let req = ImportImageRequest { source: deb.to_string_lossy().into(), name: IMAGE.into(), trusted: true, replace: false };
+        let req = ImportImageRequest {
+            source: deb.to_string_lossy().into(),
+            name: IMAGE.into(),
+            trusted: true,
+            replace: false,
+        };
         b.client.import_image(&req).await.context("import the Debian+python image")?;
     }
     let mut details = Vec::new();
@@ -83,13 +108,22 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     let setup_time = t.elapsed();
     println!("setup: {packages} packages in {}", secs(setup_time));
     let t = Instant::now();
-    b.client.create_template(&CreateTemplateRequest { name: TEMPLATE.into(), from: dev.clone(), replace: true, accept_findings: false }).await.context("promote the setup to a template (scan gate)")?;
+    b.client
+        .create_template(&CreateTemplateRequest {
+            name: TEMPLATE.into(),
+            from: dev.clone(),
+            replace: true,
+            accept_findings: false,
+        })
+        .await
+        .context("promote the setup to a template (scan gate)")?;
     let seal_time = t.elapsed();
     b.client.remove_sandbox(&dev, true).await.ok();
     let mut starts = Vec::new();
     for i in 0..=STARTS {
         let t = Instant::now();
-        let id = b.client.create_sandbox(&CreateSandboxRequest { source: TEMPLATE.into(), ..Default::default() }).await?.id;
+        let id =
+            b.client.create_sandbox(&CreateSandboxRequest { source: TEMPLATE.into(), ..Default::default() }).await?.id;
         sh(b, &id, Some("user"), "~/venv/bin/python -V >/dev/null").await?;
         let el = t.elapsed();
         if i > 0 {
@@ -107,14 +141,25 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         format!(">= {REUSE_TARGET:.0}x"),
         Verdict::of(x >= REUSE_TARGET),
     ));
-    details.push(format!("redo setup (create + copy {} + venv + pip install --no-index of {packages} packages): {}", wheels.display(), secs(setup_time)));
-    details.push(format!("seal into template {TEMPLATE} (checkpoint + state-hygiene scan), paid once: {}", secs(seal_time)));
+    details.push(format!(
+        "redo setup (create + copy {} + venv + pip install --no-index of {packages} packages): {}",
+        wheels.display(),
+        secs(setup_time)
+    ));
+    details.push(format!(
+        "seal into template {TEMPLATE} (checkpoint + state-hygiene scan), paid once: {}",
+        secs(seal_time)
+    ));
     details.push(format!("start from the template + `~/venv/bin/python -V`: {}", s.line()));
 
     // (b) The demo pipeline from that template: overhead per stage.
     let toml = std::fs::read_to_string(SPEC).with_context(|| format!("read {SPEC}"))?;
     let t = Instant::now();
-    let mut run = b.client.run_pipeline(&RunPipelineRequest { toml: Some(toml), spec: None }).await.context("start the demo pipeline")?;
+    let mut run = b
+        .client
+        .run_pipeline(&RunPipelineRequest { toml: Some(toml), spec: None })
+        .await
+        .context("start the demo pipeline")?;
     while run.state == PipelineState::Running {
         if t.elapsed() > Duration::from_secs(600) {
             bail!("pipeline run {} did not finish in 10 min", run.id);
@@ -145,7 +190,13 @@ pub async fn run(b: &mut Bench) -> Result<()> {
             "-",
             Verdict::Info,
         ));
-        details.push(format!("stage {} ({}; strata's part: {what}): {} ms wall, {} ms in its commands, {overhead} ms overhead", st.name, st.lifecycle.as_str(), st.duration_ms, st.commands_ms));
+        details.push(format!(
+            "stage {} ({}; strata's part: {what}): {} ms wall, {} ms in its commands, {overhead} ms overhead",
+            st.name,
+            st.lifecycle.as_str(),
+            st.duration_ms,
+            st.commands_ms
+        ));
     }
     b.report.rows.push(Row::new(
         "pipeline overhead: whole run (demo spec)",
@@ -155,7 +206,12 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         "-",
         Verdict::Info,
     ));
-    details.push(format!("run {}: {} stages, {total} ms in stages ({} wall from the request)", run.id, run.stages.len(), ms(t.elapsed())));
+    details.push(format!(
+        "run {}: {} stages, {total} ms in stages ({} wall from the request)",
+        run.id,
+        run.stages.len(),
+        ms(t.elapsed())
+    ));
     // The run keeps its stopped stage sandboxes (persistent output, fork winner): not needed here.
     for sb in run.stages.iter().flat_map(|s| s.sandboxes.iter()) {
         b.client.remove_sandbox(sb, true).await.ok();

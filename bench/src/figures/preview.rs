@@ -58,8 +58,16 @@ fn join_netns(pid: i32) -> Result<()> {
 fn request(p: &Path) -> Result<Duration> {
     let t = Instant::now();
     let (mut s, head) = match p {
-        Path::Proxied { addr, target, token } => (TcpStream::connect(addr.as_str()).context("connect to the daemon")?, format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nX-Strata-Preview-Token: {token}\r\nConnection: close\r\n\r\n")),
-        Path::Direct => (TcpStream::connect("127.0.0.1:8000").context("connect to the server")?, "GET /index.html HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nConnection: close\r\n\r\n".to_string()),
+        Path::Proxied { addr, target, token } => (
+            TcpStream::connect(addr.as_str()).context("connect to the daemon")?,
+            format!(
+                "GET {target} HTTP/1.1\r\nHost: {addr}\r\nX-Strata-Preview-Token: {token}\r\nConnection: close\r\n\r\n"
+            ),
+        ),
+        Path::Direct => (
+            TcpStream::connect("127.0.0.1:8000").context("connect to the server")?,
+            "GET /index.html HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nConnection: close\r\n\r\n".to_string(),
+        ),
     };
     s.set_nodelay(true)?;
     s.write_all(head.as_bytes())?;
@@ -89,18 +97,20 @@ fn sequential(p: Path, pid: i32, n: usize) -> Result<(Vec<Duration>, Duration)> 
 /// `CONCURRENCY` clients of `n` requests each: requests per second.
 fn concurrent(p: &Path, pid: i32, n: usize) -> Result<f64> {
     let t = Instant::now();
-    let handles: Vec<_> = (0..CONCURRENCY).map(|_| {
-        let p = p.clone();
-        std::thread::spawn(move || -> Result<()> {
-            if matches!(p, Path::Direct) {
-                join_netns(pid)?;
-            }
-            for _ in 0..n {
-                request(&p)?;
-            }
-            Ok(())
+    let handles: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let p = p.clone();
+            std::thread::spawn(move || -> Result<()> {
+                if matches!(p, Path::Direct) {
+                    join_netns(pid)?;
+                }
+                for _ in 0..n {
+                    request(&p)?;
+                }
+                Ok(())
+            })
         })
-    }).collect();
+        .collect();
     for h in handles {
         h.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
     }
@@ -194,7 +204,11 @@ pub async fn run(b: &mut Bench) -> Result<()> {
              Latency is measured by the client from connect to the last byte.",
             n = lp.len()
         ),
-        vec![format!("{:<28} {}", "proxied", sp.line()), format!("{:<28} {}", "direct", sd.line()), format!("{:<28} {cp:.0} req/s proxied, {cd:.0} req/s direct", format!("{CONCURRENCY} concurrent clients"))],
+        vec![
+            format!("{:<28} {}", "proxied", sp.line()),
+            format!("{:<28} {}", "direct", sd.line()),
+            format!("{:<28} {cp:.0} req/s proxied, {cd:.0} req/s direct", format!("{CONCURRENCY} concurrent clients")),
+        ],
     ));
     Ok(())
 }

@@ -14,15 +14,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use strata_api::{CreateSandboxRequest, ExecRequest, ExecResult, OnIdle, PolicyPatch, ProcessStatus, SandboxEvent, SandboxState, StandbyMode};
+use strata_api::{
+    CreateSandboxRequest, ExecRequest, ExecResult, OnIdle, PolicyPatch, ProcessStatus, SandboxEvent, SandboxState,
+    StandbyMode,
+};
 use strata_client::Client;
 
 use super::{check_echo, decode_output, echo_req};
 use crate::report::{Row, Verdict};
 use crate::stats::{bytes, kib, ms, ratio, secs, summarize, Summary};
 use crate::sys::{
-    cgroup_pids, cpu_ms, disk_usage, inner_pid, mem_available_kib, memcg_cache_kib, memcg_usage_kib, proc_state, rss_kib, sandbox_cgroup_exists, sandbox_memcg, start_time, status_kib,
-    sync_all, timed, zombie_children,
+    cgroup_pids, cpu_ms, disk_usage, inner_pid, mem_available_kib, memcg_cache_kib, memcg_usage_kib, proc_state,
+    rss_kib, sandbox_cgroup_exists, sandbox_memcg, start_time, status_kib, sync_all, timed, zombie_children,
 };
 use crate::Bench;
 
@@ -82,7 +85,11 @@ fn workload_script() -> String {
 
 /// Runs `cmd` in sandbox `id`: (exit status, stdout, stderr).
 async fn run_cmd(c: &Client, id: &str, cmd: &[&str]) -> Result<(i32, String, String)> {
-    let req = ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), timeout: Some("120s".into()), ..Default::default() };
+    let req = ExecRequest {
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        timeout: Some("120s".into()),
+        ..Default::default()
+    };
     let r = c.exec(id, &req).await.with_context(|| format!("exec {cmd:?} in {id}"))?;
     Ok((r.process.exit_status(), decode_output(&r.stdout_b64), decode_output(&r.stderr_b64)))
 }
@@ -183,9 +190,19 @@ impl HostView {
         let (mut run, mut zombies) = (Vec::new(), Vec::new());
         for p in self.procs.iter().filter(|p| start_time(p.pid) == Some(p.start)) {
             let state = proc_state(p.pid).unwrap_or('?');
-            let cmd = std::fs::read(format!("/proc/{}/cmdline", p.pid)).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
-            let ppid = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).ok().and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1).map(str::to_string)).unwrap_or_default();
-            let d = format!("host pid {} (pid {} inside, state {state}, parent {ppid}, cmdline {:?})", p.pid, p.inner, cmd.trim());
+            let cmd = std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            let ppid = std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
+                .ok()
+                .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1).map(str::to_string))
+                .unwrap_or_default();
+            let d = format!(
+                "host pid {} (pid {} inside, state {state}, parent {ppid}, cmdline {:?})",
+                p.pid,
+                p.inner,
+                cmd.trim()
+            );
             if state == 'Z' {
                 zombies.push(d);
             } else {
@@ -203,7 +220,11 @@ fn host_view(id: &str) -> Result<HostView> {
         let (Some(start), Some(inner), Some(rss)) = (start_time(pid), inner_pid(pid), rss_kib(pid)) else { continue };
         procs.push(HostProc { pid, start, inner, rss, anon: status_kib(pid, "RssAnon").unwrap_or(0) });
     }
-    Ok(HostView { procs, usage: memcg_usage_kib(&dir).context("memory cgroup usage")?, cache: memcg_cache_kib(&dir).unwrap_or(0) })
+    Ok(HostView {
+        procs,
+        usage: memcg_usage_kib(&dir).context("memory cgroup usage")?,
+        cache: memcg_cache_kib(&dir).unwrap_or(0),
+    })
 }
 
 /// MemAvailable, median of 5 reads 20 ms apart.
@@ -239,7 +260,8 @@ fn range_ms(s: &Summary) -> String {
 
 /// Removes every sandbox of this figure (named with PREFIX), `CONCURRENCY` at a time.
 async fn cleanup(c: &Client) -> Result<usize> {
-    let ids: Vec<String> = c.list_sandboxes().await?.into_iter().filter(|s| s.name.starts_with(PREFIX)).map(|s| s.id).collect();
+    let ids: Vec<String> =
+        c.list_sandboxes().await?.into_iter().filter(|s| s.name.starts_with(PREFIX)).map(|s| s.id).collect();
     let n = ids.len();
     let errs = remove_all(c, ids).await;
     match errs.into_iter().next() {
@@ -254,7 +276,9 @@ async fn remove_all(c: &Client, ids: Vec<String>) -> Vec<anyhow::Error> {
     let c2 = c.clone();
     let res = pool(ids.len(), CONCURRENCY, move |i| {
         let (c, ids) = (c2.clone(), ids.clone());
-        async move { c.remove_sandbox(&ids[i], true).await.map(|_| ()).with_context(|| format!("remove sandbox {}", ids[i])) }
+        async move {
+            c.remove_sandbox(&ids[i], true).await.map(|_| ()).with_context(|| format!("remove sandbox {}", ids[i]))
+        }
     })
     .await;
     res.into_iter().filter_map(|r| r.err()).collect()
@@ -299,7 +323,8 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     let c = b.client.clone();
     let mut details = Vec::new();
     let mut errors = Vec::new();
-    type Part = for<'a> fn(&'a mut Bench, &'a mut Vec<String>) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
+    type Part =
+        for<'a> fn(&'a mut Bench, &'a mut Vec<String>) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
     let parts: [(&str, Part); 3] = [
         ("~100 MiB workload", |b, d| Box::pin(workload(b, d))),
         ("many in standby", |b, d| Box::pin(many(b, d))),
@@ -397,12 +422,21 @@ struct Cycle {
 async fn workload(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
     let cfg = b.cfg.clone();
     let c = b.client.clone();
-    let sb = c.create_sandbox(&named(&cfg.image, format!("{PREFIX}100m"))).await.context("create the workload sandbox")?;
+    let sb =
+        c.create_sandbox(&named(&cfg.image, format!("{PREFIX}100m"))).await.context("create the workload sandbox")?;
     let id = sb.id;
     let w = start_workload(&c, &id, Duration::from_millis(100)).await?;
     let v0 = host_view(&id)?;
-    let holder = v0.holder(w.inner).with_context(|| format!("no host process of {id} has pid {} inside", w.inner))?.clone();
-    println!("workload ready in {}: shell VmRSS {} (anon {}), sandbox processes VmRSS {}, cgroup {}", secs(w.gen), kib(holder.rss as f64), kib(holder.anon as f64), kib(v0.rss_total() as f64), kib(v0.usage as f64));
+    let holder =
+        v0.holder(w.inner).with_context(|| format!("no host process of {id} has pid {} inside", w.inner))?.clone();
+    println!(
+        "workload ready in {}: shell VmRSS {} (anon {}), sandbox processes VmRSS {}, cgroup {}",
+        secs(w.gen),
+        kib(holder.rss as f64),
+        kib(holder.anon as f64),
+        kib(v0.rss_total() as f64),
+        kib(v0.usage as f64)
+    );
     details.push(format!(
         "(a) workload ready {} after start_process; sandbox processes (host pid / pid inside / VmRSS KiB / RssAnon KiB): {}; cgroup charge {} KiB (page cache {} KiB)",
         secs(w.gen),
@@ -456,7 +490,13 @@ async fn workload(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
         let rr = c.resume_sandbox(&id).await.with_context(|| format!("resume #{} of {id}", rep + 1))?;
         let resume = t.elapsed();
         if rr.from != SandboxState::Standby || !rr.processes_restored || rr.sandbox.state != SandboxState::Running {
-            bail!("resume #{} of {id}: from {}, processes_restored {}, now {}", rep + 1, rr.from, rr.processes_restored, rr.sandbox.state);
+            bail!(
+                "resume #{} of {id}: from {}, processes_restored {}, now {}",
+                rep + 1,
+                rr.from,
+                rr.processes_restored,
+                rr.sandbox.state
+            );
         }
         let after = host_view(&id)?;
         let holder_rss_after = after.holder(w.inner).map_or(0, |p| p.rss);
@@ -493,7 +533,10 @@ async fn workload(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
         if rep % COLD_EVERY == 0 {
             let k = cold.len();
             let t = Instant::now();
-            let sbc = c.create_sandbox(&named(&cfg.image, format!("{PREFIX}cold-{k}"))).await.context("create the cold-start sandbox")?;
+            let sbc = c
+                .create_sandbox(&named(&cfg.image, format!("{PREFIX}cold-{k}")))
+                .await
+                .context("create the cold-start sandbox")?;
             let wc = start_workload(&c, &sbc.id, Duration::from_millis(50)).await;
             let el = t.elapsed();
             c.remove_sandbox(&sbc.id, true).await.context("remove the cold-start sandbox")?;
@@ -528,7 +571,11 @@ async fn workload(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
     rows.push(Row::new(
         format!("standby, ~100 MiB workload: API wall, median of {REPS} (min-max) [daemon event / dump]"),
         format!("{} ({}) [{} / {} ms]", ms(st.p50), range_ms(&st), med_u(&|x| x.event_ms), med_u(&|x| x.dump_ms)),
-        format!("{} (cp + sync -f of the {:.1} MiB pages image)", ms(cps.p50), med_u(&|x| x.pages.1) as f64 / MIB as f64),
+        format!(
+            "{} (cp + sync -f of the {:.1} MiB pages image)",
+            ms(cps.p50),
+            med_u(&|x| x.pages.1) as f64 / MIB as f64
+        ),
         ratio(fms(st.p50), fms(cps.p50)),
         format!("<= {STANDBY_TARGET_MS:.0} ms"),
         Verdict::of(fms(st.p50) <= STANDBY_TARGET_MS),
@@ -542,9 +589,17 @@ async fn workload(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
         Verdict::of(fms(rs.p50) <= RESUME_TARGET_MS),
     ));
     rows.push(Row::new(
-        format!("host RAM released by standby, % of the workload's RSS ({}), median of {REPS} (min)", kib(rss_med as f64)),
+        format!(
+            "host RAM released by standby, % of the workload's RSS ({}), median of {REPS} (min)",
+            kib(rss_med as f64)
+        ),
         format!("{} ({}): {} of cgroup charge freed", pct(share), pct(min_share), kib(med_u(&|x| x.released) as f64)),
-        format!("host MemAvailable {} ({} of RSS; host-wide, noisy); on destroy {}", signed_mib(median_i(&cycles.iter().map(|x| x.avail_delta).collect::<Vec<_>>())), pct(median_f(&avail_shares)), signed_mib(destroy_delta)),
+        format!(
+            "host MemAvailable {} ({} of RSS; host-wide, noisy); on destroy {}",
+            signed_mib(median_i(&cycles.iter().map(|x| x.avail_delta).collect::<Vec<_>>())),
+            pct(median_f(&avail_shares)),
+            signed_mib(destroy_delta)
+        ),
         "-",
         format!(">= {:.0}%", RELEASED_TARGET * 100.0),
         Verdict::of(share >= RELEASED_TARGET),
@@ -723,14 +778,21 @@ async fn many(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
                     for e in rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("criu-")) {
                         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
                         let lines: Vec<&str> = text.lines().collect();
-                        details.push(format!("(b) {}: last lines: {}", e.path().display(), lines[lines.len().saturating_sub(5)..].join(" | ")));
+                        details.push(format!(
+                            "(b) {}: last lines: {}",
+                            e.path().display(),
+                            lines[lines.len().saturating_sub(5)..].join(" | ")
+                        ));
                     }
                 }
             }
         }
     }
     if ok.is_empty() {
-        bail!("no sandbox reached standby; first error: {}", failed.first().and_then(|m| m.err.clone()).unwrap_or_default());
+        bail!(
+            "no sandbox reached standby; first error: {}",
+            failed.first().and_then(|m| m.err.clone()).unwrap_or_default()
+        );
     }
     let k = ok.len();
 
@@ -784,7 +846,12 @@ async fn many(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
     ));
     rows.push(Row::new(
         format!("disk per sandbox in standby ({k}): state dir delta / {k} [image_bytes avg]; total"),
-        format!("{} [{}]; {}", kib(disk_per / 1024.0), kib(img_total as f64 / k as f64 / 1024.0), bytes(du1.saturating_sub(du0))),
+        format!(
+            "{} [{}]; {}",
+            kib(disk_per / 1024.0),
+            kib(img_total as f64 / k as f64 / 1024.0),
+            bytes(du1.saturating_sub(du0))
+        ),
         "-",
         "-",
         "reported",
@@ -833,7 +900,12 @@ async fn many(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
     details.push(format!(
         "(b) zombie children of the daemon (exited sandbox inits it has not reaped): {z0} before creating the sandboxes, {z1} with {k} in standby, {z2} after destroying them"
     ));
-    details.push(format!("(b) destroying {} sandboxes ({CONCURRENCY} at a time) took {}; {} errors", ids.len(), secs(rm_wall), rm_errs.len()));
+    details.push(format!(
+        "(b) destroying {} sandboxes ({CONCURRENCY} at a time) took {}; {} errors",
+        ids.len(),
+        secs(rm_wall),
+        rm_errs.len()
+    ));
     if with_cgroup > 0 || not_standby > 0 {
         rows.push(Row::new(
             format!("sandboxes in standby that kept a cgroup / were not in standby when inspected ({k})"),
@@ -898,7 +970,8 @@ impl RawResp {
 /// the end: the typed client does not expose response headers with a decoded body.
 async fn raw_call(socket: &Path, method: &str, path: &str, body: &[u8]) -> Result<RawResp> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connect {}", socket.display()))?;
+    let mut s =
+        tokio::net::UnixStream::connect(socket).await.with_context(|| format!("connect {}", socket.display()))?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: strata\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
     req.extend_from_slice(body);
     s.write_all(&req).await?;
@@ -907,8 +980,15 @@ async fn raw_call(socket: &Path, method: &str, path: &str, body: &[u8]) -> Resul
     let split = buf.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers in the response")?;
     let head = String::from_utf8_lossy(&buf[..split]).into_owned();
     let mut lines = head.split("\r\n");
-    let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).context("bad status line")?;
-    let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .context("bad status line")?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
     let raw = &buf[split + 4..];
     let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
     let body = if chunked {
@@ -917,7 +997,8 @@ async fn raw_call(socket: &Path, method: &str, path: &str, body: &[u8]) -> Resul
         loop {
             let eol = rest.windows(2).position(|w| w == b"\r\n").context("bad chunk")?;
             let size_text = String::from_utf8_lossy(&rest[..eol]).into_owned();
-            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).context("bad chunk size")?;
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+                .context("bad chunk size")?;
             rest = &rest[eol + 2..];
             if size == 0 {
                 break;
@@ -927,7 +1008,11 @@ async fn raw_call(socket: &Path, method: &str, path: &str, body: &[u8]) -> Resul
         }
         out
     } else {
-        let len = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse::<usize>().ok()).unwrap_or(raw.len());
+        let len = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(raw.len());
         raw.get(..len).context("short body")?.to_vec()
     };
     Ok(RawResp { status, headers, body })
@@ -956,7 +1041,8 @@ async fn policy(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
     let cfg = b.cfg.clone();
     let c = b.client.clone();
     let m = cfg.standby_idle;
-    let patch = PolicyPatch { on_idle: Some(OnIdle::Standby), idle_timeout: Some(IDLE_TIMEOUT.into()), ..Default::default() };
+    let patch =
+        PolicyPatch { on_idle: Some(OnIdle::Standby), idle_timeout: Some(IDLE_TIMEOUT.into()), ..Default::default() };
     let mut sbs: Vec<Idle> = Vec::with_capacity(m);
     let t0 = Instant::now();
     for i in 0..m {
@@ -964,7 +1050,8 @@ async fn policy(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
         if let Some(wait) = slot.checked_sub(t0.elapsed()) {
             tokio::time::sleep(wait).await;
         }
-        let req = CreateSandboxRequest { policy: Some(patch.clone()), ..named(&cfg.image, format!("{PREFIX}idle-{i:03}")) };
+        let req =
+            CreateSandboxRequest { policy: Some(patch.clone()), ..named(&cfg.image, format!("{PREFIX}idle-{i:03}")) };
         let sb = c.create_sandbox(&req).await.context("create a sandbox with on_idle=standby")?;
         let r = c.exec(&sb.id, &echo_req()).await.with_context(|| format!("exec in {}", sb.id))?;
         let last = SystemTime::now();
@@ -986,7 +1073,14 @@ async fn policy(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
                 }
                 evs[i] = Some(e.clone());
             } else if let Some(e) = list.iter().find(|e| e.reason.contains("failed") || e.to == SandboxState::Error) {
-                bail!("sandbox {}: {} -> {} ({}): {}", s.id, e.from.map_or("-".into(), |f| f.to_string()), e.to, e.reason, e.detail.clone().unwrap_or_default());
+                bail!(
+                    "sandbox {}: {} -> {} ({}): {}",
+                    s.id,
+                    e.from.map_or("-".into(), |f| f.to_string()),
+                    e.to,
+                    e.reason,
+                    e.detail.clone().unwrap_or_default()
+                );
             }
         }
         if Instant::now() > limit {
@@ -1010,7 +1104,8 @@ async fn policy(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
     let (mut first, mut warm, mut resume_ms) = (Vec::new(), Vec::new(), Vec::new());
     let mut from_ok = 0;
     for s in &sbs {
-        let (d, r) = raw_echo(&cfg.socket, &s.id).await.with_context(|| format!("first exec in {} (in standby)", s.id))?;
+        let (d, r) =
+            raw_echo(&cfg.socket, &s.id).await.with_context(|| format!("first exec in {} (in standby)", s.id))?;
         let from = r.header("strata-resumed-from").unwrap_or("").to_string();
         if from == "standby" {
             from_ok += 1;
@@ -1050,7 +1145,11 @@ async fn policy(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
         Verdict::Info,
     ));
     let list = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
-    details.push(format!("(c) idle timeout -> standby done (ms, by sandbox): {}{}", list(&done), if neg > 0 { format!(" ({neg} negative: clock/ms rounding)") } else { String::new() }));
+    details.push(format!(
+        "(c) idle timeout -> standby done (ms, by sandbox): {}{}",
+        list(&done),
+        if neg > 0 { format!(" ({neg} negative: clock/ms rounding)") } else { String::new() }
+    ));
     details.push(format!("(c) of which waiting for the policy loop (ms): {}", list(&wait)));
     details.push(format!("(c) of which the standby (event duration_ms): {}", list(&dur)));
     details.push(format!("(c) idle -> standby done: {}", ds.line()));

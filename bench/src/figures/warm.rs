@@ -25,14 +25,16 @@ const ROUNDS: usize = 5;
 
 /// The server: imports a good part of the standard library and builds a table
 /// in memory (the warm-up a dev server pays), then serves HTTP on :8000.
-const SERVER: &str = "import asyncio, concurrent.futures, csv, decimal, email.mime.multipart, http.server, json, logging.handlers, \
+const SERVER: &str =
+    "import asyncio, concurrent.futures, csv, decimal, email.mime.multipart, http.server, json, logging.handlers, \
     multiprocessing, sqlite3, ssl, tarfile, unittest, urllib.request, xml.etree.ElementTree, zipfile\n\
 table = {i: str(i) * 8 for i in range(400000)}\n\
 http.server.ThreadingHTTPServer(('127.0.0.1', 8000), http.server.SimpleHTTPRequestHandler).serve_forever()\n";
 
 /// Waits inside the sandbox until something listens on :8000 (bash's /dev/tcp, no Python start-up).
 fn ready_req() -> ExecRequest {
-    let script = "for i in $(seq 3000); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; sleep 0.005; done; exit 1";
+    let script =
+        "for i in $(seq 3000); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; sleep 0.005; done; exit 1";
     ExecRequest { cmd: vec!["bash".into(), "-c".into(), script.into()], ..Default::default() }
 }
 
@@ -55,7 +57,16 @@ async fn remove_all(c: &Client, ids: &[String]) {
 }
 
 fn fork_req(source: &str, processes: bool) -> ForkRequest {
-    ForkRequest { source: source.into(), count: CHILDREN, name_prefix: None, lifecycle: Lifecycle::Ephemeral, ttl: None, limits: None, network: None, processes: Some(processes) }
+    ForkRequest {
+        source: source.into(),
+        count: CHILDREN,
+        name_prefix: None,
+        lifecycle: Lifecycle::Ephemeral,
+        ttl: None,
+        limits: None,
+        network: None,
+        processes: Some(processes),
+    }
 }
 
 /// Fork from the warm checkpoint until every child serves.
@@ -79,8 +90,13 @@ async fn cold_round(c: &Client, ckpt: &str) -> Result<(Duration, Vec<String>)> {
 
 pub async fn run(b: &mut Bench) -> Result<()> {
     let c = b.client.clone();
-    c.get_image(IMAGE).await.with_context(|| format!("image {IMAGE:?} is not imported (bench/run.sh imports debian-python.tar.gz as {IMAGE})"))?;
-    let src = c.create_sandbox(&CreateSandboxRequest { source: IMAGE.into(), ..Default::default() }).await.context("create the source")?;
+    c.get_image(IMAGE).await.with_context(|| {
+        format!("image {IMAGE:?} is not imported (bench/run.sh imports debian-python.tar.gz as {IMAGE})")
+    })?;
+    let src = c
+        .create_sandbox(&CreateSandboxRequest { source: IMAGE.into(), ..Default::default() })
+        .await
+        .context("create the source")?;
     let res = measure(b, &c, &src.id).await;
     let _ = c.remove_sandbox(&src.id, true).await;
     res
@@ -94,7 +110,10 @@ async fn measure(b: &mut Bench, c: &Client, src: &str) -> Result<()> {
     let first_warmup = t.elapsed();
     let cold_ck = c.checkpoint(src, &CheckpointRequest::default()).await.context("checkpoint")?;
     let t = Instant::now();
-    let warm_ck = c.checkpoint(src, &CheckpointRequest { processes: true, ..Default::default() }).await.context("warm checkpoint")?;
+    let warm_ck = c
+        .checkpoint(src, &CheckpointRequest { processes: true, ..Default::default() })
+        .await
+        .context("warm checkpoint")?;
     let warm_ck_time = t.elapsed();
     let Some(image) = warm_ck.processes.clone() else { bail!("the warm checkpoint kept no processes") };
 
@@ -109,7 +128,11 @@ async fn measure(b: &mut Bench, c: &Client, src: &str) -> Result<()> {
             let warm = (i + k) % 2 == 0;
             let (el, ids) = if warm { warm_round(c, &warm_ck.id).await? } else { cold_round(c, &cold_ck.id).await? };
             remove_all(c, &ids).await;
-            if warm { ws.push(el) } else { cs.push(el) }
+            if warm {
+                ws.push(el)
+            } else {
+                cs.push(el)
+            }
         }
     }
     let (sw, sc) = (summarize(&ws), summarize(&cs));

@@ -28,7 +28,8 @@ pub enum Capability {
 
 impl Capability {
     /// All three, in a fixed order.
-    pub const ALL: [Capability; 3] = [Capability::UntrustedInput, Capability::SensitiveAccess, Capability::ExternalComms];
+    pub const ALL: [Capability; 3] =
+        [Capability::UntrustedInput, Capability::SensitiveAccess, Capability::ExternalComms];
 
     /// The snake_case wire name.
     pub fn as_str(self) -> &'static str {
@@ -88,7 +89,9 @@ impl ApprovalState {
 
     /// Parses a wire name.
     pub fn parse(s: &str) -> Option<ApprovalState> {
-        [ApprovalState::Pending, ApprovalState::Approved, ApprovalState::Denied, ApprovalState::Used].into_iter().find(|c| c.as_str() == s)
+        [ApprovalState::Pending, ApprovalState::Approved, ApprovalState::Denied, ApprovalState::Used]
+            .into_iter()
+            .find(|c| c.as_str() == s)
     }
 }
 

@@ -25,7 +25,11 @@ pub struct ComputeUsage {
 impl ComputeUsage {
     /// Component-wise sum.
     pub fn plus(self, o: ComputeUsage) -> ComputeUsage {
-        ComputeUsage { running_seconds: self.running_seconds + o.running_seconds, cpu_seconds: self.cpu_seconds + o.cpu_seconds, memory_gb_seconds: self.memory_gb_seconds + o.memory_gb_seconds }
+        ComputeUsage {
+            running_seconds: self.running_seconds + o.running_seconds,
+            cpu_seconds: self.cpu_seconds + o.cpu_seconds,
+            memory_gb_seconds: self.memory_gb_seconds + o.memory_gb_seconds,
+        }
     }
 }
 
@@ -122,7 +126,12 @@ pub struct Prices {
 
 impl Default for Prices {
     fn default() -> Self {
-        Prices { currency: "USD".into(), cpu_second: 0.04048 / 3600.0, memory_gb_second: 0.004445 / 3600.0, storage_gb_hour: StoragePrices::default() }
+        Prices {
+            currency: "USD".into(),
+            cpu_second: 0.04048 / 3600.0,
+            memory_gb_second: 0.004445 / 3600.0,
+            storage_gb_hour: StoragePrices::default(),
+        }
     }
 }
 

@@ -103,7 +103,11 @@ impl ErrorCode {
             ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::Forbidden | ErrorCode::ApprovalRequired | ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => 403,
+            ErrorCode::Forbidden
+            | ErrorCode::ApprovalRequired
+            | ErrorCode::PseudoFilesystem
+            | ErrorCode::SpecialFile
+            | ErrorCode::MountPoint => 403,
             ErrorCode::TooLarge => 413,
             ErrorCode::Unsupported => 501,
             ErrorCode::RegistryError | ErrorCode::UpstreamUnavailable => 502,

@@ -12,7 +12,7 @@ use std::fmt;
 
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use utoipa::openapi::schema::{OneOfBuilder, ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, SchemaType, Type};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::ToSchema;
 
@@ -80,7 +80,12 @@ impl<'de> Deserialize<'de> for QuotaValue {
 impl utoipa::PartialSchema for QuotaValue {
     fn schema() -> RefOr<Schema> {
         OneOfBuilder::new()
-            .item(ObjectBuilder::new().schema_type(SchemaType::new(Type::Integer)).format(Some(utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Int64))).minimum(Some(0)))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::new(Type::Integer))
+                    .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::Int64)))
+                    .minimum(Some(0)),
+            )
             .item(ObjectBuilder::new().schema_type(SchemaType::new(Type::String)).enum_values(Some(["unlimited"])))
             .description(Some("A count or a number of bytes, or \"unlimited\"."))
             .into()
@@ -186,7 +191,10 @@ mod tests {
     #[test]
     fn quota_values_are_numbers_or_unlimited() {
         let o: QuotaOverride = serde_json::from_str(r#"{"sandboxes": 3, "memory_bytes": "unlimited"}"#).unwrap();
-        assert_eq!((o.sandboxes, o.memory_bytes, o.disk_bytes), (Some(QuotaValue::Limit(3)), Some(QuotaValue::Unlimited), None));
+        assert_eq!(
+            (o.sandboxes, o.memory_bytes, o.disk_bytes),
+            (Some(QuotaValue::Limit(3)), Some(QuotaValue::Unlimited), None)
+        );
         assert_eq!(serde_json::to_string(&o).unwrap(), r#"{"sandboxes":3,"memory_bytes":"unlimited"}"#);
         for bad in [r#"{"sandboxes": -1}"#, r#"{"sandboxes": "lots"}"#, r#"{"sandboxes": 1.5}"#, r#"{"sandbox": 1}"#] {
             let e = serde_json::from_str::<QuotaOverride>(bad).unwrap_err().to_string();
@@ -196,9 +204,18 @@ mod tests {
 
     #[test]
     fn overrides_replace_defaults_field_by_field() {
-        let defaults = QuotaLimits { sandboxes: Some(100), memory_bytes: Some(8), disk_bytes: None, forks_per_minute: Some(120) };
-        let o = QuotaOverride { sandboxes: Some(QuotaValue::Limit(2)), memory_bytes: Some(QuotaValue::Unlimited), disk_bytes: Some(QuotaValue::Limit(5)), forks_per_minute: None };
-        assert_eq!(defaults.with_override(&o), QuotaLimits { sandboxes: Some(2), memory_bytes: None, disk_bytes: Some(5), forks_per_minute: Some(120) });
+        let defaults =
+            QuotaLimits { sandboxes: Some(100), memory_bytes: Some(8), disk_bytes: None, forks_per_minute: Some(120) };
+        let o = QuotaOverride {
+            sandboxes: Some(QuotaValue::Limit(2)),
+            memory_bytes: Some(QuotaValue::Unlimited),
+            disk_bytes: Some(QuotaValue::Limit(5)),
+            forks_per_minute: None,
+        };
+        assert_eq!(
+            defaults.with_override(&o),
+            QuotaLimits { sandboxes: Some(2), memory_bytes: None, disk_bytes: Some(5), forks_per_minute: Some(120) }
+        );
         assert_eq!(defaults.with_override(&QuotaOverride::default()), defaults);
     }
 }

@@ -38,7 +38,11 @@ pub struct SecretSpec {
 impl std::fmt::Debug for SecretSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the value.
-        f.debug_struct("SecretSpec").field("name", &self.name).field("host_file", &self.host_file).field("env", &self.env).finish_non_exhaustive()
+        f.debug_struct("SecretSpec")
+            .field("name", &self.name)
+            .field("host_file", &self.host_file)
+            .field("env", &self.env)
+            .finish_non_exhaustive()
     }
 }
 
@@ -56,7 +60,10 @@ pub struct SecretRef {
 /// Whether `name` is a valid secret name (`[A-Za-z_][A-Za-z0-9_]*`, 1–128 characters).
 pub fn valid_secret_name(name: &str) -> bool {
     let b = name.as_bytes();
-    !b.is_empty() && b.len() <= 128 && (b[0].is_ascii_alphabetic() || b[0] == b'_') && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
 #[cfg(test)]

@@ -395,7 +395,10 @@ fn parse_default_cpus(s: &str) -> Result<DefaultLimit<f64>, String> {
 fn parse_default_count(s: &str) -> Result<DefaultLimit<u64>, String> {
     match s.trim() {
         "none" => Ok(DefaultLimit::NoLimit),
-        v => v.parse::<u64>().map(DefaultLimit::Value).map_err(|_| format!("invalid count {v:?} (expected a number, or `none`)")),
+        v => v
+            .parse::<u64>()
+            .map(DefaultLimit::Value)
+            .map_err(|_| format!("invalid count {v:?} (expected a number, or `none`)")),
     }
 }
 
@@ -555,7 +558,8 @@ impl WarmArgs {
 
 /// Parses a Rule-of-Two capability name.
 pub fn parse_capability(s: &str) -> Result<strata_api::Capability, String> {
-    strata_api::Capability::parse(s).ok_or_else(|| format!("unknown capability {s:?} (untrusted_input, sensitive_access, external_comms)"))
+    strata_api::Capability::parse(s)
+        .ok_or_else(|| format!("unknown capability {s:?} (untrusted_input, sensitive_access, external_comms)"))
 }
 
 /// Network of a sandbox (see docs/network.md).
@@ -1264,7 +1268,9 @@ fn parse_keep(s: &str) -> Result<strata_api::Keep, String> {
         "generated-files" | "files" => Keep::GeneratedFiles,
         "tokens" => Keep::Tokens,
         "processes" => Keep::Processes,
-        other => return Err(format!("unknown {other:?}: one of repository, packages, generated-files, tokens, processes")),
+        other => {
+            return Err(format!("unknown {other:?}: one of repository, packages, generated-files, tokens, processes"))
+        }
     })
 }
 

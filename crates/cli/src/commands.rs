@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{anyhow, bail, Context, Result};
-use strata_api::{CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lease, Lifecycle, OnIdle, PolicyPatch, PullImageRequest, ResourceLimits, Sandbox, UpdateSandboxRequest};
+use strata_api::{
+    CreateSandboxRequest, ExecRequest, ImportEvent, ImportImageRequest, Lease, Lifecycle, OnIdle, PolicyPatch,
+    PullImageRequest, ResourceLimits, Sandbox, UpdateSandboxRequest,
+};
 use strata_client::{Client, Endpoint};
 
 use crate::args::*;
@@ -13,7 +16,11 @@ use crate::{exec, output, transfer};
 fn kv(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
     items
         .iter()
-        .map(|s| s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| anyhow!("{what} {s:?} must be K=V")))
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow!("{what} {s:?} must be K=V"))
+        })
         .collect()
 }
 
@@ -24,16 +31,24 @@ fn secrets(a: &SecretArgs) -> Result<Vec<strata_api::SecretSpec>> {
     let (items, env_names) = (&a.secrets, &a.secret_env);
     let mut out = Vec::new();
     for s in items {
-        let (name, src) = s.split_once('=').ok_or_else(|| anyhow!("--secret {s:?} must be NAME=@FILE, NAME=env:VAR or NAME=env"))?;
+        let (name, src) =
+            s.split_once('=').ok_or_else(|| anyhow!("--secret {s:?} must be NAME=@FILE, NAME=env:VAR or NAME=env"))?;
         let value = if let Some(path) = src.strip_prefix('@') {
             std::fs::read(path).with_context(|| format!("--secret {name}: reading {path}"))?
         } else if src == "env" || src.starts_with("env:") {
             let var = src.strip_prefix("env:").unwrap_or(name);
-            std::env::var_os(var).ok_or_else(|| anyhow!("--secret {name}: environment variable {var} is not set"))?.into_encoded_bytes()
+            std::env::var_os(var)
+                .ok_or_else(|| anyhow!("--secret {name}: environment variable {var} is not set"))?
+                .into_encoded_bytes()
         } else {
             bail!("--secret {name}: give the value as @FILE, env:VAR or env (literal values would end up in shell history and ps)");
         };
-        out.push(strata_api::SecretSpec { name: name.to_string(), value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)), host_file: None, env: env_names.iter().any(|n| n == name) });
+        out.push(strata_api::SecretSpec {
+            name: name.to_string(),
+            value_b64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+            host_file: None,
+            env: env_names.iter().any(|n| n == name),
+        });
     }
     if let Some(n) = env_names.iter().find(|n| !out.iter().any(|s| &s.name == *n)) {
         bail!("--secret-env {n}: no --secret named {n}");
@@ -85,7 +100,14 @@ fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
 }
 
 fn exec_request(cmd: Vec<String>, o: &ProcOpts) -> Result<ExecRequest> {
-    Ok(ExecRequest { cmd, env: kv(&o.env, "--env")?, cwd: o.cwd.clone(), user: o.user.clone(), timeout: o.timeout.clone(), ..Default::default() })
+    Ok(ExecRequest {
+        cmd,
+        env: kv(&o.env, "--env")?,
+        cwd: o.cwd.clone(),
+        user: o.user.clone(),
+        timeout: o.timeout.clone(),
+        ..Default::default()
+    })
 }
 
 fn client(cli: &Cli) -> Client {
@@ -99,11 +121,24 @@ fn client(cli: &Cli) -> Client {
 fn token_rows(list: &[strata_api::TokenInfo]) -> Vec<Vec<String>> {
     let status = |t: &strata_api::TokenInfo| match (&t.revoked_at, &t.expires_at) {
         (Some(r), _) => format!("revoked {r}"),
-        (None, Some(e)) if humantime::parse_rfc3339_weak(e).is_ok_and(|e| e <= std::time::SystemTime::now()) => format!("expired {e}"),
+        (None, Some(e)) if humantime::parse_rfc3339_weak(e).is_ok_and(|e| e <= std::time::SystemTime::now()) => {
+            format!("expired {e}")
+        }
         (None, Some(e)) => format!("expires {e}"),
         (None, None) => "active".into(),
     };
-    list.iter().map(|t| vec![t.id.clone(), t.name.clone(), t.tenant.clone(), t.created_at.clone(), t.last_used_at.clone().unwrap_or_else(|| "-".into()), status(t)]).collect()
+    list.iter()
+        .map(|t| {
+            vec![
+                t.id.clone(),
+                t.name.clone(),
+                t.tenant.clone(),
+                t.created_at.clone(),
+                t.last_used_at.clone().unwrap_or_else(|| "-".into()),
+                status(t),
+            ]
+        })
+        .collect()
 }
 
 async fn approvals_cmd(c: &Client, cmd: ApprovalCmd) -> Result<i32> {
@@ -115,7 +150,16 @@ async fn approvals_cmd(c: &Client, cmd: ApprovalCmd) -> Result<i32> {
             } else {
                 let rows: Vec<Vec<String>> = list
                     .iter()
-                    .map(|a| vec![a.id.clone(), a.state.to_string(), a.tenant.clone(), format!("{} {}", a.action, a.target), a.requested_by.clone(), a.expires_at.clone()])
+                    .map(|a| {
+                        vec![
+                            a.id.clone(),
+                            a.state.to_string(),
+                            a.tenant.clone(),
+                            format!("{} {}", a.action, a.target),
+                            a.requested_by.clone(),
+                            a.expires_at.clone(),
+                        ]
+                    })
                     .collect();
                 output::table(&["ID", "STATE", "TENANT", "REQUEST", "BY", "EXPIRES"], rows);
             }
@@ -162,7 +206,12 @@ fn print_approval(a: &strata_api::Approval) {
         println!("capability:   {} ({})", g.capability, g.because);
     }
     if let Some(by) = &a.decided_by {
-        println!("decided by:   {} at {}{}", by, a.decided_at.as_deref().unwrap_or("?"), a.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default());
+        println!(
+            "decided by:   {} at {}{}",
+            by,
+            a.decided_at.as_deref().unwrap_or("?"),
+            a.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+        );
     }
     if let Some(u) = &a.used_at {
         println!("used at:      {u}");
@@ -172,11 +221,22 @@ fn print_approval(a: &strata_api::Approval) {
 fn preview_rows(list: &[strata_api::Preview]) -> Vec<Vec<String>> {
     let status = |p: &strata_api::Preview| match &p.revoked_at {
         Some(r) => format!("revoked {r}"),
-        None if humantime::parse_rfc3339_weak(&p.expires_at).is_ok_and(|e| e <= std::time::SystemTime::now()) => format!("expired {}", p.expires_at),
+        None if humantime::parse_rfc3339_weak(&p.expires_at).is_ok_and(|e| e <= std::time::SystemTime::now()) => {
+            format!("expired {}", p.expires_at)
+        }
         None => format!("expires {}", p.expires_at),
     };
     list.iter()
-        .map(|p| vec![p.id.clone(), p.port.map_or_else(|| "all".into(), |p| p.to_string()), if p.public { "public".into() } else { "token".into() }, status(p), p.url_path.clone(), p.url_host.clone()])
+        .map(|p| {
+            vec![
+                p.id.clone(),
+                p.port.map_or_else(|| "all".into(), |p| p.to_string()),
+                if p.public { "public".into() } else { "token".into() },
+                status(p),
+                p.url_path.clone(),
+                p.url_host.clone(),
+            ]
+        })
         .collect()
 }
 
@@ -185,10 +245,17 @@ async fn preview_cmd(c: &Client, cmd: PreviewCmd) -> anyhow::Result<i32> {
         PreviewCmd::Create { id, port, public, ttl, json } => {
             let port = match port.as_str() {
                 "all" | "*" => None,
-                p => Some(p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| anyhow::anyhow!("invalid port {p:?}: 1-65535, or `all`"))?),
+                p => Some(
+                    p.parse::<u16>()
+                        .ok()
+                        .filter(|p| *p != 0)
+                        .ok_or_else(|| anyhow::anyhow!("invalid port {p:?}: 1-65535, or `all`"))?,
+                ),
             };
             let ttl_secs = match ttl {
-                Some(t) => Some(strata_core::units::parse_duration(&t).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?.as_secs()),
+                Some(t) => {
+                    Some(strata_core::units::parse_duration(&t).map_err(|e| anyhow::anyhow!("--ttl: {e}"))?.as_secs())
+                }
                 None => None,
             };
             let p = c.create_preview(&id, &strata_api::CreatePreviewRequest { port, public, ttl_secs }).await?;
@@ -249,7 +316,11 @@ pub async fn run(cli: Cli) -> i32 {
             print_error(&e);
             // A distinct code for scripts: the request waits for a human (`strata approvals`).
             match e.downcast_ref::<strata_client::ClientError>() {
-                Some(strata_client::ClientError::Api { body, .. }) if body.code == strata_api::ErrorCode::ApprovalRequired => 3,
+                Some(strata_client::ClientError::Api { body, .. })
+                    if body.code == strata_api::ErrorCode::ApprovalRequired =>
+                {
+                    3
+                }
                 _ => 1,
             }
         }
@@ -283,8 +354,12 @@ fn quota_value(flag: &str, v: &str, bytes: bool) -> Result<Option<strata_api::Qu
     Ok(match v.trim() {
         "default" => None,
         "unlimited" | "none" => Some(QuotaValue::Unlimited),
-        n if bytes => Some(QuotaValue::Limit(strata_core::units::parse_size(n).map_err(|e| anyhow!("--{flag}: {e}, `unlimited` or `default`"))?)),
-        n => Some(QuotaValue::Limit(n.parse().map_err(|_| anyhow!("--{flag}: {n:?} is not a count, `unlimited` or `default`"))?)),
+        n if bytes => Some(QuotaValue::Limit(
+            strata_core::units::parse_size(n).map_err(|e| anyhow!("--{flag}: {e}, `unlimited` or `default`"))?,
+        )),
+        n => Some(QuotaValue::Limit(
+            n.parse().map_err(|_| anyhow!("--{flag}: {n:?} is not a count, `unlimited` or `default`"))?,
+        )),
     })
 }
 
@@ -298,16 +373,41 @@ fn quota_cell(v: Option<u64>, bytes: bool) -> String {
 
 fn print_quota(q: &strata_api::TenantQuota) {
     let o = &q.overrides;
-    let over = |v: Option<strata_api::QuotaValue>, bytes: bool| v.map_or("-".to_string(), |v| quota_cell(v.limit(), bytes));
+    let over =
+        |v: Option<strata_api::QuotaValue>, bytes: bool| v.map_or("-".to_string(), |v| quota_cell(v.limit(), bytes));
     let (e, d) = (&q.effective, &q.defaults);
-    println!("tenant {}{}", q.tenant, q.updated_at.as_deref().map(|t| format!(" (override set {t})")).unwrap_or_else(|| " (daemon defaults)".into()));
+    println!(
+        "tenant {}{}",
+        q.tenant,
+        q.updated_at.as_deref().map(|t| format!(" (override set {t})")).unwrap_or_else(|| " (daemon defaults)".into())
+    );
     output::table(
         &["QUOTA", "LIMIT", "OVERRIDE", "DEFAULT"],
         vec![
-            vec!["sandboxes".into(), quota_cell(e.sandboxes, false), over(o.sandboxes, false), quota_cell(d.sandboxes, false)],
-            vec!["memory".into(), quota_cell(e.memory_bytes, true), over(o.memory_bytes, true), quota_cell(d.memory_bytes, true)],
-            vec!["disk".into(), quota_cell(e.disk_bytes, true), over(o.disk_bytes, true), quota_cell(d.disk_bytes, true)],
-            vec!["forks-per-minute".into(), quota_cell(e.forks_per_minute, false), over(o.forks_per_minute, false), quota_cell(d.forks_per_minute, false)],
+            vec![
+                "sandboxes".into(),
+                quota_cell(e.sandboxes, false),
+                over(o.sandboxes, false),
+                quota_cell(d.sandboxes, false),
+            ],
+            vec![
+                "memory".into(),
+                quota_cell(e.memory_bytes, true),
+                over(o.memory_bytes, true),
+                quota_cell(d.memory_bytes, true),
+            ],
+            vec![
+                "disk".into(),
+                quota_cell(e.disk_bytes, true),
+                over(o.disk_bytes, true),
+                quota_cell(d.disk_bytes, true),
+            ],
+            vec![
+                "forks-per-minute".into(),
+                quota_cell(e.forks_per_minute, false),
+                over(o.forks_per_minute, false),
+                quota_cell(d.forks_per_minute, false),
+            ],
         ],
     );
 }
@@ -316,7 +416,11 @@ async fn tenant_cmd(c: &Client, cli_tenant: Option<&str>, cmd: TenantCmd) -> Res
     match cmd {
         TenantCmd::Quota(QuotaCmd::Show { tenant, json }) => {
             let q = c.tenant_quota(&tenant).await?;
-            if json { output::json(&q) } else { print_quota(&q) }
+            if json {
+                output::json(&q)
+            } else {
+                print_quota(&q)
+            }
         }
         TenantCmd::Quota(QuotaCmd::Set { tenant, sandboxes, memory, disk, forks_per_minute, json }) => {
             let mut o = c.tenant_quota(&tenant).await?.overrides;
@@ -331,23 +435,44 @@ async fn tenant_cmd(c: &Client, cli_tenant: Option<&str>, cmd: TenantCmd) -> Res
                 }
             }
             let q = c.set_tenant_quota(&tenant, &o).await?;
-            if json { output::json(&q) } else { print_quota(&q) }
+            if json {
+                output::json(&q)
+            } else {
+                print_quota(&q)
+            }
         }
         TenantCmd::Quota(QuotaCmd::Reset { tenant, json }) => {
             let q = c.reset_tenant_quota(&tenant).await?;
-            if json { output::json(&q) } else { print_quota(&q) }
+            if json {
+                output::json(&q)
+            } else {
+                print_quota(&q)
+            }
         }
         TenantCmd::Usage { tenant, json } => {
-            let tenant = tenant.or_else(|| cli_tenant.map(str::to_string)).ok_or_else(|| anyhow!("name the tenant: strata tenant usage TENANT (or --as-tenant TENANT)"))?;
+            let tenant = tenant
+                .or_else(|| cli_tenant.map(str::to_string))
+                .ok_or_else(|| anyhow!("name the tenant: strata tenant usage TENANT (or --as-tenant TENANT)"))?;
             let u = c.tenant_usage(&tenant).await?;
             if json {
                 output::json(&u);
             } else {
-                let row = |name: &str, q: &strata_api::QuotaUsage, bytes: bool| vec![name.to_string(), if bytes { output::size(q.used) } else { q.used.to_string() }, quota_cell(q.limit, bytes)];
+                let row = |name: &str, q: &strata_api::QuotaUsage, bytes: bool| {
+                    vec![
+                        name.to_string(),
+                        if bytes { output::size(q.used) } else { q.used.to_string() },
+                        quota_cell(q.limit, bytes),
+                    ]
+                };
                 println!("tenant {}", u.tenant);
                 output::table(
                     &["QUOTA", "USED", "LIMIT"],
-                    vec![row("sandboxes", &u.sandboxes, false), row("memory", &u.memory_bytes, true), row("disk", &u.disk_bytes, true), row("forks-per-minute", &u.forks_per_minute, false)],
+                    vec![
+                        row("sandboxes", &u.sandboxes, false),
+                        row("memory", &u.memory_bytes, true),
+                        row("disk", &u.disk_bytes, true),
+                        row("forks-per-minute", &u.forks_per_minute, false),
+                    ],
                 );
             }
         }
@@ -362,7 +487,21 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
             let admission = admission_config(&a);
-            strata_daemon::run(strata_daemon::Config { state_dir: a.state_dir, socket: cli.socket, listen: a.listen, helper_exe, init_binary: a.init_binary, archive_url: a.archive_url, prices: a.prices, network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream }, admission, disk_pool: a.disk_pool, approval_timeout: a.approval_timeout, preview_domain: a.preview_domain }).await?;
+            strata_daemon::run(strata_daemon::Config {
+                state_dir: a.state_dir,
+                socket: cli.socket,
+                listen: a.listen,
+                helper_exe,
+                init_binary: a.init_binary,
+                archive_url: a.archive_url,
+                prices: a.prices,
+                network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream },
+                admission,
+                disk_pool: a.disk_pool,
+                approval_timeout: a.approval_timeout,
+                preview_domain: a.preview_domain,
+            })
+            .await?;
             Ok(0)
         }
         Command::Mcp => {
@@ -390,7 +529,17 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             } else {
                 output::table(
                     &["ID", "NAME", "STATE", "SOURCE", "CREATED"],
-                    list.iter().map(|s| vec![s.id.clone(), s.name.clone(), s.state.to_string(), s.source.clone(), output::age(&s.created_at)]).collect(),
+                    list.iter()
+                        .map(|s| {
+                            vec![
+                                s.id.clone(),
+                                s.name.clone(),
+                                s.state.to_string(),
+                                s.source.clone(),
+                                output::age(&s.created_at),
+                            ]
+                        })
+                        .collect(),
                 );
             }
             Ok(0)
@@ -449,7 +598,10 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Stop { ids } => each(ids, |id| async { c.stop_sandbox(&id).await.map(|_| id) }).await,
         Command::Pause { ids } => each(ids, |id| async { c.pause_sandbox(&id).await.map(|_| id) }).await,
         Command::Unpause { ids } => each(ids, |id| async { c.unpause_sandbox(&id).await.map(|_| id) }).await,
-        Command::Standby { fs_only, ids } => { let c = &c; each(ids, |id| async move { c.standby_sandbox(&id, fs_only).await.map(|_| id) }).await }
+        Command::Standby { fs_only, ids } => {
+            let c = &c;
+            each(ids, |id| async move { c.standby_sandbox(&id, fs_only).await.map(|_| id) }).await
+        }
         Command::Resume { json, ids } => {
             let mut results = Vec::new();
             let mut failed = false;
@@ -457,7 +609,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 match c.resume_sandbox(&id).await {
                     Ok(r) => {
                         if !json {
-                            println!("{id} resumed from {} in {} ms{}", r.from, r.duration_ms, if r.processes_restored { "" } else { " (init started afresh)" });
+                            println!(
+                                "{id} resumed from {} in {} ms{}",
+                                r.from,
+                                r.duration_ms,
+                                if r.processes_restored { "" } else { " (init started afresh)" }
+                            );
                         }
                         results.push(r);
                     }
@@ -492,7 +649,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             if json {
                 output::json(&r);
             } else {
-                println!("{} checkpoints expired, {} layers removed, {} freed", r.checkpoints_expired.len(), r.layers_removed, output::size(r.bytes_freed));
+                println!(
+                    "{} checkpoints expired, {} layers removed, {} freed",
+                    r.checkpoints_expired.len(),
+                    r.layers_removed,
+                    output::size(r.bytes_freed)
+                );
             }
             Ok(0)
         }
@@ -523,7 +685,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             if json {
                 output::json(&r);
             } else {
-                let mut rows: Vec<Vec<String>> = r.stages.iter().map(|s| vec![s.name.clone(), s.sandboxes.len().to_string(), format!("{:.6}", s.total)]).collect();
+                let mut rows: Vec<Vec<String>> = r
+                    .stages
+                    .iter()
+                    .map(|s| vec![s.name.clone(), s.sandboxes.len().to_string(), format!("{:.6}", s.total)])
+                    .collect();
                 rows.push(vec!["total".into(), String::new(), format!("{:.6}", r.total)]);
                 output::table(&["STAGE", "SANDBOXES", "COST"], rows);
             }
@@ -546,7 +712,18 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     } else {
                         let cur = &s.prices.currency;
                         output::table(
-                            &["ID", "NAME", "STATE", "CPU-S", "MEM-GB-S", "COMPUTE", "STORAGE", "TOTAL", "EPHEMERAL-ONLY", "ALWAYS-ON"],
+                            &[
+                                "ID",
+                                "NAME",
+                                "STATE",
+                                "CPU-S",
+                                "MEM-GB-S",
+                                "COMPUTE",
+                                "STORAGE",
+                                "TOTAL",
+                                "EPHEMERAL-ONLY",
+                                "ALWAYS-ON",
+                            ],
                             s.sandboxes
                                 .iter()
                                 .map(|r| {
@@ -565,7 +742,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                                 })
                                 .collect(),
                         );
-                        println!("total {} {cur} (ephemeral-only {}, always-on {})", money(s.total), money(s.ephemeral_only_total), money(s.always_on_total));
+                        println!(
+                            "total {} {cur} (ephemeral-only {}, always-on {})",
+                            money(s.total),
+                            money(s.ephemeral_only_total),
+                            money(s.always_on_total)
+                        );
                     }
                 }
             }
@@ -581,7 +763,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Restore { id, to, keep_current, warm, json } => {
-            let r = c.restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current, processes: warm.choice() }).await?;
+            let r = c
+                .restore(&id, &strata_api::RestoreRequest { checkpoint: to, keep_current, processes: warm.choice() })
+                .await?;
             if json {
                 output::json(&r);
             } else {
@@ -609,12 +793,26 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     },
                     score_cmd: fanout.score_cmd,
                     timeout: fanout.timeout,
-                    losers: if fanout.keep_losers { strata_api::LoserPolicy::Keep } else { strata_api::LoserPolicy::Destroy },
+                    losers: if fanout.keep_losers {
+                        strata_api::LoserPolicy::Keep
+                    } else {
+                        strata_api::LoserPolicy::Destroy
+                    },
                     attempts: vec![],
                     user: fanout.user,
                     workdir: fanout.workdir,
                 };
-                let r = c.fanout(&strata_api::FanoutRequest { source, plan, promote_as: fanout.promote, name_prefix, lifecycle, ttl, limits: None }).await?;
+                let r = c
+                    .fanout(&strata_api::FanoutRequest {
+                        source,
+                        plan,
+                        promote_as: fanout.promote,
+                        name_prefix,
+                        lifecycle,
+                        ttl,
+                        limits: None,
+                    })
+                    .await?;
                 if json {
                     output::json(&r);
                 } else {
@@ -623,7 +821,18 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 return Ok(if r.winner.is_some() { 0 } else { 1 });
             }
             let count = count.ok_or_else(|| anyhow!("--count is required (or --run with --arg)"))?;
-            let r = c.fork(&strata_api::ForkRequest { source, count, name_prefix, lifecycle, ttl, limits: None, network: None, processes: warm.choice() }).await?;
+            let r = c
+                .fork(&strata_api::ForkRequest {
+                    source,
+                    count,
+                    name_prefix,
+                    lifecycle,
+                    ttl,
+                    limits: None,
+                    network: None,
+                    processes: warm.choice(),
+                })
+                .await?;
             if json {
                 output::json(&r);
             } else {
@@ -639,7 +848,15 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 output::json(&r);
             } else {
                 print_findings(&r.findings);
-                println!("{} {} ({}): {} paths changed above image {}, {}", r.kind, r.name, r.id, r.changed_paths, r.image, if r.clean { "clean".to_string() } else { format!("{} findings", r.findings.len()) });
+                println!(
+                    "{} {} ({}): {} paths changed above image {}, {}",
+                    r.kind,
+                    r.name,
+                    r.id,
+                    r.changed_paths,
+                    r.image,
+                    if r.clean { "clean".to_string() } else { format!("{} findings", r.findings.len()) }
+                );
                 if !r.packaged.is_empty() {
                     println!("({} credential-pattern matches in files shipped by installed Python packages, verified against their RECORD, are not counted; --json lists them)", r.packaged.len());
                 }
@@ -656,7 +873,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                     output::json(&t);
                 } else {
                     println!("{}", t.secret);
-                    eprintln!("token {} ({}) for tenant {:?}{}: the secret above is shown only now", t.token.id, t.token.name, t.token.tenant, t.token.expires_at.as_deref().map(|e| format!(", expires {e}")).unwrap_or_default());
+                    eprintln!(
+                        "token {} ({}) for tenant {:?}{}: the secret above is shown only now",
+                        t.token.id,
+                        t.token.name,
+                        t.token.tenant,
+                        t.token.expires_at.as_deref().map(|e| format!(", expires {e}")).unwrap_or_default()
+                    );
                 }
                 Ok(0)
             }
@@ -687,7 +910,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 } else if v.ok {
                     println!("audit log ok: {} entries, chain intact", v.entries);
                 } else {
-                    println!("audit log BROKEN at entry {}: {} ({} entries)", v.first_bad.unwrap_or_default(), v.reason.clone().unwrap_or_default(), v.entries);
+                    println!(
+                        "audit log BROKEN at entry {}: {} ({} entries)",
+                        v.first_bad.unwrap_or_default(),
+                        v.reason.clone().unwrap_or_default(),
+                        v.entries
+                    );
                 }
                 Ok(if v.ok { 0 } else { 1 })
             }
@@ -698,7 +926,20 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 } else {
                     output::table(
                         &["SEQ", "TIME", "ACTOR", "TENANT", "METHOD", "ROUTE", "TARGET", "STATUS"],
-                        list.iter().map(|e| vec![e.seq.to_string(), e.time.clone(), e.actor.clone(), e.tenant.clone().unwrap_or_else(|| "-".into()), e.method.clone(), e.route.clone(), e.target.clone().unwrap_or_default(), e.status.to_string()]).collect(),
+                        list.iter()
+                            .map(|e| {
+                                vec![
+                                    e.seq.to_string(),
+                                    e.time.clone(),
+                                    e.actor.clone(),
+                                    e.tenant.clone().unwrap_or_else(|| "-".into()),
+                                    e.method.clone(),
+                                    e.route.clone(),
+                                    e.target.clone().unwrap_or_default(),
+                                    e.status.to_string(),
+                                ]
+                            })
+                            .collect(),
                     );
                 }
                 Ok(0)
@@ -715,7 +956,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                         strata_api::ChangeKind::Modified => 'M',
                         strata_api::ChangeKind::Deleted => 'D',
                     };
-                    let size = if ch.change == strata_api::ChangeKind::Deleted || ch.kind == "dir" { String::new() } else { format!("  ({})", output::size(ch.size)) };
+                    let size = if ch.change == strata_api::ChangeKind::Deleted || ch.kind == "dir" {
+                        String::new()
+                    } else {
+                        format!("  ({})", output::size(ch.size))
+                    };
                     println!("{mark} {}{size}", ch.path);
                 }
             }
@@ -792,7 +1037,10 @@ fn network_spec(a: &NetworkArgs) -> Option<strata_api::NetworkSpec> {
 
 fn print_network(n: &strata_api::NetworkInfo) {
     let fc = |c: &strata_api::FlowCounter| format!("{} packets, {} bytes", c.packets, c.bytes);
-    let mut rows = vec![("mode", n.spec.mode.as_str().to_string()), ("allow", if n.spec.allow.is_empty() { "-".into() } else { n.spec.allow.join(" ") })];
+    let mut rows = vec![
+        ("mode", n.spec.mode.as_str().to_string()),
+        ("allow", if n.spec.allow.is_empty() { "-".into() } else { n.spec.allow.join(" ") }),
+    ];
     if let (Some(a), Some(g)) = (&n.address, &n.gateway) {
         rows.push(("address", format!("{a} (gateway and DNS {g}){}", if n.attached { "" } else { ", not attached" })));
         rows.push(("allowed", fc(&n.allowed)));
@@ -837,7 +1085,15 @@ fn print_sandbox(s: &Sandbox) {
     let mut rows = vec![
         ("id", s.id.clone()),
         ("name", s.name.clone()),
-        ("state", format!("{} ({}{})", s.state, s.state_reason, s.state_detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())),
+        (
+            "state",
+            format!(
+                "{} ({}{})",
+                s.state,
+                s.state_reason,
+                s.state_detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+            ),
+        ),
         ("source", format!("{} ({})", s.source, s.image_id)),
         ("runtime", s.runtime.clone()),
         ("lifecycle", format!("{:?}", s.lifecycle).to_lowercase()),
@@ -866,7 +1122,14 @@ fn print_sandbox(s: &Sandbox) {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
     rows.push((
         "policy",
-        format!("on_idle={} after {}, max_lifetime={}, archive_after={}, delete_after={}", p.on_idle, p.idle_timeout, opt(&p.max_lifetime), opt(&p.archive_after), opt(&p.delete_after)),
+        format!(
+            "on_idle={} after {}, max_lifetime={}, archive_after={}, delete_after={}",
+            p.on_idle,
+            p.idle_timeout,
+            opt(&p.max_lifetime),
+            opt(&p.archive_after),
+            opt(&p.delete_after)
+        ),
     ));
     if let Some(t) = &s.inactive_since {
         rows.push(("inactive", format!("since {t}")));
@@ -901,7 +1164,9 @@ async fn lease_cmd(c: &Client, a: LeaseArgs) -> Result<i32> {
             let duration = a.duration.expect("clap requires --for");
             print(&c.create_lease(&id, &duration).await?, a.json);
         }
-        Some(LeaseCmd::Renew { id, lease, duration, json }) => print(&c.renew_lease(&id, &lease, &duration).await?, json),
+        Some(LeaseCmd::Renew { id, lease, duration, json }) => {
+            print(&c.renew_lease(&id, &lease, &duration).await?, json)
+        }
         Some(LeaseCmd::Release { id, lease }) => {
             c.release_lease(&id, &lease).await?;
             println!("{lease}");
@@ -911,7 +1176,10 @@ async fn lease_cmd(c: &Client, a: LeaseArgs) -> Result<i32> {
             if json {
                 output::json(&list);
             } else {
-                output::table(&["LEASE", "EXPIRES", "CREATED"], list.iter().map(|l| vec![l.id.clone(), l.expires_at.clone(), output::age(&l.created_at)]).collect());
+                output::table(
+                    &["LEASE", "EXPIRES", "CREATED"],
+                    list.iter().map(|l| vec![l.id.clone(), l.expires_at.clone(), output::age(&l.created_at)]).collect(),
+                );
             }
         }
     }
@@ -941,7 +1209,13 @@ async fn doctor(c: &Client, json: bool) -> Result<i32> {
     if !report.names_like_ids.is_empty() {
         println!("names that could be read as ids (from before such names were refused; use their ids):");
         for n in &report.names_like_ids {
-            println!("  {:<12} {:<20} id {}{}", n.kind, n.name, n.id, n.tenant.as_deref().map(|t| format!("  tenant {t}")).unwrap_or_default());
+            println!(
+                "  {:<12} {:<20} id {}{}",
+                n.kind,
+                n.name,
+                n.id,
+                n.tenant.as_deref().map(|t| format!("  tenant {t}")).unwrap_or_default()
+            );
         }
     }
     Ok(0)
@@ -968,7 +1242,16 @@ async fn image(c: &Client, cmd: ImageCmd) -> Result<i32> {
                 output::table(
                     &["NAME", "ID", "LAYERS", "SIZE", "SOURCE", "CREATED"],
                     list.iter()
-                        .map(|i| vec![i.name.clone(), i.id.trim_start_matches("sha256:").chars().take(12).collect(), i.layers.len().to_string(), output::size(i.size), i.source_kind.clone(), output::age(&i.created_at)])
+                        .map(|i| {
+                            vec![
+                                i.name.clone(),
+                                i.id.trim_start_matches("sha256:").chars().take(12).collect(),
+                                i.layers.len().to_string(),
+                                output::size(i.size),
+                                i.source_kind.clone(),
+                                output::age(&i.created_at),
+                            ]
+                        })
                         .collect(),
                 );
             }
@@ -979,7 +1262,14 @@ async fn image(c: &Client, cmd: ImageCmd) -> Result<i32> {
             if json {
                 output::json(&i);
             } else {
-                println!("name     {}\nid       {}\nsource   {} ({})\nsize     {}\nlayers", i.name, i.id, i.source, i.source_kind, output::size(i.size));
+                println!(
+                    "name     {}\nid       {}\nsource   {} ({})\nsize     {}\nlayers",
+                    i.name,
+                    i.id,
+                    i.source,
+                    i.source_kind,
+                    output::size(i.size)
+                );
                 for l in &i.layers {
                     println!("  {} {}", l.digest, output::size(l.size));
                 }
@@ -997,7 +1287,9 @@ async fn follow_import(mut events: strata_client::NdjsonStream<ImportEvent>, jso
     if json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes}/{total_bytes}").expect("valid template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes}/{total_bytes}").expect("valid template"),
+    );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     while let Some(ev) = events.next().await? {
         match ev {
@@ -1051,7 +1343,13 @@ async fn proc_cmd(c: &Client, cmd: ProcCmd) -> Result<i32> {
                                 strata_api::ProcessStatus::Running => String::new(),
                                 strata_api::ProcessStatus::Exited => p.exit_status().to_string(),
                             };
-                            vec![p.id.to_string(), p.pid.map(|x| x.to_string()).unwrap_or_default(), format!("{:?}", p.status).to_lowercase(), exit, p.cmd.join(" ")]
+                            vec![
+                                p.id.to_string(),
+                                p.pid.map(|x| x.to_string()).unwrap_or_default(),
+                                format!("{:?}", p.status).to_lowercase(),
+                                exit,
+                                p.cmd.join(" "),
+                            ]
                         })
                         .collect(),
                 );
@@ -1114,10 +1412,21 @@ async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32> {
                 let file = tokio::fs::File::open(local).await.with_context(|| format!("reading {src}"))?;
                 // Copying into an existing directory keeps the file name, like cp(1).
                 let target = match c.stat(id, path).await {
-                    Ok(s) if s.kind == strata_api::FileKind::Dir => format!("{}/{}", path.trim_end_matches('/'), local.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
+                    Ok(s) if s.kind == strata_api::FileKind::Dir => format!(
+                        "{}/{}",
+                        path.trim_end_matches('/'),
+                        local.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                    ),
                     _ => path.to_string(),
                 };
-                c.upload_stream(id, &target, transfer::file_chunks(file), Some(meta.permissions().mode() & 0o777), false).await?;
+                c.upload_stream(
+                    id,
+                    &target,
+                    transfer::file_chunks(file),
+                    Some(meta.permissions().mode() & 0o777),
+                    false,
+                )
+                .await?;
             }
             Ok(0)
         }
@@ -1126,19 +1435,39 @@ async fn cp(c: &Client, src: &str, dst: &str) -> Result<i32> {
             if st.kind == strata_api::FileKind::Dir {
                 let dst_path = std::path::Path::new(dst);
                 // Like cp -r: into an existing directory keeps the name, otherwise the copy is named `dst`.
-                let (into, rename_to) = if dst_path.is_dir() { (dst_path.to_path_buf(), None) } else { (dst_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")).to_path_buf(), Some(dst_path)) };
+                let (into, rename_to) = if dst_path.is_dir() {
+                    (dst_path.to_path_buf(), None)
+                } else {
+                    (
+                        dst_path
+                            .parent()
+                            .filter(|p| !p.as_os_str().is_empty())
+                            .unwrap_or(std::path::Path::new("."))
+                            .to_path_buf(),
+                        Some(dst_path),
+                    )
+                };
                 let staging = tempfile_dir(&into)?;
                 // Unpacked while it arrives (the tar crate's unpack refuses entries that would leave the target directory).
                 let target_dir = staging.clone();
-                let res = transfer::consume(c.download_stream(id, path, true).await?, move |r| tar::Archive::new(r).unpack(&target_dir)).await.with_context(|| format!("extracting into {}", staging.display()));
+                let res = transfer::consume(c.download_stream(id, path, true).await?, move |r| {
+                    tar::Archive::new(r).unpack(&target_dir)
+                })
+                .await
+                .with_context(|| format!("extracting into {}", staging.display()));
                 let res = res.and_then(|_| {
                     let target = rename_to.map(|p| p.to_path_buf()).unwrap_or_else(|| into.join(&st.name));
-                    std::fs::rename(staging.join(&st.name), &target).with_context(|| format!("moving into {}", target.display()))
+                    std::fs::rename(staging.join(&st.name), &target)
+                        .with_context(|| format!("moving into {}", target.display()))
                 });
                 let _ = std::fs::remove_dir_all(&staging);
                 res?;
             } else {
-                let target = if std::path::Path::new(dst).is_dir() { std::path::Path::new(dst).join(&st.name) } else { dst.into() };
+                let target = if std::path::Path::new(dst).is_dir() {
+                    std::path::Path::new(dst).join(&st.name)
+                } else {
+                    dst.into()
+                };
                 transfer::download_to(c.download_stream(id, path, false).await?, &target, st.mode & 0o777).await?;
             }
             Ok(0)
@@ -1163,7 +1492,13 @@ async fn fs_cmd(c: &Client, cmd: FsCmd) -> Result<i32> {
                                 Some(t) => format!("{} -> {t}", f.name),
                                 None => f.name.clone(),
                             };
-                            vec![format!("{:?} {:o}", f.kind, f.mode).to_lowercase(), f.uid.to_string(), f.gid.to_string(), f.size.to_string(), name]
+                            vec![
+                                format!("{:?} {:o}", f.kind, f.mode).to_lowercase(),
+                                f.uid.to_string(),
+                                f.gid.to_string(),
+                                f.size.to_string(),
+                                name,
+                            ]
                         })
                         .collect(),
                 );
@@ -1183,7 +1518,16 @@ async fn events(c: &Client, id: Option<String>, follow: bool, json: bool) -> Res
             println!("{}", serde_json::to_string(e).expect("serializes"));
         } else {
             let from = e.from.map(|f| f.to_string()).unwrap_or_else(|| "-".into());
-            println!("{}  {}  {} -> {}  {}{}  ({} ms)", e.time, e.sandbox_id, from, e.to, e.reason, e.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default(), e.duration_ms);
+            println!(
+                "{}  {}  {} -> {}  {}{}  ({} ms)",
+                e.time,
+                e.sandbox_id,
+                from,
+                e.to,
+                e.reason,
+                e.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default(),
+                e.duration_ms
+            );
         }
     };
     if follow {
@@ -1228,7 +1572,13 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
     match a.command {
         None => {
             let id = a.id.expect("clap requires the sandbox id");
-            let req = strata_api::CheckpointRequest { name: a.name, labels: kv(&a.labels, "--label")?, ttl: a.ttl, pinned: a.pin, processes: a.processes };
+            let req = strata_api::CheckpointRequest {
+                name: a.name,
+                labels: kv(&a.labels, "--label")?,
+                ttl: a.ttl,
+                pinned: a.pin,
+                processes: a.processes,
+            };
             let ck = c.checkpoint(&id, &req).await?;
             if a.json {
                 output::json(&ck);
@@ -1244,7 +1594,16 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
                 output::table(
                     &["ID", "NAME", "SANDBOX", "PARENT", "LAYER SIZE", "CREATED"],
                     list.iter()
-                        .map(|k| vec![k.id.clone(), k.name.clone(), k.sandbox_id.clone(), k.parent.clone().unwrap_or_else(|| "-".into()), output::size(k.layer_size), output::age(&k.created_at)])
+                        .map(|k| {
+                            vec![
+                                k.id.clone(),
+                                k.name.clone(),
+                                k.sandbox_id.clone(),
+                                k.parent.clone().unwrap_or_else(|| "-".into()),
+                                output::size(k.layer_size),
+                                output::age(&k.created_at),
+                            ]
+                        })
                         .collect(),
                 );
             }
@@ -1257,7 +1616,9 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
                 print_one(&ck);
             }
         }
-        Some(CheckpointCmd::Rm { ids }) => return each(ids, |i| async { c.delete_checkpoint(&i).await.map(|_| i) }).await,
+        Some(CheckpointCmd::Rm { ids }) => {
+            return each(ids, |i| async { c.delete_checkpoint(&i).await.map(|_| i) }).await
+        }
     }
     Ok(0)
 }
@@ -1265,9 +1626,14 @@ async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32> {
 async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
     match cmd {
         TemplateCmd::Create { name, from, replace, accept_findings } => {
-            let t = match c.create_template(&strata_api::CreateTemplateRequest { name, from, replace, accept_findings }).await {
+            let t = match c
+                .create_template(&strata_api::CreateTemplateRequest { name, from, replace, accept_findings })
+                .await
+            {
                 Ok(t) => t,
-                Err(strata_client::ClientError::Api { status, body }) if body.code == strata_api::ErrorCode::ScanFindings => {
+                Err(strata_client::ClientError::Api { status, body })
+                    if body.code == strata_api::ErrorCode::ScanFindings =>
+                {
                     print_findings(&body.findings);
                     return Err(strata_client::ClientError::Api { status, body }.into());
                 }
@@ -1285,7 +1651,17 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
             } else {
                 output::table(
                     &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "CREATED"],
-                    list.iter().map(|t| vec![t.name.clone(), t.checkpoint.clone(), t.image.clone(), t.layers.to_string(), output::age(&t.created_at)]).collect(),
+                    list.iter()
+                        .map(|t| {
+                            vec![
+                                t.name.clone(),
+                                t.checkpoint.clone(),
+                                t.image.clone(),
+                                t.layers.to_string(),
+                                output::age(&t.created_at),
+                            ]
+                        })
+                        .collect(),
                 );
             }
         }
@@ -1293,7 +1669,15 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
         TemplateCmd::Build { name, file, no_cache, accept_findings, json } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let context = std::fs::canonicalize(&file)?.parent().map(|p| p.display().to_string());
-            let mut events = c.build_template(&strata_api::BuildTemplateRequest { name, file: text, context, no_cache, accept_findings }).await?;
+            let mut events = c
+                .build_template(&strata_api::BuildTemplateRequest {
+                    name,
+                    file: text,
+                    context,
+                    no_cache,
+                    accept_findings,
+                })
+                .await?;
             let b64 = base64::engine::general_purpose::STANDARD;
             while let Some(ev) = events.next().await? {
                 if json {
@@ -1312,7 +1696,10 @@ async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                     }
                     strata_api::BuildEvent::Done { template, steps_run, steps_cached, duration_ms } => {
                         if !json {
-                            eprintln!("built template {} ({steps_run} steps run, {steps_cached} cached, {duration_ms} ms)", template.name);
+                            eprintln!(
+                                "built template {} ({steps_run} steps run, {steps_cached} cached, {duration_ms} ms)",
+                                template.name
+                            );
                             println!("{}", template.name);
                         }
                         return Ok(0);
@@ -1344,10 +1731,22 @@ fn print_lineage(l: &strata_api::Lineage) {
     fn walk(l: &strata_api::Lineage, idx: usize, prefix: &str, last: bool, root: bool) {
         let n = &l.nodes[idx];
         let mark = if n.id == l.focus { "  <==" } else { "" };
-        let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+        let branch = if root {
+            ""
+        } else if last {
+            "└─ "
+        } else {
+            "├─ "
+        };
         let name = if n.name != n.id { format!("{} ({})", n.name, n.id) } else { n.id.clone() };
         println!("{prefix}{branch}{} {name}  [{}]{mark}", n.kind, n.detail);
-        let kids: Vec<usize> = l.nodes.iter().enumerate().filter(|(_, c)| c.parent.as_deref() == Some(n.id.as_str()) && c.id != n.id).map(|(i, _)| i).collect();
+        let kids: Vec<usize> = l
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.parent.as_deref() == Some(n.id.as_str()) && c.id != n.id)
+            .map(|(i, _)| i)
+            .collect();
         let child_prefix = if root { String::new() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
         for (k, &i) in kids.iter().enumerate() {
             walk(l, i, &child_prefix, k + 1 == kids.len(), false);
@@ -1372,14 +1771,38 @@ fn money(v: f64) -> String {
 fn print_cost(r: &strata_api::CostReport) {
     let cur = &r.prices.currency;
     let u = &r.usage;
-    println!("sandbox    {} ({}) {}, lifetime {:.1} s, running {:.1} s", r.sandbox_id, r.name, r.state, r.lifetime_seconds, u.compute.running_seconds);
-    println!("compute    cpu {} CPU-s = {} {cur}; memory {} GB-s = {} {cur}; peak memory {}", money(u.compute.cpu_seconds), money(r.compute.cpu), money(u.compute.memory_gb_seconds), money(r.compute.memory), output::size(u.peak_memory_bytes));
+    println!(
+        "sandbox    {} ({}) {}, lifetime {:.1} s, running {:.1} s",
+        r.sandbox_id, r.name, r.state, r.lifetime_seconds, u.compute.running_seconds
+    );
+    println!(
+        "compute    cpu {} CPU-s = {} {cur}; memory {} GB-s = {} {cur}; peak memory {}",
+        money(u.compute.cpu_seconds),
+        money(r.compute.cpu),
+        money(u.compute.memory_gb_seconds),
+        money(r.compute.memory),
+        output::size(u.peak_memory_bytes)
+    );
     for kind in strata_api::STORAGE_KINDS {
         let gbh = u.storage_gb_hours.get(kind).copied().unwrap_or(0.0);
-        println!("storage    {kind:<10} {} GB-h = {} {cur}", money(gbh), money(r.storage.get(kind).copied().unwrap_or(0.0)));
+        println!(
+            "storage    {kind:<10} {} GB-h = {} {cur}",
+            money(gbh),
+            money(r.storage.get(kind).copied().unwrap_or(0.0))
+        );
     }
-    println!("total      {} {cur} (compute {}, storage {})", money(r.total), money(r.compute.total), money(r.storage_total));
-    println!("ephemeral-only {} {cur} (+{:.1} s of repeated setup): {}", money(r.ephemeral_only.total), r.ephemeral_only.extra_seconds, r.ephemeral_only.method);
+    println!(
+        "total      {} {cur} (compute {}, storage {})",
+        money(r.total),
+        money(r.compute.total),
+        money(r.storage_total)
+    );
+    println!(
+        "ephemeral-only {} {cur} (+{:.1} s of repeated setup): {}",
+        money(r.ephemeral_only.total),
+        r.ephemeral_only.extra_seconds,
+        r.ephemeral_only.method
+    );
     println!("always-on      {} {cur}: {}", money(r.always_on.total), r.always_on.method);
 }
 
@@ -1419,7 +1842,9 @@ fn print_fanout(r: &strata_api::FanoutResult) {
         .attempts
         .iter()
         .map(|a| {
-            let last = |t: &str| t.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").chars().take(60).collect::<String>();
+            let last = |t: &str| {
+                t.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").chars().take(60).collect::<String>()
+            };
             vec![
                 format!("{}{}", a.index, if r.winner == Some(a.index) { " *" } else { "" }),
                 a.sandbox_name.clone(),
@@ -1439,7 +1864,11 @@ fn print_fanout(r: &strata_api::FanoutResult) {
     output::table(&["#", "SANDBOX", "OUTCOME", "EXIT", "TIME", "SCORE", "KEPT", "LAST OUTPUT"], rows);
     match (&r.winner, &r.winner_sandbox) {
         (Some(w), Some(sb)) => {
-            let promoted = r.promoted.as_ref().map(|c| format!(", promoted as checkpoint {} ({})", c.name, c.id)).unwrap_or_default();
+            let promoted = r
+                .promoted
+                .as_ref()
+                .map(|c| format!(", promoted as checkpoint {} ({})", c.name, c.id))
+                .unwrap_or_default();
             println!("winner: attempt {w}, sandbox {sb}{promoted}");
         }
         _ => println!("no winner: {}", r.reason.as_deref().unwrap_or("unknown")),
@@ -1483,7 +1912,10 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
         PipelineCmd::Run { file, detach, json } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let req = if file.extension().is_some_and(|e| e == "json") {
-                RunPipelineRequest { toml: None, spec: Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?) }
+                RunPipelineRequest {
+                    toml: None,
+                    spec: Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?),
+                }
             } else {
                 RunPipelineRequest { toml: Some(text), spec: None }
             };
@@ -1520,7 +1952,13 @@ async fn pipeline(c: &Client, cmd: PipelineCmd) -> Result<i32> {
                     .iter()
                     .map(|r| {
                         let done = r.stages.iter().filter(|s| s.state == strata_api::StageState::Succeeded).count();
-                        vec![r.id.clone(), r.name.clone(), r.state.as_str().to_string(), format!("{done}/{}", r.stages.len()), output::age(&r.created_at)]
+                        vec![
+                            r.id.clone(),
+                            r.name.clone(),
+                            r.state.as_str().to_string(),
+                            format!("{done}/{}", r.stages.len()),
+                            output::age(&r.created_at),
+                        ]
                     })
                     .collect();
                 output::table(&["RUN", "NAME", "STATE", "STAGES", "CREATED"], rows);
@@ -1554,15 +1992,26 @@ fn stage_line(s: &strata_api::StageResult) -> String {
         StageState::Pending => format!("stage {}: pending", s.name),
         StageState::Running => match (s.exit_codes.last(), s.sandboxes.last()) {
             (Some(code), _) => format!("stage {}: command {} exited {code}", s.name, s.exit_codes.len()),
-            (None, Some(sb)) if s.lifecycle != strata_api::StageLifecycle::Fork => format!("stage {}: sandbox {sb} ready", s.name),
-            _ => format!("stage {}: running ({}{})", s.name, s.lifecycle.as_str(), if s.attempts > 1 { format!(", attempt {}", s.attempts) } else { String::new() }),
+            (None, Some(sb)) if s.lifecycle != strata_api::StageLifecycle::Fork => {
+                format!("stage {}: sandbox {sb} ready", s.name)
+            }
+            _ => format!(
+                "stage {}: running ({}{})",
+                s.name,
+                s.lifecycle.as_str(),
+                if s.attempts > 1 { format!(", attempt {}", s.attempts) } else { String::new() }
+            ),
         },
         StageState::Succeeded => format!(
             "stage {}: succeeded in {:.1}s, kept {}{}",
             s.name,
             s.duration_ms as f64 / 1000.0,
             output::size(s.state_kept_bytes),
-            s.checkpoint.as_ref().map(|c| format!(", checkpoint {c}")).or_else(|| s.output_sandbox.as_ref().map(|b| format!(", standby sandbox {b}"))).unwrap_or_default()
+            s.checkpoint
+                .as_ref()
+                .map(|c| format!(", checkpoint {c}"))
+                .or_else(|| s.output_sandbox.as_ref().map(|b| format!(", standby sandbox {b}")))
+                .unwrap_or_default()
         ),
         StageState::Failed => format!("stage {}: FAILED: {}", s.name, s.error.as_deref().unwrap_or("?")),
     }
@@ -1580,7 +2029,9 @@ fn print_run(r: &strata_api::PipelineRun) {
                 _ => output::size(s.state_kept_bytes),
             };
             let overhead = match s.state {
-                strata_api::StageState::Succeeded => format!("{:.2}s", s.duration_ms.saturating_sub(s.commands_ms) as f64 / 1000.0),
+                strata_api::StageState::Succeeded => {
+                    format!("{:.2}s", s.duration_ms.saturating_sub(s.commands_ms) as f64 / 1000.0)
+                }
                 _ => "-".to_string(),
             };
             vec![
@@ -1591,10 +2042,17 @@ fn print_run(r: &strata_api::PipelineRun) {
                 overhead,
                 kept,
                 format!("{:.6}", s.cost),
-                format!("{:?}", s.state).to_lowercase() + &s.template.as_ref().map(|t| format!(" (template {t})")).unwrap_or_default(),
+                format!("{:?}", s.state).to_lowercase()
+                    + &s.template.as_ref().map(|t| format!(" (template {t})")).unwrap_or_default(),
             ]
         })
         .collect();
     output::table(&["STAGE", "LIFECYCLE", "TIME", "COMMANDS", "OVERHEAD", "STATE KEPT", "COST", "OUTCOME"], rows);
-    println!("run {} ({}): {}{}", r.id, r.name, r.state.as_str(), r.reason.as_ref().map(|m| format!(": {m}")).unwrap_or_default());
+    println!(
+        "run {} ({}): {}{}",
+        r.id,
+        r.name,
+        r.state.as_str(),
+        r.reason.as_ref().map(|m| format!(": {m}")).unwrap_or_default()
+    );
 }

@@ -30,7 +30,9 @@ async fn pump(mut events: NdjsonStream<ProcessEvent>) -> Result<Option<ProcessIn
                     }
                 }
             }
-            ProcessEvent::Dropped { bytes } => eprintln!("strata: {bytes} bytes of output were dropped from the buffer"),
+            ProcessEvent::Dropped { bytes } => {
+                eprintln!("strata: {bytes} bytes of output were dropped from the buffer")
+            }
             ProcessEvent::Exited { process } => return Ok(Some(process)),
             ProcessEvent::Started { .. } => {}
         }
@@ -54,8 +56,13 @@ pub fn status_of(p: &ProcessInfo) -> i32 {
 pub async fn run(client: &Client, id: &str, mut req: ExecRequest, interactive: bool) -> Result<i32> {
     if !interactive {
         let mut events = client.exec_stream(id, &req).await?;
-        if let (Some(from), true) = (events.header("strata-resumed-from"), std::io::IsTerminal::is_terminal(&std::io::stderr())) {
-            eprintln!("strata: sandbox {id} was {from}; resumed in {} ms", events.header("strata-resume-ms").unwrap_or("?"));
+        if let (Some(from), true) =
+            (events.header("strata-resumed-from"), std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        {
+            eprintln!(
+                "strata: sandbox {id} was {from}; resumed in {} ms",
+                events.header("strata-resume-ms").unwrap_or("?")
+            );
         }
         let pid = match events.next().await? {
             Some(ProcessEvent::Started { process }) => process.id,

@@ -19,7 +19,11 @@ fn main() {
         _ => {}
     }
     let cli = args::Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(if matches!(cli.command, args::Command::Daemon(_)) { 2 } else { 1 }).enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(if matches!(cli.command, args::Command::Daemon(_)) { 2 } else { 1 })
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let code = rt.block_on(commands::run(cli));
     std::process::exit(code)
 }

@@ -17,7 +17,11 @@ pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
     }
     let line = |cells: Vec<String>| {
         let n = cells.len();
-        let s: Vec<String> = cells.into_iter().enumerate().map(|(i, c)| if i + 1 == n { c } else { format!("{c:<w$}", w = widths[i]) }).collect();
+        let s: Vec<String> = cells
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| if i + 1 == n { c } else { format!("{c:<w$}", w = widths[i]) })
+            .collect();
         println!("{}", s.join("   "));
     };
     line(header.iter().map(|s| s.to_string()).collect());

@@ -31,7 +31,9 @@ pub fn file_chunks(file: tokio::fs::File) -> impl Stream<Item = io::Result<Bytes
 /// Runs `make` on a thread of its own, writing into a stream of pieces as
 /// they are sent. A failure of `make` ends the stream with an error (the
 /// daemon then keeps nothing of the upload) and is the thread's result.
-pub fn produce(make: impl FnOnce(&mut dyn Write) -> io::Result<()> + Send + 'static) -> (impl Stream<Item = io::Result<Bytes>> + Send + 'static, tokio::task::JoinHandle<io::Result<()>>) {
+pub fn produce(
+    make: impl FnOnce(&mut dyn Write) -> io::Result<()> + Send + 'static,
+) -> (impl Stream<Item = io::Result<Bytes>> + Send + 'static, tokio::task::JoinHandle<io::Result<()>>) {
     let (tx, rx) = mpsc::channel(DEPTH);
     let done = tokio::task::spawn_blocking(move || {
         let mut w = ChunkWriter::new(tx.clone(), "the upload stopped");
@@ -66,7 +68,10 @@ impl Read for ChannelReader {
 
 /// Feeds a download to `use_it` on a thread of its own, as a [`Read`].
 /// A broken download is an error even if `use_it` accepted what came.
-pub async fn consume<T: Send + 'static>(mut s: ByteStream, use_it: impl FnOnce(&mut dyn Read) -> io::Result<T> + Send + 'static) -> Result<T> {
+pub async fn consume<T: Send + 'static>(
+    mut s: ByteStream,
+    use_it: impl FnOnce(&mut dyn Read) -> io::Result<T> + Send + 'static,
+) -> Result<T> {
     let (tx, rx) = mpsc::channel(DEPTH);
     let worker = tokio::task::spawn_blocking(move || use_it(&mut ChannelReader { rx, cur: Bytes::new() }));
     let mut fed = Ok(());
@@ -99,7 +104,12 @@ pub async fn download_to(mut s: ByteStream, target: &Path, mode: u32) -> Result<
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.strata-{}", std::process::id()));
     let res = async {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
         while let Some(piece) = s.chunk().await? {
             f.write_all(&piece).with_context(|| format!("writing {}", tmp.display()))?;
         }

@@ -15,7 +15,8 @@ fn unknown_ids_are_404_with_a_json_code() {
     common::rt().block_on(async {
         let e = c.get_sandbox("doesnotexist").await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound), "{e}");
-        let e = c.exec("doesnotexist", &ExecRequest { cmd: vec!["true".into()], ..Default::default() }).await.unwrap_err();
+        let e =
+            c.exec("doesnotexist", &ExecRequest { cmd: vec!["true".into()], ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
         let e = c.get_image("nope").await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::ImageNotFound));
@@ -75,8 +76,14 @@ fn served_openapi_matches_the_committed_document() {
     require_host!();
     let d = TestDaemon::start();
     let served = common::rt().block_on(d.client().openapi()).unwrap();
-    let committed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json")).unwrap()).unwrap();
-    assert_eq!(served, committed, "docs/openapi.json drifted from the code; regenerate with `strata openapi > docs/openapi.json`");
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        served, committed,
+        "docs/openapi.json drifted from the code; regenerate with `strata openapi > docs/openapi.json`"
+    );
     assert!(served["paths"]["/v1/sandboxes/{id}/exec"].is_object());
 }
 
@@ -94,7 +101,8 @@ fn tcp_listener_requires_the_bearer_token() {
     let anon = strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: None });
     let e = rt.block_on(anon.list_sandboxes()).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Unauthorized), "{e}");
-    let wrong = strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: Some("x".repeat(64)) });
+    let wrong =
+        strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: Some("x".repeat(64)) });
     assert_eq!(rt.block_on(wrong.list_sandboxes()).unwrap_err().code(), Some(ErrorCode::Unauthorized));
     let ok = strata_client::Client::new(strata_client::Endpoint::Tcp { addr, token: Some(token.trim().to_string()) });
     assert!(rt.block_on(ok.list_sandboxes()).unwrap().is_empty());

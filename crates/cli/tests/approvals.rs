@@ -7,7 +7,10 @@
 mod common;
 
 use common::{rt, stderr, wait_until, write_file, TestDaemon};
-use strata_api::{ApprovalState, Capability, CheckpointRequest, ErrorCode, ForkRequest, NetworkMode, NetworkSpec, RunPipelineRequest, UpdateSandboxRequest};
+use strata_api::{
+    ApprovalState, Capability, CheckpointRequest, ErrorCode, ForkRequest, NetworkMode, NetworkSpec, RunPipelineRequest,
+    UpdateSandboxRequest,
+};
 use strata_client::{Client, ClientError, Endpoint};
 
 /// The approval id (`apr-` + 16 hex) a refused CLI call printed.
@@ -27,7 +30,13 @@ fn api_err<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, strata_api::A
 
 fn capabilities(d: &TestDaemon, id: &str) -> Vec<(String, String)> {
     let v: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", id, "--json"])).unwrap();
-    v["capabilities"].as_array().cloned().unwrap_or_default().iter().map(|g| (g["capability"].as_str().unwrap().to_string(), g["because"].as_str().unwrap().to_string())).collect()
+    v["capabilities"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|g| (g["capability"].as_str().unwrap().to_string(), g["because"].as_str().unwrap().to_string()))
+        .collect()
 }
 
 fn approval(d: &TestDaemon, id: &str) -> serde_json::Value {
@@ -53,26 +62,51 @@ fn a_third_capability_waits_for_an_operator_and_goes_through_once() {
 
     // The third (egress) is held: exit code 3, the approval id, and no sandbox.
     let three = |name: &str| -> Vec<String> {
-        ["create", "busybox", "--name", name, "--secret", &secret, "--capability", "untrusted_input", "--allow-cidr", "10.0.0.0/8:443"].iter().map(|s| s.to_string()).collect()
+        [
+            "create",
+            "busybox",
+            "--name",
+            name,
+            "--secret",
+            &secret,
+            "--capability",
+            "untrusted_input",
+            "--allow-cidr",
+            "10.0.0.0/8:443",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     };
     let args = three("three");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = d.cli(&args);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("approval required") || stderr(&out).contains("all three Rule-of-Two capabilities"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("approval required") || stderr(&out).contains("all three Rule-of-Two capabilities"),
+        "{}",
+        stderr(&out)
+    );
     let id = approval_in(&stderr(&out));
     assert!(!d.cli(&["inspect", "three"]).status.success(), "nothing is created while the approval is pending");
     // Asking again does not queue a second approval.
     assert_eq!(approval_in(&stderr(&d.cli(&args))), id);
-    let pending: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["approvals", "ls", "--state", "pending", "--json"])).unwrap();
+    let pending: Vec<serde_json::Value> =
+        serde_json::from_str(&d.cli_ok(&["approvals", "ls", "--state", "pending", "--json"])).unwrap();
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0]["action"], "create sandbox");
-    let reasons: Vec<&str> = pending[0]["capabilities"].as_array().unwrap().iter().map(|g| g["because"].as_str().unwrap()).collect();
-    assert!(reasons.contains(&"network egress: allow 10.0.0.0/8:443") && reasons.contains(&"secrets: DB"), "{reasons:?}");
+    let reasons: Vec<&str> =
+        pending[0]["capabilities"].as_array().unwrap().iter().map(|g| g["because"].as_str().unwrap()).collect();
+    assert!(
+        reasons.contains(&"network egress: allow 10.0.0.0/8:443") && reasons.contains(&"secrets: DB"),
+        "{reasons:?}"
+    );
 
     // An agent's tenant token reads its own approval but cannot decide it; another tenant sees nothing.
     let token = |name: &str, tenant: &str| -> String {
-        let v: serde_json::Value = serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"])).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"]))
+                .unwrap();
         v["secret"].as_str().unwrap().to_string()
     };
     let agent = Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(token("agent", "default")) });
@@ -111,17 +145,28 @@ fn a_third_capability_waits_for_an_operator_and_goes_through_once() {
     cited.extend_from_slice(&args4);
     let out = d.cli(&cited);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("denied") && stderr(&out).contains("no egress for untrusted work"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("denied") && stderr(&out).contains("no egress for untrusted work"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!d.cli(&["inspect", "four"]).status.success());
 
     // The audit log holds the request, the decisions and the use, and its chain verifies.
     let audit = rt().block_on(d.client().audit(Some(1000))).unwrap();
-    let has = |method: &str, route: &str, target: &str| audit.iter().any(|e| e.method == method && e.route == route && e.target.as_deref() == Some(target));
+    let has = |method: &str, route: &str, target: &str| {
+        audit.iter().any(|e| e.method == method && e.route == route && e.target.as_deref() == Some(target))
+    };
     assert!(has("APPROVAL", "requested", &id), "no request entry");
     assert!(has("POST", "/v1/approvals/{id}/approve", &id), "no approval entry");
     assert!(has("APPROVAL", "used", &id), "no use entry");
     assert!(has("POST", "/v1/approvals/{id}/deny", &id4), "no denial entry");
-    assert!(audit.iter().any(|e| e.route == "/v1/approvals/{id}/approve" && e.status == 403 && e.actor.starts_with("token:")), "the agent's refused attempt is audited");
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.route == "/v1/approvals/{id}/approve" && e.status == 403 && e.actor.starts_with("token:")),
+        "the agent's refused attempt is audited"
+    );
     assert!(rt().block_on(d.client().audit_verify()).unwrap().ok);
 }
 
@@ -141,14 +186,22 @@ fn declarations_and_exports_are_gated_and_an_undecided_approval_times_out_denied
     let id = approval_in(&stderr(&out));
     assert_eq!(approval(&d, &id)["action"], "declare capabilities of");
     // Nobody decides: the timeout denies it (and the audit log says so).
-    assert!(wait_until(20, || approval(&d, &id)["state"] == "denied"), "the approval never timed out: {}", approval(&d, &id));
+    assert!(
+        wait_until(20, || approval(&d, &id)["state"] == "denied"),
+        "the approval never timed out: {}",
+        approval(&d, &id)
+    );
     assert_eq!(approval(&d, &id)["decided_by"], "timeout");
-    assert!(rt().block_on(c.audit(Some(1000))).unwrap().iter().any(|e| e.method == "APPROVAL" && e.route == "timed out (denied)" && e.target.as_deref() == Some(id.as_str())));
+    assert!(rt().block_on(c.audit(Some(1000))).unwrap().iter().any(|e| e.method == "APPROVAL"
+        && e.route == "timed out (denied)"
+        && e.target.as_deref() == Some(id.as_str())));
     assert!(!capabilities(&d, &sb).iter().any(|(c, _)| c == "untrusted_input"), "the declaration did not happen");
 
     // Declared capabilities only grow.
     let tainted = d.create(&["--capability", "untrusted_input", "--secret", &secret]);
-    let (status, body) = api_err(rt().block_on(c.update_sandbox(&tainted, &UpdateSandboxRequest { capabilities: Some(vec![]), ..Default::default() })));
+    let (status, body) = api_err(rt().block_on(
+        c.update_sandbox(&tainted, &UpdateSandboxRequest { capabilities: Some(vec![]), ..Default::default() }),
+    ));
     assert_eq!((status, body.code), (400, ErrorCode::BadRequest), "{}", body.message);
     assert!(body.message.contains("cannot be dropped"), "{}", body.message);
 
@@ -158,7 +211,10 @@ fn declarations_and_exports_are_gated_and_an_undecided_approval_times_out_denied
     assert_eq!((status, body.code), (403, ErrorCode::ApprovalRequired), "{}", body.message);
     let a = body.approval.expect("the pending approval comes with the refusal");
     assert_eq!(a.action, "export files of");
-    assert!(a.capabilities.iter().any(|g| g.capability == Capability::ExternalComms && g.because == "export of its files"));
+    assert!(a
+        .capabilities
+        .iter()
+        .any(|g| g.capability == Capability::ExternalComms && g.because == "export of its files"));
     d.cli_ok(&["approvals", "approve", &a.id]);
     let tar = rt().block_on(c.export(&tainted, None)).expect("approved export");
     assert!(tar.windows(10).any(|w| w == b"result.txt"), "the export holds the file");
@@ -172,7 +228,11 @@ fn declarations_and_exports_are_gated_and_an_undecided_approval_times_out_denied
     assert_eq!(approval(&d, &id)["action"], "create preview of");
     d.cli_ok(&["approvals", "approve", &id]);
     d.cli_ok(&["preview", "create", &tainted, "8000"]);
-    assert!(capabilities(&d, &tainted).contains(&("external_comms".into(), "preview of port 8000".into())), "{:?}", capabilities(&d, &tainted));
+    assert!(
+        capabilities(&d, &tainted).contains(&("external_comms".into(), "preview of port 8000".into())),
+        "{:?}",
+        capabilities(&d, &tainted)
+    );
 }
 
 #[test]
@@ -184,10 +244,23 @@ fn forks_inherit_declared_capabilities_and_a_pipeline_stage_waits_for_its_approv
 
     // A checkpoint remembers what its sandbox declared; forks and sandboxes from it inherit it.
     let src = d.create(&["--name", "reader", "--capability", "untrusted_input"]);
-    let ck = rt().block_on(c.checkpoint(&src, &CheckpointRequest { name: Some("read-1".into()), ..Default::default() })).unwrap();
+    let ck = rt()
+        .block_on(c.checkpoint(&src, &CheckpointRequest { name: Some("read-1".into()), ..Default::default() }))
+        .unwrap();
     assert_eq!(ck.capabilities, vec![Capability::UntrustedInput]);
     let egress = NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/8:443".into()] };
-    let forks = rt().block_on(c.fork(&ForkRequest { source: "read-1".into(), count: 2, name_prefix: None, lifecycle: strata_api::Lifecycle::Persistent, ttl: None, limits: None, network: Some(egress), processes: None })).unwrap();
+    let forks = rt()
+        .block_on(c.fork(&ForkRequest {
+            source: "read-1".into(),
+            count: 2,
+            name_prefix: None,
+            lifecycle: strata_api::Lifecycle::Persistent,
+            ttl: None,
+            limits: None,
+            network: Some(egress),
+            processes: None,
+        }))
+        .unwrap();
     for child in &forks.sandboxes {
         let caps: Vec<String> = capabilities(&d, child).into_iter().map(|(c, _)| c).collect();
         assert_eq!(caps, vec!["untrusted_input".to_string(), "external_comms".to_string()], "{child}");
@@ -209,20 +282,30 @@ secrets = [{ name = "GH", value_b64 = "Z2hwX3NlY3JldHZhbHVl" }]
 network = { mode = "egress", allow = ["10.0.0.0/8:443"] }
 commands = ["test -s /run/secrets/GH"]
 "#;
-    let run = rt().block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(spec.into()), ..Default::default() })).unwrap();
+    let run =
+        rt().block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(spec.into()), ..Default::default() })).unwrap();
     let waiting = || rt().block_on(c.list_approvals(Some("pending"))).unwrap();
     assert!(wait_until(60, || !waiting().is_empty()), "the stage never asked for an approval");
     let a = waiting().remove(0);
     assert_eq!(a.action, "create sandbox");
     let r = rt().block_on(c.pipeline(&run.id)).unwrap();
-    assert!(r.stages[0].notes.iter().any(|n| n.contains(&a.id)), "the stage notes the approval it waits for: {:?}", r.stages[0].notes);
+    assert!(
+        r.stages[0].notes.iter().any(|n| n.contains(&a.id)),
+        "the stage notes the approval it waits for: {:?}",
+        r.stages[0].notes
+    );
     d.cli_ok(&["approvals", "approve", &a.id]);
     assert!(wait_until(120, || rt().block_on(c.pipeline(&run.id)).unwrap().state != strata_api::PipelineState::Running));
     let r = rt().block_on(c.pipeline(&run.id)).unwrap();
     assert_eq!(r.state, strata_api::PipelineState::Succeeded, "{:?}", r.stages[0]);
 
     // Denied: the stage fails with the decider's reason.
-    let run = rt().block_on(c.run_pipeline(&RunPipelineRequest { toml: Some(spec.replace("triage", "triage-2")), ..Default::default() })).unwrap();
+    let run =
+        rt().block_on(c.run_pipeline(&RunPipelineRequest {
+            toml: Some(spec.replace("triage", "triage-2")),
+            ..Default::default()
+        }))
+        .unwrap();
     assert!(wait_until(60, || !waiting().is_empty()));
     let a = waiting().remove(0);
     d.cli_ok(&["approvals", "deny", &a.id, "--reason", "not today"]);

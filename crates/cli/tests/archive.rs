@@ -57,7 +57,14 @@ fn standby_and_stopped_sandboxes_archive_and_come_back() {
     d.import_busybox();
     let id = d.create(&[]);
     d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", COUNTER]);
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "rm /bin/vi; mkdir -p /opt/keep && echo kept > /opt/keep/file && ln -s file /opt/keep/link"]);
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "rm /bin/vi; mkdir -p /opt/keep && echo kept > /opt/keep/file && ln -s file /opt/keep/link",
+    ]);
     std::thread::sleep(Duration::from_millis(300));
     // Running: 409 with the state.
     let (status, body) = err_of(rt().block_on(d.client().archive_sandbox(&id)));

@@ -19,9 +19,11 @@ fn verify(d: &TestDaemon) -> serde_json::Value {
 type Row = (i64, String, String, String, String, Option<String>, i64, String, String);
 
 fn row(c: &rusqlite::Connection, seq: i64) -> Row {
-    c.query_row("SELECT seq, time, actor, method, route, target, status, prev_hash, hash FROM audit WHERE seq = ?1", [seq], |r| {
-        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
-    })
+    c.query_row(
+        "SELECT seq, time, actor, method, route, target, status, prev_hash, hash FROM audit WHERE seq = ?1",
+        [seq],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?)),
+    )
     .unwrap()
 }
 
@@ -47,7 +49,10 @@ fn mutations_are_logged_and_verify_detects_tampering() {
 
     let log = entries(&d);
     let find = |method: &str, route: &str, target: Option<&str>| {
-        log.iter().find(|e| e["method"] == method && e["route"] == route && target.is_none_or(|t| e["target"] == t)).unwrap_or_else(|| panic!("no {method} {route} {target:?} in {log:#?}")).clone()
+        log.iter()
+            .find(|e| e["method"] == method && e["route"] == route && target.is_none_or(|t| e["target"] == t))
+            .unwrap_or_else(|| panic!("no {method} {route} {target:?} in {log:#?}"))
+            .clone()
     };
     let created = find("POST", "/v1/sandboxes", None);
     assert_eq!(created["status"], 201);
@@ -91,7 +96,8 @@ fn mutations_are_logged_and_verify_detects_tampering() {
     let mut forged: strata_api::AuditEntry = serde_json::from_value(log[1].clone()).unwrap();
     forged.actor = "uid:1000".into();
     forged.hash = strata_store_hash(&forged);
-    c.execute("UPDATE audit SET actor = ?1, hash = ?2 WHERE seq = 2", rusqlite::params![forged.actor, forged.hash]).unwrap();
+    c.execute("UPDATE audit SET actor = ?1, hash = ?2 WHERE seq = 2", rusqlite::params![forged.actor, forged.hash])
+        .unwrap();
     let v = verify(&d);
     assert_eq!(v["first_bad"], 3, "{v}");
     c.execute("UPDATE audit SET actor = ?1, hash = ?2 WHERE seq = 2", rusqlite::params![orig.2, orig.8]).unwrap();
@@ -108,8 +114,14 @@ fn mutations_are_logged_and_verify_detects_tampering() {
     // Reordered: entries 2 and 3 swap places.
     let (r2, r3) = (row(&c, 2), row(&c, 3));
     c.execute("DELETE FROM audit WHERE seq IN (2, 3)", []).unwrap();
-    insert(&c, &(2, r3.1.clone(), r3.2.clone(), r3.3.clone(), r3.4.clone(), r3.5.clone(), r3.6, r3.7.clone(), r3.8.clone()));
-    insert(&c, &(3, r2.1.clone(), r2.2.clone(), r2.3.clone(), r2.4.clone(), r2.5.clone(), r2.6, r2.7.clone(), r2.8.clone()));
+    insert(
+        &c,
+        &(2, r3.1.clone(), r3.2.clone(), r3.3.clone(), r3.4.clone(), r3.5.clone(), r3.6, r3.7.clone(), r3.8.clone()),
+    );
+    insert(
+        &c,
+        &(3, r2.1.clone(), r2.2.clone(), r2.3.clone(), r2.4.clone(), r2.5.clone(), r2.6, r2.7.clone(), r2.8.clone()),
+    );
     let v = verify(&d);
     assert_eq!((v["ok"].clone(), v["first_bad"].clone()), (false.into(), 2.into()), "{v}");
     c.execute("DELETE FROM audit WHERE seq IN (2, 3)", []).unwrap();
@@ -125,12 +137,26 @@ fn mutations_are_logged_and_verify_detects_tampering() {
 /// The chain's hash of an entry, computed independently of the daemon: sha256
 /// over the JSON array of every field but the hash.
 fn strata_store_hash(e: &strata_api::AuditEntry) -> String {
-    let canonical = serde_json::to_vec(&serde_json::json!([e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash])).unwrap();
-    let out = std::process::Command::new("sha256sum").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().and_then(|mut c| {
-        use std::io::Write;
-        c.stdin.take().unwrap().write_all(&canonical)?;
-        c.wait_with_output()
-    });
+    let canonical = serde_json::to_vec(&serde_json::json!([
+        e.seq,
+        e.time,
+        e.actor,
+        e.method,
+        e.route,
+        e.target,
+        e.status,
+        e.prev_hash
+    ]))
+    .unwrap();
+    let out = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(&canonical)?;
+            c.wait_with_output()
+        });
     String::from_utf8(out.unwrap().stdout).unwrap().split_whitespace().next().unwrap().to_string()
 }
 
@@ -147,7 +173,10 @@ fn tcp_callers_are_recorded_by_token_fingerprint() {
     assert_eq!(e.code(), Some(strata_api::ErrorCode::SandboxNotFound));
     let log = entries(&d);
     let last = log.last().expect("an entry");
-    assert_eq!((last["method"].as_str(), last["route"].as_str(), last["target"].as_str(), last["status"].as_u64()), (Some("DELETE"), Some("/v1/sandboxes/{id}"), Some("nothing-here"), Some(404)));
+    assert_eq!(
+        (last["method"].as_str(), last["route"].as_str(), last["target"].as_str(), last["status"].as_u64()),
+        (Some("DELETE"), Some("/v1/sandboxes/{id}"), Some("nothing-here"), Some(404))
+    );
     let actor = last["actor"].as_str().unwrap();
     assert!(actor.starts_with("token:") && actor.len() == "token:".len() + 12, "{actor}");
     assert!(!actor.contains(&token[..12]), "a fingerprint, not the token");

@@ -24,9 +24,19 @@ fn checkpoints_are_incremental_and_forks_share_layers_with_fresh_identities() {
     assert_eq!(diff, "", "nothing changed since c1");
     d.cli_ok(&["exec", "dev", "--", "sh", "-c", "echo v2 > /work/a; rm /work/b; echo n > /root/n"]);
     let changes: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "dev", "--json"])).unwrap();
-    let summary: Vec<(String, String)> = changes.iter().map(|c| (c["path"].as_str().unwrap().to_string(), c["change"].as_str().unwrap().to_string())).collect();
+    let summary: Vec<(String, String)> = changes
+        .iter()
+        .map(|c| (c["path"].as_str().unwrap().to_string(), c["change"].as_str().unwrap().to_string()))
+        .collect();
     // /work/a existed at c1 (in the writable layer only): a modification.
-    assert_eq!(summary, [("/root/n".to_string(), "added".to_string()), ("/work/a".into(), "modified".into()), ("/work/b".into(), "deleted".into())]);
+    assert_eq!(
+        summary,
+        [
+            ("/root/n".to_string(), "added".to_string()),
+            ("/work/a".into(), "modified".into()),
+            ("/work/b".into(), "deleted".into())
+        ]
+    );
     let c2 = json(&d, &["checkpoint", "dev", "--name", "c2", "--json"]);
     assert_eq!(c2["parent"], c1["id"]);
     assert_eq!(c2["changed_paths"], 3);
@@ -96,7 +106,14 @@ fn export_writes_exactly_the_change_set_with_deletions() {
     let d = TestDaemon::start();
     d.import_busybox();
     let id = d.create(&[]);
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /out && echo result > /out/r.txt && rm /bin/vi && ln -s r.txt /out/link"]);
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /out && echo result > /out/r.txt && rm /bin/vi && ln -s r.txt /out/link",
+    ]);
     let work = tempfile::tempdir().unwrap();
     let tar_path = work.path().join("changes.tar");
     d.cli_ok(&["export", &id, "-o", tar_path.to_str().unwrap()]);
@@ -112,7 +129,11 @@ fn export_writes_exactly_the_change_set_with_deletions() {
         }
         names.push(p);
     }
-    assert_eq!(names, ["bin/", "bin/.wh.vi", "out/", "out/link", "out/r.txt"], "deletions appear as whiteouts; identity files are not exported");
+    assert_eq!(
+        names,
+        ["bin/", "bin/.wh.vi", "out/", "out/link", "out/r.txt"],
+        "deletions appear as whiteouts; identity files are not exported"
+    );
 }
 
 #[test]
@@ -125,17 +146,33 @@ fn bad_checkpoint_and_fork_requests() {
     let rt = common::rt();
     let e = rt.block_on(c.checkpoint("nope", &Default::default())).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
-    let fork = |source: &str, count: u32| ForkRequest { source: source.into(), count, name_prefix: None, lifecycle: Default::default(), ttl: None, limits: None, network: None, processes: None };
+    let fork = |source: &str, count: u32| ForkRequest {
+        source: source.into(),
+        count,
+        name_prefix: None,
+        lifecycle: Default::default(),
+        ttl: None,
+        limits: None,
+        network: None,
+        processes: None,
+    };
     assert_eq!(rt.block_on(c.fork(&fork("nope", 1))).unwrap_err().code(), Some(ErrorCode::SandboxNotFound));
     assert_eq!(rt.block_on(c.fork(&fork(&id, 0))).unwrap_err().code(), Some(ErrorCode::BadRequest));
     assert_eq!(rt.block_on(c.fork(&fork(&id, 10_000))).unwrap_err().code(), Some(ErrorCode::BadRequest));
     assert_eq!(rt.block_on(c.get_checkpoint("nope")).unwrap_err().code(), Some(ErrorCode::CheckpointNotFound));
     // A sandbox that is not running or stopped cannot be checkpointed: 409 with its state.
     let victim = d.create(&[]);
-    let pid = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()["init_pid"].as_i64().unwrap();
+    let pid = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()
+        ["init_pid"]
+        .as_i64()
+        .unwrap();
     // SAFETY: killing a sandbox init we created.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    assert!(common::wait_until(10, || serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()["state"] == "lost"));
+    assert!(common::wait_until(10, || serde_json::from_str::<serde_json::Value>(
+        &d.cli_ok(&["inspect", &victim, "--json"])
+    )
+    .unwrap()["state"]
+        == "lost"));
     match rt.block_on(c.checkpoint(&victim, &Default::default())).unwrap_err() {
         strata_client::ClientError::Api { status, body } => {
             assert_eq!(status, 409);
@@ -178,7 +215,9 @@ fn a_full_disk_during_checkpoint_fails_cleanly_and_the_sandbox_keeps_running() {
     assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), layers);
     assert_eq!(std::fs::read_dir(d.state("layers/staging")).unwrap().count(), 0);
     assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/root/f"]), "data\n");
-    let state = ["/sys/fs/cgroup/freezer/strata", "/sys/fs/cgroup/strata"].iter().find_map(|r| std::fs::read_to_string(format!("{r}/{id}/freezer.state")).ok());
+    let state = ["/sys/fs/cgroup/freezer/strata", "/sys/fs/cgroup/strata"]
+        .iter()
+        .find_map(|r| std::fs::read_to_string(format!("{r}/{id}/freezer.state")).ok());
     if let Some(s) = state {
         assert_eq!(s.trim(), "THAWED");
     }
@@ -199,7 +238,12 @@ fn retention_gc_and_lineage() {
     d.cli_ok(&["fork", "kept", "-n", "1"]);
     // Lineage of y: image -> y -> kept -> y-1.
     let l = json(&d, &["lineage", "y", "--json"]);
-    let kinds: Vec<(String, String)> = l["nodes"].as_array().unwrap().iter().map(|n| (n["kind"].as_str().unwrap().to_string(), n["name"].as_str().unwrap().to_string())).collect();
+    let kinds: Vec<(String, String)> = l["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["kind"].as_str().unwrap().to_string(), n["name"].as_str().unwrap().to_string()))
+        .collect();
     for want in [("image", "busybox"), ("sandbox", "y"), ("checkpoint", "kept"), ("sandbox", "y-1")] {
         assert!(kinds.contains(&(want.0.to_string(), want.1.to_string())), "{want:?} in {kinds:?}");
     }
@@ -280,11 +324,14 @@ fn diff_and_export_against_an_older_checkpoint() {
     d.cli_ok(&["exec", "h", "--", "sh", "-c", "echo 3 > /w/b && echo new > /w/c"]);
     // Against the last checkpoint: only what changed since h2.
     let since_h2: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "h", "--json"])).unwrap();
-    let paths: Vec<(&str, &str)> = since_h2.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
+    let paths: Vec<(&str, &str)> =
+        since_h2.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
     assert_eq!(paths, [("/w/b", "modified"), ("/w/c", "added")], "/w/b existed at h2");
     // Against h1: everything since h1, deletions at their topmost path.
-    let since_h1: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["diff", "h", "--against", &c1, "--json"])).unwrap();
-    let paths: Vec<(&str, &str)> = since_h1.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
+    let since_h1: Vec<serde_json::Value> =
+        serde_json::from_str(&d.cli_ok(&["diff", "h", "--against", &c1, "--json"])).unwrap();
+    let paths: Vec<(&str, &str)> =
+        since_h1.iter().map(|c| (c["path"].as_str().unwrap(), c["change"].as_str().unwrap())).collect();
     assert!(paths.contains(&("/w/a", "deleted")), "{paths:?}");
     assert!(paths.contains(&("/w/b", "added")) && paths.contains(&("/w/c", "added")), "{paths:?}");
     assert!(!paths.iter().any(|(p, _)| *p == "/w/k"), "unchanged since h1: {paths:?}");
@@ -309,7 +356,15 @@ fn daemon_crashes_mid_checkpoint_leave_no_checkpoint_and_a_running_sandbox() {
         let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", point)]);
         d.import_busybox();
         let id = d.create(&[]);
-        d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /root/n; sleep 0.05; done"]);
+        d.cli_ok(&[
+            "exec",
+            "-d",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "i=0; while true; do i=$((i+1)); echo $i > /root/n; sleep 0.05; done",
+        ]);
         d.cli_ok(&["exec", &id, "--", "sh", "-c", "head -c 100000 /dev/urandom > /root/blob"]);
         let layers_before = std::fs::read_dir(d.state("layers/sha256")).unwrap().count();
         assert!(!d.cli(&["checkpoint", &id]).status.success(), "{point}: the daemon died mid-checkpoint");
@@ -319,10 +374,17 @@ fn daemon_crashes_mid_checkpoint_leave_no_checkpoint_and_a_running_sandbox() {
         assert!(list.is_empty(), "{point}: no partial checkpoint is visible: {list:?}");
         // Re-adopted and thawed (the crash may have left it frozen): it runs on.
         let n1 = d.cli_ok(&["exec", &id, "--", "cat", "/root/n"]);
-        assert!(common::wait_until(10, || d.cli_ok(&["exec", &id, "--", "cat", "/root/n"]) != n1), "{point}: the sandbox runs after the restart");
+        assert!(
+            common::wait_until(10, || d.cli_ok(&["exec", &id, "--", "cat", "/root/n"]) != n1),
+            "{point}: the sandbox runs after the restart"
+        );
         // An orphaned layer is garbage; checkpoints work again.
         d.cli_ok(&["gc"]);
-        assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), layers_before, "{point}: gc removed the unrecorded layer");
+        assert_eq!(
+            std::fs::read_dir(d.state("layers/sha256")).unwrap().count(),
+            layers_before,
+            "{point}: gc removed the unrecorded layer"
+        );
         d.cli_ok(&["checkpoint", &id]);
     }
 }

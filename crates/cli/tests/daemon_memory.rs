@@ -34,7 +34,10 @@ const E2B_UPLOAD: u64 = 400 << 20;
 /// A field of `/proc/<pid>/status` in bytes (`VmRSS`, `VmHWM`).
 fn status_bytes(pid: u32, field: &str) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
-    let line = text.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_else(|| panic!("{field} missing in /proc/{pid}/status"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("{field} missing in /proc/{pid}/status"));
     let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a number of kB");
     kib * 1024
 }
@@ -68,8 +71,18 @@ impl Ceiling {
         let before = status_bytes(self.pid, "VmRSS");
         let (peak, out) = self.peak(f);
         let rise = peak.saturating_sub(self.baseline);
-        println!("{what}: baseline {} MiB, RSS before {} MiB, peak {} MiB", self.baseline >> 20, before >> 20, peak >> 20);
-        assert!(rise < CEILING, "{what}: the daemon's peak RSS was {} MiB above its baseline (ceiling {} MiB)", rise >> 20, CEILING >> 20);
+        println!(
+            "{what}: baseline {} MiB, RSS before {} MiB, peak {} MiB",
+            self.baseline >> 20,
+            before >> 20,
+            peak >> 20
+        );
+        assert!(
+            rise < CEILING,
+            "{what}: the daemon's peak RSS was {} MiB above its baseline (ceiling {} MiB)",
+            rise >> 20,
+            CEILING >> 20
+        );
         out
     }
 }
@@ -116,7 +129,11 @@ fn exec(d: &TestDaemon, id: &str, script: &str) -> String {
 /// Threads of the daemon that carry a file transfer.
 fn transfer_threads(d: &TestDaemon) -> usize {
     std::fs::read_dir(format!("/proc/{}/task", d.pid()))
-        .map(|dir| dir.filter_map(Result::ok).filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "strata-xfer")).count())
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "strata-xfer"))
+                .count()
+        })
         .unwrap_or(0)
 }
 
@@ -124,14 +141,24 @@ fn transfer_threads(d: &TestDaemon) -> usize {
 /// SDK sends it), the body written by `body`; returns the status, the
 /// response headers (lower-cased names) and the connection positioned at the
 /// response body.
-fn envd(addr: &str, token: &str, sandbox: &str, head: &str, body: impl FnOnce(&mut TcpStream)) -> (u16, Vec<(String, String)>, BufReader<TcpStream>) {
+fn envd(
+    addr: &str,
+    token: &str,
+    sandbox: &str,
+    head: &str,
+    body: impl FnOnce(&mut TcpStream),
+) -> (u16, Vec<(String, String)>, BufReader<TcpStream>) {
     let mut s = TcpStream::connect(addr).expect("connect to the daemon");
     write!(s, "{head}\r\nHost: {addr}\r\nE2b-Sandbox-Id: {sandbox}\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: {token}\r\nConnection: close\r\n").unwrap();
     body(&mut s);
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
     let mut headers = Vec::new();
     loop {
         let mut h = String::new();
@@ -177,20 +204,31 @@ fn downloads_and_exports_stream_in_bounded_memory() {
     let rt = common::rt();
     let ceiling = Ceiling::new(&d);
 
-    let n = ceiling.check("GET of a 2 GiB file", || rt.block_on(async { drain(c.download_stream(&id, "/root/big", false).await.unwrap()).await }));
+    let n = ceiling.check("GET of a 2 GiB file", || {
+        rt.block_on(async { drain(c.download_stream(&id, "/root/big", false).await.unwrap()).await })
+    });
     assert_eq!(n, BIG);
-    let n = ceiling.check("GET tar=true of a directory holding a 2 GiB file", || rt.block_on(async { drain(c.download_stream(&id, "/root", true).await.unwrap()).await }));
+    let n = ceiling.check("GET tar=true of a directory holding a 2 GiB file", || {
+        rt.block_on(async { drain(c.download_stream(&id, "/root", true).await.unwrap()).await })
+    });
     assert!(n > BIG, "the tar holds the file: {n} bytes");
-    let n = ceiling.check("export of a writable layer holding a 2 GiB file", || rt.block_on(async { drain(c.export_stream(&id, None).await.unwrap()).await }));
+    let n = ceiling.check("export of a writable layer holding a 2 GiB file", || {
+        rt.block_on(async { drain(c.export_stream(&id, None).await.unwrap()).await })
+    });
     assert!(n > BIG, "the export holds the file: {n} bytes");
 
     // A tar of / in a sandbox with secrets is filtered (run/secrets left out) on the way.
-    let n = ceiling.check("GET tar=true of / (secrets filtered) holding a 2 GiB file", || rt.block_on(async { drain(c.download_stream(&with_secret, "/", true).await.unwrap()).await }));
+    let n = ceiling.check("GET tar=true of / (secrets filtered) holding a 2 GiB file", || {
+        rt.block_on(async { drain(c.download_stream(&with_secret, "/", true).await.unwrap()).await })
+    });
     assert!(n > BIG, "the tar holds the file: {n} bytes");
 
     // E2B's envd `GET /files`.
     let n = ceiling.check("E2B envd GET /files of a 2 GiB file", || {
-        let (status, headers, mut body) = envd(&addr, &token, &id, "GET /files?path=/root/big&username=root HTTP/1.1", |s| s.write_all(b"\r\n").unwrap());
+        let (status, headers, mut body) =
+            envd(&addr, &token, &id, "GET /files?path=/root/big&username=root HTTP/1.1", |s| {
+                s.write_all(b"\r\n").unwrap()
+            });
         assert_eq!(status, 200, "envd download: {headers:?}");
         assert_eq!(header(&headers, "content-length"), Some(BIG.to_string().as_str()), "{headers:?}");
         std::io::copy(&mut body, &mut std::io::sink()).unwrap()
@@ -225,20 +263,25 @@ fn uploads_stream_in_bounded_memory() {
     let rt = common::rt();
     let ceiling = Ceiling::new(&d);
 
-    ceiling.check("PUT of a 2 GiB upload", || rt.block_on(c.upload_stream(&id, "/tmp/up", zeros(BIG), None, false)).unwrap());
+    ceiling.check("PUT of a 2 GiB upload", || {
+        rt.block_on(c.upload_stream(&id, "/tmp/up", zeros(BIG), None, false)).unwrap()
+    });
     assert_eq!(rt.block_on(c.stat(&id, "/tmp/up")).unwrap().size, BIG);
     rt.block_on(c.remove_path(&id, "/tmp/up", false)).unwrap();
 
-    ceiling.check("PUT tar=true of a 2 GiB entry", || rt.block_on(c.upload_stream(&id, "/tmp/untar", tar_of_zeros("big", BIG), None, true)).unwrap());
+    ceiling.check("PUT tar=true of a 2 GiB entry", || {
+        rt.block_on(c.upload_stream(&id, "/tmp/untar", tar_of_zeros("big", BIG), None, true)).unwrap()
+    });
     assert_eq!(rt.block_on(c.stat(&id, "/tmp/untar/big")).unwrap().size, BIG);
     rt.block_on(c.remove_path(&id, "/tmp/untar", true)).unwrap();
 
     // E2B's envd `POST /files`: octet-stream and multipart.
     ceiling.check("E2B envd POST /files of 400 MiB (octet-stream)", || {
-        let (status, headers, _) = envd(&addr, &token, &id, "POST /files?path=/tmp/e2b-raw&username=root HTTP/1.1", |s| {
-            write!(s, "Content-Type: application/octet-stream\r\nContent-Length: {E2B_UPLOAD}\r\n\r\n").unwrap();
-            write_zeros(s, E2B_UPLOAD);
-        });
+        let (status, headers, _) =
+            envd(&addr, &token, &id, "POST /files?path=/tmp/e2b-raw&username=root HTTP/1.1", |s| {
+                write!(s, "Content-Type: application/octet-stream\r\nContent-Length: {E2B_UPLOAD}\r\n\r\n").unwrap();
+                write_zeros(s, E2B_UPLOAD);
+            });
         assert_eq!(status, 200, "envd upload: {headers:?}");
     });
     assert_eq!(rt.block_on(c.stat(&id, "/tmp/e2b-raw")).unwrap().size, E2B_UPLOAD);
@@ -259,29 +302,43 @@ fn uploads_stream_in_bounded_memory() {
     // Over E2B's limit, sent without a length: refused while it streams (413), nothing left behind.
     let over = (512 << 20) + (1 << 20);
     ceiling.check("E2B envd POST /files over its 512 MiB limit", || {
-        let (status, headers, mut body) = envd(&addr, &token, &id, "POST /files?path=/tmp/e2b-over&username=root HTTP/1.1", |s| {
-            write!(s, "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
-            // The daemon answers once it has seen too much: stop when it no longer reads.
-            let mut left = over;
-            while left > 0 {
-                let k = left.min(ZEROS.len() as u64) as usize;
-                if write!(s, "{k:x}\r\n").and_then(|_| s.write_all(&ZEROS[..k])).and_then(|_| s.write_all(b"\r\n")).is_err() {
-                    return;
+        let (status, headers, mut body) =
+            envd(&addr, &token, &id, "POST /files?path=/tmp/e2b-over&username=root HTTP/1.1", |s| {
+                write!(s, "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap();
+                // The daemon answers once it has seen too much: stop when it no longer reads.
+                let mut left = over;
+                while left > 0 {
+                    let k = left.min(ZEROS.len() as u64) as usize;
+                    if write!(s, "{k:x}\r\n")
+                        .and_then(|_| s.write_all(&ZEROS[..k]))
+                        .and_then(|_| s.write_all(b"\r\n"))
+                        .is_err()
+                    {
+                        return;
+                    }
+                    left -= k as u64;
                 }
-                left -= k as u64;
-            }
-            let _ = s.write_all(b"0\r\n\r\n");
-        });
+                let _ = s.write_all(b"0\r\n\r\n");
+            });
         let mut text = String::new();
         let _ = body.read_to_string(&mut text);
         assert_eq!(status, 413, "{headers:?} {text}");
     });
-    let left_behind = || exec(&d, &id, "ls -a /tmp").lines().filter(|l| l.starts_with(".strata") || *l == "e2b-over" || *l == "cut").map(str::to_string).collect::<Vec<_>>();
+    let left_behind = || {
+        exec(&d, &id, "ls -a /tmp")
+            .lines()
+            .filter(|l| l.starts_with(".strata") || *l == "e2b-over" || *l == "cut")
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
     assert!(common::wait_until(20, || left_behind().is_empty()), "a refused upload left {:?}", left_behind());
 
     // A client that goes away mid-upload: nothing is left in the sandbox.
-    let cut = futures_util::StreamExt::chain(zeros(64 << 20), stream::iter([Err(std::io::Error::other("client gave up"))]));
-    ceiling.check("a PUT abandoned after 64 MiB", || assert!(rt.block_on(c.upload_stream(&id, "/tmp/cut", cut, None, false)).is_err()));
+    let cut =
+        futures_util::StreamExt::chain(zeros(64 << 20), stream::iter([Err(std::io::Error::other("client gave up"))]));
+    ceiling.check("a PUT abandoned after 64 MiB", || {
+        assert!(rt.block_on(c.upload_stream(&id, "/tmp/cut", cut, None, false)).is_err())
+    });
     assert!(common::wait_until(20, || left_behind().is_empty()), "an abandoned upload left {:?}", left_behind());
     assert!(common::wait_until(20, || transfer_threads(&d) == 0), "a transfer thread outlived its client");
 }
@@ -299,14 +356,17 @@ fn process_output_is_bounded_per_sandbox() {
     let id = d.create(&[]);
     let ceiling = Ceiling::new(&d);
     ceiling.check("40 processes writing 8 MiB each", || {
-        let procs: Vec<String> = (0..40).map(|_| d.cli_ok(&["exec", "-d", &id, "--", "head", "-c", "8388608", "/dev/zero"]).trim().to_string()).collect();
+        let procs: Vec<String> = (0..40)
+            .map(|_| d.cli_ok(&["exec", "-d", &id, "--", "head", "-c", "8388608", "/dev/zero"]).trim().to_string())
+            .collect();
         for p in &procs {
             let out = d.cli(&["proc", "wait", &id, p]);
             assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
         }
     });
     // The newest process still has its output (the budget takes from the oldest first).
-    let last = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "head -c 1000 /dev/zero | tr '\\0' x"]).trim().to_string();
+    let last =
+        d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "head -c 1000 /dev/zero | tr '\\0' x"]).trim().to_string();
     let _ = d.cli(&["proc", "wait", &id, &last]);
     assert_eq!(d.cli_ok(&["proc", "logs", &id, &last]).len(), 1000);
 }

@@ -22,9 +22,17 @@ fn inspect(d: &TestDaemon, id: &str) -> serde_json::Value {
 /// Fills the disk with /big (dd until it fails); returns the MiB written.
 #[track_caller]
 fn fill(d: &TestDaemon, id: &str, limit_mib: u64) -> u64 {
-    let (code, out) = run(d, id, "dd if=/dev/zero of=/big bs=1M 2>&1; sync; echo size=$(($(stat -c %s /big) / 1048576))");
-    assert!(out.contains("No space left on device") || out.contains("Disk quota exceeded"), "dd did not hit the limit (exit {code}):\n{out}");
-    let mib: u64 = out.lines().find_map(|l| l.strip_prefix("size=")).and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{out}"));
+    let (code, out) =
+        run(d, id, "dd if=/dev/zero of=/big bs=1M 2>&1; sync; echo size=$(($(stat -c %s /big) / 1048576))");
+    assert!(
+        out.contains("No space left on device") || out.contains("Disk quota exceeded"),
+        "dd did not hit the limit (exit {code}):\n{out}"
+    );
+    let mib: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("size="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
     assert!(mib <= limit_mib && mib >= limit_mib * 3 / 4, "wrote {mib} MiB against a {limit_mib} MiB disk:\n{out}");
     mib
 }
@@ -47,7 +55,11 @@ fn filling_the_disk_stops_at_the_limit_and_harms_nobody() {
     assert_eq!(info["limits"]["disk_bytes"], 64 * MIB, "{info}");
     let quota = info["limits"]["disk_quota"].as_str().unwrap().to_string();
     assert!(quota.starts_with("enforced"), "this host can enforce disk limits: {quota}");
-    assert!(d.cli_ok(&["inspect", &id]).contains("disk=64.0 MiB") || d.cli_ok(&["inspect", &id]).contains("disk=64"), "{}", d.cli_ok(&["inspect", &id]));
+    assert!(
+        d.cli_ok(&["inspect", &id]).contains("disk=64.0 MiB") || d.cli_ok(&["inspect", &id]).contains("disk=64"),
+        "{}",
+        d.cli_ok(&["inspect", &id])
+    );
     // df inside shows the sandbox's own filesystem, not the host's.
     let (_, df) = run(&d, &id, "df -k / | tail -1");
     let size_k: u64 = df.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -59,7 +71,10 @@ fn filling_the_disk_stops_at_the_limit_and_harms_nobody() {
     let written = fill(&d, &id, 64);
     // The host lost at most the sandbox's limit.
     let host_after = host_free_mib(&d.state_dir);
-    assert!(host_before.saturating_sub(host_after) <= 64 + 16, "host free space went from {host_before} to {host_after} MiB");
+    assert!(
+        host_before.saturating_sub(host_after) <= 64 + 16,
+        "host free space went from {host_before} to {host_after} MiB"
+    );
     // Full: another write fails, the sandbox still runs commands, earlier files are intact.
     // (ext4 may leave a last block or two that a 4 KiB-block dd did not take: a few small files, then nothing.)
     let (code, out) = run(&d, &id, "dd if=/dev/zero of=/big2 bs=4k 2>/dev/null; sync; for i in 1 2 3 4 5 6 7 8; do echo more > /more$i || exit 1; done");
@@ -105,7 +120,15 @@ fn the_limit_holds_after_standby_resume_and_in_forks() {
     d.import_busybox();
     let id = d.create(&["--disk", "48m"]);
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo before > /kept"]);
-    d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done"]);
+    d.cli_ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done",
+    ]);
     d.cli_ok(&["standby", &id]);
     let info = inspect(&d, &id);
     assert_eq!(info["state"], "standby", "{info}");
@@ -143,7 +166,11 @@ fn disk_limits_are_validated_defaulted_and_tmp_is_capped_by_memory() {
     assert!(!out.status.success(), "{}", stdout(&out));
     let rt = common::rt();
     let err = rt
-        .block_on(d.client().create_sandbox(&strata_api::CreateSandboxRequest { source: "busybox".into(), limits: strata_api::ResourceLimits { disk_bytes: Some(4096), ..Default::default() }, ..Default::default() }))
+        .block_on(d.client().create_sandbox(&strata_api::CreateSandboxRequest {
+            source: "busybox".into(),
+            limits: strata_api::ResourceLimits { disk_bytes: Some(4096), ..Default::default() },
+            ..Default::default()
+        }))
         .unwrap_err();
     let text = err.to_string();
     assert!(text.contains("400") || text.contains("bad_request") || text.contains("invalid"), "{text}");
@@ -173,7 +200,9 @@ fn a_host_that_cannot_makes_sandboxes_without_a_disk_and_says_so() {
     assert_eq!(info["limits"]["disk_quota"], "unavailable (disabled by the disk-unavailable failpoint)", "{info}");
     assert!(d.cli_ok(&["inspect", &id]).contains("disk_quota"), "inspect shows it");
     assert!(d.log().contains("per-sandbox disk limits are unavailable"), "the daemon says so at start:\n{}", d.log());
-    assert!(d.state(&format!("sandboxes/{id}/upper")).is_dir() && !d.state(&format!("sandboxes/{id}/disk.img")).exists());
+    assert!(
+        d.state(&format!("sandboxes/{id}/upper")).is_dir() && !d.state(&format!("sandboxes/{id}/disk.img")).exists()
+    );
     assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo ok > /x && cat /x"]), "ok\n");
 }
 
@@ -186,6 +215,9 @@ fn a_daemon_without_a_default_records_none() {
     let info = inspect(&d, &id);
     assert!(info["limits"]["disk_bytes"].is_null(), "{info}");
     assert_eq!(info["limits"]["disk_quota"], "none", "{info}");
-    assert!(d.state(&format!("sandboxes/{id}/upper")).is_dir(), "without a disk the upper directory is on the host filesystem");
+    assert!(
+        d.state(&format!("sandboxes/{id}/upper")).is_dir(),
+        "without a disk the upper directory is on the host filesystem"
+    );
     assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo ok > /x && cat /x"]), "ok\n");
 }

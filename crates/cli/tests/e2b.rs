@@ -83,11 +83,19 @@ fn e2b_sdk_suite_passes_against_a_live_daemon() {
 
 /// One HTTP/1.1 request on a fresh connection: (status, body). With `first_bytes`,
 /// reads only that much of the body (a streamed answer) and hangs up.
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8], first_bytes: Option<usize>) -> (u16, Vec<u8>) {
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    first_bytes: Option<usize>,
+) -> (u16, Vec<u8>) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -145,7 +153,9 @@ fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
     let d = TestDaemon::start_with(Some(&addr));
     d.import_busybox();
     let key = |name: &str, tenant: &str| {
-        let v: serde_json::Value = serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"])).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"]))
+                .unwrap();
         (v["id"].as_str().unwrap().to_string(), v["secret"].as_str().unwrap().to_string())
     };
     let (_, acme) = key("acme-main", "acme");
@@ -153,20 +163,51 @@ fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
     let (_, globex) = key("globex", "globex");
     let rt = common::rt();
     let c = strata_client::Client::new(strata_client::Endpoint::Tcp { addr: addr.clone(), token: Some(acme.clone()) });
-    let sb = rt.block_on(c.create_sandbox(&strata_api::CreateSandboxRequest { source: "busybox".into(), name: Some("web-box".into()), lifecycle: strata_api::Lifecycle::Persistent, ..Default::default() })).unwrap().id;
-    let sh = |cmd: &str| strata_api::ExecRequest { cmd: vec!["sh".into(), "-c".into(), cmd.into()], ..Default::default() };
+    let sb = rt
+        .block_on(c.create_sandbox(&strata_api::CreateSandboxRequest {
+            source: "busybox".into(),
+            name: Some("web-box".into()),
+            lifecycle: strata_api::Lifecycle::Persistent,
+            ..Default::default()
+        }))
+        .unwrap()
+        .id;
+    let sh =
+        |cmd: &str| strata_api::ExecRequest { cmd: vec!["sh".into(), "-c".into(), cmd.into()], ..Default::default() };
     rt.block_on(c.exec(&sb, &sh("mkdir -p /srv && echo hello > /srv/hello.txt"))).unwrap();
     rt.block_on(c.start_process(&sb, &sh("exec busybox httpd -f -p 127.0.0.1:8000 -h /srv"))).unwrap();
 
     // Port routing, by id and by name, with the key that will be revoked.
-    let get = |sandbox: &str, k: &str| http(&addr, "GET", "/hello.txt", &[("E2b-Sandbox-Id", sandbox), ("E2b-Sandbox-Port", "8000"), ("X-API-Key", k)], b"", None);
-    assert!(common::wait_until(20, || get(&sb, &short).0 == 200), "the port is reachable by id: {:?}", get(&sb, &short));
+    let get = |sandbox: &str, k: &str| {
+        http(
+            &addr,
+            "GET",
+            "/hello.txt",
+            &[("E2b-Sandbox-Id", sandbox), ("E2b-Sandbox-Port", "8000"), ("X-API-Key", k)],
+            b"",
+            None,
+        )
+    };
+    assert!(
+        common::wait_until(20, || get(&sb, &short).0 == 200),
+        "the port is reachable by id: {:?}",
+        get(&sb, &short)
+    );
     assert_eq!(get(&sb, &short), (200, b"hello\n".to_vec()));
-    assert_eq!(get("web-box", &short), (200, b"hello\n".to_vec()), "a name in E2b-Sandbox-Id reaches the sandbox it names");
+    assert_eq!(
+        get("web-box", &short),
+        (200, b"hello\n".to_vec()),
+        "a name in E2b-Sandbox-Id reaches the sandbox it names"
+    );
     d.cli_ok(&["token", "revoke", &short_id]);
     for sandbox in [sb.as_str(), "web-box"] {
         let (status, body) = get(sandbox, &short);
-        assert_eq!(status, 401, "a revoked key is refused from the next request on ({sandbox}): {}", String::from_utf8_lossy(&body));
+        assert_eq!(
+            status,
+            401,
+            "a revoked key is refused from the next request on ({sandbox}): {}",
+            String::from_utf8_lossy(&body)
+        );
     }
     assert_eq!(get(&sb, &acme).0, 200, "the other key of the tenant still works");
     assert_eq!(get(&sb, &globex).0, 404, "another tenant's key: unknown sandbox");
@@ -180,26 +221,61 @@ fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
         b
     };
     let root = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("root:"));
-    let envd = |k: &str, ct: &str| vec![("E2b-Sandbox-Id".to_string(), sb.clone()), ("E2b-Sandbox-Port".into(), "49983".into()), ("X-Access-Token".into(), k.to_string()), ("Authorization".into(), root.clone()), ("Content-Type".into(), ct.to_string())];
+    let envd = |k: &str, ct: &str| {
+        vec![
+            ("E2b-Sandbox-Id".to_string(), sb.clone()),
+            ("E2b-Sandbox-Port".into(), "49983".into()),
+            ("X-Access-Token".into(), k.to_string()),
+            ("Authorization".into(), root.clone()),
+            ("Content-Type".into(), ct.to_string()),
+        ]
+    };
     let h = envd(&acme, "application/connect+json");
     let h: Vec<(&str, &str)> = h.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     let start = envelope(serde_json::json!({"process": {"cmd": "sleep", "args": ["120"]}, "tag": "secret-tag"}));
     let (status, _) = http(&addr, "POST", "/process.Process/Start", &h, &start, Some(5));
     assert_eq!(status, 200);
-    assert!(common::wait_until(10, || rt.block_on(c.list_processes(&sb)).unwrap().iter().any(|p| p.cmd == ["sleep", "120"] && p.status == strata_api::ProcessStatus::Running)));
+    assert!(common::wait_until(10, || rt
+        .block_on(c.list_processes(&sb))
+        .unwrap()
+        .iter()
+        .any(|p| p.cmd == ["sleep", "120"] && p.status == strata_api::ProcessStatus::Running)));
     // globex names acme's sandbox by its full id and the tag: exactly the answer of an unknown tag.
     let hg = envd(&globex, "application/json");
     let hg: Vec<(&str, &str)> = hg.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-    let signal = |tag: &str| http(&addr, "POST", "/process.Process/SendSignal", &hg, serde_json::json!({"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}).to_string().as_bytes(), None);
+    let signal = |tag: &str| {
+        http(
+            &addr,
+            "POST",
+            "/process.Process/SendSignal",
+            &hg,
+            serde_json::json!({"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}).to_string().as_bytes(),
+            None,
+        )
+    };
     let (s1, b1) = signal("secret-tag");
     let (s2, b2) = signal("no-such-tag");
-    let (b1, b2) = (String::from_utf8_lossy(&b1).replace("secret-tag", "TAG"), String::from_utf8_lossy(&b2).replace("no-such-tag", "TAG"));
+    let (b1, b2) = (
+        String::from_utf8_lossy(&b1).replace("secret-tag", "TAG"),
+        String::from_utf8_lossy(&b2).replace("no-such-tag", "TAG"),
+    );
     assert_eq!((s1, &b1), (s2, &b2), "another tenant's key cannot tell a tag exists");
     assert_eq!(s1, 404, "{b1}");
     // acme's process is untouched, and acme's own key still finds it by tag.
-    assert!(rt.block_on(c.list_processes(&sb)).unwrap().iter().any(|p| p.cmd == ["sleep", "120"] && p.status == strata_api::ProcessStatus::Running));
+    assert!(rt
+        .block_on(c.list_processes(&sb))
+        .unwrap()
+        .iter()
+        .any(|p| p.cmd == ["sleep", "120"] && p.status == strata_api::ProcessStatus::Running));
     let ha = envd(&acme, "application/json");
     let ha: Vec<(&str, &str)> = ha.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-    let (status, body) = http(&addr, "POST", "/process.Process/SendSignal", &ha, br#"{"process": {"tag": "secret-tag"}, "signal": "SIGNAL_SIGKILL"}"#, None);
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/process.Process/SendSignal",
+        &ha,
+        br#"{"process": {"tag": "secret-tag"}, "signal": "SIGNAL_SIGKILL"}"#,
+        None,
+    );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }

@@ -26,7 +26,10 @@ fn run(d: &TestDaemon, id: &str, script: &str) -> (i32, String) {
 fn refused(d: &TestDaemon, id: &str, script: &str, why: &[&str]) {
     let (code, out) = run(d, id, script);
     assert_ne!(code, 0, "escape attempt succeeded: {script}\n{out}");
-    assert!(!out.contains("not found") && !out.contains("applet"), "attempt did not run (missing tool?): {script}\n{out}");
+    assert!(
+        !out.contains("not found") && !out.contains("applet"),
+        "attempt did not run (missing tool?): {script}\n{out}"
+    );
     assert!(why.iter().any(|w| out.contains(w)), "{script}: failed, but not for the expected reason {why:?}:\n{out}");
 }
 
@@ -39,8 +42,19 @@ impl Canary {
     fn start(d: &TestDaemon, extra: &[&str]) -> Canary {
         let id = d.create(extra);
         d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo canary-data > /canary-file"]);
-        d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /counter; sleep 0.1; done"]);
-        assert!(common::wait_until(10, || d.cli(&["exec", &id, "--", "cat", "/counter"]).status.success()), "canary counter never started");
+        d.cli_ok(&[
+            "exec",
+            "-d",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "i=0; while true; do i=$((i+1)); echo $i > /counter; sleep 0.1; done",
+        ]);
+        assert!(
+            common::wait_until(10, || d.cli(&["exec", &id, "--", "cat", "/counter"]).status.success()),
+            "canary counter never started"
+        );
         Canary { id }
     }
 
@@ -72,7 +86,11 @@ struct Host {
 impl Host {
     fn new(tag: &str) -> Host {
         let base = if std::path::Path::new("/work").is_dir() { "/work" } else { "/var/tmp" };
-        let content = format!("host-marker-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let content = format!(
+            "host-marker-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        );
         let marker = std::path::PathBuf::from(format!("{base}/strata-escape-marker-{}-{tag}", std::process::id()));
         std::fs::write(&marker, &content).unwrap();
         let sleeper = Command::new("sleep").arg("600").stdin(Stdio::null()).spawn().unwrap();
@@ -82,7 +100,11 @@ impl Host {
     fn assert_untouched(&mut self) {
         assert_eq!(std::fs::read_to_string(&self.marker).unwrap(), self.content, "host marker file changed");
         assert!(self.sleeper.try_wait().unwrap().is_none(), "host process was killed");
-        assert_eq!(std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(), self.hostname, "host hostname changed");
+        assert_eq!(
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+            self.hostname,
+            "host hostname changed"
+        );
         assert_ne!(std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap().trim(), "|/bin/evil");
     }
 }
@@ -142,7 +164,10 @@ fn host_filesystem_processes_daemon_and_other_sandboxes_are_out_of_reach() {
     // (No host path appears in mountinfo at all: kernel_information_and_host_paths_are_masked.)
     for l in mounts.lines() {
         let mount_point = l.split(' ').nth(4).unwrap();
-        assert!(!mount_point.starts_with("/work") && !mount_point.starts_with("/var/tmp"), "host path mounted inside: {l}");
+        assert!(
+            !mount_point.starts_with("/work") && !mount_point.starts_with("/var/tmp"),
+            "host path mounted inside: {l}"
+        );
     }
 
     // --- Host processes and the canary's: invisible and unkillable.
@@ -160,16 +185,27 @@ fn host_filesystem_processes_daemon_and_other_sandboxes_are_out_of_reach() {
     // --- The canary's files and network.
     let (_, found) = run(&d, &id, "find / -xdev -name canary-file 2>/dev/null; find / -xdev -name counter 2>/dev/null");
     assert!(found.trim().is_empty(), "canary files visible: {found}");
-    let canary_addr = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["network", "show", &canary.id, "--json"])).ok().and_then(|v| v["address"].as_str().map(str::to_string));
+    let canary_addr = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["network", "show", &canary.id, "--json"]))
+        .ok()
+        .and_then(|v| v["address"].as_str().map(str::to_string));
     let canary_addr = canary_addr.expect("canary has an address");
     d.cli_ok(&["exec", "-d", &canary.id, "--", "sh", "-c", "while true; do echo secret | nc -l -p 9000; done"]);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(d.cli_ok(&["exec", &canary.id, "--", "sh", "-c", "nc -w 2 127.0.0.1 9000 </dev/null"]).trim(), "secret", "the canary's listener works locally");
+    assert_eq!(
+        d.cli_ok(&["exec", &canary.id, "--", "sh", "-c", "nc -w 2 127.0.0.1 9000 </dev/null"]).trim(),
+        "secret",
+        "the canary's listener works locally"
+    );
     let (code, out) = run(&d, &id, &format!("nc -w 2 {canary_addr} 9000 </dev/null"));
     assert!(code != 0 || !out.contains("secret"), "the attacker reached the canary's port: {out}");
 
     // --- Raw sockets, mounts, namespaces.
-    refused(&d, &id, "ping -c 1 -W 1 127.0.0.1", &["permission denied", "Operation not permitted", "Permission denied"]);
+    refused(
+        &d,
+        &id,
+        "ping -c 1 -W 1 127.0.0.1",
+        &["permission denied", "Operation not permitted", "Permission denied"],
+    );
     refused(&d, &id, "mount -t tmpfs none /mnt", EPERM);
     refused(&d, &id, "mount -t proc proc /mnt", EPERM);
     refused(&d, &id, "mount -t cgroup -o memory cgroup /mnt", EPERM);
@@ -192,13 +228,27 @@ fn host_filesystem_processes_daemon_and_other_sandboxes_are_out_of_reach() {
         ("/sys/kernel/mm/transparent_hugepage/enabled", "never"),
         ("/sys/power/state", "mem"),
     ] {
-        let why: &[&str] = if std::path::Path::new(path).exists() { EROFS } else { &["No such file", "nonexistent directory", "Read-only file system"] };
+        let why: &[&str] = if std::path::Path::new(path).exists() {
+            EROFS
+        } else {
+            &["No such file", "nonexistent directory", "Read-only file system"]
+        };
         refused(&d, &id, &format!("echo '{value}' > {path}"), why);
     }
     // No cgroup filesystem inside (sysfs is read-only and /sys/fs/cgroup is empty or absent).
     refused(&d, &id, "mkdir /sys/fs/cgroup/evil", &["Read-only file system", "No such file"]);
-    refused(&d, &id, "echo $$ > /sys/fs/cgroup/cgroup.procs", &["Read-only file system", "nonexistent directory", "No such file"]);
-    refused(&d, &id, "echo /evil > /sys/fs/cgroup/release_agent", &["Read-only file system", "nonexistent directory", "No such file"]);
+    refused(
+        &d,
+        &id,
+        "echo $$ > /sys/fs/cgroup/cgroup.procs",
+        &["Read-only file system", "nonexistent directory", "No such file"],
+    );
+    refused(
+        &d,
+        &id,
+        "echo /evil > /sys/fs/cgroup/release_agent",
+        &["Read-only file system", "nonexistent directory", "No such file"],
+    );
     let (_, cg) = run(&d, &id, "cat /proc/self/cgroup");
     assert!(cg.lines().all(|l| l.ends_with(":/")), "cgroup paths leak the host tree (no cgroup namespace): {cg}");
     if std::path::Path::new("/proc/kcore").exists() {
@@ -209,13 +259,32 @@ fn host_filesystem_processes_daemon_and_other_sandboxes_are_out_of_reach() {
     refused(&d, &id, "cat /proc/1/mem", EPERM);
 
     // --- Device nodes.
-    for dev in ["/dev/mem", "/dev/kmem", "/dev/port", "/dev/sda", "/dev/vda", "/dev/nvme0n1", "/dev/loop0", "/dev/loop-control", "/dev/kvm", "/dev/fuse", "/dev/net/tun"] {
+    for dev in [
+        "/dev/mem",
+        "/dev/kmem",
+        "/dev/port",
+        "/dev/sda",
+        "/dev/vda",
+        "/dev/nvme0n1",
+        "/dev/loop0",
+        "/dev/loop-control",
+        "/dev/kvm",
+        "/dev/fuse",
+        "/dev/net/tun",
+    ] {
         refused(&d, &id, &format!("head -c 1 {dev}"), ENOENT);
     }
     refused(&d, &id, "mknod /tmp/sda b 8 0", EPERM);
     refused(&d, &id, "mknod /tmp/mem c 1 1", EPERM);
     let (_, devs) = run(&d, &id, "ls /dev");
-    assert_eq!(devs.split_whitespace().collect::<Vec<_>>(), ["fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"], "/dev holds more than the safe nodes");
+    assert_eq!(
+        devs.split_whitespace().collect::<Vec<_>>(),
+        [
+            "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty",
+            "urandom", "zero"
+        ],
+        "/dev holds more than the safe nodes"
+    );
 
     // --- Clock, hostname, reboot.
     // (busybox date exits 0 even when settimeofday fails: check the message and the clock.)
@@ -371,16 +440,37 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     let d = TestDaemon::start();
     d.import_busybox();
     let canary = Canary::start(&d, &[]);
-    d.cli_ok(&["image", "import", common::images_dir().join("debian-python.tar.gz").to_str().unwrap(), "--name", "debian-python"]);
+    d.cli_ok(&[
+        "image",
+        "import",
+        common::images_dir().join("debian-python.tar.gz").to_str().unwrap(),
+        "--name",
+        "debian-python",
+    ]);
     let id = d.cli_ok(&["create", "debian-python", "--name", "pyattacker"]).trim().to_string();
     // A host service on an abstract unix socket (the containerd-shim CVE-2020-15257
     // pattern) and one on the host's loopback.
     use std::os::linux::net::SocketAddrExt;
     let abstract_name = format!("strata-escape-{}", std::process::id());
-    let _abstract = std::os::unix::net::UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap()).unwrap();
+    let _abstract = std::os::unix::net::UnixListener::bind_addr(
+        &std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap(),
+    )
+    .unwrap();
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = tcp.local_addr().unwrap().port().to_string();
-    let out = d.cli(&["exec", "--timeout", "60s", &id, "--", "python3", "-c", SYSCALLS, &host.sleeper.id().to_string(), &abstract_name, &port]);
+    let out = d.cli(&[
+        "exec",
+        "--timeout",
+        "60s",
+        &id,
+        "--",
+        "python3",
+        "-c",
+        SYSCALLS,
+        &host.sleeper.id().to_string(),
+        &abstract_name,
+        &port,
+    ]);
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     let results: std::collections::BTreeMap<&str, (&str, &str)> = text
@@ -397,14 +487,54 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     };
     // The seccomp deny-list: EPERM.
     for name in [
-        "mount", "umount2", "pivot_root", "unshare_user", "unshare_mnt", "unshare_net", "clone_newuser", "setns", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "bpf",
-        "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "clock_settime", "settimeofday", "adjtimex", "swapon", "acct", "quotactl", "open_by_handle_at", "name_to_handle_at", "io_uring_setup", "syslog", "iopl", "ioperm",
-        "fsopen", "open_tree",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "unshare_user",
+        "unshare_mnt",
+        "unshare_net",
+        "clone_newuser",
+        "setns",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "kexec_load",
+        "kexec_file_load",
+        "reboot",
+        "bpf",
+        "perf_event_open",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "userfaultfd",
+        "clock_settime",
+        "settimeofday",
+        "adjtimex",
+        "swapon",
+        "acct",
+        "quotactl",
+        "open_by_handle_at",
+        "name_to_handle_at",
+        "io_uring_setup",
+        "syslog",
+        "iopl",
+        "ioperm",
+        "fsopen",
+        "open_tree",
     ] {
         expect(name, &["EPERM"]);
     }
     // Capabilities that are not held: EPERM.
-    for name in ["sethostname", "setdomainname", "mknod_block", "mknod_mem", "socket_af_packet", "socket_inet_raw", "socket_inet6_raw", "ptrace_attach_init"] {
+    for name in [
+        "sethostname",
+        "setdomainname",
+        "mknod_block",
+        "mknod_mem",
+        "socket_af_packet",
+        "socket_inet_raw",
+        "socket_inet6_raw",
+        "ptrace_attach_init",
+    ] {
         expect(name, &["EPERM"]);
     }
     // Things outside the namespaces do not exist.
@@ -413,21 +543,56 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
     for dev in ["/dev/mem", "/dev/kmem", "/dev/port", "/dev/sda"] {
         expect(&format!("open_{dev}"), &["ENOENT"]);
     }
-    for fam in ["vsock", "alg", "bluetooth", "tipc", "rds", "key", "xdp", "can", "qipcrtr", "smc", "llc", "nfc", "mctp", "ax25", "x25", "atmpvc", "phonet", "ieee802154"] {
+    for fam in [
+        "vsock",
+        "alg",
+        "bluetooth",
+        "tipc",
+        "rds",
+        "key",
+        "xdp",
+        "can",
+        "qipcrtr",
+        "smc",
+        "llc",
+        "nfc",
+        "mctp",
+        "ax25",
+        "x25",
+        "atmpvc",
+        "phonet",
+        "ieee802154",
+    ] {
         expect(&format!("family_{fam}"), &["EAFNOSUPPORT"]);
     }
     expect("socketpair_vsock", &["EAFNOSUPPORT"]);
     for fam in ["unix", "inet", "inet6", "netlink"] {
-        assert_eq!(results.get(format!("usable_{fam}").as_str()).map(|r| r.1), Some("OK"), "AF_{fam} must stay usable:\n{text}");
+        assert_eq!(
+            results.get(format!("usable_{fam}").as_str()).map(|r| r.1),
+            Some("OK"),
+            "AF_{fam} must stay usable:\n{text}"
+        );
     }
     expect("abstract_connect", &["ECONNREFUSED"]);
     expect("host_loopback_tcp", &["ECONNREFUSED"]);
-    let fds: Vec<(&str, &str)> = results.iter().filter(|(k, _)| k.starts_with("fd_")).map(|(k, (_, target))| (*k, *target)).collect();
+    let fds: Vec<(&str, &str)> =
+        results.iter().filter(|(k, _)| k.starts_with("fd_")).map(|(k, (_, target))| (*k, *target)).collect();
     assert!(fds.len() <= 3, "descriptors beyond stdio: {fds:?}");
     for (fd, target) in &fds {
-        assert!(target.starts_with("pipe:") || target.starts_with("socket:") || target.starts_with("/dev/") || target.starts_with("/proc/"), "{fd} -> {target}: a descriptor from outside the sandbox");
+        assert!(
+            target.starts_with("pipe:")
+                || target.starts_with("socket:")
+                || target.starts_with("/dev/")
+                || target.starts_with("/proc/"),
+            "{fd} -> {target}: a descriptor from outside the sandbox"
+        );
     }
-    for (path, present) in [("/sys/kernel/uevent_helper", "EROFS"), ("/proc/sys/kernel/modprobe", "EROFS"), ("/proc/sysrq-trigger", "EROFS"), ("/proc/kcore", "EACCES")] {
+    for (path, present) in [
+        ("/sys/kernel/uevent_helper", "EROFS"),
+        ("/proc/sys/kernel/modprobe", "EROFS"),
+        ("/proc/sysrq-trigger", "EROFS"),
+        ("/proc/kcore", "EACCES"),
+    ] {
         // Absent from this host's kernel: then absent inside too.
         let want = if std::path::Path::new(path).exists() { present } else { "ENOENT" };
         expect(&format!("open_{path}"), &[want, "EPERM"]);
@@ -443,7 +608,8 @@ fn privileged_syscalls_fail_with_eperm_or_the_right_errno() {
 
 /// A script that, run by the exec helper as host root, would prove it: it
 /// records its capabilities and tries to make the host's disk.
-const PLANTED_HELPER: &str = "#!/bin/sh\ngrep Cap /proc/self/status > /pwned\nmknod /pwned-disk b 8 0 2>> /pwned\nexit 0\n";
+const PLANTED_HELPER: &str =
+    "#!/bin/sh\ngrep Cap /proc/self/status > /pwned\nmknod /pwned-disk b 8 0 2>> /pwned\nexit 0\n";
 
 /// Whether `path` exists in sandbox `id`, asked through the file API (a
 /// planted helper would hijack an exec asking the same).
@@ -483,7 +649,12 @@ fn a_helper_planted_at_run_strata_init_is_never_executed() {
     assert!(!exists_via_file_api(&d, &id, "/pwned"), "the planted helper ran as host root");
     assert!(!exists_via_file_api(&d, &id, "/pwned-disk"));
     // Replacing the helper's bind mount itself is refused (it is read-only and a mount point).
-    refused(&d, &id, "cp /bin/busybox /run.old/strata/init", &["Read-only file system", "Text file busy", "Permission denied"]);
+    refused(
+        &d,
+        &id,
+        "cp /bin/busybox /run.old/strata/init",
+        &["Read-only file system", "Text file busy", "Permission denied"],
+    );
     refused(&d, &id, "rm /run.old/strata/init", &["Read-only file system", "resource busy", "Permission denied"]);
 
     // The same through a template build: one step plants, the next would trigger it.
@@ -540,12 +711,26 @@ fn kernel_information_and_host_paths_are_masked() {
     let d = TestDaemon::start();
     d.import_busybox();
     let id = d.create(&["--name", "looker"]);
-    for path in ["/sys/kernel/vmcoreinfo", "/proc/slabinfo", "/proc/key-users", "/proc/vmallocinfo", "/proc/pagetypeinfo", "/proc/timer_list", "/proc/sched_debug", "/proc/keys", "/proc/kcore", "/sys/kernel/notes"] {
+    for path in [
+        "/sys/kernel/vmcoreinfo",
+        "/proc/slabinfo",
+        "/proc/key-users",
+        "/proc/vmallocinfo",
+        "/proc/pagetypeinfo",
+        "/proc/timer_list",
+        "/proc/sched_debug",
+        "/proc/keys",
+        "/proc/kcore",
+        "/sys/kernel/notes",
+    ] {
         if !std::path::Path::new(path).exists() {
             continue;
         }
         let (_, out) = run(&d, &id, &format!("wc -c < {path}"));
-        assert!(out.trim() == "0" || out.contains("Permission denied") || out.contains("No such file"), "{path} is readable inside: {out}");
+        assert!(
+            out.trim() == "0" || out.contains("Permission denied") || out.contains("No such file"),
+            "{path} is readable inside: {out}"
+        );
     }
     let (code, out) = run(&d, &id, "ls /sys/devices/virtual/powercap 2>&1; ls /sys/firmware 2>&1");
     assert!(code == 0 || !out.is_empty(), "{out}");
@@ -554,6 +739,9 @@ fn kernel_information_and_host_paths_are_masked() {
     let state = d.state_dir.display().to_string();
     let tmp = d.dir.path().display().to_string();
     for l in mounts.lines() {
-        assert!(!l.contains(&state) && !l.contains(&tmp) && !l.contains("/var/tmp") && !l.contains("strata-init-"), "a host path in the sandbox's mount table: {l}");
+        assert!(
+            !l.contains(&state) && !l.contains(&tmp) && !l.contains("/var/tmp") && !l.contains("strata-init-"),
+            "a host path in the sandbox's mount table: {l}"
+        );
     }
 }

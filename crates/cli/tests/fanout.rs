@@ -27,7 +27,8 @@ fn first_success_picks_the_passing_attempt_and_destroys_the_losers() {
     require_host!();
     let d = TestDaemon::start();
     base(&d);
-    let r = json(&d, &["fork", "c0", "--run", "echo attempt-{i} > /root/result; test {i} = 2", "--count", "4", "--json"]);
+    let r =
+        json(&d, &["fork", "c0", "--run", "echo attempt-{i} > /root/result; test {i} = 2", "--count", "4", "--json"]);
     assert_eq!(r["winner"], 2, "{r}");
     let attempts = r["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 4);
@@ -63,10 +64,31 @@ fn best_score_picks_the_highest_keeps_losers_and_promotes_the_winner() {
     require_host!();
     let d = TestDaemon::start();
     base(&d);
-    let r = json(&d, &[
-        "fork", "c0", "--run", "echo {arg} > /root/score", "--arg", "3", "--arg", "9.5", "--arg", "not-a-number", "--arg", "5",
-        "--select", "score", "--score-cmd", "echo scoring; cat /root/score", "--keep-losers", "--promote", "best", "--json",
-    ]);
+    let r = json(
+        &d,
+        &[
+            "fork",
+            "c0",
+            "--run",
+            "echo {arg} > /root/score",
+            "--arg",
+            "3",
+            "--arg",
+            "9.5",
+            "--arg",
+            "not-a-number",
+            "--arg",
+            "5",
+            "--select",
+            "score",
+            "--score-cmd",
+            "echo scoring; cat /root/score",
+            "--keep-losers",
+            "--promote",
+            "best",
+            "--json",
+        ],
+    );
     assert_eq!(r["winner"], 2, "{r}");
     let attempts = r["attempts"].as_array().unwrap();
     let scores: Vec<Option<f64>> = attempts.iter().map(|a| a["score"].as_f64()).collect();
@@ -90,7 +112,8 @@ fn all_success_with_a_failure_has_no_winner_and_says_why() {
     let d = TestDaemon::start();
     base(&d);
     let before = ps_ids(&d);
-    let out = d.cli(&["fork", "base", "--run", "echo out-{i}; test {i} != 3", "--count", "3", "--select", "all", "--json"]);
+    let out =
+        d.cli(&["fork", "base", "--run", "echo out-{i}; test {i} != 3", "--count", "3", "--select", "all", "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["winner"].is_null());
@@ -100,7 +123,19 @@ fn all_success_with_a_failure_has_no_winner_and_says_why() {
     // No winner, losers destroyed: only what was there before is left (plus nothing).
     assert_eq!(ps_ids(&d), before);
     // A per-attempt timeout kills a slow attempt and says so.
-    let out = d.cli(&["fork", "c0", "--run", "if [ {i} = 1 ]; then sleep 60; fi", "--count", "2", "--select", "all", "--timeout", "1s", "--json"]);
+    let out = d.cli(&[
+        "fork",
+        "c0",
+        "--run",
+        "if [ {i} = 1 ]; then sleep 60; fi",
+        "--count",
+        "2",
+        "--select",
+        "all",
+        "--timeout",
+        "1s",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["winner"].is_null());
@@ -122,7 +157,18 @@ fn bad_fanout_requests_are_refused() {
         (req("c0", run(0)), "between 1 and 64"),
         (req("c0", run(65)), "between 1 and 64"),
         (req("c0", FanoutPlan { run: Some(" ".into()), count: Some(2), ..Default::default() }), "empty command"),
-        (req("c0", FanoutPlan { run: Some("true".into()), count: Some(2), select: strata_api::SelectRule::BestScore, ..Default::default() }), "score"),
+        (
+            req(
+                "c0",
+                FanoutPlan {
+                    run: Some("true".into()),
+                    count: Some(2),
+                    select: strata_api::SelectRule::BestScore,
+                    ..Default::default()
+                },
+            ),
+            "score",
+        ),
     ] {
         match rt.block_on(c.fanout(&r)).unwrap_err() {
             strata_client::ClientError::Api { status, body } => {

@@ -16,7 +16,10 @@ fn cp_and_file_api_roundtrip() {
     let local = common::write_file(work.path(), "blob.bin", &bin);
     d.cli_ok(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob.bin")]);
     d.cli_ok(&["cp", local.to_str().unwrap(), &format!("{id}:/tmp/")]);
-    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob.bin; wc -c < /tmp/blob.bin"]), "300000\n300000\n");
+    assert_eq!(
+        d.cli_ok(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob.bin; wc -c < /tmp/blob.bin"]),
+        "300000\n300000\n"
+    );
     let back = work.path().join("back.bin");
     d.cli_ok(&["cp", &format!("{id}:/root/blob.bin"), back.to_str().unwrap()]);
     assert_eq!(std::fs::read(&back).unwrap(), bin);
@@ -75,7 +78,15 @@ fn paths_and_symlinks_cannot_reach_the_host() {
     let local = common::write_file(work.path(), "payload", b"owned");
     let depth = "../".repeat(12);
     // Relative symlinks that climb out, absolute symlinks, and .. in the request path.
-    d.cli_ok(&["exec", &id, "--", "ln", "-s", &format!("{depth}{}", work.path().display().to_string().trim_start_matches('/')), "/tmp/up"]);
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "ln",
+        "-s",
+        &format!("{depth}{}", work.path().display().to_string().trim_start_matches('/')),
+        "/tmp/up",
+    ]);
     d.cli_ok(&["exec", &id, "--", "ln", "-s", &work.path().display().to_string(), "/tmp/abs"]);
     let c = d.client();
     common::rt().block_on(async {
@@ -101,7 +112,10 @@ fn paths_and_symlinks_cannot_reach_the_host() {
     assert!(common::stderr(&out).contains("escapes the sandbox root"), "{}", common::stderr(&out));
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host secret", "host file untouched");
     assert!(!work.path().join("payload.strata").exists());
-    assert!(!std::path::Path::new("/etc/strata-escape").exists() && !std::path::Path::new("/etc/strata-tar-escape").exists());
+    assert!(
+        !std::path::Path::new("/etc/strata-escape").exists()
+            && !std::path::Path::new("/etc/strata-tar-escape").exists()
+    );
 }
 
 #[test]
@@ -114,7 +128,10 @@ fn special_files_are_not_served() {
     let c = d.client();
     common::rt().block_on(async {
         // A FIFO would block a reader forever; the daemon refuses it at once.
-        let e = tokio::time::timeout(std::time::Duration::from_secs(10), c.download(&id, "/tmp/fifo", false)).await.expect("no hang").unwrap_err();
+        let e = tokio::time::timeout(std::time::Duration::from_secs(10), c.download(&id, "/tmp/fifo", false))
+            .await
+            .expect("no hang")
+            .unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::SpecialFile), "{e}");
         let e = c.download(&id, "/tmp", false).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::BadRequest), "directories need tar: {e}");
@@ -157,7 +174,18 @@ fn pseudo_filesystems_and_special_files_are_refused() {
         assert_eq!((status, body.code), (403, ErrorCode::SpecialFile), "{what}: {}", body.message);
     };
     common::rt().block_on(async {
-        for path in ["/proc/kallsyms", "/proc/kmsg", "/proc/1/environ", "/proc/sys/kernel/hostname", "/sys/kernel/notes", "/sys/fs/cgroup", "/dev/pts/ptmx", "/dev/mqueue", "/proc", "/sys"] {
+        for path in [
+            "/proc/kallsyms",
+            "/proc/kmsg",
+            "/proc/1/environ",
+            "/proc/sys/kernel/hostname",
+            "/sys/kernel/notes",
+            "/sys/fs/cgroup",
+            "/dev/pts/ptmx",
+            "/dev/mqueue",
+            "/proc",
+            "/sys",
+        ] {
             pseudo(c.download(&id, path, false).await.map(drop), &format!("GET {path}"));
             pseudo(c.download(&id, path, true).await.map(drop), &format!("GET tar {path}"));
             pseudo(c.stat(&id, path).await.map(drop), &format!("stat {path}"));
@@ -165,9 +193,17 @@ fn pseudo_filesystems_and_special_files_are_refused() {
             pseudo(c.remove_path(&id, path, true).await, &format!("remove {path}"));
             pseudo(c.move_path(&id, path, "/tmp/moved").await, &format!("move {path}"));
         }
-        for path in ["/proc/strata-upload", "/proc/sys/kernel/strata-upload", "/sys/kernel/strata-upload", "/dev/pts/strata-upload"] {
+        for path in [
+            "/proc/strata-upload",
+            "/proc/sys/kernel/strata-upload",
+            "/sys/kernel/strata-upload",
+            "/dev/pts/strata-upload",
+        ] {
             pseudo(c.upload(&id, path, bytes::Bytes::from_static(b"x"), None, false).await, &format!("PUT {path}"));
-            pseudo(c.upload(&id, path, bytes::Bytes::from(common::tar_of(&[("f", b"x")])), None, true).await, &format!("PUT tar {path}"));
+            pseudo(
+                c.upload(&id, path, bytes::Bytes::from(common::tar_of(&[("f", b"x")])), None, true).await,
+                &format!("PUT tar {path}"),
+            );
             pseudo(c.mkdir(&id, path, true).await, &format!("mkdir {path}"));
             pseudo(c.move_path(&id, "/srv/file", path).await, &format!("move to {path}"));
         }
@@ -182,9 +218,18 @@ fn pseudo_filesystems_and_special_files_are_refused() {
         let names: Vec<String> = c.list_dir(&id, "/").await.unwrap().into_iter().map(|f| f.name).collect();
         assert!(names.iter().any(|n| n == "proc") && names.iter().any(|n| n == "srv"), "{names:?}");
         let tar = c.download(&id, "/", true).await.unwrap();
-        let names: Vec<String> = tar::Archive::new(&tar[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .collect();
         assert!(names.iter().any(|n| n.trim_start_matches("./") == "srv/file"), "{names:?}");
-        let leaked: Vec<&String> = names.iter().filter(|n| ["proc/", "sys/", "dev/pts/", "dev/mqueue/"].iter().any(|p| n.trim_start_matches("./").starts_with(p))).collect();
+        let leaked: Vec<&String> = names
+            .iter()
+            .filter(|n| {
+                ["proc/", "sys/", "dev/pts/", "dev/mqueue/"].iter().any(|p| n.trim_start_matches("./").starts_with(p))
+            })
+            .collect();
         assert!(leaked.is_empty(), "a tar of / holds pseudo-filesystem entries: {leaked:?}");
     });
     assert!(d.cli_ok(&["exec", &id, "--", "cat", "/srv/file"]) == "data\n", "nothing was moved");
@@ -196,7 +241,14 @@ fn entry_tar(name: &str, kind: tar::EntryType, link: Option<&str>, data: &[u8]) 
 
 /// Files in a sandbox directory, with their contents (`find` + `cat`).
 fn tree(d: &TestDaemon, id: &str, dir: &str) -> String {
-    d.cli_ok(&["exec", id, "--", "sh", "-c", &format!("cd {dir} && find . | sort && find . -type f | sort | xargs cat")])
+    d.cli_ok(&[
+        "exec",
+        id,
+        "--",
+        "sh",
+        "-c",
+        &format!("cd {dir} && find . | sort && find . -type f | sort | xargs cat"),
+    ])
 }
 
 /// Tar uploads: hardlinks to files of the same upload are made (inside the
@@ -218,12 +270,31 @@ fn tar_uploads_take_hardlinks_and_refuse_special_entries() {
         ]);
         c.upload(&id, "/srv/t", bytes::Bytes::from(tar), None, true).await.unwrap();
     });
-    let inodes = d.cli_ok(&["exec", &id, "--", "sh", "-c", "stat -c %i /srv/t/a/data /srv/t/a/link /srv/t/b/second | sort -u | wc -l; cat /srv/t/b/second"]);
+    let inodes = d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "stat -c %i /srv/t/a/data /srv/t/a/link /srv/t/b/second | sort -u | wc -l; cat /srv/t/b/second",
+    ]);
     assert_eq!(inodes, "1\nshared", "one file, three names");
 
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /srv/u/good && echo old > /srv/u/good/file && echo keep > /srv/u/keep"]);
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /srv/u/good && echo old > /srv/u/good/file && echo keep > /srv/u/keep",
+    ]);
     let before = tree(&d, &id, "/srv/u");
-    let good = || vec![entry_tar("good/file", tar::EntryType::Regular, None, b"new"), entry_tar("good/new/added", tar::EntryType::Regular, None, b"added")];
+    let good = || {
+        vec![
+            entry_tar("good/file", tar::EntryType::Regular, None, b"new"),
+            entry_tar("good/new/added", tar::EntryType::Regular, None, b"added"),
+        ]
+    };
     common::rt().block_on(async {
         let cases: Vec<(Vec<u8>, &str, ErrorCode, &str)> = vec![
             (entry_tar("dev0", tar::EntryType::Char, None, b""), "dev0", ErrorCode::InvalidArchive, "character device"),
@@ -231,14 +302,22 @@ fn tar_uploads_take_hardlinks_and_refuse_special_entries() {
             (entry_tar("pipe", tar::EntryType::Fifo, None, b""), "pipe", ErrorCode::InvalidArchive, "FIFO"),
             (entry_tar("sparse", tar::EntryType::GNUSparse, None, b""), "sparse", ErrorCode::InvalidArchive, "sparse"),
             // A hardlink to a file of the sandbox that the upload did not bring.
-            (entry_tar("steal", tar::EntryType::Link, Some("keep"), b""), "steal", ErrorCode::InvalidArchive, "not a file of this upload"),
+            (
+                entry_tar("steal", tar::EntryType::Link, Some("keep"), b""),
+                "steal",
+                ErrorCode::InvalidArchive,
+                "not a file of this upload",
+            ),
             (entry_tar("up", tar::EntryType::Link, Some("../../etc/passwd"), b""), "up", ErrorCode::PathEscape, ""),
             (entry_tar("../escape", tar::EntryType::Regular, None, b"x"), "../escape", ErrorCode::PathEscape, ""),
         ];
         for (bad, name, code, kind) in cases {
             let mut parts = good();
             parts.push(bad);
-            let (status, body) = api_err(c.upload(&id, "/srv/u", bytes::Bytes::from(common::concat_tars(&parts)), None, true).await, name);
+            let (status, body) = api_err(
+                c.upload(&id, "/srv/u", bytes::Bytes::from(common::concat_tars(&parts)), None, true).await,
+                name,
+            );
             assert_eq!((status, body.code), (400, code), "{name}: {}", body.message);
             assert!(body.message.contains(name) && body.message.contains(kind), "{name}: {}", body.message);
         }
@@ -264,7 +343,16 @@ fn mount_points_of_the_sandbox_are_not_removed_renamed_or_replaced() {
     let d = TestDaemon::start();
     d.import_busybox();
     let id = d.create(&[]);
-    let mounts = || d.cli_ok(&["exec", &id, "--", "sh", "-c", "cut -d' ' -f5 /proc/self/mountinfo | grep -E '^/(tmp|run/strata|run/strata/init|dev/shm)$' | sort"]);
+    let mounts = || {
+        d.cli_ok(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "cut -d' ' -f5 /proc/self/mountinfo | grep -E '^/(tmp|run/strata|run/strata/init|dev/shm)$' | sort",
+        ])
+    };
     let before = mounts();
     assert_eq!(before, "/dev/shm\n/run/strata\n/run/strata/init\n/tmp\n");
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo f > /srv-file"]);
@@ -280,9 +368,13 @@ fn mount_points_of_the_sandbox_are_not_removed_renamed_or_replaced() {
         }
         mount_point(c.remove_path(&id, "/run", true).await, "remove /run (holds mount points)");
         mount_point(c.move_path(&id, "/srv-file", "/run/strata/init").await, "move onto /run/strata/init");
-        mount_point(c.upload(&id, "/run/strata/init", bytes::Bytes::from_static(b"#!/bin/sh\n"), Some(0o755), false).await, "PUT /run/strata/init");
+        mount_point(
+            c.upload(&id, "/run/strata/init", bytes::Bytes::from_static(b"#!/bin/sh\n"), Some(0o755), false).await,
+            "PUT /run/strata/init",
+        );
         let tar = common::tar_of(&[("run/strata/init", b"#!/bin/sh\n")]);
-        let (status, body) = api_err(c.upload(&id, "/", bytes::Bytes::from(tar), None, true).await, "tar onto /run/strata/init");
+        let (status, body) =
+            api_err(c.upload(&id, "/", bytes::Bytes::from(tar), None, true).await, "tar onto /run/strata/init");
         assert_eq!((status, body.code), (400, ErrorCode::InvalidArchive), "{}", body.message);
         assert!(body.message.contains("mount point"), "{}", body.message);
     });

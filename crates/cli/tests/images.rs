@@ -33,7 +33,12 @@ fn every_source_kind_imports_and_identical_content_is_stored_once() {
     }
 
     // OCI layout and docker-save archive made from the same rootfs by the project's own code.
-    let cfg = ImageConfig { env: vec!["PATH=/bin:/sbin".into(), "GREETING=hi".into()], cmd: vec!["sh".into()], working_dir: Some("/tmp".into()), ..Default::default() };
+    let cfg = ImageConfig {
+        env: vec!["PATH=/bin:/sbin".into(), "GREETING=hi".into()],
+        cmd: vec!["sh".into()],
+        working_dir: Some("/tmp".into()),
+        ..Default::default()
+    };
     let oci = work.path().join("oci");
     strata_image::write_oci_layout(&imgs.join("busybox-rootfs.tar"), &oci, &cfg).unwrap();
     let r = import_json(&d, &oci, "bb-oci");
@@ -78,11 +83,18 @@ fn hostile_archives_are_rejected_naming_the_entry_and_leave_nothing() {
     let work = tempfile::tempdir().unwrap();
     let ok = common::raw_tar(b"bin/ok", tar::EntryType::Regular, None, b"fine");
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("dotdot", common::concat_tars(&[ok.clone(), common::raw_tar(b"../escape", tar::EntryType::Regular, None, b"x")]), "../escape"),
+        (
+            "dotdot",
+            common::concat_tars(&[ok.clone(), common::raw_tar(b"../escape", tar::EntryType::Regular, None, b"x")]),
+            "../escape",
+        ),
         ("absolute", common::raw_tar(b"/etc/evil", tar::EntryType::Regular, None, b"x"), "/etc/evil"),
         (
             "symlink-parent",
-            common::concat_tars(&[common::raw_tar(b"link", tar::EntryType::Symlink, Some(b"/etc"), b""), common::raw_tar(b"link/passwd", tar::EntryType::Regular, None, b"x")]),
+            common::concat_tars(&[
+                common::raw_tar(b"link", tar::EntryType::Symlink, Some(b"/etc"), b""),
+                common::raw_tar(b"link/passwd", tar::EntryType::Regular, None, b"x"),
+            ]),
             "link/passwd",
         ),
         ("hardlink-out", common::raw_tar(b"hl", tar::EntryType::Link, Some(b"../../etc/shadow"), b""), "hl"),
@@ -90,7 +102,8 @@ fn hostile_archives_are_rejected_naming_the_entry_and_leave_nothing() {
     let c = d.client();
     for (name, bytes, entry) in cases {
         let p = common::write_file(work.path(), &format!("{name}.tar"), &bytes);
-        let req = ImportImageRequest { source: p.display().to_string(), name: name.into(), trusted: false, replace: false };
+        let req =
+            ImportImageRequest { source: p.display().to_string(), name: name.into(), trusted: false, replace: false };
         let e = common::rt().block_on(c.import_image(&req)).unwrap_err();
         match &e {
             strata_client::ClientError::Api { status, body } => {
@@ -144,12 +157,18 @@ fn device_nodes_are_dropped_and_setuid_is_stripped_unless_trusted() {
     b.append(&dev, &[][..]).unwrap();
     b.append(&suid, &b"#!"[..]).unwrap();
     let p = common::write_file(work.path(), "special.tar", &b.into_inner().unwrap());
-    let r: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", p.to_str().unwrap(), "--name", "special", "--json"])).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["image", "import", p.to_str().unwrap(), "--name", "special", "--json"]))
+            .unwrap();
     let warnings = r["warnings"].to_string();
     assert!(warnings.contains("dev/sda"), "{warnings}");
-    let layer = d.state(&format!("layers/sha256/{}/fs", r["image"]["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:")));
+    let layer = d.state(&format!(
+        "layers/sha256/{}/fs",
+        r["image"]["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:")
+    ));
     assert!(!layer.join("dev/sda").exists());
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(layer.join("bin/suid")).unwrap().permissions());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(layer.join("bin/suid")).unwrap().permissions());
     assert_eq!(mode & 0o7777, 0o755, "setuid stripped");
 }
 
@@ -187,11 +206,19 @@ fn trusted_and_untrusted_imports_of_the_same_bytes_share_no_layer() {
     let work = tempfile::tempdir().unwrap();
     let src = common::write_file(work.path(), "suid.tar", &rootfs_with_setuid_file());
     let src = src.to_str().unwrap();
-    let layer_fs = |r: &serde_json::Value| d.state(&format!("layers/sha256/{}/fs", r["image"]["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:")));
+    let layer_fs = |r: &serde_json::Value| {
+        d.state(&format!(
+            "layers/sha256/{}/fs",
+            r["image"]["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:")
+        ))
+    };
 
-    let trusted: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-trusted", "--trusted", "--json"])).unwrap();
+    let trusted: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-trusted", "--trusted", "--json"]))
+            .unwrap();
     assert_eq!(trusted["layers_new"], 1);
-    let untrusted: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-plain", "--json"])).unwrap();
+    let untrusted: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-plain", "--json"])).unwrap();
     assert_eq!(untrusted["layers_new"], 1, "an untrusted import never reuses a trusted unpack: {untrusted}");
     assert!(untrusted["warnings"].to_string().contains("setuid"), "{untrusted}");
     let (t_fs, u_fs) = (layer_fs(&trusted), layer_fs(&untrusted));
@@ -210,7 +237,8 @@ fn trusted_and_untrusted_imports_of_the_same_bytes_share_no_layer() {
     assert_eq!(in_sandbox("suid-trusted"), "4755");
     assert_eq!(in_sandbox("suid-plain"), "755");
     // Importing either again reuses the layer of its own policy only.
-    let again: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-plain-2", "--json"])).unwrap();
+    let again: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-plain-2", "--json"])).unwrap();
     assert_eq!((again["layers_new"].as_u64(), layer_fs(&again)), (Some(0), u_fs.clone()));
 
     // Removing the trusted image removes its layer and leaves the untrusted one intact.
@@ -219,7 +247,9 @@ fn trusted_and_untrusted_imports_of_the_same_bytes_share_no_layer() {
     assert_eq!(mode_of(&u_fs.join("bin/suid")), 0o755);
     assert_eq!(in_sandbox("suid-plain"), "755");
     // Trusted after untrusted: a fresh unpack that keeps the bit (not the stripped copy).
-    let trusted2: serde_json::Value = serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-trusted", "--trusted", "--json"])).unwrap();
+    let trusted2: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["image", "import", src, "--name", "suid-trusted", "--trusted", "--json"]))
+            .unwrap();
     assert_eq!(trusted2["layers_new"], 1, "{trusted2}");
     assert_eq!(mode_of(&layer_fs(&trusted2).join("bin/suid")), 0o4755);
     assert_eq!(in_sandbox("suid-trusted"), "4755");

@@ -29,7 +29,14 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     assert!(status.lines().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{status}");
     let cap_bnd = status.lines().find_map(|l| l.strip_prefix("CapBnd:")).unwrap().trim();
     let mask = u64::from_str_radix(cap_bnd, 16).unwrap();
-    for cap in [21u32 /* SYS_ADMIN */, 16 /* SYS_MODULE */, 19 /* SYS_PTRACE */, 27 /* MKNOD */, 17 /* SYS_RAWIO */, 12 /* NET_ADMIN */] {
+    for cap in [
+        21u32, /* SYS_ADMIN */
+        16,    /* SYS_MODULE */
+        19,    /* SYS_PTRACE */
+        27,    /* MKNOD */
+        17,    /* SYS_RAWIO */
+        12,    /* NET_ADMIN */
+    ] {
         assert_eq!(mask & (1 << cap), 0, "capability {cap} must be dropped (CapBnd {cap_bnd})");
     }
     // Init (pid 1) and the shims are not readable or traceable by the workload.
@@ -47,7 +54,10 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
 
 /// The `CapBnd`, `CapEff`, `NoNewPrivs` and `Seccomp` lines of a process's status.
 fn privileges(status: &str) -> Vec<&str> {
-    status.lines().filter(|l| ["CapBnd:", "CapEff:", "NoNewPrivs:", "Seccomp:"].iter().any(|p| l.starts_with(p))).collect()
+    status
+        .lines()
+        .filter(|l| ["CapBnd:", "CapEff:", "NoNewPrivs:", "Seccomp:"].iter().any(|p| l.starts_with(p)))
+        .collect()
 }
 
 #[test]
@@ -66,7 +76,11 @@ fn allow_setuid_drops_only_no_new_privs() {
         let (a, b) = (privileges(&a), privileges(&b));
         // The same capabilities and the same filter; only no_new_privs differs.
         let same = |l: &&&str| !l.starts_with("NoNewPrivs:");
-        assert_eq!(a.iter().filter(same).collect::<Vec<_>>(), b.iter().filter(same).collect::<Vec<_>>(), "{user}: {a:?} vs {b:?}");
+        assert_eq!(
+            a.iter().filter(same).collect::<Vec<_>>(),
+            b.iter().filter(same).collect::<Vec<_>>(),
+            "{user}: {a:?} vs {b:?}"
+        );
         assert!(a.contains(&"NoNewPrivs:\t1") && b.contains(&"NoNewPrivs:\t0"), "{user}: {a:?} vs {b:?}");
         assert!(b.contains(&"Seccomp:\t2"), "{b:?}");
         // The filter still holds without no_new_privs.
@@ -74,7 +88,8 @@ fn allow_setuid_drops_only_no_new_privs() {
         assert!(!out.status.success(), "unshare must be refused: {}", common::stderr(&out));
     }
     // Forks inherit it.
-    let fork: serde_json::Value = serde_json::from_str(&d.cli_ok(&["fork", &setuid, "--count", "1", "--json"])).unwrap();
+    let fork: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["fork", &setuid, "--count", "1", "--json"])).unwrap();
     let child = fork["sandboxes"][0].as_str().unwrap();
     let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", child, "--json"])).unwrap();
     assert_eq!(info["allow_setuid"], true, "{info}");
@@ -86,7 +101,16 @@ fn fork_bomb_stays_inside_the_pids_limit() {
     let d = TestDaemon::start();
     d.import_busybox();
     let id = d.create(&["--pids", "32"]);
-    let out = d.cli(&["exec", "--timeout", "20s", &id, "--", "sh", "-c", "i=0; while [ $i -lt 200 ]; do sleep 60 & i=$((i+1)); done 2>/dev/null; wait"]);
+    let out = d.cli(&[
+        "exec",
+        "--timeout",
+        "20s",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 200 ]; do sleep 60 & i=$((i+1)); done 2>/dev/null; wait",
+    ]);
     assert!(out.status.code().is_some(), "the exec finished (killed at its timeout at worst)");
     let current = ["/sys/fs/cgroup/pids/strata", "/sys/fs/cgroup/strata"]
         .iter()
@@ -127,18 +151,34 @@ fn a_fork_bomb_in_a_default_sandbox_stays_inside_the_default_pids_limit() {
     // No --pids: the daemon's default (1024) applies.
     let id = d.create(&[]);
     let cgroup = |file: &str| {
-        ["/sys/fs/cgroup/pids/strata", "/sys/fs/cgroup/strata"].iter().find_map(|root| std::fs::read_to_string(format!("{root}/{id}/{file}")).ok()).unwrap_or_else(|| panic!("pids cgroup file {file} of the sandbox"))
+        ["/sys/fs/cgroup/pids/strata", "/sys/fs/cgroup/strata"]
+            .iter()
+            .find_map(|root| std::fs::read_to_string(format!("{root}/{id}/{file}")).ok())
+            .unwrap_or_else(|| panic!("pids cgroup file {file} of the sandbox"))
     };
     assert_eq!(cgroup("pids.max").trim(), "1024", "a sandbox made without --pids has the default pids limit");
     // Try to start 1500 processes that outlive the exec: the limit stops it at 1024.
-    let out = d.cli(&["exec", "--timeout", "60s", &id, "--", "sh", "-c", "i=0; while [ $i -lt 1500 ]; do sleep 120 & i=$((i+1)); done 2>/dev/null; echo spawned"]);
+    let out = d.cli(&[
+        "exec",
+        "--timeout",
+        "60s",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 1500 ]; do sleep 120 & i=$((i+1)); done 2>/dev/null; echo spawned",
+    ]);
     assert!(out.status.code().is_some(), "the exec finished: {}", common::stderr(&out));
     let current: u32 = cgroup("pids.current").trim().parse().unwrap();
     assert!(current <= 1024, "tasks in the sandbox are bounded by the default 1024: {current}");
     assert!(current >= 1000, "the bomb reached the limit (so the limit is what stopped it): {current}");
     // The host keeps free pids: it still starts processes, and another sandbox works.
     let pid_max: usize = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
-    let host_tasks = std::fs::read_dir("/proc").unwrap().flatten().filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit())).count();
+    let host_tasks = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .count();
     assert!(host_tasks + 1024 < pid_max, "host has {host_tasks} processes of pid_max {pid_max}");
     assert!(std::process::Command::new("true").status().unwrap().success(), "the host can still fork");
     let other = d.create(&[]);

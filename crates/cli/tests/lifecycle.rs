@@ -36,7 +36,12 @@ fn event_with(d: &TestDaemon, id: &str, reason: &str) -> Option<serde_json::Valu
 }
 
 fn wait_state(d: &TestDaemon, id: &str, want: &str, secs: u64) {
-    assert!(common::wait_until(secs, || state(d, id) == want), "sandbox {id} did not become {want} (it is {}); log:\n{}", state(d, id), d.log());
+    assert!(
+        common::wait_until(secs, || state(d, id) == want),
+        "sandbox {id} did not become {want} (it is {}); log:\n{}",
+        state(d, id),
+        d.log()
+    );
 }
 
 fn api_error(e: ClientError) -> (u16, ErrorCode) {
@@ -54,7 +59,9 @@ fn an_idle_sandbox_is_stopped_and_a_running_process_keeps_it_awake() {
     let idle = d.create(&["--on-idle", "stop", "--idle-timeout", "2s"]);
     let busy = d.create(&["--on-idle", "stop", "--idle-timeout", "2s"]);
     let c = d.client();
-    let p = common::rt().block_on(c.start_process(&busy, &ExecRequest { cmd: vec!["sleep".into(), "15".into()], ..Default::default() })).unwrap();
+    let p = common::rt()
+        .block_on(c.start_process(&busy, &ExecRequest { cmd: vec!["sleep".into(), "15".into()], ..Default::default() }))
+        .unwrap();
 
     // Polling with inspect is not activity: the idle one stops.
     wait_state(&d, &idle, "stopped", 30);
@@ -68,7 +75,10 @@ fn an_idle_sandbox_is_stopped_and_a_running_process_keeps_it_awake() {
     // The busy one has been quiet for longer than its timeout but runs a process.
     assert_eq!(state(&d, &busy), "running", "a running process keeps the sandbox awake");
     let ps = common::rt().block_on(c.list_processes(&busy)).unwrap();
-    assert!(ps.iter().any(|x| x.id == p.id && x.status == strata_api::ProcessStatus::Running), "the test needs the process still running: {ps:?}");
+    assert!(
+        ps.iter().any(|x| x.id == p.id && x.status == strata_api::ProcessStatus::Running),
+        "the test needs the process still running: {ps:?}"
+    );
     // Once it ends, the sandbox goes idle and is stopped.
     wait_state(&d, &busy, "stopped", 60);
     assert_eq!(inspect(&d, &busy)["state_reason"], "idle_timeout");
@@ -93,8 +103,13 @@ fn a_lease_keeps_a_sandbox_awake_across_a_daemon_restart_until_released() {
     assert_eq!(leases[0]["id"], lease.as_str());
     assert_eq!(leases[0]["sandbox_id"], id.as_str());
     // Renewing moves the expiry.
-    let renewed: serde_json::Value = serde_json::from_str(&d.cli_ok(&["lease", "renew", &id, &lease, "--for", "20m", "--json"])).unwrap();
-    assert!(renewed["expires_at"].as_str().unwrap() > leases[0]["expires_at"].as_str().unwrap(), "{renewed} vs {}", leases[0]);
+    let renewed: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["lease", "renew", &id, &lease, "--for", "20m", "--json"])).unwrap();
+    assert!(
+        renewed["expires_at"].as_str().unwrap() > leases[0]["expires_at"].as_str().unwrap(),
+        "{renewed} vs {}",
+        leases[0]
+    );
 
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(state(&d, &id), "running", "a held lease keeps the sandbox awake past its idle timeout");
@@ -123,7 +138,15 @@ fn after_a_restart_idle_time_counts_from_the_daemon_start() {
     d.kill9_and_restart();
     // The new daemon knows no activity: it counts the sandbox active at its start,
     // so switching to "stop" right away does not stop it at once.
-    let s = common::rt().block_on(d.client().update_sandbox(&id, &UpdateSandboxRequest { policy: Some(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() }), ..Default::default() })).unwrap();
+    let s = common::rt()
+        .block_on(d.client().update_sandbox(
+            &id,
+            &UpdateSandboxRequest {
+                policy: Some(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() }),
+                ..Default::default()
+            },
+        ))
+        .unwrap();
     assert_eq!(s.policy.on_idle, OnIdle::Stop);
     assert_eq!(state(&d, &id), "running", "not stopped right after a restart");
     wait_state(&d, &id, "stopped", 40);
@@ -146,7 +169,9 @@ fn update_changes_the_policy_of_a_live_sandbox_and_defaults_are_shown() {
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(state(&d, &id), "running", "keep never acts on idleness");
     // `update` changes only what it is given, and clears a limit with "none".
-    let s: serde_json::Value = serde_json::from_str(&d.cli_ok(&["update", &id, "--on-idle", "stop", "--max-lifetime", "none", "--json"])).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["update", &id, "--on-idle", "stop", "--max-lifetime", "none", "--json"]))
+            .unwrap();
     assert_eq!(s["policy"]["on_idle"], "stop");
     assert_eq!(s["policy"]["idle_timeout"], "2s");
     assert_eq!(s["policy"]["delete_after"], "7d");
@@ -179,10 +204,18 @@ fn max_lifetime_ends_a_run_even_while_busy() {
     let parked = d.create(&["--lifecycle", "ephemeral", "--max-lifetime", "3s", "--on-max-lifetime", "standby"]);
     assert_eq!(inspect(&d, &parked)["policy"]["on_max_lifetime"], "standby");
     let refused = d.cli(&["create", "busybox", "--max-lifetime", "3s", "--on-max-lifetime", "keep"]);
-    assert!(!refused.status.success() && common::stderr(&refused).contains("on_max_lifetime"), "{}", common::stderr(&refused));
+    assert!(
+        !refused.status.success() && common::stderr(&refused).contains("on_max_lifetime"),
+        "{}",
+        common::stderr(&refused)
+    );
     let c = d.client();
     for id in [&per, &eph, &parked] {
-        common::rt().block_on(c.start_process(id, &ExecRequest { cmd: vec!["sleep".into(), "60".into()], ..Default::default() })).unwrap();
+        common::rt()
+            .block_on(
+                c.start_process(id, &ExecRequest { cmd: vec!["sleep".into(), "60".into()], ..Default::default() }),
+            )
+            .unwrap();
     }
     wait_state(&d, &per, "stopped", 40);
     assert_eq!(inspect(&d, &per)["state_reason"], "max_lifetime");
@@ -222,7 +255,11 @@ fn a_failed_automatic_action_is_recorded_and_not_retried_in_a_loop() {
     let d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "policy_action")]);
     d.import_busybox();
     let id = d.create(&["--on-idle", "stop", "--idle-timeout", "2s"]);
-    assert!(common::wait_until(30, || event_with(&d, &id, "idle_action_failed").is_some()), "the failure is an event; log:\n{}", d.log());
+    assert!(
+        common::wait_until(30, || event_with(&d, &id, "idle_action_failed").is_some()),
+        "the failure is an event; log:\n{}",
+        d.log()
+    );
     let ev = event_with(&d, &id, "idle_action_failed").unwrap();
     assert_eq!((ev["from"].as_str(), ev["to"].as_str()), (Some("running"), Some("running")));
     assert!(ev["detail"].as_str().unwrap().contains("idle_timeout: stop failed"), "{ev}");
@@ -244,7 +281,10 @@ fn bad_policy_and_lease_requests_are_rejected_with_codes() {
     let patch = |p: PolicyPatch| UpdateSandboxRequest { policy: Some(p), ..Default::default() };
     rt.block_on(async {
         // Unknown sandbox.
-        let e = c.update_sandbox("nope", &patch(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() })).await.unwrap_err();
+        let e = c
+            .update_sandbox("nope", &patch(PolicyPatch { on_idle: Some(OnIdle::Stop), ..Default::default() }))
+            .await
+            .unwrap_err();
         assert_eq!(api_error(e), (404, ErrorCode::SandboxNotFound));
         assert_eq!(api_error(c.create_lease("nope", "1m").await.unwrap_err()), (404, ErrorCode::SandboxNotFound));
         assert_eq!(api_error(c.list_leases("nope").await.unwrap_err()), (404, ErrorCode::SandboxNotFound));
@@ -255,19 +295,48 @@ fn bad_policy_and_lease_requests_are_rejected_with_codes() {
             PolicyPatch { max_lifetime: Some("0s".into()), ..Default::default() },
             PolicyPatch { delete_after: Some("-1h".into()), ..Default::default() },
         ] {
-            assert_eq!(api_error(c.update_sandbox(&id, &patch(p.clone())).await.unwrap_err()), (400, ErrorCode::BadRequest), "{p:?}");
+            assert_eq!(
+                api_error(c.update_sandbox(&id, &patch(p.clone())).await.unwrap_err()),
+                (400, ErrorCode::BadRequest),
+                "{p:?}"
+            );
         }
         assert_eq!(api_error(c.create_lease(&id, "forever").await.unwrap_err()), (400, ErrorCode::BadRequest));
         // Unknown on_idle value, on update and on create.
-        let e = c.send(Method::PATCH, &format!("/v1/sandboxes/{id}"), Body::from_static(br#"{"policy":{"on_idle":"hibernate"}}"#), "application/json").await.unwrap_err();
+        let e = c
+            .send(
+                Method::PATCH,
+                &format!("/v1/sandboxes/{id}"),
+                Body::from_static(br#"{"policy":{"on_idle":"hibernate"}}"#),
+                "application/json",
+            )
+            .await
+            .unwrap_err();
         assert_eq!(api_error(e), (400, ErrorCode::BadRequest));
-        let e = c.send(Method::POST, "/v1/sandboxes", Body::from_static(br#"{"source":"busybox","policy":{"on_idle":"hibernate"}}"#), "application/json").await.unwrap_err();
+        let e = c
+            .send(
+                Method::POST,
+                "/v1/sandboxes",
+                Body::from_static(br#"{"source":"busybox","policy":{"on_idle":"hibernate"}}"#),
+                "application/json",
+            )
+            .await
+            .unwrap_err();
         assert_eq!(api_error(e), (400, ErrorCode::BadRequest));
         // Unknown lease.
-        assert_eq!(api_error(c.renew_lease(&id, "0123456789abcdef", "1m").await.unwrap_err()), (404, ErrorCode::LeaseNotFound));
-        assert_eq!(api_error(c.release_lease(&id, "0123456789abcdef").await.unwrap_err()), (404, ErrorCode::LeaseNotFound));
+        assert_eq!(
+            api_error(c.renew_lease(&id, "0123456789abcdef", "1m").await.unwrap_err()),
+            (404, ErrorCode::LeaseNotFound)
+        );
+        assert_eq!(
+            api_error(c.release_lease(&id, "0123456789abcdef").await.unwrap_err()),
+            (404, ErrorCode::LeaseNotFound)
+        );
         // A lease is scoped to its sandbox.
-        let other = c.create_sandbox(&strata_api::CreateSandboxRequest { source: "busybox".into(), ..Default::default() }).await.unwrap();
+        let other = c
+            .create_sandbox(&strata_api::CreateSandboxRequest { source: "busybox".into(), ..Default::default() })
+            .await
+            .unwrap();
         let l = c.create_lease(&other.id, "1m").await.unwrap();
         assert_eq!(api_error(c.release_lease(&id, &l.id).await.unwrap_err()), (404, ErrorCode::LeaseNotFound));
         // An empty update changes nothing and returns the sandbox.

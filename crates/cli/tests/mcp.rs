@@ -66,11 +66,25 @@ fn make_template(d: &TestDaemon) {
 
 /// Runs the client script; returns its summary JSON.
 fn run_client(d: &TestDaemon, py: &PathBuf, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(py).arg(script()).args(args).env("PYTHONDONTWRITEBYTECODE", "1").env("MCP_TEST_TEMPLATE", "mcp-tpl").output().expect("run the MCP client");
+    let out = Command::new(py)
+        .arg(script())
+        .args(args)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("MCP_TEST_TEMPLATE", "mcp-tpl")
+        .output()
+        .expect("run the MCP client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "MCP client failed ({:?}):\nstdout: {stdout}\nstderr: {stderr}\ndaemon log:\n{}", out.status, d.log());
-    let line = stdout.lines().find_map(|l| l.strip_prefix("MCP-OK ")).unwrap_or_else(|| panic!("no MCP-OK line in:\n{stdout}\n{stderr}"));
+    assert!(
+        out.status.success(),
+        "MCP client failed ({:?}):\nstdout: {stdout}\nstderr: {stderr}\ndaemon log:\n{}",
+        out.status,
+        d.log()
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("MCP-OK "))
+        .unwrap_or_else(|| panic!("no MCP-OK line in:\n{stdout}\n{stderr}"));
     println!("{line}");
     serde_json::from_str(line).unwrap()
 }
@@ -92,8 +106,16 @@ fn stdio_server_lists_and_calls_every_tool() {
         assert!(summary["standby"]["resume_ms"].is_u64(), "{summary}");
     }
     // Every tool call went through the API: the audit log names the calls.
-    let audit: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
-    for route in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}/checkpoints", "/v1/fork", "/v1/sandboxes/{id}/restore", "/v1/sandboxes/{id}/files"] {
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
+    for route in [
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}/exec",
+        "/v1/sandboxes/{id}/checkpoints",
+        "/v1/fork",
+        "/v1/sandboxes/{id}/restore",
+        "/v1/sandboxes/{id}/files",
+    ] {
         assert!(audit.iter().any(|e| e["route"] == route), "{route} not audited: {audit:?}");
     }
 }
@@ -115,11 +137,18 @@ fn http_endpoint_lists_and_calls_every_tool_with_the_bearer_token() {
     assert!(summary["tools"].as_u64().unwrap() >= 14, "{summary}");
     // The tools' API calls were made with the caller's token: the audit log
     // records them under the token's fingerprint, not as a local caller.
-    let audit: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
     let sid = summary["sandbox"].as_str().unwrap();
-    let create = audit.iter().find(|e| e["route"] == "/v1/sandboxes" && e["method"] == "POST" && e["target"] == sid).unwrap_or_else(|| panic!("create of {sid} not audited: {audit:?}"));
+    let create = audit
+        .iter()
+        .find(|e| e["route"] == "/v1/sandboxes" && e["method"] == "POST" && e["target"] == sid)
+        .unwrap_or_else(|| panic!("create of {sid} not audited: {audit:?}"));
     assert!(create["actor"].as_str().unwrap().starts_with("token:"), "{create}");
-    assert!(audit.iter().any(|e| e["route"] == "/mcp" && e["actor"] == create["actor"]), "the /mcp requests are audited too");
+    assert!(
+        audit.iter().any(|e| e["route"] == "/mcp" && e["actor"] == create["actor"]),
+        "the /mcp requests are audited too"
+    );
     // X-Strata-Tenant on the MCP request goes with the tools' calls.
     let acme = run_client(&d, &py, &["http-tenant", url.as_str(), token.as_str()]);
     let sb = common::rt().block_on(d.client().get_sandbox(acme["sandbox"].as_str().unwrap())).unwrap();

@@ -19,7 +19,11 @@ fn daemon() -> TestDaemon {
 
 /// The value of the first sample line that starts with `prefix` (0 when absent).
 fn value(text: &str, prefix: &str) -> f64 {
-    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn phase_count(text: &str, phase: &str) -> f64 {
@@ -84,7 +88,10 @@ fn metrics_move_with_lifecycle_operations() {
         assert_eq!(phase_count(&m, "standby"), 1.0);
         assert_eq!(state_gauge(&m, "standby"), 1.0);
         assert_eq!(state_gauge(&m, "running"), 0.0);
-        assert!(!m.contains(&format!("strata_sandbox_pids{{sandbox=\"{id}\"}}")), "no resource gauges for a sandbox in standby");
+        assert!(
+            !m.contains(&format!("strata_sandbox_pids{{sandbox=\"{id}\"}}")),
+            "no resource gauges for a sandbox in standby"
+        );
         rt().block_on(c.resume_sandbox(&id)).unwrap();
         let m = rt().block_on(c.metrics()).unwrap();
         assert_eq!(phase_count(&m, "resume"), 1.0);
@@ -131,7 +138,10 @@ fn cost_accrues_compute_while_running_and_storage_while_stopped() {
     d.cli_ok(&["stop", &id]);
     let stopped = cost(&d, &id);
     // Storage is re-measured every 12 samples (2.4 s here): wait for the writable layer to accrue.
-    wait_for("writable storage to accrue", 20, || cost(&d, &id).usage.storage_gb_hours.get("writable").copied().unwrap_or(0.0) > stopped.usage.storage_gb_hours.get("writable").copied().unwrap_or(0.0));
+    wait_for("writable storage to accrue", 20, || {
+        cost(&d, &id).usage.storage_gb_hours.get("writable").copied().unwrap_or(0.0)
+            > stopped.usage.storage_gb_hours.get("writable").copied().unwrap_or(0.0)
+    });
     let later = cost(&d, &id);
     assert_eq!(later.usage.compute, stopped.usage.compute, "no compute while stopped");
     assert!(later.storage["writable"] > 0.0);
@@ -162,7 +172,9 @@ fn sandboxes_from_a_checkpoint_inherit_its_setup() {
     let d = daemon();
     let id = d.create(&[]);
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "end=$(($(date +%s)+2)); while [ $(date +%s) -lt $end ]; do :; done"]);
-    let ckpt = rt().block_on(d.client().checkpoint(&id, &CheckpointRequest { name: Some("warm".into()), ..Default::default() })).unwrap();
+    let ckpt = rt()
+        .block_on(d.client().checkpoint(&id, &CheckpointRequest { name: Some("warm".into()), ..Default::default() }))
+        .unwrap();
     let from_ckpt = d.cli_ok(&["create", &ckpt.name]).trim().to_string();
     let r = cost(&d, &from_ckpt);
     assert_eq!(r.usage.base_checkpoint.as_deref(), Some(ckpt.id.as_str()));
@@ -186,14 +198,32 @@ fn advise_recommends_a_lifecycle_with_priced_alternatives() {
     require_host!();
     let d = TestDaemon::start();
     // A dev server between long agent turns: standby, and it is cheaper than always-on.
-    let out = d.cli_ok(&["advise", "--keep", "processes,generated-files", "--setup", "2m", "--turns", "5", "--idle", "30m", "--json"]);
+    let out = d.cli_ok(&[
+        "advise",
+        "--keep",
+        "processes,generated-files",
+        "--setup",
+        "2m",
+        "--turns",
+        "5",
+        "--idle",
+        "30m",
+        "--json",
+    ]);
     let a: strata_api::Advice = serde_json::from_str(&out).unwrap();
     assert_eq!(a.recommendation, strata_api::Strategy::StandbyBetweenTurns, "{a:#?}");
-    let total = |s: strata_api::Strategy| a.alternatives.iter().find(|c| c.strategy == s).map(|c| c.total_cost).unwrap();
+    let total =
+        |s: strata_api::Strategy| a.alternatives.iter().find(|c| c.strategy == s).map(|c| c.total_cost).unwrap();
     assert!(total(strata_api::Strategy::StandbyBetweenTurns) < total(strata_api::Strategy::AlwaysOn));
     assert_eq!(a.currency, "USD");
     // Untrusted input whose output is kept: the recommendation says so.
-    let req = strata_api::AdviseRequest { keep: vec![strata_api::Keep::GeneratedFiles], untrusted_input: true, turns: Some(3), idle: Some("10m".into()), ..Default::default() };
+    let req = strata_api::AdviseRequest {
+        keep: vec![strata_api::Keep::GeneratedFiles],
+        untrusted_input: true,
+        turns: Some(3),
+        idle: Some("10m".into()),
+        ..Default::default()
+    };
     let a = rt().block_on(d.client().advise(&req)).unwrap();
     assert!(a.warnings.iter().any(|w| w.contains("untrusted input")), "{:?}", a.warnings);
     // The human-readable form names the recommendation and the baselines.
@@ -201,10 +231,14 @@ fn advise_recommends_a_lifecycle_with_priced_alternatives() {
     assert!(text.contains("recommendation: template_then_ephemeral"), "{text}");
     assert!(text.contains("ephemeral_only") && text.contains("always_on"), "{text}");
     // Bad input: 400 naming the field.
-    let e = rt().block_on(d.client().advise(&strata_api::AdviseRequest { turns: Some(0), ..Default::default() })).unwrap_err();
+    let e = rt()
+        .block_on(d.client().advise(&strata_api::AdviseRequest { turns: Some(0), ..Default::default() }))
+        .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
     assert!(e.to_string().contains("turns"), "{e}");
-    let e = rt().block_on(d.client().advise(&strata_api::AdviseRequest { idle: Some("a while".into()), ..Default::default() })).unwrap_err();
+    let e = rt()
+        .block_on(d.client().advise(&strata_api::AdviseRequest { idle: Some("a while".into()), ..Default::default() }))
+        .unwrap_err();
     assert!(e.to_string().contains("idle"), "{e}");
     let out = d.cli(&["advise", "--keep", "everything"]);
     assert!(!out.status.success());

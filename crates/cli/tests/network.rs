@@ -78,7 +78,11 @@ impl World {
         let ns = format!("stw{tag}");
         let host_if = format!("stwh{tag}");
         let base = 8 * k as u32;
-        let (host_addr, addr, addr2) = (format!("198.51.100.{}", base + 1), format!("198.51.100.{}", base + 2), format!("198.51.100.{}", base + 3));
+        let (host_addr, addr, addr2) = (
+            format!("198.51.100.{}", base + 1),
+            format!("198.51.100.{}", base + 2),
+            format!("198.51.100.{}", base + 3),
+        );
         let _ = sh(&format!("ip netns del {ns} 2>/dev/null; ip link del {host_if} 2>/dev/null"));
         must(&format!("ip netns add {ns}"));
         must(&format!("ip link add {host_if} type veth peer name eth0 netns {ns}"));
@@ -99,7 +103,15 @@ impl World {
         }
         let script = dir.path().join("dns.py");
         std::fs::write(&script, FAKE_DNS).unwrap();
-        let mut dns = Command::new("python3").arg(&script).arg("x").arg(&addr).arg(&addr2).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("python3 dns");
+        let mut dns = Command::new("python3")
+            .arg(&script)
+            .arg("x")
+            .arg(&addr)
+            .arg(&addr2)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 dns");
         let mut line = String::new();
         std::io::BufRead::read_line(&mut std::io::BufReader::new(dns.stdout.take().unwrap()), &mut line).unwrap();
         let dns_port: u16 = line.trim().parse().expect("dns port");
@@ -107,7 +119,14 @@ impl World {
         let w = World { ns, host_if, host_addr, cidr, addr, addr2, servers, dns: Some(dns), dns_port, _dir: dir };
         // The servers are up when the host can fetch from them.
         for port in [8080, 8081] {
-            assert!(wait_until(15, || std::net::TcpStream::connect_timeout(&format!("{}:{port}", w.addr).parse().unwrap(), Duration::from_millis(200)).is_ok()), "world server on {port} did not come up");
+            assert!(
+                wait_until(15, || std::net::TcpStream::connect_timeout(
+                    &format!("{}:{port}", w.addr).parse().unwrap(),
+                    Duration::from_millis(200)
+                )
+                .is_ok()),
+                "world server on {port} did not come up"
+            );
         }
         w
     }
@@ -192,7 +211,13 @@ fn none_is_loopback_only_and_egress_allows_only_what_the_rules_say() {
     d.cli_ok(&["network", "set", &id, "--allow-cidr", &w.cidr]);
     assert!(fetches(&d, &id, &format!("http://{}:8081/hello", w.addr)), "the /29 rule does not allow the world");
     let gw = info.gateway.clone().unwrap();
-    for target in [format!("{}:{host_port}", w.host_addr), format!("{gw}:{host_port}"), "169.254.169.254:80".to_string(), "10.0.0.1:80".into(), "192.168.1.1:80".into()] {
+    for target in [
+        format!("{}:{host_port}", w.host_addr),
+        format!("{gw}:{host_port}"),
+        "169.254.169.254:80".to_string(),
+        "10.0.0.1:80".into(),
+        "192.168.1.1:80".into(),
+    ] {
         let (code, _) = run_in(&d, &id, &format!("echo x | nc -w 2 {}", target.replace(':', " ")));
         assert_ne!(code, 0, "{target} is reachable from an egress sandbox");
     }
@@ -204,7 +229,10 @@ fn none_is_loopback_only_and_egress_allows_only_what_the_rules_say() {
     // 0.0.0.0/0 does not open reserved ranges either.
     let (code, _) = run_in(&d, &other, "echo x | nc -w 2 169.254.169.254 80");
     assert_ne!(code, 0);
-    assert!(net(&d, &other).recent_denied.iter().any(|x| x == "169.254.169.254 tcp/80"), "0.0.0.0/0 opened the metadata address");
+    assert!(
+        net(&d, &other).recent_denied.iter().any(|x| x == "169.254.169.254 tcp/80"),
+        "0.0.0.0/0 opened the metadata address"
+    );
     // Counted and recorded.
     let info = net(&d, &id);
     assert!(info.allowed.packets > 0 && info.received.packets > 0, "{info:?}");
@@ -214,12 +242,19 @@ fn none_is_loopback_only_and_egress_allows_only_what_the_rules_say() {
     }
     drop(host_listener);
     // Denials are logged by the daemon (rate-limited) and recorded as events.
-    assert!(wait_until(10, || d.cli_ok(&["events", &id]).contains("network_denied")), "no network_denied event:\n{}", d.cli_ok(&["events", &id]));
+    assert!(
+        wait_until(10, || d.cli_ok(&["events", &id]).contains("network_denied")),
+        "no network_denied event:\n{}",
+        d.cli_ok(&["events", &id])
+    );
     // Destroy removes the plumbing.
     let ifname = format!("sx{}", &id[..13]);
     assert!(std::path::Path::new("/sys/class/net").join(&ifname).exists());
     d.cli_ok(&["rm", "-f", &id]);
-    assert!(wait_until(10, || !std::path::Path::new("/sys/class/net").join(&ifname).exists()), "veth left after destroy");
+    assert!(
+        wait_until(10, || !std::path::Path::new("/sys/class/net").join(&ifname).exists()),
+        "veth left after destroy"
+    );
     assert!(wait_until(10, || !d.state(&format!("network/{id}.json")).exists()), "network entry left after destroy");
 }
 
@@ -239,15 +274,25 @@ fn domain_rules_resolve_pin_and_hold_against_dns_tricks() {
     assert!(!resolves(&d, &id, "api.allowed.test"));
     // A name without a rule does not resolve, and its address stays blocked by IP.
     assert!(!resolves(&d, &id, "other.test"));
-    assert!(!fetches(&d, &id, &format!("http://{}:8080/hello", w.addr2)), "connecting by IP to a non-allowed name's address works");
+    assert!(
+        !fetches(&d, &id, &format!("http://{}:8080/hello", w.addr2)),
+        "connecting by IP to a non-allowed name's address works"
+    );
     // Asking another resolver directly (there is none at that address) ends up
     // at strata's filter: allowed names resolve, others do not.
-    assert!(resolves(&d, &id, &format!("allowed.test {}", w.addr2)), "port-53 traffic to another address is not redirected to the filter");
+    assert!(
+        resolves(&d, &id, &format!("allowed.test {}", w.addr2)),
+        "port-53 traffic to another address is not redirected to the filter"
+    );
     assert!(!resolves(&d, &id, &format!("other.test {}", w.addr2)), "a query to another resolver escaped the filter");
     // A name that points at the metadata address resolves but stays unreachable.
     let (code, _) = run_in(&d, &id, "echo x | nc -w 2 meta.test 80");
     assert_ne!(code, 0);
-    assert!(net(&d, &id).recent_denied.iter().any(|x| x == "169.254.169.254 tcp/80"), "{:?}", net(&d, &id).recent_denied);
+    assert!(
+        net(&d, &id).recent_denied.iter().any(|x| x == "169.254.169.254 tcp/80"),
+        "{:?}",
+        net(&d, &id).recent_denied
+    );
     let info = net(&d, &id);
     assert!(info.dns_answered >= 2 && info.dns_refused >= 2, "{info:?}");
 
@@ -258,7 +303,10 @@ fn domain_rules_resolve_pin_and_hold_against_dns_tricks() {
     assert!(fetches(&d, &id, "http://api.allowed.test:8080/hello"));
     assert!(!resolves(&d, &id, "allowed.test"), "the removed rule still resolves");
     d.cli_ok(&["network", "set", &id, "--network", "egress"]);
-    assert!(!fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "an emptied rule list still lets traffic through");
+    assert!(
+        !fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)),
+        "an emptied rule list still lets traffic through"
+    );
     d.cli_ok(&["network", "set", &id, "--network", "none"]);
     let (_, routes) = run_in(&d, &id, "ip route; ip -o link");
     assert!(!routes.contains("eth0"), "switching to none left the link:\n{routes}");
@@ -315,18 +363,41 @@ fn malformed_rules_are_400_naming_the_rule_and_create_nothing() {
     d.import_busybox();
     let c = d.client();
     rt().block_on(async {
-        for (allow, mode) in [("10.0.0.1/8", NetworkMode::Egress), ("pypi.org:0", NetworkMode::Egress), ("2001:db8::/32", NetworkMode::Egress), ("*.com", NetworkMode::Egress), ("pypi.org", NetworkMode::None)] {
-            let req = CreateSandboxRequest { source: "busybox".into(), network: Some(NetworkSpec { mode, allow: vec!["198.51.100.1".into(), allow.into()] }), ..Default::default() };
+        for (allow, mode) in [
+            ("10.0.0.1/8", NetworkMode::Egress),
+            ("pypi.org:0", NetworkMode::Egress),
+            ("2001:db8::/32", NetworkMode::Egress),
+            ("*.com", NetworkMode::Egress),
+            ("pypi.org", NetworkMode::None),
+        ] {
+            let req = CreateSandboxRequest {
+                source: "busybox".into(),
+                network: Some(NetworkSpec { mode, allow: vec!["198.51.100.1".into(), allow.into()] }),
+                ..Default::default()
+            };
             let (status, body) = err_of(c.create_sandbox(&req).await);
             assert_eq!(status, 400, "{allow}: {body:?}");
             assert!(body.message.contains(&format!("{allow:?}")), "{allow}: {}", body.message);
         }
         assert!(c.list_sandboxes().await.unwrap().is_empty(), "a rejected create left a sandbox");
-        let ok = c.create_sandbox(&CreateSandboxRequest { source: "busybox".into(), network: Some(NetworkSpec { mode: NetworkMode::Egress, allow: vec!["pypi.org".into()] }), ..Default::default() }).await.unwrap();
-        let (status, body) = err_of(c.set_network(&ok.id, &NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/33".into()] }).await);
+        let ok = c
+            .create_sandbox(&CreateSandboxRequest {
+                source: "busybox".into(),
+                network: Some(NetworkSpec { mode: NetworkMode::Egress, allow: vec!["pypi.org".into()] }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let (status, body) = err_of(
+            c.set_network(&ok.id, &NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/33".into()] }).await,
+        );
         assert_eq!(status, 400);
         assert!(body.message.contains("\"10.0.0.0/33\""), "{}", body.message);
-        assert_eq!(c.get_network(&ok.id).await.unwrap().spec.allow, vec!["pypi.org".to_string()], "a rejected update changed the rules");
+        assert_eq!(
+            c.get_network(&ok.id).await.unwrap().spec.allow,
+            vec!["pypi.org".to_string()],
+            "a rejected update changed the rules"
+        );
         let (status, _) = err_of(c.get_network("no-such-sandbox").await);
         assert_eq!(status, 404);
     });

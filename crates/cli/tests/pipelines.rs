@@ -20,7 +20,10 @@ fn spec_file(d: &TestDaemon, name: &str, text: &str) -> String {
 
 /// Runs a spec that must be refused before anything runs: 400 `bad_request`; its message.
 fn refused(d: &TestDaemon, toml: String) -> String {
-    match common::rt().block_on(d.client().run_pipeline(&RunPipelineRequest { toml: Some(toml), spec: None })).unwrap_err() {
+    match common::rt()
+        .block_on(d.client().run_pipeline(&RunPipelineRequest { toml: Some(toml), spec: None }))
+        .unwrap_err()
+    {
         strata_client::ClientError::Api { status, body } => {
             assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
             body.message
@@ -72,7 +75,12 @@ fn setup_fanout_and_ephemeral_eval_run_stage_by_stage() {
     assert_eq!(run["state"], "succeeded", "{run}");
     // Progress was streamed per stage (running, then succeeded) before the end.
     for stage in ["setup", "fix", "eval"] {
-        assert!(out.lines().any(|l| l.contains("\"type\":\"stage\"") && l.contains(&format!("\"name\":\"{stage}\"")) && l.contains("\"state\":\"running\"")), "{out}");
+        assert!(
+            out.lines().any(|l| l.contains("\"type\":\"stage\"")
+                && l.contains(&format!("\"name\":\"{stage}\""))
+                && l.contains("\"state\":\"running\"")),
+            "{out}"
+        );
     }
     let stages = run["stages"].as_array().unwrap();
     let setup = &stages[0];
@@ -89,7 +97,8 @@ fn setup_fanout_and_ephemeral_eval_run_stage_by_stage() {
     assert_eq!(fix["fanout"]["winner"], 2, "{fix}");
     assert!(fix["checkpoint"].is_string());
     let ids = ps_ids(&d);
-    let fix_sandboxes: Vec<String> = fix["sandboxes"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+    let fix_sandboxes: Vec<String> =
+        fix["sandboxes"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
     assert_eq!(fix_sandboxes.len(), 3);
     for (i, sb) in fix_sandboxes.iter().enumerate() {
         assert_eq!(ids.contains(sb), i == 1, "fork child {} listed: {}", i + 1, ids.contains(sb));
@@ -104,7 +113,13 @@ fn setup_fanout_and_ephemeral_eval_run_stage_by_stage() {
     // status, ls, cost.
     let id = run["id"].as_str().unwrap();
     let status = d.cli_ok(&["pipeline", "status", &id[..8]]);
-    assert!(status.contains("STATE KEPT") && status.contains("eval") && status.contains("nothing") && status.contains("succeeded"), "{status}");
+    assert!(
+        status.contains("STATE KEPT")
+            && status.contains("eval")
+            && status.contains("nothing")
+            && status.contains("succeeded"),
+        "{status}"
+    );
     let ls = json(&d, &["pipeline", "ls", "--json"]);
     assert_eq!(ls[0]["id"], id);
     let cost = json(&d, &["cost", "--pipeline", id, "--json"]);
@@ -141,11 +156,18 @@ fn bad_specs_and_unknown_runs_are_refused_and_a_failing_command_stops_the_run() 
     // The CLI prints the reason.
     let file = spec_file(&d, "bad.toml", &THREE_STAGES.replace("stage:fix", "stage:fix2"));
     let out = d.cli(&["pipeline", "run", &file]);
-    assert!(!out.status.success() && common::stderr(&out).contains("no stage named \"fix2\""), "{}", common::stderr(&out));
+    assert!(
+        !out.status.success() && common::stderr(&out).contains("no stage named \"fix2\""),
+        "{}",
+        common::stderr(&out)
+    );
     // Unknown run ids are 404s.
     let (c, rt) = (d.client(), common::rt());
     assert_eq!(rt.block_on(c.pipeline("0123456789abcdef")).unwrap_err().code(), Some(ErrorCode::PipelineNotFound));
-    assert_eq!(rt.block_on(c.resume_pipeline("0123456789abcdef")).unwrap_err().code(), Some(ErrorCode::PipelineNotFound));
+    assert_eq!(
+        rt.block_on(c.resume_pipeline("0123456789abcdef")).unwrap_err().code(),
+        Some(ErrorCode::PipelineNotFound)
+    );
     // A failing command fails the run, naming the stage and the command, with its output.
     let file = spec_file(&d, "fail.toml", "[[stage]]\nname = \"only\"\nsource = \"image:busybox\"\nlifecycle = \"persistent\"\ncommands = [\"true\", \"echo broken >&2; exit 3\"]\n");
     let out = d.cli(&["pipeline", "run", &file]);
@@ -154,7 +176,10 @@ fn bad_specs_and_unknown_runs_are_refused_and_a_failing_command_stops_the_run() 
     assert!(text.contains("stage \\\"only\\\" failed") || text.contains("stage \"only\" failed"), "{text}");
     assert!(text.contains("command 2") && text.contains("exited 3") && text.contains("broken"), "{text}");
     // Progress was printed as it happened, a line per stage event.
-    assert!(text.contains("stage only: command 1 exited 0\nstage only: command 2 exited 3\nstage only: FAILED"), "{text}");
+    assert!(
+        text.contains("stage only: command 1 exited 0\nstage only: command 2 exited 3\nstage only: FAILED"),
+        "{text}"
+    );
     // The failed persistent stage's sandbox is kept for debugging.
     let runs = json(&d, &["pipeline", "ls", "--json"]);
     let stage = &runs[0]["stages"][0];
@@ -168,7 +193,10 @@ fn a_run_interrupted_by_a_daemon_restart_resumes_from_the_unfinished_stage() {
     let mut d = TestDaemon::start();
     d.import_busybox();
     // Stage two blocks on its first attempt only ($STRATA_PIPELINE_ATTEMPT counts the attempts).
-    let file = spec_file(&d, "r.toml", r#"
+    let file = spec_file(
+        &d,
+        "r.toml",
+        r#"
 name = "rs"
 [[stage]]
 name = "one"
@@ -187,10 +215,15 @@ name = "three"
 source = "stage:two"
 lifecycle = "ephemeral"
 commands = ["grep -qx 1 /root/two"]
-"#);
+"#,
+    );
     let id = d.cli_ok(&["pipeline", "run", &file, "--detach"]).trim().to_string();
     let status = |d: &TestDaemon| json(d, &["pipeline", "status", &id, "--json"]);
-    assert!(common::wait_until(60, || status(&d)["stages"][1]["sandboxes"].as_array().is_some_and(|s| !s.is_empty())), "{}", status(&d));
+    assert!(
+        common::wait_until(60, || status(&d)["stages"][1]["sandboxes"].as_array().is_some_and(|s| !s.is_empty())),
+        "{}",
+        status(&d)
+    );
     let before = status(&d);
     assert_eq!(before["state"], "running");
     let one_ckpt = before["stages"][0]["checkpoint"].clone();
@@ -224,7 +257,10 @@ fn a_standby_stage_is_resumed_by_the_next_stage_with_its_processes() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let file = spec_file(&d, "s.toml", r#"
+    let file = spec_file(
+        &d,
+        "s.toml",
+        r#"
 name = "sb"
 [[stage]]
 name = "serve"
@@ -237,7 +273,8 @@ name = "turn2"
 source = "stage:serve"
 lifecycle = "persistent"
 commands = ["grep -qx turn1 /root/state", "cat /proc/[0-9]*/comm | grep -x sleep > /root/sleepers || true"]
-"#);
+"#,
+    );
     let run = finished(&d.cli_ok(&["pipeline", "run", &file, "--json"]));
     assert_eq!(run["state"], "succeeded", "{run}");
     let (serve, turn2) = (&run["stages"][0], &run["stages"][1]);
@@ -245,7 +282,8 @@ commands = ["grep -qx turn1 /root/state", "cat /proc/[0-9]*/comm | grep -x sleep
     let sb = serve["output_sandbox"].as_str().unwrap();
     assert_eq!(turn2["sandboxes"], serde_json::json!([sb]));
     assert!(serve["checkpoint"].is_null());
-    let degraded = serve["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().unwrap().contains("filesystem-only")));
+    let degraded =
+        serve["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().unwrap().contains("filesystem-only")));
     let events = d.cli_ok(&["events", sb, "--json"]);
     assert!(events.contains("\"to\":\"standby\"") || events.contains("\"state\":\"standby\""), "{events}");
     // With process state kept, the background process was still running in turn 2.
@@ -264,7 +302,10 @@ fn a_paused_run_stops_at_the_next_stage_boundary_and_resumes() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let file = spec_file(&d, "w.toml", r#"
+    let file = spec_file(
+        &d,
+        "w.toml",
+        r#"
 [[stage]]
 name = "wait"
 source = "image:busybox"
@@ -276,10 +317,15 @@ name = "after"
 source = "stage:wait"
 lifecycle = "ephemeral"
 commands = ["test -e /root/go"]
-"#);
+"#,
+    );
     let id = d.cli_ok(&["pipeline", "run", &file, "--detach"]).trim().to_string();
     let status = |d: &TestDaemon| json(d, &["pipeline", "status", &id, "--json"]);
-    assert!(common::wait_until(60, || status(&d)["stages"][0]["sandboxes"].as_array().is_some_and(|s| !s.is_empty())), "{}", status(&d));
+    assert!(
+        common::wait_until(60, || status(&d)["stages"][0]["sandboxes"].as_array().is_some_and(|s| !s.is_empty())),
+        "{}",
+        status(&d)
+    );
     d.cli_ok(&["pipeline", "pause", &id]);
     // The current stage finishes (it waits for /root/go), then the run pauses.
     let sb = status(&d)["stages"][0]["sandboxes"][0].as_str().unwrap().to_string();
@@ -331,12 +377,18 @@ commands = ["grep -qx prepared /work/env"]
 
     // A second run re-points the template; a stage whose output has findings is refused
     // (the run fails, naming the finding), unless accept_findings is set.
-    let dirty = spec.replace("echo prepared > /work/env", "echo prepared > /work/env && mkdir -p /root/.ssh && echo k > /root/.ssh/id_rsa");
+    let dirty = spec.replace(
+        "echo prepared > /work/env",
+        "echo prepared > /work/env && mkdir -p /root/.ssh && echo k > /root/.ssh/id_rsa",
+    );
     let out = d.cli(&["pipeline", "run", &spec_file(&d, "dirty.toml", &dirty), "--json"]);
     let failed = finished(&common::stdout(&out));
     assert_eq!(failed["state"], "failed");
     let err = failed["stages"][0]["error"].as_str().unwrap();
-    assert!(err.contains("prepared-env") && err.contains("credential.ssh_key") && err.contains("accept_findings"), "{err}");
+    assert!(
+        err.contains("prepared-env") && err.contains("credential.ssh_key") && err.contains("accept_findings"),
+        "{err}"
+    );
     let accepted = dirty.replace("template = \"prepared-env\"", "template = \"prepared-env\"\naccept_findings = true");
     let run = finished(&d.cli_ok(&["pipeline", "run", &spec_file(&d, "ok.toml", &accepted), "--json"]));
     assert_eq!(run["state"], "succeeded", "{run}");
@@ -379,7 +431,9 @@ commands = ["grep -qx kept /work/out && test ! -e /run/secrets/TOKEN && test -z 
     let shown = d.cli_ok(&["pipeline", "status", run["id"].as_str().unwrap(), "--json"]);
     assert!(!shown.contains(value) && shown.contains("\"TOKEN\""), "the recorded spec names the secret only: {shown}");
     // The run succeeded: no stage will run again, its values are gone from the store.
-    let store: Vec<String> = std::fs::read_dir(d.state_dir.join("secrets")).map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+    let store: Vec<String> = std::fs::read_dir(d.state_dir.join("secrets"))
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
     assert!(store.iter().all(|f| !f.starts_with("pipeline-")), "{store:?}");
 
     // A failing command's output, quoted in the stage error, is redacted.
@@ -389,14 +443,21 @@ commands = ["grep -qx kept /work/out && test ! -e /run/secrets/TOKEN && test -z 
     let err = run["stages"][0]["error"].as_str().unwrap();
     assert!(err.contains("exited 4") && err.contains("leaked=") && !err.contains(value), "{err}");
     // A failed run may be resumed: its values stay in the store until it succeeds.
-    let store: Vec<String> = std::fs::read_dir(d.state_dir.join("secrets")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let store: Vec<String> = std::fs::read_dir(d.state_dir.join("secrets"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     assert!(store.iter().any(|f| f.starts_with(&format!("pipeline-{}", run["id"].as_str().unwrap()))), "{store:?}");
 
     // Bad secrets are refused before anything runs, naming the stage.
     let bad = |text: String| refused(&d, text);
     let m = bad(spec.replace(&secret.display().to_string(), "/nonexistent/token"));
     assert!(m.contains("\"setup\"") && m.contains("secrets") && m.contains("/nonexistent/token"), "{m}");
-    let m = bad(THREE_STAGES.replace("[stage.fanout]", &format!("secrets = [{{ name = \"T\", host_file = \"{}\" }}]\n[stage.fanout]", secret.display())));
+    let m = bad(THREE_STAGES.replace(
+        "[stage.fanout]",
+        &format!("secrets = [{{ name = \"T\", host_file = \"{}\" }}]\n[stage.fanout]", secret.display()),
+    ));
     assert!(m.contains("\"fix\"") && m.contains("secrets"), "{m}");
 }
 

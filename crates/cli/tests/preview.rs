@@ -44,7 +44,10 @@ fn serve(d: &TestDaemon, id: &str, port: u16, index: &str) {
     assert!(out.status.success(), "{}", common::stderr(&out));
     d.cli_ok(&["exec", "-d", id, "--", "httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h", &dir]);
     let probe = format!("http://127.0.0.1:{port}/index.html");
-    assert!(common::wait_until(10, || common::stdout(&d.cli(&["exec", id, "--", "wget", "-qO-", &probe])).trim() == index), "httpd serves on {port}");
+    assert!(
+        common::wait_until(10, || common::stdout(&d.cli(&["exec", id, "--", "wget", "-qO-", &probe])).trim() == index),
+        "httpd serves on {port}"
+    );
 }
 
 /// `strata preview create ... --json`.
@@ -103,7 +106,11 @@ fn dechunk(mut r: impl BufRead) -> Vec<u8> {
 fn read_head(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
     let mut status_line = String::new();
     r.read_line(&mut status_line).unwrap();
-    let status = status_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
     let mut headers = Vec::new();
     loop {
         let mut l = String::new();
@@ -185,10 +192,19 @@ fn previews_route_by_path_and_host_and_check_their_tokens() {
     let r = get(&addr, &path, &[tok_header(&t)]);
     assert_eq!((r.status, r.body.as_str()), (200, "hello-preview\n"), "{r:?}");
     let body = "line one\nline two: the body goes through unchanged\n".repeat(100);
-    let r = http(&addr, "POST", &format!("{path}cgi-bin/echo?x=1"), &[tok_header(&t), ("Content-Type", "text/plain")], body.as_bytes());
+    let r = http(
+        &addr,
+        "POST",
+        &format!("{path}cgi-bin/echo?x=1"),
+        &[tok_header(&t), ("Content-Type", "text/plain")],
+        body.as_bytes(),
+    );
     assert_eq!(r.status, 200, "{r:?}");
     let (head, echoed) = r.body.split_once('\n').unwrap();
-    assert!(head.starts_with("method=POST query=x=1 cookie= tokhdr= "), "the token header is not passed upstream: {head}");
+    assert!(
+        head.starts_with("method=POST query=x=1 cookie= tokhdr= "),
+        "the token header is not passed upstream: {head}"
+    );
     assert!(head.contains(&format!("prefix=/preview/{id}/8000 ")), "{head}");
     assert_eq!(echoed, body);
     // Without the trailing slash: redirected to the preview's root.
@@ -201,7 +217,12 @@ fn previews_route_by_path_and_host_and_check_their_tokens() {
     assert_eq!((r.status, r.body.as_str()), (200, "hello-preview\n"), "{r:?}");
     let r = http(&addr, "POST", "/cgi-bin/echo", &[("Host", &format!("{host}:1234")), tok_header(&t)], b"by-host");
     assert_eq!(r.status, 200, "{r:?}");
-    assert!(r.body.starts_with("method=POST") && r.body.contains(&format!("fwdhost={host}:1234")) && r.body.ends_with("\nby-host"), "{r:?}");
+    assert!(
+        r.body.starts_with("method=POST")
+            && r.body.contains(&format!("fwdhost={host}:1234"))
+            && r.body.ends_with("\nby-host"),
+        "{r:?}"
+    );
     let r = get(&addr, "/", &[("Host", &host)]);
     assert_eq!(r.status, 401, "host-based needs the token too: {r:?}");
     // Over the Unix socket the same paths work (the operator's socket; the preview still needs its token).
@@ -210,9 +231,18 @@ fn previews_route_by_path_and_host_and_check_their_tokens() {
     // Signed URL: the query token is stripped and sets a cookie scoped to the preview.
     let r = get(&addr, &format!("{path}cgi-bin/echo?a=b&strata_token={t}"), &[("Cookie", "app=1")]);
     assert_eq!(r.status, 200, "{r:?}");
-    assert!(r.body.starts_with("method=GET query=a=b cookie=app=1 tokhdr= "), "the token stays out of the upstream query and cookies: {}", r.body);
+    assert!(
+        r.body.starts_with("method=GET query=a=b cookie=app=1 tokhdr= "),
+        "the token stays out of the upstream query and cookies: {}",
+        r.body
+    );
     let cookie = r.header("set-cookie").expect("the signed URL sets a cookie");
-    assert!(cookie.starts_with(&format!("strata_preview={t};")) && cookie.contains(&format!("Path={path};")) && cookie.contains("HttpOnly"), "{cookie}");
+    assert!(
+        cookie.starts_with(&format!("strata_preview={t};"))
+            && cookie.contains(&format!("Path={path};"))
+            && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
     // The page's own requests then carry only the cookie.
     let r = get(&addr, &format!("{path}cgi-bin/echo"), &[("Cookie", &format!("app=2; strata_preview={t}"))]);
     assert_eq!(r.status, 200, "{r:?}");
@@ -262,27 +292,58 @@ fn previews_route_by_path_and_host_and_check_their_tokens() {
 
     // Bad input to the API.
     let c = d.client();
-    for bad in [CreatePreviewRequest { port: Some(0), ..Default::default() }, CreatePreviewRequest { port: Some(80), ttl_secs: Some(0), ..Default::default() }, CreatePreviewRequest { port: Some(80), ttl_secs: Some(365 * 86_400), ..Default::default() }] {
+    for bad in [
+        CreatePreviewRequest { port: Some(0), ..Default::default() },
+        CreatePreviewRequest { port: Some(80), ttl_secs: Some(0), ..Default::default() },
+        CreatePreviewRequest { port: Some(80), ttl_secs: Some(365 * 86_400), ..Default::default() },
+    ] {
         match rt().block_on(c.create_preview(&id, &bad)) {
             Err(ClientError::Api { status, body }) => assert_eq!((status, body.code), (400, ErrorCode::BadRequest)),
             r => panic!("{bad:?}: {r:?}"),
         }
     }
-    match rt().block_on(c.create_preview("nosuchsandbox", &CreatePreviewRequest { port: Some(80), ..Default::default() })) {
+    match rt()
+        .block_on(c.create_preview("nosuchsandbox", &CreatePreviewRequest { port: Some(80), ..Default::default() }))
+    {
         Err(ClientError::Api { status, .. }) => assert_eq!(status, 404),
         r => panic!("{r:?}"),
     }
 
     // Traffic is counted in metrics; creating and revoking is in the audit log, proxied requests are not.
     let metrics = rt().block_on(c.metrics()).unwrap();
-    assert!(metrics.lines().any(|l| l.starts_with("strata_preview_requests_total{outcome=\"proxied\"}") && !l.ends_with(" 0")), "{metrics}");
-    assert!(metrics.lines().any(|l| l.starts_with("strata_preview_requests_total{outcome=\"unauthorized\"}")), "{metrics}");
-    assert!(metrics.lines().any(|l| l.starts_with("strata_preview_bytes_total{direction=\"to_sandbox\"}")), "{metrics}");
-    let audit: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
-    let routes: Vec<(String, String)> = audit.iter().filter(|e| e["target"] == id.as_str()).map(|e| (e["method"].as_str().unwrap().to_string(), e["route"].as_str().unwrap().to_string())).collect();
-    assert!(routes.contains(&("POST".into(), "/v1/sandboxes/{id}/previews".into())), "preview creation is audited: {routes:?}");
-    assert!(routes.contains(&("DELETE".into(), "/v1/sandboxes/{id}/previews/{preview}".into())), "revocation is audited: {routes:?}");
-    assert!(!audit.iter().any(|e| e["route"].as_str().unwrap_or_default().starts_with("/preview")), "proxied requests are not in the audit log");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("strata_preview_requests_total{outcome=\"proxied\"}") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l.starts_with("strata_preview_requests_total{outcome=\"unauthorized\"}")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l.starts_with("strata_preview_bytes_total{direction=\"to_sandbox\"}")),
+        "{metrics}"
+    );
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
+    let routes: Vec<(String, String)> = audit
+        .iter()
+        .filter(|e| e["target"] == id.as_str())
+        .map(|e| (e["method"].as_str().unwrap().to_string(), e["route"].as_str().unwrap().to_string()))
+        .collect();
+    assert!(
+        routes.contains(&("POST".into(), "/v1/sandboxes/{id}/previews".into())),
+        "preview creation is audited: {routes:?}"
+    );
+    assert!(
+        routes.contains(&("DELETE".into(), "/v1/sandboxes/{id}/previews/{preview}".into())),
+        "revocation is audited: {routes:?}"
+    );
+    assert!(
+        !audit.iter().any(|e| e["route"].as_str().unwrap_or_default().starts_with("/preview")),
+        "proxied requests are not in the audit log"
+    );
 
     // A stopped sandbox: 409 with its state.
     d.cli_ok(&["stop", &id]);
@@ -322,12 +383,23 @@ fn tenants_cannot_preview_each_others_sandboxes() {
     let (d, addr) = daemon();
     d.import_busybox();
     let tok = |name: &str, tenant: &str| -> String {
-        let v: serde_json::Value = serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"])).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&d.cli_ok(&["token", "create", "--name", name, "--tenant", tenant, "--json"]))
+                .unwrap();
         v["secret"].as_str().unwrap().to_string()
     };
     let a = Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(tok("a", "acme")) });
     let b = Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(tok("b", "globex")) });
-    let mk = |c: &Client, name: &str| rt().block_on(c.create_sandbox(&CreateSandboxRequest { source: "busybox".into(), name: Some(name.into()), lifecycle: Lifecycle::Persistent, ..Default::default() })).unwrap().id;
+    let mk = |c: &Client, name: &str| {
+        rt().block_on(c.create_sandbox(&CreateSandboxRequest {
+            source: "busybox".into(),
+            name: Some(name.into()),
+            lifecycle: Lifecycle::Persistent,
+            ..Default::default()
+        }))
+        .unwrap()
+        .id
+    };
     let sa = mk(&a, "a-web");
     let sb = mk(&b, "b-web");
     serve(&d, &sa, 8000, "acme-page");
@@ -343,8 +415,15 @@ fn tenants_cannot_preview_each_others_sandboxes() {
     // Another tenant's sandbox is 404 for every preview route, exactly like an unknown one.
     assert_eq!(status(rt().block_on(b.create_preview(&sa, &req)).map(|_| ())), (404, ErrorCode::SandboxNotFound));
     assert_eq!(status(rt().block_on(b.list_previews(&sa, true)).map(|_| ())), (404, ErrorCode::SandboxNotFound));
-    assert_eq!(status(rt().block_on(b.revoke_preview(&sa, &pa.preview.id)).map(|_| ())), (404, ErrorCode::SandboxNotFound));
-    assert_eq!(status(rt().block_on(b.revoke_preview(&sb, &pa.preview.id)).map(|_| ())), (404, ErrorCode::PreviewNotFound), "a preview id of another sandbox is unknown");
+    assert_eq!(
+        status(rt().block_on(b.revoke_preview(&sa, &pa.preview.id)).map(|_| ())),
+        (404, ErrorCode::SandboxNotFound)
+    );
+    assert_eq!(
+        status(rt().block_on(b.revoke_preview(&sb, &pa.preview.id)).map(|_| ())),
+        (404, ErrorCode::PreviewNotFound),
+        "a preview id of another sandbox is unknown"
+    );
     assert_eq!(rt().block_on(b.list_previews(&sb, true)).unwrap().len(), 0);
     // acme's preview token opens acme's sandbox only.
     let r = get(&addr, &format!("/preview/{sa}/8000/"), &[tok_header(&pa.token)]);
@@ -373,7 +452,12 @@ fn upgrade(addr: &str, target: &str, token: &str) -> TcpStream {
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut b).unwrap(), 1, "connection closed in the response head: {:?}", String::from_utf8_lossy(&head));
+        assert_eq!(
+            s.read(&mut b).unwrap(),
+            1,
+            "connection closed in the response head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
         head.push(b[0]);
     }
     let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
@@ -402,7 +486,8 @@ fn upgraded_connections_pass_through_and_keep_an_idle_sandbox_awake() {
     d.import_busybox();
     // Stopped after 2 s without activity (`stop` needs no process checkpointing).
     let id = d.create(&["--on-idle", "stop", "--idle-timeout", "2s"]);
-    let out = d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ws.sh && chmod +x /ws.sh"], UPGRADE_ECHO.as_bytes());
+    let out =
+        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ws.sh && chmod +x /ws.sh"], UPGRADE_ECHO.as_bytes());
     assert!(out.status.success(), "{}", common::stderr(&out));
     // Started by an exec that ends (a running API process would keep the sandbox awake by itself).
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9000 -e /ws.sh >/dev/null 2>&1 &"]);
@@ -435,7 +520,11 @@ fn upgraded_connections_pass_through_and_keep_an_idle_sandbox_awake() {
     drop((r, s));
     // Once closed, the idle policy applies again.
     drop(ws);
-    assert!(common::wait_until(30, || rt().block_on(d.client().get_sandbox(&id)).unwrap().state == SandboxState::Stopped), "stopped once the connection closed\n{}", d.log());
+    assert!(
+        common::wait_until(30, || rt().block_on(d.client().get_sandbox(&id)).unwrap().state == SandboxState::Stopped),
+        "stopped once the connection closed\n{}",
+        d.log()
+    );
     let evs = rt().block_on(d.client().events(Some(&id), 0)).unwrap();
     assert!(evs.iter().any(|e| e.to == SandboxState::Stopped && e.reason == "idle_timeout"), "{evs:?}");
 }
@@ -453,7 +542,11 @@ fn a_preview_request_resumes_a_sandbox_in_standby() {
     // An unauthenticated request does not wake it.
     let r = get(&addr, &format!("/preview/{id}/8000/state.txt"), &[]);
     assert_eq!(r.status, 401);
-    assert_eq!(rt().block_on(d.client().get_sandbox(&id)).unwrap().state, SandboxState::Standby, "a refused request leaves it in standby");
+    assert_eq!(
+        rt().block_on(d.client().get_sandbox(&id)).unwrap().state,
+        SandboxState::Standby,
+        "a refused request leaves it in standby"
+    );
     let r = get(&addr, &format!("/preview/{id}/8000/state.txt"), &[tok_header(&t)]);
     assert_eq!((r.status, r.body.as_str()), (200, "state-before-standby\n"), "{r:?}");
     assert_eq!(r.header("strata-resumed-from"), Some("standby"), "{r:?}");
@@ -476,17 +569,21 @@ fn keep_alive_upstream_connections_are_reused() {
     let (d, addr) = daemon();
     d.import_busybox();
     let id = d.create(&[]);
-    let out = d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
+    let out =
+        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
     assert!(out.status.success(), "{}", common::stderr(&out));
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
     let t = token(&preview(&d, &id, "9100", &[]));
     let mut first = None;
-    assert!(common::wait_until(10, || {
-        let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
-        let ok = r.status == 200;
-        first = Some(r);
-        ok
-    }), "{first:?}");
+    assert!(
+        common::wait_until(10, || {
+            let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+            let ok = r.status == 200;
+            first = Some(r);
+            ok
+        }),
+        "{first:?}"
+    );
     let first = first.unwrap().body;
     let (conn, n) = first.split_once('-').unwrap();
     assert_eq!(n, "1", "{first}");

@@ -43,5 +43,8 @@ fn python_sdk_suite_passes_against_a_live_daemon() {
     assert!(out.status.success(), "python SDK tests failed ({:?}); daemon log:\n{}", out.status, d.log());
     assert!(stderr.contains("OK"), "unittest did not report OK:\n{stderr}");
     // The live suite ran (not only the offline tests).
-    assert!(!stderr.contains("STRATA_SOCKET is not set") && stderr.contains("test_fork_two_see_the_file"), "the live tests did not run:\n{stderr}");
+    assert!(
+        !stderr.contains("STRATA_SOCKET is not set") && stderr.contains("test_fork_two_see_the_file"),
+        "the live tests did not run:\n{stderr}"
+    );
 }

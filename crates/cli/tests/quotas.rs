@@ -30,8 +30,14 @@ fn ps(d: &TestDaemon) -> Vec<serde_json::Value> {
 
 /// A file of a sandbox's cgroup (v1 `<controller>/strata/<id>` or v2 `strata/<id>`).
 fn cgroup(id: &str, v1: (&str, &str), v2: &str) -> String {
-    let candidates = [format!("/sys/fs/cgroup/{}/strata/{id}/{}", v1.0, v1.1), format!("/sys/fs/cgroup/strata/{id}/{v2}")];
-    candidates.iter().find_map(|p| std::fs::read_to_string(p).ok()).unwrap_or_else(|| panic!("no cgroup file among {candidates:?}")).trim().to_string()
+    let candidates =
+        [format!("/sys/fs/cgroup/{}/strata/{id}/{}", v1.0, v1.1), format!("/sys/fs/cgroup/strata/{id}/{v2}")];
+    candidates
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_else(|| panic!("no cgroup file among {candidates:?}"))
+        .trim()
+        .to_string()
 }
 
 fn memory_limit(id: &str) -> String {
@@ -81,13 +87,24 @@ fn statvfs(path: &std::path::Path) -> (u64, u64) {
 /// Status, wire code and message of an API error.
 fn api_err<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, String, String) {
     match r {
-        Err(ClientError::Api { status, body }) => (status, serde_json::to_value(body.code).unwrap().as_str().unwrap_or_default().to_string(), body.message),
+        Err(ClientError::Api { status, body }) => {
+            (status, serde_json::to_value(body.code).unwrap().as_str().unwrap_or_default().to_string(), body.message)
+        }
         other => panic!("expected an API error, got {other:?}"),
     }
 }
 
 fn fork_req(source: &str, count: u32, limits: Option<ResourceLimits>) -> ForkRequest {
-    ForkRequest { source: source.into(), count, name_prefix: None, lifecycle: Lifecycle::Persistent, ttl: None, limits, network: None, processes: None }
+    ForkRequest {
+        source: source.into(),
+        count,
+        name_prefix: None,
+        lifecycle: Lifecycle::Persistent,
+        ttl: None,
+        limits,
+        network: None,
+        processes: None,
+    }
 }
 
 fn limits(memory: Option<u64>, disk: Option<u64>) -> ResourceLimits {
@@ -145,7 +162,10 @@ fn a_sandbox_without_limits_runs_with_the_daemon_defaults_on_every_path() {
     let id = d.create(&["--name", "plain"]);
     check_defaults(&id, "create");
     let shown = d.cli_ok(&["inspect", &id]);
-    assert!(shown.contains("memory=2.0 GiB") && shown.contains("pids=1024") && shown.contains("disk=10.0 GiB"), "inspect shows the limits it runs with:\n{shown}");
+    assert!(
+        shown.contains("memory=2.0 GiB") && shown.contains("pids=1024") && shown.contains("disk=10.0 GiB"),
+        "inspect shows the limits it runs with:\n{shown}"
+    );
     // run: the one-shot path.
     let df = d.cli_ok(&["run", "--rm", "busybox", "--", "sh", "-c", "df -k /tmp | tail -1"]);
     assert_eq!(df.split_whitespace().nth(1), Some((2 * GIB / 1024).to_string().as_str()), "run: {df}");
@@ -166,14 +186,33 @@ fn a_sandbox_without_limits_runs_with_the_daemon_defaults_on_every_path() {
     d.cli_ok(&["checkpoint", &src, "--name", "c1"]);
     let child = d.cli_ok(&["fork", "c1", "--count", "1"]).trim().to_string();
     let l = &inspect(&d, &child)["limits"];
-    assert_eq!((l["memory_bytes"].as_u64(), l["pids"].as_u64(), l["cpus"].as_f64(), l["disk_bytes"].as_u64()), (Some(96 * MIB), Some(64), Some(0.5), Some(10 * GIB)), "fork child: {l}");
-    assert_eq!((memory_limit(&child), pids_max(&child), cpu_quota(&child)), ((96 * MIB).to_string(), "64".to_string(), "50000".to_string()));
+    assert_eq!(
+        (l["memory_bytes"].as_u64(), l["pids"].as_u64(), l["cpus"].as_f64(), l["disk_bytes"].as_u64()),
+        (Some(96 * MIB), Some(64), Some(0.5), Some(10 * GIB)),
+        "fork child: {l}"
+    );
+    assert_eq!(
+        (memory_limit(&child), pids_max(&child), cpu_quota(&child)),
+        ((96 * MIB).to_string(), "64".to_string(), "50000".to_string())
+    );
     let c = d.client();
-    let r = rt().block_on(c.fork(&fork_req("c1", 1, Some(ResourceLimits { pids: Some(128), ..Default::default() })))).unwrap();
+    let r = rt()
+        .block_on(c.fork(&fork_req("c1", 1, Some(ResourceLimits { pids: Some(128), ..Default::default() }))))
+        .unwrap();
     let l = &inspect(&d, &r.sandboxes[0])["limits"];
-    assert_eq!((l["memory_bytes"].as_u64(), l["pids"].as_u64()), (Some(96 * MIB), Some(128)), "fork with one field given: {l}");
+    assert_eq!(
+        (l["memory_bytes"].as_u64(), l["pids"].as_u64()),
+        (Some(96 * MIB), Some(128)),
+        "fork with one field given: {l}"
+    );
     // Fan-out children too (the winner is kept).
-    let f = rt().block_on(c.fanout(&FanoutRequest { source: "c1".into(), plan: FanoutPlan { run: Some("true".into()), count: Some(1), ..Default::default() }, ..Default::default() })).unwrap();
+    let f = rt()
+        .block_on(c.fanout(&FanoutRequest {
+            source: "c1".into(),
+            plan: FanoutPlan { run: Some("true".into()), count: Some(1), ..Default::default() },
+            ..Default::default()
+        }))
+        .unwrap();
     let winner = f.winner_sandbox.expect("attempt 1 passed");
     assert_eq!(inspect(&d, &winner)["limits"]["memory_bytes"], 96 * MIB, "fan-out child");
     // The daemon's info names its defaults.
@@ -185,7 +224,12 @@ fn a_sandbox_without_limits_runs_with_the_daemon_defaults_on_every_path() {
 #[test]
 fn daemon_defaults_are_overridable_and_none_means_no_limit_explicitly() {
     require_host!();
-    let d = TestDaemon::start_with_env(&[("STRATA_DEFAULT_MEMORY", "96m"), ("STRATA_DEFAULT_PIDS", "none"), ("STRATA_DEFAULT_CPUS", "0.5"), ("STRATA_DEFAULT_DISK", "64m")]);
+    let d = TestDaemon::start_with_env(&[
+        ("STRATA_DEFAULT_MEMORY", "96m"),
+        ("STRATA_DEFAULT_PIDS", "none"),
+        ("STRATA_DEFAULT_CPUS", "0.5"),
+        ("STRATA_DEFAULT_DISK", "64m"),
+    ]);
     d.import_busybox();
     let id = d.create(&[]);
     let l = &inspect(&d, &id)["limits"];
@@ -213,16 +257,44 @@ fn limits_outside_sane_bounds_are_400_before_anything_exists() {
     let mem_total = meminfo("MemTotal");
     let (_, fs_size) = statvfs(&d.state_dir);
     let cases: Vec<(&str, ResourceLimits, &[&str])> = vec![
-        ("memory_bytes=1", ResourceLimits { memory_bytes: Some(1), ..Default::default() }, &["limits.memory_bytes", "16.0 MiB"]),
-        ("memory over the host", ResourceLimits { memory_bytes: Some(mem_total + GIB), ..Default::default() }, &["limits.memory_bytes", "MemTotal"]),
+        (
+            "memory_bytes=1",
+            ResourceLimits { memory_bytes: Some(1), ..Default::default() },
+            &["limits.memory_bytes", "16.0 MiB"],
+        ),
+        (
+            "memory over the host",
+            ResourceLimits { memory_bytes: Some(mem_total + GIB), ..Default::default() },
+            &["limits.memory_bytes", "MemTotal"],
+        ),
         ("pids=1", ResourceLimits { pids: Some(1), ..Default::default() }, &["limits.pids", "16"]),
-        ("pids over pid_max", ResourceLimits { pids: Some(pid_max + 1), ..Default::default() }, &["limits.pids", "pid_max"]),
+        (
+            "pids over pid_max",
+            ResourceLimits { pids: Some(pid_max + 1), ..Default::default() },
+            &["limits.pids", "pid_max"],
+        ),
         ("cpus=0", ResourceLimits { cpus: Some(0.0), ..Default::default() }, &["limits.cpus"]),
         ("cpus=0.001", ResourceLimits { cpus: Some(0.001), ..Default::default() }, &["limits.cpus", "0.01"]),
-        ("cpus over the host", ResourceLimits { cpus: Some(host_cpus() + 1.0), ..Default::default() }, &["limits.cpus", "CPU"]),
-        ("a 64 TiB disk", ResourceLimits { disk_bytes: Some(64 << 40), ..Default::default() }, &["limits.disk_bytes", "64.0 TiB", "filesystem"]),
-        ("a disk larger than the filesystem", ResourceLimits { disk_bytes: Some(fs_size + GIB), ..Default::default() }, &["limits.disk_bytes", "filesystem"]),
-        ("a 1 MiB disk", ResourceLimits { disk_bytes: Some(MIB), ..Default::default() }, &["limits.disk_bytes", "16.0 MiB"]),
+        (
+            "cpus over the host",
+            ResourceLimits { cpus: Some(host_cpus() + 1.0), ..Default::default() },
+            &["limits.cpus", "CPU"],
+        ),
+        (
+            "a 64 TiB disk",
+            ResourceLimits { disk_bytes: Some(64 << 40), ..Default::default() },
+            &["limits.disk_bytes", "64.0 TiB", "filesystem"],
+        ),
+        (
+            "a disk larger than the filesystem",
+            ResourceLimits { disk_bytes: Some(fs_size + GIB), ..Default::default() },
+            &["limits.disk_bytes", "filesystem"],
+        ),
+        (
+            "a 1 MiB disk",
+            ResourceLimits { disk_bytes: Some(MIB), ..Default::default() },
+            &["limits.disk_bytes", "16.0 MiB"],
+        ),
     ];
     for (what, l, words) in cases {
         let (status, code, msg) = api_err(rt().block_on(c.create_sandbox(&req(l))));
@@ -236,11 +308,22 @@ fn limits_outside_sane_bounds_are_400_before_anything_exists() {
     assert!(!out.status.success() && stderr(&out).contains("limits.memory_bytes"), "{}", stderr(&out));
     // Nothing was created: no sandbox, no record in `error`, no event, no directory, no disk image.
     assert!(ps(&d).is_empty(), "{:?}", ps(&d));
-    assert!(sandboxes_ever_recorded(&d).is_empty(), "no sandbox record was ever made: {:?}", sandboxes_ever_recorded(&d));
-    let left: Vec<_> = std::fs::read_dir(d.state("sandboxes")).map(|r| r.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(
+        sandboxes_ever_recorded(&d).is_empty(),
+        "no sandbox record was ever made: {:?}",
+        sandboxes_ever_recorded(&d)
+    );
+    let left: Vec<_> = std::fs::read_dir(d.state("sandboxes"))
+        .map(|r| r.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
     assert!(left.is_empty(), "sandbox directories left: {left:?}");
-    let templates: Vec<String> = std::fs::read_dir(d.state("disk-pool")).map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
-    assert!(!templates.iter().any(|t| t.contains(&(64u64 << 40).to_string())), "no 64 TiB disk template: {templates:?}");
+    let templates: Vec<String> = std::fs::read_dir(d.state("disk-pool"))
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(
+        !templates.iter().any(|t| t.contains(&(64u64 << 40).to_string())),
+        "no 64 TiB disk template: {templates:?}"
+    );
 }
 
 #[test]
@@ -249,7 +332,12 @@ fn a_new_sandbox_that_fails_to_start_is_rolled_back_completely() {
     let d = TestDaemon::start();
     // An image whose /run is a file: its sandboxes cannot start (strata never mounts elsewhere).
     let root = d.dir.path().join("norun");
-    let cp = std::process::Command::new("cp").arg("-a").arg(common::images_dir().join("busybox-rootfs")).arg(&root).status().unwrap();
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(common::images_dir().join("busybox-rootfs"))
+        .arg(&root)
+        .status()
+        .unwrap();
     assert!(cp.success());
     let _ = std::fs::remove_dir_all(root.join("run"));
     std::fs::write(root.join("run"), b"not a directory").unwrap();
@@ -263,11 +351,20 @@ fn a_new_sandbox_that_fails_to_start_is_rolled_back_completely() {
     assert_eq!(ids.len(), 1, "{ids:?}");
     let events = d.cli_ok(&["events", &ids[0], "--json"]);
     assert!(events.contains("\"to\":\"error\"") && events.contains("\"to\":\"destroyed\""), "{events}");
-    assert!(common::wait_until(10, || !d.state(&format!("sandboxes/{}", ids[0])).exists()), "its directory and disk are removed");
+    assert!(
+        common::wait_until(10, || !d.state(&format!("sandboxes/{}", ids[0])).exists()),
+        "its directory and disk are removed"
+    );
     assert!(!std::fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&ids[0]), "its disk is unmounted");
     // The name is free again: a second try fails the same way, not with a name conflict.
     let again = d.cli(&["create", "norun", "--name", "doomed"]);
-    assert!(!again.status.success() && !stderr(&again).contains("name_conflict") && stderr(&again).contains("nothing was kept"), "{}", stderr(&again));
+    assert!(
+        !again.status.success()
+            && !stderr(&again).contains("name_conflict")
+            && stderr(&again).contains("nothing was kept"),
+        "{}",
+        stderr(&again)
+    );
 }
 
 #[test]
@@ -284,7 +381,10 @@ fn admission_refuses_a_disk_larger_than_the_free_space() {
     d.import_busybox();
     let (status, code, msg) = api_err(rt().block_on(d.client().create_sandbox(&req(limits(None, Some(want))))));
     assert_eq!((status, code.as_str()), (507, "insufficient_storage"), "{msg}");
-    assert!(msg.contains("limits.disk_bytes") && msg.contains("free") && msg.contains("reserve"), "names the resource, the request and what is available: {msg}");
+    assert!(
+        msg.contains("limits.disk_bytes") && msg.contains("free") && msg.contains("reserve"),
+        "names the resource, the request and what is available: {msg}"
+    );
     assert!(ps(&d).is_empty() && sandboxes_ever_recorded(&d).is_empty(), "nothing created");
     // With the default reserve, a disk that fits is fine.
     if env.is_empty() {
@@ -304,7 +404,10 @@ fn admission_bounds_memory_commitments_and_keeps_a_reserve() {
     let _b = d.create(&["--memory", "64m"]);
     let (status, code, msg) = api_err(rt().block_on(d.client().create_sandbox(&req(limits(Some(64 * MIB), None)))));
     assert_eq!((status, code.as_str()), (503, "insufficient_memory"), "{msg}");
-    assert!(msg.contains("MemTotal") && msg.contains("64.0 MiB") && msg.contains("128.0 MiB"), "names the request and what is committed: {msg}");
+    assert!(
+        msg.contains("MemTotal") && msg.contains("64.0 MiB") && msg.contains("128.0 MiB"),
+        "names the request and what is committed: {msg}"
+    );
     assert_eq!(ps(&d).len(), 2, "nothing created");
     // Stopped sandboxes hold no memory; starting one again is admitted like a create.
     d.cli_ok(&["stop", &a]);
@@ -345,7 +448,10 @@ fn twelve_one_tib_disks_are_refused_and_the_disk_quota_holds() {
             r => {
                 let (status, code, msg) = api_err(r);
                 assert_eq!((status, code.as_str()), (429, "quota_exceeded"), "{msg}");
-                assert!(msg.contains("disk") && msg.contains("3.0 GiB") && msg.contains("acme"), "names the quota, its limit and the usage: {msg}");
+                assert!(
+                    msg.contains("disk") && msg.contains("3.0 GiB") && msg.contains("acme"),
+                    "names the quota, its limit and the usage: {msg}"
+                );
             }
         }
     }
@@ -356,7 +462,11 @@ fn twelve_one_tib_disks_are_refused_and_the_disk_quota_holds() {
     assert_eq!(inspect(&d, &op)["tenant"], "default");
     let (status, usage) = call(&d.client(), Method::GET, "/v1/tenants/acme/usage", None);
     assert_eq!(status, 200, "{usage}");
-    assert_eq!((usage["disk_bytes"]["used"].as_u64(), usage["disk_bytes"]["limit"].as_u64()), (Some(3 * GIB), Some(3 * GIB)), "{usage}");
+    assert_eq!(
+        (usage["disk_bytes"]["used"].as_u64(), usage["disk_bytes"]["limit"].as_u64()),
+        (Some(3 * GIB), Some(3 * GIB)),
+        "{usage}"
+    );
     assert_eq!(usage["sandboxes"]["used"], 3, "{usage}");
 }
 
@@ -411,10 +521,17 @@ fn forks_per_minute_count_fork_and_fanout_children() {
     let before = ps(&d).len();
     let (status, code, msg) = api_err(fork(2));
     assert_eq!((status, code.as_str()), (429, "quota_exceeded"), "{msg}");
-    assert!(msg.contains("forks_per_minute") && msg.contains('3') && msg.contains('2'), "names the quota, its limit and the usage: {msg}");
+    assert!(
+        msg.contains("forks_per_minute") && msg.contains('3') && msg.contains('2'),
+        "names the quota, its limit and the usage: {msg}"
+    );
     assert_eq!(ps(&d).len(), before, "a refused fork creates nothing");
     assert_eq!(fork(1).unwrap().sandboxes.len(), 1);
-    let fan = rt.block_on(acme.fanout(&FanoutRequest { source: "c0".into(), plan: FanoutPlan { run: Some("true".into()), count: Some(1), ..Default::default() }, ..Default::default() }));
+    let fan = rt.block_on(acme.fanout(&FanoutRequest {
+        source: "c0".into(),
+        plan: FanoutPlan { run: Some("true".into()), count: Some(1), ..Default::default() },
+        ..Default::default()
+    }));
     let (status, code, msg) = api_err(fan);
     assert_eq!((status, code.as_str()), (429, "quota_exceeded"), "fan-out children count as forks: {msg}");
     // The operator forks freely.
@@ -439,7 +556,11 @@ fn quota_overrides_through_the_api_and_the_cli_over_tcp() {
     // The operator sets an override with the CLI; show names effective values, overrides and defaults.
     d.cli_ok(&["tenant", "quota", "set", "acme", "--sandboxes", "1", "--memory", "256m"]);
     let q = json(&d, &["tenant", "quota", "show", "acme", "--json"]);
-    assert_eq!((q["effective"]["sandboxes"].as_u64(), q["effective"]["memory_bytes"].as_u64()), (Some(1), Some(256 * MIB)), "{q}");
+    assert_eq!(
+        (q["effective"]["sandboxes"].as_u64(), q["effective"]["memory_bytes"].as_u64()),
+        (Some(1), Some(256 * MIB)),
+        "{q}"
+    );
     assert_eq!(q["overrides"]["sandboxes"], 1, "{q}");
     assert_eq!(q["defaults"]["sandboxes"], 100, "{q}");
     assert!(d.cli_ok(&["tenant", "quota", "show", "acme"]).contains("256.0 MiB"));
@@ -451,8 +572,16 @@ fn quota_overrides_through_the_api_and_the_cli_over_tcp() {
     // It sees its own usage, not another tenant's, and cannot change its quota.
     let (status, usage) = call(&acme, Method::GET, "/v1/tenants/acme/usage", None);
     assert_eq!(status, 200, "{usage}");
-    assert_eq!((usage["sandboxes"]["used"].as_u64(), usage["sandboxes"]["limit"].as_u64()), (Some(1), Some(1)), "{usage}");
-    assert_eq!((usage["memory_bytes"]["used"].as_u64(), usage["memory_bytes"]["limit"].as_u64()), (Some(64 * MIB), Some(256 * MIB)), "{usage}");
+    assert_eq!(
+        (usage["sandboxes"]["used"].as_u64(), usage["sandboxes"]["limit"].as_u64()),
+        (Some(1), Some(1)),
+        "{usage}"
+    );
+    assert_eq!(
+        (usage["memory_bytes"]["used"].as_u64(), usage["memory_bytes"]["limit"].as_u64()),
+        (Some(64 * MIB), Some(256 * MIB)),
+        "{usage}"
+    );
     assert_eq!(call(&acme, Method::GET, "/v1/tenants/globex/usage", None).0, 403);
     assert_eq!(call(&acme, Method::PUT, "/v1/tenants/acme/quota", Some(serde_json::json!({"sandboxes": 50}))).0, 403);
     assert_eq!(call(&acme, Method::GET, "/v1/tenants/acme/quota", None).0, 403);
@@ -475,11 +604,18 @@ fn quota_overrides_through_the_api_and_the_cli_over_tcp() {
     let _ = second;
 
     // Malformed overrides are 400s naming the field; nothing changes.
-    for body in [serde_json::json!({"sandboxes": -1}), serde_json::json!({"memory_bytes": "lots"}), serde_json::json!({"sandbox": 3})] {
+    for body in [
+        serde_json::json!({"sandboxes": -1}),
+        serde_json::json!({"memory_bytes": "lots"}),
+        serde_json::json!({"sandbox": 3}),
+    ] {
         let (status, v) = call(&d.client(), Method::PUT, "/v1/tenants/acme/quota", Some(body.clone()));
         assert_eq!(status, 400, "{body}: {v}");
     }
-    assert_eq!(call(&d.client(), Method::PUT, "/v1/tenants/not%20a%20tenant/quota", Some(serde_json::json!({}))).0, 400);
+    assert_eq!(
+        call(&d.client(), Method::PUT, "/v1/tenants/not%20a%20tenant/quota", Some(serde_json::json!({}))).0,
+        400
+    );
     // Reset: back to the daemon's defaults.
     d.cli_ok(&["tenant", "quota", "reset", "acme"]);
     let q = json(&d, &["tenant", "quota", "show", "acme", "--json"]);
@@ -494,7 +630,11 @@ fn pipeline_stages_are_held_to_the_quota_of_whoever_started_the_run() {
     require_host!();
     let d = TestDaemon::start_with_env(&[("STRATA_TENANT_QUOTA", "sandboxes=1")]);
     d.import_busybox();
-    let spec = common::write_file(d.dir.path(), "p.toml", b"[[stage]]\nname = \"one\"\nsource = \"image:busybox\"\nlifecycle = \"persistent\"\ncommands = [\"true\"]\n");
+    let spec = common::write_file(
+        d.dir.path(),
+        "p.toml",
+        b"[[stage]]\nname = \"one\"\nsource = \"image:busybox\"\nlifecycle = \"persistent\"\ncommands = [\"true\"]\n",
+    );
     let run = |extra: &[&str]| -> serde_json::Value {
         let mut args = extra.to_vec();
         args.extend(["pipeline", "run", spec.to_str().unwrap(), "--json"]);

@@ -28,8 +28,8 @@ fn find_tool(name: &str, candidates: &[&str]) -> Option<PathBuf> {
 fn tools() -> Result<(PathBuf, PathBuf), String> {
     let registry = find_tool("docker-registry", REGISTRY_BINS)
         .ok_or("docker-registry not installed (Debian package docker-registry; scripts/setup-host.sh installs it)")?;
-    let skopeo =
-        find_tool("skopeo", &["/usr/bin/skopeo"]).ok_or("skopeo not installed (Debian package skopeo; scripts/setup-host.sh installs it)")?;
+    let skopeo = find_tool("skopeo", &["/usr/bin/skopeo"])
+        .ok_or("skopeo not installed (Debian package skopeo; scripts/setup-host.sh installs it)")?;
     Ok((registry, skopeo))
 }
 
@@ -112,7 +112,11 @@ fn push(skopeo: &Path, layout: &Path, dest: &str, all: bool) {
     if all {
         cmd.arg("--all");
     }
-    let out = cmd.arg(format!("oci:{}:latest", layout.display())).arg(format!("docker://{dest}")).output().expect("run skopeo");
+    let out = cmd
+        .arg(format!("oci:{}:latest", layout.display()))
+        .arg(format!("docker://{dest}"))
+        .output()
+        .expect("run skopeo");
     assert!(out.status.success(), "skopeo copy to {dest} failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -175,8 +179,10 @@ fn make_multi_arch(layout: &Path) {
     let mut config = read_blob(layout, manifest["config"]["digest"].as_str().unwrap());
     config["architecture"] = foreign_arch.into();
     config["config"]["Env"] = serde_json::json!(["PATH=/bin:/sbin", "GREETING=foreign"]);
-    manifest["config"] = add_blob(layout, "application/vnd.oci.image.config.v1+json", &serde_json::to_vec(&config).unwrap());
-    let mut foreign_desc = add_blob(layout, "application/vnd.oci.image.manifest.v1+json", &serde_json::to_vec(&manifest).unwrap());
+    manifest["config"] =
+        add_blob(layout, "application/vnd.oci.image.config.v1+json", &serde_json::to_vec(&config).unwrap());
+    let mut foreign_desc =
+        add_blob(layout, "application/vnd.oci.image.manifest.v1+json", &serde_json::to_vec(&manifest).unwrap());
     foreign_desc["platform"] = serde_json::json!({"architecture": foreign_arch, "os": "linux"});
     let mut host_entry = host_desc.clone();
     host_entry.as_object_mut().unwrap().remove("annotations");
@@ -185,7 +191,8 @@ fn make_multi_arch(layout: &Path) {
         "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [foreign_desc, host_entry],
     });
-    let mut nested_desc = add_blob(layout, "application/vnd.oci.image.index.v1+json", &serde_json::to_vec(&nested).unwrap());
+    let mut nested_desc =
+        add_blob(layout, "application/vnd.oci.image.index.v1+json", &serde_json::to_vec(&nested).unwrap());
     nested_desc["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": "latest"});
     index["manifests"] = serde_json::json!([nested_desc]);
     let mut f = std::fs::File::create(&index_path).unwrap();
@@ -240,7 +247,9 @@ fn pull_from_a_loopback_registry_runs_and_a_repull_stores_nothing() {
     assert_eq!((status, code), (404, ErrorCode::ImageNotFound), "{msg}");
 
     // Bad references: 400 bad_request, before any network access.
-    for bad in [format!("{}/BusyBox:latest", reg.addr), format!("http://{}/busybox", reg.addr), "a b".into(), String::new()] {
+    for bad in
+        [format!("{}/BusyBox:latest", reg.addr), format!("http://{}/busybox", reg.addr), "a b".into(), String::new()]
+    {
         let (status, code, msg) = pull_err(&d, &bad, true);
         assert_eq!((status, code), (400, ErrorCode::BadRequest), "{bad:?}: {msg}");
     }
@@ -288,7 +297,11 @@ fn pull_resolves_an_index_to_the_host_platform_and_streams_progress() {
             strata_api::ImportEvent::Failed { error } => panic!("pull failed: {error:?}"),
         }
     };
-    assert!(report.image.config.env.contains(&"GREETING=host".to_string()), "picked the host's image: {:?}", report.image.config);
+    assert!(
+        report.image.config.env.contains(&"GREETING=host".to_string()),
+        "picked the host's image: {:?}",
+        report.image.config
+    );
     assert!(phases.iter().any(|p| p.starts_with("download layer 1/1")), "{phases:?}");
     assert!(phases.iter().any(|p| p.starts_with("unpack layer 1/1")), "{phases:?}");
     let id = d.cli_ok(&["create", "multi"]).trim().to_string();
@@ -301,7 +314,8 @@ fn a_registry_demanding_credentials_fails_naming_it() {
     let (registry_bin, _) = require_tools!();
     // "silly" auth: every request without an Authorization header gets a 401 bearer challenge.
     let realm = format!("http://127.0.0.1:{}/token", free_port());
-    let reg = Registry::start(&registry_bin, &format!("auth:\n  silly:\n    realm: {realm}\n    service: strata-test\n"));
+    let reg =
+        Registry::start(&registry_bin, &format!("auth:\n  silly:\n    realm: {realm}\n    service: strata-test\n"));
     let d = TestDaemon::start();
     let out = d.cli(&["image", "pull", &format!("{}/busybox:latest", reg.addr), "--insecure", "--name", "x"]);
     assert_eq!(out.status.code(), Some(1));

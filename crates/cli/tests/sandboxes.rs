@@ -20,7 +20,20 @@ fn create_inspect_stop_start_rm_keeps_the_filesystem_across_stop() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let id = d.create(&["--name", "web", "--memory", "64m", "--cpus", "0.5", "--pids", "64", "--env", "A=1", "--label", "stage=setup"]);
+    let id = d.create(&[
+        "--name",
+        "web",
+        "--memory",
+        "64m",
+        "--cpus",
+        "0.5",
+        "--pids",
+        "64",
+        "--env",
+        "A=1",
+        "--label",
+        "stage=setup",
+    ]);
     assert_eq!(id.len(), 16, "create prints only the id: {id:?}");
     let list = ps(&d);
     assert_eq!(list.len(), 1);
@@ -46,7 +59,8 @@ fn create_inspect_stop_start_rm_keeps_the_filesystem_across_stop() {
     assert_eq!(d.cli_ok(&["exec", "web", "--", "cat", "/root/state"]), "kept\n");
     assert_eq!(d.cli_ok(&["exec", "web", "--", "ls", "/tmp"]), "", "/tmp is a fresh tmpfs each start");
 
-    let events: Vec<serde_json::Value> = d.cli_ok(&["events", &id, "--json"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<serde_json::Value> =
+        d.cli_ok(&["events", &id, "--json"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let path: Vec<String> = events.iter().map(|e| e["to"].as_str().unwrap().to_string()).collect();
     assert_eq!(path, ["creating", "running", "stopped", "running"]);
     d.cli_ok(&["rm", "-f", "web"]);
@@ -54,7 +68,8 @@ fn create_inspect_stop_start_rm_keeps_the_filesystem_across_stop() {
     // The writable layer and the cgroup are released right after the destroy is recorded.
     assert!(common::wait_until(10, || !d.state(&format!("sandboxes/{id}")).exists()), "writable layer removed");
     assert!(
-        common::wait_until(10, || !std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists() && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists()),
+        common::wait_until(10, || !std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists()
+            && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists()),
         "cgroup removed"
     );
 }
@@ -83,11 +98,15 @@ fn exec_passes_stdio_exit_codes_env_cwd_user_and_timeouts() {
     assert_eq!(out.status.code(), Some(3));
     // Binary output survives the trip.
     let out = d.cli(&["exec", &id, "--", "sh", "-c", "printf '\\000\\377\\001'"]);
-    assert_eq!(out.stdout, vec![0u8, 255, 1]);    // SIGPIPE is at its default in sandbox processes, as on any Linux box:
-    // a writer whose reader has gone ends (busybox `yes` ignores write errors).
+    assert_eq!(out.stdout, vec![0u8, 255, 1]); // SIGPIPE is at its default in sandbox processes, as on any Linux box:
+                                               // a writer whose reader has gone ends (busybox `yes` ignores write errors).
     assert_eq!(d.cli_ok(&["exec", "--timeout", "30s", &id, "--", "sh", "-c", "yes | head -n 2"]), "y\ny\n");
     let status = d.cli_ok(&["exec", &id, "--", "cat", "/proc/self/status"]);
-    let ignored = status.lines().find_map(|l| l.strip_prefix("SigIgn:")).map(|v| u64::from_str_radix(v.trim(), 16).unwrap()).unwrap();
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
     assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored: SigIgn {ignored:x}");
 }
 
@@ -101,7 +120,10 @@ fn api_streams_output_while_the_command_runs_and_background_processes_are_reatta
     common::rt().block_on(async {
         // Streaming: the first line arrives long before the command ends.
         let started = std::time::Instant::now();
-        let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), "echo first; sleep 2; echo second".into()], ..Default::default() };
+        let req = ExecRequest {
+            cmd: vec!["sh".into(), "-c".into(), "echo first; sleep 2; echo second".into()],
+            ..Default::default()
+        };
         let mut s = c.exec_stream(&id, &req).await.unwrap();
         let mut first_at = None;
         let mut out = Vec::new();
@@ -119,11 +141,26 @@ fn api_streams_output_while_the_command_runs_and_background_processes_are_reatta
         assert!(first_at.unwrap() < Duration::from_millis(1500), "output streamed while running: {first_at:?}");
 
         // Run to completion.
-        let r = c.exec(&id, &ExecRequest { cmd: vec!["echo".into(), "done".into()], ..Default::default() }).await.unwrap();
+        let r =
+            c.exec(&id, &ExecRequest { cmd: vec!["echo".into(), "done".into()], ..Default::default() }).await.unwrap();
         assert_eq!(B64.decode(r.stdout_b64).unwrap(), b"done\n");
 
         // Background process: start, list, read logs, reattach from an offset, stdin, signal, wait.
-        let p = c.start_process(&id, &ExecRequest { cmd: vec!["sh".into(), "-c".into(), "echo ready; while read l; do echo got:$l; done; sleep 100".into()], keep_stdin_open: true, ..Default::default() }).await.unwrap();
+        let p = c
+            .start_process(
+                &id,
+                &ExecRequest {
+                    cmd: vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "echo ready; while read l; do echo got:$l; done; sleep 100".into(),
+                    ],
+                    keep_stdin_open: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
         assert_eq!(p.status, ProcessStatus::Running);
         c.write_stdin(&id, p.id, &StdinRequest { data_b64: B64.encode("one\n"), close: true }).await.unwrap();
         let mut got = String::new();
@@ -163,7 +200,17 @@ fn api_streams_output_while_the_command_runs_and_background_processes_are_reatta
         assert_eq!(e.code(), Some(strata_api::ErrorCode::ProcessNotFound));
         // A signal right after the start reaches the process (its pid may not be reported yet).
         for _ in 0..5 {
-            let p = c.start_process(&id, &ExecRequest { cmd: vec!["sleep".into(), "600".into()], keep_stdin_open: true, ..Default::default() }).await.unwrap();
+            let p = c
+                .start_process(
+                    &id,
+                    &ExecRequest {
+                        cmd: vec!["sleep".into(), "600".into()],
+                        keep_stdin_open: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
             c.signal(&id, p.id, "KILL").await.unwrap();
             let w = c.wait(&id, p.id, Some("10s")).await.unwrap();
             assert_eq!(w.signal, Some(9), "{w:?}");
@@ -181,17 +228,22 @@ fn ephemeral_runs_leave_nothing_and_ttls_expire() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let out = d.cli(&["run", "--rm", "busybox", "--", "sh", "-c", "echo eval > /root/result; cat /root/result; exit 5"]);
+    let out =
+        d.cli(&["run", "--rm", "busybox", "--", "sh", "-c", "echo eval > /root/result; cat /root/result; exit 5"]);
     assert_eq!(common::stdout(&out), "eval\n");
     assert_eq!(out.status.code(), Some(5));
     assert!(ps(&d).is_empty(), "run --rm leaves no sandbox");
-    assert!(common::wait_until(10, || std::fs::read_dir(d.state("sandboxes")).unwrap().count() == 0), "and no writable layer");
+    assert!(
+        common::wait_until(10, || std::fs::read_dir(d.state("sandboxes")).unwrap().count() == 0),
+        "and no writable layer"
+    );
     // TTL: ephemeral -> destroyed, persistent -> stopped.
     let eph = d.create(&["--lifecycle", "ephemeral", "--ttl", "1s"]);
     let per = d.create(&["--ttl", "1s"]);
     assert!(common::wait_until(15, || {
         let l = ps(&d);
-        !l.iter().any(|s| s["id"] == eph.as_str()) && l.iter().any(|s| s["id"] == per.as_str() && s["state"] == "stopped")
+        !l.iter().any(|s| s["id"] == eph.as_str())
+            && l.iter().any(|s| s["id"] == per.as_str() && s["state"] == "stopped")
     }));
     let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &per, "--json"])).unwrap();
     assert_eq!(info["state_reason"], "ttl_expired");
@@ -208,7 +260,15 @@ fn daemon_kill9_readopts_running_sandboxes_and_applies_due_ttls() {
     d.cli_ok(&["exec", &keep, "--", "sh", "-c", "echo before > /root/f"]);
     // A background process that writes all the time outlives the daemon's crash
     // (the output has nowhere to go meanwhile, but the process keeps running).
-    d.cli_ok(&["exec", "-d", &keep, "--", "sh", "-c", "while true; do echo tick; date +%s%N > /root/alive; sleep 0.05; done"]);
+    d.cli_ok(&[
+        "exec",
+        "-d",
+        &keep,
+        "--",
+        "sh",
+        "-c",
+        "while true; do echo tick; date +%s%N > /root/alive; sleep 0.05; done",
+    ]);
     let eph = d.create(&["--lifecycle", "ephemeral", "--ttl", "2s"]);
     let init_pid: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &keep, "--json"])).unwrap();
     let init_pid = init_pid["init_pid"].as_i64().unwrap();
@@ -225,7 +285,10 @@ fn daemon_kill9_readopts_running_sandboxes_and_applies_due_ttls() {
     assert!(common::wait_until(15, || !ps(&d).iter().any(|s| s["id"] == eph.as_str())));
     // A sandbox whose init died while the daemon was down is marked lost, not left "running".
     let victim = d.create(&[]);
-    let vpid = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()["init_pid"].as_i64().unwrap();
+    let vpid = serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["inspect", &victim, "--json"])).unwrap()
+        ["init_pid"]
+        .as_i64()
+        .unwrap();
     // SAFETY: killing a sandbox init we created.
     unsafe { libc::kill(vpid as i32, libc::SIGKILL) };
     assert!(common::wait_until(10, || ps(&d).iter().any(|s| s["id"] == victim.as_str() && s["state"] == "lost")));
@@ -243,13 +306,33 @@ fn an_image_that_cannot_run_is_a_400_and_leaves_nothing() {
     for dir in ["run", "tmp"] {
         let tar = d.dir.path().join(format!("busybox-{dir}-file.tar"));
         std::fs::copy(common::images_dir().join("busybox-rootfs.tar"), &tar).unwrap();
-        assert!(std::process::Command::new("tar").arg("--delete").arg("-f").arg(&tar).arg(format!("./{dir}/")).status().unwrap().success());
+        assert!(std::process::Command::new("tar")
+            .arg("--delete")
+            .arg("-f")
+            .arg(&tar)
+            .arg(format!("./{dir}/"))
+            .status()
+            .unwrap()
+            .success());
         let extra = tempfile::tempdir().unwrap();
         std::fs::write(extra.path().join(dir), "a file, not a directory\n").unwrap();
-        assert!(std::process::Command::new("tar").arg("-rf").arg(&tar).arg("-C").arg(extra.path()).arg(format!("./{dir}")).status().unwrap().success());
+        assert!(std::process::Command::new("tar")
+            .arg("-rf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(extra.path())
+            .arg(format!("./{dir}"))
+            .status()
+            .unwrap()
+            .success());
         let name = format!("{dir}-file");
         d.cli_ok(&["image", "import", tar.to_str().unwrap(), "--name", &name]);
-        let e = common::rt().block_on(d.client().create_sandbox(&strata_api::CreateSandboxRequest { source: name.clone(), ..Default::default() })).unwrap_err();
+        let e = common::rt()
+            .block_on(
+                d.client()
+                    .create_sandbox(&strata_api::CreateSandboxRequest { source: name.clone(), ..Default::default() }),
+            )
+            .unwrap_err();
         assert_eq!(e.code(), Some(strata_api::ErrorCode::BadRequest), "{e}");
         assert!(e.to_string().contains("cannot run as a sandbox") && e.to_string().contains(&format!("/{dir}")), "{e}");
         assert!(ps(&d).is_empty(), "a sandbox was left behind: {:?}", ps(&d));

@@ -13,7 +13,12 @@ fn json(d: &TestDaemon, args: &[&str]) -> serde_json::Value {
 }
 
 fn rules(report: &serde_json::Value) -> BTreeSet<(String, String)> {
-    report["findings"].as_array().unwrap().iter().map(|f| (f["path"].as_str().unwrap().to_string(), f["rule"].as_str().unwrap().to_string())).collect()
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap().to_string(), f["rule"].as_str().unwrap().to_string()))
+        .collect()
 }
 
 const PLANT: &str = r#"set -e
@@ -90,7 +95,11 @@ fn scan_reports_planted_state_and_gates_template_promotion() {
     assert_eq!(rules(&rc), got, "the checkpoint carries the same findings");
     // A human-readable listing names rules and paths.
     let text = d.cli(&["scan", "dirty"]);
-    assert!(common::stderr(&text).contains("persistence.cron") && common::stdout(&text).contains("findings"), "{}", common::stderr(&text));
+    assert!(
+        common::stderr(&text).contains("persistence.cron") && common::stdout(&text).contains("findings"),
+        "{}",
+        common::stderr(&text)
+    );
 
     // Unknown ids are a 404 with a JSON code.
     let rt = common::rt();
@@ -100,8 +109,17 @@ fn scan_reports_planted_state_and_gates_template_promotion() {
     // Promotion is refused with the findings listed ...
     let out = d.cli(&["template", "create", "t-dirty", "--from", "dirty-ck"]);
     assert!(!out.status.success());
-    assert!(common::stderr(&out).contains("scan_findings") && common::stderr(&out).contains("persistence.cron"), "{}", common::stderr(&out));
-    let req = strata_api::CreateTemplateRequest { name: "t-dirty".into(), from: "dirty-ck".into(), replace: false, accept_findings: false };
+    assert!(
+        common::stderr(&out).contains("scan_findings") && common::stderr(&out).contains("persistence.cron"),
+        "{}",
+        common::stderr(&out)
+    );
+    let req = strata_api::CreateTemplateRequest {
+        name: "t-dirty".into(),
+        from: "dirty-ck".into(),
+        replace: false,
+        accept_findings: false,
+    };
     match rt.block_on(d.client().create_template(&req)).unwrap_err() {
         strata_client::ClientError::Api { status, body } => {
             assert_eq!(status, 409);
@@ -151,14 +169,29 @@ fn flush_rules_wipe_declared_paths_before_checkpoints_without_following_symlinks
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    assert!(!d.cli(&["create", "busybox", "--flush", "relative/path"]).status.success(), "flush paths must be absolute or ~/");
+    assert!(
+        !d.cli(&["create", "busybox", "--flush", "relative/path"]).status.success(),
+        "flush paths must be absolute or ~/"
+    );
     d.create(&["--name", "f", "--flush", "~/.cache", "--flush", "/work/tmp"]);
     let info = json(&d, &["inspect", "f", "--json"]);
     assert_eq!(info["policy"]["flush"], serde_json::json!(["~/.cache", "/work/tmp"]), "{info}");
     d.cli_ok(&["exec", "f", "--", "sh", "-c", "mkdir -p /root/.cache/pip /work/tmp/d && echo secret > /root/.cache/pip/token && echo t > /work/tmp/d/x && echo keep > /work/keep"]);
     let ck = json(&d, &["checkpoint", "f", "--json"]);
     // Wiped inside the sandbox (directories kept), untouched elsewhere.
-    assert_eq!(d.cli_ok(&["exec", "f", "--", "sh", "-c", "ls -A /root/.cache | wc -l; ls -A /work/tmp | wc -l; cat /work/keep"]).split_whitespace().collect::<Vec<_>>(), ["0", "0", "keep"]);
+    assert_eq!(
+        d.cli_ok(&[
+            "exec",
+            "f",
+            "--",
+            "sh",
+            "-c",
+            "ls -A /root/.cache | wc -l; ls -A /work/tmp | wc -l; cat /work/keep"
+        ])
+        .split_whitespace()
+        .collect::<Vec<_>>(),
+        ["0", "0", "keep"]
+    );
     // Not in the checkpoint's layer, nor in a sandbox created from it.
     let layer = ck["layer"].as_str().unwrap().trim_start_matches("sha256:").to_string();
     let fs = d.state(&format!("layers/sha256/{layer}/fs"));
@@ -172,7 +205,10 @@ fn flush_rules_wipe_declared_paths_before_checkpoints_without_following_symlinks
     let flush: Vec<_> = events.iter().filter(|e| e.reason == "flush").collect();
     assert_eq!(flush.len(), 1, "{events:?}");
     let detail = flush[0].detail.clone().unwrap_or_default();
-    assert!(detail.contains("/root/.cache: 1 entries removed") && detail.contains("/work/tmp: 1 entries removed"), "{detail}");
+    assert!(
+        detail.contains("/root/.cache: 1 entries removed") && detail.contains("/work/tmp: 1 entries removed"),
+        "{detail}"
+    );
 
     // A symlink planted at a flush path is not followed: neither to the host nor inside the sandbox.
     let victim = tempfile::Builder::new().prefix("strata-victim-").tempdir_in("/var/tmp").unwrap();
@@ -184,7 +220,10 @@ fn flush_rules_wipe_declared_paths_before_checkpoints_without_following_symlinks
     assert_eq!(d.cli_ok(&["exec", "f", "--", "cat", "/inside/f"]), "x\n");
     let events = rt.block_on(d.client().events(Some(id), 0)).unwrap();
     let last = events.iter().rev().find(|e| e.reason == "flush").unwrap().detail.clone().unwrap_or_default();
-    assert!(last.contains("/root/.cache: skipped, a symlink") && last.contains("/work/tmp: skipped, a symlink"), "{last}");
+    assert!(
+        last.contains("/root/.cache: skipped, a symlink") && last.contains("/work/tmp: skipped, a symlink"),
+        "{last}"
+    );
 
     // Fork and template creation from the sandbox go through a checkpoint: flushed too.
     d.cli_ok(&["exec", "f", "--", "sh", "-c", "rm /work/tmp && mkdir -p /work/tmp && echo y > /work/tmp/y"]);

@@ -150,25 +150,50 @@ fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
     assert_eq!(exec_out(&d, &id, "rev /run/secrets/API_TOKEN"), rev(&secret));
     assert_eq!(exec_out(&d, &id, "cat /run/secrets/API_TOKEN"), "***");
     assert_eq!(exec_out(&d, &id, "stat -c '%a %u' /run/secrets/API_TOKEN /run/secrets"), "400 0\n500 0\n");
-    assert!(!d.cli(&["exec", &id, "--", "sh", "-c", "echo x > /run/secrets/API_TOKEN"]).status.success(), "the secrets tmpfs is read-only");
+    assert!(
+        !d.cli(&["exec", &id, "--", "sh", "-c", "echo x > /run/secrets/API_TOKEN"]).status.success(),
+        "the secrets tmpfs is read-only"
+    );
     // A value split across two writes (two reads by the daemon) is still caught.
-    assert_eq!(exec_out(&d, &id, "head -c 20 /run/secrets/API_TOKEN; sleep 0.2; tail -c +21 /run/secrets/API_TOKEN; echo"), "***\n");
+    assert_eq!(
+        exec_out(&d, &id, "head -c 20 /run/secrets/API_TOKEN; sleep 0.2; tail -c +21 /run/secrets/API_TOKEN; echo"),
+        "***\n"
+    );
     // Run to completion over the API, the argv of the process record, and a background process's log.
-    let r = rt().block_on(d.client().exec(&id, &ExecRequest { cmd: vec!["sh".into(), "-c".into(), format!("cat /run/secrets/API_TOKEN >&2; echo {secret}")], ..Default::default() })).unwrap();
+    let r = rt()
+        .block_on(d.client().exec(
+            &id,
+            &ExecRequest {
+                cmd: vec!["sh".into(), "-c".into(), format!("cat /run/secrets/API_TOKEN >&2; echo {secret}")],
+                ..Default::default()
+            },
+        ))
+        .unwrap();
     let b64 = base64::engine::general_purpose::STANDARD;
     assert_eq!(b64.decode(&r.stdout_b64).unwrap(), b"***\n");
     assert_eq!(b64.decode(&r.stderr_b64).unwrap(), b"***");
     assert_eq!(r.process.cmd[2], "cat /run/secrets/API_TOKEN >&2; echo ***");
     let bg = d.cli_ok(&["exec", "-d", &id, "--", "cat", "/run/secrets/API_TOKEN"]).trim().to_string();
-    assert!(common::wait_until(10, || d.cli_ok(&["proc", "logs", &id, &bg]) == "***"), "the log is redacted: {}", d.cli_ok(&["proc", "logs", &id, &bg]));
+    assert!(
+        common::wait_until(10, || d.cli_ok(&["proc", "logs", &id, &bg]) == "***"),
+        "the log is redacted: {}",
+        d.cli_ok(&["proc", "logs", &id, &bg])
+    );
     // The file API does not serve them, and a tar of a directory above them leaves them out.
     let (status, body) = err_of(rt().block_on(d.client().download(&id, "/run/secrets/API_TOKEN", false)));
     assert_eq!((status, body.code), (400, ErrorCode::BadRequest), "{}", body.message);
     assert_eq!(err_of(rt().block_on(d.client().download(&id, "/run/secrets", true))).0, 400);
     let tar = rt().block_on(d.client().download(&id, "/run", true)).unwrap();
     assert!(!contains(&tar, secret.as_bytes()), "a tar of /run holds the secret");
-    let names: Vec<String> = tar::Archive::new(&tar[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
-    assert!(names.iter().any(|n| n.contains("run/strata")) && !names.iter().any(|n| n.contains("secrets")), "/run: {names:?}");
+    let names: Vec<String> = tar::Archive::new(&tar[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains("run/strata")) && !names.iter().any(|n| n.contains("secrets")),
+        "/run: {names:?}"
+    );
     // The sandbox shows names, never values.
     let sb = rt().block_on(d.client().get_sandbox(&id)).unwrap();
     assert_eq!(sb.secrets, vec![strata_api::SecretRef { name: "API_TOKEN".into(), env: false, bytes: 64 }]);
@@ -186,7 +211,10 @@ fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
 
     // A fork and a template start without the parent's secrets.
     let child = d.cli_ok(&["fork", "c1", "-n", "1"]).trim().to_string();
-    assert_eq!(exec_out(&d, &child, "cat /root/kept; test -e /run/secrets/API_TOKEN && echo leaked; echo end"), "kept\nend\n");
+    assert_eq!(
+        exec_out(&d, &child, "cat /root/kept; test -e /run/secrets/API_TOKEN && echo leaked; echo end"),
+        "kept\nend\n"
+    );
     assert!(rt().block_on(d.client().get_sandbox(&child)).unwrap().secrets.is_empty());
     d.cli_ok(&["template", "create", "t1", "--from", "c1"]);
     let from_tpl = d.cli_ok(&["create", "t1"]).trim().to_string();
@@ -194,8 +222,20 @@ fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
     assert_nowhere(&d, &secret, "after a fork and a template");
 
     // Standby: the secrets tmpfs is external to the image, even with a process holding the file open.
-    let holder = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "exec 3</run/secrets/API_TOKEN; while true; do sleep 0.05; done"]).trim().to_string();
-    assert!(common::wait_until(10, || exec_out(&d, &id, "ls -l /proc/*/fd/3 2>/dev/null; true").contains("/run/secrets/API_TOKEN")));
+    let holder = d
+        .cli_ok(&[
+            "exec",
+            "-d",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "exec 3</run/secrets/API_TOKEN; while true; do sleep 0.05; done",
+        ])
+        .trim()
+        .to_string();
+    assert!(common::wait_until(10, || exec_out(&d, &id, "ls -l /proc/*/fd/3 2>/dev/null; true")
+        .contains("/run/secrets/API_TOKEN")));
     d.cli_ok(&["standby", &id]);
     assert_eq!(rt().block_on(d.client().get_sandbox(&id)).unwrap().state, SandboxState::Standby);
     assert!(d.state(&format!("sandboxes/{id}/standby")).is_dir());
@@ -243,26 +283,51 @@ fn env_secrets_reach_processes_and_keep_standby_to_the_filesystem() {
         .unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     let id = common::stdout(&out).trim().to_string();
-    assert_eq!(exec_out(&d, &id, "echo \"$T\"; test \"$T\" = \"$(cat /run/secrets/T)\" && echo same; echo \"${OTHER:-unset}\""), "***\nsame\nunset\n");
+    assert_eq!(
+        exec_out(
+            &d,
+            &id,
+            "echo \"$T\"; test \"$T\" = \"$(cat /run/secrets/T)\" && echo same; echo \"${OTHER:-unset}\""
+        ),
+        "***\nsame\nunset\n"
+    );
     assert_eq!(exec_out(&d, &id, "cat /run/secrets/OTHER"), "***");
 
     // A process image would hold the env value: an explicit standby is refused, naming why.
     let (status, body) = err_of(rt().block_on(d.client().standby_sandbox(&id, false)));
     assert_eq!((status, body.code, body.current_state), (409, ErrorCode::InvalidState, Some(SandboxState::Running)));
-    assert!(body.message.contains("T are environment variables") && body.message.contains("--fs-only"), "{}", body.message);
+    assert!(
+        body.message.contains("T are environment variables") && body.message.contains("--fs-only"),
+        "{}",
+        body.message
+    );
     d.cli_ok(&["standby", "--fs-only", &id]);
     assert_nowhere(&d, &secret, "in fs-only standby");
 
     // An automatic (idle) standby keeps only the filesystem, and says why.
     let out = Command::new(common::strata_bin())
-        .args(["create", "busybox", "--secret", "T=env:MY_VAR", "--secret-env", "T", "--on-idle", "standby", "--idle-timeout", "1s"])
+        .args([
+            "create",
+            "busybox",
+            "--secret",
+            "T=env:MY_VAR",
+            "--secret-env",
+            "T",
+            "--on-idle",
+            "standby",
+            "--idle-timeout",
+            "1s",
+        ])
         .env("STRATA_SOCKET", &d.socket)
         .env("MY_VAR", &secret)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     let idle = common::stdout(&out).trim().to_string();
-    assert!(common::wait_until(30, || rt().block_on(d.client().get_sandbox(&idle)).unwrap().state == SandboxState::Standby), "the idle sandbox goes to standby");
+    assert!(
+        common::wait_until(30, || rt().block_on(d.client().get_sandbox(&idle)).unwrap().state == SandboxState::Standby),
+        "the idle sandbox goes to standby"
+    );
     let info = rt().block_on(d.client().get_sandbox(&idle)).unwrap().standby.expect("standby info");
     assert_eq!(info.mode, strata_api::StandbyMode::FsOnly);
     assert!(info.note.as_deref().unwrap_or("").contains("environment variables"), "{:?}", info.note);
@@ -280,8 +345,13 @@ fn bad_secrets_are_refused_and_create_nothing() {
     let d = TestDaemon::start();
     d.import_busybox();
     let b64 = base64::engine::general_purpose::STANDARD;
-    let with = |secrets: Vec<SecretSpec>| CreateSandboxRequest { source: "busybox".into(), secrets, ..Default::default() };
-    let spec = |name: &str, value: &[u8]| SecretSpec { name: name.into(), value_b64: Some(b64.encode(value)), ..Default::default() };
+    let with =
+        |secrets: Vec<SecretSpec>| CreateSandboxRequest { source: "busybox".into(), secrets, ..Default::default() };
+    let spec = |name: &str, value: &[u8]| SecretSpec {
+        name: name.into(),
+        value_b64: Some(b64.encode(value)),
+        ..Default::default()
+    };
     let cases: Vec<(Vec<SecretSpec>, &str)> = vec![
         (vec![spec("bad-name", b"value")], "invalid secret name"),
         (vec![spec("../x", b"value")], "invalid secret name"),
@@ -289,7 +359,10 @@ fn bad_secrets_are_refused_and_create_nothing() {
         (vec![spec("A", &vec![b'x'; 64 * 1024 + 1])], "at most 65536"),
         (vec![spec("A", b"v1v1"), spec("A", b"v2v2")], "twice"),
         ((0..65).map(|i| spec(&format!("S{i}"), b"value")).collect(), "too many secrets"),
-        (vec![SecretSpec { name: "F".into(), host_file: Some("/nonexistent/secret".into()), ..Default::default() }], "cannot read host_file"),
+        (
+            vec![SecretSpec { name: "F".into(), host_file: Some("/nonexistent/secret".into()), ..Default::default() }],
+            "cannot read host_file",
+        ),
         (vec![SecretSpec { name: "F".into(), ..Default::default() }], "exactly one"),
     ];
     for (secrets, want) in cases {
@@ -312,12 +385,16 @@ fn bad_secrets_are_refused_and_create_nothing() {
     // A 64 KiB value is accepted (the limit is inclusive) and arrives whole.
     let big: Vec<u8> = (0..64 * 1024).map(|i| b'a' + (i % 26) as u8).collect();
     let created = rt().block_on(d.client().create_sandbox(&with(vec![spec("BIG", &big)]))).unwrap();
-    assert_eq!(d.cli_ok(&["exec", &created.id, "--", "wc", "-c", "/run/secrets/BIG"]).split_whitespace().next(), Some("65536"));
+    assert_eq!(
+        d.cli_ok(&["exec", &created.id, "--", "wc", "-c", "/run/secrets/BIG"]).split_whitespace().next(),
+        Some("65536")
+    );
     let listing: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["ps", "--json"])).unwrap();
     assert_eq!(listing.len(), 1, "only the valid request created a sandbox");
     let stored: Vec<_> = std::fs::read_dir(d.state("secrets")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(stored, vec![std::ffi::OsString::from(format!("{}.json", created.id))]);
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.state("secrets")).unwrap().permissions()) & 0o777;
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.state("secrets")).unwrap().permissions()) & 0o777;
     assert_eq!(mode, 0o700);
 }
 
@@ -329,7 +406,20 @@ fn one_shot_runs_take_secrets_too() {
     let secret = random_secret();
     let file = common::write_file(d.dir.path(), "token", secret.as_bytes());
     let arg = format!("R=@{}", file.display());
-    assert_eq!(d.cli_ok(&["run", "--rm", "--secret", &arg, "busybox", "--", "sh", "-c", "cat /run/secrets/R; echo; rev /run/secrets/R"]), format!("***\n{}", rev(&secret)));
+    assert_eq!(
+        d.cli_ok(&[
+            "run",
+            "--rm",
+            "--secret",
+            &arg,
+            "busybox",
+            "--",
+            "sh",
+            "-c",
+            "cat /run/secrets/R; echo; rev /run/secrets/R"
+        ]),
+        format!("***\n{}", rev(&secret))
+    );
     assert!(d.cli_ok(&["ps", "--json"]).trim() == "[]", "the ephemeral sandbox is gone");
     assert!(std::fs::read_dir(d.state("secrets")).map(|r| r.count()).unwrap_or(0) == 0, "and so are its secrets");
 }

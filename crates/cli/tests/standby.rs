@@ -39,7 +39,8 @@ fn last_count(d: &TestDaemon, id: &str) -> u64 {
 /// Every line of the counter's log is the previous one plus one: nothing lost or repeated.
 fn assert_log_contiguous(d: &TestDaemon, id: &str) {
     let text = std::fs::read_to_string(log_path(d, id)).unwrap();
-    let nums: Vec<u64> = text.lines().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad log line {l:?}"))).collect();
+    let nums: Vec<u64> =
+        text.lines().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad log line {l:?}"))).collect();
     for w in nums.windows(2) {
         assert_eq!(w[1], w[0] + 1, "the counter skipped or repeated around {}", w[0]);
     }
@@ -50,13 +51,23 @@ fn sandbox(d: &TestDaemon, id: &str) -> strata_api::Sandbox {
 }
 
 fn start_counter(d: &TestDaemon, id: &str) -> u64 {
-    let p = rt().block_on(d.client().start_process(id, &ExecRequest { cmd: vec!["sh".into(), "-c".into(), COUNTER.into()], ..Default::default() })).unwrap();
+    let p = rt()
+        .block_on(d.client().start_process(
+            id,
+            &ExecRequest { cmd: vec!["sh".into(), "-c".into(), COUNTER.into()], ..Default::default() },
+        ))
+        .unwrap();
     assert!(common::wait_until(10, || last_count(d, id) >= 3), "the counter runs");
     p.id
 }
 
 fn wait_count_above(d: &TestDaemon, id: &str, n: u64) {
-    assert!(common::wait_until(10, || last_count(d, id) > n), "the counter continues past {n} (it is at {})\n{}", last_count(d, id), d.log());
+    assert!(
+        common::wait_until(10, || last_count(d, id) > n),
+        "the counter continues past {n} (it is at {})\n{}",
+        last_count(d, id),
+        d.log()
+    );
 }
 
 #[test]
@@ -82,7 +93,10 @@ fn pause_freezes_and_unpause_thaws() {
     let init = sandbox(&d, &id).init_pid.unwrap();
     d.cli_ok(&["pause", &id]);
     d.cli_ok(&["rm", "-f", &id]);
-    assert!(common::wait_until(10, || !std::path::Path::new(&format!("/proc/{init}")).exists()), "init {init} of the destroyed paused sandbox is gone");
+    assert!(
+        common::wait_until(10, || !std::path::Path::new(&format!("/proc/{init}")).exists()),
+        "init {init} of the destroyed paused sandbox is gone"
+    );
 }
 
 #[test]
@@ -94,7 +108,9 @@ fn standby_keeps_processes_memory_and_output_streams() {
     let pid = start_counter(&d, &id);
     // Memory-only state in a second process: a value set once, read back later.
     d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "secret=$(cat /proc/sys/kernel/random/uuid); echo $secret > /root/secret; while true; do sleep 0.05; echo $secret > /tmp/again; done"]);
-    assert!(common::wait_until(10, || common::stdout(&d.cli(&["exec", &id, "--", "cat", "/tmp/again"])).trim().len() == 36));
+    assert!(
+        common::wait_until(10, || common::stdout(&d.cli(&["exec", &id, "--", "cat", "/tmp/again"])).trim().len() == 36)
+    );
     let secret = d.cli_ok(&["exec", &id, "--", "cat", "/root/secret"]);
     let ns_pid_before = rt().block_on(d.client().get_process(&id, pid)).unwrap().pid;
 
@@ -103,7 +119,10 @@ fn standby_keeps_processes_memory_and_output_streams() {
     let sb = sandbox(&d, &id);
     assert_eq!(sb.state, SandboxState::Standby);
     // The dumped init is reaped, not left as a zombie of the daemon.
-    assert!(common::wait_until(10, || !std::path::Path::new(&format!("/proc/{old_init}")).exists()), "init {old_init} was reaped");
+    assert!(
+        common::wait_until(10, || !std::path::Path::new(&format!("/proc/{old_init}")).exists()),
+        "init {old_init} was reaped"
+    );
     let info = sb.standby.expect("standby info");
     assert_eq!(info.mode, strata_api::StandbyMode::Processes);
     assert!(info.image_bytes > 0 && info.api_processes == 2, "{info:?}");
@@ -112,7 +131,10 @@ fn standby_keeps_processes_memory_and_output_streams() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(last_count(&d, &id), parked, "nothing runs in standby");
     // Its memory is released: the sandbox's cgroups are gone.
-    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists() && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists());
+    assert!(
+        !std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists()
+            && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists()
+    );
     // Standby again: 409 with the state.
     let (status, body) = err_of(rt().block_on(d.client().standby_sandbox(&id, false)));
     assert_eq!((status, body.current_state), (409, Some(SandboxState::Standby)));
@@ -128,7 +150,13 @@ fn standby_keeps_processes_memory_and_output_streams() {
     assert_eq!(p.status, strata_api::ProcessStatus::Running);
     let logs = d.cli_ok(&["proc", "logs", &id, &pid.to_string()]);
     let after = last_count(&d, &id);
-    assert!(common::wait_until(10, || d.cli_ok(&["proc", "logs", &id, &pid.to_string()]).contains(&format!("tick{}", after + 1))), "output after resume reaches the daemon: {}", &logs[logs.len().saturating_sub(200)..]);
+    assert!(
+        common::wait_until(10, || d
+            .cli_ok(&["proc", "logs", &id, &pid.to_string()])
+            .contains(&format!("tick{}", after + 1))),
+        "output after resume reaches the daemon: {}",
+        &logs[logs.len().saturating_sub(200)..]
+    );
     // The memory-only value survived.
     assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/tmp/again"]), secret);
     // Signals reach the resumed process (by its new host pid) and its exit is reported.
@@ -140,7 +168,9 @@ fn standby_keeps_processes_memory_and_output_streams() {
     let evs = rt().block_on(d.client().events(Some(&id), 0)).unwrap();
     let standby_ev = evs.iter().find(|e| e.to == SandboxState::Standby).expect("standby event");
     assert_eq!(standby_ev.reason, "user");
-    assert!(evs.iter().any(|e| e.from == Some(SandboxState::Standby) && e.to == SandboxState::Running && e.reason == "user"));
+    assert!(evs
+        .iter()
+        .any(|e| e.from == Some(SandboxState::Standby) && e.to == SandboxState::Running && e.reason == "user"));
 }
 
 #[test]
@@ -153,7 +183,16 @@ fn resume_on_access_and_fs_only_standby() {
     d.cli_ok(&["standby", &id]);
     // An exec resumes the sandbox transparently and says so.
     let resp = rt()
-        .block_on(d.client().send(Method::POST, &format!("/v1/sandboxes/{id}/exec"), serde_json::to_vec(&ExecRequest { cmd: vec!["echo".into(), "hi".into()], ..Default::default() }).unwrap().into(), "application/json"))
+        .block_on(
+            d.client().send(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                serde_json::to_vec(&ExecRequest { cmd: vec!["echo".into(), "hi".into()], ..Default::default() })
+                    .unwrap()
+                    .into(),
+                "application/json",
+            ),
+        )
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers().get("strata-resumed-from").unwrap(), "standby");
@@ -188,15 +227,28 @@ fn hooks_run_before_standby_and_after_resume() {
     require_criu!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let id = d.create(&["--hook-before-standby", "date +%s%N > /root/flushed", "--hook-after-resume", "echo back >> /root/resumed; exit 3", "--hook-timeout", "5s"]);
+    let id = d.create(&[
+        "--hook-before-standby",
+        "date +%s%N > /root/flushed",
+        "--hook-after-resume",
+        "echo back >> /root/resumed; exit 3",
+        "--hook-timeout",
+        "5s",
+    ]);
     d.cli_ok(&["standby", &id]);
     assert!(d.upper(&id, "root/flushed").exists(), "before_standby ran while the processes were still up");
     d.cli_ok(&["resume", &id]);
     assert_eq!(std::fs::read_to_string(d.upper(&id, "root/resumed")).unwrap(), "back\n");
     let evs = rt().block_on(d.client().events(Some(&id), 0)).unwrap();
-    assert!(evs.iter().any(|e| e.reason == "hook_ok" && e.detail.as_deref().unwrap_or("").starts_with("before_standby")), "{evs:?}");
+    assert!(
+        evs.iter().any(|e| e.reason == "hook_ok" && e.detail.as_deref().unwrap_or("").starts_with("before_standby")),
+        "{evs:?}"
+    );
     // A failing hook is recorded and does not block the transition.
-    assert!(evs.iter().any(|e| e.reason == "hook_failed" && e.detail.as_deref().unwrap_or("").contains("exit code 3")), "{evs:?}");
+    assert!(
+        evs.iter().any(|e| e.reason == "hook_failed" && e.detail.as_deref().unwrap_or("").contains("exit code 3")),
+        "{evs:?}"
+    );
     assert_eq!(sandbox(&d, &id).state, SandboxState::Running);
     // Bad hook definitions are refused.
     let out = d.cli(&["update", &id, "--hook-timeout", "soon", "--hook-before-stop", "true"]);
@@ -216,14 +268,24 @@ fn corrupt_or_missing_images_mark_the_sandbox_error_and_keep_its_files() {
     }
     // a: flip a byte in the biggest image file.
     let dir = d.state(&format!("sandboxes/{a}/standby"));
-    let biggest = std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.file_name() != "manifest.json").max_by_key(|e| e.metadata().unwrap().len()).unwrap().path();
+    let biggest = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name() != "manifest.json")
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path();
     let mut bytes = std::fs::read(&biggest).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&biggest, bytes).unwrap();
     let (status, body) = err_of(rt().block_on(d.client().resume_sandbox(&a)));
     assert_eq!((status, body.code), (500, ErrorCode::StandbyImageInvalid));
-    assert!(body.message.contains("corrupt") && body.message.contains(biggest.file_name().unwrap().to_str().unwrap()), "{}", body.message);
+    assert!(
+        body.message.contains("corrupt") && body.message.contains(biggest.file_name().unwrap().to_str().unwrap()),
+        "{}",
+        body.message
+    );
     let sb = sandbox(&d, &a);
     assert_eq!(sb.state, SandboxState::Error);
     assert_eq!(sb.state_reason, "standby_image_invalid");
@@ -270,7 +332,10 @@ fn a_failed_dump_leaves_the_sandbox_running() {
     let n = last_count(&d, &id);
     wait_count_above(&d, &id, n);
     assert_eq!(rt().block_on(d.client().get_process(&id, pid)).unwrap().status, strata_api::ProcessStatus::Running);
-    assert!(!d.state(&format!("sandboxes/{id}/standby.tmp")).exists() && !d.state(&format!("sandboxes/{id}/standby")).exists());
+    assert!(
+        !d.state(&format!("sandboxes/{id}/standby.tmp")).exists()
+            && !d.state(&format!("sandboxes/{id}/standby")).exists()
+    );
 }
 
 #[test]
@@ -335,7 +400,8 @@ fn many_standby_resume_cycles_keep_every_file_and_the_count() {
     let last = last_count(&d, &id);
     let files = d.upper(&id, "root/files");
     for k in 1..=last {
-        let content = std::fs::read_to_string(files.join(k.to_string())).unwrap_or_else(|e| panic!("file {k} of {last}: {e}"));
+        let content =
+            std::fs::read_to_string(files.join(k.to_string())).unwrap_or_else(|e| panic!("file {k} of {last}: {e}"));
         assert_eq!(content.trim(), k.to_string(), "file {k}");
     }
     let info = runtime.block_on(c.get_process(&id, p.id)).unwrap();
@@ -350,8 +416,19 @@ fn idle_sandboxes_go_to_standby_and_come_back_on_access() {
     d.import_busybox();
     let id = d.create(&["--on-idle", "standby", "--idle-timeout", "2s"]);
     // A background writer that is not an API process (started by a finished exec) keeps nothing awake.
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "(i=0; while true; do i=$((i+1)); echo $i >> /root/log; sleep 0.05; done) >/dev/null 2>&1 &"]);
-    assert!(common::wait_until(30, || sandbox(&d, &id).state == SandboxState::Standby), "idle sandbox went to standby\n{}", d.log());
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "(i=0; while true; do i=$((i+1)); echo $i >> /root/log; sleep 0.05; done) >/dev/null 2>&1 &",
+    ]);
+    assert!(
+        common::wait_until(30, || sandbox(&d, &id).state == SandboxState::Standby),
+        "idle sandbox went to standby\n{}",
+        d.log()
+    );
     let evs = rt().block_on(d.client().events(Some(&id), 0)).unwrap();
     let ev = evs.iter().find(|e| e.to == SandboxState::Standby).unwrap();
     assert_eq!(ev.reason, "idle_timeout");
@@ -391,17 +468,46 @@ fn a_non_root_server_with_open_connections_survives_standby() {
     let id = d.create(&[]);
     // A TCP server run by an unprivileged user (CRIU then needs the rlimit and
     // socket-option fixes that scripts/setup-host.sh applies on this kernel).
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /srv && echo hello-from-before > /srv/index.html && chmod -R a+rX /srv"]);
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /srv && echo hello-from-before > /srv/index.html && chmod -R a+rX /srv",
+    ]);
     d.cli_ok(&["exec", "-d", "--user", "user", &id, "--", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/srv"]);
     // An idle established connection held open by a client across the standby.
-    d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", "sleep 0.3; (echo 'GET /index.html HTTP/1.0'; sleep 3; echo) | nc 127.0.0.1 8080 > /root/late-reply"]);
+    d.cli_ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.3; (echo 'GET /index.html HTTP/1.0'; sleep 3; echo) | nc 127.0.0.1 8080 > /root/late-reply",
+    ]);
     let fetch = || common::stdout(&d.cli(&["exec", &id, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]));
     assert!(common::wait_until(10, || fetch() == "hello-from-before\n"), "the server answers");
     std::thread::sleep(Duration::from_millis(500));
     d.cli_ok(&["standby", &id]);
     d.cli_ok(&["resume", &id]);
     assert_eq!(fetch(), "hello-from-before\n", "the same server answers after resume");
-    let owner = d.cli_ok(&["exec", &id, "--", "sh", "-c", "for p in /proc/[0-9]*; do if [ \"$(cat $p/comm)\" = httpd ]; then stat -c %U $p; fi; done"]);
-    assert!(!owner.trim().is_empty() && owner.lines().all(|l| l == "user"), "httpd (and the child serving the open connection) run as user: {owner:?}");
-    assert!(common::wait_until(10, || std::fs::read_to_string(d.upper(&id, "root/late-reply")).is_ok_and(|r| r.contains("hello-from-before"))), "the connection opened before standby was answered after it");
+    let owner = d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "for p in /proc/[0-9]*; do if [ \"$(cat $p/comm)\" = httpd ]; then stat -c %U $p; fi; done",
+    ]);
+    assert!(
+        !owner.trim().is_empty() && owner.lines().all(|l| l == "user"),
+        "httpd (and the child serving the open connection) run as user: {owner:?}"
+    );
+    assert!(
+        common::wait_until(10, || std::fs::read_to_string(d.upper(&id, "root/late-reply"))
+            .is_ok_and(|r| r.contains("hello-from-before"))),
+        "the connection opened before standby was answered after it"
+    );
 }

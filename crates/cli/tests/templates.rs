@@ -11,7 +11,11 @@ fn build(d: &TestDaemon, file: &std::path::Path) -> (std::process::Output, Vec<s
 }
 
 fn steps_run(events: &[serde_json::Value]) -> Vec<String> {
-    events.iter().filter(|e| e["type"] == "step" && e["cached"] == false).map(|e| e["instruction"].as_str().unwrap().to_string()).collect()
+    events
+        .iter()
+        .filter(|e| e["type"] == "step" && e["cached"] == false)
+        .map(|e| e["instruction"].as_str().unwrap().to_string())
+        .collect()
 }
 
 #[test]
@@ -28,7 +32,15 @@ fn builds_cache_unchanged_prefixes_and_templates_start_sandboxes() {
     std::fs::write(&file, base).unwrap();
     let (out, events) = build(&d, &file);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    assert_eq!(steps_run(&events), ["RUN echo \"installed $STAGE\" > /app/setup.log", "COPY data.txt /app/", "COPY data.txt /etc/renamed.txt", "COPY conf /etc/conf/"]);
+    assert_eq!(
+        steps_run(&events),
+        [
+            "RUN echo \"installed $STAGE\" > /app/setup.log",
+            "COPY data.txt /app/",
+            "COPY data.txt /etc/renamed.txt",
+            "COPY conf /etc/conf/"
+        ]
+    );
     // Unchanged: nothing runs.
     let (_, events) = build(&d, &file);
     assert!(steps_run(&events).is_empty(), "{events:?}");
@@ -39,10 +51,21 @@ fn builds_cache_unchanged_prefixes_and_templates_start_sandboxes() {
     // Changed COPY content invalidates that step and everything after it.
     std::fs::write(ctx.path().join("data.txt"), "new content\n").unwrap();
     let (_, events) = build(&d, &file);
-    assert_eq!(steps_run(&events), ["COPY data.txt /app/", "COPY data.txt /etc/renamed.txt", "COPY conf /etc/conf/", "RUN echo extra >> /app/setup.log"]);
+    assert_eq!(
+        steps_run(&events),
+        [
+            "COPY data.txt /app/",
+            "COPY data.txt /etc/renamed.txt",
+            "COPY conf /etc/conf/",
+            "RUN echo extra >> /app/setup.log"
+        ]
+    );
 
     let id = d.cli_ok(&["create", "app"]).trim().to_string();
-    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "pwd; cat setup.log data.txt; echo $STAGE"]), "/app\ninstalled setup\nextra\nnew content\nsetup\n");
+    assert_eq!(
+        d.cli_ok(&["exec", &id, "--", "sh", "-c", "pwd; cat setup.log data.txt; echo $STAGE"]),
+        "/app\ninstalled setup\nextra\nnew content\nsetup\n"
+    );
     // COPY semantics: a file to a path is that path; a directory's contents go into the destination.
     assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/etc/renamed.txt", "/etc/conf/sub/x.cfg"]), "new content\nx=1\n");
     let ls: Vec<serde_json::Value> = serde_json::from_str(&d.cli_ok(&["template", "ls", "--json"])).unwrap();

@@ -27,7 +27,10 @@ fn sh(d: &TestDaemon, id: &str, script: &str) -> String {
 
 /// The counter's log inside `id`: every value, in order.
 fn counts(d: &TestDaemon, id: &str) -> Vec<u64> {
-    sh(d, id, "cat /root/log").lines().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad log line {l:?}"))).collect()
+    sh(d, id, "cat /root/log")
+        .lines()
+        .map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad log line {l:?}")))
+        .collect()
 }
 
 /// The log grows by one each time, from 1, without a gap or a repeat.
@@ -55,11 +58,25 @@ fn wait_longer(d: &TestDaemon, id: &str, than: usize) -> Vec<u64> {
 fn start_workload(d: &TestDaemon, id: &str) -> u64 {
     sh(d, id, "mkdir -p /www && echo 'hello from the source' > /www/index.html");
     let c = d.client();
-    let httpd = ExecRequest { cmd: ["httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"].map(String::from).to_vec(), ..Default::default() };
+    let httpd = ExecRequest {
+        cmd: ["httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"].map(String::from).to_vec(),
+        ..Default::default()
+    };
     rt().block_on(c.start_process(id, &httpd)).unwrap();
-    let p = rt().block_on(c.start_process(id, &ExecRequest { cmd: vec!["sh".into(), "-c".into(), COUNTER.into()], ..Default::default() })).unwrap();
+    let p = rt()
+        .block_on(c.start_process(
+            id,
+            &ExecRequest { cmd: vec!["sh".into(), "-c".into(), COUNTER.into()], ..Default::default() },
+        ))
+        .unwrap();
     wait_longer(d, id, 0);
-    assert!(common::wait_until(10, || d.cli(&["exec", id, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]).status.success()), "httpd serves");
+    assert!(
+        common::wait_until(10, || d
+            .cli(&["exec", id, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"])
+            .status
+            .success()),
+        "httpd serves"
+    );
     p.id
 }
 
@@ -68,14 +85,22 @@ fn assert_warm_copy(d: &TestDaemon, child: &str, counter_id: u64, source_machine
     let info = json(&d.cli_ok(&["inspect", child, "--json"]));
     assert_eq!(info["state"], "running", "{info}");
     let procs = json(&d.cli_ok(&["proc", "ls", child, "--json"]));
-    let counter = procs.as_array().unwrap().iter().find(|p| p["id"] == counter_id).unwrap_or_else(|| panic!("process {counter_id} in {child}: {procs}"));
+    let counter = procs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == counter_id)
+        .unwrap_or_else(|| panic!("process {counter_id} in {child}: {procs}"));
     assert_eq!(counter["status"], "running", "{counter}");
     // Memory and files from one instant: the log continues without a gap.
     let before = counts(d, child);
     let after = wait_longer(d, child, before.len());
     assert_contiguous(&after, child);
     // The server is there, serving the checkpoint's files.
-    assert_eq!(d.cli_ok(&["exec", child, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]), "hello from the source\n");
+    assert_eq!(
+        d.cli_ok(&["exec", child, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]),
+        "hello from the source\n"
+    );
     // Its own identity.
     let name = info["name"].as_str().unwrap();
     assert_eq!(d.cli_ok(&["exec", child, "--", "hostname"]).trim(), info["hostname"].as_str().unwrap(), "UTS hostname");
@@ -116,7 +141,8 @@ fn warm_checkpoints_start_sandboxes_with_their_processes_running() {
 
     // Fork: every child has the processes, with its own identity.
     let fork = json(&d.cli_ok(&["fork", "warm", "--count", "2", "--json"]));
-    let children: Vec<String> = fork["sandboxes"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    let children: Vec<String> =
+        fork["sandboxes"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     for child in &children {
         assert_warm_copy(&d, child, counter, &src_machine_id);
     }
@@ -133,11 +159,17 @@ fn warm_checkpoints_start_sandboxes_with_their_processes_running() {
     let created = d.cli_ok(&["create", "warm", "--name", "made"]).trim().to_string();
     assert_warm_copy(&d, &created, counter, &src_machine_id);
     let cold = d.cli_ok(&["create", "warm", "--name", "cold", "--no-processes"]).trim().to_string();
-    assert!(json(&d.cli_ok(&["proc", "ls", &cold, "--json"])).as_array().unwrap().is_empty(), "a cold start has no API processes");
+    assert!(
+        json(&d.cli_ok(&["proc", "ls", &cold, "--json"])).as_array().unwrap().is_empty(),
+        "a cold start has no API processes"
+    );
     let frozen = counts(&d, &cold);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(counts(&d, &cold), frozen, "nothing runs the counter in a cold start");
-    assert!(!d.cli(&["exec", &cold, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]).status.success(), "no server in a cold start");
+    assert!(
+        !d.cli(&["exec", &cold, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]).status.success(),
+        "no server in a cold start"
+    );
 
     // A template made from it keeps the processes.
     d.cli_ok(&["template", "create", "warmtpl", "--from", "warm"]);

@@ -61,7 +61,15 @@ impl ChunkWriter {
             let mut got = 0;
             while got < want {
                 match r.read(&mut piece[got..]) {
-                    Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("the file ended {} bytes short of its size when the transfer started", left - got as u64))),
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "the file ended {} bytes short of its size when the transfer started",
+                                left - got as u64
+                            ),
+                        ))
+                    }
                     Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(e),

@@ -32,7 +32,9 @@ pub fn stream_body<S>(chunks: S) -> RequestBody
 where
     S: Stream<Item = std::io::Result<Bytes>> + Send + 'static,
 {
-    let frames = futures_util::StreamExt::map(chunks, |c| c.map(Frame::data).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>));
+    let frames = futures_util::StreamExt::map(chunks, |c| {
+        c.map(Frame::data).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+    });
     BodyExt::boxed_unsync(StreamBody::new(frames))
 }
 
@@ -250,13 +252,29 @@ impl Client {
     }
 
     /// Sends one request and returns the raw response (errors decoded into [`ClientError::Api`]).
-    pub async fn send(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Response<Incoming>> {
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<Response<Incoming>> {
         self.send_body(method, path, full_body(body), content_type).await
     }
 
     /// [`Client::send`] with any request body (e.g. a [`stream_body`]).
-    pub async fn send_body(&self, method: Method, path: &str, body: RequestBody, content_type: &str) -> Result<Response<Incoming>> {
-        let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata").header(hyper::header::CONTENT_TYPE, content_type);
+    pub async fn send_body(
+        &self,
+        method: Method,
+        path: &str,
+        body: RequestBody,
+        content_type: &str,
+    ) -> Result<Response<Incoming>> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, "strata")
+            .header(hyper::header::CONTENT_TYPE, content_type);
         if let Some(t) = &self.tenant {
             req = req.header(strata_api::TENANT_HEADER, t.as_str());
         }
@@ -265,7 +283,9 @@ impl Client {
         }
         let resp = match &self.endpoint {
             Endpoint::Unix(p) => {
-                let stream = tokio::net::UnixStream::connect(p).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
+                let stream = tokio::net::UnixStream::connect(p)
+                    .await
+                    .map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
                 tokio::spawn(conn);
                 sender.send_request(req.body(body).expect("valid request")).await?
@@ -274,7 +294,9 @@ impl Client {
                 if let Some(t) = token {
                     req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
                 }
-                let stream = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
+                let stream = tokio::net::TcpStream::connect(addr.as_str())
+                    .await
+                    .map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
                 // Small request writes and streamed lines must not wait for Nagle's algorithm.
                 let _ = stream.set_nodelay(true);
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -309,15 +331,28 @@ impl Client {
         let resp = self.send(method, path, bytes, "application/json").await?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await?.to_bytes();
-        let bytes = if status == StatusCode::NO_CONTENT || bytes.is_empty() { Bytes::from_static(b"null") } else { bytes };
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(format!("{e} in {}", String::from_utf8_lossy(&bytes))))
+        let bytes =
+            if status == StatusCode::NO_CONTENT || bytes.is_empty() { Bytes::from_static(b"null") } else { bytes };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Decode(format!("{e} in {}", String::from_utf8_lossy(&bytes))))
     }
 
-    async fn stream<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<NdjsonStream<T>> {
+    async fn stream<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<NdjsonStream<T>> {
         let bytes = body.map(|b| Bytes::from(serde_json::to_vec(b).expect("request serializes"))).unwrap_or_default();
         let resp = self.send(method, path, bytes, "application/json").await?;
         let headers = resp.headers().clone();
-        Ok(NdjsonStream { headers, body: resp.into_body(), buf: BytesMut::new(), done: false, _t: std::marker::PhantomData })
+        Ok(NdjsonStream {
+            headers,
+            body: resp.into_body(),
+            buf: BytesMut::new(),
+            done: false,
+            _t: std::marker::PhantomData,
+        })
     }
 
     async fn raw(&self, method: Method, path: &str, body: Bytes) -> Result<Bytes> {
@@ -419,7 +454,12 @@ impl Client {
 
     /// Puts a sandbox into standby (`fs_only`: keep only its filesystem).
     pub async fn standby_sandbox(&self, id: &str, fs_only: bool) -> Result<SandboxEvent> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/standby", enc(id)), Some(&strata_api::StandbyRequest { fs_only })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/standby", enc(id)),
+            Some(&strata_api::StandbyRequest { fs_only }),
+        )
+        .await
     }
 
     /// Resumes a sandbox from standby (or thaws / starts it).
@@ -461,12 +501,22 @@ impl Client {
 
     /// Takes a keep-alive lease for `duration` (e.g. "10m").
     pub async fn create_lease(&self, id: &str, duration: &str) -> Result<Lease> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/leases", enc(id)), Some(&LeaseRequest { duration: duration.into() })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/leases", enc(id)),
+            Some(&LeaseRequest { duration: duration.into() }),
+        )
+        .await
     }
 
     /// Renews a lease: it then expires `duration` from now.
     pub async fn renew_lease(&self, id: &str, lease: &str, duration: &str) -> Result<Lease> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/leases/{}/renew", enc(id), enc(lease)), Some(&LeaseRequest { duration: duration.into() })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/leases/{}/renew", enc(id), enc(lease)),
+            Some(&LeaseRequest { duration: duration.into() }),
+        )
+        .await
     }
 
     /// Releases a lease.
@@ -679,7 +729,11 @@ impl Client {
     }
 
     /// Replaces a tenant's quota override (operator only).
-    pub async fn set_tenant_quota(&self, tenant: &str, quota: &strata_api::QuotaOverride) -> Result<strata_api::TenantQuota> {
+    pub async fn set_tenant_quota(
+        &self,
+        tenant: &str,
+        quota: &strata_api::QuotaOverride,
+    ) -> Result<strata_api::TenantQuota> {
         self.call(Method::PUT, &format!("/v1/tenants/{}/quota", enc(tenant)), Some(quota)).await
     }
 
@@ -708,15 +762,29 @@ impl Client {
     }
 
     /// Approves (`approve = true`) or denies a pending approval (the operator only).
-    pub async fn decide_approval(&self, id: &str, approve: bool, reason: Option<String>) -> Result<strata_api::Approval> {
+    pub async fn decide_approval(
+        &self,
+        id: &str,
+        approve: bool,
+        reason: Option<String>,
+    ) -> Result<strata_api::Approval> {
         let verb = if approve { "approve" } else { "deny" };
-        self.call(Method::POST, &format!("/v1/approvals/{}/{verb}", enc(id)), Some(&strata_api::ApprovalDecision { reason })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/approvals/{}/{verb}", enc(id)),
+            Some(&strata_api::ApprovalDecision { reason }),
+        )
+        .await
     }
 
     // ---- previews ----
 
     /// Opens a sandbox port (`None`: every port) as a preview URL; the response carries its token, shown only now.
-    pub async fn create_preview(&self, id: &str, req: &strata_api::CreatePreviewRequest) -> Result<strata_api::CreatedPreview> {
+    pub async fn create_preview(
+        &self,
+        id: &str,
+        req: &strata_api::CreatePreviewRequest,
+    ) -> Result<strata_api::CreatedPreview> {
         self.call(Method::POST, &format!("/v1/sandboxes/{}/previews", enc(id)), Some(req)).await
     }
 
@@ -774,12 +842,22 @@ impl Client {
 
     /// Reads (and optionally follows) a process's output.
     pub async fn logs(&self, id: &str, pid: u64, offset: u64, follow: bool) -> Result<NdjsonStream<ProcessEvent>> {
-        self.stream::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/processes/{pid}/logs?offset={offset}&follow={follow}", enc(id)), None).await
+        self.stream::<(), _>(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/processes/{pid}/logs?offset={offset}&follow={follow}", enc(id)),
+            None,
+        )
+        .await
     }
 
     /// Sends a signal.
     pub async fn signal(&self, id: &str, pid: u64, signal: &str) -> Result<ProcessInfo> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/processes/{pid}/signal", enc(id)), Some(&SignalRequest { signal: signal.into() })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/processes/{pid}/signal", enc(id)),
+            Some(&SignalRequest { signal: signal.into() }),
+        )
+        .await
     }
 
     /// Writes to a process's stdin.
@@ -813,7 +891,14 @@ impl Client {
 
     async fn upload_body(&self, id: &str, path: &str, body: RequestBody, mode: Option<u32>, tar: bool) -> Result<()> {
         let m = mode.map(|m| format!("&mode={m}")).unwrap_or_default();
-        let resp = self.send_body(Method::PUT, &format!("/v1/sandboxes/{}/files?path={}&tar={tar}{m}", enc(id), enc(path)), body, "application/octet-stream").await?;
+        let resp = self
+            .send_body(
+                Method::PUT,
+                &format!("/v1/sandboxes/{}/files?path={}&tar={tar}{m}", enc(id), enc(path)),
+                body,
+                "application/octet-stream",
+            )
+            .await?;
         resp.into_body().collect().await?;
         Ok(())
     }
@@ -841,16 +926,31 @@ impl Client {
 
     /// Creates a directory.
     pub async fn mkdir(&self, id: &str, path: &str, parents: bool) -> Result<()> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/files/mkdir", enc(id)), Some(&MkdirRequest { path: path.into(), parents })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/files/mkdir", enc(id)),
+            Some(&MkdirRequest { path: path.into(), parents }),
+        )
+        .await
     }
 
     /// Removes a path.
     pub async fn remove_path(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/files/remove", enc(id)), Some(&RemoveFileRequest { path: path.into(), recursive })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/files/remove", enc(id)),
+            Some(&RemoveFileRequest { path: path.into(), recursive }),
+        )
+        .await
     }
 
     /// Moves a path.
     pub async fn move_path(&self, id: &str, from: &str, to: &str) -> Result<()> {
-        self.call(Method::POST, &format!("/v1/sandboxes/{}/files/move", enc(id)), Some(&MoveRequest { from: from.into(), to: to.into() })).await
+        self.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/files/move", enc(id)),
+            Some(&MoveRequest { from: from.into(), to: to.into() }),
+        )
+        .await
     }
 }

@@ -48,7 +48,18 @@ pub struct StageProfile {
 
 impl Default for StageProfile {
     fn default() -> Self {
-        StageProfile { keep: Vec::new(), setup_seconds: 0.0, turns: 1, turn_seconds: 60.0, idle_seconds: 0.0, untrusted_input: false, fan_out: 0, cpus: 1.0, memory_gb: 1.0, disk_gb: 1.0 }
+        StageProfile {
+            keep: Vec::new(),
+            setup_seconds: 0.0,
+            turns: 1,
+            turn_seconds: 60.0,
+            idle_seconds: 0.0,
+            untrusted_input: false,
+            fan_out: 0,
+            cpus: 1.0,
+            memory_gb: 1.0,
+            disk_gb: 1.0,
+        }
     }
 }
 
@@ -61,10 +72,27 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
     let store = |gb: f64, seconds: f64, price_gb_hour: f64| gb * seconds / 3600.0 * price_gb_hour;
     let span = p.setup_seconds + f64::from(turns) * p.turn_seconds + gaps * p.idle_seconds;
     let not_recreatable: Vec<&str> = p.keep.iter().filter(|k| !k.recreated_by_setup()).map(|k| k.as_str()).collect();
-    let clean_start_unmet = (!not_recreatable.is_empty()).then(|| format!("starts clean every turn: {} would be lost", not_recreatable.join(", ")));
-    let cost = |strategy: Strategy, description: String, unmet: Option<String>, setup_runs: u32, waiting: f64, running_seconds: f64, storage: f64| {
+    let clean_start_unmet = (!not_recreatable.is_empty())
+        .then(|| format!("starts clean every turn: {} would be lost", not_recreatable.join(", ")));
+    let cost = |strategy: Strategy,
+                description: String,
+                unmet: Option<String>,
+                setup_runs: u32,
+                waiting: f64,
+                running_seconds: f64,
+                storage: f64| {
         let compute_cost = running_seconds * rate;
-        StrategyCost { strategy, description, satisfies_keep: unmet.is_none(), unmet, setup_runs, waiting_seconds: waiting, compute_cost, storage_cost: storage, total_cost: compute_cost + storage }
+        StrategyCost {
+            strategy,
+            description,
+            satisfies_keep: unmet.is_none(),
+            unmet,
+            setup_runs,
+            waiting_seconds: waiting,
+            compute_cost,
+            storage_cost: storage,
+            total_cost: compute_cost + storage,
+        }
     };
     let mut all = Vec::new();
     if p.fan_out >= 2 {
@@ -132,7 +160,8 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
             p.setup_seconds,
             span,
             // Each checkpoint holds the turn's changes; assume a tenth of the state per turn.
-            store(p.disk_gb, span, prices.storage_gb_hour.writable) + store(p.disk_gb * 0.1 * f64::from(turns), span / 2.0, prices.storage_gb_hour.checkpoint),
+            store(p.disk_gb, span, prices.storage_gb_hour.writable)
+                + store(p.disk_gb * 0.1 * f64::from(turns), span / 2.0, prices.storage_gb_hour.checkpoint),
         ));
         if turns > 1 {
             let active = p.setup_seconds + f64::from(turns) * p.turn_seconds;
@@ -152,7 +181,8 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
                 1,
                 p.setup_seconds + gaps * RESUME_SECONDS,
                 active + gaps * RESUME_SECONDS,
-                store(p.disk_gb, span, prices.storage_gb_hour.writable) + store(p.memory_gb, gaps * p.idle_seconds, prices.storage_gb_hour.standby),
+                store(p.disk_gb, span, prices.storage_gb_hour.writable)
+                    + store(p.memory_gb, gaps * p.idle_seconds, prices.storage_gb_hour.standby),
             ));
         }
     }
@@ -161,7 +191,9 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
     let mut reasons = Vec::new();
     let mut warnings = Vec::new();
     let by = |s: Strategy| all.iter().find(|c| c.strategy == s).cloned();
-    let cheapest_feasible = |allowed: &dyn Fn(Strategy) -> bool| all.iter().filter(|c| c.satisfies_keep && allowed(c.strategy)).map(|c| c.strategy).next();
+    let cheapest_feasible = |allowed: &dyn Fn(Strategy) -> bool| {
+        all.iter().filter(|c| c.satisfies_keep && allowed(c.strategy)).map(|c| c.strategy).next()
+    };
     let clean = |s: Strategy| matches!(s, Strategy::EphemeralOnly | Strategy::TemplateThenEphemeral);
 
     let mut pick = if p.fan_out >= 2 {
@@ -178,9 +210,14 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
             reasons.push(format!("must keep: {}", p.keep.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")));
         }
         if let Some(unmet) = &clean_start_unmet {
-            reasons.push(format!("a clean start per turn does not fit: {}", unmet.trim_start_matches("starts clean every turn: ")));
+            reasons.push(format!(
+                "a clean start per turn does not fit: {}",
+                unmet.trim_start_matches("starts clean every turn: ")
+            ));
         }
-        if matches!(pick, Strategy::StandbyBetweenTurns | Strategy::StopBetweenTurns) && p.idle_seconds < MIN_IDLE_FOR_STANDBY_SECONDS {
+        if matches!(pick, Strategy::StandbyBetweenTurns | Strategy::StopBetweenTurns)
+            && p.idle_seconds < MIN_IDLE_FOR_STANDBY_SECONDS
+        {
             reasons.push(format!("idle gaps of {}s are shorter than {MIN_IDLE_FOR_STANDBY_SECONDS}s: standby/resume churn is not worth it, it stays running", p.idle_seconds));
             pick = Strategy::AlwaysOn;
         }
@@ -188,18 +225,29 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
             reasons.push("several turns change generated files: a checkpoint after each makes any turn undoable for little storage".into());
             pick = Strategy::PersistentWithCheckpoints;
         }
-        if pick == Strategy::TemplateThenEphemeral && p.setup_seconds < CHEAP_SETUP_SECONDS && by(Strategy::EphemeralOnly).is_some_and(|e| e.satisfies_keep) {
-            reasons.push(format!("setup takes {}s (< {CHEAP_SETUP_SECONDS}s): repeating it costs less than keeping a template", p.setup_seconds));
+        if pick == Strategy::TemplateThenEphemeral
+            && p.setup_seconds < CHEAP_SETUP_SECONDS
+            && by(Strategy::EphemeralOnly).is_some_and(|e| e.satisfies_keep)
+        {
+            reasons.push(format!(
+                "setup takes {}s (< {CHEAP_SETUP_SECONDS}s): repeating it costs less than keeping a template",
+                p.setup_seconds
+            ));
             pick = Strategy::EphemeralOnly;
         }
-        if turns > 1 && p.idle_seconds >= MIN_IDLE_FOR_STANDBY_SECONDS && matches!(pick, Strategy::StandbyBetweenTurns) {
+        if turns > 1 && p.idle_seconds >= MIN_IDLE_FOR_STANDBY_SECONDS && matches!(pick, Strategy::StandbyBetweenTurns)
+        {
             reasons.push(format!("idle {}s between turns: standby releases CPU and RAM and keeps the processes; resume takes ~{RESUME_SECONDS}s", p.idle_seconds));
         }
         if pick == Strategy::StopBetweenTurns {
             reasons.push("no processes to keep: stopping keeps the files without a memory image".into());
         }
         if pick == Strategy::TemplateThenEphemeral {
-            reasons.push(format!("setup takes {}s: paying it once into a template saves {} repeats", p.setup_seconds, turns.saturating_sub(1)));
+            reasons.push(format!(
+                "setup takes {}s: paying it once into a template saves {} repeats",
+                p.setup_seconds,
+                turns.saturating_sub(1)
+            ));
         }
     }
     let chosen = by(pick).expect("the pick is one of the alternatives");
@@ -260,7 +308,17 @@ mod tests {
 
     #[test]
     fn expensive_setup_repeated_over_turns_goes_to_a_template() {
-        let a = advise(&StageProfile { keep: vec![Keep::Packages], setup_seconds: 600.0, turns: 10, turn_seconds: 30.0, idle_seconds: 3600.0, ..Default::default() }, &prices());
+        let a = advise(
+            &StageProfile {
+                keep: vec![Keep::Packages],
+                setup_seconds: 600.0,
+                turns: 10,
+                turn_seconds: 30.0,
+                idle_seconds: 3600.0,
+                ..Default::default()
+            },
+            &prices(),
+        );
         assert_eq!(a.recommendation, Strategy::TemplateThenEphemeral, "{a:#?}");
         let eph = a.alternatives.iter().find(|c| c.strategy == Strategy::EphemeralOnly).unwrap();
         assert_eq!(eph.setup_runs, 10);
@@ -270,7 +328,14 @@ mod tests {
     #[test]
     fn running_processes_and_long_idle_go_to_standby() {
         let a = advise(
-            &StageProfile { keep: vec![Keep::Processes, Keep::GeneratedFiles], setup_seconds: 120.0, turns: 5, turn_seconds: 60.0, idle_seconds: 1800.0, ..Default::default() },
+            &StageProfile {
+                keep: vec![Keep::Processes, Keep::GeneratedFiles],
+                setup_seconds: 120.0,
+                turns: 5,
+                turn_seconds: 60.0,
+                idle_seconds: 1800.0,
+                ..Default::default()
+            },
             &prices(),
         );
         assert_eq!(a.recommendation, Strategy::StandbyBetweenTurns, "{a:#?}");
@@ -284,23 +349,55 @@ mod tests {
 
     #[test]
     fn short_idle_stays_on_with_checkpoints_for_generated_files() {
-        let a = advise(&StageProfile { keep: vec![Keep::GeneratedFiles], setup_seconds: 60.0, turns: 8, turn_seconds: 20.0, idle_seconds: 5.0, ..Default::default() }, &prices());
+        let a = advise(
+            &StageProfile {
+                keep: vec![Keep::GeneratedFiles],
+                setup_seconds: 60.0,
+                turns: 8,
+                turn_seconds: 20.0,
+                idle_seconds: 5.0,
+                ..Default::default()
+            },
+            &prices(),
+        );
         assert_eq!(a.recommendation, Strategy::PersistentWithCheckpoints, "{a:#?}");
         assert!(a.reasons.iter().any(|r| r.contains("shorter than")), "{:?}", a.reasons);
     }
 
     #[test]
     fn files_without_processes_over_long_idle_stop() {
-        let a = advise(&StageProfile { keep: vec![Keep::GeneratedFiles], setup_seconds: 60.0, turns: 4, turn_seconds: 60.0, idle_seconds: 7200.0, ..Default::default() }, &prices());
+        let a = advise(
+            &StageProfile {
+                keep: vec![Keep::GeneratedFiles],
+                setup_seconds: 60.0,
+                turns: 4,
+                turn_seconds: 60.0,
+                idle_seconds: 7200.0,
+                ..Default::default()
+            },
+            &prices(),
+        );
         assert_eq!(a.recommendation, Strategy::StopBetweenTurns, "{a:#?}");
     }
 
     #[test]
     fn untrusted_input_starts_clean_and_warns_when_state_is_kept() {
-        let a = advise(&StageProfile { untrusted_input: true, setup_seconds: 300.0, turns: 3, ..Default::default() }, &prices());
+        let a = advise(
+            &StageProfile { untrusted_input: true, setup_seconds: 300.0, turns: 3, ..Default::default() },
+            &prices(),
+        );
         assert_eq!(a.recommendation, Strategy::TemplateThenEphemeral, "{a:#?}");
         assert!(a.warnings.is_empty(), "{:?}", a.warnings);
-        let a = advise(&StageProfile { untrusted_input: true, keep: vec![Keep::GeneratedFiles, Keep::Tokens], turns: 3, idle_seconds: 600.0, ..Default::default() }, &prices());
+        let a = advise(
+            &StageProfile {
+                untrusted_input: true,
+                keep: vec![Keep::GeneratedFiles, Keep::Tokens],
+                turns: 3,
+                idle_seconds: 600.0,
+                ..Default::default()
+            },
+            &prices(),
+        );
         assert!(!matches!(a.recommendation, Strategy::EphemeralOnly | Strategy::TemplateThenEphemeral));
         assert!(a.warnings.iter().any(|w| w.contains("untrusted input")), "{:?}", a.warnings);
         assert!(a.warnings.iter().any(|w| w.contains("secrets")), "{:?}", a.warnings);
@@ -308,7 +405,10 @@ mod tests {
 
     #[test]
     fn fan_out_forks_and_costs_less_than_repeating_setup() {
-        let a = advise(&StageProfile { fan_out: 4, setup_seconds: 300.0, turn_seconds: 30.0, ..Default::default() }, &prices());
+        let a = advise(
+            &StageProfile { fan_out: 4, setup_seconds: 300.0, turn_seconds: 30.0, ..Default::default() },
+            &prices(),
+        );
         assert_eq!(a.recommendation, Strategy::ForkFromCheckpoint);
         let fork = a.alternatives.iter().find(|c| c.strategy == Strategy::ForkFromCheckpoint).unwrap();
         let eph = a.alternatives.iter().find(|c| c.strategy == Strategy::EphemeralOnly).unwrap();

@@ -80,7 +80,9 @@ pub fn validate_new_name(name: &str, allow_ref: bool) -> Result<(), NameError> {
 /// Checks a user-chosen sandbox or image name. Image names may contain `/` and `:`
 /// (registry-style); pass `allow_ref = true` for those.
 pub fn validate_name(name: &str, allow_ref: bool) -> Result<(), NameError> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') || (allow_ref && matches!(c, '/' | ':' | '@'));
+    let ok_char = |c: char| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') || (allow_ref && matches!(c, '/' | ':' | '@'))
+    };
     let max = if allow_ref { 255 } else { 63 };
     let valid = !name.is_empty()
         && name.len() <= max
@@ -96,11 +98,8 @@ pub fn validate_name(name: &str, allow_ref: bool) -> Result<(), NameError> {
 
 /// A valid hostname derived from a name: lower-case, `[a-z0-9-]`, at most 63 characters.
 pub fn hostname_for(name: &str) -> String {
-    let h: String = name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
-        .take(63)
-        .collect();
+    let h: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(63).collect();
     let h = h.trim_matches('-').to_string();
     if h.is_empty() {
         "sandbox".to_string()

@@ -53,7 +53,8 @@ pub fn grants(e: &Exposure<'_>) -> Vec<CapabilityGrant> {
         let mut ports = e.previews.to_vec();
         ports.sort_unstable();
         ports.dedup();
-        let ports: Vec<String> = ports.iter().map(|p| if *p == 0 { "every port".to_string() } else { p.to_string() }).collect();
+        let ports: Vec<String> =
+            ports.iter().map(|p| if *p == 0 { "every port".to_string() } else { p.to_string() }).collect();
         add(Capability::ExternalComms, format!("preview of port {}", ports.join(", ")));
     }
     if e.export {
@@ -122,7 +123,12 @@ mod tests {
     fn untrusted_input_comes_from_declaration_or_the_checkpoint() {
         let declared = [Capability::UntrustedInput];
         let secrets = vec!["K".to_string()];
-        let g = grants(&Exposure { inherited: Some(("setup-1", &declared)), secrets: &secrets, previews: &[8080, 3000, 8080], ..Default::default() });
+        let g = grants(&Exposure {
+            inherited: Some(("setup-1", &declared)),
+            secrets: &secrets,
+            previews: &[8080, 3000, 8080],
+            ..Default::default()
+        });
         assert!(holds_all_three(&g), "{g:?}");
         assert!(g.iter().any(|x| x.because == "inherited from checkpoint setup-1"));
         assert!(g.iter().any(|x| x.because == "preview of port 3000, 8080"));

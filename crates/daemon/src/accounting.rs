@@ -14,7 +14,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{Path as UrlPath, State};
 use axum::Json;
-use strata_api::{ComputeCost, ComputeUsage, CostReport, CostSummary, Counterfactual, Prices, SandboxState, UsageRecord};
+use strata_api::{
+    ComputeCost, ComputeUsage, CostReport, CostSummary, Counterfactual, Prices, SandboxState, UsageRecord,
+};
 use strata_core::lifecycle::has_processes;
 use strata_core::Action;
 use tracing::warn;
@@ -44,7 +46,11 @@ pub struct Sample {
 pub fn integrate(prev: Sample, cur: Sample) -> ComputeUsage {
     let dt = (cur.at - prev.at).max(0.0);
     let cpu = if cur.cpu_usec >= prev.cpu_usec { cur.cpu_usec - prev.cpu_usec } else { cur.cpu_usec };
-    ComputeUsage { running_seconds: dt, cpu_seconds: cpu as f64 / 1e6, memory_gb_seconds: (prev.memory_bytes as f64 + cur.memory_bytes as f64) / 2.0 / 1e9 * dt }
+    ComputeUsage {
+        running_seconds: dt,
+        cpu_seconds: cpu as f64 / 1e6,
+        memory_gb_seconds: (prev.memory_bytes as f64 + cur.memory_bytes as f64) / 2.0 / 1e9 * dt,
+    }
 }
 
 /// GB-hours of `bytes` kept for `seconds`.
@@ -62,7 +68,8 @@ fn compute_cost(c: &ComputeUsage, p: &Prices) -> ComputeCost {
 /// `lifetime_seconds` runs from creation to destruction (or now).
 pub fn price(u: &UsageRecord, state: SandboxState, lifetime_seconds: f64, p: &Prices) -> CostReport {
     let compute = compute_cost(&u.compute, p);
-    let storage: BTreeMap<String, f64> = u.storage_gb_hours.iter().map(|(k, gbh)| (k.clone(), gbh * p.storage_gb_hour.of(k))).collect();
+    let storage: BTreeMap<String, f64> =
+        u.storage_gb_hours.iter().map(|(k, gbh)| (k.clone(), gbh * p.storage_gb_hour.of(k))).collect();
     let storage_total: f64 = storage.values().sum();
     let ephemeral_compute = compute_cost(&u.compute.plus(u.repaid_setup), p);
     let ephemeral_only = Counterfactual {
@@ -76,9 +83,14 @@ pub fn price(u: &UsageRecord, state: SandboxState, lifetime_seconds: f64, p: &Pr
         ),
     };
     let idle = (lifetime_seconds - u.compute.running_seconds).max(0.0);
-    let always = ComputeUsage { running_seconds: lifetime_seconds.max(u.compute.running_seconds), cpu_seconds: u.compute.cpu_seconds, memory_gb_seconds: u.compute.memory_gb_seconds + u.peak_memory_bytes as f64 / 1e9 * idle };
+    let always = ComputeUsage {
+        running_seconds: lifetime_seconds.max(u.compute.running_seconds),
+        cpu_seconds: u.compute.cpu_seconds,
+        memory_gb_seconds: u.compute.memory_gb_seconds + u.peak_memory_bytes as f64 / 1e9 * idle,
+    };
     let always_compute = compute_cost(&always, p);
-    let always_storage: f64 = storage.iter().filter(|(k, _)| !matches!(k.as_str(), "standby" | "archive")).map(|(_, v)| v).sum();
+    let always_storage: f64 =
+        storage.iter().filter(|(k, _)| !matches!(k.as_str(), "standby" | "archive")).map(|(_, v)| v).sum();
     let always_on = Counterfactual {
         compute: always_compute,
         storage: always_storage,
@@ -106,7 +118,15 @@ pub fn price(u: &UsageRecord, state: SandboxState, lifetime_seconds: f64, p: &Pr
 pub fn load_prices(path: &Path) -> Result<Prices, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("reading prices {}: {e}", path.display()))?;
     let p: Prices = serde_json::from_str(&text).map_err(|e| format!("prices {}: {e}", path.display()))?;
-    let all = [p.cpu_second, p.memory_gb_second, p.storage_gb_hour.writable, p.storage_gb_hour.checkpoint, p.storage_gb_hour.template, p.storage_gb_hour.standby, p.storage_gb_hour.archive];
+    let all = [
+        p.cpu_second,
+        p.memory_gb_second,
+        p.storage_gb_hour.writable,
+        p.storage_gb_hour.checkpoint,
+        p.storage_gb_hour.template,
+        p.storage_gb_hour.standby,
+        p.storage_gb_hour.archive,
+    ];
     if all.iter().any(|v| !v.is_finite() || *v < 0.0) {
         return Err(format!("prices {}: every price must be a finite number >= 0", path.display()));
     }
@@ -170,7 +190,11 @@ pub fn on_transition(st: &Shared, id: &str, from: SandboxState, to: SandboxState
     if has_processes(to) && !has_processes(from) {
         let u = st.runtime.usage(id);
         let acc = &st.accounting;
-        acc.inner.lock().unwrap_or_else(|p| p.into_inner()).live.insert(id.to_string(), Sample { at: acc.now(), cpu_usec: u.cpu_usec, memory_bytes: u.memory_bytes });
+        acc.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .live
+            .insert(id.to_string(), Sample { at: acc.now(), cpu_usec: u.cpu_usec, memory_bytes: u.memory_bytes });
     } else if !has_processes(to) {
         st.accounting.inner.lock().unwrap_or_else(|p| p.into_inner()).live.remove(id);
     }
@@ -244,19 +268,25 @@ fn measure(st: &Shared) -> HashMap<String, BTreeMap<&'static str, u64>> {
             }
         }
     }
-    let templates: HashSet<String> = st.db.list_templates().map(|l| l.into_iter().map(|(_, c, _)| c).collect()).unwrap_or_default();
+    let templates: HashSet<String> =
+        st.db.list_templates().map(|l| l.into_iter().map(|(_, c, _)| c).collect()).unwrap_or_default();
     if let Ok(ckpts) = st.db.list_checkpoints(None) {
         for c in ckpts {
             let kind = if templates.contains(&c.id) { "template" } else { "checkpoint" };
             // A warm checkpoint's process image is stored with it.
-            *out.entry(c.sandbox_id.clone()).or_default().entry(kind).or_default() += c.layer_size + c.processes.as_ref().map_or(0, |p| p.bytes);
+            *out.entry(c.sandbox_id.clone()).or_default().entry(kind).or_default() +=
+                c.layer_size + c.processes.as_ref().map_or(0, |p| p.bytes);
         }
     }
     out
 }
 
 fn interval() -> Duration {
-    std::env::var("STRATA_ACCOUNTING_INTERVAL_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis).unwrap_or(DEFAULT_INTERVAL)
+    std::env::var("STRATA_ACCOUNTING_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_INTERVAL)
 }
 
 /// Runs forever: samples running sandboxes every interval; re-measures storage
@@ -296,7 +326,9 @@ pub async fn run(st: Shared) {
                 let accrued: Vec<(String, BTreeMap<String, f64>)> = held
                     .into_iter()
                     .filter(|(_, kinds)| kinds.values().any(|b| *b > 0))
-                    .map(|(id, kinds)| (id, kinds.into_iter().map(|(k, b)| (k.to_string(), gb_hours(b, secs))).collect()))
+                    .map(|(id, kinds)| {
+                        (id, kinds.into_iter().map(|(k, b)| (k.to_string(), gb_hours(b, secs))).collect())
+                    })
                     .collect();
                 if let Err(e) = st2.db.add_storage_usage(&accrued) {
                     warn!(error = %e, "recording storage usage");
@@ -355,7 +387,13 @@ pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<CostSummar
     // Captured here: the blocking task does not carry the caller.
     let scope = crate::tenancy::scope();
     tokio::task::spawn_blocking(move || -> ApiResult<Json<CostSummary>> {
-        let sandboxes: Vec<CostReport> = st2.db.list_usage()?.into_iter().filter(|u| scope.as_deref().is_none_or(|t| t == u.tenant)).map(|u| report(&st2, u)).collect();
+        let sandboxes: Vec<CostReport> = st2
+            .db
+            .list_usage()?
+            .into_iter()
+            .filter(|u| scope.as_deref().is_none_or(|t| t == u.tenant))
+            .map(|u| report(&st2, u))
+            .collect();
         Ok(Json(CostSummary {
             total: sandboxes.iter().map(|r| r.total).sum(),
             ephemeral_only_total: sandboxes.iter().map(|r| r.ephemeral_only.total).sum(),
@@ -382,7 +420,7 @@ mod tests {
         assert_eq!(c.running_seconds, 5.0);
         assert_eq!(c.cpu_seconds, 2.5);
         assert!((c.memory_gb_seconds - 10.0).abs() < 1e-9); // average 2 GB for 5 s
-        // A counter that went backwards belongs to a new cgroup: count from 0.
+                                                            // A counter that went backwards belongs to a new cgroup: count from 0.
         let c = integrate(s(0.0, 9_000_000, 0), s(1.0, 500_000, 0));
         assert_eq!(c.cpu_seconds, 0.5);
         // Samples out of order never produce negative time.
@@ -396,14 +434,31 @@ mod tests {
     }
 
     fn prices() -> Prices {
-        Prices { currency: "X".into(), cpu_second: 2.0, memory_gb_second: 3.0, storage_gb_hour: strata_api::StoragePrices { writable: 5.0, checkpoint: 7.0, template: 11.0, standby: 13.0, archive: 17.0 } }
+        Prices {
+            currency: "X".into(),
+            cpu_second: 2.0,
+            memory_gb_second: 3.0,
+            storage_gb_hour: strata_api::StoragePrices {
+                writable: 5.0,
+                checkpoint: 7.0,
+                template: 11.0,
+                standby: 13.0,
+                archive: 17.0,
+            },
+        }
     }
 
     fn usage() -> UsageRecord {
         UsageRecord {
             compute: ComputeUsage { running_seconds: 100.0, cpu_seconds: 10.0, memory_gb_seconds: 20.0 },
             peak_memory_bytes: 2_000_000_000,
-            storage_gb_hours: [("writable".to_string(), 1.0), ("standby".to_string(), 2.0), ("archive".to_string(), 1.0)].into_iter().collect(),
+            storage_gb_hours: [
+                ("writable".to_string(), 1.0),
+                ("standby".to_string(), 2.0),
+                ("archive".to_string(), 1.0),
+            ]
+            .into_iter()
+            .collect(),
             inherited_setup: ComputeUsage { running_seconds: 50.0, cpu_seconds: 4.0, memory_gb_seconds: 1.0 },
             repaid_setup: ComputeUsage { running_seconds: 60.0, cpu_seconds: 5.0, memory_gb_seconds: 2.0 },
             reuses: 2,

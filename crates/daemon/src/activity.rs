@@ -72,10 +72,13 @@ impl ActivityTracker {
     /// Records activity now and holds the sandbox awake until the guard is dropped.
     pub fn hold(self: &Arc<Self>, id: &str) -> ActivityGuard {
         let now = Instant::now();
-        self.lock().entry(id.to_string()).and_modify(|e| {
-            e.last = now;
-            e.open += 1;
-        }).or_insert(Entry { last: now, open: 1 });
+        self.lock()
+            .entry(id.to_string())
+            .and_modify(|e| {
+                e.last = now;
+                e.open += 1;
+            })
+            .or_insert(Entry { last: now, open: 1 });
         ActivityGuard { tracker: self.clone(), id: id.to_string() }
     }
 
@@ -158,7 +161,9 @@ pub fn is_held(lease: &Lease, at: SystemTime) -> bool {
 
 fn expiry_after(duration: &str) -> ApiResult<String> {
     let d = units::parse_duration(duration)?;
-    let t = SystemTime::now().checked_add(d).ok_or_else(|| ApiError::bad_request(format!("lease duration {duration:?} is too long")))?;
+    let t = SystemTime::now()
+        .checked_add(d)
+        .ok_or_else(|| ApiError::bad_request(format!("lease duration {duration:?} is too long")))?;
     Ok(humantime::format_rfc3339_millis(t).to_string())
 }
 
@@ -241,7 +246,11 @@ pub fn sweep_leases(st: &Shared) -> ApiResult<HashMap<String, usize>> {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/leases", tag = "leases", request_body = LeaseRequest,
     params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 201, body = Lease), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn create_lease_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<LeaseRequest>) -> ApiResult<(StatusCode, Json<Lease>)> {
+pub async fn create_lease_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<LeaseRequest>,
+) -> ApiResult<(StatusCode, Json<Lease>)> {
     Ok((StatusCode::CREATED, Json(create_lease(&st, &id, &req)?)))
 }
 
@@ -256,7 +265,11 @@ pub async fn list_leases_handler(State(st): State<Shared>, Path(id): Path<String
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/leases/{lease}/renew", tag = "leases", request_body = LeaseRequest,
     params(("id" = String, Path, description = "Sandbox id or name"), ("lease" = String, Path, description = "Lease id")),
     responses((status = 200, body = Lease), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn renew_lease_handler(State(st): State<Shared>, Path((id, lease)): Path<(String, String)>, Json(req): Json<LeaseRequest>) -> ApiResult<Json<Lease>> {
+pub async fn renew_lease_handler(
+    State(st): State<Shared>,
+    Path((id, lease)): Path<(String, String)>,
+    Json(req): Json<LeaseRequest>,
+) -> ApiResult<Json<Lease>> {
     Ok(Json(renew_lease(&st, &id, &lease, &req)?))
 }
 
@@ -264,7 +277,10 @@ pub async fn renew_lease_handler(State(st): State<Shared>, Path((id, lease)): Pa
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/leases/{lease}", tag = "leases",
     params(("id" = String, Path, description = "Sandbox id or name"), ("lease" = String, Path, description = "Lease id")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn release_lease_handler(State(st): State<Shared>, Path((id, lease)): Path<(String, String)>) -> ApiResult<StatusCode> {
+pub async fn release_lease_handler(
+    State(st): State<Shared>,
+    Path((id, lease)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
     release_lease(&st, &id, &lease)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -293,7 +309,10 @@ mod tests {
         let t = Arc::new(ActivityTracker::default());
         let later = Instant::now() + Duration::from_secs(60);
         assert_eq!(t.view("a", later).open, 0);
-        assert!(t.view("a", later).quiet_for >= Duration::from_secs(59), "unknown sandboxes are quiet since the daemon started");
+        assert!(
+            t.view("a", later).quiet_for >= Duration::from_secs(59),
+            "unknown sandboxes are quiet since the daemon started"
+        );
         let g1 = t.hold("a");
         let g2 = t.hold("a");
         assert_eq!(t.view("a", later).open, 2);
@@ -309,7 +328,12 @@ mod tests {
 
     #[test]
     fn leases_lapse_at_their_expiry() {
-        let l = Lease { id: "1".into(), sandbox_id: "s".into(), created_at: now(), expires_at: expiry_after("1h").unwrap() };
+        let l = Lease {
+            id: "1".into(),
+            sandbox_id: "s".into(),
+            created_at: now(),
+            expires_at: expiry_after("1h").unwrap(),
+        };
         assert!(is_held(&l, SystemTime::now()));
         assert!(!is_held(&l, SystemTime::now() + Duration::from_secs(7200)));
         assert!(expiry_after("soon").is_err());

@@ -123,9 +123,16 @@ impl Default for TenantQuotaConfig {
 /// count or size, `N%` (memory: of MemTotal, disk: of the state filesystem),
 /// or `unlimited`.
 pub fn parse_tenant_quota(s: &str) -> Result<TenantQuotaConfig, String> {
-    let mut q = TenantQuotaConfig { sandboxes: QuotaSetting::Limit(100), memory_bytes: QuotaSetting::HostPercent(100.0), disk_bytes: QuotaSetting::HostPercent(100.0), forks_per_minute: QuotaSetting::Limit(120) };
+    let mut q = TenantQuotaConfig {
+        sandboxes: QuotaSetting::Limit(100),
+        memory_bytes: QuotaSetting::HostPercent(100.0),
+        disk_bytes: QuotaSetting::HostPercent(100.0),
+        forks_per_minute: QuotaSetting::Limit(120),
+    };
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| format!("{part:?} is not key=value (keys: sandboxes, memory, disk, forks-per-minute)"))?;
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not key=value (keys: sandboxes, memory, disk, forks-per-minute)"))?;
         let (k, v) = (k.trim(), v.trim());
         let bytes = matches!(k, "memory" | "memory_bytes" | "disk" | "disk_bytes");
         let setting = if v == "unlimited" || v == "none" {
@@ -236,13 +243,20 @@ fn meminfo(key: &str) -> Result<u64, ConfigError> {
     let err = |message: String| ConfigError::Host { what: format!("/proc/meminfo {key}"), message };
     let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| err(e.to_string()))?;
     let line = text.lines().find(|l| l.split(':').next() == Some(key)).ok_or_else(|| err("missing".into()))?;
-    let kib: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| err(format!("unreadable line {line:?}")))?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| err(format!("unreadable line {line:?}")))?;
     Ok(kib * 1024)
 }
 
 /// (bytes free for unprivileged writers, total bytes) of the filesystem holding `path`.
 fn fs_space(path: &Path) -> Result<(u64, u64), ConfigError> {
-    let s = nix::sys::statvfs::statvfs(path).map_err(|e| ConfigError::Host { what: format!("the filesystem of {}", path.display()), message: e.to_string() })?;
+    let s = nix::sys::statvfs::statvfs(path).map_err(|e| ConfigError::Host {
+        what: format!("the filesystem of {}", path.display()),
+        message: e.to_string(),
+    })?;
     let frag = s.fragment_size() as u64;
     Ok((s.blocks_available() as u64 * frag, s.blocks() as u64 * frag))
 }
@@ -250,9 +264,18 @@ fn fs_space(path: &Path) -> Result<(u64, u64), ConfigError> {
 impl HostBounds {
     /// Reads MemTotal, the CPU count, pid_max and the state filesystem's size.
     pub fn probe(state_dir: &Path) -> Result<HostBounds, ConfigError> {
-        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(4_194_304);
+        let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4_194_304);
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
-        Ok(HostBounds { mem_total: meminfo("MemTotal")?, cpus, pid_max, fs_bytes: fs_space(state_dir)?.1, state_dir: state_dir.to_path_buf() })
+        Ok(HostBounds {
+            mem_total: meminfo("MemTotal")?,
+            cpus,
+            pid_max,
+            fs_bytes: fs_space(state_dir)?.1,
+            state_dir: state_dir.to_path_buf(),
+        })
     }
 
     /// The limits a sandbox may have here: 400 naming the field and the bound otherwise.
@@ -262,7 +285,11 @@ impl HostBounds {
                 return Err(format!("limits.memory_bytes must be at least {} (what strata-init, an exec and the /tmp tmpfs need), got {m} bytes", format_size(MIN_MEMORY_BYTES)));
             }
             if m > self.mem_total {
-                return Err(format!("limits.memory_bytes must be at most the host's memory (MemTotal {}), got {}", format_size(self.mem_total), format_size(m)));
+                return Err(format!(
+                    "limits.memory_bytes must be at most the host's memory (MemTotal {}), got {}",
+                    format_size(self.mem_total),
+                    format_size(m)
+                ));
             }
         }
         if let Some(p) = l.pids {
@@ -283,7 +310,10 @@ impl HostBounds {
         }
         if let Some(b) = l.disk_bytes {
             if b < crate::disk::MIN_BYTES {
-                return Err(format!("limits.disk_bytes must be at least {} (ext4 with its journal), got {b} bytes", format_size(crate::disk::MIN_BYTES)));
+                return Err(format!(
+                    "limits.disk_bytes must be at least {} (ext4 with its journal), got {b} bytes",
+                    format_size(crate::disk::MIN_BYTES)
+                ));
             }
             if b > self.fs_bytes {
                 return Err(format!(
@@ -420,7 +450,11 @@ fn quota_exceeded(message: String) -> ApiError {
 
 /// `n x b` as a size, for messages about several children.
 fn times(n: u64, b: u64) -> String {
-    if n == 1 { format_size(b) } else { format!("{n} x {}", format_size(b)) }
+    if n == 1 {
+        format_size(b)
+    } else {
+        format!("{n} x {}", format_size(b))
+    }
 }
 
 impl Admission {
@@ -445,7 +479,10 @@ impl Admission {
         }
         for (flag, r) in [("--memory-overcommit", cfg.memory_overcommit), ("--disk-overcommit", cfg.disk_overcommit)] {
             if r.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
-                return Err(invalid(flag, format!("must be a positive ratio or `none`, got {}", r.unwrap_or_default())));
+                return Err(invalid(
+                    flag,
+                    format!("must be a positive ratio or `none`, got {}", r.unwrap_or_default()),
+                ));
             }
         }
         let resolve = |s: QuotaSetting, of: u64| match s {
@@ -558,10 +595,20 @@ impl Admission {
     }
 
     /// Checks `count` sandboxes of `limits` for `tenant` (quota when `quota`, then the host).
-    fn check(&self, tenant: &str, quota: Option<&QuotaLimits>, limits: &ResourceLimits, count: u64, purpose: Purpose, totals: &Totals) -> ApiResult<()> {
+    fn check(
+        &self,
+        tenant: &str,
+        quota: Option<&QuotaLimits>,
+        limits: &ResourceLimits,
+        count: u64,
+        purpose: Purpose,
+        totals: &Totals,
+    ) -> ApiResult<()> {
         let memory = self.memory_of(limits.memory_bytes);
         let disk = self.disk_of(limits.disk_bytes);
-        let hint = |flag: &str| format!("(see `strata tenant usage {tenant}`; the operator changes it with `strata tenant quota set {tenant} --{flag} ...`)");
+        let hint = |flag: &str| {
+            format!("(see `strata tenant usage {tenant}`; the operator changes it with `strata tenant quota set {tenant} --{flag} ...`)")
+        };
         if let Some(q) = quota {
             if purpose == Purpose::Create {
                 if let Some(max) = q.sandboxes.filter(|max| totals.tenant_sandboxes + count > *max) {
@@ -571,7 +618,9 @@ impl Admission {
                         hint("sandboxes")
                     )));
                 }
-                if let Some(max) = q.disk_bytes.filter(|max| totals.tenant_disk.saturating_add(disk.saturating_mul(count)) > *max) {
+                if let Some(max) =
+                    q.disk_bytes.filter(|max| totals.tenant_disk.saturating_add(disk.saturating_mul(count)) > *max)
+                {
                     return Err(quota_exceeded(format!(
                         "tenant {tenant:?} would exceed its disk_bytes quota: {} of {} in nominal disk sizes, this request needs {} more{} {}",
                         format_size(totals.tenant_disk),
@@ -582,7 +631,9 @@ impl Admission {
                     )));
                 }
             }
-            if let Some(max) = q.memory_bytes.filter(|max| totals.tenant_memory.saturating_add(memory.saturating_mul(count)) > *max) {
+            if let Some(max) =
+                q.memory_bytes.filter(|max| totals.tenant_memory.saturating_add(memory.saturating_mul(count)) > *max)
+            {
                 return Err(quota_exceeded(format!(
                     "tenant {tenant:?} would exceed its memory_bytes quota: {} of {} committed by its sandboxes holding memory, this request needs {} more{} {}",
                     format_size(totals.tenant_memory),
@@ -594,7 +645,8 @@ impl Admission {
             }
         }
         if purpose == Purpose::Create {
-            let (free, _) = fs_space(&self.host.state_dir).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+            let (free, _) =
+                fs_space(&self.host.state_dir).map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
             let available = free.saturating_sub(self.disk_reserve);
             let need = limits.disk_bytes.unwrap_or(0);
             if free < self.disk_reserve || need > available {
@@ -659,7 +711,14 @@ impl Admission {
     /// Admits sandbox `id` of `tenant` with `limits` for `purpose`, or refuses
     /// with 429 (quota), 507 (disk) or 503 (memory). The returned reservation
     /// counts it until dropped; drop it once the record shows the new state.
-    pub fn admit(self: &Arc<Self>, st: &Shared, id: &str, tenant: &str, limits: &ResourceLimits, purpose: Purpose) -> ApiResult<Reservation> {
+    pub fn admit(
+        self: &Arc<Self>,
+        st: &Shared,
+        id: &str,
+        tenant: &str,
+        limits: &ResourceLimits,
+        purpose: Purpose,
+    ) -> ApiResult<Reservation> {
         let quota = if Self::quota_applies() { Some(self.quota_of(st, tenant)?) } else { None };
         // The records are read under the lock: a sandbox whose reservation ends
         // meanwhile is then either still reserved or already recorded.
@@ -667,14 +726,24 @@ impl Admission {
         let records = st.db.resource_claims()?;
         let totals = self.totals(&records, &book, tenant);
         self.check(tenant, quota.as_ref(), limits, 1, purpose, &totals)?;
-        book.claims.insert(id.to_string(), Claim { tenant: tenant.to_string(), memory_bytes: limits.memory_bytes, disk_bytes: limits.disk_bytes });
+        book.claims.insert(
+            id.to_string(),
+            Claim { tenant: tenant.to_string(), memory_bytes: limits.memory_bytes, disk_bytes: limits.disk_bytes },
+        );
         Ok(Reservation { admission: self.clone(), id: id.to_string() })
     }
 
     /// Checks a fork of `count` children of `limits` for `tenant` as a whole
     /// before anything is made and, with `record`, counts them in the tenant's
     /// forks-per-minute window (each child is then admitted as a create).
-    pub fn admit_fork(&self, st: &Shared, tenant: &str, limits: &ResourceLimits, count: u64, record: bool) -> ApiResult<()> {
+    pub fn admit_fork(
+        &self,
+        st: &Shared,
+        tenant: &str,
+        limits: &ResourceLimits,
+        count: u64,
+        record: bool,
+    ) -> ApiResult<()> {
         let quota = if Self::quota_applies() { Some(self.quota_of(st, tenant)?) } else { None };
         let mut book = self.book();
         let records = st.db.resource_claims()?;
@@ -682,7 +751,11 @@ impl Admission {
         self.check(tenant, quota.as_ref(), limits, count, Purpose::Create, &totals)?;
         if let Some(max) = quota.and_then(|q| q.forks_per_minute) {
             let window = book.forks.entry(tenant.to_string()).or_default();
-            let admitted = if record { window.admit(Instant::now(), count, max) } else { window.check(Instant::now(), count, max) };
+            let admitted = if record {
+                window.admit(Instant::now(), count, max)
+            } else {
+                window.check(Instant::now(), count, max)
+            };
             if let Err((used, retry)) = admitted {
                 let when = match retry {
                     Some(d) => format!("retry in {} s", d.as_secs().max(1)),
@@ -721,18 +794,41 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn host() -> HostBounds {
-        HostBounds { mem_total: 8 * GIB, cpus: 2.0, pid_max: 32768, fs_bytes: 100 * GIB, state_dir: "/var/lib/strata".into() }
+        HostBounds {
+            mem_total: 8 * GIB,
+            cpus: 2.0,
+            pid_max: 32768,
+            fs_bytes: 100 * GIB,
+            state_dir: "/var/lib/strata".into(),
+        }
     }
 
     #[test]
     fn limits_are_bounded_by_floors_and_the_host() {
         let h = host();
         let ok = |l: ResourceLimits| h.validate(&l);
-        assert!(ok(ResourceLimits { memory_bytes: Some(16 * MIB), pids: Some(16), cpus: Some(0.01), disk_bytes: Some(16 * MIB), disk_quota: None }).is_ok());
-        assert!(ok(ResourceLimits { memory_bytes: Some(8 * GIB), pids: Some(32768), cpus: Some(2.0), disk_bytes: Some(100 * GIB), disk_quota: None }).is_ok());
+        assert!(ok(ResourceLimits {
+            memory_bytes: Some(16 * MIB),
+            pids: Some(16),
+            cpus: Some(0.01),
+            disk_bytes: Some(16 * MIB),
+            disk_quota: None
+        })
+        .is_ok());
+        assert!(ok(ResourceLimits {
+            memory_bytes: Some(8 * GIB),
+            pids: Some(32768),
+            cpus: Some(2.0),
+            disk_bytes: Some(100 * GIB),
+            disk_quota: None
+        })
+        .is_ok());
         for (l, words) in [
             (ResourceLimits { memory_bytes: Some(1), ..Default::default() }, ["limits.memory_bytes", "16.0 MiB"]),
-            (ResourceLimits { memory_bytes: Some(8 * GIB + 1), ..Default::default() }, ["limits.memory_bytes", "MemTotal 8.0 GiB"]),
+            (
+                ResourceLimits { memory_bytes: Some(8 * GIB + 1), ..Default::default() },
+                ["limits.memory_bytes", "MemTotal 8.0 GiB"],
+            ),
             (ResourceLimits { pids: Some(15), ..Default::default() }, ["limits.pids", "at least 16"]),
             (ResourceLimits { pids: Some(32769), ..Default::default() }, ["limits.pids", "pid_max (32768)"]),
             (ResourceLimits { cpus: Some(0.0), ..Default::default() }, ["limits.cpus", "0.01"]),
@@ -754,7 +850,10 @@ mod tests {
         assert_eq!(q.sandboxes, QuotaSetting::Limit(100));
         assert_eq!(q.memory_bytes, QuotaSetting::HostPercent(100.0));
         let q = parse_tenant_quota("sandboxes=5, memory=4g,disk=unlimited,forks-per-minute=10").unwrap();
-        assert_eq!((q.sandboxes, q.memory_bytes, q.disk_bytes, q.forks_per_minute), (QuotaSetting::Limit(5), QuotaSetting::Limit(4 * GIB), QuotaSetting::Unlimited, QuotaSetting::Limit(10)));
+        assert_eq!(
+            (q.sandboxes, q.memory_bytes, q.disk_bytes, q.forks_per_minute),
+            (QuotaSetting::Limit(5), QuotaSetting::Limit(4 * GIB), QuotaSetting::Unlimited, QuotaSetting::Limit(10))
+        );
         let q = parse_tenant_quota("disk=50%").unwrap();
         assert_eq!((q.disk_bytes, q.sandboxes), (QuotaSetting::HostPercent(50.0), QuotaSetting::Limit(100)));
         for bad in ["sandboxes", "sandboxes=lots", "sandboxes=10%", "cpus=2", "memory=-1%", "disk=big"] {
@@ -764,21 +863,38 @@ mod tests {
 
     #[test]
     fn defaults_cap_cpus_resolve_percentages_and_are_checked() {
-        let cfg = AdmissionConfig { tenant_quota: parse_tenant_quota("memory=50%,disk=10%").unwrap(), ..Default::default() };
+        let cfg =
+            AdmissionConfig { tenant_quota: parse_tenant_quota("memory=50%,disk=10%").unwrap(), ..Default::default() };
         let small = HostBounds { cpus: 1.0, mem_total: GIB, fs_bytes: 5 * GIB, ..host() };
         let d = Admission::new(&cfg, small).unwrap().defaults().clone();
-        assert_eq!((d.cpus, d.memory_bytes, d.disk_bytes), (Some(1.0), Some(GIB), Some(5 * GIB)), "built-in defaults are capped at a small host");
+        assert_eq!(
+            (d.cpus, d.memory_bytes, d.disk_bytes),
+            (Some(1.0), Some(GIB), Some(5 * GIB)),
+            "built-in defaults are capped at a small host"
+        );
         let a = Admission::new(&cfg, host()).unwrap();
         assert_eq!(a.defaults().cpus, Some(2.0));
         assert_eq!((a.tenant_defaults().memory_bytes, a.tenant_defaults().disk_bytes), (Some(4 * GIB), Some(10 * GIB)));
         let mut l = ResourceLimits { pids: Some(50), ..Default::default() };
         a.apply_defaults(&mut l);
-        assert_eq!((l.memory_bytes, l.pids, l.cpus, l.disk_bytes), (Some(2 * GIB), Some(50), Some(2.0), Some(10 * GIB)));
+        assert_eq!(
+            (l.memory_bytes, l.pids, l.cpus, l.disk_bytes),
+            (Some(2 * GIB), Some(50), Some(2.0), Some(10 * GIB))
+        );
         let given = AdmissionConfig { default_cpus: DefaultLimit::Value(4.0), ..Default::default() };
-        assert!(matches!(Admission::new(&given, host()), Err(ConfigError::Invalid { flag: "--default-cpus", .. })), "a given default above the host is refused");
+        assert!(
+            matches!(Admission::new(&given, host()), Err(ConfigError::Invalid { flag: "--default-cpus", .. })),
+            "a given default above the host is refused"
+        );
         let tiny = AdmissionConfig { default_memory: DefaultLimit::Value(1), ..Default::default() };
         assert!(matches!(Admission::new(&tiny, host()), Err(ConfigError::Invalid { flag: "--default-memory", .. })));
-        let none = AdmissionConfig { default_memory: DefaultLimit::NoLimit, default_pids: DefaultLimit::NoLimit, default_cpus: DefaultLimit::NoLimit, default_disk: DefaultLimit::NoLimit, ..Default::default() };
+        let none = AdmissionConfig {
+            default_memory: DefaultLimit::NoLimit,
+            default_pids: DefaultLimit::NoLimit,
+            default_cpus: DefaultLimit::NoLimit,
+            default_disk: DefaultLimit::NoLimit,
+            ..Default::default()
+        };
         let mut l = ResourceLimits::default();
         Admission::new(&none, host()).unwrap().apply_defaults(&mut l);
         assert_eq!(l, ResourceLimits::default(), "`none` defaults leave the limits out");
@@ -791,9 +907,17 @@ mod tests {
         assert!(w.check(t0, 3, 3).is_ok() && w.used(t0) == 0, "a check counts nothing");
         assert!(w.admit(t0, 2, 3).is_ok());
         let (used, retry) = w.admit(t0 + Duration::from_secs(10), 2, 3).unwrap_err();
-        assert_eq!((used, retry), (2, Some(Duration::from_secs(50))), "the first child leaves the window 60 s after it was made");
+        assert_eq!(
+            (used, retry),
+            (2, Some(Duration::from_secs(50))),
+            "the first child leaves the window 60 s after it was made"
+        );
         assert!(w.admit(t0 + Duration::from_secs(10), 1, 3).is_ok());
-        assert_eq!(w.admit(t0 + Duration::from_secs(20), 4, 3).unwrap_err(), (3, None), "more than the quota never fits");
+        assert_eq!(
+            w.admit(t0 + Duration::from_secs(20), 4, 3).unwrap_err(),
+            (3, None),
+            "more than the quota never fits"
+        );
         assert_eq!(w.used(t0 + Duration::from_secs(60)), 1, "the two from t0 are out of the window at 60 s");
         assert!(w.admit(t0 + Duration::from_secs(60), 2, 3).is_ok());
         assert_eq!(w.used(t0 + Duration::from_secs(200)), 0);
@@ -802,7 +926,13 @@ mod tests {
     #[test]
     fn totals_leave_out_records_that_have_a_claim() {
         let a = Admission::new(&AdmissionConfig::default(), host()).unwrap();
-        let rec = |id: &str, tenant: &str, state, m: Option<u64>, d: Option<u64>| ResourceClaim { id: id.into(), tenant: tenant.into(), state, memory_bytes: m, disk_bytes: d };
+        let rec = |id: &str, tenant: &str, state, m: Option<u64>, d: Option<u64>| ResourceClaim {
+            id: id.into(),
+            tenant: tenant.into(),
+            state,
+            memory_bytes: m,
+            disk_bytes: d,
+        };
         let records = vec![
             rec("a", "acme", SandboxState::Running, Some(GIB), Some(10 * GIB)),
             rec("b", "acme", SandboxState::Stopped, Some(GIB), Some(10 * GIB)),
@@ -810,10 +940,19 @@ mod tests {
         ];
         let mut book = Book::default();
         let t = a.totals(&records, &book, "acme");
-        assert_eq!((t.tenant_sandboxes, t.tenant_memory, t.tenant_disk), (2, GIB, 20 * GIB), "stopped sandboxes hold no memory");
-        assert_eq!((t.host_memory, t.host_disk), (GIB + 8 * GIB, 20 * GIB + 100 * GIB), "no limit counts as the whole host");
+        assert_eq!(
+            (t.tenant_sandboxes, t.tenant_memory, t.tenant_disk),
+            (2, GIB, 20 * GIB),
+            "stopped sandboxes hold no memory"
+        );
+        assert_eq!(
+            (t.host_memory, t.host_disk),
+            (GIB + 8 * GIB, 20 * GIB + 100 * GIB),
+            "no limit counts as the whole host"
+        );
         // Starting b: its record is replaced by its claim (counted once).
-        book.claims.insert("b".into(), Claim { tenant: "acme".into(), memory_bytes: Some(GIB), disk_bytes: Some(10 * GIB) });
+        book.claims
+            .insert("b".into(), Claim { tenant: "acme".into(), memory_bytes: Some(GIB), disk_bytes: Some(10 * GIB) });
         let t = a.totals(&records, &book, "acme");
         assert_eq!((t.tenant_sandboxes, t.tenant_memory, t.tenant_disk), (2, 2 * GIB, 20 * GIB));
     }

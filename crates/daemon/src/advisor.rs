@@ -16,13 +16,17 @@ pub fn profile(req: &AdviseRequest) -> ApiResult<StageProfile> {
     let secs = |field: &str, v: &Option<String>, default: f64| -> ApiResult<f64> {
         match v {
             None => Ok(default),
-            Some(s) => units::parse_duration(s).map(|d| d.as_secs_f64()).map_err(|e| ApiError::bad_request(format!("{field}: {e}"))),
+            Some(s) => units::parse_duration(s)
+                .map(|d| d.as_secs_f64())
+                .map_err(|e| ApiError::bad_request(format!("{field}: {e}"))),
         }
     };
     let gb = |field: &str, v: &Option<String>, default: f64| -> ApiResult<f64> {
         match v {
             None => Ok(default),
-            Some(s) => units::parse_size(s).map(|b| b as f64 / 1e9).map_err(|e| ApiError::bad_request(format!("{field}: {e}"))),
+            Some(s) => {
+                units::parse_size(s).map(|b| b as f64 / 1e9).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))
+            }
         }
     };
     let turns = req.turns.unwrap_or(1);

@@ -53,7 +53,8 @@ fn fmt_time(t: SystemTime) -> String {
 }
 
 fn expired(a: &Approval, now: SystemTime) -> Result<bool, ApprovalError> {
-    let at = humantime::parse_rfc3339(&a.expires_at).map_err(|_| ApprovalError::BadTime { id: a.id.clone(), value: a.expires_at.clone() })?;
+    let at = humantime::parse_rfc3339(&a.expires_at)
+        .map_err(|_| ApprovalError::BadTime { id: a.id.clone(), value: a.expires_at.clone() })?;
     Ok(now > at)
 }
 
@@ -138,16 +139,26 @@ pub fn gate(st: &Shared, tenant: &str, action: &str, target: &str, grants: &[Cap
             ApprovalState::Denied => {
                 let mut e = ApiError::new(
                     ErrorCode::Forbidden,
-                    format!("approval {} was denied by {}{}", a.id, a.decided_by.as_deref().unwrap_or("?"), a.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()),
+                    format!(
+                        "approval {} was denied by {}{}",
+                        a.id,
+                        a.decided_by.as_deref().unwrap_or("?"),
+                        a.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+                    ),
                 );
                 e.body.approval = Some(Box::new(a));
                 return Err(e);
             }
             ApprovalState::Pending if a.fingerprint == fingerprint => {
-                let msg = format!("approval {} is still pending (an operator decides with `strata approvals approve|deny {}`)", a.id, a.id);
+                let msg = format!(
+                    "approval {} is still pending (an operator decides with `strata approvals approve|deny {}`)",
+                    a.id, a.id
+                );
                 return Err(required(a, msg));
             }
-            _ if a.fingerprint != fingerprint => note = format!(" (approval {} was given for a different request)", a.id),
+            _ if a.fingerprint != fingerprint => {
+                note = format!(" (approval {} was given for a different request)", a.id)
+            }
             ApprovalState::Used => note = format!(" (approval {} was already used)", a.id),
             _ => {}
         }
@@ -177,7 +188,11 @@ pub fn gate(st: &Shared, tenant: &str, action: &str, target: &str, grants: &[Cap
             }
             ApprovalState::Approved => note = format!(" (approval {} expired before it was used)", open.id),
             ApprovalState::Pending => {
-                let msg = format!("{action} {target} would hold all three Rule-of-Two capabilities: {}; approval {} is pending", summary(grants), open.id);
+                let msg = format!(
+                    "{action} {target} would hold all three Rule-of-Two capabilities: {}; approval {} is pending",
+                    summary(grants),
+                    open.id
+                );
                 return Err(required(open, msg));
             }
             _ => {}
@@ -237,7 +252,10 @@ pub fn decide(st: &Shared, id: &str, approve: bool, reason: Option<String>) -> A
         })?
         .ok_or_else(|| not_found(id))?;
     if !changed {
-        let mut e = ApiError::new(ErrorCode::InvalidState, format!("approval {} is already {} (decided by {})", a.id, a.state, a.decided_by.as_deref().unwrap_or("?")));
+        let mut e = ApiError::new(
+            ErrorCode::InvalidState,
+            format!("approval {} is already {} (decided by {})", a.id, a.state, a.decided_by.as_deref().unwrap_or("?")),
+        );
         e.body.approval = Some(Box::new(a));
         return Err(e);
     }
@@ -252,7 +270,9 @@ pub fn decide(st: &Shared, id: &str, approve: bool, reason: Option<String>) -> A
 pub async fn list_handler(State(st): State<Shared>, Query(q): Query<ApprovalQuery>) -> ApiResult<Json<Vec<Approval>>> {
     let state = match q.state.as_deref() {
         None => None,
-        Some(s) => Some(ApprovalState::parse(s).ok_or_else(|| ApiError::bad_request(format!("unknown approval state {s:?} (pending, approved, denied, used)")))?),
+        Some(s) => Some(ApprovalState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!("unknown approval state {s:?} (pending, approved, denied, used)"))
+        })?),
     };
     expire_pending(&st);
     Ok(Json(st.db.list_approvals(crate::tenancy::scope().as_deref(), state)?))
@@ -268,14 +288,22 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> Ap
 /// Approve a pending approval (the operator only): the request it holds may then be repeated once.
 #[utoipa::path(post, path = "/v1/approvals/{id}/approve", tag = "approvals", request_body = ApprovalDecision, params(("id" = String, Path, description = "Approval id")),
     responses((status = 200, body = Approval), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn approve_handler(State(st): State<Shared>, Path(id): Path<String>, body: Option<Json<ApprovalDecision>>) -> ApiResult<Json<Approval>> {
+pub async fn approve_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    body: Option<Json<ApprovalDecision>>,
+) -> ApiResult<Json<Approval>> {
     Ok(Json(decide(&st, &id, true, body.and_then(|b| b.0.reason))?))
 }
 
 /// Deny a pending approval (the operator only).
 #[utoipa::path(post, path = "/v1/approvals/{id}/deny", tag = "approvals", request_body = ApprovalDecision, params(("id" = String, Path, description = "Approval id")),
     responses((status = 200, body = Approval), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn deny_handler(State(st): State<Shared>, Path(id): Path<String>, body: Option<Json<ApprovalDecision>>) -> ApiResult<Json<Approval>> {
+pub async fn deny_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    body: Option<Json<ApprovalDecision>>,
+) -> ApiResult<Json<Approval>> {
     Ok(Json(decide(&st, &id, false, body.and_then(|b| b.0.reason))?))
 }
 

@@ -48,7 +48,11 @@ const POINTER: &str = "archived.json";
 const PACK_DIR: &str = "archive.tmp";
 const UNPACK_DIR: &str = "unarchive.tmp";
 
-const SCHEME_HINT: &str = if cfg!(feature = "s3") { " or s3://bucket/prefix" } else { " (this build has no S3 support: build with --features strata-daemon/s3)" };
+const SCHEME_HINT: &str = if cfg!(feature = "s3") {
+    " or s3://bucket/prefix"
+} else {
+    " (this build has no S3 support: build with --features strata-daemon/s3)"
+};
 
 /// Errors configuring the archive store.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +93,8 @@ impl ArchiveStore {
     pub fn local(dir: &Path) -> Result<Self, ArchiveStoreError> {
         std::fs::create_dir_all(dir).map_err(|e| ArchiveStoreError::Dir(dir.to_path_buf(), e))?;
         let url = format!("file://{}", dir.display());
-        let store = object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|source| ArchiveStoreError::Store { url: url.clone(), source })?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+            .map_err(|source| ArchiveStoreError::Store { url: url.clone(), source })?;
         Ok(ArchiveStore { store: Arc::new(store), url })
     }
 
@@ -102,8 +107,15 @@ impl ArchiveStore {
         #[cfg(feature = "s3")]
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            let s3 = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(|source| ArchiveStoreError::Store { url: url.to_string(), source })?;
-            let store: Arc<dyn ObjectStore> = if prefix.is_empty() { Arc::new(s3) } else { Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)) };
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|source| ArchiveStoreError::Store { url: url.to_string(), source })?;
+            let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+                Arc::new(s3)
+            } else {
+                Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+            };
             return Ok(ArchiveStore { store, url: url.to_string() });
         }
         Err(ArchiveStoreError::Scheme(url.to_string()))
@@ -213,7 +225,10 @@ async fn download(store: &dyn ObjectStore, key: &ObjectPath, dest: &Path, want: 
     f.sync_all().await.map_err(|e| format!("{}: {e}", dest.display()))?;
     let sum = hex::encode(h.finalize());
     if n != want.size || sum != want.sha256 {
-        return Err(format!("archive object {} does not match its manifest ({n} bytes, sha256 {sum}; expected {} bytes, sha256 {})", want.name, want.size, want.sha256));
+        return Err(format!(
+            "archive object {} does not match its manifest ({n} bytes, sha256 {sum}; expected {} bytes, sha256 {})",
+            want.name, want.size, want.sha256
+        ));
     }
     Ok(())
 }
@@ -232,7 +247,9 @@ pub async fn archive(st: &Shared, id: &str, reason: &str) -> ApiResult<SandboxEv
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     let packed = pack(st, &rec, &staging).await;
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    let manifest = packed.map_err(|msg| ApiError::new(ErrorCode::Internal, format!("archiving sandbox {id} failed (it stays {from}): {msg}")))?;
+    let manifest = packed.map_err(|msg| {
+        ApiError::new(ErrorCode::Internal, format!("archiving sandbox {id} failed (it stays {from}): {msg}"))
+    })?;
     // Crash point (`archive-pointer:crash`): uploaded and pointed to, not yet recorded.
     let _ = crate::failpoint("archive-pointer");
     let bytes: u64 = manifest.objects.iter().map(|o| o.size).sum();
@@ -261,7 +278,16 @@ async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<Archiv
     let mut objects = Vec::new();
     for (name, src) in &parts {
         let file = staging.join(name);
-        tar(&["--create".as_ref(), "--sparse".as_ref(), "--file".as_ref(), file.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]).await?;
+        tar(&[
+            "--create".as_ref(),
+            "--sparse".as_ref(),
+            "--file".as_ref(),
+            file.as_os_str(),
+            "-C".as_ref(),
+            src.as_os_str(),
+            ".".as_ref(),
+        ])
+        .await?;
         let (size, sha256) = sha256_file(&file).await.map_err(|e| format!("{}: {e}", file.display()))?;
         objects.push(ObjectSum { name: name.to_string(), size, sha256 });
     }
@@ -278,11 +304,17 @@ async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<Archiv
     };
     crate::failpoint("archive-upload").map_err(|e| format!("uploading: {e}"))?;
     for o in &objects {
-        upload(st.archive.store.as_ref(), &ObjectPath::from(format!("{prefix}/{}", o.name)), &staging.join(&o.name)).await?;
+        upload(st.archive.store.as_ref(), &ObjectPath::from(format!("{prefix}/{}", o.name)), &staging.join(&o.name))
+            .await?;
     }
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
-    st.archive.store.put(&ObjectPath::from(format!("{prefix}/manifest.json")), json.clone().into()).await.map_err(|e| format!("upload manifest: {e}"))?;
-    strata_store::fsutil::write_atomic(&pointer_path(st, id), &json, 0o600).map_err(|e| format!("writing {POINTER}: {e}"))?;
+    st.archive
+        .store
+        .put(&ObjectPath::from(format!("{prefix}/manifest.json")), json.clone().into())
+        .await
+        .map_err(|e| format!("upload manifest: {e}"))?;
+    strata_store::fsutil::write_atomic(&pointer_path(st, id), &json, 0o600)
+        .map_err(|e| format!("writing {POINTER}: {e}"))?;
     Ok(manifest)
 }
 
@@ -294,10 +326,20 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     let started = Instant::now();
     let id = rec.sandbox.id.clone();
     let Some(m) = pointer(st, &id) else {
-        return Err(fail(st, rec, &format!("its local archive record {} is missing", pointer_path(st, &id).display()), started));
+        return Err(fail(
+            st,
+            rec,
+            &format!("its local archive record {} is missing", pointer_path(st, &id).display()),
+            started,
+        ));
     };
     if m.store != st.archive.url {
-        return Err(fail(st, rec, &format!("it was archived to {}, but this daemon's archive store is {}", m.store, st.archive.url), started));
+        return Err(fail(
+            st,
+            rec,
+            &format!("it was archived to {}, but this daemon's archive store is {}", m.store, st.archive.url),
+            started,
+        ));
     }
     let action = if m.from == SandboxState::Standby { Action::UnarchiveStandby } else { Action::Unarchive };
     next_state(rec.sandbox.state, action)?;
@@ -305,17 +347,18 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     let staging = dir.join(UNPACK_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
-    let upper_target = match (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
-        (Some(bytes), true) => {
-            let (d, pool) = (dir.clone(), st.disks.clone());
-            match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes, &pool)).await {
-                Ok(Ok(())) => Some(crate::disk::upper_dir(&dir)),
-                Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
-                Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+    let upper_target =
+        match (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
+            (Some(bytes), true) => {
+                let (d, pool) = (dir.clone(), st.disks.clone());
+                match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes, &pool)).await {
+                    Ok(Ok(())) => Some(crate::disk::upper_dir(&dir)),
+                    Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+                    Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+                }
             }
-        }
-        _ => None,
-    };
+            _ => None,
+        };
     let res = unpack(st, &m, &staging, upper_target.as_deref()).await;
     if let Err(msg) = res {
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
@@ -336,7 +379,14 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     if let Err(e) = moved {
         return Err(fail(st, rec, &format!("moving the unpacked files into place: {e}"), started));
     }
-    transition(st, &id, rec.sandbox.state, Change::new(action, reason).detail(&format!("from {}", m.prefix)), started, None)?;
+    transition(
+        st,
+        &id,
+        rec.sandbox.state,
+        Change::new(action, reason).detail(&format!("from {}", m.prefix)),
+        started,
+        None,
+    )?;
     let _ = std::fs::remove_file(pointer_path(st, &id));
     delete_remote(st, &m).await;
     info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, "unarchived");
@@ -348,7 +398,13 @@ async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: 
     crate::failpoint("archive-download").map_err(|e| format!("downloading: {e}"))?;
     // Every object is fetched and checked before anything is unpacked.
     for o in &m.objects {
-        download(st.archive.store.as_ref(), &ObjectPath::from(format!("{}/{}", m.prefix, o.name)), &staging.join(&o.name), o).await?;
+        download(
+            st.archive.store.as_ref(),
+            &ObjectPath::from(format!("{}/{}", m.prefix, o.name)),
+            &staging.join(&o.name),
+            o,
+        )
+        .await?;
     }
     for o in &m.objects {
         let target = match upper_target {
@@ -357,7 +413,16 @@ async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: 
         };
         tokio::fs::create_dir_all(&target).await.map_err(|e| format!("{}: {e}", target.display()))?;
         let file = staging.join(&o.name);
-        tar(&["--extract".as_ref(), "--same-permissions".as_ref(), "--same-owner".as_ref(), "--file".as_ref(), file.as_os_str(), "-C".as_ref(), target.as_os_str()]).await?;
+        tar(&[
+            "--extract".as_ref(),
+            "--same-permissions".as_ref(),
+            "--same-owner".as_ref(),
+            "--file".as_ref(),
+            file.as_os_str(),
+            "-C".as_ref(),
+            target.as_os_str(),
+        ])
+        .await?;
         let _ = tokio::fs::remove_file(&file).await;
     }
     Ok(())
@@ -365,8 +430,21 @@ async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: 
 
 fn fail(st: &Shared, rec: &SandboxRecord, msg: &str, started: Instant) -> ApiError {
     warn!(sandbox = %rec.sandbox.id, error = msg, "unarchive failed");
-    let _ = transition(st, &rec.sandbox.id, rec.sandbox.state, Change::new(Action::Fail, "archive_invalid").detail(msg), started, None);
-    ApiError::new(ErrorCode::StandbyImageInvalid, format!("cannot restore sandbox {} from its archive: {msg} (it is now in state error; the archive is kept)", rec.sandbox.id))
+    let _ = transition(
+        st,
+        &rec.sandbox.id,
+        rec.sandbox.state,
+        Change::new(Action::Fail, "archive_invalid").detail(msg),
+        started,
+        None,
+    );
+    ApiError::new(
+        ErrorCode::StandbyImageInvalid,
+        format!(
+            "cannot restore sandbox {} from its archive: {msg} (it is now in state error; the archive is kept)",
+            rec.sandbox.id
+        ),
+    )
 }
 
 /// Deletes an archive's objects (best effort: a leftover object is only storage).

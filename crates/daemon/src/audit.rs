@@ -75,13 +75,15 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
     let mut target = route.as_deref().and_then(|r| target_of(r, &path));
     let status = resp.status();
     // A create names its object only in the response: take the id from a small JSON body.
-    let is_json = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let is_json =
+        resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     let resp = if target.is_none() && status.is_success() && is_json {
         let (parts, body) = resp.into_parts();
         // Only routes without a path parameter get here (creates, import, fork, gc): small bodies, already complete.
         let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-            target = ["id", "name", "checkpoint"].iter().find_map(|k| v.get(k).and_then(|x| x.as_str()).map(str::to_string));
+            target =
+                ["id", "name", "checkpoint"].iter().find_map(|k| v.get(k).and_then(|x| x.as_str()).map(str::to_string));
         }
         Response::from_parts(parts, axum::body::Body::from(bytes))
     } else {
@@ -113,5 +115,10 @@ pub async fn list_handler(State(st): State<Shared>, Query(q): Query<AuditQuery>)
 pub async fn verify_handler(State(st): State<Shared>) -> ApiResult<Json<AuditVerification>> {
     let entries = st.db.audit_entries(None)?;
     let bad = strata_store::db::audit_verify(&entries);
-    Ok(Json(AuditVerification { ok: bad.is_none(), entries: entries.len() as u64, first_bad: bad.as_ref().map(|b| b.0), reason: bad.map(|b| b.1) }))
+    Ok(Json(AuditVerification {
+        ok: bad.is_none(),
+        entries: entries.len() as u64,
+        first_bad: bad.as_ref().map(|b| b.0),
+        reason: bad.map(|b| b.1),
+    }))
 }

@@ -20,8 +20,8 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use strata_api::{
-    ChangeKind, Checkpoint, CheckpointRequest, CreateSandboxRequest, DiffQuery, ErrorCode, FileChange, ForkRequest, ForkResult, ResourceLimits, RestoreRequest,
-    RestoreResult, SandboxState,
+    ChangeKind, Checkpoint, CheckpointRequest, CreateSandboxRequest, DiffQuery, ErrorCode, FileChange, ForkRequest,
+    ForkResult, ResourceLimits, RestoreRequest, RestoreResult, SandboxState,
 };
 use strata_core::ids;
 use strata_image::changes::{self, TreeManifest};
@@ -75,7 +75,10 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let started = Instant::now();
     let state = rec.sandbox.state;
     if !matches!(state, SandboxState::Running | SandboxState::Stopped) {
-        return Err(ApiError::invalid_state(state, format!("cannot checkpoint sandbox {} while it is {state}", rec.sandbox.id)));
+        return Err(ApiError::invalid_state(
+            state,
+            format!("cannot checkpoint sandbox {} while it is {state}", rec.sandbox.id),
+        ));
     }
     // Flush rules first: declared paths never reach a checkpoint (nor a fork or template made from it).
     crate::scan::flush(st, rec).await?;
@@ -98,7 +101,9 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let warm = match req.processes {
         true => {
             crate::warm::check_capturable(st, rec)?;
-            let handle = sandboxes::handle_of(rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("sandbox {} is running but has no init", rec.sandbox.id)))?;
+            let handle = sandboxes::handle_of(rec).ok_or_else(|| {
+                ApiError::new(ErrorCode::Internal, format!("sandbox {} is running but has no init", rec.sandbox.id))
+            })?;
             let staging = crate::warm::staging_dir(st, &id);
             let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
             Some((handle, staging, st.processes.capture(&rec.sandbox.id).await))
@@ -116,32 +121,34 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let base_manifest = base.manifest.clone();
     let copy_into = warm.as_ref().map(|(h, dir, _)| (h.clone(), dir.clone()));
     type Copied = Option<Result<(PathBuf, u64), strata_runtime::RuntimeError>>;
-    let sealed = tokio::task::spawn_blocking(move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), ApiError> {
-        if running {
-            rt.set_frozen(&sid, true).map_err(|e| ApiError::internal("freeze", &e))?;
-        }
-        let frozen_at = Instant::now();
-        let frozen_ms = std::sync::atomic::AtomicU64::new(0);
-        let copied = std::sync::Mutex::new(None);
-        // Thawed as soon as the change set has been read (and, for a warm
-        // checkpoint, the processes copied): hashing the layer and syncing it
-        // to disk do not need the sandbox to hold still.
-        let thaw = || {
-            if let Some((handle, dir)) = &copy_into {
-                let t = Instant::now();
-                let r = rt.copy_processes(&sid, handle, dir).map(|helper| (helper, t.elapsed().as_millis() as u64));
-                *copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            }
+    let sealed = tokio::task::spawn_blocking(
+        move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), ApiError> {
             if running {
-                frozen_ms.store(frozen_at.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
-                if let Err(e) = rt.set_frozen(&sid, false) {
-                    warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
-                }
+                rt.set_frozen(&sid, true).map_err(|e| ApiError::internal("freeze", &e))?;
             }
-        };
-        let (layer, now, changed) = seal(&upper, &base_manifest, &classify_lowers, &layers, thaw)?;
-        Ok((layer, now, changed, frozen_ms.into_inner(), copied.into_inner().unwrap_or_else(|p| p.into_inner())))
-    })
+            let frozen_at = Instant::now();
+            let frozen_ms = std::sync::atomic::AtomicU64::new(0);
+            let copied = std::sync::Mutex::new(None);
+            // Thawed as soon as the change set has been read (and, for a warm
+            // checkpoint, the processes copied): hashing the layer and syncing it
+            // to disk do not need the sandbox to hold still.
+            let thaw = || {
+                if let Some((handle, dir)) = &copy_into {
+                    let t = Instant::now();
+                    let r = rt.copy_processes(&sid, handle, dir).map(|helper| (helper, t.elapsed().as_millis() as u64));
+                    *copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
+                if running {
+                    frozen_ms.store(frozen_at.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+                    if let Err(e) = rt.set_frozen(&sid, false) {
+                        warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
+                    }
+                }
+            };
+            let (layer, now, changed) = seal(&upper, &base_manifest, &classify_lowers, &layers, thaw)?;
+            Ok((layer, now, changed, frozen_ms.into_inner(), copied.into_inner().unwrap_or_else(|p| p.into_inner())))
+        },
+    )
     .await
     .map_err(|e| ApiError::internal("checkpoint task", &e));
     let discard_staging = || {
@@ -157,17 +164,26 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         }
     };
     let processes = match (warm.as_ref(), copied) {
-        (Some((_, staging, captured)), Some(Ok((helper, dump_ms)))) => match crate::warm::publish(st, &id, staging, helper, captured, dump_ms) {
-            Ok(image) => Some(image),
-            Err(e) => {
-                discard_staging();
-                crate::warm::remove(st, &id);
-                return Err(ApiError::internal("saving the checkpoint's processes", &e));
+        (Some((_, staging, captured)), Some(Ok((helper, dump_ms)))) => {
+            match crate::warm::publish(st, &id, staging, helper, captured, dump_ms) {
+                Ok(image) => Some(image),
+                Err(e) => {
+                    discard_staging();
+                    crate::warm::remove(st, &id);
+                    return Err(ApiError::internal("saving the checkpoint's processes", &e));
+                }
             }
-        },
+        }
         (Some(_), Some(Err(e))) => {
             discard_staging();
-            return Err(ApiError::new(ErrorCode::Internal, format!("copying the processes of sandbox {} failed (it keeps running; no checkpoint was taken): {}", rec.sandbox.id, crate::error::chain(&e))));
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!(
+                    "copying the processes of sandbox {} failed (it keeps running; no checkpoint was taken): {}",
+                    rec.sandbox.id,
+                    crate::error::chain(&e)
+                ),
+            ));
         }
         (Some(_), None) => {
             discard_staging();
@@ -176,8 +192,10 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         (None, _) => None,
     };
     let json = serde_json::to_vec(&now_manifest).expect("manifest serializes");
-    std::fs::create_dir_all(manifest_file.parent().expect("has parent")).map_err(|e| ApiError::internal("manifest dir", &e))?;
-    strata_store::fsutil::write_atomic(&manifest_file, &json, 0o600).map_err(|e| ApiError::internal("write checkpoint manifest", &e))?;
+    std::fs::create_dir_all(manifest_file.parent().expect("has parent"))
+        .map_err(|e| ApiError::internal("manifest dir", &e))?;
+    strata_store::fsutil::write_atomic(&manifest_file, &json, 0o600)
+        .map_err(|e| ApiError::internal("write checkpoint manifest", &e))?;
     // An empty change set adds no layer: the chain stays the parent's (overlayfs
     // also refuses the same directory twice in one stack).
     let mut chain = base.chain;
@@ -186,7 +204,10 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         if chain.contains(d) {
             // Byte-identical to a layer lower in the chain (same files, same mtimes):
             // overlayfs cannot stack one directory twice.
-            return Err(ApiError::new(ErrorCode::Internal, format!("checkpoint layer {d} repeats a layer already in the chain; touch a changed file and retry")));
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("checkpoint layer {d} repeats a layer already in the chain; touch a changed file and retry"),
+            ));
         }
         chain.push(d.clone());
     }
@@ -218,7 +239,13 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         crate::warm::remove(st, &ckpt.id);
         return Err(e.into());
     }
-    if let Ok(ev) = st.db.record_event(&rec.sandbox.id, state, "checkpoint", Some(&format!("{} ({}, {} paths, {} bytes)", ckpt.id, ckpt.name, ckpt.changed_paths, ckpt.layer_size)), &ckpt.created_at) {
+    if let Ok(ev) = st.db.record_event(
+        &rec.sandbox.id,
+        state,
+        "checkpoint",
+        Some(&format!("{} ({}, {} paths, {} bytes)", ckpt.id, ckpt.name, ckpt.changed_paths, ckpt.layer_size)),
+        &ckpt.created_at,
+    ) {
         st.notify_events(ev.seq);
     }
     info!(sandbox = %rec.sandbox.id, checkpoint = %ckpt.id, bytes = ckpt.layer_size, frozen_ms, "checkpoint");
@@ -253,7 +280,8 @@ fn seal(
     let prepared = (|| {
         let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
         let changed = changes::diff(base, &now, lowers).len();
-        crate::failpoint("checkpoint-write").map_err(|e| ApiError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
+        crate::failpoint("checkpoint-write")
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
         let pipe = std::io::pipe().map_err(|e| ApiError::internal("pipe", &e))?;
         Ok::<_, ApiError>((now, changed, pipe))
     })();
@@ -274,7 +302,13 @@ fn seal(
         // The sandbox's own content: keep its modes as they are (no_new_privs makes setuid inert).
         let opts = strata_image::ImportOptions { trusted: true, ..Default::default() };
         let mut warnings = Vec::new();
-        let unpacked = strata_image::unpack_layer(std::io::BufReader::with_capacity(1 << 20, reader), store, &opts, &mut warnings, &mut |_| {});
+        let unpacked = strata_image::unpack_layer(
+            std::io::BufReader::with_capacity(1 << 20, reader),
+            store,
+            &opts,
+            &mut warnings,
+            &mut |_| {},
+        );
         let produced = producer.join().map_err(|_| ApiError::new(ErrorCode::Internal, "layer writer panicked"))?;
         produced?;
         Ok::<_, ApiError>(unpacked?)
@@ -299,7 +333,10 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     let rec = load(st, &rec.sandbox.id)?;
     let state = rec.sandbox.state;
     if !matches!(state, SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost) {
-        return Err(ApiError::invalid_state(state, format!("cannot restore sandbox {} while it is {state}", rec.sandbox.id)));
+        return Err(ApiError::invalid_state(
+            state,
+            format!("cannot restore sandbox {} while it is {state}", rec.sandbox.id),
+        ));
     }
     // A warm checkpoint brings its processes back too, unless asked otherwise.
     let warm = match (ckpt.processes.is_some(), req.processes) {
@@ -312,7 +349,8 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     };
     // Processes coming back into a sandbox that holds no memory now: admitted like a start.
     let _admitted = if warm { sandboxes::admit_start(st, &rec)? } else { None };
-    let kept = if req.keep_current { Some(checkpoint_locked(st, &rec, CheckpointRequest::default()).await?) } else { None };
+    let kept =
+        if req.keep_current { Some(checkpoint_locked(st, &rec, CheckpointRequest::default()).await?) } else { None };
     let rec = load(st, &rec.sandbox.id)?;
     let was_running = state == SandboxState::Running;
     if was_running {
@@ -323,10 +361,17 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
     }
     let dir = st.sandbox_dir(&rec.sandbox.id);
     for sub in [crate::disk::upper_dir(&dir), crate::disk::work_dir(&dir), dir.join("manifests")] {
-        strata_store::fsutil::remove_dir_all_if_exists(&sub).map_err(|e| ApiError::internal("discard writable layer", &e))?;
+        strata_store::fsutil::remove_dir_all_if_exists(&sub)
+            .map_err(|e| ApiError::internal("discard writable layer", &e))?;
     }
     st.db.set_chain(&rec.sandbox.id, &ckpt.layers, &config, Some(&ckpt.id), Some(&ckpt.id))?;
-    if let Ok(ev) = st.db.record_event(&rec.sandbox.id, load(st, &rec.sandbox.id)?.sandbox.state, "restore", Some(&format!("rolled back to {} ({})", ckpt.id, ckpt.name)), &now()) {
+    if let Ok(ev) = st.db.record_event(
+        &rec.sandbox.id,
+        load(st, &rec.sandbox.id)?.sandbox.state,
+        "restore",
+        Some(&format!("rolled back to {} ({})", ckpt.id, ckpt.name)),
+        &now(),
+    ) {
         st.notify_events(ev.seq);
     }
     let sandbox = if warm {
@@ -336,7 +381,11 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
         load(st, &rec.sandbox.id)?.sandbox
     } else {
         drop(g);
-        if was_running { sandboxes::start_because(st, &rec.sandbox.id, "restore").await? } else { load(st, &rec.sandbox.id)?.sandbox }
+        if was_running {
+            sandboxes::start_because(st, &rec.sandbox.id, "restore").await?
+        } else {
+            load(st, &rec.sandbox.id)?.sandbox
+        }
     };
     Ok(RestoreResult { sandbox, kept })
 }
@@ -346,7 +395,13 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> ApiResu
 /// at create. The disk status is the children's own.
 fn fork_limits(requested: Option<&ResourceLimits>, source: Option<&ResourceLimits>) -> ResourceLimits {
     let (r, s) = (requested.cloned().unwrap_or_default(), source.cloned().unwrap_or_default());
-    ResourceLimits { memory_bytes: r.memory_bytes.or(s.memory_bytes), cpus: r.cpus.or(s.cpus), pids: r.pids.or(s.pids), disk_bytes: r.disk_bytes.or(s.disk_bytes), disk_quota: None }
+    ResourceLimits {
+        memory_bytes: r.memory_bytes.or(s.memory_bytes),
+        cpus: r.cpus.or(s.cpus),
+        pids: r.pids.or(s.pids),
+        disk_bytes: r.disk_bytes.or(s.disk_bytes),
+        disk_quota: None,
+    }
 }
 
 /// What a fork starts from.
@@ -365,13 +420,23 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     let source = match tenancy::find_sandbox_or_checkpoint(st, &req.source, tenancy::NamesFirst::Checkpoint)? {
         Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => ForkSource::Checkpoint(Box::new(c.0)),
         Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => ForkSource::Live(r),
-        None => return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no checkpoint or sandbox named {:?}", req.source))),
+        None => {
+            return Err(ApiError::new(
+                ErrorCode::SandboxNotFound,
+                format!("no checkpoint or sandbox named {:?}", req.source),
+            ))
+        }
     };
     // The Rule of Two once for all children, before a live source is checkpointed:
     // they inherit its declared capabilities and (unless the request names one) its network.
     let (parent_id, source_name, inherited, tenant) = match &source {
         ForkSource::Checkpoint(c) => (c.sandbox_id.clone(), c.name.clone(), c.capabilities.clone(), c.tenant.clone()),
-        ForkSource::Live(r) => (r.sandbox.id.clone(), r.sandbox.name.clone(), r.sandbox.policy.capabilities.clone(), r.sandbox.tenant.clone()),
+        ForkSource::Live(r) => (
+            r.sandbox.id.clone(),
+            r.sandbox.name.clone(),
+            r.sandbox.policy.capabilities.clone(),
+            r.sandbox.tenant.clone(),
+        ),
     };
     let parent = st.db.sandbox_by_id(&parent_id)?;
     let limits = fork_limits(req.limits.as_ref(), parent.as_ref().map(|p| &p.sandbox.limits));
@@ -381,8 +446,16 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     st.admission.apply_defaults(&mut admitted);
     st.admission.validate(&admitted)?;
     st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), false)?;
-    let network = req.network.clone().or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id))).filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
-    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { inherited: Some((&source_name, &inherited)), network: network.as_ref(), ..Default::default() });
+    let network = req
+        .network
+        .clone()
+        .or_else(|| parent.as_ref().map(|p| st.network.spec_of(&p.sandbox.id)))
+        .filter(|n| n.mode != strata_api::NetworkMode::None || !n.allow.is_empty());
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure {
+        inherited: Some((&source_name, &inherited)),
+        network: network.as_ref(),
+        ..Default::default()
+    });
     crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
     // Past the gate: the children count in the forks-per-minute window from here on.
     st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), true)?;
@@ -390,11 +463,23 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         ForkSource::Checkpoint(c) => *c,
         ForkSource::Live(rec) => {
             let processes = req.processes == Some(true);
-            checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.fork".to_string(), "source".to_string())].into(), processes, ..Default::default() }).await?
+            checkpoint(
+                st,
+                &rec.sandbox.id,
+                CheckpointRequest {
+                    labels: [("strata.fork".to_string(), "source".to_string())].into(),
+                    processes,
+                    ..Default::default()
+                },
+            )
+            .await?
         }
     };
     let generation = parent.as_ref().map_or(0, |p| p.sandbox.fork_generation) + 1;
-    let prefix = req.name_prefix.clone().unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
+    let prefix = req
+        .name_prefix
+        .clone()
+        .unwrap_or_else(|| parent.as_ref().map_or(ckpt.name.clone(), |p| p.sandbox.name.clone()));
     let mut names = Vec::new();
     for i in 1..=req.count {
         let mut n = format!("{prefix}-{i}");
@@ -405,7 +490,17 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
     }
     let creates = names.clone().into_iter().map(|name| {
         let allow_setuid = parent.as_ref().is_some_and(|p| p.sandbox.allow_setuid);
-        let req = CreateSandboxRequest { source: ckpt.id.clone(), name: Some(name), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: limits.clone(), network: network.clone(), allow_setuid, processes: req.processes, ..Default::default() };
+        let req = CreateSandboxRequest {
+            source: ckpt.id.clone(),
+            name: Some(name),
+            lifecycle: req.lifecycle,
+            ttl: req.ttl.clone(),
+            limits: limits.clone(),
+            network: network.clone(),
+            allow_setuid,
+            processes: req.processes,
+            ..Default::default()
+        };
         sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation, rule_of_two_checked: true })
     });
     let results = futures_util::future::join_all(creates).await;
@@ -425,7 +520,9 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> ApiResult<ForkResult> {
         // one of these names in the meantime (its create made ours fail) is not
         // made from this fork's checkpoint, so it is left alone.
         for name in &names {
-            if let Ok(Some(rec)) = st.db.find_sandbox(name, None).map(|r| r.filter(|r| r.sandbox.name == *name && r.sandbox.base_checkpoint.as_deref() == Some(ckpt.id.as_str()))) {
+            if let Ok(Some(rec)) = st.db.find_sandbox(name, None).map(|r| {
+                r.filter(|r| r.sandbox.name == *name && r.sandbox.base_checkpoint.as_deref() == Some(ckpt.id.as_str()))
+            }) {
                 let _ = sandboxes::destroy(st, &rec.sandbox.id, true, "fork_failed").await;
             }
         }
@@ -446,7 +543,10 @@ enum Comparison {
 }
 
 fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> ApiResult<Comparison> {
-    if !matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost) {
+    if !matches!(
+        rec.sandbox.state,
+        SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost
+    ) {
         return Err(ApiError::invalid_state(rec.sandbox.state, "the writable layer is not on local disk"));
     }
     let base = base_of(st, rec)?;
@@ -494,14 +594,21 @@ fn compute(cmp: &Comparison) -> ApiResult<Vec<changes::StackChange>> {
 /// Checkpoint a sandbox (running sandboxes are frozen briefly).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", request_body = CheckpointRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 201, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn create_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<CheckpointRequest>) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
+pub async fn create_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<CheckpointRequest>,
+) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
     Ok((StatusCode::CREATED, Json(checkpoint(&st, &id, req).await?)))
 }
 
 /// Checkpoints of one sandbox.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = [Checkpoint]), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn list_for_sandbox_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Vec<Checkpoint>>> {
+pub async fn list_for_sandbox_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<Checkpoint>>> {
     let rec = load(&st, &id)?;
     Ok(Json(st.db.list_checkpoints(Some(&rec.sandbox.id))?))
 }
@@ -527,7 +634,10 @@ pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) ->
     let (c, _) = tenancy::find_checkpoint(&st, &id)?.ok_or_else(|| not_found(&id))?;
     let dependents = dependents_of(&st, &c.id)?;
     if !dependents.is_empty() {
-        let mut e = ApiError::new(ErrorCode::InUse, format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")));
+        let mut e = ApiError::new(
+            ErrorCode::InUse,
+            format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")),
+        );
         e.body.dependents = dependents;
         return Err(e);
     }
@@ -542,11 +652,21 @@ pub fn dependents_of(st: &Shared, id: &str) -> ApiResult<Vec<String>> {
         .db
         .list_sandboxes()?
         .into_iter()
-        .filter(|s| s.sandbox.base_checkpoint.as_deref() == Some(id) || s.sandbox.head_checkpoint.as_deref() == Some(id))
+        .filter(|s| {
+            s.sandbox.base_checkpoint.as_deref() == Some(id) || s.sandbox.head_checkpoint.as_deref() == Some(id)
+        })
         .map(|s| format!("sandbox {}", s.sandbox.id))
         .collect();
-    dependents.extend(st.db.list_checkpoints(None)?.into_iter().filter(|x| x.parent.as_deref() == Some(id)).map(|x| format!("checkpoint {}", x.id)));
-    dependents.extend(st.db.list_templates()?.into_iter().filter(|(_, ck, _)| ck == id).map(|(n, _, _)| format!("template {n}")));
+    dependents.extend(
+        st.db
+            .list_checkpoints(None)?
+            .into_iter()
+            .filter(|x| x.parent.as_deref() == Some(id))
+            .map(|x| format!("checkpoint {}", x.id)),
+    );
+    dependents.extend(
+        st.db.list_templates()?.into_iter().filter(|(_, ck, _)| ck == id).map(|(n, _, _)| format!("template {n}")),
+    );
     Ok(dependents)
 }
 
@@ -567,7 +687,11 @@ pub async fn gc(st: &Shared) -> ApiResult<strata_api::GcReport> {
     loop {
         let mut progressed = false;
         for c in st.db.list_checkpoints(None)? {
-            let expired = !c.pinned && c.expires_at.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok()).is_some_and(|t| t <= now);
+            let expired = !c.pinned
+                && c.expires_at
+                    .as_deref()
+                    .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+                    .is_some_and(|t| t <= now);
             if expired && dependents_of(st, &c.id)?.is_empty() {
                 remove_checkpoint(st, &c)?;
                 info!(checkpoint = %c.id, "checkpoint retention expired");
@@ -588,21 +712,32 @@ pub async fn gc(st: &Shared) -> ApiResult<strata_api::GcReport> {
 /// Fork N sandboxes from a checkpoint or a live sandbox.
 #[utoipa::path(post, path = "/v1/fork", tag = "checkpoints", request_body = ForkRequest,
     responses((status = 201, body = ForkResult), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody), (status = 507, description = "the host's disk cannot hold it (insufficient_storage)", body = strata_api::ApiErrorBody)))]
-pub async fn fork_handler(State(st): State<Shared>, Json(req): Json<ForkRequest>) -> ApiResult<(StatusCode, Json<ForkResult>)> {
+pub async fn fork_handler(
+    State(st): State<Shared>,
+    Json(req): Json<ForkRequest>,
+) -> ApiResult<(StatusCode, Json<ForkResult>)> {
     Ok((StatusCode::CREATED, Json(fork(&st, req).await?)))
 }
 
 /// Roll a sandbox back to a checkpoint.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", tag = "checkpoints", request_body = RestoreRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = RestoreResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody)))]
-pub async fn restore_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> ApiResult<Json<RestoreResult>> {
+pub async fn restore_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<RestoreRequest>,
+) -> ApiResult<Json<RestoreResult>> {
     Ok(Json(restore(&st, &id, req).await?))
 }
 
 /// Paths added, modified and deleted since the last checkpoint.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/diff", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
     responses((status = 200, body = [FileChange]), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Json<Vec<FileChange>>> {
+pub async fn diff_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<DiffQuery>,
+) -> ApiResult<Json<Vec<FileChange>>> {
     let rec = load(&st, &id)?;
     let cmp = comparison(&st, &rec, q.against.as_deref())?;
     let list = tokio::task::spawn_blocking(move || -> ApiResult<Vec<FileChange>> {
@@ -615,7 +750,10 @@ pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
                     changes::ChangeKind::Modified => ChangeKind::Modified,
                     changes::ChangeKind::Deleted => ChangeKind::Deleted,
                 },
-                kind: serde_json::to_value(c.kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+                kind: serde_json::to_value(c.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
                 size: c.size,
             })
             .collect())
@@ -628,12 +766,19 @@ pub async fn diff_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
 /// The same change set as an OCI layer tar (deletions as `.wh.` entries).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/export", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
     responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<DiffQuery>) -> ApiResult<Response> {
+pub async fn export_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<DiffQuery>,
+) -> ApiResult<Response> {
     let rec = load(&st, &id)?;
     // The Rule of Two: exporting files is external communication.
     let view = sandboxes::with_secret_names(&st, rec.sandbox.clone());
     let facts = sandboxes::exposure_facts(&st, &view);
-    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { export: true, ..sandboxes::exposure(&view, &facts) });
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure {
+        export: true,
+        ..sandboxes::exposure(&view, &facts)
+    });
     crate::approvals::gate(&st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
     let cmp = comparison(&st, &rec, q.against.as_deref())?;
     // The change set is computed first (its errors are the answer); the tar is
@@ -643,16 +788,18 @@ pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
     let sandbox = rec.sandbox.id.clone();
     crate::transfer::spawn(move || {
         let written = match &cmp {
-            Comparison::Head { upper, base, lowers } => match changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS) {
-                Ok(now) => {
-                    let _ = ready_tx.send(Ok(()));
-                    changes::write_layer_tar(upper, base, &now, lowers, &mut out)
+            Comparison::Head { upper, base, lowers } => {
+                match changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS) {
+                    Ok(now) => {
+                        let _ = ready_tx.send(Ok(()));
+                        changes::write_layer_tar(upper, base, &now, lowers, &mut out)
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
                 }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.into()));
-                    return;
-                }
-            },
+            }
             Comparison::Stacks { now, .. } => match compute(&cmp) {
                 Ok(list) => {
                     let _ = ready_tx.send(Ok(()));
@@ -680,9 +827,12 @@ pub async fn export_handler(State(st): State<Shared>, Path(id): Path<String>, Qu
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(ApiError::new(ErrorCode::Internal, "export: the export thread ended without an answer")),
     }
-    Ok(Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-tar").body(body).expect("valid response"))
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-tar")
+        .body(body)
+        .expect("valid response"))
 }
-
 
 /// Delete expired checkpoints nobody needs and unreferenced layers.
 #[utoipa::path(post, path = "/v1/gc", tag = "checkpoints", responses((status = 200, body = strata_api::GcReport)))]
@@ -702,13 +852,21 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
     use std::collections::{BTreeMap, BTreeSet};
     use strata_api::LineageNode;
     // Only what the caller may see: another tenant's objects are neither nodes nor edges.
-    let sandboxes: Vec<_> = st.db.list_sandboxes()?.into_iter().filter(|r| tenancy::visible(&r.sandbox.tenant)).collect();
+    let sandboxes: Vec<_> =
+        st.db.list_sandboxes()?.into_iter().filter(|r| tenancy::visible(&r.sandbox.tenant)).collect();
     let ckpts: Vec<_> = st.db.list_checkpoints(None)?.into_iter().filter(|c| tenancy::visible(&c.tenant)).collect();
-    let templates: Vec<_> = st.db.list_templates()?.into_iter().filter(|(n, _, _)| st.db.template_tenant(n).ok().flatten().is_some_and(|t| tenancy::visible(&t))).collect();
+    let templates: Vec<_> = st
+        .db
+        .list_templates()?
+        .into_iter()
+        .filter(|(n, _, _)| st.db.template_tenant(n).ok().flatten().is_some_and(|t| tenancy::visible(&t)))
+        .collect();
     let focus = match tenancy::find_sandbox_or_checkpoint(st, id, tenancy::NamesFirst::Sandbox)? {
         Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => format!("sandbox:{}", r.sandbox.id),
         Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => format!("checkpoint:{}", c.0.id),
-        None => return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}"))),
+        None => {
+            return Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")))
+        }
     };
     // Parent edges between node keys "kind:id".
     let mut parent: BTreeMap<String, String> = BTreeMap::new();
@@ -721,8 +879,25 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
             None => format!("image:{}", s.sandbox.source),
         };
         parent.insert(key.clone(), p);
-        let detail = format!("{}{}", s.sandbox.state, if s.sandbox.fork_generation > 0 { format!(", fork generation {}", s.sandbox.fork_generation) } else { String::new() });
-        nodes.insert(key.clone(), LineageNode { kind: "sandbox".into(), id: s.sandbox.id.clone(), name: s.sandbox.name.clone(), parent: None, detail });
+        let detail = format!(
+            "{}{}",
+            s.sandbox.state,
+            if s.sandbox.fork_generation > 0 {
+                format!(", fork generation {}", s.sandbox.fork_generation)
+            } else {
+                String::new()
+            }
+        );
+        nodes.insert(
+            key.clone(),
+            LineageNode {
+                kind: "sandbox".into(),
+                id: s.sandbox.id.clone(),
+                name: s.sandbox.name.clone(),
+                parent: None,
+                detail,
+            },
+        );
     }
     for c in &ckpts {
         let key = format!("checkpoint:{}", c.id);
@@ -735,18 +910,45 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
             _ => format!("image:{}", c.image),
         };
         parent.insert(key.clone(), p);
-        let from = if sandbox_ids.contains(c.sandbox_id.as_str()) { format!("from sandbox {}", c.sandbox_id) } else { format!("from sandbox {} (gone)", c.sandbox_id) };
-        let detail = format!("{from}, {} layer, {} paths changed{}", strata_core::units::format_size(c.layer_size), c.changed_paths, if c.pinned { ", pinned" } else { "" });
-        nodes.insert(key, LineageNode { kind: "checkpoint".into(), id: c.id.clone(), name: c.name.clone(), parent: None, detail });
+        let from = if sandbox_ids.contains(c.sandbox_id.as_str()) {
+            format!("from sandbox {}", c.sandbox_id)
+        } else {
+            format!("from sandbox {} (gone)", c.sandbox_id)
+        };
+        let detail = format!(
+            "{from}, {} layer, {} paths changed{}",
+            strata_core::units::format_size(c.layer_size),
+            c.changed_paths,
+            if c.pinned { ", pinned" } else { "" }
+        );
+        nodes.insert(
+            key,
+            LineageNode { kind: "checkpoint".into(), id: c.id.clone(), name: c.name.clone(), parent: None, detail },
+        );
     }
     for (name, ck, _) in &templates {
         let key = format!("template:{name}");
         parent.insert(key.clone(), format!("checkpoint:{ck}"));
-        nodes.insert(key, LineageNode { kind: "template".into(), id: name.clone(), name: name.clone(), parent: None, detail: "template".into() });
+        nodes.insert(
+            key,
+            LineageNode {
+                kind: "template".into(),
+                id: name.clone(),
+                name: name.clone(),
+                parent: None,
+                detail: "template".into(),
+            },
+        );
     }
     for p in parent.values() {
         if let Some(img) = p.strip_prefix("image:") {
-            nodes.entry(p.clone()).or_insert_with(|| LineageNode { kind: "image".into(), id: img.into(), name: img.into(), parent: None, detail: "image".into() });
+            nodes.entry(p.clone()).or_insert_with(|| LineageNode {
+                kind: "image".into(),
+                id: img.into(),
+                name: img.into(),
+                parent: None,
+                detail: "image".into(),
+            });
         }
     }
     // The component of `focus`: everything sharing its root.
@@ -780,5 +982,8 @@ pub fn lineage(st: &Shared, id: &str) -> ApiResult<strata_api::Lineage> {
             }
         }
     }
-    Ok(strata_api::Lineage { focus: focus.split_once(':').map(|(_, id)| id.to_string()).unwrap_or_default(), nodes: out })
+    Ok(strata_api::Lineage {
+        focus: focus.split_once(':').map(|(_, id)| id.to_string()).unwrap_or_default(),
+        nodes: out,
+    })
 }

@@ -60,7 +60,22 @@ pub const DEFAULT_POOL: usize = 8;
 /// inode tables and journal (the image is a fresh sparse file: its holes read
 /// as zeros already, so nothing needs zeroing; `noinit_itable` at mount keeps
 /// the kernel from zeroing them later).
-const MKFS_ARGS: [&str; 14] = ["-q", "-F", "-m", "0", "-J", "size=4", "-O", "^resize_inode", "-G", "1024", "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard", "-L", "strata-disk"];
+const MKFS_ARGS: [&str; 14] = [
+    "-q",
+    "-F",
+    "-m",
+    "0",
+    "-J",
+    "size=4",
+    "-O",
+    "^resize_inode",
+    "-G",
+    "1024",
+    "-E",
+    "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+    "-L",
+    "strata-disk",
+];
 /// Part of a template's file name: a change to [`MKFS_ARGS`] bumps it, so old templates are not reused.
 const TEMPLATE_VERSION: u32 = 2;
 /// Mount options of every disk (with MS_NOSUID | MS_NODEV | MS_NOATIME).
@@ -68,12 +83,20 @@ const MOUNT_DATA: &str = "noinit_itable";
 
 /// The overlay upper directory of the sandbox whose directory is `dir`.
 pub fn upper_dir(dir: &Path) -> PathBuf {
-    if dir.join(IMAGE).exists() { dir.join(MOUNT).join("upper") } else { dir.join("upper") }
+    if dir.join(IMAGE).exists() {
+        dir.join(MOUNT).join("upper")
+    } else {
+        dir.join("upper")
+    }
 }
 
 /// The overlay work directory of the sandbox whose directory is `dir`.
 pub fn work_dir(dir: &Path) -> PathBuf {
-    if dir.join(IMAGE).exists() { dir.join(MOUNT).join("work") } else { dir.join("work") }
+    if dir.join(IMAGE).exists() {
+        dir.join(MOUNT).join("work")
+    } else {
+        dir.join("work")
+    }
 }
 
 fn find_tool(name: &str) -> Option<PathBuf> {
@@ -98,7 +121,9 @@ pub fn describe(bytes: Option<u64>) -> String {
     match (bytes, unavailable()) {
         (None, _) => "none".into(),
         (Some(_), Some(why)) => format!("unavailable ({why})"),
-        (Some(b), None) => format!("enforced (ext4 filesystem of {} on a loop device)", strata_core::units::format_size(b)),
+        (Some(b), None) => {
+            format!("enforced (ext4 filesystem of {} on a loop device)", strata_core::units::format_size(b))
+        }
     }
 }
 
@@ -176,7 +201,8 @@ fn adopt(entry: &Path, dir: &Path) -> Result<(), String> {
     let image = dir.join(IMAGE);
     let mount = dir.join(MOUNT);
     std::fs::rename(entry.join(IMAGE), &image).map_err(|e| format!("{}: {e}", image.display()))?;
-    let bound = nix::mount::mount(Some(&entry.join(MOUNT)), &mount, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>);
+    let bound =
+        nix::mount::mount(Some(&entry.join(MOUNT)), &mount, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>);
     let _ = nix::mount::umount2(&entry.join(MOUNT), nix::mount::MntFlags::MNT_DETACH);
     let _ = std::fs::remove_dir_all(entry);
     // Without the bind, the image is still a complete disk: `ensure` mounts it.
@@ -203,7 +229,8 @@ fn sparse_copy(src: &Path, dst: &Path) -> Result<(), String> {
         let (mut pos_in, mut pos_out) = (data, data);
         while pos_in < hole {
             let want = (hole - pos_in) as usize;
-            let n = nix::fcntl::copy_file_range(s.as_fd(), Some(&mut pos_in), d.as_fd(), Some(&mut pos_out), want).map_err(|e| ctx(&e))?;
+            let n = nix::fcntl::copy_file_range(s.as_fd(), Some(&mut pos_in), d.as_fd(), Some(&mut pos_out), want)
+                .map_err(|e| ctx(&e))?;
             if n == 0 {
                 return Err(ctx(&"unexpected end of file"));
             }
@@ -237,7 +264,8 @@ fn mount_image(image: &Path, mount: &Path) -> Result<(), String> {
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOATIME;
     match loopdev::attach(image) {
         Ok((device, loop_fd)) => {
-            let res = nix::mount::mount(Some(&device), mount, Some("ext4"), flags, Some(MOUNT_DATA)).map_err(|e| format!("mount {} ({}) at {}: {e}", image.display(), device.display(), mount.display()));
+            let res = nix::mount::mount(Some(&device), mount, Some("ext4"), flags, Some(MOUNT_DATA))
+                .map_err(|e| format!("mount {} ({}) at {}: {e}", image.display(), device.display(), mount.display()));
             // Closing our descriptor leaves the device to the mount (or, when the mount failed, clears it).
             drop(loop_fd);
             res
@@ -245,7 +273,11 @@ fn mount_image(image: &Path, mount: &Path) -> Result<(), String> {
         // Kernels before 5.8 lack LOOP_CONFIGURE: util-linux's mount sets the device up.
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOTTY) => {
             debug!(error = %e, "LOOP_CONFIGURE unavailable; using mount -o loop");
-            run(Command::new("mount").args(["-t", "ext4", "-o"]).arg(format!("loop,nosuid,nodev,noatime,{MOUNT_DATA}")).arg(image).arg(mount))
+            run(Command::new("mount")
+                .args(["-t", "ext4", "-o"])
+                .arg(format!("loop,nosuid,nodev,noatime,{MOUNT_DATA}"))
+                .arg(image)
+                .arg(mount))
         }
         Err(e) => Err(format!("loop device for {}: {e}", image.display())),
     }
@@ -377,7 +409,15 @@ impl DiskPool {
     /// (none when `bytes` is `None`, `target` is 0 or the host cannot make disks).
     pub fn new(state_dir: &Path, bytes: Option<u64>, target: usize) -> DiskPool {
         let target = if bytes.is_some() && unavailable().is_none() { target } else { 0 };
-        DiskPool { dir: state_dir.join("disk-pool"), bytes, target, ready: Mutex::new(Vec::new()), templates: Mutex::new(()), wake: std::sync::Condvar::new(), stopped: Default::default() }
+        DiskPool {
+            dir: state_dir.join("disk-pool"),
+            bytes,
+            target,
+            ready: Mutex::new(Vec::new()),
+            templates: Mutex::new(()),
+            wake: std::sync::Condvar::new(),
+            stopped: Default::default(),
+        }
     }
 
     /// A pool that keeps nothing ready (templates still go under `<state>/disk-pool`).

@@ -18,7 +18,16 @@ pub type ApiResult<T> = Result<T, ApiError>;
 impl ApiError {
     /// An error with a code and message.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { body: ApiErrorBody { code, message: message.into(), current_state: None, dependents: Vec::new(), findings: Vec::new(), approval: None } }
+        ApiError {
+            body: ApiErrorBody {
+                code,
+                message: message.into(),
+                current_state: None,
+                dependents: Vec::new(),
+                findings: Vec::new(),
+                approval: None,
+            },
+        }
     }
 
     /// 409: the request is illegal in `state`.

@@ -86,7 +86,9 @@ pub async fn info_handler(State(st): State<Shared>) -> ApiResult<Json<DaemonInfo
 /// What this host supports.
 #[utoipa::path(get, path = "/v1/doctor", tag = "host", responses((status = 200, body = DoctorReport)))]
 pub async fn doctor_handler(State(st): State<Shared>) -> ApiResult<Json<DoctorReport>> {
-    let mut report = tokio::task::spawn_blocking(strata_runtime::probe::doctor).await.map_err(|e| crate::error::ApiError::internal("doctor", &e))?;
+    let mut report = tokio::task::spawn_blocking(strata_runtime::probe::doctor)
+        .await
+        .map_err(|e| crate::error::ApiError::internal("doctor", &e))?;
     report.names_like_ids = names_like_ids(&st)?;
     Ok(Json(report))
 }

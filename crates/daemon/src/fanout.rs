@@ -15,8 +15,8 @@ use axum::extract::State;
 use axum::Json;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use strata_api::{
-    AttemptOutcome, AttemptSpec, CheckpointRequest, ErrorCode, ExecRequest, FanoutAttempt, FanoutPlan, FanoutRequest, FanoutResult, ForkRequest, LoserPolicy, ProcessStatus,
-    SandboxState, SelectRule, FANOUT_TAIL_BYTES,
+    AttemptOutcome, AttemptSpec, CheckpointRequest, ErrorCode, ExecRequest, FanoutAttempt, FanoutPlan, FanoutRequest,
+    FanoutResult, ForkRequest, LoserPolicy, ProcessStatus, SandboxState, SelectRule, FANOUT_TAIL_BYTES,
 };
 use strata_core::{ids, units};
 use tracing::{info, warn};
@@ -106,22 +106,31 @@ pub fn select(rule: SelectRule, attempts: &[FanoutAttempt], order: &[u32], score
             }
         }
         best.map(|a| a.index).ok_or_else(|| {
-            let why: Vec<String> = candidates.iter().map(|a| format!("attempt {}: {}", a.index, a.score_error.as_deref().unwrap_or("no score"))).collect();
+            let why: Vec<String> = candidates
+                .iter()
+                .map(|a| format!("attempt {}: {}", a.index, a.score_error.as_deref().unwrap_or("no score")))
+                .collect();
             format!("no attempt produced a score ({})", why.join("; "))
         })
     };
     let mut by_index = passed.clone();
     by_index.sort_by_key(|a| a.index);
     match rule {
-        SelectRule::FirstSuccess => order
-            .iter()
-            .find(|i| passed.iter().any(|a| a.index == **i))
-            .copied()
-            .ok_or_else(|| format!("no attempt exited 0 ({})", attempts.iter().map(describe).collect::<Vec<_>>().join(", "))),
+        SelectRule::FirstSuccess => {
+            order.iter().find(|i| passed.iter().any(|a| a.index == **i)).copied().ok_or_else(|| {
+                format!("no attempt exited 0 ({})", attempts.iter().map(describe).collect::<Vec<_>>().join(", "))
+            })
+        }
         SelectRule::AllSuccess => {
-            let failed: Vec<String> = attempts.iter().filter(|a| a.outcome != AttemptOutcome::Passed).map(describe).collect();
+            let failed: Vec<String> =
+                attempts.iter().filter(|a| a.outcome != AttemptOutcome::Passed).map(describe).collect();
             if !failed.is_empty() {
-                return Err(format!("all_success: {} of {} attempts did not pass ({})", failed.len(), attempts.len(), failed.join(", ")));
+                return Err(format!(
+                    "all_success: {} of {} attempts did not pass ({})",
+                    failed.len(),
+                    attempts.len(),
+                    failed.join(", ")
+                ));
             }
             if scored {
                 best_score(&by_index)
@@ -131,7 +140,10 @@ pub fn select(rule: SelectRule, attempts: &[FanoutAttempt], order: &[u32], score
         }
         SelectRule::BestScore => {
             if by_index.is_empty() {
-                return Err(format!("no attempt exited 0 ({})", attempts.iter().map(describe).collect::<Vec<_>>().join(", ")));
+                return Err(format!(
+                    "no attempt exited 0 ({})",
+                    attempts.iter().map(describe).collect::<Vec<_>>().join(", ")
+                ));
             }
             best_score(&by_index)
         }
@@ -193,16 +205,33 @@ struct AttemptOpts {
 
 impl AttemptOpts {
     fn of(plan: &FanoutPlan) -> Self {
-        AttemptOpts { timeout: plan.timeout.clone(), score_cmd: plan.score_cmd.clone(), user: plan.user.clone(), workdir: plan.workdir.clone() }
+        AttemptOpts {
+            timeout: plan.timeout.clone(),
+            score_cmd: plan.score_cmd.clone(),
+            user: plan.user.clone(),
+            workdir: plan.workdir.clone(),
+        }
     }
 
     fn exec(&self, cmd: Vec<String>, env: BTreeMap<String, String>) -> ExecRequest {
-        ExecRequest { cmd, env, timeout: self.timeout.clone(), user: self.user.clone(), cwd: self.workdir.clone(), ..Default::default() }
+        ExecRequest {
+            cmd,
+            env,
+            timeout: self.timeout.clone(),
+            user: self.user.clone(),
+            cwd: self.workdir.clone(),
+            ..Default::default()
+        }
     }
 }
 
 /// Runs one attempt (and then the score command, when there is one and it passed).
-async fn run_attempt(st: Shared, c: Child, opts: AttemptOpts, mut cancel: tokio::sync::watch::Receiver<bool>) -> FanoutAttempt {
+async fn run_attempt(
+    st: Shared,
+    c: Child,
+    opts: AttemptOpts,
+    mut cancel: tokio::sync::watch::Receiver<bool>,
+) -> FanoutAttempt {
     let started = Instant::now();
     let mut env = c.spec.env.clone();
     env.entry("STRATA_ATTEMPT".into()).or_insert_with(|| c.index.to_string());
@@ -271,7 +300,11 @@ async fn run_attempt(st: Shared, c: Child, opts: AttemptOpts, mut cancel: tokio:
                     kill_attempt(&st, &sp);
                     a.score_error = Some("score command did not finish".into());
                 } else if si.timed_out || si.exit_status() != 0 {
-                    a.score_error = Some(format!("score command exited {}: {}", si.exit_status(), truncate(String::from_utf8_lossy(&serr).trim(), 200)));
+                    a.score_error = Some(format!(
+                        "score command exited {}: {}",
+                        si.exit_status(),
+                        truncate(String::from_utf8_lossy(&serr).trim(), 200)
+                    ));
                 } else {
                     match parse_score(&sout) {
                         Ok(s) => a.score = Some(s),
@@ -298,12 +331,24 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
     if let Some(name) = &req.promote_as {
         ids::validate_new_name(name, false)?;
         if st.db.checkpoint_name_taken(name)? {
-            return Err(ApiError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists (promote_as)")));
+            return Err(ApiError::new(
+                ErrorCode::NameConflict,
+                format!("a checkpoint named {name:?} exists (promote_as)"),
+            ));
         }
     }
     let fork = checkpoints::fork(
         st,
-        ForkRequest { source: req.source.clone(), count: specs.len() as u32, name_prefix: req.name_prefix.clone(), lifecycle: req.lifecycle, ttl: req.ttl.clone(), limits: req.limits.clone(), network: None, processes: None },
+        ForkRequest {
+            source: req.source.clone(),
+            count: specs.len() as u32,
+            name_prefix: req.name_prefix.clone(),
+            lifecycle: req.lifecycle,
+            ttl: req.ttl.clone(),
+            limits: req.limits.clone(),
+            network: None,
+            processes: None,
+        },
     )
     .await?;
     let plan = &req.plan;
@@ -330,7 +375,15 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
     for a in attempts.iter_mut() {
         let score = a.score.map(|s| format!(", score {s}")).unwrap_or_default();
         let won = winner == Some(a.index);
-        let detail = format!("attempt {} of {}: {:?}, exit {:?}, {} ms{score}{}", a.index, fork.sandboxes.len(), a.outcome, a.exit_code, a.duration_ms, if won { ", winner" } else { "" });
+        let detail = format!(
+            "attempt {} of {}: {:?}, exit {:?}, {} ms{score}{}",
+            a.index,
+            fork.sandboxes.len(),
+            a.outcome,
+            a.exit_code,
+            a.duration_ms,
+            if won { ", winner" } else { "" }
+        );
         record(st, &a.sandbox_id, if won { "fanout_winner" } else { "fanout_attempt" }, &detail);
         if won {
             continue;
@@ -357,7 +410,14 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> ApiResult<FanoutResult> 
         let sid = result.attempts[(w - 1) as usize].sandbox_id.clone();
         if let Some(name) = &req.promote_as {
             let labels = [("strata.fanout".to_string(), format!("winner of {} (attempt {w})", fork.checkpoint))].into();
-            result.promoted = Some(checkpoints::checkpoint(st, &sid, CheckpointRequest { name: Some(name.clone()), labels, ..Default::default() }).await?);
+            result.promoted = Some(
+                checkpoints::checkpoint(
+                    st,
+                    &sid,
+                    CheckpointRequest { name: Some(name.clone()), labels, ..Default::default() },
+                )
+                .await?,
+            );
         }
         result.winner_sandbox = Some(sid);
     }
@@ -399,7 +459,8 @@ mod tests {
 
     #[test]
     fn templates_expand_over_args_or_a_count() {
-        let plan = FanoutPlan { run: Some("fix {i} {arg}".into()), args: vec!["a".into(), "b".into()], ..Default::default() };
+        let plan =
+            FanoutPlan { run: Some("fix {i} {arg}".into()), args: vec!["a".into(), "b".into()], ..Default::default() };
         let a = expand(&plan).unwrap();
         assert_eq!(a.len(), 2);
         assert_eq!(a[1].cmd, ["sh", "-c", "fix 2 b"]);
@@ -410,13 +471,31 @@ mod tests {
     #[test]
     fn bad_plans_are_refused_with_the_reason() {
         let bad = |p: FanoutPlan| expand(&p).unwrap_err();
-        assert!(bad(FanoutPlan { run: Some("x".into()), count: Some(0), ..Default::default() }).contains("between 1 and 64"));
-        assert!(bad(FanoutPlan { run: Some("x".into()), count: Some(65), ..Default::default() }).contains("between 1 and 64"));
-        assert!(bad(FanoutPlan { run: Some("  ".into()), count: Some(2), ..Default::default() }).contains("empty command"));
-        assert!(bad(FanoutPlan { attempts: vec![AttemptSpec::default()], ..Default::default() }).contains("empty command"));
+        assert!(bad(FanoutPlan { run: Some("x".into()), count: Some(0), ..Default::default() })
+            .contains("between 1 and 64"));
+        assert!(bad(FanoutPlan { run: Some("x".into()), count: Some(65), ..Default::default() })
+            .contains("between 1 and 64"));
+        assert!(
+            bad(FanoutPlan { run: Some("  ".into()), count: Some(2), ..Default::default() }).contains("empty command")
+        );
+        assert!(
+            bad(FanoutPlan { attempts: vec![AttemptSpec::default()], ..Default::default() }).contains("empty command")
+        );
         assert!(bad(FanoutPlan { run: Some("x {arg}".into()), count: Some(2), ..Default::default() }).contains("{arg}"));
-        assert!(bad(FanoutPlan { run: Some("x".into()), count: Some(2), select: SelectRule::BestScore, ..Default::default() }).contains("score"));
-        assert!(bad(FanoutPlan { run: Some("x".into()), args: vec!["a".into()], count: Some(2), ..Default::default() }).contains("does not match"));
+        assert!(bad(FanoutPlan {
+            run: Some("x".into()),
+            count: Some(2),
+            select: SelectRule::BestScore,
+            ..Default::default()
+        })
+        .contains("score"));
+        assert!(bad(FanoutPlan {
+            run: Some("x".into()),
+            args: vec!["a".into()],
+            count: Some(2),
+            ..Default::default()
+        })
+        .contains("does not match"));
         assert!(bad(FanoutPlan::default()).contains("no attempts"));
     }
 
@@ -437,7 +516,12 @@ mod tests {
         assert!(select(SelectRule::AllSuccess, &a, &[1, 2], false).unwrap_err().contains("1 of 2"));
         let a = [attempt(1, Passed, None), attempt(2, Passed, None)];
         assert_eq!(select(SelectRule::AllSuccess, &a, &[2, 1], false), Ok(1));
-        let a = [attempt(1, Passed, Some(0.5)), attempt(2, Passed, Some(2.0)), attempt(3, Passed, Some(2.0)), attempt(4, Failed, None)];
+        let a = [
+            attempt(1, Passed, Some(0.5)),
+            attempt(2, Passed, Some(2.0)),
+            attempt(3, Passed, Some(2.0)),
+            attempt(4, Failed, None),
+        ];
         assert_eq!(select(SelectRule::BestScore, &a, &[4, 3, 2, 1], true), Ok(2));
         let a = [attempt(1, Passed, None), attempt(2, Failed, None)];
         assert!(select(SelectRule::BestScore, &a, &[1, 2], true).unwrap_err().contains("no attempt produced a score"));

@@ -13,7 +13,10 @@ use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
-use strata_api::{DownloadQuery, ErrorCode, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, SandboxState, UploadQuery};
+use strata_api::{
+    DownloadQuery, ErrorCode, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, SandboxState,
+    UploadQuery,
+};
 use strata_store::db::SandboxRecord;
 use tokio::sync::oneshot;
 
@@ -44,9 +47,24 @@ impl From<FsError> for ApiError {
             FsError::Io { source, path } => match source.raw_os_error() {
                 // Our own errors (a directory where a file was asked for, a move across filesystems).
                 None => ApiError::bad_request(format!("{path}: {source}")),
-                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ApiError::new(ErrorCode::TooLarge, format!("{}: the sandbox's disk has no room for it", crate::error::chain(&e))),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ApiError::new(
+                    ErrorCode::TooLarge,
+                    format!("{}: the sandbox's disk has no room for it", crate::error::chain(&e)),
+                ),
                 Some(
-                    libc::ENOTDIR | libc::EISDIR | libc::EEXIST | libc::ENOTEMPTY | libc::EINVAL | libc::EROFS | libc::EACCES | libc::EPERM | libc::EBUSY | libc::ENAMETOOLONG | libc::EMLINK | libc::ETXTBSY | libc::ENXIO
+                    libc::ENOTDIR
+                    | libc::EISDIR
+                    | libc::EEXIST
+                    | libc::ENOTEMPTY
+                    | libc::EINVAL
+                    | libc::EROFS
+                    | libc::EACCES
+                    | libc::EPERM
+                    | libc::EBUSY
+                    | libc::ENAMETOOLONG
+                    | libc::EMLINK
+                    | libc::ETXTBSY
+                    | libc::ENXIO
                     | libc::EOPNOTSUPP,
                 ) => ApiError::bad_request(crate::error::chain(&e)),
                 _ => ApiError::internal("file operation", &e),
@@ -59,7 +77,10 @@ impl From<FsError> for ApiError {
 fn init_pid(rec: &SandboxRecord) -> ApiResult<i32> {
     match (rec.sandbox.state, rec.sandbox.init_pid) {
         (SandboxState::Running | SandboxState::Paused, Some(pid)) => Ok(pid),
-        (s, _) => Err(ApiError::invalid_state(s, format!("files of sandbox {} are reachable while it runs; it is {s}", rec.sandbox.id))),
+        (s, _) => Err(ApiError::invalid_state(
+            s,
+            format!("files of sandbox {} are reachable while it runs; it is {s}", rec.sandbox.id),
+        )),
     }
 }
 
@@ -74,7 +95,11 @@ fn enter(pid: i32) -> Result<(SandboxFs, SandboxRootCaps), FsError> {
 
 /// Runs `f` on the confined root of a running sandbox, off the async threads,
 /// with the sandbox root's capabilities.
-pub(crate) async fn with_fs<T: Send + 'static>(st: &Shared, id: &str, f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static) -> ApiResult<T> {
+pub(crate) async fn with_fs<T: Send + 'static>(
+    st: &Shared,
+    id: &str,
+    f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static,
+) -> ApiResult<T> {
     let pid = init_pid(&load(st, id)?)?;
     tokio::task::spawn_blocking(move || {
         let (fs, _caps) = enter(pid)?;
@@ -89,7 +114,9 @@ pub(crate) async fn with_fs<T: Send + 'static>(st: &Shared, id: &str, f: impl Fn
 fn refuse_secrets(fs: &SandboxFs, path: &str) -> Result<(), FsError> {
     let comps = fs.resolve(path, true)?;
     if comps.len() >= 2 && comps[0] == "run" && comps[1] == "secrets" {
-        return Err(FsError::Invalid(format!("{path} (the secrets under {SECRETS_DIR} are not served by the file API)")));
+        return Err(FsError::Invalid(format!(
+            "{path} (the secrets under {SECRETS_DIR} are not served by the file API)"
+        )));
     }
     Ok(())
 }
@@ -97,7 +124,11 @@ fn refuse_secrets(fs: &SandboxFs, path: &str) -> Result<(), FsError> {
 /// Download a file, or a tar stream of a file or directory with `tar=true`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), DownloadQuery),
     responses((status = 200, description = "File bytes (with Content-Length) or tar stream, sent as they are read", content_type = "application/octet-stream"), (status = 400, body = strata_api::ApiErrorBody), (status = 403, description = "A pseudo-filesystem or special file (`pseudo_filesystem`, `special_file`)", body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<DownloadQuery>) -> ApiResult<Response> {
+pub async fn download_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Query(q): Query<DownloadQuery>,
+) -> ApiResult<Response> {
     let rec = load(&st, &id)?;
     let pid = init_pid(&rec)?;
     let has_secrets = !st.secrets.get(&rec.sandbox.id)?.is_empty();
@@ -130,7 +161,9 @@ pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id):
             let _ = ready_tx.send(Ok(None));
             // Secrets are never echoed back: a tar of a directory above them leaves them out.
             let exclude: &[&str] = if has_secrets { &[SECRETS_DIR] } else { &[] };
-            fs.write_tar(root, &mut out, exclude).map_err(|e| std::io::Error::other(e.to_string())).and_then(|_| std::io::Write::flush(&mut out))
+            fs.write_tar(root, &mut out, exclude)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|_| std::io::Write::flush(&mut out))
         } else {
             let opened = (|| {
                 if has_secrets {
@@ -159,7 +192,12 @@ pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id):
     let len = match ready_rx.await {
         Ok(Ok(len)) => len,
         Ok(Err(e)) => return Err(e.into()),
-        Err(_) => return Err(ApiError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer")),
+        Err(_) => {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "file transfer: the transfer thread ended without an answer",
+            ))
+        }
     };
     let ct = if len.is_none() { "application/x-tar" } else { "application/octet-stream" };
     let mut resp = Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, ct);
@@ -175,7 +213,13 @@ pub async fn download_handler(State(st): State<Shared>, axum::extract::Path(id):
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), UploadQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, description = "A pseudo-filesystem or special file (`pseudo_filesystem`, `special_file`)", body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 413, description = "Larger than 4 GiB, or than the sandbox's disk holds (`too_large`)", body = strata_api::ApiErrorBody)))]
-pub async fn upload_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<UploadQuery>, headers: axum::http::HeaderMap, body: Body) -> ApiResult<StatusCode> {
+pub async fn upload_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Query(q): Query<UploadQuery>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
     let pid = init_pid(&load(&st, &id)?)?;
     if transfer::announced_over(&headers, MAX_UPLOAD_BYTES) {
         return Err(feed_error(FeedError::TooLarge(MAX_UPLOAD_BYTES)));
@@ -201,7 +245,9 @@ pub async fn upload_handler(State(st): State<Shared>, axum::extract::Path(id): a
     match transfer::feed_upload(body, tx, MAX_UPLOAD_BYTES, done_rx).await {
         Ok(Some(Ok(()))) => Ok(StatusCode::NO_CONTENT),
         Ok(Some(Err(e))) => Err(e.into()),
-        Ok(None) => Err(ApiError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer")),
+        Ok(None) => {
+            Err(ApiError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer"))
+        }
         Err(e) => Err(feed_error(e)),
     }
 }
@@ -209,7 +255,10 @@ pub async fn upload_handler(State(st): State<Shared>, axum::extract::Path(id): a
 /// The answer to an upload body that could not be taken.
 pub(crate) fn feed_error(e: FeedError) -> ApiError {
     match e {
-        FeedError::TooLarge(limit) => ApiError::new(ErrorCode::TooLarge, format!("the upload is larger than {limit} bytes, the most one upload may be; nothing was kept")),
+        FeedError::TooLarge(limit) => ApiError::new(
+            ErrorCode::TooLarge,
+            format!("the upload is larger than {limit} bytes, the most one upload may be; nothing was kept"),
+        ),
         FeedError::Body(e) => ApiError::bad_request(format!("reading the upload: {e}; nothing was kept")),
     }
 }
@@ -217,21 +266,33 @@ pub(crate) fn feed_error(e: FeedError) -> ApiError {
 /// Metadata of a path.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
     responses((status = 200, body = FileStat), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn stat_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<PathQuery>) -> ApiResult<Json<FileStat>> {
+pub async fn stat_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Query(q): Query<PathQuery>,
+) -> ApiResult<Json<FileStat>> {
     Ok(Json(with_fs(&st, &id, move |fs| fs.stat(&q.path)).await?))
 }
 
 /// Entries of a directory (at most 100,000: a larger one is a 413).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
     responses((status = 200, body = [FileStat]), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 413, body = strata_api::ApiErrorBody)))]
-pub async fn list_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Query(q): Query<PathQuery>) -> ApiResult<Json<Vec<FileStat>>> {
+pub async fn list_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Query(q): Query<PathQuery>,
+) -> ApiResult<Json<Vec<FileStat>>> {
     Ok(Json(with_fs(&st, &id, move |fs| fs.list(&q.path)).await?))
 }
 
 /// Create a directory.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files", request_body = MkdirRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn mkdir_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<MkdirRequest>) -> ApiResult<StatusCode> {
+pub async fn mkdir_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Json(req): Json<MkdirRequest>,
+) -> ApiResult<StatusCode> {
     with_fs(&st, &id, move |fs| fs.mkdir(&req.path, req.parents, 0o755)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -239,7 +300,11 @@ pub async fn mkdir_handler(State(st): State<Shared>, axum::extract::Path(id): ax
 /// Remove a file, symlink or directory.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/remove", tag = "files", request_body = RemoveFileRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 413, body = strata_api::ApiErrorBody)))]
-pub async fn remove_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<RemoveFileRequest>) -> ApiResult<StatusCode> {
+pub async fn remove_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Json(req): Json<RemoveFileRequest>,
+) -> ApiResult<StatusCode> {
     with_fs(&st, &id, move |fs| fs.remove(&req.path, req.recursive)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -247,7 +312,11 @@ pub async fn remove_handler(State(st): State<Shared>, axum::extract::Path(id): a
 /// Move or rename a path (a file or symlink also across the sandbox's filesystems).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/move", tag = "files", request_body = MoveRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn move_handler(State(st): State<Shared>, axum::extract::Path(id): axum::extract::Path<String>, Json(req): Json<MoveRequest>) -> ApiResult<StatusCode> {
+pub async fn move_handler(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Json(req): Json<MoveRequest>,
+) -> ApiResult<StatusCode> {
     with_fs(&st, &id, move |fs| fs.rename(&req.from, &req.to)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

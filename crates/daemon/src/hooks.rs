@@ -54,7 +54,10 @@ pub fn validate(h: &LifecycleHooks) -> ApiResult<()> {
     for stage in [Stage::BeforeStandby, Stage::BeforeStop, Stage::AfterResume] {
         if let Some(cmd) = stage.command(h) {
             if cmd.first().is_none_or(|c| c.is_empty()) || cmd.iter().any(|a| a.contains('\0')) {
-                return Err(ApiError::bad_request(format!("hook {}: the command must name a program and contain no NUL bytes", stage.name())));
+                return Err(ApiError::bad_request(format!(
+                    "hook {}: the command must name a program and contain no NUL bytes",
+                    stage.name()
+                )));
             }
         }
     }
@@ -70,7 +73,8 @@ pub async fn run(st: &Shared, rec: &SandboxRecord, stage: Stage) {
     let hooks = &rec.sandbox.policy.hooks;
     let Some(cmd) = stage.command(hooks) else { return };
     let timeout = hooks.timeout.as_deref().and_then(|t| units::parse_duration(t).ok()).unwrap_or(DEFAULT_TIMEOUT);
-    let req = ExecRequest { cmd: cmd.clone(), timeout: Some(format!("{}ms", timeout.as_millis())), ..Default::default() };
+    let req =
+        ExecRequest { cmd: cmd.clone(), timeout: Some(format!("{}ms", timeout.as_millis())), ..Default::default() };
     let (reason, detail) = match crate::processes::spawn_unchecked(st, rec, req).await {
         Ok(p) => {
             let info = p.wait(Some(timeout + Duration::from_secs(5))).await;
@@ -83,7 +87,16 @@ pub async fn run(st: &Shared, rec: &SandboxRecord, stage: Stage) {
                 _ => info.spawn_error.clone().unwrap_or_else(|| "did not finish".into()),
             };
             let ok = info.exit_code == Some(0) && !info.timed_out;
-            (if ok { "hook_ok" } else { "hook_failed" }, format!("{} `{}`: {status}; stdout: {:?}; stderr: {:?}", stage.name(), cmd.join(" "), tail(&out), tail(&err)))
+            (
+                if ok { "hook_ok" } else { "hook_failed" },
+                format!(
+                    "{} `{}`: {status}; stdout: {:?}; stderr: {:?}",
+                    stage.name(),
+                    cmd.join(" "),
+                    tail(&out),
+                    tail(&err)
+                ),
+            )
         }
         Err(e) => ("hook_failed", format!("{} `{}`: {}", stage.name(), cmd.join(" "), e.body.message)),
     };
@@ -97,4 +110,3 @@ pub async fn run(st: &Shared, rec: &SandboxRecord, stage: Stage) {
         st.notify_events(ev.seq);
     }
 }
-

@@ -84,7 +84,12 @@ pub fn tokens_in(text: &[u8]) -> Vec<(&'static str, &'static str)> {
     while let Some(pos) = text[i..].windows(4).position(|w| w == b"AKIA") {
         let s = i + pos;
         let tail = &text[s + 4..];
-        if tail.len() >= 16 && tail[..16].iter().all(|b| upper_digit(*b)) && tail.get(16).is_none_or(|b| !upper_digit(*b)) && (s == 0 || !upper_digit(text[s - 1])) && !is_documentation_key(&text[s..s + 20]) {
+        if tail.len() >= 16
+            && tail[..16].iter().all(|b| upper_digit(*b))
+            && tail.get(16).is_none_or(|b| !upper_digit(*b))
+            && (s == 0 || !upper_digit(text[s - 1]))
+            && !is_documentation_key(&text[s..s + 20])
+        {
             aws = true;
             break;
         }
@@ -94,10 +99,16 @@ pub fn tokens_in(text: &[u8]) -> Vec<(&'static str, &'static str)> {
         out.push(("credential.aws_access_key", "an AWS access key id (AKIA...)"));
     }
     let alnum = |b: u8| b.is_ascii_alphanumeric();
-    if find_prefixed(text, b"ghp_", 20, alnum) || find_prefixed(text, b"gho_", 20, alnum) || find_prefixed(text, b"github_pat_", 20, |b| alnum(b) || b == b'_') {
+    if find_prefixed(text, b"ghp_", 20, alnum)
+        || find_prefixed(text, b"gho_", 20, alnum)
+        || find_prefixed(text, b"github_pat_", 20, |b| alnum(b) || b == b'_')
+    {
         out.push(("credential.github_token", "a GitHub token (ghp_/github_pat_)"));
     }
-    if [b"xoxb-", b"xoxa-", b"xoxp-", b"xoxr-", b"xoxs-"].iter().any(|p| find_prefixed(text, *p, 10, |b| alnum(b) || b == b'-')) {
+    if [b"xoxb-", b"xoxa-", b"xoxp-", b"xoxr-", b"xoxs-"]
+        .iter()
+        .any(|p| find_prefixed(text, *p, 10, |b| alnum(b) || b == b'-'))
+    {
         out.push(("credential.slack_token", "a Slack token (xox?-)"));
     }
     out
@@ -126,7 +137,8 @@ fn private_key_block(s: &str) -> Option<KeyBlock> {
             continue;
         }
         let body = skip_separators(rest);
-        let base64_run = body.bytes().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=')).count();
+        let base64_run =
+            body.bytes().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=')).count();
         if base64_run >= 16 || body.starts_with("Proc-Type:") {
             return Some(if label == "OPENSSH PRIVATE KEY" { KeyBlock::OpenSsh } else { KeyBlock::Pem });
         }
@@ -139,7 +151,12 @@ fn private_key_block(s: &str) -> Option<KeyBlock> {
 fn skip_separators(mut s: &str) -> &str {
     loop {
         let t = s.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | '+' | ','));
-        let t = t.strip_prefix("\\n").or_else(|| t.strip_prefix("\\r")).or_else(|| t.strip_prefix("b\"")).or_else(|| t.strip_prefix("b'")).unwrap_or(t);
+        let t = t
+            .strip_prefix("\\n")
+            .or_else(|| t.strip_prefix("\\r"))
+            .or_else(|| t.strip_prefix("b\""))
+            .or_else(|| t.strip_prefix("b'"))
+            .unwrap_or(t);
         if t.len() == s.len() {
             return t;
         }
@@ -187,10 +204,13 @@ pub fn parse_record(record_path: &str, text: &[u8]) -> Vec<RecordEntry> {
         let mut parts = line.rsplitn(3, ',');
         let (Some(_size), Some(hash), Some(rel)) = (parts.next(), parts.next(), parts.next()) else { continue };
         let Some(b64) = hash.strip_prefix("sha256=") else { continue };
-        if rel.starts_with('"') || rel.starts_with('/') || rel.split('/').any(|c| c == ".." || c == "." || c.is_empty()) {
+        if rel.starts_with('"') || rel.starts_with('/') || rel.split('/').any(|c| c == ".." || c == "." || c.is_empty())
+        {
             continue;
         }
-        let Ok(digest) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(b64.trim_end_matches('=')) else { continue };
+        let Ok(digest) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(b64.trim_end_matches('=')) else {
+            continue;
+        };
         let Ok(sha256) = <[u8; 32]>::try_from(digest.as_slice()) else { continue };
         out.push(RecordEntry { path: format!("{}/{rel}", site.trim_end_matches('/')), sha256 });
     }
@@ -201,7 +221,14 @@ pub fn parse_record(record_path: &str, text: &[u8]) -> Vec<RecordEntry> {
 /// installed package: content-based credential matches (test fixtures, docs), never
 /// file-name rules, privilege, persistence or system-path findings.
 pub fn excusable_in_package(rule: &str) -> bool {
-    matches!(rule, "credential.private_key" | "credential.ssh_key" | "credential.aws_access_key" | "credential.github_token" | "credential.slack_token")
+    matches!(
+        rule,
+        "credential.private_key"
+            | "credential.ssh_key"
+            | "credential.aws_access_key"
+            | "credential.github_token"
+            | "credential.slack_token"
+    )
 }
 
 /// `NAME_TOKEN=value` or `api_key=value` style assignments (non-empty value).
@@ -211,7 +238,14 @@ pub fn secret_assignments(text: &[u8]) -> bool {
         let Some((k, v)) = line.split_once('=').or_else(|| line.split_once(':')) else { return false };
         let k = k.trim().trim_matches('"').to_ascii_lowercase();
         let v = v.trim().trim_matches(|c| c == '"' || c == '\'' || c == ',');
-        let secretish = k.ends_with("_token") || k == "token" || k.contains("api_key") || k.contains("apikey") || k.ends_with("_secret") || k == "secret_access_key" || k.ends_with("secret_access_key") || k.ends_with("_password");
+        let secretish = k.ends_with("_token")
+            || k == "token"
+            || k.contains("api_key")
+            || k.contains("apikey")
+            || k.ends_with("_secret")
+            || k == "secret_access_key"
+            || k.ends_with("secret_access_key")
+            || k.ends_with("_password");
         secretish && !k.contains(' ') && !v.is_empty() && !v.starts_with('$')
     })
 }
@@ -220,8 +254,28 @@ fn is_env_file(name: &str) -> bool {
     name == ".env" || name.starts_with(".env.") || name.ends_with(".env") || name == "environment" || name == ".envrc"
 }
 
-const HISTORIES: &[&str] = &[".bash_history", ".zsh_history", ".python_history", ".sh_history", ".ash_history", ".history", ".node_repl_history", ".psql_history", ".mysql_history"];
-const SHELL_RC: &[&str] = &[".bashrc", ".profile", ".zshrc", ".bash_profile", ".bash_login", ".bash_logout", ".zprofile", ".zshenv", ".zlogin"];
+const HISTORIES: &[&str] = &[
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".sh_history",
+    ".ash_history",
+    ".history",
+    ".node_repl_history",
+    ".psql_history",
+    ".mysql_history",
+];
+const SHELL_RC: &[&str] = &[
+    ".bashrc",
+    ".profile",
+    ".zshrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".zprofile",
+    ".zshenv",
+    ".zlogin",
+];
 const SSH_KEY_NAMES: &[&str] = &["id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk"];
 
 fn credential_rules(e: &Entry<'_>, out: &mut Vec<Finding>) {
@@ -247,20 +301,34 @@ fn credential_rules(e: &Entry<'_>, out: &mut Vec<Finding>) {
             kinds.push("a secret assignment (*_TOKEN=, api_key=)");
         }
         if !kinds.is_empty() {
-            out.push(finding(path, "credential.shell_history", Severity::High, format!("a shell history containing {}", kinds.join(", "))));
+            out.push(finding(
+                path,
+                "credential.shell_history",
+                Severity::High,
+                format!("a shell history containing {}", kinds.join(", ")),
+            ));
         }
         return;
     }
     match private_key_block(&String::from_utf8_lossy(text)) {
-        Some(KeyBlock::OpenSsh) => out.push(finding(path, "credential.ssh_key", Severity::Critical, "an OpenSSH private key")),
-        Some(KeyBlock::Pem) => out.push(finding(path, "credential.private_key", Severity::Critical, "a PEM private key")),
+        Some(KeyBlock::OpenSsh) => {
+            out.push(finding(path, "credential.ssh_key", Severity::Critical, "an OpenSSH private key"))
+        }
+        Some(KeyBlock::Pem) => {
+            out.push(finding(path, "credential.private_key", Severity::Critical, "a PEM private key"))
+        }
         None => {}
     }
     for (rule, why) in tokens_in(text) {
         out.push(finding(path, rule, Severity::Critical, format!("contains {why}")));
     }
     if is_env_file(name) && secret_assignments(text) {
-        out.push(finding(path, "credential.env_secret", Severity::High, "an env file assigning a token, key or password"));
+        out.push(finding(
+            path,
+            "credential.env_secret",
+            Severity::High,
+            "an env file assigning a token, key or password",
+        ));
     }
 }
 
@@ -268,12 +336,23 @@ fn privilege_rules(e: &Entry<'_>, out: &mut Vec<Finding>) {
     let ftype = e.mode & libc::S_IFMT;
     if ftype == libc::S_IFREG && e.mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
         let which = if e.mode & libc::S_ISUID != 0 { "setuid" } else { "setgid" };
-        out.push(finding(e.path, "privilege.setuid", Severity::High, format!("{which} file (mode {:04o})", e.mode & 0o7777)));
+        out.push(finding(
+            e.path,
+            "privilege.setuid",
+            Severity::High,
+            format!("{which} file (mode {:04o})", e.mode & 0o7777),
+        ));
     }
     let in_path = PATH_DIRS.iter().any(|d| under(e.path, d) || e.path == *d);
-    let world_writable = e.mode & 0o002 != 0 && ftype != libc::S_IFLNK && !(ftype == libc::S_IFDIR && e.mode & libc::S_ISVTX != 0);
+    let world_writable =
+        e.mode & 0o002 != 0 && ftype != libc::S_IFLNK && !(ftype == libc::S_IFDIR && e.mode & libc::S_ISVTX != 0);
     if in_path && world_writable {
-        out.push(finding(e.path, "privilege.world_writable", Severity::High, format!("world-writable in a PATH directory (mode {:04o})", e.mode & 0o7777)));
+        out.push(finding(
+            e.path,
+            "privilege.world_writable",
+            Severity::High,
+            format!("world-writable in a PATH directory (mode {:04o})", e.mode & 0o7777),
+        ));
     }
 }
 
@@ -281,19 +360,44 @@ fn persistence_rules(e: &Entry<'_>, out: &mut Vec<Finding>) {
     let p = e.path;
     let name = basename(p);
     let mut hit = |rule: &str, why: &str| out.push(finding(p, rule, Severity::High, why));
-    if p == "/etc/crontab" || p == "/etc/anacrontab" || ["/etc/cron.d", "/etc/cron.hourly", "/etc/cron.daily", "/etc/cron.weekly", "/etc/cron.monthly", "/var/spool/cron", "/var/spool/cron/crontabs"].iter().any(|d| under(p, d)) {
+    if p == "/etc/crontab"
+        || p == "/etc/anacrontab"
+        || [
+            "/etc/cron.d",
+            "/etc/cron.hourly",
+            "/etc/cron.daily",
+            "/etc/cron.weekly",
+            "/etc/cron.monthly",
+            "/var/spool/cron",
+            "/var/spool/cron/crontabs",
+        ]
+        .iter()
+        .any(|d| under(p, d))
+    {
         hit("persistence.cron", "a cron job or crontab");
     } else if p == "/etc/ld.so.preload" {
-        out.push(finding(p, "persistence.ld_preload", Severity::Critical, "ld.so.preload injects a library into every process"));
+        out.push(finding(
+            p,
+            "persistence.ld_preload",
+            Severity::Critical,
+            "ld.so.preload injects a library into every process",
+        ));
     } else if p == "/etc/rc.local" || under(p, "/etc/init.d") || under(p, "/etc/rc.d") {
         hit("persistence.rc_local", "a boot script");
-    } else if under(p, "/etc/profile.d") || p == "/etc/profile" || p == "/etc/bash.bashrc" || p == "/etc/zsh/zshrc" || p == "/etc/environment" {
+    } else if under(p, "/etc/profile.d")
+        || p == "/etc/profile"
+        || p == "/etc/bash.bashrc"
+        || p == "/etc/zsh/zshrc"
+        || p == "/etc/environment"
+    {
         hit("persistence.shell_profile", "a system-wide login script");
     } else if SHELL_RC.contains(&name) {
         hit("persistence.shell_rc", "a shell startup file");
     } else if p.contains("/.git/hooks/") && !name.ends_with(".sample") && parent(p).ends_with("/.git/hooks") {
         hit("persistence.git_hook", "a git hook (runs on git commands)");
-    } else if ["/etc/systemd", "/usr/lib/systemd", "/lib/systemd", "/run/systemd"].iter().any(|d| under(p, d)) || p.contains("/.config/systemd/") {
+    } else if ["/etc/systemd", "/usr/lib/systemd", "/lib/systemd", "/run/systemd"].iter().any(|d| under(p, d))
+        || p.contains("/.config/systemd/")
+    {
         hit("persistence.systemd", "a systemd unit or drop-in");
     }
 }
@@ -329,7 +433,9 @@ pub fn check(e: &Entry<'_>) -> Vec<Finding> {
 
 /// Sorts findings most severe first, then by path and rule.
 pub fn sort(findings: &mut [Finding]) {
-    findings.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.path.cmp(&b.path)).then_with(|| a.rule.cmp(&b.rule)));
+    findings.sort_by(|a, b| {
+        b.severity.cmp(&a.severity).then_with(|| a.path.cmp(&b.path)).then_with(|| a.rule.cmp(&b.rule))
+    });
 }
 
 #[cfg(test)]
@@ -350,26 +456,52 @@ mod tests {
 
     #[test]
     fn private_keys() {
-        assert_eq!(added("/root/key.pem", &format!("x\n-----BEGIN RSA PRIVATE KEY-----\n{BODY}")), ["credential.private_key"]);
+        assert_eq!(
+            added("/root/key.pem", &format!("x\n-----BEGIN RSA PRIVATE KEY-----\n{BODY}")),
+            ["credential.private_key"]
+        );
         assert_eq!(added("/root/k", &format!("-----BEGIN PRIVATE KEY-----\n{BODY}")), ["credential.private_key"]);
-        assert_eq!(added("/root/k", "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"), ["credential.private_key"]);
+        assert_eq!(
+            added("/root/k", "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"),
+            ["credential.private_key"]
+        );
         assert_eq!(added("/app/cert.pem", &format!("-----BEGIN CERTIFICATE-----\n{BODY}")), Vec::<String>::new());
-        assert_eq!(added("/home/u/notes", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"), ["credential.ssh_key"]);
+        assert_eq!(
+            added("/home/u/notes", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"),
+            ["credential.ssh_key"]
+        );
         assert_eq!(rules("/home/u/.ssh/id_ed25519", Change::Added, FILE, None), ["credential.ssh_key"]);
         assert!(added("/home/u/.ssh/id_ed25519.pub", "ssh-ed25519 AAAA").is_empty());
-        assert_eq!(added("/home/u/.ssh/id_rsa", "-----BEGIN OPENSSH PRIVATE KEY-----\n"), ["credential.ssh_key"], "one finding per rule and path");
+        assert_eq!(
+            added("/home/u/.ssh/id_rsa", "-----BEGIN OPENSSH PRIVATE KEY-----\n"),
+            ["credential.ssh_key"],
+            "one finding per rule and path"
+        );
         // A key embedded in source as a string literal (a test fixture) is key material.
-        assert_eq!(added("/app/keys.py", &format!("KEY = \"\"\"\n    -----BEGIN RSA PRIVATE KEY-----\n    {BODY}\"\"\"")), ["credential.private_key"]);
-        assert_eq!(added("/app/k.py", &format!("k = (\"-----BEGIN PRIVATE KEY-----\\n\"\n  \"{}\\n\")", BODY.trim())), ["credential.private_key"]);
+        assert_eq!(
+            added("/app/keys.py", &format!("KEY = \"\"\"\n    -----BEGIN RSA PRIVATE KEY-----\n    {BODY}\"\"\"")),
+            ["credential.private_key"]
+        );
+        assert_eq!(
+            added("/app/k.py", &format!("k = (\"-----BEGIN PRIVATE KEY-----\\n\"\n  \"{}\\n\")", BODY.trim())),
+            ["credential.private_key"]
+        );
         // A parser's marker constant is not.
-        assert!(added("/app/ssh.py", "_SK_START = b\"-----BEGIN OPENSSH PRIVATE KEY-----\"\n_SK_END = b\"-----END\"\n").is_empty());
+        assert!(added(
+            "/app/ssh.py",
+            "_SK_START = b\"-----BEGIN OPENSSH PRIVATE KEY-----\"\n_SK_END = b\"-----END\"\n"
+        )
+        .is_empty());
         assert!(added("/app/p.py", "if line == '-----BEGIN RSA PRIVATE KEY-----':\n    parse()\n").is_empty());
     }
 
     #[test]
     fn tokens() {
         assert_eq!(added("/app/config.py", "KEY = 'AKIAZ7QRSTUVWXY23456'\n"), ["credential.aws_access_key"]);
-        assert!(added("/app/docs.rst", "aws_access_key_id = AKIAIOSFODNN7EXAMPLE\n").is_empty(), "AWS's documented example key");
+        assert!(
+            added("/app/docs.rst", "aws_access_key_id = AKIAIOSFODNN7EXAMPLE\n").is_empty(),
+            "AWS's documented example key"
+        );
         assert!(added("/app/x", "AKIAshort").is_empty());
         assert!(added("/app/x", "XAKIAZ7QRSTUVWXY23456ZZ").is_empty(), "not at a boundary");
         assert_eq!(added("/app/x", "t=ghp_0123456789abcdefghijABCDEFGHIJ0123"), ["credential.github_token"]);
@@ -390,9 +522,20 @@ mod tests {
         assert!(!is_dist_record("/app/RECORD"));
         assert_eq!(dist_name(rec), "tornado-6.4");
         let entries = parse_record(rec, record.as_bytes());
-        assert_eq!(entries, [RecordEntry { path: "/home/u/venv/lib/python3.11/site-packages/tornado/test/test.key".into(), sha256: digest }], "only hashed, in-tree, unquoted entries");
+        assert_eq!(
+            entries,
+            [RecordEntry {
+                path: "/home/u/venv/lib/python3.11/site-packages/tornado/test/test.key".into(),
+                sha256: digest
+            }],
+            "only hashed, in-tree, unquoted entries"
+        );
         assert!(excusable_in_package("credential.private_key"));
-        assert!(!excusable_in_package("credential.netrc") && !excusable_in_package("privilege.setuid") && !excusable_in_package("persistence.cron"));
+        assert!(
+            !excusable_in_package("credential.netrc")
+                && !excusable_in_package("privilege.setuid")
+                && !excusable_in_package("persistence.cron")
+        );
     }
 
     #[test]
@@ -407,28 +550,48 @@ mod tests {
     fn credential_files() {
         assert_eq!(added("/root/.netrc", "machine x login y password z"), ["credential.netrc"]);
         assert_eq!(added("/home/u/.git-credentials", "https://u:p@host"), ["credential.git_credentials"]);
-        assert_eq!(added("/root/.docker/config.json", "{\"auths\":{\"r\":{\"auth\":\"dTpw\"}}}"), ["credential.docker_auth"]);
+        assert_eq!(
+            added("/root/.docker/config.json", "{\"auths\":{\"r\":{\"auth\":\"dTpw\"}}}"),
+            ["credential.docker_auth"]
+        );
         assert!(added("/root/.docker/config.json", "{\"credsStore\":\"pass\"}").is_empty());
     }
 
     #[test]
     fn shell_histories() {
-        assert_eq!(added("/root/.bash_history", "ls\nexport GITHUB_TOKEN=ghp_0123456789abcdefghijABCD\n"), ["credential.shell_history"]);
+        assert_eq!(
+            added("/root/.bash_history", "ls\nexport GITHUB_TOKEN=ghp_0123456789abcdefghijABCD\n"),
+            ["credential.shell_history"]
+        );
         assert_eq!(added("/home/u/.python_history", "api_key = 'abc'\n"), ["credential.shell_history"]);
         assert!(added("/root/.zsh_history", "ls\ncd /tmp\n").is_empty());
     }
 
     #[test]
     fn binaries_are_not_searched() {
-        assert!(check(&Entry { path: "/app/blob", change: Change::Added, mode: FILE, content: Some(b"\0\0AKIAZ7QRSTUVWXY23456") }).is_empty());
+        assert!(check(&Entry {
+            path: "/app/blob",
+            change: Change::Added,
+            mode: FILE,
+            content: Some(b"\0\0AKIAZ7QRSTUVWXY23456")
+        })
+        .is_empty());
     }
 
     #[test]
     fn setuid_and_world_writable() {
-        assert_eq!(rules("/usr/local/bin/tool", Change::Added, libc::S_IFREG | 0o4755, None), ["system_path", "privilege.setuid"]);
+        assert_eq!(
+            rules("/usr/local/bin/tool", Change::Added, libc::S_IFREG | 0o4755, None),
+            ["system_path", "privilege.setuid"]
+        );
         assert_eq!(rules("/opt/x", Change::Added, libc::S_IFREG | 0o2755, None), ["privilege.setuid"]);
-        assert_eq!(rules("/usr/local/bin/w", Change::Added, libc::S_IFREG | 0o777, None), ["system_path", "privilege.world_writable"]);
-        assert!(rules("/usr/local/bin/l", Change::Added, libc::S_IFLNK | 0o777, None).iter().all(|r| r == "system_path"));
+        assert_eq!(
+            rules("/usr/local/bin/w", Change::Added, libc::S_IFREG | 0o777, None),
+            ["system_path", "privilege.world_writable"]
+        );
+        assert!(rules("/usr/local/bin/l", Change::Added, libc::S_IFLNK | 0o777, None)
+            .iter()
+            .all(|r| r == "system_path"));
         assert!(rules("/tmp/w", Change::Added, libc::S_IFREG | 0o777, None).is_empty());
     }
 
@@ -436,7 +599,10 @@ mod tests {
     fn system_paths() {
         assert_eq!(rules("/etc/hosts.allow", Change::Modified, FILE, Some("")), ["system_path"]);
         assert_eq!(rules("/usr/lib/libc.so", Change::Deleted, 0, None), ["system_path"]);
-        assert!(rules("/usr/share/new", Change::Added, libc::S_IFDIR | 0o755, None).is_empty(), "added directories: contents are reported");
+        assert!(
+            rules("/usr/share/new", Change::Added, libc::S_IFDIR | 0o755, None).is_empty(),
+            "added directories: contents are reported"
+        );
         assert!(rules("/usrx/a", Change::Added, FILE, Some("")).is_empty());
         assert!(rules("/app/main.py", Change::Modified, FILE, Some("print(1)")).is_empty());
     }
@@ -448,7 +614,10 @@ mod tests {
         assert_eq!(added("/etc/profile.d/x.sh", "export A=1"), ["system_path", "persistence.shell_profile"]);
         assert_eq!(rules("/root/.bashrc", Change::Modified, FILE, Some("alias x=y")), ["persistence.shell_rc"]);
         assert_eq!(added("/home/u/.zshrc", ""), ["persistence.shell_rc"]);
-        assert_eq!(rules("/app/.git/hooks/pre-commit", Change::Added, libc::S_IFREG | 0o755, Some("#!/bin/sh")), ["persistence.git_hook"]);
+        assert_eq!(
+            rules("/app/.git/hooks/pre-commit", Change::Added, libc::S_IFREG | 0o755, Some("#!/bin/sh")),
+            ["persistence.git_hook"]
+        );
         assert!(added("/app/.git/hooks/pre-commit.sample", "").is_empty());
         assert_eq!(added("/etc/ld.so.preload", "/lib/evil.so"), ["system_path", "persistence.ld_preload"]);
         assert_eq!(added("/etc/systemd/system/x.service", "[Service]"), ["system_path", "persistence.systemd"]);
@@ -460,7 +629,12 @@ mod tests {
     #[test]
     fn most_severe_first() {
         let content = format!("-----BEGIN PRIVATE KEY-----\n{BODY}");
-        let mut f = check(&Entry { path: "/etc/cron.d/k", change: Change::Added, mode: FILE, content: Some(content.as_bytes()) });
+        let mut f = check(&Entry {
+            path: "/etc/cron.d/k",
+            change: Change::Added,
+            mode: FILE,
+            content: Some(content.as_bytes()),
+        });
         sort(&mut f);
         let sev: Vec<Severity> = f.iter().map(|f| f.severity).collect();
         assert_eq!(sev, [Severity::Critical, Severity::High, Severity::Medium]);

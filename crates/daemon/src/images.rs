@@ -8,7 +8,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use sha2::{Digest, Sha256};
-use strata_api::{ErrorCode, Image, ImportEvent, ImportImageRequest, ImportReport, LayerInfo, PullImageRequest, StreamQuery};
+use strata_api::{
+    ErrorCode, Image, ImportEvent, ImportImageRequest, ImportReport, LayerInfo, PullImageRequest, StreamQuery,
+};
 use strata_core::ids;
 use tracing::info;
 
@@ -124,7 +126,8 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> ApiResult
     })
     .await
     .map_err(|e| ApiError::internal("import task", &e))??;
-    let layer_infos: Vec<LayerInfo> = imported.layers.iter().map(|l| LayerInfo { digest: l.key.clone(), size: l.size }).collect();
+    let layer_infos: Vec<LayerInfo> =
+        imported.layers.iter().map(|l| LayerInfo { digest: l.key.clone(), size: l.size }).collect();
     let image = Image {
         id: image_id(&layer_infos, &imported.config),
         name: r.name.clone(),
@@ -154,18 +157,28 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> ApiResult
 }
 
 /// Imports an image; `progress` receives events as it goes.
-pub async fn import(st: &Shared, req: ImportImageRequest, progress: Option<tokio::sync::mpsc::Sender<ImportEvent>>) -> ApiResult<ImportReport> {
+pub async fn import(
+    st: &Shared,
+    req: ImportImageRequest,
+    progress: Option<tokio::sync::mpsc::Sender<ImportEvent>>,
+) -> ApiResult<ImportReport> {
     ids::validate_new_name(&req.name, true)?;
     let src = PathBuf::from(&req.source);
     if !src.is_absolute() {
-        return Err(ApiError::bad_request(format!("source {:?} must be an absolute path on the daemon's host", req.source)));
+        return Err(ApiError::bad_request(format!(
+            "source {:?} must be an absolute path on the daemon's host",
+            req.source
+        )));
     }
     if !src.exists() {
         return Err(ApiError::bad_request(format!("source {:?} does not exist", req.source)));
     }
     let _g = st.image_lock.lock().await;
     if !req.replace && st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
-        return Err(ApiError::new(ErrorCode::NameConflict, format!("an image named {:?} exists (use replace)", req.name)));
+        return Err(ApiError::new(
+            ErrorCode::NameConflict,
+            format!("an image named {:?} exists (use replace)", req.name),
+        ));
     }
     let r = Registration {
         src,
@@ -190,7 +203,10 @@ fn pull_replaces(st: &Shared, name: &str) -> ApiResult<bool> {
         Some(i) if i.source_kind == "registry" => Ok(true),
         Some(i) => Err(ApiError::new(
             ErrorCode::NameConflict,
-            format!("an image named {name:?} exists (imported from {}: {}); remove it or pull under another name", i.source_kind, i.source),
+            format!(
+                "an image named {name:?} exists (imported from {}: {}); remove it or pull under another name",
+                i.source_kind, i.source
+            ),
         )),
     }
 }
@@ -201,7 +217,11 @@ fn pull_replaces(st: &Shared, name: &str) -> ApiResult<bool> {
 /// staging area); the import of the downloaded OCI layout, with every check
 /// of a local import, and the registration happen under it. Pulling again
 /// under the same name replaces the image (layers already stored are reused).
-pub async fn pull(st: &Shared, req: PullImageRequest, progress: Option<tokio::sync::mpsc::Sender<ImportEvent>>) -> ApiResult<ImportReport> {
+pub async fn pull(
+    st: &Shared,
+    req: PullImageRequest,
+    progress: Option<tokio::sync::mpsc::Sender<ImportEvent>>,
+) -> ApiResult<ImportReport> {
     let started = Instant::now();
     let reference = strata_image::registry::parse_reference(&req.reference)?;
     let name = req.name.clone().unwrap_or_else(|| req.reference.clone());
@@ -216,7 +236,11 @@ pub async fn pull(st: &Shared, req: PullImageRequest, progress: Option<tokio::sy
     reporter.nonblocking(Some(format!("resolving {}", reference.whole())), 0, None);
     let opts = strata_image::registry::PullOptions { insecure: req.insecure, ..Default::default() };
     let mut cb = |p: strata_image::registry::DownloadProgress<'_>| {
-        reporter.nonblocking(Some(format!("download layer {}/{} {}", p.index + 1, p.count, p.digest)), p.done, Some(p.total))
+        reporter.nonblocking(
+            Some(format!("download layer {}/{} {}", p.index + 1, p.count, p.digest)),
+            p.done,
+            Some(p.total),
+        )
     };
     let fetched = strata_image::registry::fetch(&req.reference, &st.layers, &opts, &mut cb).await?;
     let _g = st.image_lock.lock().await;
@@ -309,7 +333,11 @@ where
 #[utoipa::path(post, path = "/v1/images/import", tag = "images", request_body = ImportImageRequest, params(StreamQuery),
     responses((status = 201, body = ImportReport, description = "Imported (or an NDJSON stream of ImportEvent with stream=true)"),
         (status = 400, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn import_handler(State(st): State<Shared>, Query(q): Query<StreamQuery>, Json(req): Json<ImportImageRequest>) -> ApiResult<Response> {
+pub async fn import_handler(
+    State(st): State<Shared>,
+    Query(q): Query<StreamQuery>,
+    Json(req): Json<ImportImageRequest>,
+) -> ApiResult<Response> {
     respond(q.stream, move |tx| async move { import(&st, req, tx).await }).await
 }
 
@@ -323,7 +351,11 @@ pub async fn import_handler(State(st): State<Shared>, Query(q): Query<StreamQuer
         (status = 500, body = strata_api::ApiErrorBody, description = "Registry unreachable or failing (internal; the message names the registry)"),
         (status = 501, body = strata_api::ApiErrorBody, description = "The registry requires authentication (unsupported)"),
         (status = 504, body = strata_api::ApiErrorBody, description = "The registry timed out (timeout)")))]
-pub async fn pull_handler(State(st): State<Shared>, Query(q): Query<StreamQuery>, Json(req): Json<PullImageRequest>) -> ApiResult<Response> {
+pub async fn pull_handler(
+    State(st): State<Shared>,
+    Query(q): Query<StreamQuery>,
+    Json(req): Json<PullImageRequest>,
+) -> ApiResult<Response> {
     respond(q.stream, move |tx| async move { pull(&st, req, tx).await }).await
 }
 
@@ -337,7 +369,10 @@ pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Image>
 #[utoipa::path(get, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name or id")),
     responses((status = 200, body = Image), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<Json<Image>> {
-    st.db.get_image(&name)?.map(Json).ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))
+    st.db
+        .get_image(&name)?
+        .map(Json)
+        .ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))
 }
 
 /// Remove an image; its layers are deleted when nothing else uses them.
@@ -345,10 +380,20 @@ pub async fn get_handler(State(st): State<Shared>, Path(name): Path<String>) -> 
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn remove_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<StatusCode> {
     let _g = st.image_lock.lock().await;
-    let img = st.db.get_image(&name)?.ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))?;
-    let users: Vec<String> = st.db.list_sandboxes()?.into_iter().filter(|s| s.sandbox.source == img.name).map(|s| format!("sandbox {}", s.sandbox.id)).collect();
+    let img = st
+        .db
+        .get_image(&name)?
+        .ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))?;
+    let users: Vec<String> = st
+        .db
+        .list_sandboxes()?
+        .into_iter()
+        .filter(|s| s.sandbox.source == img.name)
+        .map(|s| format!("sandbox {}", s.sandbox.id))
+        .collect();
     if !users.is_empty() {
-        let mut e = ApiError::new(ErrorCode::InUse, format!("image {:?} is used by {} sandbox(es)", img.name, users.len()));
+        let mut e =
+            ApiError::new(ErrorCode::InUse, format!("image {:?} is used by {} sandbox(es)", img.name, users.len()));
         e.body.dependents = users;
         return Err(e);
     }

@@ -97,14 +97,26 @@ pub fn pin(explicit: Option<&Path>, strata_exe: &Path, state_dir: &Path) -> Resu
     let bytes = match (found, dynamic) {
         (Some(b), _) => b,
         (None, Some(d)) => return Err(InitBinaryError::Dynamic(d)),
-        (None, None) => return Err(InitBinaryError::NotFound(list.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))),
+        (None, None) => {
+            return Err(InitBinaryError::NotFound(
+                list.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+            ))
+        }
     };
     let digest = hex::encode(sha2::Sha256::digest(&bytes));
     let dest = state_dir.join("bin").join(format!("strata-init-{}", &digest[..16]));
     if !dest.is_file() {
         let dir = dest.parent().expect("has parent");
-        std::fs::create_dir_all(dir).map_err(|source| InitBinaryError::Io { what: "create", path: dir.to_path_buf(), source })?;
-        strata_store::fsutil::write_atomic(&dest, &bytes, 0o755).map_err(|source| InitBinaryError::Io { what: "write", path: dest.clone(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| InitBinaryError::Io {
+            what: "create",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        strata_store::fsutil::write_atomic(&dest, &bytes, 0o755).map_err(|source| InitBinaryError::Io {
+            what: "write",
+            path: dest.clone(),
+            source,
+        })?;
     }
     Ok(dest)
 }
@@ -142,7 +154,13 @@ pub fn serve(pinned: &Path, state_dir: &Path) -> Result<PathBuf, InitBinaryError
     for entry in std::fs::read_dir(bin).map_err(io("list", bin))? {
         let entry = entry.map_err(io("list", bin))?;
         let name = entry.file_name();
-        let Some(hash) = name.to_str().and_then(|n| n.strip_prefix("strata-init-")).filter(|h| h.chars().all(|c| c.is_ascii_hexdigit())) else { continue };
+        let Some(hash) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("strata-init-"))
+            .filter(|h| h.chars().all(|c| c.is_ascii_hexdigit()))
+        else {
+            continue;
+        };
         let served = dir.join(hash).join(SERVED_NAME);
         if served.is_file() {
             continue;
@@ -151,7 +169,11 @@ pub fn serve(pinned: &Path, state_dir: &Path) -> Result<PathBuf, InitBinaryError
         std::fs::create_dir_all(served.parent().expect("has parent")).map_err(io("create", &served))?;
         strata_store::fsutil::write_atomic(&served, &bytes, 0o555).map_err(io("write", &served))?;
     }
-    let hash = pinned.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("strata-init-")).expect("pin names copies strata-init-<hash>");
+    let hash = pinned
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("strata-init-"))
+        .expect("pin names copies strata-init-<hash>");
     Ok(dir.join(hash).join(SERVED_NAME))
 }
 

@@ -26,12 +26,12 @@ pub mod files;
 pub mod hooks;
 pub mod hygiene;
 pub mod images;
-pub mod metrics;
 pub mod initbin;
+pub mod metrics;
 pub mod ndjson;
 pub mod network;
-pub mod pipelines;
 pub mod openapi;
+pub mod pipelines;
 pub mod policy;
 pub mod preview;
 pub mod privileges;
@@ -71,7 +71,11 @@ use crate::state::{AppState, Shared};
 /// instead (a kill -9 at that step). Unset in production.
 pub fn failpoint(name: &str) -> std::io::Result<()> {
     static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let points = POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| v.split(',').map(|s| s.trim().to_string()).collect()).unwrap_or_default());
+    let points = POINTS.get_or_init(|| {
+        std::env::var("STRATA_FAILPOINTS")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default()
+    });
     if points.iter().any(|p| p == name) {
         tracing::warn!(failpoint = name, "failpoint triggered");
         return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
@@ -168,7 +172,13 @@ pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
     match std::fs::read_to_string(&p) {
         Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
         _ => {
-            let token = format!("{:016x}{:016x}{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>(), rand::random::<u64>(), rand::random::<u64>());
+            let token = format!(
+                "{:016x}{:016x}{:016x}{:016x}",
+                rand::random::<u64>(),
+                rand::random::<u64>(),
+                rand::random::<u64>(),
+                rand::random::<u64>()
+            );
             strata_store::fsutil::write_atomic(&p, token.as_bytes(), 0o600).map_err(io_err("write token", &p))?;
             Ok(token)
         }
@@ -201,7 +211,9 @@ pub fn router(st: Shared) -> Router {
 /// as the API (authentication, tenancy, audit), and its tools call the API
 /// itself, with the caller's bearer token when there is one.
 pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router {
-    use crate::{activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t};
+    use crate::{
+        activity as a, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, templates as t,
+    };
     let r = Router::new()
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/metrics", get(metrics::metrics_handler))
@@ -256,7 +268,10 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/approvals/{id}/deny", post(approvals::deny_handler))
         .route("/v1/tokens", get(tenancy::list_tokens_handler).post(tenancy::create_token_handler))
         .route("/v1/tokens/{id}", axum::routing::delete(tenancy::revoke_token_handler))
-        .route("/v1/tenants/{tenant}/quota", get(quotas::get_quota_handler).put(quotas::put_quota_handler).delete(quotas::delete_quota_handler))
+        .route(
+            "/v1/tenants/{tenant}/quota",
+            get(quotas::get_quota_handler).put(quotas::put_quota_handler).delete(quotas::delete_quota_handler),
+        )
         .route("/v1/tenants/{tenant}/usage", get(quotas::usage_handler))
         .route("/v1/sandboxes/{id}/start", post(s::start_handler))
         .route("/v1/sandboxes/{id}/exec", post(p::exec_handler))
@@ -292,7 +307,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
 async fn json_errors(req: Request, next: Next) -> Response {
     let resp = next.run(req).await;
     let status = resp.status();
-    let is_json = resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let is_json =
+        resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }
@@ -306,15 +322,26 @@ async fn json_errors(req: Request, next: Next) -> Response {
         s if s.is_server_error() => ErrorCode::Internal,
         _ => ErrorCode::BadRequest,
     };
-    let body = ApiErrorBody { code, message: String::from_utf8_lossy(&bytes).trim().to_string(), current_state: None, dependents: vec![], findings: vec![], approval: None };
+    let body = ApiErrorBody {
+        code,
+        message: String::from_utf8_lossy(&bytes).trim().to_string(),
+        current_state: None,
+        dependents: vec![],
+        findings: vec![],
+        approval: None,
+    };
     (status, axum::Json(body)).into_response()
 }
 
 /// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
 pub(crate) fn loopback(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port()),
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port()),
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
         _ => addr,
     }
 }
@@ -322,7 +349,8 @@ pub(crate) fn loopback(addr: SocketAddr) -> SocketAddr {
 /// Holds an exclusive flock on `<state>/daemon.lock` for the daemon's lifetime.
 fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, DaemonError> {
     let p = state_dir.join("daemon.lock");
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(io_err("open", &p))?;
+    let f =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(io_err("open", &p))?;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(DaemonError::AlreadyRunning(state_dir.to_path_buf()));
@@ -336,7 +364,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
     let s = cfg.state_dir.to_string_lossy();
     if s.contains(',') || s.contains(':') {
-        return Err(DaemonError::Io { what: "state directory must not contain ',' or ':'", path: cfg.state_dir.clone(), source: std::io::ErrorKind::InvalidInput.into() });
+        return Err(DaemonError::Io {
+            what: "state directory must not contain ',' or ':'",
+            path: cfg.state_dir.clone(),
+            source: std::io::ErrorKind::InvalidInput.into(),
+        });
     }
     let _lock = lock_state_dir(&cfg.state_dir)?;
     // Orphaned sandbox inits are reparented to us, so we can reap them.
@@ -348,7 +380,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;
     let pinned = initbin::pin(cfg.init_binary.as_deref(), &cfg.helper_exe, &cfg.state_dir)?;
     let init_binary = initbin::serve(&pinned, &cfg.state_dir)?;
-    let runtime = strata_runtime::namespace::NamespaceRuntime::new(cfg.helper_exe.clone(), init_binary, cfg.state_dir.join("run"))?;
+    let runtime = strata_runtime::namespace::NamespaceRuntime::new(
+        cfg.helper_exe.clone(),
+        init_binary,
+        cfg.state_dir.join("run"),
+    )?;
     let archive = match cfg.archive_url.as_deref() {
         Some(url) => archive::ArchiveStore::from_url(url)?,
         None => archive::ArchiveStore::local(&cfg.state_dir.join("archive"))?,
@@ -369,9 +405,12 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
     app_state.disks = Arc::new(disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
     if let (Some(_), Some(why)) = (default_disk_bytes, disk::unavailable()) {
-        tracing::warn!("per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable");
+        tracing::warn!(
+            "per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable"
+        );
     }
-    let preview_domain = cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
+    let preview_domain =
+        cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     let st: Shared = Arc::new(app_state);
     sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
@@ -405,9 +444,11 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         std::fs::remove_file(&cfg.socket).map_err(io_err("remove stale socket", &cfg.socket))?;
     }
     let uds = tokio::net::UnixListener::bind(&cfg.socket).map_err(io_err("bind", &cfg.socket))?;
-    std::fs::set_permissions(&cfg.socket, std::os::unix::fs::PermissionsExt::from_mode(0o660)).map_err(io_err("chmod", &cfg.socket))?;
+    std::fs::set_permissions(&cfg.socket, std::os::unix::fs::PermissionsExt::from_mode(0o660))
+        .map_err(io_err("chmod", &cfg.socket))?;
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},
@@ -417,7 +458,9 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut tasks = Vec::new();
     let tcp = match cfg.listen {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?),
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.map_err(io_err("bind TCP", Path::new("listen address")))?)
+        }
         None => None,
     };
     // The MCP endpoint's tools call this daemon's API: over the Unix socket,
@@ -434,7 +477,8 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         // The E2B-compatible API (docs/e2b-compat.md) is TCP only: it calls
         // this listener's native API with the caller's own token.
         let e2b_layer = e2b::E2b::new(loopback(addr).to_string());
-        let tcp_app = e2b::mount(app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp)), e2b_layer);
+        let tcp_app =
+            e2b::mount(app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp)), e2b_layer);
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
             // No Nagle delay: streamed responses (process output, Connect
@@ -442,17 +486,22 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
             let tcp = axum::serve::ListenerExt::tap_io(tcp, |s: &mut tokio::net::TcpStream| {
                 let _ = s.set_nodelay(true);
             });
-            let _ = axum::serve(tcp, tcp_app.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(async move {
-                let _ = rx.recv().await;
-            }).await;
+            let _ = axum::serve(tcp, tcp_app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(async move {
+                    let _ = rx.recv().await;
+                })
+                .await;
         }));
     }
     info!(socket = %cfg.socket.display(), state_dir = %cfg.state_dir.display(), "strata daemon ready");
     let mut rx = stop_tx.subscribe();
     let uds_task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(uds, app.into_make_service_with_connect_info::<audit::UdsPeer>()).with_graceful_shutdown(async move {
-            let _ = rx.recv().await;
-        }).await {
+        if let Err(e) = axum::serve(uds, app.into_make_service_with_connect_info::<audit::UdsPeer>())
+            .with_graceful_shutdown(async move {
+                let _ = rx.recv().await;
+            })
+            .await
+        {
             warn!(error = %e, "unix socket server failed");
         }
     });

@@ -19,13 +19,26 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use strata_api::SandboxState;
-use strata_core::Action;
 use strata_core::lifecycle::has_processes;
+use strata_core::Action;
 
 use crate::state::Shared;
 
 /// The phases timed by `strata_phase_duration_seconds`.
-pub const PHASES: [&str; 12] = ["create", "ready", "exec", "checkpoint", "fork", "standby", "resume", "archive", "unarchive", "start", "stop", "destroy"];
+pub const PHASES: [&str; 12] = [
+    "create",
+    "ready",
+    "exec",
+    "checkpoint",
+    "fork",
+    "standby",
+    "resume",
+    "archive",
+    "unarchive",
+    "start",
+    "stop",
+    "destroy",
+];
 
 /// Histogram buckets, seconds: 1 ms to ~65 s.
 pub fn buckets() -> Vec<f64> {
@@ -88,27 +101,59 @@ impl Metrics {
     /// A registry with every strata metric.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let phases = Family::<PhaseLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| Histogram::new(buckets()));
+        let phases =
+            Family::<PhaseLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| Histogram::new(buckets()));
         registry.register("strata_phase_duration_seconds", "Duration of lifecycle phases (create: creating->running; ready: a create request end to end; exec: API process spawn to exit; ...)", phases.clone());
         let transitions = Family::<TransitionLabels, Counter>::default();
-        registry.register("strata_transitions", "Lifecycle transitions by target state and reason", transitions.clone());
+        registry.register(
+            "strata_transitions",
+            "Lifecycle transitions by target state and reason",
+            transitions.clone(),
+        );
         let states = Family::<StateLabels, Gauge>::default();
         registry.register("strata_sandboxes", "Sandboxes by state (at scrape time)", states.clone());
         let memory = Family::<SandboxLabels, Gauge>::default();
-        registry.register("strata_sandbox_memory_bytes", "Memory charged to a running sandbox's cgroup", memory.clone());
+        registry.register(
+            "strata_sandbox_memory_bytes",
+            "Memory charged to a running sandbox's cgroup",
+            memory.clone(),
+        );
         let cpu = Family::<SandboxLabels, Counter<f64, AtomicU64>>::default();
-        registry.register("strata_sandbox_cpu_seconds", "CPU time used by a running sandbox since its cgroup was created", cpu.clone());
+        registry.register(
+            "strata_sandbox_cpu_seconds",
+            "CPU time used by a running sandbox since its cgroup was created",
+            cpu.clone(),
+        );
         let pids = Family::<SandboxLabels, Gauge>::default();
         registry.register("strata_sandbox_pids", "Tasks in a running sandbox", pids.clone());
         let preview_requests = Family::<PreviewLabels, Counter>::default();
-        registry.register("strata_preview_requests", "Requests to preview URLs by outcome (proxied, upgraded, unauthorized, refused, upstream_error)", preview_requests.clone());
+        registry.register(
+            "strata_preview_requests",
+            "Requests to preview URLs by outcome (proxied, upgraded, unauthorized, refused, upstream_error)",
+            preview_requests.clone(),
+        );
         let preview_bytes = Family::<DirectionLabels, Counter>::default();
-        registry.register("strata_preview_bytes", "Bytes proxied through preview URLs (to_sandbox, from_sandbox; bodies and upgraded streams)", preview_bytes.clone());
+        registry.register(
+            "strata_preview_bytes",
+            "Bytes proxied through preview URLs (to_sandbox, from_sandbox; bodies and upgraded streams)",
+            preview_bytes.clone(),
+        );
         // Every phase appears (with zero counts) from the first scrape.
         for p in PHASES {
             let _ = phases.get_or_create(&PhaseLabels { phase: p.to_string() });
         }
-        Metrics { registry, phases, transitions, states, memory, cpu, pids, preview_requests, preview_bytes, scrape: Mutex::new(()) }
+        Metrics {
+            registry,
+            phases,
+            transitions,
+            states,
+            memory,
+            cpu,
+            pids,
+            preview_requests,
+            preview_bytes,
+            scrape: Mutex::new(()),
+        }
     }
 
     /// Counts one preview request by outcome.
@@ -128,7 +173,9 @@ impl Metrics {
 
     /// Counts one transition.
     pub fn transition(&self, to: SandboxState, reason: &str) {
-        self.transitions.get_or_create(&TransitionLabels { to: to.as_str().to_string(), reason: reason.to_string() }).inc();
+        self.transitions
+            .get_or_create(&TransitionLabels { to: to.as_str().to_string(), reason: reason.to_string() })
+            .inc();
     }
 
     /// The OpenMetrics text of every metric, gauges refreshed from `st`.
@@ -199,7 +246,17 @@ mod tests {
 
     #[test]
     fn every_phase_action_maps_to_a_known_phase() {
-        for a in [Action::Ready, Action::Start, Action::Stop, Action::Standby, Action::Resume, Action::Archive, Action::Unarchive, Action::UnarchiveStandby, Action::Destroy] {
+        for a in [
+            Action::Ready,
+            Action::Start,
+            Action::Stop,
+            Action::Standby,
+            Action::Resume,
+            Action::Archive,
+            Action::Unarchive,
+            Action::UnarchiveStandby,
+            Action::Destroy,
+        ] {
             assert!(PHASES.contains(&phase_of(a).unwrap()));
         }
         assert_eq!(phase_of(Action::Fail), None);
@@ -214,7 +271,11 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
         assert!(out.contains("strata_phase_duration_seconds_count{phase=\"exec\"} 2"), "{out}");
-        assert!(out.contains("strata_phase_duration_seconds_bucket{le=\"0.004\",phase=\"exec\"} 1") || out.contains("strata_phase_duration_seconds_bucket{phase=\"exec\",le=\"0.004\"} 1"), "{out}");
+        assert!(
+            out.contains("strata_phase_duration_seconds_bucket{le=\"0.004\",phase=\"exec\"} 1")
+                || out.contains("strata_phase_duration_seconds_bucket{phase=\"exec\",le=\"0.004\"} 1"),
+            "{out}"
+        );
         assert!(out.contains("strata_phase_duration_seconds_count{phase=\"fork\"} 0"));
         assert!(out.contains("strata_transitions_total{to=\"running\",reason=\"created\"} 1"), "{out}");
     }

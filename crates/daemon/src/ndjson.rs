@@ -17,6 +17,12 @@ pub fn line<T: Serialize>(v: &T) -> Bytes {
 /// A 200 `application/x-ndjson` response streaming every value received on `rx`
 /// until all senders are gone.
 pub fn response<T: Serialize + Send + 'static>(mut rx: Receiver<T>) -> Response {
-    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(|v| Ok::<_, std::convert::Infallible>(line(&v)))));
-    Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, "application/x-ndjson").body(Body::from_stream(stream)).expect("valid response")
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx).map(|o| o.map(|v| Ok::<_, std::convert::Infallible>(line(&v))))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .expect("valid response")
 }

@@ -124,14 +124,21 @@ pub fn validate(spec: &NetworkSpec) -> Result<(NetworkSpec, Vec<Rule>), NetworkE
     let rules = strata_net::parse_rules(&spec.allow).map_err(|e| NetworkError::Invalid(e.to_string()))?;
     if spec.mode == NetworkMode::None && !rules.is_empty() {
         let list: Vec<String> = spec.allow.iter().map(|r| format!("{r:?}")).collect();
-        return Err(NetworkError::Invalid(format!("network rules [{}]: allow rules need network mode \"egress\" (mode is \"none\")", list.join(", "))));
+        return Err(NetworkError::Invalid(format!(
+            "network rules [{}]: allow rules need network mode \"egress\" (mode is \"none\")",
+            list.join(", ")
+        )));
     }
     Ok((NetworkSpec { mode: spec.mode, allow: rules.iter().map(|r| r.to_string()).collect() }, rules))
 }
 
 fn upstream_from_resolv_conf() -> Option<SocketAddr> {
     let text = std::fs::read_to_string("/etc/resolv.conf").ok()?;
-    text.lines().filter_map(|l| l.trim().strip_prefix("nameserver")).filter_map(|a| a.trim().parse::<Ipv4Addr>().ok()).map(|ip| SocketAddr::from((ip, 53))).next()
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<Ipv4Addr>().ok())
+        .map(|ip| SocketAddr::from((ip, 53)))
+        .next()
 }
 
 impl Network {
@@ -184,7 +191,8 @@ impl Network {
     }
 
     fn save(&self, id: &str, entry: &Entry) -> Result<(), NetworkError> {
-        std::fs::create_dir_all(&self.store_dir).map_err(|source| NetworkError::Io { path: self.store_dir.clone(), source })?;
+        std::fs::create_dir_all(&self.store_dir)
+            .map_err(|source| NetworkError::Io { path: self.store_dir.clone(), source })?;
         let p = self.store_dir.join(format!("{id}.json"));
         let bytes = serde_json::to_vec_pretty(entry).expect("entry serializes");
         strata_store::fsutil::write_atomic(&p, &bytes, 0o600).map_err(|source| NetworkError::Io { path: p, source })
@@ -219,7 +227,10 @@ impl Network {
     /// The sandbox whose address is `ip`.
     fn by_address(&self, ip: Ipv4Addr) -> Option<(String, Vec<Rule>)> {
         let pool = self.pool.clone().ok()?;
-        self.entries().iter().find(|(_, e)| pool.link(e.slot).is_some_and(|l| l.address == ip)).map(|(id, e)| (id.clone(), e.rules.clone()))
+        self.entries()
+            .iter()
+            .find(|(_, e)| pool.link(e.slot).is_some_and(|l| l.address == ip))
+            .map(|(id, e)| (id.clone(), e.rules.clone()))
     }
 }
 
@@ -288,10 +299,14 @@ async fn ensure_base(st: &Shared) -> Result<&Base, NetworkError> {
 pub async fn prepare(st: &Shared, id: &str, spec: &mut SandboxSpec) -> ApiResult<()> {
     let Some(entry) = st.network.entries().get(id).cloned() else { return Ok(()) };
     let base = ensure_base(st).await?;
-    let link = st.network.pool()?.link(entry.slot).ok_or_else(|| NetworkError::PoolFull("slot outside the pool".into()))?;
+    let link =
+        st.network.pool()?.link(entry.slot).ok_or_else(|| NetworkError::PoolFull("slot outside the pool".into()))?;
     attach(st, id, &base.table, &entry, None).await?;
     spec.netns_path = Some(st.network.netns_path(id));
-    spec.resolv_conf = Some(format!("# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n", link.gateway));
+    spec.resolv_conf = Some(format!(
+        "# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n",
+        link.gateway
+    ));
     Ok(())
 }
 
@@ -300,16 +315,25 @@ pub async fn prepare(st: &Shared, id: &str, spec: &mut SandboxSpec) -> ApiResult
 async fn attach(st: &Shared, id: &str, table: &str, entry: &Entry, live_pid: Option<i32>) -> ApiResult<()> {
     let pool = st.network.pool()?;
     let link = pool.link(entry.slot).ok_or_else(|| NetworkError::PoolFull(pool.cidr.to_string()))?;
-    let (ns, ifn, table, rules, id2) = (st.network.netns_path(id), ifname(id), table.to_string(), entry.rules.clone(), id.to_string());
+    let (ns, ifn, table, rules, id2) =
+        (st.network.netns_path(id), ifname(id), table.to_string(), entry.rules.clone(), id.to_string());
     tokio::task::spawn_blocking(move || -> Result<(), NetworkError> {
         let t = Instant::now();
         if !link::netns_exists(&ns) {
             match live_pid {
                 Some(pid) => {
-                    std::fs::create_dir_all(ns.parent().expect("parent")).map_err(|source| NetworkError::Io { path: ns.clone(), source })?;
+                    std::fs::create_dir_all(ns.parent().expect("parent"))
+                        .map_err(|source| NetworkError::Io { path: ns.clone(), source })?;
                     std::fs::File::create(&ns).map_err(|source| NetworkError::Io { path: ns.clone(), source })?;
                     let src = format!("/proc/{pid}/ns/net");
-                    nix::mount::mount(Some(src.as_str()), &ns, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).map_err(|e| NetError::Setup(format!("bind {src}: {e}")))?;
+                    nix::mount::mount(
+                        Some(src.as_str()),
+                        &ns,
+                        None::<&str>,
+                        nix::mount::MsFlags::MS_BIND,
+                        None::<&str>,
+                    )
+                    .map_err(|e| NetError::Setup(format!("bind {src}: {e}")))?;
                 }
                 None => link::create_netns(&ns)?,
             }
@@ -396,7 +420,10 @@ pub async fn reconcile(st: &Shared) {
     for id in &stale {
         st.network.delete_entry(id);
     }
-    let keep = |id: &str| matches!(known.get(id), Some(SandboxState::Running | SandboxState::Paused | SandboxState::Standby)) && st.network.entries().contains_key(id);
+    let keep = |id: &str| {
+        matches!(known.get(id), Some(SandboxState::Running | SandboxState::Paused | SandboxState::Standby))
+            && st.network.entries().contains_key(id)
+    };
     // Namespaces made by this daemon.
     if let Ok(rd) = std::fs::read_dir(&st.network.netns_dir) {
         for e in rd.flatten() {
@@ -517,7 +544,9 @@ pub async fn info(st: &Shared, id: &str) -> ApiResult<NetworkInfo> {
     })
     .await
     .map_err(|e| ApiError::internal("network task", &e))?;
-    let get = |n: &str| counters.get(&format!("{n}_{id}")).map(|(p, b)| FlowCounter { packets: *p, bytes: *b }).unwrap_or_default();
+    let get = |n: &str| {
+        counters.get(&format!("{n}_{id}")).map(|(p, b)| FlowCounter { packets: *p, bytes: *b }).unwrap_or_default()
+    };
     out.attached = attached;
     out.allowed = get("ok");
     out.denied = get("no");
@@ -537,7 +566,10 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> ApiResult<Networ
     // The Rule of Two: egress on a sandbox that already holds the other two capabilities needs an approval.
     let view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
     let facts = crate::sandboxes::exposure_facts(st, &view);
-    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure { network: Some(&spec), ..crate::sandboxes::exposure(&view, &facts) });
+    let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure {
+        network: Some(&spec),
+        ..crate::sandboxes::exposure(&view, &facts)
+    });
     crate::approvals::gate(st, &rec.sandbox.tenant, "update network of", &id, &grants)?;
     let old = st.network.entries().get(&id).cloned();
     let live = matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused | SandboxState::Standby);
@@ -555,8 +587,18 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> ApiResult<Networ
                 let pool = st.network.pool()?;
                 let entry = st.network.entries().get(&id).cloned().expect("just put");
                 let link = pool.link(entry.slot).expect("slot in pool");
-                let old_sets: Vec<String> = old.map(|o| o.rules).unwrap_or_default().iter().filter(|r| matches!(r.target, strata_net::Target::Host(_))).map(|r| nft::host_set(&id, r)).collect();
-                let new_sets: Vec<String> = rules.iter().filter(|r| matches!(r.target, strata_net::Target::Host(_))).map(|r| nft::host_set(&id, r)).collect();
+                let old_sets: Vec<String> = old
+                    .map(|o| o.rules)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|r| matches!(r.target, strata_net::Target::Host(_)))
+                    .map(|r| nft::host_set(&id, r))
+                    .collect();
+                let new_sets: Vec<String> = rules
+                    .iter()
+                    .filter(|r| matches!(r.target, strata_net::Target::Host(_)))
+                    .map(|r| nft::host_set(&id, r))
+                    .collect();
                 let stale: Vec<String> = old_sets.into_iter().filter(|s| !new_sets.contains(s)).collect();
                 let (table, ifn, id2) = (base.table.clone(), ifname(&id), id.clone());
                 tokio::task::spawn_blocking(move || {
@@ -582,7 +624,13 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> ApiResult<Networ
         }
     }
     info!(sandbox = %id, mode = spec.mode.as_str(), rules = spec.allow.len(), "network changed");
-    if let Ok(ev) = st.db.record_event(&id, rec.sandbox.state, "network_changed", Some(&format!("mode {}, allow [{}]", spec.mode.as_str(), spec.allow.join(", "))), &crate::sandboxes::now()) {
+    if let Ok(ev) = st.db.record_event(
+        &id,
+        rec.sandbox.state,
+        "network_changed",
+        Some(&format!("mode {}, allow [{}]", spec.mode.as_str(), spec.allow.join(", "))),
+        &crate::sandboxes::now(),
+    ) {
         st.notify_events(ev.seq);
     }
     drop(_g);
@@ -733,11 +781,14 @@ async fn answer(st: &Shared, from: SocketAddr, msg: &[u8], tcp: bool) -> Option<
 async fn forward(upstream: SocketAddr, msg: &[u8], tcp: bool) -> std::io::Result<Vec<u8>> {
     let deadline = Duration::from_secs(4);
     if tcp {
-        let mut c = tokio::time::timeout(deadline, tokio::net::TcpStream::connect(upstream)).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
+        let mut c = tokio::time::timeout(deadline, tokio::net::TcpStream::connect(upstream))
+            .await
+            .map_err(|_| std::io::ErrorKind::TimedOut)??;
         let mut out = (msg.len() as u16).to_be_bytes().to_vec();
         out.extend_from_slice(msg);
         c.write_all(&out).await?;
-        let len = tokio::time::timeout(deadline, c.read_u16()).await.map_err(|_| std::io::ErrorKind::TimedOut)?? as usize;
+        let len =
+            tokio::time::timeout(deadline, c.read_u16()).await.map_err(|_| std::io::ErrorKind::TimedOut)?? as usize;
         let mut buf = vec![0u8; len];
         tokio::time::timeout(deadline, c.read_exact(&mut buf)).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
         return Ok(buf);
@@ -767,7 +818,9 @@ fn log_limited(st: &Shared, id: &str, what: &str) {
     drop(m);
     warn!(sandbox = id, suppressed, "network: {what}");
     if let Ok(Some(rec)) = st.db.sandbox_by_id(id) {
-        if let Ok(ev) = st.db.record_event(id, rec.sandbox.state, "network_denied", Some(what), &crate::sandboxes::now()) {
+        if let Ok(ev) =
+            st.db.record_event(id, rec.sandbox.state, "network_denied", Some(what), &crate::sandboxes::now())
+        {
             st.notify_events(ev.seq);
         }
     }
@@ -785,15 +838,29 @@ async fn watch_denials(st: Shared, table: String) {
             continue;
         }
         let t = table.clone();
-        let Ok(counters) = tokio::task::spawn_blocking(move || nft::parse_counters(&strata_net::nft_json(&["list", "counters", "table", "inet", &t]))).await else { continue };
+        let Ok(counters) = tokio::task::spawn_blocking(move || {
+            nft::parse_counters(&strata_net::nft_json(&["list", "counters", "table", "inet", &t]))
+        })
+        .await
+        else {
+            continue;
+        };
         for id in ids {
             let Some((packets, _)) = counters.get(&format!("no_{id}")).copied() else { continue };
             let before = last.insert(id.clone(), packets).unwrap_or(0);
             if packets > before {
                 let t = table.clone();
                 let key = id.clone();
-                let dsts = tokio::task::spawn_blocking(move || nft::parse_denied(&strata_net::nft_json(&["list", "set", "inet", &t, &format!("d_{key}")]))).await.unwrap_or_default();
-                log_limited(&st, &id, &format!("{} packet(s) denied; recent destinations: [{}]", packets - before, dsts.join(", ")));
+                let dsts = tokio::task::spawn_blocking(move || {
+                    nft::parse_denied(&strata_net::nft_json(&["list", "set", "inet", &t, &format!("d_{key}")]))
+                })
+                .await
+                .unwrap_or_default();
+                log_limited(
+                    &st,
+                    &id,
+                    &format!("{} packet(s) denied; recent destinations: [{}]", packets - before, dsts.join(", ")),
+                );
             }
         }
     }
@@ -812,6 +879,10 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> Ap
 /// Replace a sandbox's network mode and rules (applied at once when it runs).
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", request_body = NetworkSpec, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = NetworkInfo), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn put_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<NetworkSpec>) -> ApiResult<Json<NetworkInfo>> {
+pub async fn put_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<NetworkSpec>,
+) -> ApiResult<Json<NetworkInfo>> {
     Ok(Json(update(&st, &id, req).await?))
 }

@@ -20,8 +20,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use strata_api::{
-    CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode, ExecRequest, FanoutRequest, Lifecycle, PipelineCost, PipelineEvent, PipelineQuery, PipelineRun, PipelineSpec, PipelineState,
-    ProcessStatus, RunPipelineRequest, StageCost, StageKeep, StageLifecycle, StageResult, StageSpec, StageState, StandbyRequest,
+    CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode, ExecRequest, FanoutRequest, Lifecycle,
+    PipelineCost, PipelineEvent, PipelineQuery, PipelineRun, PipelineSpec, PipelineState, ProcessStatus,
+    RunPipelineRequest, StageCost, StageKeep, StageLifecycle, StageResult, StageSpec, StageState, StandbyRequest,
 };
 use strata_core::{ids, units};
 use tracing::{info, warn};
@@ -73,7 +74,8 @@ pub enum SourceRef {
 
 /// Parses `image:NAME`, `template:NAME` or `stage:NAME`.
 pub fn parse_source(s: &str) -> Result<SourceRef, String> {
-    let (kind, name) = s.split_once(':').ok_or_else(|| format!("{s:?} must be image:NAME, template:NAME or stage:NAME"))?;
+    let (kind, name) =
+        s.split_once(':').ok_or_else(|| format!("{s:?} must be image:NAME, template:NAME or stage:NAME"))?;
     if name.is_empty() {
         return Err(format!("{s:?} has no name after {kind:?}"));
     }
@@ -89,7 +91,9 @@ pub fn parse_source(s: &str) -> Result<SourceRef, String> {
 pub fn kept_by(l: StageLifecycle) -> StageKeep {
     match l {
         StageLifecycle::Ephemeral => StageKeep::Nothing,
-        StageLifecycle::Persistent | StageLifecycle::PersistentWithCheckpoints | StageLifecycle::Fork => StageKeep::Filesystem,
+        StageLifecycle::Persistent | StageLifecycle::PersistentWithCheckpoints | StageLifecycle::Fork => {
+            StageKeep::Filesystem
+        }
         StageLifecycle::Standby => StageKeep::Processes,
     }
 }
@@ -97,7 +101,9 @@ pub fn kept_by(l: StageLifecycle) -> StageKeep {
 /// Parses a request body's spec (TOML text or JSON).
 pub fn parse_request(req: RunPipelineRequest) -> Result<PipelineSpec, SpecError> {
     match (req.toml, req.spec) {
-        (Some(t), None) => toml::from_str::<PipelineSpec>(&t).map_err(|e| SpecError::Parse(e.to_string().trim().replace('\n', " | "))),
+        (Some(t), None) => {
+            toml::from_str::<PipelineSpec>(&t).map_err(|e| SpecError::Parse(e.to_string().trim().replace('\n', " | ")))
+        }
         (None, Some(s)) => Ok(s),
         _ => Err(SpecError::Spec("give exactly one of `toml` (the spec as TOML text) and `spec` (as JSON)".into())),
     }
@@ -117,7 +123,11 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
         ids::validate_new_name(n, false).map_err(|e| SpecError::Spec(format!("name: {e}")))?;
     }
     for (i, st) in spec.stages.iter().enumerate() {
-        let err = |field: &'static str, message: String| SpecError::Stage { stage: if st.name.is_empty() { format!("#{}", i + 1) } else { st.name.clone() }, field, message };
+        let err = |field: &'static str, message: String| SpecError::Stage {
+            stage: if st.name.is_empty() { format!("#{}", i + 1) } else { st.name.clone() },
+            field,
+            message,
+        };
         ids::validate_name(&st.name, false).map_err(|e| err("name", e.to_string()))?;
         if spec.stages[..i].iter().any(|o| o.name == st.name) {
             return Err(err("name", "another stage has this name".into()));
@@ -129,10 +139,18 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
             }
             match spec.stages.iter().position(|o| &o.name == from) {
                 None => return Err(err("source", format!("no stage named {from:?}"))),
-                Some(j) if j > i => return Err(err("source", format!("stage {from:?} comes later (forward reference or cycle): stages run in order"))),
+                Some(j) if j > i => {
+                    return Err(err(
+                        "source",
+                        format!("stage {from:?} comes later (forward reference or cycle): stages run in order"),
+                    ))
+                }
                 Some(j) => {
                     if kept_by(spec.stages[j].lifecycle) == StageKeep::Nothing {
-                        return Err(err("source", format!("stage {from:?} is ephemeral and keeps nothing to start from")));
+                        return Err(err(
+                            "source",
+                            format!("stage {from:?} is ephemeral and keeps nothing to start from"),
+                        ));
                     }
                 }
             }
@@ -140,17 +158,28 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
         if let Some(k) = st.keep {
             let can = kept_by(st.lifecycle);
             if k != can {
-                return Err(err("keep", format!("lifecycle {} keeps {:?}, not {:?}", st.lifecycle.as_str(), can, k).to_lowercase()));
+                return Err(err(
+                    "keep",
+                    format!("lifecycle {} keeps {:?}, not {:?}", st.lifecycle.as_str(), can, k).to_lowercase(),
+                ));
             }
         }
         match (st.lifecycle, &st.fanout) {
-            (StageLifecycle::Fork, None) => return Err(err("fanout", "lifecycle fork needs a [stage.fanout] table".into())),
+            (StageLifecycle::Fork, None) => {
+                return Err(err("fanout", "lifecycle fork needs a [stage.fanout] table".into()))
+            }
             (StageLifecycle::Fork, Some(plan)) => {
                 crate::fanout::expand(plan).map_err(|m| err("fanout", m))?;
                 if !st.commands.is_empty() {
                     return Err(err("commands", "a fork stage runs its fanout attempts, not commands".into()));
                 }
-                for (field, set) in [("user", st.user.is_some()), ("workdir", st.workdir.is_some()), ("secrets", !st.secrets.is_empty()), ("network", st.network.is_some()), ("capabilities", !st.capabilities.is_empty())] {
+                for (field, set) in [
+                    ("user", st.user.is_some()),
+                    ("workdir", st.workdir.is_some()),
+                    ("secrets", !st.secrets.is_empty()),
+                    ("network", st.network.is_some()),
+                    ("capabilities", !st.capabilities.is_empty()),
+                ] {
                     if set {
                         let why = match field {
                             "secrets" => "a fork stage's children are forked from its source, not created: they have no secrets of their own".to_string(),
@@ -162,10 +191,18 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
                     }
                 }
                 if matches!(source, SourceRef::Image(_)) {
-                    return Err(err("source", "a fork stage forks a checkpoint: use template:NAME or stage:NAME".into()));
+                    return Err(err(
+                        "source",
+                        "a fork stage forks a checkpoint: use template:NAME or stage:NAME".into(),
+                    ));
                 }
             }
-            (_, Some(_)) => return Err(err("fanout", format!("only lifecycle fork fans out (this stage is {})", st.lifecycle.as_str()))),
+            (_, Some(_)) => {
+                return Err(err(
+                    "fanout",
+                    format!("only lifecycle fork fans out (this stage is {})", st.lifecycle.as_str()),
+                ))
+            }
             (_, None) => {}
         }
         crate::scan::validate_flush(&st.flush).map_err(|e| err("flush", e.body.message))?;
@@ -174,7 +211,10 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
         }
         if let Some(t) = &st.template {
             if kept_by(st.lifecycle) != StageKeep::Filesystem {
-                return Err(err("template", format!("lifecycle {} has no output checkpoint to promote", st.lifecycle.as_str())));
+                return Err(err(
+                    "template",
+                    format!("lifecycle {} has no output checkpoint to promote", st.lifecycle.as_str()),
+                ));
             }
             ids::validate_new_name(t, true).map_err(|e| err("template", e.to_string()))?;
             if spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(t.as_str())) {
@@ -221,7 +261,10 @@ fn take_pause(run_id: &str) -> bool {
 pub fn pause(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
     let run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
     if run.state != PipelineState::Running || !is_active(&run.id) {
-        return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is {}, not running", run.id, run.state.as_str())));
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!("pipeline run {} is {}, not running", run.id, run.state.as_str()),
+        ));
     }
     PAUSING.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashSet::new).insert(run.id.clone());
     info!(run = %run.id, "pipeline run pausing at the next stage boundary");
@@ -245,7 +288,8 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
         let promoted_earlier = |n: &str| spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(n));
         let missing = match parse_source(&s.source) {
             Ok(SourceRef::Image(n)) => st.db.get_image(&n)?.is_none().then(|| format!("no image named {n:?}")),
-            Ok(SourceRef::Template(n)) => (!promoted_earlier(&n) && crate::tenancy::find_template(st, &n)?.is_none()).then(|| format!("no template named {n:?} (and no earlier stage promotes to it)")),
+            Ok(SourceRef::Template(n)) => (!promoted_earlier(&n) && crate::tenancy::find_template(st, &n)?.is_none())
+                .then(|| format!("no template named {n:?} (and no earlier stage promotes to it)")),
             _ => None,
         };
         if let Some(m) = missing {
@@ -257,7 +301,9 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> ApiResult<PipelineRun> {
     let mut values = Vec::new();
     for s in &spec.stages {
         values.push(crate::secrets::validate(&s.secrets).map_err(|e| match e {
-            crate::secrets::SecretsError::Invalid(message) => ApiError::from(SpecError::Stage { stage: s.name.clone(), field: "secrets", message }),
+            crate::secrets::SecretsError::Invalid(message) => {
+                ApiError::from(SpecError::Stage { stage: s.name.clone(), field: "secrets", message })
+            }
             other => ApiError::from(other),
         })?);
     }
@@ -371,8 +417,12 @@ fn spawn_driver(st: &Shared, run: &PipelineRun) {
 pub async fn resume(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
     let mut run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
     match run.state {
-        PipelineState::Succeeded => return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} already succeeded", run.id))),
-        PipelineState::Running if is_active(&run.id) => return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is running", run.id))),
+        PipelineState::Succeeded => {
+            return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} already succeeded", run.id)))
+        }
+        PipelineState::Running if is_active(&run.id) => {
+            return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is running", run.id)))
+        }
         _ => {}
     }
     run.state = PipelineState::Running;
@@ -386,7 +436,10 @@ pub async fn resume(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
 
 /// Marks runs left `running` by a previous daemon as `interrupted` (at start).
 pub fn reconcile(st: &Shared) -> ApiResult<()> {
-    for id in st.db.interrupt_pipeline_runs("the daemon stopped while the run was in progress; `strata pipeline resume` continues it", &now())? {
+    for id in st.db.interrupt_pipeline_runs(
+        "the daemon stopped while the run was in progress; `strata pipeline resume` continues it",
+        &now(),
+    )? {
         warn!(run = %id, "pipeline run interrupted by a daemon restart");
     }
     Ok(())
@@ -406,7 +459,11 @@ fn save(st: &Shared, run: &mut PipelineRun, idx: Option<usize>) {
         warn!(run = %run.id, error = %crate::error::chain(&e), "recording pipeline progress failed");
     }
     if let Some(i) = idx {
-        let _ = events().send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(run.stages[i].clone()) });
+        let _ = events().send(PipelineEvent::Stage {
+            run_id: run.id.clone(),
+            index: i as u32,
+            stage: Box::new(run.stages[i].clone()),
+        });
     }
     if run.state != PipelineState::Running {
         let _ = events().send(PipelineEvent::Finished { run: Box::new(run.clone()) });
@@ -421,7 +478,8 @@ async fn drive(st: &Shared, run_id: &str) {
         }
         if take_pause(&run.id) {
             run.state = PipelineState::Paused;
-            run.reason = Some(format!("paused before stage {:?}; `strata pipeline resume` continues", run.stages[idx].name));
+            run.reason =
+                Some(format!("paused before stage {:?}; `strata pipeline resume` continues", run.stages[idx].name));
             info!(run = %run.id, stage = %run.stages[idx].name, "pipeline run paused");
             save(st, &mut run, None);
             return;
@@ -434,14 +492,24 @@ async fn drive(st: &Shared, run_id: &str) {
             }
         }
         let stage = &mut run.stages[idx];
-        *stage = StageResult { attempts: stage.attempts + 1, state: StageState::Running, started_at: Some(now()), ..pending(&run.spec.stages[idx]) };
+        *stage = StageResult {
+            attempts: stage.attempts + 1,
+            state: StageState::Running,
+            started_at: Some(now()),
+            ..pending(&run.spec.stages[idx])
+        };
         save(st, &mut run, Some(idx));
         let started = Instant::now();
         let outcome = run_stage(st, &mut run, idx).await;
         let stage = &mut run.stages[idx];
         stage.duration_ms = started.elapsed().as_millis() as u64;
         stage.finished_at = Some(now());
-        stage.cost = stage.sandboxes.iter().filter_map(|id| st.db.usage_by_id(id).ok().flatten()).map(|u| crate::accounting::report(st, u).total).sum();
+        stage.cost = stage
+            .sandboxes
+            .iter()
+            .filter_map(|id| st.db.usage_by_id(id).ok().flatten())
+            .map(|u| crate::accounting::report(st, u).total)
+            .sum();
         match outcome {
             Ok(()) => {
                 stage.state = StageState::Succeeded;
@@ -514,16 +582,21 @@ where
         };
         let id = a.id.clone();
         info!(run = %run.id, stage = idx, approval = %id, "stage waits for a Rule-of-Two approval");
-        run.stages[idx].notes.push(format!("waiting for approval {id} (strata approvals approve|deny {id}): {}", e.body.message));
+        run.stages[idx]
+            .notes
+            .push(format!("waiting for approval {id} (strata approvals approve|deny {id}): {}", e.body.message));
         save(st, run, Some(idx));
         loop {
             tokio::time::sleep(APPROVAL_POLL).await;
             crate::approvals::expire_pending(st);
-            let a = st.db.get_approval(&id).map_err(|e| e.to_string())?.ok_or_else(|| format!("approval {id} vanished"))?;
+            let a =
+                st.db.get_approval(&id).map_err(|e| e.to_string())?.ok_or_else(|| format!("approval {id} vanished"))?;
             match a.state {
                 strata_api::ApprovalState::Pending => continue,
                 strata_api::ApprovalState::Approved => {
-                    run.stages[idx].notes.push(format!("approval {id} approved by {}", a.decided_by.as_deref().unwrap_or("?")));
+                    run.stages[idx]
+                        .notes
+                        .push(format!("approval {id} approved by {}", a.decided_by.as_deref().unwrap_or("?")));
                     break;
                 }
                 _ => {
@@ -551,7 +624,8 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
     env.insert("STRATA_PIPELINE_ATTEMPT".into(), attempt.to_string());
     let source = parse_source(&spec.source)?;
     // The output of the stage named by `stage:NAME` (validation guarantees it ran before).
-    let upstream = |name: &str| run.stages.iter().find(|s| s.name == name).cloned().ok_or_else(|| format!("no stage {name:?}"));
+    let upstream =
+        |name: &str| run.stages.iter().find(|s| s.name == name).cloned().ok_or_else(|| format!("no stage {name:?}"));
 
     if spec.lifecycle == StageLifecycle::Fork {
         // An earlier stage's output is named by its id (a template's or image's
@@ -580,10 +654,13 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         if plan.attempts.is_empty() {
             // Template attempts: the stage environment goes in through explicit attempts.
             let expanded = crate::fanout::expand(&plan)?;
-            plan.attempts = expanded.into_iter().map(|mut a| {
-                a.env = env.clone();
-                a
-            }).collect();
+            plan.attempts = expanded
+                .into_iter()
+                .map(|mut a| {
+                    a.env = env.clone();
+                    a
+                })
+                .collect();
             plan.run = None;
             plan.args.clear();
             plan.count = None;
@@ -626,18 +703,27 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
             crate::standby::ensure_running(st, &id).await.map_err(api)?;
             if !spec.capabilities.is_empty() {
                 let current = crate::sandboxes::load(st, &id).map_err(api)?.sandbox.policy.capabilities;
-                let req = strata_api::UpdateSandboxRequest { capabilities: Some(current.into_iter().chain(spec.capabilities.iter().copied()).collect()), ..Default::default() };
-                with_approval(st, run, idx, || async { crate::policy::update(st, &id, &req) }).await.map_err(|e| format!("capabilities: {e}"))?;
+                let req = strata_api::UpdateSandboxRequest {
+                    capabilities: Some(current.into_iter().chain(spec.capabilities.iter().copied()).collect()),
+                    ..Default::default()
+                };
+                with_approval(st, run, idx, || async { crate::policy::update(st, &id, &req) })
+                    .await
+                    .map_err(|e| format!("capabilities: {e}"))?;
             }
             if let Some(net) = &spec.network {
-                with_approval(st, run, idx, || crate::network::update(st, &id, net.clone())).await.map_err(|e| format!("network: {e}"))?;
+                with_approval(st, run, idx, || crate::network::update(st, &id, net.clone()))
+                    .await
+                    .map_err(|e| format!("network: {e}"))?;
             }
             id
         }
         _ => {
             let from = match &source {
                 SourceRef::Image(n) | SourceRef::Template(n) => n.clone(),
-                SourceRef::Stage(n) => upstream(n)?.checkpoint.ok_or_else(|| format!("stage {n:?} has no output checkpoint"))?,
+                SourceRef::Stage(n) => {
+                    upstream(n)?.checkpoint.ok_or_else(|| format!("stage {n:?} has no output checkpoint"))?
+                }
             };
             let mut policy = spec.policy.clone();
             if !spec.flush.is_empty() {
@@ -648,7 +734,9 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
             } else {
                 let stored = st.secrets.get(&secret_key(&run.id, idx)).map_err(|e| format!("secrets: {e}"))?;
                 if stored.is_empty() {
-                    return Err("the stage's secret values are gone from the daemon's secret store; start a new run".into());
+                    return Err(
+                        "the stage's secret values are gone from the daemon's secret store; start a new run".into()
+                    );
                 }
                 stored.specs()
             };
@@ -657,7 +745,11 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 name: Some(object_name(run, &spec.name, attempt, "")),
                 secrets,
                 network: spec.network.clone(),
-                lifecycle: if spec.lifecycle == StageLifecycle::Ephemeral { Lifecycle::Ephemeral } else { Lifecycle::Persistent },
+                lifecycle: if spec.lifecycle == StageLifecycle::Ephemeral {
+                    Lifecycle::Ephemeral
+                } else {
+                    Lifecycle::Persistent
+                },
                 ttl: spec.ttl.clone(),
                 limits: spec.limits.clone().unwrap_or_default(),
                 env: env.clone(),
@@ -686,7 +778,13 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         }
         StageLifecycle::Persistent | StageLifecycle::PersistentWithCheckpoints => {
             if spec.lifecycle == StageLifecycle::Persistent || spec.commands.is_empty() {
-                let c = crate::checkpoints::checkpoint(st, &sandbox_id, CheckpointRequest { name: Some(object_name(run, &stage_name, attempt, "")), ..Default::default() }).await.map_err(api)?;
+                let c = crate::checkpoints::checkpoint(
+                    st,
+                    &sandbox_id,
+                    CheckpointRequest { name: Some(object_name(run, &stage_name, attempt, "")), ..Default::default() },
+                )
+                .await
+                .map_err(api)?;
                 let stage = &mut run.stages[idx];
                 stage.state_kept_bytes += c.layer_size;
                 stage.checkpoint = Some(c.id);
@@ -696,12 +794,17 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         }
         StageLifecycle::Standby => {
             let stage = &mut run.stages[idx];
-            if let Err(e) = crate::standby::standby_with(st, &sandbox_id, &StandbyRequest { fs_only: false }, "pipeline_stage_end").await {
+            if let Err(e) =
+                crate::standby::standby_with(st, &sandbox_id, &StandbyRequest { fs_only: false }, "pipeline_stage_end")
+                    .await
+            {
                 if e.body.code != ErrorCode::Unsupported {
                     return Err(e.body.message);
                 }
                 stage.notes.push(format!("standby degraded to filesystem-only: {}", e.body.message));
-                crate::standby::standby_with(st, &sandbox_id, &StandbyRequest { fs_only: true }, "pipeline_stage_end").await.map_err(api)?;
+                crate::standby::standby_with(st, &sandbox_id, &StandbyRequest { fs_only: true }, "pipeline_stage_end")
+                    .await
+                    .map_err(api)?;
             }
             stage.state_kept_bytes = crate::standby::info(st, &sandbox_id).map_or(0, |i| i.image_bytes);
             stage.output_sandbox = Some(sandbox_id.clone());
@@ -714,7 +817,8 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
 /// Promotes a stage's output checkpoint to its `template`, through the scan gate.
 async fn promote(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &StageSpec) -> Result<(), String> {
     let (Some(name), Some(ckpt)) = (spec.template.clone(), run.stages[idx].checkpoint.clone()) else { return Ok(()) };
-    let req = CreateTemplateRequest { name: name.clone(), from: ckpt, replace: true, accept_findings: spec.accept_findings };
+    let req =
+        CreateTemplateRequest { name: name.clone(), from: ckpt, replace: true, accept_findings: spec.accept_findings };
     match crate::templates::create(st, req, &format!("pipeline:{}", run.id)).await {
         Ok(_) => {
             run.stages[idx].template = Some(name);
@@ -722,19 +826,39 @@ async fn promote(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &StageSpe
         }
         Err(e) if !e.body.findings.is_empty() => {
             let list: Vec<String> = e.body.findings.iter().take(5).map(|f| format!("{} {}", f.rule, f.path)).collect();
-            Err(format!("promoting to template {name:?}: {} (first: {}); clean up or set accept_findings = true", e.body.message, list.join(", ")))
+            Err(format!(
+                "promoting to template {name:?}: {} (first: {}); clean up or set accept_findings = true",
+                e.body.message,
+                list.join(", ")
+            ))
         }
         Err(e) => Err(format!("promoting to template {name:?}: {}", e.body.message)),
     }
 }
 
 /// Runs a stage's commands in order; a `persistent_with_checkpoints` stage is checkpointed after each.
-async fn run_commands(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &StageSpec, sandbox_id: &str, env: &BTreeMap<String, String>) -> Result<(), String> {
+async fn run_commands(
+    st: &Shared,
+    run: &mut PipelineRun,
+    idx: usize,
+    spec: &StageSpec,
+    sandbox_id: &str,
+    env: &BTreeMap<String, String>,
+) -> Result<(), String> {
     let attempt = run.stages[idx].attempts;
     for (ci, cmd) in spec.commands.iter().enumerate() {
-        let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), cmd.clone()], env: env.clone(), timeout: spec.timeout.clone(), user: spec.user.clone(), cwd: spec.workdir.clone(), ..Default::default() };
+        let req = ExecRequest {
+            cmd: vec!["sh".into(), "-c".into(), cmd.clone()],
+            env: env.clone(),
+            timeout: spec.timeout.clone(),
+            user: spec.user.clone(),
+            cwd: spec.workdir.clone(),
+            ..Default::default()
+        };
         let started = Instant::now();
-        let p = crate::processes::spawn(st, sandbox_id, req).await.map_err(|e| format!("command {} ({cmd:?}): {}", ci + 1, e.body.message))?;
+        let p = crate::processes::spawn(st, sandbox_id, req)
+            .await
+            .map_err(|e| format!("command {} ({cmd:?}): {}", ci + 1, e.body.message))?;
         let info = p.wait(None).await;
         run.stages[idx].commands_ms += started.elapsed().as_millis() as u64;
         let code = info.exit_status();
@@ -746,7 +870,13 @@ async fn run_commands(st: &Shared, run: &mut PipelineRun, idx: usize, spec: &Sta
         }
         if spec.lifecycle == StageLifecycle::PersistentWithCheckpoints {
             let name = object_name(run, &spec.name, attempt, &format!("-{}", ci + 1));
-            let c = crate::checkpoints::checkpoint(st, sandbox_id, CheckpointRequest { name: Some(name), ..Default::default() }).await.map_err(|e| e.body.message)?;
+            let c = crate::checkpoints::checkpoint(
+                st,
+                sandbox_id,
+                CheckpointRequest { name: Some(name), ..Default::default() },
+            )
+            .await
+            .map_err(|e| e.body.message)?;
             let stage = &mut run.stages[idx];
             stage.state_kept_bytes += c.layer_size;
             stage.checkpoint = Some(c.id);
@@ -783,7 +913,11 @@ fn follow(st: &Shared, run_id: String, mut rx: tokio::sync::broadcast::Receiver<
     tokio::spawn(async move {
         let Ok(Some(run)) = st.db.pipeline_run_by_id(&run_id) else { return };
         for (i, s) in run.stages.iter().enumerate().filter(|(_, s)| s.state != StageState::Pending) {
-            if tx.send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(s.clone()) }).await.is_err() {
+            if tx
+                .send(PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(s.clone()) })
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -825,7 +959,11 @@ fn follow(st: &Shared, run_id: String, mut rx: tokio::sync::broadcast::Receiver<
 #[utoipa::path(post, path = "/v1/pipelines", tag = "pipelines", request_body = RunPipelineRequest, params(PipelineQuery),
     responses((status = 201, body = PipelineRun, description = "The run, started (or an NDJSON stream of PipelineEvent with follow=true)"),
         (status = 400, body = strata_api::ApiErrorBody)))]
-pub async fn create_handler(State(st): State<Shared>, Query(q): Query<PipelineQuery>, Json(req): Json<RunPipelineRequest>) -> ApiResult<Response> {
+pub async fn create_handler(
+    State(st): State<Shared>,
+    Query(q): Query<PipelineQuery>,
+    Json(req): Json<RunPipelineRequest>,
+) -> ApiResult<Response> {
     let spec = parse_request(req)?;
     let rx = events().subscribe();
     let run = start(&st, spec).await?;
@@ -850,7 +988,11 @@ pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Pipeli
 /// A run's status (stage by stage); with `follow=true`, an NDJSON stream until it ends.
 #[utoipa::path(get, path = "/v1/pipelines/{id}", tag = "pipelines", params(("id" = String, Path, description = "Run id or unique prefix"), PipelineQuery),
     responses((status = 200, body = PipelineRun), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<PipelineQuery>) -> ApiResult<Response> {
+pub async fn get_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<PipelineQuery>,
+) -> ApiResult<Response> {
     let rx = events().subscribe();
     let run = crate::tenancy::find_pipeline_run(&st, &id)?.ok_or_else(|| not_found(&id))?;
     if q.follow {
@@ -863,7 +1005,11 @@ pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>, Query
 /// is running or already succeeded); `follow=true` streams like `POST /v1/pipelines`.
 #[utoipa::path(post, path = "/v1/pipelines/{id}/resume", tag = "pipelines", params(("id" = String, Path, description = "Run id or unique prefix"), PipelineQuery),
     responses((status = 200, body = PipelineRun), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn resume_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<PipelineQuery>) -> ApiResult<Response> {
+pub async fn resume_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<PipelineQuery>,
+) -> ApiResult<Response> {
     let rx = events().subscribe();
     let run = resume(&st, &id).await?;
     if q.follow {
@@ -965,7 +1111,16 @@ commands = ["cat /root/f"]
             other => panic!("{other}"),
         }
         assert!(matches!(parse("name = \"x\"\nstage = []\n").unwrap_err(), SpecError::Spec(_)));
-        assert_eq!(stage_err(&GOOD.replace("commands = [\"cat /root/f\"]", "commands = [\"x\"]\n[stage.fanout]\nrun = \"x\"\ncount = 1")).1, "fanout");
+        assert_eq!(
+            stage_err(
+                &GOOD.replace(
+                    "commands = [\"cat /root/f\"]",
+                    "commands = [\"x\"]\n[stage.fanout]\nrun = \"x\"\ncount = 1"
+                )
+            )
+            .1,
+            "fanout"
+        );
     }
 
     #[test]

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{Path, State};
 use axum::Json;
-use strata_api::{Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UpdateSandboxRequest};
+use strata_api::{
+    Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UpdateSandboxRequest,
+};
 use strata_core::lifecycle::has_processes;
 use strata_core::units;
 use strata_store::db::SandboxRecord;
@@ -72,17 +74,25 @@ impl Limits {
 pub fn validate(patch: &PolicyPatch) -> ApiResult<()> {
     if let Some(t) = &patch.idle_timeout {
         if t.trim() == NONE {
-            return Err(ApiError::bad_request("idle_timeout cannot be none; use on_idle keep to never act on idleness"));
+            return Err(ApiError::bad_request(
+                "idle_timeout cannot be none; use on_idle keep to never act on idleness",
+            ));
         }
         units::parse_duration(t).map_err(|e| ApiError::bad_request(format!("idle_timeout: {e}")))?;
     }
-    for (field, v) in [("max_lifetime", &patch.max_lifetime), ("archive_after", &patch.archive_after), ("delete_after", &patch.delete_after)] {
+    for (field, v) in [
+        ("max_lifetime", &patch.max_lifetime),
+        ("archive_after", &patch.archive_after),
+        ("delete_after", &patch.delete_after),
+    ] {
         if let Some(v) = v.as_deref().filter(|v| v.trim() != NONE) {
             units::parse_duration(v).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))?;
         }
     }
     if patch.on_max_lifetime == Some(OnIdle::Keep) {
-        return Err(ApiError::bad_request("on_max_lifetime cannot be keep; set max_lifetime to none to remove the limit"));
+        return Err(ApiError::bad_request(
+            "on_max_lifetime cannot be keep; set max_lifetime to none to remove the limit",
+        ));
     }
     if let Some(h) = &patch.hooks {
         crate::hooks::validate(h)?;
@@ -140,7 +150,10 @@ pub fn update(st: &Shared, id: &str, req: &UpdateSandboxRequest) -> ApiResult<Sa
     }
     if let Some(patch) = req.policy.as_ref().filter(|p| !p.is_empty()) {
         validate(patch)?;
-        let policy = st.db.update_policy(&rec.sandbox.id, |p| apply_patch(p, patch))?.ok_or_else(|| ApiError::sandbox_not_found(id))?;
+        let policy = st
+            .db
+            .update_policy(&rec.sandbox.id, |p| apply_patch(p, patch))?
+            .ok_or_else(|| ApiError::sandbox_not_found(id))?;
         info!(sandbox = %rec.sandbox.id, on_idle = %policy.on_idle, idle_timeout = %policy.idle_timeout, max_lifetime = ?policy.max_lifetime,
             archive_after = ?policy.archive_after, delete_after = ?policy.delete_after, "policy updated");
     }
@@ -168,7 +181,9 @@ fn declare(st: &Shared, rec: &strata_store::db::SandboxRecord, caps: &[strata_ap
     let facts = crate::sandboxes::exposure_facts(st, &view);
     let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &facts));
     crate::approvals::gate(st, &rec.sandbox.tenant, "declare capabilities of", &rec.sandbox.id, &grants)?;
-    st.db.update_policy(&rec.sandbox.id, |p| p.capabilities = declared.clone())?.ok_or_else(|| ApiError::sandbox_not_found(&rec.sandbox.id))?;
+    st.db
+        .update_policy(&rec.sandbox.id, |p| p.capabilities = declared.clone())?
+        .ok_or_else(|| ApiError::sandbox_not_found(&rec.sandbox.id))?;
     info!(sandbox = %rec.sandbox.id, capabilities = ?declared, "capabilities declared");
     Ok(())
 }
@@ -290,7 +305,8 @@ pub fn decide(s: &Snapshot) -> Option<Step> {
     if l.delete_after.is_some_and(|d| parked >= d) {
         return Some(Step { action: PolicyAction::Destroy, reason: "delete_after" });
     }
-    if matches!(s.state, SandboxState::Stopped | SandboxState::Standby) && l.archive_after.is_some_and(|d| parked >= d) {
+    if matches!(s.state, SandboxState::Stopped | SandboxState::Standby) && l.archive_after.is_some_and(|d| parked >= d)
+    {
         return Some(Step { action: PolicyAction::Archive, reason: "archive_after" });
     }
     None
@@ -379,7 +395,13 @@ fn record_failure(st: &Shared, id: &str, step: Step, err: &ApiError, retry_in: D
     let reason = if step.reason == "idle_timeout" { "idle_action_failed" } else { "policy_action_failed" };
     warn!(sandbox = id, action = step.action.as_str(), trigger = step.reason, error = %err.body.message, retry_in_s = retry_in.as_secs(), "automatic lifecycle action failed");
     let Ok(Some(rec)) = st.db.sandbox_by_id(id) else { return };
-    let detail = format!("{}: {} failed: {} (retrying in {}s)", step.reason, step.action.as_str(), err.body.message, retry_in.as_secs());
+    let detail = format!(
+        "{}: {} failed: {} (retrying in {}s)",
+        step.reason,
+        step.action.as_str(),
+        err.body.message,
+        retry_in.as_secs()
+    );
     match st.db.record_event(id, rec.sandbox.state, reason, Some(&detail), &now()) {
         Ok(ev) => st.notify_events(ev.seq),
         Err(e) => warn!(sandbox = id, error = %crate::error::chain(&e), "recording a failed lifecycle action"),
@@ -390,7 +412,8 @@ fn record_failure(st: &Shared, id: &str, step: Step, err: &ApiError, retry_in: D
 pub async fn run(st: Shared) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, Step, ApiResult<Option<SandboxEvent>>)>();
+    let (done_tx, mut done_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(String, Step, ApiResult<Option<SandboxEvent>>)>();
     let mut in_flight: HashSet<String> = HashSet::new();
     let mut failures: HashMap<String, Failure> = HashMap::new();
     loop {
@@ -444,9 +467,12 @@ pub async fn run(st: Shared) {
             let (st2, id2, tx) = (st.clone(), id.clone(), done_tx.clone());
             tokio::spawn(async move {
                 // A panic must not leave the sandbox marked in flight forever.
-                let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(apply(&st2, &id2, step)))
-                    .await
-                    .unwrap_or_else(|_| Err(ApiError::new(strata_api::ErrorCode::Internal, "the lifecycle action panicked")));
+                let result =
+                    futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(apply(&st2, &id2, step)))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(ApiError::new(strata_api::ErrorCode::Internal, "the lifecycle action panicked"))
+                        });
                 let _ = tx.send((id2, step, result));
             });
         }
@@ -459,7 +485,11 @@ pub async fn run(st: Shared) {
 #[utoipa::path(patch, path = "/v1/sandboxes/{id}", tag = "sandboxes", request_body = UpdateSandboxRequest,
     params(("id" = String, Path, description = "Sandbox id, id prefix or name")),
     responses((status = 200, body = Sandbox), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn update_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<UpdateSandboxRequest>) -> ApiResult<Json<Sandbox>> {
+pub async fn update_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<UpdateSandboxRequest>,
+) -> ApiResult<Json<Sandbox>> {
     Ok(Json(update(&st, &id, &req)?))
 }
 
@@ -470,7 +500,14 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn limits(on_idle: OnIdle) -> Limits {
-        Limits { on_idle, idle_timeout: 60 * S, max_lifetime: None, on_max_lifetime: None, archive_after: None, delete_after: None }
+        Limits {
+            on_idle,
+            idle_timeout: 60 * S,
+            max_lifetime: None,
+            on_max_lifetime: None,
+            archive_after: None,
+            delete_after: None,
+        }
     }
 
     /// A running persistent sandbox, up for an hour and quiet for 10 minutes.
@@ -497,7 +534,11 @@ mod tests {
     fn idle_past_the_timeout_applies_on_idle() {
         let idle = Some(Step { action: PolicyAction::Stop, reason: "idle_timeout" });
         assert_eq!(decide(&running()), idle);
-        for (on_idle, action) in [(OnIdle::Standby, Some(PolicyAction::Standby)), (OnIdle::Destroy, Some(PolicyAction::Destroy)), (OnIdle::Keep, None)] {
+        for (on_idle, action) in [
+            (OnIdle::Standby, Some(PolicyAction::Standby)),
+            (OnIdle::Destroy, Some(PolicyAction::Destroy)),
+            (OnIdle::Keep, None),
+        ] {
             let s = Snapshot { limits: limits(on_idle), ..running() };
             assert_eq!(decide(&s).map(|x| x.action), action, "{on_idle}");
         }
@@ -543,7 +584,11 @@ mod tests {
         let idle = Snapshot { limits: Limits { max_lifetime: Some(1800 * S), ..limits(OnIdle::Standby) }, ..running() };
         assert_eq!(decide(&idle).unwrap().reason, "max_lifetime");
         // on_max_lifetime chooses the action, whatever the lifecycle.
-        for (on, action) in [(OnIdle::Standby, PolicyAction::Standby), (OnIdle::Stop, PolicyAction::Stop), (OnIdle::Destroy, PolicyAction::Destroy)] {
+        for (on, action) in [
+            (OnIdle::Standby, PolicyAction::Standby),
+            (OnIdle::Stop, PolicyAction::Stop),
+            (OnIdle::Destroy, PolicyAction::Destroy),
+        ] {
             let l = Limits { on_max_lifetime: Some(on), ..l };
             assert_eq!(decide(&Snapshot { limits: l, ..busy }), Some(Step { action, reason: "max_lifetime" }));
             assert_eq!(decide(&Snapshot { limits: l, ..eph }), Some(Step { action, reason: "max_lifetime" }));
@@ -583,17 +628,29 @@ mod tests {
         let mut p = SandboxPolicy::default_for(Lifecycle::Persistent);
         assert_eq!(p.on_idle, OnIdle::Standby);
         assert_eq!(SandboxPolicy::default_for(Lifecycle::Ephemeral).on_idle, OnIdle::Destroy);
-        let patch = PolicyPatch { on_idle: Some(OnIdle::Stop), max_lifetime: Some("2h".into()), delete_after: Some("7d".into()), ..Default::default() };
+        let patch = PolicyPatch {
+            on_idle: Some(OnIdle::Stop),
+            max_lifetime: Some("2h".into()),
+            delete_after: Some("7d".into()),
+            ..Default::default()
+        };
         validate(&patch).unwrap();
         apply_patch(&mut p, &patch);
-        assert_eq!((p.on_idle, p.idle_timeout.as_str(), p.max_lifetime.as_deref(), p.delete_after.as_deref()), (OnIdle::Stop, "15m", Some("2h"), Some("7d")));
+        assert_eq!(
+            (p.on_idle, p.idle_timeout.as_str(), p.max_lifetime.as_deref(), p.delete_after.as_deref()),
+            (OnIdle::Stop, "15m", Some("2h"), Some("7d"))
+        );
         apply_patch(&mut p, &PolicyPatch { max_lifetime: Some("none".into()), ..Default::default() });
         assert_eq!(p.max_lifetime, None);
         assert_eq!(Limits::of(&p).unwrap().delete_after, Some(7 * 86400 * S));
         assert!(validate(&PolicyPatch { idle_timeout: Some("soon".into()), ..Default::default() }).is_err());
         assert!(validate(&PolicyPatch { idle_timeout: Some("none".into()), ..Default::default() }).is_err());
         assert!(validate(&PolicyPatch { archive_after: Some("0s".into()), ..Default::default() }).is_err());
-        assert!(initial(Lifecycle::Ephemeral, Some(&PolicyPatch { delete_after: Some("x".into()), ..Default::default() })).is_err());
+        assert!(initial(
+            Lifecycle::Ephemeral,
+            Some(&PolicyPatch { delete_after: Some("x".into()), ..Default::default() })
+        )
+        .is_err());
     }
 
     #[test]

@@ -40,7 +40,10 @@ use axum::Json;
 use bytes::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use strata_api::{CreatePreviewRequest, CreatedPreview, ErrorCode, Preview, PreviewQuery, SandboxState, PREVIEW_PATH_PREFIX, PREVIEW_SECRET_PREFIX, PREVIEW_TOKEN_HEADER, PREVIEW_TOKEN_QUERY};
+use strata_api::{
+    CreatePreviewRequest, CreatedPreview, ErrorCode, Preview, PreviewQuery, SandboxState, PREVIEW_PATH_PREFIX,
+    PREVIEW_SECRET_PREFIX, PREVIEW_TOKEN_HEADER, PREVIEW_TOKEN_QUERY,
+};
 use strata_core::ids;
 use strata_store::db::SandboxRecord;
 use tracing::{debug, info, warn};
@@ -111,7 +114,9 @@ impl From<PreviewError> for ApiError {
     fn from(e: PreviewError) -> Self {
         match &e {
             PreviewError::Netns { .. } => ApiError::internal("preview", &e),
-            PreviewError::Connect { .. } | PreviewError::Upstream { .. } => ApiError::new(ErrorCode::UpstreamUnavailable, crate::error::chain(&e)),
+            PreviewError::Connect { .. } | PreviewError::Upstream { .. } => {
+                ApiError::new(ErrorCode::UpstreamUnavailable, crate::error::chain(&e))
+            }
         }
     }
 }
@@ -152,7 +157,12 @@ impl std::fmt::Debug for Previews {
 impl Previews {
     /// A proxy with these settings.
     pub fn new(config: PreviewConfig) -> Self {
-        Previews { config, listen: std::sync::OnceLock::new(), pool: Mutex::new(HashMap::new()), connectors: Mutex::new(HashMap::new()) }
+        Previews {
+            config,
+            listen: std::sync::OnceLock::new(),
+            pool: Mutex::new(HashMap::new()),
+            connectors: Mutex::new(HashMap::new()),
+        }
     }
 
     fn take(&self, key: &PoolKey) -> Option<SendRequest<Body>> {
@@ -181,7 +191,10 @@ impl Previews {
     pub fn with_urls(&self, mut p: Preview) -> Preview {
         let port = p.port.map_or_else(|| "{port}".to_string(), |p| p.to_string());
         let (host_port, base) = match self.listen.get().copied() {
-            Some(a) => (if a.port() == 80 { String::new() } else { format!(":{}", a.port()) }, format!("http://{}", crate::loopback(a))),
+            Some(a) => (
+                if a.port() == 80 { String::new() } else { format!(":{}", a.port()) },
+                format!("http://{}", crate::loopback(a)),
+            ),
             None => (String::new(), String::new()),
         };
         p.url_host = format!("http://{port}-{}.{}{host_port}/", p.sandbox_id, self.config.domain);
@@ -222,7 +235,11 @@ pub enum Route {
 
 /// The host part of a `Host` header value, lowercase, without port or trailing dot.
 fn host_only(host: &str) -> String {
-    let h = if host.starts_with('[') { host.split(']').next().unwrap_or(host) } else { host.rsplit_once(':').map_or(host, |(h, p)| if p.bytes().all(|b| b.is_ascii_digit()) { h } else { host }) };
+    let h = if host.starts_with('[') {
+        host.split(']').next().unwrap_or(host)
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, p)| if p.bytes().all(|b| b.is_ascii_digit()) { h } else { host })
+    };
     h.trim_end_matches('.').to_ascii_lowercase()
 }
 
@@ -253,7 +270,8 @@ pub fn route(domain: &str, host: Option<&str>, uri: &Uri) -> Route {
     if let Some(host) = host {
         let h = host_only(host);
         if let Some(label) = h.strip_suffix(domain).and_then(|l| l.strip_suffix('.')) {
-            let parsed = label.split_once('-').and_then(|(p, id)| Some((p.parse::<u16>().ok().filter(|p| *p != 0)?, id)));
+            let parsed =
+                label.split_once('-').and_then(|(p, id)| Some((p.parse::<u16>().ok().filter(|p| *p != 0)?, id)));
             return match parsed {
                 Some((port, id)) if !id.is_empty() && !id.contains('.') => {
                     let (upstream, _) = strip_token(uri.path(), uri.query());
@@ -267,10 +285,16 @@ pub fn route(domain: &str, host: Option<&str>, uri: &Uri) -> Route {
     let mut parts = rest.splitn(3, '/');
     let (key, port, tail) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next());
     let Some(port) = port.parse::<u16>().ok().filter(|p| *p != 0) else {
-        return Route::Invalid(format!("{} is not a preview path: expected {PREVIEW_PATH_PREFIX}<sandbox>/<port>/", uri.path()));
+        return Route::Invalid(format!(
+            "{} is not a preview path: expected {PREVIEW_PATH_PREFIX}<sandbox>/<port>/",
+            uri.path()
+        ));
     };
     if key.is_empty() {
-        return Route::Invalid(format!("{} is not a preview path: expected {PREVIEW_PATH_PREFIX}<sandbox>/<port>/", uri.path()));
+        return Route::Invalid(format!(
+            "{} is not a preview path: expected {PREVIEW_PATH_PREFIX}<sandbox>/<port>/",
+            uri.path()
+        ));
     }
     let prefix = format!("{PREVIEW_PATH_PREFIX}{key}/{port}");
     let Some(tail) = tail else {
@@ -278,7 +302,13 @@ pub fn route(domain: &str, host: Option<&str>, uri: &Uri) -> Route {
         return Route::AddSlash(format!("{prefix}/{q}"));
     };
     let (upstream, _) = strip_token(&format!("/{tail}"), uri.query());
-    Route::Proxy(Target { key: key.to_string(), port, upstream, cookie_path: format!("{prefix}/"), prefix: Some(prefix) })
+    Route::Proxy(Target {
+        key: key.to_string(),
+        port,
+        upstream,
+        cookie_path: format!("{prefix}/"),
+        prefix: Some(prefix),
+    })
 }
 
 // ---- access ----
@@ -340,7 +370,12 @@ fn presented_tokens(headers: &HeaderMap, uri: &Uri) -> (Vec<String>, Option<Stri
 
 /// Grants or refuses access: the preview that admitted the request and the
 /// token that did (`None` for a public preview), or why it is refused.
-fn authorize(st: &Shared, sandbox_id: &str, port: u16, tokens: &[String]) -> ApiResult<Result<(Preview, Option<String>), Refusal>> {
+fn authorize(
+    st: &Shared,
+    sandbox_id: &str,
+    port: u16,
+    tokens: &[String],
+) -> ApiResult<Result<(Preview, Option<String>), Refusal>> {
     let at = SystemTime::now();
     let mut worst = Refusal::Missing;
     for t in tokens {
@@ -371,7 +406,12 @@ fn authorize(st: &Shared, sandbox_id: &str, port: u16, tokens: &[String]) -> Api
 
 /// Middleware (outermost, before authentication): serves preview requests, passes the rest on.
 pub async fn intercept(State(st): State<Shared>, req: Request, next: Next) -> Response {
-    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string).or_else(|| req.uri().authority().map(|a| a.to_string()));
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()));
     match route(&st.previews.config.domain, host.as_deref(), req.uri()) {
         Route::Api => next.run(req).await,
         Route::Invalid(msg) => {
@@ -402,24 +442,38 @@ pub async fn intercept(State(st): State<Shared>, req: Request, next: Next) -> Re
 }
 
 /// A running sandbox for a preview request: resumes one in standby (or paused); 409 otherwise.
-async fn ready_sandbox(st: &Shared, rec: SandboxRecord) -> ApiResult<(SandboxRecord, Option<strata_api::ResumeResult>)> {
+async fn ready_sandbox(
+    st: &Shared,
+    rec: SandboxRecord,
+) -> ApiResult<(SandboxRecord, Option<strata_api::ResumeResult>)> {
     match rec.sandbox.state {
         SandboxState::Running => Ok((rec, None)),
         SandboxState::Standby | SandboxState::Paused => {
             let resumed = crate::standby::ensure_running(st, &rec.sandbox.id).await?;
             let rec = load(st, &rec.sandbox.id)?;
             if rec.sandbox.state != SandboxState::Running {
-                return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}, not running", rec.sandbox.id, rec.sandbox.state.as_str())));
+                return Err(ApiError::invalid_state(
+                    rec.sandbox.state,
+                    format!("sandbox {} is {}, not running", rec.sandbox.id, rec.sandbox.state.as_str()),
+                ));
             }
             Ok((rec, resumed))
         }
-        s => Err(ApiError::invalid_state(s, format!("sandbox {} is {}: previews reach only a running sandbox (or one in standby, which they resume)", rec.sandbox.id, s.as_str()))),
+        s => Err(ApiError::invalid_state(
+            s,
+            format!(
+                "sandbox {} is {}: previews reach only a running sandbox (or one in standby, which they resume)",
+                rec.sandbox.id,
+                s.as_str()
+            ),
+        )),
     }
 }
 
 /// Opens the network namespace of the process `pid`.
 fn open_netns(sandbox: &str, pid: i32) -> Result<std::fs::File, PreviewError> {
-    std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|source| PreviewError::Netns { sandbox: sandbox.to_string(), source })
+    std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|source| PreviewError::Netns { sandbox: sandbox.to_string(), source })
 }
 
 /// What a connector thread answers: a socket made in the sandbox's network namespace.
@@ -455,7 +509,12 @@ fn spawn_connector(ns: std::fs::File) -> std::io::Result<Connector> {
 
 impl Previews {
     /// Connects to 127.0.0.1:`port` inside the network namespace of the sandbox's init.
-    async fn connect(&self, sandbox: &str, init: &strata_runtime::SandboxHandle, port: u16) -> Result<tokio::net::TcpStream, PreviewError> {
+    async fn connect(
+        &self,
+        sandbox: &str,
+        init: &strata_runtime::SandboxHandle,
+        port: u16,
+    ) -> Result<tokio::net::TcpStream, PreviewError> {
         let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
         let pid = init.init_pid;
         let key = (sandbox.to_string(), pid, init.init_start_time);
@@ -480,20 +539,38 @@ impl Previews {
             }
             self.connectors.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         }
-        let socket = socket.ok_or_else(|| netns_err(std::io::Error::other("the namespace's connector thread ended")))?;
+        let socket =
+            socket.ok_or_else(|| netns_err(std::io::Error::other("the namespace's connector thread ended")))?;
         let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
         let conn_err = |source| PreviewError::Connect { sandbox: sandbox.to_string(), port, source };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr)).await.map_err(|_| conn_err(std::io::ErrorKind::TimedOut.into()))?.map_err(conn_err)?;
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr))
+            .await
+            .map_err(|_| conn_err(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(conn_err)?;
         let _ = stream.set_nodelay(true);
         Ok(stream)
     }
 }
 
 /// Headers never forwarded (hop-by-hop, RFC 9110 7.6.1), besides those named in `Connection`.
-const HOP_BY_HOP: [&str; 8] = ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<String> = h.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase())).collect();
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
     for n in HOP_BY_HOP.iter().map(|s| s.to_string()).chain(named) {
         if let Ok(name) = HeaderName::from_bytes(n.as_bytes()) {
             h.remove(name);
@@ -519,7 +596,11 @@ fn strip_cookie(h: &mut HeaderMap) {
 }
 
 fn is_upgrade(h: &HeaderMap) -> Option<HeaderValue> {
-    let conn_upgrade = h.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")));
+    let conn_upgrade = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")));
     if conn_upgrade {
         h.get(header::UPGRADE).cloned()
     } else {
@@ -533,7 +614,8 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
     let rec = st.db.sandbox_by_id(&t.key)?.ok_or_else(|| ApiError::sandbox_not_found(&t.key))?;
     let id = rec.sandbox.id.clone();
     let (tokens, query_token) = presented_tokens(req.headers(), req.uri());
-    let (preview, admitted_by) = authorize(st, &id, t.port, &tokens)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;
+    let (preview, admitted_by) =
+        authorize(st, &id, t.port, &tokens)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;
     let (rec, resumed) = ready_sandbox(st, rec).await?;
     let (Some(pid), Some(handle)) = (rec.sandbox.init_pid, handle_of(&rec)) else {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id} has no running init")));
@@ -575,7 +657,8 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
             headers.insert("x-forwarded-prefix", v);
         }
     }
-    let uri: Uri = t.upstream.parse().map_err(|_| ApiError::bad_request(format!("invalid preview path {:?}", t.upstream)))?;
+    let uri: Uri =
+        t.upstream.parse().map_err(|_| ApiError::bad_request(format!("invalid preview path {:?}", t.upstream)))?;
     let mut up = hyper::Request::builder().method(parts.method.clone()).uri(uri).version(hyper::Version::HTTP_11);
     if let Some(h) = up.headers_mut() {
         *h = headers;
@@ -599,7 +682,9 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
                 st.previews.forget(&id);
                 return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
             }
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|source| PreviewError::Upstream { sandbox: id.clone(), port: t.port, source })?;
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|source| PreviewError::Upstream { sandbox: id.clone(), port: t.port, source })?;
             let sid = id.clone();
             tokio::spawn(async move {
                 if let Err(e) = conn.with_upgrades().await {
@@ -609,7 +694,11 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
             sender
         }
     };
-    let mut resp = sender.send_request(up_req).await.map_err(|source| PreviewError::Upstream { sandbox: id.clone(), port: t.port, source })?;
+    let mut resp = sender.send_request(up_req).await.map_err(|source| PreviewError::Upstream {
+        sandbox: id.clone(),
+        port: t.port,
+        source,
+    })?;
     if upgrade.is_none() {
         st.previews.give_back(key, sender);
     }
@@ -618,7 +707,10 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
     let mut out_headers = std::mem::take(resp.headers_mut());
     if status == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
-            return Err(ApiError::new(ErrorCode::UpstreamUnavailable, format!("the server on port {} switched protocols without being asked to", t.port)));
+            return Err(ApiError::new(
+                ErrorCode::UpstreamUnavailable,
+                format!("the server on port {} switched protocols without being asked to", t.port),
+            ));
         };
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (st2, sid, port) = (st.clone(), id.clone(), t.port);
@@ -651,7 +743,10 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
     strip_hop_by_hop(&mut out_headers);
     // A signed URL's token sets the cookie (only when that token is what admitted the request).
     if let Some(tok) = query_token.filter(|q| admitted_by.as_ref() == Some(q)) {
-        let max_age = humantime::parse_rfc3339_weak(&preview.expires_at).ok().and_then(|e| e.duration_since(SystemTime::now()).ok()).map_or(0, |d| d.as_secs());
+        let max_age = humantime::parse_rfc3339_weak(&preview.expires_at)
+            .ok()
+            .and_then(|e| e.duration_since(SystemTime::now()).ok())
+            .map_or(0, |d| d.as_secs());
         let cookie = format!("{COOKIE}={tok}; Path={}; Max-Age={max_age}; HttpOnly; SameSite=Lax", t.cookie_path);
         if let Ok(v) = HeaderValue::from_str(&cookie) {
             out_headers.append(header::SET_COOKIE, v);
@@ -664,7 +759,8 @@ async fn proxy(st: &Shared, t: Target, req: Request) -> ApiResult<Response> {
         out_headers.insert("strata-resume-ms", HeaderValue::from(r.duration_ms));
     }
     st.metrics.preview_request("proxied");
-    let body = Body::new(Counted { inner: resp.into_body(), st: st.clone(), direction: "from_sandbox", guard: Some(guard) });
+    let body =
+        Body::new(Counted { inner: resp.into_body(), st: st.clone(), direction: "from_sandbox", guard: Some(guard) });
     let mut r = Response::new(body);
     *r.status_mut() = status;
     *r.headers_mut() = out_headers;
@@ -686,7 +782,10 @@ where
     type Data = Bytes;
     type Error = B::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
         match &r {
             Poll::Ready(Some(Ok(f))) => {
@@ -722,7 +821,9 @@ pub fn create(st: &Shared, sandbox: &str, req: &CreatePreviewRequest) -> ApiResu
     }
     let ttl = match req.ttl_secs {
         Some(0) => return Err(ApiError::bad_request("ttl_secs: must be longer than zero")),
-        Some(s) if Duration::from_secs(s) > MAX_TTL => return Err(ApiError::bad_request(format!("ttl_secs: at most {} (30 days)", MAX_TTL.as_secs()))),
+        Some(s) if Duration::from_secs(s) > MAX_TTL => {
+            return Err(ApiError::bad_request(format!("ttl_secs: at most {} (30 days)", MAX_TTL.as_secs())))
+        }
         Some(s) => Duration::from_secs(s),
         None => DEFAULT_TTL,
     };
@@ -773,7 +874,10 @@ pub fn list(st: &Shared, sandbox: &str, all: bool) -> ApiResult<Vec<Preview>> {
 /// Revokes a preview: its token (and public access) is refused from the next request on.
 pub fn revoke(st: &Shared, sandbox: &str, preview: &str) -> ApiResult<Preview> {
     let rec = load(st, sandbox)?;
-    let p = st.db.revoke_preview(&rec.sandbox.id, preview, &now())?.ok_or_else(|| preview_not_found(&rec.sandbox.id, preview))?;
+    let p = st
+        .db
+        .revoke_preview(&rec.sandbox.id, preview, &now())?
+        .ok_or_else(|| preview_not_found(&rec.sandbox.id, preview))?;
     info!(sandbox = %p.sandbox_id, preview = %p.id, "preview revoked");
     Ok(st.previews.with_urls(p))
 }
@@ -782,14 +886,22 @@ pub fn revoke(st: &Shared, sandbox: &str, preview: &str) -> ApiResult<Preview> {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/previews", tag = "previews", request_body = CreatePreviewRequest,
     params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 201, body = CreatedPreview), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn create_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<CreatePreviewRequest>) -> ApiResult<(StatusCode, Json<CreatedPreview>)> {
+pub async fn create_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<CreatePreviewRequest>,
+) -> ApiResult<(StatusCode, Json<CreatedPreview>)> {
     Ok((StatusCode::CREATED, Json(create(&st, &id, &req)?)))
 }
 
 /// List a sandbox's previews (never their tokens).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/previews", tag = "previews", params(("id" = String, Path, description = "Sandbox id or name"), PreviewQuery),
     responses((status = 200, body = [Preview]), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn list_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<PreviewQuery>) -> ApiResult<Json<Vec<Preview>>> {
+pub async fn list_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<PreviewQuery>,
+) -> ApiResult<Json<Vec<Preview>>> {
     Ok(Json(list(&st, &id, q.all)?))
 }
 
@@ -797,7 +909,10 @@ pub async fn list_handler(State(st): State<Shared>, Path(id): Path<String>, Quer
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/previews/{preview}", tag = "previews",
     params(("id" = String, Path, description = "Sandbox id or name"), ("preview" = String, Path, description = "Preview id")),
     responses((status = 200, body = Preview), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn revoke_handler(State(st): State<Shared>, Path((id, preview)): Path<(String, String)>) -> ApiResult<Json<Preview>> {
+pub async fn revoke_handler(
+    State(st): State<Shared>,
+    Path((id, preview)): Path<(String, String)>,
+) -> ApiResult<Json<Preview>> {
     Ok(Json(revoke(&st, &id, &preview)?))
 }
 
@@ -816,14 +931,20 @@ mod tests {
         assert_eq!(route(d, None, &uri("/v1/info")), Route::Api);
         match route(d, Some("8000-ab12cd.Preview.Localhost:7070"), &uri("/a/b?x=1&strata_token=stp_1&y=2")) {
             Route::Proxy(t) => {
-                assert_eq!((t.key.as_str(), t.port, t.upstream.as_str(), t.cookie_path.as_str()), ("ab12cd", 8000, "/a/b?x=1&y=2", "/"));
+                assert_eq!(
+                    (t.key.as_str(), t.port, t.upstream.as_str(), t.cookie_path.as_str()),
+                    ("ab12cd", 8000, "/a/b?x=1&y=2", "/")
+                );
                 assert_eq!(t.prefix, None);
             }
             r => panic!("{r:?}"),
         }
         match route(d, Some("127.0.0.1"), &uri("/preview/web/3000/static/app.js?strata_token=stp_2")) {
             Route::Proxy(t) => {
-                assert_eq!((t.key.as_str(), t.port, t.upstream.as_str(), t.cookie_path.as_str()), ("web", 3000, "/static/app.js", "/preview/web/3000/"));
+                assert_eq!(
+                    (t.key.as_str(), t.port, t.upstream.as_str(), t.cookie_path.as_str()),
+                    ("web", 3000, "/static/app.js", "/preview/web/3000/")
+                );
                 assert_eq!(t.prefix.as_deref(), Some("/preview/web/3000"));
             }
             r => panic!("{r:?}"),
@@ -833,14 +954,29 @@ mod tests {
         assert!(matches!(route(d, None, &uri("/preview/web/0/")), Route::Invalid(_)));
         assert!(matches!(route(d, Some("abc.preview.localhost"), &uri("/")), Route::Invalid(_)));
         assert!(matches!(route(d, Some("99999-ab.preview.localhost"), &uri("/")), Route::Invalid(_)));
-        assert_eq!(route(d, Some("evilpreview.localhost"), &uri("/x")), Route::Api, "only subdomains of the preview domain");
+        assert_eq!(
+            route(d, Some("evilpreview.localhost"), &uri("/x")),
+            Route::Api,
+            "only subdomains of the preview domain"
+        );
     }
 
     #[test]
     fn tokens_open_their_port_until_revoked_or_expired() {
         let now = SystemTime::now();
         let fmt = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
-        let p = Preview { id: "p".into(), sandbox_id: "s".into(), port: Some(80), public: false, tenant: "default".into(), created_at: fmt(now), expires_at: fmt(now + Duration::from_secs(60)), revoked_at: None, url_host: String::new(), url_path: String::new() };
+        let p = Preview {
+            id: "p".into(),
+            sandbox_id: "s".into(),
+            port: Some(80),
+            public: false,
+            tenant: "default".into(),
+            created_at: fmt(now),
+            expires_at: fmt(now + Duration::from_secs(60)),
+            revoked_at: None,
+            url_host: String::new(),
+            url_path: String::new(),
+        };
         assert_eq!(check(&p, "s", 80, now), Ok(()));
         assert_eq!(check(&p, "s", 81, now), Err(Refusal::Wrong));
         assert_eq!(check(&p, "t", 80, now), Err(Refusal::Wrong));
@@ -863,7 +999,11 @@ mod tests {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         strip_hop_by_hop(&mut h);
         strip_cookie(&mut h);
-        assert!(h.get(header::CONNECTION).is_none() && h.get("x-private").is_none() && h.get(header::TRANSFER_ENCODING).is_none());
+        assert!(
+            h.get(header::CONNECTION).is_none()
+                && h.get("x-private").is_none()
+                && h.get(header::TRANSFER_ENCODING).is_none()
+        );
         assert_eq!(h.get(header::COOKIE).unwrap(), "a=1; b=2");
         assert_eq!(h.get(header::CONTENT_TYPE).unwrap(), "text/plain");
         let mut only = HeaderMap::new();

@@ -44,10 +44,13 @@ pub struct SandboxRootCaps {
 impl SandboxRootCaps {
     /// Lowers the calling thread's effective set to the sandbox root's.
     pub fn lower() -> Result<Self, PrivilegeError> {
-        let saved = caps::read(None, CapSet::Effective).map_err(|source| PrivilegeError::Caps { what: "reading", source })?;
-        let permitted = caps::read(None, CapSet::Permitted).map_err(|source| PrivilegeError::Caps { what: "reading", source })?;
+        let saved =
+            caps::read(None, CapSet::Effective).map_err(|source| PrivilegeError::Caps { what: "reading", source })?;
+        let permitted =
+            caps::read(None, CapSet::Permitted).map_err(|source| PrivilegeError::Caps { what: "reading", source })?;
         let lowered: CapsHashSet = strata_init::creds::KEPT.iter().copied().filter(|c| permitted.contains(c)).collect();
-        caps::set(None, CapSet::Effective, &lowered).map_err(|source| PrivilegeError::Caps { what: "lowering", source })?;
+        caps::set(None, CapSet::Effective, &lowered)
+            .map_err(|source| PrivilegeError::Caps { what: "lowering", source })?;
         Ok(SandboxRootCaps { saved, _thread_bound: PhantomData })
     }
 }
@@ -78,7 +81,10 @@ mod tests {
     }
 
     fn first_kallsyms_line() -> String {
-        std::io::BufRead::lines(std::io::BufReader::new(std::fs::File::open("/proc/kallsyms").unwrap())).next().unwrap().unwrap()
+        std::io::BufRead::lines(std::io::BufReader::new(std::fs::File::open("/proc/kallsyms").unwrap()))
+            .next()
+            .unwrap()
+            .unwrap()
     }
 
     fn skip_unless_full_root() -> bool {
@@ -144,7 +150,10 @@ mod tests {
             if !kptr_shown {
                 println!("note: this host hides kernel addresses from root too (kptr_restrict)");
             }
-            assert!(std::fs::File::open("/proc/kmsg").is_ok(), "the daemon's own privileges open the host's kernel log");
+            assert!(
+                std::fs::File::open("/proc/kmsg").is_ok(),
+                "the daemon's own privileges open the host's kernel log"
+            );
             let _g = SandboxRootCaps::lower().unwrap();
             let e = std::fs::File::open("/proc/kmsg").unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EPERM), "lowered: {e}");

@@ -16,8 +16,8 @@ use base64::Engine;
 use bytes::Bytes;
 use nix::sys::signal::Signal;
 use strata_api::{
-    ErrorCode, ExecQuery, ExecRequest, ExecResult, LogsQuery, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState, SignalRequest,
-    StdinRequest, StreamKind, WaitQuery,
+    ErrorCode, ExecQuery, ExecRequest, ExecResult, LogsQuery, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState,
+    SignalRequest, StdinRequest, StreamKind, WaitQuery,
 };
 use strata_core::units;
 use strata_runtime::spec::{ExecReport, ExecSpec};
@@ -185,7 +185,11 @@ impl Proc {
                 continue;
             }
             let skip = off.saturating_sub(*start) as usize;
-            evs.push(ProcessEvent::Output { stream: *stream, offset: start + skip as u64, data_b64: B64.encode(&data[skip..]) });
+            evs.push(ProcessEvent::Output {
+                stream: *stream,
+                offset: start + skip as u64,
+                data_b64: B64.encode(&data[skip..]),
+            });
             off = end;
         }
         let done = (st.info.status == ProcessStatus::Exited).then(|| st.info.clone());
@@ -271,7 +275,8 @@ impl ProcessTable {
         let sp = m.entry(sandbox_id.to_string()).or_default();
         sp.next_id += 1;
         let id = sp.next_id;
-        let exited: Vec<u64> = sp.procs.iter().filter(|(_, p)| p.info().status == ProcessStatus::Exited).map(|(k, _)| *k).collect();
+        let exited: Vec<u64> =
+            sp.procs.iter().filter(|(_, p)| p.info().status == ProcessStatus::Exited).map(|(k, _)| *k).collect();
         if exited.len() >= KEEP_EXITED {
             for k in &exited[..exited.len() + 1 - KEEP_EXITED] {
                 sp.procs.remove(k);
@@ -299,12 +304,14 @@ impl ProcessTable {
     /// exited processes lose theirs first (oldest first), then running
     /// processes, largest first, keep [`LOG_FLOOR_BYTES`] each.
     pub fn enforce_log_budget(&self, sandbox_id: &str) {
-        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
         let mut total: u64 = procs.iter().map(|p| p.lock().log.retained()).sum();
         if total <= SANDBOX_LOG_BUDGET {
             return;
         }
-        let (exited, mut running): (Vec<_>, Vec<_>) = procs.into_iter().partition(|p| p.info().status == ProcessStatus::Exited);
+        let (exited, mut running): (Vec<_>, Vec<_>) =
+            procs.into_iter().partition(|p| p.info().status == ProcessStatus::Exited);
         running.sort_by_key(|p| std::cmp::Reverse(p.lock().log.retained()));
         for (p, keep) in exited.iter().map(|p| (p, 0)).chain(running.iter().map(|p| (p, LOG_FLOOR_BYTES))) {
             if total <= SANDBOX_LOG_BUDGET {
@@ -325,7 +332,8 @@ impl ProcessTable {
 
     /// The running processes of a sandbox, for a warm checkpoint taken now.
     pub async fn capture(&self, sandbox_id: &str) -> Vec<CapturedProcess> {
-        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
         let mut out = Vec::new();
         for p in procs {
             let stdin_open = p.stdin.lock().await.is_some();
@@ -352,7 +360,8 @@ impl ProcessTable {
             let (report_r, report_w) = cloexec_pipe()?;
             let (stdout_r, stdout_w) = cloexec_pipe()?;
             let (stderr_r, stderr_w) = cloexec_pipe()?;
-            let mut pipes = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+            let mut pipes =
+                PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
             out.inherit.push((report_w, c.pipes.report));
             out.inherit.push((stdout_w, c.pipes.stdout));
             out.inherit.push((stderr_w, c.pipes.stderr));
@@ -364,7 +373,12 @@ impl ProcessTable {
             } else {
                 None
             };
-            let info = ProcessInfo { sandbox_id: sandbox_id.to_string(), status: ProcessStatus::Running, finished_at: None, ..c.info.clone() };
+            let info = ProcessInfo {
+                sandbox_id: sandbox_id.to_string(),
+                status: ProcessStatus::Running,
+                finished_at: None,
+                ..c.info.clone()
+            };
             let p = new_proc(info);
             p.lock().pipes = pipes;
             out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }));
@@ -384,13 +398,16 @@ impl ProcessTable {
 
     /// Number of running processes of a sandbox.
     pub fn running(&self, sandbox_id: &str) -> usize {
-        self.lock().get(sandbox_id).map_or(0, |sp| sp.procs.values().filter(|p| p.lock().info.status == ProcessStatus::Running).count())
+        self.lock()
+            .get(sandbox_id)
+            .map_or(0, |sp| sp.procs.values().filter(|p| p.lock().info.status == ProcessStatus::Running).count())
     }
 
     /// Marks every running process of a sandbox as suspended before its
     /// processes are dumped for standby; returns how many there are.
     pub async fn suspend(&self, sandbox_id: &str) -> usize {
-        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
         let mut n = 0;
         for p in procs {
             if p.info().status != ProcessStatus::Running {
@@ -418,7 +435,8 @@ impl ProcessTable {
     /// restored processes take over (each with the inode it replaces) and the
     /// daemon's ends, handed to the supervisors by [`ResumePipes::commit`].
     pub fn resume_pipes(&self, sandbox_id: &str) -> ApiResult<ResumePipes> {
-        let procs: Vec<Arc<Proc>> = self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
         let mut out = ResumePipes::default();
         for p in procs {
             let (old, stdin_open) = {
@@ -431,7 +449,8 @@ impl ProcessTable {
             let (report_r, report_w) = cloexec_pipe()?;
             let (stdout_r, stdout_w) = cloexec_pipe()?;
             let (stderr_r, stderr_w) = cloexec_pipe()?;
-            let mut new = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+            let mut new =
+                PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
             out.inherit.push((report_w, old.report));
             out.inherit.push((stdout_w, old.stdout));
             out.inherit.push((stderr_w, old.stderr));
@@ -471,7 +490,13 @@ impl ProcessTable {
 fn new_proc(info: ProcessInfo) -> Arc<Proc> {
     let (changed, _) = watch::channel(0);
     Arc::new(Proc {
-        state: Mutex::new(ProcState { info, log: LogBuf::default(), pipes: PipeInodes::default(), suspended: false, stdin_open: false }),
+        state: Mutex::new(ProcState {
+            info,
+            log: LogBuf::default(),
+            pipes: PipeInodes::default(),
+            suspended: false,
+            stdin_open: false,
+        }),
         stdin: Arc::new(tokio::sync::Mutex::new(None)),
         changed,
         reattach: Mutex::new(None),
@@ -566,11 +591,20 @@ fn validate(req: &ExecRequest) -> ApiResult<(Option<Duration>, Option<Vec<u8>>)>
     if req.cmd.is_empty() || req.cmd[0].is_empty() {
         return Err(ApiError::bad_request("cmd must name a program"));
     }
-    if req.cmd.iter().any(|a| a.contains('\0')) || req.env.iter().any(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0')) {
-        return Err(ApiError::bad_request("arguments and environment must not contain NUL bytes; names must not contain '='"));
+    if req.cmd.iter().any(|a| a.contains('\0'))
+        || req.env.iter().any(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
+    {
+        return Err(ApiError::bad_request(
+            "arguments and environment must not contain NUL bytes; names must not contain '='",
+        ));
     }
     let timeout = req.timeout.as_deref().map(units::parse_duration).transpose()?;
-    let stdin = req.stdin_b64.as_deref().map(|s| B64.decode(s)).transpose().map_err(|e| ApiError::bad_request(format!("stdin_b64: {e}")))?;
+    let stdin = req
+        .stdin_b64
+        .as_deref()
+        .map(|s| B64.decode(s))
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("stdin_b64: {e}")))?;
     Ok((timeout, stdin))
 }
 
@@ -579,7 +613,10 @@ pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> ApiResult<Ar
     let checked = validate(&req)?;
     let rec = load(st, sandbox)?;
     if rec.sandbox.state != SandboxState::Running {
-        return Err(ApiError::invalid_state(rec.sandbox.state, format!("cannot exec in sandbox {} while it is {}", rec.sandbox.id, rec.sandbox.state)));
+        return Err(ApiError::invalid_state(
+            rec.sandbox.state,
+            format!("cannot exec in sandbox {} while it is {}", rec.sandbox.id, rec.sandbox.state),
+        ));
     }
     spawn_validated(st, &rec, req, checked).await
 }
@@ -591,16 +628,28 @@ pub async fn spawn_unchecked(st: &Shared, rec: &SandboxRecord, req: ExecRequest)
 }
 
 /// [`spawn_unchecked`] for a request [`validate`] has accepted (its timeout and decoded stdin).
-async fn spawn_validated(st: &Shared, rec: &SandboxRecord, req: ExecRequest, (timeout, stdin_data): (Option<Duration>, Option<Vec<u8>>)) -> ApiResult<Arc<Proc>> {
+async fn spawn_validated(
+    st: &Shared,
+    rec: &SandboxRecord,
+    req: ExecRequest,
+    (timeout, stdin_data): (Option<Duration>, Option<Vec<u8>>),
+) -> ApiResult<Arc<Proc>> {
     let handle = handle_of(rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, "running sandbox without init"))?;
     let secrets = st.secrets.get(&rec.sandbox.id)?;
     let spec = exec_spec(rec, &req, &secrets);
-    let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e))))?;
+    let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| {
+        ApiError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e)))
+    })?;
     let (report_r, report_w) = cloexec_pipe()?;
     let (stdout_r, stdout_w) = cloexec_pipe()?;
     let (stderr_r, stderr_w) = cloexec_pipe()?;
     let (stdin_r, stdin_w) = cloexec_pipe()?;
-    let pipes = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: inode(&stdin_r) };
+    let pipes = PipeInodes {
+        report: inode(&report_r),
+        stdout: inode(&stdout_r),
+        stderr: inode(&stderr_r),
+        stdin: inode(&stdin_r),
+    };
     let w = report_w.as_raw_fd();
     cmd.env(strata_runtime::namespace::enter::REPORT_FD_ENV, w.to_string());
     cmd.stdin(Stdio::from(stdin_r)).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
@@ -627,7 +676,14 @@ async fn spawn_validated(st: &Shared, rec: &SandboxRecord, req: ExecRequest, (ti
     // Stdin is in place before the caller learns the process exists (it may write at once).
     attach_stdin(&proc_, stdin_w, stdin_data, req.keep_stdin_open).await;
     let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: None };
-    tokio::spawn(supervise(st.clone(), proc_.clone(), rec.sandbox.id.clone(), ends, SuperviseOpts { timeout, oom_before, secrets }, reattach_rx));
+    tokio::spawn(supervise(
+        st.clone(),
+        proc_.clone(),
+        rec.sandbox.id.clone(),
+        ends,
+        SuperviseOpts { timeout, oom_before, secrets },
+        reattach_rx,
+    ));
     Ok(proc_)
 }
 
@@ -650,13 +706,34 @@ struct SuperviseOpts {
 /// the log, feeds its stdin, enforces its timeout, and, when the sandbox goes
 /// to standby (pipes closed while suspended), waits for the pipes of the
 /// resumed process.
-async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: DaemonEnds, opts: SuperviseOpts, mut reattach: tokio::sync::mpsc::UnboundedReceiver<DaemonEnds>) {
+async fn supervise(
+    st: Shared,
+    p: Arc<Proc>,
+    sandbox_id: String,
+    mut ends: DaemonEnds,
+    opts: SuperviseOpts,
+    mut reattach: tokio::sync::mpsc::UnboundedReceiver<DaemonEnds>,
+) {
     let spawned_at = std::time::Instant::now();
     let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let report = loop {
-        let out_task = tokio::spawn(pump(st.clone(), sandbox_id.clone(), p.clone(), ends.stdout, StreamKind::Stdout, opts.secrets.redactor()));
-        let err_task = tokio::spawn(pump(st.clone(), sandbox_id.clone(), p.clone(), ends.stderr, StreamKind::Stderr, opts.secrets.redactor()));
+        let out_task = tokio::spawn(pump(
+            st.clone(),
+            sandbox_id.clone(),
+            p.clone(),
+            ends.stdout,
+            StreamKind::Stdout,
+            opts.secrets.redactor(),
+        ));
+        let err_task = tokio::spawn(pump(
+            st.clone(),
+            sandbox_id.clone(),
+            p.clone(),
+            ends.stderr,
+            StreamKind::Stderr,
+            opts.secrets.redactor(),
+        ));
         if let Some(fd) = ends.stdin.take() {
             // Reattached after a resume: it was open when the process was suspended.
             attach_stdin(&p, fd, None, true).await;
@@ -719,7 +796,10 @@ async fn supervise(st: Shared, p: Arc<Proc>, sandbox_id: String, mut ends: Daemo
                 info.signal = Some(libc::SIGKILL);
                 info.spawn_error = Some(msg);
             }
-            FinalReport::Tampered(why) => info.spawn_error = Some(format!("the process's exit status is unknown: its report channel carried {why}")),
+            FinalReport::Tampered(why) => {
+                info.spawn_error =
+                    Some(format!("the process's exit status is unknown: its report channel carried {why}"))
+            }
         }
         info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > opts.oom_before && !timed_out;
     }
@@ -756,7 +836,14 @@ async fn attach_stdin(p: &Arc<Proc>, fd: OwnedFd, data: Option<Vec<u8>>, keep_op
 
 /// Copies one output pipe into the process's log, redacting secret values
 /// (a value split across reads is caught; see [`crate::secrets::Redactor`]).
-async fn pump(st: Shared, sandbox_id: String, p: Arc<Proc>, fd: OwnedFd, stream: StreamKind, mut redactor: Option<crate::secrets::Redactor>) {
+async fn pump(
+    st: Shared,
+    sandbox_id: String,
+    p: Arc<Proc>,
+    fd: OwnedFd,
+    stream: StreamKind,
+    mut redactor: Option<crate::secrets::Redactor>,
+) {
     let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
     let mut buf = vec![0u8; 64 * 1024];
     let append = |data: Bytes| {
@@ -834,7 +921,10 @@ async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid:
             Ok(0) | Err(_) => return last,
             Ok(_) if line.last() != Some(&b'\n') => {
                 return if line.len() as u64 > MAX_REPORT_LINE {
-                    FinalReport::Tampered(format!("a report line over {} KiB (the shim writes short lines)", MAX_REPORT_LINE / 1024))
+                    FinalReport::Tampered(format!(
+                        "a report line over {} KiB (the shim writes short lines)",
+                        MAX_REPORT_LINE / 1024
+                    ))
                 } else {
                     last // the channel closed mid-line
                 };
@@ -858,7 +948,9 @@ async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid:
                 }
                 return last;
             }
-            Err(_) => return FinalReport::Tampered(format!("a report line that is not the shim's ({} bytes)", line.len())),
+            Err(_) => {
+                return FinalReport::Tampered(format!("a report line that is not the shim's ({} bytes)", line.len()))
+            }
         }
     }
     FinalReport::Tampered(format!("more than {MAX_REPORT_LINES} report lines (the shim writes at most 3)"))
@@ -866,7 +958,13 @@ async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid:
 
 /// Sends a process's events from `offset` to `tx` (a `Started` first when
 /// `started`), following new output until it exits when `follow` is set.
-pub async fn follow_events(p: Arc<Proc>, offset: u64, follow: bool, started: bool, tx: tokio::sync::mpsc::Sender<ProcessEvent>) {
+pub async fn follow_events(
+    p: Arc<Proc>,
+    offset: u64,
+    follow: bool,
+    started: bool,
+    tx: tokio::sync::mpsc::Sender<ProcessEvent>,
+) {
     let mut changed = p.changed.subscribe();
     if started && tx.send(ProcessEvent::Started { process: p.info() }).await.is_err() {
         return;
@@ -915,9 +1013,9 @@ fn parse_signal(s: &str) -> ApiResult<Signal> {
 
 fn get_proc(st: &Shared, sandbox: &str, pid: u64) -> ApiResult<Arc<Proc>> {
     let rec = load(st, sandbox)?;
-    st.processes
-        .get(&rec.sandbox.id, pid)
-        .ok_or_else(|| ApiError::new(ErrorCode::ProcessNotFound, format!("no process {pid} in sandbox {}", rec.sandbox.id)))
+    st.processes.get(&rec.sandbox.id, pid).ok_or_else(|| {
+        ApiError::new(ErrorCode::ProcessNotFound, format!("no process {pid} in sandbox {}", rec.sandbox.id))
+    })
 }
 
 // ---- HTTP handlers ----
@@ -928,21 +1026,31 @@ fn get_proc(st: &Shared, sandbox: &str, pid: u64) -> ApiResult<Arc<Proc>> {
     params(("id" = String, Path, description = "Sandbox id or name"), ExecQuery),
     responses((status = 200, body = ExecResult, description = "Finished process (or an NDJSON stream of ProcessEvent with stream=true)"),
         (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn exec_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<ExecQuery>, Json(req): Json<ExecRequest>) -> ApiResult<Response> {
+pub async fn exec_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<ExecQuery>,
+    Json(req): Json<ExecRequest>,
+) -> ApiResult<Response> {
     let p = spawn(&st, &id, req).await?;
     if q.stream {
         return Ok(event_stream(p, 0, true, true));
     }
     let process = p.wait(None).await;
     let (out, err, truncated) = p.captured_output();
-    Ok(Json(ExecResult { process, stdout_b64: B64.encode(out), stderr_b64: B64.encode(err), truncated }).into_response())
+    Ok(Json(ExecResult { process, stdout_b64: B64.encode(out), stderr_b64: B64.encode(err), truncated })
+        .into_response())
 }
 
 /// Start a background process.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", tag = "processes", request_body = ExecRequest,
     params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 201, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn start_process_handler(State(st): State<Shared>, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> ApiResult<(StatusCode, Json<ProcessInfo>)> {
+pub async fn start_process_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<ExecRequest>,
+) -> ApiResult<(StatusCode, Json<ProcessInfo>)> {
     let p = spawn(&st, &id, req).await?;
     Ok((StatusCode::CREATED, Json(p.info())))
 }
@@ -950,7 +1058,10 @@ pub async fn start_process_handler(State(st): State<Shared>, Path(id): Path<Stri
 /// List processes started through the API.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "processes", params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = [ProcessInfo]), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn list_processes_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Vec<ProcessInfo>>> {
+pub async fn list_processes_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<ProcessInfo>>> {
     let rec = load(&st, &id)?;
     Ok(Json(st.processes.list(&rec.sandbox.id)))
 }
@@ -959,7 +1070,10 @@ pub async fn list_processes_handler(State(st): State<Shared>, Path(id): Path<Str
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
     responses((status = 200, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn get_process_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>) -> ApiResult<Json<ProcessInfo>> {
+pub async fn get_process_handler(
+    State(st): State<Shared>,
+    Path((id, pid)): Path<(String, u64)>,
+) -> ApiResult<Json<ProcessInfo>> {
     Ok(Json(get_proc(&st, &id, pid)?.info()))
 }
 
@@ -967,7 +1081,11 @@ pub async fn get_process_handler(State(st): State<Shared>, Path((id, pid)): Path
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/logs", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id"), LogsQuery),
     responses((status = 200, description = "NDJSON stream of ProcessEvent", body = ProcessEvent), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn logs_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Query(q): Query<LogsQuery>) -> ApiResult<Response> {
+pub async fn logs_handler(
+    State(st): State<Shared>,
+    Path((id, pid)): Path<(String, u64)>,
+    Query(q): Query<LogsQuery>,
+) -> ApiResult<Response> {
     let p = get_proc(&st, &id, pid)?;
     Ok(event_stream(p, q.offset, q.follow, false))
 }
@@ -976,7 +1094,11 @@ pub async fn logs_handler(State(st): State<Shared>, Path((id, pid)): Path<(Strin
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes", request_body = SignalRequest,
     params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
     responses((status = 200, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn signal_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Json(req): Json<SignalRequest>) -> ApiResult<Json<ProcessInfo>> {
+pub async fn signal_handler(
+    State(st): State<Shared>,
+    Path((id, pid)): Path<(String, u64)>,
+    Json(req): Json<SignalRequest>,
+) -> ApiResult<Json<ProcessInfo>> {
     let sig = parse_signal(&req.signal)?;
     let p = get_proc(&st, &id, pid)?;
     // A process started a moment ago may not have reported its pid yet.
@@ -991,16 +1113,29 @@ pub async fn signal_handler(State(st): State<Shared>, Path((id, pid)): Path<(Str
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes", request_body = StdinRequest,
     params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn stdin_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Json(req): Json<StdinRequest>) -> ApiResult<StatusCode> {
+pub async fn stdin_handler(
+    State(st): State<Shared>,
+    Path((id, pid)): Path<(String, u64)>,
+    Json(req): Json<StdinRequest>,
+) -> ApiResult<StatusCode> {
     let data = B64.decode(&req.data_b64).map_err(|e| ApiError::bad_request(format!("data_b64: {e}")))?;
     let p = get_proc(&st, &id, pid)?;
     let mut guard = p.stdin.lock().await;
     let Some(stdin) = guard.as_mut() else {
-        return Err(ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid} is closed (start it with keep_stdin_open)")));
+        return Err(ApiError::new(
+            ErrorCode::InvalidState,
+            format!("stdin of process {pid} is closed (start it with keep_stdin_open)"),
+        ));
     };
     if !data.is_empty() {
-        stdin.write_all(&data).await.map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
-        stdin.flush().await.map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
+        stdin
+            .write_all(&data)
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
+        stdin
+            .flush()
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
     }
     if req.close {
         *guard = None;
@@ -1012,7 +1147,11 @@ pub async fn stdin_handler(State(st): State<Shared>, Path((id, pid)): Path<(Stri
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/wait", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id"), WaitQuery),
     responses((status = 200, body = ProcessInfo), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn wait_handler(State(st): State<Shared>, Path((id, pid)): Path<(String, u64)>, Query(q): Query<WaitQuery>) -> ApiResult<Json<ProcessInfo>> {
+pub async fn wait_handler(
+    State(st): State<Shared>,
+    Path((id, pid)): Path<(String, u64)>,
+    Query(q): Query<WaitQuery>,
+) -> ApiResult<Json<ProcessInfo>> {
     let limit = q.timeout.as_deref().map(units::parse_duration).transpose()?;
     let p = get_proc(&st, &id, pid)?;
     Ok(Json(p.wait(limit).await))
@@ -1046,7 +1185,9 @@ mod tests {
 
     #[test]
     fn reports_are_read_up_to_the_final_line() {
-        let (r, pids) = parse(b"{\"type\":\"ns_pid\",\"pid\":7}\n{\"type\":\"exited\",\"code\":3}\n{\"type\":\"exited\",\"code\":0}\n");
+        let (r, pids) = parse(
+            b"{\"type\":\"ns_pid\",\"pid\":7}\n{\"type\":\"exited\",\"code\":3}\n{\"type\":\"exited\",\"code\":0}\n",
+        );
         assert!(matches!(r, FinalReport::Exited(3)), "the first final line wins");
         assert_eq!(pids, [7]);
         let (r, _) = parse(b"{\"type\":\"spawn_error\",\"message\":\"no\"}\n{\"type\":\"exited\",\"code\":127}\n");
@@ -1060,7 +1201,11 @@ mod tests {
         // 64 MiB without a newline: read no further than one line's bound.
         struct Endless(u64);
         impl tokio::io::AsyncRead for Endless {
-            fn poll_read(mut self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+            fn poll_read(
+                mut self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
                 let n = buf.remaining().min(64 << 20usize.saturating_sub(self.0 as usize));
                 buf.put_slice(&vec![b'x'; n]);
                 self.0 += n as u64;

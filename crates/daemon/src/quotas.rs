@@ -23,7 +23,13 @@ fn quota_record(st: &Shared, tenant: &str) -> ApiResult<TenantQuota> {
         Some((o, t)) => (o, Some(t)),
         None => (QuotaOverride::default(), None),
     };
-    Ok(TenantQuota { tenant: tenant.to_string(), effective: defaults.with_override(&overrides), overrides, defaults, updated_at })
+    Ok(TenantQuota {
+        tenant: tenant.to_string(),
+        effective: defaults.with_override(&overrides),
+        overrides,
+        defaults,
+        updated_at,
+    })
 }
 
 /// A tenant's quota: the daemon's defaults, the operator's override, and what is in force.
@@ -38,7 +44,11 @@ pub async fn get_quota_handler(State(st): State<Shared>, Path(tenant): Path<Stri
 /// default, `"unlimited"` lifts a limit. Effective for the next request.
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")), request_body = QuotaOverride,
     responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
-pub async fn put_quota_handler(State(st): State<Shared>, Path(tenant): Path<String>, Json(o): Json<QuotaOverride>) -> ApiResult<Json<TenantQuota>> {
+pub async fn put_quota_handler(
+    State(st): State<Shared>,
+    Path(tenant): Path<String>,
+    Json(o): Json<QuotaOverride>,
+) -> ApiResult<Json<TenantQuota>> {
     checked_tenant(&tenant)?;
     st.db.put_tenant_quota(&tenant, &o, &now())?;
     let q = quota_record(&st, &tenant)?;
@@ -49,7 +59,10 @@ pub async fn put_quota_handler(State(st): State<Shared>, Path(tenant): Path<Stri
 /// Removes a tenant's quota override: the daemon's defaults hold again.
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
     responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
-pub async fn delete_quota_handler(State(st): State<Shared>, Path(tenant): Path<String>) -> ApiResult<Json<TenantQuota>> {
+pub async fn delete_quota_handler(
+    State(st): State<Shared>,
+    Path(tenant): Path<String>,
+) -> ApiResult<Json<TenantQuota>> {
     checked_tenant(&tenant)?;
     if st.db.delete_tenant_quota(&tenant)? {
         tracing::info!(tenant = %tenant, "tenant quota override removed");
@@ -65,7 +78,10 @@ pub async fn delete_quota_handler(State(st): State<Shared>, Path(tenant): Path<S
 pub async fn usage_handler(State(st): State<Shared>, Path(tenant): Path<String>) -> ApiResult<Json<TenantUsage>> {
     checked_tenant(&tenant)?;
     if let Some(own) = crate::tenancy::scope().filter(|own| *own != tenant) {
-        return Err(ApiError::new(ErrorCode::Forbidden, format!("a caller acting in tenant {own:?} sees only its own usage")));
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("a caller acting in tenant {own:?} sees only its own usage"),
+        ));
     }
     Ok(Json(st.admission.usage(&st, &tenant)?))
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use strata_api::{CreateSandboxRequest, CreatedSandbox, ErrorCode, Lifecycle, RemoveQuery, Sandbox, SandboxEvent, SandboxState};
+use strata_api::{
+    CreateSandboxRequest, CreatedSandbox, ErrorCode, Lifecycle, RemoveQuery, Sandbox, SandboxEvent, SandboxState,
+};
 use strata_core::lifecycle::{has_processes, next_state};
 use strata_core::{ids, rule_of_two, units, Action};
 use strata_runtime::{SandboxHandle, SandboxSpec};
@@ -42,9 +44,14 @@ pub fn load(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
 pub fn load_for_transition(st: &Shared, id: &str) -> ApiResult<SandboxRecord> {
     match crate::tenancy::find_sandbox(st, id)? {
         Some(rec) => Ok(rec),
-        None if st.db.sandbox_tenant_by_id(id)?.is_some_and(|t| !crate::tenancy::visible(&t)) => Err(ApiError::sandbox_not_found(id)),
+        None if st.db.sandbox_tenant_by_id(id)?.is_some_and(|t| !crate::tenancy::visible(&t)) => {
+            Err(ApiError::sandbox_not_found(id))
+        }
         None => match st.db.destroyed_event(id)? {
-            Some(ev) => Err(ApiError::invalid_state(SandboxState::Destroyed, format!("sandbox {id} was destroyed at {} ({})", ev.time, ev.reason))),
+            Some(ev) => Err(ApiError::invalid_state(
+                SandboxState::Destroyed,
+                format!("sandbox {id} was destroyed at {} ({})", ev.time, ev.reason),
+            )),
             None => Err(ApiError::sandbox_not_found(id)),
         },
     }
@@ -90,7 +97,14 @@ impl<'a> Change<'a> {
 
 /// Applies `action` to a sandbox in state `from`: checks the transition table,
 /// records the new state and its event atomically, and wakes event followers.
-pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>, started: Instant, init: Option<&SandboxHandle>) -> ApiResult<SandboxEvent> {
+pub fn transition(
+    st: &Shared,
+    id: &str,
+    from: SandboxState,
+    change: Change<'_>,
+    started: Instant,
+    init: Option<&SandboxHandle>,
+) -> ApiResult<SandboxEvent> {
     let Change { action, reason, detail } = change;
     let to = next_state(from, action)?;
     // Error messages may quote a process's words: never a secret's value.
@@ -113,12 +127,21 @@ pub fn transition(st: &Shared, id: &str, from: SandboxState, change: Change<'_>,
 
 /// Makes sure the sandbox's own disk (when it has one) exists and is mounted.
 async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
-    let (Some(bytes), true) = (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) else { return Ok(()) };
+    let (Some(bytes), true) =
+        (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
+    else {
+        return Ok(());
+    };
     let (dir, pool) = (st.sandbox_dir(&rec.sandbox.id), st.disks.clone());
     tokio::task::spawn_blocking(move || crate::disk::ensure(&dir, bytes, &pool))
         .await
         .map_err(|e| ApiError::internal("disk task", &e))?
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the disk of sandbox {} ({}): {e}", rec.sandbox.id, units::format_size(bytes))))
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::Internal,
+                format!("the disk of sandbox {} ({}): {e}", rec.sandbox.id, units::format_size(bytes)),
+            )
+        })
 }
 
 /// The runtime's description of `rec` (its disk must be in place: [`ensure_disk`]).
@@ -131,7 +154,10 @@ fn spec_for(st: &Shared, rec: &SandboxRecord) -> ApiResult<SandboxSpec> {
         .collect::<ApiResult<Vec<_>>>()?;
     for d in &rec.layers {
         if !st.layers.contains(d) {
-            return Err(ApiError::new(ErrorCode::Internal, format!("layer {d} of sandbox {} is missing from the layer store", rec.sandbox.id)));
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("layer {d} of sandbox {} is missing from the layer store", rec.sandbox.id),
+            ));
         }
     }
     Ok(SandboxSpec {
@@ -171,7 +197,10 @@ pub fn squashed_dir(layers: &strata_store::LayerStore, chain_dirs: &[std::path::
 
 /// Replaces a deep chain of lower directories with its flattened form, building
 /// it (staged, then renamed into place) the first time.
-fn flatten_if_deep(mut spec: SandboxSpec, layers: &strata_store::LayerStore) -> Result<SandboxSpec, strata_runtime::RuntimeError> {
+fn flatten_if_deep(
+    mut spec: SandboxSpec,
+    layers: &strata_store::LayerStore,
+) -> Result<SandboxSpec, strata_runtime::RuntimeError> {
     if spec.lower_dirs.len() <= SQUASH_AT {
         return Ok(spec);
     }
@@ -193,7 +222,9 @@ fn flatten_if_deep(mut spec: SandboxSpec, layers: &strata_store::LayerStore) -> 
         };
         let res = build();
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-        res.map_err(|e| strata_runtime::RuntimeError::Setup(format!("flattening a {}-layer chain: {e}", spec.lower_dirs.len())))?;
+        res.map_err(|e| {
+            strata_runtime::RuntimeError::Setup(format!("flattening a {}-layer chain: {e}", spec.lower_dirs.len()))
+        })?;
         info!(layers = spec.lower_dirs.len(), ms = t.elapsed().as_millis() as u64, "flattened a deep layer chain");
     }
     spec.lower_dirs = vec![dir.join("fs")];
@@ -230,15 +261,35 @@ pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> ApiResult<Sa
 
 /// Starts init for `rec` (in `from` state) and records `action`; the caller
 /// holds the sandbox's operation lock.
-pub(crate) async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
+pub(crate) async fn boot(
+    st: &Shared,
+    rec: &SandboxRecord,
+    from: SandboxState,
+    action: Action,
+    reason: &str,
+) -> ApiResult<SandboxHandle> {
     let started = Instant::now();
     if let Err(e) = ensure_disk(st, rec).await {
-        transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&e.body.message), started, None)?;
+        transition(
+            st,
+            &rec.sandbox.id,
+            from,
+            Change::new(Action::Fail, "start_failed").detail(&e.body.message),
+            started,
+            None,
+        )?;
         return Err(e);
     }
     let mut spec = spec_for(st, rec)?;
     if let Err(e) = crate::network::prepare(st, &rec.sandbox.id, &mut spec).await {
-        transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&e.body.message), started, None)?;
+        transition(
+            st,
+            &rec.sandbox.id,
+            from,
+            Change::new(Action::Fail, "start_failed").detail(&e.body.message),
+            started,
+            None,
+        )?;
         return Err(e);
     }
     let rt = st.runtime.clone();
@@ -255,9 +306,20 @@ pub(crate) async fn boot(st: &Shared, rec: &SandboxRecord, from: SandboxState, a
         }
         Err(e) => {
             let msg = crate::error::chain(&e);
-            transition(st, &rec.sandbox.id, from, Change::new(Action::Fail, "start_failed").detail(&msg), started, None)?;
+            transition(
+                st,
+                &rec.sandbox.id,
+                from,
+                Change::new(Action::Fail, "start_failed").detail(&msg),
+                started,
+                None,
+            )?;
             // An image that cannot run is the caller's input (400), anything else the host's (500).
-            let code = if matches!(e, strata_runtime::RuntimeError::Image(_)) { ErrorCode::BadRequest } else { ErrorCode::Internal };
+            let code = if matches!(e, strata_runtime::RuntimeError::Image(_)) {
+                ErrorCode::BadRequest
+            } else {
+                ErrorCode::Internal
+            };
             Err(ApiError::new(code, format!("sandbox {} failed to start: {msg}", rec.sandbox.id)))
         }
     }
@@ -304,8 +366,26 @@ pub struct Source {
 /// (an image's, a template's, a checkpoint's, in that order), then an id
 /// prefix that only one image or visible checkpoint has.
 pub fn resolve_source(st: &Shared, key: &str) -> ApiResult<Source> {
-    let of_image = |image: strata_api::Image| Source { name: image.name, image_id: image.id, layers: image.layers.into_iter().map(|l| l.digest).collect(), config: image.config, checkpoint: None, tenant: None, capabilities: Vec::new(), warm: false };
-    let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source { name, image_id: c.image_id, layers: c.layers, config, warm: c.processes.is_some(), checkpoint: Some(c.id), tenant: Some(c.tenant), capabilities: c.capabilities };
+    let of_image = |image: strata_api::Image| Source {
+        name: image.name,
+        image_id: image.id,
+        layers: image.layers.into_iter().map(|l| l.digest).collect(),
+        config: image.config,
+        checkpoint: None,
+        tenant: None,
+        capabilities: Vec::new(),
+        warm: false,
+    };
+    let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source {
+        name,
+        image_id: c.image_id,
+        layers: c.layers,
+        config,
+        warm: c.processes.is_some(),
+        checkpoint: Some(c.id),
+        tenant: Some(c.tenant),
+        capabilities: c.capabilities,
+    };
     // 1. Exact ids.
     if let Some((c, config)) = st.db.checkpoint_by_id(key)?.filter(|(c, _)| crate::tenancy::visible(&c.tenant)) {
         return Ok(of_checkpoint(c.name.clone(), c, config));
@@ -373,7 +453,12 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
             crate::warm::check_startable(st, &id, !req.secrets.is_empty(), c)?;
             Some(c.clone())
         }
-        (false, Some(true), _) => return Err(ApiError::bad_request(format!("{} kept no processes (processes: true needs a checkpoint taken with processes)", source.name))),
+        (false, Some(true), _) => {
+            return Err(ApiError::bad_request(format!(
+                "{} kept no processes (processes: true needs a checkpoint taken with processes)",
+                source.name
+            )))
+        }
         _ => None,
     };
     let network = crate::network::check(st, req.network.as_ref())?;
@@ -398,7 +483,14 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
         crate::approvals::gate(st, &tenant, "create sandbox", &target, &grants)?;
     }
     // Declared and inherited capabilities stay with the sandbox (and its checkpoints).
-    policy.capabilities = req.capabilities.iter().chain(&source.capabilities).copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    policy.capabilities = req
+        .capabilities
+        .iter()
+        .chain(&source.capabilities)
+        .copied()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let hostname = match &req.hostname {
         Some(h) => {
             ids::validate_name(h, false)?;
@@ -458,7 +550,9 @@ async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) 
     }
     let span = info_span!("sandbox", id = %id);
     let res = match &warm_from {
-        Some(c) => crate::warm::boot(st, &rec, c, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
+        Some(c) => {
+            crate::warm::boot(st, &rec, c, SandboxState::Creating, Action::Ready, "created").instrument(span).await
+        }
         None => boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
     };
     if let Err(mut e) = res {
@@ -588,7 +682,9 @@ pub async fn start_because(st: &Shared, id: &str, reason: &str) -> ApiResult<San
     let (_g, mut rec) = lock_and_load(st, id).await?;
     // Getting processes again takes memory: admitted like a create (429/503), before anything changes.
     let _admitted = admit_start(st, &rec)?;
-    if matches!(rec.sandbox.state, SandboxState::Archived | SandboxState::Error) && crate::archive::pointer(st, &rec.sandbox.id).is_some() {
+    if matches!(rec.sandbox.state, SandboxState::Archived | SandboxState::Error)
+        && crate::archive::pointer(st, &rec.sandbox.id).is_some()
+    {
         // Its files are in the archive (also after a failed restore): never start on an empty layer.
         rec = crate::archive::unarchive_locked(st, &rec, reason).await?;
     }
@@ -625,14 +721,23 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     let from = rec.sandbox.state;
     next_state(from, Action::Destroy)?;
     if has_processes(from) && !force {
-        return Err(ApiError::invalid_state(from, format!("sandbox {} is {from}; stop it first or remove it with force", rec.sandbox.id)));
+        return Err(ApiError::invalid_state(
+            from,
+            format!("sandbox {} is {from}; stop it first or remove it with force", rec.sandbox.id),
+        ));
     }
     if has_processes(from) {
         crate::accounting::final_sample(st, &rec.sandbox.id);
     }
     // Destroying discards everything, so there is nothing to shut down gracefully.
     kill_only(st, &rec).await?;
-    let t = Transition { to: SandboxState::Destroyed, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
+    let t = Transition {
+        to: SandboxState::Destroyed,
+        reason,
+        detail: None,
+        duration_ms: started.elapsed().as_millis() as u64,
+        time: &now(),
+    };
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
     let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
     st.secrets.remove(&rec.sandbox.id);
@@ -726,7 +831,14 @@ async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) {
     let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
     crate::network::release(st, id).await;
     let _ = st.db.set_oom_kills(id, usage.oom_kills.max(rec.sandbox.oom_kills));
-    let _ = transition(st, id, rec.sandbox.state, Change::new(Action::Lose, reason).detail("the sandbox's init process exited"), Instant::now(), None);
+    let _ = transition(
+        st,
+        id,
+        rec.sandbox.state,
+        Change::new(Action::Lose, reason).detail("the sandbox's init process exited"),
+        Instant::now(),
+        None,
+    );
     if rec.sandbox.lifecycle == Lifecycle::Ephemeral {
         drop(_g);
         let _ = destroy(st, id, true, reason).await;
@@ -762,14 +874,28 @@ pub async fn reconcile(st: &Shared) -> Result<(), ApiError> {
             }
             SandboxState::Running | SandboxState::Paused => {
                 let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
-                transition(st, &id, state, Change::new(Action::Lose, "init_gone").detail("init was gone when the daemon started"), Instant::now(), None)?;
+                transition(
+                    st,
+                    &id,
+                    state,
+                    Change::new(Action::Lose, "init_gone").detail("init was gone when the daemon started"),
+                    Instant::now(),
+                    None,
+                )?;
                 if ephemeral {
                     destroy(st, &id, true, "init_gone").await?;
                 }
             }
             SandboxState::Creating => {
                 let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
-                transition(st, &id, state, Change::new(Action::Fail, "interrupted").detail("the daemon stopped during creation"), Instant::now(), None)?;
+                transition(
+                    st,
+                    &id,
+                    state,
+                    Change::new(Action::Fail, "interrupted").detail("the daemon stopped during creation"),
+                    Instant::now(),
+                    None,
+                )?;
                 if ephemeral {
                     destroy(st, &id, true, "interrupted").await?;
                 }
@@ -828,7 +954,11 @@ pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
     let n = st.runtime.usage(&rec.sandbox.id).oom_kills;
     if n > rec.sandbox.oom_kills {
         let _ = st.db.set_oom_kills(&rec.sandbox.id, n);
-        let detail = format!("{} process(es) killed by the OOM killer inside the memory limit of {} bytes", n - rec.sandbox.oom_kills, rec.sandbox.limits.memory_bytes.unwrap_or(0));
+        let detail = format!(
+            "{} process(es) killed by the OOM killer inside the memory limit of {} bytes",
+            n - rec.sandbox.oom_kills,
+            rec.sandbox.limits.memory_bytes.unwrap_or(0)
+        );
         if let Ok(ev) = st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "oom", Some(&detail), &now()) {
             st.notify_events(ev.seq);
         }
@@ -871,7 +1001,13 @@ pub fn exposure_facts(st: &Shared, sb: &Sandbox) -> ExposureFacts {
 
 /// What a sandbox (its view with secrets and network filled in) exposes, for the Rule of Two.
 pub fn exposure<'a>(sb: &'a Sandbox, facts: &'a ExposureFacts) -> rule_of_two::Exposure<'a> {
-    rule_of_two::Exposure { declared: &sb.policy.capabilities, secrets: &facts.secret_names, network: Some(&sb.network), previews: &facts.preview_ports, ..Default::default() }
+    rule_of_two::Exposure {
+        declared: &sb.policy.capabilities,
+        secrets: &facts.secret_names,
+        network: Some(&sb.network),
+        previews: &facts.preview_ports,
+        ..Default::default()
+    }
 }
 
 // ---- HTTP handlers ----
@@ -879,7 +1015,10 @@ pub fn exposure<'a>(sb: &'a Sandbox, facts: &'a ExposureFacts) -> rule_of_two::E
 /// Create and start a sandbox.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
     responses((status = 201, body = CreatedSandbox), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody), (status = 507, description = "the host's disk cannot hold it (insufficient_storage)", body = strata_api::ApiErrorBody)))]
-pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateSandboxRequest>) -> ApiResult<(StatusCode, Json<CreatedSandbox>)> {
+pub async fn create_handler(
+    State(st): State<Shared>,
+    Json(req): Json<CreateSandboxRequest>,
+) -> ApiResult<(StatusCode, Json<CreatedSandbox>)> {
     let sb = create(&st, req).await?;
     Ok((StatusCode::CREATED, Json(CreatedSandbox { id: sb.id, name: sb.name })))
 }
@@ -887,7 +1026,14 @@ pub async fn create_handler(State(st): State<Shared>, Json(req): Json<CreateSand
 /// List sandboxes.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = [Sandbox])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Sandbox>>> {
-    Ok(Json(st.db.list_sandboxes()?.into_iter().filter(|r| crate::tenancy::visible(&r.sandbox.tenant)).map(|r| with_secret_names(&st, r.sandbox)).collect()))
+    Ok(Json(
+        st.db
+            .list_sandboxes()?
+            .into_iter()
+            .filter(|r| crate::tenancy::visible(&r.sandbox.tenant))
+            .map(|r| with_secret_names(&st, r.sandbox))
+            .collect(),
+    ))
 }
 
 /// Inspect a sandbox.
@@ -922,7 +1068,10 @@ pub async fn start_handler(State(st): State<Shared>, Path(id): Path<String>) -> 
 /// Destroy a sandbox.
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name"), RemoveQuery),
     responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn remove_handler(State(st): State<Shared>, Path(id): Path<String>, Query(q): Query<RemoveQuery>) -> ApiResult<Json<SandboxEvent>> {
+pub async fn remove_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<RemoveQuery>,
+) -> ApiResult<Json<SandboxEvent>> {
     Ok(Json(destroy(&st, &id, q.force, "user").await?))
 }
-

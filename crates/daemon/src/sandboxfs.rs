@@ -103,7 +103,9 @@ pub enum FsError {
         fs: &'static str,
     },
     /// The path is a device node, FIFO or socket.
-    #[error("{path}: a {kind}, which the file API does not read or write (only regular files, directories and symlinks)")]
+    #[error(
+        "{path}: a {kind}, which the file API does not read or write (only regular files, directories and symlinks)"
+    )]
     Special {
         /// The sandbox path.
         path: String,
@@ -234,7 +236,8 @@ fn refuse_pseudo(fd: RawFd, path: &str) -> Result<(), FsError> {
 fn is_mount_root(dir: RawFd, name: &CStr) -> io::Result<bool> {
     // SAFETY: zeroed statx is valid; statx writes into it.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
+    let flags =
+        libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
     // SAFETY: valid fd, NUL-terminated name, valid out-pointer.
     check(unsafe { libc::statx(dir, name.as_ptr(), flags, libc::STATX_TYPE, &mut stx) })?;
     let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
@@ -422,8 +425,15 @@ impl SandboxFs {
         let mut comps = self.resolve(path, follow_last)?;
         let name = comps.pop().unwrap_or_default();
         let parent_rel = comps.join("/");
-        let parent = openat2(self.root.as_raw_fd(), &parent_rel, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(|e| FsError::io(path, e))?;
-        let abs = if name.is_empty() { "/".to_string() } else if parent_rel.is_empty() { format!("/{name}") } else { format!("/{parent_rel}/{name}") };
+        let parent = openat2(self.root.as_raw_fd(), &parent_rel, libc::O_PATH | libc::O_DIRECTORY, 0)
+            .map_err(|e| FsError::io(path, e))?;
+        let abs = if name.is_empty() {
+            "/".to_string()
+        } else if parent_rel.is_empty() {
+            format!("/{name}")
+        } else {
+            format!("/{parent_rel}/{name}")
+        };
         refuse_pseudo(parent.as_raw_fd(), &abs)?;
         Ok(Resolved { parent, name, path: abs })
     }
@@ -431,7 +441,8 @@ impl SandboxFs {
     /// Opens what `r` names (`O_PATH`, a symlink there is not followed),
     /// refusing anything on a kernel pseudo-filesystem (a mount point of one included).
     fn object(&self, r: &Resolved) -> Result<Object, FsError> {
-        let fd = openat2(r.parent.as_raw_fd(), &r.name, libc::O_PATH | libc::O_NOFOLLOW, 0).map_err(|e| FsError::io(&r.path, e))?;
+        let fd = openat2(r.parent.as_raw_fd(), &r.name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+            .map_err(|e| FsError::io(&r.path, e))?;
         let st = fstat(fd.as_raw_fd()).map_err(|e| FsError::io(&r.path, e))?;
         refuse_pseudo(fd.as_raw_fd(), &r.path)?;
         let mount_root = is_mount_root(fd.as_raw_fd(), c"").map_err(|e| FsError::io(&r.path, e))?;
@@ -455,10 +466,20 @@ impl SandboxFs {
         let o = self.object(&r)?;
         match o.kind() {
             FileKind::File => {}
-            FileKind::Dir => return Err(FsError::Io { path: r.path, source: io::Error::new(io::ErrorKind::IsADirectory, "a directory (download it with tar=true)") }),
+            FileKind::Dir => {
+                return Err(FsError::Io {
+                    path: r.path,
+                    source: io::Error::new(io::ErrorKind::IsADirectory, "a directory (download it with tar=true)"),
+                })
+            }
             // The resolver followed every symlink: one here was swapped in since.
             FileKind::Symlink => return Err(FsError::Escape(path.to_string())),
-            FileKind::Other => return Err(FsError::Special { path: r.path, kind: special_kind(o.st.st_mode).unwrap_or("special file") }),
+            FileKind::Other => {
+                return Err(FsError::Special {
+                    path: r.path,
+                    kind: special_kind(o.st.st_mode).unwrap_or("special file"),
+                })
+            }
         }
         let f = o.reopen(libc::O_RDONLY | libc::O_NONBLOCK, &r.path)?;
         Ok((f, o.st.st_size as u64))
@@ -494,7 +515,8 @@ impl SandboxFs {
     pub fn stat(&self, path: &str) -> Result<FileStat, FsError> {
         let r = self.locate(path, false)?;
         let o = self.object(&r)?;
-        let link_target = (o.kind() == FileKind::Symlink).then(|| readlink_at(r.parent.as_raw_fd(), &r.name).ok()).flatten();
+        let link_target =
+            (o.kind() == FileKind::Symlink).then(|| readlink_at(r.parent.as_raw_fd(), &r.name).ok()).flatten();
         Ok(stat_of(&r.path, &r.name, &o.st, link_target))
     }
 
@@ -512,7 +534,9 @@ impl SandboxFs {
             let Ok(c) = CString::new(name.as_bytes()) else { continue };
             let Ok(st) = lstat_at_c(dir.as_raw_fd(), &c) else { continue };
             let name = name.to_string_lossy().into_owned();
-            let link = (kind_of(st.st_mode) == FileKind::Symlink).then(|| readlink_at_c(dir.as_raw_fd(), &c).ok().map(|b| String::from_utf8_lossy(&b).into_owned())).flatten();
+            let link = (kind_of(st.st_mode) == FileKind::Symlink)
+                .then(|| readlink_at_c(dir.as_raw_fd(), &c).ok().map(|b| String::from_utf8_lossy(&b).into_owned()))
+                .flatten();
             out.push(stat_of(&format!("{base}/{name}"), &name, &st, link));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -550,7 +574,8 @@ impl SandboxFs {
         }
         let c = cstr(&r.name).map_err(|e| FsError::io(path, e))?;
         // SAFETY: valid directory fd (O_PATH works for *at calls) and NUL-terminated name.
-        check(unsafe { libc::mkdirat(r.parent.as_raw_fd(), c.as_ptr(), mode) }).map_err(|e| FsError::Io { path: path.into(), source: e })
+        check(unsafe { libc::mkdirat(r.parent.as_raw_fd(), c.as_ptr(), mode) })
+            .map_err(|e| FsError::Io { path: path.into(), source: e })
     }
 
     /// Writes a file atomically (temp file + rename in the same directory).
@@ -572,14 +597,20 @@ impl SandboxFs {
             Ok(o) => match o.kind() {
                 FileKind::File | FileKind::Symlink => {}
                 FileKind::Dir => return Err(FsError::errno(&r.path, libc::EISDIR)),
-                FileKind::Other => return Err(FsError::Special { path: r.path, kind: special_kind(o.st.st_mode).unwrap_or("special file") }),
+                FileKind::Other => {
+                    return Err(FsError::Special {
+                        path: r.path,
+                        kind: special_kind(o.st.st_mode).unwrap_or("special file"),
+                    })
+                }
             },
             Err(FsError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
         let dir = r.parent.as_raw_fd();
         let tmp = temp_name("upload");
-        let fd = openat2(dir, &tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600).map_err(|e| FsError::io(path, e))?;
+        let fd = openat2(dir, &tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600)
+            .map_err(|e| FsError::io(path, e))?;
         let mut f = File::from(fd);
         let res = (|| -> io::Result<u64> {
             use std::os::unix::fs::PermissionsExt;
@@ -742,22 +773,31 @@ fn remove_at(dir: RawFd, name: &CStr, recursive: bool, depth: usize, path: &str)
             clear_entries(sub.as_raw_fd(), depth, path)?;
         }
         // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) }).map_err(|e| FsError::Io { path: path.into(), source: e })
+        check(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) })
+            .map_err(|e| FsError::Io { path: path.into(), source: e })
     } else {
         // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) }).map_err(|e| FsError::Io { path: path.into(), source: e })
+        check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) })
+            .map_err(|e| FsError::Io { path: path.into(), source: e })
     }
 }
 
 /// Removes every entry of the open directory `dir`; returns how many there were.
 fn clear_entries(dir: RawFd, depth: usize, path: &str) -> Result<usize, FsError> {
     if depth >= MAX_DEPTH {
-        return Err(FsError::TooLarge(format!("{path}: directories nested deeper than {MAX_DEPTH} levels, the most the file API walks")));
+        return Err(FsError::TooLarge(format!(
+            "{path}: directories nested deeper than {MAX_DEPTH} levels, the most the file API walks"
+        )));
     }
     refuse_pseudo(dir, path)?;
     let mut removed = 0;
     loop {
-        let batch: Vec<std::ffi::OsString> = read_dir_fd(dir).map_err(|e| FsError::io(path, e))?.filter_map(Result::ok).map(|e| e.file_name()).take(REMOVE_BATCH).collect();
+        let batch: Vec<std::ffi::OsString> = read_dir_fd(dir)
+            .map_err(|e| FsError::io(path, e))?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .take(REMOVE_BATCH)
+            .collect();
         if batch.is_empty() {
             return Ok(removed);
         }

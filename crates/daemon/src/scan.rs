@@ -74,7 +74,16 @@ fn target(st: &Shared, id: &str) -> ApiResult<Target> {
         let now = dirs(st, &c.layers)?;
         let image = dirs(st, &c.layers[..depth])?;
         let touched = dirs(st, &c.layers[depth..])?;
-        let report = ScanReport { kind: "checkpoint".into(), id: c.id, name: c.name, image: c.image, changed_paths: 0, findings: vec![], clean: true, packaged: vec![] };
+        let report = ScanReport {
+            kind: "checkpoint".into(),
+            id: c.id,
+            name: c.name,
+            image: c.image,
+            changed_paths: 0,
+            findings: vec![],
+            clean: true,
+            packaged: vec![],
+        };
         return Ok(Target { report, now, image, touched });
     }
     Err(ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")))
@@ -82,7 +91,10 @@ fn target(st: &Shared, id: &str) -> ApiResult<Target> {
 
 fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> ApiResult<Target> {
     let s = &rec.sandbox;
-    if !matches!(s.state, SandboxState::Running | SandboxState::Stopped | SandboxState::Paused | SandboxState::Error | SandboxState::Lost) {
+    if !matches!(
+        s.state,
+        SandboxState::Running | SandboxState::Stopped | SandboxState::Paused | SandboxState::Error | SandboxState::Lost
+    ) {
         return Err(ApiError::invalid_state(s.state, "the writable layer is not on local disk"));
     }
     let depth = image_depth(st, &s.image_id, &rec.layers, s.base_checkpoint.is_some())?;
@@ -96,7 +108,16 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> ApiResult<Target> {
         Some((c, _)) => c.image,
         None => s.source.clone(),
     };
-    let report = ScanReport { kind: "sandbox".into(), id: s.id.clone(), name: s.name.clone(), image: image_name, changed_paths: 0, findings: vec![], clean: true, packaged: vec![] };
+    let report = ScanReport {
+        kind: "sandbox".into(),
+        id: s.id.clone(),
+        name: s.name.clone(),
+        image: image_name,
+        changed_paths: 0,
+        findings: vec![],
+        clean: true,
+        packaged: vec![],
+    };
     Ok(Target { report, now, image, touched })
 }
 
@@ -117,10 +138,16 @@ fn run(t: Target) -> ApiResult<ScanReport> {
     for (c, provider) in &list {
         if let (Some(i), changes::ChangeKind::Added | changes::ChangeKind::Modified) = (provider, c.change) {
             if hygiene::is_dist_record(&c.path) && record_bytes < MAX_RECORDS_TOTAL {
-                if let Some((_, _, Some(text))) = changes::read_entry(&t.now[*i], c.path.trim_start_matches('/'), MAX_RECORD.min(MAX_RECORDS_TOTAL - record_bytes))? {
+                if let Some((_, _, Some(text))) = changes::read_entry(
+                    &t.now[*i],
+                    c.path.trim_start_matches('/'),
+                    MAX_RECORD.min(MAX_RECORDS_TOTAL - record_bytes),
+                )? {
                     record_bytes += text.len() as u64;
                     let dist = hygiene::dist_name(&c.path).to_string();
-                    shipped.extend(hygiene::parse_record(&c.path, &text).into_iter().map(|e| (e.path, (dist.clone(), e.sha256))));
+                    shipped.extend(
+                        hygiene::parse_record(&c.path, &text).into_iter().map(|e| (e.path, (dist.clone(), e.sha256))),
+                    );
                 }
             }
         }
@@ -171,7 +198,13 @@ pub async fn scan(st: &Shared, id: &str) -> ApiResult<ScanReport> {
 /// The template gate: `Ok(None)` when `checkpoint` scans clean (ignoring
 /// `ignore_rules`), `Ok(Some(acceptance))` when it has findings and
 /// `accept` is set, a 409 `scan_findings` listing them otherwise.
-pub async fn gate(st: &Shared, checkpoint: &str, accept: bool, actor: &str, ignore_rules: &[&str]) -> ApiResult<Option<FindingsAcceptance>> {
+pub async fn gate(
+    st: &Shared,
+    checkpoint: &str,
+    accept: bool,
+    actor: &str,
+    ignore_rules: &[&str],
+) -> ApiResult<Option<FindingsAcceptance>> {
     let mut report = scan(st, checkpoint).await?;
     report.findings.retain(|f| !ignore_rules.contains(&f.rule.as_str()));
     if report.findings.is_empty() {
@@ -192,7 +225,13 @@ pub async fn gate(st: &Shared, checkpoint: &str, accept: bool, actor: &str, igno
     }
     let count = report.findings.len();
     let findings: Vec<Finding> = report.findings.into_iter().take(50).collect();
-    Ok(Some(FindingsAcceptance { count, rules, findings, accepted_by: actor.to_string(), accepted_at: crate::sandboxes::now() }))
+    Ok(Some(FindingsAcceptance {
+        count,
+        rules,
+        findings,
+        accepted_by: actor.to_string(),
+        accepted_at: crate::sandboxes::now(),
+    }))
 }
 
 // ---- flush rules ----
@@ -200,12 +239,21 @@ pub async fn gate(st: &Shared, checkpoint: &str, accept: bool, actor: &str, igno
 /// Checks flush paths: absolute or `~/...`, no `..`, not a root-level system directory.
 pub fn validate_flush(paths: &[String]) -> ApiResult<()> {
     for p in paths {
-        let rest = p.strip_prefix("~/").or_else(|| p.strip_prefix('/')).ok_or_else(|| ApiError::bad_request(format!("flush path {p:?} must be absolute or start with ~/")))?;
+        let rest = p
+            .strip_prefix("~/")
+            .or_else(|| p.strip_prefix('/'))
+            .ok_or_else(|| ApiError::bad_request(format!("flush path {p:?} must be absolute or start with ~/")))?;
         let comps: Vec<&str> = rest.split('/').filter(|c| !c.is_empty()).collect();
         if comps.is_empty() || comps.iter().any(|c| *c == ".." || *c == ".") {
-            return Err(ApiError::bad_request(format!("flush path {p:?} must name a directory below / (no . or .. components)")));
+            return Err(ApiError::bad_request(format!(
+                "flush path {p:?} must name a directory below / (no . or .. components)"
+            )));
         }
-        if p.starts_with('/') && comps.len() == 1 && ["bin", "boot", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "sys", "usr", "var"].contains(&comps[0]) {
+        if p.starts_with('/')
+            && comps.len() == 1
+            && ["bin", "boot", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "sys", "usr", "var"]
+                .contains(&comps[0])
+        {
             return Err(ApiError::bad_request(format!("flush path {p:?} would wipe a system directory")));
         }
     }
@@ -217,7 +265,8 @@ fn home_of(fs: &crate::sandboxfs::SandboxFs, user: Option<&str>) -> String {
     let user = user.map(|u| u.split(':').next().unwrap_or(u)).filter(|u| !u.is_empty()).unwrap_or("root");
     // The sandbox controls the file: a regular file of at most 1 MiB is read
     // (a FIFO or device planted there is refused, never opened for reading).
-    let passwd = fs.read_small("/etc/passwd", 1 << 20).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let passwd =
+        fs.read_small("/etc/passwd", 1 << 20).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     for line in passwd.lines() {
         let f: Vec<&str> = line.split(':').collect();
         if f.len() >= 6 && (f[0] == user || f[2] == user) && f[5].starts_with('/') {
@@ -238,7 +287,9 @@ fn wipe(fs: &crate::sandboxfs::SandboxFs, path: &str) -> Result<String, FsError>
     let st = match fs.stat(path) {
         Ok(s) => s,
         Err(FsError::NotFound(_)) => return Ok(format!("{path}: absent")),
-        Err(FsError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => return Ok(format!("{path}: absent")),
+        Err(FsError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+            return Ok(format!("{path}: absent"))
+        }
         Err(e) => return Err(e),
     };
     match st.kind {
@@ -262,7 +313,9 @@ pub async fn flush(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
     if rules.is_empty() {
         return Ok(());
     }
-    let detail = if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused) && rec.sandbox.init_pid.is_some() {
+    let detail = if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused)
+        && rec.sandbox.init_pid.is_some()
+    {
         let user = rec.image_config.user.clone();
         crate::files::with_fs(st, &rec.sandbox.id, move |fs| {
             let home = home_of(&fs, user.as_deref());
@@ -284,7 +337,9 @@ pub async fn flush(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
     } else {
         format!("skipped: sandbox is {} (flush needs it running)", rec.sandbox.state)
     };
-    if let Ok(ev) = st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "flush", Some(&detail), &crate::sandboxes::now()) {
+    if let Ok(ev) =
+        st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "flush", Some(&detail), &crate::sandboxes::now())
+    {
         st.notify_events(ev.seq);
     }
     tracing::info!(sandbox = %rec.sandbox.id, %detail, "flush");

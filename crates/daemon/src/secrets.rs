@@ -85,7 +85,11 @@ pub struct Secret {
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Secret").field("name", &self.name).field("bytes", &self.value.len()).field("env", &self.env).finish()
+        f.debug_struct("Secret")
+            .field("name", &self.name)
+            .field("bytes", &self.value.len())
+            .field("env", &self.env)
+            .finish()
     }
 }
 
@@ -100,7 +104,8 @@ pub struct SandboxSecrets {
 impl SandboxSecrets {
     /// Wraps validated secrets.
     pub fn new(items: Vec<Secret>) -> Self {
-        let mut patterns: Vec<Vec<u8>> = items.iter().filter(|s| s.value.len() >= MIN_REDACTED_BYTES).map(|s| s.value.clone()).collect();
+        let mut patterns: Vec<Vec<u8>> =
+            items.iter().filter(|s| s.value.len() >= MIN_REDACTED_BYTES).map(|s| s.value.clone()).collect();
         patterns.sort_by_key(|p| std::cmp::Reverse(p.len()));
         patterns.dedup();
         SandboxSecrets { items, patterns }
@@ -114,7 +119,15 @@ impl SandboxSecrets {
     /// The secrets as create-request specs with their values (for a pipeline
     /// stage's sandbox; never serialized anywhere else).
     pub fn specs(&self) -> Vec<SecretSpec> {
-        self.items.iter().map(|s| SecretSpec { name: s.name.clone(), value_b64: Some(B64.encode(&s.value)), host_file: None, env: s.env }).collect()
+        self.items
+            .iter()
+            .map(|s| SecretSpec {
+                name: s.name.clone(),
+                value_b64: Some(B64.encode(&s.value)),
+                host_file: None,
+                env: s.env,
+            })
+            .collect()
     }
 
     /// Names, env flags and sizes, for the sandbox's record.
@@ -223,27 +236,44 @@ pub fn validate(specs: &[SecretSpec]) -> Result<Vec<Secret>, SecretsError> {
     let mut out = Vec::with_capacity(specs.len());
     for s in specs {
         if !strata_api::valid_secret_name(&s.name) {
-            return Err(SecretsError::Invalid(format!("invalid secret name {:?}: names match [A-Za-z_][A-Za-z0-9_]* (at most 128 characters)", s.name)));
+            return Err(SecretsError::Invalid(format!(
+                "invalid secret name {:?}: names match [A-Za-z_][A-Za-z0-9_]* (at most 128 characters)",
+                s.name
+            )));
         }
         if !seen.insert(s.name.as_str()) {
             return Err(SecretsError::Invalid(format!("secret {} is given twice", s.name)));
         }
         let value = match (&s.value_b64, &s.host_file) {
-            (Some(b), None) => B64.decode(b).map_err(|e| SecretsError::Invalid(format!("secret {}: value_b64 is not base64: {e}", s.name)))?,
+            (Some(b), None) => B64
+                .decode(b)
+                .map_err(|e| SecretsError::Invalid(format!("secret {}: value_b64 is not base64: {e}", s.name)))?,
             (None, Some(_)) if !crate::tenancy::may_read_host_paths() => {
                 return Err(SecretsError::Forbidden(format!("secret {}: host_file reads a file on the daemon's host, which a tenant token may not; send value_b64", s.name)));
             }
             (None, Some(path)) => read_host_file(&s.name, Path::new(path))?,
-            _ => return Err(SecretsError::Invalid(format!("secret {}: give exactly one of value_b64 and host_file", s.name))),
+            _ => {
+                return Err(SecretsError::Invalid(format!(
+                    "secret {}: give exactly one of value_b64 and host_file",
+                    s.name
+                )))
+            }
         };
         if value.is_empty() {
             return Err(SecretsError::Invalid(format!("secret {} is empty", s.name)));
         }
         if value.len() > MAX_SECRET_BYTES {
-            return Err(SecretsError::Invalid(format!("secret {} is {} bytes; at most {MAX_SECRET_BYTES}", s.name, value.len())));
+            return Err(SecretsError::Invalid(format!(
+                "secret {} is {} bytes; at most {MAX_SECRET_BYTES}",
+                s.name,
+                value.len()
+            )));
         }
         if s.env && value.contains(&0) {
-            return Err(SecretsError::Invalid(format!("secret {} contains a NUL byte and cannot be an environment variable", s.name)));
+            return Err(SecretsError::Invalid(format!(
+                "secret {} contains a NUL byte and cannot be an environment variable",
+                s.name
+            )));
         }
         out.push(Secret { name: s.name.clone(), value, env: s.env });
     }
@@ -253,11 +283,17 @@ pub fn validate(specs: &[SecretSpec]) -> Result<Vec<Secret>, SecretsError> {
 fn read_host_file(name: &str, path: &Path) -> Result<Vec<u8>, SecretsError> {
     use std::io::Read;
     if !path.is_absolute() {
-        return Err(SecretsError::Invalid(format!("secret {name}: host_file {} must be an absolute path", path.display())));
+        return Err(SecretsError::Invalid(format!(
+            "secret {name}: host_file {} must be an absolute path",
+            path.display()
+        )));
     }
-    let f = std::fs::File::open(path).map_err(|e| SecretsError::Invalid(format!("secret {name}: cannot read host_file {}: {e}", path.display())))?;
+    let f = std::fs::File::open(path)
+        .map_err(|e| SecretsError::Invalid(format!("secret {name}: cannot read host_file {}: {e}", path.display())))?;
     let mut value = Vec::new();
-    f.take(MAX_SECRET_BYTES as u64 + 1).read_to_end(&mut value).map_err(|e| SecretsError::Invalid(format!("secret {name}: reading {}: {e}", path.display())))?;
+    f.take(MAX_SECRET_BYTES as u64 + 1)
+        .read_to_end(&mut value)
+        .map_err(|e| SecretsError::Invalid(format!("secret {name}: reading {}: {e}", path.display())))?;
     Ok(value)
 }
 
@@ -307,10 +343,17 @@ impl SecretStore {
             let io = |source| SecretsError::Io { path: self.dir.clone(), source };
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir).map_err(io)?;
             std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-            let file = StoredFile { version: 1, secrets: items.iter().map(|s| StoredSecret { name: s.name.clone(), value_b64: B64.encode(&s.value), env: s.env }).collect() };
+            let file = StoredFile {
+                version: 1,
+                secrets: items
+                    .iter()
+                    .map(|s| StoredSecret { name: s.name.clone(), value_b64: B64.encode(&s.value), env: s.env })
+                    .collect(),
+            };
             let path = self.path(id);
             let bytes = serde_json::to_vec(&file).expect("secrets serialize");
-            strata_store::fsutil::write_atomic(&path, &bytes, 0o600).map_err(|source| SecretsError::Io { path, source })?;
+            strata_store::fsutil::write_atomic(&path, &bytes, 0o600)
+                .map_err(|source| SecretsError::Io { path, source })?;
         }
         self.cache().insert(id.to_string(), Arc::new(SandboxSecrets::new(items)));
         Ok(())
@@ -329,7 +372,13 @@ impl SecretStore {
                 let items = file
                     .secrets
                     .into_iter()
-                    .map(|s| Ok(Secret { value: B64.decode(&s.value_b64).map_err(|e| corrupt(format!("secret {}: {e}", s.name)))?, name: s.name, env: s.env }))
+                    .map(|s| {
+                        Ok(Secret {
+                            value: B64.decode(&s.value_b64).map_err(|e| corrupt(format!("secret {}: {e}", s.name)))?,
+                            name: s.name,
+                            env: s.env,
+                        })
+                    })
                     .collect::<Result<Vec<_>, SecretsError>>()?;
                 SandboxSecrets::new(items)
             }
@@ -380,7 +429,13 @@ mod tests {
     use super::*;
 
     fn secrets(values: &[&str]) -> SandboxSecrets {
-        SandboxSecrets::new(values.iter().enumerate().map(|(i, v)| Secret { name: format!("S{i}"), value: v.as_bytes().to_vec(), env: false }).collect())
+        SandboxSecrets::new(
+            values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| Secret { name: format!("S{i}"), value: v.as_bytes().to_vec(), env: false })
+                .collect(),
+        )
     }
 
     fn stream(s: &SandboxSecrets, chunks: &[&str]) -> String {
@@ -432,7 +487,11 @@ mod tests {
 
     #[test]
     fn validation_names_the_problem() {
-        let spec = |name: &str, v: Option<&str>| SecretSpec { name: name.into(), value_b64: v.map(|v| B64.encode(v)), ..Default::default() };
+        let spec = |name: &str, v: Option<&str>| SecretSpec {
+            name: name.into(),
+            value_b64: v.map(|v| B64.encode(v)),
+            ..Default::default()
+        };
         assert!(validate(&[spec("OK", Some("value"))]).is_ok());
         let err = |specs: &[SecretSpec]| validate(specs).unwrap_err().to_string();
         assert!(err(&[spec("bad-name", Some("v"))]).contains("invalid secret name"));
@@ -443,7 +502,8 @@ mod tests {
         assert!(err(&[spec("A", Some(&big))]).contains("at most"));
         let many: Vec<SecretSpec> = (0..=MAX_SECRETS).map(|i| spec(&format!("S{i}"), Some("v"))).collect();
         assert!(err(&many).contains("too many"));
-        let missing = SecretSpec { name: "F".into(), host_file: Some("/nonexistent/secret".into()), ..Default::default() };
+        let missing =
+            SecretSpec { name: "F".into(), host_file: Some("/nonexistent/secret".into()), ..Default::default() };
         assert!(err(&[missing]).contains("cannot read host_file"));
     }
 

@@ -112,7 +112,12 @@ pub(crate) fn verify(dir: &Path) -> Result<Manifest, String> {
         let p = dir.join(&f.name);
         match crc_of(&p) {
             Ok((size, crc)) if size == f.size && crc == f.crc32 => {}
-            Ok((size, crc)) => return Err(format!("process image file {} is corrupt ({size} bytes, crc32 {crc:08x}; expected {} bytes, crc32 {:08x})", f.name, f.size, f.crc32)),
+            Ok((size, crc)) => {
+                return Err(format!(
+                    "process image file {} is corrupt ({size} bytes, crc32 {crc:08x}; expected {} bytes, crc32 {:08x})",
+                    f.name, f.size, f.crc32
+                ))
+            }
             Err(e) => return Err(format!("process image file {}: {e}", f.name)),
         }
     }
@@ -126,7 +131,11 @@ pub(crate) fn seal(dir: &Path, info: StandbyInfo, helper: Option<PathBuf>) -> st
         std::fs::File::open(dir.join(&f.name))?.sync_all()?;
     }
     let m = Manifest { info: StandbyInfo { image_bytes: files.iter().map(|f| f.size).sum(), ..info }, helper, files };
-    strata_store::fsutil::write_atomic(&dir.join(MANIFEST), &serde_json::to_vec_pretty(&m).expect("manifest serializes"), 0o600)?;
+    strata_store::fsutil::write_atomic(
+        &dir.join(MANIFEST),
+        &serde_json::to_vec_pretty(&m).expect("manifest serializes"),
+        0o600,
+    )?;
     Ok(m)
 }
 
@@ -180,7 +189,8 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     let from = rec.sandbox.state;
     next_state(from, Action::Standby)?;
     let id = rec.sandbox.id.clone();
-    let handle = handle_of(&rec).ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("sandbox {id} is {from} but has no init")))?;
+    let handle = handle_of(&rec)
+        .ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("sandbox {id} is {from} but has no init")))?;
     if req.fs_only {
         return standby_fs_only(st, &rec, "asked for with fs_only".into(), reason, started).await;
     }
@@ -204,7 +214,10 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     if from == SandboxState::Paused {
         // CRIU seizes the tasks itself; a frozen cgroup would stall it.
         let (rt, sid) = (st.runtime.clone(), id.clone());
-        tokio::task::spawn_blocking(move || rt.set_frozen(&sid, false)).await.map_err(|e| ApiError::internal("thaw task", &e))?.map_err(|e| ApiError::internal("thaw", &e))?;
+        tokio::task::spawn_blocking(move || rt.set_frozen(&sid, false))
+            .await
+            .map_err(|e| ApiError::internal("thaw task", &e))?
+            .map_err(|e| ApiError::internal("thaw", &e))?;
     }
     crate::hooks::run(st, &rec, crate::hooks::Stage::BeforeStandby).await;
     // The last compute sample before the processes go (the live baseline is dropped by the transition).
@@ -214,7 +227,8 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     let suspended = st.processes.suspend(&id).await;
     let (rt, sid, dir) = (st.runtime.clone(), id.clone(), staging.clone());
     let dumped = tokio::task::spawn_blocking(move || {
-        crate::failpoint("standby-dump").map_err(|e| strata_runtime::RuntimeError::Setup(format!("writing the standby image: {e}")))?;
+        crate::failpoint("standby-dump")
+            .map_err(|e| strata_runtime::RuntimeError::Setup(format!("writing the standby image: {e}")))?;
         let t = Instant::now();
         let helper = rt.dump_processes(&sid, &handle, &dir)?;
         Ok::<_, strata_runtime::RuntimeError>((helper, t.elapsed()))
@@ -232,11 +246,21 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
             }
             let msg = crate::error::chain(&e);
             warn!(sandbox = %id, error = %msg, "standby failed; the sandbox keeps running");
-            return Err(ApiError::new(ErrorCode::Internal, format!("standby of sandbox {id} failed (it keeps running): {msg}")));
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("standby of sandbox {id} failed (it keeps running): {msg}"),
+            ));
         }
     };
     // The processes are gone from here on: the image must become durable, or the sandbox is lost.
-    let info = StandbyInfo { mode: StandbyMode::Processes, created_at: now(), image_bytes: 0, api_processes: suspended, dump_ms: dump_time.as_millis() as u64, note: None };
+    let info = StandbyInfo {
+        mode: StandbyMode::Processes,
+        created_at: now(),
+        image_bytes: 0,
+        api_processes: suspended,
+        dump_ms: dump_time.as_millis() as u64,
+        note: None,
+    };
     let sealed = (|| {
         crate::failpoint("standby-seal")?;
         let m = seal(&staging, info, Some(helper))?;
@@ -255,14 +279,23 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     };
     // Crash point (`standby-published:crash`): the image is complete, the record not yet written.
     let _ = crate::failpoint("standby-published");
-    let detail = format!("process tree dumped ({suspended} started through the API), image {}", strata_core::units::format_size(manifest.info.image_bytes));
+    let detail = format!(
+        "process tree dumped ({suspended} started through the API), image {}",
+        strata_core::units::format_size(manifest.info.image_bytes)
+    );
     let ev = transition(st, &id, from, Change::new(Action::Standby, reason).detail(&detail), started, None)?;
     st.db.set_expires_at(&id, None)?;
     info!(sandbox = %id, bytes = manifest.info.image_bytes, dump_ms = manifest.info.dump_ms, total_ms = started.elapsed().as_millis() as u64, reason, "standby");
     Ok(ev)
 }
 
-async fn standby_fs_only(st: &Shared, rec: &SandboxRecord, why: String, reason: &str, started: Instant) -> ApiResult<SandboxEvent> {
+async fn standby_fs_only(
+    st: &Shared,
+    rec: &SandboxRecord,
+    why: String,
+    reason: &str,
+    started: Instant,
+) -> ApiResult<SandboxEvent> {
     let id = rec.sandbox.id.clone();
     crate::hooks::run(st, rec, crate::hooks::Stage::BeforeStandby).await;
     crate::accounting::final_sample(st, &id);
@@ -270,15 +303,38 @@ async fn standby_fs_only(st: &Shared, rec: &SandboxRecord, why: String, reason: 
     let dir = st.sandbox_dir(&id);
     let staging = dir.join(STAGING_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    let info = StandbyInfo { mode: StandbyMode::FsOnly, created_at: now(), image_bytes: 0, api_processes: 0, dump_ms: 0, note: Some(format!("processes were stopped, not kept: {why}")) };
-    let saved = std::fs::create_dir_all(&staging).and_then(|_| seal(&staging, info, None)).and_then(|_| publish(&staging, &image_dir(st, &id)));
+    let info = StandbyInfo {
+        mode: StandbyMode::FsOnly,
+        created_at: now(),
+        image_bytes: 0,
+        api_processes: 0,
+        dump_ms: 0,
+        note: Some(format!("processes were stopped, not kept: {why}")),
+    };
+    let saved = std::fs::create_dir_all(&staging)
+        .and_then(|_| seal(&staging, info, None))
+        .and_then(|_| publish(&staging, &image_dir(st, &id)));
     if let Err(e) = saved {
         let msg = format!("recording the filesystem-only standby: {e}");
-        let _ = transition(st, &id, rec.sandbox.state, Change::new(Action::Fail, "standby_failed").detail(&msg), started, None);
+        let _ = transition(
+            st,
+            &id,
+            rec.sandbox.state,
+            Change::new(Action::Fail, "standby_failed").detail(&msg),
+            started,
+            None,
+        );
         return Err(ApiError::new(ErrorCode::Internal, msg));
     }
     st.processes.abandon_suspended(&id);
-    let ev = transition(st, &id, rec.sandbox.state, Change::new(Action::Standby, reason).detail(&format!("filesystem only: {why}")), started, None)?;
+    let ev = transition(
+        st,
+        &id,
+        rec.sandbox.state,
+        Change::new(Action::Standby, reason).detail(&format!("filesystem only: {why}")),
+        started,
+        None,
+    )?;
     st.db.set_expires_at(&id, None)?;
     Ok(ev)
 }
@@ -303,7 +359,9 @@ pub async fn ensure_running(st: &Shared, id: &str) -> ApiResult<Option<ResumeRes
     let _g = lock.lock().await;
     let rec = load(st, &rec.sandbox.id)?;
     match rec.sandbox.state {
-        SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived => resume_locked(st, &rec, "resume_on_access").await.map(Some),
+        SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived => {
+            resume_locked(st, &rec, "resume_on_access").await.map(Some)
+        }
         _ => Ok(None),
     }
 }
@@ -336,7 +394,12 @@ async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> ApiRes
         }
     };
     crate::hooks::run(st, &load(st, &id)?, crate::hooks::Stage::AfterResume).await;
-    Ok(ResumeResult { from, duration_ms: started.elapsed().as_millis() as u64, processes_restored, sandbox: load(st, &id)?.sandbox })
+    Ok(ResumeResult {
+        from,
+        duration_ms: started.elapsed().as_millis() as u64,
+        processes_restored,
+        sandbox: load(st, &id)?.sandbox,
+    })
 }
 
 /// Restores a sandbox in standby; true when its processes came back (false for fs_only).
@@ -357,7 +420,10 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
         return Ok(false);
     }
     let Some(helper) = manifest.helper.clone().filter(|h| h.is_file()) else {
-        let msg = format!("the strata-init binary the image was made with ({}) is gone", manifest.helper.as_deref().unwrap_or(Path::new("?")).display());
+        let msg = format!(
+            "the strata-init binary the image was made with ({}) is gone",
+            manifest.helper.as_deref().unwrap_or(Path::new("?")).display()
+        );
         return Err(mark_error(st, rec, "standby_image_invalid", &msg, started));
     };
     let mut spec = sandboxes::mount_spec(st, rec).await?;
@@ -365,12 +431,14 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
         return Err(mark_error(st, rec, "resume_failed", &e.body.message, started));
     }
     let pipes = st.processes.resume_pipes(&id)?;
-    let inherit: Vec<(std::os::fd::RawFd, u64)> = pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
+    let inherit: Vec<(std::os::fd::RawFd, u64)> =
+        pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
     let rt = st.runtime.clone();
     let images = dir.clone();
     let verified_ms = started.elapsed().as_millis() as u64;
     let restored = tokio::task::spawn_blocking(move || {
-        crate::failpoint("standby-restore").map_err(|e| strata_runtime::RuntimeError::Setup(format!("restoring: {e}")))?;
+        crate::failpoint("standby-restore")
+            .map_err(|e| strata_runtime::RuntimeError::Setup(format!("restoring: {e}")))?;
         rt.restore_processes(&spec, &images, &images, &helper, &inherit)
     })
     .await
@@ -382,12 +450,22 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
             let _ = crate::failpoint("resume-restored");
             pipes.commit();
             let detail = format!("{} API processes reattached", manifest.info.api_processes);
-            transition(st, &id, rec.sandbox.state, Change::new(Action::Resume, reason).detail(&detail), started, Some(&handle))?;
+            transition(
+                st,
+                &id,
+                rec.sandbox.state,
+                Change::new(Action::Resume, reason).detail(&detail),
+                started,
+                Some(&handle),
+            )?;
             st.db.set_expires_at(&id, sandboxes::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
             sandboxes::watch_init(st.clone(), id.clone(), handle);
             // The image is spent: the restored processes have moved on from it. CRIU's log
             // of this restore is kept next to it (replacing the previous one) for diagnosis.
-            let _ = std::fs::rename(dir.join(strata_runtime::namespace::criu::RESTORE_LOG), st.sandbox_dir(&id).join(LAST_RESTORE_LOG));
+            let _ = std::fs::rename(
+                dir.join(strata_runtime::namespace::criu::RESTORE_LOG),
+                st.sandbox_dir(&id).join(LAST_RESTORE_LOG),
+            );
             retire_image(st, &id);
             info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, verified_ms, restored_ms, reason, "resumed");
             Ok(true)
@@ -403,9 +481,19 @@ async fn restore_locked(st: &Shared, rec: &SandboxRecord, reason: &str, started:
 fn mark_error(st: &Shared, rec: &SandboxRecord, reason: &str, msg: &str, started: Instant) -> ApiError {
     warn!(sandbox = %rec.sandbox.id, reason, error = msg, "resume failed");
     st.processes.abandon_suspended(&rec.sandbox.id);
-    let _ = transition(st, &rec.sandbox.id, rec.sandbox.state, Change::new(Action::Fail, reason).detail(msg), started, None);
+    let _ = transition(
+        st,
+        &rec.sandbox.id,
+        rec.sandbox.state,
+        Change::new(Action::Fail, reason).detail(msg),
+        started,
+        None,
+    );
     let code = if reason == "standby_image_invalid" { ErrorCode::StandbyImageInvalid } else { ErrorCode::Internal };
-    ApiError::new(code, format!("cannot resume sandbox {}: {msg} (it is now in state error; its files are kept)", rec.sandbox.id))
+    ApiError::new(
+        code,
+        format!("cannot resume sandbox {}: {msg} (it is now in state error; its files are kept)", rec.sandbox.id),
+    )
 }
 
 /// Drops a sandbox's standby image (it was stopped or destroyed from standby).
@@ -471,7 +559,14 @@ pub fn complete_interrupted(st: &Shared, rec: &SandboxRecord) -> ApiResult<bool>
         return Ok(false);
     }
     let _ = st.runtime.cleanup(&rec.sandbox.id);
-    transition(st, &rec.sandbox.id, rec.sandbox.state, Change::new(Action::Standby, "standby_completed").detail("the daemon stopped after the image was saved"), Instant::now(), None)?;
+    transition(
+        st,
+        &rec.sandbox.id,
+        rec.sandbox.state,
+        Change::new(Action::Standby, "standby_completed").detail("the daemon stopped after the image was saved"),
+        Instant::now(),
+        None,
+    )?;
     Ok(true)
 }
 
@@ -482,13 +577,23 @@ pub fn complete_interrupted(st: &Shared, rec: &SandboxRecord) -> ApiResult<bool>
 pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
     let id = &rec.sandbox.id;
     let pidfile = image_dir(st, id).join(strata_runtime::namespace::criu::PIDFILE);
-    let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) else { return Ok(()) };
+    let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) else {
+        return Ok(());
+    };
     let in_sandbox = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(id.as_str()));
     let start = strata_runtime::namespace::process_start_time(pid);
     match start {
         Some(init_start_time) if in_sandbox => {
             let handle = strata_runtime::SandboxHandle { init_pid: pid, init_start_time };
-            transition(st, id, SandboxState::Standby, Change::new(Action::Resume, "resume_completed").detail("the daemon stopped after the processes were restored"), Instant::now(), Some(&handle))?;
+            transition(
+                st,
+                id,
+                SandboxState::Standby,
+                Change::new(Action::Resume, "resume_completed")
+                    .detail("the daemon stopped after the processes were restored"),
+                Instant::now(),
+                Some(&handle),
+            )?;
             sandboxes::watch_init(st.clone(), id.clone(), handle);
             retire_image(st, id);
             info!(sandbox = %id, "completed a resume interrupted by the daemon's stop");
@@ -506,12 +611,19 @@ pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
 /// thaws a paused one and starts a stopped one first, then is served. The
 /// response says so in `strata-resumed-from` (the former state) and
 /// `strata-resume-ms`; the transition's event has reason `resume_on_access`.
-pub async fn resume_on_access(State(st): State<Shared>, req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+pub async fn resume_on_access(
+    State(st): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
     let Some(name) = resumes_sandbox(req.method(), req.uri().path()) else { return next.run(req).await };
     // Resolved like the handler resolves it: among the caller's own sandboxes.
     let Ok(Some(rec)) = crate::tenancy::find_sandbox(&st, name) else { return next.run(req).await };
-    if !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
+    if !matches!(
+        rec.sandbox.state,
+        SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived
+    ) {
         return next.run(req).await;
     }
     let resumed = match ensure_running(&st, &rec.sandbox.id).await {
@@ -565,7 +677,11 @@ pub async fn unpause_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/standby", tag = "sandboxes", request_body = StandbyRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody),
         (status = 501, description = "processes cannot be dumped on this host (use fs_only)", body = strata_api::ApiErrorBody)))]
-pub async fn standby_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>, body: Option<Json<StandbyRequest>>) -> ApiResult<Json<SandboxEvent>> {
+pub async fn standby_handler(
+    State(st): State<Shared>,
+    UrlPath(id): UrlPath<String>,
+    body: Option<Json<StandbyRequest>>,
+) -> ApiResult<Json<SandboxEvent>> {
     let req = body.map(|Json(r)| r).unwrap_or_default();
     Ok(Json(standby_with(&st, &id, &req, "user").await?))
 }
@@ -577,7 +693,12 @@ pub async fn standby_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
 pub async fn resume_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
     let rec = sandboxes::load_for_transition(&st, &id)?;
     let retry = rec.sandbox.state == SandboxState::Error && image_dir(&st, &rec.sandbox.id).is_dir();
-    if !retry && !matches!(rec.sandbox.state, SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived) {
+    if !retry
+        && !matches!(
+            rec.sandbox.state,
+            SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived
+        )
+    {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes (or one whose standby image failed to restore) resume", rec.sandbox.id, rec.sandbox.state)));
     }
     Ok(Json(resume(&st, &rec.sandbox.id, "user").await?))
@@ -605,7 +726,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("pages-1.img"), vec![7u8; 100_000]).unwrap();
         std::fs::write(d.path().join("core-1.img"), b"core").unwrap();
-        let info = StandbyInfo { mode: StandbyMode::Processes, created_at: "t".into(), image_bytes: 0, api_processes: 1, dump_ms: 3, note: None };
+        let info = StandbyInfo {
+            mode: StandbyMode::Processes,
+            created_at: "t".into(),
+            image_bytes: 0,
+            api_processes: 1,
+            dump_ms: 3,
+            note: None,
+        };
         let m = seal(d.path(), info, None).unwrap();
         assert_eq!(m.info.image_bytes, 100_004);
         assert_eq!(m.files.len(), 2);

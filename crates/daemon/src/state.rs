@@ -56,7 +56,14 @@ pub struct AppState {
 
 impl AppState {
     /// Builds the state.
-    pub fn new(db: Db, layers: LayerStore, runtime: Arc<dyn Runtime>, state_dir: PathBuf, archive: crate::archive::ArchiveStore, admission: Arc<crate::admission::Admission>) -> Self {
+    pub fn new(
+        db: Db,
+        layers: LayerStore,
+        runtime: Arc<dyn Runtime>,
+        state_dir: PathBuf,
+        archive: crate::archive::ArchiveStore,
+        admission: Arc<crate::admission::Admission>,
+    ) -> Self {
         let (events_tx, _) = tokio::sync::watch::channel(0);
         AppState {
             db,

@@ -19,7 +19,8 @@ use axum::Json;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use strata_api::{
-    BuildEvent, BuildTemplateRequest, CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode, ExecRequest, ImageConfig, Lifecycle, ProcessEvent, Template,
+    BuildEvent, BuildTemplateRequest, CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode,
+    ExecRequest, ImageConfig, Lifecycle, ProcessEvent, Template,
 };
 use strata_core::ids;
 use tokio::sync::mpsc::Sender;
@@ -79,7 +80,8 @@ pub fn parse(text: &str) -> Result<Vec<(String, Step)>, String> {
             "FROM" => Step::From(rest.split_whitespace().next().unwrap_or(rest).to_string()),
             "RUN" => {
                 if rest.starts_with('[') {
-                    let argv: Vec<String> = serde_json::from_str(rest).map_err(|e| err(&format!("bad JSON exec form ({e})")))?;
+                    let argv: Vec<String> =
+                        serde_json::from_str(rest).map_err(|e| err(&format!("bad JSON exec form ({e})")))?;
                     Step::Run(argv.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "))
                 } else {
                     Step::Run(rest.to_string())
@@ -95,7 +97,13 @@ pub fn parse(text: &str) -> Result<Vec<(String, Step)>, String> {
             }
             "ENV" => {
                 let pairs: Vec<(String, String)> = if rest.contains('=') {
-                    rest.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string())).ok_or_else(|| err("ENV needs K=V"))).collect::<Result<_, _>>()?
+                    rest.split_whitespace()
+                        .map(|kv| {
+                            kv.split_once('=')
+                                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                                .ok_or_else(|| err("ENV needs K=V"))
+                        })
+                        .collect::<Result<_, _>>()?
                 } else {
                     let (k, v) = rest.split_once(char::is_whitespace).ok_or_else(|| err("ENV needs a value"))?;
                     vec![(k.to_string(), v.trim().to_string())]
@@ -133,9 +141,19 @@ fn key(prev: &str, instruction: &str, extra: &[u8]) -> String {
 }
 
 fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) -> ApiResult<Template> {
-    let (c, _) = st.db.checkpoint_by_id(checkpoint)?.ok_or_else(|| ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}")))?;
+    let (c, _) = st.db.checkpoint_by_id(checkpoint)?.ok_or_else(|| {
+        ApiError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}"))
+    })?;
     let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
-    Ok(Template { name: name.into(), tenant: c.tenant, checkpoint: c.id, image: c.image, layers: c.layers.len(), created_at: created_at.into(), accepted_findings })
+    Ok(Template {
+        name: name.into(),
+        tenant: c.tenant,
+        checkpoint: c.id,
+        image: c.image,
+        layers: c.layers.len(),
+        created_at: created_at.into(),
+        accepted_findings,
+    })
 }
 
 /// Template names are daemon-wide: one of another tenant is taken (409) and
@@ -148,7 +166,13 @@ fn name_usable(st: &Shared, name: &str) -> ApiResult<()> {
 }
 
 /// Registers a template, recording accepted scan findings with it.
-fn register(st: &Shared, name: &str, checkpoint: &str, replace: bool, accepted: Option<&strata_api::FindingsAcceptance>) -> ApiResult<Template> {
+fn register(
+    st: &Shared,
+    name: &str,
+    checkpoint: &str,
+    replace: bool,
+    accepted: Option<&strata_api::FindingsAcceptance>,
+) -> ApiResult<Template> {
     name_usable(st, name)?;
     let time = now();
     st.db.put_template(name, checkpoint, &time, replace)?;
@@ -165,17 +189,37 @@ pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> Api
     ids::validate_new_name(&req.name, true)?;
     name_usable(st, &req.name)?;
     if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
-        return Err(ApiError::new(ErrorCode::NameConflict, format!("an image is named {:?}; templates and images share one namespace", req.name)));
+        return Err(ApiError::new(
+            ErrorCode::NameConflict,
+            format!("an image is named {:?}; templates and images share one namespace", req.name),
+        ));
     }
-    let ckpt = match crate::tenancy::find_sandbox_or_checkpoint(st, &req.from, crate::tenancy::NamesFirst::Checkpoint)? {
+    let ckpt = match crate::tenancy::find_sandbox_or_checkpoint(st, &req.from, crate::tenancy::NamesFirst::Checkpoint)?
+    {
         Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) => c.0,
         Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) => {
-            checkpoints::checkpoint(st, &rec.sandbox.id, CheckpointRequest { labels: [("strata.template".into(), req.name.clone())].into(), ..Default::default() }).await?
+            checkpoints::checkpoint(
+                st,
+                &rec.sandbox.id,
+                CheckpointRequest {
+                    labels: [("strata.template".into(), req.name.clone())].into(),
+                    ..Default::default()
+                },
+            )
+            .await?
         }
-        None => return Err(ApiError::new(ErrorCode::CheckpointNotFound, format!("no checkpoint or sandbox named {:?}", req.from))),
+        None => {
+            return Err(ApiError::new(
+                ErrorCode::CheckpointNotFound,
+                format!("no checkpoint or sandbox named {:?}", req.from),
+            ))
+        }
     };
     if !req.replace && st.db.get_template(&req.name)?.is_some() {
-        return Err(ApiError::new(ErrorCode::NameConflict, format!("a template named {:?} exists (use replace)", req.name)));
+        return Err(ApiError::new(
+            ErrorCode::NameConflict,
+            format!("a template named {:?} exists (use replace)", req.name),
+        ));
     }
     let accepted = crate::scan::gate(st, &ckpt.id, req.accept_findings, actor, &[]).await?;
     register(st, &req.name, &ckpt.id, req.replace, accepted.as_ref())
@@ -241,7 +285,10 @@ impl Build<'_> {
         let info = p.wait(None).await;
         if info.exit_status() != 0 {
             let why = info.spawn_error.clone().unwrap_or_else(|| format!("exit status {}", info.exit_status()));
-            return Err(ApiError::bad_request(format!("RUN {cmd} failed ({why}); output ends with:\n{}", String::from_utf8_lossy(&tail))));
+            return Err(ApiError::bad_request(format!(
+                "RUN {cmd} failed ({why}); output ends with:\n{}",
+                String::from_utf8_lossy(&tail)
+            )));
         }
         Ok(())
     }
@@ -295,7 +342,12 @@ fn copy_digest(context: Option<&FsPath>, srcs: &[String]) -> ApiResult<Vec<u8>> 
 }
 
 /// Runs a build, streaming events; returns the template.
-pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEvent>, actor: &str) -> Result<Template, (usize, ApiError)> {
+pub async fn build(
+    st: &Shared,
+    req: BuildTemplateRequest,
+    tx: &Sender<BuildEvent>,
+    actor: &str,
+) -> Result<Template, (usize, ApiError)> {
     let started = Instant::now();
     ids::validate_new_name(&req.name, true).map_err(|e| (0, ApiError::from(e)))?;
     name_usable(st, &req.name).map_err(|e| (0, e))?;
@@ -313,7 +365,11 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
     let mut current_from = source.checkpoint.clone().unwrap_or_else(|| source.name.clone());
     // The cache is per tenant: a tenant never reuses (or learns of) another's build steps.
     let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
-    let mut k = key(&format!("tenant {tenant}"), &format!("FROM {}", source.checkpoint.as_deref().unwrap_or(&source.image_id)), b"");
+    let mut k = key(
+        &format!("tenant {tenant}"),
+        &format!("FROM {}", source.checkpoint.as_deref().unwrap_or(&source.image_id)),
+        b"",
+    );
     b.emit(BuildEvent::Step { index: 1, count, instruction: steps[0].0.clone(), cached: true }).await;
     let (mut run, mut cached) = (0usize, 1usize);
     for (i, (text, step)) in steps.iter().enumerate().skip(1) {
@@ -370,14 +426,17 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                     };
                     // One file to a path not ending in '/' is copied to that path (not into it).
                     let single_file = match srcs.as_slice() {
-                        [one] if !dst.ends_with('/') => Some(context_file(context.as_deref(), one)?).filter(|p| p.is_file()),
+                        [one] if !dst.ends_with('/') => {
+                            Some(context_file(context.as_deref(), one)?).filter(|p| p.is_file())
+                        }
                         _ => None,
                     };
                     let file = match single_file {
                         Some(src) => {
                             use std::os::unix::fs::PermissionsExt;
                             // Streamed into the sandbox (opened here, read there), never read whole.
-                            let f = std::fs::File::open(&src).map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
+                            let f = std::fs::File::open(&src)
+                                .map_err(|e| ApiError::bad_request(format!("COPY source {}: {e}", src.display())))?;
                             let mode = f.metadata().map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
                             Some((f, mode))
                         }
@@ -386,7 +445,11 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                     match file {
                         Some((f, mode)) => {
                             crate::files::with_fs(st, &sb, move |fs| {
-                                if let Some(parent) = FsPath::new(&dst).parent().and_then(|p| p.to_str()).filter(|p| *p != "/" && !p.is_empty()) {
+                                if let Some(parent) = FsPath::new(&dst)
+                                    .parent()
+                                    .and_then(|p| p.to_str())
+                                    .filter(|p| *p != "/" && !p.is_empty())
+                                {
                                     fs.mkdir(parent, true, 0o755)?;
                                 }
                                 fs.write_from(&dst, f, mode).map(drop)
@@ -399,8 +462,11 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                             let (reader, writer) = std::io::pipe().map_err(|e| ApiError::internal("COPY pipe", &e))?;
                             let (ctx, srcs) = (context.clone(), srcs.clone());
                             let producer = std::thread::spawn(move || copy_tar(ctx.as_deref(), &srcs, writer));
-                            let applied = crate::files::with_fs(st, &sb, move |fs| fs.untar_from(&dst, reader).map(drop)).await;
-                            let made = producer.join().map_err(|_| ApiError::new(ErrorCode::Internal, "COPY archive thread panicked"))?;
+                            let applied =
+                                crate::files::with_fs(st, &sb, move |fs| fs.untar_from(&dst, reader).map(drop)).await;
+                            let made = producer
+                                .join()
+                                .map_err(|_| ApiError::new(ErrorCode::Internal, "COPY archive thread panicked"))?;
                             // A source that could not be read is the cause of a broken archive.
                             made?;
                             applied?;
@@ -409,9 +475,22 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
                 }
                 _ => unreachable!("only RUN and COPY run"),
             }
-            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { labels: [("strata.build".into(), b.name.clone()), ("strata.step".into(), index.to_string())].into(), ..Default::default() }).await?;
+            let c = checkpoints::checkpoint(
+                st,
+                &sb,
+                CheckpointRequest {
+                    labels: [("strata.build".into(), b.name.clone()), ("strata.step".into(), index.to_string())].into(),
+                    ..Default::default()
+                },
+            )
+            .await?;
             st.db.cache_step(&k, &c.id, &now())?;
-            b.emit(BuildEvent::StepDone { index, checkpoint: c.id.clone(), duration_ms: t.elapsed().as_millis() as u64 }).await;
+            b.emit(BuildEvent::StepDone {
+                index,
+                checkpoint: c.id.clone(),
+                duration_ms: t.elapsed().as_millis() as u64,
+            })
+            .await;
             current_from = c.id;
             run += 1;
             Ok(())
@@ -430,12 +509,21 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
     let final_ckpt = if needs_final {
         let res: ApiResult<String> = async {
             let final_key = key(&k, "final", b"");
-            if let Some(c) = st.db.cached_step(&final_key)?.filter(|c| !req.no_cache && st.db.checkpoint_by_id(c).ok().flatten().is_some()) {
+            if let Some(c) = st
+                .db
+                .cached_step(&final_key)?
+                .filter(|c| !req.no_cache && st.db.checkpoint_by_id(c).ok().flatten().is_some())
+            {
                 return Ok(c);
             }
             let sb = b.sandbox(&current_from).await?;
             st.db.set_image_config(&sb, &b.config)?;
-            let c = checkpoints::checkpoint(st, &sb, CheckpointRequest { labels: [("strata.build".into(), b.name.clone())].into(), ..Default::default() }).await?;
+            let c = checkpoints::checkpoint(
+                st,
+                &sb,
+                CheckpointRequest { labels: [("strata.build".into(), b.name.clone())].into(), ..Default::default() },
+            )
+            .await?;
             st.db.cache_step(&final_key, &c.id, &now())?;
             Ok(c.id)
         }
@@ -453,9 +541,17 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
     b.drop_sandbox().await;
     // The same gate as promotion, except that system-path changes are what a
     // build file is for (its RUN and COPY steps are declared and reviewable).
-    let accepted = crate::scan::gate(st, &final_ckpt, req.accept_findings, actor, &["system_path"]).await.map_err(|e| (count, e))?;
+    let accepted = crate::scan::gate(st, &final_ckpt, req.accept_findings, actor, &["system_path"])
+        .await
+        .map_err(|e| (count, e))?;
     let template = register(st, &req.name, &final_ckpt, true, accepted.as_ref()).map_err(|e| (count, e))?;
-    b.emit(BuildEvent::Done { template: template.clone(), steps_run: run, steps_cached: cached, duration_ms: started.elapsed().as_millis() as u64 }).await;
+    b.emit(BuildEvent::Done {
+        template: template.clone(),
+        steps_run: run,
+        steps_cached: cached,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+    .await;
     Ok(template)
 }
 
@@ -464,7 +560,11 @@ pub async fn build(st: &Shared, req: BuildTemplateRequest, tx: &Sender<BuildEven
 /// Promote a checkpoint (or a sandbox, checkpointed first) to a template.
 #[utoipa::path(post, path = "/v1/templates", tag = "templates", request_body = CreateTemplateRequest,
     responses((status = 201, body = Template), (status = 404, body = strata_api::ApiErrorBody), (status = 409, description = "name taken, or `scan_findings` with the findings listed", body = strata_api::ApiErrorBody)))]
-pub async fn create_handler(State(st): State<Shared>, actor: Option<axum::Extension<crate::audit::Actor>>, Json(req): Json<CreateTemplateRequest>) -> ApiResult<(StatusCode, Json<Template>)> {
+pub async fn create_handler(
+    State(st): State<Shared>,
+    actor: Option<axum::Extension<crate::audit::Actor>>,
+    Json(req): Json<CreateTemplateRequest>,
+) -> ApiResult<(StatusCode, Json<Template>)> {
     let actor = actor.map_or_else(|| "local".to_string(), |a| a.0 .0);
     Ok((StatusCode::CREATED, Json(create(&st, req, &actor).await?)))
 }
@@ -500,7 +600,11 @@ pub fn not_found(name: &str) -> ApiError {
 /// Build a template from a build file; streams NDJSON `BuildEvent`s.
 #[utoipa::path(post, path = "/v1/templates/build", tag = "templates", request_body = BuildTemplateRequest,
     responses((status = 200, description = "NDJSON stream of BuildEvent", body = BuildEvent)))]
-pub async fn build_handler(State(st): State<Shared>, actor: Option<axum::Extension<crate::audit::Actor>>, Json(req): Json<BuildTemplateRequest>) -> ApiResult<Response> {
+pub async fn build_handler(
+    State(st): State<Shared>,
+    actor: Option<axum::Extension<crate::audit::Actor>>,
+    Json(req): Json<BuildTemplateRequest>,
+) -> ApiResult<Response> {
     let actor = actor.map_or_else(|| "local".to_string(), |a| a.0 .0);
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
     // The build creates sandboxes and checkpoints as the caller (its tenant).

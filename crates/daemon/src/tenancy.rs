@@ -159,7 +159,11 @@ pub async fn run_as<F: Future>(caller: Caller, fut: F) -> F::Output {
 
 /// Runs `fut` as the daemon acting in `tenant` (resumed pipeline runs).
 pub async fn run_in_tenant<F: Future>(tenant: &str, fut: F) -> F::Output {
-    let caller = Caller { principal: Principal::Operator { actor: "daemon".into() }, acting_as: Some(tenant.to_string()), approval: None };
+    let caller = Caller {
+        principal: Principal::Operator { actor: "daemon".into() },
+        acting_as: Some(tenant.to_string()),
+        approval: None,
+    };
     CALLER.scope(caller, fut).await
 }
 
@@ -217,12 +221,20 @@ pub enum NamesFirst {
 /// (ids are random, so at most one matches), an exact name (`names_first`
 /// decides between a sandbox and a checkpoint of the same name), then an id
 /// prefix only one of them has.
-pub fn find_sandbox_or_checkpoint(st: &Shared, key: &str, names_first: NamesFirst) -> ApiResult<Option<SandboxOrCheckpoint>> {
+pub fn find_sandbox_or_checkpoint(
+    st: &Shared,
+    key: &str,
+    names_first: NamesFirst,
+) -> ApiResult<Option<SandboxOrCheckpoint>> {
     use SandboxOrCheckpoint::*;
     let sandbox = find_sandbox(st, key)?;
     let checkpoint = find_checkpoint(st, key)?;
-    let s = |pick: &dyn Fn(&str, &str) -> bool| sandbox.as_ref().filter(|r| pick(&r.sandbox.id, &r.sandbox.name)).map(|r| Sandbox(Box::new(r.clone())));
-    let c = |pick: &dyn Fn(&str, &str) -> bool| checkpoint.as_ref().filter(|(c, _)| pick(&c.id, &c.name)).map(|c| Checkpoint(Box::new(c.clone())));
+    let s = |pick: &dyn Fn(&str, &str) -> bool| {
+        sandbox.as_ref().filter(|r| pick(&r.sandbox.id, &r.sandbox.name)).map(|r| Sandbox(Box::new(r.clone())))
+    };
+    let c = |pick: &dyn Fn(&str, &str) -> bool| {
+        checkpoint.as_ref().filter(|(c, _)| pick(&c.id, &c.name)).map(|c| Checkpoint(Box::new(c.clone())))
+    };
     let by_id = |id: &str, _: &str| id == key;
     let by_name = |_: &str, name: &str| name == key;
     let named = match names_first {
@@ -331,7 +343,11 @@ pub fn tenant_caller(st: &Shared, secret: &str) -> Result<Caller, ApiError> {
     if let Err(e) = st.db.touch_token(&t.id, &now(), &stale) {
         tracing::warn!(error = %e, token = %t.id, "recording token use");
     }
-    Ok(Caller { principal: Principal::Tenant { tenant: t.tenant, token_id: t.id, token_name: t.name }, acting_as: None, approval: None })
+    Ok(Caller {
+        principal: Principal::Tenant { tenant: t.tenant, token_id: t.id, token_name: t.name },
+        acting_as: None,
+        approval: None,
+    })
 }
 
 /// Middleware (outermost): establishes the [`Caller`] of every request, or refuses it with 401/403.
@@ -339,7 +355,13 @@ pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut 
     let mut caller = match &listener {
         Listener::Unix => Caller::operator(crate::audit::actor_of(&req)),
         Listener::Tcp { legacy } => {
-            let Some(secret) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim) else {
+            let Some(secret) = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim)
+            else {
                 return unauthorized("missing bearer token (Authorization: Bearer <token>; see `strata token create` or <state-dir>/api-token)");
             };
             if constant_time_eq(secret.as_bytes(), legacy.as_bytes()) {
@@ -356,11 +378,21 @@ pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut 
     if let Some(v) = req.headers().get(TENANT_HEADER) {
         let t = match v.to_str().map(str::trim) {
             Ok(t) if validate_tenant(t).is_ok() => t.to_string(),
-            _ => return ApiError::bad_request(format!("header {TENANT_HEADER}: {}", validate_tenant(&String::from_utf8_lossy(v.as_bytes())).err().unwrap_or_default())).into_response(),
+            _ => {
+                return ApiError::bad_request(format!(
+                    "header {TENANT_HEADER}: {}",
+                    validate_tenant(&String::from_utf8_lossy(v.as_bytes())).err().unwrap_or_default()
+                ))
+                .into_response()
+            }
         };
         match &caller.principal {
             Principal::Tenant { tenant, .. } if *tenant != t => {
-                return ApiError::new(ErrorCode::Forbidden, format!("a tenant token acts only in its own tenant; {TENANT_HEADER} names another")).into_response();
+                return ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!("a tenant token acts only in its own tenant; {TENANT_HEADER} names another"),
+                )
+                .into_response();
             }
             Principal::Tenant { .. } => {}
             Principal::Operator { .. } => caller.acting_as = Some(t),
@@ -369,7 +401,13 @@ pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut 
     if let Some(v) = req.headers().get(strata_api::APPROVAL_HEADER) {
         match v.to_str().map(str::trim) {
             Ok(a) if crate::approvals::valid_id(a) => caller.approval = Some(a.to_string()),
-            _ => return ApiError::bad_request(format!("header {}: not an approval id (apr-<hex>)", strata_api::APPROVAL_HEADER)).into_response(),
+            _ => {
+                return ApiError::bad_request(format!(
+                    "header {}: not an approval id (apr-<hex>)",
+                    strata_api::APPROVAL_HEADER
+                ))
+                .into_response()
+            }
         }
     }
     req.extensions_mut().insert(crate::audit::Actor(caller.actor()));
@@ -452,7 +490,13 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         "/openapi.json" | "/v1/info" | "/v1/advise" | "/v1/events" | "/v1/cost" | "/v1/audit" => Open,
         // MCP: its tools call the API with the caller's own token, where tenancy applies.
         "/mcp" => Open,
-        "/v1/sandboxes" | "/v1/checkpoints" | "/v1/fork" | "/v1/fanout" | "/v1/pipelines" | "/v1/templates" | "/v1/templates/build" => Open,
+        "/v1/sandboxes"
+        | "/v1/checkpoints"
+        | "/v1/fork"
+        | "/v1/fanout"
+        | "/v1/pipelines"
+        | "/v1/templates"
+        | "/v1/templates/build" => Open,
         // Images are shared, read-only for tenants.
         "/v1/images" | "/v1/images/{name}" if read => Open,
         "/v1/checkpoints/{id}" => Owned(self::Owned::Checkpoint),
@@ -479,7 +523,9 @@ fn not_found(kind: Owned, key: &str) -> ApiError {
         Owned::Checkpoint => crate::checkpoints::not_found(key),
         Owned::Template => crate::templates::not_found(key),
         Owned::Pipeline => crate::pipelines::not_found(key),
-        Owned::SandboxOrCheckpoint => ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {key:?}")),
+        Owned::SandboxOrCheckpoint => {
+            ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {key:?}"))
+        }
         Owned::Approval => crate::approvals::not_found(key),
     }
 }
@@ -494,14 +540,24 @@ fn owned_by(st: &Shared, kind: Owned, key: &str, scope: &str) -> ApiResult<bool>
     let s = Some(scope);
     let mine_or_unknown = |tenant: Option<String>| tenant.is_none_or(|t| t == scope);
     // A destroyed sandbox: its usage record remembers the tenant.
-    let sandbox = |key: &str| -> ApiResult<bool> { Ok(st.db.find_sandbox(key, s)?.is_some() || mine_or_unknown(st.db.sandbox_tenant_by_id(key)?)) };
-    let checkpoint = |key: &str| -> ApiResult<bool> { Ok(st.db.find_checkpoint(key, s)?.is_some() || mine_or_unknown(st.db.checkpoint_by_id(key)?.map(|(c, _)| c.tenant))) };
+    let sandbox = |key: &str| -> ApiResult<bool> {
+        Ok(st.db.find_sandbox(key, s)?.is_some() || mine_or_unknown(st.db.sandbox_tenant_by_id(key)?))
+    };
+    let checkpoint = |key: &str| -> ApiResult<bool> {
+        Ok(st.db.find_checkpoint(key, s)?.is_some()
+            || mine_or_unknown(st.db.checkpoint_by_id(key)?.map(|(c, _)| c.tenant)))
+    };
     Ok(match kind {
         Owned::Sandbox => sandbox(key)?,
-        Owned::Usage => st.db.find_usage(key, s)?.is_some() || mine_or_unknown(st.db.usage_by_id(key)?.map(|u| u.tenant)),
+        Owned::Usage => {
+            st.db.find_usage(key, s)?.is_some() || mine_or_unknown(st.db.usage_by_id(key)?.map(|u| u.tenant))
+        }
         Owned::Checkpoint => checkpoint(key)?,
         Owned::Template => st.db.template_tenant(key)?.is_none_or(|t| t == scope),
-        Owned::Pipeline => st.db.find_pipeline_run(key, s)?.is_some() || mine_or_unknown(st.db.pipeline_run_by_id(key)?.map(|r| r.tenant)),
+        Owned::Pipeline => {
+            st.db.find_pipeline_run(key, s)?.is_some()
+                || mine_or_unknown(st.db.pipeline_run_by_id(key)?.map(|r| r.tenant))
+        }
         Owned::Approval => st.db.get_approval(key)?.is_none_or(|a| a.tenant == scope),
         Owned::SandboxOrCheckpoint => sandbox(key)? && checkpoint(key)?,
     })
@@ -520,7 +576,11 @@ pub async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Respon
     };
     let policy = route_policy(req.method(), &route);
     if policy == RoutePolicy::Operator && !caller.is_operator() {
-        return ApiError::new(ErrorCode::Forbidden, format!("{} {route} is for the operator only (a tenant token cannot use it)", req.method())).into_response();
+        return ApiError::new(
+            ErrorCode::Forbidden,
+            format!("{} {route} is for the operator only (a tenant token cannot use it)", req.method()),
+        )
+        .into_response();
     }
     if let (RoutePolicy::Owned(kind), Some(scope)) = (policy, caller.scope()) {
         let (mut parts, body) = req.into_parts();
@@ -547,9 +607,18 @@ fn caller_of(caller: Option<axum::Extension<Caller>>) -> Caller {
 /// Create an API token for a tenant; the secret is in the response only.
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = CreateTokenRequest,
     responses((status = 201, body = CreatedToken), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn create_token_handler(State(st): State<Shared>, caller: Option<axum::Extension<Caller>>, Json(req): Json<CreateTokenRequest>) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
+pub async fn create_token_handler(
+    State(st): State<Shared>,
+    caller: Option<axum::Extension<Caller>>,
+    Json(req): Json<CreateTokenRequest>,
+) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
     let caller = caller_of(caller);
-    ids::validate_name(&req.name, false).map_err(|_| ApiError::bad_request(format!("invalid token name {:?}: letters, digits, '-', '_', '.', at most 63 characters", req.name)))?;
+    ids::validate_name(&req.name, false).map_err(|_| {
+        ApiError::bad_request(format!(
+            "invalid token name {:?}: letters, digits, '-', '_', '.', at most 63 characters",
+            req.name
+        ))
+    })?;
     // Tokens are revoked by id or name: a name must not read as an id.
     ids::validate_new_name(&req.name, false)?;
     let tenant = req.tenant.clone().unwrap_or_else(|| caller.creating_tenant());
@@ -566,9 +635,20 @@ pub async fn create_token_handler(State(st): State<Shared>, caller: Option<axum:
         None => None,
     };
     let secret = format!("{SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));
-    let token = TokenInfo { id: ids::new_id(), name: req.name, tenant, created_at: humantime::format_rfc3339_millis(created).to_string(), last_used_at: None, expires_at, revoked_at: None };
+    let token = TokenInfo {
+        id: ids::new_id(),
+        name: req.name,
+        tenant,
+        created_at: humantime::format_rfc3339_millis(created).to_string(),
+        last_used_at: None,
+        expires_at,
+        revoked_at: None,
+    };
     st.db.insert_token(&token, &secret_hash(&secret)).map_err(|e| match e {
-        strata_store::DbError::NameTaken(_) => ApiError::new(ErrorCode::NameConflict, format!("tenant {:?} already has a live token named {:?}", token.tenant, token.name)),
+        strata_store::DbError::NameTaken(_) => ApiError::new(
+            ErrorCode::NameConflict,
+            format!("tenant {:?} already has a live token named {:?}", token.tenant, token.name),
+        ),
         e => e.into(),
     })?;
     tracing::info!(token = %token.id, name = %token.name, tenant = %token.tenant, "API token created");
@@ -578,7 +658,11 @@ pub async fn create_token_handler(State(st): State<Shared>, caller: Option<axum:
 /// List API tokens (never their secrets).
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens", params(TokenQuery),
     responses((status = 200, body = [TokenInfo]), (status = 403, body = strata_api::ApiErrorBody)))]
-pub async fn list_tokens_handler(State(st): State<Shared>, caller: Option<axum::Extension<Caller>>, Query(q): Query<TokenQuery>) -> ApiResult<Json<Vec<TokenInfo>>> {
+pub async fn list_tokens_handler(
+    State(st): State<Shared>,
+    caller: Option<axum::Extension<Caller>>,
+    Query(q): Query<TokenQuery>,
+) -> ApiResult<Json<Vec<TokenInfo>>> {
     let caller = caller_of(caller);
     let tenant = q.tenant.clone().or_else(|| caller.scope().map(str::to_string));
     Ok(Json(st.db.list_tokens(tenant.as_deref(), q.all)?))
@@ -588,7 +672,12 @@ pub async fn list_tokens_handler(State(st): State<Shared>, caller: Option<axum::
 /// Refused from the next request on.
 #[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens", params(("id" = String, Path, description = "Token id or name"), TokenQuery),
     responses((status = 200, body = TokenInfo), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, description = "the name is used in several tenants", body = strata_api::ApiErrorBody)))]
-pub async fn revoke_token_handler(State(st): State<Shared>, caller: Option<axum::Extension<Caller>>, Path(key): Path<String>, Query(q): Query<TokenQuery>) -> ApiResult<Json<TokenInfo>> {
+pub async fn revoke_token_handler(
+    State(st): State<Shared>,
+    caller: Option<axum::Extension<Caller>>,
+    Path(key): Path<String>,
+    Query(q): Query<TokenQuery>,
+) -> ApiResult<Json<TokenInfo>> {
     let caller = caller_of(caller);
     let tenant = q.tenant.clone().or_else(|| caller.scope().map(str::to_string));
     let found = st.db.find_tokens(&key, tenant.as_deref())?;
@@ -597,10 +686,16 @@ pub async fn revoke_token_handler(State(st): State<Shared>, caller: Option<axum:
         [one] => one,
         many => {
             let tenants: Vec<&str> = many.iter().map(|t| t.tenant.as_str()).collect();
-            return Err(ApiError::new(ErrorCode::NameConflict, format!("tokens named {key:?} exist in tenants {tenants:?}: give the id or the tenant")));
+            return Err(ApiError::new(
+                ErrorCode::NameConflict,
+                format!("tokens named {key:?} exist in tenants {tenants:?}: give the id or the tenant"),
+            ));
         }
     };
-    let revoked = st.db.revoke_token(&t.id, &now())?.ok_or_else(|| ApiError::new(ErrorCode::TokenNotFound, format!("no token with id or name {key:?}")))?;
+    let revoked = st
+        .db
+        .revoke_token(&t.id, &now())?
+        .ok_or_else(|| ApiError::new(ErrorCode::TokenNotFound, format!("no token with id or name {key:?}")))?;
     tracing::info!(token = %revoked.id, name = %revoked.name, tenant = %revoked.tenant, "API token revoked");
     Ok(Json(revoked))
 }
@@ -610,7 +705,11 @@ mod tests {
     use super::*;
 
     fn tenant(t: &str) -> Caller {
-        Caller { principal: Principal::Tenant { tenant: t.into(), token_id: "abc".into(), token_name: "ci".into() }, acting_as: None, approval: None }
+        Caller {
+            principal: Principal::Tenant { tenant: t.into(), token_id: "abc".into(), token_name: "ci".into() },
+            acting_as: None,
+            approval: None,
+        }
     }
 
     #[test]
@@ -639,7 +738,15 @@ mod tests {
         assert_eq!(route_policy(&get, "/v1/images"), RoutePolicy::Open);
         assert_eq!(route_policy(&post, "/v1/images/import"), RoutePolicy::Operator);
         assert_eq!(route_policy(&del, "/v1/images/{name}"), RoutePolicy::Operator);
-        for r in ["/v1/tokens", "/v1/tokens/{id}", "/v1/gc", "/metrics", "/v1/doctor", "/v1/audit/verify", "/v1/some-future-route"] {
+        for r in [
+            "/v1/tokens",
+            "/v1/tokens/{id}",
+            "/v1/gc",
+            "/metrics",
+            "/v1/doctor",
+            "/v1/audit/verify",
+            "/v1/some-future-route",
+        ] {
             assert_eq!(route_policy(&get, r), RoutePolicy::Operator, "{r}");
         }
     }
@@ -652,9 +759,15 @@ mod tests {
         let routes: Vec<&str> = src.split(".route(\"").skip(1).filter_map(|r| r.split('"').next()).collect();
         assert!(routes.len() > 40, "found only {} routes", routes.len());
         for r in routes {
-            let open = [Method::GET, Method::POST, Method::DELETE].iter().any(|m| route_policy(m, r) != RoutePolicy::Operator);
+            let open =
+                [Method::GET, Method::POST, Method::DELETE].iter().any(|m| route_policy(m, r) != RoutePolicy::Operator);
             if OPERATOR_ONLY.contains(&r) {
-                assert!([Method::GET, Method::POST, Method::DELETE].iter().all(|m| route_policy(m, r) == RoutePolicy::Operator), "{r} is listed operator-only but classified open");
+                assert!(
+                    [Method::GET, Method::POST, Method::DELETE]
+                        .iter()
+                        .all(|m| route_policy(m, r) == RoutePolicy::Operator),
+                    "{r} is listed operator-only but classified open"
+                );
             } else {
                 assert!(open, "route {r} is not classified for tenants: add it to tenancy::route_policy (Open/Owned) or to OPERATOR_ONLY");
             }
@@ -665,7 +778,15 @@ mod tests {
     fn revoked_and_expired_tokens_are_refused() {
         let now = SystemTime::now();
         let fmt = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
-        let t = TokenInfo { id: "1".into(), name: "n".into(), tenant: "a".into(), created_at: fmt(now), last_used_at: None, expires_at: None, revoked_at: None };
+        let t = TokenInfo {
+            id: "1".into(),
+            name: "n".into(),
+            tenant: "a".into(),
+            created_at: fmt(now),
+            last_used_at: None,
+            expires_at: None,
+            revoked_at: None,
+        };
         assert_eq!(check_token(&t, now), Ok(()));
         let later = TokenInfo { expires_at: Some(fmt(now + Duration::from_secs(60))), ..t.clone() };
         assert_eq!(check_token(&later, now), Ok(()));

@@ -70,7 +70,12 @@ impl Read for UploadReader {
             match self.rx.blocking_recv() {
                 Some(UploadChunk::Data(b)) => self.cur = b,
                 Some(UploadChunk::End) => self.ended = true,
-                None => return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the upload was cut off before its end")),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the upload was cut off before its end",
+                    ))
+                }
             }
         }
         let n = out.len().min(self.cur.len());
@@ -120,7 +125,11 @@ where
 
 /// Whether a request announces (`Content-Length`) a body larger than `limit`.
 pub fn announced_over(headers: &axum::http::HeaderMap, limit: u64) -> bool {
-    headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()).is_some_and(|n| n > limit)
+    headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit)
 }
 
 /// Why feeding an upload stopped before its thread finished.
@@ -137,7 +146,12 @@ pub enum FeedError {
 /// refused the upload): then the rest of the body is not read. When the limit
 /// is passed or the body breaks, `tx` is dropped without [`UploadChunk::End`]
 /// (the thread then undoes its work) and the reason is returned.
-pub async fn feed_upload<T>(body: Body, tx: mpsc::Sender<UploadChunk>, limit: u64, mut done: oneshot::Receiver<T>) -> Result<Option<T>, FeedError> {
+pub async fn feed_upload<T>(
+    body: Body,
+    tx: mpsc::Sender<UploadChunk>,
+    limit: u64,
+    mut done: oneshot::Receiver<T>,
+) -> Result<Option<T>, FeedError> {
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     loop {
@@ -195,7 +209,11 @@ mod tests {
         }
         t.join().unwrap();
         assert_eq!(all.len(), 10 + 3 * CHUNK + 5 + CHUNK + 1);
-        assert!(all[..10].iter().all(|b| *b == 1) && all[10..10 + 3 * CHUNK + 5].iter().all(|b| *b == 2) && all[10 + 3 * CHUNK + 5..].iter().all(|b| *b == 3));
+        assert!(
+            all[..10].iter().all(|b| *b == 1)
+                && all[10..10 + 3 * CHUNK + 5].iter().all(|b| *b == 2)
+                && all[10 + 3 * CHUNK + 5..].iter().all(|b| *b == 3)
+        );
     }
 
     #[tokio::test]
@@ -221,7 +239,9 @@ mod tests {
             let r = reader.read_to_end(&mut v).map(|_| v.len());
             let _ = done_tx.send(r.map_err(|e| e.kind()));
         });
-        let body = Body::from_stream(futures_util::stream::iter((0..4).map(|_| Ok::<_, io::Error>(Bytes::from(vec![0u8; 1000])))));
+        let body = Body::from_stream(futures_util::stream::iter(
+            (0..4).map(|_| Ok::<_, io::Error>(Bytes::from(vec![0u8; 1000]))),
+        ));
         assert_eq!(feed_upload(body, tx, 4000, done_rx).await.unwrap(), Some(Ok(4000)));
         t.join().unwrap();
         // Over the limit: the thread sees the upload cut off.
@@ -231,7 +251,9 @@ mod tests {
             let mut v = Vec::new();
             let _ = done_tx.send(reader.read_to_end(&mut v).map_err(|e| e.kind()));
         });
-        let body = Body::from_stream(futures_util::stream::iter((0..4).map(|_| Ok::<_, io::Error>(Bytes::from(vec![0u8; 1000])))));
+        let body = Body::from_stream(futures_util::stream::iter(
+            (0..4).map(|_| Ok::<_, io::Error>(Bytes::from(vec![0u8; 1000]))),
+        ));
         assert!(matches!(feed_upload(body, tx, 3999, done_rx).await, Err(FeedError::TooLarge(3999))));
         t.join().unwrap();
         // A broken body: the same.
@@ -241,7 +263,10 @@ mod tests {
             let mut v = Vec::new();
             let _ = done_tx.send(reader.read_to_end(&mut v).map_err(|e| e.kind()));
         });
-        let body = Body::from_stream(futures_util::stream::iter([Ok(Bytes::from_static(b"abc")), Err(io::Error::other("client gone"))]));
+        let body = Body::from_stream(futures_util::stream::iter([
+            Ok(Bytes::from_static(b"abc")),
+            Err(io::Error::other("client gone")),
+        ]));
         assert!(matches!(feed_upload(body, tx, 100, done_rx).await, Err(FeedError::Body(_))));
         t.join().unwrap();
     }

@@ -69,10 +69,24 @@ pub fn check_capturable(st: &Shared, rec: &SandboxRecord) -> ApiResult<()> {
 /// Completes a warm checkpoint's image once its processes were copied into
 /// `staging`: the list of API processes, the manifest (sizes and CRC32s,
 /// files synced), then the rename into place.
-pub fn publish(st: &Shared, checkpoint_id: &str, staging: &Path, helper: PathBuf, captured: &[CapturedProcess], dump_ms: u64) -> std::io::Result<ProcessImage> {
+pub fn publish(
+    st: &Shared,
+    checkpoint_id: &str,
+    staging: &Path,
+    helper: PathBuf,
+    captured: &[CapturedProcess],
+    dump_ms: u64,
+) -> std::io::Result<ProcessImage> {
     let json = serde_json::to_vec(captured).expect("captured processes serialize");
     strata_store::fsutil::write_atomic(&staging.join(CAPTURED), &json, 0o600)?;
-    let info = StandbyInfo { mode: StandbyMode::Processes, created_at: now(), image_bytes: 0, api_processes: captured.len(), dump_ms, note: None };
+    let info = StandbyInfo {
+        mode: StandbyMode::Processes,
+        created_at: now(),
+        image_bytes: 0,
+        api_processes: captured.len(),
+        dump_ms,
+        note: None,
+    };
     let m = crate::standby::seal(staging, info, Some(helper))?;
     crate::standby::publish(staging, &image_dir(st, checkpoint_id))?;
     Ok(ProcessImage { bytes: m.info.image_bytes, api_processes: captured.len() as u32, dump_ms })
@@ -118,20 +132,37 @@ pub fn check_startable(st: &Shared, sandbox_id: &str, has_secrets: bool, checkpo
 /// `checkpoint_id`, on its current root (which must hold that checkpoint's
 /// filesystem), and records `action`. The counterpart of
 /// [`sandboxes::boot`] for warm starts.
-pub async fn boot(st: &Shared, rec: &SandboxRecord, checkpoint_id: &str, from: SandboxState, action: Action, reason: &str) -> ApiResult<SandboxHandle> {
+pub async fn boot(
+    st: &Shared,
+    rec: &SandboxRecord,
+    checkpoint_id: &str,
+    from: SandboxState,
+    action: Action,
+    reason: &str,
+) -> ApiResult<SandboxHandle> {
     let started = Instant::now();
     let id = rec.sandbox.id.clone();
     let fail = |msg: String| {
         let _ = transition(st, &id, from, Change::new(Action::Fail, "start_failed").detail(&msg), started, None);
-        ApiError::new(ErrorCode::Internal, format!("sandbox {id} failed to start from the processes of checkpoint {checkpoint_id}: {msg}"))
+        ApiError::new(
+            ErrorCode::Internal,
+            format!("sandbox {id} failed to start from the processes of checkpoint {checkpoint_id}: {msg}"),
+        )
     };
     let images = image_dir(st, checkpoint_id);
     let checked = {
         let dir = images.clone();
-        tokio::task::spawn_blocking(move || crate::standby::verify(&dir)).await.map_err(|e| ApiError::internal("verify task", &e))?
+        tokio::task::spawn_blocking(move || crate::standby::verify(&dir))
+            .await
+            .map_err(|e| ApiError::internal("verify task", &e))?
     };
     let manifest = checked.map_err(&fail)?;
-    let helper = manifest.helper.clone().filter(|h| h.is_file()).ok_or_else(|| fail(format!("the strata-init binary the image was made with ({}) is gone", manifest.helper.as_deref().unwrap_or(Path::new("?")).display())))?;
+    let helper = manifest.helper.clone().filter(|h| h.is_file()).ok_or_else(|| {
+        fail(format!(
+            "the strata-init binary the image was made with ({}) is gone",
+            manifest.helper.as_deref().unwrap_or(Path::new("?")).display()
+        ))
+    })?;
     let captured: Vec<CapturedProcess> = std::fs::read(images.join(CAPTURED))
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
@@ -139,7 +170,8 @@ pub async fn boot(st: &Shared, rec: &SandboxRecord, checkpoint_id: &str, from: S
     let mut spec = sandboxes::mount_spec(st, rec).await.map_err(|e| fail(e.body.message))?;
     crate::network::prepare(st, &id, &mut spec).await.map_err(|e| fail(e.body.message))?;
     let adopted = st.processes.adopt(&id, &captured)?;
-    let inherit: Vec<(std::os::fd::RawFd, u64)> = adopted.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
+    let inherit: Vec<(std::os::fd::RawFd, u64)> =
+        adopted.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
     let work = st.sandbox_dir(&id).join("restore");
     let rt = st.runtime.clone();
     let restored = tokio::task::spawn_blocking(move || {
@@ -155,7 +187,8 @@ pub async fn boot(st: &Shared, rec: &SandboxRecord, checkpoint_id: &str, from: S
     .map_err(|e| ApiError::internal("restore task", &e))?;
     let handle = restored.map_err(|e| fail(crate::error::chain(&e)))?;
     adopted.commit(st);
-    let detail = format!("processes of checkpoint {checkpoint_id} restored ({} started through the API)", captured.len());
+    let detail =
+        format!("processes of checkpoint {checkpoint_id} restored ({} started through the API)", captured.len());
     transition(st, &id, from, Change::new(action, reason).detail(&detail), started, Some(&handle))?;
     st.db.set_expires_at(&id, sandboxes::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
     sandboxes::watch_init(st.clone(), id.clone(), handle.clone());

@@ -23,7 +23,9 @@ fn config(cmd: &[String]) -> ImageConfig {
 
 fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     match args {
-        [op, rootfs, out, cmd @ ..] if op == "oci" => write_oci_layout(Path::new(rootfs), Path::new(out), &config(cmd))?,
+        [op, rootfs, out, cmd @ ..] if op == "oci" => {
+            write_oci_layout(Path::new(rootfs), Path::new(out), &config(cmd))?
+        }
         [op, rootfs, out, tag, cmd @ ..] if op == "docker" => {
             write_docker_archive(Path::new(rootfs), Path::new(out), &config(cmd), Some(tag))?
         }

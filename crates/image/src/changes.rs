@@ -118,13 +118,24 @@ pub fn scan(root: &Path, exclude: &[&str]) -> Result<TreeManifest, ImageError> {
     let dir = sys::open_dir_path(root).map_err(io_err(root))?;
     let mut m = TreeManifest::default();
     scan_dir(root, dir.as_fd(), "", 0, &mut m)?;
-    m.entries.retain(|p, _| !exclude.iter().any(|x| p == x || (p.starts_with(x) && p.as_bytes().get(x.len()) == Some(&b'/'))));
+    m.entries.retain(|p, _| {
+        !exclude.iter().any(|x| p == x || (p.starts_with(x) && p.as_bytes().get(x.len()) == Some(&b'/')))
+    });
     Ok(m)
 }
 
-fn scan_dir(root: &Path, dir: BorrowedFd<'_>, prefix: &str, depth: usize, m: &mut TreeManifest) -> Result<(), ImageError> {
+fn scan_dir(
+    root: &Path,
+    dir: BorrowedFd<'_>,
+    prefix: &str,
+    depth: usize,
+    m: &mut TreeManifest,
+) -> Result<(), ImageError> {
     if depth > MAX_DEPTH {
-        return Err(ImageError::TooLarge { what: format!("directory nesting under {}", root.display()), limit: MAX_DEPTH as u64 });
+        return Err(ImageError::TooLarge {
+            what: format!("directory nesting under {}", root.display()),
+            limit: MAX_DEPTH as u64,
+        });
     }
     let at = |rel: &str| io_err(root.join(rel));
     for name in sys::read_dir_names(dir).map_err(at(prefix))? {
@@ -132,7 +143,13 @@ fn scan_dir(root: &Path, dir: BorrowedFd<'_>, prefix: &str, depth: usize, m: &mu
         let rel = if prefix.is_empty() { n.to_string() } else { format!("{prefix}/{n}") };
         let Some(st) = sys::stat_at(dir, &name).map_err(at(&rel))? else { continue };
         let kind = kind_of(&st);
-        let mut meta = EntryMeta { kind, ino: st.st_ino, ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec, size: if kind == EntryKind::File { st.st_size as u64 } else { 0 }, opaque: false };
+        let mut meta = EntryMeta {
+            kind,
+            ino: st.st_ino,
+            ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+            size: if kind == EntryKind::File { st.st_size as u64 } else { 0 },
+            opaque: false,
+        };
         if kind == EntryKind::Dir {
             let sub = sys::open_dir_at(dir, &name).map_err(at(&rel))?;
             meta.opaque = is_opaque(sub.as_fd());
@@ -212,7 +229,8 @@ pub fn diff(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf
     for (path, old) in gone_since(base, now) {
         // Gone from the upper layer: deleted unless a lower layer still shows it
         // (then the path reverted to the lower version, which is a modification).
-        let change = if in_lowers(lowers_top_first, path).is_some() { ChangeKind::Modified } else { ChangeKind::Deleted };
+        let change =
+            if in_lowers(lowers_top_first, path).is_some() { ChangeKind::Modified } else { ChangeKind::Deleted };
         out.push(PathChange { path: format!("/{path}"), change, kind: old.kind, size: 0 });
     }
     for (path, meta) in &now.entries {
@@ -243,15 +261,23 @@ pub fn diff(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf
 /// order and headers are deterministic, so equal changes give equal digests.
 /// Directories that merely exist in `lowers_top_first` (copied up because
 /// something below them changed) are written only as parents of changed entries.
-pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf], out: impl Write) -> Result<(), ImageError> {
+pub fn write_layer_tar(
+    root: &Path,
+    base: &TreeManifest,
+    now: &TreeManifest,
+    lowers_top_first: &[PathBuf],
+    out: impl Write,
+) -> Result<(), ImageError> {
     let top = sys::open_dir_path(root).map_err(io_err(root))?;
     let mut b = tar::Builder::new(out);
     let mut emitted_dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     // Deletions since the base: whiteouts for the topmost vanished paths.
-    let mut items: BTreeMap<String, Option<&EntryMeta>> = gone_since(base, now).into_iter().map(|(p, _)| (p.clone(), None)).collect();
+    let mut items: BTreeMap<String, Option<&EntryMeta>> =
+        gone_since(base, now).into_iter().map(|(p, _)| (p.clone(), None)).collect();
     for (path, meta) in &now.entries {
         let changed = changed_since(base, path, meta);
-        let only_a_parent = meta.kind == EntryKind::Dir && !meta.opaque && in_lowers(lowers_top_first, path) == Some(EntryKind::Dir);
+        let only_a_parent =
+            meta.kind == EntryKind::Dir && !meta.opaque && in_lowers(lowers_top_first, path) == Some(EntryKind::Dir);
         if changed && !only_a_parent {
             items.insert(path.clone(), Some(meta));
         }
@@ -267,7 +293,14 @@ pub fn write_layer_tar(root: &Path, base: &TreeManifest, now: &TreeManifest, low
             None | Some(EntryKind::Whiteout) => append_empty(&mut b, &wh(name), root)?,
             Some(_) => {
                 let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(root.join(parent)))?;
-                append_entry(&mut b, dir.as_ref().map_or(top.as_fd(), |d| d.as_fd()), name, path, root, &mut emitted_dirs)?;
+                append_entry(
+                    &mut b,
+                    dir.as_ref().map_or(top.as_fd(), |d| d.as_fd()),
+                    name,
+                    path,
+                    root,
+                    &mut emitted_dirs,
+                )?;
                 if meta.is_some_and(|m| m.kind == EntryKind::Dir && m.opaque) {
                     append_empty(&mut b, &format!("{path}/.wh..wh..opq"), root)?;
                 }
@@ -292,7 +325,13 @@ fn open_rel_dir(top: BorrowedFd<'_>, rel: &str) -> io::Result<Option<OwnedFd>> {
     Ok(cur)
 }
 
-fn emit_parents<W: Write>(b: &mut tar::Builder<W>, top: BorrowedFd<'_>, root: &Path, parent: &str, done: &mut std::collections::BTreeSet<String>) -> Result<(), ImageError> {
+fn emit_parents<W: Write>(
+    b: &mut tar::Builder<W>,
+    top: BorrowedFd<'_>,
+    root: &Path,
+    parent: &str,
+    done: &mut std::collections::BTreeSet<String>,
+) -> Result<(), ImageError> {
     if parent.is_empty() || done.contains(parent) {
         return Ok(());
     }
@@ -336,7 +375,14 @@ fn append_empty<W: Write>(b: &mut tar::Builder<W>, path: &str, root: &Path) -> R
 
 /// Appends `name` (in `dir`) as archive path `path`. Directories are entries only
 /// (their changed children are appended separately).
-fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &str, path: &str, root: &Path, dirs: &mut std::collections::BTreeSet<String>) -> Result<(), ImageError> {
+fn append_entry<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &str,
+    path: &str,
+    root: &Path,
+    dirs: &mut std::collections::BTreeSet<String>,
+) -> Result<(), ImageError> {
     let at = io_err(root.join(path));
     let c = cstr(name).map_err(io_err(root.join(path)))?;
     let Some(st) = sys::stat_at(dir, &c).map_err(io_err(root.join(path)))? else {
@@ -360,7 +406,12 @@ fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &s
             // shrank (a running sandbox's, in an export) is padded with zeros, so the
             // archive stays well-formed.
             let size = st.st_size as u64;
-            b.append_data(&mut h, path, io::BufReader::with_capacity(1 << 20, f).take(size).chain(io::repeat(0)).take(size)).map_err(at)?;
+            b.append_data(
+                &mut h,
+                path,
+                io::BufReader::with_capacity(1 << 20, f).take(size).chain(io::repeat(0)).take(size),
+            )
+            .map_err(at)?;
         }
         libc::S_IFLNK => {
             let target = sys::readlink_at(dir, &c).map_err(io_err(root.join(path)))?;
@@ -375,7 +426,6 @@ fn append_entry<W: Write>(b: &mut tar::Builder<W>, dir: BorrowedFd<'_>, name: &s
     }
     Ok(())
 }
-
 
 /// Finds `rel` in a stack of overlay layer directories (top first) the way
 /// overlayfs would: a whiteout or a non-directory on the way hides it, an opaque
@@ -455,10 +505,14 @@ fn same_entry(a_root: &Path, b_root: &Path, rel: &str) -> Result<bool, ImageErro
     let (b_top, b_dir, b_name) = open_parent(b_root, rel)?;
     let a_fd = a_dir.as_ref().map_or(a_top.as_fd(), |d| d.as_fd());
     let b_fd = b_dir.as_ref().map_or(b_top.as_fd(), |d| d.as_fd());
-    let (Some(a), Some(b)) = (sys::stat_at(a_fd, &a_name).map_err(io_err(a_root.join(rel)))?, sys::stat_at(b_fd, &b_name).map_err(io_err(b_root.join(rel)))?) else {
+    let (Some(a), Some(b)) = (
+        sys::stat_at(a_fd, &a_name).map_err(io_err(a_root.join(rel)))?,
+        sys::stat_at(b_fd, &b_name).map_err(io_err(b_root.join(rel)))?,
+    ) else {
         return Ok(false);
     };
-    if (a.st_mode, a.st_uid, a.st_gid, a.st_size, a.st_mtime) != (b.st_mode, b.st_uid, b.st_gid, b.st_size, b.st_mtime) {
+    if (a.st_mode, a.st_uid, a.st_gid, a.st_size, a.st_mtime) != (b.st_mode, b.st_uid, b.st_gid, b.st_size, b.st_mtime)
+    {
         return Ok(false);
     }
     match kind_of(&a) {
@@ -500,7 +554,11 @@ pub type StackChange = (PathChange, Option<usize>);
 /// Changes from the view of `then_top_first` to the view of `now_top_first`,
 /// looking only at `touched` paths (everything in the layers the two stacks do
 /// not share). Deletions are reported at their topmost path.
-pub fn diff_stacks(now_top_first: &[PathBuf], then_top_first: &[PathBuf], touched: &std::collections::BTreeSet<String>) -> Result<Vec<StackChange>, ImageError> {
+pub fn diff_stacks(
+    now_top_first: &[PathBuf],
+    then_top_first: &[PathBuf],
+    touched: &std::collections::BTreeSet<String>,
+) -> Result<Vec<StackChange>, ImageError> {
     let mut out: Vec<StackChange> = Vec::new();
     let mut deleted_dirs: Vec<String> = Vec::new();
     for path in touched {
@@ -511,7 +569,9 @@ pub fn diff_stacks(now_top_first: &[PathBuf], then_top_first: &[PathBuf], touche
         let then = lookup(then_top_first, path)?;
         let change = match (now, then) {
             (None, None) => continue,
-            (Some((i, kind, size)), None) => (PathChange { path: format!("/{path}"), change: ChangeKind::Added, kind, size }, Some(i)),
+            (Some((i, kind, size)), None) => {
+                (PathChange { path: format!("/{path}"), change: ChangeKind::Added, kind, size }, Some(i))
+            }
             (None, Some((_, kind, _))) => {
                 if kind == EntryKind::Dir {
                     deleted_dirs.push(path.clone());
@@ -621,12 +681,19 @@ mod tests {
         assert!(summary.contains(&("/etc/os".into(), ChangeKind::Modified)), "{summary:?}");
         assert!(summary.contains(&("/etc/gone".into(), ChangeKind::Deleted)), "{summary:?}");
         assert!(summary.contains(&("/app/src/main.py".into(), ChangeKind::Added)), "{summary:?}");
-        assert!(summary.contains(&("/old".into(), ChangeKind::Modified)), "opaque dir replaces the lower one: {summary:?}");
+        assert!(
+            summary.contains(&("/old".into(), ChangeKind::Modified)),
+            "opaque dir replaces the lower one: {summary:?}"
+        );
         assert!(!summary.iter().any(|(p, _)| p == "/etc"), "unchanged parent dirs are not reported: {summary:?}");
 
         let mut tar1 = Vec::new();
         write_layer_tar(&upper, &TreeManifest::default(), &m1, &lowers, &mut tar1).unwrap();
-        let names: Vec<String> = tar::Archive::new(&tar1[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        let names: Vec<String> = tar::Archive::new(&tar1[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
         for want in ["etc/", "etc/os", "etc/.wh.gone", "app/src/main.py", "app/link", "old/", "old/.wh..wh..opq"] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
         }
@@ -644,12 +711,20 @@ mod tests {
         let summary: Vec<(String, ChangeKind)> = d2.iter().map(|c| (c.path.clone(), c.change)).collect();
         assert_eq!(
             summary,
-            vec![("/app/link".into(), ChangeKind::Deleted), ("/app/new.txt".into(), ChangeKind::Added), ("/app/src/main.py".into(), ChangeKind::Modified)],
+            vec![
+                ("/app/link".into(), ChangeKind::Deleted),
+                ("/app/new.txt".into(), ChangeKind::Added),
+                ("/app/src/main.py".into(), ChangeKind::Modified)
+            ],
             "main.py existed at the first checkpoint (in the upper layer only): a modification"
         );
         let mut tar2 = Vec::new();
         write_layer_tar(&upper, &m1, &m2, &lowers, &mut tar2).unwrap();
-        let names: Vec<String> = tar::Archive::new(&tar2[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        let names: Vec<String> = tar::Archive::new(&tar2[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
         assert_eq!(names, ["app/", "app/.wh.link", "app/new.txt", "app/src/", "app/src/main.py"]);
         assert!(diff(&m2, &m2, &lowers).is_empty());
     }

@@ -150,13 +150,20 @@ pub(crate) fn choose_manifest(manifests: &[Descriptor]) -> Choice<'_> {
             .is_some_and(|t| t == "attestation-manifest")
             || d.platform().as_ref().is_some_and(|p| p.os().to_string() == "unknown")
     };
-    let candidates: Vec<&Descriptor> = manifests.iter().filter(|d| is_manifest(d.media_type()) || is_index(d.media_type())).filter(|d| !is_attestation(d)).collect();
+    let candidates: Vec<&Descriptor> = manifests
+        .iter()
+        .filter(|d| is_manifest(d.media_type()) || is_index(d.media_type()))
+        .filter(|d| !is_attestation(d))
+        .collect();
     let host = Arch::default();
     match candidates.as_slice() {
         [] => Choice::Empty,
         [one] => Choice::One(one),
         many => {
-            if let Some(d) = many.iter().find(|d| d.platform().as_ref().is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == host)) {
+            if let Some(d) = many
+                .iter()
+                .find(|d| d.platform().as_ref().is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == host))
+            {
                 Choice::One(d)
             } else if many.iter().all(|d| d.platform().is_none()) {
                 Choice::FirstOfUnlabelled(many[0], many.len())
@@ -180,7 +187,12 @@ fn select_manifest(
         Choice::Empty => return Err(ImageError::archive("index", "lists no image manifests")),
         Choice::One(d) => d,
         Choice::FirstOfUnlabelled(d, n) => {
-            let name = d.annotations().as_ref().and_then(|a| a.get("org.opencontainers.image.ref.name")).cloned().unwrap_or_else(|| d.digest().to_string());
+            let name = d
+                .annotations()
+                .as_ref()
+                .and_then(|a| a.get("org.opencontainers.image.ref.name"))
+                .cloned()
+                .unwrap_or_else(|| d.digest().to_string());
             warnings.push(format!("index lists {n} images; imported the first ({name})"));
             d
         }

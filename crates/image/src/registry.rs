@@ -38,8 +38,12 @@ use crate::oci::{check_layer_media_type, is_index, is_manifest, platform_of};
 /// Nested indexes followed at most this deep (as for OCI layouts).
 const MAX_INDEX_DEPTH: usize = 4;
 /// Manifest media types we ask for (no Docker schema 1).
-const ACCEPT: &[&str] =
-    &[mt::OCI_IMAGE_MEDIA_TYPE, mt::IMAGE_MANIFEST_MEDIA_TYPE, mt::OCI_IMAGE_INDEX_MEDIA_TYPE, mt::IMAGE_MANIFEST_LIST_MEDIA_TYPE];
+const ACCEPT: &[&str] = &[
+    mt::OCI_IMAGE_MEDIA_TYPE,
+    mt::IMAGE_MANIFEST_MEDIA_TYPE,
+    mt::OCI_IMAGE_INDEX_MEDIA_TYPE,
+    mt::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
 const USER_AGENT: &str = concat!("strata/", env!("CARGO_PKG_VERSION"));
 
 /// Options of a pull.
@@ -210,14 +214,19 @@ pub async fn fetch(
     let registry = reference.resolve_registry().to_string();
     install_crypto_provider();
     let config = ClientConfig {
-        protocol: if opts.insecure { ClientProtocol::HttpsExcept(vec![registry.clone()]) } else { ClientProtocol::Https },
+        protocol: if opts.insecure {
+            ClientProtocol::HttpsExcept(vec![registry.clone()])
+        } else {
+            ClientProtocol::Https
+        },
         connect_timeout: Some(opts.connect_timeout),
         read_timeout: Some(opts.read_timeout),
         user_agent: USER_AGENT,
         ..Default::default()
     };
-    let client = Client::try_from(config)
-        .map_err(|e| Classifier { registry: &registry, reference: reference.whole(), insecure: opts.insecure }.classify(e))?;
+    let client = Client::try_from(config).map_err(|e| {
+        Classifier { registry: &registry, reference: reference.whole(), insecure: opts.insecure }.classify(e)
+    })?;
     let staging = store.root().join("staging");
     let dir = tempfile::Builder::new().prefix("pull-").tempdir_in(&staging).map_err(io_err(&staging))?;
     let mut remote = Remote { client, registry, reference, insecure: opts.insecure, warnings: Vec::new() };
@@ -290,7 +299,8 @@ impl Remote {
             let chosen = self.select(index.manifests())?;
             debug!(digest = %chosen.digest(), platform = %platform_of(&chosen), "selected manifest of index");
             let chosen_digest = chosen.digest().to_string();
-            (bytes, digest) = self.manifest(&self.reference.clone_with_digest(chosen_digest.clone()), Some(&chosen_digest)).await?;
+            (bytes, digest) =
+                self.manifest(&self.reference.clone_with_digest(chosen_digest.clone()), Some(&chosen_digest)).await?;
             if bytes.len() as u64 != chosen.size() {
                 return Err(ImageError::SizeMismatch {
                     what: format!("manifest {chosen_digest}"),
@@ -355,7 +365,8 @@ impl Remote {
             progress(DownloadProgress { index, count, digest: &digest, done, total });
             let what = format!("layer {}/{count} ({digest})", index + 1);
             let base = done;
-            let mut relay = |n: u64| progress(DownloadProgress { index, count, digest: &digest, done: base + n, total });
+            let mut relay =
+                |n: u64| progress(DownloadProgress { index, count, digest: &digest, done: base + n, total });
             self.blob_to_file(desc, &blobs, &what, &mut relay).await?;
             done += desc.size();
         }
@@ -385,8 +396,11 @@ impl Remote {
     /// names one, its digest. Returns the bytes and their digest.
     async fn manifest(&self, reference: &Reference, expected: Option<&str>) -> Result<(Vec<u8>, String), PullError> {
         debug!(reference = %reference.whole(), "fetching manifest");
-        let (bytes, _) =
-            self.client.pull_manifest_raw(reference, &RegistryAuth::Anonymous, ACCEPT).await.map_err(|e| self.err(e))?;
+        let (bytes, _) = self
+            .client
+            .pull_manifest_raw(reference, &RegistryAuth::Anonymous, ACCEPT)
+            .await
+            .map_err(|e| self.err(e))?;
         let what = format!("manifest of {}", reference.whole());
         if bytes.len() as u64 > MAX_JSON_BYTES {
             return Err(ImageError::archive(what, format!("larger than {MAX_JSON_BYTES} bytes")).into());
@@ -466,7 +480,12 @@ impl Remote {
             let chunk = chunk.map_err(|e| self.stream_err(e, desc, what))?;
             received += chunk.len() as u64;
             if received > desc.size() {
-                return Err(ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: received }.into());
+                return Err(ImageError::SizeMismatch {
+                    what: what.to_string(),
+                    expected: desc.size(),
+                    actual: received,
+                }
+                .into());
             }
             hasher.update(&chunk);
             out.write_all(&chunk).await.map_err(io_err(dest))?;
@@ -474,18 +493,29 @@ impl Remote {
         }
         out.flush().await.map_err(io_err(dest))?;
         if received != desc.size() {
-            return Err(ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: received }.into());
+            return Err(
+                ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: received }.into()
+            );
         }
         let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != desc.digest().as_ref() {
-            return Err(ImageError::DigestMismatch { what: what.to_string(), expected: desc.digest().to_string(), actual }.into());
+            return Err(ImageError::DigestMismatch {
+                what: what.to_string(),
+                expected: desc.digest().to_string(),
+                actual,
+            }
+            .into());
         }
         Ok(())
     }
 
     async fn open_blob(&self, desc: &Descriptor, what: &str) -> Result<oci_client::client::SizedStream, PullError> {
         if *desc.digest().algorithm() != DigestAlgorithm::Sha256 {
-            return Err(ImageError::archive(what, format!("unsupported digest algorithm {}", desc.digest().algorithm())).into());
+            return Err(ImageError::archive(
+                what,
+                format!("unsupported digest algorithm {}", desc.digest().algorithm()),
+            )
+            .into());
         }
         let digest = desc.digest().to_string();
         // Never follow a descriptor's foreign `urls`: blobs come from this registry only.
@@ -498,7 +528,9 @@ impl Remote {
             .map_err(|e| self.err(e))?;
         if let Some(len) = stream.content_length {
             if len != desc.size() {
-                return Err(ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: len }.into());
+                return Err(
+                    ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: len }.into()
+                );
             }
         }
         Ok(stream)
@@ -651,7 +683,10 @@ fn oci_digest(s: &str) -> Result<Digest, ImageError> {
 /// `blobs/<hex>` for a sha256 digest (oci-spec guarantees 64 lowercase hex digits).
 fn blob_path(blobs: &Path, digest: &Digest) -> Result<PathBuf, ImageError> {
     if *digest.algorithm() != DigestAlgorithm::Sha256 {
-        return Err(ImageError::archive(format!("blob {digest}"), format!("unsupported digest algorithm {}", digest.algorithm())));
+        return Err(ImageError::archive(
+            format!("blob {digest}"),
+            format!("unsupported digest algorithm {}", digest.algorithm()),
+        ));
     }
     Ok(blobs.join(digest.digest()))
 }
@@ -707,7 +742,8 @@ mod tests {
                         vec![],
                         br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}"#.to_vec(),
                     ));
-                    let mut head = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
+                    let mut head =
+                        format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
                     for (k, v) in headers {
                         head.push_str(&format!("{k}: {v}\r\n"));
                     }
@@ -799,7 +835,8 @@ mod tests {
     fn media_type_is_read_or_guessed() {
         assert_eq!(manifest_media_type(br#"{"manifests":[]}"#, "m").unwrap(), MediaType::ImageIndex);
         assert_eq!(manifest_media_type(br#"{"layers":[]}"#, "m").unwrap(), MediaType::ImageManifest);
-        let docker = manifest_media_type(format!(r#"{{"mediaType":"{}"}}"#, mt::IMAGE_MANIFEST_MEDIA_TYPE).as_bytes(), "m");
+        let docker =
+            manifest_media_type(format!(r#"{{"mediaType":"{}"}}"#, mt::IMAGE_MANIFEST_MEDIA_TYPE).as_bytes(), "m");
         assert!(is_manifest(&docker.unwrap()));
         assert!(manifest_media_type(b"{}", "m").is_err());
     }
@@ -816,7 +853,12 @@ mod tests {
         let imported = crate::import(fetched.layout(), &store, &ImportOptions::default(), &mut |_| {}).unwrap();
         assert_eq!(
             imported.layers,
-            vec![ImportedLayer { key: format!("{}+untrusted", sha256_digest(&layer)), digest: sha256_digest(&layer), size: 2, new: true }]
+            vec![ImportedLayer {
+                key: format!("{}+untrusted", sha256_digest(&layer)),
+                digest: sha256_digest(&layer),
+                size: 2,
+                new: true
+            }]
         );
         assert_eq!(imported.config.env, vec!["PATH=/bin"]);
         drop(fetched);

@@ -25,7 +25,8 @@ fn is_opaque(dir: &Path) -> bool {
     let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
     let mut buf = [0u8; 4];
     // SAFETY: valid C strings and a writable buffer of the given size.
-    let n = unsafe { libc::lgetxattr(c.as_ptr(), c"trusted.overlay.opaque".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n =
+        unsafe { libc::lgetxattr(c.as_ptr(), c"trusted.overlay.opaque".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     n == 1 && buf[0] == b'y'
 }
 
@@ -74,7 +75,8 @@ fn apply(layer: &Path, out: &Path, rel: &Path) -> Result<(), ImageError> {
                 fs::hard_link(&src, &dst).map_err(io_err(&dst))?;
             } else {
                 // Fifos (the only other kind layers hold): recreate.
-                let c = CString::new(dst.as_os_str().as_bytes()).map_err(|_| io_err(&dst)(io::ErrorKind::InvalidInput.into()))?;
+                let c = CString::new(dst.as_os_str().as_bytes())
+                    .map_err(|_| io_err(&dst)(io::ErrorKind::InvalidInput.into()))?;
                 // SAFETY: valid C string; mkfifo creates a node and touches no memory of ours.
                 if unsafe { libc::mkfifo(c.as_ptr(), md.mode() & 0o7777) } != 0 {
                     return Err(io_err(&dst)(io::Error::last_os_error()));
@@ -119,7 +121,10 @@ mod tests {
         fs::write(l2.join("etc/old/b"), "b").unwrap();
         let c = CString::new(l2.join("etc/old").as_os_str().as_bytes()).unwrap();
         // SAFETY: valid C strings and value.
-        assert_eq!(unsafe { libc::setxattr(c.as_ptr(), c"trusted.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) }, 0);
+        assert_eq!(
+            unsafe { libc::setxattr(c.as_ptr(), c"trusted.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) },
+            0
+        );
         let w = CString::new(l2.join("etc/gone").as_os_str().as_bytes()).unwrap();
         // SAFETY: valid C string; creates a whiteout device.
         assert_eq!(unsafe { libc::mknod(w.as_ptr(), libc::S_IFCHR | 0o600, 0) }, 0);

@@ -422,13 +422,17 @@ fn the_same_bytes_unpack_once_per_policy() {
     let src = write(tmp.path(), "suid.tar", &data);
     let (_d, store) = new_store();
     let trusted_opts = ImportOptions { trusted: true, ..opts() };
-    let mode = |key: &str| fs::symlink_metadata(store.fs_dir(key).unwrap().join("su")).unwrap().permissions().mode() & 0o7777;
+    let mode =
+        |key: &str| fs::symlink_metadata(store.fs_dir(key).unwrap().join("su")).unwrap().permissions().mode() & 0o7777;
 
     let trusted = run_import(&src, &store, &trusted_opts).unwrap().layers.remove(0);
     let untrusted = run_import(&src, &store, &opts()).unwrap().layers.remove(0);
     assert!(trusted.new && untrusted.new, "the untrusted import unpacked again");
     assert_eq!(trusted.digest, untrusted.digest, "same diff id");
-    assert_eq!((trusted.key.clone(), untrusted.key.clone()), (format!("{}+trusted", trusted.digest), format!("{}+untrusted", trusted.digest)));
+    assert_eq!(
+        (trusted.key.clone(), untrusted.key.clone()),
+        (format!("{}+trusted", trusted.digest), format!("{}+untrusted", trusted.digest))
+    );
     assert_eq!((mode(&trusted.key), mode(&untrusted.key)), (0o4755, 0o755));
     // Again, each way: deduplicated within its policy only.
     assert!(!run_import(&src, &store, &opts()).unwrap().layers[0].new);
@@ -445,7 +449,8 @@ fn the_same_bytes_unpack_once_per_policy() {
     assert!(store2.contains(&trusted.digest));
     let fresh = run_import(&src, &store2, &opts()).unwrap().layers.remove(0);
     assert!(fresh.new, "an untrusted import does not reuse a layer of unknown policy");
-    let fresh_mode = fs::symlink_metadata(store2.fs_dir(&fresh.key).unwrap().join("su")).unwrap().permissions().mode() & 0o7777;
+    let fresh_mode =
+        fs::symlink_metadata(store2.fs_dir(&fresh.key).unwrap().join("su")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(fresh_mode, 0o755);
     assert!(run_import(&src, &store2, &trusted_opts).unwrap().layers[0].new, "nor a trusted one");
     assert!(store2.contains(&trusted.digest), "the legacy layer is left for what references it");

@@ -31,8 +31,10 @@ pub fn drop_to(user: &ResolvedUser, keep: &[Capability]) -> Result<(), String> {
     }
     let gids: Vec<nix::unistd::Gid> = user.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
     nix::unistd::setgroups(&gids).map_err(|e| format!("setgroups: {e}"))?;
-    nix::unistd::setresgid(user.gid.into(), user.gid.into(), user.gid.into()).map_err(|e| format!("setgid {}: {e}", user.gid))?;
-    nix::unistd::setresuid(user.uid.into(), user.uid.into(), user.uid.into()).map_err(|e| format!("setuid {}: {e}", user.uid))?;
+    nix::unistd::setresgid(user.gid.into(), user.gid.into(), user.gid.into())
+        .map_err(|e| format!("setgid {}: {e}", user.gid))?;
+    nix::unistd::setresuid(user.uid.into(), user.uid.into(), user.uid.into())
+        .map_err(|e| format!("setuid {}: {e}", user.uid))?;
     let final_set = if user.uid == 0 { keep_set } else { CapsHashSet::new() };
     caps::clear(None, CapSet::Ambient).map_err(|e| format!("clear ambient caps: {e}"))?;
     caps::set(None, CapSet::Inheritable, &final_set).map_err(|e| format!("set inheritable caps: {e}"))?;

@@ -36,14 +36,14 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
+pub use crate::exec::REPORT_FD_ENV;
+use crate::exec::{die, ExecSpec, Reporter, SPEC_ENV};
 use nix::fcntl::OFlag;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
-pub use crate::exec::REPORT_FD_ENV;
-use crate::exec::{die, ExecSpec, Reporter, SPEC_ENV};
 
 /// Environment variable carrying the [`EnterConfig`] JSON.
 pub const CONFIG_ENV: &str = "STRATA_ENTER_CONFIG";
@@ -88,7 +88,11 @@ pub fn main() -> ! {
     let cfg: EnterConfig = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
     // Everything below is opened on the host, relative to init's /proc directory
     // (which stays bound to that very process even if its pid is reused).
-    let proc_dir = match nix::fcntl::open(format!("/proc/{}", cfg.init_pid).as_str(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
+    let proc_dir = match nix::fcntl::open(
+        format!("/proc/{}", cfg.init_pid).as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
         // SAFETY: open returned a new descriptor that nothing else owns.
         Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
         Err(e) => die(&mut rep, format!("open /proc/{}: {e} (is the sandbox running?)", cfg.init_pid)),
@@ -102,7 +106,10 @@ pub fn main() -> ! {
     for (name, flag) in NAMESPACES {
         match openat_owned(proc_dir.as_raw_fd(), &format!("ns/{name}"), OFlag::O_RDONLY | OFlag::O_CLOEXEC) {
             Ok(f) => namespaces.push((name, flag, f)),
-            Err(e) => die(&mut rep, format!("open the {name} namespace of pid {}: {e} (is the sandbox running?)", cfg.init_pid)),
+            Err(e) => die(
+                &mut rep,
+                format!("open the {name} namespace of pid {}: {e} (is the sandbox running?)", cfg.init_pid),
+            ),
         }
     }
     drop(proc_dir);
@@ -189,7 +196,8 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
 /// from the host: a regular file on a read-only mount (the bind mount init
 /// made before anything in the sandbox ran).
 fn open_helper(proc_dir: RawFd) -> Result<OwnedFd, String> {
-    let fd = openat_owned(proc_dir, "exe", OFlag::O_PATH | OFlag::O_CLOEXEC).map_err(|e| format!("open the sandbox init's executable: {e}"))?;
+    let fd = openat_owned(proc_dir, "exe", OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .map_err(|e| format!("open the sandbox init's executable: {e}"))?;
     let st = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(|e| format!("stat the sandbox init's executable: {e}"))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err("the sandbox init's executable is not a regular file".into());
@@ -214,7 +222,8 @@ fn exec_shim(helper: &OwnedFd, exec: &ExecSpec, mut rep: Reporter) -> ! {
     }
     let argv = [c"strata".to_owned(), c"_shim".to_owned()];
     let json = serde_json::to_string(exec).expect("ExecSpec serializes");
-    let mut env = vec![CString::new(format!("{SPEC_ENV}={json}")).unwrap_or_else(|_| die(&mut rep, "command or environment contains a NUL byte".into()))];
+    let mut env = vec![CString::new(format!("{SPEC_ENV}={json}"))
+        .unwrap_or_else(|_| die(&mut rep, "command or environment contains a NUL byte".into()))];
     if let Some(fd) = fd {
         env.push(CString::new(format!("{REPORT_FD_ENV}={fd}")).expect("digits"));
     }
@@ -231,7 +240,16 @@ pub fn exec_fd(fd: &OwnedFd, argv: &[CString], env: &[CString]) -> std::io::Erro
     env_p.push(std::ptr::null());
     // SAFETY: execveat with a descriptor we own, an empty NUL-terminated path and
     // NULL-terminated arrays of NUL-terminated strings that outlive the call.
-    unsafe { libc::syscall(libc::SYS_execveat, fd.as_raw_fd(), c"".as_ptr(), argv_p.as_ptr(), env_p.as_ptr(), libc::AT_EMPTY_PATH) };
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            argv_p.as_ptr(),
+            env_p.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
     std::io::Error::last_os_error()
 }
 

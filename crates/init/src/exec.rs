@@ -296,7 +296,10 @@ struct CArray {
 
 impl CArray {
     fn new(items: impl IntoIterator<Item = String>) -> Result<Self, String> {
-        let owned: Vec<CString> = items.into_iter().map(|s| CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string())).collect::<Result<_, _>>()?;
+        let owned: Vec<CString> = items
+            .into_iter()
+            .map(|s| CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string()))
+            .collect::<Result<_, _>>()?;
         let mut ptrs: Vec<*const libc::c_char> = owned.iter().map(|c| c.as_ptr()).collect();
         ptrs.push(std::ptr::null());
         Ok(CArray { _owned: owned, ptrs })
@@ -313,7 +316,11 @@ const MAX_ACCOUNT_FILE: u64 = 4 << 20;
 fn read_account_file(path: &str) -> String {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY).open(path) else {
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
+    else {
         return String::new();
     };
     if !f.metadata().is_ok_and(|m| m.is_file()) {

@@ -80,7 +80,9 @@ fn wait_signal(set: &SigSet, timeout: Option<std::time::Duration>) -> Option<Sig
 /// True when pid 1 is the only process left in its pid namespace.
 fn no_other_processes() -> bool {
     match std::fs::read_dir("/proc") {
-        Ok(rd) => !rd.filter_map(Result::ok).any(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|p| p != 1)),
+        Ok(rd) => !rd
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|p| p != 1)),
         Err(_) => true,
     }
 }

@@ -73,7 +73,13 @@ pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
 /// give a sandbox only kernel attack surface (AF_ALG, AF_TIPC, AF_RDS,
 /// AF_BLUETOOTH, ...). AF_PACKET stays on the list: it is network-namespaced
 /// and needs CAP_NET_RAW, which sandbox processes lack.
-pub const ALLOWED_SOCKET_FAMILIES: [u64; 5] = [libc::AF_UNIX as u64, libc::AF_INET as u64, libc::AF_INET6 as u64, libc::AF_NETLINK as u64, libc::AF_PACKET as u64];
+pub const ALLOWED_SOCKET_FAMILIES: [u64; 5] = [
+    libc::AF_UNIX as u64,
+    libc::AF_INET as u64,
+    libc::AF_INET6 as u64,
+    libc::AF_NETLINK as u64,
+    libc::AF_PACKET as u64,
+];
 
 /// Namespace-creating clone/unshare flags that sandbox processes may not use.
 pub const NAMESPACE_FLAGS: [u64; 7] = [
@@ -106,7 +112,10 @@ fn flag_rules(arg: u8) -> Result<Vec<SeccompRule>, String> {
 fn foreign_family_rule() -> Result<Vec<SeccompRule>, String> {
     let conds = ALLOWED_SOCKET_FAMILIES
         .iter()
-        .map(|&family| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family).map_err(|e| format!("seccomp condition: {e}")))
+        .map(|&family| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family)
+                .map_err(|e| format!("seccomp condition: {e}"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(vec![SeccompRule::new(conds).map_err(|e| format!("seccomp rule: {e}"))?])
 }
@@ -130,9 +139,13 @@ pub fn build_filters() -> Result<Vec<BpfProgram>, String> {
     let mut families = BTreeMap::new();
     families.insert(libc::SYS_socket, foreign_family_rule()?);
     families.insert(libc::SYS_socketpair, foreign_family_rule()?);
-    let eafnosupport = SeccompFilter::new(families, SeccompAction::Allow, SeccompAction::Errno(libc::EAFNOSUPPORT as u32), arch()?)
-        .map_err(|e| format!("seccomp filter: {e}"))?;
-    [deny, enosys, eafnosupport].into_iter().map(|f| f.try_into().map_err(|e| format!("seccomp compile: {e}"))).collect()
+    let eafnosupport =
+        SeccompFilter::new(families, SeccompAction::Allow, SeccompAction::Errno(libc::EAFNOSUPPORT as u32), arch()?)
+            .map_err(|e| format!("seccomp filter: {e}"))?;
+    [deny, enosys, eafnosupport]
+        .into_iter()
+        .map(|f| f.try_into().map_err(|e| format!("seccomp compile: {e}")))
+        .collect()
 }
 
 /// Installs the filters on the calling thread (no_new_privs must already be set).
@@ -151,7 +164,9 @@ pub fn apply_privileged(filters: &[BpfProgram]) -> Result<(), String> {
         // seccompiler's sock_filter has the kernel's layout (u16, u8, u8, u32), as libc's does.
         let prog = libc::sock_fprog { len, filter: f.as_ptr() as *mut libc::sock_filter };
         // SAFETY: `prog` points at `f`, which outlives the call; the kernel copies the program.
-        let r = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &prog as *const libc::sock_fprog) };
+        let r = unsafe {
+            libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &prog as *const libc::sock_fprog)
+        };
         if r != 0 {
             return Err(format!("seccomp apply: {}", std::io::Error::last_os_error()));
         }

@@ -62,7 +62,11 @@ pub fn resolve(spec: Option<&str>, passwd: &str, group: &str) -> Result<Resolved
     };
     let entry = match user_part.parse::<u32>() {
         Ok(uid) => passwd_entries(passwd).find(|e| e.uid == uid),
-        Err(_) => Some(passwd_entries(passwd).find(|e| e.name == user_part).ok_or_else(|| format!("unknown user {user_part:?} in the sandbox's /etc/passwd"))?),
+        Err(_) => Some(
+            passwd_entries(passwd)
+                .find(|e| e.name == user_part)
+                .ok_or_else(|| format!("unknown user {user_part:?} in the sandbox's /etc/passwd"))?,
+        ),
     };
     let uid = match (&entry, user_part.parse::<u32>()) {
         (_, Ok(uid)) => uid,

@@ -50,6 +50,9 @@ pub const MAX_HTTP_BODY: usize = 16 << 20;
 /// the bearer token, which a browser never attaches on its own, so DNS
 /// rebinding gains an attacker nothing).
 pub fn http_service(server: StrataMcp) -> StreamableHttpService<StrataMcp, LocalSessionManager> {
-    let config = StreamableHttpServerConfig::default().disable_allowed_hosts().disable_allowed_origins().with_max_request_body_bytes(MAX_HTTP_BODY);
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
+        .with_max_request_body_bytes(MAX_HTTP_BODY);
     StreamableHttpService::new(move || Ok(server.clone()), Arc::new(LocalSessionManager::default()), config)
 }

@@ -67,7 +67,12 @@ struct ToolError {
 
 impl ToolError {
     fn bad_request(message: impl Into<String>) -> Self {
-        ToolError { code: ErrorCode::BadRequest.as_str().to_string(), message: message.into(), status: None, current_state: None }
+        ToolError {
+            code: ErrorCode::BadRequest.as_str().to_string(),
+            message: message.into(),
+            status: None,
+            current_state: None,
+        }
     }
 
     fn into_result(self) -> CallToolResult {
@@ -91,9 +96,24 @@ impl ToolError {
 impl From<ClientError> for ToolError {
     fn from(e: ClientError) -> Self {
         match e {
-            ClientError::Api { status, body } => ToolError { code: body.code.as_str().to_string(), message: body.message, status: Some(status), current_state: body.current_state },
-            ClientError::Connect { .. } => ToolError { code: "daemon_unreachable".into(), message: e.to_string(), status: None, current_state: None },
-            other => ToolError { code: ErrorCode::Internal.as_str().to_string(), message: other.to_string(), status: None, current_state: None },
+            ClientError::Api { status, body } => ToolError {
+                code: body.code.as_str().to_string(),
+                message: body.message,
+                status: Some(status),
+                current_state: body.current_state,
+            },
+            ClientError::Connect { .. } => ToolError {
+                code: "daemon_unreachable".into(),
+                message: e.to_string(),
+                status: None,
+                current_state: None,
+            },
+            other => ToolError {
+                code: ErrorCode::Internal.as_str().to_string(),
+                message: other.to_string(),
+                status: None,
+                current_state: None,
+            },
         }
     }
 }
@@ -388,14 +408,23 @@ fn sandbox_summary(s: &Sandbox) -> Value {
 
 /// Decodes captured output to text, keeping its head and tail when it exceeds `cap`.
 fn clip_output(b64: &str, cap: usize) -> Result<(String, bool), ToolError> {
-    let bytes = B64.decode(b64).map_err(|e| ToolError { code: ErrorCode::Internal.as_str().into(), message: format!("daemon sent undecodable output: {e}"), status: None, current_state: None })?;
+    let bytes = B64.decode(b64).map_err(|e| ToolError {
+        code: ErrorCode::Internal.as_str().into(),
+        message: format!("daemon sent undecodable output: {e}"),
+        status: None,
+        current_state: None,
+    })?;
     if bytes.len() <= cap {
         return Ok((String::from_utf8_lossy(&bytes).into_owned(), false));
     }
     let head = cap / 2;
     let tail = cap - head;
     let omitted = bytes.len() - head - tail;
-    let text = format!("{}\n[... {omitted} bytes omitted ...]\n{}", String::from_utf8_lossy(&bytes[..head]), String::from_utf8_lossy(&bytes[bytes.len() - tail..]));
+    let text = format!(
+        "{}\n[... {omitted} bytes omitted ...]\n{}",
+        String::from_utf8_lossy(&bytes[..head]),
+        String::from_utf8_lossy(&bytes[bytes.len() - tail..])
+    );
     Ok((text, true))
 }
 
@@ -403,7 +432,9 @@ fn parse_mode(m: &str) -> Result<u32, ToolError> {
     let digits = m.trim_start_matches("0o");
     match u32::from_str_radix(digits, 8) {
         Ok(v) if v <= 0o7777 && !digits.is_empty() => Ok(v),
-        _ => Err(ToolError::bad_request(format!("mode: {m:?} is not an octal permission string such as \"644\" or \"755\""))),
+        _ => Err(ToolError::bad_request(format!(
+            "mode: {m:?} is not an octal permission string such as \"644\" or \"755\""
+        ))),
     }
 }
 
@@ -445,8 +476,11 @@ impl StrataMcp {
     /// `X-Strata-Tenant` and `X-Strata-Approval` headers, go with the call.
     fn client_for(&self, ext: &Extensions) -> Client {
         let parts = ext.get::<http::request::Parts>();
-        let header = |name: &str| parts.and_then(|p| p.headers.get(name)).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string());
-        let token = header(http::header::AUTHORIZATION.as_str()).and_then(|v| v.strip_prefix("Bearer ").map(|t| t.trim().to_string()));
+        let header = |name: &str| {
+            parts.and_then(|p| p.headers.get(name)).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string())
+        };
+        let token = header(http::header::AUTHORIZATION.as_str())
+            .and_then(|v| v.strip_prefix("Bearer ").map(|t| t.trim().to_string()));
         let mut client = match (token, &self.forward_tcp) {
             (Some(token), Some(addr)) => Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(token) }),
             _ => self.client.clone(),
@@ -464,106 +498,159 @@ impl StrataMcp {
         description = "List sandboxes with their id, name, state (running, paused, standby, stopped, ...), source and creation time. Use it to find a sandbox's id or to check its state.",
         annotations(title = "List sandboxes", read_only_hint = true, open_world_hint = false)
     )]
-    async fn list_sandboxes(&self, Parameters(args): Parameters<ListSandboxesArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let want = match args.state.as_deref() {
-                None | Some("") => None,
-                Some(s) => Some(SandboxState::parse(s).ok_or_else(|| ToolError::bad_request(format!("state: unknown state {s:?}")))?),
-            };
-            let list = self.client_for(&ext).list_sandboxes().await?;
-            let items: Vec<Value> = list.iter().filter(|s| s.state != SandboxState::Destroyed && want.is_none_or(|w| s.state == w)).map(sandbox_summary).collect();
-            Ok(json!({ "count": items.len(), "sandboxes": items }))
-        }.await)
+    async fn list_sandboxes(
+        &self,
+        Parameters(args): Parameters<ListSandboxesArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let want = match args.state.as_deref() {
+                    None | Some("") => None,
+                    Some(s) => Some(
+                        SandboxState::parse(s)
+                            .ok_or_else(|| ToolError::bad_request(format!("state: unknown state {s:?}")))?,
+                    ),
+                };
+                let list = self.client_for(&ext).list_sandboxes().await?;
+                let items: Vec<Value> = list
+                    .iter()
+                    .filter(|s| s.state != SandboxState::Destroyed && want.is_none_or(|w| s.state == w))
+                    .map(sandbox_summary)
+                    .collect();
+                Ok(json!({ "count": items.len(), "sandboxes": items }))
+            }
+            .await,
+        )
     }
 
     #[tool(
         description = "Create and start a new isolated Linux sandbox and return its id. `source` is an image (e.g. \"busybox\", \"debian\"), a template, or a checkpoint id/name (to start a fresh, independent sandbox from a saved state; to make several copies of a state at once use `fork`). The sandbox is running when this returns; run commands in it with `exec`.",
-        annotations(title = "Create sandbox", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            title = "Create sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
-    async fn create_sandbox(&self, Parameters(args): Parameters<CreateSandboxArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let limits = ResourceLimits { memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)), cpus: args.cpus, pids: args.pids, ..Default::default() };
-            let req = CreateSandboxRequest {
-                source: args.source,
-                name: args.name,
-                lifecycle: args.lifecycle.map(Into::into).unwrap_or_default(),
-                ttl: args.ttl,
-                limits,
-                env: args.env,
-                ..Default::default()
-            };
-            let c = self.client_for(&ext);
-            let created = c.create_sandbox(&req).await?;
-            let s = c.get_sandbox(&created.id).await?;
-            Ok(sandbox_summary(&s))
-        }.await)
+    async fn create_sandbox(
+        &self,
+        Parameters(args): Parameters<CreateSandboxArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let limits = ResourceLimits {
+                    memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)),
+                    cpus: args.cpus,
+                    pids: args.pids,
+                    ..Default::default()
+                };
+                let req = CreateSandboxRequest {
+                    source: args.source,
+                    name: args.name,
+                    lifecycle: args.lifecycle.map(Into::into).unwrap_or_default(),
+                    ttl: args.ttl,
+                    limits,
+                    env: args.env,
+                    ..Default::default()
+                };
+                let c = self.client_for(&ext);
+                let created = c.create_sandbox(&req).await?;
+                let s = c.get_sandbox(&created.id).await?;
+                Ok(sandbox_summary(&s))
+            }
+            .await,
+        )
     }
 
     #[tool(
         description = "Run a command inside a sandbox and wait for it to finish. Returns stdout, stderr and exit_code (a non-zero exit_code is a normal result, not a tool error; 127 means the program was not found). Give `command` for a shell line (run with `sh -c`) or `argv` to run a program directly. Each stream is capped at max_output_bytes (default 32 KiB; the middle of longer output is cut and `stdout_truncated`/`stderr_truncated` is set: redirect to a file and use read_file, or filter with grep/head/tail). Commands are killed after `timeout` (default 120s; `timed_out` is then true). Each call is a fresh process: `cd` or `export` do not carry over (use `cwd` and `env`), but files written persist. A sandbox in standby is resumed automatically.",
-        annotations(title = "Run command", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            title = "Run command",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn exec(&self, Parameters(args): Parameters<ExecArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let cmd = match (args.command, args.argv) {
-                (Some(c), None) => vec!["sh".to_string(), "-c".to_string(), c],
-                (None, Some(a)) if !a.is_empty() => a,
-                (None, Some(_)) => return Err(ToolError::bad_request("argv: must name a program")),
-                (None, None) => return Err(ToolError::bad_request("give `command` (a shell line) or `argv` (program and arguments)")),
-                (Some(_), Some(_)) => return Err(ToolError::bad_request("give either `command` or `argv`, not both")),
-            };
-            let cap = args.max_output_bytes.unwrap_or(DEFAULT_OUTPUT_BYTES);
-            if cap == 0 || cap > MAX_OUTPUT_BYTES {
-                return Err(ToolError::bad_request(format!("max_output_bytes: must be between 1 and {MAX_OUTPUT_BYTES}, got {cap}")));
+        finish(
+            async {
+                let cmd = match (args.command, args.argv) {
+                    (Some(c), None) => vec!["sh".to_string(), "-c".to_string(), c],
+                    (None, Some(a)) if !a.is_empty() => a,
+                    (None, Some(_)) => return Err(ToolError::bad_request("argv: must name a program")),
+                    (None, None) => {
+                        return Err(ToolError::bad_request(
+                            "give `command` (a shell line) or `argv` (program and arguments)",
+                        ))
+                    }
+                    (Some(_), Some(_)) => {
+                        return Err(ToolError::bad_request("give either `command` or `argv`, not both"))
+                    }
+                };
+                let cap = args.max_output_bytes.unwrap_or(DEFAULT_OUTPUT_BYTES);
+                if cap == 0 || cap > MAX_OUTPUT_BYTES {
+                    return Err(ToolError::bad_request(format!(
+                        "max_output_bytes: must be between 1 and {MAX_OUTPUT_BYTES}, got {cap}"
+                    )));
+                }
+                let req = ExecRequest {
+                    cmd,
+                    env: args.env,
+                    cwd: args.cwd,
+                    user: args.user,
+                    timeout: Some(args.timeout.unwrap_or_else(|| DEFAULT_EXEC_TIMEOUT.to_string())),
+                    stdin_b64: args.stdin.map(|s| B64.encode(s.as_bytes())),
+                    keep_stdin_open: false,
+                };
+                let started = std::time::Instant::now();
+                let r = self.client_for(&ext).exec(&args.sandbox, &req).await?;
+                let (stdout, out_cut) = clip_output(&r.stdout_b64, cap)?;
+                let (stderr, err_cut) = clip_output(&r.stderr_b64, cap)?;
+                let p = &r.process;
+                let mut v = json!({
+                    "exit_code": p.exit_status(),
+                    "stdout": stdout,
+                    "stderr": stderr,
+                    "duration_ms": started.elapsed().as_millis() as u64,
+                });
+                // The daemon's own buffer dropped the beginning of the output.
+                if out_cut || r.truncated {
+                    v["stdout_truncated"] = json!(true);
+                }
+                if err_cut || r.truncated {
+                    v["stderr_truncated"] = json!(true);
+                }
+                if p.timed_out {
+                    v["timed_out"] = json!(true);
+                }
+                if let Some(sig) = p.signal {
+                    v["signal"] = json!(sig);
+                }
+                if p.oom_killed {
+                    v["oom_killed"] = json!(true);
+                }
+                if let Some(e) = &p.spawn_error {
+                    v["spawn_error"] = json!(e);
+                }
+                Ok(v)
             }
-            let req = ExecRequest {
-                cmd,
-                env: args.env,
-                cwd: args.cwd,
-                user: args.user,
-                timeout: Some(args.timeout.unwrap_or_else(|| DEFAULT_EXEC_TIMEOUT.to_string())),
-                stdin_b64: args.stdin.map(|s| B64.encode(s.as_bytes())),
-                keep_stdin_open: false,
-            };
-            let started = std::time::Instant::now();
-            let r = self.client_for(&ext).exec(&args.sandbox, &req).await?;
-            let (stdout, out_cut) = clip_output(&r.stdout_b64, cap)?;
-            let (stderr, err_cut) = clip_output(&r.stderr_b64, cap)?;
-            let p = &r.process;
-            let mut v = json!({
-                "exit_code": p.exit_status(),
-                "stdout": stdout,
-                "stderr": stderr,
-                "duration_ms": started.elapsed().as_millis() as u64,
-            });
-            // The daemon's own buffer dropped the beginning of the output.
-            if out_cut || r.truncated {
-                v["stdout_truncated"] = json!(true);
-            }
-            if err_cut || r.truncated {
-                v["stderr_truncated"] = json!(true);
-            }
-            if p.timed_out {
-                v["timed_out"] = json!(true);
-            }
-            if let Some(sig) = p.signal {
-                v["signal"] = json!(sig);
-            }
-            if p.oom_killed {
-                v["oom_killed"] = json!(true);
-            }
-            if let Some(e) = &p.spawn_error {
-                v["spawn_error"] = json!(e);
-            }
-            Ok(v)
-        }.await)
+            .await,
+        )
     }
 
     #[tool(
         description = "Read a file from a sandbox. Text comes back as `content` (encoding \"utf8\"); a file that is not valid UTF-8 comes back base64-encoded (encoding \"base64\"). Returns at most max_bytes (default 128 KiB) starting at `offset`; `truncated` and `size` tell whether more remains. Files over 16 MiB are refused: use exec with head, tail or grep. For directories use list_files.",
         annotations(title = "Read file", read_only_hint = true, open_world_hint = false)
     )]
-    async fn read_file(&self, Parameters(args): Parameters<ReadFileArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
+    async fn read_file(
+        &self,
+        Parameters(args): Parameters<ReadFileArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
         finish(async {
             let c = self.client_for(&ext);
             let st = c.stat(&args.sandbox, &args.path).await?;
@@ -630,35 +717,57 @@ impl StrataMcp {
 
     #[tool(
         description = "Write a file in a sandbox, replacing it if it exists (parent directories are created). `content` is the whole file: plain text, or base64 with encoding \"base64\" for binary data. Use mode \"755\" for scripts you want to execute. At most 8 MiB per call.",
-        annotations(title = "Write file", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Write file",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn write_file(&self, Parameters(args): Parameters<WriteFileArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let data = match args.encoding {
-                ContentEncoding::Utf8 => args.content.into_bytes(),
-                ContentEncoding::Base64 => B64.decode(args.content.trim()).map_err(|e| ToolError::bad_request(format!("content: not valid base64 ({e})")))?,
-            };
-            if data.len() > MAX_WRITE_BYTES {
-                return Err(ToolError::bad_request(format!("content: {} bytes is more than write_file's limit of {MAX_WRITE_BYTES}", data.len())));
-            }
-            let mode = args.mode.as_deref().map(parse_mode).transpose()?;
-            let c = self.client_for(&ext);
-            if args.create_parents.unwrap_or(true) {
-                if let Some(parent) = parent_dir(&args.path) {
-                    c.mkdir(&args.sandbox, parent, true).await?;
+    async fn write_file(
+        &self,
+        Parameters(args): Parameters<WriteFileArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let data = match args.encoding {
+                    ContentEncoding::Utf8 => args.content.into_bytes(),
+                    ContentEncoding::Base64 => B64
+                        .decode(args.content.trim())
+                        .map_err(|e| ToolError::bad_request(format!("content: not valid base64 ({e})")))?,
+                };
+                if data.len() > MAX_WRITE_BYTES {
+                    return Err(ToolError::bad_request(format!(
+                        "content: {} bytes is more than write_file's limit of {MAX_WRITE_BYTES}",
+                        data.len()
+                    )));
                 }
+                let mode = args.mode.as_deref().map(parse_mode).transpose()?;
+                let c = self.client_for(&ext);
+                if args.create_parents.unwrap_or(true) {
+                    if let Some(parent) = parent_dir(&args.path) {
+                        c.mkdir(&args.sandbox, parent, true).await?;
+                    }
+                }
+                let len = data.len();
+                c.upload(&args.sandbox, &args.path, data.into(), mode, false).await?;
+                Ok(json!({ "path": args.path, "bytes": len, "mode": format!("{:o}", mode.unwrap_or(0o644)) }))
             }
-            let len = data.len();
-            c.upload(&args.sandbox, &args.path, data.into(), mode, false).await?;
-            Ok(json!({ "path": args.path, "bytes": len, "mode": format!("{:o}", mode.unwrap_or(0o644)) }))
-        }.await)
+            .await,
+        )
     }
 
     #[tool(
         description = "List a directory in a sandbox: each entry's name, kind (file, dir, symlink, other), size, permission mode (octal) and modification time. Not recursive; for a tree use exec with `find`.",
         annotations(title = "List directory", read_only_hint = true, open_world_hint = false)
     )]
-    async fn list_files(&self, Parameters(args): Parameters<ListFilesArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
+    async fn list_files(
+        &self,
+        Parameters(args): Parameters<ListFilesArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
         finish(async {
             let path = args.path.unwrap_or_else(|| "/".to_string());
             let mut entries = self.client_for(&ext).list_dir(&args.sandbox, &path).await?;
@@ -681,47 +790,83 @@ impl StrataMcp {
 
     #[tool(
         description = "Save a sandbox's filesystem as an immutable checkpoint (cheap: only changes since the last checkpoint are stored) and return its id. Take one before a risky step: `restore` rolls the sandbox back to it, `fork` or `create_sandbox` start new sandboxes from it, `diff` compares against it. The sandbox keeps running. Checkpoints hold files, not running processes (use standby to keep processes).",
-        annotations(title = "Checkpoint sandbox", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            title = "Checkpoint sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
-    async fn checkpoint(&self, Parameters(args): Parameters<CheckpointArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let req = CheckpointRequest { name: args.name, pinned: args.pinned, processes: args.processes, ..Default::default() };
-            let c = self.client_for(&ext).checkpoint(&args.sandbox, &req).await?;
-            Ok(json!({
-                "id": c.id,
-                "name": c.name,
-                "sandbox": c.sandbox_id,
-                "parent": c.parent,
-                "changed_paths": c.changed_paths,
-                "layer_bytes": c.layer_size,
-                "frozen_ms": c.frozen_ms,
-                "duration_ms": c.duration_ms,
-                "processes_kept": c.processes.is_some(),
-            }))
-        }.await)
+    async fn checkpoint(
+        &self,
+        Parameters(args): Parameters<CheckpointArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let req = CheckpointRequest {
+                    name: args.name,
+                    pinned: args.pinned,
+                    processes: args.processes,
+                    ..Default::default()
+                };
+                let c = self.client_for(&ext).checkpoint(&args.sandbox, &req).await?;
+                Ok(json!({
+                    "id": c.id,
+                    "name": c.name,
+                    "sandbox": c.sandbox_id,
+                    "parent": c.parent,
+                    "changed_paths": c.changed_paths,
+                    "layer_bytes": c.layer_size,
+                    "frozen_ms": c.frozen_ms,
+                    "duration_ms": c.duration_ms,
+                    "processes_kept": c.processes.is_some(),
+                }))
+            }
+            .await,
+        )
     }
 
     #[tool(
         description = "Roll a sandbox's filesystem back to one of its checkpoints, discarding the changes since (or saving them first with keep_current). Running processes are restarted. Use it to undo a failed attempt.",
-        annotations(title = "Restore checkpoint", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Restore checkpoint",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn restore(&self, Parameters(args): Parameters<RestoreArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let req = RestoreRequest { checkpoint: args.checkpoint, keep_current: args.keep_current, processes: None };
-            let r = self.client_for(&ext).restore(&args.sandbox, &req).await?;
-            let mut v = json!({ "sandbox": sandbox_summary(&r.sandbox) });
-            if let Some(k) = r.kept {
-                v["kept_checkpoint"] = json!(k.id);
+    async fn restore(
+        &self,
+        Parameters(args): Parameters<RestoreArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let req =
+                    RestoreRequest { checkpoint: args.checkpoint, keep_current: args.keep_current, processes: None };
+                let r = self.client_for(&ext).restore(&args.sandbox, &req).await?;
+                let mut v = json!({ "sandbox": sandbox_summary(&r.sandbox) });
+                if let Some(k) = r.kept {
+                    v["kept_checkpoint"] = json!(k.id);
+                }
+                Ok(v)
             }
-            Ok(v)
-        }.await)
+            .await,
+        )
     }
 
     #[tool(
         description = "List checkpoints (all, or one sandbox's): id, name, sandbox, parent, creation time and how many paths changed.",
         annotations(title = "List checkpoints", read_only_hint = true, open_world_hint = false)
     )]
-    async fn list_checkpoints(&self, Parameters(args): Parameters<ListCheckpointsArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
+    async fn list_checkpoints(
+        &self,
+        Parameters(args): Parameters<ListCheckpointsArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
         finish(async {
             let list = self.client_for(&ext).list_checkpoints(args.sandbox.as_deref()).await?;
             let items: Vec<Value> = list
@@ -734,24 +879,33 @@ impl StrataMcp {
 
     #[tool(
         description = "Copy a sandbox (or a checkpoint) into `count` new, independent, running sandboxes and return their ids. A sandbox source is checkpointed first; its files are copied, and its running processes too with processes=true (a dev server comes up already running in every copy). Use it to explore several approaches in parallel from the same state; the source is left untouched.",
-        annotations(title = "Fork sandbox", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            title = "Fork sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn fork(&self, Parameters(args): Parameters<ForkArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let req = ForkRequest {
-                source: args.source,
-                count: args.count.unwrap_or(1),
-                name_prefix: args.name_prefix,
-                lifecycle: args.lifecycle.map(Into::into).unwrap_or_default(),
-                ttl: args.ttl,
-                limits: None,
-                // Children inherit the source's network rules.
-                network: None,
-                processes: args.processes,
-            };
-            let r = self.client_for(&ext).fork(&req).await?;
-            Ok(json!({ "checkpoint": r.checkpoint, "sandboxes": r.sandboxes, "duration_ms": r.duration_ms }))
-        }.await)
+        finish(
+            async {
+                let req = ForkRequest {
+                    source: args.source,
+                    count: args.count.unwrap_or(1),
+                    name_prefix: args.name_prefix,
+                    lifecycle: args.lifecycle.map(Into::into).unwrap_or_default(),
+                    ttl: args.ttl,
+                    limits: None,
+                    // Children inherit the source's network rules.
+                    network: None,
+                    processes: args.processes,
+                };
+                let r = self.client_for(&ext).fork(&req).await?;
+                Ok(json!({ "checkpoint": r.checkpoint, "sandboxes": r.sandboxes, "duration_ms": r.duration_ms }))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -759,40 +913,70 @@ impl StrataMcp {
         annotations(title = "Diff sandbox", read_only_hint = true, open_world_hint = false)
     )]
     async fn diff(&self, Parameters(args): Parameters<DiffArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let changes = self.client_for(&ext).diff(&args.sandbox, args.against.as_deref()).await?;
-            let total = changes.len();
-            let items: Vec<Value> = changes.iter().take(MAX_ENTRIES).map(|c| json!({ "path": c.path, "change": c.change, "kind": c.kind, "size": c.size })).collect();
-            Ok(json!({ "count": total, "truncated": total > MAX_ENTRIES, "changes": items }))
-        }.await)
+        finish(
+            async {
+                let changes = self.client_for(&ext).diff(&args.sandbox, args.against.as_deref()).await?;
+                let total = changes.len();
+                let items: Vec<Value> = changes
+                    .iter()
+                    .take(MAX_ENTRIES)
+                    .map(|c| json!({ "path": c.path, "change": c.change, "kind": c.kind, "size": c.size }))
+                    .collect();
+                Ok(json!({ "count": total, "truncated": total > MAX_ENTRIES, "changes": items }))
+            }
+            .await,
+        )
     }
 
     #[tool(
         description = "Put a sandbox in standby: its running processes, their memory and its files are saved to disk and it stops using CPU and RAM. `resume` (or any exec or file call) brings it back with the same processes where they were. Use it to park a sandbox you will need later; use checkpoint instead to save a point to return to while continuing to work.",
-        annotations(title = "Standby sandbox", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Standby sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn standby(&self, Parameters(args): Parameters<StandbyArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let c = self.client_for(&ext);
-            let ev = c.standby_sandbox(&args.sandbox, args.fs_only).await?;
-            let s = c.get_sandbox(&ev.sandbox_id).await?;
-            let mut v = json!({ "id": s.id, "state": s.state, "duration_ms": ev.duration_ms });
-            if let Some(info) = s.standby {
-                v["mode"] = json!(info.mode);
-                v["image_bytes"] = json!(info.image_bytes);
-                if let Some(n) = info.note {
-                    v["note"] = json!(n);
+    async fn standby(
+        &self,
+        Parameters(args): Parameters<StandbyArgs>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let c = self.client_for(&ext);
+                let ev = c.standby_sandbox(&args.sandbox, args.fs_only).await?;
+                let s = c.get_sandbox(&ev.sandbox_id).await?;
+                let mut v = json!({ "id": s.id, "state": s.state, "duration_ms": ev.duration_ms });
+                if let Some(info) = s.standby {
+                    v["mode"] = json!(info.mode);
+                    v["image_bytes"] = json!(info.image_bytes);
+                    if let Some(n) = info.note {
+                        v["note"] = json!(n);
+                    }
                 }
+                Ok(v)
             }
-            Ok(v)
-        }.await)
+            .await,
+        )
     }
 
     #[tool(
         description = "Resume a sandbox from standby (or paused/stopped) so it runs again; reports whether its processes came back as they were.",
-        annotations(title = "Resume sandbox", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Resume sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn resume(&self, Parameters(args): Parameters<SandboxArg>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
+    async fn resume(
+        &self,
+        Parameters(args): Parameters<SandboxArg>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
         finish(async {
             let r = self.client_for(&ext).resume_sandbox(&args.sandbox).await?;
             Ok(json!({ "id": r.sandbox.id, "state": r.sandbox.state, "from": r.from, "processes_restored": r.processes_restored, "duration_ms": r.duration_ms }))
@@ -801,13 +985,26 @@ impl StrataMcp {
 
     #[tool(
         description = "Destroy a sandbox: stop its processes and delete its files. Irreversible (checkpoints taken from it are kept). Call it when a sandbox is no longer needed.",
-        annotations(title = "Destroy sandbox", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            title = "Destroy sandbox",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
-    async fn destroy(&self, Parameters(args): Parameters<SandboxArg>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let ev = self.client_for(&ext).remove_sandbox(&args.sandbox, true).await?;
-            Ok(json!({ "id": ev.sandbox_id, "state": ev.to }))
-        }.await)
+    async fn destroy(
+        &self,
+        Parameters(args): Parameters<SandboxArg>,
+        ext: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        finish(
+            async {
+                let ev = self.client_for(&ext).remove_sandbox(&args.sandbox, true).await?;
+                Ok(json!({ "id": ev.sandbox_id, "state": ev.to }))
+            }
+            .await,
+        )
     }
 }
 
@@ -851,7 +1048,22 @@ mod tests {
     fn every_tool_has_a_description_and_an_object_schema() {
         let tools = StrataMcp::tool_router().list_all();
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-        for want in ["list_sandboxes", "create_sandbox", "exec", "read_file", "write_file", "list_files", "checkpoint", "restore", "list_checkpoints", "fork", "diff", "standby", "resume", "destroy"] {
+        for want in [
+            "list_sandboxes",
+            "create_sandbox",
+            "exec",
+            "read_file",
+            "write_file",
+            "list_files",
+            "checkpoint",
+            "restore",
+            "list_checkpoints",
+            "fork",
+            "diff",
+            "standby",
+            "resume",
+            "destroy",
+        ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
         for t in &tools {

@@ -105,7 +105,10 @@ mod tests {
 
     #[test]
     fn reads_questions() {
-        assert_eq!(parse_query(&query("PyPI.org", TYPE::A)).unwrap(), Question { name: "pypi.org".into(), kind: QueryKind::A });
+        assert_eq!(
+            parse_query(&query("PyPI.org", TYPE::A)).unwrap(),
+            Question { name: "pypi.org".into(), kind: QueryKind::A }
+        );
         assert_eq!(parse_query(&query("x.example.com", TYPE::AAAA)).unwrap().kind, QueryKind::Aaaa);
         assert_eq!(parse_query(&query("x.example.com", TYPE::TXT)).unwrap().kind, QueryKind::Other);
         assert!(parse_query(b"\x00\x01garbage").is_err());
@@ -127,10 +130,23 @@ mod tests {
     fn collects_a_records_with_clamped_ttls() {
         let q = query("pypi.org", TYPE::A);
         let mut p = Packet::parse(&q).unwrap().into_reply();
-        p.answers.push(ResourceRecord::new(Name::new_unchecked("pypi.org"), CLASS::IN, 5, RData::A(simple_dns::rdata::A { address: u32::from(Ipv4Addr::new(198, 51, 100, 1)) })));
-        p.answers.push(ResourceRecord::new(Name::new_unchecked("pypi.org"), CLASS::IN, 86400, RData::A(simple_dns::rdata::A { address: u32::from(Ipv4Addr::new(198, 51, 100, 2)) })));
+        p.answers.push(ResourceRecord::new(
+            Name::new_unchecked("pypi.org"),
+            CLASS::IN,
+            5,
+            RData::A(simple_dns::rdata::A { address: u32::from(Ipv4Addr::new(198, 51, 100, 1)) }),
+        ));
+        p.answers.push(ResourceRecord::new(
+            Name::new_unchecked("pypi.org"),
+            CLASS::IN,
+            86400,
+            RData::A(simple_dns::rdata::A { address: u32::from(Ipv4Addr::new(198, 51, 100, 2)) }),
+        ));
         let bytes = p.build_bytes_vec().unwrap();
-        assert_eq!(answers(&bytes, 0x4242).unwrap(), vec![(Ipv4Addr::new(198, 51, 100, 1), MIN_PIN_SECS), (Ipv4Addr::new(198, 51, 100, 2), MAX_PIN_SECS)]);
+        assert_eq!(
+            answers(&bytes, 0x4242).unwrap(),
+            vec![(Ipv4Addr::new(198, 51, 100, 1), MIN_PIN_SECS), (Ipv4Addr::new(198, 51, 100, 2), MAX_PIN_SECS)]
+        );
         assert!(answers(&bytes, 1).is_err());
         assert_eq!(message_id(&bytes), Some(0x4242));
     }

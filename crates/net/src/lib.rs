@@ -65,7 +65,12 @@ pub fn nft_apply(script: &str) -> Result<(), NetError> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|source| NetError::Spawn { what: "nft", source })?;
-    child.stdin.take().expect("piped").write_all(script.as_bytes()).map_err(|source| NetError::Spawn { what: "nft", source })?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())
+        .map_err(|source| NetError::Spawn { what: "nft", source })?;
     let out = child.wait_with_output().map_err(|source| NetError::Spawn { what: "nft", source })?;
     if !out.status.success() {
         let detail = String::from_utf8_lossy(&out.stderr).lines().take(6).collect::<Vec<_>>().join(" | ");
@@ -86,7 +91,9 @@ pub fn nft_json(args: &[&str]) -> String {
 pub fn unsupported() -> Option<String> {
     for tool in ["ip", "nft", "nsenter"] {
         if !std::env::split_paths(PATH).any(|d| d.join(tool).is_file()) {
-            return Some(format!("`{tool}` is not installed (scripts/setup-host.sh installs iproute2, nftables and util-linux)"));
+            return Some(format!(
+                "`{tool}` is not installed (scripts/setup-host.sh installs iproute2, nftables and util-linux)"
+            ));
         }
     }
     None

@@ -15,8 +15,18 @@ use crate::NetError;
 pub const INNER_IFNAME: &str = "eth0";
 
 fn run_batch(cmd: &mut Command, script: &str, what: &'static str) -> Result<(), NetError> {
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|source| NetError::Spawn { what, source })?;
-    child.stdin.take().expect("piped").write_all(script.as_bytes()).map_err(|source| NetError::Spawn { what, source })?;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| NetError::Spawn { what, source })?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())
+        .map_err(|source| NetError::Spawn { what, source })?;
     let out = child.wait_with_output().map_err(|source| NetError::Spawn { what, source })?;
     if !out.status.success() {
         return Err(NetError::Command { what, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
@@ -29,15 +39,25 @@ fn run_batch(cmd: &mut Command, script: &str, what: &'static str) -> Result<(), 
 /// `unshare(CLONE_NEWNET)` changes only the calling thread.
 pub fn create_netns(path: &Path) -> Result<(), NetError> {
     if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(|e| NetError::Io { what: "create netns directory", path: d.to_path_buf(), source: e })?;
+        std::fs::create_dir_all(d).map_err(|e| NetError::Io {
+            what: "create netns directory",
+            path: d.to_path_buf(),
+            source: e,
+        })?;
     }
-    std::fs::File::create(path).map_err(|e| NetError::Io { what: "create netns file", path: path.to_path_buf(), source: e })?;
+    std::fs::File::create(path).map_err(|e| NetError::Io {
+        what: "create netns file",
+        path: path.to_path_buf(),
+        source: e,
+    })?;
     let p = path.to_path_buf();
     let res = std::thread::spawn(move || -> Result<(), String> {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare network namespace: {e}"))?;
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("unshare network namespace: {e}"))?;
         let tid = nix::unistd::gettid();
         let me = format!("/proc/self/task/{tid}/ns/net");
-        nix::mount::mount(Some(me.as_str()), &p, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).map_err(|e| format!("bind {me} on {}: {e}", p.display()))?;
+        nix::mount::mount(Some(me.as_str()), &p, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| format!("bind {me} on {}: {e}", p.display()))?;
         Ok(())
     })
     .join()
@@ -83,7 +103,11 @@ pub fn attach(netns: &Path, ifname: &str, link: &Link) -> Result<(), NetError> {
         gw = link.gateway
     );
     let ns_arg = format!("--net={}", netns.display());
-    let r = run_batch(Command::new("nsenter").arg(ns_arg).args(["ip", "-batch", "-"]).env_clear().env("PATH", crate::PATH), &inner, "ip (sandbox side)");
+    let r = run_batch(
+        Command::new("nsenter").arg(ns_arg).args(["ip", "-batch", "-"]).env_clear().env("PATH", crate::PATH),
+        &inner,
+        "ip (sandbox side)",
+    );
     if r.is_err() {
         detach(ifname);
     }
@@ -93,13 +117,25 @@ pub fn attach(netns: &Path, ifname: &str, link: &Link) -> Result<(), NetError> {
 /// Deletes the host side of a veth pair (the peer goes with it); absent is fine.
 pub fn detach(ifname: &str) {
     if link_exists(ifname) {
-        let _ = Command::new("ip").args(["link", "del", ifname]).env_clear().env("PATH", crate::PATH).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", ifname])
+            .env_clear()
+            .env("PATH", crate::PATH)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
 /// Host veths with a name starting with `prefix` whose (first) IPv4 address lies in `pool`.
 pub fn veths_in(prefix: &str, pool: &crate::rules::Cidr) -> Vec<String> {
-    let Ok(out) = Command::new("ip").args(["-j", "-4", "addr", "show", "type", "veth"]).env_clear().env("PATH", crate::PATH).output() else { return Vec::new() };
+    let Ok(out) = Command::new("ip")
+        .args(["-j", "-4", "addr", "show", "type", "veth"])
+        .env_clear()
+        .env("PATH", crate::PATH)
+        .output()
+    else {
+        return Vec::new();
+    };
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else { return Vec::new() };
     let mut names = Vec::new();
     for l in v.as_array().cloned().unwrap_or_default() {
@@ -108,7 +144,10 @@ pub fn veths_in(prefix: &str, pool: &crate::rules::Cidr) -> Vec<String> {
             continue;
         }
         let in_pool = l.get("addr_info").and_then(|a| a.as_array()).is_some_and(|a| {
-            a.iter().filter_map(|i| i.get("local").and_then(|x| x.as_str())).filter_map(|s| s.parse::<Ipv4Addr>().ok()).any(|ip| pool.contains(ip))
+            a.iter()
+                .filter_map(|i| i.get("local").and_then(|x| x.as_str()))
+                .filter_map(|s| s.parse::<Ipv4Addr>().ok())
+                .any(|ip| pool.contains(ip))
         });
         if in_pool {
             names.push(name.to_string());
@@ -123,5 +162,9 @@ pub fn enable_forwarding() -> Result<(), NetError> {
     if std::fs::read_to_string(p).is_ok_and(|s| s.trim() == "1") {
         return Ok(());
     }
-    std::fs::write(p, "1").map_err(|e| NetError::Io { what: "enable IPv4 forwarding", path: p.to_path_buf(), source: e })
+    std::fs::write(p, "1").map_err(|e| NetError::Io {
+        what: "enable IPv4 forwarding",
+        path: p.to_path_buf(),
+        source: e,
+    })
 }

@@ -90,7 +90,8 @@ pub fn base_script(cfg: &TableConfig) -> String {
     let _ = writeln!(s, "add chain {t} forward {{ type filter hook forward priority filter - 1; policy accept; }}");
     let _ = writeln!(s, "add chain {t} input {{ type filter hook input priority filter - 1; policy accept; }}");
     let _ = writeln!(s, "add chain {t} prerouting {{ type nat hook prerouting priority dstnat - 1; policy accept; }}");
-    let _ = writeln!(s, "add chain {t} postrouting {{ type nat hook postrouting priority srcnat - 1; policy accept; }}");
+    let _ =
+        writeln!(s, "add chain {t} postrouting {{ type nat hook postrouting priority srcnat - 1; policy accept; }}");
     for c in ["forward", "input", "prerouting", "postrouting"] {
         let _ = writeln!(s, "flush chain {t} {c}");
     }
@@ -104,7 +105,10 @@ pub fn base_script(cfg: &TableConfig) -> String {
     let _ = writeln!(s, "add rule {t} input iifname @veths ip daddr {pool} meta l4proto {{ tcp, udp }} th dport {port} ct status dnat accept");
     let _ = writeln!(s, "add rule {t} input iifname @veths drop");
     // DNS to anywhere goes to strata's filter (also queries aimed at other resolvers).
-    let _ = writeln!(s, "add rule {t} prerouting iifname @veths meta l4proto {{ tcp, udp }} th dport 53 redirect to :{port}");
+    let _ = writeln!(
+        s,
+        "add rule {t} prerouting iifname @veths meta l4proto {{ tcp, udp }} th dport 53 redirect to :{port}"
+    );
     let _ = writeln!(s, "add rule {t} postrouting ip saddr {pool} oifname != @veths masquerade");
     s
 }
@@ -112,7 +116,10 @@ pub fn base_script(cfg: &TableConfig) -> String {
 /// Objects of sandbox `key` (chains, sets, counters) for removal.
 pub fn sandbox_objects(key: &str, existing: &Objects) -> Objects {
     let own = |n: &String| {
-        n.strip_prefix("o_").or_else(|| n.strip_prefix("i_")).or_else(|| n.strip_prefix("deny_")).is_some_and(|k| k == key)
+        n.strip_prefix("o_")
+            .or_else(|| n.strip_prefix("i_"))
+            .or_else(|| n.strip_prefix("deny_"))
+            .is_some_and(|k| k == key)
             || n.strip_prefix("d_").is_some_and(|k| k == key)
             || n.strip_prefix("h_").is_some_and(|k| k.starts_with(key) && k.as_bytes().get(key.len()) == Some(&b'_'))
             || ["ok_", "no_", "rx_"].iter().any(|p| n.strip_prefix(p) == Some(key))
@@ -121,7 +128,12 @@ pub fn sandbox_objects(key: &str, existing: &Objects) -> Objects {
         chains: existing.chains.iter().filter(|n| own(n)).cloned().collect(),
         sets: existing.sets.iter().filter(|n| own(n)).cloned().collect(),
         counters: existing.counters.iter().filter(|n| own(n)).cloned().collect(),
-        out_dispatch: existing.out_dispatch.iter().filter(|(_, c)| c.strip_prefix("o_") == Some(key)).cloned().collect(),
+        out_dispatch: existing
+            .out_dispatch
+            .iter()
+            .filter(|(_, c)| c.strip_prefix("o_") == Some(key))
+            .cloned()
+            .collect(),
         in_dispatch: existing.in_dispatch.iter().filter(|(_, c)| c.strip_prefix("i_") == Some(key)).cloned().collect(),
         veths: Vec::new(),
     }
@@ -214,10 +226,11 @@ pub fn sandbox_script(table: &str, pool: &Pool, sb: &SandboxNet<'_>, attach: boo
     // Other sandboxes: never.
     let _ = writeln!(s, "{o} ip daddr {} goto deny_{k}", pool.cidr);
     let reserved = reserved();
-    let (inside, public): (Vec<&Rule>, Vec<&Rule>) = sb.rules.iter().filter(|r| matches!(r.target, Target::Cidr(_))).partition(|r| match &r.target {
-        Target::Cidr(c) => reserved.iter().any(|z| z.covers(c)),
-        Target::Host(_) => false,
-    });
+    let (inside, public): (Vec<&Rule>, Vec<&Rule>) =
+        sb.rules.iter().filter(|r| matches!(r.target, Target::Cidr(_))).partition(|r| match &r.target {
+            Target::Cidr(c) => reserved.iter().any(|z| z.covers(c)),
+            Target::Host(_) => false,
+        });
     // Reserved ranges open only to rules inside them.
     for r in &inside {
         if let Target::Cidr(c) = &r.target {
@@ -282,7 +295,15 @@ pub fn parse_objects(json: &str) -> Objects {
             for e in elems {
                 // [ "ifname", { "jump": { "target": "o_KEY" } } ]
                 let Some(pair) = e.as_array() else { continue };
-                let (Some(i), Some(target)) = (pair.first().and_then(|x| x.as_str()), pair.get(1).and_then(|x| x.get("jump").or_else(|| x.get("goto"))).and_then(|j| j.get("target")).and_then(|t| t.as_str())) else { continue };
+                let (Some(i), Some(target)) = (
+                    pair.first().and_then(|x| x.as_str()),
+                    pair.get(1)
+                        .and_then(|x| x.get("jump").or_else(|| x.get("goto")))
+                        .and_then(|j| j.get("target"))
+                        .and_then(|t| t.as_str()),
+                ) else {
+                    continue;
+                };
                 match name {
                     "out_dispatch" => o.out_dispatch.push((i.to_string(), target.to_string())),
                     "in_dispatch" => o.in_dispatch.push((i.to_string(), target.to_string())),
@@ -329,14 +350,25 @@ pub fn parse_denied(json: &str) -> Vec<String> {
         let Some(set) = it.get("set") else { continue };
         for e in set.get("elem").and_then(|e| e.as_array()).cloned().unwrap_or_default() {
             // { "elem": { "val": { "concat": [ "1.2.3.4", "tcp", 80 ] }, "expires": .. } } or { "concat": [...] }
-            let concat = e.get("elem").and_then(|x| x.get("val")).unwrap_or(&e).get("concat").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+            let concat = e
+                .get("elem")
+                .and_then(|x| x.get("val"))
+                .unwrap_or(&e)
+                .get("concat")
+                .and_then(|c| c.as_array())
+                .cloned()
+                .unwrap_or_default();
             if concat.len() != 3 {
                 continue;
             }
             let addr = concat[0].as_str().unwrap_or("?");
             let proto = concat[1].as_str().map(str::to_string).unwrap_or_else(|| concat[1].to_string());
             let port = concat[2].as_u64().unwrap_or(0);
-            out.push(if proto == "tcp" || proto == "udp" { format!("{addr} {proto}/{port}") } else { format!("{addr} {proto}") });
+            out.push(if proto == "tcp" || proto == "udp" {
+                format!("{addr} {proto}/{port}")
+            } else {
+                format!("{addr} {proto}")
+            });
         }
     }
     out.sort();
@@ -365,7 +397,14 @@ mod tests {
 
     #[test]
     fn sandbox_script_orders_rules_deny_first() {
-        let rules = parse_rules(&["10.0.0.0/8:443".into(), "198.51.100.1:80".into(), "0.0.0.0/0:22".into(), "pypi.org".into(), "*.example.com:443".into()]).unwrap();
+        let rules = parse_rules(&[
+            "10.0.0.0/8:443".into(),
+            "198.51.100.1:80".into(),
+            "0.0.0.0/0:22".into(),
+            "pypi.org".into(),
+            "*.example.com:443".into(),
+        ])
+        .unwrap();
         let sb = SandboxNet { key: "abc", ifname: "sbabc", address: "10.213.0.2".parse().unwrap(), rules: &rules };
         let s = sandbox_script("T", &pool(), &sb, true, &["h_abc_old".into()]);
         let pos = |needle: &str| s.find(needle).unwrap_or_else(|| panic!("{needle} missing in\n{s}"));

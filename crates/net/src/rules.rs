@@ -57,11 +57,16 @@ impl Cidr {
         let addr: Ipv4Addr = a.parse().map_err(|_| format!("{a:?} is not an IPv4 address"))?;
         let prefix: u8 = match p {
             None => 32,
-            Some(p) => p.parse().ok().filter(|n| *n <= 32).ok_or_else(|| format!("prefix length {p:?} is not 0 to 32"))?,
+            Some(p) => {
+                p.parse().ok().filter(|n| *n <= 32).ok_or_else(|| format!("prefix length {p:?} is not 0 to 32"))?
+            }
         };
         let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
         if u32::from(addr) & !mask != 0 {
-            return Err(format!("host bits are set (the network is {}/{prefix})", Ipv4Addr::from(u32::from(addr) & mask)));
+            return Err(format!(
+                "host bits are set (the network is {}/{prefix})",
+                Ipv4Addr::from(u32::from(addr) & mask)
+            ));
         }
         Ok(Cidr { addr, prefix })
     }
@@ -143,7 +148,9 @@ pub struct Ports {
 
 impl Ports {
     fn parse(s: &str) -> Result<Ports, String> {
-        let one = |p: &str| -> Result<u16, String> { p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(|| format!("port {p:?} is not 1 to 65535")) };
+        let one = |p: &str| -> Result<u16, String> {
+            p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(|| format!("port {p:?} is not 1 to 65535"))
+        };
         match s.split_once('-') {
             None => {
                 let p = one(s)?;
@@ -184,7 +191,9 @@ impl HostPattern {
     pub fn matches(&self, name: &str) -> bool {
         let n = name.trim_end_matches('.').to_ascii_lowercase();
         if self.wildcard {
-            n.len() > self.domain.len() + 1 && n.ends_with(&self.domain) && n.as_bytes()[n.len() - self.domain.len() - 1] == b'.'
+            n.len() > self.domain.len() + 1
+                && n.ends_with(&self.domain)
+                && n.as_bytes()[n.len() - self.domain.len() - 1] == b'.'
         } else {
             n == self.domain
         }
@@ -302,7 +311,10 @@ pub fn parse_rule(raw: &str) -> Result<Rule, RuleError> {
 /// duplicates dropped (first kept).
 pub fn parse_rules(raw: &[String]) -> Result<Vec<Rule>, RuleError> {
     if raw.len() > strata_api::MAX_NETWORK_RULES {
-        return Err(err(&raw[strata_api::MAX_NETWORK_RULES], format!("more than {} rules", strata_api::MAX_NETWORK_RULES)));
+        return Err(err(
+            &raw[strata_api::MAX_NETWORK_RULES],
+            format!("more than {} rules", strata_api::MAX_NETWORK_RULES),
+        ));
     }
     let mut out: Vec<Rule> = Vec::new();
     for r in raw {
@@ -336,7 +348,10 @@ mod tests {
 
     #[test]
     fn parses_cidrs_hosts_and_ports() {
-        assert_eq!(ok("10.0.0.0/8:443"), Rule { target: Target::Cidr(Cidr::parse("10.0.0.0/8").unwrap()), ports: Some(Ports { lo: 443, hi: 443 }) });
+        assert_eq!(
+            ok("10.0.0.0/8:443"),
+            Rule { target: Target::Cidr(Cidr::parse("10.0.0.0/8").unwrap()), ports: Some(Ports { lo: 443, hi: 443 }) }
+        );
         assert_eq!(ok("198.51.100.7").to_string(), "198.51.100.7");
         assert_eq!(ok("198.51.100.7/32:80").to_string(), "198.51.100.7:80");
         assert_eq!(ok("203.0.113.0/24:8000-8100").ports, Some(Ports { lo: 8000, hi: 8100 }));
@@ -379,15 +394,34 @@ mod tests {
     #[test]
     fn host_patterns_match_exact_names_and_subdomains() {
         let exact = HostPattern { domain: "pypi.org".into(), wildcard: false };
-        assert!(exact.matches("pypi.org") && exact.matches("PyPI.org.") && !exact.matches("evil-pypi.org") && !exact.matches("a.pypi.org"));
+        assert!(
+            exact.matches("pypi.org")
+                && exact.matches("PyPI.org.")
+                && !exact.matches("evil-pypi.org")
+                && !exact.matches("a.pypi.org")
+        );
         let wild = HostPattern { domain: "pythonhosted.org".into(), wildcard: true };
         assert!(wild.matches("files.pythonhosted.org") && wild.matches("a.b.pythonhosted.org"));
-        assert!(!wild.matches("pythonhosted.org") && !wild.matches("evilpythonhosted.org") && !wild.matches("pythonhosted.org.evil.com"));
+        assert!(
+            !wild.matches("pythonhosted.org")
+                && !wild.matches("evilpythonhosted.org")
+                && !wild.matches("pythonhosted.org.evil.com")
+        );
     }
 
     #[test]
     fn reserved_ranges_cover_metadata_private_and_loopback() {
-        for ip in ["169.254.169.254", "10.1.2.3", "172.20.0.1", "192.168.1.1", "127.0.0.1", "100.64.0.1", "0.0.0.0", "255.255.255.255", "224.0.0.1"] {
+        for ip in [
+            "169.254.169.254",
+            "10.1.2.3",
+            "172.20.0.1",
+            "192.168.1.1",
+            "127.0.0.1",
+            "100.64.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+        ] {
             assert!(is_reserved(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["198.51.100.1", "203.0.113.9", "8.8.8.8", "151.101.0.223"] {
@@ -395,6 +429,8 @@ mod tests {
         }
         let c = Cidr::parse("10.213.0.0/16").unwrap();
         assert!(Cidr::parse("10.0.0.0/8").unwrap().covers(&c) && !c.covers(&Cidr::parse("10.0.0.0/8").unwrap()));
-        assert!(c.overlaps(&Cidr::parse("10.213.4.0/30").unwrap()) && !c.overlaps(&Cidr::parse("10.214.0.0/16").unwrap()));
+        assert!(
+            c.overlaps(&Cidr::parse("10.213.4.0/30").unwrap()) && !c.overlaps(&Cidr::parse("10.214.0.0/16").unwrap())
+        );
     }
 }

@@ -118,7 +118,12 @@ pub trait Runtime: Send + Sync {
     /// A command that, when spawned with the caller's stdio, runs `exec` inside the
     /// sandbox. It reports [`spec::ExecReport`] lines on the inherited descriptor
     /// the caller names in `STRATA_REPORT_FD` (spawn it under [`spawn_lock`]).
-    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<std::process::Command, RuntimeError>;
+    fn exec_command(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        exec: &ExecSpec,
+    ) -> Result<std::process::Command, RuntimeError>;
 
     /// Stops every process of the sandbox: SIGTERM, then SIGKILL after `grace`.
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError>;
@@ -149,7 +154,12 @@ pub trait Runtime: Send + Sync {
     /// Dumps every process of the sandbox (tree, memory, open files) into
     /// `images_dir` and ends them; on failure they keep running. Returns the
     /// helper binary the images refer to (needed to restore them).
-    fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError>;
+    fn dump_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &std::path::Path,
+    ) -> Result<PathBuf, RuntimeError>;
 
     /// Copies every process of a sandbox the caller has frozen
     /// ([`Runtime::set_frozen`]) into `images_dir`, leaving them running and
@@ -157,7 +167,12 @@ pub trait Runtime: Send + Sync {
     /// its filesystem was read. Established TCP connections are recorded as
     /// closed (a copy cannot continue them). Returns the helper binary the
     /// images refer to.
-    fn copy_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError>;
+    fn copy_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &std::path::Path,
+    ) -> Result<PathBuf, RuntimeError>;
 
     /// Brings back processes dumped by [`Runtime::dump_processes`] (or copied
     /// by [`Runtime::copy_processes`]) on a filesystem with the content they
@@ -165,7 +180,14 @@ pub trait Runtime: Send + Sync {
     /// same checkpoint. `inherit` are open descriptors of this process that
     /// replace the dumped pipes with the given inodes. CRIU's log and pid file
     /// go to `work_dir` (images shared by several restores are only read).
-    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, work_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError>;
+    fn restore_processes(
+        &self,
+        spec: &SandboxSpec,
+        images_dir: &std::path::Path,
+        work_dir: &std::path::Path,
+        helper: &std::path::Path,
+        inherit: &[(std::os::fd::RawFd, u64)],
+    ) -> Result<SandboxHandle, RuntimeError>;
 
     /// Gives restored processes the identity of `spec` (hostname, sandbox id,
     /// machine id, fork generation) where a restore brought back the identity

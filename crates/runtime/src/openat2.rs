@@ -25,10 +25,13 @@ struct OpenHow {
 /// Opens `rel` (`""` means `dir` itself) relative to `dir` with `flags` (plus
 /// `O_CLOEXEC`), `mode` for created files and the `resolve` flags above.
 pub fn openat2(dir: RawFd, rel: &str, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
-    let c = CString::new(if rel.is_empty() { "." } else { rel }).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let c = CString::new(if rel.is_empty() { "." } else { rel })
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let how = OpenHow { flags: (flags | libc::O_CLOEXEC) as u64, mode: mode as u64, resolve };
     // SAFETY: `c` is NUL-terminated, `how` is a valid open_how of the size passed.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
+    let fd = unsafe {
+        libc::syscall(libc::SYS_openat2, dir, c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>())
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

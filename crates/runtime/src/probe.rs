@@ -8,7 +8,12 @@ use strata_api::{DoctorReport, FeatureCheck, TierReport};
 use crate::cgroup;
 
 fn check(name: &str, available: bool, detail: impl Into<String>, disables: &str) -> FeatureCheck {
-    FeatureCheck { name: name.into(), available, detail: detail.into(), disables: if available { String::new() } else { disables.into() } }
+    FeatureCheck {
+        name: name.into(),
+        available,
+        detail: detail.into(),
+        disables: if available { String::new() } else { disables.into() },
+    }
 }
 
 fn read(path: &str) -> String {
@@ -33,7 +38,12 @@ fn capability_in_effective_set(cap: u32) -> bool {
 /// An executable by name: on PATH, then in the usual system directories.
 pub fn find_tool(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();
-    let found = path.split(':').filter(|d| !d.is_empty()).chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"]).map(|d| Path::new(d).join(name)).find(|p| p.is_file());
+    let found = path
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file());
     found
 }
 
@@ -67,31 +77,72 @@ pub fn doctor() -> DoctorReport {
         f.push(check(&format!("{ns}_namespace"), ok, if ok { "present" } else { "missing" }, "the namespace tier"));
     }
     let root = nix::unistd::geteuid().is_root();
-    f.push(check("root", root, if root { "running as root" } else { "not root" }, "the namespace tier (needs root to create namespaces, mounts and cgroups)"));
+    f.push(check(
+        "root",
+        root,
+        if root { "running as root" } else { "not root" },
+        "the namespace tier (needs root to create namespaces, mounts and cgroups)",
+    ));
     let cg = cgroup::detect(Path::new(crate::namespace::CGROUP_ROOT));
     let cg_version = match &cg {
         Ok(v) => {
             let hybrid = *v == cgroup::CgroupVersion::V1 && Path::new("/sys/fs/cgroup/unified").exists();
-            if hybrid { "hybrid".to_string() } else { v.as_str().to_string() }
+            if hybrid {
+                "hybrid".to_string()
+            } else {
+                v.as_str().to_string()
+            }
         }
         Err(_) => "none".to_string(),
     };
     f.push(check("cgroups", cg.is_ok(), format!("cgroup {cg_version}"), "resource limits and OOM reporting"));
-    let freezer = Path::new("/sys/fs/cgroup/freezer").exists() || Path::new("/sys/fs/cgroup/cgroup.freeze").exists() || cg.as_ref().is_ok_and(|v| *v == cgroup::CgroupVersion::V2);
-    f.push(check("cgroup_freezer", freezer, if freezer { "present" } else { "missing" }, "pause/unpause and consistent checkpoints"));
+    let freezer = Path::new("/sys/fs/cgroup/freezer").exists()
+        || Path::new("/sys/fs/cgroup/cgroup.freeze").exists()
+        || cg.as_ref().is_ok_and(|v| *v == cgroup::CgroupVersion::V2);
+    f.push(check(
+        "cgroup_freezer",
+        freezer,
+        if freezer { "present" } else { "missing" },
+        "pause/unpause and consistent checkpoints",
+    ));
     let fs = read("/proc/filesystems");
     let overlay = fs.lines().any(|l| l.trim_end().ends_with("overlay"));
-    f.push(check("overlayfs", overlay, if overlay { "in /proc/filesystems" } else { "not in /proc/filesystems (modprobe overlay)" }, "the namespace tier's copy-on-write root"));
+    f.push(check(
+        "overlayfs",
+        overlay,
+        if overlay { "in /proc/filesystems" } else { "not in /proc/filesystems (modprobe overlay)" },
+        "the namespace tier's copy-on-write root",
+    ));
     let seccomp = read("/proc/self/status").lines().any(|l| l.starts_with("Seccomp:"));
-    f.push(check("seccomp", seccomp, if seccomp { "filter mode available" } else { "kernel without CONFIG_SECCOMP" }, "the syscall filter"));
+    f.push(check(
+        "seccomp",
+        seccomp,
+        if seccomp { "filter mode available" } else { "kernel without CONFIG_SECCOMP" },
+        "the syscall filter",
+    ));
     let lsm = read("/sys/kernel/security/lsm");
     let landlock = lsm.split(',').any(|m| m.trim() == "landlock");
-    f.push(check("landlock", landlock, if landlock { format!("active LSMs: {}", lsm.trim()) } else { "not an active LSM".into() }, "optional landlock path rules"));
+    f.push(check(
+        "landlock",
+        landlock,
+        if landlock { format!("active LSMs: {}", lsm.trim()) } else { "not an active LSM".into() },
+        "optional landlock path rules",
+    ));
     let sys_resource = capability_in_effective_set(24);
-    f.push(check("cap_sys_resource", sys_resource, if sys_resource { "present" } else { "absent: hard rlimits are never raised" }, "raising hard rlimits (strata never needs to)"));
+    f.push(check(
+        "cap_sys_resource",
+        sys_resource,
+        if sys_resource { "present" } else { "absent: hard rlimits are never raised" },
+        "raising hard rlimits (strata never needs to)",
+    ));
     let uffd = Path::new("/proc/sys/vm/unprivileged_userfaultfd").exists() || Path::new("/dev/userfaultfd").exists();
     f.push(check("userfaultfd", uffd, if uffd { "present" } else { "missing" }, "lazy memory restore"));
-    let criu = Command::new("criu").arg("--version").output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let criu = Command::new("criu")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
     let criu_v = criu.as_deref().and_then(parse_criu_version);
     let criu_ok = criu_v.is_some_and(|(maj, _)| maj >= 4);
     let criu_detail = match criu_v {
@@ -99,26 +150,47 @@ pub fn doctor() -> DoctorReport {
         Some((a, b)) => format!("criu {a}.{b} is too old (need >= 4; run scripts/setup-host.sh)"),
         None => "criu not found (run scripts/setup-host.sh)".to_string(),
     };
-    f.push(check("criu", criu_ok, criu_detail, "standby with running processes (process checkpoint/restore); standby degrades to --fs-only"));
+    f.push(check(
+        "criu",
+        criu_ok,
+        criu_detail,
+        "standby with running processes (process checkpoint/restore); standby degrades to --fs-only",
+    ));
     let disk = disk_unavailable();
     f.push(check(
         "disk_quota",
         disk.is_none(),
-        disk.clone().unwrap_or_else(|| "per-sandbox ext4 filesystem on a loop device (mkfs.ext4, /dev/loop-control)".into()),
+        disk.clone()
+            .unwrap_or_else(|| "per-sandbox ext4 filesystem on a loop device (mkfs.ext4, /dev/loop-control)".into()),
         "per-sandbox disk limits (sandboxes are created without one and record disk_quota: unavailable)",
     ));
     let nft = Command::new("nft").arg("--version").output().is_ok_and(|o| o.status.success());
     f.push(check("nftables", nft, if nft { "nft present" } else { "nft not found" }, "host-enforced egress rules"));
     let vm = crate::microvm::probe();
-    f.push(check("kvm", vm.kvm == "hardware", format!("/dev/kvm: {}", vm.kvm), "hardware-accelerated microVMs (TCG emulation still works, slowly)"));
-    f.push(check("qemu", vm.qemu.is_some(), vm.qemu.clone().unwrap_or_else(|| "qemu-system-x86_64 not found".into()), "the microvm tier"));
+    f.push(check(
+        "kvm",
+        vm.kvm == "hardware",
+        format!("/dev/kvm: {}", vm.kvm),
+        "hardware-accelerated microVMs (TCG emulation still works, slowly)",
+    ));
+    f.push(check(
+        "qemu",
+        vm.qemu.is_some(),
+        vm.qemu.clone().unwrap_or_else(|| "qemu-system-x86_64 not found".into()),
+        "the microvm tier",
+    ));
 
-    let ns_ok = root && overlay && cg.is_ok() && f.iter().filter(|c| c.name.ends_with("_namespace")).all(|c| c.available);
+    let ns_ok =
+        root && overlay && cg.is_ok() && f.iter().filter(|c| c.name.ends_with("_namespace")).all(|c| c.available);
     let tiers = vec![
         TierReport {
             name: "namespace".into(),
             available: ns_ok,
-            detail: if ns_ok { format!("namespaces, overlayfs, cgroup {cg_version}") } else { "missing: see features".into() },
+            detail: if ns_ok {
+                format!("namespaces, overlayfs, cgroup {cg_version}")
+            } else {
+                "missing: see features".into()
+            },
         },
         TierReport {
             name: "microvm".into(),
@@ -150,7 +222,10 @@ mod tests {
         let n = names.len();
         names.dedup();
         assert_eq!(n, names.len());
-        assert!(r.features.iter().all(|f| f.available || !f.disables.is_empty()), "a missing feature says what it disables");
+        assert!(
+            r.features.iter().all(|f| f.available || !f.disables.is_empty()),
+            "a missing feature says what it disables"
+        );
         assert_eq!(r.tiers.len(), 2);
     }
 }

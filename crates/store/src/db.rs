@@ -9,7 +9,11 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use strata_api::{Approval, ApprovalState, AuditEntry, TokenInfo, Preview, QuotaOverride, Checkpoint, ComputeUsage, NameLikeId, PipelineRun, PipelineState, Image, ImageConfig, LayerInfo, Lease, Lifecycle, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UsageRecord};
+use strata_api::{
+    Approval, ApprovalState, AuditEntry, Checkpoint, ComputeUsage, Image, ImageConfig, LayerInfo, Lease, Lifecycle,
+    NameLikeId, PipelineRun, PipelineState, Preview, QuotaOverride, ResourceLimits, Sandbox, SandboxEvent,
+    SandboxPolicy, SandboxState, TokenInfo, UsageRecord,
+};
 use strata_core::ids;
 
 /// Errors of the metadata database.
@@ -285,10 +289,16 @@ pub fn audit_verify(entries: &[AuditEntry]) -> Option<(i64, String)> {
     let mut prev = AUDIT_GENESIS.to_string();
     for (expect_seq, e) in (1..).zip(entries) {
         if e.seq != expect_seq {
-            return Some((e.seq, format!("expected entry {expect_seq} here, found {} (entries removed or reordered)", e.seq)));
+            return Some((
+                e.seq,
+                format!("expected entry {expect_seq} here, found {} (entries removed or reordered)", e.seq),
+            ));
         }
         if e.prev_hash != prev {
-            return Some((e.seq, "prev_hash does not match the previous entry (entries removed, reordered or edited)".into()));
+            return Some((
+                e.seq,
+                "prev_hash does not match the previous entry (entries removed, reordered or edited)".into(),
+            ));
         }
         let h = audit_hash(e);
         if e.hash != h {
@@ -518,14 +528,28 @@ struct Keyed {
 }
 
 impl Keyed {
-    fn resolve<T>(&self, conn: &Connection, key: &str, scope: Option<&str>, map: impl Fn(&Row<'_>) -> rusqlite::Result<T>) -> rusqlite::Result<Option<T>> {
+    fn resolve<T>(
+        &self,
+        conn: &Connection,
+        key: &str,
+        scope: Option<&str>,
+        map: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<Option<T>> {
         let Keyed { select, id, name, tenant } = self;
         let visible = format!("(?2 IS NULL OR {tenant} = ?2)");
-        if let Some(found) = conn.prepare_cached(&format!("{select} WHERE {id} = ?1 AND {visible}"))?.query_row(params![key, scope], &map).optional()? {
+        if let Some(found) = conn
+            .prepare_cached(&format!("{select} WHERE {id} = ?1 AND {visible}"))?
+            .query_row(params![key, scope], &map)
+            .optional()?
+        {
             return Ok(Some(found));
         }
         if let Some((name, order)) = name {
-            if let Some(found) = conn.prepare_cached(&format!("{select} WHERE {name} = ?1 AND {visible} {order} LIMIT 1"))?.query_row(params![key, scope], &map).optional()? {
+            if let Some(found) = conn
+                .prepare_cached(&format!("{select} WHERE {name} = ?1 AND {visible} {order} LIMIT 1"))?
+                .query_row(params![key, scope], &map)
+                .optional()?
+            {
                 return Ok(Some(found));
             }
         }
@@ -533,7 +557,8 @@ impl Keyed {
             return Ok(None);
         }
         // substr, not LIKE: LIKE is case-insensitive and treats `%` and `_` as wildcards.
-        let mut stmt = conn.prepare_cached(&format!("{select} WHERE substr({id}, 1, length(?1)) = ?1 AND {visible} LIMIT 2"))?;
+        let mut stmt =
+            conn.prepare_cached(&format!("{select} WHERE substr({id}, 1, length(?1)) = ?1 AND {visible} LIMIT 2"))?;
         let mut rows = stmt.query_map(params![key, scope], &map)?.collect::<rusqlite::Result<Vec<T>>>()?;
         Ok(if rows.len() == 1 { rows.pop() } else { None })
     }
@@ -544,9 +569,13 @@ fn sandboxes_keyed(columns: &str) -> Keyed {
 }
 
 fn checkpoints_keyed() -> Keyed {
-    Keyed { select: format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints"), id: "id", name: Some(("name", "")), tenant: "tenant" }
+    Keyed {
+        select: format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints"),
+        id: "id",
+        name: Some(("name", "")),
+        tenant: "tenant",
+    }
 }
-
 
 impl Db {
     /// Opens (creating and migrating) the database at `path`.
@@ -608,19 +637,28 @@ impl Db {
     pub fn get_image(&self, name_or_id: &str) -> Result<Option<Image>, DbError> {
         const COLS: &str = "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images";
         let conn = self.conn();
-        if let Some(img) = conn.query_row(&format!("{COLS} WHERE id = ?1 ORDER BY name LIMIT 1"), params![name_or_id], image_from_row).optional()? {
+        if let Some(img) = conn
+            .query_row(&format!("{COLS} WHERE id = ?1 ORDER BY name LIMIT 1"), params![name_or_id], image_from_row)
+            .optional()?
+        {
             return img.map(Some);
         }
-        if let Some(img) = conn.query_row(&format!("{COLS} WHERE name = ?1"), params![name_or_id], image_from_row).optional()? {
+        if let Some(img) =
+            conn.query_row(&format!("{COLS} WHERE name = ?1"), params![name_or_id], image_from_row).optional()?
+        {
             return img.map(Some);
         }
         let hex = name_or_id.strip_prefix("sha256:").unwrap_or(name_or_id);
-        if hex.len() < IMAGE_PREFIX_LEN || hex.len() > 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if hex.len() < IMAGE_PREFIX_LEN
+            || hex.len() > 64
+            || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
             return Ok(None);
         }
         // Several images may share an id (the same content under several names): one id, one answer.
         let mut stmt = conn.prepare(&format!("{COLS} WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id, name"))?;
-        let rows: Vec<Image> = stmt.query_map(params![format!("sha256:{hex}")], image_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
+        let rows: Vec<Image> =
+            stmt.query_map(params![format!("sha256:{hex}")], image_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
         Ok(match rows.first() {
             Some(first) if rows.iter().all(|i| i.id == first.id) => rows.into_iter().next(),
             _ => None,
@@ -630,7 +668,9 @@ impl Db {
     /// All images, by name.
     pub fn list_images(&self) -> Result<Vec<Image>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT name, id, source_kind, source, layers, config, size, created_at FROM images ORDER BY name")?;
+        let mut stmt = conn.prepare(
+            "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images ORDER BY name",
+        )?;
         let rows = stmt.query_map([], image_from_row)?;
         rows.map(|r| r?).collect()
     }
@@ -658,9 +698,32 @@ impl Db {
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
-        let ev = insert_event(&tx, &s.id, None, &Transition { to: s.state, reason: &s.state_reason, detail: s.state_detail.as_deref(), duration_ms: 0, time: &s.created_at })?;
-        let usage = UsageRecord { sandbox_id: s.id.clone(), tenant: s.tenant.clone(), name: s.name.clone(), source: s.source.clone(), base_checkpoint: s.base_checkpoint.clone(), created_at: s.created_at.clone(), updated_at: s.created_at.clone(), ..Default::default() };
-        tx.execute("INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5)", params![s.id, s.name, s.created_at, json(&usage), s.tenant])?;
+        let ev = insert_event(
+            &tx,
+            &s.id,
+            None,
+            &Transition {
+                to: s.state,
+                reason: &s.state_reason,
+                detail: s.state_detail.as_deref(),
+                duration_ms: 0,
+                time: &s.created_at,
+            },
+        )?;
+        let usage = UsageRecord {
+            sandbox_id: s.id.clone(),
+            tenant: s.tenant.clone(),
+            name: s.name.clone(),
+            source: s.source.clone(),
+            base_checkpoint: s.base_checkpoint.clone(),
+            created_at: s.created_at.clone(),
+            updated_at: s.created_at.clone(),
+            ..Default::default()
+        };
+        tx.execute(
+            "INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![s.id, s.name, s.created_at, json(&usage), s.tenant],
+        )?;
         tx.commit()?;
         Ok(ev)
     }
@@ -716,7 +779,6 @@ impl Db {
         Ok(ids)
     }
 
-
     /// The usage accumulators of the sandbox with exactly this id, destroyed or not.
     pub fn usage_by_id(&self, id: &str) -> Result<Option<UsageRecord>, DbError> {
         self.find_usage_in(id, None, true)
@@ -739,9 +801,14 @@ impl Db {
             tenant: "tenant",
         };
         let row = if id_only {
-            conn.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![key], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?))).optional()?
+            conn.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![key], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?))
+            })
+            .optional()?
         } else {
-            keyed.resolve(&conn, key, scope, |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?
+            keyed.resolve(&conn, key, scope, |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?))
+            })?
         };
         row.map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).transpose()
     }
@@ -749,18 +816,28 @@ impl Db {
     /// Every usage record, oldest first.
     pub fn list_usage(&self) -> Result<Vec<UsageRecord>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT record, destroyed_at, tenant FROM usage ORDER BY created_at, sandbox_id")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?.collect::<Result<Vec<_>, _>>()?;
+        let mut stmt =
+            conn.prepare("SELECT record, destroyed_at, tenant FROM usage ORDER BY created_at, sandbox_id")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
         rows.into_iter().map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).collect()
     }
 
     /// Adds storage GB-hours by kind to many usage records in one transaction
     /// (records that do not exist are skipped).
-    pub fn add_storage_usage(&self, accrued: &[(String, std::collections::BTreeMap<String, f64>)]) -> Result<(), DbError> {
+    pub fn add_storage_usage(
+        &self,
+        accrued: &[(String, std::collections::BTreeMap<String, f64>)],
+    ) -> Result<(), DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         for (id, kinds) in accrued {
-            let row: Option<(String, Option<String>, String)> = tx.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()?;
+            let row: Option<(String, Option<String>, String)> = tx
+                .query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()?;
             let Some((rec, destroyed, tenant)) = row else { continue };
             let mut u = usage_from(&rec, destroyed, tenant)?;
             for (k, gbh) in kinds {
@@ -785,7 +862,11 @@ impl Db {
     pub fn update_usage(&self, id: &str, f: impl FnOnce(&mut UsageRecord)) -> Result<Option<UsageRecord>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let row: Option<(String, Option<String>, String)> = tx.query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()?;
+        let row: Option<(String, Option<String>, String)> = tx
+            .query_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()?;
         let Some((rec, destroyed, tenant)) = row else { return Ok(None) };
         let mut u = usage_from(&rec, destroyed, tenant)?;
         f(&mut u);
@@ -796,13 +877,21 @@ impl Db {
 
     /// Records the compute that produced a checkpoint's state (its lineage's setup).
     pub fn set_checkpoint_setup(&self, checkpoint_id: &str, compute: &ComputeUsage) -> Result<(), DbError> {
-        self.conn().execute("INSERT OR REPLACE INTO checkpoint_setup (checkpoint_id, compute) VALUES (?1, ?2)", params![checkpoint_id, json(compute)])?;
+        self.conn().execute(
+            "INSERT OR REPLACE INTO checkpoint_setup (checkpoint_id, compute) VALUES (?1, ?2)",
+            params![checkpoint_id, json(compute)],
+        )?;
         Ok(())
     }
 
     /// The compute that produced a checkpoint's state, when recorded.
     pub fn checkpoint_setup(&self, checkpoint_id: &str) -> Result<Option<ComputeUsage>, DbError> {
-        let s: Option<String> = self.conn().query_row("SELECT compute FROM checkpoint_setup WHERE checkpoint_id = ?1", params![checkpoint_id], |r| r.get(0)).optional()?;
+        let s: Option<String> = self
+            .conn()
+            .query_row("SELECT compute FROM checkpoint_setup WHERE checkpoint_id = ?1", params![checkpoint_id], |r| {
+                r.get(0)
+            })
+            .optional()?;
         s.map(|s| parse(&s, "checkpoint_setup.compute")).transpose()
     }
 
@@ -813,7 +902,14 @@ impl Db {
     }
 
     /// Records an event that is not a state change (e.g. an OOM kill inside a running sandbox).
-    pub fn record_event(&self, id: &str, state: SandboxState, reason: &str, detail: Option<&str>, time: &str) -> Result<SandboxEvent, DbError> {
+    pub fn record_event(
+        &self,
+        id: &str,
+        state: SandboxState,
+        reason: &str,
+        detail: Option<&str>,
+        time: &str,
+    ) -> Result<SandboxEvent, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let ev = insert_event(&tx, id, Some(state), &Transition { to: state, reason, detail, duration_ms: 0, time })?;
@@ -823,10 +919,17 @@ impl Db {
 
     /// Changes a sandbox's policy with `f`, read and written in one transaction.
     /// Returns the new policy, or `None` when there is no such sandbox.
-    pub fn update_policy(&self, id: &str, f: impl FnOnce(&mut SandboxPolicy)) -> Result<Option<SandboxPolicy>, DbError> {
+    pub fn update_policy(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut SandboxPolicy),
+    ) -> Result<Option<SandboxPolicy>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let Some(stored) = tx.query_row("SELECT policy FROM sandboxes WHERE id = ?1", params![id], |r| r.get::<_, String>(0)).optional()? else {
+        let Some(stored) = tx
+            .query_row("SELECT policy FROM sandboxes WHERE id = ?1", params![id], |r| r.get::<_, String>(0))
+            .optional()?
+        else {
             return Ok(None);
         };
         let mut policy: SandboxPolicy = parse(&stored, "policy")?;
@@ -846,7 +949,9 @@ impl Db {
     /// caller's key goes through [`Db::find_sandbox`]).
     pub fn sandbox_by_id(&self, id: &str) -> Result<Option<SandboxRecord>, DbError> {
         let conn = self.conn();
-        conn.query_row(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"), params![id], sandbox_from_row).optional()?.transpose()
+        conn.query_row(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"), params![id], sandbox_from_row)
+            .optional()?
+            .transpose()
     }
 
     /// The sandbox a caller's key names, by the resolution of
@@ -865,7 +970,11 @@ impl Db {
 
     /// Whether a sandbox (of any tenant) has exactly this name: names are unique daemon-wide.
     pub fn sandbox_name_taken(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self.conn().query_row("SELECT 1 FROM sandboxes WHERE name = ?1", params![name], |_| Ok(())).optional()?.is_some())
+        Ok(self
+            .conn()
+            .query_row("SELECT 1 FROM sandboxes WHERE name = ?1", params![name], |_| Ok(()))
+            .optional()?
+            .is_some())
     }
 
     /// All sandboxes, oldest first.
@@ -914,7 +1023,11 @@ impl Db {
     pub fn get_lease(&self, sandbox_id: &str, id: &str) -> Result<Option<Lease>, DbError> {
         Ok(self
             .conn()
-            .query_row("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id], lease_from_row)
+            .query_row(
+                "SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2",
+                params![id, sandbox_id],
+                lease_from_row,
+            )
             .optional()?)
     }
 
@@ -922,8 +1035,17 @@ impl Db {
     pub fn renew_lease(&self, sandbox_id: &str, id: &str, expires_at: &str) -> Result<Option<Lease>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute("UPDATE leases SET expires_at = ?1 WHERE id = ?2 AND sandbox_id = ?3", params![expires_at, id, sandbox_id])?;
-        let lease = tx.query_row("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id], lease_from_row).optional()?;
+        tx.execute(
+            "UPDATE leases SET expires_at = ?1 WHERE id = ?2 AND sandbox_id = ?3",
+            params![expires_at, id, sandbox_id],
+        )?;
+        let lease = tx
+            .query_row(
+                "SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2",
+                params![id, sandbox_id],
+                lease_from_row,
+            )
+            .optional()?;
         tx.commit()?;
         Ok(lease)
     }
@@ -976,26 +1098,42 @@ impl Db {
     /// daemon itself holds; a caller's key goes through [`Db::find_checkpoint`]).
     pub fn checkpoint_by_id(&self, id: &str) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
         let conn = self.conn();
-        conn.query_row(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1"), params![id], checkpoint_from_row).optional()?.transpose()
+        conn.query_row(
+            &format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1"),
+            params![id],
+            checkpoint_from_row,
+        )
+        .optional()?
+        .transpose()
     }
 
     /// The checkpoint a caller's key names, with its image config, by the
     /// resolution of [`strata_core::ids`] among the checkpoints of `scope`
     /// (every tenant's for `None`).
-    pub fn find_checkpoint(&self, key: &str, scope: Option<&str>) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
+    pub fn find_checkpoint(
+        &self,
+        key: &str,
+        scope: Option<&str>,
+    ) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
         let conn = self.conn();
         checkpoints_keyed().resolve(&conn, key, scope, checkpoint_from_row)?.transpose()
     }
 
     /// Whether a checkpoint (of any tenant) has exactly this name: names are unique daemon-wide.
     pub fn checkpoint_name_taken(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self.conn().query_row("SELECT 1 FROM checkpoints WHERE name = ?1", params![name], |_| Ok(())).optional()?.is_some())
+        Ok(self
+            .conn()
+            .query_row("SELECT 1 FROM checkpoints WHERE name = ?1", params![name], |_| Ok(()))
+            .optional()?
+            .is_some())
     }
 
     /// Checkpoints (of one sandbox, or all), oldest first.
     pub fn list_checkpoints(&self, sandbox_id: Option<&str>) -> Result<Vec<Checkpoint>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id"))?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id"
+        ))?;
         let rows = stmt.query_map(params![sandbox_id], checkpoint_from_row)?;
         rows.map(|r| r?.map(|(c, _)| c)).collect()
     }
@@ -1006,7 +1144,14 @@ impl Db {
     }
 
     /// Points a sandbox at a new layer chain (restore), atomically with its lineage pointers.
-    pub fn set_chain(&self, id: &str, layers: &[String], image_config: &ImageConfig, base: Option<&str>, head: Option<&str>) -> Result<(), DbError> {
+    pub fn set_chain(
+        &self,
+        id: &str,
+        layers: &[String],
+        image_config: &ImageConfig,
+        base: Option<&str>,
+        head: Option<&str>,
+    ) -> Result<(), DbError> {
         self.conn().execute(
             "UPDATE sandboxes SET layers = ?1, image_config = ?2, base_checkpoint = ?3, head_checkpoint = ?4 WHERE id = ?5",
             params![json(&layers), json(image_config), base, head, id],
@@ -1031,7 +1176,12 @@ impl Db {
 
     /// A template's checkpoint id and creation time.
     pub fn get_template(&self, name: &str) -> Result<Option<(String, String)>, DbError> {
-        Ok(self.conn().query_row("SELECT checkpoint, created_at FROM templates WHERE name = ?1", params![name], |r| Ok((r.get(0)?, r.get(1)?))).optional()?)
+        Ok(self
+            .conn()
+            .query_row("SELECT checkpoint, created_at FROM templates WHERE name = ?1", params![name], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?)
     }
 
     /// All templates: (name, checkpoint, created_at).
@@ -1044,18 +1194,28 @@ impl Db {
 
     /// The tenant of a template, if it exists.
     pub fn template_tenant(&self, name: &str) -> Result<Option<String>, DbError> {
-        Ok(self.conn().query_row("SELECT tenant FROM templates WHERE name = ?1", params![name], |r| r.get(0)).optional()?)
+        Ok(self
+            .conn()
+            .query_row("SELECT tenant FROM templates WHERE name = ?1", params![name], |r| r.get(0))
+            .optional()?)
     }
 
     /// Records (JSON) the scan findings accepted when the template was promoted.
     pub fn set_template_acceptance(&self, name: &str, acceptance: &str) -> Result<(), DbError> {
-        self.conn().execute("UPDATE templates SET accepted_findings = ?1 WHERE name = ?2", params![acceptance, name])?;
+        self.conn()
+            .execute("UPDATE templates SET accepted_findings = ?1 WHERE name = ?2", params![acceptance, name])?;
         Ok(())
     }
 
     /// The accepted scan findings (JSON) of a template, if any.
     pub fn template_acceptance(&self, name: &str) -> Result<Option<String>, DbError> {
-        Ok(self.conn().query_row("SELECT accepted_findings FROM templates WHERE name = ?1", params![name], |r| r.get::<_, Option<String>>(0)).optional()?.flatten())
+        Ok(self
+            .conn()
+            .query_row("SELECT accepted_findings FROM templates WHERE name = ?1", params![name], |r| {
+                r.get::<_, Option<String>>(0)
+            })
+            .optional()?
+            .flatten())
     }
 
     // ---- audit log ----
@@ -1065,9 +1225,22 @@ impl Db {
         let NewAudit { time, actor, tenant, method, route, target, status } = *n;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let last: Option<(i64, String)> = tx.query_row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+        let last: Option<(i64, String)> = tx
+            .query_row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
         let (seq, prev_hash) = last.map(|(s, h)| (s + 1, h)).unwrap_or((1, AUDIT_GENESIS.to_string()));
-        let mut e = AuditEntry { seq, time: time.into(), actor: actor.into(), tenant: tenant.map(str::to_string), method: method.into(), route: route.into(), target: target.map(str::to_string), status, prev_hash, hash: String::new() };
+        let mut e = AuditEntry {
+            seq,
+            time: time.into(),
+            actor: actor.into(),
+            tenant: tenant.map(str::to_string),
+            method: method.into(),
+            route: route.into(),
+            target: target.map(str::to_string),
+            status,
+            prev_hash,
+            hash: String::new(),
+        };
         e.hash = audit_hash(&e);
         tx.execute(
             "INSERT INTO audit (seq, time, actor, method, route, target, status, prev_hash, hash, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -1089,7 +1262,18 @@ impl Db {
             "SELECT seq, time, actor, method, route, target, status, prev_hash, hash, tenant FROM (SELECT * FROM audit WHERE ?2 IS NULL OR tenant = ?2 ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
         )?;
         let rows = stmt.query_map(params![limit.map_or(-1, i64::from), tenant], |r| {
-            Ok(AuditEntry { seq: r.get(0)?, time: r.get(1)?, actor: r.get(2)?, tenant: r.get(9)?, method: r.get(3)?, route: r.get(4)?, target: r.get(5)?, status: r.get(6)?, prev_hash: r.get(7)?, hash: r.get(8)? })
+            Ok(AuditEntry {
+                seq: r.get(0)?,
+                time: r.get(1)?,
+                actor: r.get(2)?,
+                tenant: r.get(9)?,
+                method: r.get(3)?,
+                route: r.get(4)?,
+                target: r.get(5)?,
+                status: r.get(6)?,
+                prev_hash: r.get(7)?,
+                hash: r.get(8)?,
+            })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -1101,12 +1285,18 @@ impl Db {
 
     /// The checkpoint cached for a build step key.
     pub fn cached_step(&self, key: &str) -> Result<Option<String>, DbError> {
-        Ok(self.conn().query_row("SELECT checkpoint FROM build_cache WHERE key = ?1", params![key], |r| r.get(0)).optional()?)
+        Ok(self
+            .conn()
+            .query_row("SELECT checkpoint FROM build_cache WHERE key = ?1", params![key], |r| r.get(0))
+            .optional()?)
     }
 
     /// Caches a build step's checkpoint.
     pub fn cache_step(&self, key: &str, checkpoint: &str, time: &str) -> Result<(), DbError> {
-        self.conn().execute("INSERT OR REPLACE INTO build_cache (key, checkpoint, created_at) VALUES (?1, ?2, ?3)", params![key, checkpoint, time])?;
+        self.conn().execute(
+            "INSERT OR REPLACE INTO build_cache (key, checkpoint, created_at) VALUES (?1, ?2, ?3)",
+            params![key, checkpoint, time],
+        )?;
         Ok(())
     }
 
@@ -1135,7 +1325,13 @@ impl Db {
     }
 
     /// Like [`Db::events`], only of sandboxes (live or destroyed) of `tenant`.
-    pub fn events_of_tenant(&self, tenant: &str, sandbox_id: Option<&str>, after: i64, limit: u32) -> Result<Vec<SandboxEvent>, DbError> {
+    pub fn events_of_tenant(
+        &self,
+        tenant: &str,
+        sandbox_id: Option<&str>,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<SandboxEvent>, DbError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events
@@ -1147,7 +1343,10 @@ impl Db {
 
     /// The tenant of a sandbox id, live or destroyed (from its usage record, which outlives it).
     pub fn sandbox_tenant_by_id(&self, id: &str) -> Result<Option<String>, DbError> {
-        Ok(self.conn().query_row("SELECT tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| r.get(0)).optional()?)
+        Ok(self
+            .conn()
+            .query_row("SELECT tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| r.get(0))
+            .optional()?)
     }
 
     /// User-chosen names that could be read as an id or an id prefix
@@ -1166,7 +1365,9 @@ impl Db {
             ("image", "SELECT id, name, NULL FROM images"),
         ] {
             let mut stmt = conn.prepare(sql)?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?)))?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
+            })?;
             for row in rows {
                 let (id, name, tenant) = row?;
                 if ids::looks_like_id(&name) {
@@ -1206,7 +1407,12 @@ fn event_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SandboxEvent> {
     })
 }
 
-fn insert_event(tx: &rusqlite::Transaction<'_>, id: &str, from: Option<SandboxState>, t: &Transition<'_>) -> Result<SandboxEvent, DbError> {
+fn insert_event(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    from: Option<SandboxState>,
+    t: &Transition<'_>,
+) -> Result<SandboxEvent, DbError> {
     tx.execute(
         "INSERT INTO events (sandbox_id, time, from_state, to_state, reason, detail, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![id, t.time, from.map(|f| f.as_str()), t.to.as_str(), t.reason, t.detail, t.duration_ms as i64],
@@ -1257,11 +1463,23 @@ impl Db {
         self.find_pipeline_run_in(key, scope, false)
     }
 
-    fn find_pipeline_run_in(&self, key: &str, scope: Option<&str>, id_only: bool) -> Result<Option<PipelineRun>, DbError> {
+    fn find_pipeline_run_in(
+        &self,
+        key: &str,
+        scope: Option<&str>,
+        id_only: bool,
+    ) -> Result<Option<PipelineRun>, DbError> {
         type RunRow = (String, String, String, Option<String>, String, String, String, String);
         let conn = self.conn();
-        let keyed = Keyed { select: "SELECT id, name, state, reason, spec, created_at, updated_at, tenant FROM pipeline_runs".into(), id: "id", name: None, tenant: "tenant" };
-        let map = |r: &Row<'_>| -> rusqlite::Result<RunRow> { Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)) };
+        let keyed = Keyed {
+            select: "SELECT id, name, state, reason, spec, created_at, updated_at, tenant FROM pipeline_runs".into(),
+            id: "id",
+            name: None,
+            tenant: "tenant",
+        };
+        let map = |r: &Row<'_>| -> rusqlite::Result<RunRow> {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+        };
         let row = if id_only {
             conn.query_row(&format!("{} WHERE id = ?1", keyed.select), params![key], map).optional()?
         } else {
@@ -1272,7 +1490,17 @@ impl Db {
         let stages = stmt.query_map(params![id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
         let stages = stages.iter().map(|s| parse(s, "pipeline_stages.record")).collect::<Result<Vec<_>, _>>()?;
         let state = parse(&format!("\"{state}\""), "pipeline_runs.state")?;
-        Ok(Some(PipelineRun { id, tenant, name, state, reason, created_at, updated_at, spec: parse(&spec, "pipeline_runs.spec")?, stages }))
+        Ok(Some(PipelineRun {
+            id,
+            tenant,
+            name,
+            state,
+            reason,
+            created_at,
+            updated_at,
+            spec: parse(&spec, "pipeline_runs.spec")?,
+            stages,
+        }))
     }
 
     /// Ids of every run, newest first.
@@ -1305,7 +1533,15 @@ impl Db {
 }
 
 fn token_from_row(r: &Row<'_>) -> rusqlite::Result<TokenInfo> {
-    Ok(TokenInfo { id: r.get(0)?, name: r.get(1)?, tenant: r.get(2)?, created_at: r.get(3)?, last_used_at: r.get(4)?, expires_at: r.get(5)?, revoked_at: r.get(6)? })
+    Ok(TokenInfo {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        tenant: r.get(2)?,
+        created_at: r.get(3)?,
+        last_used_at: r.get(4)?,
+        expires_at: r.get(5)?,
+        revoked_at: r.get(6)?,
+    })
 }
 
 const TOKEN_COLUMNS: &str = "id, name, tenant, created_at, last_used_at, expires_at, revoked_at";
@@ -1317,9 +1553,24 @@ impl Db {
         self.conn()
             .execute(
                 &format!("INSERT INTO tokens ({TOKEN_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
-                params![t.id, t.name, t.tenant, t.created_at, t.last_used_at, t.expires_at, t.revoked_at, secret_sha256],
+                params![
+                    t.id,
+                    t.name,
+                    t.tenant,
+                    t.created_at,
+                    t.last_used_at,
+                    t.expires_at,
+                    t.revoked_at,
+                    secret_sha256
+                ],
             )
-            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(format!("{}/{}", t.tenant, t.name)) } else { e.into() })?;
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    DbError::NameTaken(format!("{}/{}", t.tenant, t.name))
+                } else {
+                    e.into()
+                }
+            })?;
         Ok(())
     }
 
@@ -1343,7 +1594,13 @@ impl Db {
     /// Tokens matching an id, or the name of a live token (in `tenant` when given).
     pub fn find_tokens(&self, id_or_name: &str, tenant: Option<&str>) -> Result<Vec<TokenInfo>, DbError> {
         let conn = self.conn();
-        let by_id = conn.query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)"), params![id_or_name, tenant], token_from_row).optional()?;
+        let by_id = conn
+            .query_row(
+                &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)"),
+                params![id_or_name, tenant],
+                token_from_row,
+            )
+            .optional()?;
         if let Some(t) = by_id {
             return Ok(vec![t]);
         }
@@ -1357,14 +1614,19 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute("UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2", params![time, id])?;
-        let t = tx.query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), params![id], token_from_row).optional()?;
+        let t = tx
+            .query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), params![id], token_from_row)
+            .optional()?;
         tx.commit()?;
         Ok(t)
     }
 
     /// Sets a token's `last_used_at` to `now` unless it was set at or after `stale_before` (one write a minute at most).
     pub fn touch_token(&self, id: &str, now: &str, stale_before: &str) -> Result<(), DbError> {
-        self.conn().execute("UPDATE tokens SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?3)", params![now, id, stale_before])?;
+        self.conn().execute(
+            "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?3)",
+            params![now, id, stale_before],
+        )?;
         Ok(())
     }
 }
@@ -1388,7 +1650,9 @@ impl Db {
     /// An approval by id.
     pub fn get_approval(&self, id: &str) -> Result<Option<Approval>, DbError> {
         let conn = self.conn();
-        conn.query_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row).optional()?.transpose()
+        conn.query_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row)
+            .optional()?
+            .transpose()
     }
 
     /// Approvals (of one tenant, or all; in one state, or any), oldest first.
@@ -1414,15 +1678,26 @@ impl Db {
     /// Changes an approval in one transaction: `change` sees the current record
     /// and returns whether it changed it. Returns the record after the call and
     /// that flag, or `None` when the id is unknown.
-    pub fn update_approval(&self, id: &str, change: impl FnOnce(&mut Approval) -> bool) -> Result<Option<(Approval, bool)>, DbError> {
+    pub fn update_approval(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut Approval) -> bool,
+    ) -> Result<Option<(Approval, bool)>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let Some(mut a) = tx.query_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row).optional()?.transpose()? else {
+        let Some(mut a) = tx
+            .query_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row)
+            .optional()?
+            .transpose()?
+        else {
             return Ok(None);
         };
         let changed = change(&mut a);
         if changed {
-            tx.execute("UPDATE approvals SET state = ?1, expires_at = ?2, record = ?3 WHERE id = ?4", params![a.state.as_str(), a.expires_at, json(&a), id])?;
+            tx.execute(
+                "UPDATE approvals SET state = ?1, expires_at = ?2, record = ?3 WHERE id = ?4",
+                params![a.state.as_str(), a.expires_at, json(&a), id],
+            )?;
         }
         tx.commit()?;
         Ok(Some((a, changed)))
@@ -1480,8 +1755,16 @@ impl Db {
         let mut stmt = conn.prepare_cached("SELECT id, tenant, state, json_extract(limits, '$.memory_bytes'), json_extract(limits, '$.disk_bytes') FROM sandboxes")?;
         let rows = stmt.query_map([], |r| {
             let state: String = r.get(2)?;
-            let bytes = |i: usize| -> rusqlite::Result<Option<u64>> { Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64)) };
-            Ok(ResourceClaim { id: r.get(0)?, tenant: r.get(1)?, state: SandboxState::parse(&state).unwrap_or(SandboxState::Error), memory_bytes: bytes(3)?, disk_bytes: bytes(4)? })
+            let bytes = |i: usize| -> rusqlite::Result<Option<u64>> {
+                Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
+            };
+            Ok(ResourceClaim {
+                id: r.get(0)?,
+                tenant: r.get(1)?,
+                state: SandboxState::parse(&state).unwrap_or(SandboxState::Error),
+                memory_bytes: bytes(3)?,
+                disk_bytes: bytes(4)?,
+            })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
@@ -1499,7 +1782,11 @@ impl Db {
     /// A tenant's quota override and when it was set, if it has one.
     pub fn tenant_quota(&self, tenant: &str) -> Result<Option<(QuotaOverride, String)>, DbError> {
         let conn = self.conn();
-        let row = conn.query_row("SELECT quota, updated_at FROM tenant_quotas WHERE tenant = ?1", params![tenant], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))).optional()?;
+        let row = conn
+            .query_row("SELECT quota, updated_at FROM tenant_quotas WHERE tenant = ?1", params![tenant], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .optional()?;
         row.map(|(q, t)| Ok((parse(&q, "tenant_quotas.quota")?, t))).transpose()
     }
 
@@ -1518,8 +1805,20 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            &format!("INSERT INTO previews ({PREVIEW_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
-            params![p.id, p.sandbox_id, p.port.map(i64::from), p.tenant, p.public, p.created_at, p.expires_at, p.revoked_at, secret_sha256],
+            &format!(
+                "INSERT INTO previews ({PREVIEW_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ),
+            params![
+                p.id,
+                p.sandbox_id,
+                p.port.map(i64::from),
+                p.tenant,
+                p.public,
+                p.created_at,
+                p.expires_at,
+                p.revoked_at,
+                secret_sha256
+            ],
         )?;
         tx.commit()?;
         Ok(())
@@ -1528,14 +1827,17 @@ impl Db {
     /// The preview whose token hashes to `secret_sha256` (revoked and expired ones included: the caller decides).
     pub fn preview_by_hash(&self, secret_sha256: &str) -> Result<Option<Preview>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE secret_sha256 = ?1"))?;
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE secret_sha256 = ?1"))?;
         Ok(stmt.query_row(params![secret_sha256], preview_from_row).optional()?)
     }
 
     /// The previews of a sandbox, oldest first (revoked and expired ones included).
     pub fn list_previews(&self, sandbox_id: &str) -> Result<Vec<Preview>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 ORDER BY created_at, id"))?;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 ORDER BY created_at, id"
+        ))?;
         let rows = stmt.query_map(params![sandbox_id], preview_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -1543,7 +1845,9 @@ impl Db {
     /// The public previews of a sandbox that open `port` (revoked and expired ones included).
     pub fn public_previews(&self, sandbox_id: &str, port: u16) -> Result<Vec<Preview>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 AND public AND (port IS NULL OR port = ?2)"))?;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 AND public AND (port IS NULL OR port = ?2)"
+        ))?;
         let rows = stmt.query_map(params![sandbox_id, i64::from(port)], preview_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -1552,12 +1856,20 @@ impl Db {
     pub fn revoke_preview(&self, sandbox_id: &str, id: &str, time: &str) -> Result<Option<Preview>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute("UPDATE previews SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2 AND sandbox_id = ?3", params![time, id, sandbox_id])?;
-        let p = tx.query_row(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE id = ?1 AND sandbox_id = ?2"), params![id, sandbox_id], preview_from_row).optional()?;
+        tx.execute(
+            "UPDATE previews SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2 AND sandbox_id = ?3",
+            params![time, id, sandbox_id],
+        )?;
+        let p = tx
+            .query_row(
+                &format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE id = ?1 AND sandbox_id = ?2"),
+                params![id, sandbox_id],
+                preview_from_row,
+            )
+            .optional()?;
         tx.commit()?;
         Ok(p)
     }
-
 }
 
 #[cfg(test)]
@@ -1571,7 +1883,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         assert_eq!(db.tenant_quota("acme").unwrap(), None);
-        let q = QuotaOverride { sandboxes: Some(QuotaValue::Limit(3)), memory_bytes: Some(QuotaValue::Unlimited), ..Default::default() };
+        let q = QuotaOverride {
+            sandboxes: Some(QuotaValue::Limit(3)),
+            memory_bytes: Some(QuotaValue::Unlimited),
+            ..Default::default()
+        };
         db.put_tenant_quota("acme", &q, "2026-01-01T00:00:00Z").unwrap();
         assert_eq!(db.tenant_quota("acme").unwrap(), Some((q, "2026-01-01T00:00:00Z".to_string())));
         let q2 = QuotaOverride { disk_bytes: Some(QuotaValue::Limit(1 << 30)), ..Default::default() };
@@ -1596,7 +1912,16 @@ mod tests {
         db.insert_sandbox(&b).unwrap();
         let mut claims = db.resource_claims().unwrap();
         claims.sort_by(|x, y| x.id.cmp(&y.id));
-        assert_eq!(claims[0], ResourceClaim { id: a.sandbox.id.clone(), tenant: "acme".into(), state: SandboxState::Creating, memory_bytes: Some(1 << 20), disk_bytes: Some(1 << 30) });
+        assert_eq!(
+            claims[0],
+            ResourceClaim {
+                id: a.sandbox.id.clone(),
+                tenant: "acme".into(),
+                state: SandboxState::Creating,
+                memory_bytes: Some(1 << 20),
+                disk_bytes: Some(1 << 30)
+            }
+        );
         assert_eq!((claims[1].memory_bytes, claims[1].disk_bytes, claims[1].tenant.as_str()), (None, None, "default"));
     }
 
@@ -1619,7 +1944,12 @@ mod tests {
                 policy: SandboxPolicy::default_for(Lifecycle::Ephemeral),
                 ttl: None,
                 expires_at: None,
-                limits: ResourceLimits { memory_bytes: Some(1 << 20), cpus: None, pids: Some(10), ..Default::default() },
+                limits: ResourceLimits {
+                    memory_bytes: Some(1 << 20),
+                    cpus: None,
+                    pids: Some(10),
+                    ..Default::default()
+                },
                 env: BTreeMap::from([("A".into(), "1".into())]),
                 hostname: "h".into(),
                 labels: BTreeMap::new(),
@@ -1647,7 +1977,13 @@ mod tests {
         assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
         db.insert_sandbox(&record("0123456789abcdef", "web")).unwrap();
         assert!(matches!(db.insert_sandbox(&record("1123456789abcdef", "web")), Err(DbError::NameTaken(_))));
-        let t = Transition { to: SandboxState::Running, reason: "user", detail: None, duration_ms: 5, time: "2026-01-01T00:00:01Z" };
+        let t = Transition {
+            to: SandboxState::Running,
+            reason: "user",
+            detail: None,
+            duration_ms: 5,
+            time: "2026-01-01T00:00:01Z",
+        };
         assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, Some((42, 7))).unwrap().is_some());
         // A second transition from the old state loses the race and changes nothing.
         assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, None).unwrap().is_none());
@@ -1662,7 +1998,13 @@ mod tests {
         let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();
         assert_eq!(evs.len(), 2);
         assert_eq!(evs[1].from, Some(SandboxState::Creating));
-        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 1, time: "2026-01-01T00:00:02Z" };
+        let t = Transition {
+            to: SandboxState::Destroyed,
+            reason: "user",
+            detail: None,
+            duration_ms: 1,
+            time: "2026-01-01T00:00:02Z",
+        };
         db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap();
         assert!(db.find_sandbox("web", None).unwrap().is_none());
         assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
@@ -1688,7 +2030,11 @@ mod tests {
         let id = |k: &str, scope: Option<&str>| db.find_sandbox(k, scope).unwrap().map(|r| r.sandbox.id);
         // A full id always resolves to that id, never to a name that spells it.
         assert_eq!(id("abcd000000000002", None).as_deref(), Some("abcd000000000002"));
-        assert_eq!(id("abcd000000000002", Some("acme")).as_deref(), Some("eeee000000000004"), "for acme the other tenant's id does not exist: its own name matches");
+        assert_eq!(
+            id("abcd000000000002", Some("acme")).as_deref(),
+            Some("eeee000000000004"),
+            "for acme the other tenant's id does not exist: its own name matches"
+        );
         assert_eq!(id("abcd000000000002", Some("globex")).as_deref(), Some("abcd000000000002"));
         // Prefixes: among the caller's own objects only.
         assert_eq!(id("abcd", None), None, "ambiguous among all tenants");
@@ -1697,7 +2043,11 @@ mod tests {
         assert_eq!(id("abcd", Some("initech")), None);
         // A legacy hex name is an exact name: it wins over a prefix for whoever sees it, and only for them.
         assert_eq!(id("abcd0000", Some("acme")).as_deref(), Some("ffff000000000003"));
-        assert_eq!(id("abcd0000", Some("globex")).as_deref(), Some("abcd000000000002"), "another tenant's name never shadows globex's prefix");
+        assert_eq!(
+            id("abcd0000", Some("globex")).as_deref(),
+            Some("abcd000000000002"),
+            "another tenant's name never shadows globex's prefix"
+        );
         assert_eq!(id("abcd0000", None).as_deref(), Some("ffff000000000003"));
         // Names of another tenant are unknown; no wildcards, no case folding.
         assert_eq!(id("db", Some("acme")), None);
@@ -1707,11 +2057,24 @@ mod tests {
         }
         assert_eq!(db.resolve_sandbox_id("abcd", Some("globex")).unwrap().as_deref(), Some("abcd000000000002"));
         assert_eq!(db.sandbox_by_id("abcd").unwrap().map(|r| r.sandbox.id), None, "by id means the whole id");
-        assert_eq!(db.find_usage("abcd", Some("globex")).unwrap().map(|u| u.sandbox_id).as_deref(), Some("abcd000000000002"));
+        assert_eq!(
+            db.find_usage("abcd", Some("globex")).unwrap().map(|u| u.sandbox_id).as_deref(),
+            Some("abcd000000000002")
+        );
         assert_eq!(db.find_usage("abcd", None).unwrap().map(|u| u.sandbox_id), None);
         assert_eq!(db.usage_by_id("abcd").unwrap().map(|u| u.sandbox_id), None);
         // Pipeline runs: by id or a prefix unique among the caller's runs, never by name.
-        let run = |id: &str, tenant: &str| PipelineRun { id: id.into(), tenant: tenant.into(), name: "abcd1234".into(), state: PipelineState::Succeeded, reason: None, created_at: "t".into(), updated_at: "t".into(), spec: Default::default(), stages: vec![] };
+        let run = |id: &str, tenant: &str| PipelineRun {
+            id: id.into(),
+            tenant: tenant.into(),
+            name: "abcd1234".into(),
+            state: PipelineState::Succeeded,
+            reason: None,
+            created_at: "t".into(),
+            updated_at: "t".into(),
+            spec: Default::default(),
+            stages: vec![],
+        };
         db.put_pipeline_run(&run("abcd1234ffff0001", "acme")).unwrap();
         db.put_pipeline_run(&run("abcd1234ffff0002", "globex")).unwrap();
         let r = |k: &str, scope: Option<&str>| db.find_pipeline_run(k, scope).unwrap().map(|r| r.id);
@@ -1721,8 +2084,13 @@ mod tests {
         assert_eq!(db.pipeline_run_by_id("abcd1234ffff0002").unwrap().map(|r| r.tenant).as_deref(), Some("globex"));
         // The check lists the legacy hex names, not default names equal to the sandbox's own id.
         put("1111000000000005", "1111000000000005", "acme");
-        let listed: Vec<(String, String)> = db.names_like_ids().unwrap().into_iter().map(|n| (n.kind, n.name)).collect();
-        assert!(listed.contains(&("sandbox".into(), "abcd0000".into())) && listed.contains(&("sandbox".into(), "abcd000000000002".into())), "{listed:?}");
+        let listed: Vec<(String, String)> =
+            db.names_like_ids().unwrap().into_iter().map(|n| (n.kind, n.name)).collect();
+        assert!(
+            listed.contains(&("sandbox".into(), "abcd0000".into()))
+                && listed.contains(&("sandbox".into(), "abcd000000000002".into())),
+            "{listed:?}"
+        );
         assert!(listed.contains(&("pipeline_run".into(), "abcd1234".into())), "{listed:?}");
         assert!(!listed.iter().any(|(_, n)| n == "1111000000000005" || n == "web"), "{listed:?}");
     }
@@ -1767,7 +2135,11 @@ mod tests {
         };
         assert_eq!(step(SandboxState::Creating, SandboxState::Running, "t1"), None);
         assert_eq!(step(SandboxState::Running, SandboxState::Stopped, "t2").as_deref(), Some("t2"));
-        assert_eq!(step(SandboxState::Stopped, SandboxState::Archived, "t3").as_deref(), Some("t2"), "kept while parked");
+        assert_eq!(
+            step(SandboxState::Stopped, SandboxState::Archived, "t3").as_deref(),
+            Some("t2"),
+            "kept while parked"
+        );
         assert_eq!(step(SandboxState::Archived, SandboxState::Stopped, "t4").as_deref(), Some("t2"));
         assert_eq!(step(SandboxState::Stopped, SandboxState::Running, "t5"), None, "cleared when it runs");
         assert_eq!(step(SandboxState::Running, SandboxState::Standby, "t6").as_deref(), Some("t6"));
@@ -1777,9 +2149,14 @@ mod tests {
     fn policy_candidates_skip_parked_sandboxes_without_limits() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
-        for (id, to) in [("a000000000000000", SandboxState::Running), ("b000000000000000", SandboxState::Standby), ("c000000000000000", SandboxState::Stopped)] {
+        for (id, to) in [
+            ("a000000000000000", SandboxState::Running),
+            ("b000000000000000", SandboxState::Standby),
+            ("c000000000000000", SandboxState::Stopped),
+        ] {
             db.insert_sandbox(&record(id, &id[..1])).unwrap();
-            let t = Transition { to: SandboxState::Running, reason: "created", detail: None, duration_ms: 0, time: "t1" };
+            let t =
+                Transition { to: SandboxState::Running, reason: "created", detail: None, duration_ms: 0, time: "t1" };
             db.transition(id, SandboxState::Creating, &t, None).unwrap().unwrap();
             if to != SandboxState::Running {
                 let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time: "t2" };
@@ -1822,7 +2199,11 @@ mod tests {
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
         db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
         assert!(db.list_leases(Some(id)).unwrap().is_empty());
-        assert_eq!(db.delete_leases(&[(id, "l2"), ("other", "l3")]).unwrap(), 0, "a lease is deleted only through its own sandbox");
+        assert_eq!(
+            db.delete_leases(&[(id, "l2"), ("other", "l3")]).unwrap(),
+            0,
+            "a lease is deleted only through its own sandbox"
+        );
         assert_eq!(db.list_leases(Some("other")).unwrap().len(), 1);
         assert_eq!(db.delete_leases(&[("other", "l2"), ("other", "l3")]).unwrap(), 1);
     }
@@ -1916,7 +2297,13 @@ mod tests {
         assert!(db.open_approval("acme", "f2").unwrap().is_none());
         assert_eq!(db.list_approvals(Some("globex"), None).unwrap().len(), 1);
         assert_eq!(db.expired_approvals("2026-12-01T10:10:00.000Z").unwrap(), vec!["apr-2".to_string()]);
-        let (after, changed) = db.update_approval("apr-1", |r| { r.state = ApprovalState::Denied; true }).unwrap().unwrap();
+        let (after, changed) = db
+            .update_approval("apr-1", |r| {
+                r.state = ApprovalState::Denied;
+                true
+            })
+            .unwrap()
+            .unwrap();
         assert!(changed && after.state == ApprovalState::Denied);
         assert_eq!(db.get_approval("apr-1").unwrap().unwrap().state, ApprovalState::Denied);
         assert!(db.open_approval("acme", "f1").unwrap().is_none(), "a denied approval is not open");
@@ -1930,28 +2317,59 @@ mod tests {
     fn previews_are_stored_by_hash_and_revoked_once() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let p = Preview { id: "p1".into(), sandbox_id: "s1".into(), port: Some(8000), public: false, tenant: "acme".into(), created_at: "t0".into(), expires_at: "t9".into(), revoked_at: None, url_host: String::new(), url_path: String::new() };
+        let p = Preview {
+            id: "p1".into(),
+            sandbox_id: "s1".into(),
+            port: Some(8000),
+            public: false,
+            tenant: "acme".into(),
+            created_at: "t0".into(),
+            expires_at: "t9".into(),
+            revoked_at: None,
+            url_host: String::new(),
+            url_path: String::new(),
+        };
         db.insert_preview(&p, "h1").unwrap();
         db.insert_preview(&Preview { id: "p2".into(), port: None, public: true, ..p.clone() }, "h2").unwrap();
-        db.insert_preview(&Preview { id: "p3".into(), sandbox_id: "s2".into(), public: true, ..p.clone() }, "h3").unwrap();
+        db.insert_preview(&Preview { id: "p3".into(), sandbox_id: "s2".into(), public: true, ..p.clone() }, "h3")
+            .unwrap();
         assert!(db.insert_preview(&Preview { id: "p4".into(), ..p.clone() }, "h1").is_err(), "a secret hash is unique");
         assert_eq!(db.preview_by_hash("h1").unwrap(), Some(p.clone()));
         assert_eq!(db.preview_by_hash("nope").unwrap(), None);
         assert_eq!(db.list_previews("s1").unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
-        assert_eq!(db.public_previews("s1", 8000).unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p2"], "every-port public previews match any port");
+        assert_eq!(
+            db.public_previews("s1", 8000).unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+            ["p2"],
+            "every-port public previews match any port"
+        );
         assert_eq!(db.public_previews("s2", 8001).unwrap().len(), 0, "a one-port public preview matches its port only");
         assert!(db.revoke_preview("s2", "p1", "r0").unwrap().is_none(), "a preview of another sandbox is not found");
         assert_eq!(db.revoke_preview("s1", "p1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
-        assert_eq!(db.revoke_preview("s1", "p1", "r2").unwrap().unwrap().revoked_at.as_deref(), Some("r1"), "the first revocation time stays");
+        assert_eq!(
+            db.revoke_preview("s1", "p1", "r2").unwrap().unwrap().revoked_at.as_deref(),
+            Some("r1"),
+            "the first revocation time stays"
+        );
     }
 
     #[test]
     fn tokens_are_stored_by_hash_with_names_unique_among_live_ones() {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let t = TokenInfo { id: "t1".into(), name: "ci".into(), tenant: "acme".into(), created_at: "t0".into(), last_used_at: None, expires_at: None, revoked_at: None };
+        let t = TokenInfo {
+            id: "t1".into(),
+            name: "ci".into(),
+            tenant: "acme".into(),
+            created_at: "t0".into(),
+            last_used_at: None,
+            expires_at: None,
+            revoked_at: None,
+        };
         db.insert_token(&t, "h1").unwrap();
-        assert!(matches!(db.insert_token(&TokenInfo { id: "t2".into(), ..t.clone() }, "h2"), Err(DbError::NameTaken(_))), "same name, same tenant");
+        assert!(
+            matches!(db.insert_token(&TokenInfo { id: "t2".into(), ..t.clone() }, "h2"), Err(DbError::NameTaken(_))),
+            "same name, same tenant"
+        );
         db.insert_token(&TokenInfo { id: "t3".into(), tenant: "globex".into(), ..t.clone() }, "h3").unwrap();
         assert_eq!(db.token_by_hash("h1").unwrap(), Some(t.clone()));
         assert_eq!(db.token_by_hash("nope").unwrap(), None);
@@ -1961,9 +2379,17 @@ mod tests {
         assert!(db.find_tokens("t1", Some("globex")).unwrap().is_empty(), "an id outside the tenant is not found");
         db.touch_token("t1", "2026-01-01T00:01:00Z", "2026-01-01T00:00:00Z").unwrap();
         db.touch_token("t1", "2026-01-01T00:01:30Z", "2026-01-01T00:00:30Z").unwrap();
-        assert_eq!(db.token_by_hash("h1").unwrap().unwrap().last_used_at.as_deref(), Some("2026-01-01T00:01:00Z"), "at most one write a minute");
+        assert_eq!(
+            db.token_by_hash("h1").unwrap().unwrap().last_used_at.as_deref(),
+            Some("2026-01-01T00:01:00Z"),
+            "at most one write a minute"
+        );
         assert_eq!(db.revoke_token("t1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
-        assert_eq!(db.revoke_token("t1", "r2").unwrap().unwrap().revoked_at.as_deref(), Some("r1"), "the first revocation time stays");
+        assert_eq!(
+            db.revoke_token("t1", "r2").unwrap().unwrap().revoked_at.as_deref(),
+            Some("r1"),
+            "the first revocation time stays"
+        );
         assert!(db.revoke_token("nope", "r1").unwrap().is_none());
         assert_eq!(db.list_tokens(Some("acme"), false).unwrap().len(), 0);
         assert_eq!(db.list_tokens(Some("acme"), true).unwrap().len(), 1);
@@ -2007,20 +2433,49 @@ mod tests {
         assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
         assert_eq!(got.processes, c.processes);
         db.put_template("tpl", &c.id, "t", false).unwrap();
-        assert_eq!(db.template_tenant("tpl").unwrap().as_deref(), Some("acme"), "a template is its checkpoint's tenant's");
+        assert_eq!(
+            db.template_tenant("tpl").unwrap().as_deref(),
+            Some("acme"),
+            "a template is its checkpoint's tenant's"
+        );
         db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
         assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 2);
         assert!(db.events_of_tenant("globex", None, 0, 100).unwrap().is_empty());
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
         db.delete_sandbox(&rec.sandbox.id, SandboxState::Creating, &t).unwrap();
-        assert_eq!(db.sandbox_tenant_by_id(&rec.sandbox.id).unwrap().as_deref(), Some("acme"), "remembered after destroy");
+        assert_eq!(
+            db.sandbox_tenant_by_id(&rec.sandbox.id).unwrap().as_deref(),
+            Some("acme"),
+            "remembered after destroy"
+        );
         assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 3);
     }
 
     #[test]
     fn audit_entries_without_a_tenant_keep_their_old_hash() {
-        let e = AuditEntry { seq: 1, time: "t".into(), actor: "uid:0".into(), tenant: None, method: "POST".into(), route: "/v1/x".into(), target: None, status: 200, prev_hash: AUDIT_GENESIS.into(), hash: String::new() };
-        let old = serde_json::to_vec(&serde_json::json!([e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash])).unwrap();
+        let e = AuditEntry {
+            seq: 1,
+            time: "t".into(),
+            actor: "uid:0".into(),
+            tenant: None,
+            method: "POST".into(),
+            route: "/v1/x".into(),
+            target: None,
+            status: 200,
+            prev_hash: AUDIT_GENESIS.into(),
+            hash: String::new(),
+        };
+        let old = serde_json::to_vec(&serde_json::json!([
+            e.seq,
+            e.time,
+            e.actor,
+            e.method,
+            e.route,
+            e.target,
+            e.status,
+            e.prev_hash
+        ]))
+        .unwrap();
         assert_eq!(audit_canonical(&e), old);
         let with = AuditEntry { tenant: Some("acme".into()), ..e.clone() };
         assert_ne!(audit_hash(&with), audit_hash(&e), "the tenant is covered by the hash");
@@ -2031,7 +2486,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         for (i, route) in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}"].iter().enumerate() {
-            let e = db.append_audit(&NewAudit { time: "2026-01-01T00:00:00Z", actor: "uid:0", tenant: (i == 1).then_some("acme"), method: "POST", route, target: Some("x"), status: 200 + i as u16 }).unwrap();
+            let e = db
+                .append_audit(&NewAudit {
+                    time: "2026-01-01T00:00:00Z",
+                    actor: "uid:0",
+                    tenant: (i == 1).then_some("acme"),
+                    method: "POST",
+                    route,
+                    target: Some("x"),
+                    status: 200 + i as u16,
+                })
+                .unwrap();
             assert_eq!(e.seq, i as i64 + 1);
         }
         let all = db.audit_entries(None).unwrap();

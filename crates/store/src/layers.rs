@@ -112,7 +112,9 @@ pub fn parse_key(key: &str) -> Result<(&str, Option<UnpackPolicy>), LayerStoreEr
     let invalid = || LayerStoreError::InvalidDigest(key.to_string());
     match key.split_once('+') {
         None => Ok((digest_hex(key)?, None)),
-        Some((digest, policy)) => Ok((digest_hex(digest).map_err(|_| invalid())?, Some(UnpackPolicy::parse(policy).ok_or_else(invalid)?))),
+        Some((digest, policy)) => {
+            Ok((digest_hex(digest).map_err(|_| invalid())?, Some(UnpackPolicy::parse(policy).ok_or_else(invalid)?)))
+        }
     }
 }
 
@@ -144,9 +146,7 @@ pub struct LayerStore {
 
 /// Validates a `sha256:<hex>` digest and returns the hex part.
 pub fn digest_hex(digest: &str) -> Result<&str, LayerStoreError> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .ok_or_else(|| LayerStoreError::InvalidDigest(digest.to_string()))?;
+    let hex = digest.strip_prefix("sha256:").ok_or_else(|| LayerStoreError::InvalidDigest(digest.to_string()))?;
     if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return Err(LayerStoreError::InvalidDigest(digest.to_string()));
     }
@@ -200,10 +200,8 @@ impl LayerStore {
     pub fn meta(&self, key: &str) -> Result<LayerMeta, LayerStoreError> {
         let p = self.layer_dir(key)?.join("layer.json");
         let bytes = fs::read(&p).map_err(io_err(&p))?;
-        serde_json::from_slice(&bytes).map_err(|e| LayerStoreError::Io {
-            path: p,
-            source: io::Error::new(io::ErrorKind::InvalidData, e),
-        })
+        serde_json::from_slice(&bytes)
+            .map_err(|e| LayerStoreError::Io { path: p, source: io::Error::new(io::ErrorKind::InvalidData, e) })
     }
 
     /// Starts a new layer: an empty staging directory with an `fs/` subdirectory.
@@ -219,7 +217,13 @@ impl LayerStore {
     /// layer is new, `false` when a layer of the same bytes *and* policy was
     /// already stored (the staged copy is then discarded). Never shares a layer
     /// with another policy's, nor with a legacy layer of unknown policy.
-    pub fn commit(&self, staged: StagedLayer, diff_id: &str, policy: UnpackPolicy, size: u64) -> Result<(String, bool), LayerStoreError> {
+    pub fn commit(
+        &self,
+        staged: StagedLayer,
+        diff_id: &str,
+        policy: UnpackPolicy,
+        size: u64,
+    ) -> Result<(String, bool), LayerStoreError> {
         let key = layer_key(diff_id, policy)?;
         let final_dir = self.layer_dir(&key)?;
         if self.contains(&key) {
@@ -304,7 +308,11 @@ mod tests {
         let legacy = dir.path().join("sha256").join(&D["sha256:".len()..]);
         fs::create_dir_all(legacy.join("fs")).unwrap();
         fs::write(legacy.join("fs/f"), b"legacy").unwrap();
-        fs::write(legacy.join("layer.json"), br#"{"digest":"sha256:0000000000000000000000000000000000000000000000000000000000000001","size":1}"#).unwrap();
+        fs::write(
+            legacy.join("layer.json"),
+            br#"{"digest":"sha256:0000000000000000000000000000000000000000000000000000000000000001","size":1}"#,
+        )
+        .unwrap();
         assert!(store.contains(D) && store.meta(D).unwrap().policy.is_none());
         // Neither policy reuses the legacy layer, nor the other policy's.
         let (trusted, new_t) = put(UnpackPolicy::Trusted, b"trusted");
@@ -314,7 +322,11 @@ mod tests {
         assert_ne!(store.fs_dir(&trusted).unwrap(), store.fs_dir(&untrusted).unwrap());
         assert_eq!(fs::read(store.fs_dir(&trusted).unwrap().join("f")).unwrap(), b"trusted");
         assert_eq!(fs::read(store.fs_dir(&untrusted).unwrap().join("f")).unwrap(), b"untrusted");
-        assert_eq!(fs::read(store.fs_dir(D).unwrap().join("f")).unwrap(), b"legacy", "the legacy layer keeps its key and content");
+        assert_eq!(
+            fs::read(store.fs_dir(D).unwrap().join("f")).unwrap(),
+            b"legacy",
+            "the legacy layer keeps its key and content"
+        );
         let mut all = store.list().unwrap();
         all.sort();
         assert_eq!(all, vec![D.to_string(), trusted.clone(), untrusted.clone()]);

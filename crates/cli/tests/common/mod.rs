@@ -102,7 +102,14 @@ impl TestDaemon {
         let dir = tempfile::Builder::new().prefix("strata-it-").tempdir_in("/var/tmp").expect("tempdir");
         let socket = dir.path().join("strata.sock");
         let state_dir = dir.path().join("state");
-        let mut d = TestDaemon { dir, socket, state_dir, child: None, listen: listen.map(str::to_string), env: with_own_pool(Vec::new()) };
+        let mut d = TestDaemon {
+            dir,
+            socket,
+            state_dir,
+            child: None,
+            listen: listen.map(str::to_string),
+            env: with_own_pool(Vec::new()),
+        };
         d.spawn();
         d
     }
@@ -125,8 +132,13 @@ impl TestDaemon {
         if let Some(l) = &self.listen {
             cmd.arg("--listen").arg(l);
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("daemon.log")).expect("log");
-        let child = cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().expect("spawn daemon");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("daemon.log"))
+            .expect("log");
+        let child =
+            cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().expect("spawn daemon");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
@@ -167,13 +179,25 @@ impl TestDaemon {
 
     /// Runs the CLI against this daemon.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(strata_bin()).args(args).env("STRATA_SOCKET", &self.socket).stdin(Stdio::null()).output().expect("run strata")
+        Command::new(strata_bin())
+            .args(args)
+            .env("STRATA_SOCKET", &self.socket)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run strata")
     }
 
     /// Runs the CLI with bytes on stdin.
     pub fn cli_stdin(&self, args: &[&str], input: &[u8]) -> Output {
         use std::io::Write;
-        let mut child = Command::new(strata_bin()).args(args).env("STRATA_SOCKET", &self.socket).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run strata");
+        let mut child = Command::new(strata_bin())
+            .args(args)
+            .env("STRATA_SOCKET", &self.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run strata");
         child.stdin.take().unwrap().write_all(input).unwrap();
         child.wait_with_output().unwrap()
     }
@@ -181,7 +205,13 @@ impl TestDaemon {
     /// Runs the CLI and asserts success, returning stdout.
     pub fn cli_ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
-        assert!(out.status.success(), "strata {args:?} failed ({:?}):\nstdout: {}\nstderr: {}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed ({:?}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -214,7 +244,8 @@ impl TestDaemon {
 impl Drop for TestDaemon {
     fn drop(&mut self) {
         // Destroy every sandbox so no namespaces, cgroups or processes outlive the test.
-        let listing = serde_json::from_slice::<Vec<serde_json::Value>>(&self.cli(&["ps", "--json"]).stdout).unwrap_or_default();
+        let listing =
+            serde_json::from_slice::<Vec<serde_json::Value>>(&self.cli(&["ps", "--json"]).stdout).unwrap_or_default();
         let ids: Vec<String> = listing.iter().filter_map(|s| s["id"].as_str().map(str::to_string)).collect();
         for id in ids {
             let _ = self.cli(&["rm", "-f", &id]);

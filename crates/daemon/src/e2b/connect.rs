@@ -193,7 +193,11 @@ impl Decoder {
     }
 
     fn truncated(&self) -> FrameError {
-        let need = if self.buf.len() >= 5 { 5 + u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize } else { 5 };
+        let need = if self.buf.len() >= 5 {
+            5 + u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize
+        } else {
+            5
+        };
         FrameError::Truncated { have: self.buf.len(), need }
     }
 

@@ -13,7 +13,10 @@ use axum::routing::{any, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use strata_api::{CheckpointRequest, CreateSandboxRequest, ForkRequest, Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxState, UpdateSandboxRequest};
+use strata_api::{
+    CheckpointRequest, CreateSandboxRequest, ForkRequest, Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxState,
+    UpdateSandboxRequest,
+};
 use strata_client::Client;
 use tracing::info;
 
@@ -57,21 +60,32 @@ pub fn router(e2b: SharedE2b) -> Router {
 
 /// The caller's native client and key (401 without one).
 fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Client, String), E2bError> {
-    let key = request_token(headers).ok_or_else(|| E2bError::Unauthorized("missing API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)".into()))?;
+    let key = request_token(headers).ok_or_else(|| {
+        E2bError::Unauthorized(
+            "missing API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)"
+                .into(),
+        )
+    })?;
     Ok((e.client(key.clone()), key))
 }
 
 /// Maps the native answer for an unknown sandbox to E2B's 404 with the E2B wording.
 fn sandbox_err(id: &str) -> impl FnOnce(strata_client::ClientError) -> E2bError + '_ {
     move |e| match e.code() {
-        Some(strata_api::ErrorCode::SandboxNotFound) => E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")),
+        Some(strata_api::ErrorCode::SandboxNotFound) => {
+            E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it"))
+        }
         _ => E2bError::Native(e),
     }
 }
 
 /// E2B template id -> strata image/template/checkpoint name.
 fn strata_source(template: &str) -> String {
-    if template == "base" { BASE_TEMPLATE.to_string() } else { template.to_string() }
+    if template == "base" {
+        BASE_TEMPLATE.to_string()
+    } else {
+        template.to_string()
+    }
 }
 
 /// The E2B template id of a sandbox.
@@ -103,7 +117,12 @@ fn fmt_time(t: SystemTime) -> String {
 /// When the sandbox's timeout ends: creation + `max_lifetime`.
 fn end_at(s: &Sandbox) -> String {
     let created = parse_time(&s.created_at).unwrap_or_else(SystemTime::now);
-    let life = s.policy.max_lifetime.as_deref().and_then(|m| humantime::parse_duration(m).ok()).unwrap_or(Duration::from_secs(MAX_TIMEOUT));
+    let life = s
+        .policy
+        .max_lifetime
+        .as_deref()
+        .and_then(|m| humantime::parse_duration(m).ok())
+        .unwrap_or(Duration::from_secs(MAX_TIMEOUT));
     fmt_time(created + life)
 }
 
@@ -199,8 +218,16 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
         (req.iam.as_ref().is_some_and(|v| !v.is_null()), "IAM workload tokens (iam)"),
         (req.volume_mounts.as_ref().is_some_and(|v| !v.is_null()), "volume mounts (volumeMounts)"),
         // strata resumes a paused sandbox on any access: that is autoResume on, always.
-        (req.auto_resume.as_ref().is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(false)), "autoResume disabled (strata resumes a paused sandbox on any access)"),
-        (req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool().is_none()), "autoPauseMemory other than true or false"),
+        (
+            req.auto_resume
+                .as_ref()
+                .is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(false)),
+            "autoResume disabled (strata resumes a paused sandbox on any access)",
+        ),
+        (
+            req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool().is_none()),
+            "autoPauseMemory other than true or false",
+        ),
     ] {
         if given {
             return Err(E2bError::Unsupported(format!("not supported by strata: {what}")));
@@ -209,7 +236,8 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
     let _ = req.secure;
     let network = match (&req.network, req.allow_internet_access) {
         (Some(v), allow) if !v.is_null() => {
-            let mut n: E2bNetwork = serde_json::from_value(v.clone()).map_err(|err| E2bError::BadRequest(format!("malformed network: {err}")))?;
+            let mut n: E2bNetwork = serde_json::from_value(v.clone())
+                .map_err(|err| E2bError::BadRequest(format!("malformed network: {err}")))?;
             if n.allow_internet_access.is_none() {
                 n.allow_internet_access = allow;
             }
@@ -239,7 +267,12 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
         lifecycle: if auto_pause { Lifecycle::Persistent } else { Lifecycle::Ephemeral },
         env: req.env_vars.unwrap_or_default(),
         labels,
-        policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), on_max_lifetime: Some(at_timeout), ..Default::default() }),
+        policy: Some(PolicyPatch {
+            on_idle: Some(OnIdle::Keep),
+            max_lifetime: Some(format!("{timeout}s")),
+            on_max_lifetime: Some(at_timeout),
+            ..Default::default()
+        }),
         network,
         // E2B's base image has passwordless sudo for `user`, and code written
         // for E2B uses it: setuid binaries must take effect (up to the sandbox's root).
@@ -248,7 +281,11 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
     };
     let created = client.create_sandbox(&native).await.map_err(|err| match err.code() {
         Some(strata_api::ErrorCode::ImageNotFound) | Some(strata_api::ErrorCode::CheckpointNotFound) => {
-            E2bError::NotFound(format!("template '{}' not found (strata image, template or checkpoint '{}')", req.template_id, strata_source(&req.template_id)))
+            E2bError::NotFound(format!(
+                "template '{}' not found (strata image, template or checkpoint '{}')",
+                req.template_id,
+                strata_source(&req.template_id)
+            ))
         }
         _ => E2bError::Native(err),
     })?;
@@ -285,7 +322,9 @@ fn metadata_filter(q: Option<&str>) -> Result<HashMap<String, String>, E2bError>
     let mut out = HashMap::new();
     let Some(q) = q.filter(|q| !q.is_empty()) else { return Ok(out) };
     for pair in q.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').ok_or_else(|| E2bError::BadRequest(format!("metadata filter {pair:?} is not key=value")))?;
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| E2bError::BadRequest(format!("metadata filter {pair:?} is not key=value")))?;
         out.insert(url_decode(k), url_decode(v));
     }
     Ok(out)
@@ -320,20 +359,42 @@ fn matches_metadata(s: &Sandbox, f: &HashMap<String, String>) -> bool {
 }
 
 /// `GET /sandboxes`: running sandboxes (v1).
-async fn list_v1(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<ListV1Query>) -> Result<Response, E2bError> {
+async fn list_v1(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Query(q): Query<ListV1Query>,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
     let f = metadata_filter(q.metadata.as_deref())?;
-    let list: Vec<Value> = client.list_sandboxes().await?.iter().filter(|s| visible(s) && e2b_state(s.state) == "running" && matches_metadata(s, &f)).map(|s| detail_json(s, None)).collect();
+    let list: Vec<Value> = client
+        .list_sandboxes()
+        .await?
+        .iter()
+        .filter(|s| visible(s) && e2b_state(s.state) == "running" && matches_metadata(s, &f))
+        .map(|s| detail_json(s, None))
+        .collect();
     Ok(Json(list).into_response())
 }
 
 /// `GET /v2/sandboxes`: filter by state and metadata, paginate by `nextToken`
 /// (the id to start after, in creation order) and `limit`; the next token is
 /// in the `x-next-token` header.
-async fn list_v2(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<ListV2Query>) -> Result<Response, E2bError> {
+async fn list_v2(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Query(q): Query<ListV2Query>,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
     let f = metadata_filter(q.metadata.as_deref())?;
-    let states: Vec<String> = q.state.as_deref().unwrap_or("").split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+    let states: Vec<String> = q
+        .state
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
     for s in &states {
         if s != "running" && s != "paused" {
             return Err(E2bError::BadRequest(format!("unknown state {s:?} (running, paused)")));
@@ -350,7 +411,11 @@ async fn list_v2(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query
         .collect();
     all.sort_by(|a, b| (a.created_at.as_str(), a.id.as_str()).cmp(&(b.created_at.as_str(), b.id.as_str())));
     let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
-        Some(t) => all.iter().position(|s| s.id == t).map(|i| i + 1).ok_or_else(|| E2bError::BadRequest(format!("invalid nextToken {t:?}")))?,
+        Some(t) => all
+            .iter()
+            .position(|s| s.id == t)
+            .map(|i| i + 1)
+            .ok_or_else(|| E2bError::BadRequest(format!("invalid nextToken {t:?}")))?,
         None => 0,
     };
     let page: Vec<&Sandbox> = all.iter().skip(start).take(limit).collect();
@@ -382,7 +447,9 @@ async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
     let (client, _) = caller(&e, &headers)?;
     let ev = client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
         // Already destroyed: E2B answers 404 for a sandbox that is gone.
-        Some(strata_api::ErrorCode::InvalidState) => E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")),
+        Some(strata_api::ErrorCode::InvalidState) => {
+            E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it"))
+        }
         _ => sandbox_err(&id)(err),
     })?;
     // The E2B layer's maps are keyed by full ids (see super::dispatch): forget the destroyed one's.
@@ -399,7 +466,10 @@ async fn extend(client: &Client, id: &str, timeout: u64) -> Result<Sandbox, E2bE
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     let age = parse_time(&s.created_at).and_then(|c| SystemTime::now().duration_since(c).ok()).unwrap_or_default();
     let life = age.as_secs() + timeout + 1;
-    let patch = UpdateSandboxRequest { policy: Some(PolicyPatch { max_lifetime: Some(format!("{life}s")), ..Default::default() }), ..Default::default() };
+    let patch = UpdateSandboxRequest {
+        policy: Some(PolicyPatch { max_lifetime: Some(format!("{life}s")), ..Default::default() }),
+        ..Default::default()
+    };
     client.update_sandbox(id, &patch).await.map_err(sandbox_err(id))
 }
 
@@ -409,7 +479,12 @@ struct TimeoutBody {
 }
 
 /// `POST /sandboxes/{id}/timeout`.
-async fn set_timeout(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn set_timeout(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
     let b: TimeoutBody = json_body(&body, "SandboxTimeoutRequest")?;
     extend(&client, &id, check_timeout(b.timeout)?).await?;
@@ -423,7 +498,12 @@ struct RefreshBody {
 }
 
 /// `POST /sandboxes/{id}/refreshes`: keep alive for `duration` seconds more.
-async fn refresh(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn refresh(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
     let b: RefreshBody = json_body(&body, "SandboxRefreshRequest")?;
     extend(&client, &id, check_timeout(b.duration.unwrap_or(DEFAULT_TIMEOUT))?).await?;
@@ -451,7 +531,12 @@ async fn wake(client: &Client, id: &str) -> Result<(Sandbox, bool), E2bError> {
 
 /// `POST /sandboxes/{id}/connect`, `/v2/...`: resume if paused (201), else 200; a
 /// `timeout` extends the sandbox's end.
-async fn connect(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn connect(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, key) = caller(&e, &headers)?;
     let b: ConnectBody = json_body(&body, "ConnectSandbox")?;
     let (mut s, resumed) = wake(&client, &id).await?;
@@ -463,12 +548,21 @@ async fn connect(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<
 }
 
 /// `POST /sandboxes/{id}/resume` (deprecated in the SDK): like connect, 409 when running.
-async fn resume(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn resume(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, key) = caller(&e, &headers)?;
     let b: ConnectBody = json_body(&body, "ResumedSandbox")?;
     let (mut s, resumed) = wake(&client, &id).await?;
     if !resumed {
-        return Ok((StatusCode::CONFLICT, Json(json!({"code": 409, "message": format!("sandbox \"{id}\" is already running")}))).into_response());
+        return Ok((
+            StatusCode::CONFLICT,
+            Json(json!({"code": 409, "message": format!("sandbox \"{id}\" is already running")})),
+        )
+            .into_response());
     }
     if let Some(t) = b.timeout {
         s = extend(&client, &id, check_timeout(t)?).await?;
@@ -482,7 +576,11 @@ async fn pause(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<St
     let (client, _) = caller(&e, &headers)?;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     if e2b_state(s.state) == "paused" {
-        return Ok((StatusCode::CONFLICT, Json(json!({"code": 409, "message": format!("sandbox \"{id}\" is already paused")}))).into_response());
+        return Ok((
+            StatusCode::CONFLICT,
+            Json(json!({"code": 409, "message": format!("sandbox \"{id}\" is already paused")})),
+        )
+            .into_response());
     }
     client.standby_sandbox(&id, false).await.map_err(sandbox_err(&id))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -498,7 +596,12 @@ struct ForkBody {
 
 /// `POST /sandboxes/{id}/fork`: strata fork (copy-on-write children of a
 /// checkpoint taken now); a list of `{"sandbox": Sandbox}`.
-async fn fork(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn fork(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, key) = caller(&e, &headers)?;
     let b: ForkBody = json_body(&body, "SandboxForkRequest")?;
     let count = b.count.unwrap_or(1);
@@ -507,12 +610,28 @@ async fn fork(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
     }
     let parent = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     // E2B's fork copies the running sandbox, processes and memory included.
-    let req = ForkRequest { source: id.clone(), count, name_prefix: None, lifecycle: Lifecycle::Ephemeral, ttl: None, limits: None, network: None, processes: Some(true) };
+    let req = ForkRequest {
+        source: id.clone(),
+        count,
+        name_prefix: None,
+        lifecycle: Lifecycle::Ephemeral,
+        ttl: None,
+        limits: None,
+        network: None,
+        processes: Some(true),
+    };
     let res = client.fork(&req).await.map_err(sandbox_err(&id))?;
     let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
     let mut out = Vec::new();
     for child in &res.sandboxes {
-        let patch = UpdateSandboxRequest { policy: Some(PolicyPatch { on_idle: Some(OnIdle::Keep), max_lifetime: Some(format!("{timeout}s")), ..Default::default() }), ..Default::default() };
+        let patch = UpdateSandboxRequest {
+            policy: Some(PolicyPatch {
+                on_idle: Some(OnIdle::Keep),
+                max_lifetime: Some(format!("{timeout}s")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let mut s = client.update_sandbox(child, &patch).await?;
         // The child keeps the parent's E2B template id.
         if !s.labels.contains_key(TEMPLATE_LABEL) {
@@ -531,13 +650,21 @@ struct SnapshotBody {
 
 /// `POST /sandboxes/{id}/snapshots`: a strata checkpoint; its id is the
 /// snapshot id, usable as a template id to create from.
-async fn snapshot(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn snapshot(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
     let b: SnapshotBody = json_body(&body, "SandboxSnapshotRequest")?;
     let mut labels = BTreeMap::new();
     labels.insert("e2b.snapshot".to_string(), "true".to_string());
     // E2B's snapshots keep the running processes and memory: a warm checkpoint.
-    let cp = client.checkpoint(&id, &CheckpointRequest { name: b.name.clone(), labels, processes: true, ..Default::default() }).await.map_err(sandbox_err(&id))?;
+    let cp = client
+        .checkpoint(&id, &CheckpointRequest { name: b.name.clone(), labels, processes: true, ..Default::default() })
+        .await
+        .map_err(sandbox_err(&id))?;
     Ok((StatusCode::CREATED, Json(json!({"snapshotID": cp.id, "names": [cp.name]}))).into_response())
 }
 
@@ -553,12 +680,25 @@ struct SnapshotsQuery {
 }
 
 /// `GET /snapshots`: the checkpoints taken through the E2B API.
-async fn list_snapshots(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<SnapshotsQuery>) -> Result<Response, E2bError> {
+async fn list_snapshots(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Query(q): Query<SnapshotsQuery>,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
-    let mut cps: Vec<_> = client.list_checkpoints(q.sandbox_id.as_deref()).await?.into_iter().filter(|c| c.labels.get("e2b.snapshot").is_some_and(|v| v == "true")).collect();
+    let mut cps: Vec<_> = client
+        .list_checkpoints(q.sandbox_id.as_deref())
+        .await?
+        .into_iter()
+        .filter(|c| c.labels.get("e2b.snapshot").is_some_and(|v| v == "true"))
+        .collect();
     cps.sort_by(|a, b| (a.created_at.as_str(), a.id.as_str()).cmp(&(b.created_at.as_str(), b.id.as_str())));
     let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
-        Some(t) => cps.iter().position(|c| c.id == t).map(|i| i + 1).ok_or_else(|| E2bError::BadRequest(format!("invalid nextToken {t:?}")))?,
+        Some(t) => cps
+            .iter()
+            .position(|c| c.id == t)
+            .map(|i| i + 1)
+            .ok_or_else(|| E2bError::BadRequest(format!("invalid nextToken {t:?}")))?,
         None => 0,
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
@@ -577,9 +717,15 @@ async fn list_snapshots(State(e): State<SharedE2b>, headers: HeaderMap, Query(q)
 /// `DELETE /templates/{id}` for a snapshot id (`Sandbox.delete_snapshot`):
 /// deletes the checkpoint (409 `in_use` while sandboxes depend on it); 404 for
 /// anything that is not a snapshot.
-async fn delete_snapshot(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
+async fn delete_snapshot(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
-    let not_found = || E2bError::NotFound(format!("snapshot '{id}' not found (template deletion is not supported by strata: only snapshots made through the E2B API)"));
+    let not_found = || {
+        E2bError::NotFound(format!("snapshot '{id}' not found (template deletion is not supported by strata: only snapshots made through the E2B API)"))
+    };
     let cp = client.get_checkpoint(&id).await.map_err(|err| match err.code() {
         Some(strata_api::ErrorCode::CheckpointNotFound) => not_found(),
         _ => E2bError::Native(err),
@@ -599,7 +745,11 @@ async fn metrics(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<
     let cost = client.cost(&id).await.map_err(sandbox_err(&id))?;
     let cpus = s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1).max(1);
     let cpu_secs = cost.usage.compute.cpu_seconds;
-    let pct = if cost.lifetime_seconds > 0.0 { (cpu_secs / cost.lifetime_seconds / cpus as f64 * 100.0).min(100.0) } else { 0.0 };
+    let pct = if cost.lifetime_seconds > 0.0 {
+        (cpu_secs / cost.lifetime_seconds / cpus as f64 * 100.0).min(100.0)
+    } else {
+        0.0
+    };
     let now = SystemTime::now();
     let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
     let mem_total = s.limits.memory_bytes.unwrap_or(0);
@@ -619,7 +769,9 @@ async fn metrics(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<
 
 /// `GET /sandboxes/metrics`: not supported.
 async fn metrics_many() -> E2bError {
-    E2bError::Unsupported("not supported by strata: metrics of many sandboxes at once (GET /sandboxes/metrics); ask per sandbox".into())
+    E2bError::Unsupported(
+        "not supported by strata: metrics of many sandboxes at once (GET /sandboxes/metrics); ask per sandbox".into(),
+    )
 }
 
 /// Query of the log routes (v1: `start`, `limit`; v2: `cursor`, `limit`,
@@ -643,7 +795,12 @@ struct LogsQuery {
 /// A sandbox's log: its lifecycle events from strata's event log (E2B's
 /// sandbox logs are envd's own; process output is read per command).
 /// Entries: (unix ms, RFC 3339 time, level, message, fields).
-async fn log_entries(e: &SharedE2b, headers: &HeaderMap, id: &str, q: &LogsQuery) -> Result<Vec<(u64, String, &'static str, String, Value)>, E2bError> {
+async fn log_entries(
+    e: &SharedE2b,
+    headers: &HeaderMap,
+    id: &str,
+    q: &LogsQuery,
+) -> Result<Vec<(u64, String, &'static str, String, Value)>, E2bError> {
     let (client, _) = caller(e, headers)?;
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     let events = client.events(Some(&s.id), 0).await.map_err(sandbox_err(id))?;
@@ -687,17 +844,29 @@ async fn log_entries(e: &SharedE2b, headers: &HeaderMap, id: &str, q: &LogsQuery
 }
 
 /// `GET /sandboxes/{id}/logs`: `{"logs": [{timestamp, line}], "logEntries": [...]}`.
-async fn logs_v1(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<LogsQuery>) -> Result<Response, E2bError> {
+async fn logs_v1(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response, E2bError> {
     let entries = log_entries(&e, &headers, &id, &q).await?;
     let logs: Vec<Value> = entries.iter().map(|(_, t, _, m, _)| json!({"timestamp": t, "line": m})).collect();
-    let log_entries: Vec<Value> = entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
+    let log_entries: Vec<Value> =
+        entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
     Ok(Json(json!({"logs": logs, "logEntries": log_entries})).into_response())
 }
 
 /// `GET /v2/sandboxes/{id}/logs`: `{"logs": [{timestamp, level, message, fields}]}`.
-async fn logs_v2(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<LogsQuery>) -> Result<Response, E2bError> {
+async fn logs_v2(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response, E2bError> {
     let entries = log_entries(&e, &headers, &id, &q).await?;
-    let logs: Vec<Value> = entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
+    let logs: Vec<Value> =
+        entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
     Ok(Json(json!({"logs": logs})).into_response())
 }
 
@@ -735,7 +904,9 @@ fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
         )));
     }
     if let Some(d) = deny.iter().find(|d| *d != ALL_TRAFFIC) {
-        return Err(E2bError::Unsupported(format!("not supported by strata: deny_out {d:?} next to {ALL_TRAFFIC} (everything not allowed is denied already)")));
+        return Err(E2bError::Unsupported(format!(
+            "not supported by strata: deny_out {d:?} next to {ALL_TRAFFIC} (everything not allowed is denied already)"
+        )));
     }
     Ok(if allow.is_empty() {
         strata_api::NetworkSpec { mode: strata_api::NetworkMode::None, allow: vec![] }
@@ -745,7 +916,12 @@ fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
 }
 
 /// `PUT /sandboxes/{id}/network`: E2B egress rules onto strata's (live).
-async fn network(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+async fn network(
+    State(e): State<SharedE2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let (client, _) = caller(&e, &headers)?;
     let n: E2bNetwork = json_body(&body, "SandboxNetworkUpdateConfig")?;
     let spec = strata_network(&n)?;
@@ -769,7 +945,11 @@ mod tests {
 
     #[test]
     fn e2b_network_maps_onto_an_allowlist() {
-        let n = |allow: &[&str], deny: &[&str]| E2bNetwork { allow_out: Some(allow.iter().map(|s| s.to_string()).collect()), deny_out: Some(deny.iter().map(|s| s.to_string()).collect()), ..Default::default() };
+        let n = |allow: &[&str], deny: &[&str]| E2bNetwork {
+            allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
+            deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        };
         let spec = strata_network(&n(&["pypi.org"], &[ALL_TRAFFIC])).unwrap();
         assert_eq!(spec.mode, strata_api::NetworkMode::Egress);
         assert_eq!(spec.allow, vec!["pypi.org".to_string()]);

@@ -19,7 +19,9 @@ use axum::{Json, Router};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use strata_api::{ErrorCode, ExecRequest, FileKind, FileStat, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest, StreamKind};
+use strata_api::{
+    ErrorCode, ExecRequest, FileKind, FileStat, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest, StreamKind,
+};
 use strata_client::{Client, ClientError};
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -76,7 +78,9 @@ pub fn router(e2b: SharedE2b) -> Router {
         .route("/files", get(download).post(upload))
         .route("/process.Process/{method}", post(process))
         .route("/filesystem.Filesystem/{method}", post(filesystem))
-        .fallback(|uri: axum::http::Uri| async move { (StatusCode::NOT_FOUND, Json(json!({"code": 404, "message": format!("envd has no route {}", uri.path())}))) })
+        .fallback(|uri: axum::http::Uri| async move {
+            (StatusCode::NOT_FOUND, Json(json!({"code": 404, "message": format!("envd has no route {}", uri.path())})))
+        })
         .with_state(e2b)
 }
 
@@ -101,7 +105,11 @@ impl Ctx {
     }
 
     fn home(&self) -> String {
-        if self.user == "root" { "/root".into() } else { format!("/home/{}", self.user) }
+        if self.user == "root" {
+            "/root".into()
+        } else {
+            format!("/home/{}", self.user)
+        }
     }
 
     /// An absolute path: relative ones and `~` are the user's home.
@@ -121,14 +129,26 @@ impl Ctx {
 /// Runs `cmd` in the sandbox as the caller's user (file operations that must
 /// create things owned by that user, with that user's permissions).
 async fn run_as(c: &Ctx, cmd: &[&str]) -> Result<(), ConnectError> {
-    let req = ExecRequest { cmd: cmd.iter().map(|s| s.to_string()).collect(), user: Some(c.user.clone()), cwd: Some("/".into()), timeout: Some("60s".into()), ..Default::default() };
+    let req = ExecRequest {
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        user: Some(c.user.clone()),
+        cwd: Some("/".into()),
+        timeout: Some("60s".into()),
+        ..Default::default()
+    };
     let r = c.client.exec(&c.sandbox, &req).await.map_err(native)?;
     if r.process.exit_status() == 0 {
         return Ok(());
     }
     let err = base64::engine::general_purpose::STANDARD.decode(&r.stderr_b64).unwrap_or_default();
     let msg = String::from_utf8_lossy(&err).trim().to_string();
-    let code = if msg.contains("Permission denied") { Code::PermissionDenied } else if msg.contains("No such file") { Code::NotFound } else { Code::InvalidArgument };
+    let code = if msg.contains("Permission denied") {
+        Code::PermissionDenied
+    } else if msg.contains("No such file") {
+        Code::NotFound
+    } else {
+        Code::InvalidArgument
+    };
     Err(ConnectError::new(code, format!("{}: {msg}", cmd.join(" "))))
 }
 
@@ -138,11 +158,20 @@ async fn chown_to_user(c: &Ctx, path: &str) -> Result<(), ConnectError> {
     if c.user == "root" {
         return Ok(());
     }
-    let req = ExecRequest { cmd: vec!["chown".into(), "-h".into(), format!("{0}:{0}", c.user), path.into()], user: Some("root".into()), cwd: Some("/".into()), timeout: Some("60s".into()), ..Default::default() };
+    let req = ExecRequest {
+        cmd: vec!["chown".into(), "-h".into(), format!("{0}:{0}", c.user), path.into()],
+        user: Some("root".into()),
+        cwd: Some("/".into()),
+        timeout: Some("60s".into()),
+        ..Default::default()
+    };
     let r = c.client.exec(&c.sandbox, &req).await.map_err(native)?;
     if r.process.exit_status() != 0 {
         let err = base64::engine::general_purpose::STANDARD.decode(&r.stderr_b64).unwrap_or_default();
-        return Err(ConnectError::new(Code::Internal, format!("chown {path}: {}", String::from_utf8_lossy(&err).trim())));
+        return Err(ConnectError::new(
+            Code::Internal,
+            format!("chown {path}: {}", String::from_utf8_lossy(&err).trim()),
+        ));
     }
     Ok(())
 }
@@ -165,7 +194,12 @@ fn user_of(headers: &HeaderMap, query_user: Option<&str>) -> String {
 
 fn ctx(e: &SharedE2b, headers: &HeaderMap, query_user: Option<&str>) -> Result<Ctx, ConnectError> {
     let sandbox = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let token = request_token(headers).ok_or_else(|| ConnectError::new(Code::Unauthenticated, "missing access token: send X-Access-Token (the envdAccessToken of the sandbox)"))?;
+    let token = request_token(headers).ok_or_else(|| {
+        ConnectError::new(
+            Code::Unauthenticated,
+            "missing access token: send X-Access-Token (the envdAccessToken of the sandbox)",
+        )
+    })?;
     Ok(Ctx { client: e.client(token.clone()), token, sandbox, user: user_of(headers, query_user) })
 }
 
@@ -195,7 +229,8 @@ fn native(e: ClientError) -> ConnectError {
 
 fn parse<T: serde::de::DeserializeOwned>(payload: &[u8], what: &str) -> Result<T, ConnectError> {
     let payload: &[u8] = if payload.is_empty() { b"{}" } else { payload };
-    serde_json::from_slice(payload).map_err(|e| ConnectError::new(Code::InvalidArgument, format!("malformed {what}: {e}")))
+    serde_json::from_slice(payload)
+        .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("malformed {what}: {e}")))
 }
 
 /// How the request is framed.
@@ -211,15 +246,25 @@ fn framing(headers: &HeaderMap) -> Result<Framing, ConnectError> {
     match base.as_str() {
         "application/json" => Ok(Framing::Unary),
         "application/connect+json" => Ok(Framing::Stream),
-        "application/proto" | "application/connect+proto" => Err(ConnectError::new(Code::Unimplemented, "the binary protobuf codec is not supported by strata's envd: use the JSON codec (as the e2b SDK does)")),
-        other => Err(ConnectError::new(Code::InvalidArgument, format!("unsupported content type {other:?} (application/json or application/connect+json)"))),
+        "application/proto" | "application/connect+proto" => Err(ConnectError::new(
+            Code::Unimplemented,
+            "the binary protobuf codec is not supported by strata's envd: use the JSON codec (as the e2b SDK does)",
+        )),
+        other => Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("unsupported content type {other:?} (application/json or application/connect+json)"),
+        )),
     }
 }
 
 /// The first message of a streaming request body.
 fn stream_message(body: &[u8]) -> Result<Bytes, ConnectError> {
     let frames = connect::decode_all(body)?;
-    frames.into_iter().find(|(f, _)| f & connect::FLAG_END_STREAM == 0).map(|(_, p)| p).ok_or_else(|| ConnectError::new(Code::InvalidArgument, "streaming request without a message"))
+    frames
+        .into_iter()
+        .find(|(f, _)| f & connect::FLAG_END_STREAM == 0)
+        .map(|(_, p)| p)
+        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "streaming request without a message"))
 }
 
 fn unary_ok(v: Value) -> Response {
@@ -320,7 +365,9 @@ struct UpdateRequest {
 
 /// `process.PTY` -> (cols, rows), clamped to sane terminal sizes.
 fn pty_size(v: &Value) -> (u32, u32) {
-    let dim = |k: &str, d: u64| v.get("size").and_then(|s| s.get(k)).and_then(Value::as_u64).unwrap_or(d).clamp(1, 1000) as u32;
+    let dim = |k: &str, d: u64| {
+        v.get("size").and_then(|s| s.get(k)).and_then(Value::as_u64).unwrap_or(d).clamp(1, 1000) as u32
+    };
     (dim("cols", 80), dim("rows", 24))
 }
 
@@ -339,7 +386,9 @@ async fn resize(e: &SharedE2b, c: &Ctx, req: UpdateRequest) -> Result<(), Connec
     }
     let (cols, rows) = pty_size(size);
     let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
-    let ns_pid = p.pid.filter(|_| p.status == ProcessStatus::Running).ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")))?;
+    let ns_pid = p.pid.filter(|_| p.status == ProcessStatus::Running).ok_or_else(|| {
+        ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)"))
+    })?;
     let script = format!("for t in $(ps -o tty= --ppid {ns_pid}); do stty -F /dev/$t cols {cols} rows {rows} || exit 1; done; pkill -WINCH -P {ns_pid}; true");
     let ctx = Ctx { client: c.client.clone(), token: c.token.clone(), sandbox: c.sandbox.clone(), user: "root".into() };
     run_as(&ctx, &["sh", "-c", &script]).await
@@ -377,16 +426,25 @@ async fn process(State(e): State<SharedE2b>, Path(method): Path<String>, headers
         Ok(x) => x,
         Err(r) => return *r,
     };
-    let keepalive = headers.get("keepalive-ping-interval").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).filter(|s| *s > 0).map(Duration::from_secs);
+    let keepalive = headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
     let res = match (method.as_str(), f) {
-        ("Start", Framing::Stream) => match stream_message(&body).and_then(|m| parse::<StartRequest>(&m, "process.StartRequest")) {
-            Ok(req) => return start(e, c, req, keepalive).await.unwrap_or_else(|err| stream_error(&err)),
-            Err(err) => Err(err),
-        },
-        ("Connect", Framing::Stream) => match stream_message(&body).and_then(|m| parse::<ProcessRequest>(&m, "process.ConnectRequest")) {
-            Ok(req) => return reconnect(e, c, req, keepalive).await.unwrap_or_else(|err| stream_error(&err)),
-            Err(err) => Err(err),
-        },
+        ("Start", Framing::Stream) => {
+            match stream_message(&body).and_then(|m| parse::<StartRequest>(&m, "process.StartRequest")) {
+                Ok(req) => return start(e, c, req, keepalive).await.unwrap_or_else(|err| stream_error(&err)),
+                Err(err) => Err(err),
+            }
+        }
+        ("Connect", Framing::Stream) => {
+            match stream_message(&body).and_then(|m| parse::<ProcessRequest>(&m, "process.ConnectRequest")) {
+                Ok(req) => return reconnect(e, c, req, keepalive).await.unwrap_or_else(|err| stream_error(&err)),
+                Err(err) => Err(err),
+            }
+        }
         ("StreamInput", Framing::Stream) => stream_input(&e, &c, &body).await.map(|()| {
             let mut b = connect::envelope(0, b"{}").to_vec();
             b.extend_from_slice(&connect::end_stream(None));
@@ -409,10 +467,14 @@ async fn process(State(e): State<SharedE2b>, Path(method): Path<String>, headers
             Ok(req) => resize(&e, &c, req).await.map(|()| unary_ok(json!({}))),
             Err(err) => Err(err),
         },
-        ("Start" | "Connect" | "StreamInput", Framing::Unary) | ("List" | "SendSignal" | "SendInput" | "CloseStdin" | "Update", Framing::Stream) => {
-            Err(ConnectError::new(Code::InvalidArgument, format!("process.{method}: wrong content type for this method's streaming kind")))
+        ("Start" | "Connect" | "StreamInput", Framing::Unary)
+        | ("List" | "SendSignal" | "SendInput" | "CloseStdin" | "Update", Framing::Stream) => Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("process.{method}: wrong content type for this method's streaming kind"),
+        )),
+        _ => {
+            Err(ConnectError::new(Code::Unimplemented, format!("process.{method} is not a method of process.Process")))
         }
-        _ => Err(ConnectError::new(Code::Unimplemented, format!("process.{method} is not a method of process.Process"))),
     };
     res.unwrap_or_else(|err| error_response(f, err))
 }
@@ -424,7 +486,8 @@ fn resolve(e: &SharedE2b, c: &Ctx, sel: Option<Selector>) -> Result<u64, Connect
     if let Some(pid) = sel.pid {
         return Ok(pid);
     }
-    let tag = sel.tag.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process selector has neither pid nor tag"))?;
+    let tag =
+        sel.tag.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process selector has neither pid nor tag"))?;
     let owner = c.owner();
     e.lock()
         .procs
@@ -485,7 +548,12 @@ fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response 
                             let _ = tx.send(Ok(end_event(&p))).await;
                         }
                         Ok(_) => {
-                            let _ = tx.send(Err(ConnectError::new(Code::Unavailable, format!("the output stream of process {pid} ended before it exited")))).await;
+                            let _ = tx
+                                .send(Err(ConnectError::new(
+                                    Code::Unavailable,
+                                    format!("the output stream of process {pid} ended before it exited"),
+                                )))
+                                .await;
                         }
                         Err(err) => {
                             let _ = tx.send(Err(native(err))).await;
@@ -524,7 +592,8 @@ fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response 
 /// `process.Process/Start`: a strata background process, streamed.
 async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Duration>) -> Result<Response, ConnectError> {
     let pty = req.pty.as_ref().filter(|p| !p.is_null()).map(pty_size);
-    let cfg = req.process.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process.StartRequest without process"))?;
+    let cfg =
+        req.process.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process.StartRequest without process"))?;
     if cfg.cmd.is_empty() {
         return Err(ConnectError::new(Code::InvalidArgument, "process.cmd is empty"));
     }
@@ -535,26 +604,45 @@ async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Durati
         // Debian-family image) puts the command on a pseudo-terminal of the
         // given size and relays it to the process's stdin/stdout.
         let inner = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
-        cmd = vec!["script".into(), "-qfec".into(), format!("stty cols {cols} rows {rows} 2>/dev/null; exec {inner}"), "/dev/null".into()];
+        cmd = vec![
+            "script".into(),
+            "-qfec".into(),
+            format!("stty cols {cols} rows {rows} 2>/dev/null; exec {inner}"),
+            "/dev/null".into(),
+        ];
     }
     let cwd = c.path(cfg.cwd.as_deref().unwrap_or(""));
     let mut env = cfg.envs.clone();
     env.entry("HOME".into()).or_insert_with(|| c.home());
     env.entry("USER".into()).or_insert_with(|| c.user.clone());
-    let native_req = ExecRequest { cmd, env, cwd: Some(cwd.clone()), user: Some(c.user.clone()), keep_stdin_open: req.stdin.unwrap_or(false) || pty.is_some(), ..Default::default() };
+    let native_req = ExecRequest {
+        cmd,
+        env,
+        cwd: Some(cwd.clone()),
+        user: Some(c.user.clone()),
+        keep_stdin_open: req.stdin.unwrap_or(false) || pty.is_some(),
+        ..Default::default()
+    };
     let info = c.client.start_process(&c.sandbox, &native_req).await.map_err(native)?;
     if let Some(err) = &info.spawn_error {
         let hint = if pty.is_some() { " (a PTY needs util-linux `script` in the image)" } else { "" };
         return Err(ConnectError::new(Code::InvalidArgument, format!("cannot start {:?}: {err}{hint}", cfg.cmd)));
     }
     let config = json!({"cmd": cfg.cmd, "args": cfg.args, "envs": cfg.envs, "cwd": cwd});
-    e.lock().procs.insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag, pty: pty.is_some(), owner: c.owner() });
+    e.lock()
+        .procs
+        .insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag, pty: pty.is_some(), owner: c.owner() });
     Ok(follow(c, info.id, pty.is_some(), keepalive))
 }
 
 /// `process.Process/Connect`: reattach to a process; its output is replayed
 /// from the start of strata's buffer, then followed.
-async fn reconnect(e: SharedE2b, c: Ctx, req: ProcessRequest, keepalive: Option<Duration>) -> Result<Response, ConnectError> {
+async fn reconnect(
+    e: SharedE2b,
+    c: Ctx,
+    req: ProcessRequest,
+    keepalive: Option<Duration>,
+) -> Result<Response, ConnectError> {
     let pid = resolve(&e, &c, req.process)?;
     let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
     if p.status == ProcessStatus::Exited {
@@ -570,7 +658,8 @@ async fn list(e: &SharedE2b, c: &Ctx) -> Result<Value, ConnectError> {
     let owner = c.owner();
     let mut st = e.lock();
     // Forget what is no longer running (the map only serves tags and configs of live processes).
-    let running: std::collections::HashSet<u64> = procs.iter().filter(|p| p.status == ProcessStatus::Running).map(|p| p.id).collect();
+    let running: std::collections::HashSet<u64> =
+        procs.iter().filter(|p| p.status == ProcessStatus::Running).map(|p| p.id).collect();
     st.procs.retain(|(sb, pid), _| sb != &c.sandbox || running.contains(pid));
     let out: Vec<Value> = procs
         .iter()
@@ -598,7 +687,12 @@ async fn send_signal(e: &SharedE2b, c: &Ctx, req: ProcessRequest) -> Result<(), 
         Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => "SIGTERM",
         Some(Value::Number(n)) if n.as_u64() == Some(9) => "SIGKILL",
         Some(Value::Number(n)) if n.as_u64() == Some(15) => "SIGTERM",
-        other => return Err(ConnectError::new(Code::InvalidArgument, format!("unsupported signal {other:?} (SIGNAL_SIGKILL, SIGNAL_SIGTERM)"))),
+        other => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("unsupported signal {other:?} (SIGNAL_SIGKILL, SIGNAL_SIGTERM)"),
+            ))
+        }
     };
     // A process that has just started may not have its in-sandbox pid yet
     // (strata answers 409 `not running` for a moment): retry briefly.
@@ -609,18 +703,30 @@ async fn send_signal(e: &SharedE2b, c: &Ctx, req: ProcessRequest) -> Result<(), 
         }
         match c.client.signal(&c.sandbox, pid, sig).await {
             Ok(_) => return Ok(()),
-            Err(err) if err.code() == Some(ErrorCode::InvalidState) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(err) if err.code() == Some(ErrorCode::InvalidState) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
             Err(err) => return Err(native(err)),
         }
     }
-    Err(ConnectError::new(Code::Unavailable, format!("process {pid} could not be signalled: it stayed between start and running for 1 s")))
+    Err(ConnectError::new(
+        Code::Unavailable,
+        format!("process {pid} could not be signalled: it stayed between start and running for 1 s"),
+    ))
 }
 
-async fn send_input(e: &SharedE2b, c: &Ctx, sel: Option<Selector>, input: Option<ProcessInput>) -> Result<(), ConnectError> {
+async fn send_input(
+    e: &SharedE2b,
+    c: &Ctx,
+    sel: Option<Selector>,
+    input: Option<ProcessInput>,
+) -> Result<(), ConnectError> {
     let pid = resolve(e, c, sel)?;
     let input = input.unwrap_or_default();
     let data = input.stdin.or(input.pty).unwrap_or_default();
-    base64::engine::general_purpose::STANDARD.decode(&data).map_err(|err| ConnectError::new(Code::InvalidArgument, format!("stdin is not base64: {err}")))?;
+    base64::engine::general_purpose::STANDARD
+        .decode(&data)
+        .map_err(|err| ConnectError::new(Code::InvalidArgument, format!("stdin is not base64: {err}")))?;
     c.client.write_stdin(&c.sandbox, pid, &StdinRequest { data_b64: data, close: false }).await.map_err(native)
 }
 
@@ -724,14 +830,25 @@ fn need<'a>(v: &'a Option<String>, what: &str) -> Result<&'a str, ConnectError> 
     v.as_deref().ok_or_else(|| ConnectError::new(Code::InvalidArgument, format!("{what} missing")))
 }
 
-async fn filesystem(State(e): State<SharedE2b>, Path(method): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+async fn filesystem(
+    State(e): State<SharedE2b>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let (f, c) = match connect_call(&e, &headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
     if method == "WatchDir" {
         if f != Framing::Stream {
-            return error_response(f, ConnectError::new(Code::InvalidArgument, "filesystem.WatchDir is server streaming: use application/connect+json"));
+            return error_response(
+                f,
+                ConnectError::new(
+                    Code::InvalidArgument,
+                    "filesystem.WatchDir is server streaming: use application/connect+json",
+                ),
+            );
         }
         return match stream_message(&body).and_then(|m| parse::<FsRequest>(&m, "filesystem.WatchDirRequest")) {
             Ok(req) => watch_dir(c, req).await.unwrap_or_else(|err| stream_error(&err)),
@@ -739,7 +856,10 @@ async fn filesystem(State(e): State<SharedE2b>, Path(method): Path<String>, head
         };
     }
     if f != Framing::Unary {
-        return error_response(f, ConnectError::new(Code::InvalidArgument, format!("filesystem.{method} is unary: use application/json")));
+        return error_response(
+            f,
+            ConnectError::new(Code::InvalidArgument, format!("filesystem.{method} is unary: use application/json")),
+        );
     }
     let req: FsRequest = match parse(&body, &format!("filesystem.{method} request")) {
         Ok(r) => r,
@@ -754,7 +874,10 @@ async fn filesystem(State(e): State<SharedE2b>, Path(method): Path<String>, head
         "CreateWatcher" => create_watcher(&e, &c, &req).await,
         "GetWatcherEvents" => watcher_events(&e, &c, &req).await,
         "RemoveWatcher" => remove_watcher(&e, &c, &req),
-        _ => Err(ConnectError::new(Code::Unimplemented, format!("filesystem.{method} is not a method of filesystem.Filesystem"))),
+        _ => Err(ConnectError::new(
+            Code::Unimplemented,
+            format!("filesystem.{method} is not a method of filesystem.Filesystem"),
+        )),
     };
     match res {
         Ok(v) => unary_ok(v),
@@ -834,7 +957,11 @@ async fn snapshot(c: &Ctx, path: &str, recursive: bool) -> Result<HashMap<String
 }
 
 /// The `filesystem.FilesystemEvent`s between two snapshots (names relative to `root`).
-fn diff(root: &str, old: &HashMap<String, (FileKind, u64, i64)>, new: &HashMap<String, (FileKind, u64, i64)>) -> Vec<Value> {
+fn diff(
+    root: &str,
+    old: &HashMap<String, (FileKind, u64, i64)>,
+    new: &HashMap<String, (FileKind, u64, i64)>,
+) -> Vec<Value> {
     let rel = |p: &str| p.strip_prefix(root).unwrap_or(p).trim_start_matches('/').to_string();
     let mut out = Vec::new();
     let mut created: Vec<&String> = new.keys().filter(|k| !old.contains_key(*k)).collect();
@@ -845,7 +972,10 @@ fn diff(root: &str, old: &HashMap<String, (FileKind, u64, i64)>, new: &HashMap<S
             out.push(json!({"name": rel(p), "type": "EVENT_TYPE_WRITE"}));
         }
     }
-    let mut changed: Vec<&String> = new.keys().filter(|k| old.get(*k).is_some_and(|o| o.0 == FileKind::File && (o.1, o.2) != (new[*k].1, new[*k].2))).collect();
+    let mut changed: Vec<&String> = new
+        .keys()
+        .filter(|k| old.get(*k).is_some_and(|o| o.0 == FileKind::File && (o.1, o.2) != (new[*k].1, new[*k].2)))
+        .collect();
     changed.sort();
     for p in changed {
         out.push(json!({"name": rel(p), "type": "EVENT_TYPE_WRITE"}));
@@ -867,7 +997,9 @@ async fn create_watcher(e: &SharedE2b, c: &Ctx, req: &FsRequest) -> Result<Value
     let recursive = req.recursive.unwrap_or(false);
     let seen = snapshot(c, &path, recursive).await?;
     let id = format!("w{:016x}", rand::random::<u64>());
-    e.lock().watchers.insert(id.clone(), Watcher { sandbox: c.sandbox.clone(), token: c.token.clone(), path, recursive, seen });
+    e.lock()
+        .watchers
+        .insert(id.clone(), Watcher { sandbox: c.sandbox.clone(), token: c.token.clone(), path, recursive, seen });
     Ok(json!({"watcherId": id}))
 }
 
@@ -971,7 +1103,9 @@ async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Quer
     let Some(p) = q.path.as_deref() else { return http_error(StatusCode::BAD_REQUEST, "path query parameter missing") };
     let path = c.path(p);
     match c.client.stat(&c.sandbox, &path).await {
-        Ok(st) if st.kind == FileKind::Dir => return http_error(StatusCode::BAD_REQUEST, format!("path {path} is a directory")),
+        Ok(st) if st.kind == FileKind::Dir => {
+            return http_error(StatusCode::BAD_REQUEST, format!("path {path} is a directory"))
+        }
         Ok(_) => {}
         Err(err) => return http_native(err),
     }
@@ -980,7 +1114,8 @@ async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Quer
         Ok(data) => {
             let len = data.content_length();
             let mut resp = Response::new(Body::from_stream(data.into_stream()));
-            resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
             if let Some(len) = len {
                 resp.headers_mut().insert(header::CONTENT_LENGTH, len.into());
             }
@@ -1001,7 +1136,10 @@ enum BodyError {
 impl BodyError {
     fn response(self) -> Response {
         match self {
-            BodyError::TooLarge => http_error(StatusCode::PAYLOAD_TOO_LARGE, format!("upload larger than {MAX_UPLOAD} bytes, the most one /files upload may be; nothing was kept")),
+            BodyError::TooLarge => http_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("upload larger than {MAX_UPLOAD} bytes, the most one /files upload may be; nothing was kept"),
+            ),
             BodyError::Malformed(m) => http_error(StatusCode::BAD_REQUEST, m),
         }
     }
@@ -1017,7 +1155,9 @@ where
 {
     if let Some((parent, _)) = path.rsplit_once('/').filter(|(d, _)| !d.is_empty()) {
         if c.client.stat(&c.sandbox, parent).await.is_err() {
-            run_as(c, &["mkdir", "-p", "--", parent]).await.map_err(|err| http_error(err.code.http_status(), err.message))?;
+            run_as(c, &["mkdir", "-p", "--", parent])
+                .await
+                .map_err(|err| http_error(err.code.http_status(), err.message))?;
         }
     }
     let existed = c.client.stat(&c.sandbox, path).await.is_ok();
@@ -1103,7 +1243,10 @@ async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<
         Err(err) => return http_error(err.code.http_status(), err.message),
     };
     if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes() != b"identity") {
-        return http_error(StatusCode::NOT_IMPLEMENTED, "compressed uploads (Content-Encoding) are not supported by strata's envd: upload without gzip");
+        return http_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "compressed uploads (Content-Encoding) are not supported by strata's envd: upload without gzip",
+        );
     }
     if crate::transfer::announced_over(&headers, MAX_UPLOAD) {
         return BodyError::TooLarge.response();
@@ -1128,7 +1271,12 @@ async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<
             let p = match (first, q.path.as_deref(), name) {
                 (true, Some(p), _) => p.to_string(),
                 (_, _, Some(n)) if !n.is_empty() => n,
-                _ => return http_error(StatusCode::BAD_REQUEST, "multipart part without a file name and no path query parameter"),
+                _ => {
+                    return http_error(
+                        StatusCode::BAD_REQUEST,
+                        "multipart part without a file name and no path query parameter",
+                    )
+                }
             };
             first = false;
             let path = c.path(&p);
@@ -1138,7 +1286,9 @@ async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<
             }
         }
     } else {
-        let Some(p) = q.path.as_deref() else { return http_error(StatusCode::BAD_REQUEST, "path query parameter missing") };
+        let Some(p) = q.path.as_deref() else {
+            return http_error(StatusCode::BAD_REQUEST, "path query parameter missing");
+        };
         let path = c.path(p);
         match upload_one(&c, &path, &mut total, BodyPieces(body.into_data_stream())).await {
             Ok(info) => infos.push(info),
@@ -1154,7 +1304,12 @@ mod tests {
 
     #[test]
     fn paths_resolve_to_the_users_home() {
-        let c = Ctx { client: Client::unix("/nonexistent"), token: String::new(), sandbox: String::new(), user: DEFAULT_USER.into() };
+        let c = Ctx {
+            client: Client::unix("/nonexistent"),
+            token: String::new(),
+            sandbox: String::new(),
+            user: DEFAULT_USER.into(),
+        };
         assert_eq!(c.path("a.txt"), "/home/user/a.txt");
         assert_eq!(c.path("~/b"), "/home/user/b");
         assert_eq!(c.path("/etc/x"), "/etc/x");

@@ -67,7 +67,9 @@ impl E2bError {
             E2bError::NotFound(_) => StatusCode::NOT_FOUND,
             E2bError::BadRequest(_) => StatusCode::BAD_REQUEST,
             E2bError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-            E2bError::Native(ClientError::Api { status, .. }) => StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            E2bError::Native(ClientError::Api { status, .. }) => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
             E2bError::Native(_) => StatusCode::BAD_GATEWAY,
         }
     }
@@ -165,7 +167,8 @@ pub fn mount(native: Router, e2b: SharedE2b) -> Router {
 /// different sandboxes to different tenants never shares an entry. A header
 /// that resolves to nothing is left as it is (the native calls answer 404).
 pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut req: Request, next: Next) -> Response {
-    let Some(mut sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+    let Some(mut sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string)
+    else {
         return next.run(req).await;
     };
     if !strata_core::ids::is_id(&sandbox) {
@@ -178,7 +181,8 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
             }
         }
     }
-    let port = req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("").to_string();
+    let port =
+        req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("").to_string();
     match port.parse::<u16>() {
         Ok(ENVD_PORT) => {
             use tower::ServiceExt;
@@ -208,14 +212,21 @@ const PORT_PREVIEW_TTL: std::time::Duration = std::time::Duration::from_secs(360
 /// token, to `/preview/<id>/<port>/...` on the daemon's own listener.
 /// WebSocket upgrades are not passed through this way (use a preview URL).
 async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Result<Response, E2bError> {
-    let key = request_token(req.headers()).ok_or_else(|| E2bError::Unauthorized("missing API key (X-API-Key or X-Access-Token) for sandbox port routing".into()))?;
+    let key = request_token(req.headers()).ok_or_else(|| {
+        E2bError::Unauthorized("missing API key (X-API-Key or X-Access-Token) for sandbox port routing".into())
+    })?;
     let not_found = |err: ClientError| match err {
         ClientError::Api { status: 404, .. } => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
         other => E2bError::Native(other),
     };
     let client = e.client(key.clone());
     let cache_key = (sandbox.to_string(), port, crate::tenancy::secret_hash(&key));
-    let cached = e.lock().port_previews.get(&cache_key).filter(|(_, renew)| *renew > std::time::Instant::now()).map(|(t, _)| t.clone());
+    let cached = e
+        .lock()
+        .port_previews
+        .get(&cache_key)
+        .filter(|(_, renew)| *renew > std::time::Instant::now())
+        .map(|(t, _)| t.clone());
     let token = match cached {
         // The key is checked again on every request, as a native call would
         // check it: a revoked or expired key (or one that no longer sees the
@@ -226,7 +237,14 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
         }
         None => {
             let created = client
-                .create_preview(sandbox, &strata_api::CreatePreviewRequest { port: Some(port), public: false, ttl_secs: Some(PORT_PREVIEW_TTL.as_secs()) })
+                .create_preview(
+                    sandbox,
+                    &strata_api::CreatePreviewRequest {
+                        port: Some(port),
+                        public: false,
+                        ttl_secs: Some(PORT_PREVIEW_TTL.as_secs()),
+                    },
+                )
                 .await
                 .map_err(not_found)?;
             let renew = std::time::Instant::now() + PORT_PREVIEW_TTL / 2;
@@ -239,14 +257,22 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
     };
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: axum::http::Uri = format!("/preview/{sandbox}/{port}{}", if path.starts_with('/') { path.to_string() } else { format!("/{path}") })
-        .parse()
-        .map_err(|_| E2bError::BadRequest(format!("invalid path {path:?}")))?;
+    let uri: axum::http::Uri = format!(
+        "/preview/{sandbox}/{port}{}",
+        if path.starts_with('/') { path.to_string() } else { format!("/{path}") }
+    )
+    .parse()
+    .map_err(|_| E2bError::BadRequest(format!("invalid path {path:?}")))?;
     for h in ["e2b-sandbox-id", "e2b-sandbox-port", "x-api-key", "x-access-token", "authorization"] {
         parts.headers.remove(h);
     }
-    parts.headers.insert(strata_api::PREVIEW_TOKEN_HEADER, axum::http::HeaderValue::from_str(&token).map_err(|_| E2bError::BadRequest("unusable preview token".into()))?);
-    let stream = tokio::net::TcpStream::connect(e.addr.as_str()).await.map_err(|err| E2bError::Unsupported(format!("the daemon's own listener {}: {err}", e.addr)))?;
+    parts.headers.insert(
+        strata_api::PREVIEW_TOKEN_HEADER,
+        axum::http::HeaderValue::from_str(&token).map_err(|_| E2bError::BadRequest("unusable preview token".into()))?,
+    );
+    let stream = tokio::net::TcpStream::connect(e.addr.as_str())
+        .await
+        .map_err(|err| E2bError::Unsupported(format!("the daemon's own listener {}: {err}", e.addr)))?;
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
         .await
@@ -257,6 +283,7 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
         *h = parts.headers;
     }
     let up = up.body(body).map_err(|err| E2bError::BadRequest(err.to_string()))?;
-    let resp = sender.send_request(up).await.map_err(|err| E2bError::Unsupported(format!("sandbox port {port}: {err}")))?;
+    let resp =
+        sender.send_request(up).await.map_err(|err| E2bError::Unsupported(format!("sandbox port {port}: {err}")))?;
     Ok(resp.map(axum::body::Body::new))
 }

@@ -191,7 +191,8 @@ mod tests {
     use super::*;
 
     async fn parts(body: &[u8], frame: usize) -> Result<Vec<(Option<String>, Vec<u8>)>, String> {
-        let frames: Vec<Result<Bytes, std::io::Error>> = body.chunks(frame).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        let frames: Vec<Result<Bytes, std::io::Error>> =
+            body.chunks(frame).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
         let mut mp = Multipart::new("multipart/form-data; boundary=XX", futures_util::stream::iter(frames))?;
         let mut out = Vec::new();
         while let Some(name) = mp.next_part().await? {
@@ -213,7 +214,11 @@ mod tests {
             assert_eq!(p[0], (Some("/tmp/a.bin".to_string()), b"\x00\x01\r\n\x02\r\n-X".to_vec()), "frames of {frame}");
             assert_eq!(p[1], (None, b"second".to_vec()), "frames of {frame}");
         }
-        assert!(Multipart::new("multipart/form-data", futures_util::stream::iter(Vec::<Result<Bytes, std::io::Error>>::new())).is_err());
+        assert!(Multipart::new(
+            "multipart/form-data",
+            futures_util::stream::iter(Vec::<Result<Bytes, std::io::Error>>::new())
+        )
+        .is_err());
         assert!(parts(b"garbage", 3).await.is_err());
         assert!(parts(b"--XX\r\nno headers end", 3).await.is_err());
         assert!(parts(b"--XX\r\nContent-Disposition: form-data\r\n\r\nno closing boundary", 3).await.is_err());

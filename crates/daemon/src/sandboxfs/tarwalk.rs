@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 
 use strata_api::FileKind;
 
-use super::{fstat, kind_of, lstat_at_c, open_entry, os, pseudo_fs_of, read_dir_fd, readlink_at_c, special_kind, FsError, Resolved, SandboxFs, MAX_DEPTH};
+use super::{
+    fstat, kind_of, lstat_at_c, open_entry, os, pseudo_fs_of, read_dir_fd, readlink_at_c, special_kind, FsError,
+    Resolved, SandboxFs, MAX_DEPTH,
+};
 
 /// Where a tar download starts: checked before the first byte is sent.
 pub struct TarRoot {
@@ -110,7 +113,11 @@ impl<W: Write> Walk<'_, W> {
                 let mut data = Exact { file: File::from(fd), left: size, padded: 0 };
                 self.b.append_data(&mut h, archive_name, &mut data).map_err(io_err)?;
                 if data.padded > 0 {
-                    tracing::warn!(path, bytes = data.padded, "file shrank while it was sent in a tar download; padded with zeros");
+                    tracing::warn!(
+                        path,
+                        bytes = data.padded,
+                        "file shrank while it was sent in a tar download; padded with zeros"
+                    );
                 }
             }
             FileKind::Symlink => {
@@ -124,7 +131,9 @@ impl<W: Write> Walk<'_, W> {
             }
             FileKind::Dir => {
                 if depth >= MAX_DEPTH {
-                    return Err(FsError::TooLarge(format!("{path}: directories nested deeper than {MAX_DEPTH} levels, the most a tar download walks")));
+                    return Err(FsError::TooLarge(format!(
+                        "{path}: directories nested deeper than {MAX_DEPTH} levels, the most a tar download walks"
+                    )));
                 }
                 let sub = match open_entry(dir, name, libc::O_RDONLY | libc::O_DIRECTORY) {
                     Ok(fd) => fd,
@@ -186,7 +195,11 @@ mod tests {
     #[test]
     fn exclusion_drops_exactly_the_subtree() {
         let ex = ["/run/secrets"];
-        assert!(is_excluded("/run/secrets", &ex) && is_excluded("/run/secrets/T", &ex) && is_excluded("/run/secrets/a/b", &ex));
+        assert!(
+            is_excluded("/run/secrets", &ex)
+                && is_excluded("/run/secrets/T", &ex)
+                && is_excluded("/run/secrets/a/b", &ex)
+        );
         assert!(!is_excluded("/run/secretsX", &ex) && !is_excluded("/run", &ex) && !is_excluded("/run/strata/x", &ex));
         assert!(!is_excluded("/run/secrets", &[]));
     }

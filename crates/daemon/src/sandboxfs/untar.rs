@@ -23,7 +23,10 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use strata_api::FileKind;
 
-use super::{check, fstat, is_mount_root, kind_of, lstat_at, open_entry, openat2, rename_at, special_kind, temp_name, unlink_at, FsError, SandboxFs};
+use super::{
+    check, fstat, is_mount_root, kind_of, lstat_at, open_entry, openat2, rename_at, special_kind, temp_name, unlink_at,
+    FsError, SandboxFs,
+};
 
 /// Longest GNU long name or long link name accepted.
 pub const MAX_NAME: u64 = 64 * 1024;
@@ -93,18 +96,27 @@ fn relative(name: &str, entry: &str) -> Result<String, FsError> {
 }
 
 fn utf8(bytes: Vec<u8>, entry: &str) -> Result<String, FsError> {
-    String::from_utf8(bytes).map_err(|e| FsError::Archive { entry: entry.to_string(), reason: format!("{:?} is not UTF-8, which the file API's paths must be", String::from_utf8_lossy(e.as_bytes())) })
+    String::from_utf8(bytes).map_err(|e| FsError::Archive {
+        entry: entry.to_string(),
+        reason: format!("{:?} is not UTF-8, which the file API's paths must be", String::from_utf8_lossy(e.as_bytes())),
+    })
 }
 
 /// Reads an extension entry whole, refusing one larger than `max`.
 fn read_extension(entry: &mut impl Read, size: u64, max: u64, what: &str, after: u64) -> Result<Vec<u8>, FsError> {
     if size > max {
-        return Err(FsError::Archive { entry: format!("(after {after} entries)"), reason: format!("a {what} of {size} bytes (at most {max} are accepted)") });
+        return Err(FsError::Archive {
+            entry: format!("(after {after} entries)"),
+            reason: format!("a {what} of {size} bytes (at most {max} are accepted)"),
+        });
     }
     let mut data = Vec::with_capacity(size as usize);
     entry.take(size).read_to_end(&mut data).map_err(|e| stream_error(e, after))?;
     if (data.len() as u64) < size {
-        return Err(FsError::Archive { entry: format!("(after {after} entries)"), reason: format!("the stream ended inside a {what}") });
+        return Err(FsError::Archive {
+            entry: format!("(after {after} entries)"),
+            reason: format!("the stream ended inside a {what}"),
+        });
     }
     Ok(data)
 }
@@ -132,17 +144,28 @@ impl Untar<'_> {
                     continue;
                 }
                 tar::EntryType::GNULongLink => {
-                    pending.link = Some(without_nuls(read_extension(&mut entry, size, MAX_NAME, "GNU long link name", n)?));
+                    pending.link =
+                        Some(without_nuls(read_extension(&mut entry, size, MAX_NAME, "GNU long link name", n)?));
                     continue;
                 }
                 tar::EntryType::XHeader => {
                     let data = read_extension(&mut entry, size, MAX_PAX, "pax header", n)?;
                     for ext in tar::PaxExtensions::new(&data) {
-                        let ext = ext.map_err(|e| FsError::Archive { entry: format!("(after {n} entries)"), reason: format!("malformed pax header: {e}") })?;
+                        let ext = ext.map_err(|e| FsError::Archive {
+                            entry: format!("(after {n} entries)"),
+                            reason: format!("malformed pax header: {e}"),
+                        })?;
                         match ext.key_bytes() {
                             b"path" => pending.name = Some(ext.value_bytes().to_vec()),
                             b"linkpath" => pending.link = Some(ext.value_bytes().to_vec()),
-                            b"size" => pending.size = Some(ext.value().ok().and_then(|v| v.parse().ok()).ok_or_else(|| FsError::Archive { entry: format!("(after {n} entries)"), reason: "a pax size that is not a number".into() })?),
+                            b"size" => {
+                                pending.size = Some(ext.value().ok().and_then(|v| v.parse().ok()).ok_or_else(|| {
+                                    FsError::Archive {
+                                        entry: format!("(after {n} entries)"),
+                                        reason: "a pax size that is not a number".into(),
+                                    }
+                                })?)
+                            }
                             _ => {}
                         }
                     }
@@ -151,8 +174,16 @@ impl Untar<'_> {
                 tar::EntryType::XGlobalHeader => continue,
                 _ => {}
             }
-            let name = utf8(pending.name.take().unwrap_or_else(|| entry.path_bytes().into_owned()), &format!("(after {n} entries)"))?;
-            let link = pending.link.take().or_else(|| entry.link_name_bytes().map(|l| l.into_owned())).map(|l| utf8(l, &name)).transpose()?;
+            let name = utf8(
+                pending.name.take().unwrap_or_else(|| entry.path_bytes().into_owned()),
+                &format!("(after {n} entries)"),
+            )?;
+            let link = pending
+                .link
+                .take()
+                .or_else(|| entry.link_name_bytes().map(|l| l.into_owned()))
+                .map(|l| utf8(l, &name))
+                .transpose()?;
             if let Some(pax) = pending.size.take().filter(|s| *s != size) {
                 return Err(FsError::Archive { entry: name, reason: format!("its pax size ({pax}) differs from its header's ({size}); entries of 8 GiB and more are not accepted") });
             }
@@ -175,7 +206,15 @@ impl Untar<'_> {
         Ok(())
     }
 
-    fn apply(&mut self, entry: &mut impl Read, ty: tar::EntryType, name: &str, link: Option<&str>, size: u64, mode: u32) -> Result<(), FsError> {
+    fn apply(
+        &mut self,
+        entry: &mut impl Read,
+        ty: tar::EntryType,
+        name: &str,
+        link: Option<&str>,
+        size: u64,
+        mode: u32,
+    ) -> Result<(), FsError> {
         let refuse = |reason: String| Err(FsError::Archive { entry: name.to_string(), reason });
         let rel = relative(name, name)?;
         if rel.is_empty() {
@@ -186,15 +225,22 @@ impl Untar<'_> {
         match ty {
             tar::EntryType::Directory => self.mkdirs(&target, Some(mode), Some(name)),
             // Old archives mark directories by a trailing slash only.
-            tar::EntryType::Regular | tar::EntryType::Continuous if name.ends_with('/') => self.mkdirs(&target, Some(mode), Some(name)),
+            tar::EntryType::Regular | tar::EntryType::Continuous if name.ends_with('/') => {
+                self.mkdirs(&target, Some(mode), Some(name))
+            }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 self.parents(&target, name)?;
                 self.put(name, &target, |dir, tmp| {
-                    let fd = openat2(dir, tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600).map_err(|e| FsError::io(&target, e))?;
+                    let fd = openat2(dir, tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW, 0o600)
+                        .map_err(|e| FsError::io(&target, e))?;
                     let mut f = File::from(fd);
-                    let written = super::copy_buffered(&mut entry.take(size), &mut f).map_err(|e| FsError::io(&target, e))?;
+                    let written =
+                        super::copy_buffered(&mut entry.take(size), &mut f).map_err(|e| FsError::io(&target, e))?;
                     if written < size {
-                        return Err(FsError::Archive { entry: name.to_string(), reason: format!("the stream ended inside it ({written} of {size} bytes)") });
+                        return Err(FsError::Archive {
+                            entry: name.to_string(),
+                            reason: format!("the stream ended inside it ({written} of {size} bytes)"),
+                        });
                     }
                     // SAFETY: valid fd.
                     check(unsafe { libc::fchmod(f.as_raw_fd(), mode) }).map_err(|e| FsError::io(&target, e))?;
@@ -203,18 +249,26 @@ impl Untar<'_> {
                 })
             }
             tar::EntryType::Symlink => {
-                let Some(link) = link.filter(|l| !l.is_empty()) else { return refuse("a symlink without a target".into()) };
-                let l = CString::new(link).map_err(|_| FsError::Archive { entry: name.to_string(), reason: "a symlink target with a NUL byte".into() })?;
+                let Some(link) = link.filter(|l| !l.is_empty()) else {
+                    return refuse("a symlink without a target".into());
+                };
+                let l = CString::new(link).map_err(|_| FsError::Archive {
+                    entry: name.to_string(),
+                    reason: "a symlink target with a NUL byte".into(),
+                })?;
                 self.parents(&target, name)?;
                 self.put(name, &target, |dir, tmp| {
                     let t = CString::new(tmp).map_err(|_| FsError::Invalid(target.clone()))?;
                     // SAFETY: valid fd and NUL-terminated strings.
-                    check(unsafe { libc::symlinkat(l.as_ptr(), dir, t.as_ptr()) }).map_err(|e| FsError::io(&target, e))?;
+                    check(unsafe { libc::symlinkat(l.as_ptr(), dir, t.as_ptr()) })
+                        .map_err(|e| FsError::io(&target, e))?;
                     Ok(None)
                 })
             }
             tar::EntryType::Link => {
-                let Some(link) = link.filter(|l| !l.is_empty()) else { return refuse("a hardlink without a target".into()) };
+                let Some(link) = link.filter(|l| !l.is_empty()) else {
+                    return refuse("a hardlink without a target".into());
+                };
                 let lrel = relative(link, &format!("{name} (a hardlink to {link})"))?;
                 let lt = self.fs.locate(&format!("{}/{lrel}", self.base.trim_end_matches('/')), false)?;
                 let Some(&(dev, ino)) = self.files.get(&lt.path) else {
@@ -226,10 +280,14 @@ impl Untar<'_> {
                     let t = CString::new(tmp).map_err(|_| FsError::Invalid(target.clone()))?;
                     // SAFETY: valid fds and NUL-terminated names; no AT_SYMLINK_FOLLOW, so a
                     // symlink swapped in at the target would be linked itself, never followed.
-                    check(unsafe { libc::linkat(lt.parent.as_raw_fd(), from.as_ptr(), dir, t.as_ptr(), 0) }).map_err(|e| FsError::io(&target, e))?;
+                    check(unsafe { libc::linkat(lt.parent.as_raw_fd(), from.as_ptr(), dir, t.as_ptr(), 0) })
+                        .map_err(|e| FsError::io(&target, e))?;
                     let st = lstat_at(dir, tmp).map_err(|e| FsError::io(&target, e))?;
                     if (st.st_dev, st.st_ino) != (dev, ino) {
-                        return Err(FsError::Archive { entry: name.to_string(), reason: format!("its target {link:?} was replaced while the upload ran") });
+                        return Err(FsError::Archive {
+                            entry: name.to_string(),
+                            reason: format!("its target {link:?} was replaced while the upload ran"),
+                        });
                     }
                     Ok(Some((dev, ino)))
                 })
@@ -237,8 +295,14 @@ impl Untar<'_> {
             tar::EntryType::Char => refuse(format!("a character device (type '3'): {special}")),
             tar::EntryType::Block => refuse(format!("a block device (type '4'): {special}")),
             tar::EntryType::Fifo => refuse(format!("a FIFO (type '6'): {special}")),
-            tar::EntryType::GNUSparse => refuse("a GNU sparse file (type 'S'), which uploads do not take: make the archive without --sparse".into()),
-            other => refuse(format!("an entry of type {:?} ('{}'), which uploads do not take", other, other.as_byte() as char)),
+            tar::EntryType::GNUSparse => refuse(
+                "a GNU sparse file (type 'S'), which uploads do not take: make the archive without --sparse".into(),
+            ),
+            other => refuse(format!(
+                "an entry of type {:?} ('{}'), which uploads do not take",
+                other,
+                other.as_byte() as char
+            )),
         }
     }
 
@@ -263,7 +327,10 @@ impl Untar<'_> {
                 Ok(st) if kind_of(st.st_mode) == FileKind::Dir => continue,
                 Ok(_) => {
                     return Err(match entry {
-                        Some(e) => FsError::Archive { entry: e.to_string(), reason: format!("{cur} exists and is not a directory") },
+                        Some(e) => FsError::Archive {
+                            entry: e.to_string(),
+                            reason: format!("{cur} exists and is not a directory"),
+                        },
                         None => FsError::errno(&cur, libc::ENOTDIR),
                     })
                 }
@@ -272,12 +339,14 @@ impl Untar<'_> {
             }
             let name = CString::new(r.name.as_bytes()).map_err(|_| FsError::Invalid(cur.clone()))?;
             // SAFETY: valid directory fd and NUL-terminated name.
-            check(unsafe { libc::mkdirat(r.parent.as_raw_fd(), name.as_ptr(), 0o700) }).map_err(|e| FsError::Io { path: cur.clone(), source: e })?;
+            check(unsafe { libc::mkdirat(r.parent.as_raw_fd(), name.as_ptr(), 0o700) })
+                .map_err(|e| FsError::Io { path: cur.clone(), source: e })?;
             self.record(Op::CreatedDir(cur.clone()))?;
             // The exact mode (mkdir's is masked by the umask), set through a
             // descriptor: a path-based chmod would follow a symlink swapped in.
             let want = if i + 1 == comps.len() { mode.unwrap_or(0o755) } else { 0o755 };
-            let fd = open_entry(r.parent.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY).map_err(|e| FsError::io(&cur, e))?;
+            let fd = open_entry(r.parent.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY)
+                .map_err(|e| FsError::io(&cur, e))?;
             // SAFETY: valid fd.
             check(unsafe { libc::fchmod(fd.as_raw_fd(), want) }).map_err(|e| FsError::io(&cur, e))?;
         }
@@ -286,7 +355,12 @@ impl Untar<'_> {
 
     /// Puts what `make` creates (under a temp name in the target's directory)
     /// at `target`, keeping what it replaces for a rollback.
-    fn put(&mut self, entry: &str, target: &str, make: impl FnOnce(RawFd, &str) -> Result<Option<(u64, u64)>, FsError>) -> Result<(), FsError> {
+    fn put(
+        &mut self,
+        entry: &str,
+        target: &str,
+        make: impl FnOnce(RawFd, &str) -> Result<Option<(u64, u64)>, FsError>,
+    ) -> Result<(), FsError> {
         let r = self.fs.locate(target, false)?;
         if r.name.is_empty() {
             return Err(FsError::Archive { entry: entry.to_string(), reason: "it would replace the root".into() });
@@ -300,11 +374,28 @@ impl Untar<'_> {
         if let Some(st) = &existing {
             let c = CString::new(r.name.as_bytes()).map_err(|_| FsError::Invalid(r.path.clone()))?;
             if is_mount_root(dir, &c).map_err(|e| FsError::io(&r.path, e))? {
-                return Err(FsError::Archive { entry: entry.to_string(), reason: format!("{} is a mount point of the sandbox, which uploads do not replace", r.path) });
+                return Err(FsError::Archive {
+                    entry: entry.to_string(),
+                    reason: format!("{} is a mount point of the sandbox, which uploads do not replace", r.path),
+                });
             }
             match kind_of(st.st_mode) {
-                FileKind::Dir => return Err(FsError::Archive { entry: entry.to_string(), reason: format!("{} is a directory, which this entry does not replace", r.path) }),
-                FileKind::Other => return Err(FsError::Archive { entry: entry.to_string(), reason: format!("{} is a {}, which uploads do not replace", r.path, special_kind(st.st_mode).unwrap_or("special file")) }),
+                FileKind::Dir => {
+                    return Err(FsError::Archive {
+                        entry: entry.to_string(),
+                        reason: format!("{} is a directory, which this entry does not replace", r.path),
+                    })
+                }
+                FileKind::Other => {
+                    return Err(FsError::Archive {
+                        entry: entry.to_string(),
+                        reason: format!(
+                            "{} is a {}, which uploads do not replace",
+                            r.path,
+                            special_kind(st.st_mode).unwrap_or("special file")
+                        ),
+                    })
+                }
                 FileKind::File | FileKind::Symlink => {}
             }
         }
@@ -351,7 +442,11 @@ impl Untar<'_> {
     fn commit(&mut self) {
         for op in std::mem::take(&mut self.journal) {
             if let Op::Replaced { target, backup } = op {
-                if let Err(e) = self.fs.locate(&target, false).and_then(|r| unlink_at(r.parent.as_raw_fd(), &backup, 0).map_err(|e| FsError::io(&target, e))) {
+                if let Err(e) = self
+                    .fs
+                    .locate(&target, false)
+                    .and_then(|r| unlink_at(r.parent.as_raw_fd(), &backup, 0).map_err(|e| FsError::io(&target, e)))
+                {
                     tracing::warn!(path = %target, error = %e, "tar upload: removing the replaced file's kept copy failed");
                 }
             }
@@ -361,9 +456,17 @@ impl Untar<'_> {
     fn rollback(&mut self) {
         for op in std::mem::take(&mut self.journal).into_iter().rev() {
             let res = match &op {
-                Op::Created(p) => self.fs.locate(p, false).and_then(|r| unlink_at(r.parent.as_raw_fd(), &r.name, 0).map_err(|e| FsError::io(p, e))),
-                Op::CreatedDir(p) => self.fs.locate(p, false).and_then(|r| unlink_at(r.parent.as_raw_fd(), &r.name, libc::AT_REMOVEDIR).map_err(|e| FsError::io(p, e))),
-                Op::Replaced { target, backup } => self.fs.locate(target, false).and_then(|r| rename_at(r.parent.as_raw_fd(), backup, r.parent.as_raw_fd(), &r.name).map_err(|e| FsError::io(target, e))),
+                Op::Created(p) => self
+                    .fs
+                    .locate(p, false)
+                    .and_then(|r| unlink_at(r.parent.as_raw_fd(), &r.name, 0).map_err(|e| FsError::io(p, e))),
+                Op::CreatedDir(p) => self.fs.locate(p, false).and_then(|r| {
+                    unlink_at(r.parent.as_raw_fd(), &r.name, libc::AT_REMOVEDIR).map_err(|e| FsError::io(p, e))
+                }),
+                Op::Replaced { target, backup } => self.fs.locate(target, false).and_then(|r| {
+                    rename_at(r.parent.as_raw_fd(), backup, r.parent.as_raw_fd(), &r.name)
+                        .map_err(|e| FsError::io(target, e))
+                }),
             };
             if let Err(e) = res {
                 tracing::warn!(error = %e, "tar upload: rolling back a change failed");

@@ -76,7 +76,11 @@ impl SandboxCgroup {
     /// The cgroup of sandbox `id` (not created yet).
     pub fn new(root: &Path, version: CgroupVersion, id: &str) -> Self {
         let dirs = match version {
-            CgroupVersion::V1 => v1::CONTROLLERS.iter().map(|c| root.join(c).join(PARENT).join(id)).filter(|p| p.parent().and_then(Path::parent).is_some_and(Path::exists)).collect(),
+            CgroupVersion::V1 => v1::CONTROLLERS
+                .iter()
+                .map(|c| root.join(c).join(PARENT).join(id))
+                .filter(|p| p.parent().and_then(Path::parent).is_some_and(Path::exists))
+                .collect(),
             CgroupVersion::V2 => vec![root.join(PARENT).join(id)],
         };
         SandboxCgroup { version, dirs }
@@ -118,7 +122,11 @@ impl SandboxCgroup {
     /// controller's, v2: its only one), as CRIU's `--freeze-cgroup` takes it.
     pub fn freezer_dir(&self) -> Option<PathBuf> {
         match self.version {
-            CgroupVersion::V1 => self.dirs.iter().find(|d| d.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == "freezer")).cloned(),
+            CgroupVersion::V1 => self
+                .dirs
+                .iter()
+                .find(|d| d.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == "freezer"))
+                .cloned(),
             CgroupVersion::V2 => self.dirs.first().cloned(),
         }
     }
@@ -130,15 +138,23 @@ impl SandboxCgroup {
         match self.version {
             CgroupVersion::V1 => {
                 let Some(d) = self.freezer_dir() else {
-                    return Err(CgroupError::Io { path: self.dirs.first().cloned().unwrap_or_default(), source: io::Error::new(io::ErrorKind::Unsupported, "no freezer hierarchy") });
+                    return Err(CgroupError::Io {
+                        path: self.dirs.first().cloned().unwrap_or_default(),
+                        source: io::Error::new(io::ErrorKind::Unsupported, "no freezer hierarchy"),
+                    });
                 };
                 let f = d.join("freezer.state");
                 let want = if frozen { "FROZEN" } else { "THAWED" };
                 write(&f, want)?;
                 // FREEZING means some tasks are still on their way: wait for FROZEN.
-                while fs::read_to_string(&f).map_err(|source| CgroupError::Io { path: f.clone(), source })?.trim() != want {
+                while fs::read_to_string(&f).map_err(|source| CgroupError::Io { path: f.clone(), source })?.trim()
+                    != want
+                {
                     if std::time::Instant::now() > deadline {
-                        return Err(CgroupError::Io { path: f, source: io::Error::new(io::ErrorKind::TimedOut, format!("not {want} in time")) });
+                        return Err(CgroupError::Io {
+                            path: f,
+                            source: io::Error::new(io::ErrorKind::TimedOut, format!("not {want} in time")),
+                        });
                     }
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 }
@@ -149,7 +165,10 @@ impl SandboxCgroup {
                 let want = if frozen { 1 } else { 0 };
                 while read_keyed(&d.join("cgroup.events"), "frozen") != Some(want) {
                     if std::time::Instant::now() > deadline {
-                        return Err(CgroupError::Io { path: d.join("cgroup.events"), source: io::Error::new(io::ErrorKind::TimedOut, "freezer did not settle in time") });
+                        return Err(CgroupError::Io {
+                            path: d.join("cgroup.events"),
+                            source: io::Error::new(io::ErrorKind::TimedOut, "freezer did not settle in time"),
+                        });
                     }
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 }
@@ -266,7 +285,8 @@ mod tests {
         for dir in cg.dirs() {
             fs::create_dir_all(dir).unwrap();
         }
-        let limits = ResourceLimits { memory_bytes: Some(64 << 20), cpus: Some(0.5), pids: Some(32), ..Default::default() };
+        let limits =
+            ResourceLimits { memory_bytes: Some(64 << 20), cpus: Some(0.5), pids: Some(32), ..Default::default() };
         cg.create(&limits).unwrap();
         let m = d.path().join("memory/strata/abc");
         assert_eq!(fs::read_to_string(m.join("memory.limit_in_bytes")).unwrap(), (64u64 << 20).to_string());

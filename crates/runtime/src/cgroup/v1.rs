@@ -14,7 +14,8 @@ pub const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer
 const CFS_PERIOD_US: u64 = 100_000;
 
 fn dir_of<'a>(dirs: &'a [PathBuf], controller: &str) -> Option<&'a PathBuf> {
-    dirs.iter().find(|d| d.parent().and_then(|p| p.parent()).and_then(|c| c.file_name()).is_some_and(|n| n == controller))
+    dirs.iter()
+        .find(|d| d.parent().and_then(|p| p.parent()).and_then(|c| c.file_name()).is_some_and(|n| n == controller))
 }
 
 pub(super) fn apply(dirs: &[PathBuf], limits: &ResourceLimits) -> Result<(), CgroupError> {
@@ -47,7 +48,8 @@ pub(super) fn usage(dirs: &[PathBuf]) -> ResourceUsage {
         u.pids = read_u64(&d.join("pids.current")).unwrap_or(0);
     }
     if let Some(d) = dir_of(dirs, "cpuacct") {
-        u.cpu_usec = std::fs::read_to_string(d.join("cpuacct.usage")).ok().and_then(|t| parse_cpuacct_usage(&t)).unwrap_or(0);
+        u.cpu_usec =
+            std::fs::read_to_string(d.join("cpuacct.usage")).ok().and_then(|t| parse_cpuacct_usage(&t)).unwrap_or(0);
     }
     u
 }

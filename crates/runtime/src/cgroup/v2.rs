@@ -17,7 +17,8 @@ pub(super) fn enable_controllers(dir: &Path) -> Result<(), CgroupError> {
     let root = parent.parent().expect("strata cgroup has a parent");
     std::fs::create_dir_all(parent).map_err(|source| CgroupError::Io { path: parent.to_path_buf(), source })?;
     let available = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-    let wanted: Vec<&str> = ["cpu", "memory", "pids"].into_iter().filter(|c| available.split_whitespace().any(|a| a == *c)).collect();
+    let wanted: Vec<&str> =
+        ["cpu", "memory", "pids"].into_iter().filter(|c| available.split_whitespace().any(|a| a == *c)).collect();
     let line = wanted.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
     if !line.is_empty() {
         write(&root.join("cgroup.subtree_control"), &line)?;
@@ -48,7 +49,10 @@ pub(super) fn usage(dir: &Path) -> ResourceUsage {
         oom_kills: read_keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0),
         memory_bytes: read_u64(&dir.join("memory.current")).unwrap_or(0),
         pids: read_u64(&dir.join("pids.current")).unwrap_or(0),
-        cpu_usec: std::fs::read_to_string(dir.join("cpu.stat")).ok().and_then(|t| parse_cpu_stat_usage(&t)).unwrap_or(0),
+        cpu_usec: std::fs::read_to_string(dir.join("cpu.stat"))
+            .ok()
+            .and_then(|t| parse_cpu_stat_usage(&t))
+            .unwrap_or(0),
     }
 }
 

@@ -42,14 +42,19 @@ pub fn binary() -> Option<PathBuf> {
 
 /// Why processes cannot be dumped on this host (`None`: they can).
 pub fn unsupported() -> Option<String> {
-    let Some(bin) = binary() else { return Some("criu is not installed (scripts/setup-host.sh builds CRIU 4.1.1)".into()) };
+    let Some(bin) = binary() else {
+        return Some("criu is not installed (scripts/setup-host.sh builds CRIU 4.1.1)".into());
+    };
     let out = match Command::new(&bin).arg("--version").output() {
         Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
         Err(e) => return Some(format!("running {}: {e}", bin.display())),
     };
     match crate::probe::parse_criu_version(&out) {
         Some((maj, _)) if maj >= 4 => None,
-        Some((maj, min)) => Some(format!("{} is CRIU {maj}.{min}; standby needs CRIU >= 4 (3.x fails on this kernel's vDSO)", bin.display())),
+        Some((maj, min)) => Some(format!(
+            "{} is CRIU {maj}.{min}; standby needs CRIU >= 4 (3.x fails on this kernel's vDSO)",
+            bin.display()
+        )),
         None => Some(format!("cannot tell the version of {}", bin.display())),
     }
 }
@@ -69,8 +74,14 @@ pub fn prepare_kdat_cache() -> Result<bool, RuntimeError> {
     if fs.filesystem_type() == TMPFS_MAGIC {
         return Ok(false);
     }
-    mount(Some("tmpfs"), KDAT_DIR, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=1m,mode=0700"))
-        .map_err(|e| RuntimeError::sys(format!("mount a tmpfs on {KDAT_DIR}"), e))?;
+    mount(
+        Some("tmpfs"),
+        KDAT_DIR,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=1m,mode=0700"),
+    )
+    .map_err(|e| RuntimeError::sys(format!("mount a tmpfs on {KDAT_DIR}"), e))?;
     Ok(true)
 }
 
@@ -78,7 +89,8 @@ pub fn prepare_kdat_cache() -> Result<bool, RuntimeError> {
 pub fn log_errors(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let errs: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("error")).collect();
-    let pick = if errs.is_empty() { text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect() } else { errs };
+    let pick =
+        if errs.is_empty() { text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect() } else { errs };
     let joined = pick.iter().rev().take(4).rev().cloned().collect::<Vec<_>>().join(" | ");
     if joined.is_empty() {
         format!("see {}", log.display())
@@ -187,19 +199,34 @@ pub fn dump(init_pid: i32, dir: &Path, mode: &DumpMode) -> Result<std::time::Dur
                 a.push("--tcp-established".into());
                 a
             }
-            DumpMode::Copy { freezer } => vec!["--leave-running".into(), "--tcp-close".into(), "--freeze-cgroup".into(), freezer.to_string_lossy().into_owned()],
+            DumpMode::Copy { freezer } => vec![
+                "--leave-running".into(),
+                "--tcp-close".into(),
+                "--freeze-cgroup".into(),
+                freezer.to_string_lossy().into_owned(),
+            ],
         })
-        .args(if secrets { vec!["--external".to_string(), format!("mnt[{}]:{SECRETS_KEY}", crate::spec::SECRETS_DIR)] } else { Vec::new() })
+        .args(if secrets {
+            vec!["--external".to_string(), format!("mnt[{}]:{SECRETS_KEY}", crate::spec::SECRETS_DIR)]
+        } else {
+            Vec::new()
+        })
         .args(COMMON)
         .output()
         .map_err(|source| RuntimeError::Spawn { what: "criu dump", source })?;
     if !out.status.success() {
-        return Err(RuntimeError::Setup(format!("criu dump failed ({}): {}", out.status, log_errors(&dir.join(DUMP_LOG)))));
+        return Err(RuntimeError::Setup(format!(
+            "criu dump failed ({}): {}",
+            out.status,
+            log_errors(&dir.join(DUMP_LOG))
+        )));
     }
     let took = t.elapsed();
-    std::fs::write(dir.join(NETNS_MARKER), b"loopback\n").map_err(|e| RuntimeError::sys(format!("write {}", dir.join(NETNS_MARKER).display()), e))?;
+    std::fs::write(dir.join(NETNS_MARKER), b"loopback\n")
+        .map_err(|e| RuntimeError::sys(format!("write {}", dir.join(NETNS_MARKER).display()), e))?;
     if matches!(mode, DumpMode::Copy { .. }) {
-        std::fs::write(dir.join(TCP_CLOSED_MARKER), b"closed\n").map_err(|e| RuntimeError::sys(format!("write {}", dir.join(TCP_CLOSED_MARKER).display()), e))?;
+        std::fs::write(dir.join(TCP_CLOSED_MARKER), b"closed\n")
+            .map_err(|e| RuntimeError::sys(format!("write {}", dir.join(TCP_CLOSED_MARKER).display()), e))?;
     }
     Ok(took)
 }

@@ -82,11 +82,16 @@ pub fn main() -> ! {
             fail(format!("join cgroup {}: {e}", f.display()));
         }
     }
-    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWCGROUP;
+    let mut flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWCGROUP;
     match &cfg.spec.netns_path {
         // The daemon's prepared namespace (egress): join it.
         Some(p) => {
-            let ns = std::fs::File::open(p).unwrap_or_else(|e| fail(format!("open network namespace {}: {e}", p.display())));
+            let ns =
+                std::fs::File::open(p).unwrap_or_else(|e| fail(format!("open network namespace {}: {e}", p.display())));
             if let Err(e) = nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET) {
                 fail(format!("join network namespace {}: {e}", p.display()));
             }
@@ -114,7 +119,13 @@ fn pid1(cfg: InitConfig) -> ! {
     // it from inside the sandbox (see [`SELF_PATH`]).
     let setup = || -> mounts::SetupResult<std::os::fd::OwnedFd> {
         let helper = mounts::clone_helper_mount(&cfg.init_binary)?;
-        mounts::build_rootfs(&spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir, spec.limits.memory_bytes)?;
+        mounts::build_rootfs(
+            &spec.lower_dirs,
+            &spec.upper_dir,
+            &spec.work_dir,
+            &spec.rootfs_dir,
+            spec.limits.memory_bytes,
+        )?;
         nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
         mounts::loopback_up()?;
         mounts::pivot_into(&spec.rootfs_dir)?;
@@ -137,7 +148,11 @@ fn pid1(cfg: InitConfig) -> ! {
     // what lets CRIU dump the tree for standby). It executes the helper mount
     // itself (no path is resolved), which is also the binary every exec helper
     // later executes through `/proc/<pid 1>/exe`.
-    let argv = [c"strata".to_owned(), c"_pid1".to_owned(), std::ffi::CString::new(cfg.stop_grace_secs.to_string()).expect("digits")];
+    let argv = [
+        c"strata".to_owned(),
+        c"_pid1".to_owned(),
+        std::ffi::CString::new(cfg.stop_grace_secs.to_string()).expect("digits"),
+    ];
     let err = strata_init::enter::exec_fd(&helper, &argv, &[]);
     eprintln!("strata init: exec {SELF_PATH}: {err}");
     std::process::exit(1)
@@ -172,4 +187,3 @@ fn detach_stdio(keep: i32) {
         }
     }
 }
-

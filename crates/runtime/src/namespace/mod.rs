@@ -52,7 +52,15 @@ impl NamespaceRuntime {
     pub fn new(helper_exe: PathBuf, init_binary: PathBuf, run_dir: PathBuf) -> Result<Self, RuntimeError> {
         let cgroup_root = PathBuf::from(CGROUP_ROOT);
         let cgroup_version = cgroup::detect(&cgroup_root)?;
-        Ok(NamespaceRuntime { helper_exe, init_binary, cgroup_root, cgroup_version, run_dir, stop_grace: Duration::from_secs(10), criu_check: Default::default() })
+        Ok(NamespaceRuntime {
+            helper_exe,
+            init_binary,
+            cgroup_root,
+            cgroup_version,
+            run_dir,
+            stop_grace: Duration::from_secs(10),
+            criu_check: Default::default(),
+        })
     }
 
     /// The detected cgroup version.
@@ -91,7 +99,12 @@ impl Runtime for NamespaceRuntime {
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
         let t_cgroup = t0.elapsed();
-        let config = init::InitConfig { spec: spec.clone(), cgroup_join_files: cg.join_files(), stop_grace_secs: self.stop_grace.as_secs(), init_binary: self.init_binary.clone() };
+        let config = init::InitConfig {
+            spec: spec.clone(),
+            cgroup_join_files: cg.join_files(),
+            stop_grace_secs: self.stop_grace.as_secs(),
+            init_binary: self.init_binary.clone(),
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -122,8 +135,12 @@ impl Runtime for NamespaceRuntime {
             match serde_json::from_str::<init::InitReport>(&line) {
                 Ok(init::InitReport::Pid { pid: p }) => pid = Some(p),
                 Ok(init::InitReport::Ready) => outcome = Some(Ok(())),
-                Ok(init::InitReport::Error { message, image: true }) => outcome = Some(Err(RuntimeError::Image(message))),
-                Ok(init::InitReport::Error { message, image: false }) => outcome = Some(Err(RuntimeError::Setup(message))),
+                Ok(init::InitReport::Error { message, image: true }) => {
+                    outcome = Some(Err(RuntimeError::Image(message)))
+                }
+                Ok(init::InitReport::Error { message, image: false }) => {
+                    outcome = Some(Err(RuntimeError::Setup(message)))
+                }
                 Err(_) => debug!(line, "unexpected line from init"),
             }
             if pid.is_some() && outcome.is_some() {
@@ -169,9 +186,16 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        let cfg = enter::EnterConfig { init_pid: handle.init_pid, init_start_time: handle.init_start_time, cgroup_join_files: self.cgroup(sandbox_id).join_files(), exec: exec.clone() };
+        let cfg = enter::EnterConfig {
+            init_pid: handle.init_pid,
+            init_start_time: handle.init_start_time,
+            cgroup_join_files: self.cgroup(sandbox_id).join_files(),
+            exec: exec.clone(),
+        };
         let mut cmd = Command::new(&self.init_binary);
-        cmd.arg("_enter").env_clear().env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
+        cmd.arg("_enter")
+            .env_clear()
+            .env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
         Ok(cmd)
     }
 
@@ -245,7 +269,11 @@ impl Runtime for NamespaceRuntime {
     fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize {
         let cg = self.cgroup(sandbox_id);
         let Some(leader) = cg.pids().into_iter().find(|p| ns_pid_of(*p) == Some(ns_pid)) else { return 0 };
-        let targets: Vec<i32> = if group { cg.pids().into_iter().filter(|p| *p == leader || pgid_of(*p) == Some(leader)).collect() } else { vec![leader] };
+        let targets: Vec<i32> = if group {
+            cg.pids().into_iter().filter(|p| *p == leader || pgid_of(*p) == Some(leader)).collect()
+        } else {
+            vec![leader]
+        };
         let mut sent = 0;
         for pid in targets {
             // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
@@ -258,12 +286,21 @@ impl Runtime for NamespaceRuntime {
             // The pidfd names one process for good: if `pid` is still this sandbox's
             // (in its cgroup, with the same pid inside or in the group), the
             // signal reaches exactly it; a process that died meanwhile gets none.
-            let still = cg.pids().contains(&pid) && if pid == leader { ns_pid_of(pid) == Some(ns_pid) } else { pgid_of(pid) == Some(leader) };
+            let still = cg.pids().contains(&pid)
+                && if pid == leader { ns_pid_of(pid) == Some(ns_pid) } else { pgid_of(pid) == Some(leader) };
             if !still {
                 continue;
             }
             // SAFETY: pidfd_send_signal takes the pidfd, a signal number, a NULL siginfo and flags.
-            let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, std::os::fd::AsRawFd::as_raw_fd(&fd), signal, std::ptr::null::<libc::siginfo_t>(), 0) };
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    signal,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
             if r == 0 {
                 sent += 1;
             }
@@ -287,7 +324,12 @@ impl Runtime for NamespaceRuntime {
             .clone()
     }
 
-    fn dump_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError> {
+    fn dump_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &std::path::Path,
+    ) -> Result<PathBuf, RuntimeError> {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
@@ -301,11 +343,19 @@ impl Runtime for NamespaceRuntime {
         Ok(self.init_binary.clone())
     }
 
-    fn copy_processes(&self, sandbox_id: &str, handle: &SandboxHandle, images_dir: &std::path::Path) -> Result<PathBuf, RuntimeError> {
+    fn copy_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &std::path::Path,
+    ) -> Result<PathBuf, RuntimeError> {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        let freezer = self.cgroup(sandbox_id).freezer_dir().ok_or_else(|| RuntimeError::Unsupported("no freezer cgroup for this sandbox".into()))?;
+        let freezer = self
+            .cgroup(sandbox_id)
+            .freezer_dir()
+            .ok_or_else(|| RuntimeError::Unsupported("no freezer cgroup for this sandbox".into()))?;
         let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Copy { freezer })?;
         debug!(sandbox = sandbox_id, ms = took.as_millis() as u64, "processes copied");
         Ok(self.init_binary.clone())
@@ -315,17 +365,26 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        mounts::reidentify(handle.init_pid, &spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation).map_err(RuntimeError::Setup)
+        mounts::reidentify(handle.init_pid, &spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)
+            .map_err(RuntimeError::Setup)
     }
 
-    fn restore_processes(&self, spec: &SandboxSpec, images_dir: &std::path::Path, work_dir: &std::path::Path, helper: &std::path::Path, inherit: &[(std::os::fd::RawFd, u64)]) -> Result<SandboxHandle, RuntimeError> {
+    fn restore_processes(
+        &self,
+        spec: &SandboxSpec,
+        images_dir: &std::path::Path,
+        work_dir: &std::path::Path,
+        helper: &std::path::Path,
+        inherit: &[(std::os::fd::RawFd, u64)],
+    ) -> Result<SandboxHandle, RuntimeError> {
         if let Some(why) = self.process_dump_unsupported() {
             return Err(RuntimeError::Unsupported(why));
         }
         let bin = criu::binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
-        std::fs::create_dir_all(work_dir).map_err(|e| RuntimeError::sys(format!("create {}", work_dir.display()), e))?;
+        std::fs::create_dir_all(work_dir)
+            .map_err(|e| RuntimeError::sys(format!("create {}", work_dir.display()), e))?;
         let pidfile = work_dir.join(criu::PIDFILE);
         let _ = std::fs::remove_file(&pidfile);
         let cfg = criu::RestoreConfig {
@@ -379,9 +438,7 @@ impl Runtime for NamespaceRuntime {
             let json = serde_json::to_vec(&spec.secrets).expect("secrets serialize");
             let _ = stdin.write_all(&json);
         }
-        let status = child
-        .wait()
-        .map_err(|e| RuntimeError::sys("wait for criu restore", e))?;
+        let status = child.wait().map_err(|e| RuntimeError::sys("wait for criu restore", e))?;
         let fail = |msg: String| {
             let _ = self.cleanup(&spec.id);
             Err(RuntimeError::Setup(msg))

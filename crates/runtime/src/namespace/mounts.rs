@@ -57,7 +57,8 @@ pub fn overlay_data(lower_fds: &[i32], upper_fd: i32, work_fd: i32) -> SetupResu
         return Err("a sandbox needs at least one image layer".into());
     }
     let lowers: Vec<String> = lower_fds.iter().map(|fd| format!("/proc/self/fd/{fd}")).collect();
-    let data = format!("lowerdir={},upperdir=/proc/self/fd/{upper_fd},workdir=/proc/self/fd/{work_fd}", lowers.join(":"));
+    let data =
+        format!("lowerdir={},upperdir=/proc/self/fd/{upper_fd},workdir=/proc/self/fd/{work_fd}", lowers.join(":"));
     if data.len() >= MAX_OVERLAY_DATA {
         return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_fds.len()).into());
     }
@@ -70,7 +71,12 @@ pub fn overlay_data(lower_fds: &[i32], upper_fd: i32, work_fd: i32) -> SetupResu
 pub fn mount_overlay(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> SetupResult<()> {
     use std::os::fd::AsRawFd;
     let open = |p: &Path| -> SetupResult<std::os::fd::OwnedFd> {
-        let fd = nix::fcntl::open(p, nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, Mode::empty()).map_err(ctx(format!("open layer {}", p.display())))?;
+        let fd = nix::fcntl::open(
+            p,
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(ctx(format!("open layer {}", p.display())))?;
         // SAFETY: open returned a new descriptor that nothing else owns.
         Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
     };
@@ -86,7 +92,9 @@ pub fn mount_overlay(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path, 
 fn mount_point(root: &Path, rel: &str) -> SetupResult<PathBuf> {
     let p = root.join(rel);
     match fs::symlink_metadata(&p) {
-        Ok(m) if m.file_type().is_symlink() => Err(SetupError::Image(format!("refusing to mount on /{rel}: it is a symlink in the image"))),
+        Ok(m) if m.file_type().is_symlink() => {
+            Err(SetupError::Image(format!("refusing to mount on /{rel}: it is a symlink in the image")))
+        }
         Ok(m) if m.is_dir() => Ok(p),
         Ok(_) => Err(SetupError::Image(format!("refusing to mount on /{rel}: not a directory in the image"))),
         Err(_) => {
@@ -100,7 +108,8 @@ fn mnt(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Opt
     Ok(mount(Some(src), target, fstype, flags, data).map_err(ctx(format!("mount {src} on {}", target.display())))?)
 }
 
-const DEVICES: [(&str, u64, u64); 6] = [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
+const DEVICES: [(&str, u64, u64); 6] =
+    [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
 
 /// Paths hidden from the sandbox (bound to /dev/null or an empty read-only
 /// tmpfs): runc's and gVisor's defaults, and more kernel state a sandbox has
@@ -146,33 +155,65 @@ pub fn tmp_size(memory_bytes: Option<u64>) -> String {
 
 /// Mounts the overlay root and the pseudo-filesystems under it. Must run in a
 /// fresh mount (and pid) namespace. `memory_bytes` (the memory limit) caps /tmp.
-pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path, memory_bytes: Option<u64>) -> SetupResult<()> {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(ctx("make / private"))?;
+pub fn build_rootfs(
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    root: &Path,
+    memory_bytes: Option<u64>,
+) -> SetupResult<()> {
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(ctx("make / private"))?;
     mount_overlay(lower, upper, work, root)?;
 
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mnt("proc", &mount_point(root, "proc")?, Some("proc"), nosuid_nodev_noexec, None)?;
 
     let dev = mount_point(root, "dev")?;
-    mnt("tmpfs", &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_STRICTATIME, Some("mode=755,size=65536k"))?;
+    mnt(
+        "tmpfs",
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_STRICTATIME,
+        Some("mode=755,size=65536k"),
+    )?;
     for (name, major, minor) in DEVICES {
         let p = dev.join(name);
-        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor)).map_err(ctx(format!("mknod /dev/{name}")))?;
+        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor))
+            .map_err(ctx(format!("mknod /dev/{name}")))?;
         // mknod honours the umask; set the mode explicitly.
         fs::set_permissions(&p, fs::Permissions::from_mode(0o666)).map_err(ctx(format!("chmod /dev/{name}")))?;
     }
-    for (link, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")] {
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
         symlink(target, dev.join(link)).map_err(ctx(format!("symlink /dev/{link}")))?;
     }
     for d in ["pts", "shm", "mqueue"] {
         fs::create_dir(dev.join(d)).map_err(ctx(format!("mkdir /dev/{d}")))?;
     }
-    mnt("devpts", &dev.join("pts"), Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("newinstance,ptmxmode=0666,mode=0620"))?;
+    mnt(
+        "devpts",
+        &dev.join("pts"),
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
     mnt("shm", &dev.join("shm"), Some("tmpfs"), nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
     mnt("mqueue", &dev.join("mqueue"), Some("mqueue"), nosuid_nodev_noexec, None)?;
 
     mnt("sysfs", &mount_point(root, "sys")?, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
-    mnt("tmpfs", &mount_point(root, "tmp")?, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(&format!("mode=1777,{}", tmp_size(memory_bytes))))?;
+    mnt(
+        "tmpfs",
+        &mount_point(root, "tmp")?,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(&format!("mode=1777,{}", tmp_size(memory_bytes))),
+    )?;
 
     for rel in MASKED {
         let p = root.join(rel);
@@ -180,7 +221,8 @@ pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path, m
         if meta.is_dir() {
             mnt("tmpfs", &p, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))?;
         } else {
-            mount(Some(&dev.join("null")), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx(format!("mask /{rel}")))?;
+            mount(Some(&dev.join("null")), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .map_err(ctx(format!("mask /{rel}")))?;
         }
     }
     for rel in READ_ONLY {
@@ -188,9 +230,21 @@ pub fn build_rootfs(lower: &[PathBuf], upper: &Path, work: &Path, root: &Path, m
         if fs::symlink_metadata(&p).is_err() {
             continue;
         }
-        mount(Some(&p), &p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(ctx(format!("bind /{rel}")))?;
-        mount(None::<&str>, &p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None::<&str>)
-            .map_err(ctx(format!("read-only /{rel}")))?;
+        mount(Some(&p), &p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            .map_err(ctx(format!("bind /{rel}")))?;
+        mount(
+            None::<&str>,
+            &p,
+            None::<&str>,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .map_err(ctx(format!("read-only /{rel}")))?;
     }
     Ok(())
 }
@@ -227,8 +281,16 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
         }
         Err(e) => return Err(format!("mkdir /run/strata: {e}").into()),
     }
-    mnt("tmpfs", Path::new("/run/strata"), Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("mode=755,size=1m"))?;
-    let put = |name: &str, content: String| fs::write(format!("/run/strata/{name}"), content).map_err(ctx(format!("write /run/strata/{name}")));
+    mnt(
+        "tmpfs",
+        Path::new("/run/strata"),
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=755,size=1m"),
+    )?;
+    let put = |name: &str, content: String| {
+        fs::write(format!("/run/strata/{name}"), content).map_err(ctx(format!("write /run/strata/{name}")))
+    };
     put("sandbox-id", format!("{sandbox_id}\n"))?;
     put("generation", format!("{generation}\n"))?;
     let etc = Path::new("/etc");
@@ -253,7 +315,8 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
                 fs::write(&target, b"").map_err(ctx(format!("create /etc/{name}")))?;
             }
         }
-        mount(Some(format!("/run/strata/{name}").as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx(format!("bind /etc/{name}")))?;
+        mount(Some(format!("/run/strata/{name}").as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(ctx(format!("bind /etc/{name}")))?;
     }
     Ok(())
 }
@@ -273,7 +336,8 @@ pub fn ensure_identity_mountpoints(root: &Path) -> Result<(), String> {
     let run = match dir("run") {
         Ok(fd) => fd,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-            nix::sys::stat::mkdirat(Some(root_fd.as_raw_fd()), "run", Mode::from_bits_truncate(0o755)).map_err(|e| format!("mkdir /run: {e}"))?;
+            nix::sys::stat::mkdirat(Some(root_fd.as_raw_fd()), "run", Mode::from_bits_truncate(0o755))
+                .map_err(|e| format!("mkdir /run: {e}"))?;
             dir("run").map_err(|e| format!("open /run: {e}"))?
         }
         Err(e) => return Err(format!("open /run: {e}")),
@@ -284,7 +348,11 @@ pub fn ensure_identity_mountpoints(root: &Path) -> Result<(), String> {
     }
     let Ok(etc) = dir("etc") else { return Ok(()) };
     for name in ["hostname", "hosts", "machine-id"] {
-        let flags = nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_CLOEXEC;
+        let flags = nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC;
         match nix::fcntl::openat(Some(etc.as_raw_fd()), name, flags, Mode::from_bits_truncate(0o644)) {
             Ok(fd) => {
                 let _ = nix::unistd::close(fd);
@@ -309,14 +377,26 @@ fn hosts_with(hosts: &str, hostname: &str) -> String {
 /// contents) and sets its hostname. The files are reached through
 /// `/proc/<init>/root` with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`:
 /// whatever the copied workload left there, no write leaves the sandbox.
-pub fn reidentify(init_pid: i32, hostname: &str, sandbox_id: &str, machine_id: &str, generation: u32) -> Result<(), String> {
+pub fn reidentify(
+    init_pid: i32,
+    hostname: &str,
+    sandbox_id: &str,
+    machine_id: &str,
+    generation: u32,
+) -> Result<(), String> {
     use crate::openat2::{open_regular, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
     use std::io::{Read, Seek, Write};
-    let root = fs::File::open(format!("/proc/{init_pid}/root")).map_err(|e| format!("open the root of pid {init_pid}: {e}"))?;
+    let root = fs::File::open(format!("/proc/{init_pid}/root"))
+        .map_err(|e| format!("open the root of pid {init_pid}: {e}"))?;
     let resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
     // Only regular files are opened (checked through an O_PATH descriptor first).
     let open = |name: &str| -> Result<Option<fs::File>, String> {
-        match open_regular(std::os::fd::AsRawFd::as_raw_fd(&root), &format!("run/strata/{name}"), libc::O_RDWR | libc::O_NONBLOCK, resolve) {
+        match open_regular(
+            std::os::fd::AsRawFd::as_raw_fd(&root),
+            &format!("run/strata/{name}"),
+            libc::O_RDWR | libc::O_NONBLOCK,
+            resolve,
+        ) {
             Ok(f) => Ok(Some(f)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(format!("open /run/strata/{name}: {e}")),
@@ -324,7 +404,10 @@ pub fn reidentify(init_pid: i32, hostname: &str, sandbox_id: &str, machine_id: &
     };
     let put = |name: &str, content: &str| -> Result<(), String> {
         if let Some(mut f) = open(name)? {
-            f.set_len(0).and_then(|_| f.rewind()).and_then(|_| f.write_all(content.as_bytes())).map_err(|e| format!("write /run/strata/{name}: {e}"))?;
+            f.set_len(0)
+                .and_then(|_| f.rewind())
+                .and_then(|_| f.write_all(content.as_bytes()))
+                .map_err(|e| format!("write /run/strata/{name}: {e}"))?;
         }
         Ok(())
     };
@@ -336,13 +419,18 @@ pub fn reidentify(init_pid: i32, hostname: &str, sandbox_id: &str, machine_id: &
         let mut old = String::new();
         let _ = Read::take(&mut f, 1 << 20).read_to_string(&mut old);
         let new = hosts_with(&old, hostname);
-        f.set_len(0).and_then(|_| f.rewind()).and_then(|_| f.write_all(new.as_bytes())).map_err(|e| format!("write /run/strata/hosts: {e}"))?;
+        f.set_len(0)
+            .and_then(|_| f.rewind())
+            .and_then(|_| f.write_all(new.as_bytes()))
+            .map_err(|e| format!("write /run/strata/hosts: {e}"))?;
     }
     // The UTS namespace is per thread: join it from a thread of its own, which then ends.
-    let uts = fs::File::open(format!("/proc/{init_pid}/ns/uts")).map_err(|e| format!("open the UTS namespace of pid {init_pid}: {e}"))?;
+    let uts = fs::File::open(format!("/proc/{init_pid}/ns/uts"))
+        .map_err(|e| format!("open the UTS namespace of pid {init_pid}: {e}"))?;
     let name = hostname.to_string();
     std::thread::spawn(move || -> Result<(), String> {
-        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS).map_err(|e| format!("join the UTS namespace: {e}"))?;
+        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
+            .map_err(|e| format!("join the UTS namespace: {e}"))?;
         nix::unistd::sethostname(&name).map_err(|e| format!("sethostname {name}: {e}"))
     })
     .join()
@@ -367,7 +455,8 @@ pub fn bind_resolv_conf(content: &str) -> SetupResult<()> {
         }
         Err(_) => fs::write(target, b"").map_err(ctx("create /etc/resolv.conf"))?,
     }
-    mount(Some("/run/strata/resolv.conf"), target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(ctx("bind /etc/resolv.conf"))?;
+    mount(Some("/run/strata/resolv.conf"), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(ctx("bind /etc/resolv.conf"))?;
     Ok(())
 }
 
@@ -406,7 +495,8 @@ pub fn fill_secrets(dir: &Path, secrets: &[crate::spec::SecretFile], owner: (u32
         f.write_all(&s.data).map_err(ctx(format!("write secret {}", s.name)))?;
         std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1)).map_err(ctx(format!("chown secret {}", s.name)))?;
     }
-    mount(None::<&str>, dir, None::<&str>, flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, Some(opts.as_str())).map_err(ctx(format!("read-only {}", dir.display())))?;
+    mount(None::<&str>, dir, None::<&str>, flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, Some(opts.as_str()))
+        .map_err(ctx(format!("read-only {}", dir.display())))?;
     Ok(())
 }
 
@@ -421,11 +511,18 @@ pub fn mount_secrets(secrets: &[crate::spec::SecretFile], owner: Option<&str>) -
     let dir = Path::new(crate::spec::SECRETS_DIR);
     match fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(SetupError::Image(format!("refusing to mount secrets on {}: not a directory in the image", dir.display()))),
+        Ok(_) => {
+            return Err(SetupError::Image(format!(
+                "refusing to mount secrets on {}: not a directory in the image",
+                dir.display()
+            )))
+        }
         Err(_) => {
             let run = Path::new("/run");
             if fs::symlink_metadata(run).is_ok_and(|m| !m.is_dir()) {
-                return Err(SetupError::Image("refusing to mount secrets: /run is not a directory in the image".into()));
+                return Err(SetupError::Image(
+                    "refusing to mount secrets: /run is not a directory in the image".into(),
+                ));
             }
             fs::create_dir_all(dir).map_err(ctx(format!("mkdir {}", dir.display())))?;
         }
@@ -442,7 +539,14 @@ pub fn clone_helper_mount(exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
     let path = std::ffi::CString::new(exe.as_os_str().as_encoded_bytes()).map_err(ctx("helper path"))?;
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     // SAFETY: open_tree takes a dirfd, a NUL-terminated path that outlives the call, and flags.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint) };
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
     if fd < 0 {
         return Err(format!("open_tree {}: {}", exe.display(), std::io::Error::last_os_error()).into());
     }
@@ -455,16 +559,36 @@ pub fn clone_helper_mount(exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
 /// valid: it then names the attached mount (pid 1 executes it).
 pub fn attach_helper(tree: &std::os::fd::OwnedFd, target: &str) -> SetupResult<()> {
     use std::os::fd::AsRawFd;
-    fs::OpenOptions::new().create(true).truncate(true).write(true).open(target).map_err(ctx(format!("create {target}")))?;
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(target)
+        .map_err(ctx(format!("create {target}")))?;
     let c_target = std::ffi::CString::new(target).map_err(ctx("target"))?;
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
     // SAFETY: move_mount takes two (dirfd, NUL-terminated path) pairs that outlive the call, and flags.
-    let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, c_target.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c_target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
     if r < 0 {
         return Err(format!("attach the helper on {target}: {}", std::io::Error::last_os_error()).into());
     }
-    mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV, None::<&str>)
-        .map_err(ctx(format!("read-only {target}")))?;
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(ctx(format!("read-only {target}")))?;
     Ok(())
 }
 
@@ -518,7 +642,10 @@ mod tests {
 
     #[test]
     fn overlay_data_names_descriptors_only() {
-        assert_eq!(overlay_data(&[7, 5], 8, 9).unwrap(), "lowerdir=/proc/self/fd/7:/proc/self/fd/5,upperdir=/proc/self/fd/8,workdir=/proc/self/fd/9");
+        assert_eq!(
+            overlay_data(&[7, 5], 8, 9).unwrap(),
+            "lowerdir=/proc/self/fd/7:/proc/self/fd/5,upperdir=/proc/self/fd/8,workdir=/proc/self/fd/9"
+        );
         assert!(overlay_data(&[], 8, 9).is_err());
         let deep: Vec<i32> = (100..400).collect();
         assert!(overlay_data(&deep, 8, 9).unwrap_err().to_string().contains("too deep"));
@@ -535,5 +662,4 @@ mod tests {
         assert_eq!(secrets_owner(None, passwd, group), (0, 0));
         assert_eq!(secrets_owner(Some(""), passwd, group), (0, 0));
     }
-
 }

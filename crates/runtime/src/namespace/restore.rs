@@ -80,7 +80,8 @@ pub fn main() -> ! {
         if let Err(e) = std::io::Read::read_to_end(&mut std::io::stdin(), &mut raw) {
             fail(format!("read secrets: {e}"));
         }
-        let secrets: Vec<crate::spec::SecretFile> = serde_json::from_slice(&raw).unwrap_or_else(|e| fail(format!("parse secrets: {e}")));
+        let secrets: Vec<crate::spec::SecretFile> =
+            serde_json::from_slice(&raw).unwrap_or_else(|e| fail(format!("parse secrets: {e}")));
         drop(raw);
         if let Err(e) = std::fs::create_dir_all(dir) {
             fail(format!("create {}: {e}", dir.display()));
@@ -102,7 +103,11 @@ pub fn main() -> ! {
         }
     }
     let _ = nix::unistd::chdir("/");
-    let err = std::process::Command::new(&cfg.criu).env_clear().env("PATH", super::criu::PATH).args(restore_args(&cfg, netns_fd)).exec();
+    let err = std::process::Command::new(&cfg.criu)
+        .env_clear()
+        .env("PATH", super::criu::PATH)
+        .args(restore_args(&cfg, netns_fd))
+        .exec();
     fail(format!("exec {}: {err}", cfg.criu.display()))
 }
 
@@ -113,7 +118,12 @@ pub fn main() -> ! {
 fn read_in_root(root: &std::path::Path, rel: &str) -> String {
     use crate::openat2::{open_regular, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
     let Ok(root_fd) = std::fs::File::open(root) else { return String::new() };
-    let Ok(mut f) = open_regular(std::os::fd::AsRawFd::as_raw_fd(&root_fd), rel, libc::O_RDONLY | libc::O_NONBLOCK, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) else {
+    let Ok(mut f) = open_regular(
+        std::os::fd::AsRawFd::as_raw_fd(&root_fd),
+        rel,
+        libc::O_RDONLY | libc::O_NONBLOCK,
+        RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    ) else {
         return String::new();
     };
     let mut s = String::new();
