@@ -36,6 +36,9 @@ if [ "${STRATA_CARGO_LOCKED:-1}" != 0 ] && git ls-files --error-unmatch Cargo.lo
 fi
 
 step "build strata-init (static)" scripts/build-init.sh "${LOCKED[@]}"
+# Formatting and lints hold on main (rustfmt.toml, [workspace.lints] in Cargo.toml).
+step "cargo fmt --check" cargo fmt --all --check
+step "cargo clippy -D warnings" cargo clippy --workspace --tests "${LOCKED[@]}" -- -D warnings
 step "cargo build --tests ${LOCKED[*]}" cargo test --workspace "${LOCKED[@]}" --no-run
 
 T0=$(_now)

@@ -432,8 +432,9 @@ async fn sequential_creates(c: &Client, o: &mut Owned, ckpt: &str, prefix: &str)
 /// Used bytes of the file system holding `dir` (statvfs).
 fn fs_used(dir: &Path) -> Result<u64> {
     let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
-    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
+    // SAFETY: statvfs is plain old data; all zeros is a valid value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs writes only into the struct we pass; the path is NUL-terminated.
     if unsafe { libc::statvfs(p.as_ptr(), &mut s) } != 0 {
         bail!("statvfs {}: {}", dir.display(), std::io::Error::last_os_error());
     }

@@ -39,8 +39,9 @@ fn fill(d: &TestDaemon, id: &str, limit_mib: u64) -> u64 {
 
 fn host_free_mib(path: &std::path::Path) -> u64 {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: statvfs into a zeroed struct.
+    // SAFETY: statvfs is plain old data; all zeros is a valid value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs writes only into the struct we pass; the path is NUL-terminated.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
     s.f_bavail as u64 * s.f_frsize as u64 / MIB
 }

@@ -120,8 +120,8 @@ mod tests {
         fs::write(l2.join("etc/keep"), "2").unwrap();
         fs::write(l2.join("etc/old/b"), "b").unwrap();
         let c = CString::new(l2.join("etc/old").as_os_str().as_bytes()).unwrap();
-        // SAFETY: valid C strings and value.
         assert_eq!(
+            // SAFETY: valid C strings and value.
             unsafe { libc::setxattr(c.as_ptr(), c"trusted.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) },
             0
         );
