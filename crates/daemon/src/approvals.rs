@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use strata_api::{Approval, ApprovalDecision, ApprovalQuery, ApprovalState, CapabilityGrant, ErrorCode};
+use strata_core::lifecycle::approval::{next_approval_state, ApprovalAction};
 use strata_core::rule_of_two;
 use tracing::{info, warn};
 
@@ -78,7 +79,8 @@ fn settle(st: &Shared, id: &str) -> ApiResult<Option<Approval>> {
     let mut timed_out = false;
     let r = st.db.update_approval(id, |a| {
         if a.state == ApprovalState::Pending && expired(a, now).unwrap_or(true) {
-            a.state = ApprovalState::Denied;
+            let Ok(next) = next_approval_state(a.state, ApprovalAction::Expire) else { return false };
+            a.state = next;
             a.decided_by = Some("timeout".into());
             a.decided_at = Some(fmt_time(now));
             a.reason = Some("no decision before the approval timed out".into());
@@ -172,9 +174,10 @@ pub fn gate(st: &Shared, tenant: &str, action: &str, target: &str, grants: &[Cap
                 let (a, used) = st
                     .db
                     .update_approval(&open.id, |a| {
-                        let ok = a.state == ApprovalState::Approved;
-                        if ok {
-                            a.state = ApprovalState::Used;
+                        let next = next_approval_state(a.state, ApprovalAction::Use);
+                        let ok = next.is_ok();
+                        if let Ok(next) = next {
+                            a.state = next;
                             a.used_at = Some(used_at.clone());
                         }
                         ok
@@ -237,10 +240,9 @@ pub fn decide(st: &Shared, id: &str, approve: bool, reason: Option<String>) -> A
     let (a, changed) = st
         .db
         .update_approval(&a.id, |a| {
-            if a.state != ApprovalState::Pending {
-                return false;
-            }
-            a.state = if approve { ApprovalState::Approved } else { ApprovalState::Denied };
+            let action = if approve { ApprovalAction::Approve } else { ApprovalAction::Deny };
+            let Ok(next) = next_approval_state(a.state, action) else { return false };
+            a.state = next;
             a.decided_by = Some(actor.clone());
             a.decided_at = Some(fmt_time(now));
             a.reason = reason.clone();

@@ -24,6 +24,7 @@ use strata_api::{
     PipelineCost, PipelineEvent, PipelineQuery, PipelineRun, PipelineSpec, PipelineState, ProcessStatus,
     RunPipelineRequest, StageCost, StageKeep, StageLifecycle, StageResult, StageSpec, StageState, StandbyRequest,
 };
+use strata_core::lifecycle::pipeline::{next_run_state, RunAction};
 use strata_core::{ids, units};
 use tracing::{info, warn};
 
@@ -413,19 +414,24 @@ fn spawn_driver(st: &Shared, run: &PipelineRun) {
     });
 }
 
+/// Moves a run the driver holds through the pipeline table. The driver only
+/// asks for what the table allows from `running`; anything else is a bug,
+/// logged loudly, and the run keeps its state.
+fn advance(run: &mut PipelineRun, action: RunAction) {
+    match next_run_state(run.state, action) {
+        Ok(next) => run.state = next,
+        Err(e) => tracing::error!(run = %run.id, error = %e, "pipeline driver asked for an illegal transition"),
+    }
+}
+
 /// Continues a failed or interrupted run from its first unfinished stage.
 pub async fn resume(st: &Shared, id: &str) -> ApiResult<PipelineRun> {
     let mut run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
-    match run.state {
-        PipelineState::Succeeded => {
-            return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} already succeeded", run.id)))
-        }
-        PipelineState::Running if is_active(&run.id) => {
-            return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is running", run.id)))
-        }
-        _ => {}
+    if run.state == PipelineState::Running && is_active(&run.id) {
+        return Err(ApiError::new(ErrorCode::InvalidState, format!("pipeline run {} is running", run.id)));
     }
-    run.state = PipelineState::Running;
+    run.state = next_run_state(run.state, RunAction::Resume)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidState, format!("pipeline run {}: {e}", run.id)))?;
     run.reason = None;
     run.updated_at = now();
     st.db.put_pipeline_run(&run)?;
@@ -477,7 +483,7 @@ async fn drive(st: &Shared, run_id: &str) {
             continue;
         }
         if take_pause(&run.id) {
-            run.state = PipelineState::Paused;
+            advance(&mut run, RunAction::Pause);
             run.reason =
                 Some(format!("paused before stage {:?}; `strata pipeline resume` continues", run.stages[idx].name));
             info!(run = %run.id, stage = %run.stages[idx].name, "pipeline run paused");
@@ -519,7 +525,7 @@ async fn drive(st: &Shared, run_id: &str) {
             Err(msg) => {
                 stage.state = StageState::Failed;
                 stage.error = Some(msg.clone());
-                run.state = PipelineState::Failed;
+                advance(&mut run, RunAction::Fail);
                 run.reason = Some(format!("stage {:?} failed: {msg}", run.stages[idx].name));
                 take_pause(&run.id);
                 warn!(run = %run.id, stage = %run.stages[idx].name, error = %msg, "pipeline stage failed");
@@ -529,7 +535,7 @@ async fn drive(st: &Shared, run_id: &str) {
         }
     }
     take_pause(&run.id);
-    run.state = PipelineState::Succeeded;
+    advance(&mut run, RunAction::Succeed);
     info!(run = %run.id, "pipeline run succeeded");
     save(st, &mut run, None);
     // A succeeded run never runs a stage again.

@@ -739,7 +739,15 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
         time: &now(),
     };
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
-    let ev = st.db.delete_sandbox(&rec.sandbox.id, from, &t)?;
+    let Some(ev) = st.db.delete_sandbox(&rec.sandbox.id, from, &t)? else {
+        // Unreachable while transitions hold the sandbox's lock; a 409 with the
+        // state it is in now if one ever does not.
+        let current = st.db.sandbox_by_id(&rec.sandbox.id)?.map_or(SandboxState::Destroyed, |r| r.sandbox.state);
+        return Err(ApiError::invalid_state(
+            current,
+            format!("sandbox {} changed state while being destroyed", rec.sandbox.id),
+        ));
+    };
     st.secrets.remove(&rec.sandbox.id);
     crate::network::forget_later(st, &rec.sandbox.id);
     if let Some(m) = archived {

@@ -11,8 +11,8 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use strata_api::{
     Approval, ApprovalState, AuditEntry, Checkpoint, ComputeUsage, Image, ImageConfig, LayerInfo, Lease, Lifecycle,
-    NameLikeId, PipelineRun, PipelineState, Preview, QuotaOverride, ResourceLimits, Sandbox, SandboxEvent,
-    SandboxPolicy, SandboxState, TokenInfo, UsageRecord,
+    NameLikeId, PipelineRun, Preview, QuotaOverride, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy,
+    SandboxState, TokenInfo, UsageRecord,
 };
 use strata_core::ids;
 
@@ -758,17 +758,26 @@ impl Db {
         Ok(Some(ev))
     }
 
-    /// Deletes a sandbox record and its leases, recording its final event.
-    pub fn delete_sandbox(&self, id: &str, from: SandboxState, t: &Transition<'_>) -> Result<SandboxEvent, DbError> {
+    /// Deletes a sandbox record and its leases, recording its final event: the
+    /// destroy transition, with the same compare-and-set as [`Db::transition`]
+    /// (`Ok(None)`, nothing deleted, when the sandbox is no longer in `from`).
+    pub fn delete_sandbox(
+        &self,
+        id: &str,
+        from: SandboxState,
+        t: &Transition<'_>,
+    ) -> Result<Option<SandboxEvent>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        if tx.execute("DELETE FROM sandboxes WHERE id = ?1 AND state = ?2", params![id, from.as_str()])? == 0 {
+            return Ok(None);
+        }
         tx.execute("DELETE FROM leases WHERE sandbox_id = ?1", params![id])?;
         tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![id])?;
         tx.execute("UPDATE usage SET destroyed_at = ?1 WHERE sandbox_id = ?2", params![t.time, id])?;
         let ev = insert_event(&tx, id, Some(from), t)?;
         tx.commit()?;
-        Ok(ev)
+        Ok(Some(ev))
     }
 
     /// Ids of sandboxes that have a TTL deadline (checked by the TTL reaper).
@@ -1522,7 +1531,13 @@ impl Db {
         };
         for id in &ids {
             if let Some(mut run) = self.pipeline_run_by_id(id)? {
-                run.state = PipelineState::Interrupted;
+                let Ok(next) = strata_core::lifecycle::pipeline::next_run_state(
+                    run.state,
+                    strata_core::lifecycle::pipeline::RunAction::Interrupt,
+                ) else {
+                    continue;
+                };
+                run.state = next;
                 run.reason = Some(reason.to_string());
                 run.updated_at = time.to_string();
                 self.put_pipeline_run(&run)?;
@@ -2005,7 +2020,12 @@ mod tests {
             duration_ms: 1,
             time: "2026-01-01T00:00:02Z",
         };
-        db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap();
+        // Destroy is a compare-and-set transition too: from a state the sandbox
+        // is not in, nothing is deleted and no event is written.
+        assert!(db.delete_sandbox("0123456789abcdef", SandboxState::Stopped, &t).unwrap().is_none());
+        assert!(db.find_sandbox("web", None).unwrap().is_some());
+        assert_eq!(db.events(None, 0, 100).unwrap().len(), 2);
+        assert!(db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap().is_some());
         assert!(db.find_sandbox("web", None).unwrap().is_none());
         assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
     }
@@ -2068,7 +2088,7 @@ mod tests {
             id: id.into(),
             tenant: tenant.into(),
             name: "abcd1234".into(),
-            state: PipelineState::Succeeded,
+            state: strata_api::PipelineState::Succeeded,
             reason: None,
             created_at: "t".into(),
             updated_at: "t".into(),

@@ -97,58 +97,89 @@ pub struct InvalidTransition {
 
 /// The transition table: where `action` leads from `current`, or why not.
 ///
-/// Every (state, action) pair is listed; the compiler checks the match is
-/// exhaustive over states, and the tests enumerate every pair.
+/// Every (state, action) pair is spelled out: one inner match per state that
+/// names every action, with no wildcard arm, so adding a state or an action
+/// does not compile until this table decides what it does everywhere. The
+/// tests enumerate every pair.
 pub fn next_state(current: SandboxState, action: Action) -> Result<SandboxState, InvalidTransition> {
     use Action as A;
-    let next = match (current, action) {
-        // Destroy is legal from every state but destroyed itself.
-        (Destroyed, _) => None,
-        (_, A::Destroy) => Some(Destroyed),
-
-        (Creating, A::Ready) => Some(Running),
-        (Creating, A::Fail) => Some(Error),
-        (Creating, _) => None,
-
-        (Running, A::Pause) => Some(Paused),
-        (Running, A::Standby) => Some(Standby),
-        (Running, A::Stop) => Some(Stopped),
-        (Running, A::Fail) => Some(Error),
-        (Running, A::Lose) => Some(Lost),
-        (Running, _) => None,
-
-        (Paused, A::Unpause) => Some(Running),
-        (Paused, A::Standby) => Some(Standby),
-        (Paused, A::Stop) => Some(Stopped),
-        (Paused, A::Fail) => Some(Error),
-        (Paused, A::Lose) => Some(Lost),
-        (Paused, _) => None,
-
-        (Standby, A::Resume) => Some(Running),
-        (Standby, A::Stop) => Some(Stopped),
-        (Standby, A::Archive) => Some(Archived),
-        (Standby, A::Fail) => Some(Error),
-        (Standby, _) => None,
-
-        (Stopped, A::Start) => Some(Running),
-        (Stopped, A::Archive) => Some(Archived),
-        (Stopped, A::Fail) => Some(Error),
-        (Stopped, _) => None,
-
-        (Archived, A::Unarchive) => Some(Stopped),
-        (Archived, A::UnarchiveStandby) => Some(Standby),
-        (Archived, A::Fail) => Some(Error),
-        (Archived, _) => None,
-
-        // A sandbox in error or lost can be started again from its kept filesystem.
-        (Error, A::Start) | (Lost, A::Start) => Some(Running),
-        // An archive that failed to restore can be retried once the store is fixed.
-        (Error, A::Unarchive) => Some(Stopped),
-        (Error, A::UnarchiveStandby) => Some(Standby),
-        // So can a standby image that failed to restore (it is kept).
-        (Error, A::Resume) => Some(Running),
-        (Error, A::Stop) | (Lost, A::Stop) => Some(Stopped),
-        (Error, _) | (Lost, _) => None,
+    let next = match current {
+        Creating => match action {
+            A::Ready => Some(Running),
+            A::Fail => Some(Error),
+            A::Destroy => Some(Destroyed),
+            A::Pause | A::Unpause | A::Standby | A::Resume | A::Stop | A::Start | A::Archive => None,
+            A::Unarchive | A::UnarchiveStandby | A::Lose => None,
+        },
+        Running => match action {
+            A::Pause => Some(Paused),
+            A::Standby => Some(Standby),
+            A::Stop => Some(Stopped),
+            A::Fail => Some(Error),
+            A::Lose => Some(Lost),
+            A::Destroy => Some(Destroyed),
+            A::Ready | A::Unpause | A::Resume | A::Start | A::Archive | A::Unarchive | A::UnarchiveStandby => None,
+        },
+        Paused => match action {
+            A::Unpause => Some(Running),
+            A::Standby => Some(Standby),
+            A::Stop => Some(Stopped),
+            A::Fail => Some(Error),
+            A::Lose => Some(Lost),
+            A::Destroy => Some(Destroyed),
+            A::Ready | A::Pause | A::Resume | A::Start | A::Archive | A::Unarchive | A::UnarchiveStandby => None,
+        },
+        Standby => match action {
+            A::Resume => Some(Running),
+            A::Stop => Some(Stopped),
+            A::Archive => Some(Archived),
+            A::Fail => Some(Error),
+            A::Destroy => Some(Destroyed),
+            // Nothing runs in standby, so nothing can be lost.
+            A::Ready | A::Pause | A::Unpause | A::Standby | A::Start | A::Unarchive | A::UnarchiveStandby => None,
+            A::Lose => None,
+        },
+        Stopped => match action {
+            A::Start => Some(Running),
+            A::Archive => Some(Archived),
+            A::Fail => Some(Error),
+            A::Destroy => Some(Destroyed),
+            A::Ready | A::Pause | A::Unpause | A::Standby | A::Resume | A::Stop | A::Unarchive => None,
+            A::UnarchiveStandby | A::Lose => None,
+        },
+        Archived => match action {
+            A::Unarchive => Some(Stopped),
+            A::UnarchiveStandby => Some(Standby),
+            A::Fail => Some(Error),
+            A::Destroy => Some(Destroyed),
+            A::Ready | A::Pause | A::Unpause | A::Standby | A::Resume | A::Stop | A::Start | A::Archive => None,
+            A::Lose => None,
+        },
+        // Terminal.
+        Destroyed => match action {
+            A::Ready | A::Pause | A::Unpause | A::Standby | A::Resume | A::Stop | A::Start | A::Archive => None,
+            A::Unarchive | A::UnarchiveStandby | A::Destroy | A::Fail | A::Lose => None,
+        },
+        Error => match action {
+            // Started again from its kept filesystem.
+            A::Start => Some(Running),
+            // An archive that failed to restore can be retried once the store is fixed.
+            A::Unarchive => Some(Stopped),
+            A::UnarchiveStandby => Some(Standby),
+            // So can a standby image that failed to restore (it is kept).
+            A::Resume => Some(Running),
+            A::Stop => Some(Stopped),
+            A::Destroy => Some(Destroyed),
+            A::Ready | A::Pause | A::Unpause | A::Standby | A::Archive | A::Fail | A::Lose => None,
+        },
+        Lost => match action {
+            // Started again from its kept filesystem.
+            A::Start => Some(Running),
+            A::Stop => Some(Stopped),
+            A::Destroy => Some(Destroyed),
+            A::Ready | A::Pause | A::Unpause | A::Standby | A::Resume | A::Archive | A::Unarchive => None,
+            A::UnarchiveStandby | A::Fail | A::Lose => None,
+        },
     };
     next.ok_or(InvalidTransition { current, action })
 }
