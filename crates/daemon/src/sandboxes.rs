@@ -719,7 +719,7 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     let (_g, rec) = lock_and_load(st, id).await?;
     let started = Instant::now();
     let from = rec.sandbox.state;
-    next_state(from, Action::Destroy)?;
+    let to = next_state(from, Action::Destroy)?;
     if has_processes(from) && !force {
         return Err(ApiError::invalid_state(
             from,
@@ -731,13 +731,7 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> ApiRes
     }
     // Destroying discards everything, so there is nothing to shut down gracefully.
     kill_only(st, &rec).await?;
-    let t = Transition {
-        to: SandboxState::Destroyed,
-        reason,
-        detail: None,
-        duration_ms: started.elapsed().as_millis() as u64,
-        time: &now(),
-    };
+    let t = Transition { to, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
     let Some(ev) = st.db.delete_sandbox(&rec.sandbox.id, from, &t)? else {
         // Unreachable while transitions hold the sandbox's lock; a 409 with the
