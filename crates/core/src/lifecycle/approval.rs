@@ -40,21 +40,12 @@ impl ApprovalAction {
 
 /// An action that is not legal in the approval's current state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("cannot {} an approval that is {}", action.as_str(), name(*current))]
+#[error("cannot {} an approval that is {}", action.as_str(), current.as_str())]
 pub struct InvalidApprovalTransition {
     /// The state the approval is in.
     pub current: ApprovalState,
     /// The refused action.
     pub action: ApprovalAction,
-}
-
-fn name(s: ApprovalState) -> &'static str {
-    match s {
-        Pending => "pending",
-        Approved => "approved",
-        Denied => "denied",
-        Used => "used",
-    }
 }
 
 /// Where `action` leads from `current`, or why not. Every pair is spelled out.
