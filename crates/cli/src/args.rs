@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use strata_daemon::admission::DefaultLimit;
+use strata_engine::admission::DefaultLimit;
 
 /// strata: sandboxes for multi-step AI-agent pipelines.
 #[derive(Debug, Parser)]
@@ -298,7 +298,7 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Object store for archives: file:///path or s3://bucket/prefix (S3 needs a build
-    /// with the strata-daemon/s3 feature). Default: <state-dir>/archive.
+    /// with the strata-engine/s3 feature). Default: <state-dir>/archive.
     #[arg(long, env = "STRATA_ARCHIVE_URL")]
     pub archive_url: Option<String>,
     /// The static strata-init binary run inside sandboxes (default: next to strata,
@@ -360,7 +360,7 @@ pub struct DaemonArgs {
     /// sandboxes=100,memory=100%,disk=100%,forks-per-minute=120. The operator
     /// acting in no tenant has no quota.
     #[arg(long, env = "STRATA_TENANT_QUOTA", value_name = "KEY=VALUE,...", value_parser = parse_tenant_quota)]
-    pub tenant_quota: Option<strata_daemon::admission::TenantQuotaConfig>,
+    pub tenant_quota: Option<strata_engine::admission::TenantQuotaConfig>,
     /// How many disks of the default size the daemon keeps formatted and
     /// mounted ahead of need, so a create or fork child does not wait for one
     /// (each costs a loop device and about 0.2 MiB of disk); 0 makes every
@@ -420,8 +420,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
     strata_core::units::parse_size(s).map_err(|e| e.to_string())
 }
 
-fn parse_tenant_quota(s: &str) -> Result<strata_daemon::admission::TenantQuotaConfig, String> {
-    strata_daemon::admission::parse_tenant_quota(s)
+fn parse_tenant_quota(s: &str) -> Result<strata_engine::admission::TenantQuotaConfig, String> {
+    strata_engine::admission::parse_tenant_quota(s)
 }
 
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {

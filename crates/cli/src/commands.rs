@@ -328,8 +328,8 @@ pub async fn run(cli: Cli) -> i32 {
 }
 
 /// The admission settings of `strata daemon` (absent flags: the built-in defaults).
-fn admission_config(a: &DaemonArgs) -> strata_daemon::admission::AdmissionConfig {
-    use strata_daemon::admission::{AdmissionConfig, DefaultLimit};
+fn admission_config(a: &DaemonArgs) -> strata_engine::admission::AdmissionConfig {
+    use strata_engine::admission::{AdmissionConfig, DefaultLimit};
     let d = AdmissionConfig::default();
     AdmissionConfig {
         default_memory: a.default_memory.unwrap_or(DefaultLimit::Builtin),
@@ -487,19 +487,24 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             init_logging();
             let helper_exe = std::env::current_exe().context("locating the strata binary")?;
             let admission = admission_config(&a);
-            strata_daemon::run(strata_daemon::Config {
-                state_dir: a.state_dir,
+            strata_server::run(strata_server::Config {
+                engine: strata_engine::Config {
+                    state_dir: a.state_dir,
+                    helper_exe,
+                    init_binary: a.init_binary,
+                    archive_url: a.archive_url,
+                    prices: a.prices,
+                    network: strata_engine::network::NetworkConfig {
+                        pool: a.network_pool,
+                        dns_upstream: a.dns_upstream,
+                    },
+                    admission,
+                    disk_pool: a.disk_pool,
+                    approval_timeout: a.approval_timeout,
+                    preview_domain: a.preview_domain,
+                },
                 socket: cli.socket,
                 listen: a.listen,
-                helper_exe,
-                init_binary: a.init_binary,
-                archive_url: a.archive_url,
-                prices: a.prices,
-                network: strata_daemon::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream },
-                admission,
-                disk_pool: a.disk_pool,
-                approval_timeout: a.approval_timeout,
-                preview_domain: a.preview_domain,
             })
             .await?;
             Ok(0)
@@ -510,7 +515,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Openapi => {
-            println!("{}", strata_daemon::openapi::spec_json());
+            println!("{}", strata_server::openapi::spec_json());
             Ok(0)
         }
         Command::Doctor { json } => doctor(&c, json).await,

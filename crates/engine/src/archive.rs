@@ -1,0 +1,504 @@
+//! Archive: a stopped or standby sandbox's own state (its writable layer, and
+//! its standby process image) is packed into an object store and its local
+//! copy freed; `resume` / `start` (or any call that resumes on access) brings
+//! it back.
+//!
+//! The store is an [`object_store`] (a local directory by default,
+//! `<state>/archive`; an S3-compatible bucket with `--archive-url s3://...`
+//! when built with the `s3` feature). Objects live under
+//! `sandboxes/<id>/<archive id>/`: `upper.tar` (GNU tar with xattrs, so
+//! overlay whiteouts and opaque directories survive), `standby.tar` when the
+//! sandbox was in standby, and `manifest.json` last. The manifest (every
+//! object's size and sha256) is also kept locally in `<sandbox>/archived.json`
+//! and is the trust anchor: objects that do not match it are refused with the
+//! reason, the sandbox becomes `error`, and nothing is unpacked half-way.
+//! The image layers below the writable layer are shared, content-addressed
+//! and stay in the local layer store.
+//!
+//! Order (crash safety): upload objects, then the remote manifest, then the
+//! local `archived.json` (atomic), then the `archived` transition, then the
+//! local files are removed. Restoring unpacks into a staging directory and
+//! renames it into place before the transition; the local pointer goes last.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use strata_api::{ErrorCode, SandboxEvent, SandboxState};
+use strata_core::lifecycle::next_state;
+use strata_core::Action;
+use strata_store::db::SandboxRecord;
+use tokio::io::AsyncWriteExt;
+use tracing::{info, warn};
+
+use crate::error::{EngineError, EngineResult};
+use crate::sandboxes::{self, load, now, transition, Change};
+use crate::state::Shared;
+
+/// The local pointer to a sandbox's archive (a copy of its manifest).
+const POINTER: &str = "archived.json";
+/// Staging directories.
+const PACK_DIR: &str = "archive.tmp";
+const UNPACK_DIR: &str = "unarchive.tmp";
+
+const SCHEME_HINT: &str = if cfg!(feature = "s3") {
+    " or s3://bucket/prefix"
+} else {
+    " (this build has no S3 support: build with --features strata-engine/s3)"
+};
+
+/// Errors configuring the archive store.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveStoreError {
+    /// The URL names a scheme this build cannot use.
+    #[error("archive URL {0:?}: use file:///path{hint}", hint = SCHEME_HINT)]
+    Scheme(String),
+    /// The store could not be set up.
+    #[error("archive store {url}: {source}")]
+    Store {
+        /// The configured URL.
+        url: String,
+        /// The cause.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The local directory could not be created.
+    #[error("archive directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+}
+
+/// Where archives go.
+#[derive(Clone)]
+pub struct ArchiveStore {
+    store: Arc<dyn ObjectStore>,
+    /// Human-readable location (`file:///...`, `s3://...`).
+    pub url: String,
+}
+
+impl std::fmt::Debug for ArchiveStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchiveStore").field("url", &self.url).finish()
+    }
+}
+
+impl ArchiveStore {
+    /// A store on a local directory (created).
+    pub fn local(dir: &Path) -> Result<Self, ArchiveStoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| ArchiveStoreError::Dir(dir.to_path_buf(), e))?;
+        let url = format!("file://{}", dir.display());
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+            .map_err(|source| ArchiveStoreError::Store { url: url.clone(), source })?;
+        Ok(ArchiveStore { store: Arc::new(store), url })
+    }
+
+    /// The store a URL names: `file:///path`, or `s3://bucket[/prefix]` (with the
+    /// `s3` feature; credentials and endpoint from the usual AWS_* variables).
+    pub fn from_url(url: &str) -> Result<Self, ArchiveStoreError> {
+        if let Some(p) = url.strip_prefix("file://") {
+            return Self::local(Path::new(p));
+        }
+        #[cfg(feature = "s3")]
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|source| ArchiveStoreError::Store { url: url.to_string(), source })?;
+            let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+                Arc::new(s3)
+            } else {
+                Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+            };
+            return Ok(ArchiveStore { store, url: url.to_string() });
+        }
+        Err(ArchiveStoreError::Scheme(url.to_string()))
+    }
+}
+
+/// An archive's description (remote `manifest.json`, local `archived.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchiveManifest {
+    /// Format version.
+    pub version: u32,
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Key prefix of its objects in the store.
+    pub prefix: String,
+    /// The store it went to.
+    pub store: String,
+    /// The state it was archived from (`stopped` or `standby`).
+    pub from: SandboxState,
+    /// RFC 3339 time.
+    pub created_at: String,
+    /// Layer chain below the writable layer (kept in the local layer store).
+    pub layers: Vec<String>,
+    /// Every object with its size and sha256.
+    pub objects: Vec<ObjectSum>,
+}
+
+/// One archived object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObjectSum {
+    /// File name under the prefix.
+    pub name: String,
+    /// Bytes.
+    pub size: u64,
+    /// Hex sha256.
+    pub sha256: String,
+}
+
+fn pointer_path(st: &Shared, id: &str) -> PathBuf {
+    st.sandbox_dir(id).join(POINTER)
+}
+
+/// The local archive pointer of a sandbox, if it has one.
+pub fn pointer(st: &Shared, id: &str) -> Option<ArchiveManifest> {
+    std::fs::read(pointer_path(st, id)).ok().and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// Runs GNU tar (xattrs included: overlay whiteouts are device nodes, opaque
+/// directories an xattr; owners numeric).
+async fn tar(args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    let out = tokio::process::Command::new("tar")
+        .args(["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .await
+        .map_err(|e| format!("running tar: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("tar {:?} failed ({}): {}", args, out.status, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}
+
+async fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut h = sha2::Sha256::new();
+        let n = strata_store::fsutil::for_each_chunk(&path, |c| h.update(c))?;
+        Ok((n, hex::encode(h.finalize())))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+async fn upload(store: &dyn ObjectStore, key: &ObjectPath, file: &Path) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let upload = store.put_multipart(key).await.map_err(|e| format!("upload {key}: {e}"))?;
+    let mut w = object_store::WriteMultipart::new(upload);
+    let mut f = tokio::fs::File::open(file).await.map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = f.read(&mut buf).await.map_err(|e| format!("{}: {e}", file.display()))?;
+        if n == 0 {
+            break;
+        }
+        w.wait_for_capacity(4).await.map_err(|e| format!("upload {key}: {e}"))?;
+        w.write(&buf[..n]);
+    }
+    w.finish().await.map_err(|e| format!("upload {key}: {e}"))?;
+    Ok(())
+}
+
+/// Downloads `key` into `dest`, checking it against `want`.
+async fn download(store: &dyn ObjectStore, key: &ObjectPath, dest: &Path, want: &ObjectSum) -> Result<(), String> {
+    let got = store.get(key).await.map_err(|e| format!("archive object {}: {e}", want.name))?;
+    let mut stream = got.into_stream();
+    let mut f = tokio::fs::File::create(dest).await.map_err(|e| format!("{}: {e}", dest.display()))?;
+    let mut h = sha2::Sha256::new();
+    let mut n = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| format!("archive object {}: {e}", want.name))?;
+        h.update(&chunk);
+        n += chunk.len() as u64;
+        f.write_all(&chunk).await.map_err(|e| format!("{}: {e}", dest.display()))?;
+    }
+    f.sync_all().await.map_err(|e| format!("{}: {e}", dest.display()))?;
+    let sum = hex::encode(h.finalize());
+    if n != want.size || sum != want.sha256 {
+        return Err(format!(
+            "archive object {} does not match its manifest ({n} bytes, sha256 {sum}; expected {} bytes, sha256 {})",
+            want.name, want.size, want.sha256
+        ));
+    }
+    Ok(())
+}
+
+// ---- archive ----
+
+/// Archives a stopped or standby sandbox, recording `reason`.
+pub async fn archive(st: &Shared, id: &str, reason: &str) -> EngineResult<SandboxEvent> {
+    let (_g, rec) = sandboxes::lock_and_load(st, id).await?;
+    let started = Instant::now();
+    let from = rec.sandbox.state;
+    next_state(from, Action::Archive)?;
+    let id = rec.sandbox.id.clone();
+    let dir = st.sandbox_dir(&id);
+    let staging = dir.join(PACK_DIR);
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+    let packed = pack(st, &rec, &staging).await;
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+    let manifest = packed.map_err(|msg| {
+        EngineError::new(ErrorCode::Internal, format!("archiving sandbox {id} failed (it stays {from}): {msg}"))
+    })?;
+    // Crash point (`archive-pointer:crash`): uploaded and pointed to, not yet recorded.
+    let _ = crate::failpoint("archive-pointer");
+    let bytes: u64 = manifest.objects.iter().map(|o| o.size).sum();
+    let detail = format!("{} to {} ({})", strata_core::units::format_size(bytes), manifest.store, manifest.prefix);
+    let ev = transition(st, &id, from, Change::new(Action::Archive, reason).detail(&detail), started, None)?;
+    // The archive is recorded: the local copies can go.
+    crate::disk::release(&dir);
+    for d in ["upper", "work", "standby", "rootfs"] {
+        if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d)) {
+            warn!(sandbox = %id, error = %e, "freeing {d} after archiving");
+        }
+    }
+    info!(sandbox = %id, bytes, store = %manifest.store, ms = started.elapsed().as_millis() as u64, reason, "archived");
+    Ok(ev)
+}
+
+/// Packs and uploads; on success the local pointer is written.
+async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<ArchiveManifest, String> {
+    let id = &rec.sandbox.id;
+    let dir = st.sandbox_dir(id);
+    tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
+    let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", crate::disk::upper_dir(&dir))];
+    if rec.sandbox.state == SandboxState::Standby {
+        parts.push(("standby.tar", dir.join("standby")));
+    }
+    let mut objects = Vec::new();
+    for (name, src) in &parts {
+        let file = staging.join(name);
+        tar(&[
+            "--create".as_ref(),
+            "--sparse".as_ref(),
+            "--file".as_ref(),
+            file.as_os_str(),
+            "-C".as_ref(),
+            src.as_os_str(),
+            ".".as_ref(),
+        ])
+        .await?;
+        let (size, sha256) = sha256_file(&file).await.map_err(|e| format!("{}: {e}", file.display()))?;
+        objects.push(ObjectSum { name: name.to_string(), size, sha256 });
+    }
+    let prefix = format!("sandboxes/{id}/{}", strata_core::ids::new_id());
+    let manifest = ArchiveManifest {
+        version: 1,
+        sandbox_id: id.clone(),
+        prefix: prefix.clone(),
+        store: st.archive.url.clone(),
+        from: rec.sandbox.state,
+        created_at: now(),
+        layers: rec.layers.clone(),
+        objects: objects.clone(),
+    };
+    crate::failpoint("archive-upload").map_err(|e| format!("uploading: {e}"))?;
+    for o in &objects {
+        upload(st.archive.store.as_ref(), &ObjectPath::from(format!("{prefix}/{}", o.name)), &staging.join(&o.name))
+            .await?;
+    }
+    let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    st.archive
+        .store
+        .put(&ObjectPath::from(format!("{prefix}/manifest.json")), json.clone().into())
+        .await
+        .map_err(|e| format!("upload manifest: {e}"))?;
+    strata_store::fsutil::write_atomic(&pointer_path(st, id), &json, 0o600)
+        .map_err(|e| format!("writing {POINTER}: {e}"))?;
+    Ok(manifest)
+}
+
+// ---- restore ----
+
+/// Brings an archived sandbox's files back; it is then `stopped`, or `standby`
+/// when it was archived from standby. The caller holds the sandbox's lock.
+pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> EngineResult<SandboxRecord> {
+    let started = Instant::now();
+    let id = rec.sandbox.id.clone();
+    let Some(m) = pointer(st, &id) else {
+        return Err(fail(
+            st,
+            rec,
+            &format!("its local archive record {} is missing", pointer_path(st, &id).display()),
+            started,
+        ));
+    };
+    if m.store != st.archive.url {
+        return Err(fail(
+            st,
+            rec,
+            &format!("it was archived to {}, but this daemon's archive store is {}", m.store, st.archive.url),
+            started,
+        ));
+    }
+    let action = if m.from == SandboxState::Standby { Action::UnarchiveStandby } else { Action::Unarchive };
+    next_state(rec.sandbox.state, action)?;
+    let dir = st.sandbox_dir(&id);
+    let staging = dir.join(UNPACK_DIR);
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+    // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
+    let upper_target =
+        match (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
+            (Some(bytes), true) => {
+                let (d, pool) = (dir.clone(), st.disks.clone());
+                match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes, &pool)).await {
+                    Ok(Ok(())) => Some(crate::disk::upper_dir(&dir)),
+                    Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+                    Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
+                }
+            }
+            _ => None,
+        };
+    let res = unpack(st, &m, &staging, upper_target.as_deref()).await;
+    if let Err(msg) = res {
+        let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+        return Err(fail(st, rec, &msg, started));
+    }
+    // Swap the unpacked state into place, then record it.
+    let moved = (|| {
+        for d in ["upper", "standby"] {
+            let src = staging.join(d);
+            if src.exists() {
+                strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d))?;
+                std::fs::rename(&src, dir.join(d))?;
+            }
+        }
+        std::fs::create_dir_all(crate::disk::work_dir(&dir))
+    })();
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
+    if let Err(e) = moved {
+        return Err(fail(st, rec, &format!("moving the unpacked files into place: {e}"), started));
+    }
+    transition(
+        st,
+        &id,
+        rec.sandbox.state,
+        Change::new(action, reason).detail(&format!("from {}", m.prefix)),
+        started,
+        None,
+    )?;
+    let _ = std::fs::remove_file(pointer_path(st, &id));
+    delete_remote(st, &m).await;
+    info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, "unarchived");
+    load(st, &id)
+}
+
+async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: Option<&Path>) -> Result<(), String> {
+    tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
+    crate::failpoint("archive-download").map_err(|e| format!("downloading: {e}"))?;
+    // Every object is fetched and checked before anything is unpacked.
+    for o in &m.objects {
+        download(
+            st.archive.store.as_ref(),
+            &ObjectPath::from(format!("{}/{}", m.prefix, o.name)),
+            &staging.join(&o.name),
+            o,
+        )
+        .await?;
+    }
+    for o in &m.objects {
+        let target = match upper_target {
+            Some(t) if o.name == "upper.tar" => t.to_path_buf(),
+            _ => staging.join(o.name.trim_end_matches(".tar")),
+        };
+        tokio::fs::create_dir_all(&target).await.map_err(|e| format!("{}: {e}", target.display()))?;
+        let file = staging.join(&o.name);
+        tar(&[
+            "--extract".as_ref(),
+            "--same-permissions".as_ref(),
+            "--same-owner".as_ref(),
+            "--file".as_ref(),
+            file.as_os_str(),
+            "-C".as_ref(),
+            target.as_os_str(),
+        ])
+        .await?;
+        let _ = tokio::fs::remove_file(&file).await;
+    }
+    Ok(())
+}
+
+fn fail(st: &Shared, rec: &SandboxRecord, msg: &str, started: Instant) -> EngineError {
+    warn!(sandbox = %rec.sandbox.id, error = msg, "unarchive failed");
+    let _ = transition(
+        st,
+        &rec.sandbox.id,
+        rec.sandbox.state,
+        Change::new(Action::Fail, "archive_invalid").detail(msg),
+        started,
+        None,
+    );
+    EngineError::new(
+        ErrorCode::StandbyImageInvalid,
+        format!(
+            "cannot restore sandbox {} from its archive: {msg} (it is now in state error; the archive is kept)",
+            rec.sandbox.id
+        ),
+    )
+}
+
+/// Deletes an archive's objects (best effort: a leftover object is only storage).
+pub async fn delete_remote(st: &Shared, m: &ArchiveManifest) {
+    for name in m.objects.iter().map(|o| o.name.as_str()).chain(["manifest.json"]) {
+        if let Err(e) = st.archive.store.delete(&ObjectPath::from(format!("{}/{name}", m.prefix))).await {
+            warn!(prefix = %m.prefix, object = name, error = %e, "deleting an archive object");
+        }
+    }
+}
+
+/// After a daemon (re)start: an archive pointer on a sandbox that is not
+/// archived belongs to an archive that never got recorded (crash): forget it.
+/// An archived sandbox whose local files outlived the crash loses them now.
+pub async fn reconcile(st: &Shared, rec: &SandboxRecord) {
+    let id = &rec.sandbox.id;
+    let dir = st.sandbox_dir(id);
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(PACK_DIR));
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(UNPACK_DIR));
+    match (rec.sandbox.state, pointer(st, id)) {
+        (SandboxState::Archived, Some(_)) => {
+            crate::disk::release(&dir);
+            for d in ["upper", "work", "standby"] {
+                let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d));
+            }
+        }
+        (SandboxState::Archived, None) | (_, None) => {}
+        (_, Some(m)) => {
+            delete_remote(st, &m).await;
+            let _ = std::fs::remove_file(pointer_path(st, id));
+        }
+    }
+}
+
+// ---- HTTP ----
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn objects_that_do_not_match_the_manifest_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let store = ArchiveStore::local(&d.path().join("store")).unwrap();
+        let src = d.path().join("obj");
+        std::fs::write(&src, vec![5u8; 3 << 20]).unwrap();
+        let key = ObjectPath::from("sandboxes/x/1/upper.tar");
+        upload(store.store.as_ref(), &key, &src).await.unwrap();
+        let (size, sha256) = sha256_file(&src).await.unwrap();
+        let want = ObjectSum { name: "upper.tar".into(), size, sha256 };
+        download(store.store.as_ref(), &key, &d.path().join("back"), &want).await.unwrap();
+        assert_eq!(std::fs::read(d.path().join("back")).unwrap(), std::fs::read(&src).unwrap());
+        // Tampered in the store: refused with the reason.
+        std::fs::write(d.path().join("store/sandboxes/x/1/upper.tar"), vec![6u8; 3 << 20]).unwrap();
+        let err = download(store.store.as_ref(), &key, &d.path().join("back2"), &want).await.unwrap_err();
+        assert!(err.contains("does not match its manifest"), "{err}");
+        assert!(ArchiveStore::from_url("ftp://x").is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! File transfer and file-system operations inside running sandboxes.
+//!
+//! Every operation runs on a thread of its own with the sandbox root's
+//! capabilities ([`crate::privileges`]) over the confined root of
+//! [`crate::sandboxfs`]. Transfers stream through bounded buffers
+//! ([`crate::transfer`]): downloads are read as they are sent, uploads are
+//! written as they arrive (into a temp file renamed into place at the end,
+//! or, for tar, applied entry by entry and rolled back if refused), so no
+//! transfer ever sits whole in the daemon's memory.
+
+use strata_api::{DownloadQuery, ErrorCode, SandboxState, UploadQuery};
+use strata_store::db::SandboxRecord;
+use tokio::sync::oneshot;
+
+use crate::error::{EngineError, EngineResult};
+use crate::privileges::SandboxRootCaps;
+use crate::sandboxes::load;
+use crate::sandboxfs::{FsError, SandboxFs};
+use crate::state::Shared;
+use crate::transfer::{self, FeedError};
+
+/// Largest upload accepted in one request (counted while it streams).
+pub const MAX_UPLOAD_BYTES: u64 = 4 << 30;
+/// Where a sandbox's secrets are mounted (never served, left out of tar downloads).
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+impl From<FsError> for EngineError {
+    fn from(e: FsError) -> Self {
+        match &e {
+            FsError::Escape(_) => EngineError::new(ErrorCode::PathEscape, e.to_string()),
+            FsError::Invalid(_) | FsError::Loop(_) | FsError::CutOff(_) => EngineError::bad_request(e.to_string()),
+            FsError::NotFound(_) => EngineError::new(ErrorCode::FileNotFound, e.to_string()),
+            FsError::PseudoFs { .. } => EngineError::new(ErrorCode::PseudoFilesystem, e.to_string()),
+            FsError::Special { .. } => EngineError::new(ErrorCode::SpecialFile, e.to_string()),
+            FsError::MountPoint(_) => EngineError::new(ErrorCode::MountPoint, e.to_string()),
+            FsError::Archive { .. } => EngineError::new(ErrorCode::InvalidArchive, e.to_string()),
+            FsError::TooLarge(_) => EngineError::new(ErrorCode::TooLarge, e.to_string()),
+            FsError::Privileges(_) => EngineError::internal("file operation", &e),
+            FsError::Io { source, path } => match source.raw_os_error() {
+                // Our own errors (a directory where a file was asked for, a move across filesystems).
+                None => EngineError::bad_request(format!("{path}: {source}")),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => EngineError::new(
+                    ErrorCode::TooLarge,
+                    format!("{}: the sandbox's disk has no room for it", crate::error::chain(&e)),
+                ),
+                Some(
+                    libc::ENOTDIR
+                    | libc::EISDIR
+                    | libc::EEXIST
+                    | libc::ENOTEMPTY
+                    | libc::EINVAL
+                    | libc::EROFS
+                    | libc::EACCES
+                    | libc::EPERM
+                    | libc::EBUSY
+                    | libc::ENAMETOOLONG
+                    | libc::EMLINK
+                    | libc::ETXTBSY
+                    | libc::ENXIO
+                    | libc::EOPNOTSUPP,
+                ) => EngineError::bad_request(crate::error::chain(&e)),
+                _ => EngineError::internal("file operation", &e),
+            },
+        }
+    }
+}
+
+/// The host pid of a running sandbox's init: its files are reachable only then.
+fn init_pid(rec: &SandboxRecord) -> EngineResult<i32> {
+    match (rec.sandbox.state, rec.sandbox.init_pid) {
+        (SandboxState::Running | SandboxState::Paused, Some(pid)) => Ok(pid),
+        (s, _) => Err(EngineError::invalid_state(
+            s,
+            format!("files of sandbox {} are reachable while it runs; it is {s}", rec.sandbox.id),
+        )),
+    }
+}
+
+/// Opens the sandbox's root (with the daemon's privileges: `/proc/<init>/root`
+/// of a non-dumpable init takes CAP_SYS_PTRACE), then lowers the calling
+/// thread to the sandbox root's capabilities for as long as the guard lives.
+fn enter(pid: i32) -> Result<(SandboxFs, SandboxRootCaps), FsError> {
+    let fs = SandboxFs::open(pid).map_err(|e| FsError::Io { path: "/".into(), source: e })?;
+    let caps = SandboxRootCaps::lower()?;
+    Ok((fs, caps))
+}
+
+/// Runs `f` on the confined root of a running sandbox, off the async threads,
+/// with the sandbox root's capabilities.
+pub async fn with_fs<T: Send + 'static>(
+    st: &Shared,
+    id: &str,
+    f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static,
+) -> EngineResult<T> {
+    let pid = init_pid(&load(st, id)?)?;
+    tokio::task::spawn_blocking(move || {
+        let (fs, _caps) = enter(pid)?;
+        f(fs)
+    })
+    .await
+    .map_err(|e| EngineError::internal("file task", &e))?
+    .map_err(EngineError::from)
+}
+
+/// Refuses paths under the secrets mount (when the sandbox has secrets).
+pub fn refuse_secrets(fs: &SandboxFs, path: &str) -> Result<(), FsError> {
+    let comps = fs.resolve(path, true)?;
+    if comps.len() >= 2 && comps[0] == "run" && comps[1] == "secrets" {
+        return Err(FsError::Invalid(format!(
+            "{path} (the secrets under {SECRETS_DIR} are not served by the file API)"
+        )));
+    }
+    Ok(())
+}
+
+/// The answer to an upload body that could not be taken.
+pub fn feed_error(e: FeedError) -> EngineError {
+    match e {
+        FeedError::TooLarge(limit) => EngineError::new(
+            ErrorCode::TooLarge,
+            format!("the upload is larger than {limit} bytes, the most one upload may be; nothing was kept"),
+        ),
+        FeedError::Body(e) => EngineError::bad_request(format!("reading the upload: {e}; nothing was kept")),
+    }
+}
+
+/// A download under way: its length (a file; `None` for a tar stream) and its bytes.
+pub struct Download {
+    /// The file's length, announced before its bytes (`None`: a tar stream).
+    pub len: Option<u64>,
+    /// The bytes, read on a transfer thread of their own as they are taken.
+    pub stream: transfer::ByteStream,
+}
+
+/// Starts a download of a file, or with `tar` of a tar stream of a file or
+/// directory, from inside the sandbox (its root's credentials, confined to its
+/// root; secrets refused and left out of tars). Answers once the transfer is
+/// under way, so a refusal is an error here rather than a broken stream.
+pub async fn download(st: &Shared, id: &str, q: DownloadQuery) -> EngineResult<Download> {
+    let rec = load(st, id)?;
+    let pid = init_pid(&rec)?;
+    let has_secrets = !st.secrets.get(&rec.sandbox.id)?.is_empty();
+    let sandbox = rec.sandbox.id.clone();
+    // Ok(Some(len)) for a file, Ok(None) for a tar stream, once the transfer is under way.
+    let (ready_tx, ready_rx) = oneshot::channel::<Result<Option<u64>, FsError>>();
+    let (mut out, stream) = transfer::download_channel();
+    transfer::spawn(move || {
+        let (fs, _caps) = match enter(pid) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        let res = if q.tar {
+            let root = (|| {
+                if has_secrets {
+                    refuse_secrets(&fs, &q.path)?;
+                }
+                fs.tar_root(&q.path)
+            })();
+            let root = match root {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(None));
+            // Secrets are never echoed back: a tar of a directory above them leaves them out.
+            let exclude: &[&str] = if has_secrets { &[SECRETS_DIR] } else { &[] };
+            fs.write_tar(root, &mut out, exclude)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|_| std::io::Write::flush(&mut out))
+        } else {
+            let opened = (|| {
+                if has_secrets {
+                    refuse_secrets(&fs, &q.path)?;
+                }
+                fs.open_read(&q.path)
+            })();
+            let (file, len) = match opened {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(Some(len)));
+            out.copy_exact(file, len)
+        };
+        if let Err(e) = res {
+            if !out.is_closed() {
+                tracing::warn!(sandbox = %sandbox, path = %q.path, error = %e, "file download cut short");
+            }
+            out.fail(e);
+        }
+    })
+    .map_err(|e| EngineError::internal("file transfer thread", &e))?;
+    let len = match ready_rx.await {
+        Ok(Ok(len)) => len,
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => {
+            return Err(EngineError::new(
+                ErrorCode::Internal,
+                "file transfer: the transfer thread ended without an answer",
+            ))
+        }
+    };
+    Ok(Download { len, stream })
+}
+
+/// Uploads `body` to a file (streamed into a temp file, renamed into place once
+/// complete), or with `tar` extracts it under a directory (applied as it
+/// streams, rolled back if any entry is refused). At most [`MAX_UPLOAD_BYTES`].
+pub async fn upload<S, E>(st: &Shared, id: &str, q: UploadQuery, body: S) -> EngineResult<()>
+where
+    S: futures_util::Stream<Item = Result<transfer::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let pid = init_pid(&load(st, id)?)?;
+    let mode = q.mode.unwrap_or(0o644) & 0o7777 & !0o6000;
+    let (tx, mut reader) = transfer::upload_channel();
+    let (done_tx, done_rx) = oneshot::channel::<Result<(), FsError>>();
+    transfer::spawn(move || {
+        let res = enter(pid).and_then(|(fs, _caps)| {
+            if q.tar {
+                let n = fs.untar_from(&q.path, &mut reader)?;
+                // The archive is complete (and applied): what follows its end marker is padding.
+                let _ = reader.drain();
+                tracing::debug!(path = %q.path, entries = n, "tar upload applied");
+                Ok(())
+            } else {
+                fs.write_from(&q.path, &mut reader, mode).map(drop)
+            }
+        });
+        let _ = done_tx.send(res);
+    })
+    .map_err(|e| EngineError::internal("file transfer thread", &e))?;
+    match transfer::feed_upload(body, tx, MAX_UPLOAD_BYTES, done_rx).await {
+        Ok(Some(Ok(()))) => Ok(()),
+        Ok(Some(Err(e))) => Err(e.into()),
+        Ok(None) => {
+            Err(EngineError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer"))
+        }
+        Err(e) => Err(feed_error(e)),
+    }
+}

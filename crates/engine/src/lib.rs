@@ -1,0 +1,296 @@
+//! The strata engine: every sandbox operation, with no HTTP in it.
+//!
+//! What lives here: the lifecycle of sandboxes (create, start, stop, destroy,
+//! pause, standby, resume, archive), checkpoints, forks, warm checkpoints,
+//! templates, pipelines and fan-out, processes and files, policy and the
+//! automatic transitions, tenancy, approvals (Rule of Two), secrets, egress,
+//! previews (records and tokens; the proxy is the server's), audit, metrics,
+//! cost accounting and the opening of the daemon's state ([`open`]).
+//!
+//! What may not: axum, hyper, utoipa or anything else that speaks HTTP. Front
+//! ends (`strata-server`: the native API, the E2B API, MCP, the preview proxy)
+//! translate requests into calls of this crate and its [`error::EngineError`]
+//! into their own answers. Privileged work goes through `strata-runtime`.
+//!
+//! Modules: [`sandboxes`] (lifecycle), [`policy`] (automatic transitions),
+//! [`activity`] (idle detection, leases), [`processes`] (exec and background
+//! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
+//! [`events`], [`error`], [`tenancy`] (who a caller is, what it may see, API
+//! tokens), [`transfer`] (bounded byte streams).
+
+pub mod accounting;
+pub mod activity;
+pub mod admission;
+pub mod advisor;
+pub mod approvals;
+pub mod archive;
+pub mod audit;
+pub mod checkpoints;
+pub mod disk;
+pub mod error;
+pub mod events;
+pub mod fanout;
+pub mod files;
+pub mod hooks;
+pub mod hygiene;
+pub mod images;
+pub mod initbin;
+pub mod metrics;
+pub mod network;
+pub mod pipelines;
+pub mod policy;
+pub mod preview;
+pub mod privileges;
+pub mod processes;
+pub mod quotas;
+pub mod sandboxes;
+pub mod sandboxfs;
+pub mod scan;
+pub mod secrets;
+pub mod standby;
+pub mod state;
+pub mod templates;
+pub mod tenancy;
+pub mod transfer;
+pub mod warm;
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::state::{AppState, Shared};
+
+/// Failure injection for crash and error-path tests: `STRATA_FAILPOINTS` (a
+/// comma-separated list, read once at start) names the points that fail with
+/// the error a full disk gives (ENOSPC); `NAME:crash` aborts the daemon there
+/// instead (a kill -9 at that step). Unset in production.
+pub fn failpoint(name: &str) -> std::io::Result<()> {
+    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let points = POINTS.get_or_init(|| {
+        std::env::var("STRATA_FAILPOINTS")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default()
+    });
+    if points.iter().any(|p| p == name) {
+        tracing::warn!(failpoint = name, "failpoint triggered");
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    if points.iter().any(|p| p.strip_suffix(":crash") == Some(name)) {
+        tracing::error!(failpoint = name, "failpoint: crashing the daemon");
+        std::process::abort();
+    }
+    Ok(())
+}
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Filesystem problem with the state directory or socket.
+    #[error("{what} {}", path.display())]
+    Io {
+        /// What was attempted.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another daemon owns the state directory or socket.
+    #[error("another strata daemon is already using {0}")]
+    AlreadyRunning(PathBuf),
+    /// Metadata could not be opened.
+    #[error(transparent)]
+    Db(#[from] strata_store::DbError),
+    /// The layer store could not be opened.
+    #[error(transparent)]
+    Layers(#[from] strata_store::LayerStoreError),
+    /// The runtime is unusable on this host.
+    #[error(transparent)]
+    Runtime(#[from] strata_runtime::RuntimeError),
+    /// The archive store is unusable.
+    #[error(transparent)]
+    Archive(#[from] archive::ArchiveStoreError),
+    /// The in-sandbox binary is missing or unusable.
+    #[error(transparent)]
+    InitBinary(#[from] initbin::InitBinaryError),
+    /// The prices file is unusable.
+    #[error("{0}")]
+    Prices(String),
+    /// Startup reconciliation failed.
+    #[error("reconciling sandboxes: {0}")]
+    Reconcile(String),
+    /// A default limit, reserve, over-commit ratio or tenant quota flag is unusable.
+    #[error(transparent)]
+    Admission(#[from] admission::ConfigError),
+}
+
+/// What the engine is opened with (the listeners are the server's).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// State directory (metadata, layers, sandboxes, token).
+    pub state_dir: PathBuf,
+    /// The strata binary, used for the `_init` and `_restore` helpers.
+    pub helper_exe: PathBuf,
+    /// The static `strata-init` binary (default: looked up, see [`initbin::candidates`]).
+    pub init_binary: Option<PathBuf>,
+    /// Object store for archives (`file:///path`, `s3://bucket/prefix`; default `<state>/archive`).
+    pub archive_url: Option<String>,
+    /// Prices for cost accounting (JSON file; default: built-in list prices).
+    pub prices: Option<PathBuf>,
+    /// Per-sandbox networks: address pool and upstream DNS server.
+    pub network: network::NetworkConfig,
+    /// How long a Rule-of-Two approval waits for a decision (default 15 minutes).
+    pub approval_timeout: Option<std::time::Duration>,
+    /// Default limits (disk included), admission control and the default tenant quota.
+    pub admission: admission::AdmissionConfig,
+    /// How many disks of the default size to keep ready (0: make each on demand).
+    pub disk_pool: usize,
+    /// Domain of host-based preview URLs (`<port>-<sandbox>.<domain>`; default [`preview::DEFAULT_DOMAIN`]).
+    pub preview_domain: Option<String>,
+}
+
+/// Name of the token file in the state directory.
+pub const TOKEN_FILE: &str = "api-token";
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> DaemonError + 'a {
+    move |source| DaemonError::Io { what, path: path.to_path_buf(), source }
+}
+
+/// Reads or creates the API token (0600).
+pub fn ensure_token(state_dir: &Path) -> Result<String, DaemonError> {
+    let p = state_dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&p) {
+        Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
+        _ => {
+            let token = format!(
+                "{:016x}{:016x}{:016x}{:016x}",
+                rand::random::<u64>(),
+                rand::random::<u64>(),
+                rand::random::<u64>(),
+                rand::random::<u64>()
+            );
+            strata_store::fsutil::write_atomic(&p, token.as_bytes(), 0o600).map_err(io_err("write token", &p))?;
+            Ok(token)
+        }
+    }
+}
+
+/// The loopback form of a listening address (`0.0.0.0:p` -> `127.0.0.1:p`, `[::]:p` -> `[::1]:p`).
+pub fn loopback(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+/// Holds an exclusive flock on `<state>/daemon.lock` for the daemon's lifetime.
+fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, DaemonError> {
+    let p = state_dir.join("daemon.lock");
+    let f =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(io_err("open", &p))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(DaemonError::AlreadyRunning(state_dir.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// The opened engine: its shared state and the lock that keeps a second
+/// daemon off the state directory (held until this is dropped).
+pub struct Opened {
+    /// The engine's state.
+    pub state: Shared,
+    /// The flock on `<state>/daemon.lock`.
+    _lock: std::fs::File,
+}
+
+/// Opens the state directory, reconciles sandboxes with reality and starts the
+/// background work (TTL reaper, policy loop, cost sampler). Sandboxes kept
+/// running while no daemon was up are re-adopted.
+pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
+    std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
+    let s = cfg.state_dir.to_string_lossy();
+    if s.contains(',') || s.contains(':') {
+        return Err(DaemonError::Io {
+            what: "state directory must not contain ',' or ':'",
+            path: cfg.state_dir.clone(),
+            source: std::io::ErrorKind::InvalidInput.into(),
+        });
+    }
+    let lock = lock_state_dir(&cfg.state_dir)?;
+    // Orphaned sandbox inits are reparented to us, so we can reap them.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let db = strata_store::Db::open(&cfg.state_dir.join("metadata.db"))?;
+    let layers = strata_store::LayerStore::open(cfg.state_dir.join("layers"))?;
+    let sandboxes_dir = cfg.state_dir.join("sandboxes");
+    std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;
+    let pinned = initbin::pin(cfg.init_binary.as_deref(), &cfg.helper_exe, &cfg.state_dir)?;
+    let init_binary = initbin::serve(&pinned, &cfg.state_dir)?;
+    let runtime = strata_runtime::namespace::NamespaceRuntime::new(
+        cfg.helper_exe.clone(),
+        init_binary,
+        cfg.state_dir.join("run"),
+    )?;
+    let archive = match cfg.archive_url.as_deref() {
+        Some(url) => archive::ArchiveStore::from_url(url)?,
+        None => archive::ArchiveStore::local(&cfg.state_dir.join("archive"))?,
+    };
+    let prices = match cfg.prices.as_deref() {
+        Some(p) => accounting::load_prices(p).map_err(DaemonError::Prices)?,
+        None => strata_api::Prices::default(),
+    };
+    let admission = Arc::new(admission::Admission::new(&cfg.admission, admission::HostBounds::probe(&cfg.state_dir)?)?);
+    let default_disk_bytes = admission.defaults().disk_bytes;
+    {
+        let (d, q) = (admission.defaults(), admission.tenant_defaults());
+        info!(memory = ?d.memory_bytes, cpus = ?d.cpus, pids = ?d.pids, disk = ?d.disk_bytes, tenant_sandboxes = ?q.sandboxes, tenant_memory = ?q.memory_bytes, tenant_disk = ?q.disk_bytes, tenant_forks_per_minute = ?q.forks_per_minute, "default limits and tenant quota");
+    }
+    let mut app_state = AppState::new(db, layers, Arc::new(runtime), cfg.state_dir.clone(), archive, admission);
+    app_state.prices = prices;
+    app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
+    app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
+    app_state.disks = Arc::new(disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
+    if let (Some(_), Some(why)) = (default_disk_bytes, disk::unavailable()) {
+        tracing::warn!(
+            "per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable"
+        );
+    }
+    let preview_domain =
+        cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
+    app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
+    let st: Shared = Arc::new(app_state);
+    sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    warm::sweep(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    // Pool leftovers of an earlier daemon go first: their images must not be mounted twice.
+    st.disks.sweep();
+    sandboxes::mount_disks(&st).await;
+    st.disks.clone().start();
+    network::reconcile(&st).await;
+    pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    // Names from before names that read as ids were refused: warned about (and listed by doctor).
+    if let Err(e) = events::names_like_ids(&st) {
+        warn!(error = %e.body.message, "checking names that look like ids");
+    }
+    tokio::spawn(sandboxes::ttl_reaper(st.clone()));
+    tokio::spawn(policy::run(st.clone()));
+    tokio::spawn(accounting::run(st.clone()));
+    Ok(Opened { state: st, _lock: lock })
+}
+
+/// Ends what the engine runs on the host beside its sandboxes (DNS filters,
+/// the disk pool, the served init binary); sandboxes keep running.
+pub async fn shutdown(st: &Shared) {
+    network::shutdown(st).await;
+    st.disks.drain();
+    initbin::unserve(&st.state_dir);
+}

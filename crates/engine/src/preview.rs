@@ -1,0 +1,454 @@
+//! Preview URLs: a reverse proxy from the daemon's listeners to ports bound on
+//! a sandbox's loopback (see docs/preview.md).
+//!
+//! * **Routing**: [`intercept`] runs before authentication on every listener.
+//!   A request whose `Host` is `<port>-<sandbox>.<preview-domain>` (host-based)
+//!   or whose path starts with `/preview/<sandbox>/<port>/` (path-based, the
+//!   prefix is stripped) is proxied; anything else goes to the API router.
+//! * **Access**: a preview's token (header `X-Strata-Preview-Token`, or the
+//!   `strata_token` query parameter of a signed URL, which also sets a cookie
+//!   scoped to the preview), or a public preview. Tokens are looked up on every
+//!   request (only their SHA-256 is stored), so a revoke or an expiry counts
+//!   from the next request; a refused one is a 401.
+//! * **Reaching the port**: the upstream socket is created by a dedicated
+//!   connector thread that has `setns()` into the sandbox's network namespace
+//!   (a socket stays in the namespace it was made in; tokio then connects it),
+//!   so a port bound on 127.0.0.1 inside the sandbox is reachable in every
+//!   network mode, and nothing is published on the host. The thread ends after
+//!   10 s without requests, so it does not keep the namespace alive.
+//! * **Lifecycle**: a sandbox in standby (or paused) is resumed by the first
+//!   request; every proxied request, streamed body and upgraded connection
+//!   (WebSocket) holds an [`crate::activity::ActivityGuard`], so the idle
+//!   policy never puts a sandbox with open preview connections into standby.
+//! * Proxied traffic is counted in metrics (`strata_preview_requests`,
+//!   `strata_preview_bytes`), not written to the audit log; creating and
+//!   revoking previews are API calls and are audited like any other.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use strata_api::{
+    CreatePreviewRequest, CreatedPreview, ErrorCode, Preview, SandboxState, PREVIEW_PATH_PREFIX, PREVIEW_SECRET_PREFIX,
+    PREVIEW_TOKEN_QUERY,
+};
+use strata_core::ids;
+use strata_store::db::SandboxRecord;
+use tracing::info;
+
+use crate::error::{EngineError, EngineResult};
+use crate::sandboxes::{load, now};
+use crate::state::Shared;
+
+/// Default preview domain (`*.localhost` resolves to loopback in browsers and most resolvers).
+pub const DEFAULT_DOMAIN: &str = "preview.localhost";
+
+/// Name of the cookie a signed URL sets.
+pub const COOKIE: &str = "strata_preview";
+
+/// Default lifetime of a preview.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(86_400);
+
+/// Longest lifetime of a preview.
+pub const MAX_TTL: Duration = Duration::from_secs(30 * 86_400);
+
+/// How long connecting to a sandbox port may take (loopback: refused or accepted at once).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connector thread ends after this long without requests.
+const CONNECTOR_IDLE: Duration = Duration::from_secs(10);
+
+/// Errors of the proxy's upstream side.
+#[derive(Debug, thiserror::Error)]
+pub enum PreviewError {
+    /// The sandbox's network namespace could not be entered.
+    #[error("entering the network namespace of sandbox {sandbox}: {source}")]
+    Netns {
+        /// Sandbox id.
+        sandbox: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Nothing accepts connections on the port.
+    #[error("nothing accepts connections on 127.0.0.1:{port} inside sandbox {sandbox}: {source}")]
+    Connect {
+        /// Sandbox id.
+        sandbox: String,
+        /// The port.
+        port: u16,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP exchange with the sandbox's server failed.
+    #[error("the server on port {port} of sandbox {sandbox} failed: {source}")]
+    Upstream {
+        /// Sandbox id.
+        sandbox: String,
+        /// The port.
+        port: u16,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl From<PreviewError> for EngineError {
+    fn from(e: PreviewError) -> Self {
+        match &e {
+            PreviewError::Netns { .. } => EngineError::internal("preview", &e),
+            PreviewError::Connect { .. } | PreviewError::Upstream { .. } => {
+                EngineError::new(ErrorCode::UpstreamUnavailable, crate::error::chain(&e))
+            }
+        }
+    }
+}
+
+/// Preview settings of the daemon.
+#[derive(Debug, Clone)]
+pub struct PreviewConfig {
+    /// Host-based previews are `<port>-<sandbox>.<domain>` (lowercase, no trailing dot).
+    pub domain: String,
+}
+
+impl Default for PreviewConfig {
+    fn default() -> Self {
+        PreviewConfig { domain: DEFAULT_DOMAIN.to_string() }
+    }
+}
+
+/// Preview settings and the connector threads that open sockets in sandboxes' network namespaces.
+#[derive(Default)]
+pub struct Previews {
+    /// Settings.
+    pub config: PreviewConfig,
+    /// The TCP listener's address once bound, for the URLs shown (path-based URLs are relative without one).
+    pub listen: std::sync::OnceLock<SocketAddr>,
+    /// Connector threads by (sandbox, init pid, init start time).
+    connectors: Mutex<HashMap<(String, i32, u64), Connector>>,
+}
+
+impl std::fmt::Debug for Previews {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Previews").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Previews {
+    /// A proxy with these settings.
+    pub fn new(config: PreviewConfig) -> Self {
+        Previews { config, listen: std::sync::OnceLock::new(), connectors: Mutex::new(HashMap::new()) }
+    }
+
+    /// Forgets the connector threads of a sandbox (its init is gone or changed).
+    pub fn forget_connectors(&self, sandbox: &str) {
+        self.connectors.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != sandbox);
+    }
+
+    /// The listing form of a stored preview (with its URLs).
+    pub fn with_urls(&self, mut p: Preview) -> Preview {
+        let port = p.port.map_or_else(|| "{port}".to_string(), |p| p.to_string());
+        let (host_port, base) = match self.listen.get().copied() {
+            Some(a) => (
+                if a.port() == 80 { String::new() } else { format!(":{}", a.port()) },
+                format!("http://{}", crate::loopback(a)),
+            ),
+            None => (String::new(), String::new()),
+        };
+        p.url_host = format!("http://{port}-{}.{}{host_port}/", p.sandbox_id, self.config.domain);
+        p.url_path = format!("{base}{PREVIEW_PATH_PREFIX}{}/{port}/", p.sandbox_id);
+        p
+    }
+}
+
+// ---- routing ----
+
+// ---- access ----
+
+/// Why a preview request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// No token and no public preview.
+    #[error("this preview needs a token (header X-Strata-Preview-Token, or a signed URL's ?strata_token=)")]
+    Missing,
+    /// The token is unknown, or for another sandbox or port.
+    #[error("the preview token is not valid for this sandbox port")]
+    Wrong,
+    /// The token's preview was revoked.
+    #[error("the preview token was revoked")]
+    Revoked,
+    /// The token's preview expired.
+    #[error("the preview token has expired")]
+    Expired,
+}
+
+/// Whether a stored preview opens `port` of `sandbox_id` at `at`.
+pub fn check(p: &Preview, sandbox_id: &str, port: u16, at: SystemTime) -> Result<(), Refusal> {
+    if p.sandbox_id != sandbox_id || p.port.is_some_and(|pp| pp != port) {
+        return Err(Refusal::Wrong);
+    }
+    if p.revoked_at.is_some() {
+        return Err(Refusal::Revoked);
+    }
+    // An unreadable expiry is treated as expired (fail closed).
+    match humantime::parse_rfc3339_weak(&p.expires_at) {
+        Ok(t) if t > at => Ok(()),
+        _ => Err(Refusal::Expired),
+    }
+}
+
+/// Grants or refuses access: the preview that admitted the request and the
+/// token that did (`None` for a public preview), or why it is refused.
+pub fn authorize(
+    st: &Shared,
+    sandbox_id: &str,
+    port: u16,
+    tokens: &[String],
+) -> EngineResult<Result<(Preview, Option<String>), Refusal>> {
+    let at = SystemTime::now();
+    let mut worst = Refusal::Missing;
+    for t in tokens {
+        if !t.starts_with(PREVIEW_SECRET_PREFIX) {
+            worst = Refusal::Wrong;
+            continue;
+        }
+        match st.db.preview_by_hash(&crate::tenancy::secret_hash(t))? {
+            Some(p) => match check(&p, sandbox_id, port, at) {
+                Ok(()) => return Ok(Ok((p, Some(t.clone())))),
+                // Report the most telling reason: revoked/expired over wrong.
+                Err(r) if worst == Refusal::Missing || worst == Refusal::Wrong => worst = r,
+                Err(_) => {}
+            },
+            None if worst == Refusal::Missing => worst = Refusal::Wrong,
+            None => {}
+        }
+    }
+    for p in st.db.public_previews(sandbox_id, port)? {
+        if check(&p, sandbox_id, port, at).is_ok() {
+            return Ok(Ok((p, None)));
+        }
+    }
+    Ok(Err(worst))
+}
+
+// ---- the proxy ----
+
+/// A running sandbox for a preview request: resumes one in standby (or paused); 409 otherwise.
+pub async fn ready_sandbox(
+    st: &Shared,
+    rec: SandboxRecord,
+) -> EngineResult<(SandboxRecord, Option<strata_api::ResumeResult>)> {
+    match rec.sandbox.state {
+        SandboxState::Running => Ok((rec, None)),
+        SandboxState::Standby | SandboxState::Paused => {
+            let resumed = crate::standby::ensure_running(st, &rec.sandbox.id).await?;
+            let rec = load(st, &rec.sandbox.id)?;
+            if rec.sandbox.state != SandboxState::Running {
+                return Err(EngineError::invalid_state(
+                    rec.sandbox.state,
+                    format!("sandbox {} is {}, not running", rec.sandbox.id, rec.sandbox.state.as_str()),
+                ));
+            }
+            Ok((rec, resumed))
+        }
+        s => Err(EngineError::invalid_state(
+            s,
+            format!(
+                "sandbox {} is {}: previews reach only a running sandbox (or one in standby, which they resume)",
+                rec.sandbox.id,
+                s.as_str()
+            ),
+        )),
+    }
+}
+
+/// Opens the network namespace of the process `pid`.
+fn open_netns(sandbox: &str, pid: i32) -> Result<std::fs::File, PreviewError> {
+    std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|source| PreviewError::Netns { sandbox: sandbox.to_string(), source })
+}
+
+/// What a connector thread answers: a socket made in the sandbox's network namespace.
+type SocketReply = tokio::sync::oneshot::Sender<std::io::Result<tokio::net::TcpSocket>>;
+
+/// A connector thread's queue: each message asks for one socket.
+type Connector = std::sync::mpsc::Sender<SocketReply>;
+
+/// Starts a connector thread for the network namespace `ns`: it joins the
+/// namespace once, then makes sockets on request (`socket()` only; the connect
+/// is done by tokio: a socket stays in the namespace it was made in), and ends
+/// after [`CONNECTOR_IDLE`] without requests so it does not pin the namespace.
+/// A dedicated thread: never a pooled one, which would stay in the namespace.
+fn spawn_connector(ns: std::fs::File) -> std::io::Result<Connector> {
+    let (tx, rx) = std::sync::mpsc::channel::<SocketReply>();
+    std::thread::Builder::new().name("preview-netns".into()).spawn(move || {
+        let joined = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from);
+        drop(ns);
+        while let Ok(reply) = rx.recv_timeout(CONNECTOR_IDLE) {
+            match &joined {
+                Ok(()) => {
+                    let _ = reply.send(tokio::net::TcpSocket::new_v4());
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(std::io::Error::new(e.kind(), e.to_string())));
+                    return;
+                }
+            }
+        }
+    })?;
+    Ok(tx)
+}
+
+impl Previews {
+    /// Connects to 127.0.0.1:`port` inside the network namespace of the sandbox's init.
+    pub async fn connect(
+        &self,
+        sandbox: &str,
+        init: &strata_runtime::SandboxHandle,
+        port: u16,
+    ) -> Result<tokio::net::TcpStream, PreviewError> {
+        let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
+        let pid = init.init_pid;
+        let key = (sandbox.to_string(), pid, init.init_start_time);
+        let mut socket = None;
+        // A connector that just ended (idle) drops the request: then once more with a new one.
+        for _ in 0..2 {
+            let existing = self.connectors.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+            let tx = match existing {
+                Some(tx) => tx,
+                None => {
+                    let tx = spawn_connector(open_netns(sandbox, pid)?).map_err(netns_err)?;
+                    self.connectors.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), tx.clone());
+                    tx
+                }
+            };
+            let (rtx, rrx) = tokio::sync::oneshot::channel();
+            if tx.send(rtx).is_ok() {
+                if let Ok(r) = rrx.await {
+                    socket = Some(r.map_err(netns_err)?);
+                    break;
+                }
+            }
+            self.connectors.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        }
+        let socket =
+            socket.ok_or_else(|| netns_err(std::io::Error::other("the namespace's connector thread ended")))?;
+        let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+        let conn_err = |source| PreviewError::Connect { sandbox: sandbox.to_string(), port, source };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr))
+            .await
+            .map_err(|_| conn_err(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(conn_err)?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+// ---- API ----
+
+fn preview_not_found(sandbox: &str, preview: &str) -> EngineError {
+    EngineError::new(ErrorCode::PreviewNotFound, format!("sandbox {sandbox} has no preview {preview:?}"))
+}
+
+/// Opens a port of a sandbox through the proxy.
+pub fn create(st: &Shared, sandbox: &str, req: &CreatePreviewRequest) -> EngineResult<CreatedPreview> {
+    if req.port == Some(0) {
+        return Err(EngineError::bad_request("port: must be 1-65535 (omit it for every port)"));
+    }
+    let ttl = match req.ttl_secs {
+        Some(0) => return Err(EngineError::bad_request("ttl_secs: must be longer than zero")),
+        Some(s) if Duration::from_secs(s) > MAX_TTL => {
+            return Err(EngineError::bad_request(format!("ttl_secs: at most {} (30 days)", MAX_TTL.as_secs())))
+        }
+        Some(s) => Duration::from_secs(s),
+        None => DEFAULT_TTL,
+    };
+    let rec = load(st, sandbox)?;
+    if rec.sandbox.state == SandboxState::Destroyed {
+        return Err(EngineError::sandbox_not_found(sandbox));
+    }
+    // The Rule of Two: a preview is external communication.
+    let view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
+    let mut facts = crate::sandboxes::exposure_facts(st, &view);
+    facts.preview_ports.push(req.port.unwrap_or(0));
+    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &facts));
+    crate::approvals::gate(st, &rec.sandbox.tenant, "create preview of", &rec.sandbox.id, &grants)?;
+    let created = SystemTime::now();
+    let token = format!("{PREVIEW_SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));
+    let p = Preview {
+        id: ids::new_id(),
+        sandbox_id: rec.sandbox.id.clone(),
+        port: req.port,
+        public: req.public,
+        tenant: rec.sandbox.tenant.clone(),
+        created_at: humantime::format_rfc3339_millis(created).to_string(),
+        expires_at: humantime::format_rfc3339_millis(created + ttl).to_string(),
+        revoked_at: None,
+        url_host: String::new(),
+        url_path: String::new(),
+    };
+    st.db.insert_preview(&p, &crate::tenancy::secret_hash(&token))?;
+    let p = st.previews.with_urls(p);
+    info!(sandbox = %p.sandbox_id, preview = %p.id, port = ?p.port, public = p.public, expires_at = %p.expires_at, "preview created");
+    let signed_url = format!("{}?{PREVIEW_TOKEN_QUERY}={token}", p.url_path);
+    Ok(CreatedPreview { preview: p, token, signed_url })
+}
+
+/// The previews of a sandbox (live ones; `all`: revoked and expired ones too).
+pub fn list(st: &Shared, sandbox: &str, all: bool) -> EngineResult<Vec<Preview>> {
+    let rec = load(st, sandbox)?;
+    let at = SystemTime::now();
+    Ok(st
+        .db
+        .list_previews(&rec.sandbox.id)?
+        .into_iter()
+        .filter(|p| all || check(p, &rec.sandbox.id, p.port.unwrap_or(1), at).is_ok())
+        .map(|p| st.previews.with_urls(p))
+        .collect())
+}
+
+/// Revokes a preview: its token (and public access) is refused from the next request on.
+pub fn revoke(st: &Shared, sandbox: &str, preview: &str) -> EngineResult<Preview> {
+    let rec = load(st, sandbox)?;
+    let p = st
+        .db
+        .revoke_preview(&rec.sandbox.id, preview, &now())?
+        .ok_or_else(|| preview_not_found(&rec.sandbox.id, preview))?;
+    info!(sandbox = %p.sandbox_id, preview = %p.id, "preview revoked");
+    Ok(st.previews.with_urls(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_open_their_port_until_revoked_or_expired() {
+        let now = SystemTime::now();
+        let fmt = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let p = Preview {
+            id: "p".into(),
+            sandbox_id: "s".into(),
+            port: Some(80),
+            public: false,
+            tenant: "default".into(),
+            created_at: fmt(now),
+            expires_at: fmt(now + Duration::from_secs(60)),
+            revoked_at: None,
+            url_host: String::new(),
+            url_path: String::new(),
+        };
+        assert_eq!(check(&p, "s", 80, now), Ok(()));
+        assert_eq!(check(&p, "s", 81, now), Err(Refusal::Wrong));
+        assert_eq!(check(&p, "t", 80, now), Err(Refusal::Wrong));
+        assert_eq!(check(&p, "s", 80, now + Duration::from_secs(61)), Err(Refusal::Expired));
+        let all = Preview { port: None, ..p.clone() };
+        assert_eq!(check(&all, "s", 8443, now), Ok(()));
+        let revoked = Preview { revoked_at: Some(fmt(now)), ..p.clone() };
+        assert_eq!(check(&revoked, "s", 80, now), Err(Refusal::Revoked));
+        let garbled = Preview { expires_at: "soon".into(), ..p };
+        assert_eq!(check(&garbled, "s", 80, now), Err(Refusal::Expired));
+    }
+}

@@ -1,0 +1,1161 @@
+//! Processes started inside sandboxes: spawning through the runtime's exec
+//! helper, buffered (reattachable) output logs, stdin, signals, timeouts,
+//! exit status and OOM attribution.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use nix::sys::signal::Signal;
+use strata_api::{ErrorCode, ExecRequest, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState, StreamKind};
+use strata_core::units;
+use strata_runtime::spec::{ExecReport, ExecSpec};
+use strata_store::db::SandboxRecord;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe::Sender as PipeSender;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::error::{EngineError, EngineResult};
+use crate::sandboxes::{self, handle_of, load, now};
+use crate::state::Shared;
+
+/// Output kept per process; older output is dropped (and reported as dropped).
+pub const LOG_CAP_BYTES: u64 = 8 << 20;
+/// Output kept for all API processes of one sandbox together. Over it, the
+/// oldest exited processes lose their output first, then running processes
+/// their oldest output down to [`LOG_FLOOR_BYTES`] each: a caller starting
+/// many processes, or processes writing without end, cannot grow the daemon
+/// past a fixed amount per sandbox.
+pub const SANDBOX_LOG_BUDGET: u64 = 64 << 20;
+/// What a running process keeps of its newest output when its sandbox is over
+/// [`SANDBOX_LOG_BUDGET`].
+pub const LOG_FLOOR_BYTES: u64 = 256 << 10;
+/// The sandbox's budget is checked each time a process's output crosses a
+/// multiple of this many bytes.
+const BUDGET_CHECK_EVERY: u64 = 1 << 20;
+
+pub const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+#[derive(Default)]
+struct LogBuf {
+    chunks: VecDeque<(StreamKind, u64, Bytes)>,
+    /// Offset of the first retained byte.
+    start: u64,
+    /// Offset after the last byte.
+    end: u64,
+}
+
+impl LogBuf {
+    /// Bytes held now.
+    fn retained(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// Drops the oldest chunks (whole) as long as at least `keep` bytes stay
+    /// held; returns the bytes freed.
+    fn trim_to(&mut self, keep: u64) -> u64 {
+        let before = self.retained();
+        while let Some(len) = self.chunks.front().map(|(_, _, d)| d.len() as u64) {
+            if self.retained() - len < keep {
+                break;
+            }
+            self.chunks.pop_front();
+            self.start += len;
+        }
+        if self.chunks.is_empty() {
+            self.start = self.end;
+        }
+        before - self.retained()
+    }
+
+    fn push(&mut self, stream: StreamKind, data: Bytes) {
+        let len = data.len() as u64;
+        self.chunks.push_back((stream, self.end, data));
+        self.end += len;
+        while self.retained() > LOG_CAP_BYTES {
+            match self.chunks.pop_front() {
+                Some((_, _, d)) => self.start += d.len() as u64,
+                None => break,
+            }
+        }
+    }
+}
+
+struct ProcState {
+    info: ProcessInfo,
+    log: LogBuf,
+    /// Inodes of the pipes the process holds (report, stdout, stderr, stdin):
+    /// a standby image refers to them, and resume hands in fresh pipes for them.
+    pipes: PipeInodes,
+    /// Set while the sandbox's processes are dumped (standby): the end of its
+    /// pipes then means "suspended", not "exited".
+    suspended: bool,
+    /// Whether the daemon held the process's stdin open when it was suspended.
+    stdin_open: bool,
+}
+
+/// Inode numbers of a process's pipes to the daemon.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct PipeInodes {
+    report: u64,
+    stdout: u64,
+    stderr: u64,
+    stdin: u64,
+}
+
+/// A running API process as a warm checkpoint records it: a sandbox started
+/// from the checkpoint gets it back under the same id, on fresh pipes that
+/// replace these inodes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CapturedProcess {
+    /// Its record (id, command, pid, start time).
+    pub info: ProcessInfo,
+    /// The pipes it held (`stdin` is 0 when its stdin was closed).
+    pub pipes: PipeInodes,
+}
+
+/// The daemon's ends of a process's pipes.
+struct DaemonEnds {
+    report: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    stdin: Option<OwnedFd>,
+}
+
+/// One process started through the API.
+pub struct Proc {
+    state: Mutex<ProcState>,
+    stdin: Arc<tokio::sync::Mutex<Option<PipeSender>>>,
+    changed: watch::Sender<u64>,
+    /// Hands new pipes to the process's supervisor after a resume.
+    reattach: Mutex<Option<tokio::sync::mpsc::UnboundedSender<DaemonEnds>>>,
+}
+
+impl Proc {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A snapshot of the process record.
+    pub fn info(&self) -> ProcessInfo {
+        self.lock().info.clone()
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Appends output; true when the sandbox's [`SANDBOX_LOG_BUDGET`] is due for a check.
+    fn append(&self, stream: StreamKind, data: Bytes) -> bool {
+        let due = {
+            let mut st = self.lock();
+            let before = st.log.end;
+            st.log.push(stream, data);
+            before / BUDGET_CHECK_EVERY != st.log.end / BUDGET_CHECK_EVERY
+        };
+        self.bump();
+        due
+    }
+
+    /// Events from `offset` on: output chunks (and a `Dropped` marker if the buffer
+    /// no longer holds `offset`), the next offset, and the record when it has exited.
+    fn read_from(&self, offset: u64) -> (Vec<ProcessEvent>, u64, Option<ProcessInfo>) {
+        let st = self.lock();
+        let mut evs = Vec::new();
+        let mut off = offset;
+        if off < st.log.start {
+            evs.push(ProcessEvent::Dropped { bytes: st.log.start - off });
+            off = st.log.start;
+        }
+        for (stream, start, data) in &st.log.chunks {
+            let end = start + data.len() as u64;
+            if end <= off {
+                continue;
+            }
+            let skip = off.saturating_sub(*start) as usize;
+            evs.push(ProcessEvent::Output {
+                stream: *stream,
+                offset: start + skip as u64,
+                data_b64: B64.encode(&data[skip..]),
+            });
+            off = end;
+        }
+        let done = (st.info.status == ProcessStatus::Exited).then(|| st.info.clone());
+        (evs, off, done)
+    }
+
+    /// Captured stdout and stderr (what the buffer still holds) and whether some was dropped.
+    pub fn captured_output(&self) -> (Vec<u8>, Vec<u8>, bool) {
+        let st = self.lock();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for (stream, _, d) in &st.log.chunks {
+            match stream {
+                StreamKind::Stdout => out.extend_from_slice(d),
+                StreamKind::Stderr => err.extend_from_slice(d),
+            }
+        }
+        (out, err, st.log.start > 0)
+    }
+
+    /// Its pid inside the sandbox once its shim has reported it (waiting at most
+    /// `limit` right after a start); `None` when it ended or never started.
+    pub async fn pid_when_started(&self, limit: Duration) -> Option<i32> {
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let info = self.info();
+            if info.pid.is_some() || info.status == ProcessStatus::Exited {
+                return info.pid.filter(|_| info.status == ProcessStatus::Running);
+            }
+            if !matches!(tokio::time::timeout_at(deadline, rx.changed()).await, Ok(Ok(()))) {
+                return None;
+            }
+        }
+    }
+
+    /// Waits until the process has exited (or `limit` passes) and returns its record.
+    pub async fn wait(&self, limit: Option<Duration>) -> ProcessInfo {
+        let mut rx = self.changed.subscribe();
+        let deadline = limit.map(|d| tokio::time::Instant::now() + d);
+        loop {
+            let info = self.info();
+            if info.status == ProcessStatus::Exited {
+                return info;
+            }
+            match deadline {
+                Some(dl) => {
+                    if tokio::time::timeout_at(dl, rx.changed()).await.is_err() {
+                        return self.info();
+                    }
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        return self.info();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct SandboxProcs {
+    next_id: u64,
+    procs: BTreeMap<u64, Arc<Proc>>,
+}
+
+/// All processes, by sandbox.
+#[derive(Default)]
+pub struct ProcessTable {
+    inner: Mutex<HashMap<String, SandboxProcs>>,
+}
+
+/// Exited processes kept per sandbox for `ps`/logs; older ones are forgotten.
+const KEEP_EXITED: usize = 256;
+
+impl ProcessTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxProcs>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&self, sandbox_id: &str, cmd: Vec<String>) -> Arc<Proc> {
+        let mut m = self.lock();
+        let sp = m.entry(sandbox_id.to_string()).or_default();
+        sp.next_id += 1;
+        let id = sp.next_id;
+        let exited: Vec<u64> =
+            sp.procs.iter().filter(|(_, p)| p.info().status == ProcessStatus::Exited).map(|(k, _)| *k).collect();
+        if exited.len() >= KEEP_EXITED {
+            for k in &exited[..exited.len() + 1 - KEEP_EXITED] {
+                sp.procs.remove(k);
+            }
+        }
+        let p = new_proc(ProcessInfo {
+            id,
+            sandbox_id: sandbox_id.to_string(),
+            cmd,
+            status: ProcessStatus::Running,
+            pid: None,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            spawn_error: None,
+            started_at: now(),
+            finished_at: None,
+        });
+        sp.procs.insert(id, p.clone());
+        p
+    }
+
+    /// Holds the output of a sandbox's processes to [`SANDBOX_LOG_BUDGET`]:
+    /// exited processes lose theirs first (oldest first), then running
+    /// processes, largest first, keep [`LOG_FLOOR_BYTES`] each.
+    pub fn enforce_log_budget(&self, sandbox_id: &str) {
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut total: u64 = procs.iter().map(|p| p.lock().log.retained()).sum();
+        if total <= SANDBOX_LOG_BUDGET {
+            return;
+        }
+        let (exited, mut running): (Vec<_>, Vec<_>) =
+            procs.into_iter().partition(|p| p.info().status == ProcessStatus::Exited);
+        running.sort_by_key(|p| std::cmp::Reverse(p.lock().log.retained()));
+        for (p, keep) in exited.iter().map(|p| (p, 0)).chain(running.iter().map(|p| (p, LOG_FLOOR_BYTES))) {
+            if total <= SANDBOX_LOG_BUDGET {
+                break;
+            }
+            let freed = {
+                let mut st = p.lock();
+                let over = total - SANDBOX_LOG_BUDGET;
+                let keep = keep.max(st.log.retained().saturating_sub(over));
+                st.log.trim_to(keep)
+            };
+            total -= freed;
+            if freed > 0 {
+                p.bump();
+            }
+        }
+    }
+
+    /// The running processes of a sandbox, for a warm checkpoint taken now.
+    pub async fn capture(&self, sandbox_id: &str) -> Vec<CapturedProcess> {
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut out = Vec::new();
+        for p in procs {
+            let stdin_open = p.stdin.lock().await.is_some();
+            let s = p.lock();
+            if s.info.status != ProcessStatus::Running || s.suspended {
+                continue;
+            }
+            let mut pipes = s.pipes;
+            if !stdin_open {
+                pipes.stdin = 0;
+            }
+            out.push(CapturedProcess { info: s.info.clone(), pipes });
+        }
+        out
+    }
+
+    /// Registers the processes of a warm checkpoint in a sandbox being started
+    /// from it, with fresh pipes: the ends its restored processes take over
+    /// (each with the inode it replaces) and the daemon's ends, handed to
+    /// supervisors by [`AdoptedProcesses::commit`].
+    pub fn adopt(&self, sandbox_id: &str, captured: &[CapturedProcess]) -> EngineResult<AdoptedProcesses> {
+        let mut out = AdoptedProcesses { sandbox_id: sandbox_id.to_string(), inherit: Vec::new(), pending: Vec::new() };
+        for c in captured {
+            let (report_r, report_w) = cloexec_pipe()?;
+            let (stdout_r, stdout_w) = cloexec_pipe()?;
+            let (stderr_r, stderr_w) = cloexec_pipe()?;
+            let mut pipes =
+                PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+            out.inherit.push((report_w, c.pipes.report));
+            out.inherit.push((stdout_w, c.pipes.stdout));
+            out.inherit.push((stderr_w, c.pipes.stderr));
+            let stdin = if c.pipes.stdin != 0 {
+                let (r, w) = cloexec_pipe()?;
+                pipes.stdin = inode(&r);
+                out.inherit.push((r, c.pipes.stdin));
+                Some(w)
+            } else {
+                None
+            };
+            let info = ProcessInfo {
+                sandbox_id: sandbox_id.to_string(),
+                status: ProcessStatus::Running,
+                finished_at: None,
+                ..c.info.clone()
+            };
+            let p = new_proc(info);
+            p.lock().pipes = pipes;
+            out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }));
+        }
+        Ok(out)
+    }
+
+    /// A process of a sandbox.
+    pub fn get(&self, sandbox_id: &str, id: u64) -> Option<Arc<Proc>> {
+        self.lock().get(sandbox_id)?.procs.get(&id).cloned()
+    }
+
+    /// Every known process of a sandbox.
+    pub fn list(&self, sandbox_id: &str) -> Vec<ProcessInfo> {
+        self.lock().get(sandbox_id).map(|sp| sp.procs.values().map(|p| p.info()).collect()).unwrap_or_default()
+    }
+
+    /// Number of running processes of a sandbox.
+    pub fn running(&self, sandbox_id: &str) -> usize {
+        self.lock()
+            .get(sandbox_id)
+            .map_or(0, |sp| sp.procs.values().filter(|p| p.lock().info.status == ProcessStatus::Running).count())
+    }
+
+    /// Marks every running process of a sandbox as suspended before its
+    /// processes are dumped for standby; returns how many there are.
+    pub async fn suspend(&self, sandbox_id: &str) -> usize {
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut n = 0;
+        for p in procs {
+            if p.info().status != ProcessStatus::Running {
+                continue;
+            }
+            let stdin_open = p.stdin.lock().await.is_some();
+            let mut s = p.lock();
+            s.suspended = true;
+            s.stdin_open = stdin_open;
+            n += 1;
+        }
+        n
+    }
+
+    /// Clears the suspension (the dump failed and the processes run on).
+    pub fn unsuspend(&self, sandbox_id: &str) {
+        if let Some(sp) = self.lock().get(sandbox_id) {
+            for p in sp.procs.values() {
+                p.lock().suspended = false;
+            }
+        }
+    }
+
+    /// Fresh pipes for every suspended process of a sandbox: the ends the
+    /// restored processes take over (each with the inode it replaces) and the
+    /// daemon's ends, handed to the supervisors by [`ResumePipes::commit`].
+    pub fn resume_pipes(&self, sandbox_id: &str) -> EngineResult<ResumePipes> {
+        let procs: Vec<Arc<Proc>> =
+            self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
+        let mut out = ResumePipes::default();
+        for p in procs {
+            let (old, stdin_open) = {
+                let s = p.lock();
+                if !s.suspended {
+                    continue;
+                }
+                (s.pipes, s.stdin_open)
+            };
+            let (report_r, report_w) = cloexec_pipe()?;
+            let (stdout_r, stdout_w) = cloexec_pipe()?;
+            let (stderr_r, stderr_w) = cloexec_pipe()?;
+            let mut new =
+                PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+            out.inherit.push((report_w, old.report));
+            out.inherit.push((stdout_w, old.stdout));
+            out.inherit.push((stderr_w, old.stderr));
+            let stdin = if stdin_open {
+                let (r, w) = cloexec_pipe()?;
+                new.stdin = inode(&r);
+                out.inherit.push((r, old.stdin));
+                Some(w)
+            } else {
+                None
+            };
+            out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }, new));
+        }
+        Ok(out)
+    }
+
+    /// Forgets every process of a destroyed sandbox.
+    pub fn forget(&self, sandbox_id: &str) {
+        self.abandon_suspended(sandbox_id);
+        self.lock().remove(sandbox_id);
+    }
+
+    /// Suspended processes that will not be resumed (standby failed, or the
+    /// sandbox is stopped or destroyed from standby) are recorded as lost.
+    pub fn abandon_suspended(&self, sandbox_id: &str) {
+        if let Some(sp) = self.lock().get(sandbox_id) {
+            for p in sp.procs.values() {
+                if p.lock().suspended {
+                    p.reattach.lock().unwrap_or_else(|e| e.into_inner()).take();
+                }
+            }
+        }
+    }
+}
+
+/// A new process record, running.
+fn new_proc(info: ProcessInfo) -> Arc<Proc> {
+    let (changed, _) = watch::channel(0);
+    Arc::new(Proc {
+        state: Mutex::new(ProcState {
+            info,
+            log: LogBuf::default(),
+            pipes: PipeInodes::default(),
+            suspended: false,
+            stdin_open: false,
+        }),
+        stdin: Arc::new(tokio::sync::Mutex::new(None)),
+        changed,
+        reattach: Mutex::new(None),
+    })
+}
+
+/// Processes of a warm checkpoint registered in a sandbox started from it
+/// (see [`ProcessTable::adopt`]).
+pub struct AdoptedProcesses {
+    sandbox_id: String,
+    /// Ends for the restored processes, each with the inode of the pipe it replaces.
+    pub inherit: Vec<(OwnedFd, u64)>,
+    pending: Vec<(Arc<Proc>, DaemonEnds)>,
+}
+
+impl AdoptedProcesses {
+    /// The processes run: they join the sandbox's table under their ids and are supervised.
+    pub fn commit(self, st: &Shared) {
+        let secrets = st.secrets.get_or_empty(&self.sandbox_id);
+        let oom_before = st.runtime.usage(&self.sandbox_id).oom_kills;
+        for (p, ends) in self.pending {
+            let id = p.info().id;
+            {
+                let mut m = st.processes.lock();
+                let sp = m.entry(self.sandbox_id.clone()).or_default();
+                sp.next_id = sp.next_id.max(id);
+                sp.procs.insert(id, p.clone());
+            }
+            let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
+            *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = Some(reattach_tx);
+            let opts = SuperviseOpts { timeout: None, oom_before, secrets: secrets.clone() };
+            tokio::spawn(supervise(st.clone(), p, self.sandbox_id.clone(), ends, opts, reattach_rx));
+        }
+    }
+}
+
+/// New pipes for the processes of a sandbox being resumed (see [`ProcessTable::resume_pipes`]).
+#[derive(Default)]
+pub struct ResumePipes {
+    /// Ends for the restored processes, each with the inode of the pipe it replaces.
+    pub inherit: Vec<(OwnedFd, u64)>,
+    pending: Vec<(Arc<Proc>, DaemonEnds, PipeInodes)>,
+}
+
+impl ResumePipes {
+    /// The processes are back: their supervisors take the new pipes.
+    pub fn commit(self) {
+        for (p, ends, inodes) in self.pending {
+            {
+                let mut s = p.lock();
+                s.pipes = inodes;
+                s.suspended = false;
+            }
+            if let Some(tx) = p.reattach.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                let _ = tx.send(ends);
+            }
+        }
+    }
+
+    /// The processes cannot come back: they are recorded as lost.
+    pub fn abandon(self) {
+        for (p, _, _) in self.pending {
+            p.reattach.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
+}
+
+/// Builds the runtime's exec spec: image env < sandbox env < secrets exposed
+/// as env < request env; cwd and user default to the image's.
+fn exec_spec(rec: &SandboxRecord, req: &ExecRequest, secrets: &crate::secrets::SandboxSecrets) -> ExecSpec {
+    let mut env = BTreeMap::new();
+    for kv in &rec.image_config.env {
+        if let Some((k, v)) = kv.split_once('=') {
+            env.insert(k.to_string(), v.to_string());
+        }
+    }
+    env.insert("STRATA_SANDBOX_ID".into(), rec.sandbox.id.clone());
+    env.insert("STRATA_FORK_GENERATION".into(), rec.sandbox.fork_generation.to_string());
+    env.extend(rec.sandbox.env.clone());
+    env.extend(secrets.env_vars());
+    env.extend(req.env.clone());
+    ExecSpec {
+        argv: req.cmd.clone(),
+        env,
+        cwd: req.cwd.clone().or_else(|| rec.image_config.working_dir.clone().filter(|w| !w.is_empty())),
+        user: req.user.clone().or_else(|| rec.image_config.user.clone().filter(|u| !u.is_empty())),
+        allow_setuid: rec.sandbox.allow_setuid,
+    }
+}
+
+fn validate(req: &ExecRequest) -> EngineResult<(Option<Duration>, Option<Vec<u8>>)> {
+    if req.cmd.is_empty() || req.cmd[0].is_empty() {
+        return Err(EngineError::bad_request("cmd must name a program"));
+    }
+    if req.cmd.iter().any(|a| a.contains('\0'))
+        || req.env.iter().any(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
+    {
+        return Err(EngineError::bad_request(
+            "arguments and environment must not contain NUL bytes; names must not contain '='",
+        ));
+    }
+    let timeout = req.timeout.as_deref().map(units::parse_duration).transpose()?;
+    let stdin = req
+        .stdin_b64
+        .as_deref()
+        .map(|s| B64.decode(s))
+        .transpose()
+        .map_err(|e| EngineError::bad_request(format!("stdin_b64: {e}")))?;
+    Ok((timeout, stdin))
+}
+
+/// Starts a process in a running sandbox and returns immediately.
+pub async fn spawn(st: &Shared, sandbox: &str, req: ExecRequest) -> EngineResult<Arc<Proc>> {
+    let checked = validate(&req)?;
+    let rec = load(st, sandbox)?;
+    if rec.sandbox.state != SandboxState::Running {
+        return Err(EngineError::invalid_state(
+            rec.sandbox.state,
+            format!("cannot exec in sandbox {} while it is {}", rec.sandbox.id, rec.sandbox.state),
+        ));
+    }
+    spawn_validated(st, &rec, req, checked).await
+}
+
+/// Starts a process in the running sandbox `rec` (whose state the caller checked).
+pub async fn spawn_unchecked(st: &Shared, rec: &SandboxRecord, req: ExecRequest) -> EngineResult<Arc<Proc>> {
+    let checked = validate(&req)?;
+    spawn_validated(st, rec, req, checked).await
+}
+
+/// [`spawn_unchecked`] for a request [`validate`] has accepted (its timeout and decoded stdin).
+async fn spawn_validated(
+    st: &Shared,
+    rec: &SandboxRecord,
+    req: ExecRequest,
+    (timeout, stdin_data): (Option<Duration>, Option<Vec<u8>>),
+) -> EngineResult<Arc<Proc>> {
+    let handle = handle_of(rec).ok_or_else(|| EngineError::new(ErrorCode::Internal, "running sandbox without init"))?;
+    let secrets = st.secrets.get(&rec.sandbox.id)?;
+    let spec = exec_spec(rec, &req, &secrets);
+    let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| {
+        EngineError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e)))
+    })?;
+    let (report_r, report_w) = cloexec_pipe()?;
+    let (stdout_r, stdout_w) = cloexec_pipe()?;
+    let (stderr_r, stderr_w) = cloexec_pipe()?;
+    let (stdin_r, stdin_w) = cloexec_pipe()?;
+    let pipes = PipeInodes {
+        report: inode(&report_r),
+        stdout: inode(&stdout_r),
+        stderr: inode(&stderr_r),
+        stdin: inode(&stdin_r),
+    };
+    let w = report_w.as_raw_fd();
+    cmd.env(strata_runtime::namespace::enter::REPORT_FD_ENV, w.to_string());
+    cmd.stdin(Stdio::from(stdin_r)).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
+    let mut child = {
+        // The write end is inheritable only while the lock is held, so no other
+        // spawn can pick it up; without a pre_exec hook std uses posix_spawn.
+        let _g = strata_runtime::spawn_lock();
+        // SAFETY: F_SETFD on a descriptor we own.
+        unsafe { libc::fcntl(w, libc::F_SETFD, 0) };
+        let spawned = tokio::process::Command::from(cmd).spawn();
+        drop(report_w);
+        spawned.map_err(|e| EngineError::internal("spawn exec helper", &e))?
+    };
+    // The helper outside the sandbox exits as soon as the process is handed to
+    // the shim inside; its end says nothing about the process's.
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
+    let oom_before = st.runtime.usage(&rec.sandbox.id).oom_kills;
+    let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.iter().map(|a| secrets.redact_str(a)).collect());
+    proc_.lock().pipes = pipes;
+    let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
+    *proc_.reattach.lock().unwrap_or_else(|p| p.into_inner()) = Some(reattach_tx);
+    // Stdin is in place before the caller learns the process exists (it may write at once).
+    attach_stdin(&proc_, stdin_w, stdin_data, req.keep_stdin_open).await;
+    let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: None };
+    tokio::spawn(supervise(
+        st.clone(),
+        proc_.clone(),
+        rec.sandbox.id.clone(),
+        ends,
+        SuperviseOpts { timeout, oom_before, secrets },
+        reattach_rx,
+    ));
+    Ok(proc_)
+}
+
+fn cloexec_pipe() -> EngineResult<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| EngineError::internal("pipe", &e))
+}
+
+fn inode(fd: &OwnedFd) -> u64 {
+    nix::sys::stat::fstat(fd.as_raw_fd()).map(|s| s.st_ino).unwrap_or(0)
+}
+
+struct SuperviseOpts {
+    timeout: Option<Duration>,
+    oom_before: u64,
+    /// Values redacted from the output before it is buffered.
+    secrets: Arc<crate::secrets::SandboxSecrets>,
+}
+
+/// Follows one process until its shim reports its end: pumps its output into
+/// the log, feeds its stdin, enforces its timeout, and, when the sandbox goes
+/// to standby (pipes closed while suspended), waits for the pipes of the
+/// resumed process.
+async fn supervise(
+    st: Shared,
+    p: Arc<Proc>,
+    sandbox_id: String,
+    mut ends: DaemonEnds,
+    opts: SuperviseOpts,
+    mut reattach: tokio::sync::mpsc::UnboundedReceiver<DaemonEnds>,
+) {
+    let spawned_at = std::time::Instant::now();
+    let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut timed_out = false;
+    let report = loop {
+        let out_task = tokio::spawn(pump(
+            st.clone(),
+            sandbox_id.clone(),
+            p.clone(),
+            ends.stdout,
+            StreamKind::Stdout,
+            opts.secrets.redactor(),
+        ));
+        let err_task = tokio::spawn(pump(
+            st.clone(),
+            sandbox_id.clone(),
+            p.clone(),
+            ends.stderr,
+            StreamKind::Stderr,
+            opts.secrets.redactor(),
+        ));
+        if let Some(fd) = ends.stdin.take() {
+            // Reattached after a resume: it was open when the process was suspended.
+            attach_stdin(&p, fd, None, true).await;
+        }
+        let reports = read_reports(p.clone(), ends.report);
+        tokio::pin!(reports);
+        let report = loop {
+            let sleep = async {
+                match deadline {
+                    Some(d) if !timed_out => tokio::time::sleep_until(d).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = &mut reports => break r,
+                _ = sleep => {
+                    timed_out = true;
+                    if let Some(pid) = p.info().pid {
+                        // The process leads its own session/process group: kill the group.
+                        st.runtime.signal(&sandbox_id, pid, libc::SIGKILL, true);
+                    }
+                }
+            }
+        };
+        // Let the output readers drain what the process wrote before it exited
+        // (background children may keep the pipes open; do not wait for them).
+        let drain = async {
+            let _ = out_task.await;
+            let _ = err_task.await;
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(200), drain).await;
+        if matches!(report, FinalReport::None) && p.lock().suspended {
+            // Dumped for standby: the resumed process comes back on new pipes.
+            *p.stdin.lock().await = None;
+            match reattach.recv().await {
+                Some(new) => {
+                    ends = new;
+                    continue;
+                }
+                None => break FinalReport::Lost("the sandbox's standby image could not be resumed".into()),
+            }
+        }
+        break report;
+    };
+    let oom_after = st.runtime.usage(&sandbox_id).oom_kills;
+    {
+        let mut s = p.lock();
+        s.suspended = false;
+        let info = &mut s.info;
+        info.status = ProcessStatus::Exited;
+        info.finished_at = Some(now());
+        info.timed_out = timed_out;
+        match report {
+            FinalReport::Exited(code) => info.exit_code = Some(code),
+            FinalReport::Signaled(sig) => info.signal = Some(sig),
+            FinalReport::SpawnError(msg) => info.spawn_error = Some(msg),
+            // The shim itself was killed: only SIGKILL of the whole sandbox does that.
+            FinalReport::None => info.signal = Some(libc::SIGKILL),
+            FinalReport::Lost(msg) => {
+                info.signal = Some(libc::SIGKILL);
+                info.spawn_error = Some(msg);
+            }
+            FinalReport::Tampered(why) => {
+                info.spawn_error =
+                    Some(format!("the process's exit status is unknown: its report channel carried {why}"))
+            }
+        }
+        info.oom_killed = info.signal == Some(libc::SIGKILL) && oom_after > opts.oom_before && !timed_out;
+    }
+    if oom_after > opts.oom_before {
+        if let Ok(Some(rec)) = st.db.sandbox_by_id(&sandbox_id) {
+            sandboxes::refresh_oom(&st, &rec);
+        }
+    }
+    *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *p.stdin.lock().await = None;
+    st.metrics.observe("exec", spawned_at.elapsed());
+    // The idle clock starts when the last process ends, not when it was started.
+    st.activity.touch(&sandbox_id);
+    p.bump();
+}
+
+/// Installs a process's stdin pipe. Initial stdin is written while output is
+/// already being read (a process that writes before it reads must not deadlock
+/// on full pipes); the lock keeps later writes behind it. A process that exits
+/// without reading its stdin is not an error.
+async fn attach_stdin(p: &Arc<Proc>, fd: OwnedFd, data: Option<Vec<u8>>, keep_open: bool) {
+    let Ok(tx) = PipeSender::from_owned_fd(fd) else { return };
+    let mut guard = p.stdin.clone().lock_owned().await;
+    *guard = Some(tx);
+    tokio::spawn(async move {
+        if let (Some(data), Some(s)) = (data, guard.as_mut()) {
+            let _ = s.write_all(&data).await;
+        }
+        if !keep_open {
+            *guard = None;
+        }
+    });
+}
+
+/// Copies one output pipe into the process's log, redacting secret values
+/// (a value split across reads is caught; see [`crate::secrets::Redactor`]).
+async fn pump(
+    st: Shared,
+    sandbox_id: String,
+    p: Arc<Proc>,
+    fd: OwnedFd,
+    stream: StreamKind,
+    mut redactor: Option<crate::secrets::Redactor>,
+) {
+    let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
+    let mut buf = vec![0u8; 64 * 1024];
+    let append = |data: Bytes| {
+        if p.append(stream, data) {
+            st.processes.enforce_log_budget(&sandbox_id);
+        }
+    };
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => match redactor.as_mut() {
+                Some(red) => {
+                    let out = red.feed(&buf[..n]);
+                    if !out.is_empty() {
+                        append(Bytes::from(out));
+                    }
+                }
+                None => append(Bytes::copy_from_slice(&buf[..n])),
+            },
+        }
+    }
+    if let Some(out) = redactor.as_mut().map(|r| r.finish()).filter(|o| !o.is_empty()) {
+        append(Bytes::from(out));
+    }
+    // An exit leaves output behind: hold the sandbox to its budget now too.
+    st.processes.enforce_log_budget(&sandbox_id);
+}
+
+enum FinalReport {
+    /// The report pipe closed without a final word.
+    None,
+    /// Lost with the sandbox, with the reason.
+    Lost(String),
+    Exited(i32),
+    Signaled(i32),
+    SpawnError(String),
+    /// The channel carried something the shim never writes; the process's
+    /// status is unknown.
+    Tampered(String),
+}
+
+/// Longest report line the shim writes (its spawn errors are short): a longer
+/// one did not come from the shim.
+const MAX_REPORT_LINE: u64 = 16 * 1024;
+/// Most report lines one process's shim writes (its pid, a spawn error, its end).
+const MAX_REPORT_LINES: usize = 8;
+
+async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
+    let rx = match tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+        Ok(rx) => rx,
+        Err(e) => {
+            warn!(error = %e, "exec report pipe");
+            return FinalReport::None;
+        }
+    };
+    let report = parse_reports(BufReader::new(rx), |pid| {
+        p.lock().info.pid = Some(pid);
+        p.bump();
+    })
+    .await;
+    if let FinalReport::Tampered(why) = &report {
+        warn!(command = ?p.info().cmd, why, "exec report channel");
+    }
+    report
+}
+
+/// Reads the shim's report lines, each at most [`MAX_REPORT_LINE`] bytes and
+/// at most [`MAX_REPORT_LINES`] of them, so nothing written into the channel
+/// can grow the daemon; anything else ends the channel as [`FinalReport::Tampered`].
+async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid: impl FnMut(i32)) -> FinalReport {
+    let mut last = FinalReport::None;
+    for _ in 0..MAX_REPORT_LINES {
+        let mut line = Vec::new();
+        match (&mut r).take(MAX_REPORT_LINE + 1).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return last,
+            Ok(_) if line.last() != Some(&b'\n') => {
+                return if line.len() as u64 > MAX_REPORT_LINE {
+                    FinalReport::Tampered(format!(
+                        "a report line over {} KiB (the shim writes short lines)",
+                        MAX_REPORT_LINE / 1024
+                    ))
+                } else {
+                    last // the channel closed mid-line
+                };
+            }
+            Ok(_) => {}
+        }
+        match serde_json::from_slice::<ExecReport>(&line) {
+            Ok(ExecReport::NsPid { pid }) => on_pid(pid),
+            Ok(ExecReport::SpawnError { message }) => last = FinalReport::SpawnError(message),
+            // A spawn error is followed by the helper reporting its child's exit (127): keep the error.
+            // The exit line is the helper's last word: stop there rather than wait for EOF.
+            Ok(ExecReport::Exited { code }) => {
+                if !matches!(last, FinalReport::SpawnError(_)) {
+                    last = FinalReport::Exited(code);
+                }
+                return last;
+            }
+            Ok(ExecReport::Signaled { signal }) => {
+                if !matches!(last, FinalReport::SpawnError(_)) {
+                    last = FinalReport::Signaled(signal);
+                }
+                return last;
+            }
+            Err(_) => {
+                return FinalReport::Tampered(format!("a report line that is not the shim's ({} bytes)", line.len()))
+            }
+        }
+    }
+    FinalReport::Tampered(format!("more than {MAX_REPORT_LINES} report lines (the shim writes at most 3)"))
+}
+
+/// Sends a process's events from `offset` to `tx` (a `Started` first when
+/// `started`), following new output until it exits when `follow` is set.
+pub async fn follow_events(
+    p: Arc<Proc>,
+    offset: u64,
+    follow: bool,
+    started: bool,
+    tx: tokio::sync::mpsc::Sender<ProcessEvent>,
+) {
+    let mut changed = p.changed.subscribe();
+    if started && tx.send(ProcessEvent::Started { process: p.info() }).await.is_err() {
+        return;
+    }
+    let mut off = offset;
+    loop {
+        changed.mark_unchanged();
+        let (evs, next, done) = p.read_from(off);
+        off = next;
+        for ev in evs {
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+        if let Some(info) = done {
+            // Output that arrives after exit (from background children) is left to later reads.
+            let _ = tx.send(ProcessEvent::Exited { process: info }).await;
+            return;
+        }
+        if !follow || changed.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Follows a process from its first byte until it exits.
+pub async fn follow(p: Arc<Proc>, tx: tokio::sync::mpsc::Sender<ProcessEvent>) {
+    follow_events(p, 0, true, false, tx).await
+}
+
+pub fn parse_signal(s: &str) -> EngineResult<Signal> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| EngineError::bad_request(format!("unknown signal {s:?}")));
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    name.parse::<Signal>().map_err(|_| EngineError::bad_request(format!("unknown signal {s:?}")))
+}
+
+pub fn get_proc(st: &Shared, sandbox: &str, pid: u64) -> EngineResult<Arc<Proc>> {
+    let rec = load(st, sandbox)?;
+    st.processes.get(&rec.sandbox.id, pid).ok_or_else(|| {
+        EngineError::new(ErrorCode::ProcessNotFound, format!("no process {pid} in sandbox {}", rec.sandbox.id))
+    })
+}
+
+/// Sends `signal` (a name like `TERM`/`SIGKILL` or a number) to a process
+/// started through the API; a process started a moment ago is given up to 5 s
+/// to report its pid. 409 when it is not running.
+pub async fn signal(st: &Shared, id: &str, pid: u64, signal: &str) -> EngineResult<ProcessInfo> {
+    let sig = parse_signal(signal)?;
+    let p = get_proc(st, id, pid)?;
+    // A process started a moment ago may not have reported its pid yet.
+    let sandbox_id = p.info().sandbox_id;
+    match p.pid_when_started(Duration::from_secs(5)).await {
+        Some(ns) if st.runtime.signal(&sandbox_id, ns, sig as i32, false) > 0 => Ok(p.info()),
+        _ => Err(EngineError::new(ErrorCode::InvalidState, format!("process {pid} is not running"))),
+    }
+}
+
+/// Writes `data` to the stdin of a process started with `keep_stdin_open`,
+/// then closes it with `close`. 409 when its stdin is closed.
+pub async fn write_stdin(st: &Shared, id: &str, pid: u64, data: &[u8], close: bool) -> EngineResult<()> {
+    let p = get_proc(st, id, pid)?;
+    let mut guard = p.stdin.lock().await;
+    let Some(stdin) = guard.as_mut() else {
+        return Err(EngineError::new(
+            ErrorCode::InvalidState,
+            format!("stdin of process {pid} is closed (start it with keep_stdin_open)"),
+        ));
+    };
+    if !data.is_empty() {
+        stdin
+            .write_all(data)
+            .await
+            .map_err(|e| EngineError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
+        stdin
+            .flush()
+            .await
+            .map_err(|e| EngineError::new(ErrorCode::InvalidState, format!("stdin of process {pid}: {e}")))?;
+    }
+    if close {
+        *guard = None;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_buffer_drops_oldest_and_reports_it() {
+        let mut b = LogBuf::default();
+        let chunk = Bytes::from(vec![b'x'; (LOG_CAP_BYTES / 2) as usize]);
+        b.push(StreamKind::Stdout, chunk.clone());
+        b.push(StreamKind::Stderr, chunk.clone());
+        assert_eq!(b.start, 0);
+        b.push(StreamKind::Stdout, Bytes::from_static(b"y"));
+        assert_eq!(b.start, LOG_CAP_BYTES / 2);
+        assert_eq!(b.end, LOG_CAP_BYTES + 1);
+    }
+
+    fn parse(input: &[u8]) -> (FinalReport, Vec<i32>) {
+        let mut pids = Vec::new();
+        let r = rt().block_on(parse_reports(input, |p| pids.push(p)));
+        (r, pids)
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().build().unwrap()
+    }
+
+    #[test]
+    fn reports_are_read_up_to_the_final_line() {
+        let (r, pids) = parse(
+            b"{\"type\":\"ns_pid\",\"pid\":7}\n{\"type\":\"exited\",\"code\":3}\n{\"type\":\"exited\",\"code\":0}\n",
+        );
+        assert!(matches!(r, FinalReport::Exited(3)), "the first final line wins");
+        assert_eq!(pids, [7]);
+        let (r, _) = parse(b"{\"type\":\"spawn_error\",\"message\":\"no\"}\n{\"type\":\"exited\",\"code\":127}\n");
+        assert!(matches!(r, FinalReport::SpawnError(m) if m == "no"));
+        assert!(matches!(parse(b"").0, FinalReport::None));
+        assert!(matches!(parse(b"{\"type\":\"ns_pid\",\"pid\":7}\n{\"type\":\"exi").0, FinalReport::None));
+    }
+
+    #[test]
+    fn a_report_channel_cannot_grow_the_daemon() {
+        // 64 MiB without a newline: read no further than one line's bound.
+        struct Endless(u64);
+        impl tokio::io::AsyncRead for Endless {
+            fn poll_read(
+                mut self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                let n = buf.remaining().min(64 << 20usize.saturating_sub(self.0 as usize));
+                buf.put_slice(&vec![b'x'; n]);
+                self.0 += n as u64;
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let mut src = Endless(0);
+        let r = rt().block_on(parse_reports(tokio::io::BufReader::new(&mut src), |_| {}));
+        assert!(matches!(&r, FinalReport::Tampered(w) if w.contains("over 16 KiB")), "a line without end is refused");
+        assert!(src.0 <= MAX_REPORT_LINE + 64 * 1024, "read {} bytes of it", src.0);
+        // Lines that are not the shim's, and too many lines.
+        assert!(matches!(parse(b"hello\n").0, FinalReport::Tampered(_)));
+        let many = "{\"type\":\"ns_pid\",\"pid\":7}\n".repeat(100);
+        assert!(matches!(parse(many.as_bytes()).0, FinalReport::Tampered(w) if w.contains("more than")));
+    }
+
+    #[test]
+    fn trimming_keeps_the_newest_output() {
+        let mut b = LogBuf::default();
+        for i in 0..10u8 {
+            b.push(StreamKind::Stdout, Bytes::from(vec![i; 1000]));
+        }
+        assert_eq!(b.trim_to(2500), 7000, "whole chunks go, oldest first, as long as 2500 bytes stay");
+        assert_eq!((b.start, b.end, b.retained()), (7000, 10000, 3000));
+        assert_eq!(b.chunks.front().unwrap().2[0], 7);
+        assert_eq!(b.trim_to(0), 3000);
+        assert_eq!((b.start, b.end), (10000, 10000), "offsets go on where they were");
+    }
+
+    #[test]
+    fn a_sandbox_keeps_its_processes_output_within_its_budget() {
+        let table = ProcessTable::default();
+        // Chunks as the pumps read them.
+        let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+        // 20 exited processes with 8 MiB each, then 20 running ones writing 8 MiB each.
+        for i in 0..40 {
+            let p = table.insert("sb", vec![format!("p{i}")]);
+            for _ in 0..128 {
+                if p.append(StreamKind::Stdout, chunk.clone()) {
+                    table.enforce_log_budget("sb");
+                }
+            }
+            if i < 20 {
+                p.lock().info.status = ProcessStatus::Exited;
+            }
+            table.enforce_log_budget("sb");
+        }
+        let procs: Vec<Arc<Proc>> = table.lock()["sb"].procs.values().cloned().collect();
+        let total: u64 = procs.iter().map(|p| p.lock().log.retained()).sum();
+        assert!(total <= SANDBOX_LOG_BUDGET + chunk.len() as u64, "{} MiB kept", total >> 20);
+        // The exited ones gave theirs up first; every running one keeps its newest output.
+        assert!(procs[..20].iter().all(|p| p.lock().log.retained() == 0));
+        assert!(procs[20..].iter().all(|p| p.lock().log.retained() >= LOG_FLOOR_BYTES));
+        let newest = procs.last().unwrap();
+        assert_eq!(newest.lock().log.end, 8 << 20, "offsets count everything written");
+    }
+
+    #[test]
+    fn signals_parse_by_name_and_number() {
+        assert_eq!(parse_signal("TERM").unwrap(), Signal::SIGTERM);
+        assert_eq!(parse_signal("sigkill").unwrap(), Signal::SIGKILL);
+        assert_eq!(parse_signal("2").unwrap(), Signal::SIGINT);
+        assert!(parse_signal("NOPE").is_err());
+    }
+}

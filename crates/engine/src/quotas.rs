@@ -1,0 +1,30 @@
+//! Tenant quota routes: the operator's per-tenant overrides
+//! (`GET|PUT|DELETE /v1/tenants/{tenant}/quota`, operator-only like token
+//! management) and a tenant's usage against its quota
+//! (`GET /v1/tenants/{tenant}/usage`, also for the tenant itself). The checks
+//! themselves are in [`crate::admission`].
+
+use strata_api::{QuotaOverride, TenantQuota};
+
+use crate::error::{EngineError, EngineResult};
+use crate::state::Shared;
+
+pub fn checked_tenant(tenant: &str) -> EngineResult<()> {
+    crate::tenancy::validate_tenant(tenant).map_err(|e| EngineError::bad_request(format!("tenant: {e}")))
+}
+
+/// The quota record of `tenant` as the routes answer it.
+pub fn quota_record(st: &Shared, tenant: &str) -> EngineResult<TenantQuota> {
+    let defaults = st.admission.tenant_defaults();
+    let (overrides, updated_at) = match st.db.tenant_quota(tenant)? {
+        Some((o, t)) => (o, Some(t)),
+        None => (QuotaOverride::default(), None),
+    };
+    Ok(TenantQuota {
+        tenant: tenant.to_string(),
+        effective: defaults.with_override(&overrides),
+        overrides,
+        defaults,
+        updated_at,
+    })
+}

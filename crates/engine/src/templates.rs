@@ -1,0 +1,579 @@
+//! Templates (named, warm starting points) and template builds.
+//!
+//! A build file is a Dockerfile subset: `FROM image|template|checkpoint`, `RUN`,
+//! `COPY src... dst`, `ENV`, `WORKDIR`, `USER`. Every step has a cache key:
+//! sha256 over the previous key, the instruction and (for COPY) the copied
+//! bytes. A RUN or COPY step runs in an ephemeral build sandbox and is sealed as
+//! a checkpoint, which becomes the cache entry for its key; an unchanged prefix
+//! of steps is therefore taken from the cache and only the steps from the first
+//! change on run again. A failing step fails the build with its output and
+//! leaves the cache of earlier steps intact.
+
+use std::path::{Path as FsPath, PathBuf};
+use std::time::Instant;
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use strata_api::{
+    BuildEvent, BuildTemplateRequest, CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode,
+    ExecRequest, ImageConfig, Lifecycle, ProcessEvent, Template,
+};
+use strata_core::ids;
+use tokio::sync::mpsc::Sender;
+
+use crate::checkpoints;
+use crate::error::{EngineError, EngineResult};
+use crate::sandboxes::{self, now};
+use crate::state::Shared;
+
+/// One instruction of a build file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Base image, template or checkpoint.
+    From(String),
+    /// Shell command (`sh -c`).
+    Run(String),
+    /// Sources (relative to the build context) and destination.
+    Copy(Vec<String>, String),
+    /// Environment variables.
+    Env(Vec<(String, String)>),
+    /// Working directory.
+    Workdir(String),
+    /// User.
+    User(String),
+}
+
+/// Parses a build file. Comments (`#`), blank lines and `\` continuations are
+/// handled; RUN accepts the shell form and the JSON exec form.
+pub fn parse(text: &str) -> Result<Vec<(String, Step)>, String> {
+    let mut logical = Vec::new();
+    let mut cur = String::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim_end();
+        if cur.is_empty() && (line.trim().is_empty() || line.trim_start().starts_with('#')) {
+            continue;
+        }
+        if let Some(stripped) = line.strip_suffix('\\') {
+            cur.push_str(stripped);
+            cur.push(' ');
+            continue;
+        }
+        cur.push_str(line);
+        logical.push((n + 1, std::mem::take(&mut cur)));
+    }
+    if !cur.is_empty() {
+        return Err("the file ends inside a line continuation".into());
+    }
+    let mut steps = Vec::new();
+    for (line_no, l) in logical {
+        let l = l.trim();
+        let (op, rest) = l.split_once(char::is_whitespace).map(|(a, b)| (a, b.trim())).unwrap_or((l, ""));
+        let err = |m: &str| format!("line {line_no}: {m}: {l}");
+        if rest.is_empty() {
+            return Err(err("missing argument"));
+        }
+        let step = match op.to_ascii_uppercase().as_str() {
+            "FROM" => Step::From(rest.split_whitespace().next().unwrap_or(rest).to_string()),
+            "RUN" => {
+                if rest.starts_with('[') {
+                    let argv: Vec<String> =
+                        serde_json::from_str(rest).map_err(|e| err(&format!("bad JSON exec form ({e})")))?;
+                    Step::Run(argv.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "))
+                } else {
+                    Step::Run(rest.to_string())
+                }
+            }
+            "COPY" | "ADD" => {
+                let parts: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+                if parts.len() < 2 || parts.iter().any(|p| p.starts_with("--")) {
+                    return Err(err("COPY takes sources and a destination (no flags)"));
+                }
+                let (dst, srcs) = parts.split_last().expect("two or more parts");
+                Step::Copy(srcs.to_vec(), dst.clone())
+            }
+            "ENV" => {
+                let pairs: Vec<(String, String)> = if rest.contains('=') {
+                    rest.split_whitespace()
+                        .map(|kv| {
+                            kv.split_once('=')
+                                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                                .ok_or_else(|| err("ENV needs K=V"))
+                        })
+                        .collect::<Result<_, _>>()?
+                } else {
+                    let (k, v) = rest.split_once(char::is_whitespace).ok_or_else(|| err("ENV needs a value"))?;
+                    vec![(k.to_string(), v.trim().to_string())]
+                };
+                Step::Env(pairs)
+            }
+            "WORKDIR" => Step::Workdir(rest.to_string()),
+            "USER" => Step::User(rest.to_string()),
+            other => return Err(err(&format!("unsupported instruction {other}"))),
+        };
+        steps.push((l.to_string(), step));
+    }
+    match steps.first() {
+        Some((_, Step::From(_))) => {}
+        _ => return Err("the first instruction must be FROM".into()),
+    }
+    if steps.iter().skip(1).any(|(_, s)| matches!(s, Step::From(_))) {
+        return Err("only one FROM is supported".into());
+    }
+    Ok(steps)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn key(prev: &str, instruction: &str, extra: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(prev.as_bytes());
+    h.update(b"\n");
+    h.update(instruction.as_bytes());
+    h.update(b"\n");
+    h.update(extra);
+    hex::encode(h.finalize())
+}
+
+pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str) -> EngineResult<Template> {
+    let (c, _) = st.db.checkpoint_by_id(checkpoint)?.ok_or_else(|| {
+        EngineError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}"))
+    })?;
+    let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
+    Ok(Template {
+        name: name.into(),
+        tenant: c.tenant,
+        checkpoint: c.id,
+        image: c.image,
+        layers: c.layers.len(),
+        created_at: created_at.into(),
+        accepted_findings,
+    })
+}
+
+/// Template names are daemon-wide: one of another tenant is taken (409) and
+/// never re-pointed by `replace`.
+fn name_usable(st: &Shared, name: &str) -> EngineResult<()> {
+    if st.db.template_tenant(name)?.is_some_and(|t| !crate::tenancy::visible(&t)) {
+        return Err(EngineError::new(ErrorCode::NameConflict, format!("the template name {name:?} is in use")));
+    }
+    Ok(())
+}
+
+/// Registers a template, recording accepted scan findings with it.
+fn register(
+    st: &Shared,
+    name: &str,
+    checkpoint: &str,
+    replace: bool,
+    accepted: Option<&strata_api::FindingsAcceptance>,
+) -> EngineResult<Template> {
+    name_usable(st, name)?;
+    let time = now();
+    st.db.put_template(name, checkpoint, &time, replace)?;
+    if let Some(a) = accepted {
+        st.db.set_template_acceptance(name, &serde_json::to_string(a).expect("acceptance serializes"))?;
+    }
+    template_view(st, name, checkpoint, &time)
+}
+
+/// Promotes a checkpoint (or a sandbox, checkpointed first) to a template,
+/// only when its state-hygiene scan is clean or `accept_findings` is set
+/// (then the findings and `actor` are recorded on the template).
+pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> EngineResult<Template> {
+    ids::validate_new_name(&req.name, true)?;
+    name_usable(st, &req.name)?;
+    if st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
+        return Err(EngineError::new(
+            ErrorCode::NameConflict,
+            format!("an image is named {:?}; templates and images share one namespace", req.name),
+        ));
+    }
+    let ckpt = match crate::tenancy::find_sandbox_or_checkpoint(st, &req.from, crate::tenancy::NamesFirst::Checkpoint)?
+    {
+        Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) => c.0,
+        Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) => {
+            checkpoints::checkpoint(
+                st,
+                &rec.sandbox.id,
+                CheckpointRequest {
+                    labels: [("strata.template".into(), req.name.clone())].into(),
+                    ..Default::default()
+                },
+            )
+            .await?
+        }
+        None => {
+            return Err(EngineError::new(
+                ErrorCode::CheckpointNotFound,
+                format!("no checkpoint or sandbox named {:?}", req.from),
+            ))
+        }
+    };
+    if !req.replace && st.db.get_template(&req.name)?.is_some() {
+        return Err(EngineError::new(
+            ErrorCode::NameConflict,
+            format!("a template named {:?} exists (use replace)", req.name),
+        ));
+    }
+    let accepted = crate::scan::gate(st, &ckpt.id, req.accept_findings, actor, &[]).await?;
+    register(st, &req.name, &ckpt.id, req.replace, accepted.as_ref())
+}
+
+struct Build<'a> {
+    st: &'a Shared,
+    tx: &'a Sender<BuildEvent>,
+    name: String,
+    sandbox: Option<String>,
+    config: ImageConfig,
+}
+
+impl Build<'_> {
+    async fn emit(&self, ev: BuildEvent) {
+        let _ = self.tx.send(ev).await;
+    }
+
+    /// The build sandbox, created from `from` when there is none.
+    async fn sandbox(&mut self, from: &str) -> EngineResult<String> {
+        if let Some(s) = &self.sandbox {
+            return Ok(s.clone());
+        }
+        let req = CreateSandboxRequest {
+            source: from.to_string(),
+            name: Some(format!("build-{}", ids::new_id())),
+            lifecycle: Lifecycle::Ephemeral,
+            ttl: Some("6h".into()),
+            // The build removes its sandbox itself; a long COPY or a pause between steps is not idleness.
+            policy: Some(strata_api::PolicyPatch { on_idle: Some(strata_api::OnIdle::Keep), ..Default::default() }),
+            ..Default::default()
+        };
+        let sb = sandboxes::create(self.st, req).await?;
+        self.st.db.set_image_config(&sb.id, &self.config)?;
+        self.sandbox = Some(sb.id.clone());
+        Ok(sb.id)
+    }
+
+    async fn drop_sandbox(&mut self) {
+        if let Some(id) = self.sandbox.take() {
+            let _ = sandboxes::destroy(self.st, &id, true, "build_done").await;
+        }
+    }
+
+    async fn run(&mut self, sandbox: &str, cmd: &str) -> EngineResult<()> {
+        let req = ExecRequest { cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()], ..Default::default() };
+        let p = crate::processes::spawn(self.st, sandbox, req).await?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<ProcessEvent>(64);
+        let follower = tokio::spawn(crate::processes::follow(p.clone(), tx));
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            if let ProcessEvent::Output { stream, data_b64, .. } = ev {
+                if let Ok(b) = base64::engine::general_purpose::STANDARD.decode(&data_b64) {
+                    tail.extend_from_slice(&b);
+                    if tail.len() > 4096 {
+                        tail.drain(..tail.len() - 4096);
+                    }
+                }
+                self.emit(BuildEvent::Output { stream, data_b64 }).await;
+            }
+        }
+        let _ = follower.await;
+        let info = p.wait(None).await;
+        if info.exit_status() != 0 {
+            let why = info.spawn_error.clone().unwrap_or_else(|| format!("exit status {}", info.exit_status()));
+            return Err(EngineError::bad_request(format!(
+                "RUN {cmd} failed ({why}); output ends with:\n{}",
+                String::from_utf8_lossy(&tail)
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn context_file(context: Option<&FsPath>, src: &str) -> EngineResult<PathBuf> {
+    let ctx = context.ok_or_else(|| EngineError::bad_request("COPY needs a build context directory"))?;
+    let ctx =
+        ctx.canonicalize().map_err(|e| EngineError::bad_request(format!("build context {}: {e}", ctx.display())))?;
+    let p = ctx.join(src).canonicalize().map_err(|e| EngineError::bad_request(format!("COPY source {src}: {e}")))?;
+    if !p.starts_with(&ctx) {
+        return Err(EngineError::new(ErrorCode::PathEscape, format!("COPY source {src} is outside the build context")));
+    }
+    Ok(p)
+}
+
+/// Writes the tar of COPY's sources (their names kept) into `out`, as it is made.
+fn copy_tar(context: Option<&FsPath>, srcs: &[String], out: impl std::io::Write) -> EngineResult<()> {
+    let mut b = tar::Builder::new(out);
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Deterministic);
+    for src in srcs {
+        let p = context_file(context, src)?;
+        // Like Docker: a directory's contents are copied, a file keeps its name.
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| ".".into());
+        let res = if p.is_dir() { b.append_dir_all(".", &p) } else { b.append_path_with_name(&p, &name) };
+        res.map_err(|e| EngineError::bad_request(format!("COPY source {src}: {e}")))?;
+    }
+    b.finish().map_err(|e| EngineError::bad_request(format!("COPY archive: {e}")))
+}
+
+/// A writer that only hashes what goes through it.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The SHA-256 of COPY's tar, for the cache key (the tar is hashed as it is
+/// made, never held in memory).
+fn copy_digest(context: Option<&FsPath>, srcs: &[String]) -> EngineResult<Vec<u8>> {
+    let mut h = HashWriter(Sha256::new());
+    copy_tar(context, srcs, &mut h)?;
+    Ok(h.0.finalize().to_vec())
+}
+
+/// Runs a build, streaming events; returns the template.
+pub async fn build(
+    st: &Shared,
+    req: BuildTemplateRequest,
+    tx: &Sender<BuildEvent>,
+    actor: &str,
+) -> Result<Template, (usize, EngineError)> {
+    let started = Instant::now();
+    ids::validate_new_name(&req.name, true).map_err(|e| (0, EngineError::from(e)))?;
+    name_usable(st, &req.name).map_err(|e| (0, e))?;
+    let steps = parse(&req.file).map_err(|e| (0, EngineError::bad_request(format!("build file: {e}"))))?;
+    // COPY reads files on the daemon's host (`context`): the operator's privilege, like image import.
+    if steps.iter().any(|(_, s)| matches!(s, Step::Copy(..))) && !crate::tenancy::may_read_host_paths() {
+        return Err((0, EngineError::new(ErrorCode::Forbidden, "COPY reads files on the daemon's host (context): not allowed for a tenant token; upload files into a sandbox and template it instead")));
+    }
+    let context = req.context.as_deref().map(PathBuf::from);
+    let count = steps.len();
+    let Step::From(from) = &steps[0].1 else { unreachable!("parse checks FROM") };
+    let source = sandboxes::resolve_source(st, from).map_err(|e| (1, e))?;
+    let mut b = Build { st, tx, name: req.name.clone(), sandbox: None, config: source.config.clone() };
+    // The base: the FROM source's identity (image id, or checkpoint id).
+    let mut current_from = source.checkpoint.clone().unwrap_or_else(|| source.name.clone());
+    // The cache is per tenant: a tenant never reuses (or learns of) another's build steps.
+    let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
+    let mut k = key(
+        &format!("tenant {tenant}"),
+        &format!("FROM {}", source.checkpoint.as_deref().unwrap_or(&source.image_id)),
+        b"",
+    );
+    b.emit(BuildEvent::Step { index: 1, count, instruction: steps[0].0.clone(), cached: true }).await;
+    let (mut run, mut cached) = (0usize, 1usize);
+    for (i, (text, step)) in steps.iter().enumerate().skip(1) {
+        let index = i + 1;
+        let res: EngineResult<()> = async {
+            match step {
+                Step::Env(pairs) => {
+                    for (kk, v) in pairs {
+                        b.config.env.retain(|e| !e.starts_with(&format!("{kk}=")));
+                        b.config.env.push(format!("{kk}={v}"));
+                    }
+                }
+                Step::Workdir(d) => b.config.working_dir = Some(d.clone()),
+                Step::User(u) => b.config.user = Some(u.clone()),
+                _ => {}
+            }
+            let extra = match step {
+                Step::Copy(srcs, _) => copy_digest(context.as_deref(), srcs)?,
+                _ => Vec::new(),
+            };
+            k = key(&k, &format!("{text}\n{}", serde_json::to_string(&b.config).expect("config serializes")), &extra);
+            if !matches!(step, Step::Run(_) | Step::Copy(..)) {
+                if let Some(sb) = &b.sandbox {
+                    st.db.set_image_config(sb, &b.config)?;
+                }
+                b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: true }).await;
+                cached += 1;
+                return Ok(());
+            }
+            if !req.no_cache {
+                if let Some(c) = st.db.cached_step(&k)?.filter(|c| st.db.checkpoint_by_id(c).ok().flatten().is_some()) {
+                    b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: true }).await;
+                    b.drop_sandbox().await;
+                    current_from = c;
+                    cached += 1;
+                    return Ok(());
+                }
+            }
+            b.emit(BuildEvent::Step { index, count, instruction: text.clone(), cached: false }).await;
+            let t = Instant::now();
+            let sb = b.sandbox(&current_from).await?;
+            st.db.set_image_config(&sb, &b.config)?;
+            if let Some(w) = b.config.working_dir.clone().filter(|w| w.starts_with('/')) {
+                // Like Docker, WORKDIR creates the directory.
+                crate::files::with_fs(st, &sb, move |fs| fs.mkdir(&w, true, 0o755)).await?;
+            }
+            match step {
+                Step::Run(cmd) => b.run(&sb, cmd).await?,
+                Step::Copy(srcs, dst) => {
+                    let dst = match (dst.starts_with('/'), &b.config.working_dir) {
+                        (true, _) => dst.clone(),
+                        (false, Some(w)) => format!("{}/{dst}", w.trim_end_matches('/')),
+                        (false, None) => format!("/{dst}"),
+                    };
+                    // One file to a path not ending in '/' is copied to that path (not into it).
+                    let single_file = match srcs.as_slice() {
+                        [one] if !dst.ends_with('/') => {
+                            Some(context_file(context.as_deref(), one)?).filter(|p| p.is_file())
+                        }
+                        _ => None,
+                    };
+                    let file = match single_file {
+                        Some(src) => {
+                            use std::os::unix::fs::PermissionsExt;
+                            // Streamed into the sandbox (opened here, read there), never read whole.
+                            let f = std::fs::File::open(&src)
+                                .map_err(|e| EngineError::bad_request(format!("COPY source {}: {e}", src.display())))?;
+                            let mode = f.metadata().map(|m| m.permissions().mode() & 0o777).unwrap_or(0o644);
+                            Some((f, mode))
+                        }
+                        None => None,
+                    };
+                    match file {
+                        Some((f, mode)) => {
+                            crate::files::with_fs(st, &sb, move |fs| {
+                                if let Some(parent) = FsPath::new(&dst)
+                                    .parent()
+                                    .and_then(|p| p.to_str())
+                                    .filter(|p| *p != "/" && !p.is_empty())
+                                {
+                                    fs.mkdir(parent, true, 0o755)?;
+                                }
+                                fs.write_from(&dst, f, mode).map(drop)
+                            })
+                            .await?
+                        }
+                        None => {
+                            // The tar is made on a thread of its own while the sandbox side
+                            // reads it from a pipe: never whole in memory.
+                            let (reader, writer) =
+                                std::io::pipe().map_err(|e| EngineError::internal("COPY pipe", &e))?;
+                            let (ctx, srcs) = (context.clone(), srcs.clone());
+                            let producer = std::thread::spawn(move || copy_tar(ctx.as_deref(), &srcs, writer));
+                            let applied =
+                                crate::files::with_fs(st, &sb, move |fs| fs.untar_from(&dst, reader).map(drop)).await;
+                            let made = producer
+                                .join()
+                                .map_err(|_| EngineError::new(ErrorCode::Internal, "COPY archive thread panicked"))?;
+                            // A source that could not be read is the cause of a broken archive.
+                            made?;
+                            applied?;
+                        }
+                    }
+                }
+                _ => unreachable!("only RUN and COPY run"),
+            }
+            let c = checkpoints::checkpoint(
+                st,
+                &sb,
+                CheckpointRequest {
+                    labels: [("strata.build".into(), b.name.clone()), ("strata.step".into(), index.to_string())].into(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            st.db.cache_step(&k, &c.id, &now())?;
+            b.emit(BuildEvent::StepDone {
+                index,
+                checkpoint: c.id.clone(),
+                duration_ms: t.elapsed().as_millis() as u64,
+            })
+            .await;
+            current_from = c.id;
+            run += 1;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = res {
+            b.drop_sandbox().await;
+            return Err((index, e));
+        }
+    }
+    // The template needs a checkpoint carrying the final config.
+    let needs_final = match st.db.checkpoint_by_id(&current_from).map_err(|e| (count, e.into()))? {
+        Some((_, cfg)) => cfg != b.config,
+        None => true,
+    };
+    let final_ckpt = if needs_final {
+        let res: EngineResult<String> = async {
+            let final_key = key(&k, "final", b"");
+            if let Some(c) = st
+                .db
+                .cached_step(&final_key)?
+                .filter(|c| !req.no_cache && st.db.checkpoint_by_id(c).ok().flatten().is_some())
+            {
+                return Ok(c);
+            }
+            let sb = b.sandbox(&current_from).await?;
+            st.db.set_image_config(&sb, &b.config)?;
+            let c = checkpoints::checkpoint(
+                st,
+                &sb,
+                CheckpointRequest { labels: [("strata.build".into(), b.name.clone())].into(), ..Default::default() },
+            )
+            .await?;
+            st.db.cache_step(&final_key, &c.id, &now())?;
+            Ok(c.id)
+        }
+        .await;
+        match res {
+            Ok(c) => c,
+            Err(e) => {
+                b.drop_sandbox().await;
+                return Err((count, e));
+            }
+        }
+    } else {
+        current_from
+    };
+    b.drop_sandbox().await;
+    // The same gate as promotion, except that system-path changes are what a
+    // build file is for (its RUN and COPY steps are declared and reviewable).
+    let accepted = crate::scan::gate(st, &final_ckpt, req.accept_findings, actor, &["system_path"])
+        .await
+        .map_err(|e| (count, e))?;
+    let template = register(st, &req.name, &final_ckpt, true, accepted.as_ref()).map_err(|e| (count, e))?;
+    b.emit(BuildEvent::Done {
+        template: template.clone(),
+        steps_run: run,
+        steps_cached: cached,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+    .await;
+    Ok(template)
+}
+
+/// 404 for a template.
+pub fn not_found(name: &str) -> EngineError {
+    EngineError::new(ErrorCode::ImageNotFound, format!("no template named {name:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_dockerfile_subset() {
+        let steps = parse("# comment\nFROM busybox\nENV A=1 B=\"two\"\nWORKDIR /app\nRUN echo a && \\\n  echo b\nRUN [\"echo\", \"it's\"]\nCOPY a b /app/\nUSER user\n").unwrap();
+        let kinds: Vec<&Step> = steps.iter().map(|(_, s)| s).collect();
+        assert_eq!(kinds[0], &Step::From("busybox".into()));
+        assert_eq!(kinds[1], &Step::Env(vec![("A".into(), "1".into()), ("B".into(), "two".into())]));
+        assert_eq!(kinds[3], &Step::Run("echo a &&    echo b".into()));
+        assert_eq!(kinds[4], &Step::Run("'echo' 'it'\\''s'".into()));
+        assert_eq!(kinds[5], &Step::Copy(vec!["a".into(), "b".into()], "/app/".into()));
+        assert!(parse("RUN true").is_err(), "FROM first");
+        assert!(parse("FROM a\nFROM b").is_err());
+        assert!(parse("FROM a\nHEALTHCHECK x").unwrap_err().contains("unsupported instruction HEALTHCHECK"));
+        assert!(parse("FROM a\nRUN").is_err());
+    }
+}

@@ -1,0 +1,401 @@
+//! Tenants and API tokens: who a caller is, what it may see, and the token
+//! management routes.
+//!
+//! - **Who**: [`authenticate`] runs outermost on both listeners. A Unix-socket
+//!   caller (root-only socket) and a TCP caller with the legacy
+//!   `<state>/api-token` are the *operator*; a TCP caller with a token from
+//!   `POST /v1/tokens` is that token's *tenant*. The token is looked up on
+//!   every request (no cache), so a revoke or an expiry counts from the next
+//!   request on. The operator may act as one tenant with the
+//!   [`strata_api::TENANT_HEADER`] header (it then creates in and sees only
+//!   that tenant); a tenant token may name only its own tenant.
+//! - **What**: [`guard`] classifies every route ([`route_policy`]): routes
+//!   whose first path parameter names an owned object (a sandbox and all its
+//!   sub-routes, a checkpoint, a template, a pipeline run, a cost record, a
+//!   lineage/scan target) are resolved here once, and an object of another
+//!   tenant answers exactly like an unknown id (404, same body). Routes not in
+//!   the table are operator-only, so a new route is closed to tenants until it
+//!   is classified. Ids named in request bodies and listings are filtered
+//!   through [`visible`] / [`find_sandbox`] / [`find_checkpoint`], which read
+//!   the caller from a task-local set by [`authenticate`] (spawned work keeps
+//!   it with [`spawn`]).
+//! - **Keys resolve exactly, and only among the caller's own objects**: exact
+//!   id, exact name, id prefix unique among them ([`strata_core::ids`]), so an
+//!   object of another tenant can neither shadow a name or prefix nor make it
+//!   ambiguous. A route naming a second object under the first (a lease,
+//!   preview or process of a sandbox) looks that one up *within* the first.
+//! - **Owned objects** record their tenant: a sandbox the caller's (or, when
+//!   made from a checkpoint or template, that source's), a checkpoint its
+//!   sandbox's (in SQL, so automatic checkpoints inherit it), a template its
+//!   checkpoint's, a pipeline run the caller's. Images are shared read-only.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use strata_api::{ErrorCode, TokenInfo, DEFAULT_TENANT};
+use strata_core::ids;
+use strata_store::db::SandboxRecord;
+
+use crate::error::{EngineError, EngineResult};
+use crate::sandboxes::now;
+use crate::state::Shared;
+
+/// Prefix of the secrets `POST /v1/tokens` prints.
+pub const SECRET_PREFIX: &str = "strata_";
+
+/// How often `last_used_at` is written at most.
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The Unix-socket caller or the holder of `<state>/api-token`: every tenant, token management.
+    Operator {
+        /// As the audit log names it (`uid:0`, `token:<fingerprint>`).
+        actor: String,
+    },
+    /// The holder of a tenant token: its tenant only.
+    Tenant {
+        /// The token's tenant.
+        tenant: String,
+        /// Token id.
+        token_id: String,
+        /// Token name.
+        token_name: String,
+    },
+}
+
+/// An authenticated caller and the tenant it acts in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Who.
+    pub principal: Principal,
+    /// For the operator: the tenant named with `X-Strata-Tenant`, if any.
+    pub acting_as: Option<String>,
+    /// The approval the request cites (`X-Strata-Approval`), for the Rule of Two.
+    pub approval: Option<String>,
+}
+
+impl Caller {
+    /// The operator, acting in no particular tenant.
+    pub fn operator(actor: impl Into<String>) -> Self {
+        Caller { principal: Principal::Operator { actor: actor.into() }, acting_as: None, approval: None }
+    }
+
+    /// The only tenant this caller sees; `None` means every tenant.
+    pub fn scope(&self) -> Option<&str> {
+        match &self.principal {
+            Principal::Tenant { tenant, .. } => Some(tenant),
+            Principal::Operator { .. } => self.acting_as.as_deref(),
+        }
+    }
+
+    /// Whether the caller may see an object of `tenant`.
+    pub fn sees(&self, tenant: &str) -> bool {
+        self.scope().is_none_or(|t| t == tenant)
+    }
+
+    /// Whether the caller is the operator (token management, host-wide routes).
+    pub fn is_operator(&self) -> bool {
+        matches!(self.principal, Principal::Operator { .. })
+    }
+
+    /// The tenant new root objects (sandboxes from images, pipeline runs) go to.
+    pub fn creating_tenant(&self) -> String {
+        self.scope().unwrap_or(DEFAULT_TENANT).to_string()
+    }
+
+    /// The audit log's name for the caller.
+    pub fn actor(&self) -> String {
+        match &self.principal {
+            Principal::Operator { actor } => actor.clone(),
+            Principal::Tenant { token_id, token_name, .. } => format!("token:{token_id}:{token_name}"),
+        }
+    }
+}
+
+tokio::task_local! {
+    static CALLER: Caller;
+}
+
+/// The caller of the request this task serves; `None` in the daemon's own
+/// background work (policy engine, reapers), which acts for every tenant.
+pub fn current() -> Option<Caller> {
+    CALLER.try_with(Caller::clone).ok()
+}
+
+/// Whether the current caller may see an object of `tenant` (background work sees all).
+pub fn visible(tenant: &str) -> bool {
+    CALLER.try_with(|c| c.sees(tenant)).unwrap_or(true)
+}
+
+/// The only tenant the current caller sees, if it is restricted.
+pub fn scope() -> Option<String> {
+    CALLER.try_with(|c| c.scope().map(str::to_string)).ok().flatten()
+}
+
+/// The tenant new root objects of the current caller go to (`default` in background work).
+pub fn creating_tenant() -> String {
+    CALLER.try_with(Caller::creating_tenant).unwrap_or_else(|_| DEFAULT_TENANT.to_string())
+}
+
+/// Whether the current caller may make the daemon read paths on its host
+/// (secret `host_file`, template build `COPY` context): the operator and the
+/// daemon's own work, never a tenant token.
+pub fn may_read_host_paths() -> bool {
+    CALLER.try_with(Caller::is_operator).unwrap_or(true)
+}
+
+/// Runs `fut` as `caller` (what [`authenticate`] does for a request).
+pub async fn run_as<F: Future>(caller: Caller, fut: F) -> F::Output {
+    CALLER.scope(caller, fut).await
+}
+
+/// Runs `fut` as the daemon acting in `tenant` (resumed pipeline runs).
+pub async fn run_in_tenant<F: Future>(tenant: &str, fut: F) -> F::Output {
+    let caller = Caller {
+        principal: Principal::Operator { actor: "daemon".into() },
+        acting_as: Some(tenant.to_string()),
+        approval: None,
+    };
+    CALLER.scope(caller, fut).await
+}
+
+/// `tokio::spawn` that keeps the current caller: work a request starts in the
+/// background sees and creates what the request would.
+pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match current() {
+        Some(c) => tokio::spawn(CALLER.scope(c, fut)),
+        None => tokio::spawn(fut),
+    }
+}
+
+/// The sandbox a caller's key names, resolved among the sandboxes the current
+/// caller may see (exact id, exact name, unique id prefix: see
+/// [`strata_core::ids`]); another tenant's sandbox is never looked at.
+pub fn find_sandbox(st: &Shared, key: &str) -> EngineResult<Option<SandboxRecord>> {
+    Ok(st.db.find_sandbox(key, scope().as_deref())?)
+}
+
+/// The id of the sandbox [`find_sandbox`] resolves `key` to.
+pub fn resolve_sandbox_id(st: &Shared, key: &str) -> EngineResult<Option<String>> {
+    Ok(st.db.resolve_sandbox_id(key, scope().as_deref())?)
+}
+
+/// The checkpoint (with its image config) a caller's key names, resolved among
+/// the checkpoints the current caller may see.
+pub fn find_checkpoint(
+    st: &Shared,
+    key: &str,
+) -> EngineResult<Option<(strata_api::Checkpoint, strata_api::ImageConfig)>> {
+    Ok(st.db.find_checkpoint(key, scope().as_deref())?)
+}
+
+/// A sandbox or a checkpoint, as one key of a route that takes either names.
+#[derive(Debug, Clone)]
+pub enum SandboxOrCheckpoint {
+    /// A sandbox.
+    Sandbox(Box<SandboxRecord>),
+    /// A checkpoint, with its image config.
+    Checkpoint(Box<(strata_api::Checkpoint, strata_api::ImageConfig)>),
+}
+
+/// Which kind wins when a sandbox and a checkpoint have the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamesFirst {
+    /// The sandbox (lineage, scan).
+    Sandbox,
+    /// The checkpoint (fork and template sources: a saved state over a live one).
+    Checkpoint,
+}
+
+/// The sandbox or checkpoint a key names, among those the current caller may
+/// see, in the order of [`strata_core::ids`] across both kinds: an exact id
+/// (ids are random, so at most one matches), an exact name (`names_first`
+/// decides between a sandbox and a checkpoint of the same name), then an id
+/// prefix only one of them has.
+pub fn find_sandbox_or_checkpoint(
+    st: &Shared,
+    key: &str,
+    names_first: NamesFirst,
+) -> EngineResult<Option<SandboxOrCheckpoint>> {
+    use SandboxOrCheckpoint::*;
+    let sandbox = find_sandbox(st, key)?;
+    let checkpoint = find_checkpoint(st, key)?;
+    let s = |pick: &dyn Fn(&str, &str) -> bool| {
+        sandbox.as_ref().filter(|r| pick(&r.sandbox.id, &r.sandbox.name)).map(|r| Sandbox(Box::new(r.clone())))
+    };
+    let c = |pick: &dyn Fn(&str, &str) -> bool| {
+        checkpoint.as_ref().filter(|(c, _)| pick(&c.id, &c.name)).map(|c| Checkpoint(Box::new(c.clone())))
+    };
+    let by_id = |id: &str, _: &str| id == key;
+    let by_name = |_: &str, name: &str| name == key;
+    let named = match names_first {
+        NamesFirst::Sandbox => s(&by_name).or_else(|| c(&by_name)),
+        NamesFirst::Checkpoint => c(&by_name).or_else(|| s(&by_name)),
+    };
+    if let Some(found) = s(&by_id).or_else(|| c(&by_id)).or(named) {
+        return Ok(Some(found));
+    }
+    Ok(match (sandbox, checkpoint) {
+        (Some(r), None) => Some(Sandbox(Box::new(r))),
+        (None, Some(c)) => Some(Checkpoint(Box::new(c))),
+        _ => None,
+    })
+}
+
+/// A template's checkpoint id and creation time, if the current caller may see it
+/// (templates are named, never resolved by id or prefix).
+pub fn find_template(st: &Shared, name: &str) -> EngineResult<Option<(String, String)>> {
+    match st.db.template_tenant(name)? {
+        Some(t) if visible(&t) => Ok(st.db.get_template(name)?),
+        _ => Ok(None),
+    }
+}
+
+/// The pipeline run a caller's key names (id, or an id prefix unique among the
+/// runs the current caller may see).
+pub fn find_pipeline_run(st: &Shared, key: &str) -> EngineResult<Option<strata_api::PipelineRun>> {
+    Ok(st.db.find_pipeline_run(key, scope().as_deref())?)
+}
+
+/// The usage record a caller's key names (destroyed sandboxes included),
+/// resolved among the records the current caller may see.
+pub fn find_usage(st: &Shared, key: &str) -> EngineResult<Option<strata_api::UsageRecord>> {
+    Ok(st.db.find_usage(key, scope().as_deref())?)
+}
+
+// ---- authentication ----
+
+/// sha256 (hex) of a token secret, as stored.
+pub fn secret_hash(secret: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Why a bearer secret was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRejection {
+    /// No token has this secret.
+    #[error("unknown bearer token")]
+    Unknown,
+    /// The token was revoked.
+    #[error("this token was revoked")]
+    Revoked,
+    /// The token's lifetime is over.
+    #[error("this token has expired")]
+    Expired,
+}
+
+/// Whether a token (as stored) is usable at `now`.
+pub fn check_token(t: &TokenInfo, now: SystemTime) -> Result<(), TokenRejection> {
+    if t.revoked_at.is_some() {
+        return Err(TokenRejection::Revoked);
+    }
+    if let Some(exp) = &t.expires_at {
+        // An unreadable expiry is treated as expired (fail closed).
+        match humantime::parse_rfc3339_weak(exp) {
+            Ok(at) if at > now => {}
+            _ => return Err(TokenRejection::Expired),
+        }
+    }
+    Ok(())
+}
+
+/// The tenant caller of a tenant-token secret (looked up now: no cache, so a
+/// revoke counts from the next request). Also for other front ends on the TCP
+/// listener (e.g. an E2B-compatible API key).
+pub fn tenant_caller(st: &Shared, secret: &str) -> Result<Caller, EngineError> {
+    let reject = |r: TokenRejection| EngineError::new(ErrorCode::Unauthorized, r.to_string());
+    let t = st.db.token_by_hash(&secret_hash(secret))?.ok_or_else(|| reject(TokenRejection::Unknown))?;
+    check_token(&t, SystemTime::now()).map_err(reject)?;
+    let now_t = SystemTime::now();
+    let stale = humantime::format_rfc3339_millis(now_t - TOUCH_EVERY).to_string();
+    if let Err(e) = st.db.touch_token(&t.id, &now(), &stale) {
+        tracing::warn!(error = %e, token = %t.id, "recording token use");
+    }
+    Ok(Caller {
+        principal: Principal::Tenant { tenant: t.tenant, token_id: t.id, token_name: t.name },
+        acting_as: None,
+        approval: None,
+    })
+}
+
+/// A tenant name: like a sandbox name (letters, digits, `-`, `_`, `.`; at most 63; starts alphanumeric).
+pub fn validate_tenant(t: &str) -> Result<(), String> {
+    ids::validate_name(t, false).map_err(|_| format!("invalid tenant {t:?}: letters, digits, '-', '_', '.', at most 63 characters, starting with a letter or digit"))
+}
+
+// ---- route classification ----
+
+// ---- token management (operator only) ----
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(t: &str) -> Caller {
+        Caller {
+            principal: Principal::Tenant { tenant: t.into(), token_id: "abc".into(), token_name: "ci".into() },
+            acting_as: None,
+            approval: None,
+        }
+    }
+
+    #[test]
+    fn scopes_of_callers() {
+        let op = Caller::operator("uid:0");
+        assert_eq!(op.scope(), None);
+        assert!(op.sees("a") && op.sees("default"));
+        assert_eq!(op.creating_tenant(), "default");
+        let acting = Caller { acting_as: Some("a".into()), ..op.clone() };
+        assert!(acting.sees("a") && !acting.sees("b"));
+        assert_eq!(acting.creating_tenant(), "a");
+        assert!(acting.is_operator());
+        let t = tenant("b");
+        assert!(t.sees("b") && !t.sees("a") && !t.sees("default"));
+        assert!(!t.is_operator());
+        assert_eq!(t.actor(), "token:abc:ci");
+    }
+
+    #[test]
+    fn revoked_and_expired_tokens_are_refused() {
+        let now = SystemTime::now();
+        let fmt = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let t = TokenInfo {
+            id: "1".into(),
+            name: "n".into(),
+            tenant: "a".into(),
+            created_at: fmt(now),
+            last_used_at: None,
+            expires_at: None,
+            revoked_at: None,
+        };
+        assert_eq!(check_token(&t, now), Ok(()));
+        let later = TokenInfo { expires_at: Some(fmt(now + Duration::from_secs(60))), ..t.clone() };
+        assert_eq!(check_token(&later, now), Ok(()));
+        assert_eq!(check_token(&later, now + Duration::from_secs(61)), Err(TokenRejection::Expired));
+        let garbled = TokenInfo { expires_at: Some("soon".into()), ..t.clone() };
+        assert_eq!(check_token(&garbled, now), Err(TokenRejection::Expired));
+        let revoked = TokenInfo { revoked_at: Some(fmt(now)), ..later };
+        assert_eq!(check_token(&revoked, now), Err(TokenRejection::Revoked));
+    }
+
+    #[tokio::test]
+    async fn the_task_local_caller_follows_spawned_work() {
+        assert!(visible("anything"), "background work sees every tenant");
+        assert_eq!(creating_tenant(), "default");
+        run_as(tenant("a"), async {
+            assert!(visible("a") && !visible("b"));
+            assert_eq!(creating_tenant(), "a");
+            let inner = spawn(async { (visible("a"), visible("b"), scope()) }).await.unwrap();
+            assert_eq!(inner, (true, false, Some("a".to_string())));
+        })
+        .await;
+        run_in_tenant("c", async { assert_eq!((creating_tenant(), visible("d")), ("c".to_string(), false)) }).await;
+    }
+}

@@ -1,0 +1,200 @@
+//! Warm checkpoints: a checkpoint that also keeps its sandbox's running
+//! processes, and sandboxes that start with those processes running.
+//!
+//! `CheckpointRequest::processes` copies the process tree with CRIU (leaving
+//! it running) while the sandbox is frozen for its filesystem change set, so
+//! the processes and the filesystem are taken at one instant. The image goes
+//! to `<state>/checkpoints/<id>/processes/` (the standby image format: files
+//! with a manifest of sizes and CRC32s, written last), with `captured.json`
+//! listing the processes started through the API. It is immutable, and shared
+//! by every sandbox started from the checkpoint: a create, each fork child, a
+//! template's sandboxes, a rollback in place. Each restores it on its own root
+//! (the checkpoint's layers and a fresh writable layer, so the same content
+//! the processes were copied with), in its own namespaces and cgroup, with
+//! fresh pipes for the API processes (they keep their ids), and then takes
+//! its own identity: hostname, sandbox id, machine id and fork generation are
+//! rewritten where the restore brought back the source's.
+//!
+//! What is not fresh in a restored copy: the processes' memory is the
+//! source's, so user-space random generators, cached hostnames and
+//! environment variables set at their start (`STRATA_SANDBOX_ID`) are the
+//! source's too (`/run/strata/generation` tells a workload it was copied);
+//! established TCP connections come back closed. Secrets never enter a warm
+//! checkpoint: a sandbox with secrets cannot take one, and a sandbox with
+//! secrets cannot start from one (their values would be in process memory,
+//! and a restored tree has no secrets mount).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use strata_api::{ErrorCode, ProcessImage, SandboxState, StandbyInfo, StandbyMode};
+use strata_core::Action;
+use strata_runtime::SandboxHandle;
+use strata_store::db::SandboxRecord;
+use tracing::info;
+
+use crate::error::{EngineError, EngineResult};
+use crate::processes::CapturedProcess;
+use crate::sandboxes::{self, now, transition, Change};
+use crate::state::Shared;
+
+/// The API processes of a warm checkpoint, next to its image.
+const CAPTURED: &str = "captured.json";
+
+/// Where the process image of checkpoint `id` is kept.
+pub fn image_dir(st: &Shared, checkpoint_id: &str) -> PathBuf {
+    st.state_dir.join("checkpoints").join(checkpoint_id).join("processes")
+}
+
+/// Where a warm checkpoint's image is written before it is complete.
+pub fn staging_dir(st: &Shared, checkpoint_id: &str) -> PathBuf {
+    st.state_dir.join("checkpoints").join(checkpoint_id).join("processes.tmp")
+}
+
+/// Refuses a warm checkpoint of `rec` that cannot be taken, with the reason.
+pub fn check_capturable(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
+    let (id, state) = (&rec.sandbox.id, rec.sandbox.state);
+    if state != SandboxState::Running {
+        return Err(EngineError::invalid_state(state, format!("cannot keep the processes of sandbox {id} while it is {state}: only a running sandbox has processes to keep")));
+    }
+    if !st.secrets.get(id)?.is_empty() {
+        return Err(EngineError::invalid_state(state, format!("cannot keep the processes of sandbox {id} in a checkpoint: it has secrets, whose values would be in process memory; checkpoint without processes")));
+    }
+    if let Some(why) = st.runtime.process_dump_unsupported() {
+        return Err(EngineError::new(
+            ErrorCode::Unsupported,
+            format!("cannot keep the processes of sandbox {id}: {why}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Completes a warm checkpoint's image once its processes were copied into
+/// `staging`: the list of API processes, the manifest (sizes and CRC32s,
+/// files synced), then the rename into place.
+pub fn publish(
+    st: &Shared,
+    checkpoint_id: &str,
+    staging: &Path,
+    helper: PathBuf,
+    captured: &[CapturedProcess],
+    dump_ms: u64,
+) -> std::io::Result<ProcessImage> {
+    let json = serde_json::to_vec(captured).expect("captured processes serialize");
+    strata_store::fsutil::write_atomic(&staging.join(CAPTURED), &json, 0o600)?;
+    let info = StandbyInfo {
+        mode: StandbyMode::Processes,
+        created_at: now(),
+        image_bytes: 0,
+        api_processes: captured.len(),
+        dump_ms,
+        note: None,
+    };
+    let m = crate::standby::seal(staging, info, Some(helper))?;
+    crate::standby::publish(staging, &image_dir(st, checkpoint_id))?;
+    Ok(ProcessImage { bytes: m.info.image_bytes, api_processes: captured.len() as u32, dump_ms })
+}
+
+/// Removes a checkpoint's process image (and its staging leftovers).
+pub fn remove(st: &Shared, checkpoint_id: &str) {
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&st.state_dir.join("checkpoints").join(checkpoint_id));
+}
+
+/// Removes process images whose checkpoint has no record (a crash between
+/// saving the image and recording the checkpoint), at daemon start.
+pub fn sweep(st: &Shared) -> EngineResult<()> {
+    let Ok(entries) = std::fs::read_dir(st.state_dir.join("checkpoints")) else { return Ok(()) };
+    let known: std::collections::HashSet<String> = st.db.list_checkpoints(None)?.into_iter().map(|c| c.id).collect();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !known.contains(&name) {
+            info!(checkpoint = %name, "removing the process image of an unrecorded checkpoint");
+            let _ = strata_store::fsutil::remove_dir_all_if_exists(&e.path());
+        } else {
+            // A warm checkpoint interrupted before its image was published keeps no staging.
+            let _ = strata_store::fsutil::remove_dir_all_if_exists(&e.path().join("processes.tmp"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `rec` may start from a warm checkpoint: not with secrets of its own.
+pub fn check_startable(st: &Shared, sandbox_id: &str, has_secrets: bool, checkpoint: &str) -> EngineResult<()> {
+    if has_secrets {
+        return Err(EngineError::bad_request(format!(
+            "sandbox {sandbox_id} has secrets, and checkpoint {checkpoint} would start it with processes copied from a sandbox without them; start it without processes (processes: false)"
+        )));
+    }
+    if let Some(why) = st.runtime.process_dump_unsupported() {
+        return Err(EngineError::new(ErrorCode::Unsupported, format!("checkpoint {checkpoint} keeps processes, which cannot be restored here: {why}; start without processes (processes: false)")));
+    }
+    Ok(())
+}
+
+/// Starts `rec` (in state `from`) with the processes of warm checkpoint
+/// `checkpoint_id`, on its current root (which must hold that checkpoint's
+/// filesystem), and records `action`. The counterpart of
+/// [`sandboxes::boot`] for warm starts.
+pub async fn boot(
+    st: &Shared,
+    rec: &SandboxRecord,
+    checkpoint_id: &str,
+    from: SandboxState,
+    action: Action,
+    reason: &str,
+) -> EngineResult<SandboxHandle> {
+    let started = Instant::now();
+    let id = rec.sandbox.id.clone();
+    let fail = |msg: String| {
+        let _ = transition(st, &id, from, Change::new(Action::Fail, "start_failed").detail(&msg), started, None);
+        EngineError::new(
+            ErrorCode::Internal,
+            format!("sandbox {id} failed to start from the processes of checkpoint {checkpoint_id}: {msg}"),
+        )
+    };
+    let images = image_dir(st, checkpoint_id);
+    let checked = {
+        let dir = images.clone();
+        tokio::task::spawn_blocking(move || crate::standby::verify(&dir))
+            .await
+            .map_err(|e| EngineError::internal("verify task", &e))?
+    };
+    let manifest = checked.map_err(&fail)?;
+    let helper = manifest.helper.clone().filter(|h| h.is_file()).ok_or_else(|| {
+        fail(format!(
+            "the strata-init binary the image was made with ({}) is gone",
+            manifest.helper.as_deref().unwrap_or(Path::new("?")).display()
+        ))
+    })?;
+    let captured: Vec<CapturedProcess> = std::fs::read(images.join(CAPTURED))
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        .map_err(|e| fail(format!("{CAPTURED}: {e}")))?;
+    let mut spec = sandboxes::mount_spec(st, rec).await.map_err(|e| fail(e.body.message))?;
+    crate::network::prepare(st, &id, &mut spec).await.map_err(|e| fail(e.body.message))?;
+    let adopted = st.processes.adopt(&id, &captured)?;
+    let inherit: Vec<(std::os::fd::RawFd, u64)> =
+        adopted.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
+    let work = st.sandbox_dir(&id).join("restore");
+    let rt = st.runtime.clone();
+    let restored = tokio::task::spawn_blocking(move || {
+        let handle = rt.restore_processes(&spec, &images, &work, &helper, &inherit)?;
+        if let Err(e) = rt.reidentify(&spec, &handle) {
+            let _ = rt.stop(&spec.id, &handle, std::time::Duration::ZERO);
+            let _ = rt.cleanup(&spec.id);
+            return Err(e);
+        }
+        Ok(handle)
+    })
+    .await
+    .map_err(|e| EngineError::internal("restore task", &e))?;
+    let handle = restored.map_err(|e| fail(crate::error::chain(&e)))?;
+    adopted.commit(st);
+    let detail =
+        format!("processes of checkpoint {checkpoint_id} restored ({} started through the API)", captured.len());
+    transition(st, &id, from, Change::new(action, reason).detail(&detail), started, Some(&handle))?;
+    st.db.set_expires_at(&id, sandboxes::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
+    sandboxes::watch_init(st.clone(), id.clone(), handle.clone());
+    info!(sandbox = %id, checkpoint = checkpoint_id, ms = started.elapsed().as_millis() as u64, "started warm");
+    Ok(handle)
+}

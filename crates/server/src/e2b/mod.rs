@@ -1,0 +1,289 @@
+//! An E2B-compatible API on the daemon's TCP listener, so programs written for
+//! the official `e2b` SDK (tested against `e2b==2.63.0`) run on strata with
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` pointing at the daemon.
+//!
+//! * [`control`]: the control plane (`/sandboxes`, `/v2/sandboxes`,
+//!   `/snapshots`, ...), authenticated by `X-API-Key` (a strata API token).
+//! * [`envd`]: the in-sandbox API (Connect services `process.Process` and
+//!   `filesystem.Filesystem`, `/files`, `/health`), chosen by the
+//!   `E2b-Sandbox-Id` header and authenticated by `X-Access-Token`.
+//!
+//! Both are translators over strata's native API: every call is made with the
+//! caller's own token through [`strata_client`] to this daemon's TCP listener,
+//! so authentication, tenancy, Rule of Two, activity tracking and audit apply
+//! exactly as for a native call. The mapping and what is not supported:
+//! docs/e2b-compat.md.
+
+pub mod connect;
+pub mod control;
+pub mod envd;
+pub mod multipart;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use strata_client::{Client, ClientError, Endpoint};
+use tracing::debug;
+
+/// The port envd listens on inside an E2B sandbox (`E2b-Sandbox-Port`).
+pub const ENVD_PORT: u16 = 49983;
+/// The envd version announced to the SDK (the features strata's envd serves).
+pub const ENVD_VERSION: &str = "0.6.4";
+/// The strata image or template the E2B template id `base` maps to.
+pub const BASE_TEMPLATE: &str = "e2b-base";
+/// Label holding the E2B template id a sandbox was created from.
+pub const TEMPLATE_LABEL: &str = "e2b.template";
+
+/// Errors of the control plane, answered in E2B's shape `{"code": <status>, "message"}`.
+#[derive(Debug, thiserror::Error)]
+pub enum E2bError {
+    /// No or an unusable API key (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Unknown sandbox, snapshot or template (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// Malformed request (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// A call or option strata does not implement (501).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The native API refused or failed.
+    #[error("{0}")]
+    Native(#[from] ClientError),
+}
+
+impl E2bError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            E2bError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            E2bError::NotFound(_) => StatusCode::NOT_FOUND,
+            E2bError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            E2bError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            E2bError::Native(ClientError::Api { status, .. }) => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+            E2bError::Native(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The message for the client.
+    pub fn message(&self) -> String {
+        match self {
+            E2bError::Native(ClientError::Api { body, .. }) => body.message.clone(),
+            e => e.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        debug!(status = status.as_u16(), message = %self.message(), "e2b error");
+        (status, axum::Json(serde_json::json!({"code": status.as_u16(), "message": self.message()}))).into_response()
+    }
+}
+
+/// What the E2B layer remembers beyond strata's own records (lost on a
+/// daemon restart, with documented fallbacks).
+#[derive(Debug, Default)]
+pub struct E2bState {
+    /// Processes started through envd: (sandbox id, pid) -> how they were started.
+    pub procs: HashMap<(String, u64), envd::ProcMeta>,
+    /// Preview tokens made for port routing: (sandbox id, port, SHA-256 of the
+    /// caller's key) -> (token, when to make a new one).
+    pub port_previews: HashMap<(String, u16, String), (String, std::time::Instant)>,
+    /// Directory watchers (`CreateWatcher`): id -> watcher.
+    pub watchers: HashMap<String, envd::Watcher>,
+}
+
+/// The E2B layer: where the native API is and the shared state.
+#[derive(Debug)]
+pub struct E2b {
+    /// `host:port` of this daemon's TCP listener (loopback).
+    pub addr: String,
+    /// Shared state.
+    pub state: Mutex<E2bState>,
+}
+
+/// Shared handle.
+pub type SharedE2b = Arc<E2b>;
+
+impl E2b {
+    /// A layer calling the native API at `addr`.
+    pub fn new(addr: String) -> SharedE2b {
+        Arc::new(E2b { addr, state: Mutex::new(E2bState::default()) })
+    }
+
+    /// A native client acting with `token`.
+    pub fn client(&self, token: String) -> Client {
+        Client::new(Endpoint::Tcp { addr: self.addr.clone(), token: Some(token) })
+    }
+
+    /// Locks the state (a poisoned lock is taken over: the maps stay usable).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, E2bState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The token a request carries: `X-API-Key`, `X-Access-Token` or a bearer token.
+pub fn request_token(headers: &HeaderMap) -> Option<String> {
+    for name in ["x-api-key", "x-access-token"] {
+        if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty()) {
+            return Some(v.to_string());
+        }
+    }
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+}
+
+/// Mounts the E2B API on the daemon's TCP app: the control-plane routes next
+/// to the native ones (they do their own authentication), and, in front of
+/// everything, [`dispatch`] for requests addressed to a sandbox.
+pub fn mount(native: Router, e2b: SharedE2b) -> Router {
+    let envd_router = envd::router(e2b.clone());
+    native.merge(control::router(e2b.clone())).layer(axum::middleware::from_fn_with_state((envd_router, e2b), dispatch))
+}
+
+/// Routes a request carrying `E2b-Sandbox-Id` by its `E2b-Sandbox-Port`: envd's
+/// port to strata's envd; any other port through the preview proxy
+/// ([`route_port`]). Requests without the header pass through.
+///
+/// The header is made exact first: anything but a full id (a name, a prefix)
+/// is resolved once with the caller's key and replaced by the id it names for
+/// that caller, so the E2B layer's own maps (process tags and configs, port
+/// previews, watchers) are only ever keyed by full ids — a prefix that means
+/// different sandboxes to different tenants never shares an entry. A header
+/// that resolves to nothing is left as it is (the native calls answer 404).
+pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut req: Request, next: Next) -> Response {
+    let Some(mut sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string)
+    else {
+        return next.run(req).await;
+    };
+    if !strata_core::ids::is_id(&sandbox) {
+        if let Some(key) = request_token(req.headers()) {
+            if let Ok(s) = e2b.client(key).get_sandbox(&sandbox).await {
+                if let Ok(v) = axum::http::HeaderValue::from_str(&s.id) {
+                    req.headers_mut().insert("e2b-sandbox-id", v);
+                    sandbox = s.id;
+                }
+            }
+        }
+    }
+    let port =
+        req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("").to_string();
+    match port.parse::<u16>() {
+        Ok(ENVD_PORT) => {
+            use tower::ServiceExt;
+            match envd_router.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
+        }
+        Ok(p) if p > 0 => match route_port(&e2b, &sandbox, p, req).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
+        _ => {
+            let msg = format!("E2b-Sandbox-Port {port:?} is not a port number");
+            (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"code": 400, "message": msg}))).into_response()
+        }
+    }
+}
+
+/// How long a preview made for port routing lives (it is remade before it ends).
+const PORT_PREVIEW_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Sends a request for `port` of `sandbox` through strata's preview proxy: the
+/// caller's key makes (once an hour per key, sandbox and port) a token preview
+/// of that port — so tenancy, the Rule of Two (a preview is external
+/// communication) and the audit log apply — and the request goes, with that
+/// token, to `/preview/<id>/<port>/...` on the daemon's own listener.
+/// WebSocket upgrades are not passed through this way (use a preview URL).
+async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Result<Response, E2bError> {
+    let key = request_token(req.headers()).ok_or_else(|| {
+        E2bError::Unauthorized("missing API key (X-API-Key or X-Access-Token) for sandbox port routing".into())
+    })?;
+    let not_found = |err: ClientError| match err {
+        ClientError::Api { status: 404, .. } => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
+        other => E2bError::Native(other),
+    };
+    let client = e.client(key.clone());
+    let cache_key = (sandbox.to_string(), port, strata_engine::tenancy::secret_hash(&key));
+    let cached = e
+        .lock()
+        .port_previews
+        .get(&cache_key)
+        .filter(|(_, renew)| *renew > std::time::Instant::now())
+        .map(|(t, _)| t.clone());
+    let token = match cached {
+        // The key is checked again on every request, as a native call would
+        // check it: a revoked or expired key (or one that no longer sees the
+        // sandbox) is refused now, not when the cached preview ends.
+        Some(t) => {
+            client.get_sandbox(sandbox).await.map_err(not_found)?;
+            t
+        }
+        None => {
+            let created = client
+                .create_preview(
+                    sandbox,
+                    &strata_api::CreatePreviewRequest {
+                        port: Some(port),
+                        public: false,
+                        ttl_secs: Some(PORT_PREVIEW_TTL.as_secs()),
+                    },
+                )
+                .await
+                .map_err(not_found)?;
+            let renew = std::time::Instant::now() + PORT_PREVIEW_TTL / 2;
+            let mut state = e.lock();
+            let now = std::time::Instant::now();
+            state.port_previews.retain(|_, (_, r)| *r > now);
+            state.port_previews.insert(cache_key, (created.token.clone(), renew));
+            created.token
+        }
+    };
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: axum::http::Uri = format!(
+        "/preview/{sandbox}/{port}{}",
+        if path.starts_with('/') { path.to_string() } else { format!("/{path}") }
+    )
+    .parse()
+    .map_err(|_| E2bError::BadRequest(format!("invalid path {path:?}")))?;
+    for h in ["e2b-sandbox-id", "e2b-sandbox-port", "x-api-key", "x-access-token", "authorization"] {
+        parts.headers.remove(h);
+    }
+    parts.headers.insert(
+        strata_api::PREVIEW_TOKEN_HEADER,
+        axum::http::HeaderValue::from_str(&token).map_err(|_| E2bError::BadRequest("unusable preview token".into()))?,
+    );
+    let stream = tokio::net::TcpStream::connect(e.addr.as_str())
+        .await
+        .map_err(|err| E2bError::Unsupported(format!("the daemon's own listener {}: {err}", e.addr)))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|err| E2bError::Unsupported(format!("the daemon's own listener: {err}")))?;
+    tokio::spawn(conn);
+    let mut up = hyper::Request::builder().method(parts.method).uri(uri).version(hyper::Version::HTTP_11);
+    if let Some(h) = up.headers_mut() {
+        *h = parts.headers;
+    }
+    let up = up.body(body).map_err(|err| E2bError::BadRequest(err.to_string()))?;
+    let resp =
+        sender.send_request(up).await.map_err(|err| E2bError::Unsupported(format!("sandbox port {port}: {err}")))?;
+    Ok(resp.map(axum::body::Body::new))
+}

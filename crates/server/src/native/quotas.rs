@@ -1,0 +1,63 @@
+//! HTTP handlers of `quotas` (see [`strata_engine::quotas`]).
+
+use crate::error::{ApiError, ApiResult};
+use axum::extract::{Path, State};
+use axum::Json;
+use strata_api::{ErrorCode, QuotaOverride, TenantQuota, TenantUsage};
+use strata_engine::quotas::*;
+use strata_engine::sandboxes::now;
+use strata_engine::state::Shared;
+
+/// A tenant's quota: the daemon's defaults, the operator's override, and what is in force.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
+    responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
+pub async fn get_quota_handler(State(st): State<Shared>, Path(tenant): Path<String>) -> ApiResult<Json<TenantQuota>> {
+    checked_tenant(&tenant)?;
+    Ok(Json(quota_record(&st, &tenant)?))
+}
+
+/// Sets (replaces) a tenant's quota override; fields left out take the daemon's
+/// default, `"unlimited"` lifts a limit. Effective for the next request.
+#[utoipa::path(put, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")), request_body = QuotaOverride,
+    responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
+pub async fn put_quota_handler(
+    State(st): State<Shared>,
+    Path(tenant): Path<String>,
+    Json(o): Json<QuotaOverride>,
+) -> ApiResult<Json<TenantQuota>> {
+    checked_tenant(&tenant)?;
+    st.db.put_tenant_quota(&tenant, &o, &now())?;
+    let q = quota_record(&st, &tenant)?;
+    tracing::info!(tenant = %tenant, effective = ?q.effective, "tenant quota set");
+    Ok(Json(q))
+}
+
+/// Removes a tenant's quota override: the daemon's defaults hold again.
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
+    responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
+pub async fn delete_quota_handler(
+    State(st): State<Shared>,
+    Path(tenant): Path<String>,
+) -> ApiResult<Json<TenantQuota>> {
+    checked_tenant(&tenant)?;
+    if st.db.delete_tenant_quota(&tenant)? {
+        tracing::info!(tenant = %tenant, "tenant quota override removed");
+    }
+    Ok(Json(quota_record(&st, &tenant)?))
+}
+
+/// A tenant's usage against its quota: live sandboxes, memory limits of its
+/// sandboxes holding memory, nominal disk sizes, fork children in the last
+/// minute. A tenant token (or the operator acting as a tenant) sees only its own.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/usage", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
+    responses((status = 200, body = TenantUsage), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
+pub async fn usage_handler(State(st): State<Shared>, Path(tenant): Path<String>) -> ApiResult<Json<TenantUsage>> {
+    checked_tenant(&tenant)?;
+    if let Some(own) = strata_engine::tenancy::scope().filter(|own| *own != tenant) {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("a caller acting in tenant {own:?} sees only its own usage"),
+        ));
+    }
+    Ok(Json(st.admission.usage(&st, &tenant)?))
+}

@@ -1,0 +1,74 @@
+//! HTTP handlers of `sandboxes` (see [`strata_engine::sandboxes`]).
+
+use crate::error::ApiResult;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use strata_api::{CreateSandboxRequest, CreatedSandbox, RemoveQuery, Sandbox, SandboxEvent, SandboxState};
+use strata_core::lifecycle::has_processes;
+use strata_engine::sandboxes::*;
+use strata_engine::state::Shared;
+
+/// Create and start a sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
+    responses((status = 201, body = CreatedSandbox), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody), (status = 507, description = "the host's disk cannot hold it (insufficient_storage)", body = strata_api::ApiErrorBody)))]
+pub async fn create_handler(
+    State(st): State<Shared>,
+    Json(req): Json<CreateSandboxRequest>,
+) -> ApiResult<(StatusCode, Json<CreatedSandbox>)> {
+    let sb = create(&st, req).await?;
+    Ok((StatusCode::CREATED, Json(CreatedSandbox { id: sb.id, name: sb.name })))
+}
+
+/// List sandboxes.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = [Sandbox])))]
+pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Sandbox>>> {
+    Ok(Json(
+        st.db
+            .list_sandboxes()?
+            .into_iter()
+            .filter(|r| strata_engine::tenancy::visible(&r.sandbox.tenant))
+            .map(|r| with_secret_names(&st, r.sandbox))
+            .collect(),
+    ))
+}
+
+/// Inspect a sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id, id prefix or name")),
+    responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+    let rec = load(&st, &id)?;
+    let mut sb = rec.sandbox.clone();
+    if has_processes(sb.state) {
+        sb.oom_kills = refresh_oom(&st, &rec);
+    }
+    if sb.state == SandboxState::Standby {
+        sb.standby = strata_engine::standby::info(&st, &sb.id);
+    }
+    Ok(Json(with_secret_names(&st, sb)))
+}
+
+/// Stop a sandbox (processes killed, filesystem kept).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn stop_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<SandboxEvent>> {
+    Ok(Json(stop(&st, &id, "user", STOP_GRACE).await?))
+}
+
+/// Start a stopped sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/start", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody)))]
+pub async fn start_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+    Ok(Json(start(&st, &id).await?))
+}
+
+/// Destroy a sandbox.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name"), RemoveQuery),
+    responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn remove_handler(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<RemoveQuery>,
+) -> ApiResult<Json<SandboxEvent>> {
+    Ok(Json(destroy(&st, &id, q.force, "user").await?))
+}
