@@ -1,0 +1,240 @@
+//! A sandbox's life: `create`, `run`, `ps`, `inspect`, `update`, `stop`, `pause`,
+//! `unpause`, `standby`, `resume`, `archive`, `start`, `rm` and `events`, with the
+//! limit and lifecycle-policy flags of new sandboxes.
+
+use clap::{Args, ValueEnum};
+
+use super::checkpoint::WarmArgs;
+use super::network::NetworkArgs;
+use super::process::ProcOpts;
+use super::security::SecretArgs;
+use super::{JsonOutput, SandboxId, SandboxIds};
+
+/// `strata create`.
+#[derive(Debug, Args, Clone)]
+pub struct CreateArgs {
+    /// Image to start from.
+    pub source: String,
+    /// Name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Lifecycle.
+    #[arg(long, value_enum, default_value = "persistent")]
+    pub lifecycle: LifecycleArg,
+    /// Time to live (e.g. 10m, 2h).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Environment for every process (repeatable).
+    #[arg(short, long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Hostname.
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Label (repeatable).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
+    #[command(flatten)]
+    pub network: NetworkArgs,
+    /// Declare a Rule-of-Two capability (repeatable): untrusted_input, sensitive_access,
+    /// external_comms. Secrets and egress imply the last two; all three need an approval.
+    #[arg(long = "capability", value_name = "CAP", value_parser = parse_capability)]
+    pub capabilities: Vec<strata_api::Capability>,
+    /// Let setuid binaries (sudo, su) take effect inside: processes run without
+    /// no_new_privs. They can become the sandbox's root, with its reduced
+    /// capabilities and seccomp filter, and no more (see docs/security.md).
+    #[arg(long)]
+    pub allow_setuid: bool,
+    #[command(flatten)]
+    pub warm: WarmArgs,
+}
+
+/// `strata run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Destroy the sandbox when the command ends (an ephemeral sandbox: nothing survives).
+    #[arg(long)]
+    pub rm: bool,
+    /// Image to start from.
+    pub source: String,
+    /// Name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Time to live (default with --rm: 24h, so a crashed client leaves nothing behind for long).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub secrets: SecretArgs,
+    #[command(flatten)]
+    pub network: NetworkArgs,
+    #[command(flatten)]
+    pub opts: ProcOpts,
+    /// Command and arguments.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+/// `strata inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxId,
+    #[command(flatten)]
+    pub out: JsonOutput,
+}
+
+/// `strata update`.
+#[derive(Debug, Args)]
+pub struct UpdateArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxId,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Declare a further Rule-of-Two capability (repeatable; declared ones cannot be dropped).
+    #[arg(long = "capability", value_name = "CAP", value_parser = parse_capability)]
+    pub capabilities: Vec<strata_api::Capability>,
+    /// JSON output (the updated sandbox).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `strata standby`.
+#[derive(Debug, Args)]
+pub struct StandbyArgs {
+    /// Stop the processes and keep only the filesystem (recorded on the sandbox)
+    /// instead of failing where processes cannot be dumped.
+    #[arg(long)]
+    pub fs_only: bool,
+    #[command(flatten)]
+    pub sandboxes: SandboxIds,
+}
+
+/// `strata resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// JSON output (the resume results).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sandboxes: SandboxIds,
+}
+
+/// `strata rm`.
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Stop running sandboxes first.
+    #[arg(short, long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub sandboxes: SandboxIds,
+}
+
+/// `strata events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only this sandbox.
+    pub id: Option<String>,
+    /// Keep following new events.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// JSON lines output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--lifecycle` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LifecycleArg {
+    Ephemeral,
+    Persistent,
+}
+
+/// Resource limits of a new sandbox.
+#[derive(Debug, Args, Clone)]
+pub struct LimitArgs {
+    /// Memory limit (e.g. 512m, 2g).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU limit in cores (e.g. 0.5, 2).
+    #[arg(long)]
+    pub cpus: Option<String>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Size of the writable layer (e.g. 512m, 20g); writes beyond it fail with
+    /// "No space left on device". Default: the daemon's --default-disk.
+    #[arg(long)]
+    pub disk: Option<String>,
+}
+
+/// What happens to an idle sandbox.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OnIdleArg {
+    /// Processes and memory to disk, compute released.
+    Standby,
+    /// Processes stopped, filesystem kept.
+    Stop,
+    /// Sandbox destroyed.
+    Destroy,
+    /// Nothing.
+    Keep,
+}
+
+/// Lifecycle policy of a sandbox. Durations: 30s, 10m, 2h, 7d; `none` removes
+/// a max-lifetime/archive-after/delete-after limit.
+#[derive(Debug, Args, Clone, Default)]
+pub struct PolicyArgs {
+    /// Action once idle (default: standby for persistent, destroy for ephemeral sandboxes).
+    #[arg(long, value_enum)]
+    pub on_idle: Option<OnIdleArg>,
+    /// Idle time before the on-idle action (default 15m).
+    #[arg(long, value_name = "DUR")]
+    pub idle_timeout: Option<String>,
+    /// Maximum age: a running sandbox then gets --on-max-lifetime.
+    #[arg(long, value_name = "DUR")]
+    pub max_lifetime: Option<String>,
+    /// Action at the maximum age: stop, standby or destroy (default: stop
+    /// when persistent, destroy when ephemeral).
+    #[arg(long, value_enum)]
+    pub on_max_lifetime: Option<OnIdleArg>,
+    /// Archive after this long stopped or in standby.
+    #[arg(long, value_name = "DUR")]
+    pub archive_after: Option<String>,
+    /// Destroy after this long stopped, in standby or archived.
+    #[arg(long, value_name = "DUR")]
+    pub delete_after: Option<String>,
+    /// Shell command run inside (`sh -c`) before standby. Hooks given together
+    /// replace all current hooks.
+    #[arg(long, value_name = "CMD")]
+    pub hook_before_standby: Option<String>,
+    /// Shell command run inside before a stop.
+    #[arg(long, value_name = "CMD")]
+    pub hook_before_stop: Option<String>,
+    /// Shell command run inside after a resume.
+    #[arg(long, value_name = "CMD")]
+    pub hook_after_resume: Option<String>,
+    /// How long each hook may run (default 30s).
+    #[arg(long, value_name = "DUR")]
+    pub hook_timeout: Option<String>,
+    /// Flush rule (repeatable): wipe this directory's contents (absolute, or
+    /// ~/... for the image user's home) before every checkpoint, fork and
+    /// template creation. Given together they replace the current rules;
+    /// `--flush none` removes them.
+    #[arg(long = "flush", value_name = "PATH")]
+    pub flush: Vec<String>,
+}
+
+/// Parses a Rule-of-Two capability name.
+pub fn parse_capability(s: &str) -> Result<strata_api::Capability, String> {
+    strata_api::Capability::parse(s)
+        .ok_or_else(|| format!("unknown capability {s:?} (untrusted_input, sensitive_access, external_comms)"))
+}

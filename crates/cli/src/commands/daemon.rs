@@ -1,0 +1,112 @@
+//! Running the daemon (`strata daemon`) and what runs beside it: `doctor`, `mcp` and
+//! the hidden `openapi`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use strata_client::Client;
+
+use crate::args::daemon::DaemonArgs;
+use crate::args::JsonOutput;
+use crate::output;
+
+/// `strata daemon`: serves the API on `socket` until it is stopped.
+pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
+    init_logging();
+    let helper_exe = std::env::current_exe().context("locating the strata binary")?;
+    let admission = admission_config(&a);
+    strata_server::run(strata_server::Config {
+        engine: strata_engine::Config {
+            state_dir: a.state_dir,
+            helper_exe,
+            init_binary: a.init_binary,
+            archive_url: a.archive_url,
+            prices: a.prices,
+            network: strata_engine::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream },
+            admission,
+            disk_pool: a.disk_pool,
+            approval_timeout: a.approval_timeout,
+            preview_domain: a.preview_domain,
+        },
+        socket,
+        listen: a.listen,
+    })
+    .await?;
+    Ok(0)
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// The admission settings of `strata daemon` (absent flags: the built-in defaults).
+fn admission_config(a: &DaemonArgs) -> strata_engine::admission::AdmissionConfig {
+    use strata_engine::admission::{AdmissionConfig, DefaultLimit};
+    let d = AdmissionConfig::default();
+    AdmissionConfig {
+        default_memory: a.default_memory.unwrap_or(DefaultLimit::Builtin),
+        default_cpus: a.default_cpus.unwrap_or(DefaultLimit::Builtin),
+        default_pids: a.default_pids.unwrap_or(DefaultLimit::Builtin),
+        // `--default-disk 0` meant no default disk before `none` existed.
+        default_disk: match a.default_disk {
+            Some(DefaultLimit::Value(0)) => DefaultLimit::NoLimit,
+            other => other.unwrap_or(DefaultLimit::Builtin),
+        },
+        memory_overcommit: a.memory_overcommit.map_or(d.memory_overcommit, |r| r.0),
+        memory_reserve: a.memory_reserve.unwrap_or(d.memory_reserve),
+        disk_overcommit: a.disk_overcommit.map_or(d.disk_overcommit, |r| r.0),
+        disk_reserve: a.disk_reserve.unwrap_or(d.disk_reserve),
+        tenant_quota: a.tenant_quota.unwrap_or(d.tenant_quota),
+    }
+}
+
+/// `strata mcp`: an MCP server on stdin/stdout whose tool calls go to the daemon.
+pub(super) async fn mcp(c: Client) -> Result<i32> {
+    // stdout carries the protocol: nothing else may be printed there.
+    strata_mcp::serve_stdio(strata_mcp::StrataMcp::new(c)).await?;
+    Ok(0)
+}
+
+/// `strata openapi`.
+pub(super) fn openapi() -> Result<i32> {
+    println!("{}", strata_server::openapi::spec_json());
+    Ok(0)
+}
+
+/// `strata doctor`.
+pub(super) async fn doctor(c: &Client, JsonOutput { json }: JsonOutput) -> Result<i32> {
+    // The daemon's view when it runs; probe locally otherwise (doctor must work before setup).
+    let report = match c.doctor().await {
+        Ok(r) => r,
+        Err(_) => tokio::task::spawn_blocking(strata_runtime::probe::doctor).await?,
+    };
+    if json {
+        output::json(&report);
+        return Ok(0);
+    }
+    println!("kernel {} · cgroups {}", report.kernel, report.cgroup_version);
+    for f in &report.features {
+        let mark = if f.available { "ok " } else { "-- " };
+        let extra = if f.available { String::new() } else { format!("  (disables: {})", f.disables) };
+        println!("  {mark} {:<18} {}{extra}", f.name, f.detail);
+    }
+    println!("tiers:");
+    for t in &report.tiers {
+        println!("  {} {:<10} {}", if t.available { "ok " } else { "-- " }, t.name, t.detail);
+    }
+    if !report.names_like_ids.is_empty() {
+        println!("names that could be read as ids (from before such names were refused; use their ids):");
+        for n in &report.names_like_ids {
+            println!(
+                "  {:<12} {:<20} id {}{}",
+                n.kind,
+                n.name,
+                n.id,
+                n.tenant.as_deref().map(|t| format!("  tenant {t}")).unwrap_or_default()
+            );
+        }
+    }
+    Ok(0)
+}

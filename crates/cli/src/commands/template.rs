@@ -1,0 +1,110 @@
+//! `strata template ...`: promote a checkpoint to a template, build one from a build
+//! file (streaming its steps), list and remove templates.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use strata_client::Client;
+
+use super::each;
+use super::security::print_findings;
+use crate::args::template::TemplateCmd;
+use crate::args::JsonOutput;
+use crate::output;
+
+/// `strata template ...`.
+pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
+    match cmd {
+        TemplateCmd::Create { name, from, replace, accept_findings } => {
+            let t = match c
+                .create_template(&strata_api::CreateTemplateRequest { name, from, replace, accept_findings })
+                .await
+            {
+                Ok(t) => t,
+                Err(strata_client::ClientError::Api { status, body })
+                    if body.code == strata_api::ErrorCode::ScanFindings =>
+                {
+                    print_findings(&body.findings);
+                    return Err(strata_client::ClientError::Api { status, body }.into());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(a) = &t.accepted_findings {
+                eprintln!("accepted {} state-hygiene finding(s) (recorded on the template)", a.count);
+            }
+            println!("{}", t.name);
+        }
+        TemplateCmd::Ls(JsonOutput { json }) => {
+            let list = c.list_templates().await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "CREATED"],
+                    list.iter()
+                        .map(|t| {
+                            vec![
+                                t.name.clone(),
+                                t.checkpoint.clone(),
+                                t.image.clone(),
+                                t.layers.to_string(),
+                                output::age(&t.created_at),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        TemplateCmd::Rm { names } => return each(names, |n| async { c.delete_template(&n).await.map(|_| n) }).await,
+        TemplateCmd::Build { name, file, no_cache, accept_findings, json } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let context = std::fs::canonicalize(&file)?.parent().map(|p| p.display().to_string());
+            let mut events = c
+                .build_template(&strata_api::BuildTemplateRequest {
+                    name,
+                    file: text,
+                    context,
+                    no_cache,
+                    accept_findings,
+                })
+                .await?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            while let Some(ev) = events.next().await? {
+                if json {
+                    println!("{}", serde_json::to_string(&ev)?);
+                }
+                match ev {
+                    strata_api::BuildEvent::Step { index, count, instruction, cached } if !json => {
+                        eprintln!("[{index}/{count}] {instruction}{}", if cached { "  (cached)" } else { "" });
+                    }
+                    strata_api::BuildEvent::Output { stream, data_b64 } if !json => {
+                        let data = base64::Engine::decode(&b64, data_b64)?;
+                        match stream {
+                            strata_api::StreamKind::Stdout => std::io::stdout().write_all(&data)?,
+                            strata_api::StreamKind::Stderr => std::io::stderr().write_all(&data)?,
+                        }
+                    }
+                    strata_api::BuildEvent::Done { template, steps_run, steps_cached, duration_ms } => {
+                        if !json {
+                            eprintln!(
+                                "built template {} ({steps_run} steps run, {steps_cached} cached, {duration_ms} ms)",
+                                template.name
+                            );
+                            println!("{}", template.name);
+                        }
+                        return Ok(0);
+                    }
+                    strata_api::BuildEvent::Failed { index, error } => {
+                        if !json {
+                            print_findings(&error.findings);
+                        }
+                        bail!("build failed at step {index}: {} ({})", error.message, error.code)
+                    }
+                    _ => {}
+                }
+            }
+            bail!("the daemon closed the build stream without a result");
+        }
+    }
+    Ok(0)
+}
