@@ -8,6 +8,8 @@
 //! * [`microvm`]: the QEMU microvm tier's host probe (the tier itself plugs in
 //!   beside `namespace` through the same trait).
 //! * [`probe`]: host capability checks behind `strata doctor`.
+//! * [`sys`]: the privileged system calls of the namespace tier's setup behind
+//!   `trait Sys` (`LinuxSys` makes them, `RecordingSys` records them).
 //!
 //! The runtime is synchronous and free of tokio: long-running work (waiting
 //! for processes) is left to the caller.
@@ -18,6 +20,7 @@ pub mod namespace;
 pub mod openat2;
 pub mod probe;
 pub mod spec;
+pub mod sys;
 
 use std::path::PathBuf;
 use std::time::Duration;
