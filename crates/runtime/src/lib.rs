@@ -1,23 +1,40 @@
 //! Isolation tiers for strata sandboxes, behind one trait.
 //!
 //! * [`Runtime`]: what the daemon needs from a tier (start init, build an exec
-//!   command, stop, clean up, read resource counters).
+//!   command, stop, clean up, freeze, read resource counters, dump and restore
+//!   processes).
 //! * [`namespace`]: the default Linux tier (overlay root, pid/mount/uts/ipc/net/
 //!   cgroup namespaces, pivot_root, dropped capabilities, no_new_privs, seccomp,
-//!   cgroup v1/v2 limits).
+//!   cgroup v1/v2 limits, CRIU for standby and warm checkpoints).
+//! * [`sys`]: the privileged system calls of the namespace tier's setup (mount,
+//!   pivot_root, unshare, setns, ...) behind `trait Sys`: `LinuxSys` makes them,
+//!   `RecordingSys` records them, so the setup sequences are unit-tested
+//!   without root.
+//! * [`cgroup`]: cgroup v1/v2 limits, freezer and counters, rooted at a path.
 //! * [`microvm`]: the QEMU microvm tier's host probe (the tier itself plugs in
 //!   beside `namespace` through the same trait).
 //! * [`probe`]: host capability checks behind `strata doctor`.
+//! * [`spec`]: what the daemon hands to a tier ([`SandboxSpec`], [`ExecSpec`]).
+//! * [`openat2`]: opening paths inside a sandbox's tree without leaving it.
+//! * `fake` (cargo feature `fake`): `FakeRuntime`, an in-memory [`Runtime`]
+//!   for other crates' unit tests: no processes, no root.
 //!
-//! The runtime is synchronous and free of tokio: long-running work (waiting
-//! for processes) is left to the caller.
+//! What lives here: everything that touches the host to isolate a sandbox
+//! (namespaces, mounts, cgroups, seccomp, CRIU) and the probes of what the
+//! host offers. What may not: tokio or any async runtime, HTTP (axum, hyper),
+//! the store or lifecycle rules. The runtime is synchronous: every call is
+//! blocking but short, and long-running work (waiting for processes) is left
+//! to the caller.
 
 pub mod cgroup;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 pub mod microvm;
 pub mod namespace;
 pub mod openat2;
 pub mod probe;
 pub mod spec;
+pub mod sys;
 
 use std::path::PathBuf;
 use std::time::Duration;

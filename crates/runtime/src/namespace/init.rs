@@ -7,15 +7,16 @@
 //! inherited descriptor and then only reaps zombies and relays stop requests.
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
-use nix::sched::{unshare, CloneFlags};
+use nix::sched::CloneFlags;
 use nix::unistd::{fork, ForkResult};
 use serde::{Deserialize, Serialize};
 
 use super::mounts;
 use crate::spec::SandboxSpec;
+use crate::sys::{LinuxSys, Sys};
 
 /// What `_init` receives on stdin.
 #[derive(Debug, Serialize, Deserialize)]
@@ -82,24 +83,9 @@ pub fn main() -> ! {
             fail(format!("join cgroup {}: {e}", f.display()));
         }
     }
-    let mut flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWCGROUP;
-    match &cfg.spec.netns_path {
-        // The daemon's prepared namespace (egress): join it.
-        Some(p) => {
-            let ns =
-                std::fs::File::open(p).unwrap_or_else(|e| fail(format!("open network namespace {}: {e}", p.display())));
-            if let Err(e) = nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET) {
-                fail(format!("join network namespace {}: {e}", p.display()));
-            }
-        }
-        None => flags |= CloneFlags::CLONE_NEWNET,
-    }
-    if let Err(e) = unshare(flags) {
-        fail(format!("unshare namespaces: {e}"));
+    let sys = LinuxSys;
+    if let Err(e) = enter_namespaces(&sys, &cfg.spec) {
+        fail(e);
     }
     // SAFETY: this process is single-threaded (a fresh exec of the strata binary
     // that started no threads), so the child may run arbitrary code after fork.
@@ -109,35 +95,63 @@ pub fn main() -> ! {
             report(&InitReport::Pid { pid: child.as_raw() });
             std::process::exit(0)
         }
-        Ok(ForkResult::Child) => pid1(cfg),
+        Ok(ForkResult::Child) => pid1(&sys, cfg),
     }
 }
 
-fn pid1(cfg: InitConfig) -> ! {
+/// Joins the daemon's prepared network namespace (`spec.netns_path`, for
+/// egress) and unshares the others: mount, uts, ipc, pid (for the children),
+/// cgroup, and network unless one was joined.
+pub fn enter_namespaces(sys: &dyn Sys, spec: &SandboxSpec) -> Result<(), String> {
+    let mut flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWCGROUP;
+    match &spec.netns_path {
+        // The daemon's prepared namespace (egress): join it.
+        Some(p) => {
+            let ns = std::fs::File::open(p).map_err(|e| format!("open network namespace {}: {e}", p.display()))?;
+            sys.setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("join network namespace {}: {e}", p.display()))?;
+        }
+        None => flags |= CloneFlags::CLONE_NEWNET,
+    }
+    sys.unshare(flags).map_err(|e| format!("unshare namespaces: {e}"))
+}
+
+/// Everything pid 1 sets up before it reports ready, in its new namespaces:
+/// the root filesystem, hostname, loopback, the pivot into the root, the
+/// identity files, resolv.conf, secrets, and the helper binary at
+/// [`SELF_PATH`]. Returns the helper mount (pid 1 executes it).
+pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig) -> mounts::SetupResult<OwnedFd> {
     let spec = &cfg.spec;
     // The helper binary, opened before pivot_root hides the host: pid 1 re-executes
     // it from inside the sandbox (see [`SELF_PATH`]).
-    let setup = || -> mounts::SetupResult<std::os::fd::OwnedFd> {
-        let helper = mounts::clone_helper_mount(&cfg.init_binary)?;
-        mounts::build_rootfs(
-            &spec.lower_dirs,
-            &spec.upper_dir,
-            &spec.work_dir,
-            &spec.rootfs_dir,
-            spec.limits.memory_bytes,
-        )?;
-        nix::unistd::sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
-        mounts::loopback_up()?;
-        mounts::pivot_into(&spec.rootfs_dir)?;
-        mounts::write_identity_files(&spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
-        if let Some(conf) = &spec.resolv_conf {
-            mounts::bind_resolv_conf(conf)?;
-        }
-        mounts::mount_secrets(&spec.secrets, spec.secrets_owner.as_deref())?;
-        mounts::attach_helper(&helper, SELF_PATH)?;
-        Ok(helper)
-    };
-    let helper = setup().unwrap_or_else(|e| fail_with(e));
+    let helper = mounts::clone_helper_mount(sys, &cfg.init_binary)?;
+    mounts::build_rootfs(
+        sys,
+        &spec.lower_dirs,
+        &spec.upper_dir,
+        &spec.work_dir,
+        &spec.rootfs_dir,
+        spec.limits.memory_bytes,
+    )?;
+    sys.sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
+    mounts::loopback_up(sys)?;
+    mounts::pivot_into(sys, &spec.rootfs_dir)?;
+    let root = sys.root_after_pivot(&spec.rootfs_dir);
+    mounts::write_identity_files(sys, &root, &spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
+    if let Some(conf) = &spec.resolv_conf {
+        mounts::bind_resolv_conf(sys, &root, conf)?;
+    }
+    mounts::mount_secrets(sys, &root, &spec.secrets, spec.secrets_owner.as_deref())?;
+    mounts::attach_helper(sys, &helper, &root.join(SELF_PATH.trim_start_matches('/')))?;
+    Ok(helper)
+}
+
+fn pid1(sys: &dyn Sys, cfg: InitConfig) -> ! {
+    let helper = setup_sandbox(sys, &cfg).unwrap_or_else(|e| fail_with(e));
     report(&InitReport::Ready);
     detach_stdio(helper.as_raw_fd());
     if let Err(e) = nix::unistd::setsid() {
@@ -185,5 +199,134 @@ fn detach_stdio(keep: i32) {
             }
             libc::close(fd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    use nix::errno::Errno;
+
+    use super::*;
+    use crate::spec::SecretFile;
+    use crate::sys::{RecordingSys, SysCall};
+
+    fn spec(dir: &Path) -> SandboxSpec {
+        let d = |n: &str| {
+            let p = dir.join(n);
+            fs::create_dir_all(&p).unwrap();
+            p
+        };
+        SandboxSpec {
+            id: "sb-1".into(),
+            hostname: "box".into(),
+            lower_dirs: vec![d("l1")],
+            upper_dir: d("up"),
+            work_dir: d("wk"),
+            rootfs_dir: d("root"),
+            limits: Default::default(),
+            log_path: dir.join("init.log"),
+            machine_id: "0123456789abcdef0123456789abcdef".into(),
+            fork_generation: 2,
+            secrets: vec![],
+            secrets_owner: None,
+            netns_path: None,
+            resolv_conf: None,
+        }
+    }
+
+    fn config(dir: &Path) -> InitConfig {
+        let init_binary = dir.join("strata-init");
+        fs::write(&init_binary, b"binary").unwrap();
+        InitConfig { spec: spec(dir), cgroup_join_files: vec![], stop_grace_secs: 10, init_binary }
+    }
+
+    #[test]
+    fn namespaces_are_unshared_with_a_new_network_unless_one_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(dir.path());
+        let sys = RecordingSys::new();
+        enter_namespaces(&sys, &spec).unwrap();
+        assert_eq!(
+            sys.calls().iter().map(|c| c.describe(dir.path())).collect::<Vec<_>>(),
+            ["unshare NEWCGROUP|NEWIPC|NEWNET|NEWNS|NEWPID|NEWUTS"]
+        );
+        // Egress: the daemon's prepared namespace is joined first, and no new one made.
+        let netns = dir.path().join("netns");
+        fs::write(&netns, b"").unwrap();
+        spec.netns_path = Some(netns);
+        let sys = RecordingSys::new();
+        enter_namespaces(&sys, &spec).unwrap();
+        assert_eq!(
+            sys.calls().iter().map(|c| c.describe(dir.path())).collect::<Vec<_>>(),
+            ["setns $ROOT/netns NEWNET", "unshare NEWCGROUP|NEWIPC|NEWNS|NEWPID|NEWUTS"]
+        );
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| matches!(c, SysCall::Setns { .. }), Errno::EINVAL);
+        let err = enter_namespaces(&sys, &spec).unwrap_err();
+        assert_eq!(err, format!("join network namespace {}/netns: EINVAL: Invalid argument", dir.path().display()));
+        assert_eq!(sys.names(), ["setns"]);
+    }
+
+    #[test]
+    fn pid1_setup_runs_the_whole_sequence() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path());
+        let root = cfg.spec.rootfs_dir.clone();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(root.join("etc/hosts"), "127.0.0.1 localhost\n").unwrap();
+        cfg.spec.resolv_conf = Some("nameserver 10.0.0.53\n".into());
+        cfg.spec.secrets = vec![SecretFile { name: "TOKEN".into(), data: b"t".to_vec() }];
+        let sys = RecordingSys::new();
+        let helper = setup_sandbox(&sys, &cfg).unwrap();
+        // The helper mount stands for the init binary (the fake opened the file itself).
+        assert_eq!(fs::read_link(format!("/proc/self/fd/{}", helper.as_raw_fd())).unwrap(), cfg.init_binary);
+        let got: Vec<String> = sys.calls().iter().map(|c| c.describe(&root)).collect();
+        // The root filesystem's own sequence is checked in mounts::tests; here the order of the steps.
+        let at = |prefix: &str| got.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}"));
+        assert_eq!(got[0], format!("open_tree {} 0x80001", cfg.init_binary.display()));
+        assert_eq!(got[1], "mount - / - PRIVATE|REC -");
+        let steps = [
+            at("mount overlay $ROOT overlay"),
+            at("sethostname box"),
+            at("loopback_up"),
+            at("pivot_root . ."),
+            at("mount tmpfs $ROOT/run/strata tmpfs"),
+            at("mount $ROOT/run/strata/resolv.conf $ROOT/etc/resolv.conf - BIND"),
+            at("mount tmpfs $ROOT/run/secrets tmpfs"),
+            at("move_mount"),
+        ];
+        assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}\n{got:#?}");
+        assert_eq!(
+            got[got.len() - 2..],
+            [
+                format!("move_mount {} $ROOT/run/strata/init", cfg.init_binary.display()),
+                "mount - $ROOT/run/strata/init - BIND|NODEV|NOSUID|RDONLY|REMOUNT -".into(),
+            ]
+        );
+        assert_eq!(fs::read_to_string(root.join("run/strata/hostname")).unwrap(), "box\n");
+        assert_eq!(fs::read_to_string(root.join("run/strata/generation")).unwrap(), "2\n");
+        assert_eq!(fs::read(root.join("run/secrets/TOKEN")).unwrap(), b"t");
+        assert!(root.join("run/strata/init").is_file());
+    }
+
+    #[test]
+    fn pid1_setup_stops_at_the_first_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| matches!(c, SysCall::Sethostname { .. }), Errno::EPERM);
+        let err = setup_sandbox(&sys, &cfg).unwrap_err();
+        assert_eq!(err, mounts::SetupError::Host("sethostname: EPERM: Operation not permitted".into()));
+        assert_eq!(sys.names().last(), Some(&"sethostname"));
+        assert!(!sys.names().contains(&"pivot_root"));
+        // A helper binary that is gone fails first, before any mount.
+        let sys = RecordingSys::new();
+        let cfg = InitConfig { init_binary: dir.path().join("missing"), ..config(dir.path()) };
+        let err = setup_sandbox(&sys, &cfg).unwrap_err();
+        assert!(err.to_string().starts_with("open_tree "), "{err}");
+        assert_eq!(sys.names(), ["open_tree"]);
     }
 }

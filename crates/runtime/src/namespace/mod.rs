@@ -6,6 +6,12 @@
 //! _restore`: dump and restore the process tree for standby). From the static
 //! `strata-init` crate: [`enter`] (`strata-init _enter`, run on the host, hands
 //! one process to a `strata-init _shim` inside), [`creds`], [`seccomp`], [`user`].
+//!
+//! The setup steps of `_init` and `_restore` ([`init::enter_namespaces`],
+//! [`init::setup_sandbox`], [`restore::prepare_root`] and the [`mounts`]
+//! functions) make their privileged calls through a [`crate::sys::Sys`]: the
+//! helpers pass [`crate::sys::LinuxSys`], the unit tests a
+//! [`crate::sys::RecordingSys`].
 
 pub mod criu;
 pub mod init;
@@ -365,8 +371,15 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        mounts::reidentify(handle.init_pid, &spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)
-            .map_err(RuntimeError::Setup)
+        mounts::reidentify(
+            &crate::sys::LinuxSys,
+            handle.init_pid,
+            &spec.hostname,
+            &spec.id,
+            &spec.machine_id,
+            spec.fork_generation,
+        )
+        .map_err(RuntimeError::Setup)
     }
 
     fn restore_processes(

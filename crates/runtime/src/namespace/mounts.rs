@@ -1,11 +1,14 @@
 //! The sandbox's mount tree, built by its init inside a private mount namespace.
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::stat::{makedev, Mode, SFlag};
+
+use crate::sys::Sys;
 
 /// Why setting up a sandbox's mount tree failed. The message travels back to
 /// the daemon over a pipe; the kind says whose fault it is.
@@ -68,7 +71,13 @@ pub fn overlay_data(lower_fds: &[i32], upper_fd: i32, work_fd: i32) -> SetupResu
 /// Mounts the overlay of `lower` (bottom first), `upper` and `work` on
 /// `target`, naming each directory by a descriptor held for the call (see
 /// [`overlay_data`]).
-pub fn mount_overlay(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> SetupResult<()> {
+pub fn mount_overlay(
+    sys: &dyn Sys,
+    lower_bottom_first: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> SetupResult<()> {
     use std::os::fd::AsRawFd;
     let open = |p: &Path| -> SetupResult<std::os::fd::OwnedFd> {
         let fd = nix::fcntl::open(
@@ -84,7 +93,7 @@ pub fn mount_overlay(lower_bottom_first: &[PathBuf], upper: &Path, work: &Path, 
     let (upper_fd, work_fd) = (open(upper)?, open(work)?);
     let lower_fds: Vec<i32> = lowers.iter().map(|f| f.as_raw_fd()).collect();
     let data = overlay_data(&lower_fds, upper_fd.as_raw_fd(), work_fd.as_raw_fd())?;
-    mnt("overlay", target, Some("overlay"), MsFlags::empty(), Some(&data))
+    mnt(sys, "overlay", target, Some("overlay"), MsFlags::empty(), Some(&data))
 }
 
 /// Makes sure `root/name` is a real directory (creating it), never a symlink
@@ -104,8 +113,17 @@ fn mount_point(root: &Path, rel: &str) -> SetupResult<PathBuf> {
     }
 }
 
-fn mnt(src: &str, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> SetupResult<()> {
-    Ok(mount(Some(src), target, fstype, flags, data).map_err(ctx(format!("mount {src} on {}", target.display())))?)
+fn mnt(
+    sys: &dyn Sys,
+    src: &str,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> SetupResult<()> {
+    Ok(sys
+        .mount(Some(Path::new(src)), target, fstype, flags, data)
+        .map_err(ctx(format!("mount {src} on {}", target.display())))?)
 }
 
 const DEVICES: [(&str, u64, u64); 6] =
@@ -156,21 +174,23 @@ pub fn tmp_size(memory_bytes: Option<u64>) -> String {
 /// Mounts the overlay root and the pseudo-filesystems under it. Must run in a
 /// fresh mount (and pid) namespace. `memory_bytes` (the memory limit) caps /tmp.
 pub fn build_rootfs(
+    sys: &dyn Sys,
     lower: &[PathBuf],
     upper: &Path,
     work: &Path,
     root: &Path,
     memory_bytes: Option<u64>,
 ) -> SetupResult<()> {
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+    sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
         .map_err(ctx("make / private"))?;
-    mount_overlay(lower, upper, work, root)?;
+    mount_overlay(sys, lower, upper, work, root)?;
 
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mnt("proc", &mount_point(root, "proc")?, Some("proc"), nosuid_nodev_noexec, None)?;
+    mnt(sys, "proc", &mount_point(root, "proc")?, Some("proc"), nosuid_nodev_noexec, None)?;
 
     let dev = mount_point(root, "dev")?;
     mnt(
+        sys,
         "tmpfs",
         &dev,
         Some("tmpfs"),
@@ -179,10 +199,10 @@ pub fn build_rootfs(
     )?;
     for (name, major, minor) in DEVICES {
         let p = dev.join(name);
-        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor))
+        sys.mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor))
             .map_err(ctx(format!("mknod /dev/{name}")))?;
         // mknod honours the umask; set the mode explicitly.
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o666)).map_err(ctx(format!("chmod /dev/{name}")))?;
+        sys.chmod(&p, 0o666).map_err(std::io::Error::from).map_err(ctx(format!("chmod /dev/{name}")))?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -197,17 +217,19 @@ pub fn build_rootfs(
         fs::create_dir(dev.join(d)).map_err(ctx(format!("mkdir /dev/{d}")))?;
     }
     mnt(
+        sys,
         "devpts",
         &dev.join("pts"),
         Some("devpts"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )?;
-    mnt("shm", &dev.join("shm"), Some("tmpfs"), nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
-    mnt("mqueue", &dev.join("mqueue"), Some("mqueue"), nosuid_nodev_noexec, None)?;
+    mnt(sys, "shm", &dev.join("shm"), Some("tmpfs"), nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
+    mnt(sys, "mqueue", &dev.join("mqueue"), Some("mqueue"), nosuid_nodev_noexec, None)?;
 
-    mnt("sysfs", &mount_point(root, "sys")?, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
+    mnt(sys, "sysfs", &mount_point(root, "sys")?, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
     mnt(
+        sys,
         "tmpfs",
         &mount_point(root, "tmp")?,
         Some("tmpfs"),
@@ -219,9 +241,9 @@ pub fn build_rootfs(
         let p = root.join(rel);
         let Ok(meta) = fs::symlink_metadata(&p) else { continue };
         if meta.is_dir() {
-            mnt("tmpfs", &p, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))?;
+            mnt(sys, "tmpfs", &p, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=0"))?;
         } else {
-            mount(Some(&dev.join("null")), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            sys.mount(Some(&dev.join("null")), &p, None, MsFlags::MS_BIND, None)
                 .map_err(ctx(format!("mask /{rel}")))?;
         }
     }
@@ -230,31 +252,32 @@ pub fn build_rootfs(
         if fs::symlink_metadata(&p).is_err() {
             continue;
         }
-        mount(Some(&p), &p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-            .map_err(ctx(format!("bind /{rel}")))?;
-        mount(
-            None::<&str>,
+        sys.mount(Some(&p), &p, None, MsFlags::MS_BIND | MsFlags::MS_REC, None).map_err(ctx(format!("bind /{rel}")))?;
+        sys.mount(
+            None,
             &p,
-            None::<&str>,
+            None,
             MsFlags::MS_BIND
                 | MsFlags::MS_REMOUNT
                 | MsFlags::MS_RDONLY
                 | MsFlags::MS_NOSUID
                 | MsFlags::MS_NODEV
                 | MsFlags::MS_NOEXEC,
-            None::<&str>,
+            None,
         )
         .map_err(ctx(format!("read-only /{rel}")))?;
     }
     Ok(())
 }
 
-/// Makes `root` the root of the mount namespace and detaches the old root.
-pub fn pivot_into(root: &Path) -> SetupResult<()> {
-    nix::unistd::chdir(root).map_err(ctx("chdir to new root"))?;
-    nix::unistd::pivot_root(".", ".").map_err(ctx("pivot_root"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(ctx("detach old root"))?;
-    nix::unistd::chdir("/").map_err(ctx("chdir /"))?;
+/// Makes `root` the root of the mount namespace and detaches the old root
+/// (stacked on the new one by `pivot_root(".", ".")`).
+pub fn pivot_into(sys: &dyn Sys, root: &Path) -> SetupResult<()> {
+    let here = Path::new(".");
+    sys.chdir(root).map_err(ctx("chdir to new root"))?;
+    sys.pivot_root(here, here).map_err(ctx("pivot_root"))?;
+    sys.umount2(here, MntFlags::MNT_DETACH).map_err(ctx("detach old root"))?;
+    sys.chdir(Path::new("/")).map_err(ctx("chdir /"))?;
     Ok(())
 }
 
@@ -271,9 +294,18 @@ pub const IDENTITY_PATHS: [&str; 5] = ["etc/hostname", "etc/hosts", "etc/machine
 /// resolve inside the sandbox): a tmpfs at /run/strata holding sandbox-id,
 /// generation, hostname, hosts and machine-id, the last three bind-mounted over
 /// /etc/hostname, /etc/hosts and /etc/machine-id. Forks get fresh values here,
-/// and nothing of it lands in the writable layer.
-pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, generation: u32) -> SetupResult<()> {
-    match fs::create_dir_all("/run/strata") {
+/// and nothing of it lands in the writable layer. `root` is the sandbox's root
+/// as seen now (`/` after the pivot; see [`Sys::root_after_pivot`]).
+pub fn write_identity_files(
+    sys: &dyn Sys,
+    root: &Path,
+    hostname: &str,
+    sandbox_id: &str,
+    machine_id: &str,
+    generation: u32,
+) -> SetupResult<()> {
+    let run_strata = root.join("run/strata");
+    match fs::create_dir_all(&run_strata) {
         Ok(()) => {}
         // A file (or a symlink to one) where /run or /run/strata must be a directory.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::EEXIST)) => {
@@ -282,22 +314,23 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
         Err(e) => return Err(format!("mkdir /run/strata: {e}").into()),
     }
     mnt(
+        sys,
         "tmpfs",
-        Path::new("/run/strata"),
+        &run_strata,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some("mode=755,size=1m"),
     )?;
     let put = |name: &str, content: String| {
-        fs::write(format!("/run/strata/{name}"), content).map_err(ctx(format!("write /run/strata/{name}")))
+        fs::write(run_strata.join(name), content).map_err(ctx(format!("write /run/strata/{name}")))
     };
     put("sandbox-id", format!("{sandbox_id}\n"))?;
     put("generation", format!("{generation}\n"))?;
-    let etc = Path::new("/etc");
+    let etc = root.join("etc");
     if !etc.is_dir() {
         return Ok(());
     }
-    let hosts = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let hosts = fs::read_to_string(etc.join("hosts")).unwrap_or_default();
     let mut new = String::new();
     if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
         new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
@@ -315,7 +348,7 @@ pub fn write_identity_files(hostname: &str, sandbox_id: &str, machine_id: &str, 
                 fs::write(&target, b"").map_err(ctx(format!("create /etc/{name}")))?;
             }
         }
-        mount(Some(format!("/run/strata/{name}").as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        sys.mount(Some(&run_strata.join(name)), &target, None, MsFlags::MS_BIND, None)
             .map_err(ctx(format!("bind /etc/{name}")))?;
     }
     Ok(())
@@ -378,6 +411,7 @@ fn hosts_with(hosts: &str, hostname: &str) -> String {
 /// `/proc/<init>/root` with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`:
 /// whatever the copied workload left there, no write leaves the sandbox.
 pub fn reidentify(
+    sys: &dyn Sys,
     init_pid: i32,
     hostname: &str,
     sandbox_id: &str,
@@ -427,36 +461,39 @@ pub fn reidentify(
     // The UTS namespace is per thread: join it from a thread of its own, which then ends.
     let uts = fs::File::open(format!("/proc/{init_pid}/ns/uts"))
         .map_err(|e| format!("open the UTS namespace of pid {init_pid}: {e}"))?;
-    let name = hostname.to_string();
-    std::thread::spawn(move || -> Result<(), String> {
-        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
-            .map_err(|e| format!("join the UTS namespace: {e}"))?;
-        nix::unistd::sethostname(&name).map_err(|e| format!("sethostname {name}: {e}"))
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<(), String> {
+            sys.setns(uts.as_fd(), nix::sched::CloneFlags::CLONE_NEWUTS)
+                .map_err(|e| format!("join the UTS namespace: {e}"))?;
+            sys.sethostname(hostname).map_err(|e| format!("sethostname {hostname}: {e}"))
+        })
+        .join()
     })
-    .join()
     .map_err(|_| "the hostname thread panicked".to_string())?
 }
 
 /// Binds `/run/strata/resolv.conf` (holding `content`) over /etc/resolv.conf
 /// (created when the image has none; a symlink there is replaced by the
-/// file, since it would point at a host-specific resolver anyway).
-pub fn bind_resolv_conf(content: &str) -> SetupResult<()> {
-    fs::write("/run/strata/resolv.conf", content).map_err(ctx("write /run/strata/resolv.conf"))?;
-    let target = Path::new("/etc/resolv.conf");
-    if !Path::new("/etc").is_dir() {
+/// file, since it would point at a host-specific resolver anyway). `root` is
+/// the sandbox's root as seen now (`/` after the pivot).
+pub fn bind_resolv_conf(sys: &dyn Sys, root: &Path, content: &str) -> SetupResult<()> {
+    let source = root.join("run/strata/resolv.conf");
+    fs::write(&source, content).map_err(ctx("write /run/strata/resolv.conf"))?;
+    let etc = root.join("etc");
+    let target = etc.join("resolv.conf");
+    if !etc.is_dir() {
         return Ok(());
     }
-    match fs::symlink_metadata(target) {
+    match fs::symlink_metadata(&target) {
         Ok(m) if m.is_file() => {}
         Ok(m) if m.is_dir() => return Ok(()),
         Ok(_) => {
-            fs::remove_file(target).map_err(ctx("remove the /etc/resolv.conf symlink"))?;
-            fs::write(target, b"").map_err(ctx("create /etc/resolv.conf"))?;
+            fs::remove_file(&target).map_err(ctx("remove the /etc/resolv.conf symlink"))?;
+            fs::write(&target, b"").map_err(ctx("create /etc/resolv.conf"))?;
         }
-        Err(_) => fs::write(target, b"").map_err(ctx("create /etc/resolv.conf"))?,
+        Err(_) => fs::write(&target, b"").map_err(ctx("create /etc/resolv.conf"))?,
     }
-    mount(Some("/run/strata/resolv.conf"), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(ctx("bind /etc/resolv.conf"))?;
+    sys.mount(Some(&source), &target, None, MsFlags::MS_BIND, None).map_err(ctx("bind /etc/resolv.conf"))?;
     Ok(())
 }
 
@@ -473,13 +510,18 @@ pub fn secrets_owner(owner: Option<&str>, passwd: &str, group: &str) -> (u32, u3
 /// Mounts a tmpfs on `dir` holding one file per secret (mode 0400, directory
 /// 0500, both owned by `owner`), then makes it read-only. nosuid, nodev,
 /// noexec; sized to its contents.
-pub fn fill_secrets(dir: &Path, secrets: &[crate::spec::SecretFile], owner: (u32, u32)) -> SetupResult<()> {
+pub fn fill_secrets(
+    sys: &dyn Sys,
+    dir: &Path,
+    secrets: &[crate::spec::SecretFile],
+    owner: (u32, u32),
+) -> SetupResult<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let bytes: usize = secrets.iter().map(|s| s.data.len().div_ceil(4096) * 4096 + 4096).sum::<usize>() + 4096;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let opts = format!("mode=0500,uid={},gid={},size={bytes},nr_inodes={}", owner.0, owner.1, secrets.len() + 16);
-    mnt("tmpfs", dir, Some("tmpfs"), flags, Some(&opts))?;
+    mnt(sys, "tmpfs", dir, Some("tmpfs"), flags, Some(&opts))?;
     for s in secrets {
         if !strata_api::valid_secret_name(&s.name) {
             return Err(format!("invalid secret name {:?}", s.name).into());
@@ -493,9 +535,11 @@ pub fn fill_secrets(dir: &Path, secrets: &[crate::spec::SecretFile], owner: (u32
             .open(&p)
             .map_err(ctx(format!("create secret {}", s.name)))?;
         f.write_all(&s.data).map_err(ctx(format!("write secret {}", s.name)))?;
-        std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1)).map_err(ctx(format!("chown secret {}", s.name)))?;
+        sys.fchown(f.as_fd(), owner.0, owner.1)
+            .map_err(std::io::Error::from)
+            .map_err(ctx(format!("chown secret {}", s.name)))?;
     }
-    mount(None::<&str>, dir, None::<&str>, flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, Some(opts.as_str()))
+    sys.mount(None, dir, None, flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, Some(opts.as_str()))
         .map_err(ctx(format!("read-only {}", dir.display())))?;
     Ok(())
 }
@@ -503,13 +547,19 @@ pub fn fill_secrets(dir: &Path, secrets: &[crate::spec::SecretFile], owner: (u32
 /// Mounts the secrets tmpfs at [`crate::spec::SECRETS_DIR`] inside the
 /// sandbox (after pivot_root; the mount point must be a real directory, never
 /// a symlink planted by the image). The owner is resolved against the
-/// sandbox's own /etc/passwd and /etc/group.
-pub fn mount_secrets(secrets: &[crate::spec::SecretFile], owner: Option<&str>) -> SetupResult<()> {
+/// sandbox's own /etc/passwd and /etc/group. `root` is the sandbox's root as
+/// seen now (`/` after the pivot).
+pub fn mount_secrets(
+    sys: &dyn Sys,
+    root: &Path,
+    secrets: &[crate::spec::SecretFile],
+    owner: Option<&str>,
+) -> SetupResult<()> {
     if secrets.is_empty() {
         return Ok(());
     }
-    let dir = Path::new(crate::spec::SECRETS_DIR);
-    match fs::symlink_metadata(dir) {
+    let dir = root.join(crate::spec::SECRETS_DIR.trim_start_matches('/'));
+    match fs::symlink_metadata(&dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(SetupError::Image(format!(
@@ -518,108 +568,54 @@ pub fn mount_secrets(secrets: &[crate::spec::SecretFile], owner: Option<&str>) -
             )))
         }
         Err(_) => {
-            let run = Path::new("/run");
+            let run = root.join("run");
             if fs::symlink_metadata(run).is_ok_and(|m| !m.is_dir()) {
                 return Err(SetupError::Image(
                     "refusing to mount secrets: /run is not a directory in the image".into(),
                 ));
             }
-            fs::create_dir_all(dir).map_err(ctx(format!("mkdir {}", dir.display())))?;
+            fs::create_dir_all(&dir).map_err(ctx(format!("mkdir {}", dir.display())))?;
         }
     }
-    let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let group = fs::read_to_string("/etc/group").unwrap_or_default();
-    fill_secrets(dir, secrets, secrets_owner(owner, &passwd, &group))
+    let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap_or_default();
+    let group = fs::read_to_string(root.join("etc/group")).unwrap_or_default();
+    fill_secrets(sys, &dir, secrets, secrets_owner(owner, &passwd, &group))
 }
 
 /// A detached bind mount of the `strata-init` binary `exe` (`open_tree`
 /// clone), taken before pivot_root hides the host; [`attach_helper`] places it.
-pub fn clone_helper_mount(exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    let path = std::ffi::CString::new(exe.as_os_str().as_encoded_bytes()).map_err(ctx("helper path"))?;
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    // SAFETY: open_tree takes a dirfd, a NUL-terminated path that outlives the call, and flags.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(format!("open_tree {}: {}", exe.display(), std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: fd is a new descriptor owned by nobody else.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+pub fn clone_helper_mount(sys: &dyn Sys, exe: &Path) -> SetupResult<std::os::fd::OwnedFd> {
+    let flags = crate::sys::OPEN_TREE_CLONE | libc::O_CLOEXEC as u32;
+    sys.open_tree(exe, flags).map_err(|e| format!("open_tree {}: {}", exe.display(), std::io::Error::from(e)).into())
 }
 
 /// Attaches the detached helper mount on `target` (a file it creates on the
 /// /run/strata tmpfs) and makes it read-only; after pivot_root. `tree` stays
 /// valid: it then names the attached mount (pid 1 executes it).
-pub fn attach_helper(tree: &std::os::fd::OwnedFd, target: &str) -> SetupResult<()> {
-    use std::os::fd::AsRawFd;
+pub fn attach_helper(sys: &dyn Sys, tree: &std::os::fd::OwnedFd, target: &Path) -> SetupResult<()> {
+    let shown = target.display();
     fs::OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
         .open(target)
-        .map_err(ctx(format!("create {target}")))?;
-    let c_target = std::ffi::CString::new(target).map_err(ctx("target"))?;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    // SAFETY: move_mount takes two (dirfd, NUL-terminated path) pairs that outlive the call, and flags.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            c_target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(format!("attach the helper on {target}: {}", std::io::Error::last_os_error()).into());
-    }
-    mount(
-        None::<&str>,
+        .map_err(ctx(format!("create {shown}")))?;
+    sys.move_mount(tree.as_fd(), target)
+        .map_err(|e| format!("attach the helper on {shown}: {}", std::io::Error::from(e)))?;
+    sys.mount(
+        None,
         target,
-        None::<&str>,
+        None,
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        None::<&str>,
+        None,
     )
-    .map_err(ctx(format!("read-only {target}")))?;
+    .map_err(ctx(format!("read-only {shown}")))?;
     Ok(())
 }
 
 /// Brings the loopback interface of the (new) network namespace up.
-pub fn loopback_up() -> SetupResult<()> {
-    // SAFETY: socket() has no memory-safety preconditions; the fd is closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: fd is a valid socket and req a valid ifreq for these ioctls.
-    let r = unsafe {
-        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
-            -1
-        } else {
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req)
-        }
-    };
-    let err = std::io::Error::last_os_error();
-    // SAFETY: fd was returned by socket() above and is closed once.
-    unsafe { libc::close(fd) };
-    if r < 0 {
-        return Err(format!("bring up lo: {err}").into());
-    }
-    Ok(())
+pub fn loopback_up(sys: &dyn Sys) -> SetupResult<()> {
+    sys.loopback_up().map_err(|e| format!("bring up lo: {}", std::io::Error::from(e)).into())
 }
 
 #[cfg(test)]
@@ -661,5 +657,325 @@ mod tests {
         assert_eq!(secrets_owner(Some("nobody-here"), passwd, group), (0, 0));
         assert_eq!(secrets_owner(None, passwd, group), (0, 0));
         assert_eq!(secrets_owner(Some(""), passwd, group), (0, 0));
+    }
+
+    // ---- the setup sequences, against RecordingSys (no root needed) ----
+
+    use crate::sys::{RecordingSys, SysCall};
+    use nix::errno::Errno;
+
+    /// A temporary tree: `l1`, `l2` (bottom first), `up`, `wk` and the root `root`.
+    struct Tree {
+        _dir: tempfile::TempDir,
+        lower: Vec<PathBuf>,
+        upper: PathBuf,
+        work: PathBuf,
+        root: PathBuf,
+    }
+
+    fn tree() -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        let d = |n: &str| {
+            let p = dir.path().join(n);
+            fs::create_dir(&p).unwrap();
+            p
+        };
+        let lower = vec![d("l1"), d("l2")];
+        let (upper, work, root) = (d("up"), d("wk"), d("root"));
+        Tree { _dir: dir, lower, upper, work, root }
+    }
+
+    fn described(sys: &RecordingSys, root: &Path) -> Vec<String> {
+        sys.calls().iter().map(|c| c.describe(root)).collect()
+    }
+
+    #[test]
+    fn rootfs_is_built_in_order_with_its_flags_and_options() {
+        let t = tree();
+        // What the image has under the pseudo-filesystems decides what is masked
+        // or made read-only: plant a few (the fake mounts nothing there).
+        fs::create_dir_all(t.root.join("proc/acpi")).unwrap();
+        fs::create_dir_all(t.root.join("proc/sys")).unwrap();
+        fs::create_dir_all(t.root.join("sys/firmware")).unwrap();
+        fs::write(t.root.join("proc/kcore"), b"").unwrap();
+        fs::write(t.root.join("proc/sysrq-trigger"), b"").unwrap();
+        let sys = RecordingSys::new();
+        build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, Some(64 << 20)).unwrap();
+        let got = described(&sys, &t.root);
+        let mut want: Vec<String> = vec![
+            "mount - / - PRIVATE|REC -".into(),
+            "OVERLAY".into(), // checked below: descriptor numbers vary
+            "mount proc $ROOT/proc proc NODEV|NOEXEC|NOSUID -".into(),
+            "mount tmpfs $ROOT/dev tmpfs NOEXEC|NOSUID|STRICTATIME mode=755,size=65536k".into(),
+        ];
+        for (name, major, minor) in DEVICES {
+            want.push(format!("mknod $ROOT/dev/{name} CHR 666 {major}:{minor}"));
+            want.push(format!("chmod $ROOT/dev/{name} 666"));
+        }
+        want.extend(
+            [
+                "mount devpts $ROOT/dev/pts devpts NOEXEC|NOSUID newinstance,ptmxmode=0666,mode=0620",
+                "mount shm $ROOT/dev/shm tmpfs NODEV|NOEXEC|NOSUID mode=1777,size=65536k",
+                "mount mqueue $ROOT/dev/mqueue mqueue NODEV|NOEXEC|NOSUID -",
+                "mount sysfs $ROOT/sys sysfs NODEV|NOEXEC|NOSUID|RDONLY -",
+                "mount tmpfs $ROOT/tmp tmpfs NODEV|NOSUID mode=1777,size=65536k",
+                // Masked, in MASKED's order: a file is covered by /dev/null, a directory by an empty tmpfs.
+                "mount $ROOT/dev/null $ROOT/proc/kcore - BIND -",
+                "mount tmpfs $ROOT/proc/acpi tmpfs RDONLY size=0",
+                "mount tmpfs $ROOT/sys/firmware tmpfs RDONLY size=0",
+                // Read-only: bound onto itself, then remounted.
+                "mount $ROOT/proc/sys $ROOT/proc/sys - BIND|REC -",
+                "mount - $ROOT/proc/sys - BIND|NODEV|NOEXEC|NOSUID|RDONLY|REMOUNT -",
+                "mount $ROOT/proc/sysrq-trigger $ROOT/proc/sysrq-trigger - BIND|REC -",
+                "mount - $ROOT/proc/sysrq-trigger - BIND|NODEV|NOEXEC|NOSUID|RDONLY|REMOUNT -",
+            ]
+            .map(String::from),
+        );
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if i != 1 {
+                assert_eq!(g, w, "call {i}");
+            }
+        }
+        let SysCall::Mount { source, target, fstype, flags, data } = &sys.calls()[1] else { panic!("{got:?}") };
+        assert_eq!(
+            (source.as_deref(), target, fstype.as_deref(), *flags),
+            (Some(Path::new("overlay")), &t.root, Some("overlay"), MsFlags::empty())
+        );
+        let data = data.as_deref().unwrap();
+        let fds = |key: &str| -> Vec<String> {
+            let v = data.split(',').find_map(|kv| kv.strip_prefix(key)).unwrap();
+            v.split(':').map(str::to_string).collect()
+        };
+        assert_eq!(fds("lowerdir=").len(), 2, "{data}");
+        assert!(fds("lowerdir=")
+            .iter()
+            .chain(&fds("upperdir="))
+            .chain(&fds("workdir="))
+            .all(|f| f.strip_prefix("/proc/self/fd/").is_some_and(|n| n.parse::<u32>().is_ok())));
+        // What the unprivileged part left in the tree.
+        assert_eq!(fs::read_link(t.root.join("dev/fd")).unwrap(), Path::new("/proc/self/fd"));
+        assert_eq!(fs::read_link(t.root.join("dev/ptmx")).unwrap(), Path::new("pts/ptmx"));
+        assert!(["pts", "shm", "mqueue"].iter().all(|d| t.root.join("dev").join(d).is_dir()));
+    }
+
+    #[test]
+    fn the_overlay_names_the_top_layer_first() {
+        let t = tree();
+        let sys = RecordingSys::new();
+        // The descriptors are open only during the call: resolve them then.
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        sys.fail_when(
+            move |c| {
+                if let SysCall::Mount { data: Some(d), .. } = c {
+                    let paths = d
+                        .split([',', ':', '='])
+                        .filter(|x| x.starts_with("/proc/self/fd/"))
+                        .map(|x| fs::read_link(x).unwrap())
+                        .collect::<Vec<_>>();
+                    *s2.lock().unwrap() = paths;
+                }
+                false
+            },
+            Errno::EPERM,
+        );
+        mount_overlay(&sys, &t.lower, &t.upper, &t.work, &t.root).unwrap();
+        let want = vec![t.lower[1].clone(), t.lower[0].clone(), t.upper.clone(), t.work.clone()];
+        assert_eq!(*seen.lock().unwrap(), want);
+    }
+
+    #[test]
+    fn a_failed_mount_stops_the_setup_with_its_context() {
+        let t = tree();
+        let sys = RecordingSys::new();
+        let proc_dir = t.root.join("proc");
+        let target = proc_dir.clone();
+        sys.fail_when(move |c| c.is_mount_on(&target), Errno::EPERM);
+        let err = build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap_err();
+        assert_eq!(
+            err,
+            SetupError::Host(format!("mount proc on {}: EPERM: Operation not permitted", proc_dir.display()))
+        );
+        // Nothing after the failed call.
+        assert!(sys.calls().last().unwrap().is_mount_on(&proc_dir));
+        assert_eq!(sys.names(), ["mount", "mount", "mount"]);
+    }
+
+    #[test]
+    fn a_failed_chmod_names_the_device() {
+        let t = tree();
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| matches!(c, SysCall::Chmod { path, .. } if path.ends_with("zero")), Errno::EPERM);
+        let err = build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap_err();
+        assert_eq!(err.to_string(), "chmod /dev/zero: Operation not permitted (os error 1)");
+    }
+
+    #[test]
+    fn a_symlink_where_proc_goes_is_the_images_fault_and_mounts_nothing_there() {
+        let t = tree();
+        std::os::unix::fs::symlink("/proc", t.root.join("proc")).unwrap();
+        let sys = RecordingSys::new();
+        let err = build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap_err();
+        assert!(matches!(&err, SetupError::Image(m) if m.contains("/proc: it is a symlink")), "{err:?}");
+        // Private propagation and the overlay only.
+        assert_eq!(sys.names(), ["mount", "mount"]);
+    }
+
+    #[test]
+    fn pivot_stacks_the_old_root_and_detaches_it() {
+        let t = tree();
+        let sys = RecordingSys::new();
+        pivot_into(&sys, &t.root).unwrap();
+        assert_eq!(described(&sys, &t.root), ["chdir $ROOT", "pivot_root . .", "umount2 . DETACH", "chdir /"]);
+        // A failed pivot_root never detaches anything.
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| matches!(c, SysCall::PivotRoot { .. }), Errno::EINVAL);
+        let err = pivot_into(&sys, &t.root).unwrap_err();
+        assert_eq!(err.to_string(), "pivot_root: EINVAL: Invalid argument");
+        assert_eq!(sys.names(), ["chdir", "pivot_root"]);
+    }
+
+    #[test]
+    fn identity_files_are_written_on_a_tmpfs_and_bound_over_etc() {
+        let t = tree();
+        fs::create_dir_all(t.root.join("etc")).unwrap();
+        fs::write(t.root.join("etc/hosts"), "10.0.0.1 db\n127.0.1.1 old\n").unwrap();
+        // A symlink in the image is left alone (not bound over).
+        std::os::unix::fs::symlink("/elsewhere", t.root.join("etc/machine-id")).unwrap();
+        let sys = RecordingSys::new();
+        write_identity_files(&sys, &t.root, "box", "sb-1", "0123", 7).unwrap();
+        assert_eq!(
+            described(&sys, &t.root),
+            [
+                "mount tmpfs $ROOT/run/strata tmpfs NODEV|NOEXEC|NOSUID mode=755,size=1m",
+                "mount $ROOT/run/strata/hostname $ROOT/etc/hostname - BIND -",
+                "mount $ROOT/run/strata/hosts $ROOT/etc/hosts - BIND -",
+            ]
+        );
+        let read = |rel: &str| fs::read_to_string(t.root.join(rel)).unwrap();
+        assert_eq!(read("run/strata/sandbox-id"), "sb-1\n");
+        assert_eq!(read("run/strata/generation"), "7\n");
+        assert_eq!(read("run/strata/machine-id"), "0123\n");
+        assert_eq!(
+            read("run/strata/hosts"),
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n10.0.0.1 db\n127.0.1.1\tbox\n"
+        );
+        // The bind target was created empty where the image had none.
+        assert_eq!(read("etc/hostname"), "");
+    }
+
+    #[test]
+    fn a_run_file_in_the_image_is_the_images_fault() {
+        let t = tree();
+        fs::write(t.root.join("run"), b"").unwrap();
+        let sys = RecordingSys::new();
+        let err = write_identity_files(&sys, &t.root, "box", "sb-1", "0123", 0).unwrap_err();
+        assert!(matches!(err, SetupError::Image(_)), "{err:?}");
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn secrets_are_created_owned_then_made_read_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tree();
+        fs::create_dir_all(t.root.join("etc")).unwrap();
+        fs::write(t.root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n")
+            .unwrap();
+        let secrets = [
+            crate::spec::SecretFile { name: "TOKEN".into(), data: b"s3cret".to_vec() },
+            crate::spec::SecretFile { name: "KEY".into(), data: vec![0; 5000] },
+        ];
+        let sys = RecordingSys::new();
+        mount_secrets(&sys, &t.root, &secrets, Some("app")).unwrap();
+        let opts = "mode=0500,uid=1000,gid=1001,size=24576,nr_inodes=18";
+        assert_eq!(
+            described(&sys, &t.root),
+            [
+                format!("mount tmpfs $ROOT/run/secrets tmpfs NODEV|NOEXEC|NOSUID {opts}"),
+                "fchown $ROOT/run/secrets/TOKEN 1000:1001".into(),
+                "fchown $ROOT/run/secrets/KEY 1000:1001".into(),
+                format!("mount - $ROOT/run/secrets - NODEV|NOEXEC|NOSUID|RDONLY|REMOUNT {opts}"),
+            ]
+        );
+        let token = t.root.join("run/secrets/TOKEN");
+        assert_eq!(fs::read(&token).unwrap(), b"s3cret");
+        assert_eq!(fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o400);
+        // No secrets: no mount at all.
+        let sys = RecordingSys::new();
+        mount_secrets(&sys, &t.root, &[], None).unwrap();
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn a_failed_chown_of_a_secret_stops_before_the_read_only_remount() {
+        let t = tree();
+        let dir = t.root.join("s");
+        fs::create_dir(&dir).unwrap();
+        let secrets = [crate::spec::SecretFile { name: "A".into(), data: b"1".to_vec() }];
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| matches!(c, SysCall::Fchown { .. }), Errno::EPERM);
+        let err = fill_secrets(&sys, &dir, &secrets, (5, 5)).unwrap_err();
+        assert_eq!(err.to_string(), "chown secret A: Operation not permitted (os error 1)");
+        assert_eq!(sys.names(), ["mount", "fchown"]);
+    }
+
+    #[test]
+    fn resolv_conf_replaces_a_symlink_and_is_bound() {
+        let t = tree();
+        fs::create_dir_all(t.root.join("etc")).unwrap();
+        fs::create_dir_all(t.root.join("run/strata")).unwrap();
+        std::os::unix::fs::symlink("../run/systemd/resolve/stub-resolv.conf", t.root.join("etc/resolv.conf")).unwrap();
+        let sys = RecordingSys::new();
+        bind_resolv_conf(&sys, &t.root, "nameserver 10.0.0.53\n").unwrap();
+        assert_eq!(described(&sys, &t.root), ["mount $ROOT/run/strata/resolv.conf $ROOT/etc/resolv.conf - BIND -"]);
+        assert!(fs::symlink_metadata(t.root.join("etc/resolv.conf")).unwrap().is_file());
+        assert_eq!(fs::read_to_string(t.root.join("run/strata/resolv.conf")).unwrap(), "nameserver 10.0.0.53\n");
+    }
+
+    #[test]
+    fn loopback_failure_keeps_its_message() {
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| *c == SysCall::LoopbackUp, Errno::EPERM);
+        assert_eq!(loopback_up(&sys).unwrap_err().to_string(), "bring up lo: Operation not permitted (os error 1)");
+    }
+
+    /// The real calls, in a mount namespace of a thread of its own (root only):
+    /// private propagation, then a tmpfs mounted and detached.
+    #[test]
+    fn linux_sys_mounts_in_a_private_namespace() {
+        use crate::sys::LinuxSys;
+        if !nix::unistd::geteuid().is_root() {
+            println!("skipped: needs root (mount and unshare)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().to_path_buf();
+        let outcome = std::thread::spawn(move || -> Result<bool, String> {
+            let sys = LinuxSys;
+            // unshare(CLONE_NEWNS) gives this thread alone a copy of the mount tree.
+            if let Err(e) = sys.unshare(nix::sched::CloneFlags::CLONE_NEWNS) {
+                return Err(format!("unshare: {e}"));
+            }
+            sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
+                .map_err(|e| format!("make / private: {e}"))?;
+            sys.mount(Some(Path::new("tmpfs")), &target, Some("tmpfs"), MsFlags::MS_NOSUID, Some("size=1m"))
+                .map_err(|e| format!("mount: {e}"))?;
+            let info = fs::read_to_string("/proc/thread-self/mountinfo").unwrap();
+            let mounted = info.lines().any(|l| l.split(' ').nth(4) == Some(target.to_str().unwrap()));
+            sys.umount2(&target, MntFlags::MNT_DETACH).map_err(|e| format!("umount2: {e}"))?;
+            Ok(mounted)
+        })
+        .join()
+        .unwrap();
+        match outcome {
+            Ok(mounted) => assert!(mounted, "the tmpfs was not in this thread's mountinfo"),
+            // Root without CAP_SYS_ADMIN (an unprivileged container).
+            Err(e) if e.starts_with("unshare: EPERM") => println!("skipped: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+        // Never visible outside that thread's namespace.
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!info.lines().any(|l| l.split(' ').nth(4) == dir.path().to_str()));
     }
 }

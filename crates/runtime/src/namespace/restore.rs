@@ -4,22 +4,26 @@
 //! restored sandbox's own mount tree. Images made with an external network
 //! namespace get a new one here, with its loopback up.
 
-use std::os::fd::{IntoRawFd, RawFd};
+use std::os::fd::{AsFd, IntoRawFd, RawFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 
-use nix::mount::{mount, MsFlags};
-use nix::sched::{setns, unshare, CloneFlags};
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
 
 use super::criu::{restore_args, RestoreConfig, RESTORE_CONFIG_ENV};
+use crate::spec::SecretFile;
+use crate::sys::{LinuxSys, Sys};
 
 /// Makes a new network namespace with its loopback up and returns an inheritable
 /// descriptor of it, staying in the current one (CRIU moves the restored tree in).
-fn new_network_namespace() -> Result<RawFd, String> {
+pub fn new_network_namespace(sys: &dyn Sys) -> Result<RawFd, String> {
     let current = std::fs::File::open("/proc/self/ns/net").map_err(|e| format!("open /proc/self/ns/net: {e}"))?;
-    unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare network namespace: {e}"))?;
-    super::mounts::loopback_up().map_err(|e| e.to_string())?;
+    sys.unshare(CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare network namespace: {e}"))?;
+    super::mounts::loopback_up(sys).map_err(|e| e.to_string())?;
     let new = std::fs::File::open("/proc/self/ns/net").map_err(|e| format!("open the new /proc/self/ns/net: {e}"))?;
-    setns(&current, CloneFlags::CLONE_NEWNET).map_err(|e| format!("return to the daemon's network namespace: {e}"))?;
+    sys.setns(current.as_fd(), CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("return to the daemon's network namespace: {e}"))?;
     let fd = new.into_raw_fd();
     // SAFETY: F_SETFD on the descriptor just taken from `new`; it must survive the exec of criu.
     if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
@@ -53,45 +57,20 @@ pub fn main() -> ! {
             fail(format!("join cgroup {}: {e}", f.display()));
         }
     }
+    let sys = LinuxSys;
     let netns_fd = cfg.external_netns.then(|| match &cfg.netns_path {
         Some(p) => prepared_network_namespace(p).unwrap_or_else(|e| fail(e)),
-        None => new_network_namespace().unwrap_or_else(|e| fail(e)),
+        None => new_network_namespace(&sys).unwrap_or_else(|e| fail(e)),
     });
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
-        fail(format!("unshare mount namespace: {e}"));
-    }
-    if let Err(e) = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>) {
-        fail(format!("make / private: {e}"));
-    }
-    if let Err(e) = std::fs::create_dir_all(&cfg.rootfs_dir) {
-        fail(format!("create {}: {e}", cfg.rootfs_dir.display()));
-    }
-    if let Err(e) = super::mounts::mount_overlay(&cfg.lower_dirs, &cfg.upper_dir, &cfg.work_dir, &cfg.rootfs_dir) {
-        fail(format!("mount the overlay root: {e}"));
-    }
-    if cfg.foreign_root {
-        if let Err(e) = super::mounts::ensure_identity_mountpoints(&cfg.rootfs_dir) {
-            fail(format!("mount points in the restored root: {e}"));
-        }
-    }
-    if let Some(dir) = &cfg.secrets_mount {
-        // The values come on stdin (never in the environment or on disk).
+    // The secrets' values come on stdin (never in the environment or on disk);
+    // read once the mount namespace is private, as before.
+    let read_secrets = || -> Result<Vec<SecretFile>, String> {
         let mut raw = Vec::new();
-        if let Err(e) = std::io::Read::read_to_end(&mut std::io::stdin(), &mut raw) {
-            fail(format!("read secrets: {e}"));
-        }
-        let secrets: Vec<crate::spec::SecretFile> =
-            serde_json::from_slice(&raw).unwrap_or_else(|e| fail(format!("parse secrets: {e}")));
-        drop(raw);
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            fail(format!("create {}: {e}", dir.display()));
-        }
-        let passwd = read_in_root(&cfg.rootfs_dir, "etc/passwd");
-        let group = read_in_root(&cfg.rootfs_dir, "etc/group");
-        let owner = super::mounts::secrets_owner(cfg.secrets_owner.as_deref(), &passwd, &group);
-        if let Err(e) = super::mounts::fill_secrets(dir, &secrets, owner) {
-            fail(e.to_string());
-        }
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut raw).map_err(|e| format!("read secrets: {e}"))?;
+        serde_json::from_slice(&raw).map_err(|e| format!("parse secrets: {e}"))
+    };
+    if let Err(e) = prepare_root(&sys, &cfg, read_secrets) {
+        fail(e);
     }
     // Nothing of the config pipe reaches CRIU.
     // SAFETY: open returns a new descriptor; dup2 onto 0 and close of the original are plain fd operations.
@@ -109,6 +88,37 @@ pub fn main() -> ! {
         .args(restore_args(&cfg, netns_fd))
         .exec();
     fail(format!("exec {}: {err}", cfg.criu.display()))
+}
+
+/// Prepares what CRIU restores onto, in a new private mount namespace: the
+/// overlay root at `cfg.rootfs_dir` (with the identity mount points of a
+/// foreign root) and, when the sandbox has secrets, a tmpfs at
+/// `cfg.secrets_mount` filled with the ones `secrets` reads. Errors are the
+/// messages `_restore` exits with.
+pub fn prepare_root(
+    sys: &dyn Sys,
+    cfg: &RestoreConfig,
+    secrets: impl FnOnce() -> Result<Vec<SecretFile>, String>,
+) -> Result<(), String> {
+    sys.unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare mount namespace: {e}"))?;
+    sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
+        .map_err(|e| format!("make / private: {e}"))?;
+    std::fs::create_dir_all(&cfg.rootfs_dir).map_err(|e| format!("create {}: {e}", cfg.rootfs_dir.display()))?;
+    super::mounts::mount_overlay(sys, &cfg.lower_dirs, &cfg.upper_dir, &cfg.work_dir, &cfg.rootfs_dir)
+        .map_err(|e| format!("mount the overlay root: {e}"))?;
+    if cfg.foreign_root {
+        super::mounts::ensure_identity_mountpoints(&cfg.rootfs_dir)
+            .map_err(|e| format!("mount points in the restored root: {e}"))?;
+    }
+    if let Some(dir) = &cfg.secrets_mount {
+        let secrets = secrets()?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let passwd = read_in_root(&cfg.rootfs_dir, "etc/passwd");
+        let group = read_in_root(&cfg.rootfs_dir, "etc/group");
+        let owner = super::mounts::secrets_owner(cfg.secrets_owner.as_deref(), &passwd, &group);
+        super::mounts::fill_secrets(sys, dir, &secrets, owner).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Reads `rel` inside `root` as the sandbox would see it (symlinks resolved
@@ -129,4 +139,115 @@ fn read_in_root(root: &std::path::Path, rel: &str) -> String {
     let mut s = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut f, 1 << 20), &mut s);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::path::PathBuf;
+
+    use nix::errno::Errno;
+
+    use super::*;
+    use crate::sys::{RecordingSys, SysCall};
+
+    fn config(dir: &Path) -> RestoreConfig {
+        let d = |n: &str| {
+            let p = dir.join(n);
+            fs::create_dir_all(&p).unwrap();
+            p
+        };
+        RestoreConfig {
+            lower_dirs: vec![d("l1")],
+            upper_dir: d("up"),
+            work_dir: d("wk"),
+            rootfs_dir: dir.join("root"),
+            cgroup_join_files: vec![],
+            images_dir: d("images"),
+            criu_work_dir: None,
+            tcp_closed: false,
+            foreign_root: false,
+            helper: PathBuf::from("/usr/lib/strata/strata-init"),
+            inherit: vec![],
+            pidfile: dir.join("restored.pid"),
+            criu: PathBuf::from("/usr/local/sbin/criu"),
+            external_netns: false,
+            netns_path: None,
+            nftables_lock: false,
+            secrets_mount: None,
+            secrets_owner: None,
+        }
+    }
+
+    #[test]
+    fn the_restore_root_is_an_overlay_in_a_private_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path());
+        cfg.foreign_root = true;
+        fs::create_dir_all(cfg.upper_dir.join("etc")).unwrap();
+        cfg.secrets_mount = Some(dir.path().join("secrets.mnt"));
+        let secrets = || Ok(vec![SecretFile { name: "A".into(), data: b"1".to_vec() }]);
+        let sys = RecordingSys::new();
+        prepare_root(&sys, &cfg, secrets).unwrap();
+        let got: Vec<String> = sys.calls().iter().map(|c| c.describe(dir.path())).collect();
+        assert_eq!(got[..2], ["unshare NEWNS", "mount - / - PRIVATE|REC -"]);
+        assert!(got[2].starts_with("mount overlay $ROOT/root overlay - lowerdir=/proc/self/fd/"), "{got:?}");
+        let opts = "mode=0500,uid=0,gid=0,size=12288,nr_inodes=17";
+        assert_eq!(
+            got[3..],
+            [
+                format!("mount tmpfs $ROOT/secrets.mnt tmpfs NODEV|NOEXEC|NOSUID {opts}"),
+                "fchown $ROOT/secrets.mnt/A 0:0".into(),
+                format!("mount - $ROOT/secrets.mnt - NODEV|NOEXEC|NOSUID|RDONLY|REMOUNT {opts}"),
+            ]
+        );
+        // A foreign root gets the identity mount points (in the real tree: nothing is mounted
+        // here, so they land in the root directory itself).
+        assert!(cfg.rootfs_dir.join("run/strata").is_dir());
+        // Secrets are read only when there is somewhere to put them.
+        let cfg = config(dir.path());
+        let sys = RecordingSys::new();
+        prepare_root(&sys, &cfg, || panic!("no secrets to read")).unwrap();
+        assert_eq!(sys.names(), ["unshare", "mount", "mount"]);
+    }
+
+    #[test]
+    fn restore_setup_failures_carry_their_context() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| c.is_mount_on(Path::new("/")), Errno::EPERM);
+        let err = prepare_root(&sys, &cfg, || Ok(vec![])).unwrap_err();
+        assert_eq!(err, "make / private: EPERM: Operation not permitted");
+        assert_eq!(sys.names(), ["unshare", "mount"]);
+        let sys = RecordingSys::new();
+        let root = cfg.rootfs_dir.clone();
+        sys.fail_when(move |c| c.is_mount_on(&root), Errno::EINVAL);
+        let err = prepare_root(&sys, &cfg, || Ok(vec![])).unwrap_err();
+        assert_eq!(
+            err,
+            "mount the overlay root: mount overlay on ".to_string()
+                + &format!("{}: EINVAL: Invalid argument", cfg.rootfs_dir.display())
+        );
+    }
+
+    #[test]
+    fn a_new_network_namespace_is_made_then_left() {
+        let sys = RecordingSys::new();
+        let fd = new_network_namespace(&sys).unwrap();
+        // SAFETY: the function handed over this descriptor; it is closed here once.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        let calls = sys.calls();
+        assert_eq!(sys.names(), ["unshare", "loopback_up", "setns"]);
+        assert_eq!(calls[0], SysCall::Unshare { flags: CloneFlags::CLONE_NEWNET });
+        let SysCall::Setns { target: Some(ns), nstype } = &calls[2] else { panic!("{calls:?}") };
+        assert!(ns.to_string_lossy().starts_with("net:["), "{ns:?}");
+        assert_eq!(*nstype, CloneFlags::CLONE_NEWNET);
+        // Loopback failing: no way back is needed (the helper exits).
+        let sys = RecordingSys::new();
+        sys.fail_when(|c| *c == SysCall::LoopbackUp, Errno::EPERM);
+        assert_eq!(new_network_namespace(&sys).unwrap_err(), "bring up lo: Operation not permitted (os error 1)");
+        assert_eq!(sys.names(), ["unshare", "loopback_up"]);
+    }
 }
