@@ -1,4 +1,4 @@
-//! `POST /v1/advise`: the lifecycle advisor (crates/core/src/advisor.rs) priced
+//! The lifecycle advisor behind `POST /v1/advise` (crates/core/src/advisor.rs) priced
 //! with this daemon's price table.
 
 use strata_api::AdviseRequest;

@@ -1,4 +1,6 @@
-//! Lifecycle events, listed or followed, and host/daemon info.
+//! Events and host facts the engine checks itself: names left from before
+//! names that read as ids were refused ([`names_like_ids`]). Listing and
+//! following events, `/v1/info` and `/v1/doctor` are the server's routes.
 
 use crate::error::EngineResult;
 use crate::state::Shared;

@@ -1,4 +1,5 @@
-//! Image import, listing and removal.
+//! Image import and pull (with progress events), and the layer sweep; the
+//! listing and removal routes are the server's.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -12,11 +12,22 @@
 //! translate requests into calls of this crate and its [`error::EngineError`]
 //! into their own answers. Privileged work goes through `strata-runtime`.
 //!
-//! Modules: [`sandboxes`] (lifecycle), [`policy`] (automatic transitions),
-//! [`activity`] (idle detection, leases), [`processes`] (exec and background
-//! processes), [`files`] + [`sandboxfs`] (confined file access), [`images`],
-//! [`events`], [`error`], [`tenancy`] (who a caller is, what it may see, API
-//! tokens), [`transfer`] (bounded byte streams).
+//! Modules, by what they are about:
+//! - lifecycle: [`sandboxes`] (create, start, stop, destroy, reconcile, TTL
+//!   reaper, init watcher), [`standby`] (pause, standby, resume, resume on
+//!   access), [`archive`], [`policy`] (automatic transitions), [`activity`]
+//!   (idle detection, leases), [`hooks`];
+//! - state kept: [`checkpoints`] (checkpoint, restore, fork, diff, export,
+//!   gc, lineage), [`warm`] (process images of checkpoints), [`templates`],
+//!   [`images`], [`disk`] (per-sandbox disks);
+//! - orchestration: [`fanout`], [`pipelines`], [`advisor`];
+//! - inside a sandbox: [`processes`], [`files`] + [`sandboxfs`] +
+//!   [`privileges`], [`transfer`] (bounded byte streams), [`network`],
+//!   [`preview`];
+//! - security: [`tenancy`], [`approvals`] (Rule of Two), [`secrets`],
+//!   [`hygiene`] + [`scan`], [`audit`], [`admission`] + [`quotas`];
+//! - bookkeeping: [`state`], [`error`], [`events`], [`metrics`],
+//!   [`accounting`], [`initbin`].
 
 pub mod accounting;
 pub mod activity;

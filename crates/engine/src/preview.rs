@@ -1,7 +1,12 @@
-//! Preview URLs: a reverse proxy from the daemon's listeners to ports bound on
-//! a sandbox's loopback (see docs/preview.md).
+//! Preview URLs (see docs/preview.md), the engine's half: preview records and
+//! their URLs ([`create`], [`list`], [`revoke`], [`Previews::with_urls`]), the
+//! token check ([`authorize`], [`check`]), a running sandbox for a request
+//! ([`ready_sandbox`]) and the connector threads that open sockets inside a
+//! sandbox's network namespace ([`Previews::connect`]). The reverse proxy
+//! itself (routing, forwarding, WebSocket upgrades, idle upstream connections)
+//! is the server's (`strata-server`, `native/preview.rs`).
 //!
-//! * **Routing**: [`intercept`] runs before authentication on every listener.
+//! * **Routing**: the server's `intercept` runs before authentication on every listener.
 //!   A request whose `Host` is `<port>-<sandbox>.<preview-domain>` (host-based)
 //!   or whose path starts with `/preview/<sandbox>/<port>/` (path-based, the
 //!   prefix is stripped) is proxied; anything else goes to the API router.

@@ -1,4 +1,4 @@
-//! Tenant quota routes: the operator's per-tenant overrides
+//! Tenant quotas (the routes are the server's): the operator's per-tenant overrides
 //! (`GET|PUT|DELETE /v1/tenants/{tenant}/quota`, operator-only like token
 //! management) and a tenant's usage against its quota
 //! (`GET /v1/tenants/{tenant}/usage`, also for the tenant itself). The checks

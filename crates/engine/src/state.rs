@@ -116,5 +116,5 @@ impl AppState {
     }
 }
 
-/// Handle passed to axum handlers.
+/// The engine's shared state, as every operation and front end holds it.
 pub type Shared = Arc<AppState>;

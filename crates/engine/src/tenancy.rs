@@ -1,7 +1,10 @@
-//! Tenants and API tokens: who a caller is, what it may see, and the token
-//! management routes.
+//! Tenants and API tokens: who a caller is ([`Caller`]), what it may see
+//! ([`visible`], [`find_sandbox`] and the other resolvers), and tokens
+//! ([`tenant_caller`], [`check_token`]). The HTTP side (the `authenticate` and
+//! `guard` middleware, `route_policy`, the token routes) is the server's
+//! (`strata-server`, `native/tenancy.rs`).
 //!
-//! - **Who**: [`authenticate`] runs outermost on both listeners. A Unix-socket
+//! - **Who**: the server's `authenticate` runs outermost on both listeners. A Unix-socket
 //!   caller (root-only socket) and a TCP caller with the legacy
 //!   `<state>/api-token` are the *operator*; a TCP caller with a token from
 //!   `POST /v1/tokens` is that token's *tenant*. The token is looked up on
@@ -9,7 +12,7 @@
 //!   request on. The operator may act as one tenant with the
 //!   [`strata_api::TENANT_HEADER`] header (it then creates in and sees only
 //!   that tenant); a tenant token may name only its own tenant.
-//! - **What**: [`guard`] classifies every route ([`route_policy`]): routes
+//! - **What**: the server's `guard` classifies every route (`route_policy`): routes
 //!   whose first path parameter names an owned object (a sandbox and all its
 //!   sub-routes, a checkpoint, a template, a pipeline run, a cost record, a
 //!   lineage/scan target) are resolved here once, and an object of another
@@ -17,7 +20,7 @@
 //!   the table are operator-only, so a new route is closed to tenants until it
 //!   is classified. Ids named in request bodies and listings are filtered
 //!   through [`visible`] / [`find_sandbox`] / [`find_checkpoint`], which read
-//!   the caller from a task-local set by [`authenticate`] (spawned work keeps
+//!   the caller from a task-local set by the server's `authenticate` (spawned work keeps
 //!   it with [`spawn`]).
 //! - **Keys resolve exactly, and only among the caller's own objects**: exact
 //!   id, exact name, id prefix unique among them ([`strata_core::ids`]), so an

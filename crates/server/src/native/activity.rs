@@ -1,4 +1,5 @@
-//! HTTP handlers of `activity` (see [`strata_engine::activity`]).
+//! The activity middleware (`track`: which calls count as use of a sandbox) and the lease routes
+//! (see [`strata_engine::activity`]).
 
 use crate::error::ApiResult;
 use axum::extract::{Path, Request, State};

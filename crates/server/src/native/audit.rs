@@ -1,4 +1,5 @@
-//! HTTP handlers of `audit` (see [`strata_engine::audit`]).
+//! The audit middleware (`record`: every mutating request, after the handler, with its final
+//! status) and the audit routes (see [`strata_engine::audit`]).
 
 use crate::error::ApiResult;
 use axum::extract::{ConnectInfo, MatchedPath, Query, Request, State};

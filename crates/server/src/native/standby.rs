@@ -1,4 +1,5 @@
-//! HTTP handlers of `standby` (see [`strata_engine::standby`]).
+//! Pause, standby and resume routes, and the resume-on-access middleware (`resume_on_access`: which
+//! calls wake a sandbox; see [`strata_engine::standby`]).
 
 use crate::error::{ApiError, ApiResult};
 use axum::extract::{Path as UrlPath, State};

@@ -1,4 +1,6 @@
-//! HTTP handlers of `tenancy` (see [`strata_engine::tenancy`]).
+//! Authentication and the tenancy guard (the `authenticate` and `guard` middleware, `route_policy`,
+//! which classifies every route for tenants) and the token routes; the rules are
+//! [`strata_engine::tenancy`]'s.
 
 use crate::error::{ApiError, ApiResult};
 use axum::extract::{MatchedPath, Path, Query, RawPathParams, Request, State};
