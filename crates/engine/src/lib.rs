@@ -65,6 +65,9 @@ pub mod tenancy;
 pub mod transfer;
 pub mod warm;
 
+#[cfg(test)]
+mod tests;
+
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

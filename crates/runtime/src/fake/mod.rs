@@ -440,6 +440,11 @@ impl Runtime for FakeRuntime {
         if s.sandboxes.get(&spec.id).is_some_and(|sb| sb.alive) {
             return Err(RuntimeError::Setup(format!("fake: sandbox {} already has a live init", spec.id)));
         }
+        // Like the namespace tier: the writable layer's directories exist once a
+        // sandbox has started (the engine reads them for checkpoints and diffs).
+        for d in [&spec.upper_dir, &spec.work_dir, &spec.rootfs_dir] {
+            std::fs::create_dir_all(d).map_err(|e| RuntimeError::sys(format!("create {}", d.display()), e))?;
+        }
         let handle = Self::new_handle(&mut s);
         let sb = FakeSandbox {
             handle: handle.clone(),
