@@ -355,7 +355,7 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> EngineResult<FanoutResul
     for (i, (sid, spec)) in fork.sandboxes.iter().zip(specs).enumerate() {
         let name = st.db.sandbox_by_id(sid)?.map_or_else(|| sid.clone(), |r| r.sandbox.name);
         let child = Child { index: i as u32 + 1, sandbox_id: sid.clone(), sandbox_name: name, spec };
-        running.push(tokio::spawn(run_attempt(st.clone(), child, AttemptOpts::of(plan), cancel_rx.clone())));
+        running.push(crate::tenancy::spawn(run_attempt(st.clone(), child, AttemptOpts::of(plan), cancel_rx.clone())));
     }
     let mut attempts = Vec::new();
     let mut order = Vec::new();

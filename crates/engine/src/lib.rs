@@ -283,22 +283,31 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
         cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     let st: Shared = Arc::new(app_state);
-    sandboxes::reconcile(&st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
-    warm::sweep(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    // Everything from here runs as the daemon itself: it acts in every tenant.
+    tenancy::as_daemon(reconcile_at_start(&st)).await?;
+    tokio::spawn(tenancy::as_daemon(sandboxes::ttl_reaper(st.clone())));
+    tokio::spawn(tenancy::as_daemon(policy::run(st.clone())));
+    tokio::spawn(tenancy::as_daemon(accounting::run(st.clone())));
+    Ok(Opened { state: st, _lock: lock })
+}
+
+/// Brings the store and the host back in line after a start: sandboxes
+/// (re-adopted, lost, interrupted standbys completed), warm images, disks,
+/// networks, pipeline runs.
+async fn reconcile_at_start(st: &Shared) -> Result<(), DaemonError> {
+    sandboxes::reconcile(st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    warm::sweep(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     // Pool leftovers of an earlier daemon go first: their images must not be mounted twice.
     st.disks.sweep();
-    sandboxes::mount_disks(&st).await;
+    sandboxes::mount_disks(st).await;
     st.disks.clone().start();
-    network::reconcile(&st).await;
-    pipelines::reconcile(&st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    network::reconcile(st).await;
+    pipelines::reconcile(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     // Names from before names that read as ids were refused: warned about (and listed by doctor).
-    if let Err(e) = events::names_like_ids(&st) {
+    if let Err(e) = events::names_like_ids(st) {
         warn!(error = %e.body.message, "checking names that look like ids");
     }
-    tokio::spawn(sandboxes::ttl_reaper(st.clone()));
-    tokio::spawn(policy::run(st.clone()));
-    tokio::spawn(accounting::run(st.clone()));
-    Ok(Opened { state: st, _lock: lock })
+    Ok(())
 }
 
 /// Ends what the engine runs on the host beside its sandboxes (DNS filters,

@@ -463,7 +463,8 @@ pub async fn run(st: Shared) {
             }
             in_flight.insert(id.clone());
             let (st2, id2, tx) = (st.clone(), id.clone(), done_tx.clone());
-            tokio::spawn(async move {
+            // The policy loop runs as the daemon; so does each transition it starts.
+            crate::tenancy::spawn(async move {
                 // A panic must not leave the sandbox marked in flight forever.
                 let result =
                     futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(apply(&st2, &id2, step)))

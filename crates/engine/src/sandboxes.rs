@@ -746,7 +746,7 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> Engine
     crate::network::forget_later(st, &rec.sandbox.id);
     if let Some(m) = archived {
         let st2 = st.clone();
-        tokio::spawn(async move { crate::archive::delete_remote(&st2, &m).await });
+        tokio::spawn(crate::tenancy::as_daemon(async move { crate::archive::delete_remote(&st2, &m).await }));
     }
     st.processes.forget(&rec.sandbox.id);
     st.metrics.transition(SandboxState::Destroyed, reason);
@@ -776,7 +776,8 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
 /// becomes `lost` (reason `oom` when the OOM killer fired), and an ephemeral
 /// one is destroyed.
 pub fn watch_init(st: Shared, id: String, handle: SandboxHandle) {
-    tokio::spawn(async move {
+    // What follows an init's end is the daemon's work, whoever started the sandbox.
+    tokio::spawn(crate::tenancy::as_daemon(async move {
         let fd = match pidfd_open(handle.init_pid) {
             Ok(fd) => fd,
             Err(e) => {
@@ -799,7 +800,7 @@ pub fn watch_init(st: Shared, id: String, handle: SandboxHandle) {
             }
         }
         on_init_exit(&st, &id, &handle).await;
-    });
+    }));
 }
 
 /// Reaps the process behind a (still open, exited) pidfd if it is our child:

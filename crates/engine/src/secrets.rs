@@ -504,7 +504,13 @@ mod tests {
         assert!(err(&many).contains("too many"));
         let missing =
             SecretSpec { name: "F".into(), host_file: Some("/nonexistent/secret".into()), ..Default::default() };
-        assert!(err(&[missing]).contains("cannot read host_file"));
+        // Host files are the operator's (and the daemon's); a task with no caller may not read them.
+        assert!(err(std::slice::from_ref(&missing)).contains("may not"));
+        let as_daemon = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(crate::tenancy::as_daemon(async { validate(&[missing]).unwrap_err().to_string() }));
+        assert!(as_daemon.contains("cannot read host_file"), "{as_daemon}");
     }
 
     #[test]

@@ -85,6 +85,13 @@ impl Caller {
         Caller { principal: Principal::Operator { actor: actor.into() }, acting_as: None, approval: None }
     }
 
+    /// The daemon's own work (reconciliation at start, the policy loop, reapers,
+    /// init watchers): the operator, in every tenant. Background work runs as
+    /// this explicitly ([`as_daemon`]); work with no caller sees nothing.
+    pub fn daemon() -> Self {
+        Caller::operator("daemon")
+    }
+
     /// The only tenant this caller sees; `None` means every tenant.
     pub fn scope(&self) -> Option<&str> {
         match &self.principal {
@@ -121,32 +128,63 @@ tokio::task_local! {
     static CALLER: Caller;
 }
 
-/// The caller of the request this task serves; `None` in the daemon's own
-/// background work (policy engine, reapers), which acts for every tenant.
+/// The scope of a task with no caller: a tenant no object has (tenant names
+/// are never empty), so every lookup and listing filtered by it finds nothing.
+const NO_TENANT: &str = "";
+
+/// A tenancy check made by a task that has no caller. That is a bug (request
+/// work runs as its caller, background work as [`Caller::daemon`]), so it is
+/// logged loudly; the check answers "nothing" (fail closed).
+fn no_caller(check: &'static str) {
+    tracing::error!(check, "tenancy check outside any caller: refused (background work must run as Caller::daemon)");
+}
+
+/// The caller of the request this task serves ([`Caller::daemon`] in the
+/// daemon's own background work); `None` when the task has none.
 pub fn current() -> Option<Caller> {
     CALLER.try_with(Caller::clone).ok()
 }
 
-/// Whether the current caller may see an object of `tenant` (background work sees all).
+/// Whether the current caller may see an object of `tenant`; `false` without a caller.
 pub fn visible(tenant: &str) -> bool {
-    CALLER.try_with(|c| c.sees(tenant)).unwrap_or(true)
+    CALLER.try_with(|c| c.sees(tenant)).unwrap_or_else(|_| {
+        no_caller("visible");
+        false
+    })
 }
 
-/// The only tenant the current caller sees, if it is restricted.
+/// The only tenant the current caller sees (`None`: every tenant, the operator
+/// or the daemon). Without a caller, a tenant that owns nothing.
 pub fn scope() -> Option<String> {
-    CALLER.try_with(|c| c.scope().map(str::to_string)).ok().flatten()
+    CALLER.try_with(|c| c.scope().map(str::to_string)).unwrap_or_else(|_| {
+        no_caller("scope");
+        Some(NO_TENANT.to_string())
+    })
 }
 
-/// The tenant new root objects of the current caller go to (`default` in background work).
+/// The tenant new root objects of the current caller go to (`default` for
+/// the daemon's own work; a task with no caller gets `default` too, logged).
 pub fn creating_tenant() -> String {
-    CALLER.try_with(Caller::creating_tenant).unwrap_or_else(|_| DEFAULT_TENANT.to_string())
+    CALLER.try_with(Caller::creating_tenant).unwrap_or_else(|_| {
+        no_caller("creating_tenant");
+        DEFAULT_TENANT.to_string()
+    })
 }
 
 /// Whether the current caller may make the daemon read paths on its host
 /// (secret `host_file`, template build `COPY` context): the operator and the
-/// daemon's own work, never a tenant token.
+/// daemon's own work, never a tenant token, never a task with no caller.
 pub fn may_read_host_paths() -> bool {
-    CALLER.try_with(Caller::is_operator).unwrap_or(true)
+    CALLER.try_with(Caller::is_operator).unwrap_or_else(|_| {
+        no_caller("may_read_host_paths");
+        false
+    })
+}
+
+/// Runs `fut` as the daemon itself ([`Caller::daemon`]): every background loop,
+/// reconciliation, watcher and automatic transition starts here.
+pub async fn as_daemon<F: Future>(fut: F) -> F::Output {
+    CALLER.scope(Caller::daemon(), fut).await
 }
 
 /// Runs `fut` as `caller` (what [`authenticate`] does for a request).
@@ -165,7 +203,8 @@ pub async fn run_in_tenant<F: Future>(tenant: &str, fut: F) -> F::Output {
 }
 
 /// `tokio::spawn` that keeps the current caller: work a request starts in the
-/// background sees and creates what the request would.
+/// background sees and creates what the request would. Spawned from a task with
+/// no caller, the work has none either (and sees nothing).
 pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
@@ -390,8 +429,17 @@ mod tests {
 
     #[tokio::test]
     async fn the_task_local_caller_follows_spawned_work() {
-        assert!(visible("anything"), "background work sees every tenant");
-        assert_eq!(creating_tenant(), "default");
+        assert!(!visible("anything"), "a task with no caller sees nothing");
+        assert_eq!(scope(), Some(NO_TENANT.to_string()), "and its listings are empty");
+        assert!(!may_read_host_paths());
+        as_daemon(async {
+            assert!(visible("anything"), "the daemon's own work sees every tenant");
+            assert_eq!((scope(), creating_tenant()), (None, "default".to_string()));
+            let inner = spawn(async { visible("x") }).await.unwrap();
+            assert!(inner, "and its spawned work keeps it");
+        })
+        .await;
+        assert!(!tokio::spawn(async { visible("x") }).await.unwrap(), "a plain spawn carries no caller");
         run_as(tenant("a"), async {
             assert!(visible("a") && !visible("b"));
             assert_eq!(creating_tenant(), "a");

@@ -1,4 +1,5 @@
-//! Unit tests of the engine's lifecycle bookkeeping against
+//! Unit tests of the engine's lifecycle bookkeeping, run as the daemon
+//! ([`crate::tenancy::as_daemon`]; a task with no caller sees nothing), against
 //! [`strata_runtime::fake::FakeRuntime`]: no root, no mounts, no processes.
 //! What they cover is the engine's own logic (states, events, images on disk,
 //! error paths, reconciliation); the real tier is covered by the root-only

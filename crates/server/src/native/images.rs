@@ -22,7 +22,7 @@ where
         return Ok((StatusCode::CREATED, Json(report)).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<ImportEvent>(64);
-    tokio::spawn(async move {
+    strata_engine::tenancy::spawn(async move {
         let last = match run(Some(tx.clone())).await {
             Ok(report) => ImportEvent::Done { report: Box::new(report) },
             Err(e) => ImportEvent::Failed { error: e.body },

@@ -295,7 +295,10 @@ async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiR
     let (tokens, query_token) = presented_tokens(req.headers(), req.uri());
     let (preview, admitted_by) =
         authorize(st, &id, t.port, &tokens)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;
-    let (rec, resumed) = ready_sandbox(st, rec).await?;
+    // A preview request has no API caller: once its token admitted it, it acts
+    // in the sandbox's tenant (a resume on access sees that sandbox, nothing else).
+    let tenant = rec.sandbox.tenant.clone();
+    let (rec, resumed) = strata_engine::tenancy::run_in_tenant(&tenant, ready_sandbox(st, rec)).await?;
     let (Some(pid), Some(handle)) = (rec.sandbox.init_pid, handle_of(&rec)) else {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id} has no running init")));
     };
