@@ -127,3 +127,19 @@ async fn a_tenant_sees_its_own_sandboxes_and_no_one_else_s() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_task_with_no_caller_sees_nothing() {
+    let e = TestEngine::new();
+    let id = crate::tenancy::as_daemon(async {
+        e.image("base").await;
+        e.sandbox("base", "web").await
+    })
+    .await;
+    // No caller: the lookup fails closed (a 404 like an unknown id), and no transition happens.
+    let err = crate::sandboxes::load(&e.st, &id).unwrap_err();
+    assert_eq!(err.body.code, ErrorCode::SandboxNotFound);
+    let stop = crate::sandboxes::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.unwrap_err();
+    assert_eq!(stop.body.code, ErrorCode::SandboxNotFound);
+    assert_eq!(crate::tenancy::as_daemon(async { e.state(&id) }).await, SandboxState::Running);
+}
