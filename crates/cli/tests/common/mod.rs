@@ -254,17 +254,26 @@ impl Drop for TestDaemon {
             // SAFETY: kill on our child's pid.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
+            while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let _ = c.kill();
-            let _ = c.wait();
+            if !matches!(c.try_wait(), Ok(Some(_))) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        // Tenancy fails closed: a check made by a task with no caller is a daemon
+        // bug (background work must run as the daemon), logged; no test may cause one.
+        let log = self.log();
+        let no_caller: Vec<&str> = log.lines().filter(|l| l.contains(NO_CALLER_LOG)).collect();
+        if !no_caller.is_empty() && !std::thread::panicking() {
+            panic!("the daemon made tenancy checks with no caller:\n{}", no_caller.join("\n"));
         }
     }
 }
+
+/// What the daemon logs when a task with no caller makes a tenancy check.
+const NO_CALLER_LOG: &str = "tenancy check outside any caller";
 
 /// A tokio runtime for tests that use the async client.
 pub fn rt() -> tokio::runtime::Runtime {
