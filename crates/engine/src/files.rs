@@ -66,7 +66,7 @@ impl From<FsError> for EngineError {
 }
 
 /// The host pid of a running sandbox's init: its files are reachable only then.
-fn init_pid(rec: &SandboxRecord) -> EngineResult<i32> {
+pub fn init_pid(rec: &SandboxRecord) -> EngineResult<i32> {
     match (rec.sandbox.state, rec.sandbox.init_pid) {
         (SandboxState::Running | SandboxState::Paused, Some(pid)) => Ok(pid),
         (s, _) => Err(EngineError::invalid_state(

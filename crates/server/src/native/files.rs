@@ -43,8 +43,8 @@ pub async fn upload_handler(
     body: Body,
 ) -> ApiResult<StatusCode> {
     if crate::native::transfer::announced_over(&headers, MAX_UPLOAD_BYTES) {
-        // Refused before anything is looked up or read.
-        load(&st, &id)?;
+        // Refused before any of the body is read (an unknown or stopped sandbox answers first, as before).
+        init_pid(&load(&st, &id)?)?;
         return Err(feed_error(FeedError::TooLarge(MAX_UPLOAD_BYTES)).into());
     }
     upload(&st, &id, q, body.into_data_stream()).await?;
