@@ -10,7 +10,7 @@ use futures_util::Stream;
 use strata_client::ByteStream;
 use tokio::sync::mpsc;
 
-use strata_client::chunks::{ChunkWriter, CHUNK};
+use strata_engine::chunks::{ChunkWriter, CHUNK};
 /// Pieces in flight between a thread and the connection.
 const DEPTH: usize = 8;
 

@@ -3,8 +3,6 @@
 //! One HTTP/1.1 connection per request (a Unix-socket connect costs
 //! microseconds); streaming endpoints return an [`NdjsonStream`].
 
-pub mod chunks;
-
 use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};

@@ -22,7 +22,7 @@
 //!   [`images`], [`disk`] (per-sandbox disks);
 //! - orchestration: [`fanout`], [`pipelines`], [`advisor`];
 //! - inside a sandbox: [`processes`], [`files`] + [`sandboxfs`] +
-//!   [`privileges`], [`transfer`] (bounded byte streams), [`network`],
+//!   [`privileges`], [`transfer`] (bounded byte streams) over [`chunks`], [`network`],
 //!   [`preview`];
 //! - security: [`tenancy`], [`approvals`] (Rule of Two), [`secrets`],
 //!   [`hygiene`] + [`scan`], [`audit`], [`admission`] + [`quotas`];
@@ -37,6 +37,7 @@ pub mod approvals;
 pub mod archive;
 pub mod audit;
 pub mod checkpoints;
+pub mod chunks;
 pub mod disk;
 pub mod error;
 pub mod events;

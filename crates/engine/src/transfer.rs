@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 /// Size of the pieces moved through a channel.
-pub const CHUNK: usize = strata_client::chunks::CHUNK;
+pub const CHUNK: usize = crate::chunks::CHUNK;
 /// Pieces a channel holds: with [`CHUNK`], at most about 1 MiB in flight per transfer.
 pub const DEPTH: usize = 8;
 /// Name of the threads that carry transfers (visible in `/proc/<pid>/task/*/comm`).
@@ -36,7 +36,7 @@ pub fn spawn(f: impl FnOnce() + Send + 'static) -> io::Result<()> {
 
 /// The sending half of a download: a [`std::io::Write`] whose bytes reach the
 /// response body in [`CHUNK`]-sized pieces.
-pub type ChunkSender = strata_client::chunks::ChunkWriter;
+pub type ChunkSender = crate::chunks::ChunkWriter;
 
 /// The bytes of a download as they are produced: what a front end turns into
 /// its response body.

@@ -1,6 +1,6 @@
 //! A blocking [`Write`] that cuts bytes into bounded pieces for a channel:
-//! the sending half of every streamed transfer, in the daemon (downloads,
-//! exports) and in the CLI (uploads). With [`CHUNK`]-sized pieces and a
+//! the sending half of every streamed transfer, in the engine (downloads,
+//! exports) and in the CLI (uploads, which use it from here: it has no HTTP in it). With [`CHUNK`]-sized pieces and a
 //! channel of a few of them, a transfer holds about a MiB in flight whatever
 //! its size; a slow receiver slows the writer down, a receiver that went away
 //! makes the next write fail.
