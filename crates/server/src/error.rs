@@ -62,35 +62,27 @@ impl From<EngineError> for ApiError {
     }
 }
 
-impl From<ApiError> for EngineError {
-    fn from(e: ApiError) -> Self {
-        e.0
-    }
+/// `?` on the engine's other error types in handlers: each converts through
+/// [`EngineError`], which knows their codes.
+macro_rules! through_engine_error {
+    ($($t:ty),* $(,)?) => {$(
+        impl From<$t> for ApiError {
+            fn from(e: $t) -> Self {
+                ApiError(e.into())
+            }
+        }
+    )*};
 }
 
-impl From<strata_store::DbError> for ApiError {
-    fn from(e: strata_store::DbError) -> Self {
-        ApiError(e.into())
-    }
-}
-
-impl From<strata_core::InvalidTransition> for ApiError {
-    fn from(e: strata_core::InvalidTransition) -> Self {
-        ApiError(e.into())
-    }
-}
-
-impl From<strata_core::units::UnitError> for ApiError {
-    fn from(e: strata_core::units::UnitError) -> Self {
-        ApiError(e.into())
-    }
-}
-
-impl From<strata_core::ids::NameError> for ApiError {
-    fn from(e: strata_core::ids::NameError) -> Self {
-        ApiError(e.into())
-    }
-}
+through_engine_error!(
+    strata_store::DbError,
+    strata_core::InvalidTransition,
+    strata_core::units::UnitError,
+    strata_core::ids::NameError,
+    strata_engine::preview::PreviewError,
+    strata_engine::sandboxfs::FsError,
+    strata_engine::pipelines::SpecError,
+);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -100,23 +92,5 @@ impl IntoResponse for ApiError {
             tracing::warn!(code = %body.code, message = %body.message, "request failed");
         }
         (status, Json(body)).into_response()
-    }
-}
-
-impl From<strata_engine::preview::PreviewError> for ApiError {
-    fn from(e: strata_engine::preview::PreviewError) -> Self {
-        ApiError(e.into())
-    }
-}
-
-impl From<strata_engine::sandboxfs::FsError> for ApiError {
-    fn from(e: strata_engine::sandboxfs::FsError) -> Self {
-        ApiError(e.into())
-    }
-}
-
-impl From<strata_engine::pipelines::SpecError> for ApiError {
-    fn from(e: strata_engine::pipelines::SpecError) -> Self {
-        ApiError(e.into())
     }
 }

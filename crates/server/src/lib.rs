@@ -55,16 +55,22 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error)
 /// The router of one listener: [`router`] behind [`tenancy::authenticate`]
 /// (the operator on the Unix socket; a bearer token on TCP).
 pub fn app(st: Shared, listener: tenancy::Listener) -> Router {
-    app_with_mcp(st, listener, None)
+    app_with_mcp(st, listener, None, Arc::default())
 }
 
 /// [`app`] with the MCP endpoint at `/mcp` (see [`router_with_mcp`]).
 /// Preview URLs ([`preview::intercept`]) are served before authentication:
-/// they carry a preview token, not an API token.
-pub fn app_with_mcp(st: Shared, listener: tenancy::Listener, mcp: Option<strata_mcp::StrataMcp>) -> Router {
+/// they carry a preview token, not an API token; `previews` keeps their idle
+/// upstream connections (one pool for every listener of a daemon).
+pub fn app_with_mcp(
+    st: Shared,
+    listener: tenancy::Listener,
+    mcp: Option<strata_mcp::StrataMcp>,
+    previews: Arc<preview::PreviewPool>,
+) -> Router {
     router_with_mcp(st.clone(), mcp)
         .layer(middleware::from_fn_with_state((st.clone(), listener), tenancy::authenticate))
-        .layer(middleware::from_fn_with_state((st, Arc::new(preview::PreviewPool::default())), preview::intercept))
+        .layer(middleware::from_fn_with_state((st, previews), preview::intercept))
 }
 
 /// The router with every native route. It expects a [`strata_engine::tenancy::Caller`] in
@@ -247,7 +253,8 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
     if let Some(local) = tcp.as_ref().and_then(|l| l.local_addr().ok()) {
         mcp = mcp.with_token_forwarding(loopback(local).to_string());
     }
-    let app = app_with_mcp(st.clone(), tenancy::Listener::Unix, Some(mcp.clone()));
+    let previews = Arc::new(preview::PreviewPool::default());
+    let app = app_with_mcp(st.clone(), tenancy::Listener::Unix, Some(mcp.clone()), previews.clone());
     if let (Some(tcp), Some(token)) = (tcp, token) {
         let addr = tcp.local_addr().map_err(io_err("bind TCP", Path::new("listen address")))?;
         info!(%addr, "listening on TCP (bearer token required)");
@@ -255,8 +262,10 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         // The E2B-compatible API (docs/e2b-compat.md) is TCP only: it calls
         // this listener's native API with the caller's own token.
         let e2b_layer = e2b::E2b::new(loopback(addr).to_string());
-        let tcp_app =
-            e2b::mount(app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp)), e2b_layer);
+        let tcp_app = e2b::mount(
+            app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp), previews),
+            e2b_layer,
+        );
         let mut rx = stop_tx.subscribe();
         tasks.push(tokio::spawn(async move {
             // No Nagle delay: streamed responses (process output, Connect

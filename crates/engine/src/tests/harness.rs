@@ -18,16 +18,7 @@ pub struct TestEngine {
 impl TestEngine {
     /// A fresh engine: empty metadata, no images, no disk limits (no loop devices).
     pub fn new() -> TestEngine {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let root = dir.path().to_path_buf();
-        let db = strata_store::Db::open(&root.join("metadata.db")).expect("db");
-        let layers = strata_store::LayerStore::open(root.join("layers")).expect("layers");
-        std::fs::create_dir_all(root.join("sandboxes")).expect("sandboxes dir");
-        let rt = Arc::new(FakeRuntime::new(root.join("run")));
-        let archive = crate::archive::ArchiveStore::local(&root.join("archive")).expect("archive");
-        let admission = Arc::new(Admission::new(&Self::admission_config(), Self::host(&root)).expect("admission"));
-        let st = Arc::new(AppState::new(db, layers, rt.clone(), root, archive, admission));
-        TestEngine { st, rt, dir }
+        Self::open(tempfile::tempdir().expect("temp dir"), &[])
     }
 
     /// The same state directory opened again with a new runtime, as after a
@@ -40,34 +31,35 @@ impl TestEngine {
             .collect();
         let TestEngine { st, rt: _, dir } = self;
         drop(st);
+        Self::open(dir, &handles)
+    }
+
+    /// Opens the engine's state in `dir` on a new fake runtime that knows the
+    /// inits in `adopt` as running.
+    fn open(dir: tempfile::TempDir, adopt: &[(String, strata_runtime::SandboxHandle)]) -> TestEngine {
         let root = dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join("sandboxes")).expect("sandboxes dir");
         let rt = Arc::new(FakeRuntime::new(root.join("run")));
-        for (id, h) in handles {
-            rt.adopt(&id, h);
+        for (id, h) in adopt {
+            rt.adopt(id, h.clone());
         }
+        let host = HostBounds {
+            mem_total: 64 << 30,
+            cpus: 16.0,
+            pid_max: 4_194_304,
+            fs_bytes: 1 << 40,
+            state_dir: root.clone(),
+        };
+        let cfg = AdmissionConfig { default_disk: DefaultLimit::NoLimit, ..AdmissionConfig::default() };
         let st = Arc::new(AppState::new(
             strata_store::Db::open(&root.join("metadata.db")).expect("db"),
             strata_store::LayerStore::open(root.join("layers")).expect("layers"),
             rt.clone(),
             root.clone(),
             crate::archive::ArchiveStore::local(&root.join("archive")).expect("archive"),
-            Arc::new(Admission::new(&Self::admission_config(), Self::host(&root)).expect("admission")),
+            Arc::new(Admission::new(&cfg, host).expect("admission")),
         ));
         TestEngine { st, rt, dir }
-    }
-
-    fn admission_config() -> AdmissionConfig {
-        AdmissionConfig { default_disk: DefaultLimit::NoLimit, ..AdmissionConfig::default() }
-    }
-
-    fn host(root: &std::path::Path) -> HostBounds {
-        HostBounds {
-            mem_total: 64 << 30,
-            cpus: 16.0,
-            pid_max: 4_194_304,
-            fs_bytes: 1 << 40,
-            state_dir: root.to_path_buf(),
-        }
     }
 
     /// Imports a tiny rootfs directory as image `name`.
