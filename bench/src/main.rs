@@ -12,6 +12,7 @@
 //! round trip against the native API's.
 
 mod figures;
+mod http1;
 mod report;
 mod stats;
 mod sys;

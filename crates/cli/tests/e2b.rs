@@ -278,4 +278,21 @@ fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
         None,
     );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+
+    // The E2B layer calls the engine in-process: what its requests changed is
+    // in the audit log under their E2B routes, with the caller and its tenant.
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
+    let find = |route: &str, actor_tenant: &str| {
+        audit.iter().find(|e| e["route"] == route && e["tenant"] == actor_tenant).cloned()
+    };
+    let started = find("e2b:/process.Process/Start", "acme").expect("the envd Start is audited");
+    assert_eq!(started["target"], sb.as_str(), "{started}");
+    assert_eq!(started["status"], 200, "{started}");
+    let refused = find("e2b:/process.Process/SendSignal", "globex").expect("another tenant's attempt is audited");
+    assert_eq!(refused["status"], 404, "{refused}");
+    assert!(
+        find("e2b:(port routing) /v1/sandboxes/{id}/previews", "acme").is_some(),
+        "the preview port routing made is audited"
+    );
 }

@@ -166,7 +166,7 @@ pub fn sample(st: &Shared, id: &str) {
         r.compute = r.compute.plus(delta);
         r.peak_memory_bytes = r.peak_memory_bytes.max(cur.memory_bytes);
         r.last_memory_bytes = cur.memory_bytes;
-        r.updated_at = crate::sandboxes::now();
+        r.updated_at = crate::record::now();
     });
     if let Err(e) = res {
         warn!(sandbox = id, error = %e, "recording usage");
@@ -255,7 +255,7 @@ fn measure(st: &Shared) -> HashMap<String, BTreeMap<&'static str, u64>> {
             let dir = st.sandbox_dir(&id);
             let e = out.entry(id.clone()).or_default();
             if rec.sandbox.state != SandboxState::Archived {
-                e.insert("writable", du(&crate::disk::upper_dir(&dir)));
+                e.insert("writable", du(&strata_runtime::disk::upper_dir(&dir)));
             }
             e.insert("standby", du(&dir.join("standby")));
             if let Some(m) = crate::archive::pointer(st, &id) {
@@ -358,6 +358,24 @@ pub fn report(st: &Shared, mut u: UsageRecord) -> CostReport {
     };
     let lifetime = seconds_between(&u.created_at, u.destroyed_at.as_deref());
     price(&u, state, lifetime, &st.prices)
+}
+
+/// The cost report of the sandbox `key` names for the current caller,
+/// destroyed sandboxes included (404 otherwise); read on a blocking thread.
+pub async fn report_for(st: &Shared, key: &str) -> crate::error::EngineResult<CostReport> {
+    let st2 = st.clone();
+    let key = key.to_string();
+    // The caller's scope, taken here: a blocking thread has no task-local caller.
+    let scope = crate::tenancy::scope();
+    tokio::task::spawn_blocking(move || -> crate::error::EngineResult<CostReport> {
+        let u = st2
+            .db
+            .find_usage(&key, scope.as_deref())?
+            .ok_or_else(|| crate::error::EngineError::sandbox_not_found(&key))?;
+        Ok(report(&st2, u))
+    })
+    .await
+    .map_err(|e| crate::error::EngineError::internal("cost task", &e))?
 }
 
 #[cfg(test)]

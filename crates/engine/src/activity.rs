@@ -22,7 +22,7 @@ use strata_core::{ids, units};
 use tracing::info;
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{load, now};
+use crate::record::{load, now};
 use crate::state::Shared;
 
 #[derive(Debug, Clone, Copy)]

@@ -309,10 +309,10 @@ impl HostBounds {
             }
         }
         if let Some(b) = l.disk_bytes {
-            if b < crate::disk::MIN_BYTES {
+            if b < strata_runtime::disk::MIN_BYTES {
                 return Err(format!(
                     "limits.disk_bytes must be at least {} (ext4 with its journal), got {b} bytes",
-                    format_size(crate::disk::MIN_BYTES)
+                    format_size(strata_runtime::disk::MIN_BYTES)
                 ));
             }
             if b > self.fs_bytes {

@@ -59,7 +59,7 @@ fn expired(a: &Approval, now: SystemTime) -> Result<bool, ApprovalError> {
 
 fn audit(st: &Shared, a: &Approval, what: &str, actor: &str, status: u16) {
     if let Err(e) = st.db.append_audit(&strata_store::db::NewAudit {
-        time: &crate::sandboxes::now(),
+        time: &crate::record::now(),
         actor,
         tenant: Some(&a.tenant),
         method: "APPROVAL",
@@ -261,6 +261,25 @@ pub fn decide(st: &Shared, id: &str, approve: bool, reason: Option<String>) -> E
     }
     info!(approval = %a.id, tenant = %a.tenant, state = %a.state, by = %actor, "approval decided");
     Ok(a)
+}
+
+/// The approvals of the current caller's tenant (every tenant's for the
+/// operator), in state `state` when given (`pending`, `approved`, `denied`,
+/// `used`); pending ones past their time are expired first.
+pub fn list(st: &Shared, state: Option<&str>) -> EngineResult<Vec<Approval>> {
+    let state = match state {
+        None => None,
+        Some(s) => Some(ApprovalState::parse(s).ok_or_else(|| {
+            EngineError::bad_request(format!("unknown approval state {s:?} (pending, approved, denied, used)"))
+        })?),
+    };
+    expire_pending(st);
+    Ok(st.db.list_approvals(crate::tenancy::scope().as_deref(), state)?)
+}
+
+/// One approval the current caller may see, settled (expired if its time passed).
+pub fn get(st: &Shared, id: &str) -> EngineResult<Approval> {
+    settle(st, id)?.filter(|a| crate::tenancy::visible(&a.tenant)).ok_or_else(|| not_found(id))
 }
 
 #[cfg(test)]

@@ -37,7 +37,8 @@ use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{self, load, now, transition, Change};
+use crate::record;
+use crate::record::{load, now, transition, Change};
 use crate::state::Shared;
 
 /// The local pointer to a sandbox's archive (a copy of its manifest).
@@ -235,7 +236,7 @@ async fn download(store: &dyn ObjectStore, key: &ObjectPath, dest: &Path, want: 
 
 /// Archives a stopped or standby sandbox, recording `reason`.
 pub async fn archive(st: &Shared, id: &str, reason: &str) -> EngineResult<SandboxEvent> {
-    let (_g, rec) = sandboxes::lock_and_load(st, id).await?;
+    let (_g, rec) = record::lock_and_load(st, id).await?;
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Archive)?;
@@ -254,7 +255,7 @@ pub async fn archive(st: &Shared, id: &str, reason: &str) -> EngineResult<Sandbo
     let detail = format!("{} to {} ({})", strata_core::units::format_size(bytes), manifest.store, manifest.prefix);
     let ev = transition(st, &id, from, Change::new(Action::Archive, reason).detail(&detail), started, None)?;
     // The archive is recorded: the local copies can go.
-    crate::disk::release(&dir);
+    strata_runtime::disk::release(&dir);
     for d in ["upper", "work", "standby", "rootfs"] {
         if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d)) {
             warn!(sandbox = %id, error = %e, "freeing {d} after archiving");
@@ -269,7 +270,7 @@ async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<Archiv
     let id = &rec.sandbox.id;
     let dir = st.sandbox_dir(id);
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
-    let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", crate::disk::upper_dir(&dir))];
+    let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", strata_runtime::disk::upper_dir(&dir))];
     if rec.sandbox.state == SandboxState::Standby {
         parts.push(("standby.tar", dir.join("standby")));
     }
@@ -346,11 +347,12 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
     let upper_target =
-        match (rec.sandbox.limits.disk_bytes, crate::disk::enforced(rec.sandbox.limits.disk_quota.as_deref())) {
+        match (rec.sandbox.limits.disk_bytes, strata_runtime::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
+        {
             (Some(bytes), true) => {
                 let (d, pool) = (dir.clone(), st.disks.clone());
-                match tokio::task::spawn_blocking(move || crate::disk::ensure(&d, bytes, &pool)).await {
-                    Ok(Ok(())) => Some(crate::disk::upper_dir(&dir)),
+                match tokio::task::spawn_blocking(move || strata_runtime::disk::ensure(&d, bytes, &pool)).await {
+                    Ok(Ok(())) => Some(strata_runtime::disk::upper_dir(&dir)),
                     Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
                     Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
                 }
@@ -371,7 +373,7 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
                 std::fs::rename(&src, dir.join(d))?;
             }
         }
-        std::fs::create_dir_all(crate::disk::work_dir(&dir))
+        std::fs::create_dir_all(strata_runtime::disk::work_dir(&dir))
     })();
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     if let Err(e) = moved {
@@ -464,7 +466,7 @@ pub async fn reconcile(st: &Shared, rec: &SandboxRecord) {
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(UNPACK_DIR));
     match (rec.sandbox.state, pointer(st, id)) {
         (SandboxState::Archived, Some(_)) => {
-            crate::disk::release(&dir);
+            strata_runtime::disk::release(&dir);
             for d in ["upper", "work", "standby"] {
                 let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d));
             }

@@ -25,9 +25,10 @@ use strata_store::db::SandboxRecord;
 use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{self, load, now};
+use crate::record::{load, now};
 use crate::state::Shared;
 use crate::tenancy;
+use crate::{lifecycle, record};
 
 /// Most children one fork request may create.
 pub const MAX_FORK: u32 = 64;
@@ -91,14 +92,14 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         return Err(EngineError::new(ErrorCode::NameConflict, format!("a checkpoint named {name:?} exists")));
     }
     let expires_at = match (&req.ttl, req.pinned) {
-        (Some(t), false) => sandboxes::expiry(Some(t))?,
+        (Some(t), false) => record::expiry(Some(t))?,
         _ => None,
     };
     // A warm checkpoint copies the processes too, at the same frozen instant.
     let warm = match req.processes {
         true => {
             crate::warm::check_capturable(st, rec)?;
-            let handle = sandboxes::handle_of(rec).ok_or_else(|| {
+            let handle = record::handle_of(rec).ok_or_else(|| {
                 EngineError::new(ErrorCode::Internal, format!("sandbox {} is running but has no init", rec.sandbox.id))
             })?;
             let staging = crate::warm::staging_dir(st, &id);
@@ -275,7 +276,7 @@ fn seal(
         }
     };
     let prepared = (|| {
-        let now = changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS)?;
+        let now = changes::scan(upper, &strata_runtime::spec::IDENTITY_PATHS)?;
         let changed = changes::diff(base, &now, lowers).len();
         crate::failpoint("checkpoint-write")
             .map_err(|e| EngineError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
@@ -317,7 +318,7 @@ fn seal(
 
 /// Takes a checkpoint of a sandbox.
 pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> EngineResult<Checkpoint> {
-    let (_g, rec) = sandboxes::lock_and_load(st, sandbox).await?;
+    let (_g, rec) = record::lock_and_load(st, sandbox).await?;
     checkpoint_locked(st, &rec, req).await
 }
 
@@ -347,19 +348,19 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
         _ => false,
     };
     // Processes coming back into a sandbox that holds no memory now: admitted like a start.
-    let _admitted = if warm { sandboxes::admit_start(st, &rec)? } else { None };
+    let _admitted = if warm { lifecycle::admit_start(st, &rec)? } else { None };
     let kept =
         if req.keep_current { Some(checkpoint_locked(st, &rec, CheckpointRequest::default()).await?) } else { None };
     let rec = load(st, &rec.sandbox.id)?;
     let was_running = state == SandboxState::Running;
     if was_running {
-        sandboxes::stop_locked(st, &rec, "restore", std::time::Duration::ZERO).await?;
+        lifecycle::stop_locked(st, &rec, "restore", std::time::Duration::ZERO).await?;
     } else if warm && matches!(state, SandboxState::Error | SandboxState::Lost) {
         // Leftovers of a crashed run must go before the processes come back.
-        sandboxes::kill_processes(st, &rec, std::time::Duration::from_secs(1)).await?;
+        lifecycle::kill_processes(st, &rec, std::time::Duration::from_secs(1)).await?;
     }
     let dir = st.sandbox_dir(&rec.sandbox.id);
-    for sub in [crate::disk::upper_dir(&dir), crate::disk::work_dir(&dir), dir.join("manifests")] {
+    for sub in [strata_runtime::disk::upper_dir(&dir), strata_runtime::disk::work_dir(&dir), dir.join("manifests")] {
         strata_store::fsutil::remove_dir_all_if_exists(&sub)
             .map_err(|e| EngineError::internal("discard writable layer", &e))?;
     }
@@ -381,7 +382,7 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
     } else {
         drop(g);
         if was_running {
-            sandboxes::start_because(st, &rec.sandbox.id, "restore").await?
+            lifecycle::start_because(st, &rec.sandbox.id, "restore").await?
         } else {
             load(st, &rec.sandbox.id)?.sandbox
         }
@@ -503,7 +504,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             processes: req.processes,
             ..Default::default()
         };
-        sandboxes::create_with(st, req, sandboxes::Lineage { fork_generation: generation, rule_of_two_checked: true })
+        lifecycle::create_with(st, req, lifecycle::Lineage { fork_generation: generation, rule_of_two_checked: true })
     });
     let results = futures_util::future::join_all(creates).await;
     let mut ids_out = Vec::new();
@@ -525,7 +526,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             if let Ok(Some(rec)) = st.db.find_sandbox(name, None).map(|r| {
                 r.filter(|r| r.sandbox.name == *name && r.sandbox.base_checkpoint.as_deref() == Some(ckpt.id.as_str()))
             }) {
-                let _ = sandboxes::destroy(st, &rec.sandbox.id, true, "fork_failed").await;
+                let _ = lifecycle::destroy(st, &rec.sandbox.id, true, "fork_failed").await;
             }
         }
         return Err(e);
@@ -575,7 +576,7 @@ pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> En
 
 /// The changes of a comparison, with the providing layer for stack comparisons.
 pub fn compute(cmp: &Comparison) -> EngineResult<Vec<changes::StackChange>> {
-    let exclude = &strata_runtime::namespace::mounts::IDENTITY_PATHS;
+    let exclude = &strata_runtime::spec::IDENTITY_PATHS;
     match cmp {
         Comparison::Head { upper, base, lowers } => {
             let now = changes::scan(upper, exclude)?;
@@ -829,11 +830,11 @@ pub async fn diff(st: &Shared, id: &str, against: Option<&str>) -> EngineResult<
 pub async fn export(st: &Shared, id: &str, against: Option<&str>) -> EngineResult<crate::transfer::ByteStream> {
     let rec = load(st, id)?;
     // The Rule of Two: exporting files is external communication.
-    let view = sandboxes::with_secret_names(st, rec.sandbox.clone());
-    let facts = sandboxes::exposure_facts(st, &view);
+    let view = record::with_secret_names(st, rec.sandbox.clone());
+    let facts = record::exposure_facts(st, &view);
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure {
         export: true,
-        ..sandboxes::exposure(&view, &facts)
+        ..record::exposure(&view, &facts)
     });
     crate::approvals::gate(st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
     let cmp = comparison(st, &rec, against)?;
@@ -845,7 +846,7 @@ pub async fn export(st: &Shared, id: &str, against: Option<&str>) -> EngineResul
     crate::transfer::spawn(move || {
         let written = match &cmp {
             Comparison::Head { upper, base, lowers } => {
-                match changes::scan(upper, &strata_runtime::namespace::mounts::IDENTITY_PATHS) {
+                match changes::scan(upper, &strata_runtime::spec::IDENTITY_PATHS) {
                     Ok(now) => {
                         let _ = ready_tx.send(Ok(()));
                         changes::write_layer_tar(upper, base, &now, lowers, &mut out)
@@ -886,4 +887,41 @@ pub async fn export(st: &Shared, id: &str, against: Option<&str>) -> EngineResul
         }
     }
     Ok(stream)
+}
+
+/// The checkpoints the current caller may see: of the sandbox `sandbox`
+/// names (404 when it names none of the caller's), or all of them.
+pub fn list(st: &Shared, sandbox: Option<&str>) -> EngineResult<Vec<Checkpoint>> {
+    match sandbox {
+        Some(key) => {
+            let rec = crate::record::load(st, key)?;
+            Ok(st.db.list_checkpoints(Some(&rec.sandbox.id))?)
+        }
+        None => Ok(st.db.list_checkpoints(None)?.into_iter().filter(|c| crate::tenancy::visible(&c.tenant)).collect()),
+    }
+}
+
+/// Deletes the checkpoint `key` names for the current caller, and the layers
+/// nothing else uses; 409 (`in_use`, with the dependents) while sandboxes or
+/// checkpoints still build on it.
+pub async fn delete(st: &Shared, key: &str) -> EngineResult<()> {
+    let _g = st.image_lock.lock().await;
+    let (c, _) = crate::tenancy::find_checkpoint(st, key)?.ok_or_else(|| not_found(key))?;
+    let dependents = dependents_of(st, &c.id)?;
+    if !dependents.is_empty() {
+        let mut e = EngineError::new(
+            ErrorCode::InUse,
+            format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")),
+        );
+        e.body.dependents = dependents;
+        return Err(e);
+    }
+    remove_checkpoint(st, &c)?;
+    crate::images::gc_layers(st)?;
+    Ok(())
+}
+
+/// The checkpoint `key` names for the current caller (404 otherwise).
+pub fn get(st: &Shared, key: &str) -> EngineResult<Checkpoint> {
+    Ok(crate::tenancy::find_checkpoint(st, key)?.ok_or_else(|| not_found(key))?.0)
 }

@@ -31,6 +31,11 @@ impl EngineError {
         }
     }
 
+    /// The error's code.
+    pub fn code(&self) -> ErrorCode {
+        self.body.code
+    }
+
     /// 409: the request is illegal in `state`.
     pub fn invalid_state(state: SandboxState, message: impl Into<String>) -> Self {
         let mut e = EngineError::new(ErrorCode::InvalidState, message);

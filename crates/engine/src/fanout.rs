@@ -21,8 +21,9 @@ use tracing::{info, warn};
 
 use crate::checkpoints::{self, MAX_FORK};
 use crate::error::{EngineError, EngineResult};
+use crate::lifecycle;
 use crate::processes::{self, Proc};
-use crate::sandboxes::{self, now};
+use crate::record::now;
 use crate::state::Shared;
 
 /// How long a score command may run when the plan gives no timeout.
@@ -387,7 +388,7 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> EngineResult<FanoutResul
             continue;
         }
         match plan.losers {
-            LoserPolicy::Destroy => match sandboxes::destroy(st, &a.sandbox_id, true, "fanout_loser").await {
+            LoserPolicy::Destroy => match lifecycle::destroy(st, &a.sandbox_id, true, "fanout_loser").await {
                 Ok(_) => a.kept = false,
                 Err(e) => warn!(sandbox = %a.sandbox_id, error = %e.body.message, "destroying a fan-out loser failed"),
             },

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{EngineError, EngineResult};
 use crate::privileges::SandboxRootCaps;
-use crate::sandboxes::load;
+use crate::record::load;
 use crate::sandboxfs::{FsError, SandboxFs};
 use crate::state::Shared;
 use crate::transfer::{self, FeedError};

@@ -14,7 +14,7 @@ use strata_store::db::SandboxRecord;
 use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::now;
+use crate::record::now;
 use crate::state::Shared;
 
 /// Default time a hook may run.

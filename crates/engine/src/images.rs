@@ -10,7 +10,7 @@ use strata_core::ids;
 use tracing::info;
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::now;
+use crate::record::now;
 use crate::state::Shared;
 
 impl From<strata_image::ImageError> for EngineError {
@@ -286,9 +286,9 @@ pub fn gc_layers_counted(st: &Shared) -> EngineResult<(usize, u64)> {
     if let Ok(entries) = std::fs::read_dir(&squashed_root) {
         let mut needed = std::collections::HashSet::new();
         for sb in st.db.list_sandboxes()? {
-            if sb.layers.len() > crate::sandboxes::SQUASH_AT {
+            if sb.layers.len() > crate::lifecycle::SQUASH_AT {
                 let dirs: Vec<_> = sb.layers.iter().filter_map(|d| st.layers.fs_dir(d).ok()).collect();
-                needed.insert(crate::sandboxes::squashed_dir(&st.layers, &dirs));
+                needed.insert(crate::lifecycle::squashed_dir(&st.layers, &dirs));
             }
         }
         for e in entries.flatten() {
@@ -298,4 +298,38 @@ pub fn gc_layers_counted(st: &Shared) -> EngineResult<(usize, u64)> {
         }
     }
     Ok((removed, bytes))
+}
+
+/// Every image (images are shared: every caller sees them all).
+pub fn list(st: &Shared) -> EngineResult<Vec<Image>> {
+    Ok(st.db.list_images()?)
+}
+
+/// The image `name` names (404 `image_not_found` otherwise).
+pub fn get(st: &Shared, name: &str) -> EngineResult<Image> {
+    st.db.get_image(name)?.ok_or_else(|| EngineError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))
+}
+
+/// Removes an image and the layers nothing else uses; 409 (`in_use`, naming
+/// them) while sandboxes of any tenant were made from it.
+pub async fn remove(st: &Shared, name: &str) -> EngineResult<()> {
+    let _g = st.image_lock.lock().await;
+    let img = get(st, name)?;
+    let users: Vec<String> = st
+        .db
+        .list_sandboxes()?
+        .into_iter()
+        .filter(|s| s.sandbox.source == img.name)
+        .map(|s| format!("sandbox {}", s.sandbox.id))
+        .collect();
+    if !users.is_empty() {
+        let mut e =
+            EngineError::new(ErrorCode::InUse, format!("image {:?} is used by {} sandbox(es)", img.name, users.len()));
+        e.body.dependents = users;
+        return Err(e);
+    }
+    st.db.delete_image(&img.name)?;
+    let removed = gc_layers(st)?;
+    info!(image = %img.name, layers_removed = removed, "removed image");
+    Ok(())
 }

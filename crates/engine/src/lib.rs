@@ -13,13 +13,16 @@
 //! into their own answers. Privileged work goes through `strata-runtime`.
 //!
 //! Modules, by what they are about:
-//! - lifecycle: [`sandboxes`] (create, start, stop, destroy, reconcile, TTL
-//!   reaper, init watcher), [`standby`] (pause, standby, resume, resume on
-//!   access), [`archive`], [`policy`] (automatic transitions), [`activity`]
-//!   (idle detection, leases), [`hooks`];
+//! - lifecycle: [`record`] (sandbox records: load for the caller, list,
+//!   inspect, `transition`; the layer below the operations), [`lifecycle`]
+//!   (one file per operation: create, start, stop, destroy, pause, standby,
+//!   resume, resume on access, reconcile, the init watcher, the TTL reaper),
+//!   [`access`] (what every call on a sandbox does first, from any front end),
+//!   [`archive`], [`policy`] (automatic transitions), [`activity`] (idle
+//!   detection, leases), [`hooks`];
 //! - state kept: [`checkpoints`] (checkpoint, restore, fork, diff, export,
 //!   gc, lineage), [`warm`] (process images of checkpoints), [`templates`],
-//!   [`images`], [`disk`] (per-sandbox disks);
+//!   [`images`] (per-sandbox disks are `strata_runtime::disk`'s);
 //! - orchestration: [`fanout`], [`pipelines`], [`advisor`];
 //! - inside a sandbox: [`processes`], [`files`] + [`sandboxfs`] +
 //!   [`privileges`], [`transfer`] (bounded byte streams) over [`chunks`], [`network`],
@@ -29,6 +32,7 @@
 //! - bookkeeping: [`state`], [`error`], [`events`], [`metrics`],
 //!   [`accounting`], [`initbin`].
 
+pub mod access;
 pub mod accounting;
 pub mod activity;
 pub mod admission;
@@ -38,7 +42,6 @@ pub mod archive;
 pub mod audit;
 pub mod checkpoints;
 pub mod chunks;
-pub mod disk;
 pub mod error;
 pub mod events;
 pub mod fanout;
@@ -47,19 +50,20 @@ pub mod hooks;
 pub mod hygiene;
 pub mod images;
 pub mod initbin;
+pub mod lifecycle;
 pub mod metrics;
 pub mod network;
 pub mod pipelines;
 pub mod policy;
 pub mod preview;
 pub mod privileges;
+pub mod process_image;
 pub mod processes;
 pub mod quotas;
-pub mod sandboxes;
+pub mod record;
 pub mod sandboxfs;
 pub mod scan;
 pub mod secrets;
-pub mod standby;
 pub mod state;
 pub mod templates;
 pub mod tenancy;
@@ -78,27 +82,8 @@ use tracing::{info, warn};
 
 use crate::state::{AppState, Shared};
 
-/// Failure injection for crash and error-path tests: `STRATA_FAILPOINTS` (a
-/// comma-separated list, read once at start) names the points that fail with
-/// the error a full disk gives (ENOSPC); `NAME:crash` aborts the daemon there
-/// instead (a kill -9 at that step). Unset in production.
-pub fn failpoint(name: &str) -> std::io::Result<()> {
-    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let points = POINTS.get_or_init(|| {
-        std::env::var("STRATA_FAILPOINTS")
-            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-            .unwrap_or_default()
-    });
-    if points.iter().any(|p| p == name) {
-        tracing::warn!(failpoint = name, "failpoint triggered");
-        return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
-    }
-    if points.iter().any(|p| p.strip_suffix(":crash") == Some(name)) {
-        tracing::error!(failpoint = name, "failpoint: crashing the daemon");
-        std::process::abort();
-    }
-    Ok(())
-}
+/// Failure injection (`STRATA_FAILPOINTS`): see [`strata_runtime::failpoint`].
+pub use strata_runtime::failpoint;
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -274,8 +259,8 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
-    app_state.disks = Arc::new(disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
-    if let (Some(_), Some(why)) = (default_disk_bytes, disk::unavailable()) {
+    app_state.disks = Arc::new(strata_runtime::disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
+    if let (Some(_), Some(why)) = (default_disk_bytes, strata_runtime::disk::unavailable()) {
         tracing::warn!(
             "per-sandbox disk limits are unavailable on this host: {why}; sandboxes record disk_quota: unavailable"
         );
@@ -286,7 +271,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     let st: Shared = Arc::new(app_state);
     // Everything from here runs as the daemon itself: it acts in every tenant.
     tenancy::as_daemon(reconcile_at_start(&st)).await?;
-    tokio::spawn(tenancy::as_daemon(sandboxes::ttl_reaper(st.clone())));
+    tokio::spawn(tenancy::as_daemon(lifecycle::ttl_reaper(st.clone())));
     tokio::spawn(tenancy::as_daemon(policy::run(st.clone())));
     tokio::spawn(tenancy::as_daemon(accounting::run(st.clone())));
     Ok(Opened { state: st, _lock: lock })
@@ -296,11 +281,11 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
 /// (re-adopted, lost, interrupted standbys completed), warm images, disks,
 /// networks, pipeline runs.
 async fn reconcile_at_start(st: &Shared) -> Result<(), DaemonError> {
-    sandboxes::reconcile(st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    lifecycle::reconcile(st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
     warm::sweep(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     // Pool leftovers of an earlier daemon go first: their images must not be mounted twice.
     st.disks.sweep();
-    sandboxes::mount_disks(st).await;
+    lifecycle::mount_disks(st).await;
     st.disks.clone().start();
     network::reconcile(st).await;
     pipelines::reconcile(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;

@@ -25,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::handle_of;
+use crate::record::handle_of;
 use crate::state::Shared;
 
 /// Errors of this module.
@@ -319,20 +319,7 @@ async fn attach(st: &Shared, id: &str, table: &str, entry: &Entry, live_pid: Opt
         let t = Instant::now();
         if !link::netns_exists(&ns) {
             match live_pid {
-                Some(pid) => {
-                    std::fs::create_dir_all(ns.parent().expect("parent"))
-                        .map_err(|source| NetworkError::Io { path: ns.clone(), source })?;
-                    std::fs::File::create(&ns).map_err(|source| NetworkError::Io { path: ns.clone(), source })?;
-                    let src = format!("/proc/{pid}/ns/net");
-                    nix::mount::mount(
-                        Some(src.as_str()),
-                        &ns,
-                        None::<&str>,
-                        nix::mount::MsFlags::MS_BIND,
-                        None::<&str>,
-                    )
-                    .map_err(|e| NetError::Setup(format!("bind {src}: {e}")))?;
-                }
+                Some(pid) => link::adopt_netns(pid, &ns)?,
                 None => link::create_netns(&ns)?,
             }
             link::detach(&ifn); // a stale host end of an older namespace
@@ -555,18 +542,18 @@ pub async fn info(st: &Shared, id: &str) -> EngineResult<NetworkInfo> {
 
 /// Changes a sandbox's network (live when it runs).
 pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> EngineResult<NetworkInfo> {
-    let (_g, rec) = crate::sandboxes::lock_and_load(st, id).await?;
+    let (_g, rec) = crate::record::lock_and_load(st, id).await?;
     let id = rec.sandbox.id.clone();
     let (spec, rules) = validate(&req)?;
     if spec.mode == NetworkMode::Egress {
         check(st, Some(&spec))?;
     }
     // The Rule of Two: egress on a sandbox that already holds the other two capabilities needs an approval.
-    let view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
-    let facts = crate::sandboxes::exposure_facts(st, &view);
+    let view = crate::record::with_secret_names(st, rec.sandbox.clone());
+    let facts = crate::record::exposure_facts(st, &view);
     let grants = strata_core::rule_of_two::grants(&strata_core::rule_of_two::Exposure {
         network: Some(&spec),
-        ..crate::sandboxes::exposure(&view, &facts)
+        ..crate::record::exposure(&view, &facts)
     });
     crate::approvals::gate(st, &rec.sandbox.tenant, "update network of", &id, &grants)?;
     let old = st.network.entries().get(&id).cloned();
@@ -627,7 +614,7 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> EngineResult<Net
         rec.sandbox.state,
         "network_changed",
         Some(&format!("mode {}, allow [{}]", spec.mode.as_str(), spec.allow.join(", "))),
-        &crate::sandboxes::now(),
+        &crate::record::now(),
     ) {
         st.notify_events(ev.seq);
     }
@@ -816,9 +803,7 @@ fn log_limited(st: &Shared, id: &str, what: &str) {
     drop(m);
     warn!(sandbox = id, suppressed, "network: {what}");
     if let Ok(Some(rec)) = st.db.sandbox_by_id(id) {
-        if let Ok(ev) =
-            st.db.record_event(id, rec.sandbox.state, "network_denied", Some(what), &crate::sandboxes::now())
-        {
+        if let Ok(ev) = st.db.record_event(id, rec.sandbox.state, "network_denied", Some(what), &crate::record::now()) {
             st.notify_events(ev.seq);
         }
     }

@@ -25,7 +25,7 @@ use strata_core::{ids, units};
 use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::now;
+use crate::record::now;
 use crate::state::Shared;
 
 /// Most stages in one pipeline.
@@ -490,7 +490,7 @@ async fn drive(st: &Shared, run_id: &str) {
         let outputs: HashSet<String> = run.stages.iter().filter_map(|s| s.output_sandbox.clone()).collect();
         for sb in std::mem::take(&mut run.stages[idx].sandboxes) {
             if !outputs.contains(&sb) && st.db.sandbox_by_id(&sb).ok().flatten().is_some() {
-                let _ = crate::sandboxes::destroy(st, &sb, true, "pipeline_retry").await;
+                let _ = crate::lifecycle::destroy(st, &sb, true, "pipeline_retry").await;
             }
         }
         let stage = &mut run.stages[idx];
@@ -637,7 +637,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 let up = upstream(n)?;
                 if let (None, Some(sb)) = (&up.checkpoint, &up.output_sandbox) {
                     // A standby output is forked from its live state (checkpointed first).
-                    crate::standby::ensure_running(st, sb).await.map_err(api)?;
+                    crate::lifecycle::ensure_running(st, sb).await.map_err(api)?;
                 }
                 up.checkpoint.or(up.output_sandbox).ok_or_else(|| format!("stage {n:?} has no output"))?
             }
@@ -692,7 +692,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
         }
         stage.notes.push(format!("winner: attempt {} ({winner})", r.winner.unwrap_or(0)));
         // The output is the checkpoint: the winner's compute is released.
-        if let Err(e) = crate::sandboxes::stop(st, &winner, "pipeline_stage_end", Duration::ZERO).await {
+        if let Err(e) = crate::lifecycle::stop(st, &winner, "pipeline_stage_end", Duration::ZERO).await {
             stage.notes.push(format!("stopping the winner failed: {}", e.body.message));
         }
         return promote(st, run, idx, &spec).await;
@@ -702,9 +702,9 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
     let sandbox_id = match &source {
         SourceRef::Stage(n) if upstream(n)?.output_sandbox.is_some() => {
             let id = upstream(n)?.output_sandbox.expect("checked");
-            crate::standby::ensure_running(st, &id).await.map_err(api)?;
+            crate::lifecycle::ensure_running(st, &id).await.map_err(api)?;
             if !spec.capabilities.is_empty() {
-                let current = crate::sandboxes::load(st, &id).map_err(api)?.sandbox.policy.capabilities;
+                let current = crate::record::load(st, &id).map_err(api)?.sandbox.policy.capabilities;
                 let req = strata_api::UpdateSandboxRequest {
                     capabilities: Some(current.into_iter().chain(spec.capabilities.iter().copied()).collect()),
                     ..Default::default()
@@ -759,7 +759,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 capabilities: spec.capabilities.clone(),
                 ..Default::default()
             };
-            with_approval(st, run, idx, || crate::sandboxes::create(st, req.clone())).await?.id
+            with_approval(st, run, idx, || crate::lifecycle::create(st, req.clone())).await?.id
         }
     };
     run.stages[idx].sandboxes.push(sandbox_id.clone());
@@ -769,14 +769,14 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
     if let Err(msg) = result {
         // A failed ephemeral stage leaves nothing; other lifecycles keep the sandbox for debugging.
         if spec.lifecycle == StageLifecycle::Ephemeral {
-            let _ = crate::sandboxes::destroy(st, &sandbox_id, true, "pipeline_stage_failed").await;
+            let _ = crate::lifecycle::destroy(st, &sandbox_id, true, "pipeline_stage_failed").await;
         }
         return Err(msg);
     }
     let stage_name = spec.name.clone();
     match spec.lifecycle {
         StageLifecycle::Ephemeral => {
-            crate::sandboxes::destroy(st, &sandbox_id, true, "pipeline_stage_end").await.map_err(api)?;
+            crate::lifecycle::destroy(st, &sandbox_id, true, "pipeline_stage_end").await.map_err(api)?;
         }
         StageLifecycle::Persistent | StageLifecycle::PersistentWithCheckpoints => {
             if spec.lifecycle == StageLifecycle::Persistent || spec.commands.is_empty() {
@@ -791,24 +791,33 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 stage.state_kept_bytes += c.layer_size;
                 stage.checkpoint = Some(c.id);
             }
-            crate::sandboxes::stop(st, &sandbox_id, "pipeline_stage_end", Duration::ZERO).await.map_err(api)?;
+            crate::lifecycle::stop(st, &sandbox_id, "pipeline_stage_end", Duration::ZERO).await.map_err(api)?;
             promote(st, run, idx, &spec).await?;
         }
         StageLifecycle::Standby => {
             let stage = &mut run.stages[idx];
-            if let Err(e) =
-                crate::standby::standby_with(st, &sandbox_id, &StandbyRequest { fs_only: false }, "pipeline_stage_end")
-                    .await
+            if let Err(e) = crate::lifecycle::standby_with(
+                st,
+                &sandbox_id,
+                &StandbyRequest { fs_only: false },
+                "pipeline_stage_end",
+            )
+            .await
             {
                 if e.body.code != ErrorCode::Unsupported {
                     return Err(e.body.message);
                 }
                 stage.notes.push(format!("standby degraded to filesystem-only: {}", e.body.message));
-                crate::standby::standby_with(st, &sandbox_id, &StandbyRequest { fs_only: true }, "pipeline_stage_end")
-                    .await
-                    .map_err(api)?;
+                crate::lifecycle::standby_with(
+                    st,
+                    &sandbox_id,
+                    &StandbyRequest { fs_only: true },
+                    "pipeline_stage_end",
+                )
+                .await
+                .map_err(api)?;
             }
-            stage.state_kept_bytes = crate::standby::info(st, &sandbox_id).map_or(0, |i| i.image_bytes);
+            stage.state_kept_bytes = crate::process_image::info(st, &sandbox_id).map_or(0, |i| i.image_bytes);
             stage.output_sandbox = Some(sandbox_id.clone());
         }
         StageLifecycle::Fork => unreachable!("handled above"),
@@ -903,6 +912,17 @@ pub fn cost(st: &Shared, id: &str) -> EngineResult<PipelineCost> {
     }
     let total = stages.iter().map(|s| s.total).sum();
     Ok(PipelineCost { run_id: run.id, stages, total })
+}
+
+/// Every pipeline run the current caller may see, newest first.
+pub fn list_runs(st: &Shared) -> EngineResult<Vec<PipelineRun>> {
+    let mut out = Vec::new();
+    for id in st.db.list_pipeline_run_ids()? {
+        if let Some(r) = st.db.pipeline_run_by_id(&id)?.filter(|r| crate::tenancy::visible(&r.tenant)) {
+            out.push(r);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -23,7 +23,8 @@ use strata_store::db::SandboxRecord;
 use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{self, load, now};
+use crate::lifecycle;
+use crate::record::{load, now};
 use crate::state::Shared;
 
 /// How often the engine looks at every sandbox.
@@ -174,10 +175,10 @@ fn declare(st: &Shared, rec: &strata_store::db::SandboxRecord, caps: &[strata_ap
     if declared == *current {
         return Ok(());
     }
-    let mut view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
+    let mut view = crate::record::with_secret_names(st, rec.sandbox.clone());
     view.policy.capabilities = declared.clone();
-    let facts = crate::sandboxes::exposure_facts(st, &view);
-    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &facts));
+    let facts = crate::record::exposure_facts(st, &view);
+    let grants = strata_core::rule_of_two::grants(&crate::record::exposure(&view, &facts));
     crate::approvals::gate(st, &rec.sandbox.tenant, "declare capabilities of", &rec.sandbox.id, &grants)?;
     st.db
         .update_policy(&rec.sandbox.id, |p| p.capabilities = declared.clone())?
@@ -359,14 +360,14 @@ pub async fn apply(st: &Shared, id: &str, step: Step) -> EngineResult<Option<San
     info!(sandbox = id, action = step.action.as_str(), reason = step.reason, "applying lifecycle policy");
     crate::failpoint("policy_action").map_err(|e| EngineError::internal("policy action", &e))?;
     let ev = match step.action {
-        PolicyAction::Stop => sandboxes::stop_locked(st, &rec, step.reason, sandboxes::STOP_GRACE).await?,
+        PolicyAction::Stop => lifecycle::stop_locked(st, &rec, step.reason, lifecycle::STOP_GRACE).await?,
         PolicyAction::Destroy => {
             drop(guard);
-            sandboxes::destroy(st, id, true, step.reason).await?
+            lifecycle::destroy(st, id, true, step.reason).await?
         }
         PolicyAction::Standby => {
             drop(guard);
-            crate::standby::standby(st, id, step.reason).await?
+            crate::lifecycle::standby(st, id, step.reason).await?
         }
         PolicyAction::Archive => {
             drop(guard);

@@ -1,8 +1,8 @@
 //! Preview URLs (see docs/preview.md), the engine's half: preview records and
 //! their URLs ([`create`], [`list`], [`revoke`], [`Previews::with_urls`]), the
 //! token check ([`authorize`], [`check`]), a running sandbox for a request
-//! ([`ready_sandbox`]) and the connector threads that open sockets inside a
-//! sandbox's network namespace ([`Previews::connect`]). The reverse proxy
+//! ([`ready_sandbox`]) and connections into a sandbox's network through the
+//! runtime ([`Previews::connect`]). The reverse proxy
 //! itself (routing, forwarding, WebSocket upgrades, idle upstream connections)
 //! is the server's (`strata-server`, `native/preview.rs`).
 //!
@@ -15,12 +15,14 @@
 //!   scoped to the preview), or a public preview. Tokens are looked up on every
 //!   request (only their SHA-256 is stored), so a revoke or an expiry counts
 //!   from the next request; a refused one is a 401.
-//! * **Reaching the port**: the upstream socket is created by a dedicated
-//!   connector thread that has `setns()` into the sandbox's network namespace
-//!   (a socket stays in the namespace it was made in; tokio then connects it),
-//!   so a port bound on 127.0.0.1 inside the sandbox is reachable in every
-//!   network mode, and nothing is published on the host. The thread ends after
-//!   10 s without requests, so it does not keep the namespace alive.
+//! * **Reaching the port**: the upstream socket is made inside the sandbox's
+//!   network by the runtime ([`strata_runtime::Runtime::net_sockets`]: on the
+//!   namespace tier a dedicated thread that has `setns()` into the sandbox's
+//!   network namespace; a socket stays in the namespace it was made in, and
+//!   tokio then connects it), so a port bound on 127.0.0.1 inside the sandbox
+//!   is reachable in every network mode, and nothing is published on the host.
+//!   The maker ends after 10 s without requests, so it does not keep the
+//!   namespace alive.
 //! * **Lifecycle**: a sandbox in standby (or paused) is resumed by the first
 //!   request; every proxied request, streamed body and upgraded connection
 //!   (WebSocket) holds an [`crate::activity::ActivityGuard`], so the idle
@@ -31,7 +33,7 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use strata_api::{
@@ -39,11 +41,12 @@ use strata_api::{
     PREVIEW_TOKEN_QUERY,
 };
 use strata_core::ids;
+use strata_runtime::{NetSockets, Runtime};
 use strata_store::db::SandboxRecord;
 use tracing::info;
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{load, now};
+use crate::record::{load, now};
 use crate::state::Shared;
 
 /// Default preview domain (`*.localhost` resolves to loopback in browsers and most resolvers).
@@ -61,7 +64,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 86_400);
 /// How long connecting to a sandbox port may take (loopback: refused or accepted at once).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connector thread ends after this long without requests.
+/// A sandbox network's socket maker ends after this long without requests.
 const CONNECTOR_IDLE: Duration = Duration::from_secs(10);
 
 /// Errors of the proxy's upstream side.
@@ -124,16 +127,19 @@ impl Default for PreviewConfig {
     }
 }
 
-/// Preview settings and the connector threads that open sockets in sandboxes' network namespaces.
+/// Preview settings and the socket makers of sandboxes' networks (the runtime's).
 #[derive(Default)]
 pub struct Previews {
     /// Settings.
     pub config: PreviewConfig,
     /// The TCP listener's address once bound, for the URLs shown (path-based URLs are relative without one).
     pub listen: std::sync::OnceLock<SocketAddr>,
-    /// Connector threads by (sandbox, init pid, init start time).
-    connectors: Mutex<HashMap<(String, i32, u64), Connector>>,
+    /// Socket makers by (sandbox, init pid, init start time).
+    connectors: Mutex<HashMap<InitKey, Arc<dyn NetSockets>>>,
 }
+
+/// A sandbox's init: (sandbox id, init pid, init start time).
+type InitKey = (String, i32, u64);
 
 impl std::fmt::Debug for Previews {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -248,7 +254,7 @@ pub async fn ready_sandbox(
     match rec.sandbox.state {
         SandboxState::Running => Ok((rec, None)),
         SandboxState::Standby | SandboxState::Paused => {
-            let resumed = crate::standby::ensure_running(st, &rec.sandbox.id).await?;
+            let resumed = crate::lifecycle::ensure_running(st, &rec.sandbox.id).await?;
             let rec = load(st, &rec.sandbox.id)?;
             if rec.sandbox.state != SandboxState::Running {
                 return Err(EngineError::invalid_state(
@@ -269,77 +275,46 @@ pub async fn ready_sandbox(
     }
 }
 
-/// Opens the network namespace of the process `pid`.
-fn open_netns(sandbox: &str, pid: i32) -> Result<std::fs::File, PreviewError> {
-    std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .map_err(|source| PreviewError::Netns { sandbox: sandbox.to_string(), source })
-}
-
-/// What a connector thread answers: a socket made in the sandbox's network namespace.
-type SocketReply = tokio::sync::oneshot::Sender<std::io::Result<tokio::net::TcpSocket>>;
-
-/// A connector thread's queue: each message asks for one socket.
-type Connector = std::sync::mpsc::Sender<SocketReply>;
-
-/// Starts a connector thread for the network namespace `ns`: it joins the
-/// namespace once, then makes sockets on request (`socket()` only; the connect
-/// is done by tokio: a socket stays in the namespace it was made in), and ends
-/// after [`CONNECTOR_IDLE`] without requests so it does not pin the namespace.
-/// A dedicated thread: never a pooled one, which would stay in the namespace.
-fn spawn_connector(ns: std::fs::File) -> std::io::Result<Connector> {
-    let (tx, rx) = std::sync::mpsc::channel::<SocketReply>();
-    std::thread::Builder::new().name("preview-netns".into()).spawn(move || {
-        let joined = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from);
-        drop(ns);
-        while let Ok(reply) = rx.recv_timeout(CONNECTOR_IDLE) {
-            match &joined {
-                Ok(()) => {
-                    let _ = reply.send(tokio::net::TcpSocket::new_v4());
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(std::io::Error::new(e.kind(), e.to_string())));
-                    return;
-                }
-            }
-        }
-    })?;
-    Ok(tx)
-}
-
 impl Previews {
-    /// Connects to 127.0.0.1:`port` inside the network namespace of the sandbox's init.
+    /// Connects to 127.0.0.1:`port` inside the network of the sandbox whose
+    /// init is `init`, through the runtime's socket maker for that network
+    /// ([`Runtime::net_sockets`], kept for [`CONNECTOR_IDLE`] between requests).
     pub async fn connect(
         &self,
+        runtime: &dyn Runtime,
         sandbox: &str,
         init: &strata_runtime::SandboxHandle,
         port: u16,
     ) -> Result<tokio::net::TcpStream, PreviewError> {
         let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
-        let pid = init.init_pid;
-        let key = (sandbox.to_string(), pid, init.init_start_time);
+        let key = (sandbox.to_string(), init.init_pid, init.init_start_time);
         let mut socket = None;
-        // A connector that just ended (idle) drops the request: then once more with a new one.
+        // A maker that just ended (idle) drops the request: then once more with a new one.
         for _ in 0..2 {
             let existing = self.connectors.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
-            let tx = match existing {
-                Some(tx) => tx,
+            let maker = match existing {
+                Some(m) => m,
                 None => {
-                    let tx = spawn_connector(open_netns(sandbox, pid)?).map_err(netns_err)?;
-                    self.connectors.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), tx.clone());
-                    tx
+                    let m: Arc<dyn NetSockets> = Arc::from(
+                        runtime
+                            .net_sockets(init, CONNECTOR_IDLE)
+                            .map_err(|e| netns_err(std::io::Error::other(e.to_string())))?,
+                    );
+                    self.connectors.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), m.clone());
+                    m
                 }
             };
             let (rtx, rrx) = tokio::sync::oneshot::channel();
-            if tx.send(rtx).is_ok() {
+            if maker.socket(Box::new(move |s| drop(rtx.send(s)))) {
                 if let Ok(r) = rrx.await {
-                    socket = Some(r.map_err(netns_err)?);
+                    let fd = r.map_err(netns_err)?;
+                    socket = Some(tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd)));
                     break;
                 }
             }
             self.connectors.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         }
-        let socket =
-            socket.ok_or_else(|| netns_err(std::io::Error::other("the namespace's connector thread ended")))?;
+        let socket = socket.ok_or_else(|| netns_err(std::io::Error::other("the network's socket maker ended")))?;
         let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
         let conn_err = |source| PreviewError::Connect { sandbox: sandbox.to_string(), port, source };
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr))
@@ -375,10 +350,10 @@ pub fn create(st: &Shared, sandbox: &str, req: &CreatePreviewRequest) -> EngineR
         return Err(EngineError::sandbox_not_found(sandbox));
     }
     // The Rule of Two: a preview is external communication.
-    let view = crate::sandboxes::with_secret_names(st, rec.sandbox.clone());
-    let mut facts = crate::sandboxes::exposure_facts(st, &view);
+    let view = crate::record::with_secret_names(st, rec.sandbox.clone());
+    let mut facts = crate::record::exposure_facts(st, &view);
     facts.preview_ports.push(req.port.unwrap_or(0));
-    let grants = strata_core::rule_of_two::grants(&crate::sandboxes::exposure(&view, &facts));
+    let grants = strata_core::rule_of_two::grants(&crate::record::exposure(&view, &facts));
     crate::approvals::gate(st, &rec.sandbox.tenant, "create preview of", &rec.sandbox.id, &grants)?;
     let created = SystemTime::now();
     let token = format!("{PREVIEW_SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));

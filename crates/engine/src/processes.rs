@@ -3,7 +3,7 @@
 //! exit status and OOM attribution.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +21,8 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{self, handle_of, load, now};
+use crate::record;
+use crate::record::{handle_of, load, now};
 use crate::state::Shared;
 
 /// Output kept per process; older output is dropped (and reported as dropped).
@@ -220,6 +221,18 @@ impl Proc {
 
     /// Waits until the process has exited (or `limit` passes) and returns its record.
     pub async fn wait(&self, limit: Option<Duration>) -> ProcessInfo {
+        self.wait_inner(limit).await
+    }
+
+    /// Waits for the process to exit and returns its record with the output it
+    /// captured (what a non-streamed exec answers).
+    pub async fn result(&self) -> strata_api::ExecResult {
+        let process = self.wait(None).await;
+        let (out, err, truncated) = self.captured_output();
+        strata_api::ExecResult { process, stdout_b64: B64.encode(out), stderr_b64: B64.encode(err), truncated }
+    }
+
+    async fn wait_inner(&self, limit: Option<Duration>) -> ProcessInfo {
         let mut rx = self.changed.subscribe();
         let deadline = limit.map(|d| tokio::time::Instant::now() + d);
         loop {
@@ -644,14 +657,14 @@ async fn spawn_validated(
         stdin: inode(&stdin_r),
     };
     let w = report_w.as_raw_fd();
-    cmd.env(strata_runtime::namespace::enter::REPORT_FD_ENV, w.to_string());
+    cmd.env(strata_runtime::spec::REPORT_FD_ENV, w.to_string());
     cmd.stdin(Stdio::from(stdin_r)).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
     let mut child = {
         // The write end is inheritable only while the lock is held, so no other
         // spawn can pick it up; without a pre_exec hook std uses posix_spawn.
-        let _g = strata_runtime::spawn_lock();
-        // SAFETY: F_SETFD on a descriptor we own.
-        unsafe { libc::fcntl(w, libc::F_SETFD, 0) };
+        let g = strata_runtime::spawn_lock();
+        strata_runtime::inherit_in_next_spawn(&g, report_w.as_fd())
+            .map_err(|e| EngineError::internal("pass the report pipe to the exec helper", &e))?;
         let spawned = tokio::process::Command::from(cmd).spawn();
         drop(report_w);
         spawned.map_err(|e| EngineError::internal("spawn exec helper", &e))?
@@ -798,7 +811,7 @@ async fn supervise(
     }
     if oom_after > opts.oom_before {
         if let Ok(Some(rec)) = st.db.sandbox_by_id(&sandbox_id) {
-            sandboxes::refresh_oom(&st, &rec);
+            record::refresh_oom(&st, &rec);
         }
     }
     *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = None;

@@ -28,3 +28,21 @@ pub fn quota_record(st: &Shared, tenant: &str) -> EngineResult<TenantQuota> {
         updated_at,
     })
 }
+
+/// Sets (replaces) a tenant's quota override; effective for the next request.
+pub fn set_override(st: &Shared, tenant: &str, o: &QuotaOverride) -> EngineResult<TenantQuota> {
+    checked_tenant(tenant)?;
+    st.db.put_tenant_quota(tenant, o, &crate::record::now())?;
+    let q = quota_record(st, tenant)?;
+    tracing::info!(tenant = %tenant, effective = ?q.effective, "tenant quota set");
+    Ok(q)
+}
+
+/// Removes a tenant's quota override: the daemon's defaults hold again.
+pub fn remove_override(st: &Shared, tenant: &str) -> EngineResult<TenantQuota> {
+    checked_tenant(tenant)?;
+    if st.db.delete_tenant_quota(tenant)? {
+        tracing::info!(tenant = %tenant, "tenant quota override removed");
+    }
+    quota_record(st, tenant)
+}

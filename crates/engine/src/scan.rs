@@ -120,7 +120,7 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {
 }
 
 fn run(t: Target) -> EngineResult<ScanReport> {
-    let exclude = &strata_runtime::namespace::mounts::IDENTITY_PATHS;
+    let exclude = &strata_runtime::spec::IDENTITY_PATHS;
     let mut paths = BTreeSet::new();
     for l in &t.touched {
         if l.exists() {
@@ -228,7 +228,7 @@ pub async fn gate(
         rules,
         findings,
         accepted_by: actor.to_string(),
-        accepted_at: crate::sandboxes::now(),
+        accepted_at: crate::record::now(),
     }))
 }
 
@@ -336,7 +336,7 @@ pub async fn flush(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
         format!("skipped: sandbox is {} (flush needs it running)", rec.sandbox.state)
     };
     if let Ok(ev) =
-        st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "flush", Some(&detail), &crate::sandboxes::now())
+        st.db.record_event(&rec.sandbox.id, rec.sandbox.state, "flush", Some(&detail), &crate::record::now())
     {
         st.notify_events(ev.seq);
     }

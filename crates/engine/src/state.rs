@@ -51,7 +51,7 @@ pub struct AppState {
     /// The preview proxy (settings, idle upstream connections).
     pub previews: crate::preview::Previews,
     /// Disk templates and ready disks of the default size (see [`crate::disk`]).
-    pub disks: Arc<crate::disk::DiskPool>,
+    pub disks: Arc<strata_runtime::disk::DiskPool>,
 }
 
 impl AppState {
@@ -72,7 +72,7 @@ impl AppState {
             sandboxes_dir: state_dir.join("sandboxes"),
             secrets: crate::secrets::SecretStore::new(&state_dir),
             network: crate::network::Network::new(&state_dir, &Default::default()),
-            disks: Arc::new(crate::disk::DiskPool::disabled(&state_dir)),
+            disks: Arc::new(strata_runtime::disk::DiskPool::disabled(&state_dir)),
             state_dir,
             processes: ProcessTable::default(),
             activity: Arc::new(ActivityTracker::default()),
@@ -107,7 +107,7 @@ impl AppState {
 
     /// The overlay upper directory (writable layer) of a sandbox (see [`crate::disk`]).
     pub fn upper_dir(&self, id: &str) -> PathBuf {
-        crate::disk::upper_dir(&self.sandbox_dir(id))
+        strata_runtime::disk::upper_dir(&self.sandbox_dir(id))
     }
 
     /// Tells event followers that new events exist.

@@ -23,7 +23,8 @@ use tokio::sync::mpsc::Sender;
 
 use crate::checkpoints;
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::{self, now};
+use crate::lifecycle;
+use crate::record::now;
 use crate::state::Shared;
 
 /// One instruction of a build file.
@@ -248,7 +249,7 @@ impl Build<'_> {
             policy: Some(strata_api::PolicyPatch { on_idle: Some(strata_api::OnIdle::Keep), ..Default::default() }),
             ..Default::default()
         };
-        let sb = sandboxes::create(self.st, req).await?;
+        let sb = lifecycle::create(self.st, req).await?;
         self.st.db.set_image_config(&sb.id, &self.config)?;
         self.sandbox = Some(sb.id.clone());
         Ok(sb.id)
@@ -256,7 +257,7 @@ impl Build<'_> {
 
     async fn drop_sandbox(&mut self) {
         if let Some(id) = self.sandbox.take() {
-            let _ = sandboxes::destroy(self.st, &id, true, "build_done").await;
+            let _ = lifecycle::destroy(self.st, &id, true, "build_done").await;
         }
     }
 
@@ -356,7 +357,7 @@ pub async fn build(
     let context = req.context.as_deref().map(PathBuf::from);
     let count = steps.len();
     let Step::From(from) = &steps[0].1 else { unreachable!("parse checks FROM") };
-    let source = sandboxes::resolve_source(st, from).map_err(|e| (1, e))?;
+    let source = lifecycle::resolve_source(st, from).map_err(|e| (1, e))?;
     let mut b = Build { st, tx, name: req.name.clone(), sandbox: None, config: source.config.clone() };
     // The base: the FROM source's identity (image id, or checkpoint id).
     let mut current_from = source.checkpoint.clone().unwrap_or_else(|| source.name.clone());
@@ -556,6 +557,28 @@ pub async fn build(
 /// 404 for a template.
 pub fn not_found(name: &str) -> EngineError {
     EngineError::new(ErrorCode::ImageNotFound, format!("no template named {name:?}"))
+}
+
+/// The templates the current caller may see.
+pub fn list(st: &Shared) -> EngineResult<Vec<Template>> {
+    let mut out = Vec::new();
+    for (name, ckpt, created) in st.db.list_templates()? {
+        if !st.db.template_tenant(&name)?.is_some_and(|t| crate::tenancy::visible(&t)) {
+            continue;
+        }
+        out.push(template_view(st, &name, &ckpt, &created)?);
+    }
+    Ok(out)
+}
+
+/// Removes a template (its checkpoint stays until deleted or collected); 404
+/// when there is none by that name. Which tenant may is decided by the route's
+/// owner check.
+pub fn delete(st: &Shared, name: &str) -> EngineResult<()> {
+    if !st.db.delete_template(name)? {
+        return Err(not_found(name));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

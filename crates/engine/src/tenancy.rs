@@ -40,7 +40,7 @@ use strata_core::ids;
 use strata_store::db::SandboxRecord;
 
 use crate::error::{EngineError, EngineResult};
-use crate::sandboxes::now;
+use crate::record::now;
 use crate::state::Shared;
 
 /// Prefix of the secrets `POST /v1/tokens` prints.
@@ -365,6 +365,22 @@ pub fn tenant_caller(st: &Shared, secret: &str) -> Result<Caller, EngineError> {
         acting_as: None,
         approval: None,
     })
+}
+
+/// The caller a bearer secret names, for every front end on the TCP listener
+/// (native API, E2B API keys and access tokens): the holder of the operator's
+/// token (`<state>/api-token`, compared in constant time) is the operator, the
+/// holder of a tenant token its tenant ([`tenant_caller`]); anything else is
+/// `unauthorized`.
+pub fn bearer_caller(st: &Shared, operator_token: &str, secret: &str) -> Result<Caller, EngineError> {
+    if constant_time_eq(secret.as_bytes(), operator_token.as_bytes()) {
+        return Ok(Caller::operator(crate::audit::token_actor(operator_token).0));
+    }
+    tenant_caller(st, secret)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A tenant name: like a sandbox name (letters, digits, `-`, `_`, `.`; at most 63; starts alphanumeric).

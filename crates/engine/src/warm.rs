@@ -35,8 +35,9 @@ use tracing::info;
 
 use crate::error::{EngineError, EngineResult};
 use crate::processes::CapturedProcess;
-use crate::sandboxes::{self, now, transition, Change};
+use crate::record::{now, transition, Change};
 use crate::state::Shared;
+use crate::{lifecycle, record};
 
 /// The API processes of a warm checkpoint, next to its image.
 const CAPTURED: &str = "captured.json";
@@ -90,8 +91,8 @@ pub fn publish(
         dump_ms,
         note: None,
     };
-    let m = crate::standby::seal(staging, info, Some(helper))?;
-    crate::standby::publish(staging, &image_dir(st, checkpoint_id))?;
+    let m = crate::process_image::seal(staging, info, Some(helper))?;
+    crate::process_image::publish(staging, &image_dir(st, checkpoint_id))?;
     Ok(ProcessImage { bytes: m.info.image_bytes, api_processes: captured.len() as u32, dump_ms })
 }
 
@@ -134,7 +135,7 @@ pub fn check_startable(st: &Shared, sandbox_id: &str, has_secrets: bool, checkpo
 /// Starts `rec` (in state `from`) with the processes of warm checkpoint
 /// `checkpoint_id`, on its current root (which must hold that checkpoint's
 /// filesystem), and records `action`. The counterpart of
-/// [`sandboxes::boot`] for warm starts.
+/// [`lifecycle::boot`] for warm starts.
 pub async fn boot(
     st: &Shared,
     rec: &SandboxRecord,
@@ -155,7 +156,7 @@ pub async fn boot(
     let images = image_dir(st, checkpoint_id);
     let checked = {
         let dir = images.clone();
-        tokio::task::spawn_blocking(move || crate::standby::verify(&dir))
+        tokio::task::spawn_blocking(move || crate::process_image::verify(&dir))
             .await
             .map_err(|e| EngineError::internal("verify task", &e))?
     };
@@ -170,7 +171,7 @@ pub async fn boot(
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
         .map_err(|e| fail(format!("{CAPTURED}: {e}")))?;
-    let mut spec = sandboxes::mount_spec(st, rec).await.map_err(|e| fail(e.body.message))?;
+    let mut spec = lifecycle::mount_spec(st, rec).await.map_err(|e| fail(e.body.message))?;
     crate::network::prepare(st, &id, &mut spec).await.map_err(|e| fail(e.body.message))?;
     let adopted = st.processes.adopt(&id, &captured)?;
     let inherit: Vec<(std::os::fd::RawFd, u64)> =
@@ -193,8 +194,8 @@ pub async fn boot(
     let detail =
         format!("processes of checkpoint {checkpoint_id} restored ({} started through the API)", captured.len());
     transition(st, &id, from, Change::new(action, reason).detail(&detail), started, Some(&handle))?;
-    st.db.set_expires_at(&id, sandboxes::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
-    sandboxes::watch_init(st.clone(), id.clone(), handle.clone());
+    st.db.set_expires_at(&id, record::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
+    lifecycle::watch_init(st.clone(), id.clone(), handle.clone());
     info!(sandbox = %id, checkpoint = checkpoint_id, ms = started.elapsed().as_millis() as u64, "started warm");
     Ok(handle)
 }

@@ -38,18 +38,7 @@ fn run_batch(cmd: &mut Command, script: &str, what: &'static str) -> Result<(), 
 /// bind-mounting it on `path` (created). Runs on a short-lived thread, since
 /// `unshare(CLONE_NEWNET)` changes only the calling thread.
 pub fn create_netns(path: &Path) -> Result<(), NetError> {
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(|e| NetError::Io {
-            what: "create netns directory",
-            path: d.to_path_buf(),
-            source: e,
-        })?;
-    }
-    std::fs::File::create(path).map_err(|e| NetError::Io {
-        what: "create netns file",
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+    netns_file(path)?;
     let p = path.to_path_buf();
     let res = std::thread::spawn(move || -> Result<(), String> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
@@ -81,6 +70,33 @@ pub fn netns_exists(path: &Path) -> bool {
 pub fn remove_netns(path: &Path) {
     let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
     let _ = std::fs::remove_file(path);
+}
+
+/// The empty file a namespace is bind-mounted on (and its directory).
+fn netns_file(path: &Path) -> Result<(), NetError> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| NetError::Io {
+            what: "create netns directory",
+            path: d.to_path_buf(),
+            source: e,
+        })?;
+    }
+    std::fs::File::create(path).map_err(|e| NetError::Io {
+        what: "create netns file",
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    Ok(())
+}
+
+/// Names the network namespace of the running process `pid` at `path` (a bind
+/// mount of `/proc/<pid>/ns/net`, as [`create_netns`] leaves it), so that
+/// sandbox's own namespace is the one the plumbing attaches to.
+pub fn adopt_netns(pid: i32, path: &Path) -> Result<(), NetError> {
+    netns_file(path)?;
+    let src = format!("/proc/{pid}/ns/net");
+    nix::mount::mount(Some(src.as_str()), path, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+        .map_err(|e| NetError::Setup(format!("bind {src}: {e}")))
 }
 
 /// Whether a host interface exists.

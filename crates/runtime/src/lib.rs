@@ -11,6 +11,8 @@
 //!   `RecordingSys` records them, so the setup sequences are unit-tested
 //!   without root.
 //! * [`cgroup`]: cgroup v1/v2 limits, freezer and counters, rooted at a path.
+//! * [`disk`]: the per-sandbox disk limit: an ext4 image per sandbox on a loop
+//!   device (`LOOP_CONFIGURE`), mounted in-process, and the pool of ready disks.
 //! * [`microvm`]: the QEMU microvm tier's host probe (the tier itself plugs in
 //!   beside `namespace` through the same trait).
 //! * [`probe`]: host capability checks behind `strata doctor`.
@@ -27,6 +29,7 @@
 //! to the caller.
 
 pub mod cgroup;
+pub mod disk;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod microvm;
@@ -94,6 +97,18 @@ pub fn spawn_lock() -> std::sync::MutexGuard<'static, ()> {
     SPAWN_LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Lets the next spawned child inherit `fd` (clears its close-on-exec flag).
+/// Call it with [`spawn_lock`] held, and drop the descriptor after the spawn.
+pub fn inherit_in_next_spawn(
+    _lock: &std::sync::MutexGuard<'static, ()>,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let flags = nix::fcntl::FdFlag::empty();
+    nix::fcntl::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), nix::fcntl::FcntlArg::F_SETFD(flags))
+        .map(drop)
+        .map_err(std::io::Error::from)
+}
+
 /// A started sandbox: enough to find it again after a daemon restart.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxHandle {
@@ -115,6 +130,52 @@ pub struct ResourceUsage {
     /// CPU time consumed by the sandbox's tasks since its cgroup was created,
     /// in microseconds (v1 `cpuacct.usage`, v2 `cpu.stat` `usage_usec`).
     pub cpu_usec: u64,
+}
+
+/// Failure injection for crash and error-path tests: `STRATA_FAILPOINTS` (a
+/// comma-separated list, read once at start) names the points that fail with
+/// the error a full disk gives (ENOSPC); `NAME:crash` aborts the daemon there
+/// instead (a kill -9 at that step). Unset in production.
+pub fn failpoint(name: &str) -> std::io::Result<()> {
+    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let points = POINTS.get_or_init(|| {
+        std::env::var("STRATA_FAILPOINTS")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default()
+    });
+    if points.iter().any(|p| p == name) {
+        tracing::warn!(failpoint = name, "failpoint triggered");
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+    }
+    if points.iter().any(|p| p.strip_suffix(":crash") == Some(name)) {
+        tracing::error!(failpoint = name, "failpoint: crashing the daemon");
+        std::process::abort();
+    }
+    Ok(())
+}
+
+/// What a restore the daemon did not record left ([`Runtime::interrupted_restore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterruptedRestore {
+    /// No restore was started from the image.
+    None,
+    /// One was, and its init runs in the sandbox: the resume completed.
+    Running(SandboxHandle),
+    /// One was, and nothing of it runs: clean up, the image stays.
+    Gone,
+}
+
+/// Makes TCP sockets inside one sandbox's network, for connections from the
+/// host into it (the preview proxy's): each socket is a new, unconnected,
+/// non-blocking IPv4 stream socket made in the sandbox's network; the caller
+/// connects it (a socket stays in the network it was made in). How is the
+/// tier's: the namespace tier keeps one thread in the sandbox's network
+/// namespace; a VM tier would forward over its host channel.
+pub trait NetSockets: Send + Sync {
+    /// Asks for one socket; `reply` gets it, possibly on another thread.
+    /// `false` when this maker has ended (idle for its time, or the sandbox's
+    /// network is gone): make a new one.
+    fn socket(&self, reply: Box<dyn FnOnce(std::io::Result<std::os::fd::OwnedFd>) + Send>) -> bool;
 }
 
 /// An isolation tier.
@@ -210,4 +271,18 @@ pub trait Runtime: Send + Sync {
     /// machine id, fork generation) where a restore brought back the identity
     /// of the sandbox they were copied from.
     fn reidentify(&self, spec: &SandboxSpec, handle: &SandboxHandle) -> Result<(), RuntimeError>;
+
+    /// After a daemon restart, for a sandbox recorded in standby: what a
+    /// [`Runtime::restore_processes`] from `image_dir` that the daemon did not
+    /// record (it stopped first) left of the sandbox `sandbox_id`.
+    fn interrupted_restore(&self, sandbox_id: &str, image_dir: &std::path::Path) -> InterruptedRestore;
+
+    /// Removes what a restore left in `image_dir` (so the image can be
+    /// restored again) and returns where its log went, if it wrote one.
+    fn restore_leftovers(&self, image_dir: &std::path::Path) -> Option<PathBuf>;
+
+    /// A maker of sockets inside the network of the sandbox whose init is
+    /// `handle`, which ends after `idle` without requests (so it does not pin
+    /// the sandbox's network).
+    fn net_sockets(&self, handle: &SandboxHandle, idle: Duration) -> Result<Box<dyn NetSockets>, RuntimeError>;
 }

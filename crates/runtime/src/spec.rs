@@ -66,3 +66,13 @@ impl std::fmt::Debug for SecretFile {
 }
 
 pub use strata_init::exec::{ExecReport, ExecSpec};
+
+/// The environment variable naming the descriptor an exec command
+/// ([`crate::Runtime::exec_command`]) reports its process on: the caller
+/// passes the write end of a pipe under this name.
+pub use strata_init::exec::REPORT_FD_ENV;
+
+/// Paths (relative to a sandbox's root) that strata writes to give a sandbox
+/// its identity: never part of a checkpoint's or a diff's changes, whatever
+/// the tier.
+pub use crate::namespace::mounts::IDENTITY_PATHS;

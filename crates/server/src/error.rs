@@ -84,10 +84,15 @@ through_engine_error!(
     strata_engine::pipelines::SpecError,
 );
 
+/// The HTTP status of an error code (for every front end that answers over HTTP).
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.0.body;
-        let status = StatusCode::from_u16(body.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = status_of(body.code);
         if status.is_server_error() {
             tracing::warn!(code = %body.code, message = %body.message, "request failed");
         }

@@ -166,8 +166,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         Some(server) => r.route_service("/mcp", strata_mcp::http_service(server)),
         None => r,
     };
-    r.layer(middleware::from_fn_with_state(st.clone(), standby::resume_on_access))
-        .layer(middleware::from_fn_with_state(st.clone(), a::track))
+    r.layer(middleware::from_fn_with_state(st.clone(), crate::native::access::enter_sandbox))
         // Tenancy: outside activity tracking and resume-on-access, so a request
         // for another tenant's sandbox neither counts as activity nor resumes it.
         .layer(middleware::from_fn_with_state(st.clone(), tenancy::guard))
@@ -261,7 +260,7 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         let _ = st.previews.listen.set(addr);
         // The E2B-compatible API (docs/e2b-compat.md) is TCP only: it calls
         // this listener's native API with the caller's own token.
-        let e2b_layer = e2b::E2b::new(loopback(addr).to_string());
+        let e2b_layer = e2b::E2b::new(st.clone(), token.clone(), previews.clone());
         let tcp_app = e2b::mount(
             app_with_mcp(st.clone(), tenancy::Listener::Tcp { legacy: token }, Some(mcp), previews),
             e2b_layer,

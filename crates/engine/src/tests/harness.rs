@@ -86,14 +86,14 @@ impl TestEngine {
             lifecycle: Lifecycle::Persistent,
             ..Default::default()
         };
-        let sb = crate::sandboxes::create(&self.st, req).await.expect("create");
+        let sb = crate::lifecycle::create(&self.st, req).await.expect("create");
         assert_eq!(sb.state, SandboxState::Running);
         sb.id
     }
 
     /// The state the store records for `id`.
     pub fn state(&self, id: &str) -> SandboxState {
-        crate::sandboxes::load(&self.st, id).expect("load").sandbox.state
+        crate::record::load(&self.st, id).expect("load").sandbox.state
     }
 
     /// The reasons of `id`'s events, oldest first.

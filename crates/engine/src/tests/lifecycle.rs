@@ -14,20 +14,20 @@ async fn create_stop_start_destroy_records_each_transition() {
         let id = e.sandbox("base", "web").await;
         assert!(e.rt.sandbox(&id).is_some_and(|s| s.alive), "the runtime started its init");
 
-        crate::sandboxes::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.expect("stop");
+        crate::lifecycle::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.expect("stop");
         assert_eq!(e.state(&id), SandboxState::Stopped);
         assert!(!e.rt.sandbox(&id).is_some_and(|s| s.alive), "stop ended the init");
 
         // Stopping again is illegal in `stopped`: a 409 naming the state, not a no-op.
-        let again = crate::sandboxes::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.unwrap_err();
+        let again = crate::lifecycle::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.unwrap_err();
         assert_eq!(again.body.code, ErrorCode::InvalidState);
         assert_eq!(again.body.current_state, Some(SandboxState::Stopped));
 
-        crate::sandboxes::start(&e.st, &id).await.expect("start");
+        crate::lifecycle::start(&e.st, &id).await.expect("start");
         assert_eq!(e.state(&id), SandboxState::Running);
 
-        crate::sandboxes::destroy(&e.st, &id, true, "user").await.expect("destroy");
-        let gone = crate::sandboxes::load(&e.st, &id).unwrap_err();
+        crate::lifecycle::destroy(&e.st, &id, true, "user").await.expect("destroy");
+        let gone = crate::record::load(&e.st, &id).unwrap_err();
         assert_eq!(gone.body.code, ErrorCode::SandboxNotFound);
         let reasons = e.event_reasons(&id);
         assert!(reasons.len() >= 4, "create, stop, start, destroy are events: {reasons:?}");
@@ -42,16 +42,16 @@ async fn standby_seals_an_image_and_resume_brings_the_processes_back() {
         e.image("base").await;
         let id = e.sandbox("base", "dev").await;
 
-        crate::standby::standby(&e.st, &id, "user").await.expect("standby");
+        crate::lifecycle::standby(&e.st, &id, "user").await.expect("standby");
         assert_eq!(e.state(&id), SandboxState::Standby);
-        let dir = crate::standby::image_dir(&e.st, &id);
-        assert!(crate::standby::verify(&dir).is_ok(), "the sealed image verifies");
+        let dir = crate::process_image::image_dir(&e.st, &id);
+        assert!(crate::process_image::verify(&dir).is_ok(), "the sealed image verifies");
         let ops = e.rt.actions(&id);
         let dump = ops.iter().position(|o| *o == Op::DumpProcesses).expect("dumped");
         let cleanup = ops.iter().rposition(|o| *o == Op::Cleanup).expect("cleaned up");
         assert!(dump < cleanup, "processes dumped before the cgroup goes: {ops:?}");
 
-        let r = crate::standby::resume(&e.st, &id, "user").await.expect("resume");
+        let r = crate::lifecycle::resume(&e.st, &id, "user").await.expect("resume");
         assert!(r.processes_restored);
         assert_eq!(r.from, SandboxState::Standby);
         assert_eq!(e.state(&id), SandboxState::Running);
@@ -68,7 +68,7 @@ async fn a_failed_dump_leaves_the_sandbox_running_and_says_so() {
         e.image("base").await;
         let id = e.sandbox("base", "dev").await;
         e.rt.fail_next_for(&id, Op::DumpProcesses, RuntimeError::Setup("criu said no".into()));
-        let err = crate::standby::standby(&e.st, &id, "user").await.unwrap_err();
+        let err = crate::lifecycle::standby(&e.st, &id, "user").await.unwrap_err();
         assert_eq!(err.body.code, ErrorCode::Internal);
         assert!(
             err.body.message.contains("keeps running") && err.body.message.contains("criu said no"),
@@ -76,7 +76,7 @@ async fn a_failed_dump_leaves_the_sandbox_running_and_says_so() {
             err.body.message
         );
         assert_eq!(e.state(&id), SandboxState::Running);
-        assert!(!crate::standby::image_dir(&e.st, &id).exists(), "no half image is left");
+        assert!(!crate::process_image::image_dir(&e.st, &id).exists(), "no half image is left");
     })
     .await;
 }
@@ -88,7 +88,7 @@ async fn standby_without_process_dumps_is_a_501_naming_why() {
         e.image("base").await;
         let id = e.sandbox("base", "dev").await;
         e.rt.set_process_dump_unsupported(Some("no CRIU here".into()));
-        let err = crate::standby::standby(&e.st, &id, "user").await.unwrap_err();
+        let err = crate::lifecycle::standby(&e.st, &id, "user").await.unwrap_err();
         assert_eq!(err.body.code, ErrorCode::Unsupported);
         assert!(
             err.body.message.contains("no CRIU here") && err.body.message.contains("--fs-only"),
@@ -106,12 +106,12 @@ async fn a_failed_restore_marks_the_sandbox_error_and_keeps_its_image() {
         let e = TestEngine::new();
         e.image("base").await;
         let id = e.sandbox("base", "dev").await;
-        crate::standby::standby(&e.st, &id, "user").await.expect("standby");
+        crate::lifecycle::standby(&e.st, &id, "user").await.expect("standby");
         e.rt.fail_next_for(&id, Op::RestoreProcesses, RuntimeError::Setup("restore broke".into()));
-        let err = crate::standby::resume(&e.st, &id, "user").await.unwrap_err();
+        let err = crate::lifecycle::resume(&e.st, &id, "user").await.unwrap_err();
         assert!(err.body.message.contains("restore broke"), "{}", err.body.message);
         assert_eq!(e.state(&id), SandboxState::Error);
-        assert!(crate::standby::image_dir(&e.st, &id).exists(), "the image is kept for diagnosis");
+        assert!(crate::process_image::image_dir(&e.st, &id).exists(), "the image is kept for diagnosis");
     })
     .await;
 }
@@ -122,8 +122,8 @@ async fn a_corrupted_standby_image_is_refused_by_name() {
         let e = TestEngine::new();
         e.image("base").await;
         let id = e.sandbox("base", "dev").await;
-        crate::standby::standby(&e.st, &id, "user").await.expect("standby");
-        let dir = crate::standby::image_dir(&e.st, &id);
+        crate::lifecycle::standby(&e.st, &id, "user").await.expect("standby");
+        let dir = crate::process_image::image_dir(&e.st, &id);
         let victim = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(Result::ok)
@@ -131,7 +131,7 @@ async fn a_corrupted_standby_image_is_refused_by_name() {
             .find(|p| p.file_name().is_some_and(|n| n != "manifest.json"))
             .expect("an image file");
         std::fs::write(&victim, b"not what was dumped").unwrap();
-        let err = crate::standby::resume(&e.st, &id, "user").await.unwrap_err();
+        let err = crate::lifecycle::resume(&e.st, &id, "user").await.unwrap_err();
         let name = victim.file_name().unwrap().to_string_lossy().into_owned();
         assert!(err.body.message.contains(&name), "the corrupted file is named: {}", err.body.message);
         assert_eq!(e.state(&id), SandboxState::Error);
@@ -146,12 +146,12 @@ async fn pause_and_unpause_freeze_through_the_runtime() {
         let e = TestEngine::new();
         e.image("base").await;
         let id = e.sandbox("base", "dev").await;
-        crate::standby::pause(&e.st, &id).await.expect("pause");
+        crate::lifecycle::pause(&e.st, &id).await.expect("pause");
         assert_eq!(e.state(&id), SandboxState::Paused);
         assert!(e.rt.sandbox(&id).is_some_and(|s| s.frozen));
-        let again = crate::standby::pause(&e.st, &id).await.unwrap_err();
+        let again = crate::lifecycle::pause(&e.st, &id).await.unwrap_err();
         assert_eq!(again.body.current_state, Some(SandboxState::Paused));
-        crate::standby::unpause(&e.st, &id, "user").await.expect("unpause");
+        crate::lifecycle::unpause(&e.st, &id, "user").await.expect("unpause");
         assert!(e.rt.sandbox(&id).is_some_and(|s| !s.frozen));
         assert_eq!(e.state(&id), SandboxState::Running);
     })

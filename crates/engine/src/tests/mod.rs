@@ -5,6 +5,8 @@
 //! error paths, reconciliation); the real tier is covered by the root-only
 //! integration tests in crates/cli/tests.
 
+mod access;
 mod harness;
 mod lifecycle;
+mod preview;
 mod state;

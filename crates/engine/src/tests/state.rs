@@ -71,7 +71,7 @@ async fn a_restart_readopts_live_inits_and_records_lost_ones() {
         let alive = e.sandbox("base", "alive").await;
         let gone = e.sandbox("base", "gone").await;
         let e = e.restart(&[&alive]);
-        crate::sandboxes::reconcile(&e.st).await.expect("reconcile");
+        crate::lifecycle::reconcile(&e.st).await.expect("reconcile");
         assert_eq!(e.state(&alive), SandboxState::Running, "a surviving init is adopted");
         assert_eq!(e.state(&gone), SandboxState::Lost, "an init that did not survive is lost, with a reason");
         assert!(e.event_reasons(&gone).iter().any(|r| r == "init_gone"), "{:?}", e.event_reasons(&gone));
@@ -85,11 +85,11 @@ async fn a_restart_keeps_a_sandbox_in_standby_resumable() {
         let e = TestEngine::new();
         e.image("base").await;
         let id = e.sandbox("base", "idle").await;
-        crate::standby::standby(&e.st, &id, "idle").await.expect("standby");
+        crate::lifecycle::standby(&e.st, &id, "idle").await.expect("standby");
         let e = e.restart(&[]);
-        crate::sandboxes::reconcile(&e.st).await.expect("reconcile");
+        crate::lifecycle::reconcile(&e.st).await.expect("reconcile");
         assert_eq!(e.state(&id), SandboxState::Standby);
-        let r = crate::standby::resume(&e.st, &id, "user").await.expect("resume after restart");
+        let r = crate::lifecycle::resume(&e.st, &id, "user").await.expect("resume after restart");
         assert!(r.processes_restored);
     })
     .await;
@@ -110,15 +110,14 @@ async fn a_tenant_sees_its_own_sandboxes_and_no_one_else_s() {
         e.image("base").await;
         let a = tenancy::run_as(tenant("acme"), e.sandbox("base", "web")).await;
         let b = tenancy::run_as(tenant("globex"), e.sandbox("base", "api")).await;
-        let seen_by_acme = tenancy::run_as(tenant("acme"), async { crate::sandboxes::load(&e.st, "web") }).await;
+        let seen_by_acme = tenancy::run_as(tenant("acme"), async { crate::record::load(&e.st, "web") }).await;
         assert_eq!(seen_by_acme.expect("acme's web").sandbox.id, a);
-        let by_name =
-            tenancy::run_as(tenant("acme"), async { crate::sandboxes::load(&e.st, "api") }).await.unwrap_err();
+        let by_name = tenancy::run_as(tenant("acme"), async { crate::record::load(&e.st, "api") }).await.unwrap_err();
         assert_eq!(by_name.body.code, ErrorCode::SandboxNotFound, "another tenant's name does not resolve");
-        let other = tenancy::run_as(tenant("acme"), async { crate::sandboxes::load(&e.st, &b) }).await.unwrap_err();
+        let other = tenancy::run_as(tenant("acme"), async { crate::record::load(&e.st, &b) }).await.unwrap_err();
         assert_eq!(other.body.code, ErrorCode::SandboxNotFound, "another tenant's id is a 404 like an unknown one");
         let stop = tenancy::run_as(tenant("acme"), async {
-            crate::sandboxes::stop(&e.st, &b, "user", std::time::Duration::ZERO).await
+            crate::lifecycle::stop(&e.st, &b, "user", std::time::Duration::ZERO).await
         })
         .await
         .unwrap_err();
@@ -137,9 +136,9 @@ async fn a_task_with_no_caller_sees_nothing() {
     })
     .await;
     // No caller: the lookup fails closed (a 404 like an unknown id), and no transition happens.
-    let err = crate::sandboxes::load(&e.st, &id).unwrap_err();
+    let err = crate::record::load(&e.st, &id).unwrap_err();
     assert_eq!(err.body.code, ErrorCode::SandboxNotFound);
-    let stop = crate::sandboxes::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.unwrap_err();
+    let stop = crate::lifecycle::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.unwrap_err();
     assert_eq!(stop.body.code, ErrorCode::SandboxNotFound);
     assert_eq!(crate::tenancy::as_daemon(async { e.state(&id) }).await, SandboxState::Running);
 }

@@ -95,6 +95,8 @@ pub enum Op {
     RestoreProcesses,
     /// [`Runtime::reidentify`].
     Reidentify,
+    /// A socket maker for a sandbox's network ([`Runtime::net_sockets`]).
+    NetSockets,
 }
 
 impl Op {
@@ -114,6 +116,7 @@ impl Op {
             Op::CopyProcesses => "copy_processes",
             Op::RestoreProcesses => "restore_processes",
             Op::Reidentify => "reidentify",
+            Op::NetSockets => "net_sockets",
         }
     }
 
@@ -637,5 +640,38 @@ impl Runtime for FakeRuntime {
         let sb = s.sandboxes.get_mut(&spec.id).filter(|sb| sb.alive && sb.handle == *handle).ok_or_else(not_running)?;
         sb.identity = FakeIdentity::of(spec);
         Ok(())
+    }
+
+    /// The fake's restores complete at once: none is ever left half done.
+    fn interrupted_restore(&self, _sandbox_id: &str, _image_dir: &std::path::Path) -> crate::InterruptedRestore {
+        crate::InterruptedRestore::None
+    }
+
+    fn restore_leftovers(&self, _image_dir: &std::path::Path) -> Option<std::path::PathBuf> {
+        None
+    }
+
+    /// The fake has no networks of its own: its sockets are made in the
+    /// calling process's network (a test connects them to its own listeners).
+    fn net_sockets(
+        &self,
+        handle: &SandboxHandle,
+        _idle: std::time::Duration,
+    ) -> Result<Box<dyn crate::NetSockets>, RuntimeError> {
+        let mut s = self.lock();
+        let id = s.sandboxes.iter().find(|(_, sb)| sb.alive && sb.handle == *handle).map(|(id, _)| id.clone());
+        self.begin(&mut s, Op::NetSockets, id.as_deref(), String::new())?;
+        id.ok_or_else(not_running)?;
+        Ok(Box::new(HostSockets))
+    }
+}
+
+/// [`FakeRuntime`]'s socket maker: sockets in the calling process's network.
+struct HostSockets;
+
+impl crate::NetSockets for HostSockets {
+    fn socket(&self, reply: Box<dyn FnOnce(std::io::Result<std::os::fd::OwnedFd>) + Send>) -> bool {
+        reply(crate::namespace::netsock::tcp_socket());
+        true
     }
 }

@@ -16,13 +16,14 @@
 pub mod criu;
 pub mod init;
 pub mod mounts;
+pub mod netsock;
 pub mod restore;
 
 pub use strata_init::{creds, enter, seccomp, user};
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -380,6 +381,39 @@ impl Runtime for NamespaceRuntime {
             spec.fork_generation,
         )
         .map_err(RuntimeError::Setup)
+    }
+
+    fn interrupted_restore(&self, sandbox_id: &str, image_dir: &Path) -> crate::InterruptedRestore {
+        let Some(pid) =
+            std::fs::read_to_string(image_dir.join(criu::PIDFILE)).ok().and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            return crate::InterruptedRestore::None;
+        };
+        // Its own cgroup names the sandbox: a pid reused by another process is not it.
+        let in_sandbox = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(sandbox_id));
+        match process_start_time(pid).filter(|_| in_sandbox) {
+            Some(init_start_time) => {
+                crate::InterruptedRestore::Running(SandboxHandle { init_pid: pid, init_start_time })
+            }
+            None => crate::InterruptedRestore::Gone,
+        }
+    }
+
+    fn restore_leftovers(&self, image_dir: &Path) -> Option<PathBuf> {
+        let _ = std::fs::remove_file(image_dir.join(criu::PIDFILE));
+        let log = image_dir.join(criu::RESTORE_LOG);
+        log.exists().then_some(log)
+    }
+
+    fn net_sockets(&self, handle: &SandboxHandle, idle: Duration) -> Result<Box<dyn crate::NetSockets>, RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox init is not running".into()));
+        }
+        let ns = std::fs::File::open(format!("/proc/{}/ns/net", handle.init_pid))
+            .map_err(|e| RuntimeError::sys("open the sandbox's network namespace", e))?;
+        let maker = netsock::spawn(std::sync::Arc::new(crate::sys::LinuxSys), ns, idle)
+            .map_err(|e| RuntimeError::sys("start the network namespace's socket thread", e))?;
+        Ok(Box::new(maker))
     }
 
     fn restore_processes(

@@ -17,9 +17,10 @@ use strata_api::{
     CheckpointRequest, CreateSandboxRequest, ForkRequest, Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxState,
     UpdateSandboxRequest,
 };
-use strata_client::Client;
+use strata_engine::error::EngineError;
 use tracing::info;
 
+use super::native::Native;
 use super::{request_token, E2bError, SharedE2b, BASE_TEMPLATE, ENVD_VERSION, TEMPLATE_LABEL};
 
 /// Default sandbox timeout of the SDK (seconds).
@@ -58,24 +59,23 @@ pub fn router(e2b: SharedE2b) -> Router {
         .with_state(e2b)
 }
 
-/// The caller's native client and key (401 without one).
-fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Client, String), E2bError> {
-    let key = request_token(headers).ok_or_else(|| {
-        E2bError::Unauthorized(
-            "missing API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)"
-                .into(),
-        )
-    })?;
-    Ok((e.client(key.clone()), key))
+/// The engine as the caller, and the caller's key (401 without a usable one).
+fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Native, String), E2bError> {
+    let native = e.native(
+        headers,
+        "API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)",
+    )?;
+    let key = request_token(headers).unwrap_or_default();
+    Ok((native, key))
 }
 
-/// Maps the native answer for an unknown sandbox to E2B's 404 with the E2B wording.
-fn sandbox_err(id: &str) -> impl FnOnce(strata_client::ClientError) -> E2bError + '_ {
-    move |e| match e.code() {
-        Some(strata_api::ErrorCode::SandboxNotFound) => {
+/// Maps the engine's answer for an unknown sandbox to E2B's 404 with the E2B wording.
+fn sandbox_err(id: &str) -> impl FnOnce(EngineError) -> E2bError + '_ {
+    move |e| match e.body.code {
+        strata_api::ErrorCode::SandboxNotFound => {
             E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it"))
         }
-        _ => E2bError::Native(e),
+        _ => E2bError::Engine(e),
     }
 }
 
@@ -280,14 +280,14 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
         ..Default::default()
     };
     let created = client.create_sandbox(&native).await.map_err(|err| match err.code() {
-        Some(strata_api::ErrorCode::ImageNotFound) | Some(strata_api::ErrorCode::CheckpointNotFound) => {
+        strata_api::ErrorCode::ImageNotFound | strata_api::ErrorCode::CheckpointNotFound => {
             E2bError::NotFound(format!(
                 "template '{}' not found (strata image, template or checkpoint '{}')",
                 req.template_id,
                 strata_source(&req.template_id)
             ))
         }
-        _ => E2bError::Native(err),
+        _ => E2bError::Engine(err),
     })?;
     let s = client.get_sandbox(&created.id).await?;
     info!(sandbox = %s.id, template = %req.template_id, timeout, auto_pause, "e2b create");
@@ -447,7 +447,7 @@ async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
     let (client, _) = caller(&e, &headers)?;
     let ev = client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
         // Already destroyed: E2B answers 404 for a sandbox that is gone.
-        Some(strata_api::ErrorCode::InvalidState) => {
+        strata_api::ErrorCode::InvalidState => {
             E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it"))
         }
         _ => sandbox_err(&id)(err),
@@ -462,7 +462,7 @@ async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
 }
 
 /// Sets the sandbox's end to `timeout` seconds from now (`max_lifetime` = age + timeout).
-async fn extend(client: &Client, id: &str, timeout: u64) -> Result<Sandbox, E2bError> {
+async fn extend(client: &Native, id: &str, timeout: u64) -> Result<Sandbox, E2bError> {
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     let age = parse_time(&s.created_at).and_then(|c| SystemTime::now().duration_since(c).ok()).unwrap_or_default();
     let life = age.as_secs() + timeout + 1;
@@ -517,7 +517,7 @@ struct ConnectBody {
 }
 
 /// Resumes a parked sandbox; whether it was parked.
-async fn wake(client: &Client, id: &str) -> Result<(Sandbox, bool), E2bError> {
+async fn wake(client: &Native, id: &str) -> Result<(Sandbox, bool), E2bError> {
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     if !visible(&s) {
         return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
@@ -727,8 +727,8 @@ async fn delete_snapshot(
         E2bError::NotFound(format!("snapshot '{id}' not found (template deletion is not supported by strata: only snapshots made through the E2B API)"))
     };
     let cp = client.get_checkpoint(&id).await.map_err(|err| match err.code() {
-        Some(strata_api::ErrorCode::CheckpointNotFound) => not_found(),
-        _ => E2bError::Native(err),
+        strata_api::ErrorCode::CheckpointNotFound => not_found(),
+        _ => E2bError::Engine(err),
     })?;
     if cp.labels.get("e2b.snapshot").map(String::as_str) != Some("true") {
         return Err(not_found());

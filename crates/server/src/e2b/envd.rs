@@ -22,12 +22,13 @@ use serde_json::{json, Value};
 use strata_api::{
     ErrorCode, ExecRequest, FileKind, FileStat, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest, StreamKind,
 };
-use strata_client::{Client, ClientError};
+use strata_engine::error::EngineError;
 use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::connect::{self, Code, ConnectError};
 use super::multipart::Multipart;
+use super::native::Native;
 use super::{request_token, SharedE2b};
 
 /// Largest `/files` upload (all its parts together), counted while it streams.
@@ -86,7 +87,7 @@ pub fn router(e2b: SharedE2b) -> Router {
 
 /// Who is calling which sandbox.
 struct Ctx {
-    client: Client,
+    client: Native,
     token: String,
     sandbox: String,
     user: String,
@@ -105,24 +106,34 @@ impl Ctx {
     }
 
     fn home(&self) -> String {
-        if self.user == "root" {
-            "/root".into()
-        } else {
-            format!("/home/{}", self.user)
-        }
+        home_of(&self.user)
     }
 
     /// An absolute path: relative ones and `~` are the user's home.
     fn path(&self, p: &str) -> String {
-        if p.starts_with('/') {
-            p.to_string()
-        } else if p == "~" || p.is_empty() {
-            self.home()
-        } else if let Some(rest) = p.strip_prefix("~/") {
-            format!("{}/{rest}", self.home())
-        } else {
-            format!("{}/{p}", self.home())
-        }
+        path_of(&self.user, p)
+    }
+}
+
+/// The home directory of `user` (E2B's base image convention).
+fn home_of(user: &str) -> String {
+    if user == "root" {
+        "/root".into()
+    } else {
+        format!("/home/{user}")
+    }
+}
+
+/// `p` as an absolute path for `user`: relative ones and `~` are the user's home.
+fn path_of(user: &str, p: &str) -> String {
+    if p.starts_with('/') {
+        p.to_string()
+    } else if p == "~" || p.is_empty() {
+        home_of(user)
+    } else if let Some(rest) = p.strip_prefix("~/") {
+        format!("{}/{rest}", home_of(user))
+    } else {
+        format!("{}/{p}", home_of(user))
     }
 }
 
@@ -194,37 +205,30 @@ fn user_of(headers: &HeaderMap, query_user: Option<&str>) -> String {
 
 fn ctx(e: &SharedE2b, headers: &HeaderMap, query_user: Option<&str>) -> Result<Ctx, ConnectError> {
     let sandbox = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let token = request_token(headers).ok_or_else(|| {
-        ConnectError::new(
-            Code::Unauthenticated,
-            "missing access token: send X-Access-Token (the envdAccessToken of the sandbox)",
-        )
-    })?;
-    Ok(Ctx { client: e.client(token.clone()), token, sandbox, user: user_of(headers, query_user) })
+    let client = e
+        .native(headers, "access token: send X-Access-Token (the envdAccessToken of the sandbox)")
+        .map_err(|err| ConnectError::new(Code::Unauthenticated, err.message()))?;
+    let token = request_token(headers).unwrap_or_default();
+    Ok(Ctx { client, token, sandbox, user: user_of(headers, query_user) })
 }
 
-/// A native error as a Connect error.
-fn native(e: ClientError) -> ConnectError {
-    let msg = match &e {
-        ClientError::Api { body, .. } => body.message.clone(),
-        other => other.to_string(),
-    };
-    let code = match e.code() {
-        Some(ErrorCode::SandboxNotFound) => Code::NotFound,
-        Some(ErrorCode::ProcessNotFound | ErrorCode::FileNotFound) => Code::NotFound,
-        Some(ErrorCode::BadRequest | ErrorCode::PathEscape | ErrorCode::InvalidArchive) => Code::InvalidArgument,
-        Some(ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint) => Code::PermissionDenied,
-        Some(ErrorCode::TooLarge) => Code::ResourceExhausted,
-        Some(ErrorCode::Unauthorized) => Code::Unauthenticated,
-        Some(ErrorCode::Forbidden | ErrorCode::ApprovalRequired) => Code::PermissionDenied,
-        Some(ErrorCode::InvalidState) => Code::FailedPrecondition,
-        Some(ErrorCode::NameConflict) => Code::AlreadyExists,
-        Some(ErrorCode::Unsupported) => Code::Unimplemented,
-        Some(ErrorCode::Timeout) => Code::DeadlineExceeded,
-        None => Code::Unavailable,
+/// An engine error as a Connect error.
+fn native(e: EngineError) -> ConnectError {
+    let code = match e.body.code {
+        ErrorCode::SandboxNotFound => Code::NotFound,
+        ErrorCode::ProcessNotFound | ErrorCode::FileNotFound => Code::NotFound,
+        ErrorCode::BadRequest | ErrorCode::PathEscape | ErrorCode::InvalidArchive => Code::InvalidArgument,
+        ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => Code::PermissionDenied,
+        ErrorCode::TooLarge => Code::ResourceExhausted,
+        ErrorCode::Unauthorized => Code::Unauthenticated,
+        ErrorCode::Forbidden | ErrorCode::ApprovalRequired => Code::PermissionDenied,
+        ErrorCode::InvalidState => Code::FailedPrecondition,
+        ErrorCode::NameConflict => Code::AlreadyExists,
+        ErrorCode::Unsupported => Code::Unimplemented,
+        ErrorCode::Timeout => Code::DeadlineExceeded,
         _ => Code::Internal,
     };
-    ConnectError::new(code, msg)
+    ConnectError::new(code, e.body.message)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(payload: &[u8], what: &str) -> Result<T, ConnectError> {
@@ -703,9 +707,7 @@ async fn send_signal(e: &SharedE2b, c: &Ctx, req: ProcessRequest) -> Result<(), 
         }
         match c.client.signal(&c.sandbox, pid, sig).await {
             Ok(_) => return Ok(()),
-            Err(err) if err.code() == Some(ErrorCode::InvalidState) => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
+            Err(err) if err.code() == ErrorCode::InvalidState => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(err) => return Err(native(err)),
         }
     }
@@ -1085,10 +1087,9 @@ fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"code": status.as_u16(), "message": message.into()}))).into_response()
 }
 
-fn http_native(e: ClientError) -> Response {
-    if e.code() == Some(ErrorCode::TooLarge) {
-        let ClientError::Api { body, .. } = e else { unreachable!("only API errors have codes") };
-        return http_error(StatusCode::PAYLOAD_TOO_LARGE, body.message);
+fn http_native(e: EngineError) -> Response {
+    if e.body.code == ErrorCode::TooLarge {
+        return http_error(StatusCode::PAYLOAD_TOO_LARGE, e.body.message);
     }
     let err = native(e);
     http_error(err.code.http_status(), err.message)
@@ -1110,10 +1111,16 @@ async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Quer
         Err(err) => return http_native(err),
     }
     // Streamed through: the bytes are passed on as the native download sends them.
-    match c.client.download_stream(&c.sandbox, &path, false).await {
+    match c.client.download_stream(&c.sandbox, &path).await {
         Ok(data) => {
-            let len = data.content_length();
-            let mut resp = Response::new(Body::from_stream(data.into_stream()));
+            let len = data.len;
+            let hold = data.hold;
+            let stream = futures_util::StreamExt::map(data.stream, move |chunk| {
+                // The sandbox is in use until the last byte is taken.
+                let _held = &hold;
+                chunk
+            });
+            let mut resp = Response::new(Body::from_stream(stream));
             resp.headers_mut()
                 .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
             if let Some(len) = len {
@@ -1163,7 +1170,7 @@ where
     let existed = c.client.stat(&c.sandbox, path).await.is_ok();
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(strata_engine::transfer::DEPTH);
     let chunks = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    let upload = c.client.upload_stream(&c.sandbox, path, chunks, None, false);
+    let upload = c.client.upload_stream(&c.sandbox, path, chunks);
     let feed = async {
         let tx = tx;
         loop {
@@ -1304,15 +1311,10 @@ mod tests {
 
     #[test]
     fn paths_resolve_to_the_users_home() {
-        let c = Ctx {
-            client: Client::unix("/nonexistent"),
-            token: String::new(),
-            sandbox: String::new(),
-            user: DEFAULT_USER.into(),
-        };
-        assert_eq!(c.path("a.txt"), "/home/user/a.txt");
-        assert_eq!(c.path("~/b"), "/home/user/b");
-        assert_eq!(c.path("/etc/x"), "/etc/x");
+        assert_eq!(path_of(DEFAULT_USER, "a.txt"), "/home/user/a.txt");
+        assert_eq!(path_of(DEFAULT_USER, "~/b"), "/home/user/b");
+        assert_eq!(path_of(DEFAULT_USER, "/etc/x"), "/etc/x");
+        assert_eq!(path_of("root", ""), "/root");
         assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
     }
 

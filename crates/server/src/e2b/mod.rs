@@ -8,16 +8,19 @@
 //!   `filesystem.Filesystem`, `/files`, `/health`), chosen by the
 //!   `E2b-Sandbox-Id` header and authenticated by `X-Access-Token`.
 //!
-//! Both are translators over strata's native API: every call is made with the
-//! caller's own token through [`strata_client`] to this daemon's TCP listener,
-//! so authentication, tenancy, Rule of Two, activity tracking and audit apply
-//! exactly as for a native call. The mapping and what is not supported:
-//! docs/e2b-compat.md.
+//! Both are translators onto the engine, called in-process ([`native::Native`])
+//! as the caller the request's key names ([`audit::authenticate`]): tenancy,
+//! the Rule of Two, quotas, activity and resume on access apply as for a
+//! native call ([`strata_engine::access`]), and mutating requests are in the
+//! audit log ([`audit::record`]). Port routing goes through the preview proxy,
+//! in-process too. The mapping and what is not supported: docs/e2b-compat.md.
 
+pub mod audit;
 pub mod connect;
 pub mod control;
 pub mod envd;
 pub mod multipart;
+pub mod native;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,8 +30,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use strata_client::{Client, ClientError, Endpoint};
+use strata_engine::error::EngineError;
+use strata_engine::state::Shared;
 use tracing::debug;
+
+use self::native::Native;
+use crate::native::preview::PreviewPool;
 
 /// The port envd listens on inside an E2B sandbox (`E2b-Sandbox-Port`).
 pub const ENVD_PORT: u16 = 49983;
@@ -54,9 +61,15 @@ pub enum E2bError {
     /// A call or option strata does not implement (501).
     #[error("{0}")]
     Unsupported(String),
-    /// The native API refused or failed.
-    #[error("{0}")]
-    Native(#[from] ClientError),
+    /// The engine refused or failed.
+    #[error("{}", .0.body.message)]
+    Engine(EngineError),
+}
+
+impl From<EngineError> for E2bError {
+    fn from(e: EngineError) -> Self {
+        E2bError::Engine(e)
+    }
 }
 
 impl E2bError {
@@ -67,19 +80,13 @@ impl E2bError {
             E2bError::NotFound(_) => StatusCode::NOT_FOUND,
             E2bError::BadRequest(_) => StatusCode::BAD_REQUEST,
             E2bError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-            E2bError::Native(ClientError::Api { status, .. }) => {
-                StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-            }
-            E2bError::Native(_) => StatusCode::BAD_GATEWAY,
+            E2bError::Engine(e) => crate::error::status_of(e.body.code),
         }
     }
 
     /// The message for the client.
     pub fn message(&self) -> String {
-        match self {
-            E2bError::Native(ClientError::Api { body, .. }) => body.message.clone(),
-            e => e.to_string(),
-        }
+        self.to_string()
     }
 }
 
@@ -104,11 +111,14 @@ pub struct E2bState {
     pub watchers: HashMap<String, envd::Watcher>,
 }
 
-/// The E2B layer: where the native API is and the shared state.
-#[derive(Debug)]
+/// The E2B layer: the engine it translates onto and its own state.
 pub struct E2b {
-    /// `host:port` of this daemon's TCP listener (loopback).
-    pub addr: String,
+    /// The engine.
+    pub st: Shared,
+    /// The operator's token (`<state>/api-token`): a key equal to it is the operator.
+    pub operator_token: Arc<String>,
+    /// The preview proxy's keep-alive pool (port routing).
+    pub previews: Arc<PreviewPool>,
     /// Shared state.
     pub state: Mutex<E2bState>,
 }
@@ -117,14 +127,26 @@ pub struct E2b {
 pub type SharedE2b = Arc<E2b>;
 
 impl E2b {
-    /// A layer calling the native API at `addr`.
-    pub fn new(addr: String) -> SharedE2b {
-        Arc::new(E2b { addr, state: Mutex::new(E2bState::default()) })
+    /// A layer over the engine `st`.
+    pub fn new(st: Shared, operator_token: Arc<String>, previews: Arc<PreviewPool>) -> SharedE2b {
+        Arc::new(E2b { st, operator_token, previews, state: Mutex::new(E2bState::default()) })
     }
 
-    /// A native client acting with `token`.
-    pub fn client(&self, token: String) -> Client {
-        Client::new(Endpoint::Tcp { addr: self.addr.clone(), token: Some(token) })
+    /// The engine as the caller of this request ([`audit::authenticate`] made
+    /// it from the request's key), or why there is none: no key, or a key the
+    /// daemon does not take (`what` names where the key goes, for the message).
+    pub fn native(&self, headers: &HeaderMap, what: &str) -> Result<Native, E2bError> {
+        if let Some(caller) = strata_engine::tenancy::current() {
+            return Ok(Native::new(self.st.clone(), caller));
+        }
+        match request_token(headers) {
+            None => Err(E2bError::Unauthorized(format!("missing {what}"))),
+            Some(key) => match strata_engine::tenancy::bearer_caller(&self.st, &self.operator_token, &key) {
+                // Authenticated after all (e.g. a token made between the two looks): use it.
+                Ok(caller) => Ok(Native::new(self.st.clone(), caller)),
+                Err(e) => Err(E2bError::Unauthorized(e.body.message)),
+            },
+        }
     }
 
     /// Locks the state (a poisoned lock is taken over: the maps stay usable).
@@ -152,8 +174,17 @@ pub fn request_token(headers: &HeaderMap) -> Option<String> {
 /// to the native ones (they do their own authentication), and, in front of
 /// everything, [`dispatch`] for requests addressed to a sandbox.
 pub fn mount(native: Router, e2b: SharedE2b) -> Router {
-    let envd_router = envd::router(e2b.clone());
-    native.merge(control::router(e2b.clone())).layer(axum::middleware::from_fn_with_state((envd_router, e2b), dispatch))
+    let envd_router = with_caller(envd::router(e2b.clone()), &e2b);
+    native
+        .merge(with_caller(control::router(e2b.clone()), &e2b))
+        .layer(axum::middleware::from_fn_with_state((envd_router, e2b), dispatch))
+}
+
+/// `router` behind [`audit::authenticate`] and [`audit::record`].
+fn with_caller(router: Router, e2b: &SharedE2b) -> Router {
+    router
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), audit::record))
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), audit::authenticate))
 }
 
 /// Routes a request carrying `E2b-Sandbox-Id` by its `E2b-Sandbox-Port`: envd's
@@ -172,8 +203,8 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
         return next.run(req).await;
     };
     if !strata_core::ids::is_id(&sandbox) {
-        if let Some(key) = request_token(req.headers()) {
-            if let Ok(s) = e2b.client(key).get_sandbox(&sandbox).await {
+        if let Ok(native) = e2b.native(req.headers(), "key") {
+            if let Ok(s) = native.get_sandbox(&sandbox).await {
                 if let Ok(v) = axum::http::HeaderValue::from_str(&s.id) {
                     req.headers_mut().insert("e2b-sandbox-id", v);
                     sandbox = s.id;
@@ -208,18 +239,20 @@ const PORT_PREVIEW_TTL: std::time::Duration = std::time::Duration::from_secs(360
 /// Sends a request for `port` of `sandbox` through strata's preview proxy: the
 /// caller's key makes (once an hour per key, sandbox and port) a token preview
 /// of that port — so tenancy, the Rule of Two (a preview is external
-/// communication) and the audit log apply — and the request goes, with that
-/// token, to `/preview/<id>/<port>/...` on the daemon's own listener.
+/// communication) and the audit log apply — and the request is served, with
+/// that token, as `/preview/<id>/<port>/...` by the proxy, in-process.
 /// WebSocket upgrades are not passed through this way (use a preview URL).
 async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Result<Response, E2bError> {
     let key = request_token(req.headers()).ok_or_else(|| {
         E2bError::Unauthorized("missing API key (X-API-Key or X-Access-Token) for sandbox port routing".into())
     })?;
-    let not_found = |err: ClientError| match err {
-        ClientError::Api { status: 404, .. } => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
-        other => E2bError::Native(other),
+    let not_found = |err: EngineError| match err.body.code {
+        strata_api::ErrorCode::SandboxNotFound => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
+        _ => E2bError::Engine(err),
     };
-    let client = e.client(key.clone());
+    let caller = strata_engine::tenancy::bearer_caller(&e.st, &e.operator_token, &key)
+        .map_err(|err| E2bError::Unauthorized(err.body.message))?;
+    let client = Native::new(e.st.clone(), caller);
     let cache_key = (sandbox.to_string(), port, strata_engine::tenancy::secret_hash(&key));
     let cached = e
         .lock()
@@ -236,7 +269,7 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
             t
         }
         None => {
-            let created = client
+            let made = client
                 .create_preview(
                     sandbox,
                     &strata_api::CreatePreviewRequest {
@@ -245,8 +278,24 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
                         ttl_secs: Some(PORT_PREVIEW_TTL.as_secs()),
                     },
                 )
-                .await
-                .map_err(not_found)?;
+                .await;
+            // The preview is a change the caller made: in the audit log like a native create.
+            let status = match &made {
+                Ok(_) => StatusCode::CREATED,
+                Err(err) => crate::error::status_of(err.body.code),
+            };
+            let caller = client.caller();
+            let route = "e2b:(port routing) /v1/sandboxes/{id}/previews";
+            crate::native::audit::append(
+                &e.st,
+                &caller.actor(),
+                caller.scope(),
+                "POST",
+                route,
+                Some(sandbox),
+                status.as_u16(),
+            );
+            let created = made.map_err(not_found)?;
             let renew = std::time::Instant::now() + PORT_PREVIEW_TTL / 2;
             let mut state = e.lock();
             let now = std::time::Instant::now();
@@ -270,20 +319,6 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
         strata_api::PREVIEW_TOKEN_HEADER,
         axum::http::HeaderValue::from_str(&token).map_err(|_| E2bError::BadRequest("unusable preview token".into()))?,
     );
-    let stream = tokio::net::TcpStream::connect(e.addr.as_str())
-        .await
-        .map_err(|err| E2bError::Unsupported(format!("the daemon's own listener {}: {err}", e.addr)))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|err| E2bError::Unsupported(format!("the daemon's own listener: {err}")))?;
-    tokio::spawn(conn);
-    let mut up = hyper::Request::builder().method(parts.method).uri(uri).version(hyper::Version::HTTP_11);
-    if let Some(h) = up.headers_mut() {
-        *h = parts.headers;
-    }
-    let up = up.body(body).map_err(|err| E2bError::BadRequest(err.to_string()))?;
-    let resp =
-        sender.send_request(up).await.map_err(|err| E2bError::Unsupported(format!("sandbox port {port}: {err}")))?;
-    Ok(resp.map(axum::body::Body::new))
+    parts.uri = uri;
+    Ok(crate::native::preview::serve_path(&e.st, &e.previews, Request::from_parts(parts, body)).await)
 }

@@ -11,15 +11,7 @@ use strata_engine::state::Shared;
 #[utoipa::path(get, path = "/v1/cost/{id}", tag = "cost", params(("id" = String, Path, description = "Sandbox id, id prefix or name (destroyed sandboxes included)")),
     responses((status = 200, body = CostReport), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<CostReport>> {
-    let st2 = st.clone();
-    // The caller's scope, taken here: a blocking thread has no task-local caller.
-    let scope = strata_engine::tenancy::scope();
-    tokio::task::spawn_blocking(move || -> ApiResult<Json<CostReport>> {
-        let u = st2.db.find_usage(&id, scope.as_deref())?.ok_or_else(|| ApiError::sandbox_not_found(&id))?;
-        Ok(Json(report(&st2, u)))
-    })
-    .await
-    .map_err(|e| ApiError::internal("cost task", &e))?
+    Ok(Json(report_for(&st, &id).await?))
 }
 
 /// Cost of every sandbox, destroyed ones included, with totals.

@@ -1,30 +1,23 @@
 //! HTTP handlers of `approvals` (see [`strata_engine::approvals`]).
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use strata_api::{Approval, ApprovalDecision, ApprovalQuery, ApprovalState};
+use strata_api::{Approval, ApprovalDecision, ApprovalQuery};
 use strata_engine::approvals::*;
 use strata_engine::state::Shared;
 
 /// Approvals, oldest first (a tenant sees its own); `state` filters.
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalQuery), responses((status = 200, body = [Approval]), (status = 400, body = strata_api::ApiErrorBody)))]
 pub async fn list_handler(State(st): State<Shared>, Query(q): Query<ApprovalQuery>) -> ApiResult<Json<Vec<Approval>>> {
-    let state = match q.state.as_deref() {
-        None => None,
-        Some(s) => Some(ApprovalState::parse(s).ok_or_else(|| {
-            ApiError::bad_request(format!("unknown approval state {s:?} (pending, approved, denied, used)"))
-        })?),
-    };
-    expire_pending(&st);
-    Ok(Json(st.db.list_approvals(strata_engine::tenancy::scope().as_deref(), state)?))
+    Ok(Json(list(&st, q.state.as_deref())?))
 }
 
 /// One approval.
 #[utoipa::path(get, path = "/v1/approvals/{id}", tag = "approvals", params(("id" = String, Path, description = "Approval id")),
     responses((status = 200, body = Approval), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Approval>> {
-    Ok(Json(settle(&st, &id)?.filter(|a| strata_engine::tenancy::visible(&a.tenant)).ok_or_else(|| not_found(&id))?))
+    Ok(Json(get(&st, &id)?))
 }
 
 /// Approve a pending approval (the operator only): the request it holds may then be repeated once.

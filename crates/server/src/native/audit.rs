@@ -74,18 +74,34 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
         resp
     };
     let route = route.unwrap_or_else(|| "(no route)".into());
-    if let Err(e) = st.db.append_audit(&strata_store::db::NewAudit {
-        time: &strata_engine::sandboxes::now(),
-        actor: &actor,
-        tenant: tenant.as_deref(),
-        method: &method,
-        route: &route,
-        target: target.as_deref(),
-        status: status.as_u16(),
-    }) {
+    append(&st, &actor, tenant.as_deref(), &method, &route, target.as_deref(), status.as_u16());
+    resp
+}
+
+/// Appends one entry to the audit log (a failure is logged: the request's
+/// answer stands). For every front end: the native API's [`record`], the E2B
+/// layer's (`e2b::audit`).
+pub fn append(
+    st: &Shared,
+    actor: &str,
+    tenant: Option<&str>,
+    method: &str,
+    route: &str,
+    target: Option<&str>,
+    status: u16,
+) {
+    let entry = strata_store::db::NewAudit {
+        time: &strata_engine::record::now(),
+        actor,
+        tenant,
+        method,
+        route,
+        target,
+        status,
+    };
+    if let Err(e) = st.db.append_audit(&entry) {
         error!(error = %e, %method, %route, "audit log append failed");
     }
-    resp
 }
 
 /// Audit entries, oldest first (the last `limit`, default 100); a tenant sees its tenant's entries only.

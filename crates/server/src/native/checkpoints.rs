@@ -1,19 +1,16 @@
 //! HTTP handlers of `checkpoints` (see [`strata_engine::checkpoints`]).
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use strata_api::{
-    Checkpoint, CheckpointRequest, DiffQuery, ErrorCode, FileChange, ForkRequest, ForkResult, RestoreRequest,
-    RestoreResult,
+    Checkpoint, CheckpointRequest, DiffQuery, FileChange, ForkRequest, ForkResult, RestoreRequest, RestoreResult,
 };
 use strata_engine::checkpoints::*;
-use strata_engine::sandboxes::load;
 use strata_engine::state::Shared;
-use strata_engine::tenancy;
 
 /// Checkpoint a sandbox (running sandboxes are frozen briefly).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", request_body = CheckpointRequest, params(("id" = String, Path, description = "Sandbox id or name")),
@@ -33,40 +30,27 @@ pub async fn list_for_sandbox_handler(
     State(st): State<Shared>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<Checkpoint>>> {
-    let rec = load(&st, &id)?;
-    Ok(Json(st.db.list_checkpoints(Some(&rec.sandbox.id))?))
+    Ok(Json(list(&st, Some(&id))?))
 }
 
 /// All checkpoints.
 #[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", responses((status = 200, body = [Checkpoint])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Checkpoint>>> {
-    Ok(Json(st.db.list_checkpoints(None)?.into_iter().filter(|c| tenancy::visible(&c.tenant)).collect()))
+    Ok(Json(list(&st, None)?))
 }
 
 /// Inspect a checkpoint.
 #[utoipa::path(get, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
     responses((status = 200, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Checkpoint>> {
-    Ok(Json(tenancy::find_checkpoint(&st, &id)?.ok_or_else(|| not_found(&id))?.0))
+    Ok(Json(get(&st, &id)?))
 }
 
 /// Delete a checkpoint (409 naming the sandboxes and checkpoints that still build on it).
 #[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let _g = st.image_lock.lock().await;
-    let (c, _) = tenancy::find_checkpoint(&st, &id)?.ok_or_else(|| not_found(&id))?;
-    let dependents = dependents_of(&st, &c.id)?;
-    if !dependents.is_empty() {
-        let mut e = ApiError::new(
-            ErrorCode::InUse,
-            format!("checkpoint {} is still needed by {}", c.id, dependents.join(", ")),
-        );
-        e.body.dependents = dependents;
-        return Err(e);
-    }
-    remove_checkpoint(&st, &c)?;
-    strata_engine::images::gc_layers(&st)?;
+    delete(&st, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

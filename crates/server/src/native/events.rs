@@ -29,20 +29,10 @@ pub struct EventsQuery {
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery),
     responses((status = 200, body = [SandboxEvent], description = "Events (NDJSON stream of SandboxEvent with follow=true)")))]
 pub async fn events_handler(State(st): State<Shared>, Query(q): Query<EventsQuery>) -> ApiResult<Response> {
-    let sandbox = match &q.sandbox {
-        Some(s) => {
-            Some(strata_engine::tenancy::find_sandbox(&st, s)?.map(|r| r.sandbox.id).unwrap_or_else(|| s.clone()))
-        }
-        None => None,
-    };
-    // A tenant sees the events of its own sandboxes (live or destroyed) only.
-    let scope = strata_engine::tenancy::scope();
-    let read = move |st: &Shared, sandbox: Option<&str>, after: i64, limit: u32| match &scope {
-        Some(t) => st.db.events_of_tenant(t, sandbox, after, limit),
-        None => st.db.events(sandbox, after, limit),
-    };
+    let sandbox = q.sandbox.as_deref().map(|s| sandbox_key(&st, s)).transpose()?;
+    let read = reader();
     if !q.follow {
-        return Ok(Json(read(&st, sandbox.as_deref(), q.after, 10_000)?).into_response());
+        return Ok(Json(read(&st, sandbox.as_deref(), q.after, LIST_LIMIT)?).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<SandboxEvent>(64);
     let mut changed = st.events_tx.subscribe();

@@ -8,7 +8,7 @@ use axum::response::Response;
 use axum::Json;
 use strata_api::{DownloadQuery, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, UploadQuery};
 use strata_engine::files::*;
-use strata_engine::sandboxes::load;
+use strata_engine::record::load;
 use strata_engine::state::Shared;
 use strata_engine::transfer::FeedError;
 

@@ -1,14 +1,13 @@
 //! HTTP handlers of `images` (see [`strata_engine::images`]).
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use strata_api::{ErrorCode, Image, ImportEvent, ImportImageRequest, ImportReport, PullImageRequest, StreamQuery};
+use strata_api::{Image, ImportEvent, ImportImageRequest, ImportReport, PullImageRequest, StreamQuery};
 use strata_engine::images::*;
 use strata_engine::state::Shared;
-use tracing::info;
 
 /// The response of an import or pull: its report (201), or with `stream` an
 /// NDJSON stream of [`ImportEvent`]s ending in `done` or `failed`.
@@ -65,43 +64,20 @@ pub async fn pull_handler(
 /// List images.
 #[utoipa::path(get, path = "/v1/images", tag = "images", responses((status = 200, body = [Image])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Image>>> {
-    Ok(Json(st.db.list_images()?))
+    Ok(Json(list(&st)?))
 }
 
 /// Inspect an image.
 #[utoipa::path(get, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name or id")),
     responses((status = 200, body = Image), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<Json<Image>> {
-    st.db
-        .get_image(&name)?
-        .map(Json)
-        .ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))
+    Ok(Json(get(&st, &name)?))
 }
 
 /// Remove an image; its layers are deleted when nothing else uses them.
 #[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name or id")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn remove_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<StatusCode> {
-    let _g = st.image_lock.lock().await;
-    let img = st
-        .db
-        .get_image(&name)?
-        .ok_or_else(|| ApiError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))?;
-    let users: Vec<String> = st
-        .db
-        .list_sandboxes()?
-        .into_iter()
-        .filter(|s| s.sandbox.source == img.name)
-        .map(|s| format!("sandbox {}", s.sandbox.id))
-        .collect();
-    if !users.is_empty() {
-        let mut e =
-            ApiError::new(ErrorCode::InUse, format!("image {:?} is used by {} sandbox(es)", img.name, users.len()));
-        e.body.dependents = users;
-        return Err(e);
-    }
-    st.db.delete_image(&img.name)?;
-    let removed = gc_layers(&st)?;
-    info!(image = %img.name, layers_removed = removed, "removed image");
+    remove(&st, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,6 +2,7 @@
 //! extract a request, call the engine and shape the answer (routes in
 //! [`crate::router_with_mcp`]).
 
+pub mod access;
 pub mod accounting;
 pub mod activity;
 pub mod advisor;

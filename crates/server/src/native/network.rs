@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use strata_api::{NetworkInfo, NetworkSpec};
 use strata_engine::network::*;
-use strata_engine::sandboxes::load;
+use strata_engine::record::load;
 use strata_engine::state::Shared;
 
 /// A sandbox's network: mode, rules, address, counters, recent denials.

@@ -83,13 +83,7 @@ pub async fn create_handler(
 /// Every pipeline run, newest first.
 #[utoipa::path(get, path = "/v1/pipelines", tag = "pipelines", responses((status = 200, body = [PipelineRun])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<PipelineRun>>> {
-    let mut out = Vec::new();
-    for id in st.db.list_pipeline_run_ids()? {
-        if let Some(r) = st.db.pipeline_run_by_id(&id)?.filter(|r| strata_engine::tenancy::visible(&r.tenant)) {
-            out.push(r);
-        }
-    }
-    Ok(Json(out))
+    Ok(Json(list_runs(&st)?))
 }
 
 /// A run's status (stage by stage); with `follow=true`, an NDJSON stream until it ends.

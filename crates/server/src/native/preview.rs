@@ -25,7 +25,7 @@ use strata_api::{
     PREVIEW_TOKEN_QUERY,
 };
 use strata_engine::activity::ActivityGuard;
-use strata_engine::sandboxes::handle_of;
+use strata_engine::record::handle_of;
 use tracing::{debug, warn};
 
 use strata_engine::preview::*;
@@ -204,6 +204,24 @@ pub async fn intercept(State((st, pool)): State<(Shared, Arc<PreviewPool>)>, req
         .or_else(|| req.uri().authority().map(|a| a.to_string()));
     match route(&st.previews.config.domain, host.as_deref(), req.uri()) {
         Route::Api => next.run(req).await,
+        r => answer(&st, &pool, r, req).await,
+    }
+}
+
+/// Serves `req`, whose path is a preview path (`/preview/<id>/<port>/...`,
+/// its token in [`strata_api::PREVIEW_TOKEN_HEADER`]), in-process: what the
+/// E2B layer's port routing sends (its Host names no preview).
+pub async fn serve_path(st: &Shared, pool: &PreviewPool, req: Request) -> Response {
+    match route(&st.previews.config.domain, None, req.uri()) {
+        Route::Api => ApiError::new(ErrorCode::RouteNotFound, "not a preview path").into_response(),
+        r => answer(st, pool, r, req).await,
+    }
+}
+
+/// The answer to a request routed to previews.
+async fn answer(st: &Shared, pool: &PreviewPool, r: Route, req: Request) -> Response {
+    match r {
+        Route::Api => ApiError::new(ErrorCode::RouteNotFound, "not a preview request").into_response(),
         Route::Invalid(msg) => {
             st.metrics.preview_request("refused");
             ApiError::new(ErrorCode::RouteNotFound, msg).into_response()
@@ -212,7 +230,7 @@ pub async fn intercept(State((st, pool)): State<(Shared, Arc<PreviewPool>)>, req
             Ok(v) => (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, v)]).into_response(),
             Err(_) => ApiError::bad_request("invalid preview path").into_response(),
         },
-        Route::Proxy(t) => match proxy(&st, &pool, t, req).await {
+        Route::Proxy(t) => match proxy(st, pool, t, req).await {
             Ok(r) => r,
             Err(e) => {
                 let outcome = match e.body.code {
@@ -359,7 +377,7 @@ async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiR
                 st.previews.forget_connectors(&id);
                 return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
             }
-            let stream = st.previews.connect(&id, &handle, t.port).await?;
+            let stream = st.previews.connect(st.runtime.as_ref(), &id, &handle, t.port).await?;
             // Checked again now that a namespace was (maybe) opened by pid: a reused pid must not hand us another one.
             if !st.runtime.is_alive(&handle) {
                 pool.forget(&id);

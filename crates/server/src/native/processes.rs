@@ -12,7 +12,7 @@ use strata_api::{
 };
 use strata_core::units;
 use strata_engine::processes::*;
-use strata_engine::sandboxes::load;
+use strata_engine::record::load;
 use strata_engine::state::Shared;
 
 /// An NDJSON response streaming a process's events (see [`follow_events`]).
@@ -38,10 +38,7 @@ pub async fn exec_handler(
     if q.stream {
         return Ok(event_stream(p, 0, true, true));
     }
-    let process = p.wait(None).await;
-    let (out, err, truncated) = p.captured_output();
-    Ok(Json(ExecResult { process, stdout_b64: B64.encode(out), stderr_b64: B64.encode(err), truncated })
-        .into_response())
+    Ok(Json(p.result().await).into_response())
 }
 
 /// Start a background process.

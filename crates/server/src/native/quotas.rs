@@ -5,7 +5,6 @@ use axum::extract::{Path, State};
 use axum::Json;
 use strata_api::{ErrorCode, QuotaOverride, TenantQuota, TenantUsage};
 use strata_engine::quotas::*;
-use strata_engine::sandboxes::now;
 use strata_engine::state::Shared;
 
 /// A tenant's quota: the daemon's defaults, the operator's override, and what is in force.
@@ -25,11 +24,7 @@ pub async fn put_quota_handler(
     Path(tenant): Path<String>,
     Json(o): Json<QuotaOverride>,
 ) -> ApiResult<Json<TenantQuota>> {
-    checked_tenant(&tenant)?;
-    st.db.put_tenant_quota(&tenant, &o, &now())?;
-    let q = quota_record(&st, &tenant)?;
-    tracing::info!(tenant = %tenant, effective = ?q.effective, "tenant quota set");
-    Ok(Json(q))
+    Ok(Json(set_override(&st, &tenant, &o)?))
 }
 
 /// Removes a tenant's quota override: the daemon's defaults hold again.
@@ -39,11 +34,7 @@ pub async fn delete_quota_handler(
     State(st): State<Shared>,
     Path(tenant): Path<String>,
 ) -> ApiResult<Json<TenantQuota>> {
-    checked_tenant(&tenant)?;
-    if st.db.delete_tenant_quota(&tenant)? {
-        tracing::info!(tenant = %tenant, "tenant quota override removed");
-    }
-    Ok(Json(quota_record(&st, &tenant)?))
+    Ok(Json(remove_override(&st, &tenant)?))
 }
 
 /// A tenant's usage against its quota: live sandboxes, memory limits of its

@@ -4,9 +4,9 @@ use crate::error::ApiResult;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use strata_api::{CreateSandboxRequest, CreatedSandbox, RemoveQuery, Sandbox, SandboxEvent, SandboxState};
-use strata_core::lifecycle::has_processes;
-use strata_engine::sandboxes::*;
+use strata_api::{CreateSandboxRequest, CreatedSandbox, RemoveQuery, Sandbox, SandboxEvent};
+use strata_engine::lifecycle::*;
+use strata_engine::record::*;
 use strata_engine::state::Shared;
 
 /// Create and start a sandbox.
@@ -23,29 +23,14 @@ pub async fn create_handler(
 /// List sandboxes.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", responses((status = 200, body = [Sandbox])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Sandbox>>> {
-    Ok(Json(
-        st.db
-            .list_sandboxes()?
-            .into_iter()
-            .filter(|r| strata_engine::tenancy::visible(&r.sandbox.tenant))
-            .map(|r| with_secret_names(&st, r.sandbox))
-            .collect(),
-    ))
+    Ok(Json(list(&st)?))
 }
 
 /// Inspect a sandbox.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id, id prefix or name")),
     responses((status = 200, body = Sandbox), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
-    let rec = load(&st, &id)?;
-    let mut sb = rec.sandbox.clone();
-    if has_processes(sb.state) {
-        sb.oom_kills = refresh_oom(&st, &rec);
-    }
-    if sb.state == SandboxState::Standby {
-        sb.standby = strata_engine::standby::info(&st, &sb.id);
-    }
-    Ok(Json(with_secret_names(&st, sb)))
+    Ok(Json(inspect(&st, &id)?))
 }
 
 /// Stop a sandbox (processes killed, filesystem kept).

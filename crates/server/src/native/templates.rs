@@ -24,23 +24,14 @@ pub async fn create_handler(
 /// List templates.
 #[utoipa::path(get, path = "/v1/templates", tag = "templates", responses((status = 200, body = [Template])))]
 pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Template>>> {
-    let mut out = Vec::new();
-    for (name, ckpt, created) in st.db.list_templates()? {
-        if !st.db.template_tenant(&name)?.is_some_and(|t| strata_engine::tenancy::visible(&t)) {
-            continue;
-        }
-        out.push(template_view(&st, &name, &ckpt, &created)?);
-    }
-    Ok(Json(out))
+    Ok(Json(list(&st)?))
 }
 
 /// Remove a template (its checkpoint stays until deleted or collected).
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates", params(("name" = String, Path, description = "Template name")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn delete_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<StatusCode> {
-    if !st.db.delete_template(&name)? {
-        return Err(not_found(&name).into());
-    }
+    delete(&st, &name)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 use strata_api::{CreateTokenRequest, CreatedToken, ErrorCode, TokenInfo, TokenQuery, TENANT_HEADER};
 use strata_core::{ids, units};
-use strata_engine::sandboxes::now;
+use strata_engine::record::now;
 use strata_engine::state::Shared;
 use strata_engine::tenancy::*;
 
@@ -34,10 +34,6 @@ fn unauthorized(message: &str) -> Response {
     r
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Middleware (outermost): establishes the [`Caller`] of every request, or refuses it with 401/403.
 pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut req: Request, next: Next) -> Response {
     let mut caller = match &listener {
@@ -52,14 +48,10 @@ pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut 
             else {
                 return unauthorized("missing bearer token (Authorization: Bearer <token>; see `strata token create` or <state-dir>/api-token)");
             };
-            if constant_time_eq(secret.as_bytes(), legacy.as_bytes()) {
-                Caller::operator(strata_engine::audit::token_actor(legacy).0)
-            } else {
-                match tenant_caller(&st, secret) {
-                    Ok(c) => c,
-                    Err(e) if e.body.code == ErrorCode::Unauthorized => return unauthorized(&e.body.message),
-                    Err(e) => return ApiError::from(e).into_response(),
-                }
+            match bearer_caller(&st, legacy, secret) {
+                Ok(c) => c,
+                Err(e) if e.body.code == ErrorCode::Unauthorized => return unauthorized(&e.body.message),
+                Err(e) => return ApiError::from(e).into_response(),
             }
         }
     };

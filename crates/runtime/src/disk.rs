@@ -100,7 +100,7 @@ pub fn work_dir(dir: &Path) -> PathBuf {
 }
 
 fn find_tool(name: &str) -> Option<PathBuf> {
-    strata_runtime::probe::find_tool(name)
+    crate::probe::find_tool(name)
 }
 
 /// Why per-sandbox disks cannot be made on this host (`None` when they can).
@@ -111,7 +111,7 @@ pub fn unavailable() -> Option<String> {
         if crate::failpoint("disk-unavailable").is_err() {
             return Some("disabled by the disk-unavailable failpoint".into());
         }
-        strata_runtime::probe::disk_unavailable()
+        crate::probe::disk_unavailable()
     })
     .clone()
 }

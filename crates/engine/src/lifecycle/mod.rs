@@ -1,0 +1,40 @@
+//! The lifecycle operations of a sandbox, one file each (youki keeps one file
+//! per container operation): [`create`](mod@create), [`start`](mod@start),
+//! [`stop`](mod@stop), [`destroy`](mod@destroy), [`pause`](mod@pause) (and
+//! unpause), [`standby`](mod@standby), [`resume`](mod@resume),
+//! [`ensure_running`](mod@ensure_running) (resume on access), and the daemon's
+//! own: [`reconcile`](mod@reconcile) at start, the init [`watch`]er, the TTL
+//! [`reaper`]. What several of them share: [`boot`] (disk, mount spec,
+//! admission, the boot); below them, [`crate::process_image`] (CRIU images
+//! with their manifest). Archiving is [`crate::archive`]'s (it owns the object store).
+//!
+//! Every state change is made with [`crate::record::transition`], which asks
+//! the core state machine (`strata_core::lifecycle`) whether it is legal and
+//! records it with its event in one transaction. Records are read through
+//! [`crate::record`], the layer below this one, which calls no operation.
+
+pub mod boot;
+pub mod create;
+pub mod destroy;
+pub mod ensure_running;
+pub mod pause;
+pub mod reaper;
+pub mod reconcile;
+pub mod resume;
+pub mod standby;
+pub mod start;
+pub mod stop;
+pub mod watch;
+
+pub use boot::*;
+pub use create::*;
+pub use destroy::*;
+pub use ensure_running::*;
+pub use pause::*;
+pub use reaper::*;
+pub use reconcile::*;
+pub use resume::*;
+pub use standby::*;
+pub use start::*;
+pub use stop::*;
+pub use watch::*;

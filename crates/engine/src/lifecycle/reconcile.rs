@@ -1,0 +1,98 @@
+//! Reconciliation at daemon start: every sandbox's record is brought in line
+//! with what is on the host (re-adopted, completed, or marked lost), and
+//! orphaned directories are removed.
+
+use std::time::{Duration, Instant};
+
+use strata_api::{Lifecycle, SandboxState};
+use strata_core::Action;
+use tracing::{info, warn};
+
+use super::{destroy, kill_processes, release_resources, watch_init};
+use crate::error::EngineError;
+use crate::record::{handle_of, transition, Change};
+use crate::state::Shared;
+
+/// Brings the daemon's view in line with reality after a (re)start: running
+/// sandboxes whose init still lives are re-adopted, the others marked lost;
+/// creations interrupted by a crash are failed; ephemeral leftovers are destroyed.
+pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
+    sweep_orphans(st)?;
+    for rec in st.db.list_sandboxes()? {
+        crate::archive::reconcile(st, &rec).await;
+        let id = rec.sandbox.id.clone();
+        crate::process_image::sweep_spent(st, &id);
+        let state = rec.sandbox.state;
+        let alive = handle_of(&rec).is_some_and(|h| st.runtime.is_alive(&h));
+        let ephemeral = rec.sandbox.lifecycle == Lifecycle::Ephemeral;
+        match state {
+            SandboxState::Running | SandboxState::Paused if alive => {
+                info!(sandbox = %id, "re-adopted running sandbox");
+                if state == SandboxState::Running {
+                    // A daemon that died mid-checkpoint may have left it frozen.
+                    if let Err(e) = st.runtime.set_frozen(&id, false) {
+                        warn!(sandbox = %id, error = %crate::error::chain(&e), "thawing a re-adopted sandbox");
+                    }
+                }
+                watch_init(st.clone(), id.clone(), handle_of(&rec).expect("alive implies handle"));
+                crate::process_image::drop_stale_image(st, &id);
+            }
+            SandboxState::Running | SandboxState::Paused if crate::lifecycle::complete_interrupted(st, &rec)? => {
+                info!(sandbox = %id, "completed a standby interrupted by the daemon's stop");
+            }
+            SandboxState::Running | SandboxState::Paused => {
+                let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+                transition(
+                    st,
+                    &id,
+                    state,
+                    Change::new(Action::Lose, "init_gone").detail("init was gone when the daemon started"),
+                    Instant::now(),
+                    None,
+                )?;
+                if ephemeral {
+                    destroy(st, &id, true, "init_gone").await?;
+                }
+            }
+            SandboxState::Creating => {
+                let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+                transition(
+                    st,
+                    &id,
+                    state,
+                    Change::new(Action::Fail, "interrupted").detail("the daemon stopped during creation"),
+                    Instant::now(),
+                    None,
+                )?;
+                if ephemeral {
+                    destroy(st, &id, true, "interrupted").await?;
+                }
+            }
+            SandboxState::Standby => crate::lifecycle::reconcile_standby(st, &rec)?,
+            _ if ephemeral && state != SandboxState::Destroyed => {
+                destroy(st, &id, true, "ephemeral_leftover").await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Removes directories and cgroups of sandboxes that have no record (left by a
+/// crash between a destroy's commit and its background cleanup).
+pub fn sweep_orphans(st: &Shared) -> Result<(), EngineError> {
+    let known: std::collections::HashSet<String> = st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox.id).collect();
+    // Pipeline runs that may still run a stage keep their stages' secrets too.
+    let mut keep = known.clone();
+    keep.extend(crate::pipelines::live_secret_keys(st)?);
+    st.secrets.sweep(&keep);
+    let Ok(entries) = std::fs::read_dir(&st.sandboxes_dir) else { return Ok(()) };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !known.contains(&name) {
+            info!(sandbox = %name, "removing leftovers of a destroyed sandbox");
+            release_resources(st, &name);
+        }
+    }
+    Ok(())
+}

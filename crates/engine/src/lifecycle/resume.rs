@@ -1,0 +1,183 @@
+//! Resume: the image is checked against its checksums, the overlay root is
+//! re-mounted and CRIU restores the same processes (same pids inside, same
+//! memory, same open files); processes started through the API get fresh
+//! pipes to the daemon and keep streaming their output. A paused sandbox is
+//! thawed, a stopped one started, an archived one unpacked first. A missing
+//! or corrupt image marks the sandbox `error` with the reason and deletes
+//! nothing.
+
+use std::path::Path;
+use std::time::Instant;
+
+use strata_api::{ErrorCode, ResumeResult, SandboxState, StandbyMode};
+use strata_core::lifecycle::next_state;
+use strata_core::Action;
+use strata_store::db::SandboxRecord;
+use tracing::{info, warn};
+
+use super::freeze_locked;
+use crate::error::{EngineError, EngineResult};
+use crate::process_image::{image_dir, retire_image, verify, LAST_RESTORE_LOG};
+use crate::record::{load, transition, Change};
+use crate::state::Shared;
+use crate::{lifecycle, record};
+
+// ---- resume ----
+
+/// Brings a sandbox in standby back (the same processes), recording `reason`.
+pub async fn resume(st: &Shared, id: &str, reason: &str) -> EngineResult<ResumeResult> {
+    let (_g, rec) = record::lock_and_load(st, id).await?;
+    resume_locked(st, &rec, reason).await
+}
+
+/// An explicit resume of the sandbox `key` names: from standby, paused,
+/// stopped or archived, or a retry of a standby image that failed to restore
+/// (the sandbox is then `error` with its image still there); 409 with the
+/// current state from anything else.
+pub async fn resume_parked(st: &Shared, key: &str, reason: &str) -> EngineResult<ResumeResult> {
+    let rec = record::load_for_transition(st, key)?;
+    let retry = rec.sandbox.state == SandboxState::Error && image_dir(st, &rec.sandbox.id).is_dir();
+    if !retry
+        && !matches!(
+            rec.sandbox.state,
+            SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived
+        )
+    {
+        return Err(EngineError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes (or one whose standby image failed to restore) resume", rec.sandbox.id, rec.sandbox.state)));
+    }
+    resume(st, &rec.sandbox.id, reason).await
+}
+
+pub(crate) async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> EngineResult<ResumeResult> {
+    let started = Instant::now();
+    let from = rec.sandbox.state;
+    // Processes coming back take memory: admitted like a create (429/503), before anything changes.
+    let _admitted = lifecycle::admit_start(st, rec)?;
+    let unarchived;
+    let rec = if from == SandboxState::Archived {
+        unarchived = crate::archive::unarchive_locked(st, rec, reason).await?;
+        &unarchived
+    } else {
+        rec
+    };
+    let id = rec.sandbox.id.clone();
+    let processes_restored = match rec.sandbox.state {
+        SandboxState::Paused => {
+            freeze_locked(st, rec, Action::Unpause, reason).await?;
+            true
+        }
+        SandboxState::Stopped => {
+            lifecycle::boot(st, rec, SandboxState::Stopped, Action::Start, reason).await?;
+            false
+        }
+        _ => {
+            next_state(rec.sandbox.state, Action::Resume)?;
+            restore_locked(st, rec, reason, started).await?
+        }
+    };
+    crate::hooks::run(st, &load(st, &id)?, crate::hooks::Stage::AfterResume).await;
+    Ok(ResumeResult {
+        from,
+        duration_ms: started.elapsed().as_millis() as u64,
+        processes_restored,
+        sandbox: load(st, &id)?.sandbox,
+    })
+}
+
+/// Restores a sandbox in standby; true when its processes came back (false for fs_only).
+pub(crate) async fn restore_locked(
+    st: &Shared,
+    rec: &SandboxRecord,
+    reason: &str,
+    started: Instant,
+) -> EngineResult<bool> {
+    let id = rec.sandbox.id.clone();
+    let dir = image_dir(st, &id);
+    let checked = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || verify(&dir)).await.map_err(|e| EngineError::internal("verify task", &e))?
+    };
+    let manifest = match checked {
+        Ok(m) => m,
+        Err(msg) => return Err(mark_error(st, rec, "standby_image_invalid", &msg, started)),
+    };
+    if manifest.info.mode == StandbyMode::FsOnly {
+        lifecycle::boot(st, rec, rec.sandbox.state, Action::Resume, reason).await?;
+        let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir);
+        return Ok(false);
+    }
+    let Some(helper) = manifest.helper.clone().filter(|h| h.is_file()) else {
+        let msg = format!(
+            "the strata-init binary the image was made with ({}) is gone",
+            manifest.helper.as_deref().unwrap_or(Path::new("?")).display()
+        );
+        return Err(mark_error(st, rec, "standby_image_invalid", &msg, started));
+    };
+    let mut spec = lifecycle::mount_spec(st, rec).await?;
+    if let Err(e) = crate::network::prepare(st, &id, &mut spec).await {
+        return Err(mark_error(st, rec, "resume_failed", &e.body.message, started));
+    }
+    let pipes = st.processes.resume_pipes(&id)?;
+    let inherit: Vec<(std::os::fd::RawFd, u64)> =
+        pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
+    let rt = st.runtime.clone();
+    let images = dir.clone();
+    let verified_ms = started.elapsed().as_millis() as u64;
+    let restored = tokio::task::spawn_blocking(move || {
+        crate::failpoint("standby-restore")
+            .map_err(|e| strata_runtime::RuntimeError::Setup(format!("restoring: {e}")))?;
+        rt.restore_processes(&spec, &images, &images, &helper, &inherit)
+    })
+    .await
+    .map_err(|e| EngineError::internal("restore task", &e))?;
+    let restored_ms = started.elapsed().as_millis() as u64;
+    match restored {
+        Ok(handle) => {
+            // Crash point (`resume-restored:crash`): processes back, the record not yet written.
+            let _ = crate::failpoint("resume-restored");
+            pipes.commit();
+            let detail = format!("{} API processes reattached", manifest.info.api_processes);
+            transition(
+                st,
+                &id,
+                rec.sandbox.state,
+                Change::new(Action::Resume, reason).detail(&detail),
+                started,
+                Some(&handle),
+            )?;
+            st.db.set_expires_at(&id, record::expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
+            lifecycle::watch_init(st.clone(), id.clone(), handle);
+            // The image is spent: the restored processes have moved on from it. CRIU's log
+            // of this restore is kept next to it (replacing the previous one) for diagnosis.
+            if let Some(log) = st.runtime.restore_leftovers(&dir) {
+                let _ = std::fs::rename(log, st.sandbox_dir(&id).join(LAST_RESTORE_LOG));
+            }
+            retire_image(st, &id);
+            info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, verified_ms, restored_ms, reason, "resumed");
+            Ok(true)
+        }
+        Err(e) => {
+            pipes.abandon();
+            Err(mark_error(st, rec, "resume_failed", &crate::error::chain(&e), started))
+        }
+    }
+}
+
+/// Marks a sandbox `error` with `msg` (its image is kept) and returns the error to answer with.
+pub(crate) fn mark_error(st: &Shared, rec: &SandboxRecord, reason: &str, msg: &str, started: Instant) -> EngineError {
+    warn!(sandbox = %rec.sandbox.id, reason, error = msg, "resume failed");
+    st.processes.abandon_suspended(&rec.sandbox.id);
+    let _ = transition(
+        st,
+        &rec.sandbox.id,
+        rec.sandbox.state,
+        Change::new(Action::Fail, reason).detail(msg),
+        started,
+        None,
+    );
+    let code = if reason == "standby_image_invalid" { ErrorCode::StandbyImageInvalid } else { ErrorCode::Internal };
+    EngineError::new(
+        code,
+        format!("cannot resume sandbox {}: {msg} (it is now in state error; its files are kept)", rec.sandbox.id),
+    )
+}
