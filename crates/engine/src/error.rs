@@ -16,6 +16,75 @@ pub struct EngineError {
 /// Result of an engine operation.
 pub type EngineResult<T> = Result<T, EngineError>;
 
+/// What kind of failure an error is, for front ends that answer in their own
+/// terms (a Connect code, an E2B error, an MCP tool error) rather than with the
+/// native API's status of each [`ErrorCode`]. One kind per code, decided by one
+/// exhaustive match: a new code does not compile until it is classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The object named does not exist for the caller (another tenant's included).
+    NotFound,
+    /// The request is illegal in the object's current state (the error carries it).
+    InvalidState,
+    /// A name is taken, or the object is still needed by others.
+    Conflict,
+    /// The request or one of its fields is malformed (the message names it).
+    BadRequest,
+    /// No usable credentials.
+    Unauthorized,
+    /// The caller may not do this (or not to this path).
+    Forbidden,
+    /// The Rule of Two holds it for a human decision (the error names the approval).
+    ApprovalRequired,
+    /// Larger than a fixed limit of the daemon.
+    TooLarge,
+    /// A quota, or the host's disk or memory, cannot take it now.
+    ResourceExhausted,
+    /// This host or tier cannot do it (the message says what is missing).
+    Unsupported,
+    /// Something the request needs (a registry, a sandbox port) did not answer.
+    Unavailable,
+    /// It did not finish in time.
+    Timeout,
+    /// Anything else; the message carries the cause chain.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The kind of `code`.
+    pub fn of(code: ErrorCode) -> ErrorKind {
+        match code {
+            ErrorCode::SandboxNotFound
+            | ErrorCode::ImageNotFound
+            | ErrorCode::CheckpointNotFound
+            | ErrorCode::ProcessNotFound
+            | ErrorCode::FileNotFound
+            | ErrorCode::RouteNotFound
+            | ErrorCode::LeaseNotFound
+            | ErrorCode::PipelineNotFound
+            | ErrorCode::TokenNotFound
+            | ErrorCode::PreviewNotFound
+            | ErrorCode::ApprovalNotFound => ErrorKind::NotFound,
+            ErrorCode::InvalidState => ErrorKind::InvalidState,
+            ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => ErrorKind::Conflict,
+            ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => ErrorKind::BadRequest,
+            ErrorCode::Unauthorized => ErrorKind::Unauthorized,
+            ErrorCode::Forbidden | ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => {
+                ErrorKind::Forbidden
+            }
+            ErrorCode::ApprovalRequired => ErrorKind::ApprovalRequired,
+            ErrorCode::TooLarge => ErrorKind::TooLarge,
+            ErrorCode::QuotaExceeded | ErrorCode::InsufficientStorage | ErrorCode::InsufficientMemory => {
+                ErrorKind::ResourceExhausted
+            }
+            ErrorCode::Unsupported => ErrorKind::Unsupported,
+            ErrorCode::UpstreamUnavailable | ErrorCode::RegistryError => ErrorKind::Unavailable,
+            ErrorCode::Timeout => ErrorKind::Timeout,
+            ErrorCode::Internal | ErrorCode::StandbyImageInvalid => ErrorKind::Internal,
+        }
+    }
+}
+
 impl EngineError {
     /// An error with a code and message.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -34,6 +103,11 @@ impl EngineError {
     /// The error's code.
     pub fn code(&self) -> ErrorCode {
         self.body.code
+    }
+
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::of(self.body.code)
     }
 
     /// 409: the request is illegal in `state`.
@@ -98,5 +172,51 @@ impl From<strata_core::units::UnitError> for EngineError {
 impl From<strata_core::ids::NameError> for EngineError {
     fn from(e: strata_core::ids::NameError) -> Self {
         EngineError::bad_request(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_agrees_with_the_native_status_of_its_codes() {
+        let codes = [
+            ErrorCode::SandboxNotFound,
+            ErrorCode::ApprovalNotFound,
+            ErrorCode::InvalidState,
+            ErrorCode::InUse,
+            ErrorCode::ScanFindings,
+            ErrorCode::PathEscape,
+            ErrorCode::Unauthorized,
+            ErrorCode::MountPoint,
+            ErrorCode::ApprovalRequired,
+            ErrorCode::TooLarge,
+            ErrorCode::QuotaExceeded,
+            ErrorCode::InsufficientMemory,
+            ErrorCode::Unsupported,
+            ErrorCode::RegistryError,
+            ErrorCode::Timeout,
+            ErrorCode::StandbyImageInvalid,
+        ];
+        for code in codes {
+            let status = code.http_status();
+            let expected = match ErrorKind::of(code) {
+                ErrorKind::NotFound => vec![404],
+                ErrorKind::InvalidState | ErrorKind::Conflict => vec![409],
+                ErrorKind::BadRequest => vec![400],
+                ErrorKind::Unauthorized => vec![401],
+                ErrorKind::Forbidden | ErrorKind::ApprovalRequired => vec![403],
+                ErrorKind::TooLarge => vec![413],
+                ErrorKind::ResourceExhausted => vec![429, 503, 507],
+                ErrorKind::Unsupported => vec![501],
+                ErrorKind::Unavailable => vec![502],
+                ErrorKind::Timeout => vec![504],
+                ErrorKind::Internal => vec![500],
+            };
+            assert!(expected.contains(&status), "{code:?} is {:?} but answers {status}", ErrorKind::of(code));
+        }
+        let e = EngineError::invalid_state(SandboxState::Stopped, "no");
+        assert_eq!((e.kind(), e.body.current_state), (ErrorKind::InvalidState, Some(SandboxState::Stopped)));
     }
 }

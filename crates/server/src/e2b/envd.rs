@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use strata_api::{
     ErrorCode, ExecRequest, FileKind, FileStat, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest, StreamKind,
 };
-use strata_engine::error::EngineError;
+use strata_engine::error::{EngineError, ErrorKind};
 use tokio::sync::mpsc;
 use tracing::debug;
 
@@ -214,19 +214,19 @@ fn ctx(e: &SharedE2b, headers: &HeaderMap, query_user: Option<&str>) -> Result<C
 
 /// An engine error as a Connect error.
 fn native(e: EngineError) -> ConnectError {
-    let code = match e.body.code {
-        ErrorCode::SandboxNotFound => Code::NotFound,
-        ErrorCode::ProcessNotFound | ErrorCode::FileNotFound => Code::NotFound,
-        ErrorCode::BadRequest | ErrorCode::PathEscape | ErrorCode::InvalidArchive => Code::InvalidArgument,
-        ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => Code::PermissionDenied,
-        ErrorCode::TooLarge => Code::ResourceExhausted,
-        ErrorCode::Unauthorized => Code::Unauthenticated,
-        ErrorCode::Forbidden | ErrorCode::ApprovalRequired => Code::PermissionDenied,
-        ErrorCode::InvalidState => Code::FailedPrecondition,
-        ErrorCode::NameConflict => Code::AlreadyExists,
-        ErrorCode::Unsupported => Code::Unimplemented,
-        ErrorCode::Timeout => Code::DeadlineExceeded,
-        _ => Code::Internal,
+    let code = match e.kind() {
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::BadRequest => Code::InvalidArgument,
+        ErrorKind::Forbidden | ErrorKind::ApprovalRequired => Code::PermissionDenied,
+        ErrorKind::TooLarge | ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ErrorKind::Unauthorized => Code::Unauthenticated,
+        ErrorKind::InvalidState => Code::FailedPrecondition,
+        ErrorKind::Conflict if e.body.code == ErrorCode::NameConflict => Code::AlreadyExists,
+        ErrorKind::Conflict => Code::FailedPrecondition,
+        ErrorKind::Unsupported => Code::Unimplemented,
+        ErrorKind::Timeout => Code::DeadlineExceeded,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
     };
     ConnectError::new(code, e.body.message)
 }
