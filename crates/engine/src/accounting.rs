@@ -9,31 +9,20 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use strata_api::{ComputeCost, ComputeUsage, CostReport, Counterfactual, Prices, SandboxState, UsageRecord};
 use strata_core::lifecycle::has_processes;
-use strata_core::Action;
 use tracing::warn;
 
 use crate::state::Shared;
+
+pub use crate::state::accounting::*;
 
 /// Default sampling interval (`STRATA_ACCOUNTING_INTERVAL_MS` overrides it).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 /// Storage sizes are re-measured every this many samples (60 s by default).
 pub const STORAGE_EVERY: u32 = 12;
-
-/// One raw sample of a running sandbox.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
-    /// Seconds on a monotonic clock.
-    pub at: f64,
-    /// Cumulative CPU counter of the cgroup, microseconds.
-    pub cpu_usec: u64,
-    /// Memory charged now, bytes.
-    pub memory_bytes: u64,
-}
 
 /// Compute between two samples: CPU from the counter delta (a counter that went
 /// backwards belongs to a new cgroup and counts from 0), memory by the
@@ -128,32 +117,6 @@ pub fn load_prices(path: &Path) -> Result<Prices, String> {
     Ok(p)
 }
 
-#[derive(Default)]
-struct Inner {
-    /// Last sample per running sandbox.
-    live: HashMap<String, Sample>,
-    /// Bytes by kind per owning sandbox id, from the last measurement.
-    sizes: HashMap<String, BTreeMap<&'static str, u64>>,
-}
-
-/// The sampler's in-memory state.
-pub struct Accounting {
-    inner: Mutex<Inner>,
-    epoch: Instant,
-}
-
-impl Default for Accounting {
-    fn default() -> Self {
-        Accounting { inner: Mutex::new(Inner::default()), epoch: Instant::now() }
-    }
-}
-
-impl Accounting {
-    fn now(&self) -> f64 {
-        self.epoch.elapsed().as_secs_f64()
-    }
-}
-
 /// Samples a running sandbox and adds what it used since its last sample.
 pub fn sample(st: &Shared, id: &str) {
     let u = st.runtime.usage(id);
@@ -177,42 +140,6 @@ pub fn sample(st: &Shared, id: &str) {
 pub fn final_sample(st: &Shared, id: &str) {
     sample(st, id);
     st.accounting.inner.lock().unwrap_or_else(|p| p.into_inner()).live.remove(id);
-}
-
-/// Called by every recorded transition: a sandbox that starts running gets a
-/// fresh baseline; reuses of kept state are counted for the ephemeral-only counterfactual.
-pub fn on_transition(st: &Shared, id: &str, from: SandboxState, to: SandboxState, action: Action) {
-    if has_processes(to) && !has_processes(from) {
-        let u = st.runtime.usage(id);
-        let acc = &st.accounting;
-        acc.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live
-            .insert(id.to_string(), Sample { at: acc.now(), cpu_usec: u.cpu_usec, memory_bytes: u.memory_bytes });
-    } else if !has_processes(to) {
-        st.accounting.inner.lock().unwrap_or_else(|p| p.into_inner()).live.remove(id);
-    }
-    let res = match action {
-        Action::Ready => {
-            let Ok(Some(rec)) = st.db.usage_by_id(id) else { return };
-            let Some(base) = rec.base_checkpoint.as_deref() else { return };
-            let inherited = st.db.checkpoint_setup(base).ok().flatten().unwrap_or_default();
-            st.db.update_usage(id, |r| {
-                r.inherited_setup = inherited;
-                r.repaid_setup = r.repaid_setup.plus(inherited);
-                r.reuses += 1;
-            })
-        }
-        Action::Start | Action::Resume => st.db.update_usage(id, |r| {
-            r.repaid_setup = r.repaid_setup.plus(r.inherited_setup.plus(r.compute));
-            r.reuses += 1;
-        }),
-        _ => return,
-    };
-    if let Err(e) = res {
-        warn!(sandbox = id, error = %e, "recording usage");
-    }
 }
 
 /// Records the compute behind a new checkpoint of `sandbox_id` (its inherited

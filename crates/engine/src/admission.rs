@@ -31,7 +31,6 @@ use strata_core::units::format_size;
 use strata_store::db::ResourceClaim;
 
 use crate::error::{EngineError, EngineResult};
-use crate::state::Shared;
 
 /// The smallest memory limit: strata-init needs about 0.7 MiB, an exec of a
 /// shell 1.8 MiB, a CRIU restore 4.3 MiB at its peak, python3's start 4 MiB
@@ -543,8 +542,8 @@ impl Admission {
     }
 
     /// The quota of `tenant`: the defaults with its override applied.
-    pub fn quota_of(&self, st: &Shared, tenant: &str) -> EngineResult<QuotaLimits> {
-        let o = st.db.tenant_quota(tenant)?;
+    pub fn quota_of(&self, db: &strata_store::Db, tenant: &str) -> EngineResult<QuotaLimits> {
+        let o = db.tenant_quota(tenant)?;
         Ok(o.map_or(self.tenant_defaults, |(o, _)| self.tenant_defaults.with_override(&o)))
     }
 
@@ -591,7 +590,7 @@ impl Admission {
     /// e.g. a pipeline run's stages); not the operator itself, nor work it
     /// started in no tenant ([`exempt_from_quotas`]).
     pub fn quota_applies() -> bool {
-        !EXEMPT.try_with(|e| *e).unwrap_or(false) && crate::tenancy::scope().is_some()
+        !EXEMPT.try_with(|e| *e).unwrap_or(false) && crate::caller::scope().is_some()
     }
 
     /// Checks `count` sandboxes of `limits` for `tenant` (quota when `quota`, then the host).
@@ -713,17 +712,17 @@ impl Admission {
     /// counts it until dropped; drop it once the record shows the new state.
     pub fn admit(
         self: &Arc<Self>,
-        st: &Shared,
+        db: &strata_store::Db,
         id: &str,
         tenant: &str,
         limits: &ResourceLimits,
         purpose: Purpose,
     ) -> EngineResult<Reservation> {
-        let quota = if Self::quota_applies() { Some(self.quota_of(st, tenant)?) } else { None };
+        let quota = if Self::quota_applies() { Some(self.quota_of(db, tenant)?) } else { None };
         // The records are read under the lock: a sandbox whose reservation ends
         // meanwhile is then either still reserved or already recorded.
         let mut book = self.book();
-        let records = st.db.resource_claims()?;
+        let records = db.resource_claims()?;
         let totals = self.totals(&records, &book, tenant);
         self.check(tenant, quota.as_ref(), limits, 1, purpose, &totals)?;
         book.claims.insert(
@@ -738,15 +737,15 @@ impl Admission {
     /// forks-per-minute window (each child is then admitted as a create).
     pub fn admit_fork(
         &self,
-        st: &Shared,
+        db: &strata_store::Db,
         tenant: &str,
         limits: &ResourceLimits,
         count: u64,
         record: bool,
     ) -> EngineResult<()> {
-        let quota = if Self::quota_applies() { Some(self.quota_of(st, tenant)?) } else { None };
+        let quota = if Self::quota_applies() { Some(self.quota_of(db, tenant)?) } else { None };
         let mut book = self.book();
-        let records = st.db.resource_claims()?;
+        let records = db.resource_claims()?;
         let totals = self.totals(&records, &book, tenant);
         self.check(tenant, quota.as_ref(), limits, count, Purpose::Create, &totals)?;
         if let Some(max) = quota.and_then(|q| q.forks_per_minute) {
@@ -770,10 +769,10 @@ impl Admission {
     }
 
     /// A tenant's usage against its quota.
-    pub fn usage(&self, st: &Shared, tenant: &str) -> EngineResult<TenantUsage> {
-        let q = self.quota_of(st, tenant)?;
+    pub fn usage(&self, db: &strata_store::Db, tenant: &str) -> EngineResult<TenantUsage> {
+        let q = self.quota_of(db, tenant)?;
         let mut book = self.book();
-        let records = st.db.resource_claims()?;
+        let records = db.resource_claims()?;
         let t = self.totals(&records, &book, tenant);
         let forks = book.forks.get_mut(tenant).map_or(0, |w| w.used(Instant::now()));
         Ok(TenantUsage {

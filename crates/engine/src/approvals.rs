@@ -11,7 +11,7 @@
 //! request, repeated (with or without `X-Strata-Approval`), then goes through
 //! once. Requests, decisions, uses and timeouts are in the audit log.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use strata_api::{Approval, ApprovalState, CapabilityGrant, ErrorCode};
 use strata_core::lifecycle::approval::{next_approval_state, ApprovalAction};
@@ -22,7 +22,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::state::Shared;
 
 /// Default time a pending approval waits for a decision (and an approved one for its use).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+pub use crate::state::DEFAULT_APPROVAL_TIMEOUT as DEFAULT_TIMEOUT;
 
 /// Errors of the approval queue that are not API answers.
 #[derive(Debug, thiserror::Error)]

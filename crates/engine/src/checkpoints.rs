@@ -98,11 +98,11 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     // A warm checkpoint copies the processes too, at the same frozen instant.
     let warm = match req.processes {
         true => {
-            crate::warm::check_capturable(st, rec)?;
+            crate::lifecycle::warm::check_capturable(st, rec)?;
             let handle = record::handle_of(rec).ok_or_else(|| {
                 EngineError::new(ErrorCode::Internal, format!("sandbox {} is running but has no init", rec.sandbox.id))
             })?;
-            let staging = crate::warm::staging_dir(st, &id);
+            let staging = crate::lifecycle::warm::staging_dir(st, &id);
             let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
             Some((handle, staging, st.processes.capture(&rec.sandbox.id).await))
         }
@@ -163,11 +163,11 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     };
     let processes = match (warm.as_ref(), copied) {
         (Some((_, staging, captured)), Some(Ok((helper, dump_ms)))) => {
-            match crate::warm::publish(st, &id, staging, helper, captured, dump_ms) {
+            match crate::lifecycle::warm::publish(st, &id, staging, helper, captured, dump_ms) {
                 Ok(image) => Some(image),
                 Err(e) => {
                     discard_staging();
-                    crate::warm::remove(st, &id);
+                    crate::lifecycle::warm::remove(st, &id);
                     return Err(EngineError::internal("saving the checkpoint's processes", &e));
                 }
             }
@@ -234,7 +234,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let _ = crate::failpoint("checkpoint-layer");
     if let Err(e) = st.db.insert_checkpoint(&ckpt, &rec.image_config) {
         let _ = std::fs::remove_file(&manifest_file);
-        crate::warm::remove(st, &ckpt.id);
+        crate::lifecycle::warm::remove(st, &ckpt.id);
         return Err(e.into());
     }
     if let Ok(ev) = st.db.record_event(
@@ -339,7 +339,12 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
     // A warm checkpoint brings its processes back too, unless asked otherwise.
     let warm = match (ckpt.processes.is_some(), req.processes) {
         (true, None | Some(true)) => {
-            crate::warm::check_startable(st, &rec.sandbox.id, !st.secrets.get(&rec.sandbox.id)?.is_empty(), &ckpt.id)?;
+            crate::lifecycle::warm::check_startable(
+                st,
+                &rec.sandbox.id,
+                !st.secrets.get(&rec.sandbox.id)?.is_empty(),
+                &ckpt.id,
+            )?;
             true
         }
         (false, Some(true)) => {
@@ -376,7 +381,8 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
     }
     let sandbox = if warm {
         let rec = load(st, &rec.sandbox.id)?;
-        crate::warm::boot(st, &rec, &ckpt.id, rec.sandbox.state, strata_core::Action::Start, "restore").await?;
+        crate::lifecycle::warm::boot(st, &rec, &ckpt.id, rec.sandbox.state, strata_core::Action::Start, "restore")
+            .await?;
         drop(g);
         load(st, &rec.sandbox.id)?.sandbox
     } else {
@@ -448,7 +454,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
     let mut admitted = limits.clone();
     st.admission.apply_defaults(&mut admitted);
     st.admission.validate(&admitted)?;
-    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), false)?;
+    st.admission.admit_fork(&st.db, &tenant, &admitted, u64::from(req.count), false)?;
     let network = req
         .network
         .clone()
@@ -461,7 +467,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
     });
     crate::approvals::gate(st, &tenant, "fork", &format!("{source_name} x{}", req.count), &grants)?;
     // Past the gate: the children count in the forks-per-minute window from here on.
-    st.admission.admit_fork(st, &tenant, &admitted, u64::from(req.count), true)?;
+    st.admission.admit_fork(&st.db, &tenant, &admitted, u64::from(req.count), true)?;
     let ckpt = match source {
         ForkSource::Checkpoint(c) => *c,
         ForkSource::Live(rec) => {
@@ -620,7 +626,7 @@ pub fn dependents_of(st: &Shared, id: &str) -> EngineResult<Vec<String>> {
 pub fn remove_checkpoint(st: &Shared, c: &Checkpoint) -> EngineResult<()> {
     st.db.delete_checkpoint(&c.id)?;
     let _ = std::fs::remove_file(manifest_path(st, &c.sandbox_id, &c.id));
-    crate::warm::remove(st, &c.id);
+    crate::lifecycle::warm::remove(st, &c.id);
     Ok(())
 }
 

@@ -12,25 +12,29 @@
 //! translate requests into calls of this crate and its [`error::EngineError`]
 //! into their own answers. Privileged work goes through `strata-runtime`.
 //!
-//! Modules, by what they are about:
-//! - lifecycle: [`record`] (sandbox records: load for the caller, list,
-//!   inspect, `transition`; the layer below the operations), [`lifecycle`]
-//!   (one file per operation: create, start, stop, destroy, pause, standby,
-//!   resume, resume on access, reconcile, the init watcher, the TTL reaper),
-//!   [`access`] (what every call on a sandbox does first, from any front end),
-//!   [`archive`], [`policy`] (automatic transitions), [`activity`] (idle
-//!   detection, leases), [`hooks`];
-//! - state kept: [`checkpoints`] (checkpoint, restore, fork, diff, export,
-//!   gc, lineage), [`warm`] (process images of checkpoints), [`templates`],
-//!   [`images`] (per-sandbox disks are `strata_runtime::disk`'s);
-//! - orchestration: [`fanout`], [`pipelines`], [`advisor`];
-//! - inside a sandbox: [`processes`], [`files`] + [`sandboxfs`] +
-//!   [`privileges`], [`transfer`] (bounded byte streams) over [`chunks`], [`network`],
-//!   [`preview`];
-//! - security: [`tenancy`], [`approvals`] (Rule of Two), [`secrets`],
-//!   [`hygiene`] + [`scan`], [`audit`], [`admission`] + [`quotas`];
-//! - bookkeeping: [`state`], [`error`], [`events`], [`metrics`],
-//!   [`accounting`], [`initbin`].
+//! Modules, in layers (a lower one never names a higher one, and no module
+//! cycle spans the engine: `src/tests/layers.rs` checks both on the source):
+//! - leaves: [`error`], [`clock`], [`caller`] (who calls; fails closed),
+//!   [`audit`], [`admission`] (limits, quotas), [`policy_spec`] (policies as
+//!   written), [`transfer`] over [`chunks`], [`sandboxfs`] + [`privileges`],
+//!   [`initbin`], [`advisor`];
+//! - what the daemon holds: [`state`] (`AppState` and its components: the
+//!   activity tracker, process table, secret store, network records, archive
+//!   store, preview state, cost samples, metrics);
+//! - reading it for a caller: [`tenancy`] (resolvers, tokens),
+//!   [`process_image`], then [`record`] (sandbox records, `transition`);
+//! - the operations: [`lifecycle`] (one file per operation: create, start,
+//!   stop, destroy, pause, standby, resume, resume on access, warm starts,
+//!   reconcile, the init watcher), [`access`] (what every call on a sandbox
+//!   does first, from any front end), [`processes`], [`files`], [`network`],
+//!   [`preview`], [`secrets`], [`activity`] (leases), [`hooks`], [`archive`],
+//!   [`images`], [`checkpoints`] (checkpoint, restore, fork, diff, export, gc,
+//!   lineage), [`scan`] + [`hygiene`], [`approvals`] (Rule of Two),
+//!   [`quotas`], [`events`], [`accounting`];
+//! - above them: [`policy`] (the automatic transitions), [`reaper`] (TTLs,
+//!   garbage collection), [`templates`], [`fanout`], [`pipelines`].
+//!
+//! Per-sandbox disks are `strata_runtime::disk`'s.
 
 pub mod access;
 pub mod accounting;
@@ -40,8 +44,10 @@ pub mod advisor;
 pub mod approvals;
 pub mod archive;
 pub mod audit;
+pub mod caller;
 pub mod checkpoints;
 pub mod chunks;
+pub mod clock;
 pub mod error;
 pub mod events;
 pub mod fanout;
@@ -51,15 +57,16 @@ pub mod hygiene;
 pub mod images;
 pub mod initbin;
 pub mod lifecycle;
-pub mod metrics;
 pub mod network;
 pub mod pipelines;
 pub mod policy;
+pub mod policy_spec;
 pub mod preview;
 pub mod privileges;
 pub mod process_image;
 pub mod processes;
 pub mod quotas;
+pub mod reaper;
 pub mod record;
 pub mod sandboxfs;
 pub mod scan;
@@ -68,7 +75,6 @@ pub mod state;
 pub mod templates;
 pub mod tenancy;
 pub mod transfer;
-pub mod warm;
 
 #[cfg(test)]
 mod tests;
@@ -271,7 +277,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     let st: Shared = Arc::new(app_state);
     // Everything from here runs as the daemon itself: it acts in every tenant.
     tenancy::as_daemon(reconcile_at_start(&st)).await?;
-    tokio::spawn(tenancy::as_daemon(lifecycle::ttl_reaper(st.clone())));
+    tokio::spawn(tenancy::as_daemon(reaper::ttl_reaper(st.clone())));
     tokio::spawn(tenancy::as_daemon(policy::run(st.clone())));
     tokio::spawn(tenancy::as_daemon(accounting::run(st.clone())));
     Ok(Opened { state: st, _lock: lock })
@@ -282,7 +288,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
 /// networks, pipeline runs.
 async fn reconcile_at_start(st: &Shared) -> Result<(), DaemonError> {
     lifecycle::reconcile(st).await.map_err(|e| DaemonError::Reconcile(e.body.message))?;
-    warm::sweep(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    lifecycle::warm::sweep(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
     // Pool leftovers of an earlier daemon go first: their images must not be mounted twice.
     st.disks.sweep();
     lifecycle::mount_disks(st).await;

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
 use crate::record::now;
+use crate::secrets::{secret_key, secret_keys};
 use crate::state::Shared;
 
 /// Most stages in one pipeline.
@@ -332,29 +333,6 @@ pub async fn start(st: &Shared, spec: PipelineSpec) -> EngineResult<PipelineRun>
     info!(run = %run.id, name = %run.name, stages = run.stages.len(), "pipeline run started");
     spawn_driver(st, &run);
     Ok(run)
-}
-
-/// Key of a stage's secrets in the secret store.
-fn secret_key(run_id: &str, idx: usize) -> String {
-    format!("pipeline-{run_id}-{idx}")
-}
-
-/// Store keys of a run's stage secrets (stages without secrets have none).
-fn secret_keys(run: &PipelineRun) -> impl Iterator<Item = String> + '_ {
-    run.spec.stages.iter().enumerate().filter(|(_, s)| !s.secrets.is_empty()).map(|(i, _)| secret_key(&run.id, i))
-}
-
-/// Store keys of the secrets of runs that may still run a stage (not succeeded),
-/// which the daemon's startup sweep keeps.
-pub fn live_secret_keys(st: &Shared) -> EngineResult<HashSet<String>> {
-    let mut keys = HashSet::new();
-    for id in st.db.list_pipeline_run_ids()? {
-        let Some(run) = st.db.pipeline_run_by_id(&id)? else { continue };
-        if run.state != PipelineState::Succeeded {
-            keys.extend(secret_keys(&run));
-        }
-    }
-    Ok(keys)
 }
 
 /// Forgets a finished run's secret values.

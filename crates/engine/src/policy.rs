@@ -14,9 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use strata_api::{
-    Lifecycle, OnIdle, PolicyPatch, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UpdateSandboxRequest,
-};
+use strata_api::{Lifecycle, OnIdle, Sandbox, SandboxEvent, SandboxPolicy, SandboxState, UpdateSandboxRequest};
 use strata_core::lifecycle::has_processes;
 use strata_core::units;
 use strata_store::db::SandboxRecord;
@@ -27,15 +25,14 @@ use crate::lifecycle;
 use crate::record::{load, now};
 use crate::state::Shared;
 
+pub use crate::policy_spec::*;
+
 /// How often the engine looks at every sandbox.
 pub const TICK: Duration = Duration::from_secs(1);
 /// Wait before retrying a failed automatic action (doubled after each failure).
 pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Longest wait between retries of a failed automatic action.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
-
-/// Value that removes an optional limit in a [`PolicyPatch`].
-pub const NONE: &str = "none";
 
 /// A policy with its durations parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,78 +64,6 @@ impl Limits {
             delete_after: opt(&p.delete_after)?,
         })
     }
-}
-
-/// Checks a patch's values: durations parse, `idle_timeout` is not `none`.
-pub fn validate(patch: &PolicyPatch) -> EngineResult<()> {
-    if let Some(t) = &patch.idle_timeout {
-        if t.trim() == NONE {
-            return Err(EngineError::bad_request(
-                "idle_timeout cannot be none; use on_idle keep to never act on idleness",
-            ));
-        }
-        units::parse_duration(t).map_err(|e| EngineError::bad_request(format!("idle_timeout: {e}")))?;
-    }
-    for (field, v) in [
-        ("max_lifetime", &patch.max_lifetime),
-        ("archive_after", &patch.archive_after),
-        ("delete_after", &patch.delete_after),
-    ] {
-        if let Some(v) = v.as_deref().filter(|v| v.trim() != NONE) {
-            units::parse_duration(v).map_err(|e| EngineError::bad_request(format!("{field}: {e}")))?;
-        }
-    }
-    if patch.on_max_lifetime == Some(OnIdle::Keep) {
-        return Err(EngineError::bad_request(
-            "on_max_lifetime cannot be keep; set max_lifetime to none to remove the limit",
-        ));
-    }
-    if let Some(h) = &patch.hooks {
-        crate::hooks::validate(h)?;
-    }
-    if let Some(f) = &patch.flush {
-        crate::scan::validate_flush(f)?;
-    }
-    Ok(())
-}
-
-/// Applies a (validated) patch to a policy.
-pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
-    let opt = |v: &String| (v.trim() != NONE).then(|| v.trim().to_string());
-    if let Some(a) = patch.on_idle {
-        policy.on_idle = a;
-    }
-    if let Some(t) = &patch.idle_timeout {
-        policy.idle_timeout = t.trim().to_string();
-    }
-    if let Some(v) = &patch.max_lifetime {
-        policy.max_lifetime = opt(v);
-    }
-    if let Some(a) = patch.on_max_lifetime {
-        policy.on_max_lifetime = Some(a);
-    }
-    if let Some(v) = &patch.archive_after {
-        policy.archive_after = opt(v);
-    }
-    if let Some(v) = &patch.delete_after {
-        policy.delete_after = opt(v);
-    }
-    if let Some(h) = &patch.hooks {
-        policy.hooks = h.clone();
-    }
-    if let Some(f) = &patch.flush {
-        policy.flush = f.clone();
-    }
-}
-
-/// The policy a new sandbox gets: its lifecycle's defaults with `patch` applied.
-pub fn initial(lifecycle: Lifecycle, patch: Option<&PolicyPatch>) -> EngineResult<SandboxPolicy> {
-    let mut p = SandboxPolicy::default_for(lifecycle);
-    if let Some(patch) = patch {
-        validate(patch)?;
-        apply_patch(&mut p, patch);
-    }
-    Ok(p)
 }
 
 /// Changes a sandbox's policy; returns the sandbox.
@@ -482,6 +407,7 @@ pub async fn run(st: Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_api::PolicyPatch;
 
     const S: Duration = Duration::from_secs(1);
 

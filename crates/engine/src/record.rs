@@ -18,14 +18,7 @@ use tracing::info;
 use crate::error::{EngineError, EngineResult};
 use crate::state::Shared;
 
-/// Now, RFC 3339 with milliseconds.
-pub fn now() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
-}
-
-pub(crate) fn parse_time(s: &str) -> Option<SystemTime> {
-    humantime::parse_rfc3339_weak(s).ok()
-}
+pub use crate::clock::*;
 
 /// Loads a sandbox the current caller may see ([`crate::tenancy`]) or fails with 404.
 pub fn load(st: &Shared, id: &str) -> EngineResult<SandboxRecord> {
@@ -110,10 +103,10 @@ pub fn transition(
         .ok_or_else(|| EngineError::new(ErrorCode::InvalidState, format!("sandbox {id} changed state concurrently")))?;
     info!(sandbox = id, from = %from, to = %to, reason, "transition");
     st.metrics.transition(to, reason);
-    if let Some(phase) = crate::metrics::phase_of(action) {
+    if let Some(phase) = crate::state::metrics::phase_of(action) {
         st.metrics.observe(phase, started.elapsed());
     }
-    crate::accounting::on_transition(st, id, from, to, action);
+    crate::state::accounting::on_transition(&st.accounting, &st.db, st.runtime.as_ref(), id, from, to, action);
     st.notify_events(ev.seq);
     Ok(ev)
 }

@@ -234,5 +234,5 @@ pub fn admit_start(st: &Shared, rec: &SandboxRecord) -> EngineResult<Option<crat
         return Ok(None);
     }
     let s = &rec.sandbox;
-    st.admission.admit(st, &s.id, &s.tenant, &s.limits, crate::admission::Purpose::Start).map(Some)
+    st.admission.admit(&st.db, &s.id, &s.tenant, &s.limits, crate::admission::Purpose::Start).map(Some)
 }

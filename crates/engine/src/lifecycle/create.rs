@@ -121,7 +121,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     if let Some(t) = &req.ttl {
         units::parse_duration(t)?;
     }
-    let mut policy = crate::policy::initial(req.lifecycle, req.policy.as_ref())?;
+    let mut policy = crate::policy_spec::initial(req.lifecycle, req.policy.as_ref())?;
     // The daemon's defaults fill what the request leaves out (recorded on the
     // sandbox); then every limit must be one a sandbox can run with on this host.
     let mut req = req;
@@ -138,7 +138,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     // From a warm checkpoint the processes come along unless asked otherwise.
     let warm_from = match (source.warm, req.processes, &source.checkpoint) {
         (true, None | Some(true), Some(c)) => {
-            crate::warm::check_startable(st, &id, !req.secrets.is_empty(), c)?;
+            crate::lifecycle::warm::check_startable(st, &id, !req.secrets.is_empty(), c)?;
             Some(c.clone())
         }
         (false, Some(true), _) => {
@@ -153,7 +153,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
     // Host admission and the tenant's quota, before anything is recorded: the
     // reservation counts this sandbox in every other check until its record does.
-    let _admitted = st.admission.admit(st, &id, &tenant, &req.limits, crate::admission::Purpose::Create)?;
+    let _admitted = st.admission.admit(&st.db, &id, &tenant, &req.limits, crate::admission::Purpose::Create)?;
     // The Rule of Two, before anything is recorded: all three capabilities need an approval.
     let secret_names: Vec<String> = req.secrets.iter().map(|s| s.name.clone()).collect();
     let grants = rule_of_two::grants(&rule_of_two::Exposure {
@@ -239,7 +239,9 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     let span = info_span!("sandbox", id = %id);
     let res = match &warm_from {
         Some(c) => {
-            crate::warm::boot(st, &rec, c, SandboxState::Creating, Action::Ready, "created").instrument(span).await
+            crate::lifecycle::warm::boot(st, &rec, c, SandboxState::Creating, Action::Ready, "created")
+                .instrument(span)
+                .await
         }
         None => boot(st, &rec, SandboxState::Creating, Action::Ready, "created").instrument(span).await,
     };

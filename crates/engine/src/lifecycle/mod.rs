@@ -3,8 +3,9 @@
 //! [`stop`](mod@stop), [`destroy`](mod@destroy), [`pause`](mod@pause) (and
 //! unpause), [`standby`](mod@standby), [`resume`](mod@resume),
 //! [`ensure_running`](mod@ensure_running) (resume on access), and the daemon's
-//! own: [`reconcile`](mod@reconcile) at start, the init [`watch`]er, the TTL
-//! [`reaper`]. What several of them share: [`boot`] (disk, mount spec,
+//! own: [`reconcile`](mod@reconcile) at start and the init [`watch`]er (the TTL reaper, which
+//! also collects garbage, is [`crate::reaper`], above the operations). Warm starts from a checkpoint that kept its processes: [`warm`] (a
+//! create or start that restores them instead of booting init). What several of them share: [`boot`] (disk, mount spec,
 //! admission, the boot); below them, [`crate::process_image`] (CRIU images
 //! with their manifest). Archiving is [`crate::archive`]'s (it owns the object store).
 //!
@@ -18,12 +19,12 @@ pub mod create;
 pub mod destroy;
 pub mod ensure_running;
 pub mod pause;
-pub mod reaper;
 pub mod reconcile;
 pub mod resume;
 pub mod standby;
 pub mod start;
 pub mod stop;
+pub mod warm;
 pub mod watch;
 
 pub use boot::*;
@@ -31,7 +32,6 @@ pub use create::*;
 pub use destroy::*;
 pub use ensure_running::*;
 pub use pause::*;
-pub use reaper::*;
 pub use reconcile::*;
 pub use resume::*;
 pub use standby::*;

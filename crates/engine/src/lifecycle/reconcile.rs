@@ -84,7 +84,7 @@ pub fn sweep_orphans(st: &Shared) -> Result<(), EngineError> {
     let known: std::collections::HashSet<String> = st.db.list_sandboxes()?.into_iter().map(|r| r.sandbox.id).collect();
     // Pipeline runs that may still run a stage keep their stages' secrets too.
     let mut keep = known.clone();
-    keep.extend(crate::pipelines::live_secret_keys(st)?);
+    keep.extend(crate::secrets::live_secret_keys(st)?);
     st.secrets.sweep(&keep);
     let Ok(entries) = std::fs::read_dir(&st.sandboxes_dir) else { return Ok(()) };
     for e in entries.flatten() {

@@ -7,6 +7,7 @@
 
 mod access;
 mod harness;
+mod layers;
 mod lifecycle;
 mod preview;
 mod state;

@@ -50,5 +50,5 @@ pub async fn usage_handler(State(st): State<Shared>, Path(tenant): Path<String>)
             format!("a caller acting in tenant {own:?} sees only its own usage"),
         ));
     }
-    Ok(Json(st.admission.usage(&st, &tenant)?))
+    Ok(Json(st.admission.usage(&st.db, &tenant)?))
 }

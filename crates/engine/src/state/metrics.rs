@@ -19,8 +19,6 @@ use strata_api::SandboxState;
 use strata_core::lifecycle::has_processes;
 use strata_core::Action;
 
-use crate::state::Shared;
-
 /// The phases timed by `strata_phase_duration_seconds`.
 pub const PHASES: [&str; 12] = [
     "create",
@@ -175,8 +173,9 @@ impl Metrics {
             .inc();
     }
 
-    /// The OpenMetrics text of every metric, gauges refreshed from `st`.
-    pub fn render(&self, st: &Shared) -> String {
+    /// The OpenMetrics text of every metric, gauges refreshed from the
+    /// sandboxes `db` records and their counters in `runtime`.
+    pub fn render(&self, db: &strata_store::Db, runtime: &dyn strata_runtime::Runtime) -> String {
         let _g = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.states.clear();
         self.memory.clear();
@@ -187,11 +186,11 @@ impl Metrics {
                 let _ = self.states.get_or_create(&StateLabels { state: s.as_str().to_string() });
             }
         }
-        if let Ok(list) = st.db.list_sandboxes() {
+        if let Ok(list) = db.list_sandboxes() {
             for rec in list {
                 self.states.get_or_create(&StateLabels { state: rec.sandbox.state.as_str().to_string() }).inc();
                 if has_processes(rec.sandbox.state) {
-                    let u = st.runtime.usage(&rec.sandbox.id);
+                    let u = runtime.usage(&rec.sandbox.id);
                     let l = SandboxLabels { sandbox: rec.sandbox.id.clone() };
                     self.memory.get_or_create(&l).set(u.memory_bytes as i64);
                     self.cpu.get_or_create(&l).inc_by(u.cpu_usec as f64 / 1e6);

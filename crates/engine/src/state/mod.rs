@@ -1,4 +1,19 @@
-//! Shared daemon state.
+//! What the daemon holds: [`AppState`] (shared as [`Shared`]) and its
+//! components, one file each: the [`activity`] tracker, the [`processes`]
+//! table, the [`secrets`] store, per-sandbox [`network`]s, the [`archive`]
+//! store, the [`preview`] proxy's state, cost [`accounting`] samples and
+//! [`metrics`]. The layer below every operation: nothing here calls one (a
+//! unit test checks it, `tests/layers.rs`); the operations that use a
+//! component live in the engine module of the same name.
+
+pub mod accounting;
+pub mod activity;
+pub mod archive;
+pub mod metrics;
+pub mod network;
+pub mod preview;
+pub mod processes;
+pub mod secrets;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -7,8 +22,12 @@ use std::sync::{Arc, Mutex};
 use strata_runtime::Runtime;
 use strata_store::{Db, LayerStore};
 
-use crate::activity::ActivityTracker;
-use crate::processes::ProcessTable;
+use self::activity::ActivityTracker;
+use self::processes::ProcessTable;
+
+/// Default time a pending Rule-of-Two approval waits for a decision (and an
+/// approved one for its use); `--approval-timeout` changes it.
+pub const DEFAULT_APPROVAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// Everything handlers share.
 pub struct AppState {
@@ -33,23 +52,23 @@ pub struct AppState {
     /// Wakes `events --follow` streams.
     pub events_tx: tokio::sync::watch::Sender<i64>,
     /// Where archived sandboxes go.
-    pub archive: crate::archive::ArchiveStore,
+    pub archive: self::archive::ArchiveStore,
     /// Prometheus metrics.
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: self::metrics::Metrics,
     /// Cost accounting sampler state.
-    pub accounting: crate::accounting::Accounting,
+    pub accounting: self::accounting::Accounting,
     /// Prices for cost reports.
     pub prices: strata_api::Prices,
     /// Secret values of sandboxes (memory + `<state>/secrets/`).
-    pub secrets: crate::secrets::SecretStore,
+    pub secrets: self::secrets::SecretStore,
     /// Per-sandbox networks (egress entries, DNS filter state).
-    pub network: crate::network::Network,
+    pub network: self::network::Network,
     /// How long a Rule-of-Two approval waits for a decision (and then for its use).
     pub approval_timeout: std::time::Duration,
     /// Default limits, their bounds, admission control and tenant quotas.
     pub admission: Arc<crate::admission::Admission>,
     /// The preview proxy (settings, idle upstream connections).
-    pub previews: crate::preview::Previews,
+    pub previews: self::preview::Previews,
     /// Disk templates and ready disks of the default size (see [`crate::disk`]).
     pub disks: Arc<strata_runtime::disk::DiskPool>,
 }
@@ -61,7 +80,7 @@ impl AppState {
         layers: LayerStore,
         runtime: Arc<dyn Runtime>,
         state_dir: PathBuf,
-        archive: crate::archive::ArchiveStore,
+        archive: self::archive::ArchiveStore,
         admission: Arc<crate::admission::Admission>,
     ) -> Self {
         let (events_tx, _) = tokio::sync::watch::channel(0);
@@ -70,8 +89,8 @@ impl AppState {
             layers,
             runtime,
             sandboxes_dir: state_dir.join("sandboxes"),
-            secrets: crate::secrets::SecretStore::new(&state_dir),
-            network: crate::network::Network::new(&state_dir, &Default::default()),
+            secrets: self::secrets::SecretStore::new(&state_dir),
+            network: self::network::Network::new(&state_dir, &Default::default()),
             disks: Arc::new(strata_runtime::disk::DiskPool::disabled(&state_dir)),
             state_dir,
             processes: ProcessTable::default(),
@@ -80,12 +99,12 @@ impl AppState {
             image_lock: tokio::sync::Mutex::new(()),
             events_tx,
             archive,
-            metrics: crate::metrics::Metrics::new(),
-            accounting: crate::accounting::Accounting::default(),
+            metrics: self::metrics::Metrics::new(),
+            accounting: self::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
-            approval_timeout: crate::approvals::DEFAULT_TIMEOUT,
+            approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             admission,
-            previews: crate::preview::Previews::default(),
+            previews: self::preview::Previews::default(),
         }
     }
 

@@ -1,4 +1,7 @@
-//! The TTL reaper: sandboxes past their expiry are destroyed.
+//! The TTL reaper: sandboxes past their expiry are destroyed, and once a
+//! minute checkpoint retention and layer garbage collection run. A daemon
+//! loop above the operations (it calls [`crate::lifecycle`] and
+//! [`crate::checkpoints`]).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -6,8 +9,8 @@ use strata_api::Lifecycle;
 use strata_core::lifecycle::has_processes;
 use tracing::warn;
 
-use super::{destroy, stop, STOP_GRACE};
 use crate::error::EngineError;
+use crate::lifecycle::{destroy, stop, STOP_GRACE};
 use crate::record::parse_time;
 use crate::state::Shared;
 
