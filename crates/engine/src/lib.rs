@@ -34,7 +34,12 @@
 //! - above them: [`policy`] (the automatic transitions), [`reaper`] (TTLs,
 //!   garbage collection), [`templates`], [`fanout`], [`pipelines`].
 //!
-//! Per-sandbox disks are `strata_runtime::disk`'s.
+//! Front ends reach the operations through [`surface::Engine`] (the engine
+//! acting for one explicit caller; the E2B API uses only it) or, for the
+//! native API's handlers, through the modules above with the caller their
+//! middleware set. Per-sandbox disks are `strata_runtime::disk`'s.
+
+pub use surface::Engine;
 
 pub mod access;
 pub mod accounting;
@@ -72,6 +77,7 @@ pub mod sandboxfs;
 pub mod scan;
 pub mod secrets;
 pub mod state;
+pub mod surface;
 pub mod templates;
 pub mod tenancy;
 pub mod transfer;

@@ -20,8 +20,8 @@ use strata_api::{
 use strata_engine::error::EngineError;
 use tracing::info;
 
-use super::native::Native;
 use super::{request_token, E2bError, SharedE2b, BASE_TEMPLATE, ENVD_VERSION, TEMPLATE_LABEL};
+use strata_engine::Engine;
 
 /// Default sandbox timeout of the SDK (seconds).
 const DEFAULT_TIMEOUT: u64 = 300;
@@ -60,7 +60,7 @@ pub fn router(e2b: SharedE2b) -> Router {
 }
 
 /// The engine as the caller, and the caller's key (401 without a usable one).
-fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Native, String), E2bError> {
+fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Engine, String), E2bError> {
     let native = e.native(
         headers,
         "API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)",
@@ -462,7 +462,7 @@ async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<Str
 }
 
 /// Sets the sandbox's end to `timeout` seconds from now (`max_lifetime` = age + timeout).
-async fn extend(client: &Native, id: &str, timeout: u64) -> Result<Sandbox, E2bError> {
+async fn extend(client: &Engine, id: &str, timeout: u64) -> Result<Sandbox, E2bError> {
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     let age = parse_time(&s.created_at).and_then(|c| SystemTime::now().duration_since(c).ok()).unwrap_or_default();
     let life = age.as_secs() + timeout + 1;
@@ -517,7 +517,7 @@ struct ConnectBody {
 }
 
 /// Resumes a parked sandbox; whether it was parked.
-async fn wake(client: &Native, id: &str) -> Result<(Sandbox, bool), E2bError> {
+async fn wake(client: &Engine, id: &str) -> Result<(Sandbox, bool), E2bError> {
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     if !visible(&s) {
         return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));

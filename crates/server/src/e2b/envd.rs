@@ -16,7 +16,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::Engine;
+use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use strata_api::{
@@ -28,8 +28,8 @@ use tracing::debug;
 
 use super::connect::{self, Code, ConnectError};
 use super::multipart::Multipart;
-use super::native::Native;
 use super::{request_token, SharedE2b};
+use strata_engine::Engine;
 
 /// Largest `/files` upload (all its parts together), counted while it streams.
 const MAX_UPLOAD: u64 = 512 * 1024 * 1024;
@@ -87,7 +87,7 @@ pub fn router(e2b: SharedE2b) -> Router {
 
 /// Who is calling which sandbox.
 struct Ctx {
-    client: Native,
+    client: Engine,
     token: String,
     sandbox: String,
     user: String,

@@ -8,7 +8,7 @@
 //!   `filesystem.Filesystem`, `/files`, `/health`), chosen by the
 //!   `E2b-Sandbox-Id` header and authenticated by `X-Access-Token`.
 //!
-//! Both are translators onto the engine, called in-process ([`native::Native`])
+//! Both are translators onto the engine, called in-process ([`strata_engine::Engine`])
 //! as the caller the request's key names ([`audit::authenticate`]): tenancy,
 //! the Rule of Two, quotas, activity and resume on access apply as for a
 //! native call ([`strata_engine::access`]), and mutating requests are in the
@@ -20,7 +20,6 @@ pub mod connect;
 pub mod control;
 pub mod envd;
 pub mod multipart;
-pub mod native;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,8 +33,8 @@ use strata_engine::error::EngineError;
 use strata_engine::state::Shared;
 use tracing::debug;
 
-use self::native::Native;
 use crate::native::preview::PreviewPool;
+use strata_engine::Engine;
 
 /// The port envd listens on inside an E2B sandbox (`E2b-Sandbox-Port`).
 pub const ENVD_PORT: u16 = 49983;
@@ -135,15 +134,15 @@ impl E2b {
     /// The engine as the caller of this request ([`audit::authenticate`] made
     /// it from the request's key), or why there is none: no key, or a key the
     /// daemon does not take (`what` names where the key goes, for the message).
-    pub fn native(&self, headers: &HeaderMap, what: &str) -> Result<Native, E2bError> {
+    pub fn native(&self, headers: &HeaderMap, what: &str) -> Result<Engine, E2bError> {
         if let Some(caller) = strata_engine::tenancy::current() {
-            return Ok(Native::new(self.st.clone(), caller));
+            return Ok(Engine::new(self.st.clone(), caller));
         }
         match request_token(headers) {
             None => Err(E2bError::Unauthorized(format!("missing {what}"))),
             Some(key) => match strata_engine::tenancy::bearer_caller(&self.st, &self.operator_token, &key) {
                 // Authenticated after all (e.g. a token made between the two looks): use it.
-                Ok(caller) => Ok(Native::new(self.st.clone(), caller)),
+                Ok(caller) => Ok(Engine::new(self.st.clone(), caller)),
                 Err(e) => Err(E2bError::Unauthorized(e.body.message)),
             },
         }
@@ -252,7 +251,7 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
     };
     let caller = strata_engine::tenancy::bearer_caller(&e.st, &e.operator_token, &key)
         .map_err(|err| E2bError::Unauthorized(err.body.message))?;
-    let client = Native::new(e.st.clone(), caller);
+    let client = Engine::new(e.st.clone(), caller);
     let cache_key = (sandbox.to_string(), port, strata_engine::tenancy::secret_hash(&key));
     let cached = e
         .lock()

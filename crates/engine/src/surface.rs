@@ -1,15 +1,23 @@
-//! The E2B layer's way into the engine: [`Native`], the calls the E2B control
-//! plane and envd translate onto, made in-process as the caller the request's
-//! key names (no loopback hop, no second HTTP request). Each call does what
-//! the native route of the same operation does: the sandbox is entered through
-//! [`strata_engine::access::enter`] with the same [`Use`] as the native route
-//! table gives it (tenancy, activity, resume on access), and the operation
-//! runs as the caller (so the Rule of Two, quotas and tenancy of the engine
-//! apply). What E2B requests change is recorded in the audit log by
-//! [`super::audit`].
+//! The engine's surface for front ends: an [`Engine`] is the engine acting
+//! for one explicit [`Caller`] (made from a request's credentials by the
+//! front end), with one method per operation. Each call does what the native
+//! route of the same operation does: the sandbox is entered through
+//! [`crate::access::enter`] with the same [`Use`] as the native route table
+//! gives it (tenancy, activity, resume on access), and the operation runs as
+//! the caller (so the Rule of Two, quotas and tenancy apply). The E2B API
+//! calls the engine only through it; the native handlers still call the
+//! operations' modules with the caller their middleware set, and MCP still
+//! goes through the native API. Audit is the front ends' (they know the
+//! request).
 
 use std::sync::Arc;
 
+use crate::access::{enter, Entered, Use};
+use crate::activity::ActivityGuard;
+use crate::caller::{run_as, Caller};
+use crate::error::{EngineError, EngineResult};
+use crate::state::Shared;
+use crate::{files, processes};
 use bytes::Bytes;
 use strata_api::{
     Checkpoint, CheckpointRequest, CostReport, CreatePreviewRequest, CreateSandboxRequest, CreatedPreview,
@@ -17,16 +25,10 @@ use strata_api::{
     NetworkSpec, ProcessEvent, ProcessInfo, ResumeResult, Sandbox, SandboxEvent, StandbyRequest, StdinRequest,
     UpdateSandboxRequest, UploadQuery,
 };
-use strata_engine::access::{enter, Entered, Use};
-use strata_engine::activity::ActivityGuard;
-use strata_engine::error::{EngineError, EngineResult};
-use strata_engine::state::Shared;
-use strata_engine::tenancy::{run_as, Caller};
-use strata_engine::{files, processes};
 
-/// The engine, called as one caller.
+/// The engine, acting for one caller.
 #[derive(Clone)]
-pub struct Native {
+pub struct Engine {
     st: Shared,
     caller: Caller,
 }
@@ -49,15 +51,15 @@ pub struct Download {
     /// The file's length.
     pub len: Option<u64>,
     /// The bytes.
-    pub stream: strata_engine::transfer::ByteStream,
+    pub stream: crate::transfer::ByteStream,
     /// Kept with the stream.
     pub hold: Option<ActivityGuard>,
 }
 
-impl Native {
-    /// The engine of `st`, called as `caller`.
-    pub fn new(st: Shared, caller: Caller) -> Native {
-        Native { st, caller }
+impl Engine {
+    /// The engine of `st`, acting for `caller`.
+    pub fn new(st: Shared, caller: Caller) -> Engine {
+        Engine { st, caller }
     }
 
     /// Who calls.
@@ -79,58 +81,58 @@ impl Native {
 
     /// Creates and starts a sandbox.
     pub async fn create_sandbox(&self, req: &CreateSandboxRequest) -> EngineResult<CreatedSandbox> {
-        let sb = self.run(strata_engine::lifecycle::create(&self.st, req.clone())).await?;
+        let sb = self.run(crate::lifecycle::create(&self.st, req.clone())).await?;
         Ok(CreatedSandbox { id: sb.id, name: sb.name })
     }
 
     /// The caller's sandboxes.
     pub async fn list_sandboxes(&self) -> EngineResult<Vec<Sandbox>> {
-        self.run(async { strata_engine::record::list(&self.st) }).await
+        self.run(async { crate::record::list(&self.st) }).await
     }
 
     /// Inspects a sandbox.
     pub async fn get_sandbox(&self, key: &str) -> EngineResult<Sandbox> {
-        self.run(async { strata_engine::record::inspect(&self.st, key) }).await
+        self.run(async { crate::record::inspect(&self.st, key) }).await
     }
 
     /// Destroys a sandbox.
     pub async fn remove_sandbox(&self, key: &str, force: bool) -> EngineResult<SandboxEvent> {
-        self.run(strata_engine::lifecycle::destroy(&self.st, key, force, "user")).await
+        self.run(crate::lifecycle::destroy(&self.st, key, force, "user")).await
     }
 
     /// Changes a sandbox's policy or labels.
     pub async fn update_sandbox(&self, key: &str, req: &UpdateSandboxRequest) -> EngineResult<Sandbox> {
-        self.run(async { strata_engine::policy::update(&self.st, key, req) }).await
+        self.run(async { crate::policy::update(&self.st, key, req) }).await
     }
 
     /// Resumes a parked sandbox.
     pub async fn resume_sandbox(&self, key: &str) -> EngineResult<ResumeResult> {
-        self.run(strata_engine::lifecycle::resume_parked(&self.st, key, "user")).await
+        self.run(crate::lifecycle::resume_parked(&self.st, key, "user")).await
     }
 
     /// Puts a sandbox into standby.
     pub async fn standby_sandbox(&self, key: &str, fs_only: bool) -> EngineResult<SandboxEvent> {
-        self.run(strata_engine::lifecycle::standby_with(&self.st, key, &StandbyRequest { fs_only }, "user")).await
+        self.run(crate::lifecycle::standby_with(&self.st, key, &StandbyRequest { fs_only }, "user")).await
     }
 
     /// Replaces a sandbox's network mode and rules.
     pub async fn set_network(&self, key: &str, spec: &NetworkSpec) -> EngineResult<NetworkInfo> {
-        self.run(strata_engine::network::update(&self.st, key, spec.clone())).await
+        self.run(crate::network::update(&self.st, key, spec.clone())).await
     }
 
     /// Makes a preview of a sandbox's port.
     pub async fn create_preview(&self, key: &str, req: &CreatePreviewRequest) -> EngineResult<CreatedPreview> {
-        self.run(async { strata_engine::preview::create(&self.st, key, req) }).await
+        self.run(async { crate::preview::create(&self.st, key, req) }).await
     }
 
     /// Lifecycle events of a sandbox after `after`.
     pub async fn events(&self, sandbox: Option<&str>, after: i64) -> EngineResult<Vec<SandboxEvent>> {
-        self.run(async { strata_engine::events::list(&self.st, sandbox, after) }).await
+        self.run(async { crate::events::list(&self.st, sandbox, after) }).await
     }
 
     /// The cost report of a sandbox (destroyed ones too).
     pub async fn cost(&self, key: &str) -> EngineResult<CostReport> {
-        self.run(strata_engine::accounting::report_for(&self.st, key)).await
+        self.run(crate::accounting::report_for(&self.st, key)).await
     }
 
     // ---- checkpoints ----
@@ -138,27 +140,27 @@ impl Native {
     /// Checkpoints a sandbox.
     pub async fn checkpoint(&self, key: &str, req: &CheckpointRequest) -> EngineResult<Checkpoint> {
         let sb = self.enter(key, Use::Contents).await?;
-        self.run(strata_engine::checkpoints::checkpoint(&self.st, sb.id(), req.clone())).await
+        self.run(crate::checkpoints::checkpoint(&self.st, sb.id(), req.clone())).await
     }
 
     /// The caller's checkpoints (of one sandbox when `sandbox` names one).
     pub async fn list_checkpoints(&self, sandbox: Option<&str>) -> EngineResult<Vec<Checkpoint>> {
-        self.run(async { strata_engine::checkpoints::list(&self.st, sandbox) }).await
+        self.run(async { crate::checkpoints::list(&self.st, sandbox) }).await
     }
 
     /// Forks sandboxes from a checkpoint or a live sandbox.
     pub async fn fork(&self, req: &ForkRequest) -> EngineResult<ForkResult> {
-        self.run(strata_engine::checkpoints::fork(&self.st, req.clone())).await
+        self.run(crate::checkpoints::fork(&self.st, req.clone())).await
     }
 
     /// Inspects a checkpoint.
     pub async fn get_checkpoint(&self, key: &str) -> EngineResult<Checkpoint> {
-        self.run(async { strata_engine::checkpoints::get(&self.st, key) }).await
+        self.run(async { crate::checkpoints::get(&self.st, key) }).await
     }
 
     /// Deletes a checkpoint.
     pub async fn delete_checkpoint(&self, key: &str) -> EngineResult<()> {
-        self.run(strata_engine::checkpoints::delete(&self.st, key)).await
+        self.run(crate::checkpoints::delete(&self.st, key)).await
     }
 
     // ---- processes ----
@@ -259,7 +261,7 @@ impl Native {
     async fn with_fs<T: Send + 'static>(
         &self,
         key: &str,
-        f: impl FnOnce(strata_engine::sandboxfs::SandboxFs) -> Result<T, strata_engine::sandboxfs::FsError> + Send + 'static,
+        f: impl FnOnce(crate::sandboxfs::SandboxFs) -> Result<T, crate::sandboxfs::FsError> + Send + 'static,
     ) -> EngineResult<T> {
         let sb = self.enter(key, Use::Running).await?;
         self.run(files::with_fs(&self.st, sb.id(), f)).await
