@@ -148,29 +148,17 @@ pub(crate) async fn boot(
     reason: &str,
 ) -> EngineResult<SandboxHandle> {
     let started = Instant::now();
-    if let Err(e) = ensure_disk(st, rec).await {
-        transition(
-            st,
-            &rec.sandbox.id,
-            from,
-            Change::new(Action::Fail, "start_failed").detail(&e.body.message),
-            started,
-            None,
-        )?;
-        return Err(e);
-    }
+    // A failure before init starts is recorded (`start_failed`) and answered.
+    let failed = |e: EngineError| -> EngineError {
+        let change = Change::new(Action::Fail, "start_failed").detail(&e.body.message);
+        match transition(st, &rec.sandbox.id, from, change, started, None) {
+            Ok(_) => e,
+            Err(recording) => recording,
+        }
+    };
+    ensure_disk(st, rec).await.map_err(failed)?;
     let mut spec = spec_for(st, rec)?;
-    if let Err(e) = crate::network::prepare(st, &rec.sandbox.id, &mut spec).await {
-        transition(
-            st,
-            &rec.sandbox.id,
-            from,
-            Change::new(Action::Fail, "start_failed").detail(&e.body.message),
-            started,
-            None,
-        )?;
-        return Err(e);
-    }
+    crate::network::prepare(st, &rec.sandbox.id, &mut spec).await.map_err(failed)?;
     let rt = st.runtime.clone();
     let layers = st.layers.clone();
     let result = tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec)))
