@@ -1,5 +1,5 @@
 //! Per-sandbox disk limit: the writable layer is a filesystem of `--disk` bytes
-//! of its own (see crates/engine/src/disk.rs). Filling it fails with ENOSPC at
+//! of its own (see crates/runtime/src/disk.rs). Filling it fails with ENOSPC at
 //! about the limit; the sandbox stays usable, other sandboxes and the host do
 //! not notice, and the limit holds across standby/resume, forks, checkpoint
 //! rollbacks and daemon restarts. Also: the /tmp tmpfs is capped by --memory.
