@@ -279,6 +279,19 @@ fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
     );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 
+    // An E2B create names its sandbox only in its answer: the audit entry takes it from there.
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/sandboxes",
+        &[("X-API-Key", acme.as_str()), ("Content-Type", "application/json")],
+        br#"{"templateID": "busybox", "timeout": 60}"#,
+        None,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let made: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let made = made["sandboxID"].as_str().expect("sandboxID").to_string();
+
     // The E2B layer calls the engine in-process: what its requests changed is
     // in the audit log under their E2B routes, with the caller and its tenant.
     let audit: Vec<serde_json::Value> =
@@ -295,4 +308,6 @@ fn the_e2b_layer_keys_its_state_by_full_ids_and_checks_every_request() {
         find("e2b:(port routing) /v1/sandboxes/{id}/previews", "acme").is_some(),
         "the preview port routing made is audited"
     );
+    let created = find("e2b:/sandboxes", "acme").expect("the E2B create is audited");
+    assert_eq!((created["target"].as_str(), created["status"].as_u64()), (Some(made.as_str()), Some(201)), "{created}");
 }

@@ -90,6 +90,15 @@ impl Engine {
         self.run(async { crate::record::list(&self.st) }).await
     }
 
+    /// The full id of the sandbox `key` names for the caller (404 otherwise):
+    /// a lookup only, none of what [`Engine::get_sandbox`] reads live.
+    pub async fn sandbox_id(&self, key: &str) -> EngineResult<String> {
+        self.run(async {
+            crate::tenancy::resolve_sandbox_id(&self.st, key)?.ok_or_else(|| EngineError::sandbox_not_found(key))
+        })
+        .await
+    }
+
     /// Inspects a sandbox.
     pub async fn get_sandbox(&self, key: &str) -> EngineResult<Sandbox> {
         self.run(async { crate::record::inspect(&self.st, key) }).await

@@ -291,7 +291,10 @@ async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> 
     })?;
     let s = client.get_sandbox(&created.id).await?;
     info!(sandbox = %s.id, template = %req.template_id, timeout, auto_pause, "e2b create");
-    Ok((StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response())
+    let mut resp = (StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response();
+    // The route names no sandbox: the audit entry takes the one it made from here.
+    resp.extensions_mut().insert(super::audit::Created(s.id.clone()));
+    Ok(resp)
 }
 
 /// Query of the v1 list.

@@ -203,10 +203,10 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
     };
     if !strata_core::ids::is_id(&sandbox) {
         if let Ok(native) = e2b.native(req.headers(), "key") {
-            if let Ok(s) = native.get_sandbox(&sandbox).await {
-                if let Ok(v) = axum::http::HeaderValue::from_str(&s.id) {
+            if let Ok(id) = native.sandbox_id(&sandbox).await {
+                if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
                     req.headers_mut().insert("e2b-sandbox-id", v);
-                    sandbox = s.id;
+                    sandbox = id;
                 }
             }
         }
@@ -264,7 +264,7 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
         // check it: a revoked or expired key (or one that no longer sees the
         // sandbox) is refused now, not when the cached preview ends.
         Some(t) => {
-            client.get_sandbox(sandbox).await.map_err(not_found)?;
+            client.sandbox_id(sandbox).await.map_err(not_found)?;
             t
         }
         None => {
