@@ -5,17 +5,8 @@ use std::time::Instant;
 
 use strata_api::{ErrorCode, SandboxState};
 
-use super::harness::TestEngine;
+use super::harness::{tenant, TestEngine};
 use crate::access::{enter, Use};
-use crate::tenancy::{Caller, Principal};
-
-fn tenant(name: &str) -> Caller {
-    Caller {
-        principal: Principal::Tenant { tenant: name.into(), token_id: "tok-1".into(), token_name: "t".into() },
-        acting_as: None,
-        approval: None,
-    }
-}
 
 #[tokio::test]
 async fn a_call_that_needs_the_processes_resumes_a_sandbox_in_standby_once() {

@@ -101,3 +101,16 @@ impl TestEngine {
         self.st.db.events(Some(id), 0, 10_000).expect("events").into_iter().map(|e| e.reason).collect()
     }
 }
+
+/// A caller holding a token of tenant `name`.
+pub fn tenant(name: &str) -> crate::caller::Caller {
+    crate::caller::Caller {
+        principal: crate::caller::Principal::Tenant {
+            tenant: name.into(),
+            token_id: format!("tok-{name}"),
+            token_name: name.into(),
+        },
+        acting_as: None,
+        approval: None,
+    }
+}

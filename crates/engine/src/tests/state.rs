@@ -3,8 +3,8 @@
 use strata_api::{CheckpointRequest, ErrorCode, ForkRequest, Lifecycle, SandboxState};
 use strata_runtime::fake::Op;
 
-use super::harness::TestEngine;
-use crate::tenancy::{self, Caller, Principal};
+use super::harness::{tenant, TestEngine};
+use crate::tenancy;
 
 fn fork_of(source: &str, count: u32) -> ForkRequest {
     ForkRequest {
@@ -93,14 +93,6 @@ async fn a_restart_keeps_a_sandbox_in_standby_resumable() {
         assert!(r.processes_restored);
     })
     .await;
-}
-
-fn tenant(t: &str) -> Caller {
-    Caller {
-        principal: Principal::Tenant { tenant: t.into(), token_id: "tok".into(), token_name: t.into() },
-        acting_as: None,
-        approval: None,
-    }
 }
 
 #[tokio::test]
