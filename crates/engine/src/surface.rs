@@ -21,9 +21,9 @@ use crate::{files, processes};
 use bytes::Bytes;
 use strata_api::{
     Checkpoint, CheckpointRequest, CostReport, CreatePreviewRequest, CreateSandboxRequest, CreatedPreview,
-    CreatedSandbox, DownloadQuery, ExecRequest, ExecResult, FileStat, ForkRequest, ForkResult, NetworkInfo,
-    NetworkSpec, ProcessEvent, ProcessInfo, ResumeResult, Sandbox, SandboxEvent, StandbyRequest, StdinRequest,
-    UpdateSandboxRequest, UploadQuery,
+    CreatedSandbox, DownloadQuery, ExecRequest, ExecResult, FileChange, FileStat, ForkRequest, ForkResult, NetworkInfo,
+    NetworkSpec, ProcessEvent, ProcessInfo, RestoreRequest, RestoreResult, ResumeResult, Sandbox, SandboxEvent,
+    StandbyRequest, StdinRequest, UpdateSandboxRequest, UploadQuery,
 };
 
 /// The engine, acting for one caller.
@@ -167,6 +167,18 @@ impl Engine {
         self.run(async { crate::checkpoints::get(&self.st, key) }).await
     }
 
+    /// Rolls a sandbox back to a checkpoint.
+    pub async fn restore(&self, key: &str, req: &RestoreRequest) -> EngineResult<RestoreResult> {
+        let sb = self.enter(key, Use::Contents).await?;
+        self.run(crate::checkpoints::restore(&self.st, sb.id(), req.clone())).await
+    }
+
+    /// Paths added, modified and deleted since the last checkpoint (or since `against`).
+    pub async fn diff(&self, key: &str, against: Option<&str>) -> EngineResult<Vec<FileChange>> {
+        let sb = self.enter(key, Use::Contents).await?;
+        self.run(crate::checkpoints::diff(&self.st, sb.id(), against)).await
+    }
+
     /// Deletes a checkpoint.
     pub async fn delete_checkpoint(&self, key: &str) -> EngineResult<()> {
         self.run(crate::checkpoints::delete(&self.st, key)).await
@@ -235,6 +247,12 @@ impl Engine {
     pub async fn list_dir(&self, key: &str, path: &str) -> EngineResult<Vec<FileStat>> {
         let path = path.to_string();
         self.with_fs(key, move |fs| fs.list(&path)).await
+    }
+
+    /// Creates a directory (and its missing parents with `parents`).
+    pub async fn mkdir(&self, key: &str, path: &str, parents: bool) -> EngineResult<()> {
+        let path = path.to_string();
+        self.with_fs(key, move |fs| fs.mkdir(&path, parents, 0o755)).await
     }
 
     /// Removes a path (a directory with `recursive`).
