@@ -305,6 +305,32 @@ pub async fn report_for(st: &Shared, key: &str) -> crate::error::EngineResult<Co
     .map_err(|e| crate::error::EngineError::internal("cost task", &e))?
 }
 
+/// Cost of every sandbox the current caller sees, destroyed ones included,
+/// with totals (read on a blocking thread).
+pub async fn summary(st: &Shared) -> crate::error::EngineResult<strata_api::CostSummary> {
+    let st = st.clone();
+    // Taken here: the blocking thread has no task-local caller.
+    let scope = crate::tenancy::scope();
+    tokio::task::spawn_blocking(move || -> crate::error::EngineResult<strata_api::CostSummary> {
+        let sandboxes: Vec<CostReport> = st
+            .db
+            .list_usage()?
+            .into_iter()
+            .filter(|u| scope.as_deref().is_none_or(|t| t == u.tenant))
+            .map(|u| report(&st, u))
+            .collect();
+        Ok(strata_api::CostSummary {
+            total: sandboxes.iter().map(|r| r.total).sum(),
+            ephemeral_only_total: sandboxes.iter().map(|r| r.ephemeral_only.total).sum(),
+            always_on_total: sandboxes.iter().map(|r| r.always_on.total).sum(),
+            sandboxes,
+            prices: st.prices.clone(),
+        })
+    })
+    .await
+    .map_err(|e| crate::error::EngineError::internal("cost task", &e))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
-//! The audit log's actors ([`Actor`], [`token_actor`]); the recording middleware
-//! is the server's (`strata-server`, `native/audit.rs`) and the chain lives in
-//! the store (`strata_store::db`). What is recorded: every mutating API request (method other than GET, HEAD and
+//! The audit log's actors ([`Actor`], [`token_actor`]); writing and reading
+//! the log is [`crate::audit_log`]'s, the chain lives in the store
+//! (`strata_store::db`). What is recorded: every mutating API request (method other than GET, HEAD and
 //! OPTIONS), successful or not, is appended to a hash-chained SQLite table in
 //! the request path: who (`uid:N` of the Unix-socket peer via SO_PEERCRED,
 //! `local` when unknown, `token:<fingerprint>` for the operator's token over

@@ -1,7 +1,6 @@
-//! Events ([`list`], and [`reader`] and [`sandbox_key`] for front ends that
-//! follow them) and host facts the engine checks itself: names left from
-//! before names that read as ids were refused ([`names_like_ids`]).
-//! `/v1/info` and `/v1/doctor` are the server's routes.
+//! Events ([`list`], [`follow`]) and what the daemon says about itself: its
+//! [`info`] and the host's capabilities ([`doctor`], with names left from
+//! before names that read as ids were refused: [`names_like_ids`]).
 
 use strata_api::SandboxEvent;
 
@@ -45,4 +44,63 @@ pub fn names_like_ids(st: &Shared) -> EngineResult<Vec<strata_api::NameLikeId>> 
         tracing::warn!(kind = %n.kind, id = %n.id, name = %n.name, tenant = n.tenant.as_deref().unwrap_or("-"), "a name that could be read as an id (made before such names were refused); it resolves by id first, but use ids for it");
     }
     Ok(found)
+}
+
+/// Lifecycle events after `after` (of one sandbox when `sandbox` names one),
+/// as they happen: what is there now, then each new one. The channel closes
+/// when the follower goes away.
+pub fn follow(
+    st: &Shared,
+    sandbox: Option<&str>,
+    after: i64,
+) -> EngineResult<tokio::sync::mpsc::Receiver<SandboxEvent>> {
+    let sandbox = sandbox.map(|s| sandbox_key(st, s)).transpose()?;
+    let read = reader();
+    let (tx, rx) = tokio::sync::mpsc::channel::<SandboxEvent>(64);
+    let mut changed = st.events_tx.subscribe();
+    let st = st.clone();
+    tokio::spawn(async move {
+        let mut after = after;
+        loop {
+            changed.mark_unchanged();
+            let Ok(evs) = read(&st, sandbox.as_deref(), after, 1000) else { return };
+            for ev in evs {
+                after = ev.seq;
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+            // Wake on new events; poll now and then to notice closed followers.
+            match tokio::time::timeout(std::time::Duration::from_secs(15), changed.changed()).await {
+                Ok(Err(_)) => return,
+                Err(_) if tx.is_closed() => return,
+                _ => {}
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// The daemon's version and counts (of the sandboxes the current caller sees).
+pub fn info(st: &Shared) -> EngineResult<strata_api::DaemonInfo> {
+    let mut sandboxes = std::collections::BTreeMap::new();
+    for r in st.db.list_sandboxes()?.into_iter().filter(|r| crate::tenancy::visible(&r.sandbox.tenant)) {
+        *sandboxes.entry(r.sandbox.state.to_string()).or_insert(0) += 1;
+    }
+    Ok(strata_api::DaemonInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        state_dir: st.state_dir.display().to_string(),
+        sandboxes,
+        images: st.db.list_images()?.len() as u64,
+        default_limits: st.admission.defaults().clone(),
+    })
+}
+
+/// What this host supports (probed on a blocking thread), with the names that read as ids.
+pub async fn doctor(st: &Shared) -> EngineResult<strata_api::DoctorReport> {
+    let mut report = tokio::task::spawn_blocking(strata_runtime::probe::doctor)
+        .await
+        .map_err(|e| crate::error::EngineError::internal("doctor", &e))?;
+    report.names_like_ids = names_like_ids(st)?;
+    Ok(report)
 }

@@ -12,7 +12,6 @@
 //! destroyed before the stage runs again.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use strata_api::{
@@ -235,42 +234,74 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// Runs being driven by a task of this daemon.
-static ACTIVE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
-fn claim(run_id: &str) -> bool {
-    ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashSet::new).insert(run_id.to_string())
-}
-
-fn release(run_id: &str) {
-    if let Some(s) = ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-        s.remove(run_id);
-    }
-}
-
-/// Runs asked to pause at their next stage boundary.
-static PAUSING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
-fn take_pause(run_id: &str) -> bool {
-    PAUSING.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|s| s.remove(run_id))
-}
-
 /// Asks a running run to stop at its next stage boundary (the current stage finishes first).
 pub fn pause(st: &Shared, id: &str) -> EngineResult<PipelineRun> {
     let run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
-    if run.state != PipelineState::Running || !is_active(&run.id) {
+    if run.state != PipelineState::Running || !st.pipelines.is_active(&run.id) {
         return Err(EngineError::new(
             ErrorCode::InvalidState,
             format!("pipeline run {} is {}, not running", run.id, run.state.as_str()),
         ));
     }
-    PAUSING.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashSet::new).insert(run.id.clone());
+    st.pipelines.ask_pause(&run.id);
     info!(run = %run.id, "pipeline run pausing at the next stage boundary");
     Ok(run)
 }
 
-fn is_active(run_id: &str) -> bool {
-    ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.contains(run_id))
+/// A run's progress for a follower: the stages that have started (from the
+/// store), then every change the driver publishes on `rx` (subscribed by the
+/// caller before the run could move), then `finished`. The channel closes
+/// when the run ends or the follower goes away.
+pub fn progress(
+    st: &Shared,
+    run_id: String,
+    mut rx: tokio::sync::broadcast::Receiver<PipelineEvent>,
+) -> tokio::sync::mpsc::Receiver<PipelineEvent> {
+    use tokio::sync::broadcast::error::RecvError;
+    let (tx, out) = tokio::sync::mpsc::channel::<PipelineEvent>(32);
+    let st = st.clone();
+    tokio::spawn(async move {
+        let Ok(Some(run)) = st.db.pipeline_run_by_id(&run_id) else { return };
+        for (i, s) in run.stages.iter().enumerate().filter(|(_, s)| s.state != StageState::Pending) {
+            let ev = PipelineEvent::Stage { run_id: run.id.clone(), index: i as u32, stage: Box::new(s.clone()) };
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+        if run.state != PipelineState::Running {
+            let _ = tx.send(PipelineEvent::Finished { run: Box::new(run) }).await;
+            return;
+        }
+        loop {
+            match tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
+                Ok(Ok(ev)) => {
+                    let (mine, end) = match &ev {
+                        PipelineEvent::Stage { run_id: r, .. } => (*r == run_id, false),
+                        PipelineEvent::Finished { run } => (run.id == run_id, true),
+                    };
+                    if mine && (tx.send(ev).await.is_err() || end) {
+                        return;
+                    }
+                }
+                Ok(Err(RecvError::Closed)) => return,
+                // Missed events or a quiet second: the store says whether it ended.
+                Ok(Err(RecvError::Lagged(_))) | Err(_) => match st.db.pipeline_run_by_id(&run_id) {
+                    Ok(Some(run)) if run.state != PipelineState::Running => {
+                        let _ = tx.send(PipelineEvent::Finished { run: Box::new(run) }).await;
+                        return;
+                    }
+                    Ok(Some(_)) => {}
+                    _ => return,
+                },
+            }
+        }
+    });
+    out
+}
+
+/// The run `key` names for the current caller (404 otherwise).
+pub fn get_run(st: &Shared, key: &str) -> EngineResult<PipelineRun> {
+    crate::tenancy::find_pipeline_run(st, key)?.ok_or_else(|| not_found(key))
 }
 
 /// 404 for a pipeline run.
@@ -371,7 +402,7 @@ fn pending(s: &StageSpec) -> StageResult {
 /// run is not: the operator acting in no tenant.
 fn spawn_driver(st: &Shared, run: &PipelineRun) {
     let run_id = run.id.clone();
-    if !claim(&run_id) {
+    if !st.pipelines.claim(&run_id) {
         return;
     }
     let st = st.clone();
@@ -384,7 +415,7 @@ fn spawn_driver(st: &Shared, run: &PipelineRun) {
         } else {
             driven.await;
         }
-        release(&run_id);
+        st.pipelines.release(&run_id);
     });
 }
 
@@ -401,7 +432,7 @@ fn advance(run: &mut PipelineRun, action: RunAction) {
 /// Continues a failed or interrupted run from its first unfinished stage.
 pub async fn resume(st: &Shared, id: &str) -> EngineResult<PipelineRun> {
     let mut run = crate::tenancy::find_pipeline_run(st, id)?.ok_or_else(|| not_found(id))?;
-    if run.state == PipelineState::Running && is_active(&run.id) {
+    if run.state == PipelineState::Running && st.pipelines.is_active(&run.id) {
         return Err(EngineError::new(ErrorCode::InvalidState, format!("pipeline run {} is running", run.id)));
     }
     run.state = next_run_state(run.state, RunAction::Resume)
@@ -425,12 +456,6 @@ pub fn reconcile(st: &Shared) -> EngineResult<()> {
     Ok(())
 }
 
-/// Progress of every run driven by this daemon, for followers.
-pub fn events() -> &'static tokio::sync::broadcast::Sender<PipelineEvent> {
-    static EVENTS: std::sync::OnceLock<tokio::sync::broadcast::Sender<PipelineEvent>> = std::sync::OnceLock::new();
-    EVENTS.get_or_init(|| tokio::sync::broadcast::channel(1024).0)
-}
-
 /// Records the run (one transaction) and publishes stage `idx`'s new state, or
 /// the end of the run when it is no longer running.
 fn save(st: &Shared, run: &mut PipelineRun, idx: Option<usize>) {
@@ -439,14 +464,14 @@ fn save(st: &Shared, run: &mut PipelineRun, idx: Option<usize>) {
         warn!(run = %run.id, error = %crate::error::chain(&e), "recording pipeline progress failed");
     }
     if let Some(i) = idx {
-        let _ = events().send(PipelineEvent::Stage {
+        let _ = st.pipelines.events().send(PipelineEvent::Stage {
             run_id: run.id.clone(),
             index: i as u32,
             stage: Box::new(run.stages[i].clone()),
         });
     }
     if run.state != PipelineState::Running {
-        let _ = events().send(PipelineEvent::Finished { run: Box::new(run.clone()) });
+        let _ = st.pipelines.events().send(PipelineEvent::Finished { run: Box::new(run.clone()) });
     }
 }
 
@@ -456,7 +481,7 @@ async fn drive(st: &Shared, run_id: &str) {
         if run.stages[idx].state == StageState::Succeeded {
             continue;
         }
-        if take_pause(&run.id) {
+        if st.pipelines.take_pause(&run.id) {
             advance(&mut run, RunAction::Pause);
             run.reason =
                 Some(format!("paused before stage {:?}; `strata pipeline resume` continues", run.stages[idx].name));
@@ -501,14 +526,14 @@ async fn drive(st: &Shared, run_id: &str) {
                 stage.error = Some(msg.clone());
                 advance(&mut run, RunAction::Fail);
                 run.reason = Some(format!("stage {:?} failed: {msg}", run.stages[idx].name));
-                take_pause(&run.id);
+                st.pipelines.take_pause(&run.id);
                 warn!(run = %run.id, stage = %run.stages[idx].name, error = %msg, "pipeline stage failed");
                 save(st, &mut run, Some(idx));
                 return;
             }
         }
     }
-    take_pause(&run.id);
+    st.pipelines.take_pause(&run.id);
     advance(&mut run, RunAction::Succeed);
     info!(run = %run.id, "pipeline run succeeded");
     save(st, &mut run, None);

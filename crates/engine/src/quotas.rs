@@ -9,6 +9,7 @@ use strata_api::{QuotaOverride, TenantQuota};
 use crate::error::{EngineError, EngineResult};
 use crate::state::Shared;
 
+/// `tenant` if it is a valid tenant name (400 naming the field otherwise).
 pub fn checked_tenant(tenant: &str) -> EngineResult<()> {
     crate::tenancy::validate_tenant(tenant).map_err(|e| EngineError::bad_request(format!("tenant: {e}")))
 }
@@ -45,4 +46,16 @@ pub fn remove_override(st: &Shared, tenant: &str) -> EngineResult<TenantQuota> {
         tracing::info!(tenant = %tenant, "tenant quota override removed");
     }
     quota_record(st, tenant)
+}
+
+/// A tenant's usage against its quota; a caller acting in a tenant sees only its own.
+pub fn usage(st: &Shared, tenant: &str) -> EngineResult<strata_api::TenantUsage> {
+    checked_tenant(tenant)?;
+    if let Some(own) = crate::tenancy::scope().filter(|own| own != tenant) {
+        return Err(EngineError::new(
+            strata_api::ErrorCode::Forbidden,
+            format!("a caller acting in tenant {own:?} sees only its own usage"),
+        ));
+    }
+    st.admission.usage(&st.db, tenant)
 }

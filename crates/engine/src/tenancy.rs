@@ -226,6 +226,80 @@ pub fn validate_tenant(t: &str) -> Result<(), String> {
 
 // ---- token management (operator only) ----
 
+/// Creates an API token for a tenant (the caller's own unless `req.tenant`
+/// names one); the secret is in the answer only, the store keeps its hash.
+pub fn create_token(st: &Shared, req: strata_api::CreateTokenRequest) -> EngineResult<strata_api::CreatedToken> {
+    ids::validate_name(&req.name, false).map_err(|_| {
+        EngineError::bad_request(format!(
+            "invalid token name {:?}: letters, digits, '-', '_', '.', at most 63 characters",
+            req.name
+        ))
+    })?;
+    // Tokens are revoked by id or name: a name must not read as an id.
+    ids::validate_new_name(&req.name, false)?;
+    let tenant = req.tenant.clone().unwrap_or_else(creating_tenant);
+    validate_tenant(&tenant).map_err(|e| EngineError::bad_request(format!("tenant: {e}")))?;
+    let created = SystemTime::now();
+    let expires_at = match &req.expires {
+        Some(e) => {
+            let d = strata_core::units::parse_duration(e)
+                .map_err(|err| EngineError::bad_request(format!("expires: {err}")))?;
+            if d.is_zero() {
+                return Err(EngineError::bad_request("expires: must be longer than zero"));
+            }
+            Some(humantime::format_rfc3339_millis(created + d).to_string())
+        }
+        None => None,
+    };
+    let secret = format!("{SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));
+    let token = TokenInfo {
+        id: ids::new_id(),
+        name: req.name,
+        tenant,
+        created_at: humantime::format_rfc3339_millis(created).to_string(),
+        last_used_at: None,
+        expires_at,
+        revoked_at: None,
+    };
+    st.db.insert_token(&token, &secret_hash(&secret)).map_err(|e| match e {
+        strata_store::DbError::NameTaken(_) => EngineError::new(
+            ErrorCode::NameConflict,
+            format!("tenant {:?} already has a live token named {:?}", token.tenant, token.name),
+        ),
+        e => e.into(),
+    })?;
+    tracing::info!(token = %token.id, name = %token.name, tenant = %token.tenant, "API token created");
+    Ok(strata_api::CreatedToken { token, secret })
+}
+
+/// API tokens (never their secrets) of `q.tenant`, or of the caller's tenant, or all.
+pub fn list_tokens(st: &Shared, q: &strata_api::TokenQuery) -> EngineResult<Vec<TokenInfo>> {
+    let tenant = q.tenant.clone().or_else(scope);
+    Ok(st.db.list_tokens(tenant.as_deref(), q.all)?)
+}
+
+/// Revokes the token `key` names (id, or a name unique among live tokens;
+/// `q.tenant` narrows the lookup): refused from the next request on.
+pub fn revoke_token(st: &Shared, key: &str, q: &strata_api::TokenQuery) -> EngineResult<TokenInfo> {
+    let tenant = q.tenant.clone().or_else(scope);
+    let unknown = || EngineError::new(ErrorCode::TokenNotFound, format!("no token with id or name {key:?}"));
+    let found = st.db.find_tokens(key, tenant.as_deref())?;
+    let t = match found.as_slice() {
+        [] => return Err(unknown()),
+        [one] => one,
+        many => {
+            let tenants: Vec<&str> = many.iter().map(|t| t.tenant.as_str()).collect();
+            return Err(EngineError::new(
+                ErrorCode::NameConflict,
+                format!("tokens named {key:?} exist in tenants {tenants:?}: give the id or the tenant"),
+            ));
+        }
+    };
+    let revoked = st.db.revoke_token(&t.id, &crate::record::now())?.ok_or_else(unknown)?;
+    tracing::info!(token = %revoked.id, name = %revoked.name, tenant = %revoked.tenant, "API token revoked");
+    Ok(revoked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,8 +166,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         Some(server) => r.route_service("/mcp", strata_mcp::http_service(server)),
         None => r,
     };
-    r.layer(middleware::from_fn_with_state(st.clone(), crate::native::access::enter_sandbox))
-        // Tenancy: outside activity tracking and resume-on-access, so a request
+    r.layer(middleware::from_fn(crate::native::acting::report_resumes))
+        // Tenancy of the route, before any handler enters a sandbox: a request
         // for another tenant's sandbox neither counts as activity nor resumes it.
         .layer(middleware::from_fn_with_state(st.clone(), tenancy::guard))
         .layer(middleware::from_fn(json_errors))

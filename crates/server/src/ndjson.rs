@@ -17,12 +17,20 @@ pub fn line<T: Serialize>(v: &T) -> Bytes {
 /// A 200 `application/x-ndjson` response streaming every value received on `rx`
 /// until all senders are gone.
 pub fn response<T: Serialize + Send + 'static>(mut rx: Receiver<T>) -> Response {
-    let stream = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|o| o.map(|v| Ok::<_, std::convert::Infallible>(line(&v))))
-    });
+    stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
+/// A 200 `application/x-ndjson` response streaming every value of `values`
+/// (whatever it holds, e.g. a sandbox's activity hold, until it ends).
+pub fn stream<T, S>(values: S) -> Response
+where
+    T: Serialize + Send + 'static,
+    S: futures_util::Stream<Item = T> + Send + 'static,
+{
+    let lines = futures_util::StreamExt::map(values, |v| Ok::<_, std::convert::Infallible>(line(&v)));
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-ndjson")
-        .body(Body::from_stream(stream))
+        .body(Body::from_stream(lines))
         .expect("valid response")
 }

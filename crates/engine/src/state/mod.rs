@@ -1,7 +1,7 @@
 //! What the daemon holds: [`AppState`] (shared as [`Shared`]) and its
 //! components, one file each: the [`activity`] tracker, the [`processes`]
 //! table, the [`secrets`] store, per-sandbox [`network`]s, the [`archive`]
-//! store, the [`preview`] proxy's state, cost [`accounting`] samples and
+//! store, the [`pipelines`] driver's runs and progress, the [`preview`] proxy's state, cost [`accounting`] samples and
 //! [`metrics`]. The layer below every operation: nothing here calls one (a
 //! unit test checks it, `tests/layers.rs`); the operations that use a
 //! component live in the engine module of the same name.
@@ -11,6 +11,7 @@ pub mod activity;
 pub mod archive;
 pub mod metrics;
 pub mod network;
+pub mod pipelines;
 pub mod preview;
 pub mod processes;
 pub mod secrets;
@@ -71,6 +72,8 @@ pub struct AppState {
     pub previews: self::preview::Previews,
     /// Disk templates and ready disks of the default size (see [`crate::disk`]).
     pub disks: Arc<strata_runtime::disk::DiskPool>,
+    /// Pipeline runs driven by this daemon, pause requests, progress.
+    pub pipelines: self::pipelines::Pipelines,
 }
 
 impl AppState {
@@ -105,6 +108,7 @@ impl AppState {
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             admission,
             previews: self::preview::Previews::default(),
+            pipelines: self::pipelines::Pipelines::default(),
         }
     }
 

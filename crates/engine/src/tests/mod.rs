@@ -11,3 +11,4 @@ mod layers;
 mod lifecycle;
 mod preview;
 mod state;
+mod surface;

@@ -1,6 +1,6 @@
 //! Who an E2B request is and what it changed: [`authenticate`] makes the
 //! caller of a request from its key (`X-API-Key`, `X-Access-Token` or a bearer
-//! token) and runs the request as that caller; [`record`] appends every
+//! token) and hands it to the handlers with the request ([`Who`]); [`record`] appends every
 //! mutating E2B request to the audit log, as the native API's audit does for
 //! its own (the E2B layer calls the engine in-process, so no native request is
 //! made that would be recorded instead).
@@ -10,20 +10,31 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use strata_engine::audit::Actor;
-use strata_engine::tenancy::{bearer_caller, run_as, Caller};
+use strata_engine::tenancy::{bearer_caller, Caller};
 
 use super::{request_token, SharedE2b};
 
-/// Middleware: a request with a key the daemon knows runs as its caller (see
-/// [`super::E2b::native`]); one without a usable key goes on with no caller,
-/// and its handler answers 401 in its own API's shape.
+/// The caller [`authenticate`] found for a request (`None`: no usable key;
+/// the handler answers 401 in its own API's shape).
+pub struct Who(pub Option<Caller>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Who(parts.extensions.get::<Caller>().cloned()))
+    }
+}
+
+/// Middleware: a request with a key the daemon knows carries its caller (see
+/// [`super::E2b::native`]); one without a usable key goes on with none.
 pub async fn authenticate(State(e): State<SharedE2b>, mut req: Request, next: Next) -> Response {
     let caller = request_token(req.headers()).and_then(|key| bearer_caller(&e.st, &e.operator_token, &key).ok());
     match caller {
         Some(caller) => {
             req.extensions_mut().insert(Actor(caller.actor()));
-            req.extensions_mut().insert(caller.clone());
-            run_as(caller, next.run(req)).await
+            req.extensions_mut().insert(caller);
+            next.run(req).await
         }
         None => next.run(req).await,
     }
@@ -66,7 +77,7 @@ pub async fn record(State(e): State<SharedE2b>, req: Request, next: Next) -> Res
     let route = template.as_deref().map_or_else(|| "e2b:(no route)".to_string(), |t| route_of(t, &path));
     let resp = next.run(req).await;
     let target = target.or_else(|| resp.extensions().get::<Created>().map(|c| c.0.clone()));
-    crate::native::audit::append(
+    strata_engine::audit_log::append(
         &e.st,
         &caller.actor(),
         caller.scope(),

@@ -20,6 +20,7 @@ use strata_api::{
 use strata_engine::error::EngineError;
 use tracing::info;
 
+use super::audit::Who;
 use super::{request_token, E2bError, SharedE2b, BASE_TEMPLATE, ENVD_VERSION, TEMPLATE_LABEL};
 use strata_engine::Engine;
 
@@ -60,8 +61,9 @@ pub fn router(e2b: SharedE2b) -> Router {
 }
 
 /// The engine as the caller, and the caller's key (401 without a usable one).
-fn caller(e: &SharedE2b, headers: &HeaderMap) -> Result<(Engine, String), E2bError> {
+fn caller(e: &SharedE2b, who: &Who, headers: &HeaderMap) -> Result<(Engine, String), E2bError> {
     let native = e.native(
+        who,
         headers,
         "API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)",
     )?;
@@ -210,8 +212,8 @@ fn check_timeout(t: u64) -> Result<u64, E2bError> {
 }
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`: create from a template.
-async fn create(State(e): State<SharedE2b>, headers: HeaderMap, body: Bytes) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &headers)?;
+async fn create(State(e): State<SharedE2b>, who: Who, headers: HeaderMap, body: Bytes) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &who, &headers)?;
     let req: NewSandbox = json_body(&body, "NewSandbox")?;
     for (given, what) in [
         (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
@@ -364,10 +366,11 @@ fn matches_metadata(s: &Sandbox, f: &HashMap<String, String>) -> bool {
 /// `GET /sandboxes`: running sandboxes (v1).
 async fn list_v1(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Query(q): Query<ListV1Query>,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let f = metadata_filter(q.metadata.as_deref())?;
     let list: Vec<Value> = client
         .list_sandboxes()
@@ -384,10 +387,11 @@ async fn list_v1(
 /// in the `x-next-token` header.
 async fn list_v2(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Query(q): Query<ListV2Query>,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let f = metadata_filter(q.metadata.as_deref())?;
     let states: Vec<String> = q
         .state
@@ -436,8 +440,13 @@ async fn list_v2(
 }
 
 /// `GET /sandboxes/{id}`.
-async fn get_one(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &headers)?;
+async fn get_one(
+    State(e): State<SharedE2b>,
+    who: Who,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (client, key) = caller(&e, &who, &headers)?;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     if !visible(&s) {
         return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
@@ -446,8 +455,13 @@ async fn get_one(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<
 }
 
 /// `DELETE /sandboxes/{id}`: destroy.
-async fn kill(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+async fn kill(
+    State(e): State<SharedE2b>,
+    who: Who,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &who, &headers)?;
     let ev = client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
         // Already destroyed: E2B answers 404 for a sandbox that is gone.
         strata_api::ErrorCode::InvalidState => {
@@ -484,11 +498,12 @@ struct TimeoutBody {
 /// `POST /sandboxes/{id}/timeout`.
 async fn set_timeout(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let b: TimeoutBody = json_body(&body, "SandboxTimeoutRequest")?;
     extend(&client, &id, check_timeout(b.timeout)?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -503,11 +518,12 @@ struct RefreshBody {
 /// `POST /sandboxes/{id}/refreshes`: keep alive for `duration` seconds more.
 async fn refresh(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let b: RefreshBody = json_body(&body, "SandboxRefreshRequest")?;
     extend(&client, &id, check_timeout(b.duration.unwrap_or(DEFAULT_TIMEOUT))?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -536,11 +552,12 @@ async fn wake(client: &Engine, id: &str) -> Result<(Sandbox, bool), E2bError> {
 /// `timeout` extends the sandbox's end.
 async fn connect(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &headers)?;
+    let (client, key) = caller(&e, &who, &headers)?;
     let b: ConnectBody = json_body(&body, "ConnectSandbox")?;
     let (mut s, resumed) = wake(&client, &id).await?;
     if let Some(t) = b.timeout {
@@ -553,11 +570,12 @@ async fn connect(
 /// `POST /sandboxes/{id}/resume` (deprecated in the SDK): like connect, 409 when running.
 async fn resume(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &headers)?;
+    let (client, key) = caller(&e, &who, &headers)?;
     let b: ConnectBody = json_body(&body, "ResumedSandbox")?;
     let (mut s, resumed) = wake(&client, &id).await?;
     if !resumed {
@@ -575,8 +593,13 @@ async fn resume(
 
 /// `POST /sandboxes/{id}/pause`: strata standby (processes and memory dumped,
 /// compute released); 409 when already paused.
-async fn pause(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+async fn pause(
+    State(e): State<SharedE2b>,
+    who: Who,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &who, &headers)?;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     if e2b_state(s.state) == "paused" {
         return Ok((
@@ -585,7 +608,7 @@ async fn pause(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<St
         )
             .into_response());
     }
-    client.standby_sandbox(&id, false).await.map_err(sandbox_err(&id))?;
+    client.standby_sandbox(&id, &strata_api::StandbyRequest { fs_only: false }).await.map_err(sandbox_err(&id))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -601,11 +624,12 @@ struct ForkBody {
 /// checkpoint taken now); a list of `{"sandbox": Sandbox}`.
 async fn fork(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &headers)?;
+    let (client, key) = caller(&e, &who, &headers)?;
     let b: ForkBody = json_body(&body, "SandboxForkRequest")?;
     let count = b.count.unwrap_or(1);
     if count == 0 || count > 64 {
@@ -655,11 +679,12 @@ struct SnapshotBody {
 /// snapshot id, usable as a template id to create from.
 async fn snapshot(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let b: SnapshotBody = json_body(&body, "SandboxSnapshotRequest")?;
     let mut labels = BTreeMap::new();
     labels.insert("e2b.snapshot".to_string(), "true".to_string());
@@ -685,10 +710,11 @@ struct SnapshotsQuery {
 /// `GET /snapshots`: the checkpoints taken through the E2B API.
 async fn list_snapshots(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Query(q): Query<SnapshotsQuery>,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let mut cps: Vec<_> = client
         .list_checkpoints(q.sandbox_id.as_deref())
         .await?
@@ -722,10 +748,11 @@ async fn list_snapshots(
 /// anything that is not a snapshot.
 async fn delete_snapshot(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let not_found = || {
         E2bError::NotFound(format!("snapshot '{id}' not found (template deletion is not supported by strata: only snapshots made through the E2B API)"))
     };
@@ -742,8 +769,13 @@ async fn delete_snapshot(
 
 /// `GET /sandboxes/{id}/metrics`: one sample from strata's accounting (CPU
 /// time over the lifetime, current and peak memory).
-async fn metrics(State(e): State<SharedE2b>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+async fn metrics(
+    State(e): State<SharedE2b>,
+    who: Who,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (client, _) = caller(&e, &who, &headers)?;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     let cost = client.cost(&id).await.map_err(sandbox_err(&id))?;
     let cpus = s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1).max(1);
@@ -800,11 +832,12 @@ struct LogsQuery {
 /// Entries: (unix ms, RFC 3339 time, level, message, fields).
 async fn log_entries(
     e: &SharedE2b,
+    who: &Who,
     headers: &HeaderMap,
     id: &str,
     q: &LogsQuery,
 ) -> Result<Vec<(u64, String, &'static str, String, Value)>, E2bError> {
-    let (client, _) = caller(e, headers)?;
+    let (client, _) = caller(e, who, headers)?;
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     let events = client.events(Some(&s.id), 0).await.map_err(sandbox_err(id))?;
     let from = q.cursor.or(q.start).unwrap_or(0);
@@ -849,11 +882,12 @@ async fn log_entries(
 /// `GET /sandboxes/{id}/logs`: `{"logs": [{timestamp, line}], "logEntries": [...]}`.
 async fn logs_v1(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> Result<Response, E2bError> {
-    let entries = log_entries(&e, &headers, &id, &q).await?;
+    let entries = log_entries(&e, &who, &headers, &id, &q).await?;
     let logs: Vec<Value> = entries.iter().map(|(_, t, _, m, _)| json!({"timestamp": t, "line": m})).collect();
     let log_entries: Vec<Value> =
         entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
@@ -863,11 +897,12 @@ async fn logs_v1(
 /// `GET /v2/sandboxes/{id}/logs`: `{"logs": [{timestamp, level, message, fields}]}`.
 async fn logs_v2(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> Result<Response, E2bError> {
-    let entries = log_entries(&e, &headers, &id, &q).await?;
+    let entries = log_entries(&e, &who, &headers, &id, &q).await?;
     let logs: Vec<Value> =
         entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
     Ok(Json(json!({"logs": logs})).into_response())
@@ -921,11 +956,12 @@ fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
 /// `PUT /sandboxes/{id}/network`: E2B egress rules onto strata's (live).
 async fn network(
     State(e): State<SharedE2b>,
+    who: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &headers)?;
+    let (client, _) = caller(&e, &who, &headers)?;
     let n: E2bNetwork = json_body(&body, "SandboxNetworkUpdateConfig")?;
     let spec = strata_network(&n)?;
     client.set_network(&id, &spec).await.map_err(sandbox_err(&id))?;

@@ -26,6 +26,7 @@ use strata_engine::error::{EngineError, ErrorKind};
 use tokio::sync::mpsc;
 use tracing::debug;
 
+use super::audit::Who;
 use super::connect::{self, Code, ConnectError};
 use super::multipart::Multipart;
 use super::{request_token, SharedE2b};
@@ -203,10 +204,10 @@ fn user_of(headers: &HeaderMap, query_user: Option<&str>) -> String {
         .unwrap_or_else(|| DEFAULT_USER.to_string())
 }
 
-fn ctx(e: &SharedE2b, headers: &HeaderMap, query_user: Option<&str>) -> Result<Ctx, ConnectError> {
+fn ctx(e: &SharedE2b, who: &Who, headers: &HeaderMap, query_user: Option<&str>) -> Result<Ctx, ConnectError> {
     let sandbox = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let client = e
-        .native(headers, "access token: send X-Access-Token (the envdAccessToken of the sandbox)")
+        .native(who, headers, "access token: send X-Access-Token (the envdAccessToken of the sandbox)")
         .map_err(|err| ConnectError::new(Code::Unauthenticated, err.message()))?;
     let token = request_token(headers).unwrap_or_default();
     Ok(Ctx { client, token, sandbox, user: user_of(headers, query_user) })
@@ -419,14 +420,20 @@ struct StreamInputRequest {
 }
 
 /// The framing and caller of a Connect call, or the Connect error answering it.
-fn connect_call(e: &SharedE2b, headers: &HeaderMap) -> Result<(Framing, Ctx), Box<Response>> {
+fn connect_call(e: &SharedE2b, who: &Who, headers: &HeaderMap) -> Result<(Framing, Ctx), Box<Response>> {
     let f = framing(headers).map_err(|err| Box::new(error_response(Framing::Unary, err)))?;
-    let c = ctx(e, headers, None).map_err(|err| Box::new(error_response(f, err)))?;
+    let c = ctx(e, who, headers, None).map_err(|err| Box::new(error_response(f, err)))?;
     Ok((f, c))
 }
 
-async fn process(State(e): State<SharedE2b>, Path(method): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    let (f, c) = match connect_call(&e, &headers) {
+async fn process(
+    State(e): State<SharedE2b>,
+    who: Who,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (f, c) = match connect_call(&e, &who, &headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -834,11 +841,12 @@ fn need<'a>(v: &'a Option<String>, what: &str) -> Result<&'a str, ConnectError> 
 
 async fn filesystem(
     State(e): State<SharedE2b>,
+    who: Who,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (f, c) = match connect_call(&e, &headers) {
+    let (f, c) = match connect_call(&e, &who, &headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -1096,8 +1104,8 @@ fn http_native(e: EngineError) -> Response {
 }
 
 /// `GET /files?path=&username=`: the file's bytes.
-async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<FilesQuery>) -> Response {
-    let c = match ctx(&e, &headers, q.username.as_deref()) {
+async fn download(State(e): State<SharedE2b>, who: Who, headers: HeaderMap, Query(q): Query<FilesQuery>) -> Response {
+    let c = match ctx(&e, &who, &headers, q.username.as_deref()) {
         Ok(c) => c,
         Err(err) => return http_error(err.code.http_status(), err.message),
     };
@@ -1111,16 +1119,11 @@ async fn download(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Quer
         Err(err) => return http_native(err),
     }
     // Streamed through: the bytes are passed on as the native download sends them.
-    match c.client.download_stream(&c.sandbox, &path).await {
+    // The sandbox is in use until the last byte is taken (the stream holds it).
+    match c.client.download(&c.sandbox, strata_api::DownloadQuery { path: path.clone(), tar: false }).await {
         Ok(data) => {
             let len = data.len;
-            let hold = data.hold;
-            let stream = futures_util::StreamExt::map(data.stream, move |chunk| {
-                // The sandbox is in use until the last byte is taken.
-                let _held = &hold;
-                chunk
-            });
-            let mut resp = Response::new(Body::from_stream(stream));
+            let mut resp = Response::new(Body::from_stream(data.stream));
             resp.headers_mut()
                 .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
             if let Some(len) = len {
@@ -1170,7 +1173,8 @@ where
     let existed = c.client.stat(&c.sandbox, path).await.is_ok();
     let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(strata_engine::transfer::DEPTH);
     let chunks = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    let upload = c.client.upload_stream(&c.sandbox, path, chunks);
+    let q = strata_api::UploadQuery { path: path.to_string(), mode: None, tar: false };
+    let upload = c.client.upload(&c.sandbox, q, None, chunks);
     let feed = async {
         let tx = tx;
         loop {
@@ -1244,8 +1248,14 @@ impl AsyncPieces for PartPieces<'_> {
 /// or more `file` parts named by their file name); the `WriteInfo` list. The
 /// body is streamed into the sandbox as it arrives: a part is written while
 /// it is read (into a temp file renamed into place once complete).
-async fn upload(State(e): State<SharedE2b>, headers: HeaderMap, Query(q): Query<FilesQuery>, body: Body) -> Response {
-    let c = match ctx(&e, &headers, q.username.as_deref()) {
+async fn upload(
+    State(e): State<SharedE2b>,
+    who: Who,
+    headers: HeaderMap,
+    Query(q): Query<FilesQuery>,
+    body: Body,
+) -> Response {
+    let c = match ctx(&e, &who, &headers, q.username.as_deref()) {
         Ok(c) => c,
         Err(err) => return http_error(err.code.http_status(), err.message),
     };

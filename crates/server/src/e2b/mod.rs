@@ -134,9 +134,9 @@ impl E2b {
     /// The engine as the caller of this request ([`audit::authenticate`] made
     /// it from the request's key), or why there is none: no key, or a key the
     /// daemon does not take (`what` names where the key goes, for the message).
-    pub fn native(&self, headers: &HeaderMap, what: &str) -> Result<Engine, E2bError> {
-        if let Some(caller) = strata_engine::tenancy::current() {
-            return Ok(Engine::new(self.st.clone(), caller));
+    pub fn native(&self, who: &audit::Who, headers: &HeaderMap, what: &str) -> Result<Engine, E2bError> {
+        if let Some(caller) = &who.0 {
+            return Ok(Engine::new(self.st.clone(), caller.clone()));
         }
         match request_token(headers) {
             None => Err(E2bError::Unauthorized(format!("missing {what}"))),
@@ -202,7 +202,8 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
         return next.run(req).await;
     };
     if !strata_core::ids::is_id(&sandbox) {
-        if let Ok(native) = e2b.native(req.headers(), "key") {
+        let who = audit::Who(req.extensions().get::<strata_engine::tenancy::Caller>().cloned());
+        if let Ok(native) = e2b.native(&who, req.headers(), "key") {
             if let Ok(id) = native.sandbox_id(&sandbox).await {
                 if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
                     req.headers_mut().insert("e2b-sandbox-id", v);
@@ -285,7 +286,7 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
             };
             let caller = client.caller();
             let route = "e2b:(port routing) /v1/sandboxes/{id}/previews";
-            crate::native::audit::append(
+            strata_engine::audit_log::append(
                 &e.st,
                 &caller.actor(),
                 caller.scope(),

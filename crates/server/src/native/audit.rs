@@ -1,5 +1,5 @@
 //! The audit middleware (`record`: every mutating request, after the handler, with its final
-//! status) and the audit routes (see [`strata_engine::audit`]).
+//! status, through [`strata_engine::audit_log::append`]) and the audit routes.
 
 use crate::error::ApiResult;
 use axum::extract::{ConnectInfo, MatchedPath, Query, Request, State};
@@ -12,7 +12,8 @@ use strata_api::{AuditEntry, AuditQuery, AuditVerification};
 use strata_engine::audit::*;
 use strata_engine::state::Shared;
 use tokio::net::UnixListener;
-use tracing::error;
+
+use crate::native::acting::Acting;
 
 /// Peer of a Unix-socket connection.
 #[derive(Debug, Clone, Copy)]
@@ -74,51 +75,26 @@ pub async fn record(State(st): State<Shared>, req: Request, next: Next) -> Respo
         resp
     };
     let route = route.unwrap_or_else(|| "(no route)".into());
-    append(&st, &actor, tenant.as_deref(), &method, &route, target.as_deref(), status.as_u16());
+    strata_engine::audit_log::append(
+        &st,
+        &actor,
+        tenant.as_deref(),
+        &method,
+        &route,
+        target.as_deref(),
+        status.as_u16(),
+    );
     resp
-}
-
-/// Appends one entry to the audit log (a failure is logged: the request's
-/// answer stands). For every front end: the native API's [`record`], the E2B
-/// layer's (`e2b::audit`).
-pub fn append(
-    st: &Shared,
-    actor: &str,
-    tenant: Option<&str>,
-    method: &str,
-    route: &str,
-    target: Option<&str>,
-    status: u16,
-) {
-    let entry = strata_store::db::NewAudit {
-        time: &strata_engine::record::now(),
-        actor,
-        tenant,
-        method,
-        route,
-        target,
-        status,
-    };
-    if let Err(e) = st.db.append_audit(&entry) {
-        error!(error = %e, %method, %route, "audit log append failed");
-    }
 }
 
 /// Audit entries, oldest first (the last `limit`, default 100); a tenant sees its tenant's entries only.
 #[utoipa::path(get, path = "/v1/audit", tag = "audit", params(AuditQuery), responses((status = 200, body = [AuditEntry])))]
-pub async fn list_handler(State(st): State<Shared>, Query(q): Query<AuditQuery>) -> ApiResult<Json<Vec<AuditEntry>>> {
-    Ok(Json(st.db.audit_entries_of(strata_engine::tenancy::scope().as_deref(), Some(q.limit.unwrap_or(100)))?))
+pub async fn list_handler(Acting(engine): Acting, Query(q): Query<AuditQuery>) -> ApiResult<Json<Vec<AuditEntry>>> {
+    Ok(Json(engine.audit_entries(q.limit).await?))
 }
 
 /// Recomputes the hash chain and reports the first entry that does not fit.
 #[utoipa::path(get, path = "/v1/audit/verify", tag = "audit", responses((status = 200, body = AuditVerification)))]
-pub async fn verify_handler(State(st): State<Shared>) -> ApiResult<Json<AuditVerification>> {
-    let entries = st.db.audit_entries(None)?;
-    let bad = strata_store::db::audit_verify(&entries);
-    Ok(Json(AuditVerification {
-        ok: bad.is_none(),
-        entries: entries.len() as u64,
-        first_bad: bad.as_ref().map(|b| b.0),
-        reason: bad.map(|b| b.1),
-    }))
+pub async fn verify_handler(Acting(engine): Acting) -> ApiResult<Json<AuditVerification>> {
+    Ok(Json(engine.verify_audit().await?))
 }

@@ -1,56 +1,55 @@
 //! HTTP handlers of `checkpoints` (see [`strata_engine::checkpoints`]).
 
 use crate::error::ApiResult;
+use crate::native::acting::Acting;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use strata_api::{
     Checkpoint, CheckpointRequest, DiffQuery, FileChange, ForkRequest, ForkResult, RestoreRequest, RestoreResult,
 };
-use strata_engine::checkpoints::*;
-use strata_engine::state::Shared;
 
 /// Checkpoint a sandbox (running sandboxes are frozen briefly).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", request_body = CheckpointRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 201, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn create_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
     Json(req): Json<CheckpointRequest>,
 ) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
-    Ok((StatusCode::CREATED, Json(checkpoint(&st, &id, req).await?)))
+    Ok((StatusCode::CREATED, Json(engine.checkpoint(&id, &req).await?)))
 }
 
 /// Checkpoints of one sandbox.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = [Checkpoint]), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn list_for_sandbox_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<Checkpoint>>> {
-    Ok(Json(list(&st, Some(&id))?))
+    Ok(Json(engine.list_checkpoints(Some(&id)).await?))
 }
 
 /// All checkpoints.
 #[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", responses((status = 200, body = [Checkpoint])))]
-pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Checkpoint>>> {
-    Ok(Json(list(&st, None)?))
+pub async fn list_handler(Acting(engine): Acting) -> ApiResult<Json<Vec<Checkpoint>>> {
+    Ok(Json(engine.list_checkpoints(None).await?))
 }
 
 /// Inspect a checkpoint.
 #[utoipa::path(get, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
     responses((status = 200, body = Checkpoint), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn get_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<Checkpoint>> {
-    Ok(Json(get(&st, &id)?))
+pub async fn get_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiResult<Json<Checkpoint>> {
+    Ok(Json(engine.get_checkpoint(&id).await?))
 }
 
 /// Delete a checkpoint (409 naming the sandboxes and checkpoints that still build on it).
 #[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    delete(&st, &id).await?;
+pub async fn delete_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    engine.delete_checkpoint(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -58,44 +57,43 @@ pub async fn delete_handler(State(st): State<Shared>, Path(id): Path<String>) ->
 #[utoipa::path(post, path = "/v1/fork", tag = "checkpoints", request_body = ForkRequest,
     responses((status = 201, body = ForkResult), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody), (status = 507, description = "the host's disk cannot hold it (insufficient_storage)", body = strata_api::ApiErrorBody)))]
 pub async fn fork_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Json(req): Json<ForkRequest>,
 ) -> ApiResult<(StatusCode, Json<ForkResult>)> {
-    Ok((StatusCode::CREATED, Json(fork(&st, req).await?)))
+    Ok((StatusCode::CREATED, Json(engine.fork(&req).await?)))
 }
 
 /// Roll a sandbox back to a checkpoint.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", tag = "checkpoints", request_body = RestoreRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = RestoreResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody)))]
 pub async fn restore_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
     Json(req): Json<RestoreRequest>,
 ) -> ApiResult<Json<RestoreResult>> {
-    Ok(Json(restore(&st, &id, req).await?))
+    Ok(Json(engine.restore(&id, &req).await?))
 }
 
 /// Paths added, modified and deleted since the last checkpoint.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/diff", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
     responses((status = 200, body = [FileChange]), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn diff_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
     Query(q): Query<DiffQuery>,
 ) -> ApiResult<Json<Vec<FileChange>>> {
-    let list = diff(&st, &id, q.against.as_deref()).await?;
-    Ok(Json(list))
+    Ok(Json(engine.diff(&id, q.against.as_deref()).await?))
 }
 
 /// The same change set as an OCI layer tar (deletions as `.wh.` entries).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/export", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox id or name"), DiffQuery),
     responses((status = 200, description = "tar stream", content_type = "application/x-tar"), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn export_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
     Query(q): Query<DiffQuery>,
 ) -> ApiResult<Response> {
-    let body = Body::from_stream(export(&st, &id, q.against.as_deref()).await?);
+    let body = Body::from_stream(engine.export(&id, q.against.as_deref()).await?);
     Ok(Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-tar")
@@ -105,13 +103,13 @@ pub async fn export_handler(
 
 /// Delete expired checkpoints nobody needs and unreferenced layers.
 #[utoipa::path(post, path = "/v1/gc", tag = "checkpoints", responses((status = 200, body = strata_api::GcReport)))]
-pub async fn gc_handler(State(st): State<Shared>) -> ApiResult<Json<strata_api::GcReport>> {
-    Ok(Json(gc(&st).await?))
+pub async fn gc_handler(Acting(engine): Acting) -> ApiResult<Json<strata_api::GcReport>> {
+    Ok(Json(engine.gc().await?))
 }
 
 /// The tree of images, sandboxes, checkpoints and templates around a sandbox or checkpoint.
 #[utoipa::path(get, path = "/v1/lineage/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Sandbox or checkpoint id or name")),
     responses((status = 200, body = strata_api::Lineage), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn lineage_handler(State(st): State<Shared>, Path(id): Path<String>) -> ApiResult<Json<strata_api::Lineage>> {
-    Ok(Json(lineage(&st, &id)?))
+pub async fn lineage_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiResult<Json<strata_api::Lineage>> {
+    Ok(Json(engine.lineage(&id).await?))
 }

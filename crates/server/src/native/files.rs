@@ -2,25 +2,23 @@
 
 use crate::error::ApiResult;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::Query;
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use strata_api::{DownloadQuery, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, UploadQuery};
-use strata_engine::files::*;
-use strata_engine::record::load;
-use strata_engine::state::Shared;
-use strata_engine::transfer::FeedError;
+
+use crate::native::acting::Acting;
 
 /// Download a file, or a tar stream of a file or directory with `tar=true`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), DownloadQuery),
     responses((status = 200, description = "File bytes (with Content-Length) or tar stream, sent as they are read", content_type = "application/octet-stream"), (status = 400, body = strata_api::ApiErrorBody), (status = 403, description = "A pseudo-filesystem or special file (`pseudo_filesystem`, `special_file`)", body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn download_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Query(q): Query<DownloadQuery>,
 ) -> ApiResult<Response> {
-    let Download { len, stream } = download(&st, &id, q).await?;
+    let strata_engine::surface::Download { len, stream } = engine.download(&id, q).await?;
     let ct = if len.is_none() { "application/x-tar" } else { "application/octet-stream" };
     let mut resp = Response::builder().status(StatusCode::OK).header(header::CONTENT_TYPE, ct);
     if let Some(len) = len {
@@ -36,18 +34,14 @@ pub async fn download_handler(
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, description = "A pseudo-filesystem or special file (`pseudo_filesystem`, `special_file`)", body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 413, description = "Larger than 4 GiB, or than the sandbox's disk holds (`too_large`)", body = strata_api::ApiErrorBody)))]
 pub async fn upload_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Query(q): Query<UploadQuery>,
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    if crate::native::transfer::announced_over(&headers, MAX_UPLOAD_BYTES) {
-        // Refused before any of the body is read (an unknown or stopped sandbox answers first, as before).
-        init_pid(&load(&st, &id)?)?;
-        return Err(feed_error(FeedError::TooLarge(MAX_UPLOAD_BYTES)).into());
-    }
-    upload(&st, &id, q, body.into_data_stream()).await?;
+    let announced = crate::native::transfer::announced_length(&headers);
+    engine.upload(&id, q, announced, body.into_data_stream()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -55,33 +49,33 @@ pub async fn upload_handler(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
     responses((status = 200, body = FileStat), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn stat_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Query(q): Query<PathQuery>,
 ) -> ApiResult<Json<FileStat>> {
-    Ok(Json(with_fs(&st, &id, move |fs| fs.stat(&q.path)).await?))
+    Ok(Json(engine.stat(&id, &q.path).await?))
 }
 
 /// Entries of a directory (at most 100,000: a larger one is a 413).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
     responses((status = 200, body = [FileStat]), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 413, body = strata_api::ApiErrorBody)))]
 pub async fn list_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Query(q): Query<PathQuery>,
 ) -> ApiResult<Json<Vec<FileStat>>> {
-    Ok(Json(with_fs(&st, &id, move |fs| fs.list(&q.path)).await?))
+    Ok(Json(engine.list_dir(&id, &q.path).await?))
 }
 
 /// Create a directory.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files", request_body = MkdirRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn mkdir_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Json(req): Json<MkdirRequest>,
 ) -> ApiResult<StatusCode> {
-    with_fs(&st, &id, move |fs| fs.mkdir(&req.path, req.parents, 0o755)).await?;
+    engine.mkdir(&id, &req.path, req.parents).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -89,11 +83,11 @@ pub async fn mkdir_handler(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/remove", tag = "files", request_body = RemoveFileRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 413, body = strata_api::ApiErrorBody)))]
 pub async fn remove_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Json(req): Json<RemoveFileRequest>,
 ) -> ApiResult<StatusCode> {
-    with_fs(&st, &id, move |fs| fs.remove(&req.path, req.recursive)).await?;
+    engine.remove_path(&id, &req.path, req.recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -101,10 +95,10 @@ pub async fn remove_handler(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/move", tag = "files", request_body = MoveRequest, params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 204), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn move_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     axum::extract::Path(id): axum::extract::Path<String>,
     Json(req): Json<MoveRequest>,
 ) -> ApiResult<StatusCode> {
-    with_fs(&st, &id, move |fs| fs.rename(&req.from, &req.to)).await?;
+    engine.move_path(&id, &req.from, &req.to).await?;
     Ok(StatusCode::NO_CONTENT)
 }

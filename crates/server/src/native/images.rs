@@ -1,13 +1,13 @@
 //! HTTP handlers of `images` (see [`strata_engine::images`]).
 
 use crate::error::ApiResult;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use strata_api::{Image, ImportEvent, ImportImageRequest, ImportReport, PullImageRequest, StreamQuery};
-use strata_engine::images::*;
-use strata_engine::state::Shared;
+
+use crate::native::acting::Acting;
 
 /// The response of an import or pull: its report (201), or with `stream` an
 /// NDJSON stream of [`ImportEvent`]s ending in `done` or `failed`.
@@ -21,7 +21,7 @@ where
         return Ok((StatusCode::CREATED, Json(report)).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<ImportEvent>(64);
-    strata_engine::tenancy::spawn(async move {
+    tokio::spawn(async move {
         let last = match run(Some(tx.clone())).await {
             Ok(report) => ImportEvent::Done { report: Box::new(report) },
             Err(e) => ImportEvent::Failed { error: e.body },
@@ -36,11 +36,11 @@ where
     responses((status = 201, body = ImportReport, description = "Imported (or an NDJSON stream of ImportEvent with stream=true)"),
         (status = 400, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn import_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Query(q): Query<StreamQuery>,
     Json(req): Json<ImportImageRequest>,
 ) -> ApiResult<Response> {
-    respond(q.stream, move |tx| async move { import(&st, req, tx).await }).await
+    respond(q.stream, move |tx| async move { engine.import_image(req, tx).await }).await
 }
 
 /// Pull an image from an OCI distribution registry (anonymously; `insecure` for plain HTTP) and import it like a local OCI layout.
@@ -54,30 +54,30 @@ pub async fn import_handler(
         (status = 501, body = strata_api::ApiErrorBody, description = "The registry requires authentication (unsupported)"),
         (status = 504, body = strata_api::ApiErrorBody, description = "The registry timed out (timeout)")))]
 pub async fn pull_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Query(q): Query<StreamQuery>,
     Json(req): Json<PullImageRequest>,
 ) -> ApiResult<Response> {
-    respond(q.stream, move |tx| async move { pull(&st, req, tx).await }).await
+    respond(q.stream, move |tx| async move { engine.pull_image(req, tx).await }).await
 }
 
 /// List images.
 #[utoipa::path(get, path = "/v1/images", tag = "images", responses((status = 200, body = [Image])))]
-pub async fn list_handler(State(st): State<Shared>) -> ApiResult<Json<Vec<Image>>> {
-    Ok(Json(list(&st)?))
+pub async fn list_handler(Acting(engine): Acting) -> ApiResult<Json<Vec<Image>>> {
+    Ok(Json(engine.list_images().await?))
 }
 
 /// Inspect an image.
 #[utoipa::path(get, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name or id")),
     responses((status = 200, body = Image), (status = 404, body = strata_api::ApiErrorBody)))]
-pub async fn get_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<Json<Image>> {
-    Ok(Json(get(&st, &name)?))
+pub async fn get_handler(Acting(engine): Acting, Path(name): Path<String>) -> ApiResult<Json<Image>> {
+    Ok(Json(engine.get_image(&name).await?))
 }
 
 /// Remove an image; its layers are deleted when nothing else uses them.
 #[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path, description = "Image name or id")),
     responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn remove_handler(State(st): State<Shared>, Path(name): Path<String>) -> ApiResult<StatusCode> {
-    remove(&st, &name).await?;
+pub async fn remove_handler(Acting(engine): Acting, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    engine.remove_image(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

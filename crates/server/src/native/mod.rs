@@ -1,9 +1,10 @@
 //! The native HTTP API: one file per resource, each a set of handlers that
-//! extract a request, call the engine and shape the answer (routes in
-//! [`crate::router_with_mcp`]).
+//! extract a request, call the engine through the [`acting::Acting`]
+//! extractor (the engine acting for the request's caller) and shape the
+//! answer (routes in [`crate::router_with_mcp`]).
 
-pub mod access;
 pub mod accounting;
+pub mod acting;
 pub mod activity;
 pub mod advisor;
 pub mod approvals;

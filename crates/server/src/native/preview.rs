@@ -28,6 +28,7 @@ use strata_engine::activity::ActivityGuard;
 use strata_engine::record::handle_of;
 use tracing::{debug, warn};
 
+use crate::native::acting::Acting;
 use strata_engine::preview::*;
 use strata_engine::state::Shared;
 
@@ -516,22 +517,22 @@ where
     params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 201, body = CreatedPreview), (status = 400, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn create_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
     Json(req): Json<CreatePreviewRequest>,
 ) -> ApiResult<(StatusCode, Json<CreatedPreview>)> {
-    Ok((StatusCode::CREATED, Json(create(&st, &id, &req)?)))
+    Ok((StatusCode::CREATED, Json(engine.create_preview(&id, &req).await?)))
 }
 
 /// List a sandbox's previews (never their tokens).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/previews", tag = "previews", params(("id" = String, Path, description = "Sandbox id or name"), PreviewQuery),
     responses((status = 200, body = [Preview]), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn list_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(id): Path<String>,
     Query(q): Query<PreviewQuery>,
 ) -> ApiResult<Json<Vec<Preview>>> {
-    Ok(Json(list(&st, &id, q.all)?))
+    Ok(Json(engine.list_previews(&id, q.all).await?))
 }
 
 /// Revoke a preview: refused (401) from the next request on; open connections are not cut.
@@ -539,10 +540,10 @@ pub async fn list_handler(
     params(("id" = String, Path, description = "Sandbox id or name"), ("preview" = String, Path, description = "Preview id")),
     responses((status = 200, body = Preview), (status = 404, body = strata_api::ApiErrorBody)))]
 pub async fn revoke_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path((id, preview)): Path<(String, String)>,
 ) -> ApiResult<Json<Preview>> {
-    Ok(Json(revoke(&st, &id, &preview)?))
+    Ok(Json(engine.revoke_preview(&id, &preview).await?))
 }
 
 #[cfg(test)]

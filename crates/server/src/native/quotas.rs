@@ -1,18 +1,17 @@
 //! HTTP handlers of `quotas` (see [`strata_engine::quotas`]).
 
-use crate::error::{ApiError, ApiResult};
-use axum::extract::{Path, State};
+use crate::error::ApiResult;
+use axum::extract::Path;
 use axum::Json;
-use strata_api::{ErrorCode, QuotaOverride, TenantQuota, TenantUsage};
-use strata_engine::quotas::*;
-use strata_engine::state::Shared;
+use strata_api::{QuotaOverride, TenantQuota, TenantUsage};
+
+use crate::native::acting::Acting;
 
 /// A tenant's quota: the daemon's defaults, the operator's override, and what is in force.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
     responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
-pub async fn get_quota_handler(State(st): State<Shared>, Path(tenant): Path<String>) -> ApiResult<Json<TenantQuota>> {
-    checked_tenant(&tenant)?;
-    Ok(Json(quota_record(&st, &tenant)?))
+pub async fn get_quota_handler(Acting(engine): Acting, Path(tenant): Path<String>) -> ApiResult<Json<TenantQuota>> {
+    Ok(Json(engine.quota(&tenant).await?))
 }
 
 /// Sets (replaces) a tenant's quota override; fields left out take the daemon's
@@ -20,21 +19,18 @@ pub async fn get_quota_handler(State(st): State<Shared>, Path(tenant): Path<Stri
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")), request_body = QuotaOverride,
     responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
 pub async fn put_quota_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     Path(tenant): Path<String>,
     Json(o): Json<QuotaOverride>,
 ) -> ApiResult<Json<TenantQuota>> {
-    Ok(Json(set_override(&st, &tenant, &o)?))
+    Ok(Json(engine.set_quota(&tenant, &o).await?))
 }
 
 /// Removes a tenant's quota override: the daemon's defaults hold again.
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/quota", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
     responses((status = 200, body = TenantQuota), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
-pub async fn delete_quota_handler(
-    State(st): State<Shared>,
-    Path(tenant): Path<String>,
-) -> ApiResult<Json<TenantQuota>> {
-    Ok(Json(remove_override(&st, &tenant)?))
+pub async fn delete_quota_handler(Acting(engine): Acting, Path(tenant): Path<String>) -> ApiResult<Json<TenantQuota>> {
+    Ok(Json(engine.remove_quota(&tenant).await?))
 }
 
 /// A tenant's usage against its quota: live sandboxes, memory limits of its
@@ -42,13 +38,6 @@ pub async fn delete_quota_handler(
 /// minute. A tenant token (or the operator acting as a tenant) sees only its own.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/usage", tag = "tenants", params(("tenant" = String, Path, description = "Tenant name")),
     responses((status = 200, body = TenantUsage), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody)))]
-pub async fn usage_handler(State(st): State<Shared>, Path(tenant): Path<String>) -> ApiResult<Json<TenantUsage>> {
-    checked_tenant(&tenant)?;
-    if let Some(own) = strata_engine::tenancy::scope().filter(|own| *own != tenant) {
-        return Err(ApiError::new(
-            ErrorCode::Forbidden,
-            format!("a caller acting in tenant {own:?} sees only its own usage"),
-        ));
-    }
-    Ok(Json(st.admission.usage(&st.db, &tenant)?))
+pub async fn usage_handler(Acting(engine): Acting, Path(tenant): Path<String>) -> ApiResult<Json<TenantUsage>> {
+    Ok(Json(engine.usage(&tenant).await?))
 }

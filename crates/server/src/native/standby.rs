@@ -2,24 +2,23 @@
 //! calls resume a sandbox on access: [`super::access`]).
 
 use crate::error::ApiResult;
-use axum::extract::{Path as UrlPath, State};
+use crate::native::acting::Acting;
+use axum::extract::Path as UrlPath;
 use axum::Json;
 use strata_api::{ResumeResult, SandboxEvent, StandbyRequest};
-use strata_engine::lifecycle::*;
-use strata_engine::state::Shared;
 
 /// Freeze a sandbox's processes (memory kept, no CPU).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn pause_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<SandboxEvent>> {
-    Ok(Json(pause(&st, &id).await?))
+pub async fn pause_handler(Acting(engine): Acting, UrlPath(id): UrlPath<String>) -> ApiResult<Json<SandboxEvent>> {
+    Ok(Json(engine.pause_sandbox(&id).await?))
 }
 
 /// Thaw a paused sandbox.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/unpause", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn unpause_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<SandboxEvent>> {
-    Ok(Json(unpause(&st, &id, "user").await?))
+pub async fn unpause_handler(Acting(engine): Acting, UrlPath(id): UrlPath<String>) -> ApiResult<Json<SandboxEvent>> {
+    Ok(Json(engine.unpause_sandbox(&id).await?))
 }
 
 /// Put a sandbox into standby: processes and memory dumped to disk, CPU and RAM released.
@@ -27,18 +26,18 @@ pub async fn unpause_handler(State(st): State<Shared>, UrlPath(id): UrlPath<Stri
     responses((status = 200, body = SandboxEvent), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody),
         (status = 501, description = "processes cannot be dumped on this host (use fs_only)", body = strata_api::ApiErrorBody)))]
 pub async fn standby_handler(
-    State(st): State<Shared>,
+    Acting(engine): Acting,
     UrlPath(id): UrlPath<String>,
     body: Option<Json<StandbyRequest>>,
 ) -> ApiResult<Json<SandboxEvent>> {
     let req = body.map(|Json(r)| r).unwrap_or_default();
-    Ok(Json(standby_with(&st, &id, &req, "user").await?))
+    Ok(Json(engine.standby_sandbox(&id, &req).await?))
 }
 
 /// Resume a sandbox from standby (or thaw a paused one, or start a stopped one).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, body = ResumeResult), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 429, description = "a tenant quota would be exceeded (quota_exceeded)", body = strata_api::ApiErrorBody), (status = 503, description = "the host's memory cannot take it (insufficient_memory)", body = strata_api::ApiErrorBody),
         (status = 500, description = "the standby image is missing or corrupt (code standby_image_invalid); the sandbox is now `error`", body = strata_api::ApiErrorBody)))]
-pub async fn resume_handler(State(st): State<Shared>, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
-    Ok(Json(resume_parked(&st, &id, "user").await?))
+pub async fn resume_handler(Acting(engine): Acting, UrlPath(id): UrlPath<String>) -> ApiResult<Json<ResumeResult>> {
+    Ok(Json(engine.resume_sandbox(&id).await?))
 }

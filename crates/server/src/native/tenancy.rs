@@ -9,12 +9,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::sync::Arc;
-use std::time::SystemTime;
 use strata_api::{CreateTokenRequest, CreatedToken, ErrorCode, TokenInfo, TokenQuery, TENANT_HEADER};
-use strata_core::{ids, units};
-use strata_engine::record::now;
+use strata_engine::reach::{may_reach, unknown, Owned};
 use strata_engine::state::Shared;
 use strata_engine::tenancy::*;
+
+use crate::native::acting::Acting;
 
 /// Which listener a request came in on.
 #[derive(Debug, Clone)]
@@ -91,27 +91,10 @@ pub async fn authenticate(State((st, listener)): State<(Shared, Listener)>, mut 
         }
     }
     req.extensions_mut().insert(strata_engine::audit::Actor(caller.actor()));
-    req.extensions_mut().insert(caller.clone());
-    strata_engine::tenancy::run_as(caller, next.run(req)).await
-}
-
-/// What kind of owned object a route's first path parameter names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owned {
-    /// A sandbox by id, name or prefix among the caller's own (destroyed ones by id, via their usage record).
-    Sandbox,
-    /// A sandbox's cost record (destroyed sandboxes included).
-    Usage,
-    /// A checkpoint.
-    Checkpoint,
-    /// A template by name.
-    Template,
-    /// A pipeline run.
-    Pipeline,
-    /// A sandbox or else a checkpoint (lineage, scan).
-    SandboxOrCheckpoint,
-    /// A Rule-of-Two approval.
-    Approval,
+    // The caller goes with the request, explicitly: handlers call the engine
+    // through an `Engine` acting for it (`native::acting`), never a task-local.
+    req.extensions_mut().insert(caller);
+    next.run(req).await
 }
 
 /// How a route treats tenant callers.
@@ -189,53 +172,6 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
     }
 }
 
-/// The 404 an unknown `key` of `kind` gets from its handler; an object of another tenant gets exactly this.
-fn not_found(kind: Owned, key: &str) -> ApiError {
-    match kind {
-        Owned::Sandbox | Owned::Usage => ApiError::sandbox_not_found(key),
-        Owned::Checkpoint => strata_engine::checkpoints::not_found(key).into(),
-        Owned::Template => strata_engine::templates::not_found(key).into(),
-        Owned::Pipeline => strata_engine::pipelines::not_found(key).into(),
-        Owned::SandboxOrCheckpoint => {
-            ApiError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {key:?}"))
-        }
-        Owned::Approval => strata_engine::approvals::not_found(key).into(),
-    }
-}
-
-/// Whether `scope` may reach the object `key` of `kind` names. The key is
-/// resolved among `scope`'s own objects only (so another tenant's names and
-/// ids neither shadow nor make ambiguous what the caller names); a key that
-/// resolves to nothing there passes when it is not the exact id of another
-/// tenant's object (the handler answers it: unknown, or for the caller's own
-/// destroyed sandbox a 409), and is refused like an unknown key otherwise.
-fn owned_by(st: &Shared, kind: Owned, key: &str, scope: &str) -> ApiResult<bool> {
-    let s = Some(scope);
-    let mine_or_unknown = |tenant: Option<String>| tenant.is_none_or(|t| t == scope);
-    // A destroyed sandbox: its usage record remembers the tenant.
-    let sandbox = |key: &str| -> ApiResult<bool> {
-        Ok(st.db.find_sandbox(key, s)?.is_some() || mine_or_unknown(st.db.sandbox_tenant_by_id(key)?))
-    };
-    let checkpoint = |key: &str| -> ApiResult<bool> {
-        Ok(st.db.find_checkpoint(key, s)?.is_some()
-            || mine_or_unknown(st.db.checkpoint_by_id(key)?.map(|(c, _)| c.tenant)))
-    };
-    Ok(match kind {
-        Owned::Sandbox => sandbox(key)?,
-        Owned::Usage => {
-            st.db.find_usage(key, s)?.is_some() || mine_or_unknown(st.db.usage_by_id(key)?.map(|u| u.tenant))
-        }
-        Owned::Checkpoint => checkpoint(key)?,
-        Owned::Template => st.db.template_tenant(key)?.is_none_or(|t| t == scope),
-        Owned::Pipeline => {
-            st.db.find_pipeline_run(key, s)?.is_some()
-                || mine_or_unknown(st.db.pipeline_run_by_id(key)?.map(|r| r.tenant))
-        }
-        Owned::Approval => st.db.get_approval(key)?.is_none_or(|a| a.tenant == scope),
-        Owned::SandboxOrCheckpoint => sandbox(key)? && checkpoint(key)?,
-    })
-}
-
 /// Middleware (inside [`authenticate`], outside activity tracking and
 /// resume-on-access, so another tenant's request neither resumes nor keeps
 /// alive a sandbox): applies [`route_policy`].
@@ -255,15 +191,15 @@ pub async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Respon
         )
         .into_response();
     }
-    if let (RoutePolicy::Owned(kind), Some(scope)) = (policy, caller.scope()) {
+    if let (RoutePolicy::Owned(kind), Some(_)) = (policy, caller.scope()) {
         let (mut parts, body) = req.into_parts();
         let params = <RawPathParams as axum::extract::FromRequestParts<()>>::from_request_parts(&mut parts, &()).await;
         let key = params.ok().and_then(|p| p.iter().next().map(|(_, v)| v.to_string()));
         if let Some(key) = key {
-            match owned_by(&st, kind, &key, scope) {
+            match run_as(caller.clone(), async { may_reach(&st, kind, &key) }).await {
                 Ok(true) => {}
-                Ok(false) => return not_found(kind, &key).into_response(),
-                Err(e) => return e.into_response(),
+                Ok(false) => return ApiError::from(unknown(kind, &key)).into_response(),
+                Err(e) => return ApiError::from(e).into_response(),
             }
         }
         return next.run(Request::from_parts(parts, body)).await;
@@ -271,72 +207,24 @@ pub async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Respon
     next.run(req).await
 }
 
-fn caller_of(caller: Option<axum::Extension<Caller>>) -> Caller {
-    caller.map(|c| c.0).unwrap_or_else(|| Caller::operator("local"))
-}
-
 /// Create an API token for a tenant; the secret is in the response only.
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = CreateTokenRequest,
     responses((status = 201, body = CreatedToken), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn create_token_handler(
-    State(st): State<Shared>,
-    caller: Option<axum::Extension<Caller>>,
+    Acting(engine): Acting,
     Json(req): Json<CreateTokenRequest>,
 ) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
-    let caller = caller_of(caller);
-    ids::validate_name(&req.name, false).map_err(|_| {
-        ApiError::bad_request(format!(
-            "invalid token name {:?}: letters, digits, '-', '_', '.', at most 63 characters",
-            req.name
-        ))
-    })?;
-    // Tokens are revoked by id or name: a name must not read as an id.
-    ids::validate_new_name(&req.name, false)?;
-    let tenant = req.tenant.clone().unwrap_or_else(|| caller.creating_tenant());
-    validate_tenant(&tenant).map_err(|e| ApiError::bad_request(format!("tenant: {e}")))?;
-    let created = SystemTime::now();
-    let expires_at = match &req.expires {
-        Some(e) => {
-            let d = units::parse_duration(e).map_err(|err| ApiError::bad_request(format!("expires: {err}")))?;
-            if d.is_zero() {
-                return Err(ApiError::bad_request("expires: must be longer than zero"));
-            }
-            Some(humantime::format_rfc3339_millis(created + d).to_string())
-        }
-        None => None,
-    };
-    let secret = format!("{SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));
-    let token = TokenInfo {
-        id: ids::new_id(),
-        name: req.name,
-        tenant,
-        created_at: humantime::format_rfc3339_millis(created).to_string(),
-        last_used_at: None,
-        expires_at,
-        revoked_at: None,
-    };
-    st.db.insert_token(&token, &secret_hash(&secret)).map_err(|e| match e {
-        strata_store::DbError::NameTaken(_) => ApiError::new(
-            ErrorCode::NameConflict,
-            format!("tenant {:?} already has a live token named {:?}", token.tenant, token.name),
-        ),
-        e => e.into(),
-    })?;
-    tracing::info!(token = %token.id, name = %token.name, tenant = %token.tenant, "API token created");
-    Ok((StatusCode::CREATED, Json(CreatedToken { token, secret })))
+    Ok((StatusCode::CREATED, Json(engine.create_token(req).await?)))
 }
 
 /// List API tokens (never their secrets).
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens", params(TokenQuery),
     responses((status = 200, body = [TokenInfo]), (status = 403, body = strata_api::ApiErrorBody)))]
 pub async fn list_tokens_handler(
-    State(st): State<Shared>,
-    caller: Option<axum::Extension<Caller>>,
+    Acting(engine): Acting,
     Query(q): Query<TokenQuery>,
 ) -> ApiResult<Json<Vec<TokenInfo>>> {
-    let caller = caller_of(caller);
-    let tenant = q.tenant.clone().or_else(|| caller.scope().map(str::to_string));
-    Ok(Json(st.db.list_tokens(tenant.as_deref(), q.all)?))
+    Ok(Json(engine.list_tokens(&q).await?))
 }
 
 /// Revoke an API token by id, or by name (unique among live tokens; `tenant` narrows the lookup).
@@ -344,31 +232,11 @@ pub async fn list_tokens_handler(
 #[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens", params(("id" = String, Path, description = "Token id or name"), TokenQuery),
     responses((status = 200, body = TokenInfo), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, description = "the name is used in several tenants", body = strata_api::ApiErrorBody)))]
 pub async fn revoke_token_handler(
-    State(st): State<Shared>,
-    caller: Option<axum::Extension<Caller>>,
+    Acting(engine): Acting,
     Path(key): Path<String>,
     Query(q): Query<TokenQuery>,
 ) -> ApiResult<Json<TokenInfo>> {
-    let caller = caller_of(caller);
-    let tenant = q.tenant.clone().or_else(|| caller.scope().map(str::to_string));
-    let found = st.db.find_tokens(&key, tenant.as_deref())?;
-    let t = match found.as_slice() {
-        [] => return Err(ApiError::new(ErrorCode::TokenNotFound, format!("no token with id or name {key:?}"))),
-        [one] => one,
-        many => {
-            let tenants: Vec<&str> = many.iter().map(|t| t.tenant.as_str()).collect();
-            return Err(ApiError::new(
-                ErrorCode::NameConflict,
-                format!("tokens named {key:?} exist in tenants {tenants:?}: give the id or the tenant"),
-            ));
-        }
-    };
-    let revoked = st
-        .db
-        .revoke_token(&t.id, &now())?
-        .ok_or_else(|| ApiError::new(ErrorCode::TokenNotFound, format!("no token with id or name {key:?}")))?;
-    tracing::info!(token = %revoked.id, name = %revoked.name, tenant = %revoked.tenant, "API token revoked");
-    Ok(Json(revoked))
+    Ok(Json(engine.revoke_token(&key, &q).await?))
 }
 
 #[cfg(test)]

@@ -1,0 +1,81 @@
+//! Files inside a sandbox: metadata, listings, directories, removal, moves,
+//! downloads and uploads (each brings a parked sandbox back first).
+
+use bytes::Bytes;
+use strata_api::{DownloadQuery, FileStat, UploadQuery};
+
+use super::{holding, Download, Engine};
+use crate::access::Use;
+use crate::error::EngineResult;
+use crate::files;
+use crate::sandboxfs::{FsError, SandboxFs};
+
+impl Engine {
+    /// A path's metadata.
+    pub async fn stat(&self, key: &str, path: &str) -> EngineResult<FileStat> {
+        let path = path.to_string();
+        self.with_fs(key, move |fs| fs.stat(&path)).await
+    }
+
+    /// A directory's entries.
+    pub async fn list_dir(&self, key: &str, path: &str) -> EngineResult<Vec<FileStat>> {
+        let path = path.to_string();
+        self.with_fs(key, move |fs| fs.list(&path)).await
+    }
+
+    /// Creates a directory (and its missing parents with `parents`).
+    pub async fn mkdir(&self, key: &str, path: &str, parents: bool) -> EngineResult<()> {
+        let path = path.to_string();
+        self.with_fs(key, move |fs| fs.mkdir(&path, parents, 0o755)).await
+    }
+
+    /// Removes a path (a directory with `recursive`).
+    pub async fn remove_path(&self, key: &str, path: &str, recursive: bool) -> EngineResult<()> {
+        let path = path.to_string();
+        self.with_fs(key, move |fs| fs.remove(&path, recursive)).await
+    }
+
+    /// Renames a path.
+    pub async fn move_path(&self, key: &str, from: &str, to: &str) -> EngineResult<()> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.with_fs(key, move |fs| fs.rename(&from, &to)).await
+    }
+
+    /// A file's bytes (or with `q.tar` a tar stream of a file or directory), streamed as they are read.
+    pub async fn download(&self, key: &str, q: DownloadQuery) -> EngineResult<Download> {
+        let sb = self.enter(key, Use::Running).await?;
+        let d = self.run(files::download(&self.st, &sb.id, q)).await?;
+        Ok(Download { len: d.len, stream: holding(d.stream, sb.hold) })
+    }
+
+    /// Writes a file from `chunks` (replaced whole once complete), or with
+    /// `q.tar` extracts a tar stream under a directory. `announced` is the
+    /// length the client declared, if any: one over the limit is refused
+    /// before any of the body is read.
+    pub async fn upload<S, E>(&self, key: &str, q: UploadQuery, announced: Option<u64>, chunks: S) -> EngineResult<()>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let sb = self.enter(key, Use::Running).await?;
+        if announced.is_some_and(|n| n > files::MAX_UPLOAD_BYTES) {
+            // An unknown or stopped sandbox answers first.
+            return self
+                .run(async {
+                    files::init_pid(&crate::record::load(&self.st, &sb.id)?)?;
+                    Err(files::feed_error(crate::transfer::FeedError::TooLarge(files::MAX_UPLOAD_BYTES)))
+                })
+                .await;
+        }
+        self.run(files::upload(&self.st, &sb.id, q, Box::pin(chunks))).await
+    }
+
+    async fn with_fs<T: Send + 'static>(
+        &self,
+        key: &str,
+        f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static,
+    ) -> EngineResult<T> {
+        let sb = self.enter(key, Use::Running).await?;
+        self.run(files::with_fs(&self.st, &sb.id, f)).await
+    }
+}
