@@ -135,16 +135,30 @@ fn http_endpoint_lists_and_calls_every_tool_with_the_bearer_token() {
     args.extend(criu_flag());
     let summary = run_client(&d, &py, &args);
     assert!(summary["tools"].as_u64().unwrap() >= 14, "{summary}");
-    // The tools' API calls were made with the caller's token: the audit log
-    // records them under the token's fingerprint, not as a local caller.
+    // The tools ran in-process as the caller of the /mcp request: the audit
+    // log records each mutating tool call as `mcp:<tool>` under the token's
+    // fingerprint (not as a local caller), and no native API request.
     let audit: Vec<serde_json::Value> =
         serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
     let sid = summary["sandbox"].as_str().unwrap();
     let create = audit
         .iter()
-        .find(|e| e["route"] == "/v1/sandboxes" && e["method"] == "POST" && e["target"] == sid)
+        .find(|e| e["route"] == "mcp:create_sandbox" && e["target"] == sid && e["status"] == 200)
         .unwrap_or_else(|| panic!("create of {sid} not audited: {audit:?}"));
     assert!(create["actor"].as_str().unwrap().starts_with("token:"), "{create}");
+    for route in ["mcp:exec", "mcp:write_file", "mcp:checkpoint", "mcp:fork", "mcp:restore", "mcp:destroy"] {
+        assert!(
+            audit.iter().any(|e| e["route"] == route && e["actor"] == create["actor"]),
+            "{route} not audited: {audit:?}"
+        );
+    }
+    assert!(!audit.iter().any(|e| e["route"] == "mcp:read_file"), "read-only tools are not audited");
+    assert!(
+        !audit
+            .iter()
+            .any(|e| e["route"].as_str().is_some_and(|r| r.starts_with("/v1/")) && e["actor"] == create["actor"]),
+        "the tools made no native API request: {audit:?}"
+    );
     assert!(
         audit.iter().any(|e| e["route"] == "/mcp" && e["actor"] == create["actor"]),
         "the /mcp requests are audited too"

@@ -295,7 +295,7 @@ pub fn revoke_token(st: &Shared, key: &str, q: &strata_api::TokenQuery) -> Engin
             ));
         }
     };
-    let revoked = st.db.revoke_token(&t.id, &crate::record::now())?.ok_or_else(unknown)?;
+    let revoked = st.db.revoke_token(&t.id, &crate::clock::now())?.ok_or_else(unknown)?;
     tracing::info!(token = %revoked.id, name = %revoked.name, tenant = %revoked.tenant, "API token revoked");
     Ok(revoked)
 }

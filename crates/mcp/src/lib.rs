@@ -2,18 +2,27 @@
 //! Rust SDK (`rmcp`).
 //!
 //! [`StrataMcp`] exposes sandbox tools to agents (create, exec, files,
-//! checkpoint, fork, diff, standby/resume, destroy, list). Every tool calls the
-//! daemon's native API through [`strata_client::Client`], the same path the CLI
-//! takes, so validation, policy, the audit log and activity tracking apply to
-//! agents exactly as to any other caller.
+//! checkpoint, fork, diff, standby/resume, destroy, list). Every tool is one or
+//! two calls of a [`Backend`], made for the caller of the tool call:
+//!
+//! * in the daemon (`/mcp`), the engine itself, in-process (`strata-server`'s
+//!   `mcp` module), as the caller the request authenticated as: validation,
+//!   policy, tenancy, the Rule of Two and activity tracking apply to agents
+//!   exactly as to any other caller, and mutating tool calls are audited
+//!   ([`Backend::record`]);
+//! * in `strata mcp`, a process of its own, the daemon's native API over HTTP
+//!   ([`ClientBackend`], through [`strata_client::Client`], the path the CLI
+//!   takes), audited by the daemon as the API requests they are.
 //!
 //! Two transports: [`serve_stdio`] (`strata mcp`, for clients that launch the
 //! server as a subprocess) and [`http_service`] (the daemon's `/mcp` route,
-//! streamable HTTP). Daemon errors become tool errors (`isError: true` results
+//! streamable HTTP). Backend errors become tool errors (`isError: true` results
 //! carrying the API's error code), never protocol errors or panics.
 
+mod backend;
 mod tools;
 
+pub use backend::{Backend, BackendError, BackendResult, ClientBackend, Download, Extensions, ToolCall};
 pub use tools::StrataMcp;
 
 use std::sync::Arc;

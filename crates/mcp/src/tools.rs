@@ -1,9 +1,11 @@
 //! The tools: typed inputs (JSON Schema via schemars, doc comments written for
-//! a model), each mapped onto one or two calls of the daemon's native API.
+//! a model), each mapped onto one or two calls of a [`Backend`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use base64::Engine as _;
+use futures_util::StreamExt;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Extensions, Implementation, ServerCapabilities, ServerConfig};
@@ -12,7 +14,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use strata_api::*;
-use strata_client::{Client, ClientError, Endpoint};
+
+use crate::backend::{Backend, BackendError, ToolCall};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -42,17 +45,13 @@ Sandboxes are addressed by id or name. Errors come back as tool errors whose tex
 /// The strata MCP tool server.
 #[derive(Clone)]
 pub struct StrataMcp {
-    client: Client,
-    /// When set (the daemon's TCP listener, loopback form), a call that arrived
-    /// over HTTP with a bearer token is made over TCP with that same token, so
-    /// it is authorized and audited as that caller.
-    forward_tcp: Option<String>,
+    backend: Arc<dyn Backend>,
     tool_router: ToolRouter<Self>,
 }
 
 impl std::fmt::Debug for StrataMcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StrataMcp").field("client", &self.client).field("forward_tcp", &self.forward_tcp).finish()
+        f.debug_struct("StrataMcp").finish_non_exhaustive()
     }
 }
 
@@ -75,6 +74,16 @@ impl ToolError {
         }
     }
 
+    /// The call's outcome as an HTTP status, for the audit log: the API's,
+    /// or 400 for input the tool itself refused.
+    fn status(&self) -> u16 {
+        match self.status {
+            Some(s) => s,
+            None if self.code == ErrorCode::BadRequest.as_str() => 400,
+            None => 500,
+        }
+    }
+
     fn into_result(self) -> CallToolResult {
         let mut text = format!("{}: {}", self.code, self.message);
         if let Some(s) = self.current_state {
@@ -93,28 +102,21 @@ impl ToolError {
     }
 }
 
-impl From<ClientError> for ToolError {
-    fn from(e: ClientError) -> Self {
-        match e {
-            ClientError::Api { status, body } => ToolError {
-                code: body.code.as_str().to_string(),
-                message: body.message,
-                status: Some(status),
-                current_state: body.current_state,
-            },
-            ClientError::Connect { .. } => ToolError {
-                code: "daemon_unreachable".into(),
-                message: e.to_string(),
-                status: None,
-                current_state: None,
-            },
-            other => ToolError {
-                code: ErrorCode::Internal.as_str().to_string(),
-                message: other.to_string(),
-                status: None,
-                current_state: None,
-            },
-        }
+impl From<BackendError> for ToolError {
+    fn from(e: BackendError) -> Self {
+        let (code, message) = match e {
+            BackendError::Api { status, body } => {
+                return ToolError {
+                    code: body.code.as_str().to_string(),
+                    message: body.message,
+                    status: Some(status),
+                    current_state: body.current_state,
+                }
+            }
+            BackendError::Unreachable(m) => ("daemon_unreachable".to_string(), m),
+            BackendError::Failed(m) => (ErrorCode::Internal.as_str().to_string(), m),
+        };
+        ToolError { code, message, status: None, current_state: None }
     }
 }
 
@@ -459,39 +461,24 @@ fn kind_str(k: FileKind) -> &'static str {
 
 #[tool_router]
 impl StrataMcp {
-    /// A tool server whose calls go to the daemon through `client`.
-    pub fn new(client: Client) -> Self {
-        StrataMcp { client, forward_tcp: None, tool_router: Self::tool_router() }
+    /// A tool server whose calls go to `backend`.
+    pub fn new(backend: impl Backend) -> Self {
+        StrataMcp { backend: Arc::new(backend), tool_router: Self::tool_router() }
     }
 
-    /// For the daemon's own `/mcp`: calls that arrive with a bearer token are
-    /// made over TCP to `addr` with that token (authorized and audited as
-    /// that caller); others go through `client` (the daemon's Unix socket).
-    pub fn with_token_forwarding(mut self, addr: String) -> Self {
-        self.forward_tcp = Some(addr);
-        self
-    }
-
-    /// The client for one call: the caller's bearer token (over TCP), and its
-    /// `X-Strata-Tenant` and `X-Strata-Approval` headers, go with the call.
-    fn client_for(&self, ext: &Extensions) -> Client {
-        let parts = ext.get::<http::request::Parts>();
-        let header = |name: &str| {
-            parts.and_then(|p| p.headers.get(name)).and_then(|v| v.to_str().ok()).map(|v| v.trim().to_string())
-        };
-        let token = header(http::header::AUTHORIZATION.as_str())
-            .and_then(|v| v.strip_prefix("Bearer ").map(|t| t.trim().to_string()));
-        let mut client = match (token, &self.forward_tcp) {
-            (Some(token), Some(addr)) => Client::new(Endpoint::Tcp { addr: addr.clone(), token: Some(token) }),
-            _ => self.client.clone(),
-        };
-        if let Some(t) = header(strata_api::TENANT_HEADER) {
-            client = client.with_tenant(Some(t));
-        }
-        if let Some(a) = header(strata_api::APPROVAL_HEADER) {
-            client = client.with_approval(Some(a));
-        }
-        client
+    /// Finishes a mutating tool call: the backend records it (see
+    /// [`Backend::record`]) with `target`, else the id of what it created.
+    fn finish_recorded(
+        &self,
+        ext: &Extensions,
+        tool: &str,
+        target: Option<&str>,
+        r: ToolResult,
+    ) -> Result<CallToolResult, ErrorData> {
+        let created = r.as_ref().ok().and_then(|v| v.get("id")).and_then(Value::as_str);
+        let status = r.as_ref().map_or_else(ToolError::status, |_| 200);
+        self.backend.record(ext, &ToolCall { tool, target: target.or(created), status });
+        finish(r)
     }
 
     #[tool(
@@ -512,7 +499,7 @@ impl StrataMcp {
                             .ok_or_else(|| ToolError::bad_request(format!("state: unknown state {s:?}")))?,
                     ),
                 };
-                let list = self.client_for(&ext).list_sandboxes().await?;
+                let list = self.backend.list_sandboxes(&ext).await?;
                 let items: Vec<Value> = list
                     .iter()
                     .filter(|s| s.state != SandboxState::Destroyed && want.is_none_or(|w| s.state == w))
@@ -539,7 +526,10 @@ impl StrataMcp {
         Parameters(args): Parameters<CreateSandboxArgs>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(
+        self.finish_recorded(
+            &ext,
+            "create_sandbox",
+            None,
             async {
                 let limits = ResourceLimits {
                     memory_bytes: args.memory_mb.map(|m| m.saturating_mul(1024 * 1024)),
@@ -556,9 +546,8 @@ impl StrataMcp {
                     env: args.env,
                     ..Default::default()
                 };
-                let c = self.client_for(&ext);
-                let created = c.create_sandbox(&req).await?;
-                let s = c.get_sandbox(&created.id).await?;
+                let created = self.backend.create_sandbox(&ext, &req).await?;
+                let s = self.backend.get_sandbox(&ext, &created.id).await?;
                 Ok(sandbox_summary(&s))
             }
             .await,
@@ -576,7 +565,11 @@ impl StrataMcp {
         )
     )]
     async fn exec(&self, Parameters(args): Parameters<ExecArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.sandbox.clone();
+        self.finish_recorded(
+            &ext,
+            "exec",
+            Some(&target),
             async {
                 let cmd = match (args.command, args.argv) {
                     (Some(c), None) => vec!["sh".to_string(), "-c".to_string(), c],
@@ -607,7 +600,7 @@ impl StrataMcp {
                     keep_stdin_open: false,
                 };
                 let started = std::time::Instant::now();
-                let r = self.client_for(&ext).exec(&args.sandbox, &req).await?;
+                let r = self.backend.exec(&ext, &args.sandbox, &req).await?;
                 let (stdout, out_cut) = clip_output(&r.stdout_b64, cap)?;
                 let (stderr, err_cut) = clip_output(&r.stderr_b64, cap)?;
                 let p = &r.process;
@@ -652,8 +645,7 @@ impl StrataMcp {
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
         finish(async {
-            let c = self.client_for(&ext);
-            let st = c.stat(&args.sandbox, &args.path).await?;
+            let st = self.backend.stat(&ext, &args.sandbox, &args.path).await?;
             match st.kind {
                 FileKind::File => {}
                 FileKind::Dir => return Err(ToolError::bad_request(format!("path: {} is a directory (use list_files)", args.path))),
@@ -667,13 +659,13 @@ impl StrataMcp {
             // Only the piece asked for is kept: the download is read up to
             // offset + max (+1, to tell whether more remains) and then dropped,
             // which stops the daemon sending the rest.
-            let mut stream = c.download_stream(&args.sandbox, &args.path, false).await?;
-            let size = stream.content_length().unwrap_or(st.size);
+            let mut download = self.backend.download(&ext, &args.sandbox, &args.path).await?;
+            let size = download.len.unwrap_or(st.size);
             let want = args.offset.unwrap_or(0);
             let mut skipped = 0u64;
             let mut data: Vec<u8> = Vec::with_capacity(max.min(1 << 20));
             while data.len() <= max {
-                let Some(chunk) = stream.chunk().await? else { break };
+                let Some(chunk) = download.chunks.next().await.transpose()? else { break };
                 let mut chunk = &chunk[..];
                 if skipped < want {
                     let k = (want - skipped).min(chunk.len() as u64) as usize;
@@ -683,7 +675,7 @@ impl StrataMcp {
                 let room = (max + 1 - data.len()).min(chunk.len());
                 data.extend_from_slice(&chunk[..room]);
             }
-            drop(stream);
+            drop(download);
             let more = data.len() > max;
             data.truncate(max);
             let offset = skipped;
@@ -730,7 +722,11 @@ impl StrataMcp {
         Parameters(args): Parameters<WriteFileArgs>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.sandbox.clone();
+        self.finish_recorded(
+            &ext,
+            "write_file",
+            Some(&target),
             async {
                 let data = match args.encoding {
                     ContentEncoding::Utf8 => args.content.into_bytes(),
@@ -744,16 +740,15 @@ impl StrataMcp {
                         data.len()
                     )));
                 }
-                let mode = args.mode.as_deref().map(parse_mode).transpose()?;
-                let c = self.client_for(&ext);
+                let mode = args.mode.as_deref().map(parse_mode).transpose()?.unwrap_or(0o644);
                 if args.create_parents.unwrap_or(true) {
                     if let Some(parent) = parent_dir(&args.path) {
-                        c.mkdir(&args.sandbox, parent, true).await?;
+                        self.backend.mkdir(&ext, &args.sandbox, parent).await?;
                     }
                 }
                 let len = data.len();
-                c.upload(&args.sandbox, &args.path, data.into(), mode, false).await?;
-                Ok(json!({ "path": args.path, "bytes": len, "mode": format!("{:o}", mode.unwrap_or(0o644)) }))
+                self.backend.upload(&ext, &args.sandbox, &args.path, data.into(), mode).await?;
+                Ok(json!({ "path": args.path, "bytes": len, "mode": format!("{mode:o}") }))
             }
             .await,
         )
@@ -770,7 +765,7 @@ impl StrataMcp {
     ) -> Result<CallToolResult, ErrorData> {
         finish(async {
             let path = args.path.unwrap_or_else(|| "/".to_string());
-            let mut entries = self.client_for(&ext).list_dir(&args.sandbox, &path).await?;
+            let mut entries = self.backend.list_dir(&ext, &args.sandbox, &path).await?;
             entries.sort_by(|a, b| a.name.cmp(&b.name));
             let total = entries.len();
             let items: Vec<Value> = entries
@@ -803,7 +798,11 @@ impl StrataMcp {
         Parameters(args): Parameters<CheckpointArgs>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.sandbox.clone();
+        self.finish_recorded(
+            &ext,
+            "checkpoint",
+            Some(&target),
             async {
                 let req = CheckpointRequest {
                     name: args.name,
@@ -811,7 +810,7 @@ impl StrataMcp {
                     processes: args.processes,
                     ..Default::default()
                 };
-                let c = self.client_for(&ext).checkpoint(&args.sandbox, &req).await?;
+                let c = self.backend.checkpoint(&ext, &args.sandbox, &req).await?;
                 Ok(json!({
                     "id": c.id,
                     "name": c.name,
@@ -843,11 +842,15 @@ impl StrataMcp {
         Parameters(args): Parameters<RestoreArgs>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.sandbox.clone();
+        self.finish_recorded(
+            &ext,
+            "restore",
+            Some(&target),
             async {
                 let req =
                     RestoreRequest { checkpoint: args.checkpoint, keep_current: args.keep_current, processes: None };
-                let r = self.client_for(&ext).restore(&args.sandbox, &req).await?;
+                let r = self.backend.restore(&ext, &args.sandbox, &req).await?;
                 let mut v = json!({ "sandbox": sandbox_summary(&r.sandbox) });
                 if let Some(k) = r.kept {
                     v["kept_checkpoint"] = json!(k.id);
@@ -868,7 +871,7 @@ impl StrataMcp {
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
         finish(async {
-            let list = self.client_for(&ext).list_checkpoints(args.sandbox.as_deref()).await?;
+            let list = self.backend.list_checkpoints(&ext, args.sandbox.as_deref()).await?;
             let items: Vec<Value> = list
                 .iter()
                 .map(|c| json!({ "id": c.id, "name": c.name, "sandbox": c.sandbox_id, "parent": c.parent, "created_at": c.created_at, "changed_paths": c.changed_paths, "pinned": c.pinned }))
@@ -888,7 +891,11 @@ impl StrataMcp {
         )
     )]
     async fn fork(&self, Parameters(args): Parameters<ForkArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.source.clone();
+        self.finish_recorded(
+            &ext,
+            "fork",
+            Some(&target),
             async {
                 let req = ForkRequest {
                     source: args.source,
@@ -901,7 +908,7 @@ impl StrataMcp {
                     network: None,
                     processes: args.processes,
                 };
-                let r = self.client_for(&ext).fork(&req).await?;
+                let r = self.backend.fork(&ext, &req).await?;
                 Ok(json!({ "checkpoint": r.checkpoint, "sandboxes": r.sandboxes, "duration_ms": r.duration_ms }))
             }
             .await,
@@ -915,7 +922,7 @@ impl StrataMcp {
     async fn diff(&self, Parameters(args): Parameters<DiffArgs>, ext: Extensions) -> Result<CallToolResult, ErrorData> {
         finish(
             async {
-                let changes = self.client_for(&ext).diff(&args.sandbox, args.against.as_deref()).await?;
+                let changes = self.backend.diff(&ext, &args.sandbox, args.against.as_deref()).await?;
                 let total = changes.len();
                 let items: Vec<Value> = changes
                     .iter()
@@ -943,11 +950,14 @@ impl StrataMcp {
         Parameters(args): Parameters<StandbyArgs>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.sandbox.clone();
+        self.finish_recorded(
+            &ext,
+            "standby",
+            Some(&target),
             async {
-                let c = self.client_for(&ext);
-                let ev = c.standby_sandbox(&args.sandbox, args.fs_only).await?;
-                let s = c.get_sandbox(&ev.sandbox_id).await?;
+                let ev = self.backend.standby_sandbox(&ext, &args.sandbox, args.fs_only).await?;
+                let s = self.backend.get_sandbox(&ext, &ev.sandbox_id).await?;
                 let mut v = json!({ "id": s.id, "state": s.state, "duration_ms": ev.duration_ms });
                 if let Some(info) = s.standby {
                     v["mode"] = json!(info.mode);
@@ -977,8 +987,9 @@ impl StrataMcp {
         Parameters(args): Parameters<SandboxArg>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(async {
-            let r = self.client_for(&ext).resume_sandbox(&args.sandbox).await?;
+        let target = args.sandbox.clone();
+        self.finish_recorded(&ext, "resume", Some(&target), async {
+            let r = self.backend.resume_sandbox(&ext, &args.sandbox).await?;
             Ok(json!({ "id": r.sandbox.id, "state": r.sandbox.state, "from": r.from, "processes_restored": r.processes_restored, "duration_ms": r.duration_ms }))
         }.await)
     }
@@ -998,9 +1009,13 @@ impl StrataMcp {
         Parameters(args): Parameters<SandboxArg>,
         ext: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        finish(
+        let target = args.sandbox.clone();
+        self.finish_recorded(
+            &ext,
+            "destroy",
+            Some(&target),
             async {
-                let ev = self.client_for(&ext).remove_sandbox(&args.sandbox, true).await?;
+                let ev = self.backend.remove_sandbox(&ext, &args.sandbox).await?;
                 Ok(json!({ "id": ev.sandbox_id, "state": ev.to }))
             }
             .await,
@@ -1019,7 +1034,162 @@ impl ServerHandler for StrataMcp {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
     use super::*;
+    use crate::backend::{BackendResult, Download};
+
+    /// A recorded call: tool, target, status.
+    type Recorded = (String, Option<String>, u16);
+
+    /// A backend that knows no sandbox and keeps the calls it is asked to record.
+    #[derive(Default)]
+    struct Empty {
+        recorded: Arc<Mutex<Vec<Recorded>>>,
+    }
+
+    fn none<T>() -> BackendResult<T> {
+        let body = ApiErrorBody {
+            code: ErrorCode::SandboxNotFound,
+            message: "no such sandbox".into(),
+            current_state: None,
+            dependents: vec![],
+            findings: vec![],
+            approval: None,
+        };
+        Err(BackendError::api(body))
+    }
+
+    #[async_trait]
+    impl Backend for Empty {
+        async fn list_sandboxes(&self, _: &Extensions) -> BackendResult<Vec<Sandbox>> {
+            Ok(vec![])
+        }
+        async fn create_sandbox(&self, _: &Extensions, _: &CreateSandboxRequest) -> BackendResult<CreatedSandbox> {
+            none()
+        }
+        async fn get_sandbox(&self, _: &Extensions, _: &str) -> BackendResult<Sandbox> {
+            none()
+        }
+        async fn remove_sandbox(&self, _: &Extensions, _: &str) -> BackendResult<SandboxEvent> {
+            none()
+        }
+        async fn standby_sandbox(&self, _: &Extensions, _: &str, _: bool) -> BackendResult<SandboxEvent> {
+            none()
+        }
+        async fn resume_sandbox(&self, _: &Extensions, _: &str) -> BackendResult<ResumeResult> {
+            none()
+        }
+        async fn exec(&self, _: &Extensions, _: &str, _: &ExecRequest) -> BackendResult<ExecResult> {
+            none()
+        }
+        async fn stat(&self, _: &Extensions, _: &str, _: &str) -> BackendResult<FileStat> {
+            none()
+        }
+        async fn list_dir(&self, _: &Extensions, _: &str, _: &str) -> BackendResult<Vec<FileStat>> {
+            none()
+        }
+        async fn mkdir(&self, _: &Extensions, _: &str, _: &str) -> BackendResult<()> {
+            none()
+        }
+        async fn download(&self, _: &Extensions, _: &str, _: &str) -> BackendResult<Download> {
+            none()
+        }
+        async fn upload(&self, _: &Extensions, _: &str, _: &str, _: Bytes, _: u32) -> BackendResult<()> {
+            none()
+        }
+        async fn checkpoint(&self, _: &Extensions, _: &str, _: &CheckpointRequest) -> BackendResult<Checkpoint> {
+            none()
+        }
+        async fn list_checkpoints(&self, _: &Extensions, _: Option<&str>) -> BackendResult<Vec<Checkpoint>> {
+            Ok(vec![])
+        }
+        async fn restore(&self, _: &Extensions, _: &str, _: &RestoreRequest) -> BackendResult<RestoreResult> {
+            none()
+        }
+        async fn fork(&self, _: &Extensions, _: &ForkRequest) -> BackendResult<ForkResult> {
+            none()
+        }
+        async fn diff(&self, _: &Extensions, _: &str, _: Option<&str>) -> BackendResult<Vec<FileChange>> {
+            none()
+        }
+        fn record(&self, _: &Extensions, call: &ToolCall<'_>) {
+            let entry = (call.tool.to_string(), call.target.map(str::to_string), call.status);
+            self.recorded.lock().unwrap().push(entry);
+        }
+    }
+
+    fn args<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn structured(r: Result<CallToolResult, ErrorData>) -> (bool, Value) {
+        let r = r.expect("a tool result, not a protocol error");
+        (r.is_error == Some(true), r.structured_content.unwrap_or_default())
+    }
+
+    /// Every mutating tool call is recorded once with what it named and its
+    /// outcome (a backend error's status, 400 for input the tool refused);
+    /// read-only ones are not. Backend errors are tool errors with the API's code.
+    #[tokio::test]
+    async fn mutating_calls_are_recorded_with_their_outcome() {
+        let backend = Empty::default();
+        let recorded = backend.recorded.clone();
+        let mcp = StrataMcp::new(backend);
+        let cx = Extensions::new;
+        let sb = || SandboxArg { sandbox: "web".into() };
+
+        let (err, v) = structured(mcp.destroy(Parameters(sb()), cx()).await);
+        assert!(err);
+        assert_eq!(
+            v["error"],
+            json!({ "code": "sandbox_not_found", "message": "no such sandbox", "http_status": 404 })
+        );
+        structured(mcp.resume(Parameters(sb()), cx()).await);
+        structured(mcp.standby(Parameters(args(json!({ "sandbox": "web" }))), cx()).await);
+        structured(mcp.exec(Parameters(args(json!({ "sandbox": "web", "command": "true" }))), cx()).await);
+        let (err, v) = structured(mcp.exec(Parameters(args(json!({ "sandbox": "web" }))), cx()).await);
+        assert!(err && v["error"]["code"] == "bad_request" && v["error"].get("http_status").is_none(), "{v}");
+        structured(
+            mcp.write_file(Parameters(args(json!({ "sandbox": "web", "path": "/a/b", "content": "x" }))), cx()).await,
+        );
+        structured(mcp.checkpoint(Parameters(args(json!({ "sandbox": "web" }))), cx()).await);
+        structured(mcp.restore(Parameters(args(json!({ "sandbox": "web", "checkpoint": "c" }))), cx()).await);
+        structured(mcp.fork(Parameters(args(json!({ "source": "c" }))), cx()).await);
+        structured(mcp.create_sandbox(Parameters(args(json!({ "source": "base" }))), cx()).await);
+        let n = recorded.lock().unwrap().len();
+
+        // Read-only tools: nothing recorded.
+        let (err, v) = structured(mcp.list_sandboxes(Parameters(ListSandboxesArgs::default()), cx()).await);
+        assert_eq!((err, v), (false, json!({ "count": 0, "sandboxes": [] })));
+        structured(mcp.list_checkpoints(Parameters(ListCheckpointsArgs::default()), cx()).await);
+        structured(mcp.read_file(Parameters(args(json!({ "sandbox": "web", "path": "/a" }))), cx()).await);
+        structured(mcp.list_files(Parameters(args(json!({ "sandbox": "web" }))), cx()).await);
+        structured(mcp.diff(Parameters(args(json!({ "sandbox": "web" }))), cx()).await);
+
+        let recorded = recorded.lock().unwrap().clone();
+        assert_eq!(recorded.len(), n, "read-only calls recorded: {recorded:?}");
+        let web = Some("web".to_string());
+        let want: Vec<Recorded> = [
+            ("destroy", web.clone(), 404),
+            ("resume", web.clone(), 404),
+            ("standby", web.clone(), 404),
+            ("exec", web.clone(), 404),
+            ("exec", web.clone(), 400),
+            ("write_file", web.clone(), 404),
+            ("checkpoint", web.clone(), 404),
+            ("restore", web.clone(), 404),
+            ("fork", Some("c".to_string()), 404),
+            ("create_sandbox", None, 404),
+        ]
+        .into_iter()
+        .map(|(t, target, s)| (t.to_string(), target, s))
+        .collect();
+        assert_eq!(recorded, want);
+    }
 
     #[test]
     fn output_is_clipped_head_and_tail() {

@@ -1,8 +1,10 @@
 //! The strata daemon's front ends, each a translator onto `strata-engine`:
 //! the native HTTP API ([`native`], one handler file per resource, routed in
 //! [`router_with_mcp`]), the E2B-compatible API ([`e2b`]), MCP over HTTP
-//! (`/mcp`), the preview proxy ([`native::preview`]) and the listeners
-//! ([`run`]: a Unix socket for the operator, TCP with bearer tokens).
+//! (`/mcp`, its tools calling the engine in-process: [`mcp`]; `strata mcp`,
+//! a separate process, calls this API over HTTP instead), the preview proxy
+//! ([`native::preview`]) and the listeners ([`run`]: a Unix socket for the
+//! operator, TCP with bearer tokens).
 //!
 //! What lives here: routing, extraction of requests, HTTP error bodies
 //! ([`error::ApiError`]), streaming bodies, authentication of listeners, the
@@ -11,6 +13,7 @@
 
 pub mod e2b;
 pub mod error;
+pub mod mcp;
 pub mod native;
 pub mod ndjson;
 pub mod openapi;
@@ -26,7 +29,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use strata_api::{ApiErrorBody, ErrorCode};
-use strata_engine::loopback;
 use strata_engine::state::Shared;
 pub use strata_engine::{admission, network, DaemonError};
 use tracing::{info, warn};
@@ -81,8 +83,8 @@ pub fn router(st: Shared) -> Router {
 
 /// The router with every native route and, when given, the MCP endpoint at
 /// `/mcp` (streamable HTTP; see docs/mcp.md). It sits behind the same layers
-/// as the API (authentication, tenancy, audit), and its tools call the API
-/// itself, with the caller's bearer token when there is one.
+/// as the API (authentication, tenancy, audit); in the daemon its tools call
+/// the engine in-process ([`mcp::InProcess`]) as the request's caller.
 pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router {
     use crate::native::{
         activity as a, archive, checkpoints as c, files as f, images as i, processes as p, sandboxes as s, standby,
@@ -246,12 +248,9 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    // The MCP endpoint's tools call this daemon's API: over the Unix socket,
-    // or, for a caller that came with a bearer token, over TCP with that token.
-    let mut mcp = strata_mcp::StrataMcp::new(strata_client::Client::unix(&cfg.socket));
-    if let Some(local) = tcp.as_ref().and_then(|l| l.local_addr().ok()) {
-        mcp = mcp.with_token_forwarding(loopback(local).to_string());
-    }
+    // The MCP endpoint's tools call the engine in-process, as the caller
+    // each `/mcp` request authenticated as.
+    let mcp = strata_mcp::StrataMcp::new(crate::mcp::InProcess::new(st.clone()));
     let previews = Arc::new(preview::PreviewPool::default());
     let app = app_with_mcp(st.clone(), tenancy::Listener::Unix, Some(mcp.clone()), previews.clone());
     if let (Some(tcp), Some(token)) = (tcp, token) {

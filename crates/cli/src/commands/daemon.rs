@@ -65,7 +65,7 @@ fn admission_config(a: &DaemonArgs) -> strata_engine::admission::AdmissionConfig
 /// `strata mcp`: an MCP server on stdin/stdout whose tool calls go to the daemon.
 pub(super) async fn mcp(c: Client) -> Result<i32> {
     // stdout carries the protocol: nothing else may be printed there.
-    strata_mcp::serve_stdio(strata_mcp::StrataMcp::new(c)).await?;
+    strata_mcp::serve_stdio(strata_mcp::StrataMcp::new(strata_mcp::ClientBackend::new(c))).await?;
     Ok(0)
 }
 

@@ -228,7 +228,7 @@ async def main():
             async with Client(streamable_http_client(a, http_client=http)) as c:
                 summary = await scenario(c, f"http-{os.getpid()}", criu)
     elif mode == "http-tenant":
-        # The operator acting as a tenant: the header goes with every tool's API call.
+        # The operator acting as a tenant: the header goes with every tool call.
         headers = {"Authorization": f"Bearer {b}", "X-Strata-Tenant": "acme"}
         async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0)) as http:
             async with Client(streamable_http_client(a, http_client=http)) as c:
