@@ -1,7 +1,10 @@
-//! Archive: a stopped or standby sandbox's own state (its writable layer, and
-//! its standby process image) is packed into an object store and its local
-//! copy freed; `resume` / `start` (or any call that resumes on access) brings
-//! it back.
+//! The archive store: a stopped or standby sandbox's own state (its writable
+//! layer, and its standby process image) packed into an object store
+//! ([`pack`]), fetched and checked back ([`unpack`]), the local pointer to it
+//! and [`reconcile`] after a restart. The transitions themselves are
+//! [`crate::lifecycle::archive`](mod@crate::lifecycle::archive) and
+//! [`crate::lifecycle::unarchive`](mod@crate::lifecycle::unarchive); `resume` /
+//! `start` (or any call that resumes on access) brings an archived sandbox back.
 //!
 //! The store is an [`object_store`] (a local directory by default,
 //! `<state>/archive`; an S3-compatible bucket with `--archive-url s3://...`
@@ -21,23 +24,18 @@
 //! renames it into place before the transition; the local pointer goes last.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
-use strata_api::{ErrorCode, SandboxEvent, SandboxState};
-use strata_core::lifecycle::next_state;
-use strata_core::Action;
+use strata_api::SandboxState;
 use strata_store::db::SandboxRecord;
 use tokio::io::AsyncWriteExt;
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::error::{EngineError, EngineResult};
-use crate::record;
-use crate::record::{load, now, transition, Change};
+use crate::record::now;
 use crate::state::Shared;
 
 pub use crate::state::archive::*;
@@ -45,8 +43,8 @@ pub use crate::state::archive::*;
 /// The local pointer to a sandbox's archive (a copy of its manifest).
 const POINTER: &str = "archived.json";
 /// Staging directories.
-const PACK_DIR: &str = "archive.tmp";
-const UNPACK_DIR: &str = "unarchive.tmp";
+pub(crate) const PACK_DIR: &str = "archive.tmp";
+pub(crate) const UNPACK_DIR: &str = "unarchive.tmp";
 
 /// An archive's description (remote `manifest.json`, local `archived.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,7 +78,7 @@ pub struct ObjectSum {
     pub sha256: String,
 }
 
-fn pointer_path(st: &Shared, id: &str) -> PathBuf {
+pub(crate) fn pointer_path(st: &Shared, id: &str) -> PathBuf {
     st.sandbox_dir(id).join(POINTER)
 }
 
@@ -159,41 +157,10 @@ async fn download(store: &dyn ObjectStore, key: &ObjectPath, dest: &Path, want: 
     Ok(())
 }
 
-// ---- archive ----
-
-/// Archives a stopped or standby sandbox, recording `reason`.
-pub async fn archive(st: &Shared, id: &str, reason: &str) -> EngineResult<SandboxEvent> {
-    let (_g, rec) = record::lock_and_load(st, id).await?;
-    let started = Instant::now();
-    let from = rec.sandbox.state;
-    next_state(from, Action::Archive)?;
-    let id = rec.sandbox.id.clone();
-    let dir = st.sandbox_dir(&id);
-    let staging = dir.join(PACK_DIR);
-    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    let packed = pack(st, &rec, &staging).await;
-    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    let manifest = packed.map_err(|msg| {
-        EngineError::new(ErrorCode::Internal, format!("archiving sandbox {id} failed (it stays {from}): {msg}"))
-    })?;
-    // Crash point (`archive-pointer:crash`): uploaded and pointed to, not yet recorded.
-    let _ = crate::failpoint("archive-pointer");
-    let bytes: u64 = manifest.objects.iter().map(|o| o.size).sum();
-    let detail = format!("{} to {} ({})", strata_core::units::format_size(bytes), manifest.store, manifest.prefix);
-    let ev = transition(st, &id, from, Change::new(Action::Archive, reason).detail(&detail), started, None)?;
-    // The archive is recorded: the local copies can go.
-    strata_runtime::disk::release(&dir);
-    for d in ["upper", "work", "standby", "rootfs"] {
-        if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d)) {
-            warn!(sandbox = %id, error = %e, "freeing {d} after archiving");
-        }
-    }
-    info!(sandbox = %id, bytes, store = %manifest.store, ms = started.elapsed().as_millis() as u64, reason, "archived");
-    Ok(ev)
-}
+// ---- packing ----
 
 /// Packs and uploads; on success the local pointer is written.
-async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<ArchiveManifest, String> {
+pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<ArchiveManifest, String> {
     let id = &rec.sandbox.id;
     let dir = st.sandbox_dir(id);
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
@@ -244,83 +211,14 @@ async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Result<Archiv
     Ok(manifest)
 }
 
-// ---- restore ----
+// ---- unpacking ----
 
-/// Brings an archived sandbox's files back; it is then `stopped`, or `standby`
-/// when it was archived from standby. The caller holds the sandbox's lock.
-pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> EngineResult<SandboxRecord> {
-    let started = Instant::now();
-    let id = rec.sandbox.id.clone();
-    let Some(m) = pointer(st, &id) else {
-        return Err(fail(
-            st,
-            rec,
-            &format!("its local archive record {} is missing", pointer_path(st, &id).display()),
-            started,
-        ));
-    };
-    if m.store != st.archive.url {
-        return Err(fail(
-            st,
-            rec,
-            &format!("it was archived to {}, but this daemon's archive store is {}", m.store, st.archive.url),
-            started,
-        ));
-    }
-    let action = if m.from == SandboxState::Standby { Action::UnarchiveStandby } else { Action::Unarchive };
-    next_state(rec.sandbox.state, action)?;
-    let dir = st.sandbox_dir(&id);
-    let staging = dir.join(UNPACK_DIR);
-    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
-    let upper_target =
-        match (rec.sandbox.limits.disk_bytes, strata_runtime::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
-        {
-            (Some(bytes), true) => {
-                let (d, pool) = (dir.clone(), st.disks.clone());
-                match tokio::task::spawn_blocking(move || strata_runtime::disk::ensure(&d, bytes, &pool)).await {
-                    Ok(Ok(())) => Some(strata_runtime::disk::upper_dir(&dir)),
-                    Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
-                    Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
-                }
-            }
-            _ => None,
-        };
-    let res = unpack(st, &m, &staging, upper_target.as_deref()).await;
-    if let Err(msg) = res {
-        let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-        return Err(fail(st, rec, &msg, started));
-    }
-    // Swap the unpacked state into place, then record it.
-    let moved = (|| {
-        for d in ["upper", "standby"] {
-            let src = staging.join(d);
-            if src.exists() {
-                strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d))?;
-                std::fs::rename(&src, dir.join(d))?;
-            }
-        }
-        std::fs::create_dir_all(strata_runtime::disk::work_dir(&dir))
-    })();
-    let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
-    if let Err(e) = moved {
-        return Err(fail(st, rec, &format!("moving the unpacked files into place: {e}"), started));
-    }
-    transition(
-        st,
-        &id,
-        rec.sandbox.state,
-        Change::new(action, reason).detail(&format!("from {}", m.prefix)),
-        started,
-        None,
-    )?;
-    let _ = std::fs::remove_file(pointer_path(st, &id));
-    delete_remote(st, &m).await;
-    info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, "unarchived");
-    load(st, &id)
-}
-
-async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: Option<&Path>) -> Result<(), String> {
+pub(crate) async fn unpack(
+    st: &Shared,
+    m: &ArchiveManifest,
+    staging: &Path,
+    upper_target: Option<&Path>,
+) -> Result<(), String> {
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
     crate::failpoint("archive-download").map_err(|e| format!("downloading: {e}"))?;
     // Every object is fetched and checked before anything is unpacked.
@@ -355,25 +253,6 @@ async fn unpack(st: &Shared, m: &ArchiveManifest, staging: &Path, upper_target: 
     Ok(())
 }
 
-fn fail(st: &Shared, rec: &SandboxRecord, msg: &str, started: Instant) -> EngineError {
-    warn!(sandbox = %rec.sandbox.id, error = msg, "unarchive failed");
-    let _ = transition(
-        st,
-        &rec.sandbox.id,
-        rec.sandbox.state,
-        Change::new(Action::Fail, "archive_invalid").detail(msg),
-        started,
-        None,
-    );
-    EngineError::new(
-        ErrorCode::StandbyImageInvalid,
-        format!(
-            "cannot restore sandbox {} from its archive: {msg} (it is now in state error; the archive is kept)",
-            rec.sandbox.id
-        ),
-    )
-}
-
 /// Deletes an archive's objects (best effort: a leftover object is only storage).
 pub async fn delete_remote(st: &Shared, m: &ArchiveManifest) {
     for name in m.objects.iter().map(|o| o.name.as_str()).chain(["manifest.json"]) {
@@ -405,8 +284,6 @@ pub async fn reconcile(st: &Shared, rec: &SandboxRecord) {
         }
     }
 }
-
-// ---- HTTP ----
 
 #[cfg(test)]
 mod tests {

@@ -296,7 +296,7 @@ pub async fn apply(st: &Shared, id: &str, step: Step) -> EngineResult<Option<San
         }
         PolicyAction::Archive => {
             drop(guard);
-            crate::archive::archive(st, id, step.reason).await?
+            crate::lifecycle::archive(st, id, step.reason).await?
         }
     };
     Ok(Some(ev))

@@ -55,7 +55,7 @@ pub(crate) async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str
     let _admitted = lifecycle::admit_start(st, rec)?;
     let unarchived;
     let rec = if from == SandboxState::Archived {
-        unarchived = crate::archive::unarchive_locked(st, rec, reason).await?;
+        unarchived = crate::lifecycle::unarchive_locked(st, rec, reason).await?;
         &unarchived
     } else {
         rec

@@ -25,7 +25,7 @@ pub async fn start_because(st: &Shared, id: &str, reason: &str) -> EngineResult<
         && crate::archive::pointer(st, &rec.sandbox.id).is_some()
     {
         // Its files are in the archive (also after a failed restore): never start on an empty layer.
-        rec = crate::archive::unarchive_locked(st, &rec, reason).await?;
+        rec = crate::lifecycle::unarchive_locked(st, &rec, reason).await?;
     }
     if rec.sandbox.state == SandboxState::Standby {
         // Archived from standby: starting it afresh discards the process image

@@ -82,7 +82,7 @@ impl Engine {
 
     /// Archives a stopped or standby sandbox into the object store.
     pub async fn archive_sandbox(&self, key: &str) -> EngineResult<SandboxEvent> {
-        self.run(crate::archive::archive(&self.st, key, BY_USER)).await
+        self.run(crate::lifecycle::archive(&self.st, key, BY_USER)).await
     }
 
     // ---- leases ----
