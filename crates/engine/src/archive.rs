@@ -272,7 +272,7 @@ pub async fn reconcile(st: &Shared, rec: &SandboxRecord) {
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(UNPACK_DIR));
     match (rec.sandbox.state, pointer(st, id)) {
         (SandboxState::Archived, Some(_)) => {
-            strata_runtime::disk::release(&dir);
+            st.disks.release(&dir);
             for d in ["upper", "work", "standby"] {
                 let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d));
             }

@@ -15,8 +15,10 @@
 //! The image stays mounted while the sandbox exists (running, stopped, standby:
 //! checkpoints, diffs and file transfer read the upper directory, and a CRIU
 //! restore re-mounts the overlay on it); a daemon (re)start mounts the images
-//! of every sandbox again ([`ensure`] is idempotent); destroy and archive
-//! unmount it and delete the image ([`release`]).
+//! of every sandbox again ([`DiskPool::ensure`] is idempotent); destroy and archive
+//! unmount it and delete the image ([`DiskPool::release`]). Loop devices and
+//! mounts go through the pool's [`Sys`], so these sequences are unit-tested
+//! with [`crate::sys::RecordingSys`].
 //!
 //! Making a disk is kept off the create path: `mkfs.ext4` runs once per size
 //! (a *template* image under `disk-pool/`, with lazy inode tables and no resize
@@ -35,14 +37,18 @@
 //! sandbox needs only ext4 and loop devices, and moves with the sandbox.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
 use tracing::{debug, warn};
+
+use crate::sys::{LinuxSys, Sys};
 
 /// The image file in a sandbox's directory.
 pub const IMAGE: &str = "disk.img";
@@ -151,7 +157,7 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 /// Makes sure the disk of the sandbox in `dir` exists (taking one from `pool`,
 /// or making one of `bytes`, when it does not) and is mounted, with `upper/`
 /// and `work/` in it.
-pub fn ensure(dir: &Path, bytes: u64, pool: &DiskPool) -> Result<(), String> {
+fn ensure(dir: &Path, bytes: u64, pool: &DiskPool) -> Result<(), String> {
     let image = dir.join(IMAGE);
     let mount = dir.join(MOUNT);
     std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
@@ -164,7 +170,7 @@ pub fn ensure(dir: &Path, bytes: u64, pool: &DiskPool) -> Result<(), String> {
             let _ = std::fs::remove_dir(dir.join(d));
         }
         if let Some(entry) = pool.take(bytes) {
-            match adopt(&entry, dir) {
+            match adopt(pool.sys.as_ref(), &entry, dir) {
                 Ok(()) => return Ok(()),
                 Err(e) => warn!(entry = %entry.display(), error = %e, "adopting a pooled disk"),
             }
@@ -177,7 +183,7 @@ pub fn ensure(dir: &Path, bytes: u64, pool: &DiskPool) -> Result<(), String> {
         }
     }
     if !is_mounted(&mount) {
-        mount_image(&image, &mount)?;
+        mount_image(pool.sys.as_ref(), &image, &mount)?;
     }
     prepare_layer_dirs(&mount)
 }
@@ -197,13 +203,12 @@ fn prepare_layer_dirs(mount: &Path) -> Result<(), String> {
 /// Moves a pooled disk (`entry/disk.img`, mounted at `entry/disk`) into the
 /// sandbox directory `dir`: the image is renamed, the mounted filesystem is
 /// bind-mounted at `dir/disk` and its pool mount point detached.
-fn adopt(entry: &Path, dir: &Path) -> Result<(), String> {
+fn adopt(sys: &dyn Sys, entry: &Path, dir: &Path) -> Result<(), String> {
     let image = dir.join(IMAGE);
     let mount = dir.join(MOUNT);
     std::fs::rename(entry.join(IMAGE), &image).map_err(|e| format!("{}: {e}", image.display()))?;
-    let bound =
-        nix::mount::mount(Some(&entry.join(MOUNT)), &mount, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>);
-    let _ = nix::mount::umount2(&entry.join(MOUNT), nix::mount::MntFlags::MNT_DETACH);
+    let bound = sys.mount(Some(&entry.join(MOUNT)), &mount, None, MsFlags::MS_BIND, None);
+    let _ = sys.umount2(&entry.join(MOUNT), MntFlags::MNT_DETACH);
     let _ = std::fs::remove_dir_all(entry);
     // Without the bind, the image is still a complete disk: `ensure` mounts it.
     bound.map_err(|e| format!("bind mount of {}: {e}", mount.display()))
@@ -260,18 +265,19 @@ fn make_template(path: &Path, bytes: u64) -> Result<(), String> {
 
 /// Attaches `image` to a free loop device and mounts its ext4 at `mount`. The
 /// loop device clears itself when the filesystem is unmounted.
-fn mount_image(image: &Path, mount: &Path) -> Result<(), String> {
-    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOATIME;
-    match loopdev::attach(image) {
+fn mount_image(sys: &dyn Sys, image: &Path, mount: &Path) -> Result<(), String> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
+    match sys.loop_attach(image) {
         Ok((device, loop_fd)) => {
-            let res = nix::mount::mount(Some(&device), mount, Some("ext4"), flags, Some(MOUNT_DATA))
+            let res = sys
+                .mount(Some(&device), mount, Some("ext4"), flags, Some(MOUNT_DATA))
                 .map_err(|e| format!("mount {} ({}) at {}: {e}", image.display(), device.display(), mount.display()));
             // Closing our descriptor leaves the device to the mount (or, when the mount failed, clears it).
             drop(loop_fd);
             res
         }
         // Kernels before 5.8 lack LOOP_CONFIGURE: util-linux's mount sets the device up.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOTTY) => {
+        Err(e @ (Errno::EINVAL | Errno::ENOTTY)) => {
             debug!(error = %e, "LOOP_CONFIGURE unavailable; using mount -o loop");
             run(Command::new("mount")
                 .args(["-t", "ext4", "-o"])
@@ -283,91 +289,12 @@ fn mount_image(image: &Path, mount: &Path) -> Result<(), String> {
     }
 }
 
-/// Loop devices through their ioctls (linux/loop.h).
-mod loopdev {
-    use super::*;
-
-    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
-    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
-    const LO_FLAGS_AUTOCLEAR: u32 = 4;
-
-    /// `struct loop_info64`.
-    #[repr(C)]
-    struct LoopInfo64 {
-        lo_device: u64,
-        lo_inode: u64,
-        lo_rdevice: u64,
-        lo_offset: u64,
-        lo_sizelimit: u64,
-        lo_number: u32,
-        lo_encrypt_type: u32,
-        lo_encrypt_key_size: u32,
-        lo_flags: u32,
-        lo_file_name: [u8; 64],
-        lo_crypt_name: [u8; 64],
-        lo_encrypt_key: [u8; 32],
-        lo_init: [u64; 2],
-    }
-
-    /// `struct loop_config`.
-    #[repr(C)]
-    struct LoopConfig {
-        fd: u32,
-        block_size: u32,
-        info: LoopInfo64,
-        reserved: [u64; 8],
-    }
-
-    /// Opens read-write (std opens with O_CLOEXEC).
-    fn open_rw(path: &Path) -> std::io::Result<OwnedFd> {
-        Ok(std::fs::OpenOptions::new().read(true).write(true).open(path)?.into())
-    }
-
-    /// A free loop device backed by `image` (auto-clearing), and a descriptor
-    /// of it that keeps it alive until something else (a mount) holds it.
-    pub fn attach(image: &Path) -> std::io::Result<(PathBuf, OwnedFd)> {
-        let backing = open_rw(image)?;
-        let ctl = open_rw(Path::new("/dev/loop-control"))?;
-        let mut last = std::io::Error::from_raw_os_error(libc::EBUSY);
-        // Another process may take the free device between GET_FREE and CONFIGURE: try again.
-        for _ in 0..16 {
-            // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
-            let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let device = PathBuf::from(format!("/dev/loop{n}"));
-            let dev = open_rw(&device)?;
-            // SAFETY: all-zero is a valid `loop_config` (plain integers and byte arrays).
-            let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
-            cfg.fd = backing.as_raw_fd() as u32;
-            cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-            let name = image.as_os_str().as_encoded_bytes();
-            let k = name.len().min(cfg.info.lo_file_name.len() - 1);
-            cfg.info.lo_file_name[..k].copy_from_slice(&name[..k]);
-            // SAFETY: LOOP_CONFIGURE reads a `loop_config` that lives across the call.
-            if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &cfg as *const LoopConfig) } == 0 {
-                return Ok((device, dev));
-            }
-            last = std::io::Error::last_os_error();
-            if last.raw_os_error() != Some(libc::EBUSY) {
-                return Err(last);
-            }
-        }
-        Err(last)
-    }
-
-    // linux/loop.h: sizeof(struct loop_info64) == 232, sizeof(struct loop_config) == 304.
-    const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
-    const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
-}
-
 /// Unmounts the disk of the sandbox in `dir` (lazily: a sandbox still holding
 /// its overlay keeps the filesystem alive until it exits) and deletes its image.
-pub fn release(dir: &Path) {
+fn release(sys: &dyn Sys, dir: &Path) {
     let mount = dir.join(MOUNT);
     if is_mounted(&mount) {
-        if let Err(e) = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH) {
+        if let Err(e) = sys.umount2(&mount, MntFlags::MNT_DETACH) {
             warn!(dir = %dir.display(), error = %e, "unmounting a sandbox disk");
             return;
         }
@@ -375,14 +302,6 @@ pub fn release(dir: &Path) {
     let _ = std::fs::remove_dir(&mount);
     let _ = std::fs::remove_file(dir.join(IMAGE));
     let _ = std::fs::remove_file(dir.join(format!("{IMAGE}.tmp")));
-}
-
-/// Unmounts the disk of the sandbox in `dir` without deleting it.
-pub fn unmount(dir: &Path) {
-    let mount = dir.join(MOUNT);
-    if is_mounted(&mount) {
-        let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
-    }
 }
 
 /// Disks made ahead of need: per size a template image, and for the default
@@ -402,6 +321,8 @@ pub struct DiskPool {
     wake: std::sync::Condvar,
     /// Set by [`DiskPool::drain`]: the refill thread makes no more disks.
     stopped: std::sync::atomic::AtomicBool,
+    /// Where the loop devices and mounts are made.
+    sys: Arc<dyn Sys>,
 }
 
 impl DiskPool {
@@ -409,6 +330,12 @@ impl DiskPool {
     /// (none when `bytes` is `None`, `target` is 0 or the host cannot make disks).
     pub fn new(state_dir: &Path, bytes: Option<u64>, target: usize) -> DiskPool {
         let target = if bytes.is_some() && unavailable().is_none() { target } else { 0 };
+        DiskPool::with_sys(state_dir, bytes, target, Arc::new(LinuxSys))
+    }
+
+    /// [`DiskPool::new`] making its privileged calls through `sys` (a
+    /// [`crate::sys::RecordingSys`] in tests), keeping `target` disks ready.
+    pub fn with_sys(state_dir: &Path, bytes: Option<u64>, target: usize, sys: Arc<dyn Sys>) -> DiskPool {
         DiskPool {
             dir: state_dir.join("disk-pool"),
             bytes,
@@ -417,7 +344,20 @@ impl DiskPool {
             templates: Mutex::new(()),
             wake: std::sync::Condvar::new(),
             stopped: Default::default(),
+            sys,
         }
+    }
+
+    /// Makes sure the disk of the sandbox in `dir` exists (adopting a ready
+    /// one, or making one of `bytes`) and is mounted, with `upper/` and
+    /// `work/` in it. Idempotent: a daemon (re)start calls it for every sandbox.
+    pub fn ensure(&self, dir: &Path, bytes: u64) -> Result<(), String> {
+        ensure(dir, bytes, self)
+    }
+
+    /// Unmounts the disk of the sandbox in `dir` (lazily) and deletes its image.
+    pub fn release(&self, dir: &Path) {
+        release(self.sys.as_ref(), dir)
     }
 
     /// A pool that keeps nothing ready (templates still go under `<state>/disk-pool`).
@@ -471,13 +411,13 @@ impl DiskPool {
         let res = (|| {
             std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
             sparse_copy(&template, &entry.join(IMAGE))?;
-            mount_image(&entry.join(IMAGE), &mount)?;
+            mount_image(self.sys.as_ref(), &entry.join(IMAGE), &mount)?;
             prepare_layer_dirs(&mount)
         })();
         match res {
             Ok(()) => Ok(entry),
             Err(e) => {
-                remove_entry(&entry);
+                remove_entry(self.sys.as_ref(), &entry);
                 Err(e)
             }
         }
@@ -490,7 +430,7 @@ impl DiskPool {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("ready-") {
-                remove_entry(&e.path());
+                remove_entry(self.sys.as_ref(), &e.path());
             } else if name.contains(".tmp-") {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -501,7 +441,7 @@ impl DiskPool {
     pub fn drain(&self) {
         self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         for entry in std::mem::take(&mut *self.ready()) {
-            remove_entry(&entry);
+            remove_entry(self.sys.as_ref(), &entry);
         }
     }
 
@@ -523,7 +463,7 @@ impl DiskPool {
             while !self.stopped() {
                 while self.len() < self.target && !self.stopped() {
                     match self.make_entry(bytes) {
-                        Ok(entry) if self.stopped() => remove_entry(&entry),
+                        Ok(entry) if self.stopped() => remove_entry(self.sys.as_ref(), &entry),
                         Ok(entry) => self.ready().push(entry),
                         Err(e) => {
                             warn!(error = %e, "making a disk for the pool; retrying in 10 s");
@@ -544,10 +484,10 @@ impl DiskPool {
 }
 
 /// Unmounts (lazily) and deletes one pool entry.
-fn remove_entry(entry: &Path) {
+fn remove_entry(sys: &dyn Sys, entry: &Path) {
     let mount = entry.join(MOUNT);
     if is_mounted(&mount) {
-        let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
+        let _ = sys.umount2(&mount, MntFlags::MNT_DETACH);
     }
     let _ = std::fs::remove_dir_all(entry);
 }
@@ -584,5 +524,87 @@ mod tests {
         // Only the written extents take space (a few blocks, not 64 MiB).
         assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 1 << 20);
         assert!(sparse_copy(&src, &dst).is_err(), "an existing destination is never overwritten");
+    }
+
+    /// `mkfs.ext4` is needed to make a template (no privilege: it formats a file).
+    fn mkfs() -> bool {
+        find_tool("mkfs.ext4").is_some()
+    }
+
+    fn recording_pool(state: &Path) -> (Arc<crate::sys::RecordingSys>, DiskPool) {
+        let sys = Arc::new(crate::sys::RecordingSys::new());
+        let pool = DiskPool::with_sys(state, Some(MIN_BYTES), 0, sys.clone());
+        (sys, pool)
+    }
+
+    #[test]
+    fn a_new_disk_is_a_copy_of_its_template_on_a_loop_device_mounted_nosuid_nodev() {
+        if !mkfs() {
+            eprintln!("skipped: mkfs.ext4 not found (e2fsprogs)");
+            return;
+        }
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path().join("sb");
+        let (sys, pool) = recording_pool(state.path());
+        pool.ensure(&dir, MIN_BYTES).expect("ensure");
+        let calls: Vec<String> = sys.calls().iter().map(|c| c.describe(&dir)).collect();
+        assert_eq!(
+            calls,
+            ["loop_attach $ROOT/disk.img", "mount /dev/loop0 $ROOT/disk ext4 NOATIME|NODEV|NOSUID noinit_itable"]
+        );
+        let image = std::fs::metadata(dir.join(IMAGE)).unwrap();
+        assert_eq!(image.len(), MIN_BYTES, "the image has the disk's size");
+        assert!(image.blocks() * 512 < MIN_BYTES / 2, "and is sparse");
+        assert!(upper_dir(&dir).is_dir() && work_dir(&dir).is_dir());
+
+        // Idempotent on the image; a daemon restart mounts it again (nothing is mounted in the fake).
+        sys.clear();
+        pool.ensure(&dir, MIN_BYTES).expect("ensure again");
+        assert_eq!(sys.names(), ["loop_attach", "mount"]);
+        // Release: not mounted here, so no unmount; the image goes.
+        sys.clear();
+        pool.release(&dir);
+        assert!(sys.calls().is_empty() && !dir.join(IMAGE).exists());
+    }
+
+    #[test]
+    fn a_ready_disk_is_adopted_with_a_bind_mount_and_its_pool_mount_detached() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path().join("sb");
+        let (sys, pool) = recording_pool(state.path());
+        let entry = state.path().join("disk-pool/ready-1");
+        std::fs::create_dir_all(entry.join(MOUNT)).unwrap();
+        std::fs::write(entry.join(IMAGE), b"ext4").unwrap();
+        pool.ready().push(entry.clone());
+        pool.ensure(&dir, MIN_BYTES).expect("adopt");
+        let root = state.path();
+        let calls: Vec<String> = sys.calls().iter().map(|c| c.describe(root)).collect();
+        assert_eq!(
+            calls[..2],
+            [
+                "mount $ROOT/disk-pool/ready-1/disk $ROOT/sb/disk - BIND -",
+                "umount2 $ROOT/disk-pool/ready-1/disk DETACH"
+            ]
+        );
+        assert_eq!(std::fs::read(dir.join(IMAGE)).unwrap(), b"ext4", "the image moved into the sandbox");
+        assert!(!entry.exists(), "the pool entry is gone");
+        assert!(pool.is_empty());
+    }
+
+    #[test]
+    fn a_failed_mount_says_which_image_device_and_mount_point() {
+        if !mkfs() {
+            eprintln!("skipped: mkfs.ext4 not found (e2fsprogs)");
+            return;
+        }
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path().join("sb");
+        let (sys, pool) = recording_pool(state.path());
+        sys.fail_when(|c| c.name() == "mount", Errno::EPERM);
+        let err = pool.ensure(&dir, MIN_BYTES).unwrap_err();
+        assert!(err.contains("disk.img (/dev/loop0) at") && err.contains("EPERM"), "{err}");
+        sys.fail_when(|c| c.name() == "loop_attach", Errno::ENXIO);
+        let err = pool.ensure(&dir, MIN_BYTES).unwrap_err();
+        assert!(err.starts_with("loop device for") && err.contains("ENXIO"), "{err}");
     }
 }

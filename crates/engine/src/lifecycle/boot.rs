@@ -23,7 +23,7 @@ pub(crate) async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> EngineResul
         return Ok(());
     };
     let (dir, pool) = (st.sandbox_dir(&rec.sandbox.id), st.disks.clone());
-    tokio::task::spawn_blocking(move || strata_runtime::disk::ensure(&dir, bytes, &pool))
+    tokio::task::spawn_blocking(move || pool.ensure(&dir, bytes))
         .await
         .map_err(|e| EngineError::internal("disk task", &e))?
         .map_err(|e| {
@@ -206,7 +206,7 @@ pub async fn mount_disks(st: &Shared) {
             continue;
         }
         let (id, pool) = (rec.sandbox.id.clone(), st.disks.clone());
-        match tokio::task::spawn_blocking(move || strata_runtime::disk::ensure(&dir, bytes, &pool)).await {
+        match tokio::task::spawn_blocking(move || pool.ensure(&dir, bytes)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(sandbox = %id, error = %e, "mounting the sandbox's disk"),
             Err(e) => warn!(sandbox = %id, error = %e, "mounting the sandbox's disk"),

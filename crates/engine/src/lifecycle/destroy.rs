@@ -67,7 +67,7 @@ pub(crate) fn release_resources(st: &Shared, id: &str) {
     if let Err(e) = st.runtime.cleanup(id) {
         warn!(sandbox = id, error = %crate::error::chain(&e), "releasing cgroup");
     }
-    strata_runtime::disk::release(&st.sandbox_dir(id));
+    st.disks.release(&st.sandbox_dir(id));
     if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&st.sandbox_dir(id)) {
         warn!(sandbox = id, error = %e, "removing sandbox directory");
     }

@@ -49,7 +49,7 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
         {
             (Some(bytes), true) => {
                 let (d, pool) = (dir.clone(), st.disks.clone());
-                match tokio::task::spawn_blocking(move || strata_runtime::disk::ensure(&d, bytes, &pool)).await {
+                match tokio::task::spawn_blocking(move || pool.ensure(&d, bytes)).await {
                     Ok(Ok(())) => Some(strata_runtime::disk::upper_dir(&dir)),
                     Ok(Err(e)) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),
                     Err(e) => return Err(fail(st, rec, &format!("making its disk: {e}"), started)),

@@ -114,6 +114,11 @@ pub enum SysCall {
     },
     /// The loopback interface brought up.
     LoopbackUp,
+    /// A loop device attached to an image.
+    LoopAttach {
+        /// The image.
+        image: PathBuf,
+    },
 }
 
 impl SysCall {
@@ -133,6 +138,7 @@ impl SysCall {
             SysCall::OpenTree { .. } => "open_tree",
             SysCall::MoveMount { .. } => "move_mount",
             SysCall::LoopbackUp => "loopback_up",
+            SysCall::LoopAttach { .. } => "loop_attach",
         }
     }
 
@@ -185,6 +191,7 @@ impl SysCall {
             SysCall::OpenTree { path, flags } => format!("open_tree {} {flags:#x}", p(path)),
             SysCall::MoveMount { from, to } => format!("move_mount {} {}", opt_p(from), p(to)),
             SysCall::LoopbackUp => "loopback_up".into(),
+            SysCall::LoopAttach { image } => format!("loop_attach {}", p(image)),
         }
     }
 }
@@ -335,6 +342,14 @@ impl Sys for RecordingSys {
 
     fn loopback_up(&self) -> nix::Result<()> {
         self.record(SysCall::LoopbackUp)
+    }
+
+    /// Answers `/dev/loopN` (N counting the attaches so far) and a descriptor of `/dev/null`.
+    fn loop_attach(&self, image: &Path) -> nix::Result<(PathBuf, OwnedFd)> {
+        let n = self.lock().calls.iter().filter(|c| matches!(c, SysCall::LoopAttach { .. })).count();
+        self.record(SysCall::LoopAttach { image: image.to_path_buf() })?;
+        let null = std::fs::File::open("/dev/null").map_err(|_| Errno::EIO)?;
+        Ok((PathBuf::from(format!("/dev/loop{n}")), null.into()))
     }
 
     fn root_after_pivot(&self, new_root: &Path) -> PathBuf {

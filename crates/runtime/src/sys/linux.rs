@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
@@ -100,6 +100,10 @@ impl Sys for LinuxSys {
         Errno::result(r).map(drop)
     }
 
+    fn loop_attach(&self, image: &Path) -> nix::Result<(PathBuf, OwnedFd)> {
+        loopdev::attach(image)
+    }
+
     fn loopback_up(&self) -> nix::Result<()> {
         // SAFETY: socket() has no memory-safety preconditions; the fd is owned below.
         let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
@@ -130,4 +134,88 @@ impl Sys for LinuxSys {
         }
         Ok(())
     }
+}
+
+/// Loop devices through their ioctls (linux/loop.h).
+mod loopdev {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::path::{Path, PathBuf};
+
+    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+    const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+    /// `struct loop_info64`.
+    #[repr(C)]
+    struct LoopInfo64 {
+        lo_device: u64,
+        lo_inode: u64,
+        lo_rdevice: u64,
+        lo_offset: u64,
+        lo_sizelimit: u64,
+        lo_number: u32,
+        lo_encrypt_type: u32,
+        lo_encrypt_key_size: u32,
+        lo_flags: u32,
+        lo_file_name: [u8; 64],
+        lo_crypt_name: [u8; 64],
+        lo_encrypt_key: [u8; 32],
+        lo_init: [u64; 2],
+    }
+
+    /// `struct loop_config`.
+    #[repr(C)]
+    struct LoopConfig {
+        fd: u32,
+        block_size: u32,
+        info: LoopInfo64,
+        reserved: [u64; 8],
+    }
+
+    fn errno(e: std::io::Error) -> nix::errno::Errno {
+        nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+
+    /// Opens read-write (std opens with O_CLOEXEC).
+    fn open_rw(path: &Path) -> std::io::Result<OwnedFd> {
+        Ok(std::fs::OpenOptions::new().read(true).write(true).open(path)?.into())
+    }
+
+    /// A free loop device backed by `image` (auto-clearing), and a descriptor
+    /// of it that keeps it alive until something else (a mount) holds it.
+    pub fn attach(image: &Path) -> nix::Result<(PathBuf, OwnedFd)> {
+        let backing = open_rw(image).map_err(errno)?;
+        let ctl = open_rw(Path::new("/dev/loop-control")).map_err(errno)?;
+        let mut last = nix::errno::Errno::EBUSY;
+        // Another process may take the free device between GET_FREE and CONFIGURE: try again.
+        for _ in 0..16 {
+            // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
+            let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+            if n < 0 {
+                return Err(nix::errno::Errno::last());
+            }
+            let device = PathBuf::from(format!("/dev/loop{n}"));
+            let dev = open_rw(&device).map_err(errno)?;
+            // SAFETY: all-zero is a valid `loop_config` (plain integers and byte arrays).
+            let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+            cfg.fd = backing.as_raw_fd() as u32;
+            cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+            let name = image.as_os_str().as_encoded_bytes();
+            let k = name.len().min(cfg.info.lo_file_name.len() - 1);
+            cfg.info.lo_file_name[..k].copy_from_slice(&name[..k]);
+            // SAFETY: LOOP_CONFIGURE reads a `loop_config` that lives across the call.
+            if unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &cfg as *const LoopConfig) } == 0 {
+                return Ok((device, dev));
+            }
+            last = nix::errno::Errno::last();
+            if last != nix::errno::Errno::EBUSY {
+                return Err(last);
+            }
+        }
+        Err(last)
+    }
+
+    // linux/loop.h: sizeof(struct loop_info64) == 232, sizeof(struct loop_config) == 304.
+    const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+    const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
 }

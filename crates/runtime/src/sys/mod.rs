@@ -5,7 +5,8 @@
 //! good. The setup code takes a `&dyn Sys` and makes those calls through it:
 //!
 //! * [`LinuxSys`] makes the real calls (the `_init` and `_restore` helpers and
-//!   the runtime build one at their entry points);
+//!   the runtime build one at their entry points; the per-sandbox disks of
+//!   [`crate::disk`] are mounted through one);
 //! * [`RecordingSys`] makes none: it records every call with its arguments in
 //!   order, answers success, and fails the calls it is told to fail, so the
 //!   setup logic (which calls, in which order, with which flags and options,
@@ -85,6 +86,12 @@ pub trait Sys: Send + Sync {
     /// Brings the loopback interface of the current network namespace up
     /// (`SIOCGIFFLAGS`, then `SIOCSIFFLAGS` with `IFF_UP | IFF_RUNNING`).
     fn loopback_up(&self) -> nix::Result<()>;
+
+    /// Attaches the file `image` to a free loop device (`LOOP_CTL_GET_FREE`,
+    /// then `LOOP_CONFIGURE` with `LO_FLAGS_AUTOCLEAR`): the device's path and
+    /// a descriptor of it that keeps it alive until something else (a mount)
+    /// holds it. `EINVAL`/`ENOTTY`: the kernel has no `LOOP_CONFIGURE` (< 5.8).
+    fn loop_attach(&self, image: &Path) -> nix::Result<(PathBuf, OwnedFd)>;
 
     /// Where the directory `new_root`, once made the root by
     /// [`Sys::pivot_root`], is reached afterwards: `/` after a real pivot. A
