@@ -2,13 +2,12 @@
 //! it: the sandbox is resolved once among the caller's own ([`crate::tenancy`]),
 //! the call counts as activity while it runs ([`crate::activity`]) and, when it
 //! needs the sandbox's processes or files, a parked sandbox is brought back
-//! first (resume on access, [`crate::lifecycle::ensure_running`]).
+//! first (resume on access, [`crate::lifecycle::ensure_running()`]).
 //!
-//! Front ends say what a call needs with a [`Use`] and get an [`Entered`]
-//! sandbox: the native API from its route table (`strata-server`,
-//! `native/access.rs`), the E2B API and MCP from the operation they translate.
-//! Who may call at all (tenancy of the route, operator-only routes) is decided
-//! before this; what is recorded in the audit log after it.
+//! Each method of the surface ([`crate::Engine`]) says what its operation
+//! needs with a [`Use`] and gets an [`Entered`] sandbox, whichever front end
+//! called it. Who may call at all (tenancy of the route, operator-only
+//! operations) is decided before this; what is recorded in the audit log after it.
 
 use strata_api::{ResumeResult, SandboxState};
 use strata_store::db::SandboxRecord;

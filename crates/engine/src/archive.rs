@@ -1,6 +1,6 @@
 //! The archive store: a stopped or standby sandbox's own state (its writable
 //! layer, and its standby process image) packed into an object store
-//! ([`pack`]), fetched and checked back ([`unpack`]), the local pointer to it
+//! (`pack`), fetched and checked back (`unpack`), the local pointer to it
 //! and [`reconcile`] after a restart. The transitions themselves are
 //! [`crate::lifecycle::archive`](mod@crate::lifecycle::archive) and
 //! [`crate::lifecycle::unarchive`](mod@crate::lifecycle::unarchive); `resume` /

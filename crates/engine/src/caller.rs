@@ -148,7 +148,7 @@ pub async fn as_daemon<F: Future>(fut: F) -> F::Output {
     CALLER.scope(Caller::daemon(), fut).await
 }
 
-/// Runs `fut` as `caller` (what [`authenticate`] does for a request).
+/// Runs `fut` as `caller` (what [`crate::Engine`] does for each call it makes).
 pub async fn run_as<F: Future>(caller: Caller, fut: F) -> F::Output {
     CALLER.scope(caller, fut).await
 }

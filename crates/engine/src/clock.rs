@@ -1,5 +1,5 @@
 //! Time as the engine records it: RFC 3339 with milliseconds ([`now`]), and
-//! reading it back ([`parse_time`]). A leaf: it names no other module.
+//! reading it back (`parse_time`). A leaf: it names no other module.
 
 use std::time::SystemTime;
 

@@ -24,20 +24,21 @@
 //! - reading it for a caller: [`tenancy`] (resolvers, tokens),
 //!   [`process_image`], then [`record`] (sandbox records, `transition`);
 //! - the operations: [`lifecycle`] (one file per operation: create, start,
-//!   stop, destroy, pause, standby, resume, resume on access, warm starts,
-//!   reconcile, the init watcher), [`access`] (what every call on a sandbox
+//!   stop, destroy, pause, standby, resume, resume on access, archive,
+//!   unarchive, warm starts, reconcile, the init watcher), [`access`] (what every call on a sandbox
 //!   does first, from any front end), [`processes`], [`files`], [`network`],
 //!   [`preview`], [`secrets`], [`activity`] (leases), [`hooks`], [`archive`],
 //!   [`images`], [`checkpoints`] (checkpoint, restore, fork, diff, export, gc,
 //!   lineage), [`scan`] + [`hygiene`], [`approvals`] (Rule of Two),
-//!   [`quotas`], [`events`], [`accounting`];
+//!   [`quotas`], [`events`], [`accounting`], [`audit_log`];
 //! - above them: [`policy`] (the automatic transitions), [`reaper`] (TTLs,
-//!   garbage collection), [`templates`], [`fanout`], [`pipelines`].
+//!   garbage collection), [`templates`], [`fanout`], [`pipelines`], [`reach`]
+//!   (may a caller reach an object);
+//! - the surface: [`surface::Engine`], the engine acting for one explicit
+//!   caller, one method per operation. Every front end calls the engine only
+//!   through it (the native handlers, the E2B API, the daemon's MCP tools).
 //!
-//! Front ends reach the operations through [`surface::Engine`] (the engine
-//! acting for one explicit caller; the E2B API uses only it) or, for the
-//! native API's handlers, through the modules above with the caller their
-//! middleware set. Per-sandbox disks are `strata_runtime::disk`'s.
+//! Per-sandbox disks are `strata_runtime::disk`'s.
 
 pub use surface::Engine;
 

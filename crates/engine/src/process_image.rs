@@ -2,7 +2,7 @@
 //! `manifest.json` (every file's size and CRC32), written to a staging
 //! directory and renamed into place once complete, checked before it is
 //! restored, retired (renamed, removed in the background) once used. A standby
-//! image is one; a warm checkpoint's process image is another ([`crate::warm`]).
+//! image is one; a warm checkpoint's process image is another ([`crate::lifecycle::warm`]).
 
 use std::path::{Path, PathBuf};
 
@@ -160,7 +160,7 @@ pub(crate) fn retire_image(st: &Shared, id: &str) {
     });
 }
 
-/// Removes used images a previous daemon left half-removed ([`retire_image`]).
+/// Removes used images a previous daemon left half-removed (`retire_image`).
 pub fn sweep_spent(st: &Shared, id: &str) {
     let Ok(entries) = std::fs::read_dir(st.sandbox_dir(id)) else { return };
     for e in entries.flatten() {

@@ -12,7 +12,7 @@
 //!   is outside the overlay, and CRIU treats it as an external mount).
 //!   The file is not encrypted: a key would have to sit next to it, readable
 //!   by the same root that can read the file (and the sandbox's memory).
-//! * **Redaction.** Values of at least [`MIN_REDACTED_BYTES`] bytes are
+//! * **Redaction.** Values of at least `MIN_REDACTED_BYTES` bytes are
 //!   replaced by `***` in process output (as it is buffered, so streamed
 //!   output, run-to-completion results and logs all see the redacted bytes),
 //!   in the argv of process records, and in event details.

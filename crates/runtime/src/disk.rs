@@ -307,7 +307,7 @@ fn release(sys: &dyn Sys, dir: &Path) {
 /// Disks made ahead of need: per size a template image, and for the default
 /// size a few ready disks (`disk-pool/<entry>/disk.img`, mounted at
 /// `disk-pool/<entry>/disk` with `upper/` and `work/`), refilled in the
-/// background by [`DiskPool::run`].
+/// background by [`DiskPool::start`].
 pub struct DiskPool {
     dir: PathBuf,
     /// The size the ready disks have (the daemon's `--default-disk`).

@@ -70,7 +70,7 @@ pub struct AppState {
     pub admission: Arc<crate::admission::Admission>,
     /// The preview proxy (settings, idle upstream connections).
     pub previews: self::preview::Previews,
-    /// Disk templates and ready disks of the default size (see [`crate::disk`]).
+    /// Disk templates and ready disks of the default size (see [`strata_runtime::disk`]).
     pub disks: Arc<strata_runtime::disk::DiskPool>,
     /// Pipeline runs driven by this daemon, pause requests, progress.
     pub pipelines: self::pipelines::Pipelines,
@@ -128,7 +128,7 @@ impl AppState {
         self.sandboxes_dir.join(id)
     }
 
-    /// The overlay upper directory (writable layer) of a sandbox (see [`crate::disk`]).
+    /// The overlay upper directory (writable layer) of a sandbox (see [`strata_runtime::disk`]).
     pub fn upper_dir(&self, id: &str) -> PathBuf {
         strata_runtime::disk::upper_dir(&self.sandbox_dir(id))
     }

@@ -132,7 +132,7 @@ impl Previews {
 impl Previews {
     /// Connects to 127.0.0.1:`port` inside the network of the sandbox whose
     /// init is `init`, through the runtime's socket maker for that network
-    /// ([`Runtime::net_sockets`], kept for [`CONNECTOR_IDLE`] between requests).
+    /// ([`Runtime::net_sockets`], kept for `CONNECTOR_IDLE` between requests).
     pub async fn connect(
         &self,
         runtime: &dyn Runtime,

@@ -12,7 +12,7 @@
 //!   which `Use`; there is no route table to keep in step.
 //! - **Caller**: the operation runs as the caller (tenancy, the Rule of Two,
 //!   quotas apply); operator-only operations refuse a tenant here
-//!   ([`Engine::operator_only`]), whatever the front end checked before.
+//!   (`Engine::operator_only`), whatever the front end checked before.
 //! - **Audit** is the front ends' (they know the request and its answer).
 
 mod checkpoints;

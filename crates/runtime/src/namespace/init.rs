@@ -1,6 +1,6 @@
 //! `strata _init`: the helper that becomes a sandbox's pid 1.
 //!
-//! Protocol with [`super::NamespaceRuntime::start`]: the config arrives as JSON
+//! Protocol with `NamespaceRuntime::start`: the config arrives as JSON
 //! on stdin; status lines ([`InitReport`]) go to stdout. The outer process joins
 //! the cgroup, unshares the namespaces and forks; the child is pid 1 of the new
 //! pid namespace, builds the root filesystem, reports `ready`, closes every

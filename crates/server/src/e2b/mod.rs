@@ -188,7 +188,7 @@ fn with_caller(router: Router, e2b: &SharedE2b) -> Router {
 
 /// Routes a request carrying `E2b-Sandbox-Id` by its `E2b-Sandbox-Port`: envd's
 /// port to strata's envd; any other port through the preview proxy
-/// ([`route_port`]). Requests without the header pass through.
+/// (`route_port`). Requests without the header pass through.
 ///
 /// The header is made exact first: anything but a full id (a name, a prefix)
 /// is resolved once with the caller's key and replaced by the id it names for

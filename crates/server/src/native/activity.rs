@@ -1,5 +1,5 @@
 //! The lease routes (see [`strata_engine::activity`]; which calls count as
-//! activity: [`super::access`]).
+//! activity: [`strata_engine::access`]).
 
 use crate::error::ApiResult;
 use crate::native::acting::Acting;

@@ -1,4 +1,4 @@
-//! HTTP handlers of `metrics` (see [`strata_engine::metrics`]).
+//! HTTP handlers of `metrics` (see [`strata_engine::state::metrics`]).
 
 use axum::http::header;
 use axum::response::IntoResponse;

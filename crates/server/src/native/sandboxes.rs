@@ -1,4 +1,4 @@
-//! HTTP handlers of `sandboxes` (see [`strata_engine::sandboxes`]).
+//! HTTP handlers of `sandboxes` (see [`strata_engine::lifecycle`]).
 
 use crate::error::ApiResult;
 use crate::native::acting::Acting;

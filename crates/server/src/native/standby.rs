@@ -1,5 +1,5 @@
-//! Pause, standby and resume routes (see [`strata_engine::standby`]; which
-//! calls resume a sandbox on access: [`super::access`]).
+//! Pause, standby and resume routes (see [`strata_engine::lifecycle`]; which
+//! calls resume a sandbox on access: [`strata_engine::access`]).
 
 use crate::error::ApiResult;
 use crate::native::acting::Acting;
