@@ -40,6 +40,10 @@ step "build strata-init (static)" scripts/build-init.sh "${LOCKED[@]}"
 step "cargo fmt --check" cargo fmt --all --check
 step "cargo clippy -D warnings" cargo clippy --workspace --tests "${LOCKED[@]}" -- -D warnings
 step "cargo build --tests ${LOCKED[*]}" cargo test --workspace "${LOCKED[@]}" --no-run
+# The unit tests need no root: run them once more as nobody, with no capabilities.
+if [ "$(id -u)" -eq 0 ]; then
+    step "unit tests as nobody" scripts/unit-as-nobody.sh "${LOCKED[@]}"
+fi
 
 T0=$(_now)
 LOG=$(mktemp "${TMPDIR:-/tmp}/strata-test.XXXXXX")
