@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
 use axum::{Json, Router};
@@ -60,15 +61,25 @@ pub fn router(e2b: SharedE2b) -> Router {
         .with_state(e2b)
 }
 
-/// The engine as the caller, and the caller's key (401 without a usable one).
-fn caller(e: &SharedE2b, who: &Who, headers: &HeaderMap) -> Result<(Engine, String), E2bError> {
-    let native = e.native(
-        who,
-        headers,
-        "API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)",
-    )?;
-    let key = request_token(headers).unwrap_or_default();
-    Ok((native, key))
+/// A control-plane call: the engine as the request's caller, and the
+/// caller's key (extracting it answers 401 without a usable key).
+struct Control {
+    engine: Engine,
+    key: String,
+}
+
+impl FromRequestParts<SharedE2b> for Control {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(parts: &mut Parts, e: &SharedE2b) -> Result<Self, E2bError> {
+        let who = Who(parts.extensions.get::<strata_engine::tenancy::Caller>().cloned());
+        let engine = e.native(
+            &who,
+            &parts.headers,
+            "API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)",
+        )?;
+        Ok(Control { engine, key: request_token(&parts.headers).unwrap_or_default() })
+    }
 }
 
 /// Maps the engine's answer for an unknown sandbox to E2B's 404 with the E2B wording.
@@ -212,8 +223,8 @@ fn check_timeout(t: u64) -> Result<u64, E2bError> {
 }
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`: create from a template.
-async fn create(State(e): State<SharedE2b>, who: Who, headers: HeaderMap, body: Bytes) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &who, &headers)?;
+async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
+    let Control { engine: client, key } = call;
     let req: NewSandbox = json_body(&body, "NewSandbox")?;
     for (given, what) in [
         (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
@@ -364,13 +375,8 @@ fn matches_metadata(s: &Sandbox, f: &HashMap<String, String>) -> bool {
 }
 
 /// `GET /sandboxes`: running sandboxes (v1).
-async fn list_v1(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Query(q): Query<ListV1Query>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn list_v1(call: Control, Query(q): Query<ListV1Query>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let f = metadata_filter(q.metadata.as_deref())?;
     let list: Vec<Value> = client
         .list_sandboxes()
@@ -385,13 +391,8 @@ async fn list_v1(
 /// `GET /v2/sandboxes`: filter by state and metadata, paginate by `nextToken`
 /// (the id to start after, in creation order) and `limit`; the next token is
 /// in the `x-next-token` header.
-async fn list_v2(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Query(q): Query<ListV2Query>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn list_v2(call: Control, Query(q): Query<ListV2Query>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let f = metadata_filter(q.metadata.as_deref())?;
     let states: Vec<String> = q
         .state
@@ -440,13 +441,8 @@ async fn list_v2(
 }
 
 /// `GET /sandboxes/{id}`.
-async fn get_one(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &who, &headers)?;
+async fn get_one(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let Control { engine: client, key } = call;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     if !visible(&s) {
         return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
@@ -455,13 +451,8 @@ async fn get_one(
 }
 
 /// `DELETE /sandboxes/{id}`: destroy.
-async fn kill(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn kill(State(e): State<SharedE2b>, call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let ev = client.remove_sandbox(&id, true).await.map_err(|err| match err.code() {
         // Already destroyed: E2B answers 404 for a sandbox that is gone.
         strata_api::ErrorCode::InvalidState => {
@@ -496,14 +487,8 @@ struct TimeoutBody {
 }
 
 /// `POST /sandboxes/{id}/timeout`.
-async fn set_timeout(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn set_timeout(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let client = call.engine;
     let b: TimeoutBody = json_body(&body, "SandboxTimeoutRequest")?;
     extend(&client, &id, check_timeout(b.timeout)?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -516,14 +501,8 @@ struct RefreshBody {
 }
 
 /// `POST /sandboxes/{id}/refreshes`: keep alive for `duration` seconds more.
-async fn refresh(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn refresh(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let client = call.engine;
     let b: RefreshBody = json_body(&body, "SandboxRefreshRequest")?;
     extend(&client, &id, check_timeout(b.duration.unwrap_or(DEFAULT_TIMEOUT))?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -550,14 +529,8 @@ async fn wake(client: &Engine, id: &str) -> Result<(Sandbox, bool), E2bError> {
 
 /// `POST /sandboxes/{id}/connect`, `/v2/...`: resume if paused (201), else 200; a
 /// `timeout` extends the sandbox's end.
-async fn connect(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &who, &headers)?;
+async fn connect(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let Control { engine: client, key } = call;
     let b: ConnectBody = json_body(&body, "ConnectSandbox")?;
     let (mut s, resumed) = wake(&client, &id).await?;
     if let Some(t) = b.timeout {
@@ -568,14 +541,8 @@ async fn connect(
 }
 
 /// `POST /sandboxes/{id}/resume` (deprecated in the SDK): like connect, 409 when running.
-async fn resume(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &who, &headers)?;
+async fn resume(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let Control { engine: client, key } = call;
     let b: ConnectBody = json_body(&body, "ResumedSandbox")?;
     let (mut s, resumed) = wake(&client, &id).await?;
     if !resumed {
@@ -593,13 +560,8 @@ async fn resume(
 
 /// `POST /sandboxes/{id}/pause`: strata standby (processes and memory dumped,
 /// compute released); 409 when already paused.
-async fn pause(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn pause(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     if e2b_state(s.state) == "paused" {
         return Ok((
@@ -622,14 +584,8 @@ struct ForkBody {
 
 /// `POST /sandboxes/{id}/fork`: strata fork (copy-on-write children of a
 /// checkpoint taken now); a list of `{"sandbox": Sandbox}`.
-async fn fork(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, key) = caller(&e, &who, &headers)?;
+async fn fork(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let Control { engine: client, key } = call;
     let b: ForkBody = json_body(&body, "SandboxForkRequest")?;
     let count = b.count.unwrap_or(1);
     if count == 0 || count > 64 {
@@ -677,14 +633,8 @@ struct SnapshotBody {
 
 /// `POST /sandboxes/{id}/snapshots`: a strata checkpoint; its id is the
 /// snapshot id, usable as a template id to create from.
-async fn snapshot(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn snapshot(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let client = call.engine;
     let b: SnapshotBody = json_body(&body, "SandboxSnapshotRequest")?;
     let mut labels = BTreeMap::new();
     labels.insert("e2b.snapshot".to_string(), "true".to_string());
@@ -708,13 +658,8 @@ struct SnapshotsQuery {
 }
 
 /// `GET /snapshots`: the checkpoints taken through the E2B API.
-async fn list_snapshots(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Query(q): Query<SnapshotsQuery>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn list_snapshots(call: Control, Query(q): Query<SnapshotsQuery>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let mut cps: Vec<_> = client
         .list_checkpoints(q.sandbox_id.as_deref())
         .await?
@@ -746,13 +691,8 @@ async fn list_snapshots(
 /// `DELETE /templates/{id}` for a snapshot id (`Sandbox.delete_snapshot`):
 /// deletes the checkpoint (409 `in_use` while sandboxes depend on it); 404 for
 /// anything that is not a snapshot.
-async fn delete_snapshot(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn delete_snapshot(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let not_found = || {
         E2bError::NotFound(format!("snapshot '{id}' not found (template deletion is not supported by strata: only snapshots made through the E2B API)"))
     };
@@ -769,13 +709,8 @@ async fn delete_snapshot(
 
 /// `GET /sandboxes/{id}/metrics`: one sample from strata's accounting (CPU
 /// time over the lifetime, current and peak memory).
-async fn metrics(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn metrics(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
+    let client = call.engine;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     let cost = client.cost(&id).await.map_err(sandbox_err(&id))?;
     let cpus = s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1).max(1);
@@ -831,13 +766,10 @@ struct LogsQuery {
 /// sandbox logs are envd's own; process output is read per command).
 /// Entries: (unix ms, RFC 3339 time, level, message, fields).
 async fn log_entries(
-    e: &SharedE2b,
-    who: &Who,
-    headers: &HeaderMap,
+    client: &Engine,
     id: &str,
     q: &LogsQuery,
 ) -> Result<Vec<(u64, String, &'static str, String, Value)>, E2bError> {
-    let (client, _) = caller(e, who, headers)?;
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     let events = client.events(Some(&s.id), 0).await.map_err(sandbox_err(id))?;
     let from = q.cursor.or(q.start).unwrap_or(0);
@@ -880,14 +812,8 @@ async fn log_entries(
 }
 
 /// `GET /sandboxes/{id}/logs`: `{"logs": [{timestamp, line}], "logEntries": [...]}`.
-async fn logs_v1(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Query(q): Query<LogsQuery>,
-) -> Result<Response, E2bError> {
-    let entries = log_entries(&e, &who, &headers, &id, &q).await?;
+async fn logs_v1(call: Control, Path(id): Path<String>, Query(q): Query<LogsQuery>) -> Result<Response, E2bError> {
+    let entries = log_entries(&call.engine, &id, &q).await?;
     let logs: Vec<Value> = entries.iter().map(|(_, t, _, m, _)| json!({"timestamp": t, "line": m})).collect();
     let log_entries: Vec<Value> =
         entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
@@ -895,14 +821,8 @@ async fn logs_v1(
 }
 
 /// `GET /v2/sandboxes/{id}/logs`: `{"logs": [{timestamp, level, message, fields}]}`.
-async fn logs_v2(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Query(q): Query<LogsQuery>,
-) -> Result<Response, E2bError> {
-    let entries = log_entries(&e, &who, &headers, &id, &q).await?;
+async fn logs_v2(call: Control, Path(id): Path<String>, Query(q): Query<LogsQuery>) -> Result<Response, E2bError> {
+    let entries = log_entries(&call.engine, &id, &q).await?;
     let logs: Vec<Value> =
         entries.iter().map(|(_, t, l, m, f)| json!({"timestamp": t, "level": l, "message": m, "fields": f})).collect();
     Ok(Json(json!({"logs": logs})).into_response())
@@ -954,14 +874,8 @@ fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
 }
 
 /// `PUT /sandboxes/{id}/network`: E2B egress rules onto strata's (live).
-async fn network(
-    State(e): State<SharedE2b>,
-    who: Who,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
-    let (client, _) = caller(&e, &who, &headers)?;
+async fn network(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
+    let client = call.engine;
     let n: E2bNetwork = json_body(&body, "SandboxNetworkUpdateConfig")?;
     let spec = strata_network(&n)?;
     client.set_network(&id, &spec).await.map_err(sandbox_err(&id))?;
