@@ -20,9 +20,26 @@ pub struct FeatureCheck {
 /// An isolation tier and whether this host can run it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TierReport {
-    /// Tier name (`namespace`, `microvm`).
+    /// Tier name (`namespace`, `gvisor`, `microvm`).
     pub name: String,
     /// Usable on this host.
+    pub available: bool,
+    /// Why (or why not).
+    pub detail: String,
+    /// What a sandbox of this tier can do here, capability by capability
+    /// (create, exec, files, egress, limits, disk quota, checkpoint, fork,
+    /// standby, warm checkpoint, PTY), each with why (or why not).
+    #[serde(default)]
+    pub capabilities: Vec<TierCapability>,
+}
+
+/// One capability of a tier on this host (a cell of `strata doctor`'s matrix).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TierCapability {
+    /// `create`, `exec`, `files`, `egress`, `limits`, `disk_quota`,
+    /// `checkpoint`, `fork`, `standby`, `warm_checkpoint` or `pty`.
+    pub name: String,
+    /// Whether a sandbox of the tier has it on this host.
     pub available: bool,
     /// Why (or why not).
     pub detail: String,

@@ -112,6 +112,48 @@ pub struct ResourceLimits {
     pub disk_quota: Option<String>,
 }
 
+/// An isolation tier: what stands between a sandbox's code and the host.
+/// `namespace`: Linux namespaces, cgroups, a reduced capability set and
+/// seccomp on the host's kernel; `gvisor`: a user-space kernel (runsc)
+/// between the sandbox and the host kernel; `microvm`: a guest kernel of its
+/// own in a virtual machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Linux namespaces on the host's kernel.
+    #[default]
+    Namespace,
+    /// gVisor's user-space kernel (runsc).
+    Gvisor,
+    /// A microVM with its own guest kernel (QEMU).
+    Microvm,
+}
+
+impl Isolation {
+    /// Every tier, weakest boundary first.
+    pub const ALL: [Isolation; 3] = [Isolation::Namespace, Isolation::Gvisor, Isolation::Microvm];
+
+    /// The tier's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Namespace => "namespace",
+            Isolation::Gvisor => "gvisor",
+            Isolation::Microvm => "microvm",
+        }
+    }
+
+    /// The tier a name means (`None` for an unknown name).
+    pub fn parse(s: &str) -> Option<Isolation> {
+        Isolation::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Isolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Request body of `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -168,6 +210,11 @@ pub struct CreateSandboxRequest {
     /// running (default true); false boots its filesystem fresh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<bool>,
+    /// Isolation tier (`namespace`, `gvisor`, `microvm`). Default: the daemon's
+    /// `--default-isolation` (`namespace`). A tier this host cannot run is a 501
+    /// naming what is missing (`strata doctor` lists each tier and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -191,7 +238,7 @@ pub struct Sandbox {
     pub source: String,
     /// The resolved image id.
     pub image_id: String,
-    /// Isolation tier (`namespace`).
+    /// Isolation tier (`namespace`, `gvisor`, `microvm`: see [`Isolation`]).
     pub runtime: String,
     /// Ephemeral or persistent.
     pub lifecycle: Lifecycle,

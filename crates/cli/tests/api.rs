@@ -129,7 +129,23 @@ fn request_bodies_with_unknown_fields_are_refused() {
     let body = body.expect("a JSON error body");
     assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
     assert!(body.message.contains("unknown field `runtime`"), "{}", body.message);
-    assert!(common::rt().block_on(d.client().list_sandboxes()).unwrap().is_empty(), "nothing was created");
+    // An unknown tier is a 400 naming the tiers; a tier this host cannot run a 501 saying why.
+    let (status, body) = post("/v1/sandboxes", r#"{"source":"busybox","isolation":"firecracker"}"#);
+    let body = body.expect("a JSON error body");
+    assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
+    assert!(body.message.contains("firecracker") && body.message.contains("gvisor"), "{}", body.message);
+    for tier in ["gvisor", "microvm"] {
+        let (status, body) = post("/v1/sandboxes", &format!(r#"{{"source":"busybox","isolation":"{tier}"}}"#));
+        let body = body.expect("a JSON error body");
+        assert_eq!((status, body.code), (501, ErrorCode::Unsupported), "{tier}");
+        assert!(body.message.starts_with(&format!("isolation {tier}: ")), "{}", body.message);
+    }
+    let (status, _) = post("/v1/sandboxes", r#"{"source":"busybox","isolation":"namespace","name":"ns"}"#);
+    assert_eq!(status, 201);
+    let ns = common::rt().block_on(d.client().get_sandbox("ns")).unwrap();
+    assert_eq!(ns.runtime, "namespace");
+    common::rt().block_on(d.client().remove_sandbox("ns", true)).unwrap();
+    assert!(common::rt().block_on(d.client().list_sandboxes()).unwrap().is_empty(), "nothing else was created");
     let id = d.create(&[]);
     for (path, body) in [
         (format!("/v1/sandboxes/{id}/exec"), r#"{"cmd":["true"],"usr":"root"}"#),

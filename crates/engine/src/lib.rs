@@ -141,6 +141,28 @@ pub enum DaemonError {
     /// A default limit, reserve, over-commit ratio or tenant quota flag is unusable.
     #[error(transparent)]
     Admission(#[from] admission::ConfigError),
+    /// The default isolation tier cannot run on this host.
+    #[error("{0}")]
+    Isolation(String),
+}
+
+/// The tiers this daemon runs: the namespace tier (the runtime it opened);
+/// for the others, why not (what the host has is said, from the probes).
+fn probe_tiers(default: strata_api::Isolation) -> Result<state::tiers::Tiers, DaemonError> {
+    use strata_api::Isolation;
+    let microvm = strata_runtime::microvm::probe();
+    let unavailable = std::collections::BTreeMap::from([
+        (Isolation::Gvisor, strata_runtime::gvisor::probe().unavailable()),
+        (
+            Isolation::Microvm,
+            match microvm.qemu {
+                None => "the microvm tier is not implemented in this build; qemu-system-x86_64 is not installed either"
+                    .to_string(),
+                Some(q) => format!("the microvm tier is not implemented in this build ({q} found)"),
+            },
+        ),
+    ]);
+    state::tiers::Tiers::new(default, unavailable).map_err(DaemonError::Isolation)
 }
 
 /// What the engine is opened with (the listeners are the server's).
@@ -166,6 +188,8 @@ pub struct Config {
     pub disk_pool: usize,
     /// Domain of host-based preview URLs (`<port>-<sandbox>.<domain>`; default [`preview::DEFAULT_DOMAIN`]).
     pub preview_domain: Option<String>,
+    /// The tier of sandboxes whose create names none (`--default-isolation`).
+    pub default_isolation: strata_api::Isolation,
 }
 
 /// Name of the token file in the state directory.
@@ -232,6 +256,8 @@ pub struct Opened {
 /// background work (TTL reaper, policy loop, cost sampler). Sandboxes kept
 /// running while no daemon was up are re-adopted.
 pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
+    // A default tier this host cannot run stops the daemon before it touches anything.
+    let tiers = probe_tiers(cfg.default_isolation)?;
     std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
     let s = cfg.state_dir.to_string_lossy();
     if s.contains(',') || s.contains(':') {
@@ -283,6 +309,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     let preview_domain =
         cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
+    app_state.tiers = tiers;
     let st: Shared = Arc::new(app_state);
     // Everything from here runs as the daemon itself: it acts in every tenant.
     tenancy::as_daemon(reconcile_at_start(&st)).await?;

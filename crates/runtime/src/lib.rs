@@ -32,6 +32,7 @@ pub mod cgroup;
 pub mod disk;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+pub mod gvisor;
 pub mod microvm;
 pub mod namespace;
 pub mod openat2;

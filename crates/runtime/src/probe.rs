@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use strata_api::{DoctorReport, FeatureCheck, TierReport};
+use strata_api::{DoctorReport, FeatureCheck, TierCapability, TierReport};
 
 use crate::cgroup;
 
@@ -182,6 +182,7 @@ pub fn doctor() -> DoctorReport {
 
     let ns_ok =
         root && overlay && cg.is_ok() && f.iter().filter(|c| c.name.ends_with("_namespace")).all(|c| c.available);
+    let gv = crate::gvisor::probe();
     let tiers = vec![
         TierReport {
             name: "namespace".into(),
@@ -191,6 +192,13 @@ pub fn doctor() -> DoctorReport {
             } else {
                 "missing: see features".into()
             },
+            capabilities: namespace_capabilities(ns_ok, &f),
+        },
+        TierReport {
+            name: "gvisor".into(),
+            available: false,
+            detail: gv.unavailable(),
+            capabilities: unavailable_capabilities("the tier is not available (see its detail)"),
         },
         TierReport {
             name: "microvm".into(),
@@ -199,9 +207,62 @@ pub fn doctor() -> DoctorReport {
                 (None, _) => "not implemented on this build; qemu-system-x86_64 not installed".into(),
                 (Some(q), kvm) => format!("not implemented on this build; {q}, kvm {kvm} (pvm/none means TCG only)"),
             },
+            capabilities: unavailable_capabilities("the tier is not available (see its detail)"),
         },
     ];
     DoctorReport { kernel, cgroup_version: cg_version, features: f, tiers, names_like_ids: Vec::new() }
+}
+
+/// The capabilities `strata doctor` reports for each tier, in its order.
+pub const TIER_CAPABILITIES: [&str; 11] = [
+    "create",
+    "exec",
+    "files",
+    "egress",
+    "limits",
+    "disk_quota",
+    "checkpoint",
+    "fork",
+    "standby",
+    "warm_checkpoint",
+    "pty",
+];
+
+/// The namespace tier's capabilities on this host, from the features probed.
+fn namespace_capabilities(tier_ok: bool, features: &[FeatureCheck]) -> Vec<TierCapability> {
+    let feature = |name: &str| features.iter().find(|c| c.name == name);
+    let needs = |name: &str| match feature(name) {
+        Some(c) if c.available => (true, c.detail.clone()),
+        Some(c) => (false, format!("{name}: {}", c.detail)),
+        None => (false, format!("{name}: not probed")),
+    };
+    TIER_CAPABILITIES
+        .iter()
+        .map(|&cap| {
+            let (available, detail) = if !tier_ok {
+                (false, "the tier is not available (see its detail)".to_string())
+            } else {
+                match cap {
+                    "create" | "exec" | "files" | "pty" => (true, "with the tier".to_string()),
+                    "checkpoint" | "fork" => (true, "from the overlay's writable layer".to_string()),
+                    "egress" => needs("nftables"),
+                    "limits" => needs("cgroups"),
+                    "disk_quota" => needs("disk_quota"),
+                    "standby" | "warm_checkpoint" => needs("criu"),
+                    _ => (false, "unknown capability".to_string()),
+                }
+            };
+            TierCapability { name: cap.to_string(), available, detail }
+        })
+        .collect()
+}
+
+/// Every capability of a tier that cannot run here, with `why`.
+fn unavailable_capabilities(why: &str) -> Vec<TierCapability> {
+    TIER_CAPABILITIES
+        .iter()
+        .map(|&cap| TierCapability { name: cap.to_string(), available: false, detail: why.to_string() })
+        .collect()
 }
 
 #[cfg(test)]
@@ -226,6 +287,13 @@ mod tests {
             r.features.iter().all(|f| f.available || !f.disables.is_empty()),
             "a missing feature says what it disables"
         );
-        assert_eq!(r.tiers.len(), 2);
+        let names: Vec<&str> = r.tiers.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["namespace", "gvisor", "microvm"]);
+        for t in &r.tiers {
+            let caps: Vec<&str> = t.capabilities.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(caps, TIER_CAPABILITIES, "{}: every capability, in order", t.name);
+            assert!(t.available || t.capabilities.iter().all(|c| !c.available), "{}", t.name);
+            assert!(t.capabilities.iter().all(|c| !c.detail.is_empty()), "{}: each cell says why", t.name);
+        }
     }
 }

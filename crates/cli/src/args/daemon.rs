@@ -94,6 +94,11 @@ pub struct DaemonArgs {
     /// Default: preview.localhost.
     #[arg(long, env = "STRATA_PREVIEW_DOMAIN")]
     pub preview_domain: Option<String>,
+    /// Isolation tier of sandboxes whose create names none: namespace, gvisor
+    /// or microvm. The daemon refuses to start when this host cannot run it.
+    #[arg(long, env = "STRATA_DEFAULT_ISOLATION", value_name = "TIER", default_value = "namespace",
+        value_parser = super::sandbox::parse_isolation)]
+    pub default_isolation: strata_api::Isolation,
 }
 
 fn parse_default_size(s: &str) -> Result<DefaultLimit<u64>, String> {

@@ -52,6 +52,11 @@ pub struct CreateArgs {
     pub allow_setuid: bool,
     #[command(flatten)]
     pub warm: WarmArgs,
+    /// Isolation tier: namespace, gvisor or microvm (default: the daemon's
+    /// --default-isolation). A tier this host cannot run is refused with why
+    /// (`strata doctor` lists each tier's capabilities here).
+    #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
+    pub isolation: Option<strata_api::Isolation>,
 }
 
 /// `strata run`.
@@ -78,6 +83,11 @@ pub struct RunArgs {
     pub network: NetworkArgs,
     #[command(flatten)]
     pub opts: ProcOpts,
+    /// Isolation tier: namespace, gvisor or microvm (default: the daemon's
+    /// --default-isolation). A tier this host cannot run is refused with why
+    /// (`strata doctor` lists each tier's capabilities here).
+    #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
+    pub isolation: Option<strata_api::Isolation>,
     /// Command and arguments.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -234,6 +244,11 @@ pub struct PolicyArgs {
 }
 
 /// Parses a Rule-of-Two capability name.
+/// An isolation tier by name.
+pub fn parse_isolation(s: &str) -> Result<strata_api::Isolation, String> {
+    strata_api::Isolation::parse(s).ok_or_else(|| format!("unknown isolation tier {s:?} (namespace, gvisor, microvm)"))
+}
+
 pub fn parse_capability(s: &str) -> Result<strata_api::Capability, String> {
     strata_api::Capability::parse(s)
         .ok_or_else(|| format!("unknown capability {s:?} (untrusted_input, sensitive_access, external_comms)"))

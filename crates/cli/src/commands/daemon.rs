@@ -27,6 +27,7 @@ pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
             disk_pool: a.disk_pool,
             approval_timeout: a.approval_timeout,
             preview_domain: a.preview_domain,
+            default_isolation: a.default_isolation,
         },
         socket,
         listen: a.listen,
@@ -96,6 +97,7 @@ pub(super) async fn doctor(c: &Client, JsonOutput { json }: JsonOutput) -> Resul
     for t in &report.tiers {
         println!("  {} {:<10} {}", if t.available { "ok " } else { "-- " }, t.name, t.detail);
     }
+    print_tier_matrix(&report.tiers);
     if !report.names_like_ids.is_empty() {
         println!("names that could be read as ids (from before such names were refused; use their ids):");
         for n in &report.names_like_ids {
@@ -109,4 +111,41 @@ pub(super) async fn doctor(c: &Client, JsonOutput { json }: JsonOutput) -> Resul
         }
     }
     Ok(0)
+}
+
+/// Each tier x each capability: yes / no, then why for every "no" (and what
+/// each "yes" rests on, once per distinct reason).
+fn print_tier_matrix(tiers: &[strata_api::TierReport]) {
+    let Some(first) = tiers.first() else { return };
+    let caps: Vec<&str> = first.capabilities.iter().map(|c| c.name.as_str()).collect();
+    if caps.is_empty() {
+        return;
+    }
+    print!("\n  {:<16}", "capability");
+    for t in tiers {
+        print!(" {:<10}", t.name);
+    }
+    println!();
+    for cap in &caps {
+        print!("  {cap:<16}");
+        for t in tiers {
+            let cell = t.capabilities.iter().find(|c| c.name == *cap);
+            print!(" {:<10}", if cell.is_some_and(|c| c.available) { "yes" } else { "no" });
+        }
+        println!();
+    }
+    for t in tiers {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in t.capabilities.iter().filter(|c| !c.available) {
+            if seen.insert(c.detail.as_str()) {
+                let same: Vec<&str> = t
+                    .capabilities
+                    .iter()
+                    .filter(|o| !o.available && o.detail == c.detail)
+                    .map(|o| o.name.as_str())
+                    .collect();
+                println!("  {} no ({}): {}", t.name, same.join(", "), c.detail);
+            }
+        }
+    }
 }

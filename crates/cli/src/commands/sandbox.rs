@@ -35,6 +35,7 @@ pub(super) async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         policy: policy_patch(&a.policy),
         secrets: secrets(&a.secrets)?,
         network: network_spec(&a.network),
+        isolation: a.isolation,
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;
@@ -227,6 +228,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         capabilities: a.capabilities.clone(),
         allow_setuid: a.allow_setuid,
         processes: a.warm.choice(),
+        isolation: a.isolation,
     })
 }
 

@@ -109,6 +109,9 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
 }
 
 pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> EngineResult<Sandbox> {
+    // The tier first: one this host cannot run is refused (501, with why), never replaced by another.
+    // Every tier that resolves runs on the daemon's runtime (today the namespace tier only).
+    st.tiers.resolve(req.isolation)?;
     let source = resolve_source(st, &req.source)?;
     let id = ids::new_id();
     let name = match &req.name {

@@ -1,7 +1,7 @@
 //! What the daemon holds: [`AppState`] (shared as [`Shared`]) and its
 //! components, one file each: the [`activity`] tracker, the [`processes`]
 //! table, the [`secrets`] store, per-sandbox [`network`]s, the [`archive`]
-//! store, the [`pipelines`] driver's runs and progress, the [`preview`] proxy's state, cost [`accounting`] samples and
+//! store, the [`pipelines`] driver's runs and progress, the isolation [`tiers`], the [`preview`] proxy's state, cost [`accounting`] samples and
 //! [`metrics`]. The layer below every operation: nothing here calls one (a
 //! unit test checks it, `tests/layers.rs`); the operations that use a
 //! component live in the engine module of the same name.
@@ -15,6 +15,7 @@ pub mod pipelines;
 pub mod preview;
 pub mod processes;
 pub mod secrets;
+pub mod tiers;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -74,6 +75,8 @@ pub struct AppState {
     pub disks: Arc<strata_runtime::disk::DiskPool>,
     /// Pipeline runs driven by this daemon, pause requests, progress.
     pub pipelines: self::pipelines::Pipelines,
+    /// The isolation tiers this daemon runs, and the default one.
+    pub tiers: self::tiers::Tiers,
 }
 
 impl AppState {
@@ -109,6 +112,7 @@ impl AppState {
             admission,
             previews: self::preview::Previews::default(),
             pipelines: self::pipelines::Pipelines::default(),
+            tiers: self::tiers::Tiers::default(),
         }
     }
 

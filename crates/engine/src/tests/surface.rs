@@ -92,3 +92,28 @@ async fn the_operators_operations_refuse_a_tenant_in_the_engine_itself() {
     assert!(op.list_tokens(&TokenQuery::default()).await.expect("tokens").is_empty());
     assert_eq!(op.quota("acme").await.expect("quota").tenant, "acme");
 }
+
+#[tokio::test]
+async fn a_tier_this_daemon_cannot_run_is_refused_with_why_and_nothing_is_made() {
+    let e = crate::tenancy::as_daemon(async {
+        let e = TestEngine::new();
+        e.image("base").await;
+        e
+    })
+    .await;
+    let engine = Engine::new(e.st.clone(), Caller::operator("test"));
+    for tier in [strata_api::Isolation::Gvisor, strata_api::Isolation::Microvm] {
+        let req =
+            strata_api::CreateSandboxRequest { source: "base".into(), isolation: Some(tier), ..Default::default() };
+        let err = engine.create_sandbox(&req).await.unwrap_err();
+        assert_eq!(err.body.code, ErrorCode::Unsupported, "{tier}");
+        assert!(err.body.message.starts_with(&format!("isolation {tier}: ")), "{}", err.body.message);
+    }
+    assert!(engine.list_sandboxes().await.expect("list").is_empty(), "nothing was recorded");
+    let req = strata_api::CreateSandboxRequest {
+        source: "base".into(),
+        isolation: Some(strata_api::Isolation::Namespace),
+        ..Default::default()
+    };
+    engine.create_sandbox(&req).await.expect("the namespace tier runs");
+}
