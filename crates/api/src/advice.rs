@@ -131,6 +131,12 @@ pub struct StrategyCost {
 pub struct Advice {
     /// The recommended lifecycle.
     pub recommendation: Strategy,
+    /// The isolation tier recommended from the stage's trust.
+    #[serde(default)]
+    pub isolation: crate::Isolation,
+    /// Why that tier (and, from a daemon, whether it can run there).
+    #[serde(default)]
+    pub isolation_reason: String,
     /// Why, one fact per line, numbers included.
     pub reasons: Vec<String>,
     /// Things to watch (state kept from untrusted input, tokens kept in state, ...).

@@ -226,9 +226,13 @@ fn advise_recommends_a_lifecycle_with_priced_alternatives() {
     };
     let a = rt().block_on(d.client().advise(&req)).unwrap();
     assert!(a.warnings.iter().any(|w| w.contains("untrusted input")), "{:?}", a.warnings);
+    // ... and so does the tier: a kernel of its own; this daemon runs the namespace tier only, and says so.
+    assert_eq!(a.isolation, strata_api::Isolation::Gvisor, "{a:#?}");
+    assert!(a.warnings.iter().any(|w| w.starts_with("the recommended isolation gvisor cannot run on this daemon")));
     // The human-readable form names the recommendation and the baselines.
     let text = d.cli_ok(&["advise", "--setup", "10m", "--turns", "10", "--idle", "1h", "--keep", "packages"]);
     assert!(text.contains("recommendation: template_then_ephemeral"), "{text}");
+    assert!(text.contains("isolation: namespace"), "{text}");
     assert!(text.contains("ephemeral_only") && text.contains("always_on"), "{text}");
     // Bad input: 400 naming the field.
     let e = rt()

@@ -284,7 +284,39 @@ pub fn advise(p: &StageProfile, prices: &Prices) -> Advice {
     if keeps(Keep::Processes) && p.fan_out >= 2 {
         warnings.push("forks share files, not processes: each child starts its processes again".into());
     }
-    Advice { recommendation: pick, reasons, warnings, alternatives: all, currency: prices.currency.clone() }
+    let (isolation, isolation_reason) = tier_for(p);
+    Advice {
+        recommendation: pick,
+        isolation,
+        isolation_reason,
+        reasons,
+        warnings,
+        alternatives: all,
+        currency: prices.currency.clone(),
+    }
+}
+
+/// The tier a stage's trust calls for: untrusted input runs behind a kernel
+/// of its own (gVisor's user-space kernel; a microVM's guest kernel is the
+/// stronger, slower alternative), trusted work on the host's kernel.
+fn tier_for(p: &StageProfile) -> (strata_api::Isolation, String) {
+    use strata_api::Isolation;
+    if p.untrusted_input {
+        (
+            Isolation::Gvisor,
+            "the stage processes untrusted input: run it behind a kernel of its own, gvisor (a user-space kernel \
+             between it and the host's) or microvm (a guest kernel, stronger and slower to start), not on the \
+             host's kernel"
+                .into(),
+        )
+    } else {
+        (
+            Isolation::Namespace,
+            "the input is trusted: the namespace tier (the host's kernel behind namespaces, seccomp and a reduced \
+             capability set) is the cheapest boundary that fits"
+                .into(),
+        )
+    }
 }
 
 fn money(x: f64) -> String {
@@ -378,6 +410,15 @@ mod tests {
             &prices(),
         );
         assert_eq!(a.recommendation, Strategy::StopBetweenTurns, "{a:#?}");
+    }
+
+    #[test]
+    fn the_tier_follows_the_stages_trust() {
+        let trusted = advise(&StageProfile::default(), &prices());
+        assert_eq!(trusted.isolation, strata_api::Isolation::Namespace);
+        let untrusted = advise(&StageProfile { untrusted_input: true, ..Default::default() }, &prices());
+        assert_eq!(untrusted.isolation, strata_api::Isolation::Gvisor);
+        assert!(untrusted.isolation_reason.contains("untrusted input"), "{}", untrusted.isolation_reason);
     }
 
     #[test]

@@ -326,6 +326,8 @@ fn print_advice(a: &strata_api::Advice) {
     for r in &a.reasons {
         println!("  - {r}");
     }
+    println!("isolation: {}", a.isolation);
+    println!("  - {}", a.isolation_reason);
     for w in &a.warnings {
         println!("  warning: {w}");
     }

@@ -181,6 +181,13 @@ impl Engine {
 
     /// The lifecycle the advisor recommends for a stage, priced.
     pub async fn advise(&self, req: &AdviseRequest) -> EngineResult<Advice> {
-        Ok(strata_core::advisor::advise(&crate::advisor::profile(req)?, &self.st.prices))
+        let mut advice = strata_core::advisor::advise(&crate::advisor::profile(req)?, &self.st.prices);
+        if let Some(why) = self.st.tiers.why_not(advice.isolation) {
+            advice.warnings.push(format!(
+                "the recommended isolation {} cannot run on this daemon ({why}): ask the operator for it, or run the stage on the namespace tier knowing it shares the host's kernel",
+                advice.isolation
+            ));
+        }
+        Ok(advice)
     }
 }
