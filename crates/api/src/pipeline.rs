@@ -143,6 +143,12 @@ pub struct StageSpec {
     /// the promotion passes the state-hygiene scan gate like `strata template create`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// Isolation tier of the stage's sandboxes (`namespace`, `gvisor`,
+    /// `microvm`; default: the daemon's). A run whose stage asks for a tier the
+    /// daemon cannot run is refused before it starts (501). A fork stage's
+    /// attempts run on their source checkpoint's tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::Isolation>,
     /// Promote to `template` even when the scan has findings (recorded on the template).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub accept_findings: bool,

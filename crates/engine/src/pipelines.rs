@@ -176,12 +176,14 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
                     ("secrets", !st.secrets.is_empty()),
                     ("network", st.network.is_some()),
                     ("capabilities", !st.capabilities.is_empty()),
+                    ("isolation", st.isolation.is_some()),
                 ] {
                     if set {
                         let why = match field {
                             "secrets" => "a fork stage's children are forked from its source, not created: they have no secrets of their own".to_string(),
                             "network" => "a fork stage's children inherit their source's network".to_string(),
                             "capabilities" => "a fork stage's children inherit their source checkpoint's capabilities".to_string(),
+                            "isolation" => "a fork stage's children run on their source checkpoint's tier".to_string(),
                             _ => format!("a fork stage sets {field} in its [stage.fanout] table"),
                         };
                         return Err(err(field, why));
@@ -312,6 +314,13 @@ pub fn not_found(id: &str) -> EngineError {
 /// Validates a spec, checks its image and template sources exist, records the run and starts it.
 pub async fn start(st: &Shared, spec: PipelineSpec) -> EngineResult<PipelineRun> {
     validate(&spec)?;
+    for s in &spec.stages {
+        // A tier this daemon cannot run fails the run before it starts, not at its stage.
+        st.tiers.resolve(s.isolation).map_err(|mut e| {
+            e.body.message = format!("stage {:?}: {}", s.name, e.body.message);
+            e
+        })?;
+    }
     for (i, s) in spec.stages.iter().enumerate() {
         // A template an earlier stage of this run promotes to will exist when this stage starts.
         let promoted_earlier = |n: &str| spec.stages[..i].iter().any(|o| o.template.as_deref() == Some(n));
@@ -760,6 +769,7 @@ async fn run_stage(st: &Shared, run: &mut PipelineRun, idx: usize) -> Result<(),
                 env: env.clone(),
                 policy,
                 capabilities: spec.capabilities.clone(),
+                isolation: spec.isolation,
                 ..Default::default()
             };
             with_approval(st, run, idx, || crate::lifecycle::create(st, req.clone())).await?.id
@@ -1016,6 +1026,22 @@ commands = ["cat /root/f"]
             .1,
             "fanout"
         );
+    }
+
+    #[test]
+    fn a_stage_names_its_tier_and_a_fork_stage_keeps_its_sources() {
+        let t = GOOD.replace("commands = [\"cat /root/f\"]", "commands = [\"cat /root/f\"]\nisolation = \"gvisor\"");
+        assert_eq!(parse(&t).unwrap().stages[2].isolation, Some(strata_api::Isolation::Gvisor));
+        let t = GOOD.replace("lifecycle = \"fork\"", "lifecycle = \"fork\"\nisolation = \"gvisor\"");
+        let (stage, field, m) = stage_err(&t);
+        assert_eq!((stage.as_str(), field), ("fix", "isolation"));
+        assert!(m.contains("source checkpoint's tier"), "{m}");
+        match parse(&GOOD.replace("lifecycle = \"ephemeral\"", "lifecycle = \"ephemeral\"\nisolation = \"kata\""))
+            .unwrap_err()
+        {
+            SpecError::Parse(m) => assert!(m.contains("kata"), "{m}"),
+            other => panic!("{other}"),
+        }
     }
 
     #[test]

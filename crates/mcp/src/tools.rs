@@ -150,6 +150,28 @@ impl From<LifecycleArg> for Lifecycle {
     }
 }
 
+/// Isolation tier of a new sandbox.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationArg {
+    /// Linux namespaces on the host's kernel (trusted code).
+    Namespace,
+    /// gVisor's user-space kernel between the code and the host's (untrusted code).
+    Gvisor,
+    /// A microVM with its own guest kernel (untrusted code, strongest boundary).
+    Microvm,
+}
+
+impl From<IsolationArg> for strata_api::Isolation {
+    fn from(i: IsolationArg) -> Self {
+        match i {
+            IsolationArg::Namespace => strata_api::Isolation::Namespace,
+            IsolationArg::Gvisor => strata_api::Isolation::Gvisor,
+            IsolationArg::Microvm => strata_api::Isolation::Microvm,
+        }
+    }
+}
+
 /// Input of `list_sandboxes`.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -188,6 +210,10 @@ pub struct CreateSandboxArgs {
     /// "persistent" (default: kept until destroyed, standby when idle) or "ephemeral" (destroyed when idle).
     #[serde(default)]
     pub lifecycle: Option<LifecycleArg>,
+    /// Isolation tier: "namespace", "gvisor" or "microvm" (default: the daemon's). Use gvisor or
+    /// microvm for untrusted code; a tier the host cannot run is an `unsupported` error saying why.
+    #[serde(default)]
+    pub isolation: Option<IsolationArg>,
 }
 
 /// Input of `exec`.
@@ -544,6 +570,7 @@ impl StrataMcp {
                     ttl: args.ttl,
                     limits,
                     env: args.env,
+                    isolation: args.isolation.map(Into::into),
                     ..Default::default()
                 };
                 let created = self.backend.create_sandbox(&ext, &req).await?;

@@ -117,3 +117,21 @@ async fn a_tier_this_daemon_cannot_run_is_refused_with_why_and_nothing_is_made()
     };
     engine.create_sandbox(&req).await.expect("the namespace tier runs");
 }
+
+#[tokio::test]
+async fn a_pipeline_whose_stage_needs_a_tier_this_daemon_cannot_run_never_starts() {
+    let e = crate::tenancy::as_daemon(async {
+        let e = TestEngine::new();
+        e.image("base").await;
+        e
+    })
+    .await;
+    let engine = Engine::new(e.st.clone(), Caller::operator("test"));
+    let toml = "name = \"p\"\n[[stage]]\nname = \"eval\"\nsource = \"image:base\"\nlifecycle = \"ephemeral\"\n\
+                commands = [\"true\"]\nisolation = \"gvisor\"\n";
+    let req = strata_api::RunPipelineRequest { toml: Some(toml.into()), spec: None };
+    let err = engine.start_pipeline(req).await.err().expect("refused");
+    assert_eq!(err.body.code, ErrorCode::Unsupported);
+    assert!(err.body.message.starts_with("stage \"eval\": isolation gvisor: "), "{}", err.body.message);
+    assert!(engine.list_pipelines().await.expect("runs").is_empty(), "no run was recorded");
+}
