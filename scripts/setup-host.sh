@@ -228,6 +228,38 @@ else
     warn "checkpoint/restore tests may fail or be skipped on this host"
 fi
 
+# --- gVisor (runsc) from bookworm-backports -----------------------------------------
+# The gvisor tier takes runsc >= 0.0~20240729 (the systrap platform; checkpoint and
+# restore that keep the processes), which only bookworm-backports has: Debian 12's
+# own 0.0~20221219 is ptrace-only. Backports is added as an apt source of its own
+# (its packages are installed only when asked for with -t, so nothing else changes).
+RUNSC_MIN=0.0~20240729
+BACKPORTS_SOURCES=/etc/apt/sources.list.d/strata-bookworm-backports.sources
+
+runsc_current() {
+    local v
+    v=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null) || return 1
+    dpkg --compare-versions "$v" ge "$RUNSC_MIN"
+}
+
+install_runsc() {
+    if ! grep -rqsE '(^|[[:space:]])bookworm-backports([[:space:]]|$)' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+            "$(debian_mirror)" >"$BACKPORTS_SOURCES"
+    fi
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends -t bookworm-backports runsc
+    runsc --version | head -n1
+}
+
+if [ "$(debian_codename)" != bookworm ]; then
+    note "runsc: not bookworm ($(debian_codename)); install runsc >= $RUNSC_MIN yourself for the gvisor tier"
+elif runsc_current; then
+    note "runsc: $(dpkg-query -W -f='${Version}' runsc) present"
+else
+    step "install runsc (bookworm-backports)" install_runsc
+fi
+
 # --- pinned Python SDKs for the MCP and E2B tests ---------------------------------
 # Each official SDK, pinned, in its own venv; skipped when that venv already has the
 # version. pinned_venv PACKAGE VERSION VENV IMPORTS
