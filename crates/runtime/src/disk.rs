@@ -526,9 +526,14 @@ mod tests {
         assert!(sparse_copy(&src, &dst).is_err(), "an existing destination is never overwritten");
     }
 
-    /// `mkfs.ext4` is needed to make a template (no privilege: it formats a file).
+    /// `mkfs.ext4` is needed to make a template (no privilege: it formats a
+    /// file); without it the test says it is skipped, and why.
     fn mkfs() -> bool {
-        find_tool("mkfs.ext4").is_some()
+        let found = find_tool("mkfs.ext4").is_some();
+        if !found {
+            eprintln!("skipped: mkfs.ext4 not found (e2fsprogs)");
+        }
+        found
     }
 
     fn recording_pool(state: &Path) -> (Arc<crate::sys::RecordingSys>, DiskPool) {
@@ -540,7 +545,6 @@ mod tests {
     #[test]
     fn a_new_disk_is_a_copy_of_its_template_on_a_loop_device_mounted_nosuid_nodev() {
         if !mkfs() {
-            eprintln!("skipped: mkfs.ext4 not found (e2fsprogs)");
             return;
         }
         let state = tempfile::tempdir().unwrap();
@@ -594,7 +598,6 @@ mod tests {
     #[test]
     fn a_failed_mount_says_which_image_device_and_mount_point() {
         if !mkfs() {
-            eprintln!("skipped: mkfs.ext4 not found (e2fsprogs)");
             return;
         }
         let state = tempfile::tempdir().unwrap();

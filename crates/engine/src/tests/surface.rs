@@ -12,6 +12,16 @@ use crate::caller::Caller;
 use crate::surface::ResumeReport;
 use crate::Engine;
 
+/// An engine with the image `base` and nothing else.
+async fn with_base_image() -> TestEngine {
+    crate::tenancy::as_daemon(async {
+        let e = TestEngine::new();
+        e.image("base").await;
+        e
+    })
+    .await
+}
+
 /// An engine with one sandbox, `dev`, in standby (the default tenant's).
 async fn standby_sandbox() -> (TestEngine, String) {
     crate::tenancy::as_daemon(async {
@@ -95,12 +105,7 @@ async fn the_operators_operations_refuse_a_tenant_in_the_engine_itself() {
 
 #[tokio::test]
 async fn a_tier_this_daemon_cannot_run_is_refused_with_why_and_nothing_is_made() {
-    let e = crate::tenancy::as_daemon(async {
-        let e = TestEngine::new();
-        e.image("base").await;
-        e
-    })
-    .await;
+    let e = with_base_image().await;
     let engine = Engine::new(e.st.clone(), Caller::operator("test"));
     for tier in [strata_api::Isolation::Gvisor, strata_api::Isolation::Microvm] {
         let req =
@@ -120,12 +125,7 @@ async fn a_tier_this_daemon_cannot_run_is_refused_with_why_and_nothing_is_made()
 
 #[tokio::test]
 async fn a_pipeline_whose_stage_needs_a_tier_this_daemon_cannot_run_never_starts() {
-    let e = crate::tenancy::as_daemon(async {
-        let e = TestEngine::new();
-        e.image("base").await;
-        e
-    })
-    .await;
+    let e = with_base_image().await;
     let engine = Engine::new(e.st.clone(), Caller::operator("test"));
     let toml = "name = \"p\"\n[[stage]]\nname = \"eval\"\nsource = \"image:base\"\nlifecycle = \"ephemeral\"\n\
                 commands = [\"true\"]\nisolation = \"gvisor\"\n";
