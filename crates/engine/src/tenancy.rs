@@ -15,13 +15,13 @@
 //! - **What**: the server's `guard` classifies every route (`route_policy`): routes
 //!   whose first path parameter names an owned object (a sandbox and all its
 //!   sub-routes, a checkpoint, a template, a pipeline run, a cost record, a
-//!   lineage/scan target) are resolved here once, and an object of another
+//!   lineage/scan target) are checked with `crate::reach::may_reach`, and an object of another
 //!   tenant answers exactly like an unknown id (404, same body). Routes not in
 //!   the table are operator-only, so a new route is closed to tenants until it
 //!   is classified. Ids named in request bodies and listings are filtered
 //!   through [`visible`] / [`find_sandbox`] / [`find_checkpoint`], which read
-//!   the caller from a task-local set by the server's `authenticate` (spawned work keeps
-//!   it with [`spawn`]).
+//!   the caller the surface ([`crate::Engine`]) runs each call as (a
+//!   call-scoped task-local; spawned work keeps it with [`spawn`]).
 //! - **Keys resolve exactly, and only among the caller's own objects**: exact
 //!   id, exact name, id prefix unique among them ([`strata_core::ids`]), so an
 //!   object of another tenant can neither shadow a name or prefix nor make it

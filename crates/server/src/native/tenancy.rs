@@ -172,9 +172,9 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
     }
 }
 
-/// Middleware (inside [`authenticate`], outside activity tracking and
-/// resume-on-access, so another tenant's request neither resumes nor keeps
-/// alive a sandbox): applies [`route_policy`].
+/// Middleware (inside [`authenticate`], before any handler enters a sandbox,
+/// so another tenant's request neither resumes nor keeps alive a sandbox):
+/// applies [`route_policy`], the owned object through [`may_reach`].
 pub async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
     let Some(caller) = req.extensions().get::<Caller>().cloned() else {
         return unauthorized("unauthenticated request");
