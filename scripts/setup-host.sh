@@ -231,10 +231,12 @@ fi
 # --- gVisor (runsc) from bookworm-backports -----------------------------------------
 # The gvisor tier takes runsc >= 0.0~20240729 (the systrap platform; checkpoint and
 # restore that keep the processes), which only bookworm-backports has: Debian 12's
-# own 0.0~20221219 is ptrace-only. Backports is added as an apt source of its own
-# (its packages are installed only when asked for with -t, so nothing else changes).
+# own 0.0~20221219 is ptrace-only. Like CRIU's source, it comes through a private apt
+# configuration that knows only backports (the system's sources, indexes and pins are
+# untouched); the .deb is checked against the signed index, then installed (runsc is
+# one static binary with no dependencies). See docs/design/gvisor-tier.md.
 RUNSC_MIN=0.0~20240729
-BACKPORTS_SOURCES=/etc/apt/sources.list.d/strata-bookworm-backports.sources
+APT_BPO=$CACHE/apt-bpo
 
 runsc_current() {
     local v
@@ -242,13 +244,27 @@ runsc_current() {
     dpkg --compare-versions "$v" ge "$RUNSC_MIN"
 }
 
+apt_bpo() {
+    apt-get \
+        -o Dir::Etc::sourcelist="$APT_BPO/sources.list" \
+        -o Dir::Etc::sourceparts="$APT_BPO/sources.list.d" \
+        -o Dir::Etc::preferencesparts="$APT_BPO/preferences.d" \
+        -o Dir::State::Lists="$APT_BPO/lists" \
+        -o Dir::Cache="$APT_BPO/cache" \
+        -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= \
+        -o APT::Sandbox::User=root \
+        "$@"
+}
+
 install_runsc() {
-    if ! grep -rqsE '(^|[[:space:]])bookworm-backports([[:space:]]|$)' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-        printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-            "$(debian_mirror)" >"$BACKPORTS_SOURCES"
-    fi
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends -t bookworm-backports runsc
+    rm -rf "$APT_BPO"
+    mkdir -p "$APT_BPO"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d,debs}
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(debian_mirror) bookworm-backports main" \
+        >"$APT_BPO/sources.list"
+    apt_bpo update -q
+    (cd "$APT_BPO/debs" && apt_bpo download runsc/bookworm-backports)
+    apt-get install -y -q --no-install-recommends "$APT_BPO"/debs/runsc_*.deb
+    rm -rf "$APT_BPO"
     runsc --version | head -n1
 }
 
