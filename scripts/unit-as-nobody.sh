@@ -30,6 +30,14 @@ for line in sys.stdin:
 ')
 [ "${#BINS[@]}" -gt 0 ] || die "no unit test binaries found"
 
+AS_NOBODY=(setpriv --reuid=nobody --regid=nogroup --clear-groups --inh-caps=-all --bounding-set=-all)
+# Some unit tests read the checkout (the engine's layer test reads its sources):
+# a checkout under a private directory (e.g. /root) cannot be read as nobody.
+if ! "${AS_NOBODY[@]}" test -r "$PWD/Cargo.toml" -a -x "${BINS[0]}"; then
+    warn "skipped: this checkout ($PWD) or its build is not readable by nobody (a parent directory is private); the unit tests ran as root in the main run"
+    exit 0
+fi
+
 WORK=$(mktemp -d)
 chmod 777 "$WORK"
 trap 'rm -rf "$WORK"' EXIT
@@ -37,8 +45,7 @@ failed=0
 for bin in "${BINS[@]}"; do
     name=$(basename "$bin")
     # No root, no capabilities (bounding set empty), no supplementary groups.
-    if out=$(cd "$WORK" && setpriv --reuid=nobody --regid=nogroup --clear-groups --inh-caps=-all --bounding-set=-all \
-        env HOME="$WORK" TMPDIR="$WORK" "$bin" -q 2>&1); then
+    if out=$(cd "$WORK" && "${AS_NOBODY[@]}" env HOME="$WORK" TMPDIR="$WORK" "$bin" -q 2>&1); then
         note "$name: $(grep -E '^test result' <<<"$out" | tail -1)"
     else
         failed=1
