@@ -120,16 +120,19 @@ fi
 
 # --- CRIU >= 4 from Debian's newer source package -----------------------------------
 
-# A private apt configuration that knows only "deb-src <mirror> <suite> main": it
-# uses its own index directory, so the system's sources, indexes and pins are
-# untouched, and apt checks the downloaded tarball against the signed index.
-apt_src() {
+# A private apt configuration rooted at directory $1 (its sources.list names only
+# what one step needs): it uses its own index directory, so the system's sources,
+# indexes and pins are untouched, and apt checks what it downloads against the
+# signed index. CRIU's source and runsc from backports come through it.
+apt_private() {
+    local dir=$1
+    shift
     apt-get \
-        -o Dir::Etc::sourcelist="$APT_SRC/sources.list" \
-        -o Dir::Etc::sourceparts="$APT_SRC/sources.list.d" \
-        -o Dir::Etc::preferencesparts="$APT_SRC/preferences.d" \
-        -o Dir::State::Lists="$APT_SRC/lists" \
-        -o Dir::Cache="$APT_SRC/cache" \
+        -o Dir::Etc::sourcelist="$dir/sources.list" \
+        -o Dir::Etc::sourceparts="$dir/sources.list.d" \
+        -o Dir::Etc::preferencesparts="$dir/preferences.d" \
+        -o Dir::State::Lists="$dir/lists" \
+        -o Dir::Cache="$dir/cache" \
         -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= \
         -o APT::Sandbox::User=root \
         "$@"
@@ -141,11 +144,11 @@ fetch_criu_source() {
     mkdir -p "$APT_SRC"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d} "$CRIU_CACHE"
     echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $CRIU_SUITE main" \
         >"$APT_SRC/sources.list"
-    apt_src update -q
+    apt_private "$APT_SRC" update -q
     local tmp
     tmp=$(mktemp -d "$CRIU_CACHE/dl.XXXXXX")
     # Only the upstream (orig) tarball: the build uses no Debian patches.
-    (cd "$tmp" && apt_src source --download-only --tar-only -q "criu/$CRIU_SUITE")
+    (cd "$tmp" && apt_private "$APT_SRC" source --download-only --tar-only -q "criu/$CRIU_SUITE")
     local f
     f=$(find "$tmp" -maxdepth 1 -name 'criu_*.orig.tar.*' | head -n1)
     [ -n "$f" ] || { echo "no criu orig tarball was downloaded" >&2; exit 1; }
@@ -232,7 +235,7 @@ fi
 # The gvisor tier takes runsc >= 0.0~20240729 (the systrap platform; checkpoint and
 # restore that keep the processes), which only bookworm-backports has: Debian 12's
 # own 0.0~20221219 is ptrace-only. Like CRIU's source, it comes through a private apt
-# configuration that knows only backports (the system's sources, indexes and pins are
+# configuration (apt_private) that knows only backports (the system's sources, indexes and pins are
 # untouched); the .deb is checked against the signed index, then installed (runsc is
 # one static binary with no dependencies). See docs/design/gvisor-tier.md.
 RUNSC_MIN=0.0~20240729
@@ -244,25 +247,13 @@ runsc_current() {
     dpkg --compare-versions "$v" ge "$RUNSC_MIN"
 }
 
-apt_bpo() {
-    apt-get \
-        -o Dir::Etc::sourcelist="$APT_BPO/sources.list" \
-        -o Dir::Etc::sourceparts="$APT_BPO/sources.list.d" \
-        -o Dir::Etc::preferencesparts="$APT_BPO/preferences.d" \
-        -o Dir::State::Lists="$APT_BPO/lists" \
-        -o Dir::Cache="$APT_BPO/cache" \
-        -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= \
-        -o APT::Sandbox::User=root \
-        "$@"
-}
-
 install_runsc() {
     rm -rf "$APT_BPO"
     mkdir -p "$APT_BPO"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d,debs}
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(debian_mirror) bookworm-backports main" \
         >"$APT_BPO/sources.list"
-    apt_bpo update -q
-    (cd "$APT_BPO/debs" && apt_bpo download runsc/bookworm-backports)
+    apt_private "$APT_BPO" update -q
+    (cd "$APT_BPO/debs" && apt_private "$APT_BPO" download runsc/bookworm-backports)
     apt-get install -y -q --no-install-recommends "$APT_BPO"/debs/runsc_*.deb
     rm -rf "$APT_BPO"
     runsc --version | head -n1
