@@ -72,6 +72,11 @@ impl Entered {
     pub fn into_hold(self) -> Option<ActivityGuard> {
         self.activity
     }
+
+    /// The sandbox's record and the activity hold, taken apart.
+    pub fn into_parts(self) -> (SandboxRecord, Option<ActivityGuard>) {
+        (self.sandbox, self.activity)
+    }
 }
 
 /// Whether a sandbox in `state` is parked: brought back by a [`Use::Running`] call.

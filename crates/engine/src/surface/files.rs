@@ -60,12 +60,8 @@ impl Engine {
         let sb = self.enter(key, Use::Running).await?;
         if announced.is_some_and(|n| n > files::MAX_UPLOAD_BYTES) {
             // An unknown or stopped sandbox answers first.
-            return self
-                .run(async {
-                    files::init_pid(&crate::record::load(&self.st, &sb.id)?)?;
-                    Err(files::feed_error(crate::transfer::FeedError::TooLarge(files::MAX_UPLOAD_BYTES)))
-                })
-                .await;
+            files::init_pid(&*self.record_of(&sb).await?)?;
+            return Err(files::feed_error(crate::transfer::FeedError::TooLarge(files::MAX_UPLOAD_BYTES)));
         }
         self.run(files::upload(&self.st, &sb.id, q, Box::pin(chunks))).await
     }

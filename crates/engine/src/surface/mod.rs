@@ -24,11 +24,13 @@ mod sandboxes;
 
 pub use objects::Progress;
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use strata_api::{ErrorCode, ProcessEvent, ResumeResult};
+use strata_store::db::SandboxRecord;
 
 use crate::access::{enter, Use};
 use crate::activity::ActivityGuard;
@@ -81,9 +83,11 @@ pub struct Download {
 
 /// A sandbox a call entered: its id (or, when the key names none of the
 /// caller's live sandboxes, the key itself, for the operation to answer: 404,
-/// or 409 for the caller's destroyed sandbox) and the activity hold.
+/// or 409 for the caller's destroyed sandbox), its record as entered, and the
+/// activity hold.
 struct Target {
     id: String,
+    record: Option<SandboxRecord>,
     hold: Option<ActivityGuard>,
 }
 
@@ -126,11 +130,22 @@ impl Engine {
                 if let (Some(report), Some(r)) = (&self.resumes, &entered.resumed) {
                     *report.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.clone());
                 }
-                let id = entered.id().to_string();
-                Ok(Target { id, hold: entered.into_hold() })
+                let (record, hold) = entered.into_parts();
+                Ok(Target { id: record.sandbox.id.clone(), record: Some(record), hold })
             }
-            Err(e) if e.body.code == ErrorCode::SandboxNotFound => Ok(Target { id: key.to_string(), hold: None }),
+            Err(e) if e.body.code == ErrorCode::SandboxNotFound => {
+                Ok(Target { id: key.to_string(), record: None, hold: None })
+            }
             Err(e) => Err(e),
+        }
+    }
+
+    /// The record of a sandbox a call entered (loaded only when the key named
+    /// none of the caller's live sandboxes, which answers it: 404).
+    async fn record_of<'t>(&self, target: &'t Target) -> EngineResult<Cow<'t, SandboxRecord>> {
+        match &target.record {
+            Some(r) => Ok(Cow::Borrowed(r)),
+            None => Ok(Cow::Owned(self.run(async { crate::record::load(&self.st, &target.id) }).await?)),
         }
     }
 

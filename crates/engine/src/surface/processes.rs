@@ -48,7 +48,7 @@ impl Engine {
     /// The processes started through the API.
     pub async fn list_processes(&self, key: &str) -> EngineResult<Vec<ProcessInfo>> {
         let sb = self.enter(key, Use::Contents).await?;
-        let rec = self.run(async { crate::record::load(&self.st, &sb.id) }).await?;
+        let rec = self.record_of(&sb).await?;
         Ok(self.st.processes.list(&rec.sandbox.id))
     }
 
