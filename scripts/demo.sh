@@ -20,7 +20,7 @@
 #              not repaid); a new task starts from the template
 #   pipeline   the next task as a pipeline spec (examples/demo/pipeline.toml) from the
 #              template: work with checkpoints, fork 4 and select, ephemeral eval
-#   evaluate   ephemeral `strata run --rm`: clean start, nothing left behind
+#   evaluate   ephemeral `strata run --rm --isolation gvisor`: clean start, nothing left behind
 #
 # and prints a table per stage (lifecycle, time, state kept, cost), the lifecycle
 # advisor's view of the idle stage, the cost of every sandbox against the
@@ -198,15 +198,15 @@ PIPE_MS=$(( $(ms) - t ))
 row pipeline "per stage (spec)" "$PIPE_MS" "work: checkpoint per step; fix: fork 4, winner kept; eval: nothing"
 
 echo
-note "stage 6 · evaluate: ephemeral, clean start, nothing left behind"
+note "stage 6 · evaluate: ephemeral, clean start, nothing left behind, on the gVisor tier (untrusted code: a user-space kernel between it and the host)"
 "$STRATA" cp "$DEV:/home/user/proj" "$WORK/export"
 BEFORE=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 t=$(ms)
-"$STRATA" run --rm debian-python --memory 1g -- python3 -c 'import os; print("eval in a fresh sandbox; home has:", sorted(os.listdir("/home/user")))'
+"$STRATA" run --rm --isolation gvisor debian-python --memory 1g -- python3 -c 'import os; print("eval in a fresh gVisor sandbox (kernel", os.uname().release + "); home has:", sorted(os.listdir("/home/user")))'
 EVAL_MS=$(( $(ms) - t ))
 LEFT=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 [ "$LEFT" = "$BEFORE" ] || die "the ephemeral run left a sandbox behind ($BEFORE before, $LEFT after)"
-row evaluate "ephemeral (--rm)" "$EVAL_MS" "nothing: sandboxes before and after = $LEFT (dev, the pipeline's kept outputs)"
+row evaluate "ephemeral, gvisor" "$EVAL_MS" "nothing: sandboxes before and after = $LEFT (dev, the pipeline's kept outputs)"
 
 echo
 "$STRATA" events "$DEV"

@@ -58,12 +58,24 @@ const USAGE: &str =
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm] [--date S] [--commit S]
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor] [--date S] [--commit S]
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 11] =
-    ["create", "exec", "idle", "import", "checkpoint", "standby", "pipeline", "network", "preview", "e2b", "warm"];
+const FIGURES: [&str; 12] = [
+    "create",
+    "exec",
+    "idle",
+    "import",
+    "checkpoint",
+    "standby",
+    "pipeline",
+    "network",
+    "preview",
+    "e2b",
+    "warm",
+    "gvisor",
+];
 
 fn parse_args() -> Result<Cfg> {
     let mut c = Cfg {
@@ -180,7 +192,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 11] = [
+    let figs: [(&str, Fig); 12] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -192,6 +204,7 @@ async fn run() -> Result<()> {
         ("preview", |b| Box::pin(figures::preview::run(b))),
         ("e2b", |b| Box::pin(figures::e2b::run(b))),
         ("warm", |b| Box::pin(figures::warm::run(b))),
+        ("gvisor", |b| Box::pin(figures::gvisor::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod create;
 pub mod e2b;
 pub mod exec;
+pub mod gvisor;
 pub mod idle;
 pub mod import;
 pub mod network;

@@ -1,8 +1,10 @@
 //! `strata`: the daemon and the CLI in one binary.
 //!
-//! `strata _init` and `strata _restore` are internal helpers run by the daemon
-//! (sandbox setup, CRIU restore; the exec helper is `strata-init _enter`); they are dispatched before any
-//! runtime or thread starts, because they unshare and setns.
+//! `strata _init`, `strata _restore` and `strata _runsc_keep` are internal
+//! helpers run by the daemon (sandbox setup, CRIU restore, the parent of a
+//! gVisor sandbox; the exec helpers are `strata-init _enter` and
+//! `_runsc_exec`); they are dispatched before any runtime or thread starts,
+//! because they unshare, setns and reap.
 
 mod args;
 mod commands;
@@ -16,6 +18,7 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("_init") => strata_runtime::namespace::init::main(),
         Some("_restore") => strata_runtime::namespace::restore::main(),
+        Some("_runsc_keep") => strata_runtime::gvisor::keeper::main(),
         _ => {}
     }
     let cli = args::Cli::parse();

@@ -226,9 +226,10 @@ fn advise_recommends_a_lifecycle_with_priced_alternatives() {
     };
     let a = rt().block_on(d.client().advise(&req)).unwrap();
     assert!(a.warnings.iter().any(|w| w.contains("untrusted input")), "{:?}", a.warnings);
-    // ... and so does the tier: a kernel of its own; this daemon runs the namespace tier only, and says so.
+    // ... and so does the tier: a kernel of its own; a daemon that cannot run it says so.
     assert_eq!(a.isolation, strata_api::Isolation::Gvisor, "{a:#?}");
-    assert!(a.warnings.iter().any(|w| w.starts_with("the recommended isolation gvisor cannot run on this daemon")));
+    let warned = a.warnings.iter().any(|w| w.starts_with("the recommended isolation gvisor cannot run on this daemon"));
+    assert_eq!(warned, strata_runtime::gvisor::probe().unavailable().is_some(), "{:?}", a.warnings);
     // The human-readable form names the recommendation and the baselines.
     let text = d.cli_ok(&["advise", "--setup", "10m", "--turns", "10", "--idle", "1h", "--keep", "packages"]);
     assert!(text.contains("recommendation: template_then_ephemeral"), "{text}");

@@ -405,3 +405,39 @@ fn malformed_rules_are_400_naming_the_rule_and_create_nothing() {
     let o = d.cli(&["create", "busybox", "--allow-cidr", "10.0.0.0/8:99999"]);
     assert!(!o.status.success() && stderr(&o).contains("10.0.0.0/8:99999"), "{}", stderr(&o));
 }
+
+#[test]
+fn egress_on_the_gvisor_tier_is_the_same_host_side_enforcement() {
+    require_gvisor!();
+    let w = World::new(4);
+    let d = w.daemon(4);
+    let id = d.create(&[
+        "--isolation",
+        "gvisor",
+        "--allow-cidr",
+        &format!("{}/32:8080", w.addr),
+        "--allow-host",
+        "allowed.test:8080",
+    ]);
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "the allowed address:port is unreachable");
+    assert!(!fetches(&d, &id, &format!("http://{}:8081/hello", w.addr)), "another port is reachable");
+    assert!(!fetches(&d, &id, &format!("http://{}:8080/hello", w.addr2)), "another address is reachable");
+    // DNS goes through strata's filter: the allowed name resolves, another does not.
+    assert!(resolves(&d, &id, "allowed.test"));
+    assert!(!resolves(&d, &id, "other.test"));
+    let gw = net(&d, &id).gateway.unwrap();
+    let (code, _) = run_in(&d, &id, &format!("echo x | nc -w 2 {gw} 22"));
+    assert_ne!(code, 0, "the host is reachable from a gvisor egress sandbox");
+    // gVisor's netstack takes the link's address; a stopped sandbox starts with it again.
+    d.cli_ok(&["stop", &id]);
+    d.cli_ok(&["start", &id]);
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "no network after a restart");
+    // A running gvisor sandbox cannot switch from none to egress (its netstack is fixed at start).
+    let none = d.create(&["--isolation", "gvisor"]);
+    let out = d.cli(&["network", "set", &none, "--allow-cidr", &format!("{}:8080", w.addr)]);
+    assert!(!out.status.success() && stderr(&out).contains("stop it"), "{}", stderr(&out));
+    d.cli_ok(&["stop", &none]);
+    d.cli_ok(&["network", "set", &none, "--allow-cidr", &format!("{}:8080", w.addr)]);
+    d.cli_ok(&["start", &none]);
+    assert!(fetches(&d, &none, &format!("http://{}:8080/hello", w.addr)), "the network set while stopped");
+}

@@ -119,7 +119,7 @@ pub fn load_prices(path: &Path) -> Result<Prices, String> {
 
 /// Samples a running sandbox and adds what it used since its last sample.
 pub fn sample(st: &Shared, id: &str) {
-    let u = st.runtime.usage(id);
+    let u = st.runtime_by_id(id).usage(id);
     let acc = &st.accounting;
     let cur = Sample { at: acc.now(), cpu_usec: u.cpu_usec, memory_bytes: u.memory_bytes };
     let mut inner = acc.inner.lock().unwrap_or_else(|p| p.into_inner());

@@ -114,7 +114,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let manifest_file = manifest_path(st, &rec.sandbox.id, &id);
     // Layer commit and the checkpoint row go together against concurrent garbage collection.
     let _gc = st.image_lock.lock().await;
-    let (rt, layers, sid) = (st.runtime.clone(), st.layers.clone(), rec.sandbox.id.clone());
+    let (rt, layers, sid) = (st.runtime_of(&rec.sandbox), st.layers.clone(), rec.sandbox.id.clone());
     let running = state == SandboxState::Running;
     let base_manifest = base.manifest.clone();
     let copy_into = warm.as_ref().map(|(h, dir, _)| (h.clone(), dir.clone()));
@@ -341,6 +341,7 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
         (true, None | Some(true)) => {
             crate::lifecycle::warm::check_startable(
                 st,
+                crate::state::tiers::tier_of(&rec.sandbox),
                 &rec.sandbox.id,
                 !st.secrets.get(&rec.sandbox.id)?.is_empty(),
                 &ckpt.id,
@@ -508,6 +509,8 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             network: network.clone(),
             allow_setuid,
             processes: req.processes,
+            // Children run on their parent's tier.
+            isolation: parent.as_ref().map(|p| crate::state::tiers::tier_of(&p.sandbox)),
             ..Default::default()
         };
         lifecycle::create_with(st, req, lifecycle::Lineage { fork_generation: generation, rule_of_two_checked: true })

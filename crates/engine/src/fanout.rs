@@ -181,7 +181,7 @@ fn kill_attempt(st: &Shared, p: &Proc) {
         return;
     }
     if let Some(ns) = info.pid {
-        st.runtime.signal(&info.sandbox_id, ns, libc::SIGKILL, true);
+        st.runtime_by_id(&info.sandbox_id).signal(&info.sandbox_id, ns, libc::SIGKILL, true);
     }
 }
 

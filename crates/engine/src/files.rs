@@ -76,11 +76,30 @@ pub fn init_pid(rec: &SandboxRecord) -> EngineResult<i32> {
     }
 }
 
-/// Opens the sandbox's root (with the daemon's privileges: `/proc/<init>/root`
-/// of a non-dumpable init takes CAP_SYS_PTRACE), then lowers the calling
-/// thread to the sandbox root's capabilities for as long as the guard lives.
-fn enter(pid: i32) -> Result<(SandboxFs, SandboxRootCaps), FsError> {
-    let fs = SandboxFs::open(pid).map_err(|e| FsError::Io { path: "/".into(), source: e })?;
+/// Where a running sandbox's root is found: its tier's runtime and its init.
+pub struct FsRoot {
+    rt: std::sync::Arc<dyn strata_runtime::Runtime>,
+    id: String,
+    handle: strata_runtime::SandboxHandle,
+}
+
+/// The root of a running sandbox (409 when it is not running).
+pub fn fs_root(st: &Shared, rec: &SandboxRecord) -> EngineResult<FsRoot> {
+    let pid = init_pid(rec)?;
+    let handle = crate::record::handle_of(rec).ok_or_else(|| {
+        EngineError::new(ErrorCode::Internal, format!("sandbox {} runs without an init", rec.sandbox.id))
+    })?;
+    debug_assert_eq!(handle.init_pid, pid);
+    Ok(FsRoot { rt: st.runtime_of(&rec.sandbox), id: rec.sandbox.id.clone(), handle })
+}
+
+/// Opens the sandbox's root through its tier (with the daemon's privileges:
+/// `/proc/<init>/root` of a non-dumpable init takes CAP_SYS_PTRACE), then
+/// lowers the calling thread to the sandbox root's capabilities for as long
+/// as the guard lives.
+fn enter(root: &FsRoot) -> Result<(SandboxFs, SandboxRootCaps), FsError> {
+    let fd = root.rt.open_root(&root.id, &root.handle).map_err(|e| FsError::Io { path: "/".into(), source: e })?;
+    let fs = SandboxFs::from_root(fd);
     let caps = SandboxRootCaps::lower()?;
     Ok((fs, caps))
 }
@@ -92,9 +111,9 @@ pub async fn with_fs<T: Send + 'static>(
     id: &str,
     f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static,
 ) -> EngineResult<T> {
-    let pid = init_pid(&load(st, id)?)?;
+    let root = fs_root(st, &load(st, id)?)?;
     tokio::task::spawn_blocking(move || {
-        let (fs, _caps) = enter(pid)?;
+        let (fs, _caps) = enter(&root)?;
         f(fs)
     })
     .await
@@ -138,14 +157,14 @@ pub struct Download {
 /// under way, so a refusal is an error here rather than a broken stream.
 pub async fn download(st: &Shared, id: &str, q: DownloadQuery) -> EngineResult<Download> {
     let rec = load(st, id)?;
-    let pid = init_pid(&rec)?;
+    let root = fs_root(st, &rec)?;
     let has_secrets = !st.secrets.get(&rec.sandbox.id)?.is_empty();
     let sandbox = rec.sandbox.id.clone();
     // Ok(Some(len)) for a file, Ok(None) for a tar stream, once the transfer is under way.
     let (ready_tx, ready_rx) = oneshot::channel::<Result<Option<u64>, FsError>>();
     let (mut out, stream) = transfer::download_channel();
     transfer::spawn(move || {
-        let (fs, _caps) = match enter(pid) {
+        let (fs, _caps) = match enter(&root) {
             Ok(x) => x,
             Err(e) => {
                 let _ = ready_tx.send(Err(e));
@@ -218,12 +237,12 @@ where
     S: futures_util::Stream<Item = Result<transfer::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let pid = init_pid(&load(st, id)?)?;
+    let root = fs_root(st, &load(st, id)?)?;
     let mode = q.mode.unwrap_or(0o644) & 0o7777 & !0o6000;
     let (tx, mut reader) = transfer::upload_channel();
     let (done_tx, done_rx) = oneshot::channel::<Result<(), FsError>>();
     transfer::spawn(move || {
-        let res = enter(pid).and_then(|(fs, _caps)| {
+        let res = enter(&root).and_then(|(fs, _caps)| {
             if q.tar {
                 let n = fs.untar_from(&q.path, &mut reader)?;
                 // The archive is complete (and applied): what follows its end marker is padding.

@@ -146,22 +146,26 @@ pub enum DaemonError {
     Isolation(String),
 }
 
-/// The tiers this daemon runs: the namespace tier (the runtime it opened);
-/// for the others, why not (what the host has is said, from the probes).
-fn probe_tiers(default: strata_api::Isolation) -> Result<state::tiers::Tiers, DaemonError> {
+/// The tiers this daemon runs: the namespace tier (the runtime it opened),
+/// the gVisor tier when runsc is here; for the others, why not (what the host
+/// has is said, from the probes).
+fn probe_tiers(
+    default: strata_api::Isolation,
+    gvisor: &strata_runtime::gvisor::GvisorProbe,
+) -> Result<state::tiers::Tiers, DaemonError> {
     use strata_api::Isolation;
     let microvm = strata_runtime::microvm::probe();
-    let unavailable = std::collections::BTreeMap::from([
-        (Isolation::Gvisor, strata_runtime::gvisor::probe().unavailable()),
-        (
-            Isolation::Microvm,
-            match microvm.qemu {
-                None => "the microvm tier is not implemented in this build; qemu-system-x86_64 is not installed either"
-                    .to_string(),
-                Some(q) => format!("the microvm tier is not implemented in this build ({q} found)"),
-            },
-        ),
-    ]);
+    let mut unavailable = std::collections::BTreeMap::from([(
+        Isolation::Microvm,
+        match microvm.qemu {
+            None => "the microvm tier is not implemented in this build; qemu-system-x86_64 is not installed either"
+                .to_string(),
+            Some(q) => format!("the microvm tier is not implemented in this build ({q} found)"),
+        },
+    )]);
+    if let Some(why) = gvisor.unavailable() {
+        unavailable.insert(Isolation::Gvisor, why);
+    }
     state::tiers::Tiers::new(default, unavailable).map_err(DaemonError::Isolation)
 }
 
@@ -257,7 +261,8 @@ pub struct Opened {
 /// running while no daemon was up are re-adopted.
 pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     // A default tier this host cannot run stops the daemon before it touches anything.
-    let tiers = probe_tiers(cfg.default_isolation)?;
+    let gvisor_probe = strata_runtime::gvisor::probe();
+    let tiers = probe_tiers(cfg.default_isolation, &gvisor_probe)?;
     std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
     let s = cfg.state_dir.to_string_lossy();
     if s.contains(',') || s.contains(':') {
@@ -279,9 +284,22 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     let init_binary = initbin::serve(&pinned, &cfg.state_dir)?;
     let runtime = strata_runtime::namespace::NamespaceRuntime::new(
         cfg.helper_exe.clone(),
-        init_binary,
+        init_binary.clone(),
         cfg.state_dir.join("run"),
     )?;
+    let gvisor: Option<Arc<dyn strata_runtime::Runtime>> = match tiers.why_not(strata_api::Isolation::Gvisor) {
+        Some(_) => None,
+        None => {
+            let rt = strata_runtime::gvisor::GvisorRuntime::new(
+                &gvisor_probe,
+                cfg.helper_exe.clone(),
+                init_binary,
+                cfg.state_dir.join("run"),
+            )?;
+            info!(version = rt.version(), platform = rt.platform(), "gvisor tier ready");
+            Some(Arc::new(rt))
+        }
+    };
     let archive = match cfg.archive_url.as_deref() {
         Some(url) => archive::ArchiveStore::from_url(url)?,
         None => archive::ArchiveStore::local(&cfg.state_dir.join("archive"))?,
@@ -310,6 +328,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
         cfg.preview_domain.as_deref().unwrap_or(preview::DEFAULT_DOMAIN).trim_end_matches('.').to_ascii_lowercase();
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     app_state.tiers = tiers;
+    app_state.gvisor = gvisor;
     let st: Shared = Arc::new(app_state);
     // Everything from here runs as the daemon itself: it acts in every tenant.
     tenancy::as_daemon(reconcile_at_start(&st)).await?;

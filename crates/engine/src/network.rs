@@ -16,7 +16,7 @@ use std::path::Path as FsPath;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_api::{FlowCounter, NetworkInfo, NetworkMode, NetworkSpec, SandboxState};
+use strata_api::{ErrorCode, FlowCounter, NetworkInfo, NetworkMode, NetworkSpec, SandboxState};
 use strata_net::nft::{self, SandboxNet, TableConfig};
 use strata_net::{dns, link, Rule};
 use strata_runtime::SandboxSpec;
@@ -119,6 +119,14 @@ pub async fn prepare(st: &Shared, id: &str, spec: &mut SandboxSpec) -> EngineRes
     let link =
         st.network.pool()?.link(entry.slot).ok_or_else(|| NetworkError::PoolFull("slot outside the pool".into()))?;
     attach(st, id, &base.table, &entry, None).await?;
+    if st.runtime_by_id(id).name() == strata_api::Isolation::Gvisor.as_str() {
+        // gVisor's netstack took the address with it when the sandbox last ran.
+        let ns = st.network.netns_path(id);
+        tokio::task::spawn_blocking(move || link::readdress(&ns, &link))
+            .await
+            .map_err(|e| EngineError::internal("network task", &e))?
+            .map_err(NetworkError::from)?;
+    }
     spec.netns_path = Some(st.network.netns_path(id));
     spec.resolv_conf = Some(format!(
         "# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n",
@@ -415,8 +423,18 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> EngineResult<Net
             }
         }
         (NetworkMode::None, NetworkMode::Egress) => {
+            let running = matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused);
+            if running && crate::state::tiers::tier_of(&rec.sandbox) != strata_api::Isolation::Namespace {
+                return Err(EngineError::new(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "sandbox {id} runs on the {} tier, whose network cannot be switched while it runs: stop it, change the network, start it",
+                        rec.sandbox.runtime
+                    ),
+                ));
+            }
             st.network.put(&id, spec.clone(), rules)?;
-            if rec.sandbox.state == SandboxState::Running || rec.sandbox.state == SandboxState::Paused {
+            if running {
                 let base = ensure_base(st).await?;
                 let entry = st.network.entries().get(&id).cloned().expect("just put");
                 let pid = handle_of(&rec).map(|h| h.init_pid);

@@ -30,7 +30,7 @@ impl AdoptedProcesses {
     /// The processes run: they join the sandbox's table under their ids and are supervised.
     pub fn commit(self, st: &Shared) {
         let secrets = st.secrets.get_or_empty(&self.sandbox_id);
-        let oom_before = st.runtime.usage(&self.sandbox_id).oom_kills;
+        let oom_before = st.runtime_by_id(&self.sandbox_id).usage(&self.sandbox_id).oom_kills;
         for (p, ends) in self.pending {
             let id = p.info().id;
             {
@@ -143,7 +143,8 @@ async fn spawn_validated(
     let handle = handle_of(rec).ok_or_else(|| EngineError::new(ErrorCode::Internal, "running sandbox without init"))?;
     let secrets = st.secrets.get(&rec.sandbox.id)?;
     let spec = exec_spec(rec, &req, &secrets);
-    let mut cmd = st.runtime.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| {
+    let rt = st.runtime_of(&rec.sandbox);
+    let mut cmd = rt.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| {
         EngineError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e)))
     })?;
     let (report_r, report_w) = cloexec_pipe()?;
@@ -174,7 +175,7 @@ async fn spawn_validated(
     tokio::spawn(async move {
         let _ = child.wait().await;
     });
-    let oom_before = st.runtime.usage(&rec.sandbox.id).oom_kills;
+    let oom_before = rt.usage(&rec.sandbox.id).oom_kills;
     let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.iter().map(|a| secrets.redact_str(a)).collect());
     proc_.lock().pipes = pipes;
     let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -251,7 +252,7 @@ async fn supervise(
                     timed_out = true;
                     if let Some(pid) = p.info().pid {
                         // The process leads its own session/process group: kill the group.
-                        st.runtime.signal(&sandbox_id, pid, libc::SIGKILL, true);
+                        st.runtime_by_id(&sandbox_id).signal(&sandbox_id, pid, libc::SIGKILL, true);
                     }
                 }
             }
@@ -276,7 +277,7 @@ async fn supervise(
         }
         break report;
     };
-    let oom_after = st.runtime.usage(&sandbox_id).oom_kills;
+    let oom_after = st.runtime_by_id(&sandbox_id).usage(&sandbox_id).oom_kills;
     {
         let mut s = p.lock();
         s.suspended = false;
@@ -518,7 +519,7 @@ pub async fn signal(st: &Shared, id: &str, pid: u64, signal: &str) -> EngineResu
     // A process started a moment ago may not have reported its pid yet.
     let sandbox_id = p.info().sandbox_id;
     match p.pid_when_started(Duration::from_secs(5)).await {
-        Some(ns) if st.runtime.signal(&sandbox_id, ns, sig as i32, false) > 0 => Ok(p.info()),
+        Some(ns) if st.runtime_by_id(&sandbox_id).signal(&sandbox_id, ns, sig as i32, false) > 0 => Ok(p.info()),
         _ => Err(EngineError::new(ErrorCode::InvalidState, format!("process {pid} is not running"))),
     }
 }

@@ -106,7 +106,15 @@ pub fn transition(
     if let Some(phase) = crate::state::metrics::phase_of(action) {
         st.metrics.observe(phase, started.elapsed());
     }
-    crate::state::accounting::on_transition(&st.accounting, &st.db, st.runtime.as_ref(), id, from, to, action);
+    crate::state::accounting::on_transition(
+        &st.accounting,
+        &st.db,
+        st.runtime_by_id(id).as_ref(),
+        id,
+        from,
+        to,
+        action,
+    );
     st.notify_events(ev.seq);
     Ok(ev)
 }
@@ -125,7 +133,7 @@ pub fn expiry(ttl: Option<&str>) -> EngineResult<Option<String>> {
 /// Refreshes the OOM counter of a sandbox from its cgroup; records an `oom`
 /// event when it grew. Returns the new count.
 pub fn refresh_oom(st: &Shared, rec: &SandboxRecord) -> u64 {
-    let n = st.runtime.usage(&rec.sandbox.id).oom_kills;
+    let n = st.runtime_of(&rec.sandbox).usage(&rec.sandbox.id).oom_kills;
     if n > rec.sandbox.oom_kills {
         let _ = st.db.set_oom_kills(&rec.sandbox.id, n);
         let detail = format!(

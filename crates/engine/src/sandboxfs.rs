@@ -369,10 +369,10 @@ impl Object {
 use std::os::unix::fs::OpenOptionsExt;
 
 impl SandboxFs {
-    /// Opens the root of the sandbox whose init has host pid `init_pid`.
-    pub fn open(init_pid: i32) -> io::Result<Self> {
-        let f = File::open(format!("/proc/{init_pid}/root"))?;
-        Ok(SandboxFs { root: OwnedFd::from(f) })
+    /// The sandbox whose root directory is open as `root` (its tier's
+    /// [`strata_runtime::Runtime::open_root`]).
+    pub fn from_root(root: OwnedFd) -> Self {
+        SandboxFs { root }
     }
 
     /// Resolves `path` inside the sandbox to a list of symlink-free components.

@@ -36,7 +36,14 @@ pub fn drop_to(user: &ResolvedUser, keep: &[Capability]) -> Result<(), String> {
     nix::unistd::setresuid(user.uid.into(), user.uid.into(), user.uid.into())
         .map_err(|e| format!("setuid {}: {e}", user.uid))?;
     let final_set = if user.uid == 0 { keep_set } else { CapsHashSet::new() };
-    caps::clear(None, CapSet::Ambient).map_err(|e| format!("clear ambient caps: {e}"))?;
+    // gVisor's sentry has no ambient capabilities (PR_CAP_AMBIENT is EINVAL
+    // there): with none to clear, that is the state wanted.
+    if let Err(e) = caps::clear(None, CapSet::Ambient) {
+        let unsupported = caps::read(None, CapSet::Ambient).is_err();
+        if !unsupported {
+            return Err(format!("clear ambient caps: {e}"));
+        }
+    }
     caps::set(None, CapSet::Inheritable, &final_set).map_err(|e| format!("set inheritable caps: {e}"))?;
     caps::set(None, CapSet::Effective, &final_set).map_err(|e| format!("set effective caps: {e}"))?;
     caps::set(None, CapSet::Permitted, &final_set).map_err(|e| format!("set permitted caps: {e}"))?;

@@ -306,7 +306,8 @@ impl CArray {
     }
 }
 
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// `PATH` of a process whose environment names none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Largest /etc/passwd or /etc/group the shim reads (the rest is ignored).
 const MAX_ACCOUNT_FILE: u64 = 4 << 20;

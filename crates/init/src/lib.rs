@@ -1,5 +1,5 @@
-//! `strata-init`: the one binary that runs inside every sandbox of the
-//! namespace tier. It is built statically (scripts/build-init.sh) because it
+//! `strata-init`: the one binary that runs inside every sandbox (the
+//! namespace and the gVisor tier). It is built statically (scripts/build-init.sh) because it
 //! executes from inside the sandbox's root, where the image's libraries (if
 //! any) are not the host's.
 //!
@@ -7,6 +7,8 @@
 //! * [`enter`]: `_enter`, run by the daemon on the host: joins a sandbox and
 //!   hands one process to a `_shim` inside.
 //! * [`exec`]: the per-process `_shim` and everything between fork and exec.
+//! * [`runsc`]: the gVisor tier's `_runsc_exec` (on the host) and `_signal`
+//!   (inside).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
 //! Keeping every sandbox process's mappings inside the sandbox's own mount tree
@@ -15,7 +17,9 @@
 pub mod creds;
 pub mod enter;
 pub mod exec;
+pub mod openat2;
 pub mod pid1;
+pub mod runsc;
 pub mod seccomp;
 pub mod user;
 

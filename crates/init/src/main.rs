@@ -1,12 +1,14 @@
-//! `strata-init _pid1 GRACE_SECS` | `strata-init _shim`: see the library docs.
+//! `strata-init _pid1 GRACE_SECS` | `_shim` | `_enter` | `_runsc_exec` | `_signal SIG TARGET`: see the library docs.
 
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("_pid1") => strata_init::pid1::pid1_main(),
         Some("_shim") => strata_init::exec::shim_main(),
         Some("_enter") => strata_init::enter::main(),
+        Some("_runsc_exec") => strata_init::runsc::exec_main(),
+        Some("_signal") => strata_init::runsc::signal_main(),
         _ => {
-            eprintln!("strata-init runs inside strata sandboxes (as `_pid1`, `_shim` or `_enter`); it is not meant to be run by hand");
+            eprintln!("strata-init runs inside strata sandboxes (as `_pid1`, `_shim`, `_enter`, `_runsc_exec` or `_signal`); it is not meant to be run by hand");
             std::process::exit(2)
         }
     }

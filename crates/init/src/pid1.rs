@@ -14,6 +14,19 @@ pub fn pid1_main() -> ! {
     // Sandbox processes (which lack CAP_SYS_PTRACE) may not ptrace init or open /proc/1/exe.
     // SAFETY: prctl(PR_SET_DUMPABLE) takes integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    // On the gVisor tier pid 1 starts with runsc's stdio, the sandbox's log on
+    // the host: nothing in the sandbox may reach that file through /proc/1/fd.
+    // (The namespace tier's setup already pointed them at /dev/null.)
+    // SAFETY: open/dup2 on descriptors 0-2, which no Rust object owns here.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            libc::close(null);
+        }
+    }
     let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
     let _ = creds::drop_to(&root, &[caps::Capability::CAP_KILL]);
     let _ = creds::no_new_privs();

@@ -130,6 +130,24 @@ pub fn attach(netns: &Path, ifname: &str, link: &Link) -> Result<(), NetError> {
     r
 }
 
+/// Gives the sandbox side of an existing link its address and default route
+/// again (idempotent). gVisor's netstack takes `eth0` over and removes its
+/// address from the namespace; once that sandbox has exited, the next start
+/// (or restore) needs it back.
+pub fn readdress(netns: &Path, link: &Link) -> Result<(), NetError> {
+    let inner = format!(
+        "link set lo up\naddr replace {a}/{LINK_PREFIX} dev {INNER_IFNAME}\nlink set {INNER_IFNAME} up\nroute replace default via {gw}\n",
+        a = link.address,
+        gw = link.gateway
+    );
+    let ns_arg = format!("--net={}", netns.display());
+    run_batch(
+        Command::new("nsenter").arg(ns_arg).args(["ip", "-batch", "-"]).env_clear().env("PATH", crate::PATH),
+        &inner,
+        "ip (sandbox side)",
+    )
+}
+
 /// Deletes the host side of a veth pair (the peer goes with it); absent is fine.
 pub fn detach(ifname: &str) {
     if link_exists(ifname) {

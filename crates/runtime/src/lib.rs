@@ -13,6 +13,8 @@
 //! * [`cgroup`]: cgroup v1/v2 limits, freezer and counters, rooted at a path.
 //! * [`disk`]: the per-sandbox disk limit: an ext4 image per sandbox on a loop
 //!   device (`LOOP_CONFIGURE`), mounted in-process, and the pool of ready disks.
+//! * [`gvisor`]: the gVisor tier (runsc: a user-space kernel between the
+//!   sandbox and the host) on the same overlay root, keeper and exec shim.
 //! * [`microvm`]: the QEMU microvm tier's host probe (the tier itself plugs in
 //!   beside `namespace` through the same trait).
 //! * [`probe`]: host capability checks behind `strata doctor`.
@@ -35,7 +37,8 @@ pub mod fake;
 pub mod gvisor;
 pub mod microvm;
 pub mod namespace;
-pub mod openat2;
+/// `openat2(2)` (strata-init's: the host-side exec helper of the gVisor tier uses it too).
+pub use strata_init::openat2;
 pub mod probe;
 pub mod spec;
 pub mod sys;
@@ -184,7 +187,7 @@ pub trait NetSockets: Send + Sync {
 /// Implementations must be cheap to share between threads; every method is
 /// blocking but short, except [`Runtime::stop`], which waits up to its grace period.
 pub trait Runtime: Send + Sync {
-    /// Tier name (`namespace`, `microvm`).
+    /// Tier name (`namespace`, `gvisor`, `microvm`).
     fn name(&self) -> &'static str;
 
     /// Creates cgroups and starts the sandbox's init on its root filesystem.
@@ -286,4 +289,11 @@ pub trait Runtime: Send + Sync {
     /// `handle`, which ends after `idle` without requests (so it does not pin
     /// the sandbox's network).
     fn net_sockets(&self, handle: &SandboxHandle, idle: Duration) -> Result<Box<dyn NetSockets>, RuntimeError>;
+
+    /// Opens the sandbox's root directory as the host sees it, with every
+    /// mount whose files the sandbox shares with the host (what the file API
+    /// works on): `/proc/<init>/root` on the namespace tier, the overlay
+    /// mount (with its `/tmp`) on the gVisor tier. Needs the daemon's
+    /// privileges (a non-dumpable init's root takes CAP_SYS_PTRACE).
+    fn open_root(&self, sandbox_id: &str, handle: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd>;
 }

@@ -196,9 +196,9 @@ pub fn doctor() -> DoctorReport {
         },
         TierReport {
             name: "gvisor".into(),
-            available: false,
-            detail: gv.unavailable(),
-            capabilities: unavailable_capabilities("the tier is not available (see its detail)"),
+            available: gv.unavailable().is_none(),
+            detail: gv.detail(),
+            capabilities: gvisor_capabilities(&gv, &f),
         },
         TierReport {
             name: "microvm".into(),
@@ -243,7 +243,8 @@ fn namespace_capabilities(tier_ok: bool, features: &[FeatureCheck]) -> Vec<TierC
                 (false, "the tier is not available (see its detail)".to_string())
             } else {
                 match cap {
-                    "create" | "exec" | "files" | "pty" => (true, "with the tier".to_string()),
+                    "create" | "exec" | "files" => (true, "with the tier".to_string()),
+                    "pty" => (false, "strata has no PTY API yet".to_string()),
                     "checkpoint" | "fork" => (true, "from the overlay's writable layer".to_string()),
                     "egress" => needs("nftables"),
                     "limits" => needs("cgroups"),
@@ -251,6 +252,47 @@ fn namespace_capabilities(tier_ok: bool, features: &[FeatureCheck]) -> Vec<TierC
                     "standby" | "warm_checkpoint" => needs("criu"),
                     _ => (false, "unknown capability".to_string()),
                 }
+            };
+            TierCapability { name: cap.to_string(), available, detail }
+        })
+        .collect()
+}
+
+/// The gVisor tier's capabilities on this host.
+fn gvisor_capabilities(gv: &crate::gvisor::GvisorProbe, features: &[FeatureCheck]) -> Vec<TierCapability> {
+    if let Some(why) = gv.unavailable() {
+        return unavailable_capabilities(&why);
+    }
+    let cgroups = features.iter().find(|c| c.name == "cgroups");
+    let disk = features.iter().find(|c| c.name == "disk_quota");
+    TIER_CAPABILITIES
+        .iter()
+        .map(|&cap| {
+            let (available, detail) = match cap {
+                "create" | "exec" | "files" => (true, format!("runsc, platform {}", gv.platform)),
+                "checkpoint" | "fork" => (true, "from the overlay's writable layer (runsc --overlay2=none)".into()),
+                "limits" => match cgroups {
+                    Some(c) if c.available => (true, "memory and cpu in the cgroup, processes as RLIMIT_NPROC".into()),
+                    Some(c) => (false, format!("cgroups: {}", c.detail)),
+                    None => (false, "cgroups: not probed".into()),
+                },
+                "disk_quota" => match disk {
+                    Some(c) if c.available => (true, "the writable layer and /tmp on the sandbox's disk".into()),
+                    Some(c) => (false, format!("disk_quota: {}", c.detail)),
+                    None => (false, "disk_quota: not probed".into()),
+                },
+                "egress" => match features.iter().find(|c| c.name == "nftables") {
+                    Some(c) if c.available => {
+                        (true, "runsc --network=sandbox on strata's veth and nftables (#10704 masked)".into())
+                    }
+                    Some(c) => (false, format!("nftables: {}", c.detail)),
+                    None => (false, "nftables: not probed".into()),
+                },
+                "standby" | "warm_checkpoint" => {
+                    (false, "not built yet on this tier (runsc checkpoint/restore)".into())
+                }
+                "pty" => (false, "strata has no PTY API yet".into()),
+                _ => (false, "unknown capability".into()),
             };
             TierCapability { name: cap.to_string(), available, detail }
         })

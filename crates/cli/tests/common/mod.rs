@@ -65,6 +65,22 @@ macro_rules! require_criu {
     };
 }
 
+/// Like [`require_host!`], and also skips (or, in CI, fails) when the gVisor
+/// tier cannot run here (runsc missing or too old).
+#[macro_export]
+macro_rules! require_gvisor {
+    () => {
+        $crate::require_host!();
+        if let Some(reason) = strata_runtime::gvisor::probe().unavailable() {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI must be able to run this test, but: {reason}");
+            }
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+}
+
 /// A daemon with its own state directory and socket, stopped on drop.
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,

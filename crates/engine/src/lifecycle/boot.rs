@@ -159,7 +159,7 @@ pub(crate) async fn boot(
     ensure_disk(st, rec).await.map_err(failed)?;
     let mut spec = spec_for(st, rec)?;
     crate::network::prepare(st, &rec.sandbox.id, &mut spec).await.map_err(failed)?;
-    let rt = st.runtime.clone();
+    let rt = st.runtime_of(&rec.sandbox);
     let layers = st.layers.clone();
     let result = tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec)))
         .await

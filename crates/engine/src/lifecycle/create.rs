@@ -110,8 +110,7 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
 
 pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> EngineResult<Sandbox> {
     // The tier first: one this host cannot run is refused (501, with why), never replaced by another.
-    // Every tier that resolves runs on the daemon's runtime (today the namespace tier only).
-    st.tiers.resolve(req.isolation)?;
+    let tier = st.tiers.resolve(req.isolation)?;
     let source = resolve_source(st, &req.source)?;
     let id = ids::new_id();
     let name = match &req.name {
@@ -141,7 +140,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     // From a warm checkpoint the processes come along unless asked otherwise.
     let warm_from = match (source.warm, req.processes, &source.checkpoint) {
         (true, None | Some(true), Some(c)) => {
-            crate::lifecycle::warm::check_startable(st, &id, !req.secrets.is_empty(), c)?;
+            crate::lifecycle::warm::check_startable(st, tier, &id, !req.secrets.is_empty(), c)?;
             Some(c.clone())
         }
         (false, Some(true), _) => {
@@ -200,7 +199,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
             state_detail: None,
             source: source.name.clone(),
             image_id: source.image_id.clone(),
-            runtime: st.runtime.name().into(),
+            runtime: st.runtime_for(tier).name().into(),
             lifecycle: req.lifecycle,
             created_at: time.clone(),
             updated_at: time,

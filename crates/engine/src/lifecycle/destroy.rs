@@ -56,15 +56,16 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> Engine
     st.drop_lock(&rec.sandbox.id);
     // The record is gone and every process is dead: releasing the cgroup and the
     // writable layer can finish in the background (startup sweeps what a crash leaves).
-    let (st2, id) = (st.clone(), rec.sandbox.id.clone());
-    tokio::task::spawn_blocking(move || release_resources(&st2, &id));
+    let (st2, id, rt) = (st.clone(), rec.sandbox.id.clone(), st.runtime_of(&rec.sandbox));
+    tokio::task::spawn_blocking(move || release_resources(&st2, rt.as_ref(), &id));
     info!(sandbox = %rec.sandbox.id, reason, "destroyed");
     Ok(ev)
 }
 
-/// Removes the cgroup and directory of a sandbox that has no processes and no record.
-pub(crate) fn release_resources(st: &Shared, id: &str) {
-    if let Err(e) = st.runtime.cleanup(id) {
+/// Removes the cgroup and directory of a sandbox that has no processes and no
+/// record; `rt` is its tier's runtime.
+pub(crate) fn release_resources(st: &Shared, rt: &dyn strata_runtime::Runtime, id: &str) {
+    if let Err(e) = rt.cleanup(id) {
         warn!(sandbox = id, error = %crate::error::chain(&e), "releasing cgroup");
     }
     st.disks.release(&st.sandbox_dir(id));

@@ -38,7 +38,7 @@ pub(crate) async fn freeze_locked(
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, action)?;
-    let (rt, sid, frozen) = (st.runtime.clone(), rec.sandbox.id.clone(), action == Action::Pause);
+    let (rt, sid, frozen) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone(), action == Action::Pause);
     tokio::task::spawn_blocking(move || rt.set_frozen(&sid, frozen))
         .await
         .map_err(|e| EngineError::internal("freezer task", &e))?

@@ -23,14 +23,15 @@ pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
         let id = rec.sandbox.id.clone();
         crate::process_image::sweep_spent(st, &id);
         let state = rec.sandbox.state;
-        let alive = handle_of(&rec).is_some_and(|h| st.runtime.is_alive(&h));
+        let rt = st.runtime_of(&rec.sandbox);
+        let alive = handle_of(&rec).is_some_and(|h| rt.is_alive(&h));
         let ephemeral = rec.sandbox.lifecycle == Lifecycle::Ephemeral;
         match state {
             SandboxState::Running | SandboxState::Paused if alive => {
                 info!(sandbox = %id, "re-adopted running sandbox");
                 if state == SandboxState::Running {
                     // A daemon that died mid-checkpoint may have left it frozen.
-                    if let Err(e) = st.runtime.set_frozen(&id, false) {
+                    if let Err(e) = rt.set_frozen(&id, false) {
                         warn!(sandbox = %id, error = %crate::error::chain(&e), "thawing a re-adopted sandbox");
                     }
                 }
@@ -91,7 +92,13 @@ pub fn sweep_orphans(st: &Shared) -> Result<(), EngineError> {
         let name = e.file_name().to_string_lossy().into_owned();
         if !known.contains(&name) {
             info!(sandbox = %name, "removing leftovers of a destroyed sandbox");
-            release_resources(st, &name);
+            // Its tier is not recorded any more: every tier this daemon runs releases what it has of it.
+            if let Some(gv) = &st.gvisor {
+                if let Err(e) = gv.cleanup(&name) {
+                    warn!(sandbox = %name, error = %crate::error::chain(&e), "releasing gvisor leftovers");
+                }
+            }
+            release_resources(st, st.runtime.as_ref(), &name);
         }
     }
     Ok(())

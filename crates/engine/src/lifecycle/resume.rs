@@ -120,7 +120,7 @@ pub(crate) async fn restore_locked(
     let pipes = st.processes.resume_pipes(&id)?;
     let inherit: Vec<(std::os::fd::RawFd, u64)> =
         pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
-    let rt = st.runtime.clone();
+    let rt = st.runtime_of(&rec.sandbox);
     let images = dir.clone();
     let verified_ms = started.elapsed().as_millis() as u64;
     let restored = tokio::task::spawn_blocking(move || {
@@ -149,7 +149,7 @@ pub(crate) async fn restore_locked(
             lifecycle::watch_init(st.clone(), id.clone(), handle);
             // The image is spent: the restored processes have moved on from it. CRIU's log
             // of this restore is kept next to it (replacing the previous one) for diagnosis.
-            if let Some(log) = st.runtime.restore_leftovers(&dir) {
+            if let Some(log) = st.runtime_of(&rec.sandbox).restore_leftovers(&dir) {
                 let _ = std::fs::rename(log, st.sandbox_dir(&id).join(LAST_RESTORE_LOG));
             }
             retire_image(st, &id);

@@ -53,7 +53,7 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
         // An automatic standby degrades explicitly (recorded on the sandbox).
         return standby_fs_only(st, &rec, why, reason, started).await;
     }
-    if let Some(why) = st.runtime.process_dump_unsupported() {
+    if let Some(why) = st.runtime_of(&rec.sandbox).process_dump_unsupported() {
         return Err(EngineError::new(
             ErrorCode::Unsupported,
             format!("cannot keep the processes of sandbox {id}: {why}; `strata standby --fs-only` stops them and keeps only the filesystem"),
@@ -61,7 +61,7 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     }
     if from == SandboxState::Paused {
         // CRIU seizes the tasks itself; a frozen cgroup would stall it.
-        let (rt, sid) = (st.runtime.clone(), id.clone());
+        let (rt, sid) = (st.runtime_of(&rec.sandbox), id.clone());
         tokio::task::spawn_blocking(move || rt.set_frozen(&sid, false))
             .await
             .map_err(|e| EngineError::internal("thaw task", &e))?
@@ -73,7 +73,7 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     let staging = st.sandbox_dir(&id).join(STAGING_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     let suspended = st.processes.suspend(&id).await;
-    let (rt, sid, dir) = (st.runtime.clone(), id.clone(), staging.clone());
+    let (rt, sid, dir) = (st.runtime_of(&rec.sandbox), id.clone(), staging.clone());
     let dumped = tokio::task::spawn_blocking(move || {
         crate::failpoint("standby-dump")
             .map_err(|e| strata_runtime::RuntimeError::Setup(format!("writing the standby image: {e}")))?;
@@ -90,7 +90,7 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
             st.processes.unsuspend(&id);
             let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
             if from == SandboxState::Paused {
-                let _ = st.runtime.set_frozen(&id, true);
+                let _ = st.runtime_of(&rec.sandbox).set_frozen(&id, true);
             }
             let msg = crate::error::chain(&e);
             warn!(sandbox = %id, error = %msg, "standby failed; the sandbox keeps running");
@@ -115,7 +115,7 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
         publish(&staging, &image_dir(st, &id))?;
         Ok::<_, std::io::Error>(m)
     })();
-    let _ = st.runtime.cleanup(&id);
+    let _ = st.runtime_of(&rec.sandbox).cleanup(&id);
     let manifest = match sealed {
         Ok(m) => m,
         Err(e) => {
@@ -196,7 +196,7 @@ pub fn complete_interrupted(st: &Shared, rec: &SandboxRecord) -> EngineResult<bo
     if read_manifest(&dir).is_err() {
         return Ok(false);
     }
-    let _ = st.runtime.cleanup(&rec.sandbox.id);
+    let _ = st.runtime_of(&rec.sandbox).cleanup(&rec.sandbox.id);
     transition(
         st,
         &rec.sandbox.id,
@@ -215,7 +215,7 @@ pub fn complete_interrupted(st: &Shared, rec: &SandboxRecord) -> EngineResult<bo
 pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     let id = &rec.sandbox.id;
     let dir = image_dir(st, id);
-    match st.runtime.interrupted_restore(id, &dir) {
+    match st.runtime_of(&rec.sandbox).interrupted_restore(id, &dir) {
         InterruptedRestore::None => {}
         InterruptedRestore::Running(handle) => {
             transition(
@@ -232,8 +232,8 @@ pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
             info!(sandbox = %id, "completed a resume interrupted by the daemon's stop");
         }
         InterruptedRestore::Gone => {
-            let _ = st.runtime.cleanup(id);
-            st.runtime.restore_leftovers(&dir);
+            let _ = st.runtime_of(&rec.sandbox).cleanup(id);
+            st.runtime_of(&rec.sandbox).restore_leftovers(&dir);
         }
     }
     Ok(())

@@ -49,7 +49,7 @@ pub async fn stop_locked(
 pub(crate) async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Duration) -> EngineResult<()> {
     let id = rec.sandbox.id.clone();
     let handle = handle_of(rec);
-    let rt = st.runtime.clone();
+    let rt = st.runtime_of(&rec.sandbox);
     tokio::task::spawn_blocking(move || -> Result<(), strata_runtime::RuntimeError> {
         if let Some(h) = handle {
             rt.stop(&id, &h, grace)?;
@@ -65,7 +65,7 @@ pub(crate) async fn kill_processes(st: &Shared, rec: &SandboxRecord, grace: Dura
 /// SIGKILLs every process of a sandbox and waits until they are gone.
 pub(crate) async fn kill_only(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     let Some(h) = handle_of(rec) else { return Ok(()) };
-    let (rt, id) = (st.runtime.clone(), rec.sandbox.id.clone());
+    let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
     tokio::task::spawn_blocking(move || rt.stop(&id, &h, Duration::ZERO))
         .await
         .map_err(|e| EngineError::internal("kill task", &e))?

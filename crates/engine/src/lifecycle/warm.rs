@@ -61,7 +61,7 @@ pub fn check_capturable(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     if !st.secrets.get(id)?.is_empty() {
         return Err(EngineError::invalid_state(state, format!("cannot keep the processes of sandbox {id} in a checkpoint: it has secrets, whose values would be in process memory; checkpoint without processes")));
     }
-    if let Some(why) = st.runtime.process_dump_unsupported() {
+    if let Some(why) = st.runtime_of(&rec.sandbox).process_dump_unsupported() {
         return Err(EngineError::new(
             ErrorCode::Unsupported,
             format!("cannot keep the processes of sandbox {id}: {why}"),
@@ -119,14 +119,21 @@ pub fn sweep(st: &Shared) -> EngineResult<()> {
     Ok(())
 }
 
-/// Whether `rec` may start from a warm checkpoint: not with secrets of its own.
-pub fn check_startable(st: &Shared, sandbox_id: &str, has_secrets: bool, checkpoint: &str) -> EngineResult<()> {
+/// Whether sandbox `sandbox_id` (of tier `tier`) may start from a warm
+/// checkpoint: not with secrets of its own, not on a tier that cannot restore processes.
+pub fn check_startable(
+    st: &Shared,
+    tier: strata_api::Isolation,
+    sandbox_id: &str,
+    has_secrets: bool,
+    checkpoint: &str,
+) -> EngineResult<()> {
     if has_secrets {
         return Err(EngineError::bad_request(format!(
             "sandbox {sandbox_id} has secrets, and checkpoint {checkpoint} would start it with processes copied from a sandbox without them; start it without processes (processes: false)"
         )));
     }
-    if let Some(why) = st.runtime.process_dump_unsupported() {
+    if let Some(why) = st.runtime_for(tier).process_dump_unsupported() {
         return Err(EngineError::new(ErrorCode::Unsupported, format!("checkpoint {checkpoint} keeps processes, which cannot be restored here: {why}; start without processes (processes: false)")));
     }
     Ok(())
@@ -177,7 +184,7 @@ pub async fn boot(
     let inherit: Vec<(std::os::fd::RawFd, u64)> =
         adopted.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
     let work = st.sandbox_dir(&id).join("restore");
-    let rt = st.runtime.clone();
+    let rt = st.runtime_of(&rec.sandbox);
     let restored = tokio::task::spawn_blocking(move || {
         let handle = rt.restore_processes(&spec, &images, &work, &helper, &inherit)?;
         if let Err(e) = rt.reidentify(&spec, &handle) {

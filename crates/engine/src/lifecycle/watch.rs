@@ -80,7 +80,7 @@ pub(crate) async fn on_init_exit(st: &Shared, id: &str, handle: &SandboxHandle) 
     if !has_processes(rec.sandbox.state) || handle_of(&rec).as_ref() != Some(handle) {
         return; // stopped or restarted on purpose
     }
-    let usage = st.runtime.usage(id);
+    let usage = st.runtime_of(&rec.sandbox).usage(id);
     let reason = if usage.oom_kills > rec.sandbox.oom_kills { "oom" } else { "init_exited" };
     warn!(sandbox = id, reason, "sandbox init exited unexpectedly");
     let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;

@@ -174,8 +174,12 @@ impl Metrics {
     }
 
     /// The OpenMetrics text of every metric, gauges refreshed from the
-    /// sandboxes `db` records and their counters in `runtime`.
-    pub fn render(&self, db: &strata_store::Db, runtime: &dyn strata_runtime::Runtime) -> String {
+    /// sandboxes `db` records and their counters (`usage`: a sandbox's, from its tier).
+    pub fn render(
+        &self,
+        db: &strata_store::Db,
+        usage: &dyn Fn(&strata_api::Sandbox) -> strata_runtime::ResourceUsage,
+    ) -> String {
         let _g = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.states.clear();
         self.memory.clear();
@@ -190,7 +194,7 @@ impl Metrics {
             for rec in list {
                 self.states.get_or_create(&StateLabels { state: rec.sandbox.state.as_str().to_string() }).inc();
                 if has_processes(rec.sandbox.state) {
-                    let u = runtime.usage(&rec.sandbox.id);
+                    let u = usage(&rec.sandbox);
                     let l = SandboxLabels { sandbox: rec.sandbox.id.clone() };
                     self.memory.get_or_create(&l).set(u.memory_bytes as i64);
                     self.cpu.get_or_create(&l).inc_by(u.cpu_usec as f64 / 1e6);

@@ -37,8 +37,11 @@ pub struct AppState {
     pub db: Db,
     /// Content-addressed layers.
     pub layers: LayerStore,
-    /// The isolation tier.
+    /// The namespace tier's runtime (the default tier's, in unit tests a fake).
+    /// A sandbox's own is [`AppState::runtime_of`].
     pub runtime: Arc<dyn Runtime>,
+    /// The gVisor tier's runtime, when this daemon runs that tier.
+    pub gvisor: Option<Arc<dyn Runtime>>,
     /// `<state>/sandboxes`: per-sandbox upper/work/rootfs directories.
     pub sandboxes_dir: PathBuf,
     /// The state directory.
@@ -94,6 +97,7 @@ impl AppState {
             db,
             layers,
             runtime,
+            gvisor: None,
             sandboxes_dir: state_dir.join("sandboxes"),
             secrets: self::secrets::SecretStore::new(&state_dir),
             network: self::network::Network::new(&state_dir, &Default::default()),
@@ -113,6 +117,34 @@ impl AppState {
             previews: self::preview::Previews::default(),
             pipelines: self::pipelines::Pipelines::default(),
             tiers: self::tiers::Tiers::default(),
+        }
+    }
+
+    /// The runtime of `tier`; for a tier this daemon does not run, one that
+    /// refuses every operation saying why ([`tiers::Missing`]).
+    pub fn runtime_for(&self, tier: strata_api::Isolation) -> Arc<dyn Runtime> {
+        let missing = |why: &str| -> Arc<dyn Runtime> { Arc::new(tiers::Missing::new(tier, why)) };
+        match tier {
+            strata_api::Isolation::Namespace => self.runtime.clone(),
+            strata_api::Isolation::Gvisor => match &self.gvisor {
+                Some(rt) => rt.clone(),
+                None => missing(self.tiers.why_not(tier).unwrap_or("not run by this daemon")),
+            },
+            strata_api::Isolation::Microvm => missing(self.tiers.why_not(tier).unwrap_or("not run by this daemon")),
+        }
+    }
+
+    /// The runtime sandbox `sb` runs on (the tier its record names).
+    pub fn runtime_of(&self, sb: &strata_api::Sandbox) -> Arc<dyn Runtime> {
+        self.runtime_for(tiers::tier_of(sb))
+    }
+
+    /// The runtime of the sandbox with id `id` (the namespace tier's when it
+    /// is not recorded: nothing of it runs then).
+    pub fn runtime_by_id(&self, id: &str) -> Arc<dyn Runtime> {
+        match self.db.sandbox_by_id(id) {
+            Ok(Some(rec)) => self.runtime_of(&rec.sandbox),
+            _ => self.runtime.clone(),
         }
     }
 

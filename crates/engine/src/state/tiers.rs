@@ -1,11 +1,17 @@
 //! The isolation tiers this daemon can run and the default one
 //! (`strata daemon --default-isolation`). A create names a tier or gets the
 //! default; a tier that cannot run here is refused with why (501), never
-//! replaced by another one.
+//! replaced by another one. A sandbox's runtime is its tier's
+//! ([`tier_of`], [`crate::state::AppState::runtime_of`]).
 
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use strata_api::{ErrorCode, Isolation};
+use strata_runtime::spec::{ExecSpec, SandboxSpec};
+use strata_runtime::{InterruptedRestore, NetSockets, ResourceUsage, Runtime, RuntimeError, SandboxHandle};
 
 use crate::error::{EngineError, EngineResult};
 
@@ -55,6 +61,102 @@ impl Tiers {
             None => Ok(tier),
             Some(why) => Err(EngineError::new(ErrorCode::Unsupported, format!("isolation {tier}: {why}"))),
         }
+    }
+}
+
+/// The tier a sandbox's record names (`runtime`: `gvisor`, `microvm`; any
+/// other name, e.g. a test's fake, is the namespace tier's runtime).
+pub fn tier_of(sb: &strata_api::Sandbox) -> Isolation {
+    match sb.runtime.as_str() {
+        "gvisor" => Isolation::Gvisor,
+        "microvm" => Isolation::Microvm,
+        _ => Isolation::Namespace,
+    }
+}
+
+/// The runtime of a tier this daemon does not run (a gVisor sandbox recorded
+/// by a daemon that had runsc, on one that has not): nothing of it runs here,
+/// and every operation that would need the tier fails saying why.
+pub struct Missing {
+    tier: Isolation,
+    why: String,
+}
+
+impl Missing {
+    /// The stand-in for `tier`, which cannot run because of `why`.
+    pub fn new(tier: Isolation, why: &str) -> Missing {
+        Missing { tier, why: why.to_string() }
+    }
+
+    fn err(&self) -> RuntimeError {
+        RuntimeError::Unsupported(format!("isolation {}: {}", self.tier, self.why))
+    }
+}
+
+impl Runtime for Missing {
+    fn name(&self) -> &'static str {
+        self.tier.as_str()
+    }
+    fn start(&self, _: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+        Err(self.err())
+    }
+    fn is_alive(&self, _: &SandboxHandle) -> bool {
+        false
+    }
+    fn exec_command(&self, _: &str, _: &SandboxHandle, _: &ExecSpec) -> Result<std::process::Command, RuntimeError> {
+        Err(self.err())
+    }
+    fn stop(&self, _: &str, _: &SandboxHandle, _: Duration) -> Result<(), RuntimeError> {
+        Err(self.err())
+    }
+    fn cleanup(&self, _: &str) -> Result<(), RuntimeError> {
+        Err(self.err())
+    }
+    fn set_frozen(&self, _: &str, _: bool) -> Result<(), RuntimeError> {
+        Err(self.err())
+    }
+    fn usage(&self, _: &str) -> ResourceUsage {
+        ResourceUsage::default()
+    }
+    fn run_dir(&self) -> PathBuf {
+        PathBuf::new()
+    }
+    fn signal(&self, _: &str, _: i32, _: i32, _: bool) -> usize {
+        0
+    }
+    fn process_dump_unsupported(&self) -> Option<String> {
+        Some(self.err().to_string())
+    }
+    fn dump_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
+        Err(self.err())
+    }
+    fn copy_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
+        Err(self.err())
+    }
+    fn restore_processes(
+        &self,
+        _: &SandboxSpec,
+        _: &Path,
+        _: &Path,
+        _: &Path,
+        _: &[(RawFd, u64)],
+    ) -> Result<SandboxHandle, RuntimeError> {
+        Err(self.err())
+    }
+    fn reidentify(&self, _: &SandboxSpec, _: &SandboxHandle) -> Result<(), RuntimeError> {
+        Err(self.err())
+    }
+    fn interrupted_restore(&self, _: &str, _: &Path) -> InterruptedRestore {
+        InterruptedRestore::None
+    }
+    fn restore_leftovers(&self, _: &Path) -> Option<PathBuf> {
+        None
+    }
+    fn net_sockets(&self, _: &SandboxHandle, _: Duration) -> Result<Box<dyn NetSockets>, RuntimeError> {
+        Err(self.err())
+    }
+    fn open_root(&self, _: &str, _: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd> {
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, self.err().to_string()))
     }
 }
 

@@ -107,7 +107,7 @@ impl Engine {
     pub async fn metrics(&self) -> EngineResult<String> {
         self.operator_only("metrics")?;
         let st = self.st.clone();
-        tokio::task::spawn_blocking(move || st.metrics.render(&st.db, st.runtime.as_ref()))
+        tokio::task::spawn_blocking(move || st.metrics.render(&st.db, &|sb| st.runtime_of(sb).usage(&sb.id)))
             .await
             .map_err(|e| EngineError::internal("metrics", &e))
     }

@@ -187,6 +187,13 @@ impl Engine {
                 "the recommended isolation {} cannot run on this daemon ({why}): ask the operator for it, or run the stage on the namespace tier knowing it shares the host's kernel",
                 advice.isolation
             ));
+        } else if advice.recommendation == strata_api::Strategy::StandbyBetweenTurns {
+            if let Some(why) = self.st.runtime_for(advice.isolation).process_dump_unsupported() {
+                advice.warnings.push(format!(
+                    "standby between turns keeps processes, which isolation {} cannot do on this daemon ({why}): `standby --fs-only` keeps the files only",
+                    advice.isolation
+                ));
+            }
         }
         Ok(advice)
     }

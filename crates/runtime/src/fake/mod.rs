@@ -192,6 +192,9 @@ pub struct FakeSandbox {
     pub identity: FakeIdentity,
     /// Pids inside handed out by `exec_command` (from 2 up).
     pub exec_pids: Vec<i32>,
+    /// What [`Runtime::open_root`] opens: the writable layer (a fake has no
+    /// mounts), so files written through it reach checkpoints and diffs.
+    pub root: Option<PathBuf>,
 }
 
 /// What the marker file holds.
@@ -324,6 +327,7 @@ impl FakeRuntime {
                 cgroup: true,
                 identity,
                 exec_pids: vec![],
+                root: None,
             },
         );
     }
@@ -457,6 +461,7 @@ impl Runtime for FakeRuntime {
             cgroup: true,
             identity: FakeIdentity::of(spec),
             exec_pids: Vec::new(),
+            root: Some(spec.upper_dir.clone()),
         };
         s.sandboxes.insert(spec.id.clone(), sb);
         Ok(handle)
@@ -629,6 +634,7 @@ impl Runtime for FakeRuntime {
             // The processes come back as they were dumped, identity included.
             identity: image.identity,
             exec_pids: Vec::new(),
+            root: Some(spec.upper_dir.clone()),
         };
         s.sandboxes.insert(spec.id.clone(), sb);
         Ok(handle)
@@ -663,6 +669,14 @@ impl Runtime for FakeRuntime {
         self.begin(&mut s, Op::NetSockets, id.as_deref(), String::new())?;
         id.ok_or_else(not_running)?;
         Ok(Box::new(HostSockets))
+    }
+
+    fn open_root(&self, sandbox_id: &str, handle: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd> {
+        let s = self.lock();
+        let sb = s.sandboxes.get(sandbox_id).filter(|sb| sb.alive && sb.handle == *handle);
+        let root =
+            sb.and_then(|sb| sb.root.clone()).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        std::fs::File::open(root).map(Into::into)
     }
 }
 

@@ -1,18 +1,48 @@
-//! The gVisor tier (runsc, a user-space kernel between the sandbox and the
-//! host): host probe. The tier itself will implement [`crate::Runtime`]
-//! beside the namespace tier; this module answers what the host offers for
-//! it, for `strata doctor` and for the engine's choice of tiers.
+//! The gVisor tier: each sandbox runs under `runsc`, a user-space kernel (the
+//! sentry) between its processes and the host, on strata's own overlay root.
+//!
+//! * [`probe`]: is runsc here, which version, which platform
+//!   ([`choose_platform`]: KVM on hosts with hardware virtualization,
+//!   systrap otherwise).
+//! * [`GvisorRuntime`]: the tier behind [`crate::Runtime`].
+//! * [`bundle`]: the OCI bundle and the host tree under the sandbox's root.
+//! * [`keeper`]: `strata _runsc_keep`, the parent of one sandbox on the host.
+//!
+//! Exec: `strata-init _runsc_exec` on the host resolves the process against
+//! the sandbox's root, runs it with `runsc exec` and reports it as the
+//! namespace tier's shim does (see [`strata_init::runsc`]); the report
+//! channel stays on the host, out of the sandbox's reach.
+//! The measured facts behind every choice here: docs/design/gvisor-tier.md.
 
-use std::path::PathBuf;
-use std::process::Command;
+pub mod bundle;
+pub mod keeper;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use crate::cgroup::{self, CgroupVersion, SandboxCgroup};
+use crate::namespace::{process_start_time, wait_for_exit, CGROUP_ROOT};
+use crate::spec::{ExecSpec, SandboxSpec};
+use crate::sys::LinuxSys;
+use crate::{InterruptedRestore, NetSockets, ResourceUsage, Runtime, RuntimeError, SandboxHandle};
+
+/// The oldest runsc this tier runs (systrap, checkpoint options; Debian 12's
+/// own 20221219 has neither).
+pub const MIN_RUNSC_DATE: u32 = 20240729;
 
 /// What the host offers for the gVisor tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GvisorProbe {
     /// Where `runsc` is, when installed.
     pub runsc: Option<PathBuf>,
-    /// Its version line (`runsc version release-20240729.0`).
+    /// Its version line (`runsc version 0.0~20240729.0`).
     pub version: Option<String>,
+    /// The platform this host would use.
+    pub platform: &'static str,
 }
 
 /// Looks for `runsc` on `PATH` (and in `/usr/sbin`, `/usr/bin`) and asks its version.
@@ -26,21 +56,423 @@ pub fn probe() -> GvisorProbe {
         let out = Command::new(p).arg("--version").output().ok().filter(|o| o.status.success())?;
         String::from_utf8_lossy(&out.stdout).lines().next().map(|l| l.trim().to_string())
     });
-    GvisorProbe { runsc, version }
+    GvisorProbe { runsc, version, platform: choose_platform() }
+}
+
+/// The release date in a runsc version line (`0.0~20240729.0`, `release-20240729.0`).
+pub fn version_date(version: &str) -> Option<u32> {
+    version
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|part| part.len() == 8 && part.starts_with("20"))
+        .and_then(|d| d.parse().ok())
+}
+
+/// The platform runsc should use here: `kvm` when `/dev/kvm` is hardware
+/// virtualization (vmx/svm in the CPU flags, no `kvm_pvm` module: runsc's
+/// KVM platform hangs on PVM), `systrap` otherwise.
+pub fn choose_platform() -> &'static str {
+    let pvm = std::fs::read_to_string("/proc/modules").is_ok_and(|m| m.lines().any(|l| l.starts_with("kvm_pvm ")));
+    let hw = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.lines().any(|l| l.starts_with("flags") && (l.contains(" vmx") || l.contains(" svm"))));
+    if Path::new("/dev/kvm").exists() && hw && !pvm {
+        "kvm"
+    } else {
+        "systrap"
+    }
 }
 
 impl GvisorProbe {
-    /// Why this build cannot run the tier on this host (the tier's runtime
-    /// is not part of this build yet; what the host has is said too).
-    pub fn unavailable(&self) -> String {
+    /// Why the tier cannot run on this host (`None`: it can).
+    pub fn unavailable(&self) -> Option<String> {
         match (&self.runsc, &self.version) {
-            (None, _) => "the gvisor tier is not implemented in this build; runsc is not installed either".into(),
-            (Some(p), Some(v)) => {
-                format!("the gvisor tier is not implemented in this build ({} found: {v})", p.display())
+            (None, _) => {
+                Some("runsc is not installed (scripts/setup-host.sh installs it from bookworm-backports)".into())
             }
-            (Some(p), None) => {
-                format!("the gvisor tier is not implemented in this build ({} does not run)", p.display())
+            (Some(p), None) => Some(format!("{} does not run (runsc --version failed)", p.display())),
+            (Some(p), Some(v)) => match version_date(v) {
+                Some(d) if d >= MIN_RUNSC_DATE => None,
+                _ => Some(format!(
+                    "{} is {v}; the gvisor tier needs runsc {MIN_RUNSC_DATE} or newer (systrap, checkpoint options)",
+                    p.display()
+                )),
+            },
+        }
+    }
+
+    /// One line for `strata doctor`.
+    pub fn detail(&self) -> String {
+        match (&self.runsc, &self.version, self.unavailable()) {
+            (Some(p), Some(v), None) => format!("{v} at {}, platform {}", p.display(), self.platform),
+            (_, _, Some(why)) => why,
+            _ => "not probed".into(),
+        }
+    }
+}
+
+/// The gVisor tier.
+#[derive(Debug, Clone)]
+pub struct GvisorRuntime {
+    runsc: PathBuf,
+    version: String,
+    platform: &'static str,
+    helper_exe: PathBuf,
+    init_binary: PathBuf,
+    run_dir: PathBuf,
+    cgroup_root: PathBuf,
+    cgroup_version: CgroupVersion,
+    stop_grace: Duration,
+}
+
+impl GvisorRuntime {
+    /// The tier, when `probe` says it can run: the keeper is a subcommand of
+    /// `helper_exe` (the strata binary), exec goes through the static
+    /// `init_binary` (`strata-init`, also the sandbox's pid 1 and shim), runsc's
+    /// state and the bundles live under `run_dir`.
+    pub fn new(
+        probe: &GvisorProbe,
+        helper_exe: PathBuf,
+        init_binary: PathBuf,
+        run_dir: PathBuf,
+    ) -> Result<Self, RuntimeError> {
+        if let Some(why) = probe.unavailable() {
+            return Err(RuntimeError::Unsupported(why));
+        }
+        let (Some(runsc), Some(version)) = (probe.runsc.clone(), probe.version.clone()) else {
+            return Err(RuntimeError::Unsupported("runsc not probed".into()));
+        };
+        let cgroup_root = PathBuf::from(CGROUP_ROOT);
+        let cgroup_version = cgroup::detect(&cgroup_root)?;
+        Ok(GvisorRuntime {
+            runsc,
+            version,
+            platform: probe.platform,
+            helper_exe,
+            init_binary,
+            run_dir,
+            cgroup_root,
+            cgroup_version,
+            stop_grace: Duration::from_secs(10),
+        })
+    }
+
+    /// The runsc version line this tier runs.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The platform it runs sandboxes on.
+    pub fn platform(&self) -> &'static str {
+        self.platform
+    }
+
+    fn gvisor_dir(&self) -> PathBuf {
+        self.run_dir.join("gvisor")
+    }
+
+    fn bundle(&self, id: &str) -> bundle::Bundle {
+        bundle::Bundle::new(&self.gvisor_dir(), id)
+    }
+
+    /// runsc with the global flags every call shares (its own state root).
+    fn global_args(&self) -> Vec<String> {
+        vec![
+            self.runsc.to_string_lossy().into_owned(),
+            "--root".into(),
+            self.gvisor_dir().join("state").to_string_lossy().into_owned(),
+            format!("--platform={}", self.platform),
+            "--overlay2=none".into(),
+            // strata's file API writes the root from the host: the sentry must revalidate.
+            "--file-access=shared".into(),
+        ]
+    }
+
+    /// Runs one short runsc command; its stderr on failure.
+    fn runsc(&self, args: &[&str]) -> Result<(), String> {
+        let argv = self.global_args();
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("spawn runsc: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("runsc {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
+    fn cgroup(&self, id: &str) -> SandboxCgroup {
+        SandboxCgroup::new(&self.cgroup_root, self.cgroup_version, id)
+    }
+
+    /// Starts the sandbox described by `bundle` under a keeper (`run -detach`).
+    fn launch(&self, spec: &SandboxSpec, b: &bundle::Bundle) -> Result<SandboxHandle, RuntimeError> {
+        let mut argv = self.global_args();
+        let network = if spec.netns_path.is_some() { "sandbox" } else { "none" };
+        argv.push(format!("--network={network}"));
+        argv.extend([
+            "run".into(),
+            "-detach".into(),
+            "--bundle".into(),
+            b.dir.to_string_lossy().into_owned(),
+            "--pid-file".into(),
+            b.pid_file().to_string_lossy().into_owned(),
+            spec.id.clone(),
+        ]);
+        let cfg = keeper::KeepConfig { argv, pid_file: b.pid_file(), mask_proc_sys_net: spec.netns_path.is_some() };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log_path)
+            .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
+        let mut child = {
+            let _g = crate::spawn_lock();
+            Command::new(&self.helper_exe)
+                .arg("_runsc_keep")
+                .env_clear()
+                .env(keeper::CONFIG_ENV, serde_json::to_string(&cfg).expect("KeepConfig serializes"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .map_err(|source| RuntimeError::Spawn { what: "gvisor keeper", source })?
+        };
+        let keeper_pid = child.id() as i32;
+        let report = keeper::read_report(child.stdout.take().expect("piped stdout"));
+        match report {
+            Some(keeper::KeepReport::Ready { sandbox_pid }) => {
+                debug!(sandbox = %spec.id, keeper = keeper_pid, sandbox_pid, "gvisor sandbox running");
+                let start = process_start_time(keeper_pid)
+                    .ok_or_else(|| RuntimeError::Setup("the sandbox exited right after it started".into()))?;
+                // The keeper stays our child: the daemon's watch reaps it.
+                std::mem::forget(child);
+                Ok(SandboxHandle { init_pid: keeper_pid, init_start_time: start })
+            }
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let why = match other {
+                    Some(keeper::KeepReport::Failed { message }) => message,
+                    _ => "the keeper exited without reporting".into(),
+                };
+                Err(RuntimeError::Setup(format!("{why}{}", log_tail(&spec.log_path))))
             }
         }
+    }
+}
+
+/// The last lines of a sandbox's log, for an error message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(": {tail}")
+    }
+}
+
+impl Runtime for GvisorRuntime {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+        let t0 = Instant::now();
+        let b = self.bundle(&spec.id);
+        // Leftovers of an earlier run of this sandbox (a stop that did not finish, a crash).
+        let _ = self.runsc(&["delete", "-force", &spec.id]);
+        bundle::teardown(&LinuxSys, &b);
+        let has_etc = bundle::prepare(&LinuxSys, spec, &b, true).map_err(|e| {
+            bundle::teardown(&LinuxSys, &b);
+            match e {
+                crate::namespace::mounts::SetupError::Image(m) => RuntimeError::Image(m),
+                crate::namespace::mounts::SetupError::Host(m) => RuntimeError::Setup(m),
+            }
+        })?;
+        let config = bundle::config(&bundle::ConfigInputs {
+            spec,
+            bundle: &b,
+            init_binary: &self.init_binary,
+            has_etc,
+            stop_grace_secs: self.stop_grace.as_secs(),
+        });
+        let path = b.dir.join("config.json");
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("config serializes")) {
+            bundle::teardown(&LinuxSys, &b);
+            return Err(RuntimeError::sys(format!("write {}", path.display()), e));
+        }
+        let t_prepare = t0.elapsed();
+        match self.launch(spec, &b) {
+            Ok(h) => {
+                debug!(sandbox = %spec.id, prepare_us = t_prepare.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "gvisor sandbox ready");
+                Ok(h)
+            }
+            Err(e) => {
+                let _ = self.cleanup(&spec.id);
+                Err(e)
+            }
+        }
+    }
+
+    fn is_alive(&self, handle: &SandboxHandle) -> bool {
+        process_start_time(handle.init_pid) == Some(handle.init_start_time)
+    }
+
+    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<Command, RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox is not running".into()));
+        }
+        let mut runsc = self.global_args();
+        runsc.truncate(4); // runsc, --root R, --platform: what exec needs
+        let b = self.bundle(sandbox_id);
+        let hostname = std::fs::read_to_string(b.identity().join("hostname")).unwrap_or_default();
+        let cfg = strata_init::runsc::RunscExec {
+            runsc,
+            container: sandbox_id.to_string(),
+            root: b.root_link(),
+            hostname: hostname.trim().to_string(),
+            exec: exec.clone(),
+        };
+        let mut cmd = Command::new(&self.init_binary);
+        cmd.arg("_runsc_exec")
+            .env_clear()
+            .env(strata_init::runsc::CONFIG_ENV, serde_json::to_string(&cfg).expect("RunscExec serializes"));
+        Ok(cmd)
+    }
+
+    fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {
+        // A paused sandbox acts on no signal.
+        let _ = self.runsc(&["resume", sandbox_id]);
+        if !grace.is_zero() && self.is_alive(handle) {
+            if let Err(e) = self.runsc(&["kill", sandbox_id, "TERM"]) {
+                debug!(sandbox = sandbox_id, error = %e, "SIGTERM to the sandbox");
+            }
+            if !wait_for_exit(handle, grace) {
+                warn!(sandbox = sandbox_id, "init ignored SIGTERM for {grace:?}; killing");
+            }
+        }
+        if self.is_alive(handle) {
+            let _ = self.runsc(&["kill", sandbox_id, "KILL"]);
+        }
+        if !wait_for_exit(handle, Duration::from_secs(10)) {
+            return Err(RuntimeError::Setup(format!("sandbox {sandbox_id} survives SIGKILL")));
+        }
+        Ok(())
+    }
+
+    fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        if let Err(e) = self.runsc(&["delete", "-force", sandbox_id]) {
+            debug!(sandbox = sandbox_id, error = %e, "runsc delete");
+        }
+        bundle::teardown(&LinuxSys, &self.bundle(sandbox_id));
+        // runsc removes the cgroups it made; anything left (a crash) goes here.
+        let cg = self.cgroup(sandbox_id);
+        if cg.dirs().iter().any(|d| d.exists()) {
+            cg.remove()?;
+        }
+        Ok(())
+    }
+
+    fn set_frozen(&self, sandbox_id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        self.runsc(&[if frozen { "pause" } else { "resume" }, sandbox_id]).map_err(RuntimeError::Setup)
+    }
+
+    fn usage(&self, sandbox_id: &str) -> ResourceUsage {
+        self.cgroup(sandbox_id).usage()
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.run_dir.clone()
+    }
+
+    fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize {
+        if ns_pid <= 1 {
+            return 0; // pid 1 is strata's; never a process of the caller's
+        }
+        let target = if group { -ns_pid } else { ns_pid };
+        let mut argv = self.global_args();
+        argv.truncate(4);
+        let ok = Command::new(&argv[0])
+            .args(&argv[1..])
+            .args(["exec", sandbox_id, strata_init::SELF_PATH, "_signal", &signal.to_string(), &target.to_string()])
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        usize::from(ok)
+    }
+
+    fn process_dump_unsupported(&self) -> Option<String> {
+        Some("standby and warm checkpoints of gvisor sandboxes are not built yet (runsc checkpoint)".into())
+    }
+
+    fn dump_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
+        Err(RuntimeError::Unsupported(self.process_dump_unsupported().unwrap_or_default()))
+    }
+
+    fn copy_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
+        Err(RuntimeError::Unsupported(self.process_dump_unsupported().unwrap_or_default()))
+    }
+
+    fn restore_processes(
+        &self,
+        _: &SandboxSpec,
+        _: &Path,
+        _: &Path,
+        _: &Path,
+        _: &[(std::os::fd::RawFd, u64)],
+    ) -> Result<SandboxHandle, RuntimeError> {
+        Err(RuntimeError::Unsupported(self.process_dump_unsupported().unwrap_or_default()))
+    }
+
+    fn reidentify(&self, _: &SandboxSpec, _: &SandboxHandle) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported(self.process_dump_unsupported().unwrap_or_default()))
+    }
+
+    fn interrupted_restore(&self, _: &str, _: &Path) -> InterruptedRestore {
+        InterruptedRestore::None
+    }
+
+    fn restore_leftovers(&self, _: &Path) -> Option<PathBuf> {
+        None
+    }
+
+    fn net_sockets(&self, _: &SandboxHandle, _: Duration) -> Result<Box<dyn NetSockets>, RuntimeError> {
+        Err(RuntimeError::Unsupported("previews of gvisor sandboxes are not built yet".into()))
+    }
+
+    fn open_root(&self, sandbox_id: &str, _: &SandboxHandle) -> std::io::Result<OwnedFd> {
+        // The bundle's link names the overlay mount on the host (with /tmp on it).
+        std::fs::File::open(self.bundle(sandbox_id).root_link()).map(OwnedFd::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_dated_and_old_ones_refused() {
+        assert_eq!(version_date("runsc version 0.0~20240729.0"), Some(20240729));
+        assert_eq!(version_date("runsc version release-20250512.0"), Some(20250512));
+        assert_eq!(version_date("runsc version 0.0~20221219.0"), Some(20221219));
+        let old = GvisorProbe {
+            runsc: Some("/usr/bin/runsc".into()),
+            version: Some("runsc version 0.0~20221219.0".into()),
+            platform: "systrap",
+        };
+        assert!(old.unavailable().unwrap().contains("needs runsc 20240729"), "{:?}", old.unavailable());
+        let new = GvisorProbe { version: Some("runsc version 0.0~20240729.0".into()), ..old.clone() };
+        assert_eq!(new.unavailable(), None);
+        assert!(new.detail().contains("platform systrap"));
+        let none = GvisorProbe { runsc: None, version: None, platform: "systrap" };
+        assert!(none.unavailable().unwrap().contains("not installed"));
     }
 }

@@ -405,6 +405,15 @@ impl Runtime for NamespaceRuntime {
         log.exists().then_some(log)
     }
 
+    fn open_root(&self, _: &str, handle: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd> {
+        let f = std::fs::File::open(format!("/proc/{}/root", handle.init_pid))?;
+        // The pid may have been recycled between the caller's check and the open.
+        if !self.is_alive(handle) {
+            return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the sandbox's init is gone"));
+        }
+        Ok(f.into())
+    }
+
     fn net_sockets(&self, handle: &SandboxHandle, idle: Duration) -> Result<Box<dyn crate::NetSockets>, RuntimeError> {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));

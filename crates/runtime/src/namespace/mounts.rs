@@ -321,25 +321,15 @@ pub fn write_identity_files(
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some("mode=755,size=1m"),
     )?;
-    let put = |name: &str, content: String| {
-        fs::write(run_strata.join(name), content).map_err(ctx(format!("write /run/strata/{name}")))
-    };
-    put("sandbox-id", format!("{sandbox_id}\n"))?;
-    put("generation", format!("{generation}\n"))?;
     let etc = root.join("etc");
-    if !etc.is_dir() {
+    let hosts = etc.is_dir().then(|| fs::read_to_string(etc.join("hosts")).unwrap_or_default());
+    for (name, content) in identity_files(hosts.as_deref(), hostname, sandbox_id, machine_id, generation) {
+        fs::write(run_strata.join(name), content).map_err(ctx(format!("write /run/strata/{name}")))?;
+    }
+    if hosts.is_none() {
         return Ok(());
     }
-    let hosts = fs::read_to_string(etc.join("hosts")).unwrap_or_default();
-    let mut new = String::new();
-    if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
-        new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
-    }
-    new.push_str(&hosts_with(&hosts, hostname));
-    put("hosts", new)?;
-    put("hostname", format!("{hostname}\n"))?;
-    put("machine-id", format!("{machine_id}\n"))?;
-    for name in ["hostname", "hosts", "machine-id"] {
+    for name in ETC_IDENTITY_FILES {
         let target = etc.join(name);
         match fs::symlink_metadata(&target) {
             Ok(m) if m.is_file() => {}
@@ -380,7 +370,7 @@ pub fn ensure_identity_mountpoints(root: &Path) -> Result<(), String> {
         Err(e) => return Err(format!("mkdir /run/strata: {e}")),
     }
     let Ok(etc) = dir("etc") else { return Ok(()) };
-    for name in ["hostname", "hosts", "machine-id"] {
+    for name in ETC_IDENTITY_FILES {
         let flags = nix::fcntl::OFlag::O_CREAT
             | nix::fcntl::OFlag::O_EXCL
             | nix::fcntl::OFlag::O_WRONLY
@@ -395,6 +385,34 @@ pub fn ensure_identity_mountpoints(root: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The files of /etc that strata binds from the sandbox's /run/strata.
+pub const ETC_IDENTITY_FILES: [&str; 3] = ["hostname", "hosts", "machine-id"];
+
+/// The contents of a sandbox's /run/strata identity files, by name:
+/// `sandbox-id` and `generation` always; `hosts`, `hostname` and
+/// `machine-id` when the image has an /etc (`image_hosts`: its /etc/hosts,
+/// empty when missing), to be bound over the image's files.
+pub fn identity_files(
+    image_hosts: Option<&str>,
+    hostname: &str,
+    sandbox_id: &str,
+    machine_id: &str,
+    generation: u32,
+) -> Vec<(&'static str, String)> {
+    let mut files = vec![("sandbox-id", format!("{sandbox_id}\n")), ("generation", format!("{generation}\n"))];
+    if let Some(hosts) = image_hosts {
+        let mut new = String::new();
+        if !hosts.lines().any(|l| l.split_whitespace().skip(1).any(|n| n == "localhost")) {
+            new.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        }
+        new.push_str(&hosts_with(hosts, hostname));
+        files.push(("hosts", new));
+        files.push(("hostname", format!("{hostname}\n")));
+        files.push(("machine-id", format!("{machine_id}\n")));
+    }
+    files
 }
 
 /// The `127.0.1.1 <hostname>` line of `hosts`, replaced (or added).

@@ -373,14 +373,15 @@ async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiR
     let mut sender = match pooled {
         Some(s) => s,
         None => {
-            if !st.runtime.is_alive(&handle) {
+            let rt = st.runtime_of(&rec.sandbox);
+            if !rt.is_alive(&handle) {
                 pool.forget(&id);
                 st.previews.forget_connectors(&id);
                 return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
             }
-            let stream = st.previews.connect(st.runtime.as_ref(), &id, &handle, t.port).await?;
+            let stream = st.previews.connect(rt.as_ref(), &id, &handle, t.port).await?;
             // Checked again now that a namespace was (maybe) opened by pid: a reused pid must not hand us another one.
-            if !st.runtime.is_alive(&handle) {
+            if !rt.is_alive(&handle) {
                 pool.forget(&id);
                 st.previews.forget_connectors(&id);
                 return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));

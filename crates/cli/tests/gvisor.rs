@@ -1,0 +1,212 @@
+//! The gVisor tier end to end: a sandbox under runsc on strata's own layers,
+//! through the same CLI and API as the namespace tier (exec, files, limits,
+//! stop/start, pause, checkpoints, forks, destroy), what it refuses with why,
+//! and the same escape attempts against both tiers.
+
+mod common;
+
+use common::{stderr, stdout, TestDaemon};
+
+fn sh(d: &TestDaemon, id: &str, script: &str) -> std::process::Output {
+    d.cli(&["exec", "--timeout", "60s", id, "--", "sh", "-c", script])
+}
+
+fn sh_ok(d: &TestDaemon, id: &str, script: &str) -> String {
+    let out = sh(d, id, script);
+    assert!(out.status.success(), "{script}: {}{}", stdout(&out), stderr(&out));
+    stdout(&out)
+}
+
+/// Nothing of a destroyed gVisor sandbox is left on the host: no runsc
+/// process, mount, cgroup or bundle.
+fn assert_released(d: &TestDaemon, id: &str) {
+    let released = common::wait_until(15, || {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let runsc = std::process::Command::new("pgrep").args(["-f", &format!("runsc.*{id}")]).output().unwrap();
+        !mounts.contains(&format!("sandboxes/{id}/"))
+            && runsc.stdout.is_empty()
+            && !std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists()
+            && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists()
+            && !d.state(&format!("run/gvisor/{id}")).exists()
+    });
+    assert!(released, "sandbox {id} left something on the host");
+}
+
+#[test]
+fn a_gvisor_sandbox_runs_the_whole_filesystem_lifecycle() {
+    require_gvisor!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--isolation", "gvisor", "--name", "gv"]);
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
+    assert_eq!(info["runtime"], "gvisor", "{info}");
+
+    // Exec: output, exit status, stderr, the guest kernel is gVisor's, strata's pid 1.
+    let out = sh(&d, &id, "echo out; echo err >&2; exit 7");
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(stdout(&out), "out\n");
+    assert!(stderr(&out).contains("err"), "{}", stderr(&out));
+    assert_eq!(sh_ok(&d, &id, "hostname; cat /etc/hostname"), "gv\ngv\n");
+    let kernel = sh_ok(&d, &id, "cat /proc/1/cmdline | tr '\\0' ' '; echo; uname -r");
+    assert!(kernel.starts_with("/run/strata/init _pid1"), "strata's init is pid 1: {kernel}");
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_ne!(kernel.lines().nth(1).unwrap().trim(), host_release.trim(), "the guest sees gVisor's kernel");
+    // Stdin reaches the process; users resolve against the sandbox's /etc/passwd.
+    let out = d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "tr a-z A-Z"], b"piped\n");
+    assert_eq!(stdout(&out), "PIPED\n");
+    assert_eq!(d.cli_ok(&["exec", "--user", "user", &id, "--", "id", "-un"]), "user\n");
+    assert_eq!(d.cli_ok(&["exec", "--cwd", "/etc", &id, "--", "pwd"]), "/etc\n");
+    let missing = d.cli(&["exec", &id, "--", "no-such-program"]);
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("no-such-program"), "{}", stderr(&missing));
+
+    // Files: the API and the sandbox see the same tree, /tmp included, with no stale reads.
+    let host = d.dir.path().join("f");
+    std::fs::write(&host, "one\n").unwrap();
+    d.cli_ok(&["cp", host.to_str().unwrap(), &format!("{id}:/root/f")]);
+    assert_eq!(sh_ok(&d, &id, "cat /root/f"), "one\n");
+    std::fs::write(&host, "two, longer\n").unwrap();
+    d.cli_ok(&["cp", host.to_str().unwrap(), &format!("{id}:/root/f")]);
+    assert_eq!(sh_ok(&d, &id, "cat /root/f"), "two, longer\n", "a host-side write is seen at once");
+    sh_ok(&d, &id, "echo scratch > /tmp/t; echo kept > /kept; rm /bin/vi");
+    let back = d.dir.path().join("t");
+    d.cli_ok(&["cp", &format!("{id}:/tmp/t"), back.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "scratch\n");
+    // Writes land in strata's writable layer (a deletion as a whiteout).
+    assert_eq!(std::fs::read_to_string(d.upper(&id, "kept")).unwrap(), "kept\n");
+    let diff = d.cli_ok(&["diff", &id]);
+    assert!(diff.contains("/kept") && diff.contains("/bin/vi") && diff.contains("/root/f"), "{diff}");
+    assert!(!diff.contains("/tmp/t") && !diff.contains("/etc/hostname"), "scratch and identity stay out: {diff}");
+
+    // Checkpoint, then forks: on the same tier, with the parent's files and their own identity.
+    d.cli_ok(&["checkpoint", &id]);
+    let fork: serde_json::Value = serde_json::from_str(&d.cli_ok(&["fork", &id, "--count", "2", "--json"])).unwrap();
+    let children: Vec<String> =
+        fork["sandboxes"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
+    assert_eq!(children.len(), 2, "{fork}");
+    for (i, c) in children.iter().enumerate() {
+        let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", c, "--json"])).unwrap();
+        assert_eq!(info["runtime"], "gvisor", "a fork runs on its parent's tier: {info}");
+        let seen = sh_ok(&d, c, "cat /kept; hostname; cat /run/strata/generation; test -e /bin/vi || echo no-vi");
+        assert_eq!(seen, format!("kept\ngv-{}\n1\nno-vi\n", i + 1));
+    }
+
+    // Stop keeps the writable layer and empties /tmp; start brings it back; pause freezes.
+    d.cli_ok(&["stop", &id]);
+    d.cli_ok(&["start", &id]);
+    assert_eq!(sh_ok(&d, &id, "cat /kept; ls /tmp | wc -l"), "kept\n0\n");
+    d.cli_ok(&["pause", &id]);
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
+    assert_eq!(info["state"], "paused");
+    d.cli_ok(&["unpause", &id]);
+    assert_eq!(sh_ok(&d, &id, "echo thawed"), "thawed\n");
+
+    // A background process is listed, signalled and reports how it ended.
+    let pid = d.cli_ok(&["exec", "-d", &id, "--", "sleep", "300"]).trim().to_string();
+    d.cli_ok(&["proc", "kill", &id, &pid, "--signal", "KILL"]);
+    let waited = d.cli(&["proc", "wait", &id, &pid]);
+    assert!(!waited.status.success(), "a killed process does not exit 0");
+    // A timeout kills the command's whole process group.
+    let out = d.cli(&["exec", "--timeout", "1s", &id, "--", "sh", "-c", "sleep 100 & sleep 100"]);
+    assert!(!out.status.success());
+    assert!(
+        common::wait_until(10, || !sh_ok(&d, &id, "ps").contains("sleep 100")),
+        "the timed-out group is gone: {}",
+        sh_ok(&d, &id, "ps")
+    );
+
+    for s in [&id, &children[0], &children[1]] {
+        d.cli_ok(&["rm", "-f", s]);
+        assert_released(&d, s);
+    }
+}
+
+#[test]
+fn gvisor_limits_hold_and_what_the_tier_lacks_is_refused_with_why() {
+    require_gvisor!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--isolation", "gvisor", "--memory", "128m", "--pids", "24", "--disk", "64m"]);
+    // Processes are limited inside the guest kernel; the sandbox survives the attempt.
+    let out = sh(&d, &id, "i=0; while [ $i -lt 60 ]; do sleep 30 & i=$((i+1)); done; wait");
+    assert!(stderr(&out).contains("can't fork"), "{}", stderr(&out));
+    // The sandbox is full (as a namespace sandbox at its pids limit is): a restart empties it.
+    d.cli_ok(&["stop", &id]);
+    d.cli_ok(&["start", &id]);
+    // Memory: the guest's total is the limit (plus the sentry's headroom).
+    let total_kb: u64 = sh_ok(&d, &id, "awk '/MemTotal/ {print $2}' /proc/meminfo").trim().parse().expect("MemTotal");
+    assert!((128 * 1024..=(128 + 64) * 1024).contains(&total_kb), "MemTotal {total_kb} kB");
+    // The disk: writing past it fails with ENOSPC inside, /tmp counts too.
+    let out = sh(&d, &id, "dd if=/dev/zero of=/tmp/fill bs=1M count=100");
+    assert!(!out.status.success() && stderr(&out).contains("No space left"), "{}", stderr(&out));
+    sh_ok(&d, &id, "rm -f /tmp/fill; echo ok > /after");
+
+    // Bad input: an unknown tier is 400 naming it; what the tier lacks is 501 naming it.
+    let out = d.cli(&["create", "busybox", "--isolation", "firecracker"]);
+    assert!(!out.status.success() && stderr(&out).contains("firecracker"), "{}", stderr(&out));
+    let out = d.cli(&["standby", &id]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("gvisor") && stderr(&out).contains("not built yet"), "{}", stderr(&out));
+    let out = d.cli(&["checkpoint", &id, "--processes"]);
+    assert!(!out.status.success() && stderr(&out).contains("gvisor"), "{}", stderr(&out));
+    // Nothing was lost to the refusals.
+    assert_eq!(sh_ok(&d, &id, "cat /after"), "ok\n");
+}
+
+/// One escape attempt: a script that must fail on every tier.
+struct Attempt {
+    what: &'static str,
+    script: &'static str,
+}
+
+const ATTEMPTS: &[Attempt] = &[
+    Attempt { what: "mount a filesystem", script: "mount -t tmpfs x /mnt" },
+    Attempt { what: "load a kernel module", script: "insmod /lib/modules/x.ko || modprobe dummy" },
+    Attempt {
+        what: "a host file through pid 1's descriptors",
+        script: "ls -l /proc/1/fd | grep -e host: -e pipe: -e /var",
+    },
+    Attempt { what: "a raw socket", script: "ping -c1 -W1 127.0.0.1" },
+    Attempt { what: "write a kernel tunable", script: "echo 1 > /proc/sys/kernel/sysrq" },
+    Attempt { what: "write /sys", script: "echo 1 > /sys/kernel/profiling" },
+    Attempt { what: "make a device node", script: "mknod /tmp/sda b 8 0" },
+    Attempt { what: "open a host disk", script: "head -c1 /dev/sda || head -c1 /dev/vda" },
+    Attempt { what: "replace strata's init", script: "echo x > /run/strata/init" },
+    Attempt { what: "reach the daemon's socket", script: "ls /run/strata/strata.sock /var/tmp/strata-it-*" },
+    Attempt { what: "see host processes", script: "ls /proc | grep -qx 2 && cat /proc/2/comm | grep -q kthreadd" },
+    Attempt {
+        what: "leave the cgroup",
+        script: "echo $$ > /sys/fs/cgroup/cgroup.procs || echo $$ > /sys/fs/cgroup/memory/cgroup.procs",
+    },
+    // ls's own: stdio and the directory it reads; anything more came from the host.
+    Attempt { what: "a leaked host descriptor", script: "test \"$(ls /proc/self/fd | tr '\\n' ' ')\" != '0 1 2 3 '" },
+];
+
+#[test]
+fn the_same_escape_attempts_fail_on_every_tier_and_the_host_keeps_working() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let mut tiers = vec!["namespace"];
+    match strata_runtime::gvisor::probe().unavailable() {
+        None => tiers.push("gvisor"),
+        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI must run the gvisor tier: {why}"),
+        Some(why) => println!("gvisor tier skipped: {why}"),
+    }
+    let canary = d.create(&["--name", "canary"]);
+    sh_ok(&d, &canary, "echo alive > /canary");
+    for tier in &tiers {
+        let id = d.create(&["--isolation", tier, "--pids", "64", "--memory", "256m"]);
+        for a in ATTEMPTS {
+            let out = sh(&d, &id, a.script);
+            assert!(!out.status.success(), "{tier}: {} succeeded: {}{}", a.what, stdout(&out), stderr(&out));
+        }
+        // A fork bomb and a memory bomb stay inside the sandbox.
+        let _ = d.cli(&["exec", "--timeout", "10s", &id, "--", "sh", "-c", "b() { b | b & }; b"]);
+        let _ = d.cli(&["exec", "--timeout", "20s", &id, "--", "sh", "-c", "x=$(head -c 400m /dev/zero | tr '\\0' a)"]);
+        d.cli_ok(&["rm", "-f", &id]);
+    }
+    // The host and the other sandbox kept working.
+    assert_eq!(sh_ok(&d, &canary, "cat /canary"), "alive\n");
+    assert!(std::process::Command::new("true").status().unwrap().success());
+}

@@ -1,0 +1,394 @@
+//! A gVisor sandbox's OCI bundle and the host tree under its root.
+//!
+//! The root runsc serves is strata's own overlay (image layers + the
+//! sandbox's writable layer), mounted on the host, with `--overlay2=none`:
+//! every write of the sandbox lands in the writable layer at once, so
+//! checkpoints, diffs, scans, exports and templates read it as they do on the
+//! namespace tier.
+//!
+//! Beside it, in `<run>/gvisor/<id>/` (the bundle): `config.json`, the
+//! identity files bound read-only at `/run/strata` (with strata-init at
+//! `/run/strata/init`) and over `/etc/hostname`, `/etc/hosts`,
+//! `/etc/machine-id`, an optional `resolv.conf`, and the secrets on a tmpfs of
+//! their own (bound read-only at `/run/secrets`: never on disk, never in a
+//! process image). `/tmp` is a host directory next to the writable layer (on
+//! the sandbox's disk, so its quota counts it) bound both in the spec and on
+//! the host tree, so the file API sees what the sandbox sees; it is emptied
+//! at every cold start, like the namespace tier's tmpfs.
+//!
+//! Every host-side mount under the root is placed through a descriptor opened
+//! with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`: a symlink in the image
+//! never sends a host mount outside the sandbox's tree.
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags};
+use serde_json::{json, Value};
+
+use crate::namespace::mounts::{self, SetupError, SetupResult};
+use crate::spec::{SandboxSpec, SECRETS_DIR};
+use crate::sys::Sys;
+
+/// The cgroup path (relative to each hierarchy) runsc puts sandbox `id` in:
+/// the namespace tier's, so counters are read the same way.
+pub fn cgroups_path(id: &str) -> String {
+    format!("/{}/{id}", crate::cgroup::PARENT)
+}
+
+/// Memory the sentry itself needs beside the guest's (it is charged to the
+/// same memory cgroup; going over the limit kills the whole sandbox).
+pub const SENTRY_HEADROOM_BYTES: u64 = 64 << 20;
+
+/// The host's backstop on tasks: the sentry's threads and stubs count there,
+/// so the guest's process limit is `RLIMIT_NPROC` inside and this is loose.
+pub fn host_pids_limit(guest: Option<u64>) -> u64 {
+    guest.map_or(16_384, |p| (p * 4).max(1024))
+}
+
+/// Paths of one sandbox's bundle.
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    /// `<run>/gvisor/<id>`.
+    pub dir: PathBuf,
+}
+
+impl Bundle {
+    /// The bundle of sandbox `id` under `gvisor_dir`.
+    pub fn new(gvisor_dir: &Path, id: &str) -> Bundle {
+        Bundle { dir: gvisor_dir.join(id) }
+    }
+
+    /// The identity directory bound at `/run/strata`.
+    pub fn identity(&self) -> PathBuf {
+        self.dir.join("identity")
+    }
+
+    /// The secrets tmpfs.
+    pub fn secrets(&self) -> PathBuf {
+        self.dir.join("secrets")
+    }
+
+    /// A symlink to the sandbox's root on the host (the overlay mount).
+    pub fn root_link(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    /// The pid file runsc writes (the runsc-sandbox process).
+    pub fn pid_file(&self) -> PathBuf {
+        self.dir.join("sandbox.pid")
+    }
+
+    /// `resolv.conf`, when the sandbox has strata's.
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.dir.join("resolv.conf")
+    }
+}
+
+/// The host directory bound at `/tmp`: next to the writable layer.
+pub fn tmp_dir(spec: &SandboxSpec) -> PathBuf {
+    spec.upper_dir.parent().unwrap_or(&spec.upper_dir).join("gvisor-tmp")
+}
+
+/// Builds the host side of a cold start: the overlay root with `/tmp` bound
+/// on it, the identity files, strata's resolv.conf and the secrets tmpfs.
+/// Returns whether the image has an `/etc` (its identity files get bound).
+pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bool) -> SetupResult<bool> {
+    let ctx = |what: String| move |e: std::io::Error| SetupError::Host(format!("{what}: {e}"));
+    fs::create_dir_all(&bundle.dir).map_err(ctx(format!("create {}", bundle.dir.display())))?;
+    for d in [&spec.upper_dir, &spec.work_dir, &spec.rootfs_dir] {
+        fs::create_dir_all(d).map_err(ctx(format!("create {}", d.display())))?;
+    }
+    mounts::mount_overlay(sys, &spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir)?;
+    let _ = fs::remove_file(bundle.root_link());
+    std::os::unix::fs::symlink(&spec.rootfs_dir, bundle.root_link()).map_err(ctx("link the root".into()))?;
+
+    let tmp = tmp_dir(spec);
+    if fresh_tmp {
+        remove_tree(&tmp).map_err(ctx(format!("empty {}", tmp.display())))?;
+    }
+    fs::create_dir_all(&tmp).map_err(ctx(format!("create {}", tmp.display())))?;
+    sys.chmod(&tmp, 0o1777).map_err(|e| SetupError::Host(format!("chmod {}: {e}", tmp.display())))?;
+    bind_inside(sys, &tmp, &spec.rootfs_dir, "tmp")?;
+
+    mounts::ensure_identity_mountpoints(&spec.rootfs_dir).map_err(SetupError::Image)?;
+    let image_hosts = read_in_root(&spec.rootfs_dir, "etc/hosts");
+    let has_etc = image_hosts.is_some();
+    let id_dir = bundle.identity();
+    fs::create_dir_all(&id_dir).map_err(ctx(format!("create {}", id_dir.display())))?;
+    let files = mounts::identity_files(
+        image_hosts.as_deref(),
+        &spec.hostname,
+        &spec.id,
+        &spec.machine_id,
+        spec.fork_generation,
+    );
+    for (name, content) in files {
+        fs::write(id_dir.join(name), content).map_err(ctx(format!("write identity file {name}")))?;
+    }
+    // The mount point of strata-init inside /run/strata.
+    fs::write(id_dir.join("init"), b"").map_err(ctx("create the init mount point".into()))?;
+    match &spec.resolv_conf {
+        Some(conf) => fs::write(bundle.resolv_conf(), conf).map_err(ctx("write resolv.conf".into()))?,
+        None => {
+            let _ = fs::remove_file(bundle.resolv_conf());
+        }
+    }
+    if !spec.secrets.is_empty() {
+        let dir = bundle.secrets();
+        fs::create_dir_all(&dir).map_err(ctx(format!("create {}", dir.display())))?;
+        let passwd = read_in_root(&spec.rootfs_dir, "etc/passwd").unwrap_or_default();
+        let group = read_in_root(&spec.rootfs_dir, "etc/group").unwrap_or_default();
+        let owner = mounts::secrets_owner(spec.secrets_owner.as_deref(), &passwd, &group);
+        mounts::fill_secrets(sys, &dir, &spec.secrets, owner)?;
+    }
+    Ok(has_etc)
+}
+
+/// Removes a directory tree if it exists (never follows symlinks).
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Reads a small file of the image, resolved inside `root` without following
+/// symlinks out of it; `None` when it is missing or unreadable.
+fn read_in_root(root: &Path, rel: &str) -> Option<String> {
+    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
+    use std::io::Read;
+    let root_fd = fs::File::open(root).ok()?;
+    let fd = openat2(root_fd.as_raw_fd(), rel, libc::O_RDONLY, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS).ok()?;
+    let mut s = String::new();
+    fs::File::from(fd).take(1 << 20).read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+/// Bind-mounts host directory `source` on `root/rel` (a directory of the
+/// image, created when missing; a symlink or a file there is refused).
+fn bind_inside(sys: &dyn Sys, source: &Path, root: &Path, rel: &str) -> SetupResult<()> {
+    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_SYMLINKS};
+    let root_fd = fs::File::open(root).map_err(|e| SetupError::Host(format!("open {}: {e}", root.display())))?;
+    let open = || {
+        openat2(root_fd.as_raw_fd(), rel, libc::O_PATH | libc::O_DIRECTORY, 0, RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)
+    };
+    let target = match open() {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            nix::sys::stat::mkdirat(Some(root_fd.as_raw_fd()), rel, nix::sys::stat::Mode::from_bits_truncate(0o1777))
+                .map_err(|e| SetupError::Host(format!("mkdir /{rel}: {e}")))?;
+            open().map_err(|e| SetupError::Host(format!("open /{rel}: {e}")))?
+        }
+        Err(e) => {
+            return Err(SetupError::Image(format!(
+                "refusing to mount on /{rel}: it is a symlink or not a directory in the image ({e})"
+            )))
+        }
+    };
+    let at = PathBuf::from(format!("/proc/self/fd/{}", target.as_raw_fd()));
+    sys.mount(Some(source), &at, None, MsFlags::MS_BIND, None)
+        .map_err(|e| SetupError::Host(format!("bind {} on /{rel}: {e}", source.display())))
+}
+
+/// Undoes [`prepare`]: detaches the root tree and the secrets tmpfs and
+/// removes the bundle. Missing pieces are fine (a failed or repeated cleanup).
+pub fn teardown(sys: &dyn Sys, bundle: &Bundle) {
+    if let Ok(root) = fs::read_link(bundle.root_link()) {
+        // The overlay and /tmp on it go in one lazy detach.
+        while sys.umount2(&root, MntFlags::MNT_DETACH).is_ok() {}
+    }
+    let _ = sys.umount2(&bundle.secrets(), MntFlags::MNT_DETACH);
+    let _ = fs::remove_dir_all(&bundle.dir);
+}
+
+/// What `config.json` needs beyond the sandbox's spec.
+#[derive(Debug, Clone)]
+pub struct ConfigInputs<'a> {
+    /// The sandbox.
+    pub spec: &'a SandboxSpec,
+    /// Its bundle.
+    pub bundle: &'a Bundle,
+    /// The host's strata-init, bound at `/run/strata/init`.
+    pub init_binary: &'a Path,
+    /// Whether the image has an `/etc` (its identity files are bound).
+    pub has_etc: bool,
+    /// Seconds pid 1 gives processes between SIGTERM and SIGKILL on stop.
+    pub stop_grace_secs: u64,
+}
+
+fn bind_ro(destination: &str, source: &Path, exec: bool) -> Value {
+    let mut options = vec!["rbind", "ro", "nosuid", "nodev"];
+    if !exec {
+        options.push("noexec");
+    }
+    json!({"destination": destination, "type": "bind", "source": source, "options": options})
+}
+
+/// The OCI runtime configuration of a sandbox (see docs/design/gvisor-tier.md §3).
+pub fn config(inp: &ConfigInputs<'_>) -> Value {
+    let spec = inp.spec;
+    let caps = strata_init::runsc::root_capabilities();
+    let id_dir = inp.bundle.identity();
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        json!({"destination": "/tmp", "type": "bind", "source": tmp_dir(spec), "options": ["rbind", "rw", "nosuid", "nodev"]}),
+        bind_ro("/run/strata", &id_dir, false),
+        bind_ro(strata_init::SELF_PATH, inp.init_binary, true),
+    ];
+    if inp.has_etc {
+        for name in mounts::ETC_IDENTITY_FILES {
+            mounts.push(bind_ro(&format!("/etc/{name}"), &id_dir.join(name), false));
+        }
+        if spec.resolv_conf.is_some() {
+            mounts.push(bind_ro("/etc/resolv.conf", &inp.bundle.resolv_conf(), false));
+        }
+    }
+    if !spec.secrets.is_empty() {
+        mounts.push(bind_ro(SECRETS_DIR, &inp.bundle.secrets(), false));
+    }
+    let mut namespaces =
+        vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}), json!({"type": "mount"})];
+    if let Some(ns) = &spec.netns_path {
+        namespaces.push(json!({"type": "network", "path": ns}));
+    }
+    let mut resources = json!({"pids": {"limit": host_pids_limit(spec.limits.pids)}});
+    if let Some(mem) = spec.limits.memory_bytes {
+        resources["memory"] = json!({"limit": mem + SENTRY_HEADROOM_BYTES});
+    }
+    if let Some(cpus) = spec.limits.cpus {
+        resources["cpu"] = json!({"quota": (cpus * 100_000.0).round() as i64, "period": 100_000});
+    }
+    let mut rlimits = vec![];
+    if let Some(p) = spec.limits.pids {
+        rlimits.push(json!({"type": "RLIMIT_NPROC", "hard": p, "soft": p}));
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": [strata_init::SELF_PATH, "_pid1", inp.stop_grace_secs.to_string()],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": false,
+            "rlimits": rlimits,
+        },
+        "root": {"path": spec.rootfs_dir, "readonly": false},
+        "hostname": spec.hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": namespaces,
+            "resources": resources,
+            "cgroupsPath": cgroups_path(&spec.id),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::{RecordingSys, SysCall};
+
+    fn spec(dir: &Path) -> SandboxSpec {
+        SandboxSpec {
+            id: "sb1".into(),
+            hostname: "box".into(),
+            lower_dirs: vec![dir.join("layer")],
+            upper_dir: dir.join("disk/upper"),
+            work_dir: dir.join("disk/work"),
+            rootfs_dir: dir.join("rootfs"),
+            limits: strata_api::ResourceLimits {
+                memory_bytes: Some(256 << 20),
+                cpus: Some(0.5),
+                pids: Some(64),
+                ..Default::default()
+            },
+            log_path: dir.join("init.log"),
+            machine_id: "0".repeat(32),
+            fork_generation: 2,
+            secrets: vec![],
+            secrets_owner: None,
+            netns_path: None,
+            resolv_conf: None,
+        }
+    }
+
+    #[test]
+    fn the_config_limits_the_guest_inside_and_the_host_loosely() {
+        let dir = Path::new("/s");
+        let s = spec(dir);
+        let b = Bundle::new(Path::new("/run/gvisor"), "sb1");
+        let c = config(&ConfigInputs {
+            spec: &s,
+            bundle: &b,
+            init_binary: Path::new("/opt/strata-init"),
+            has_etc: true,
+            stop_grace_secs: 10,
+        });
+        assert_eq!(c["root"]["path"], "/s/rootfs");
+        assert_eq!(c["linux"]["cgroupsPath"], "/strata/sb1");
+        assert_eq!(c["linux"]["resources"]["memory"]["limit"], (256u64 << 20) + SENTRY_HEADROOM_BYTES);
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(c["linux"]["resources"]["pids"]["limit"], 1024);
+        assert_eq!(c["process"]["rlimits"][0], json!({"type": "RLIMIT_NPROC", "hard": 64, "soft": 64}));
+        assert_eq!(c["process"]["args"], json!(["/run/strata/init", "_pid1", "10"]));
+        let dests: Vec<&str> =
+            c["mounts"].as_array().unwrap().iter().map(|m| m["destination"].as_str().unwrap()).collect();
+        for d in ["/proc", "/tmp", "/run/strata", "/run/strata/init", "/etc/hostname", "/etc/hosts", "/etc/machine-id"]
+        {
+            assert!(dests.contains(&d), "{d} in {dests:?}");
+        }
+        // Only strata-init may be executed from strata's mounts.
+        for m in c["mounts"].as_array().unwrap() {
+            if m["type"] == "bind" && m["destination"] != "/tmp" {
+                let opts = m["options"].as_array().unwrap();
+                assert!(opts.contains(&json!("ro")), "{m}");
+                assert_eq!(opts.contains(&json!("noexec")), m["destination"] != "/run/strata/init", "{m}");
+            }
+        }
+        assert!(!dests.contains(&"/run/secrets") && !dests.contains(&"/etc/resolv.conf"));
+        let ns = c["linux"]["namespaces"].as_array().unwrap();
+        assert!(!ns.iter().any(|n| n["type"] == "network"), "no network namespace path: runsc's own");
+    }
+
+    #[test]
+    fn prepare_mounts_the_root_and_binds_tmp_through_a_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path());
+        std::fs::create_dir_all(dir.path().join("layer")).unwrap();
+        let sys = RecordingSys::default();
+        let b = Bundle::new(&dir.path().join("gvisor"), "sb1");
+        // Nothing is mounted for real: the "root" is the plain rootfs directory.
+        let has_etc = prepare(&sys, &s, &b, true).unwrap();
+        assert!(!has_etc, "the empty image has no /etc");
+        let calls = sys.calls();
+        assert!(matches!(&calls[0], SysCall::Mount { fstype: Some(t), .. } if t == "overlay"), "{calls:?}");
+        assert!(
+            calls.iter().any(|c| matches!(c, SysCall::Mount { target, flags, .. }
+                if target.starts_with("/proc/self/fd/") && flags.contains(MsFlags::MS_BIND))),
+            "{calls:?}"
+        );
+        assert!(b.identity().join("sandbox-id").is_file());
+        assert_eq!(std::fs::read_link(b.root_link()).unwrap(), s.rootfs_dir);
+        assert!(tmp_dir(&s).is_dir());
+    }
+
+    #[test]
+    fn a_symlinked_tmp_in_the_image_is_refused_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(dir.path());
+        std::fs::create_dir_all(&s.rootfs_dir).unwrap();
+        std::os::unix::fs::symlink("/etc", s.rootfs_dir.join("tmp")).unwrap();
+        let sys = RecordingSys::default();
+        let err = bind_inside(&sys, dir.path(), &s.rootfs_dir, "tmp").unwrap_err();
+        assert!(matches!(err, SetupError::Image(_)), "{err}");
+        assert!(sys.calls().is_empty());
+    }
+}
