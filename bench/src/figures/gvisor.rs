@@ -6,9 +6,10 @@
 //!   with runsc alone (`run -detach`, `exec`, `delete -force`) on an overlay
 //!   of the same image, and, for reference, a bare `runsc run` of `true`.
 //!
-//! The bare runs happen under this process as a child subreaper that reaps
-//! what runsc leaves (gofer, sandbox, stubs) at once, as the daemon's keeper
-//! does: runsc's `delete` waits until those are reaped.
+//! The bare runs happen under this process as a child subreaper whose reaper
+//! thread reaps what runsc leaves (gofer, sandbox, stubs) within a
+//! millisecond, as the daemon's keeper does: runsc's `delete` waits until
+//! those are reaped.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,14 +23,46 @@ use crate::stats::{ms, ratio, summarize};
 use crate::sys::timed;
 use crate::Bench;
 
-/// Reaps every exited child that is not waited for by anyone else (the
-/// orphans runsc leaves to us as their subreaper).
+/// Reaps the exited orphans runsc left to us as their subreaper (runsc-sandbox,
+/// runsc-gofer, the systrap stubs), never a `runsc` this process waits for:
+/// runsc's `delete` polls until the sandbox is gone, and a zombie is not.
 fn reap_orphans() {
-    loop {
-        // SAFETY: waitpid with a null status pointer and WNOHANG only reaps.
-        let r = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
-        if r <= 0 {
-            return;
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((comm, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")) else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.first() == Some(&"Z") && f.get(1) == Some(&me.as_str()) && comm != "runsc" {
+            // SAFETY: waitpid on a zombie child of ours that nobody else waits for.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+    }
+}
+
+/// Reaps orphans every millisecond while it lives.
+struct Reaper(std::sync::Arc<std::sync::atomic::AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+impl Reaper {
+    fn start() -> Reaper {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let h = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                reap_orphans();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        Reaper(stop, Some(h))
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
         }
     }
 }
@@ -58,12 +91,33 @@ impl Bare {
         v
     }
 
+    /// A runsc call with its output checked (`exec`).
     fn run(&self, rest: &[&str], expect: Option<&str>) -> Result<Duration> {
         let a = self.args(rest);
         let argv: Vec<&str> = a.iter().map(String::as_str).collect();
         let d = timed(&argv, expect);
         reap_orphans();
         d
+    }
+
+    /// A runsc call whose stdio the sandbox keeps (`run`, `delete`): never a
+    /// pipe read to its end, which the sandbox would hold open for its life.
+    fn run_detached(&self, rest: &[&str]) -> Result<Duration> {
+        let a = self.args(rest);
+        let t = Instant::now();
+        let st = std::process::Command::new(&a[0])
+            .args(&a[1..])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("spawn {}", a[0]))?;
+        let d = t.elapsed();
+        reap_orphans();
+        if !st.success() {
+            bail!("runsc {} failed ({st})", rest.join(" "));
+        }
+        Ok(d)
     }
 }
 
@@ -111,7 +165,9 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let bare = prepare_bare(&b.cfg.work, &b.cfg.images, probe.platform)?;
+    let reaper = Reaper::start();
     let res = measure(b, &bare).await;
+    drop(reaper);
     let _ = std::process::Command::new("umount").arg("-l").arg(&bare.rootfs).status();
     res
 }
@@ -176,9 +232,9 @@ async fn measure(b: &mut Bench, bare: &Bare) -> Result<()> {
     let bare_cycle = |k: usize| -> Result<Duration> {
         let id = format!("bench-bare-{k}");
         let t = Instant::now();
-        bare.run(&["run", "-detach", "--bundle", &bundle, &id], None)?;
+        bare.run_detached(&["run", "-detach", "--bundle", &bundle, &id])?;
         bare.run(&["exec", &id, "/bin/echo", "hi"], Some("hi\n"))?;
-        bare.run(&["delete", "-force", &id], None)?;
+        bare.run_detached(&["delete", "-force", &id])?;
         Ok(t.elapsed())
     };
     let bare_true = |k: usize| -> Result<Duration> {
@@ -189,8 +245,8 @@ async fn measure(b: &mut Bench, bare: &Bare) -> Result<()> {
         cfg["process"]["args"] = serde_json::json!(["/bin/true"]);
         std::fs::write(true_bundle.join("config.json"), serde_json::to_vec(&cfg)?)?;
         let tb = true_bundle.to_string_lossy().into_owned();
-        let d = bare.run(&["run", "--bundle", &tb, &id], None)?;
-        let _ = bare.run(&["delete", "-force", &id], None);
+        let d = bare.run_detached(&["run", "--bundle", &tb, &id])?;
+        let _ = bare.run_detached(&["delete", "-force", &id]);
         Ok(d)
     };
     api_cycle().await?;
