@@ -95,6 +95,11 @@ pub struct Checkpoint {
     /// Its processes, when they were kept (a *warm* checkpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<ProcessImage>,
+    /// The tier of the sandbox it was taken from: sandboxes started from it
+    /// (forks, templates, E2B sandboxes) run there unless the request names
+    /// another one, which a checkpoint with processes refuses (400).
+    #[serde(default)]
+    pub isolation: crate::Isolation,
 }
 
 /// Request body of `POST /v1/fork`.

@@ -19,6 +19,10 @@ pub struct Template {
     pub image: String,
     /// Number of layers in its chain.
     pub layers: usize,
+    /// The tier its sandboxes run on unless a create names another (its
+    /// checkpoint's: the tier of the sandbox it was made from).
+    #[serde(default)]
+    pub isolation: crate::Isolation,
     /// RFC 3339 time.
     pub created_at: String,
     /// Set when the template was promoted although its state-hygiene scan had findings.

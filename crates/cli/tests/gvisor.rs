@@ -91,6 +91,19 @@ fn a_gvisor_sandbox_runs_the_whole_filesystem_lifecycle() {
         assert_eq!(seen, format!("kept\ngv-{}\n1\nno-vi\n", i + 1));
     }
 
+    // A template remembers its tier; a create may still name another one (files only).
+    d.cli_ok(&["template", "create", "gv-tpl", "--from", &id, "--accept-findings"]);
+    let tpls: serde_json::Value = serde_json::from_str(&d.cli_ok(&["template", "ls", "--json"])).unwrap();
+    assert_eq!(tpls[0]["isolation"], "gvisor", "{tpls}");
+    let on_gvisor = d.cli_ok(&["create", "gv-tpl"]).trim().to_string();
+    let on_ns = d.cli_ok(&["create", "gv-tpl", "--isolation", "namespace"]).trim().to_string();
+    for (sb, tier) in [(&on_gvisor, "gvisor"), (&on_ns, "namespace")] {
+        let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", sb, "--json"])).unwrap();
+        assert_eq!(info["runtime"], tier, "{info}");
+        assert_eq!(sh_ok(&d, sb, "cat /kept"), "kept\n");
+        d.cli_ok(&["rm", "-f", sb]);
+    }
+
     // Stop keeps the writable layer and empties /tmp; start brings it back; pause freezes.
     d.cli_ok(&["stop", &id]);
     d.cli_ok(&["start", &id]);
@@ -149,6 +162,23 @@ fn gvisor_limits_hold_and_what_the_tier_lacks_is_refused_with_why() {
     assert!(stderr(&out).contains("gvisor") && stderr(&out).contains("not built yet"), "{}", stderr(&out));
     let out = d.cli(&["checkpoint", &id, "--processes"]);
     assert!(!out.status.success() && stderr(&out).contains("gvisor"), "{}", stderr(&out));
+    // A checkpoint with processes (here of the namespace tier) starts only on its own tier.
+    if strata_runtime::namespace::criu::unsupported().is_none() {
+        let ns = d.create(&[]);
+        let warm = d.cli_ok(&["checkpoint", &ns, "--processes"]).trim().to_string();
+        let out = d.cli(&["create", &warm, "--isolation", "gvisor"]);
+        assert!(!out.status.success(), "{}", stdout(&out));
+        assert!(
+            stderr(&out).contains("keeps processes of the namespace tier") && stderr(&out).contains("400"),
+            "{}",
+            stderr(&out)
+        );
+        let fs_only = d.cli_ok(&["create", &warm, "--isolation", "gvisor", "--no-processes"]).trim().to_string();
+        let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &fs_only, "--json"])).unwrap();
+        assert_eq!(info["runtime"], "gvisor");
+    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI must have CRIU");
+    }
     // Nothing was lost to the refusals.
     assert_eq!(sh_ok(&d, &id, "cat /after"), "ok\n");
 }

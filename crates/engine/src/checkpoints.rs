@@ -229,6 +229,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         frozen_ms,
         duration_ms: started.elapsed().as_millis() as u64,
         processes,
+        isolation: crate::state::tiers::tier_of(&rec.sandbox),
     };
     // Crash point (`checkpoint-layer:crash`): the layer is stored, the checkpoint not yet recorded.
     let _ = crate::failpoint("checkpoint-layer");
@@ -509,8 +510,6 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             network: network.clone(),
             allow_setuid,
             processes: req.processes,
-            // Children run on their parent's tier.
-            isolation: parent.as_ref().map(|p| crate::state::tiers::tier_of(&p.sandbox)),
             ..Default::default()
         };
         lifecycle::create_with(st, req, lifecycle::Lineage { fork_generation: generation, rule_of_two_checked: true })

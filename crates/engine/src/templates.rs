@@ -148,6 +148,7 @@ pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str
         checkpoint: c.id,
         image: c.image,
         layers: c.layers.len(),
+        isolation: c.isolation,
         created_at: created_at.into(),
         accepted_findings,
     })

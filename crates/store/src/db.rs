@@ -248,6 +248,8 @@ pub const MIGRATIONS: &[&str] = &[
         quota TEXT NOT NULL,
         updated_at TEXT NOT NULL
     );",
+    // 15: the isolation tier of a checkpoint's sandbox (NULL: namespace, the only tier before).
+    "ALTER TABLE checkpoints ADD COLUMN isolation TEXT;",
 ];
 
 /// Shortest image id prefix that resolves to an image (image ids are sha256 digests).
@@ -440,7 +442,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation";
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
@@ -448,6 +450,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
     let labels: String = r.get(11)?;
     let capabilities: String = r.get(18)?;
     let processes: Option<String> = r.get(19)?;
+    let isolation: Option<String> = r.get(20)?;
     let build = || -> Result<(Checkpoint, ImageConfig), DbError> {
         Ok((
             Checkpoint {
@@ -470,6 +473,10 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                 pinned: r.get::<_, i64>(16)? != 0,
                 capabilities: parse(&capabilities, "capabilities")?,
                 processes: processes.as_deref().map(|p| parse(p, "processes")).transpose()?,
+                isolation: match isolation {
+                    Some(t) => parse(&format!("{t:?}"), "isolation")?,
+                    None => strata_api::Isolation::Namespace,
+                },
             },
             parse(&config, "image_config")?,
         ))
@@ -1089,12 +1096,12 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
                 c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
-                json(&c.capabilities), c.processes.as_ref().map(json)
+                json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str()
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -2447,11 +2454,13 @@ mod tests {
             pinned: false,
             capabilities: vec![strata_api::Capability::UntrustedInput],
             processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
+            isolation: strata_api::Isolation::Gvisor,
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
         let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
         assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
         assert_eq!(got.processes, c.processes);
+        assert_eq!(got.isolation, strata_api::Isolation::Gvisor, "a checkpoint keeps its sandbox's tier");
         db.put_template("tpl", &c.id, "t", false).unwrap();
         assert_eq!(
             db.template_tenant("tpl").unwrap().as_deref(),

@@ -40,7 +40,7 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                 output::json(&list);
             } else {
                 output::table(
-                    &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "CREATED"],
+                    &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "ISOLATION", "CREATED"],
                     list.iter()
                         .map(|t| {
                             vec![
@@ -48,6 +48,7 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                                 t.checkpoint.clone(),
                                 t.image.clone(),
                                 t.layers.to_string(),
+                                t.isolation.to_string(),
                                 output::age(&t.created_at),
                             ]
                         })

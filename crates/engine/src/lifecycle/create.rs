@@ -46,6 +46,9 @@ pub struct Source {
     pub capabilities: Vec<strata_api::Capability>,
     /// The checkpoint kept its processes (a warm checkpoint).
     pub warm: bool,
+    /// The checkpoint's tier (its sandbox's): a sandbox made from it runs
+    /// there unless the request names another. `None` for an image.
+    pub isolation: Option<strata_api::Isolation>,
 }
 
 /// Resolves a source key among images (shared by every tenant), templates
@@ -63,6 +66,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         tenant: None,
         capabilities: Vec::new(),
         warm: false,
+        isolation: None,
     };
     let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source {
         name,
@@ -70,6 +74,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         layers: c.layers,
         config,
         warm: c.processes.is_some(),
+        isolation: Some(c.isolation),
         checkpoint: Some(c.id),
         tenant: Some(c.tenant),
         capabilities: c.capabilities,
@@ -109,9 +114,19 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
 }
 
 pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> EngineResult<Sandbox> {
-    // The tier first: one this host cannot run is refused (501, with why), never replaced by another.
-    let tier = st.tiers.resolve(req.isolation)?;
     let source = resolve_source(st, &req.source)?;
+    // The tier: the request's, else the checkpoint's (a template remembers its
+    // tier), else the daemon's default. One this host cannot run is refused
+    // (501, with why), never replaced by another.
+    let tier = st.tiers.resolve(req.isolation.or(source.isolation))?;
+    if let (true, Some(from), false) = (source.warm, source.isolation, req.processes == Some(false)) {
+        if from != tier {
+            return Err(EngineError::bad_request(format!(
+                "{} keeps processes of the {from} tier, which cannot start on the {tier} tier; start it on {from}, or without processes (processes: false)",
+                source.name
+            )));
+        }
+    }
     let id = ids::new_id();
     let name = match &req.name {
         Some(n) => {
