@@ -332,6 +332,21 @@ fn read_account_file(path: &str) -> String {
     s
 }
 
+/// The process's environment: the spec's, with `PATH`, `HOME`, `USER` (a
+/// named user) and `HOSTNAME` filled in where it has none.
+pub fn environment(exec: &ExecSpec, user: &user::ResolvedUser, hostname: Option<String>) -> BTreeMap<String, String> {
+    let mut env = exec.env.clone();
+    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    env.entry("HOME".into()).or_insert_with(|| user.home.clone());
+    if let Some(name) = &user.name {
+        env.entry("USER".into()).or_insert_with(|| name.clone());
+    }
+    if let Some(h) = hostname {
+        env.entry("HOSTNAME".into()).or_insert(h);
+    }
+    env
+}
+
 /// Everything between fork and exec, in privilege order: the seccomp filter
 /// and the sandbox root's capability set first (the process still holds every
 /// host capability when it starts), then what reads the sandbox's files (user,
@@ -357,15 +372,8 @@ fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     let group = read_account_file("/etc/group");
     let user = user::resolve(exec.user.as_deref(), &passwd, &group)?;
 
-    let mut env = exec.env.clone();
-    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
-    env.entry("HOME".into()).or_insert_with(|| user.home.clone());
-    if let Some(name) = &user.name {
-        env.entry("USER".into()).or_insert_with(|| name.clone());
-    }
-    if let Ok(h) = nix::unistd::gethostname() {
-        env.entry("HOSTNAME".into()).or_insert_with(|| h.to_string_lossy().into_owned());
-    }
+    let hostname = nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned());
+    let env = environment(exec, &user, hostname);
 
     let cwd = match &exec.cwd {
         Some(c) => c.clone(),

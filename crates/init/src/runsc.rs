@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{die, ExecReport, ExecSpec, Reporter, DEFAULT_PATH};
+use crate::exec::{die, ExecReport, ExecSpec, Reporter};
 use crate::openat2::{open_regular, openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
 use crate::user;
 
@@ -110,13 +110,7 @@ pub fn resolve(root: RawFd, exec: &ExecSpec, hostname: &str) -> Result<Resolved,
     let passwd = read_account_file(root, "/etc/passwd");
     let group = read_account_file(root, "/etc/group");
     let user = user::resolve(exec.user.as_deref(), &passwd, &group)?;
-    let mut env = exec.env.clone();
-    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
-    env.entry("HOME".into()).or_insert_with(|| user.home.clone());
-    if let Some(name) = &user.name {
-        env.entry("USER".into()).or_insert_with(|| name.clone());
-    }
-    env.entry("HOSTNAME".into()).or_insert_with(|| hostname.to_string());
+    let env = crate::exec::environment(exec, &user, Some(hostname.to_string()));
     let cwd = match &exec.cwd {
         Some(c) if is_dir(root, c) => c.clone(),
         Some(c) => return Err(format!("working directory {c}: No such file or directory")),
@@ -189,6 +183,14 @@ fn memfd(name: &std::ffi::CStr) -> std::io::Result<std::fs::File> {
     Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
+/// The pid in runsc's internal pid file (empty until the process runs).
+fn read_pid(f: &mut std::fs::File) -> Option<i32> {
+    let mut s = String::new();
+    f.rewind().ok()?;
+    f.read_to_string(&mut s).ok()?;
+    s.trim().parse().ok()
+}
+
 /// Entry point of `strata-init _runsc_exec`. Never returns.
 pub fn exec_main() -> ! {
     let mut rep = Reporter::from_env();
@@ -218,16 +220,12 @@ pub fn exec_main() -> ! {
         .spawn()
         .unwrap_or_else(|e| die(&mut rep, format!("spawn {program}: {e}")));
     drop(process_file);
+    // The pid runsc writes once the process runs, reported once.
     let mut started = false;
     let status = loop {
-        if !started {
-            let mut s = String::new();
-            let _ = pid_file.rewind();
-            let _ = pid_file.read_to_string(&mut s);
-            if let Ok(pid) = s.trim().parse::<i32>() {
-                rep.send(&ExecReport::NsPid { pid });
-                started = true;
-            }
+        if let (false, Some(pid)) = (started, read_pid(&mut pid_file)) {
+            rep.send(&ExecReport::NsPid { pid });
+            started = true;
         }
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -237,14 +235,9 @@ pub fn exec_main() -> ! {
         }
     };
     // A process that ended before its pid was read still has one.
-    if !started {
-        let mut s = String::new();
-        let _ = pid_file.rewind();
-        let _ = pid_file.read_to_string(&mut s);
-        if let Ok(pid) = s.trim().parse::<i32>() {
-            rep.send(&ExecReport::NsPid { pid });
-            started = true;
-        }
+    if let (false, Some(pid)) = (started, read_pid(&mut pid_file)) {
+        rep.send(&ExecReport::NsPid { pid });
+        started = true;
     }
     rep.send(&final_report(status.code(), started));
     std::process::exit(0)
