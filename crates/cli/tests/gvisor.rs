@@ -22,9 +22,13 @@ fn sh_ok(d: &TestDaemon, id: &str, script: &str) -> String {
 fn assert_released(d: &TestDaemon, id: &str) {
     let released = common::wait_until(15, || {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let runsc = std::process::Command::new("pgrep").args(["-f", &format!("runsc.*{id}")]).output().unwrap();
+        let runsc_left = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            cmdline.starts_with("runsc") && cmdline.contains(id)
+        });
         !mounts.contains(&format!("sandboxes/{id}/"))
-            && runsc.stdout.is_empty()
+            && !runsc_left
             && !std::path::Path::new(&format!("/sys/fs/cgroup/memory/strata/{id}")).exists()
             && !std::path::Path::new(&format!("/sys/fs/cgroup/strata/{id}")).exists()
             && !d.state(&format!("run/gvisor/{id}")).exists()
