@@ -30,7 +30,8 @@ impl AdoptedProcesses {
     /// The processes run: they join the sandbox's table under their ids and are supervised.
     pub fn commit(self, st: &Shared) {
         let secrets = st.secrets.get_or_empty(&self.sandbox_id);
-        let oom_before = st.runtime_by_id(&self.sandbox_id).usage(&self.sandbox_id).oom_kills;
+        let rt = st.runtime_by_id(&self.sandbox_id);
+        let oom_before = rt.usage(&self.sandbox_id).oom_kills;
         for (p, ends) in self.pending {
             let id = p.info().id;
             {
@@ -41,7 +42,7 @@ impl AdoptedProcesses {
             }
             let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
             *p.reattach.lock().unwrap_or_else(|e| e.into_inner()) = Some(reattach_tx);
-            let opts = SuperviseOpts { timeout: None, oom_before, secrets: secrets.clone() };
+            let opts = SuperviseOpts { timeout: None, oom_before, secrets: secrets.clone(), runtime: rt.clone() };
             tokio::spawn(supervise(st.clone(), p, self.sandbox_id.clone(), ends, opts, reattach_rx));
         }
     }
@@ -188,7 +189,7 @@ async fn spawn_validated(
         proc_.clone(),
         rec.sandbox.id.clone(),
         ends,
-        SuperviseOpts { timeout, oom_before, secrets },
+        SuperviseOpts { timeout, oom_before, secrets, runtime: rt },
         reattach_rx,
     ));
     Ok(proc_)
@@ -199,6 +200,8 @@ struct SuperviseOpts {
     oom_before: u64,
     /// Values redacted from the output before it is buffered.
     secrets: Arc<crate::secrets::SandboxSecrets>,
+    /// The sandbox's tier (resolved once: a sandbox keeps its tier for life).
+    runtime: Arc<dyn strata_runtime::Runtime>,
 }
 
 /// Follows one process until its shim reports its end: pumps its output into
@@ -252,7 +255,7 @@ async fn supervise(
                     timed_out = true;
                     if let Some(pid) = p.info().pid {
                         // The process leads its own session/process group: kill the group.
-                        st.runtime_by_id(&sandbox_id).signal(&sandbox_id, pid, libc::SIGKILL, true);
+                        opts.runtime.signal(&sandbox_id, pid, libc::SIGKILL, true);
                     }
                 }
             }
@@ -277,7 +280,7 @@ async fn supervise(
         }
         break report;
     };
-    let oom_after = st.runtime_by_id(&sandbox_id).usage(&sandbox_id).oom_kills;
+    let oom_after = opts.runtime.usage(&sandbox_id).oom_kills;
     {
         let mut s = p.lock();
         s.suspended = false;

@@ -46,6 +46,18 @@ pub struct SandboxSpec {
     pub resolv_conf: Option<String>,
 }
 
+impl SandboxSpec {
+    /// Opens the sandbox's log for appending (what its helpers write before,
+    /// or instead of, the sandbox's own processes).
+    pub fn open_log(&self) -> Result<std::fs::File, crate::RuntimeError> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| crate::RuntimeError::sys(format!("open {}", self.log_path.display()), e))
+    }
+}
+
 /// Where a sandbox's secrets are mounted (a tmpfs of its own).
 pub const SECRETS_DIR: &str = "/run/secrets";
 

@@ -113,8 +113,9 @@ pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bo
     bind_inside(sys, &tmp, &spec.rootfs_dir, "tmp")?;
 
     mounts::ensure_identity_mountpoints(&spec.rootfs_dir).map_err(SetupError::Image)?;
-    let image_hosts = read_in_root(&spec.rootfs_dir, "etc/hosts");
-    let has_etc = image_hosts.is_some();
+    // As on the namespace tier: with an /etc, its hosts file (empty when unreadable) plus strata's lines.
+    let has_etc = has_etc(&spec.rootfs_dir);
+    let image_hosts = has_etc.then(|| read_in_root(&spec.rootfs_dir, "etc/hosts").unwrap_or_default());
     let id_dir = bundle.identity();
     fs::create_dir_all(&id_dir).map_err(ctx(format!("create {}", id_dir.display())))?;
     let files = mounts::identity_files(
@@ -154,16 +155,27 @@ fn remove_tree(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Reads a small file of the image, resolved inside `root` without following
-/// symlinks out of it; `None` when it is missing or unreadable.
+/// Reads a small file of the image (at most 1 MiB), resolved inside `root`
+/// without following symlinks out of it, and only if it is a regular file (a
+/// FIFO the sandbox left there is never opened: it would block the daemon);
+/// `None` when it is missing, unreadable or not a regular file.
 fn read_in_root(root: &Path, rel: &str) -> Option<String> {
-    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
+    use crate::openat2::{open_regular, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
     use std::io::Read;
     let root_fd = fs::File::open(root).ok()?;
-    let fd = openat2(root_fd.as_raw_fd(), rel, libc::O_RDONLY, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS).ok()?;
+    let f = open_regular(root_fd.as_raw_fd(), rel, libc::O_RDONLY, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS).ok()?;
     let mut s = String::new();
-    fs::File::from(fd).take(1 << 20).read_to_string(&mut s).ok()?;
+    f.take(1 << 20).read_to_string(&mut s).ok()?;
     Some(s)
+}
+
+/// Whether the image has an `/etc` directory (resolved inside `root`).
+fn has_etc(root: &Path) -> bool {
+    use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
+    fs::File::open(root).is_ok_and(|r| {
+        openat2(r.as_raw_fd(), "etc", libc::O_PATH | libc::O_DIRECTORY, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+            .is_ok()
+    })
 }
 
 /// Bind-mounts host directory `source` on `root/rel` (a directory of the
@@ -378,6 +390,23 @@ mod tests {
         assert!(b.identity().join("sandbox-id").is_file());
         assert_eq!(std::fs::read_link(b.root_link()).unwrap(), s.rootfs_dir);
         assert!(tmp_dir(&s).is_dir());
+    }
+
+    #[test]
+    fn image_files_are_read_only_if_regular_and_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/hosts"), "10.0.0.1 db\n").unwrap();
+        assert!(has_etc(root));
+        assert_eq!(read_in_root(root, "etc/hosts").as_deref(), Some("10.0.0.1 db\n"));
+        // A FIFO would block the daemon's open: it is never opened.
+        nix::unistd::mkfifo(&root.join("etc/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        assert_eq!(read_in_root(root, "etc/fifo"), None);
+        // A symlink out of the root resolves inside it (absent there).
+        std::os::unix::fs::symlink("/etc/hostname", root.join("etc/leak")).unwrap();
+        assert_eq!(read_in_root(root, "etc/leak"), None);
+        assert!(!has_etc(&root.join("etc")), "no etc under etc");
     }
 
     #[test]

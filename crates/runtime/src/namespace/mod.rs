@@ -112,11 +112,7 @@ impl Runtime for NamespaceRuntime {
             stop_grace_secs: self.stop_grace.as_secs(),
             init_binary: self.init_binary.clone(),
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log_path)
-            .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
+        let log = spec.open_log()?;
         let mut child = {
             let _g = crate::spawn_lock();
             Command::new(&self.helper_exe)
@@ -463,11 +459,7 @@ impl Runtime for NamespaceRuntime {
             secrets_mount: (!spec.secrets.is_empty()).then(|| spec.rootfs_dir.with_file_name("secrets.mnt")),
             secrets_owner: spec.secrets_owner.clone(),
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log_path)
-            .map_err(|e| RuntimeError::sys(format!("open {}", spec.log_path.display()), e))?;
+        let log = spec.open_log()?;
         let mut child = {
             let _g = crate::spawn_lock();
             for (fd, _) in inherit {
