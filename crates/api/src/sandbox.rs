@@ -322,6 +322,17 @@ pub struct StandbyRequest {
     pub fs_only: bool,
 }
 
+/// Request body of `POST /v1/sandboxes/{id}/resume` (optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeRequest {
+    /// From standby: start the sandbox afresh from its filesystem and drop
+    /// its process image (e.g. one this host cannot restore: another runsc
+    /// or CPU). Its processes are recorded as lost.
+    #[serde(default)]
+    pub fs_only: bool,
+}
+
 /// The standby image of a sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StandbyInfo {

@@ -432,6 +432,11 @@ fn egress_on_the_gvisor_tier_is_the_same_host_side_enforcement() {
     d.cli_ok(&["stop", &id]);
     d.cli_ok(&["start", &id]);
     assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "no network after a restart");
+    // Standby saves the netstack with the sentry; after resume it is on the same link, under the same rules.
+    d.cli_ok(&["standby", &id]);
+    d.cli_ok(&["resume", &id]);
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "no network after resume");
+    assert!(!fetches(&d, &id, &format!("http://{}:8081/hello", w.addr)), "another port is reachable after resume");
     // A running gvisor sandbox cannot switch from none to egress (its netstack is fixed at start).
     let none = d.create(&["--isolation", "gvisor"]);
     let out = d.cli(&["network", "set", &none, "--allow-cidr", &format!("{}:8080", w.addr)]);

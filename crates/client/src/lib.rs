@@ -465,6 +465,15 @@ impl Client {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/resume", enc(id)), None).await
     }
 
+    /// Resumes with options (`fs_only`: from standby, start afresh from the filesystem).
+    pub async fn resume_sandbox_with(
+        &self,
+        id: &str,
+        req: &strata_api::ResumeRequest,
+    ) -> Result<strata_api::ResumeResult> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/resume", enc(id)), Some(req)).await
+    }
+
     /// Archives a stopped or standby sandbox.
     pub async fn archive_sandbox(&self, id: &str) -> Result<SandboxEvent> {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/archive", enc(id)), None).await

@@ -167,6 +167,11 @@ pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Re
     let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", strata_runtime::disk::upper_dir(&dir))];
     if rec.sandbox.state == SandboxState::Standby {
         parts.push(("standby.tar", dir.join("standby")));
+        // A gVisor sandbox's /tmp is a host directory its saved sentry refers to.
+        let tmp = tmp_dir(&dir);
+        if tmp.is_dir() {
+            parts.push((TMP_TAR, tmp));
+        }
     }
     let mut objects = Vec::new();
     for (name, src) in &parts {
@@ -213,11 +218,23 @@ pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Re
 
 // ---- unpacking ----
 
+/// The archive object holding a gVisor sandbox's `/tmp` (with its standby image).
+pub(crate) const TMP_TAR: &str = "tmp.tar";
+
+/// Where the sandbox in `dir` keeps a gVisor `/tmp` (beside its writable layer).
+pub(crate) fn tmp_dir(dir: &Path) -> PathBuf {
+    strata_runtime::gvisor::bundle::tmp_dir_beside(&strata_runtime::disk::upper_dir(dir))
+}
+
+/// Downloads and checks every object of `m`, then unpacks each into
+/// `staging/<name>` or, for `upper.tar` and [`TMP_TAR`], straight into
+/// `upper_target` and `tmp_target` when given (onto the sandbox's disk).
 pub(crate) async fn unpack(
     st: &Shared,
     m: &ArchiveManifest,
     staging: &Path,
     upper_target: Option<&Path>,
+    tmp_target: Option<&Path>,
 ) -> Result<(), String> {
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
     crate::failpoint("archive-download").map_err(|e| format!("downloading: {e}"))?;
@@ -232,8 +249,9 @@ pub(crate) async fn unpack(
         .await?;
     }
     for o in &m.objects {
-        let target = match upper_target {
-            Some(t) if o.name == "upper.tar" => t.to_path_buf(),
+        let target = match (upper_target, tmp_target) {
+            (Some(t), _) if o.name == "upper.tar" => t.to_path_buf(),
+            (_, Some(t)) if o.name == TMP_TAR => t.to_path_buf(),
             _ => staging.join(o.name.trim_end_matches(".tar")),
         };
         tokio::fs::create_dir_all(&target).await.map_err(|e| format!("{}: {e}", target.display()))?;

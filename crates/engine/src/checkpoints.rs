@@ -114,6 +114,35 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     let manifest_file = manifest_path(st, &rec.sandbox.id, &id);
     // Layer commit and the checkpoint row go together against concurrent garbage collection.
     let _gc = st.image_lock.lock().await;
+    // A tier that copies processes without their pipes to the daemon has them
+    // let go first (before the freeze: that takes running processes); they
+    // are given fresh pipes once the copy is taken.
+    let detached = match &warm {
+        Some((handle, _, _)) if st.runtime_of(&rec.sandbox).attaches_by_command() => {
+            st.processes.suspend(&rec.sandbox.id).await;
+            let (rt, sid, h) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone(), handle.clone());
+            let guard = tokio::task::spawn_blocking(move || rt.detach_processes(&sid, &h))
+                .await
+                .map_err(|e| EngineError::internal("detach task", &e))?;
+            match guard {
+                Ok(g) => Some((g, handle.clone())),
+                Err(e) => {
+                    crate::processes::reattach_running(st, &rec.sandbox.id, handle);
+                    return Err(EngineError::new(
+                        ErrorCode::Internal,
+                        format!("copying the processes of sandbox {} failed (it keeps running; no checkpoint was taken): {}", rec.sandbox.id, crate::error::chain(&e)),
+                    ));
+                }
+            }
+        }
+        _ => None,
+    };
+    let reattach = |detached: Option<(Option<strata_runtime::DetachGuard>, strata_runtime::SandboxHandle)>| {
+        if let Some((guard, handle)) = detached {
+            drop(guard);
+            crate::processes::reattach_running(st, &rec.sandbox.id, &handle);
+        }
+    };
     let (rt, layers, sid) = (st.runtime_of(&rec.sandbox), st.layers.clone(), rec.sandbox.id.clone());
     let running = state == SandboxState::Running;
     let base_manifest = base.manifest.clone();
@@ -149,6 +178,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
     )
     .await
     .map_err(|e| EngineError::internal("checkpoint task", &e));
+    reattach(detached);
     let discard_staging = || {
         if let Some((_, dir, _)) = &warm {
             let _ = strata_store::fsutil::remove_dir_all_if_exists(dir);

@@ -52,14 +52,14 @@ impl ResumePipes {
     /// The processes are back: their supervisors take the new pipes.
     pub fn commit(self) {
         for (p, ends, inodes) in self.pending {
-            {
-                let mut s = p.lock();
-                s.pipes = inodes;
-                s.suspended = false;
-            }
+            // The new ends are queued before the suspension is lifted: a
+            // supervisor that sees its old pipes end finds them either way.
             if let Some(tx) = p.reattach.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 let _ = tx.send(ends);
             }
+            let mut s = p.lock();
+            s.pipes = inodes;
+            s.suspended = false;
         }
     }
 
@@ -145,7 +145,7 @@ async fn spawn_validated(
     let secrets = st.secrets.get(&rec.sandbox.id)?;
     let spec = exec_spec(rec, &req, &secrets);
     let rt = st.runtime_of(&rec.sandbox);
-    let mut cmd = rt.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| {
+    let cmd = rt.exec_command(&rec.sandbox.id, &handle, &spec).map_err(|e| {
         EngineError::invalid_state(rec.sandbox.state, format!("sandbox is not runnable: {}", crate::error::chain(&e)))
     })?;
     let (report_r, report_w) = cloexec_pipe()?;
@@ -158,24 +158,7 @@ async fn spawn_validated(
         stderr: inode(&stderr_r),
         stdin: inode(&stdin_r),
     };
-    let w = report_w.as_raw_fd();
-    cmd.env(strata_runtime::spec::REPORT_FD_ENV, w.to_string());
-    cmd.stdin(Stdio::from(stdin_r)).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
-    let mut child = {
-        // The write end is inheritable only while the lock is held, so no other
-        // spawn can pick it up; without a pre_exec hook std uses posix_spawn.
-        let g = strata_runtime::spawn_lock();
-        strata_runtime::inherit_in_next_spawn(&g, report_w.as_fd())
-            .map_err(|e| EngineError::internal("pass the report pipe to the exec helper", &e))?;
-        let spawned = tokio::process::Command::from(cmd).spawn();
-        drop(report_w);
-        spawned.map_err(|e| EngineError::internal("spawn exec helper", &e))?
-    };
-    // The helper outside the sandbox exits as soon as the process is handed to
-    // the shim inside; its end says nothing about the process's.
-    tokio::spawn(async move {
-        let _ = child.wait().await;
-    });
+    spawn_helper(cmd, report_w, stdout_w, stderr_w, Some(stdin_r))?;
     let oom_before = rt.usage(&rec.sandbox.id).oom_kills;
     let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.iter().map(|a| secrets.redact_str(a)).collect());
     proc_.lock().pipes = pipes;
@@ -193,6 +176,85 @@ async fn spawn_validated(
         reattach_rx,
     ));
     Ok(proc_)
+}
+
+/// Spawns a runtime's exec (or attach) helper with the process-side pipe ends:
+/// stdio, and the report pipe named in `STRATA_REPORT_FD`.
+fn spawn_helper(
+    mut cmd: std::process::Command,
+    report_w: OwnedFd,
+    stdout_w: OwnedFd,
+    stderr_w: OwnedFd,
+    stdin_r: Option<OwnedFd>,
+) -> EngineResult<()> {
+    cmd.env(strata_runtime::spec::REPORT_FD_ENV, report_w.as_raw_fd().to_string());
+    let stdin = stdin_r.map_or_else(Stdio::null, Stdio::from);
+    cmd.stdin(stdin).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
+    let mut child = {
+        // The write end is inheritable only while the lock is held, so no other
+        // spawn can pick it up; without a pre_exec hook std uses posix_spawn.
+        let g = strata_runtime::spawn_lock();
+        strata_runtime::inherit_in_next_spawn(&g, report_w.as_fd())
+            .map_err(|e| EngineError::internal("pass the report pipe to the exec helper", &e))?;
+        let spawned = tokio::process::Command::from(cmd).spawn();
+        drop(report_w);
+        spawned.map_err(|e| EngineError::internal("spawn exec helper", &e))?
+    };
+    // The helper's own end says nothing about the process's (its report does).
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
+    Ok(())
+}
+
+/// Hands restored processes their fresh pipes where the tier reattaches by
+/// command ([`strata_runtime::Runtime::attach_command`]): one attach helper
+/// each. A tier whose restore took the ends itself needs nothing more.
+pub fn attach_restored(
+    rt: &dyn strata_runtime::Runtime,
+    sandbox_id: &str,
+    handle: &strata_runtime::SandboxHandle,
+    children: Vec<ChildEnds>,
+) -> EngineResult<()> {
+    for c in children {
+        let Some(pid) = c.ns_pid else { continue };
+        let cmd = rt
+            .attach_command(sandbox_id, handle, pid, c.stdin.is_some())
+            .map_err(|e| EngineError::internal("attach to a restored process", &e))?;
+        match cmd {
+            Some(cmd) => spawn_helper(cmd, c.report, c.stdout, c.stderr, c.stdin)?,
+            None => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// The API processes of a running sandbox were detached from their pipes
+/// (suspended) and the sandbox runs on (a copy was taken, or a standby
+/// failed): they get fresh pipes, through attach helpers where the tier
+/// attaches by command; elsewhere their pipes were never touched.
+pub fn reattach_running(st: &Shared, sandbox_id: &str, handle: &strata_runtime::SandboxHandle) {
+    let rt = st.runtime_by_id(sandbox_id);
+    if !rt.attaches_by_command() {
+        st.processes.unsuspend(sandbox_id);
+        return;
+    }
+    let reattached = st.processes.resume_pipes(sandbox_id).and_then(|mut pipes| {
+        let children = std::mem::take(&mut pipes.children);
+        match attach_restored(&*rt, sandbox_id, handle, children) {
+            Ok(()) => {
+                pipes.commit();
+                Ok(())
+            }
+            Err(e) => {
+                pipes.abandon();
+                Err(e)
+            }
+        }
+    });
+    if let Err(e) = reattached {
+        warn!(sandbox = sandbox_id, error = %e.body.message, "reattaching the API processes failed: their output is lost");
+    }
 }
 
 struct SuperviseOpts {
@@ -267,6 +329,14 @@ async fn supervise(
             let _ = err_task.await;
         };
         let _ = tokio::time::timeout(Duration::from_millis(200), drain).await;
+        if matches!(report, FinalReport::None) {
+            // Reattached already (a copy that let go of the pipes for a moment)?
+            if let Ok(new) = reattach.try_recv() {
+                *p.stdin.lock().await = None;
+                ends = new;
+                continue;
+            }
+        }
         if matches!(report, FinalReport::None) && p.lock().suspended {
             // Dumped for standby: the resumed process comes back on new pipes.
             *p.stdin.lock().await = None;

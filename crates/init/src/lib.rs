@@ -9,6 +9,9 @@
 //! * [`exec`]: the per-process `_shim` and everything between fork and exec.
 //! * [`runsc`]: the gVisor tier's `_runsc_exec` (on the host) and `_signal`
 //!   (inside).
+//! * [`spawner`]: the gVisor tier's pid 1 as the parent of every API process
+//!   (so they survive `runsc checkpoint`), and its clients `_gclient`,
+//!   `_gdetach`, `_hostname` (inside).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
 //! Keeping every sandbox process's mappings inside the sandbox's own mount tree
@@ -21,6 +24,7 @@ pub mod openat2;
 pub mod pid1;
 pub mod runsc;
 pub mod seccomp;
+pub mod spawner;
 pub mod user;
 
 /// Where strata-init is bind-mounted (read-only) inside every sandbox: pid 1

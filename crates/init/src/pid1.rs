@@ -7,10 +7,13 @@ use nix::unistd::Pid;
 
 use crate::{creds, user};
 
-/// Entry point of `strata _pid1 GRACE_SECS`: pid 1 after re-executing itself
-/// from [`SELF_PATH`]. Never returns.
+/// Entry point of `strata _pid1 GRACE_SECS [--spawner]`: pid 1 after
+/// re-executing itself from [`crate::SELF_PATH`]. With `--spawner` (the gVisor
+/// tier) it also starts the processes asked for through the API
+/// ([`crate::spawner`]). Never returns.
 pub fn pid1_main() -> ! {
     let grace: u64 = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let spawner = std::env::args().nth(3).as_deref() == Some("--spawner");
     // Sandbox processes (which lack CAP_SYS_PTRACE) may not ptrace init or open /proc/1/exe.
     // SAFETY: prctl(PR_SET_DUMPABLE) takes integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
@@ -28,6 +31,11 @@ pub fn pid1_main() -> ! {
         }
     }
     let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
+    if spawner {
+        // It starts root processes with root's capabilities, and others as their user.
+        let _ = creds::drop_to(&root, &creds::KEPT);
+        crate::spawner::serve(grace)
+    }
     let _ = creds::drop_to(&root, &[caps::Capability::CAP_KILL]);
     let _ = creds::no_new_privs();
     reap_loop(grace)
@@ -36,7 +44,7 @@ pub fn pid1_main() -> ! {
 /// Pid 1's life: reap every child; on SIGTERM/SIGINT relay SIGTERM to all
 /// processes of the namespace and exit once they are gone or `grace` has passed
 /// (the kernel then kills whatever is left).
-fn reap_loop(grace_secs: u64) -> ! {
+pub(crate) fn reap_loop(grace_secs: u64) -> ! {
     let mut set = SigSet::empty();
     for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM] {
         set.add(s);
@@ -91,7 +99,7 @@ fn wait_signal(set: &SigSet, timeout: Option<std::time::Duration>) -> Option<Sig
 }
 
 /// True when pid 1 is the only process left in its pid namespace.
-fn no_other_processes() -> bool {
+pub(crate) fn no_other_processes() -> bool {
     match std::fs::read_dir("/proc") {
         Ok(rd) => !rd
             .filter_map(Result::ok)

@@ -1,18 +1,21 @@
 //! The gVisor tier's side of strata-init.
 //!
 //! * `_runsc_exec`, run by the daemon on the host: runs one process in a
-//!   gVisor sandbox and reports it ([`ExecReport`] lines on the descriptor
-//!   named by [`REPORT_FD_ENV`]) as the namespace tier's shim does. The
-//!   report channel never enters the sandbox: this helper resolves the user,
-//!   working directory, environment and program against the sandbox's root
-//!   *on the host* (every path through `openat2(RESOLVE_IN_ROOT)`, files only
-//!   if regular), writes an OCI process into a memfd, runs `runsc exec
-//!   --process /proc/self/fd/N --internal-pid-file /proc/self/fd/M`, reports
-//!   the pid runsc writes there, and the exit status runsc returns (a process
-//!   killed by signal N exits runsc with 128 + N: reported as that signal, so an
-//!   `exit 130` reads as SIGINT, as in a shell). Nothing of the spec
-//!   (environment values included) appears on a host command line.
-//!   runsc makes every such process a session and process-group leader.
+//!   gVisor sandbox, or takes over one that runs there ([`Job`]), and reports
+//!   it ([`ExecReport`] lines on the descriptor named by [`REPORT_FD_ENV`]) as
+//!   the namespace tier's shim does. The report channel never enters the
+//!   sandbox: this helper resolves the user, working directory, environment
+//!   and program against the sandbox's root *on the host* (every path through
+//!   `openat2(RESOLVE_IN_ROOT)`, files only if regular), writes the request
+//!   into a memfd and runs `runsc exec` of `_gclient` with it as descriptor 3
+//!   and a status pipe as descriptor 4 (`--pass-fd`). The client has pid 1
+//!   start the process ([`crate::spawner`]: so it survives a checkpoint),
+//!   relays its stdio, and writes its pid and its exact end (exit code or
+//!   signal) on the status pipe; this helper checks each line and reports
+//!   it. Nothing of the spec (environment values included) appears on a host
+//!   command line. The start of a client holds the sandbox's exec lock
+//!   shared ([`RunscExec::lock`]): a checkpoint holds it exclusive, so no
+//!   client appears while one is taken.
 //! * `_signal SIG TARGET`, run inside a gVisor sandbox through `runsc exec`:
 //!   `kill(TARGET, SIG)`, where a negative target is a process group (runsc's
 //!   own `kill --pid` reaches one process only).
@@ -20,12 +23,12 @@
 use std::io::{Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{die, ExecReport, ExecSpec, Reporter};
 use crate::openat2::{open_regular, openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
+use crate::spawner::{Process, Request, Status, REQUEST_FD, STATUS_FD};
 use crate::user;
 
 /// Environment variable carrying the [`RunscExec`] JSON.
@@ -52,8 +55,29 @@ pub struct RunscExec {
     pub root: PathBuf,
     /// The sandbox's hostname (`HOSTNAME` when the spec has none).
     pub hostname: String,
-    /// The process to run.
-    pub exec: ExecSpec,
+    /// The lock file held shared while a client starts (see the module docs).
+    pub lock: PathBuf,
+    /// What to do.
+    pub job: Job,
+}
+
+/// What `_runsc_exec` does in the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Job {
+    /// Start a process.
+    Exec {
+        /// The process.
+        exec: ExecSpec,
+    },
+    /// Take over the stdio and the end of a process pid 1 started before
+    /// (after a restore or a copy).
+    Attach {
+        /// Its pid in the sandbox.
+        pid: i32,
+        /// Whether our stdin feeds its stdin.
+        stdin: bool,
+    },
 }
 
 /// The process as runsc gets it.
@@ -132,45 +156,62 @@ pub fn resolve(root: RawFd, exec: &ExecSpec, hostname: &str) -> Result<Resolved,
     Ok(Resolved { args, env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(), cwd, user })
 }
 
-/// The OCI process of `r` (`terminal` when stdin is a tty).
-pub fn process(r: &Resolved, allow_setuid: bool, terminal: bool) -> serde_json::Value {
-    let caps: Vec<String> = if r.user.uid == 0 { root_capabilities() } else { Vec::new() };
-    // The supplementary groups include the primary one, as setgroups(2) gets them from the shim.
-    let extra = &r.user.groups;
+/// What pid 1 gets to start `r`.
+pub fn spawn_request(r: &Resolved, allow_setuid: bool) -> Request {
+    Request::Spawn {
+        process: Process {
+            args: r.args.clone(),
+            env: r.env.clone(),
+            cwd: r.cwd.clone(),
+            uid: r.user.uid,
+            gid: r.user.gid,
+            // The supplementary groups include the primary one, as setgroups(2) gets them from the shim.
+            groups: r.user.groups.clone(),
+            allow_setuid,
+        },
+    }
+}
+
+/// The OCI process of the client `runsc exec` starts: root without
+/// capabilities (pid 1 accepts only uid 0 and gives the process its own).
+pub fn client_process() -> serde_json::Value {
     serde_json::json!({
-        "terminal": terminal,
-        "user": {"uid": r.user.uid, "gid": r.user.gid, "additionalGids": extra},
-        "args": r.args,
-        "env": r.env,
-        "cwd": r.cwd,
-        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-        "noNewPrivileges": !allow_setuid,
+        "terminal": false,
+        "user": {"uid": 0, "gid": 0},
+        "args": [crate::SELF_PATH, "_gclient"],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "cwd": "/",
+        "capabilities": {"bounding": [], "effective": [], "permitted": []},
+        "noNewPrivileges": true,
     })
 }
 
-/// The `runsc exec` arguments after the global flags.
-pub fn exec_args(process_fd: RawFd, pid_fd: RawFd, container: &str) -> Vec<String> {
+/// The `runsc exec` arguments after the global flags: the client's process
+/// file, and the request and status descriptors passed in as 3 and 4.
+pub fn exec_args(process_fd: RawFd, request_fd: RawFd, status_fd: RawFd, container: &str) -> Vec<String> {
     vec![
         "exec".into(),
         "--process".into(),
         format!("/proc/self/fd/{process_fd}"),
-        "--internal-pid-file".into(),
-        format!("/proc/self/fd/{pid_fd}"),
+        "--pass-fd".into(),
+        format!("{request_fd}:{REQUEST_FD}"),
+        "--pass-fd".into(),
+        format!("{status_fd}:{STATUS_FD}"),
         container.to_string(),
     ]
 }
 
-/// What runsc's exit status says about the process.
-pub fn final_report(code: Option<i32>, started: bool) -> ExecReport {
-    match code {
-        None => ExecReport::SpawnError { message: "runsc exec was killed".into() },
-        // runsc's own failure (its message is on the process's stderr).
-        Some(128) if !started => {
-            ExecReport::SpawnError { message: "runsc could not start the process (its message is on stderr)".into() }
-        }
-        Some(c) if (129..=128 + 64).contains(&c) => ExecReport::Signaled { signal: c - 128 },
-        Some(c) => ExecReport::Exited { code: c },
-    }
+/// The report a status line from the client stands for (`None`: not one the
+/// client writes; the line is ignored).
+pub fn report_of(line: &str) -> Option<ExecReport> {
+    Some(match serde_json::from_str::<Status>(line.trim()).ok()? {
+        Status::Pid { pid } if pid > 1 => ExecReport::NsPid { pid },
+        Status::Pid { .. } => return None,
+        Status::Exited { code } => ExecReport::Exited { code },
+        Status::Signaled { signal } if (1..=64).contains(&signal) => ExecReport::Signaled { signal },
+        Status::Signaled { .. } => return None,
+        Status::Failed { message } => ExecReport::SpawnError { message: message.chars().take(2048).collect() },
+    })
 }
 
 fn memfd(name: &std::ffi::CStr) -> std::io::Result<std::fs::File> {
@@ -183,13 +224,8 @@ fn memfd(name: &std::ffi::CStr) -> std::io::Result<std::fs::File> {
     Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
-/// The pid in runsc's internal pid file (empty until the process runs).
-fn read_pid(f: &mut std::fs::File) -> Option<i32> {
-    let mut s = String::new();
-    f.rewind().ok()?;
-    f.read_to_string(&mut s).ok()?;
-    s.trim().parse().ok()
-}
+/// Longest status line read from the client.
+const MAX_STATUS_LINE: u64 = 4096;
 
 /// Entry point of `strata-init _runsc_exec`. Never returns.
 pub fn exec_main() -> ! {
@@ -201,45 +237,79 @@ pub fn exec_main() -> ! {
     }
     let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| die(&mut rep, format!("{CONFIG_ENV} is not set")));
     let cfg: RunscExec = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
-    let root = std::fs::File::open(&cfg.root)
-        .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's root {}: {e}", cfg.root.display())));
-    let resolved = resolve(root.as_raw_fd(), &cfg.exec, &cfg.hostname).unwrap_or_else(|m| die(&mut rep, m));
-    drop(root);
-    // SAFETY: isatty only inspects descriptor 0.
-    let terminal = unsafe { libc::isatty(0) } == 1;
-    let json = serde_json::to_vec(&process(&resolved, cfg.exec.allow_setuid, terminal)).expect("serializes");
-    let mut process_file = memfd(c"process.json").unwrap_or_else(|e| die(&mut rep, format!("memfd: {e}")));
-    process_file.write_all(&json).unwrap_or_else(|e| die(&mut rep, format!("write process.json: {e}")));
-    let mut pid_file = memfd(c"pid").unwrap_or_else(|e| die(&mut rep, format!("memfd: {e}")));
+    let request = match &cfg.job {
+        Job::Exec { exec } => {
+            let root = std::fs::File::open(&cfg.root)
+                .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's root {}: {e}", cfg.root.display())));
+            let resolved = resolve(root.as_raw_fd(), exec, &cfg.hostname).unwrap_or_else(|m| die(&mut rep, m));
+            spawn_request(&resolved, exec.allow_setuid)
+        }
+        Job::Attach { pid, stdin } => Request::Attach { pid: *pid, stdin: *stdin },
+    };
+    let memfile = |name: &std::ffi::CStr, bytes: &[u8], rep: &mut Reporter| {
+        let mut f = memfd(name).unwrap_or_else(|e| die(rep, format!("memfd: {e}")));
+        f.write_all(bytes).and_then(|_| f.rewind()).unwrap_or_else(|e| die(rep, format!("write {name:?}: {e}")));
+        f
+    };
+    let process_file = memfile(c"process.json", &serde_json::to_vec(&client_process()).expect("serializes"), &mut rep);
+    let request_file = memfile(c"request.json", &serde_json::to_vec(&request).expect("serializes"), &mut rep);
+    let (status_r, status_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap_or_else(|e| die(&mut rep, format!("pipe: {e}")));
+    // Only runsc inherits the write end.
+    // SAFETY: F_SETFD on our own descriptor.
+    unsafe { libc::fcntl(status_w.as_raw_fd(), libc::F_SETFD, 0) };
+    // Held shared until the client has told its pid (or ended): a checkpoint waits for it.
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&cfg.lock)
+        .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's exec lock {}: {e}", cfg.lock.display())));
+    // SAFETY: flock on our own descriptor.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        die(&mut rep, format!("lock {}: {}", cfg.lock.display(), std::io::Error::last_os_error()));
+    }
     let Some((program, globals)) = cfg.runsc.split_first() else { die(&mut rep, "empty runsc command".into()) };
     let mut child = std::process::Command::new(program)
         .args(globals)
-        .args(exec_args(process_file.as_raw_fd(), pid_file.as_raw_fd(), &cfg.container))
+        .args(exec_args(process_file.as_raw_fd(), request_file.as_raw_fd(), status_w.as_raw_fd(), &cfg.container))
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .spawn()
         .unwrap_or_else(|e| die(&mut rep, format!("spawn {program}: {e}")));
-    drop(process_file);
-    // The pid runsc writes once the process runs, reported once.
+    drop((process_file, request_file, status_w));
+    let mut lock = Some(lock);
+    let mut reader = std::io::BufReader::new(std::fs::File::from(status_r));
     let mut started = false;
-    let status = loop {
-        if let (false, Some(pid)) = (started, read_pid(&mut pid_file)) {
-            rep.send(&ExecReport::NsPid { pid });
+    loop {
+        let mut line = String::new();
+        match std::io::BufRead::read_line(&mut (&mut reader).take(MAX_STATUS_LINE), &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let Some(report) = report_of(&line) else { continue };
+        let last = !matches!(report, ExecReport::NsPid { .. });
+        if !last {
             started = true;
+            lock = None;
         }
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started => break child.wait().unwrap_or_else(|e| die(&mut rep, format!("wait: {e}"))),
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            Err(e) => die(&mut rep, format!("wait: {e}")),
+        rep.send(&report);
+        if last {
+            let _ = child.wait();
+            std::process::exit(0)
         }
-    };
-    // A process that ended before its pid was read still has one.
-    if let (false, Some(pid)) = (started, read_pid(&mut pid_file)) {
-        rep.send(&ExecReport::NsPid { pid });
-        started = true;
     }
-    rep.send(&final_report(status.code(), started));
+    drop(lock);
+    let status = child.wait().unwrap_or_else(|e| die(&mut rep, format!("wait: {e}")));
+    if !started {
+        // runsc's own failure: its message is on the process's stderr.
+        rep.send(&ExecReport::SpawnError {
+            message: format!("runsc could not start the process ({status}; its message is on stderr)"),
+        });
+    }
+    // Started, and the client left without a word: it was told to let go (a
+    // checkpoint), or the sandbox is gone. The daemon knows which.
     std::process::exit(0)
 }
 
@@ -294,17 +364,9 @@ mod tests {
         assert_eq!((r.user.uid, r.user.gid), (1000, 1000));
         assert_eq!(r.cwd, "/home/app", "the home is the default directory");
         assert!(r.env.contains(&"HOME=/home/app".to_string()) && r.env.contains(&"HOSTNAME=box".to_string()));
-        let p = process(&r, false, false);
-        assert_eq!(p["user"]["additionalGids"], serde_json::json!([1000, 10]));
-        assert_eq!(p["capabilities"]["bounding"], serde_json::json!([]), "no capabilities for a non-root user");
-        assert_eq!(p["noNewPrivileges"], true);
-        let root_p = process(
-            &resolve(f.as_raw_fd(), &ExecSpec { argv: vec!["sh".into()], ..Default::default() }, "b").unwrap(),
-            true,
-            false,
-        );
-        assert!(root_p["capabilities"]["bounding"].as_array().unwrap().iter().any(|c| c == "CAP_SETUID"));
-        assert_eq!(root_p["noNewPrivileges"], false);
+        let Request::Spawn { process } = spawn_request(&r, false) else { panic!() };
+        assert_eq!(process.groups, [1000, 10]);
+        assert_eq!((process.uid, process.allow_setuid), (1000, false));
     }
 
     #[test]
@@ -339,20 +401,27 @@ mod tests {
     }
 
     #[test]
-    fn runsc_exit_statuses_map_to_reports() {
-        assert_eq!(final_report(Some(0), true), ExecReport::Exited { code: 0 });
-        assert_eq!(final_report(Some(3), true), ExecReport::Exited { code: 3 });
-        assert_eq!(final_report(Some(137), true), ExecReport::Signaled { signal: 9 });
-        assert!(matches!(final_report(Some(128), false), ExecReport::SpawnError { .. }));
-        assert_eq!(final_report(Some(128), true), ExecReport::Exited { code: 128 });
-        assert_eq!(final_report(Some(255), true), ExecReport::Exited { code: 255 });
+    fn status_lines_map_to_reports_and_nothing_else_does() {
+        assert_eq!(report_of(r#"{"type":"pid","pid":7}"#), Some(ExecReport::NsPid { pid: 7 }));
+        assert_eq!(report_of(r#"{"type":"exited","code":130}"#), Some(ExecReport::Exited { code: 130 }));
+        assert_eq!(report_of(r#"{"type":"signaled","signal":2}"#), Some(ExecReport::Signaled { signal: 2 }));
+        assert!(matches!(
+            report_of(r#"{"type":"failed","message":"exec x: nope"}"#),
+            Some(ExecReport::SpawnError { .. })
+        ));
+        assert_eq!(report_of(r#"{"type":"pid","pid":1}"#), None, "pid 1 is strata's, never a process's");
+        assert_eq!(report_of(r#"{"type":"signaled","signal":99}"#), None);
+        assert_eq!(report_of("garbage"), None);
     }
 
     #[test]
-    fn exec_arguments_name_the_memfds() {
+    fn exec_arguments_name_the_memfds_and_pass_the_descriptors() {
         assert_eq!(
-            exec_args(5, 6, "sb1"),
-            ["exec", "--process", "/proc/self/fd/5", "--internal-pid-file", "/proc/self/fd/6", "sb1"].map(String::from)
+            exec_args(5, 6, 7, "sb1"),
+            ["exec", "--process", "/proc/self/fd/5", "--pass-fd", "6:3", "--pass-fd", "7:4", "sb1"].map(String::from)
         );
+        let p = client_process();
+        assert_eq!(p["args"], serde_json::json!(["/run/strata/init", "_gclient"]));
+        assert_eq!(p["capabilities"]["bounding"], serde_json::json!([]), "the client needs no capability");
     }
 }

@@ -61,6 +61,10 @@ pub enum RuntimeError {
     /// strata mounts something): the caller's input, not the host's fault.
     #[error("the image cannot run as a sandbox: {0}")]
     Image(String),
+    /// A process image was made where this host cannot bring it back (another
+    /// runsc, platform or CPU): the image is kept, the reason said.
+    #[error("the process image cannot be restored on this host: {0}")]
+    Incompatible(String),
     /// A cgroup operation failed.
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
@@ -182,6 +186,11 @@ pub trait NetSockets: Send + Sync {
     fn socket(&self, reply: Box<dyn FnOnce(std::io::Result<std::os::fd::OwnedFd>) + Send>) -> bool;
 }
 
+/// Held while the processes of a sandbox are detached from the daemon's pipes
+/// for a copy ([`Runtime::detach_processes`]): no new process starts in the
+/// sandbox until it is dropped.
+pub struct DetachGuard(pub Box<dyn std::any::Any + Send>);
+
 /// An isolation tier.
 ///
 /// Implementations must be cheap to share between threads; every method is
@@ -206,6 +215,40 @@ pub trait Runtime: Send + Sync {
         handle: &SandboxHandle,
         exec: &ExecSpec,
     ) -> Result<std::process::Command, RuntimeError>;
+
+    /// Whether restored (or detached) processes get their pipes back through
+    /// [`Runtime::attach_command`] rather than from the restore itself.
+    fn attaches_by_command(&self) -> bool {
+        false
+    }
+
+    /// A command that, spawned as [`Runtime::exec_command`]'s is, takes over
+    /// the stdio and the exit report of the sandbox's process `ns_pid`, which
+    /// a restore or a copy brought back without its pipes to the daemon
+    /// (`stdin`: the caller feeds its stdin). `None`: this tier's restore
+    /// reconnects the pipes itself (the `inherit` of [`Runtime::restore_processes`]).
+    fn attach_command(
+        &self,
+        _sandbox_id: &str,
+        _handle: &SandboxHandle,
+        _ns_pid: i32,
+        _stdin: bool,
+    ) -> Result<Option<std::process::Command>, RuntimeError> {
+        Ok(None)
+    }
+
+    /// Before [`Runtime::copy_processes`] of a running sandbox: the processes
+    /// started through the API let go of the daemon's pipes (their supervisors
+    /// take them back with [`Runtime::attach_command`] afterwards) and no new
+    /// one starts until the guard is dropped. `None`: this tier copies
+    /// processes together with their pipes.
+    fn detach_processes(
+        &self,
+        _sandbox_id: &str,
+        _handle: &SandboxHandle,
+    ) -> Result<Option<DetachGuard>, RuntimeError> {
+        Ok(None)
+    }
 
     /// Stops every process of the sandbox: SIGTERM, then SIGKILL after `grace`.
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError>;

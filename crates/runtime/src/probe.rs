@@ -288,9 +288,8 @@ fn gvisor_capabilities(gv: &crate::gvisor::GvisorProbe, features: &[FeatureCheck
                     Some(c) => (false, format!("nftables: {}", c.detail)),
                     None => (false, "nftables: not probed".into()),
                 },
-                "standby" | "warm_checkpoint" => {
-                    (false, "not built yet on this tier (runsc checkpoint/restore)".into())
-                }
+                "standby" => (true, "runsc checkpoint/restore of the whole sentry; processes reattached".into()),
+                "warm_checkpoint" => (true, "runsc checkpoint --leave-running; each fork is a runsc restore".into()),
                 "pty" => (false, "strata has no PTY API yet".into()),
                 _ => (false, "unknown capability".into()),
             };

@@ -134,6 +134,10 @@ pub struct ResumeArgs {
     /// JSON output (the resume results).
     #[arg(long)]
     pub json: bool,
+    /// From standby: start afresh from the filesystem and drop the process
+    /// image (e.g. one this host cannot restore); its processes are lost.
+    #[arg(long)]
+    pub fs_only: bool,
     #[command(flatten)]
     pub sandboxes: SandboxIds,
 }

@@ -132,11 +132,12 @@ pub(super) async fn standby(c: &Client, a: StandbyArgs) -> Result<i32> {
 
 /// `strata resume`: each sandbox in turn, the failures reported and the rest still resumed.
 pub(super) async fn resume(c: &Client, a: ResumeArgs) -> Result<i32> {
-    let ResumeArgs { json, sandboxes: SandboxIds { ids } } = a;
+    let ResumeArgs { json, fs_only, sandboxes: SandboxIds { ids } } = a;
     let mut results = Vec::new();
     let mut failed = false;
+    let req = strata_api::ResumeRequest { fs_only };
     for id in ids {
-        match c.resume_sandbox(&id).await {
+        match c.resume_sandbox_with(&id, &req).await {
             Ok(r) => {
                 if !json {
                     println!(

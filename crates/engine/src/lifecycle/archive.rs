@@ -34,6 +34,7 @@ pub async fn archive(st: &Shared, id: &str, reason: &str) -> EngineResult<Sandbo
     let detail = format!("{} to {} ({})", strata_core::units::format_size(bytes), manifest.store, manifest.prefix);
     let ev = transition(st, &id, from, Change::new(Action::Archive, reason).detail(&detail), started, None)?;
     // The archive is recorded: the local copies can go.
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&crate::archive::tmp_dir(&dir));
     st.disks.release(&dir);
     for d in ["upper", "work", "standby", "rootfs"] {
         if let Err(e) = strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d)) {

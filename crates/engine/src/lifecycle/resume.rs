@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use strata_api::{ErrorCode, ResumeResult, SandboxState, StandbyMode};
+use strata_api::{ErrorCode, ResumeRequest, ResumeResult, SandboxState, StandbyMode};
 use strata_core::lifecycle::next_state;
 use strata_core::Action;
 use strata_store::db::SandboxRecord;
@@ -26,15 +26,20 @@ use crate::{lifecycle, record};
 
 /// Brings a sandbox in standby back (the same processes), recording `reason`.
 pub async fn resume(st: &Shared, id: &str, reason: &str) -> EngineResult<ResumeResult> {
+    resume_with(st, id, &ResumeRequest::default(), reason).await
+}
+
+/// [`resume`] with options.
+pub async fn resume_with(st: &Shared, id: &str, req: &ResumeRequest, reason: &str) -> EngineResult<ResumeResult> {
     let (_g, rec) = record::lock_and_load(st, id).await?;
-    resume_locked(st, &rec, reason).await
+    resume_locked_with(st, &rec, req, reason).await
 }
 
 /// An explicit resume of the sandbox `key` names: from standby, paused,
 /// stopped or archived, or a retry of a standby image that failed to restore
 /// (the sandbox is then `error` with its image still there); 409 with the
 /// current state from anything else.
-pub async fn resume_parked(st: &Shared, key: &str, reason: &str) -> EngineResult<ResumeResult> {
+pub async fn resume_parked(st: &Shared, key: &str, req: &ResumeRequest, reason: &str) -> EngineResult<ResumeResult> {
     let rec = record::load_for_transition(st, key)?;
     let retry = rec.sandbox.state == SandboxState::Error && image_dir(st, &rec.sandbox.id).is_dir();
     if !retry
@@ -45,10 +50,19 @@ pub async fn resume_parked(st: &Shared, key: &str, reason: &str) -> EngineResult
     {
         return Err(EngineError::invalid_state(rec.sandbox.state, format!("sandbox {} is {}; only standby, paused, stopped or archived sandboxes (or one whose standby image failed to restore) resume", rec.sandbox.id, rec.sandbox.state)));
     }
-    resume(st, &rec.sandbox.id, reason).await
+    resume_with(st, &rec.sandbox.id, req, reason).await
 }
 
 pub(crate) async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str) -> EngineResult<ResumeResult> {
+    resume_locked_with(st, rec, &ResumeRequest::default(), reason).await
+}
+
+async fn resume_locked_with(
+    st: &Shared,
+    rec: &SandboxRecord,
+    req: &ResumeRequest,
+    reason: &str,
+) -> EngineResult<ResumeResult> {
     let started = Instant::now();
     let from = rec.sandbox.state;
     // Processes coming back take memory: admitted like a create (429/503), before anything changes.
@@ -72,7 +86,7 @@ pub(crate) async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str
         }
         _ => {
             next_state(rec.sandbox.state, Action::Resume)?;
-            restore_locked(st, rec, reason, started).await?
+            restore_locked(st, rec, req.fs_only, reason, started).await?
         }
     };
     crate::hooks::run(st, &load(st, &id)?, crate::hooks::Stage::AfterResume).await;
@@ -84,10 +98,12 @@ pub(crate) async fn resume_locked(st: &Shared, rec: &SandboxRecord, reason: &str
     })
 }
 
-/// Restores a sandbox in standby; true when its processes came back (false for fs_only).
+/// Restores a sandbox in standby; true when its processes came back (false
+/// for an fs_only image, or when `fs_only` asks to start it from its filesystem).
 pub(crate) async fn restore_locked(
     st: &Shared,
     rec: &SandboxRecord,
+    fs_only: bool,
     reason: &str,
     started: Instant,
 ) -> EngineResult<bool> {
@@ -101,8 +117,10 @@ pub(crate) async fn restore_locked(
         Ok(m) => m,
         Err(msg) => return Err(mark_error(st, rec, "standby_image_invalid", &msg, started)),
     };
-    if manifest.info.mode == StandbyMode::FsOnly {
+    if manifest.info.mode == StandbyMode::FsOnly || fs_only {
         lifecycle::boot(st, rec, rec.sandbox.state, Action::Resume, reason).await?;
+        // Asked for: the processes the image kept are gone with it.
+        st.processes.abandon_suspended(&id);
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&dir);
         return Ok(false);
     }
@@ -117,10 +135,10 @@ pub(crate) async fn restore_locked(
     if let Err(e) = crate::network::prepare(st, &id, &mut spec).await {
         return Err(mark_error(st, rec, "resume_failed", &e.body.message, started));
     }
-    let pipes = st.processes.resume_pipes(&id)?;
-    let inherit: Vec<(std::os::fd::RawFd, u64)> =
-        pipes.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
+    let mut pipes = st.processes.resume_pipes(&id)?;
+    let inherit = crate::processes::inherit_all(&pipes.children);
     let rt = st.runtime_of(&rec.sandbox);
+    let tier = rt.clone();
     let images = dir.clone();
     let verified_ms = started.elapsed().as_millis() as u64;
     let restored = tokio::task::spawn_blocking(move || {
@@ -135,6 +153,10 @@ pub(crate) async fn restore_locked(
         Ok(handle) => {
             // Crash point (`resume-restored:crash`): processes back, the record not yet written.
             let _ = crate::failpoint("resume-restored");
+            let children = std::mem::take(&mut pipes.children);
+            if let Err(e) = crate::processes::attach_restored(&*tier, &id, &handle, children) {
+                warn!(sandbox = %id, error = %e.body.message, "reattaching the API processes");
+            }
             pipes.commit();
             let detail = format!("{} API processes reattached", manifest.info.api_processes);
             transition(
@@ -155,6 +177,15 @@ pub(crate) async fn restore_locked(
             retire_image(st, &id);
             info!(sandbox = %id, ms = started.elapsed().as_millis() as u64, verified_ms, restored_ms, reason, "resumed");
             Ok(true)
+        }
+        Err(strata_runtime::RuntimeError::Incompatible(why)) => {
+            // Nothing was touched: the sandbox stays in standby with its image
+            // (and its API processes suspended) for a host that can restore it.
+            drop(pipes);
+            Err(EngineError::invalid_state(
+                rec.sandbox.state,
+                format!("cannot resume sandbox {id} here: the process image cannot be restored on this host: {why}; its image is kept (`strata resume --fs-only` restarts it from its filesystem instead)"),
+            ))
         }
         Err(e) => {
             pipes.abandon();

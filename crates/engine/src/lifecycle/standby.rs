@@ -86,8 +86,9 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     let (helper, dump_time) = match dumped {
         Ok(x) => x,
         Err(e) => {
-            // CRIU leaves the processes running when a dump fails.
-            st.processes.unsuspend(&id);
+            // A failed dump leaves the processes running (those a tier had
+            // detached from their pipes get them back).
+            crate::processes::reattach_running(st, &id, &handle_of(&rec).expect("checked above"));
             let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
             if from == SandboxState::Paused {
                 let _ = st.runtime_of(&rec.sandbox).set_frozen(&id, true);

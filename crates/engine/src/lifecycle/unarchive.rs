@@ -57,7 +57,9 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
             }
             _ => None,
         };
-    let res = unpack(st, &m, &staging, upper_target.as_deref()).await;
+    let tmp_target = crate::archive::tmp_dir(&dir);
+    let _ = strata_store::fsutil::remove_dir_all_if_exists(&tmp_target);
+    let res = unpack(st, &m, &staging, upper_target.as_deref(), Some(&tmp_target)).await;
     if let Err(msg) = res {
         let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
         return Err(fail(st, rec, &msg, started));

@@ -180,11 +180,11 @@ pub async fn boot(
         .map_err(|e| fail(format!("{CAPTURED}: {e}")))?;
     let mut spec = lifecycle::mount_spec(st, rec).await.map_err(|e| fail(e.body.message))?;
     crate::network::prepare(st, &id, &mut spec).await.map_err(|e| fail(e.body.message))?;
-    let adopted = st.processes.adopt(&id, &captured)?;
-    let inherit: Vec<(std::os::fd::RawFd, u64)> =
-        adopted.inherit.iter().map(|(fd, ino)| (std::os::fd::AsRawFd::as_raw_fd(fd), *ino)).collect();
+    let mut adopted = st.processes.adopt(&id, &captured)?;
+    let inherit = crate::processes::inherit_all(&adopted.children);
     let work = st.sandbox_dir(&id).join("restore");
     let rt = st.runtime_of(&rec.sandbox);
+    let tier = rt.clone();
     let restored = tokio::task::spawn_blocking(move || {
         let handle = rt.restore_processes(&spec, &images, &work, &helper, &inherit)?;
         if let Err(e) = rt.reidentify(&spec, &handle) {
@@ -197,6 +197,8 @@ pub async fn boot(
     .await
     .map_err(|e| EngineError::internal("restore task", &e))?;
     let handle = restored.map_err(|e| fail(crate::error::chain(&e)))?;
+    let children = std::mem::take(&mut adopted.children);
+    crate::processes::attach_restored(&*tier, &id, &handle, children).map_err(|e| fail(e.body.message))?;
     adopted.commit(st);
     let detail =
         format!("processes of checkpoint {checkpoint_id} restored ({} started through the API)", captured.len());

@@ -355,24 +355,12 @@ impl ProcessTable {
     /// (each with the inode it replaces) and the daemon's ends, handed to
     /// supervisors by [`AdoptedProcesses::commit`].
     pub fn adopt(&self, sandbox_id: &str, captured: &[CapturedProcess]) -> EngineResult<AdoptedProcesses> {
-        let mut out = AdoptedProcesses { sandbox_id: sandbox_id.to_string(), inherit: Vec::new(), pending: Vec::new() };
+        let mut out =
+            AdoptedProcesses { sandbox_id: sandbox_id.to_string(), children: Vec::new(), pending: Vec::new() };
         for c in captured {
-            let (report_r, report_w) = cloexec_pipe()?;
-            let (stdout_r, stdout_w) = cloexec_pipe()?;
-            let (stderr_r, stderr_w) = cloexec_pipe()?;
-            let mut pipes =
-                PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
-            out.inherit.push((report_w, c.pipes.report));
-            out.inherit.push((stdout_w, c.pipes.stdout));
-            out.inherit.push((stderr_w, c.pipes.stderr));
-            let stdin = if c.pipes.stdin != 0 {
-                let (r, w) = cloexec_pipe()?;
-                pipes.stdin = inode(&r);
-                out.inherit.push((r, c.pipes.stdin));
-                Some(w)
-            } else {
-                None
-            };
+            let (child, ends, pipes) = fresh_pipes(c.info.pid, c.pipes, c.pipes.stdin != 0)?;
+            out.children.push(child);
+            let stdin = ends.stdin;
             let info = ProcessInfo {
                 sandbox_id: sandbox_id.to_string(),
                 status: ProcessStatus::Running,
@@ -381,7 +369,7 @@ impl ProcessTable {
             };
             let p = new_proc(info);
             p.lock().pipes = pipes;
-            out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }));
+            out.pending.push((p, DaemonEnds { stdin, ..ends }));
         }
         Ok(out)
     }
@@ -439,30 +427,16 @@ impl ProcessTable {
             self.lock().get(sandbox_id).map(|sp| sp.procs.values().cloned().collect()).unwrap_or_default();
         let mut out = ResumePipes::default();
         for p in procs {
-            let (old, stdin_open) = {
+            let (old, stdin_open, pid) = {
                 let s = p.lock();
                 if !s.suspended {
                     continue;
                 }
-                (s.pipes, s.stdin_open)
+                (s.pipes, s.stdin_open, s.info.pid)
             };
-            let (report_r, report_w) = cloexec_pipe()?;
-            let (stdout_r, stdout_w) = cloexec_pipe()?;
-            let (stderr_r, stderr_w) = cloexec_pipe()?;
-            let mut new =
-                PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
-            out.inherit.push((report_w, old.report));
-            out.inherit.push((stdout_w, old.stdout));
-            out.inherit.push((stderr_w, old.stderr));
-            let stdin = if stdin_open {
-                let (r, w) = cloexec_pipe()?;
-                new.stdin = inode(&r);
-                out.inherit.push((r, old.stdin));
-                Some(w)
-            } else {
-                None
-            };
-            out.pending.push((p, DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin }, new));
+            let (child, ends, new) = fresh_pipes(pid, old, stdin_open)?;
+            out.children.push(child);
+            out.pending.push((p, ends, new));
         }
         Ok(out)
     }
@@ -503,20 +477,79 @@ pub(crate) fn new_proc(info: ProcessInfo) -> Arc<Proc> {
     })
 }
 
+/// The process-side ends of fresh pipes for one restored process: a CRIU
+/// restore puts them in place of the pipes it dumped ([`ChildEnds::inherit`]),
+/// a tier that reattaches by command hands them to its attach helper.
+pub struct ChildEnds {
+    /// The process's pid inside its sandbox.
+    pub ns_pid: Option<i32>,
+    /// Write end of the report pipe.
+    pub report: OwnedFd,
+    /// Write end of its stdout.
+    pub stdout: OwnedFd,
+    /// Write end of its stderr.
+    pub stderr: OwnedFd,
+    /// Read end of its stdin, when the daemon holds it open.
+    pub stdin: Option<OwnedFd>,
+    /// The pipes these replace.
+    replaces: PipeInodes,
+}
+
+impl ChildEnds {
+    /// Each end with the inode of the pipe it replaces.
+    pub fn inherit(&self) -> Vec<(std::os::fd::RawFd, u64)> {
+        let mut v = vec![
+            (self.report.as_raw_fd(), self.replaces.report),
+            (self.stdout.as_raw_fd(), self.replaces.stdout),
+            (self.stderr.as_raw_fd(), self.replaces.stderr),
+        ];
+        if let Some(s) = &self.stdin {
+            v.push((s.as_raw_fd(), self.replaces.stdin));
+        }
+        v
+    }
+}
+
+/// Fresh pipes for a process that held `old` (`stdin`: the daemon feeds its
+/// stdin): its ends, the daemon's ends and the new inodes.
+fn fresh_pipes(ns_pid: Option<i32>, old: PipeInodes, stdin: bool) -> EngineResult<(ChildEnds, DaemonEnds, PipeInodes)> {
+    let (report_r, report_w) = cloexec_pipe()?;
+    let (stdout_r, stdout_w) = cloexec_pipe()?;
+    let (stderr_r, stderr_w) = cloexec_pipe()?;
+    let mut new = PipeInodes { report: inode(&report_r), stdout: inode(&stdout_r), stderr: inode(&stderr_r), stdin: 0 };
+    let (child_in, daemon_in) = if stdin {
+        let (r, w) = cloexec_pipe()?;
+        new.stdin = inode(&r);
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
+    Ok((
+        ChildEnds { ns_pid, report: report_w, stdout: stdout_w, stderr: stderr_w, stdin: child_in, replaces: old },
+        DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: daemon_in },
+        new,
+    ))
+}
+
+/// Every end of `children` with the inode it replaces (a CRIU restore's `inherit`).
+pub fn inherit_all(children: &[ChildEnds]) -> Vec<(std::os::fd::RawFd, u64)> {
+    children.iter().flat_map(ChildEnds::inherit).collect()
+}
+
 /// Processes of a warm checkpoint registered in a sandbox started from it
 /// (see [`ProcessTable::adopt`]).
 pub struct AdoptedProcesses {
     pub(crate) sandbox_id: String,
-    /// Ends for the restored processes, each with the inode of the pipe it replaces.
-    pub inherit: Vec<(OwnedFd, u64)>,
+    /// The restored processes' ends.
+    pub children: Vec<ChildEnds>,
     pub(crate) pending: Vec<(Arc<Proc>, DaemonEnds)>,
 }
 
 /// New pipes for the processes of a sandbox being resumed (see [`ProcessTable::resume_pipes`]).
 #[derive(Default)]
 pub struct ResumePipes {
-    /// Ends for the restored processes, each with the inode of the pipe it replaces.
-    pub inherit: Vec<(OwnedFd, u64)>,
+    /// The restored processes' ends.
+    pub children: Vec<ChildEnds>,
     pub(crate) pending: Vec<(Arc<Proc>, DaemonEnds, PipeInodes)>,
 }
 

@@ -77,7 +77,13 @@ impl Engine {
 
     /// Brings a parked sandbox back (resumes from standby, thaws, starts, unarchives).
     pub async fn resume_sandbox(&self, key: &str) -> EngineResult<ResumeResult> {
-        self.run(lifecycle::resume_parked(&self.st, key, BY_USER)).await
+        self.resume_sandbox_with(key, &strata_api::ResumeRequest::default()).await
+    }
+
+    /// [`Self::resume_sandbox`] with options (`fs_only`: from standby, start
+    /// afresh from the filesystem instead of restoring the processes).
+    pub async fn resume_sandbox_with(&self, key: &str, req: &strata_api::ResumeRequest) -> EngineResult<ResumeResult> {
+        self.run(lifecycle::resume_parked(&self.st, key, req, BY_USER)).await
     }
 
     /// Archives a stopped or standby sandbox into the object store.

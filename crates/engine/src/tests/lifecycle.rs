@@ -117,6 +117,38 @@ async fn a_failed_restore_marks_the_sandbox_error_and_keeps_its_image() {
 }
 
 #[tokio::test]
+async fn an_image_from_another_host_is_a_409_and_stays_in_standby() {
+    crate::tenancy::as_daemon(async {
+        let e = TestEngine::new();
+        e.image("base").await;
+        let id = e.sandbox("base", "dev").await;
+        crate::lifecycle::standby(&e.st, &id, "user").await.expect("standby");
+        e.rt.fail_next_for(
+            &id,
+            Op::RestoreProcesses,
+            RuntimeError::Incompatible("made by runsc X, this host has Y".into()),
+        );
+        let err = crate::lifecycle::resume(&e.st, &id, "user").await.unwrap_err();
+        assert_eq!(err.body.code.http_status(), 409, "{:?}", err.body);
+        assert!(
+            err.body.message.contains("made by runsc X") && err.body.message.contains("kept"),
+            "{}",
+            err.body.message
+        );
+        assert_eq!(err.body.current_state, Some(SandboxState::Standby));
+        assert_eq!(e.state(&id), SandboxState::Standby, "nothing changed");
+        assert!(crate::process_image::image_dir(&e.st, &id).exists(), "the image is kept");
+        // Asked for, it starts afresh from its filesystem instead, and the image goes.
+        let req = strata_api::ResumeRequest { fs_only: true };
+        let r = crate::lifecycle::resume_with(&e.st, &id, &req, "user").await.expect("resume --fs-only");
+        assert!(!r.processes_restored);
+        assert_eq!(e.state(&id), SandboxState::Running);
+        assert!(!crate::process_image::image_dir(&e.st, &id).exists(), "the image is dropped");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_corrupted_standby_image_is_refused_by_name() {
     crate::tenancy::as_daemon(async {
         let e = TestEngine::new();

@@ -8,16 +8,22 @@ use std::time::Duration;
 use super::*;
 use crate::spec::ExecReport;
 
+thread_local! {
+    /// Each test (its own thread) gets directories of its own, removed with the thread.
+    static DIRS: tempfile::TempDir = tempfile::tempdir().expect("a temporary directory");
+}
+
 fn spec(id: &str) -> SandboxSpec {
+    let base = DIRS.with(|d| d.path().join(id));
     SandboxSpec {
         id: id.into(),
         hostname: format!("{id}-host"),
         lower_dirs: vec![],
-        upper_dir: "/nonexistent/up".into(),
-        work_dir: "/nonexistent/wk".into(),
-        rootfs_dir: "/nonexistent/root".into(),
+        upper_dir: base.join("up"),
+        work_dir: base.join("wk"),
+        rootfs_dir: base.join("root"),
         limits: Default::default(),
-        log_path: "/nonexistent/log".into(),
+        log_path: base.join("log"),
         machine_id: format!("{id}-machine"),
         fork_generation: 0,
         secrets: vec![],

@@ -75,6 +75,12 @@ impl Bundle {
         self.dir.join("root")
     }
 
+    /// The lock every exec client holds shared while it starts, and a
+    /// checkpoint exclusive.
+    pub fn exec_lock(&self) -> PathBuf {
+        self.dir.join("exec.lock")
+    }
+
     /// The pid file runsc writes (the runsc-sandbox process).
     pub fn pid_file(&self) -> PathBuf {
         self.dir.join("sandbox.pid")
@@ -88,7 +94,29 @@ impl Bundle {
 
 /// The host directory bound at `/tmp`: next to the writable layer.
 pub fn tmp_dir(spec: &SandboxSpec) -> PathBuf {
-    spec.upper_dir.parent().unwrap_or(&spec.upper_dir).join("gvisor-tmp")
+    tmp_dir_beside(&spec.upper_dir)
+}
+
+/// The `/tmp` of the sandbox whose writable layer is `upper` (on its disk,
+/// when it has one). It is part of a sandbox in standby: an archive takes it.
+pub fn tmp_dir_beside(upper: &Path) -> PathBuf {
+    upper.parent().unwrap_or(upper).join("gvisor-tmp")
+}
+
+/// [`tmp_dir`] of a running sandbox, found from its bundle (the spec's
+/// `/tmp` source in its config).
+pub fn tmp_dir_of(bundle: &Bundle) -> Result<PathBuf, String> {
+    let path = bundle.dir.join("config.json");
+    let cfg: Value = fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    cfg["mounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["destination"] == "/tmp"))
+        .and_then(|m| m["source"].as_str())
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{} mounts no /tmp", path.display()))
 }
 
 /// Builds the host side of a cold start: the overlay root with `/tmp` bound
@@ -148,7 +176,7 @@ pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bo
 }
 
 /// Removes a directory tree if it exists (never follows symlinks).
-fn remove_tree(dir: &Path) -> std::io::Result<()> {
+pub fn remove_tree(dir: &Path) -> std::io::Result<()> {
     match fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -285,7 +313,7 @@ pub fn config(inp: &ConfigInputs<'_>) -> Value {
         "process": {
             "terminal": false,
             "user": {"uid": 0, "gid": 0},
-            "args": [strata_init::SELF_PATH, "_pid1", inp.stop_grace_secs.to_string()],
+            "args": [strata_init::SELF_PATH, "_pid1", inp.stop_grace_secs.to_string(), "--spawner"],
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
@@ -350,7 +378,7 @@ mod tests {
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["pids"]["limit"], 1024);
         assert_eq!(c["process"]["rlimits"][0], json!({"type": "RLIMIT_NPROC", "hard": 64, "soft": 64}));
-        assert_eq!(c["process"]["args"], json!(["/run/strata/init", "_pid1", "10"]));
+        assert_eq!(c["process"]["args"], json!(["/run/strata/init", "_pid1", "10", "--spawner"]));
         let dests: Vec<&str> =
             c["mounts"].as_array().unwrap().iter().map(|m| m["destination"].as_str().unwrap()).collect();
         for d in ["/proc", "/tmp", "/run/strata", "/run/strata/init", "/etc/hostname", "/etc/hosts", "/etc/machine-id"]

@@ -9,12 +9,23 @@
 //! * [`keeper`]: `strata _runsc_keep`, the parent of one sandbox on the host.
 //!
 //! Exec: `strata-init _runsc_exec` on the host resolves the process against
-//! the sandbox's root, runs it with `runsc exec` and reports it as the
-//! namespace tier's shim does (see [`strata_init::runsc`]); the report
-//! channel stays on the host, out of the sandbox's reach.
+//! the sandbox's root, and a client it starts with `runsc exec` has the
+//! sandbox's pid 1 start it, so that it is a process a checkpoint keeps
+//! (see [`strata_init::spawner`]); the exit report stays on the host, out of
+//! the sandbox's reach.
+//!
+//! Standby and warm checkpoints: the clients let go first (`_gdetach`, under
+//! the sandbox's exec lock held exclusive, so none starts meanwhile), then
+//! `runsc checkpoint` saves the sentry (with `--leave-running` for a copy);
+//! [`image::ImageHost`] records the runsc, platform and CPU next to it. A
+//! restore is `runsc restore` under a keeper, on the same kind of bundle;
+//! the daemon's supervisors take their processes back through
+//! [`Runtime::attach_command`]. A copy also carries the sandbox's `/tmp`
+//! (a host directory here, not part of the sentry's memory).
 //! The measured facts behind every choice here: docs/design/gvisor-tier.md.
 
 pub mod bundle;
+pub mod image;
 pub mod keeper;
 
 use std::os::fd::OwnedFd;
@@ -28,7 +39,10 @@ use crate::cgroup::{self, CgroupVersion, SandboxCgroup};
 use crate::namespace::{process_start_time, wait_for_exit, CGROUP_ROOT};
 use crate::spec::{ExecSpec, SandboxSpec};
 use crate::sys::LinuxSys;
-use crate::{InterruptedRestore, NetSockets, ResourceUsage, Runtime, RuntimeError, SandboxHandle};
+use crate::{DetachGuard, InterruptedRestore, NetSockets, ResourceUsage, Runtime, RuntimeError, SandboxHandle};
+
+/// Where a copy's image keeps the sandbox's `/tmp`.
+const COPIED_TMP: &str = "tmp";
 
 /// The oldest runsc this tier runs (systrap, checkpoint options; Debian 12's
 /// own 20221219 has neither).
@@ -210,22 +224,82 @@ impl GvisorRuntime {
             .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().contains(id)))
     }
 
-    /// Why processes cannot be dumped or restored on this tier (yet).
-    fn no_process_images(&self) -> RuntimeError {
-        RuntimeError::Unsupported(self.process_dump_unsupported().unwrap_or_default())
+    /// The host a process image made here records.
+    fn image_host(&self) -> image::ImageHost {
+        image::ImageHost { runsc: self.version.clone(), platform: self.platform.into(), cpu_flags: image::cpu_flags() }
+    }
+
+    /// Runs `strata-init ARGS` inside the sandbox as root (with `caps`), and
+    /// returns its stdout; its stderr on failure.
+    fn exec_init(&self, id: &str, caps: &[&str], args: &[&str]) -> Result<String, String> {
+        let mut argv = self.global_args();
+        argv.truncate(4);
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]).arg("exec");
+        for c in caps {
+            cmd.args(["--cap", c]);
+        }
+        let out = cmd
+            .arg(id)
+            .arg(strata_init::SELF_PATH)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("spawn runsc: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!("strata-init {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
+    /// Takes the sandbox's exec lock exclusive (no client starts while it is
+    /// held) and has every client of pid 1 let go of its pipes.
+    fn detach(&self, id: &str) -> Result<std::fs::File, RuntimeError> {
+        let path = self.bundle(id).exec_lock();
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| RuntimeError::sys(format!("open {}", path.display()), e))?;
+        // SAFETY: flock on our own descriptor.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+            return Err(RuntimeError::sys(format!("lock {}", path.display()), std::io::Error::last_os_error()));
+        }
+        let clients = self
+            .exec_init(id, &[], &["_gdetach"])
+            .map_err(|e| RuntimeError::Setup(format!("detaching the API processes' clients: {e}")))?;
+        debug!(sandbox = id, clients = clients.trim(), "clients let go");
+        Ok(lock)
     }
 
     fn cgroup(&self, id: &str) -> SandboxCgroup {
         SandboxCgroup::new(&self.cgroup_root, self.cgroup_version, id)
     }
 
-    /// Starts the sandbox described by `bundle` under a keeper (`run -detach`).
-    fn launch(&self, spec: &SandboxSpec, b: &bundle::Bundle) -> Result<SandboxHandle, RuntimeError> {
+    /// Starts the sandbox described by `bundle` under a keeper (`run
+    /// -detach`, or `restore --image-path IMAGE -detach`).
+    fn launch(
+        &self,
+        spec: &SandboxSpec,
+        b: &bundle::Bundle,
+        image: Option<&Path>,
+    ) -> Result<SandboxHandle, RuntimeError> {
         let mut argv = self.global_args();
         let network = if spec.netns_path.is_some() { "sandbox" } else { "none" };
         argv.push(format!("--network={network}"));
+        // A checkpoint closes open TCP connections instead of failing on them
+        // (as a warm copy's do on the namespace tier).
+        argv.push("--net-disconnect-ok".into());
+        match image {
+            None => argv.push("run".into()),
+            Some(dir) => argv.extend(["restore".into(), "--image-path".into(), dir.to_string_lossy().into_owned()]),
+        }
         argv.extend([
-            "run".into(),
             "-detach".into(),
             "--bundle".into(),
             b.dir.to_string_lossy().into_owned(),
@@ -269,6 +343,101 @@ impl GvisorRuntime {
             }
         }
     }
+
+    /// A cold start (`image` `None`) or a restore from a process image, on a
+    /// bundle made the same way (a restore keeps `/tmp`: it is the sandbox's own).
+    fn boot(&self, spec: &SandboxSpec, image: Option<&Path>) -> Result<SandboxHandle, RuntimeError> {
+        let t0 = Instant::now();
+        let b = self.bundle(&spec.id);
+        // Leftovers of an earlier run of this sandbox (a stop that did not finish, a crash):
+        // only then is runsc asked (its CLI costs ~25 ms of a ~390 ms create).
+        if self.runsc_knows(&spec.id) {
+            let _ = self.runsc(&["delete", "-force", &spec.id]);
+        }
+        bundle::teardown(&LinuxSys, &b);
+        let has_etc = bundle::prepare(&LinuxSys, spec, &b, image.is_none()).map_err(|e| {
+            bundle::teardown(&LinuxSys, &b);
+            match e {
+                crate::namespace::mounts::SetupError::Image(m) => RuntimeError::Image(m),
+                crate::namespace::mounts::SetupError::Host(m) => RuntimeError::Setup(m),
+            }
+        })?;
+        let config = bundle::config(&bundle::ConfigInputs {
+            spec,
+            bundle: &b,
+            init_binary: &self.init_binary,
+            has_etc,
+            stop_grace_secs: self.stop_grace.as_secs(),
+        });
+        let path = b.dir.join("config.json");
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("config serializes")) {
+            bundle::teardown(&LinuxSys, &b);
+            return Err(RuntimeError::sys(format!("write {}", path.display()), e));
+        }
+        let t_prepare = t0.elapsed();
+        match self.launch(spec, &b, image) {
+            Ok(h) => {
+                debug!(sandbox = %spec.id, prepare_us = t_prepare.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "gvisor sandbox ready");
+                Ok(h)
+            }
+            Err(e) => {
+                let _ = self.cleanup(&spec.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// `strata-init _runsc_exec` doing `job` in the sandbox.
+    fn helper_command(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        job: strata_init::runsc::Job,
+    ) -> Result<Command, RuntimeError> {
+        if !self.is_alive(handle) {
+            return Err(RuntimeError::Setup("sandbox is not running".into()));
+        }
+        let mut runsc = self.global_args();
+        runsc.truncate(4); // runsc, --root R, --platform: what exec needs
+        let b = self.bundle(sandbox_id);
+        let hostname = std::fs::read_to_string(b.identity().join("hostname")).unwrap_or_default();
+        let cfg = strata_init::runsc::RunscExec {
+            runsc,
+            container: sandbox_id.to_string(),
+            root: b.root_link(),
+            hostname: hostname.trim().to_string(),
+            lock: b.exec_lock(),
+            job,
+        };
+        let mut cmd = Command::new(&self.init_binary);
+        cmd.arg("_runsc_exec")
+            .env_clear()
+            .env(strata_init::runsc::CONFIG_ENV, serde_json::to_string(&cfg).expect("RunscExec serializes"));
+        Ok(cmd)
+    }
+
+    /// Copies `from` (a directory's content) into `to`, which must be empty:
+    /// `cp -a` keeps owners, modes, times, links, sparse files and xattrs.
+    fn copy_tree(from: &Path, to: &Path) -> Result<(), RuntimeError> {
+        std::fs::create_dir_all(to).map_err(|e| RuntimeError::sys(format!("create {}", to.display()), e))?;
+        let out = Command::new("cp")
+            .args(["-a", "--reflink=auto", "--"])
+            .arg(from.join("."))
+            .arg(to)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .map_err(|source| RuntimeError::Spawn { what: "cp", source })?;
+        if !out.status.success() {
+            return Err(RuntimeError::Setup(format!(
+                "copy {} to {}: {}",
+                from.display(),
+                to.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The last lines of a sandbox's log (of its last 4 KiB), for an error message.
@@ -297,44 +466,7 @@ impl Runtime for GvisorRuntime {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
-        let t0 = Instant::now();
-        let b = self.bundle(&spec.id);
-        // Leftovers of an earlier run of this sandbox (a stop that did not finish, a crash):
-        // only then is runsc asked (its CLI costs ~25 ms of a ~390 ms create).
-        if self.runsc_knows(&spec.id) {
-            let _ = self.runsc(&["delete", "-force", &spec.id]);
-        }
-        bundle::teardown(&LinuxSys, &b);
-        let has_etc = bundle::prepare(&LinuxSys, spec, &b, true).map_err(|e| {
-            bundle::teardown(&LinuxSys, &b);
-            match e {
-                crate::namespace::mounts::SetupError::Image(m) => RuntimeError::Image(m),
-                crate::namespace::mounts::SetupError::Host(m) => RuntimeError::Setup(m),
-            }
-        })?;
-        let config = bundle::config(&bundle::ConfigInputs {
-            spec,
-            bundle: &b,
-            init_binary: &self.init_binary,
-            has_etc,
-            stop_grace_secs: self.stop_grace.as_secs(),
-        });
-        let path = b.dir.join("config.json");
-        if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(&config).expect("config serializes")) {
-            bundle::teardown(&LinuxSys, &b);
-            return Err(RuntimeError::sys(format!("write {}", path.display()), e));
-        }
-        let t_prepare = t0.elapsed();
-        match self.launch(spec, &b) {
-            Ok(h) => {
-                debug!(sandbox = %spec.id, prepare_us = t_prepare.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "gvisor sandbox ready");
-                Ok(h)
-            }
-            Err(e) => {
-                let _ = self.cleanup(&spec.id);
-                Err(e)
-            }
-        }
+        self.boot(spec, None)
     }
 
     fn is_alive(&self, handle: &SandboxHandle) -> bool {
@@ -342,25 +474,25 @@ impl Runtime for GvisorRuntime {
     }
 
     fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<Command, RuntimeError> {
-        if !self.is_alive(handle) {
-            return Err(RuntimeError::Setup("sandbox is not running".into()));
-        }
-        let mut runsc = self.global_args();
-        runsc.truncate(4); // runsc, --root R, --platform: what exec needs
-        let b = self.bundle(sandbox_id);
-        let hostname = std::fs::read_to_string(b.identity().join("hostname")).unwrap_or_default();
-        let cfg = strata_init::runsc::RunscExec {
-            runsc,
-            container: sandbox_id.to_string(),
-            root: b.root_link(),
-            hostname: hostname.trim().to_string(),
-            exec: exec.clone(),
-        };
-        let mut cmd = Command::new(&self.init_binary);
-        cmd.arg("_runsc_exec")
-            .env_clear()
-            .env(strata_init::runsc::CONFIG_ENV, serde_json::to_string(&cfg).expect("RunscExec serializes"));
-        Ok(cmd)
+        self.helper_command(sandbox_id, handle, strata_init::runsc::Job::Exec { exec: exec.clone() })
+    }
+
+    fn attaches_by_command(&self) -> bool {
+        true
+    }
+
+    fn attach_command(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        ns_pid: i32,
+        stdin: bool,
+    ) -> Result<Option<Command>, RuntimeError> {
+        self.helper_command(sandbox_id, handle, strata_init::runsc::Job::Attach { pid: ns_pid, stdin }).map(Some)
+    }
+
+    fn detach_processes(&self, sandbox_id: &str, _: &SandboxHandle) -> Result<Option<DetachGuard>, RuntimeError> {
+        Ok(Some(DetachGuard(Box::new(self.detach(sandbox_id)?))))
     }
 
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {
@@ -428,37 +560,87 @@ impl Runtime for GvisorRuntime {
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {
-        Some("standby and warm checkpoints of gvisor sandboxes are not built yet (runsc checkpoint)".into())
+        None
     }
 
-    fn dump_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
-        Err(self.no_process_images())
+    fn dump_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &Path,
+    ) -> Result<PathBuf, RuntimeError> {
+        std::fs::create_dir_all(images_dir)
+            .map_err(|e| RuntimeError::sys(format!("create {}", images_dir.display()), e))?;
+        // Held until the sandbox is gone: an exec meanwhile finds it gone.
+        let _lock = self.detach(sandbox_id)?;
+        let t = Instant::now();
+        let dir = images_dir.to_string_lossy();
+        self.runsc(&["checkpoint", "--image-path", &dir, sandbox_id]).map_err(RuntimeError::Setup)?;
+        debug!(sandbox = sandbox_id, ms = t.elapsed().as_millis() as u64, "runsc checkpoint");
+        self.image_host().save(images_dir).map_err(|e| RuntimeError::sys("record the image's host", e))?;
+        // The sentry exits once saved; its keeper follows.
+        if !wait_for_exit(handle, Duration::from_secs(10)) {
+            warn!(sandbox = sandbox_id, "the sandbox's keeper outlives its checkpoint");
+        }
+        Ok(self.init_binary.clone())
     }
 
-    fn copy_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
-        Err(self.no_process_images())
+    fn copy_processes(&self, sandbox_id: &str, _: &SandboxHandle, images_dir: &Path) -> Result<PathBuf, RuntimeError> {
+        // The clients let go in detach_processes, before the sandbox was paused.
+        std::fs::create_dir_all(images_dir)
+            .map_err(|e| RuntimeError::sys(format!("create {}", images_dir.display()), e))?;
+        let dir = images_dir.to_string_lossy();
+        self.runsc(&["checkpoint", "--leave-running", "--image-path", &dir, sandbox_id])
+            .map_err(RuntimeError::Setup)?;
+        // A copy starts in another sandbox, whose /tmp is its own: it takes this one's along.
+        let tmp = bundle::tmp_dir_of(&self.bundle(sandbox_id)).map_err(RuntimeError::Setup)?;
+        Self::copy_tree(&tmp, &images_dir.join(COPIED_TMP))?;
+        self.image_host().save(images_dir).map_err(|e| RuntimeError::sys("record the image's host", e))?;
+        Ok(self.init_binary.clone())
     }
 
     fn restore_processes(
         &self,
-        _: &SandboxSpec,
-        _: &Path,
-        _: &Path,
-        _: &Path,
-        _: &[(std::os::fd::RawFd, u64)],
+        spec: &SandboxSpec,
+        images_dir: &Path,
+        _work_dir: &Path,
+        _helper: &Path,
+        _inherit: &[(std::os::fd::RawFd, u64)],
     ) -> Result<SandboxHandle, RuntimeError> {
-        Err(self.no_process_images())
+        let made_on = image::ImageHost::load(images_dir).map_err(RuntimeError::Setup)?;
+        if let Some(why) = made_on.mismatch(&self.image_host()) {
+            return Err(RuntimeError::Incompatible(why));
+        }
+        let copied_tmp = images_dir.join(COPIED_TMP);
+        if copied_tmp.is_dir() {
+            // A copy: its /tmp comes from the image (emptied first, as at a cold start).
+            let tmp = bundle::tmp_dir(spec);
+            bundle::remove_tree(&tmp).map_err(|e| RuntimeError::sys(format!("empty {}", tmp.display()), e))?;
+            Self::copy_tree(&copied_tmp, &tmp)?;
+        }
+        self.boot(spec, Some(images_dir))
     }
 
-    fn reidentify(&self, _: &SandboxSpec, _: &SandboxHandle) -> Result<(), RuntimeError> {
-        Err(self.no_process_images())
+    fn reidentify(&self, spec: &SandboxSpec, _: &SandboxHandle) -> Result<(), RuntimeError> {
+        // The files under /run/strata and /etc/hostname are the new sandbox's
+        // already (its own bundle); the kernel's hostname is the sentry's, restored.
+        self.exec_init(&spec.id, &["CAP_SYS_ADMIN"], &["_hostname", &spec.hostname])
+            .map(|_| ())
+            .map_err(|e| RuntimeError::Setup(format!("give the restored copy its hostname: {e}")))
     }
 
-    fn interrupted_restore(&self, _: &str, _: &Path) -> InterruptedRestore {
-        InterruptedRestore::None
+    fn interrupted_restore(&self, sandbox_id: &str, _: &Path) -> InterruptedRestore {
+        if !self.runsc_knows(sandbox_id) {
+            return InterruptedRestore::None;
+        }
+        // A restore the daemon did not record: its keeper was the old daemon's
+        // child. Ending it leaves the image as it was (runsc only reads it).
+        let _ = self.runsc(&["delete", "-force", sandbox_id]);
+        InterruptedRestore::Gone
     }
 
     fn restore_leftovers(&self, _: &Path) -> Option<PathBuf> {
+        // runsc writes nothing into the image; its log is the sandbox's.
         None
     }
 
