@@ -4,7 +4,11 @@
 //!   same sandbox (same runsc state root and platform as the daemon's);
 //! * create -> first exec output -> destroy (API) against the same sequence
 //!   with runsc alone (`run -detach`, `exec`, `delete -force`) on an overlay
-//!   of the same image, and, for reference, a bare `runsc run` of `true`.
+//!   of the same image, and, for reference, a bare `runsc run` of `true`;
+//! * standby and resume of the ~100 MiB workload (figure 4's) against bare
+//!   `runsc checkpoint` / `runsc restore` of a sandbox whose init runs it;
+//! * 16 forks of a warm checkpoint of a sandbox serving HTTP (busybox httpd)
+//!   until all 16 answer, against 16 cold forks that start the server.
 //!
 //! The bare runs happen under this process as a child subreaper whose reaper
 //! thread reaps what runsc leaves (gofer, sandbox, stubs) within a
@@ -15,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use strata_api::{CreateSandboxRequest, Isolation};
+use strata_api::{CreateSandboxRequest, ExecRequest, Isolation};
+use strata_client::Client;
 
 use super::{check_echo, echo_req};
 use crate::report::{Row, Verdict};
@@ -166,7 +171,10 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let bare = prepare_bare(&b.cfg.work, &b.cfg.images, probe.platform)?;
     let reaper = Reaper::start();
-    let res = measure(b, &bare).await;
+    let mut res = measure(b, &bare).await;
+    if res.is_ok() {
+        res = measure_processes(b, &bare).await;
+    }
     drop(reaper);
     let _ = std::process::Command::new("umount").arg("-l").arg(&bare.rootfs).status();
     res
@@ -294,6 +302,190 @@ async fn measure(b: &mut Bench, bare: &Bare) -> Result<()> {
             format!("{:<34} {}", "strata create->exec->destroy", ss.line()),
             format!("{:<34} {}", "runsc run -d + exec + delete", sb2.line()),
             format!("{:<34} {}", "runsc run true", st.line()),
+        ],
+    ));
+    Ok(())
+}
+
+/// Standby/resume cycles of the workload on each side.
+const CYCLES: usize = 4;
+/// Children of the warm fork.
+const FORKS: u32 = 16;
+
+/// `sh -c` of busybox httpd serving `/` in the foreground.
+fn httpd_req() -> ExecRequest {
+    ExecRequest {
+        cmd: vec!["sh".into(), "-c".into(), "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8000 -h /www".into()],
+        ..Default::default()
+    }
+}
+
+/// Waits until every sandbox of `ids` answers HTTP on port 8000 inside.
+async fn all_serving(c: &Client, ids: &[String]) -> Result<()> {
+    let probe = ExecRequest {
+        cmd: vec!["sh".into(), "-c".into(), "until wget -qO- http://127.0.0.1:8000/ 2>/dev/null; do sleep 0.02; done".into()],
+        timeout: Some("60s".into()),
+        ..Default::default()
+    };
+    let calls = ids.iter().map(|id| {
+        let probe = probe.clone();
+        async move {
+            let out = super::exec_ok(c, id, probe).await?;
+            if out.trim() != "ok" {
+                bail!("sandbox {id} answered {out:?}");
+            }
+            anyhow::Ok(())
+        }
+    });
+    for r in futures_util::future::join_all(calls).await {
+        r?;
+    }
+    Ok(())
+}
+
+async fn remove_all(c: &Client, ids: &[String]) {
+    for id in ids {
+        let _ = c.remove_sandbox(id, true).await;
+    }
+}
+
+/// Standby/resume of the ~100 MiB workload against bare checkpoint/restore,
+/// and 16 warm forks serving against 16 cold ones.
+async fn measure_processes(b: &mut Bench, bare: &Bare) -> Result<()> {
+    let cfg = b.cfg.clone();
+    let c = b.client.clone();
+    let req =
+        CreateSandboxRequest { source: cfg.image.clone(), isolation: Some(Isolation::Gvisor), ..Default::default() };
+
+    // 3. standby and resume of the workload.
+    let sb = c.create_sandbox(&req).await.context("create a gvisor sandbox")?;
+    let w = super::standby::start_workload(&c, &sb.id, Duration::from_millis(200)).await?;
+    let (mut s_sb, mut s_rs, mut dumps) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..CYCLES {
+        let t = Instant::now();
+        c.standby_sandbox(&sb.id, false).await.context("standby")?;
+        s_sb.push(t.elapsed());
+        let info = c.get_sandbox(&sb.id).await.context("inspect")?;
+        dumps.push(info.standby.map(|s| s.image_bytes).unwrap_or(0));
+        let t = Instant::now();
+        c.resume_sandbox(&sb.id).await.context("resume")?;
+        s_rs.push(t.elapsed());
+        super::standby::verify_workload(&c, &sb.id, &w).await?;
+    }
+    c.remove_sandbox(&sb.id, true).await.context("remove")?;
+    // The same workload as a bare sandbox's init.
+    let wl_bundle = bare.bundle.parent().context("bundle dir")?.join("bundle-workload");
+    std::fs::create_dir_all(&wl_bundle)?;
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(bare.bundle.join("config.json"))?)?;
+    config["process"]["args"] = serde_json::json!(["/bin/sh", "-c", super::standby::workload_script()]);
+    std::fs::write(wl_bundle.join("config.json"), serde_json::to_vec(&config)?)?;
+    let wb = wl_bundle.to_string_lossy().into_owned();
+    let id = "bench-bare-workload";
+    let _ = std::fs::remove_file(bare.rootfs.join("bench.sum0"));
+    bare.run_detached(&["run", "-detach", "--bundle", &wb, id])?;
+    let t = Instant::now();
+    while !bare.rootfs.join("bench.sum0").exists() {
+        if t.elapsed() > Duration::from_secs(180) {
+            let _ = bare.run_detached(&["delete", "-force", id]);
+            bail!("the bare workload did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut b_ck, mut b_rs) = (Vec::new(), Vec::new());
+    let images = bare.bundle.parent().context("bundle dir")?.join("images");
+    for _ in 0..CYCLES {
+        let _ = std::fs::remove_dir_all(&images);
+        std::fs::create_dir_all(&images)?;
+        let img = images.to_string_lossy().into_owned();
+        b_ck.push(bare.run_detached(&["checkpoint", "--image-path", &img, id])?);
+        bare.run_detached(&["delete", "-force", id])?;
+        b_rs.push(bare.run_detached(&["restore", "--image-path", &img, "--bundle", &wb, "-detach", id])?);
+    }
+    let _ = bare.run_detached(&["delete", "-force", id]);
+    let _ = std::fs::remove_dir_all(&images);
+    let (ss, sr, bc, br) = (summarize(&s_sb), summarize(&s_rs), summarize(&b_ck), summarize(&b_rs));
+    b.report.rows.push(Row::new(
+        format!("gvisor: standby of the ~100 MiB workload, p50 (n={CYCLES})"),
+        ms(ss.p50),
+        format!("{} (runsc checkpoint)", ms(bc.p50)),
+        ratio(ss.p50.as_secs_f64(), bc.p50.as_secs_f64()),
+        "<= 1.3x runsc checkpoint",
+        Verdict::of(ss.p50.as_secs_f64() <= 1.3 * bc.p50.as_secs_f64()),
+    ));
+    b.report.rows.push(Row::new(
+        format!("gvisor: resume of the ~100 MiB workload, p50 (n={CYCLES})"),
+        ms(sr.p50),
+        format!("{} (runsc restore)", ms(br.p50)),
+        ratio(sr.p50.as_secs_f64(), br.p50.as_secs_f64()),
+        "<= 1.3x runsc restore",
+        Verdict::of(sr.p50.as_secs_f64() <= 1.3 * br.p50.as_secs_f64()),
+    ));
+
+    // 4. 16 forks of a warm checkpoint of a serving sandbox.
+    let src = c.create_sandbox(&req).await.context("create the fork source")?;
+    c.start_process(&src.id, &httpd_req()).await.context("start httpd")?;
+    all_serving(&c, std::slice::from_ref(&src.id)).await?;
+    let ck = c
+        .checkpoint(&src.id, &strata_api::CheckpointRequest { processes: true, ..Default::default() })
+        .await
+        .context("warm checkpoint")?;
+    let fork = |processes: bool| strata_api::ForkRequest {
+        source: ck.id.clone(),
+        count: FORKS,
+        name_prefix: None,
+        lifecycle: strata_api::Lifecycle::Ephemeral,
+        ttl: None,
+        limits: None,
+        network: None,
+        processes: Some(processes),
+    };
+    let t = Instant::now();
+    let warm = c.fork(&fork(true)).await.context("warm fork")?;
+    all_serving(&c, &warm.sandboxes).await?;
+    let warm_t = t.elapsed();
+    let warm_api = Duration::from_millis(warm.duration_ms);
+    remove_all(&c, &warm.sandboxes).await;
+    let t = Instant::now();
+    let cold = c.fork(&fork(false)).await.context("cold fork")?;
+    for id in &cold.sandboxes {
+        c.start_process(id, &httpd_req()).await.context("start httpd")?;
+    }
+    all_serving(&c, &cold.sandboxes).await?;
+    let cold_t = t.elapsed();
+    remove_all(&c, &cold.sandboxes).await;
+    c.remove_sandbox(&src.id, true).await.context("remove the fork source")?;
+    b.report.rows.push(Row::new(
+        format!("gvisor: fork {FORKS} from a warm checkpoint, until all serve"),
+        ms(warm_t),
+        format!("{} (cold forks + start httpd)", ms(cold_t)),
+        ratio(warm_t.as_secs_f64(), cold_t.as_secs_f64()),
+        "all 16 serving (info)",
+        Verdict::Info,
+    ));
+    let avg = |v: &[u64]| v.iter().sum::<u64>() / v.len().max(1) as u64;
+    b.report.sections.push((
+        "12b. the gVisor tier: standby and warm forks".into(),
+        format!(
+            "Standby/resume: figure 4's workload (a busybox shell holding ~100 MiB of base64 text) in a gVisor \
+             sandbox, {CYCLES} cycles of standby -> resume through the API (each verified: same pid, same \
+             md5 of the text), against {CYCLES} cycles of `runsc checkpoint` -> `delete` -> `restore -detach` \
+             of a bare sandbox whose init runs the same script on the same rootfs. Standby includes letting \
+             the API processes' clients go (one `runsc exec`) and the image's checks; resume includes \
+             the checksum check of the image and reattaching the API process (its client is a `runsc exec` \
+             started after the restore, off the measured path). Image ~{img}. Forks: a sandbox serving \
+             busybox httpd, a warm checkpoint (`processes: true`), then one fork call of {FORKS} children \
+             until each answers `wget` inside ({api} ms of it in the fork call), against {FORKS} cold forks \
+             (`processes: false`) that start httpd.",
+            img = crate::stats::bytes(avg(&dumps)),
+            api = warm_api.as_millis(),
+        ),
+        vec![
+            format!("{:<34} {}", "strata standby", ss.line()),
+            format!("{:<34} {}", "runsc checkpoint", bc.line()),
+            format!("{:<34} {}", "strata resume", sr.line()),
+            format!("{:<34} {}", "runsc restore", br.line()),
+            format!("{:<34} {}", "warm fork x16 until serving", ms(warm_t)),
+            format!("{:<34} {}", "cold fork x16 + httpd", ms(cold_t)),
         ],
     ));
     Ok(())

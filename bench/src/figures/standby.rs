@@ -73,7 +73,7 @@ fn named(image: &str, name: String) -> CreateSandboxRequest {
 /// shell variable (anonymous memory of the shell), writes the text's md5 to
 /// /bench.sum0 once it holds it, and on SIGUSR1 writes the md5 of what it holds
 /// then to /bench.sum. It waits on a `sleep` child, so it has no CPU use.
-fn workload_script() -> String {
+pub(crate) fn workload_script() -> String {
     format!(
         "x=$(head -c {RAW_BYTES} /dev/urandom | base64)\n\
          trap 'echo \"$x\" | md5sum > /bench.sum.tmp && mv /bench.sum.tmp /bench.sum' USR1\n\
@@ -116,7 +116,7 @@ async fn wait_file(c: &Client, id: &str, path: &str, poll: Duration, limit: Dura
 }
 
 /// The running workload.
-struct Workload {
+pub(crate) struct Workload {
     /// API process id.
     api_id: u64,
     /// Its pid inside the sandbox.
@@ -127,7 +127,7 @@ struct Workload {
     gen: Duration,
 }
 
-async fn start_workload(c: &Client, id: &str, poll: Duration) -> Result<Workload> {
+pub(crate) async fn start_workload(c: &Client, id: &str, poll: Duration) -> Result<Workload> {
     let t = Instant::now();
     let req = ExecRequest { cmd: vec!["sh".into(), "-c".into(), workload_script()], ..Default::default() };
     let p = c.start_process(id, &req).await.with_context(|| format!("start the workload in {id}"))?;
@@ -140,7 +140,7 @@ async fn start_workload(c: &Client, id: &str, poll: Duration) -> Result<Workload
 
 /// Checks that the workload runs with the same pid and still holds the same text
 /// (SIGUSR1 through the API, then its fresh md5 is compared).
-async fn verify_workload(c: &Client, id: &str, w: &Workload) -> Result<()> {
+pub(crate) async fn verify_workload(c: &Client, id: &str, w: &Workload) -> Result<()> {
     let p = c.get_process(id, w.api_id).await.with_context(|| format!("workload process {} of {id}", w.api_id))?;
     if p.status != ProcessStatus::Running || p.pid != Some(w.inner) {
         bail!("after resume the workload is {:?} with pid {:?} (was running with pid {})", p.status, p.pid, w.inner);
