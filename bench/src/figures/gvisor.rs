@@ -315,7 +315,11 @@ const FORKS: u32 = 16;
 /// `sh -c` of busybox httpd serving `/` in the foreground.
 fn httpd_req() -> ExecRequest {
     ExecRequest {
-        cmd: vec!["sh".into(), "-c".into(), "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8000 -h /www".into()],
+        cmd: vec![
+            "sh".into(),
+            "-c".into(),
+            "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8000 -h /www".into(),
+        ],
         ..Default::default()
     }
 }
@@ -323,7 +327,11 @@ fn httpd_req() -> ExecRequest {
 /// Waits until every sandbox of `ids` answers HTTP on port 8000 inside.
 async fn all_serving(c: &Client, ids: &[String]) -> Result<()> {
     let probe = ExecRequest {
-        cmd: vec!["sh".into(), "-c".into(), "until wget -qO- http://127.0.0.1:8000/ 2>/dev/null; do sleep 0.02; done".into()],
+        cmd: vec![
+            "sh".into(),
+            "-c".into(),
+            "until wget -qO- http://127.0.0.1:8000/ 2>/dev/null; do sleep 0.02; done".into(),
+        ],
         timeout: Some("60s".into()),
         ..Default::default()
     };
