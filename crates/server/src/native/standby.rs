@@ -3,6 +3,7 @@
 
 use crate::error::ApiResult;
 use crate::native::acting::Acting;
+use crate::native::OptionalJson;
 use axum::extract::Path as UrlPath;
 use axum::Json;
 use strata_api::{ResumeRequest, ResumeResult, SandboxEvent, StandbyRequest};
@@ -28,9 +29,9 @@ pub async fn unpause_handler(Acting(engine): Acting, UrlPath(id): UrlPath<String
 pub async fn standby_handler(
     Acting(engine): Acting,
     UrlPath(id): UrlPath<String>,
-    body: Option<Json<StandbyRequest>>,
+    OptionalJson(body): OptionalJson<StandbyRequest>,
 ) -> ApiResult<Json<SandboxEvent>> {
-    let req = body.map(|Json(r)| r).unwrap_or_default();
+    let req = body.unwrap_or_default();
     Ok(Json(engine.standby_sandbox(&id, &req).await?))
 }
 
@@ -41,8 +42,8 @@ pub async fn standby_handler(
 pub async fn resume_handler(
     Acting(engine): Acting,
     UrlPath(id): UrlPath<String>,
-    body: Option<Json<ResumeRequest>>,
+    OptionalJson(body): OptionalJson<ResumeRequest>,
 ) -> ApiResult<Json<ResumeResult>> {
-    let req = body.map(|Json(r)| r).unwrap_or_default();
+    let req = body.unwrap_or_default();
     Ok(Json(engine.resume_sandbox_with(&id, &req).await?))
 }
