@@ -22,6 +22,7 @@ fn egress_req(image: &str) -> CreateSandboxRequest {
         network: Some(NetworkSpec {
             mode: NetworkMode::Egress,
             allow: vec!["198.51.100.0/24:443".into(), "pypi.org".into(), "*.pythonhosted.org:443".into()],
+            deny: vec![],
         }),
         ..create_req(image)
     }

@@ -35,6 +35,13 @@ impl NetworkMode {
 /// * `HOST[:PORTS]` — a domain name, exact (`pypi.org`) or with a leading
 ///   wildcard for its subdomains (`*.pythonhosted.org`); the addresses strata's
 ///   DNS resolver answers for it are allowed for the answer's TTL.
+///
+/// `0.0.0.0/0` opens every public address (and lets every name resolve);
+/// private, loopback, link-local (cloud metadata), CGNAT and the other
+/// reserved ranges, the host and other sandboxes stay closed unless a rule
+/// inside them opens them. `deny` rules (`CIDR[:PORTS]`) carve exceptions out
+/// of such a `0.0.0.0/0` rule; any narrower allow rule wins over them (E2B's
+/// precedence: `allow_out` over `deny_out`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkSpec {
@@ -44,6 +51,9 @@ pub struct NetworkSpec {
     /// Allow rules (egress only); everything else is denied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// Deny rules (egress only): addresses a `0.0.0.0/0` allow rule does not open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
 }
 
 /// Packet and byte counts of one direction or verdict.

@@ -54,7 +54,15 @@ pub struct CreateTokenRequest {
     /// Lifetime such as `30d` or `12h`; without it the token lives until revoked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
+    /// Make the secret in E2B's key form, `e2b_` + hex (E2B SDKs up to 2.45
+    /// refuse any other `E2B_API_KEY` before sending a request); it is the
+    /// same kind of token, of the same tenant.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub e2b: bool,
 }
+
+/// Prefix of a token secret in E2B's key form ([`CreateTokenRequest::e2b`]).
+pub const E2B_SECRET_PREFIX: &str = "e2b_";
 
 /// Response of `POST /v1/tokens`: the only time the secret is shown.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

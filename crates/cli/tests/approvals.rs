@@ -248,7 +248,7 @@ fn forks_inherit_declared_capabilities_and_a_pipeline_stage_waits_for_its_approv
         .block_on(c.checkpoint(&src, &CheckpointRequest { name: Some("read-1".into()), ..Default::default() }))
         .unwrap();
     assert_eq!(ck.capabilities, vec![Capability::UntrustedInput]);
-    let egress = NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/8:443".into()] };
+    let egress = NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/8:443".into()], deny: vec![] };
     let forks = rt()
         .block_on(c.fork(&ForkRequest {
             source: "read-1".into(),

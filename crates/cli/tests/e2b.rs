@@ -52,7 +52,13 @@ fn e2b_sdk_suite_passes_against_a_live_daemon() {
     let d = TestDaemon::start_with(Some(&format!("127.0.0.1:{port}")));
     d.cli_ok(&["image", "import", base.to_str().unwrap(), "--name", "e2b-base", "--trusted"]);
     // A tenant's key, as `strata token create` prints it for E2B_API_KEY.
-    let key = d.cli_ok(&["token", "create", "--name", "e2b-suite", "--tenant", "e2b"]);
+    // In E2B's key form, which SDKs up to 2.45 require (`e2b_` + hex).
+    let key = d.cli_ok(&["token", "create", "--name", "e2b-suite", "--tenant", "e2b", "--e2b"]);
+    let key_form = key
+        .trim()
+        .strip_prefix("e2b_")
+        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert!(key_form, "not in E2B's key form: {key}");
     let key = key.lines().find(|l| l.starts_with("strata_")).unwrap_or(key.trim()).trim().to_string();
     let other = d.cli_ok(&["token", "create", "--name", "e2b-other", "--tenant", "other"]);
     let other = other.trim().to_string();

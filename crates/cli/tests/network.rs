@@ -372,7 +372,7 @@ fn malformed_rules_are_400_naming_the_rule_and_create_nothing() {
         ] {
             let req = CreateSandboxRequest {
                 source: "busybox".into(),
-                network: Some(NetworkSpec { mode, allow: vec!["198.51.100.1".into(), allow.into()] }),
+                network: Some(NetworkSpec { mode, allow: vec!["198.51.100.1".into(), allow.into()], deny: vec![] }),
                 ..Default::default()
             };
             let (status, body) = err_of(c.create_sandbox(&req).await);
@@ -383,13 +383,17 @@ fn malformed_rules_are_400_naming_the_rule_and_create_nothing() {
         let ok = c
             .create_sandbox(&CreateSandboxRequest {
                 source: "busybox".into(),
-                network: Some(NetworkSpec { mode: NetworkMode::Egress, allow: vec!["pypi.org".into()] }),
+                network: Some(NetworkSpec { mode: NetworkMode::Egress, allow: vec!["pypi.org".into()], deny: vec![] }),
                 ..Default::default()
             })
             .await
             .unwrap();
         let (status, body) = err_of(
-            c.set_network(&ok.id, &NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/33".into()] }).await,
+            c.set_network(
+                &ok.id,
+                &NetworkSpec { mode: NetworkMode::Egress, allow: vec!["10.0.0.0/33".into()], deny: vec![] },
+            )
+            .await,
         );
         assert_eq!(status, 400);
         assert!(body.message.contains("\"10.0.0.0/33\""), "{}", body.message);
@@ -445,4 +449,40 @@ fn egress_on_the_gvisor_tier_is_the_same_host_side_enforcement() {
     d.cli_ok(&["network", "set", &none, "--allow-cidr", &format!("{}:8080", w.addr)]);
     d.cli_ok(&["start", &none]);
     assert!(fetches(&d, &none, &format!("http://{}:8080/hello", w.addr)), "the network set while stopped");
+}
+
+#[test]
+fn open_egress_reaches_public_addresses_never_the_host_private_ranges_or_metadata() {
+    require_host!();
+    let w = World::new(5);
+    let d = w.daemon(5);
+    // Every public address, every name, but the denied address.
+    let id = d.create(&["--allow-cidr", "0.0.0.0/0", "--deny-cidr", &format!("{}/32", w.addr2)]);
+    assert_eq!(net(&d, &id).spec.deny, vec![w.addr2.clone()]);
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "a public address is unreachable");
+    assert!(fetches(&d, &id, &format!("http://{}:8081/hello", w.addr)), "another port of it is unreachable");
+    assert!(!fetches(&d, &id, &format!("http://{}:8080/hello", w.addr2)), "the denied address is reachable");
+    assert!(resolves(&d, &id, "other.test") && resolves(&d, &id, "allowed.test"), "names do not resolve");
+    // Never the host, the metadata address or a private range.
+    let gw = net(&d, &id).gateway.unwrap();
+    assert_ne!(run_in(&d, &id, &format!("echo x | nc -w 2 {gw} 22")).0, 0, "the host is reachable");
+    assert_ne!(run_in(&d, &id, &format!("echo x | nc -w 2 {} 22", w.host_addr)).0, 0, "the host is reachable");
+    assert_ne!(run_in(&d, &id, "echo x | nc -w 2 169.254.169.254 80").0, 0, "cloud metadata is reachable");
+    assert!(!fetches(&d, &id, "http://meta.test:80/hello"), "a name pointing at metadata is reachable");
+    // A narrower allow rule wins over a deny (E2B's precedence).
+    let wins = d.create(&[
+        "--allow-cidr",
+        "0.0.0.0/0",
+        "--allow-cidr",
+        &format!("{}:8080", w.addr2),
+        "--deny-cidr",
+        &format!("{}/32", w.addr2),
+    ]);
+    assert!(fetches(&d, &wins, &format!("http://{}:8080/hello", w.addr2)), "the allow rule lost to the deny");
+    assert!(!fetches(&d, &wins, &format!("http://{}:8081/hello", w.addr2)), "the deny does not hold");
+    // Bad input: a name cannot be denied; deny rules need egress.
+    let out = d.cli(&["create", "busybox", "--deny-cidr", "evil.example"]);
+    assert!(!out.status.success() && stderr(&out).contains("evil.example"), "{}", stderr(&out));
+    let out = d.cli(&["create", "busybox", "--network", "none", "--deny-cidr", "203.0.113.0/24"]);
+    assert!(!out.status.success() && stderr(&out).contains("egress"), "{}", stderr(&out));
 }

@@ -802,6 +802,7 @@ fn names_that_could_be_read_as_ids_are_refused() {
             name: "c0ffee".into(),
             tenant: Some("acme".into()),
             expires: None,
+            e2b: false,
         })),
         "c0ffee",
     );

@@ -96,7 +96,7 @@ mod tests {
     use super::*;
 
     fn egress(allow: &[&str]) -> NetworkSpec {
-        NetworkSpec { mode: NetworkMode::Egress, allow: allow.iter().map(|s| s.to_string()).collect() }
+        NetworkSpec { mode: NetworkMode::Egress, allow: allow.iter().map(|s| s.to_string()).collect(), deny: vec![] }
     }
 
     #[test]

@@ -40,15 +40,17 @@ fn ifname(id: &str) -> String {
 
 /// Checks a `network` spec; returns it normalized with its parsed rules.
 pub fn validate(spec: &NetworkSpec) -> Result<(NetworkSpec, Vec<Rule>), NetworkError> {
-    let rules = strata_net::parse_rules(&spec.allow).map_err(|e| NetworkError::Invalid(e.to_string()))?;
+    let rules =
+        strata_net::rules::parse_spec(&spec.allow, &spec.deny).map_err(|e| NetworkError::Invalid(e.to_string()))?;
     if spec.mode == NetworkMode::None && !rules.is_empty() {
-        let list: Vec<String> = spec.allow.iter().map(|r| format!("{r:?}")).collect();
+        let list: Vec<String> = spec.allow.iter().chain(&spec.deny).map(|r| format!("{r:?}")).collect();
         return Err(NetworkError::Invalid(format!(
-            "network rules [{}]: allow rules need network mode \"egress\" (mode is \"none\")",
+            "network rules [{}]: allow and deny rules need network mode \"egress\" (mode is \"none\")",
             list.join(", ")
         )));
     }
-    Ok((NetworkSpec { mode: spec.mode, allow: rules.iter().map(|r| r.to_string()).collect() }, rules))
+    let of = |deny: bool| rules.iter().filter(|r| r.deny == deny).map(|r| r.to_string()).collect();
+    Ok((NetworkSpec { mode: spec.mode, allow: of(false), deny: of(true) }, rules))
 }
 
 /// Checks a create request's network before anything is recorded.
@@ -445,12 +447,17 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> EngineResult<Net
             }
         }
     }
-    info!(sandbox = %id, mode = spec.mode.as_str(), rules = spec.allow.len(), "network changed");
+    info!(sandbox = %id, mode = spec.mode.as_str(), rules = spec.allow.len(), deny = spec.deny.len(), "network changed");
     if let Ok(ev) = st.db.record_event(
         &id,
         rec.sandbox.state,
         "network_changed",
-        Some(&format!("mode {}, allow [{}]", spec.mode.as_str(), spec.allow.join(", "))),
+        Some(&format!(
+            "mode {}, allow [{}], deny [{}]",
+            spec.mode.as_str(),
+            spec.allow.join(", "),
+            spec.deny.join(", ")
+        )),
         &crate::record::now(),
     ) {
         st.notify_events(ev.seq);
@@ -555,7 +562,9 @@ async fn answer(st: &Shared, from: SocketAddr, msg: &[u8], tcp: bool) -> Option<
         }
     };
     let matching = strata_net::rules::host_rules_for(&rules, &q.name);
-    if matching.is_empty() {
+    // With every public address open, every name may resolve (nothing to pin).
+    let open = strata_net::rules::opens_every_name(&rules);
+    if matching.is_empty() && !open {
         bump(st, &id, false);
         log_limited(st, &id, &format!("DNS query for {} refused (no allow rule matches)", q.name));
         return dns::refuse(msg);
@@ -587,7 +596,7 @@ async fn answer(st: &Shared, from: SocketAddr, msg: &[u8], tcp: bool) -> Option<
     // Answers in reserved ranges (a name pointing at 169.254.169.254 or the
     // host) are never pinned: the chain drops those before the host sets anyway.
     let pin: Vec<(Ipv4Addr, u32)> = addrs.into_iter().filter(|(a, _)| !strata_net::rules::is_reserved(*a)).collect();
-    if !pin.is_empty() {
+    if !pin.is_empty() && !matching.is_empty() {
         let table = table_name(st)?;
         let script: String = matching.iter().map(|r| nft::pin_script(&table, &nft::host_set(&id, r), &pin)).collect();
         let res = tokio::task::spawn_blocking(move || strata_net::nft_apply(&script)).await;

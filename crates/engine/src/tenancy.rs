@@ -251,7 +251,9 @@ pub fn create_token(st: &Shared, req: strata_api::CreateTokenRequest) -> EngineR
         }
         None => None,
     };
-    let secret = format!("{SECRET_PREFIX}{}", hex::encode(rand::random::<[u8; 32]>()));
+    // Either way 256 random bits in lower-case hex; only the prefix differs.
+    let prefix = if req.e2b { strata_api::E2B_SECRET_PREFIX } else { SECRET_PREFIX };
+    let secret = format!("{prefix}{}", hex::encode(rand::random::<[u8; 32]>()));
     let token = TokenInfo {
         id: ids::new_id(),
         name: req.name,

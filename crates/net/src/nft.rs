@@ -227,10 +227,12 @@ pub fn sandbox_script(table: &str, pool: &Pool, sb: &SandboxNet<'_>, attach: boo
     let _ = writeln!(s, "{o} ip daddr {} goto deny_{k}", pool.cidr);
     let reserved = reserved();
     let (inside, public): (Vec<&Rule>, Vec<&Rule>) =
-        sb.rules.iter().filter(|r| matches!(r.target, Target::Cidr(_))).partition(|r| match &r.target {
-            Target::Cidr(c) => reserved.iter().any(|z| z.covers(c)),
-            Target::Host(_) => false,
-        });
+        sb.rules.iter().filter(|r| !r.deny && !r.is_catch_all() && matches!(r.target, Target::Cidr(_))).partition(
+            |r| match &r.target {
+                Target::Cidr(c) => reserved.iter().any(|z| z.covers(c)),
+                Target::Host(_) => false,
+            },
+        );
     // Reserved ranges open only to rules inside them.
     for r in &inside {
         if let Target::Cidr(c) = &r.target {
@@ -246,6 +248,15 @@ pub fn sandbox_script(table: &str, pool: &Pool, sb: &SandboxNet<'_>, attach: boo
     }
     for r in sb.rules.iter().filter(|r| matches!(r.target, Target::Host(_))) {
         let _ = writeln!(s, "{o} ip daddr @{}{} counter name ok_{k} accept", host_set(k, r), ports_expr(r));
+    }
+    // Deny rules: exceptions to the catch-all below (every narrower allow above wins).
+    for r in sb.rules.iter().filter(|r| r.deny) {
+        if let Target::Cidr(c) = &r.target {
+            let _ = writeln!(s, "{o} ip daddr {c}{} goto deny_{k}", ports_expr(r));
+        }
+    }
+    for r in sb.rules.iter().filter(|r| r.is_catch_all()) {
+        let _ = writeln!(s, "{o} ip daddr 0.0.0.0/0{} counter name ok_{k} accept", ports_expr(r));
     }
     let _ = writeln!(s, "{o} goto deny_{k}");
     let _ = writeln!(s, "add rule {t} i_{k} ct state established,related counter name rx_{k} accept");
@@ -393,6 +404,31 @@ mod tests {
         assert!(s.contains("th dport 53 redirect to :5300"));
         assert!(s.contains("input iifname @veths drop"));
         assert!(s.contains("ip saddr 10.213.0.0/16 oifname != @veths masquerade"));
+    }
+
+    #[test]
+    fn deny_rules_are_exceptions_to_the_catch_all_only() {
+        let rules = crate::rules::parse_spec(
+            &["0.0.0.0/0".into(), "203.0.113.7".into(), "pypi.org".into()],
+            &["203.0.113.0/24".into(), "198.51.100.0/24:443".into()],
+        )
+        .unwrap();
+        let sb = SandboxNet { key: "abc", ifname: "sbabc", address: "10.213.0.2".parse().unwrap(), rules: &rules };
+        let s = sandbox_script("T", &pool(), &sb, false, &[]);
+        let pos = |needle: &str| s.find(needle).unwrap_or_else(|| panic!("{needle} missing in\n{s}"));
+        // Reserved ranges first; a narrower allow wins over a deny; the catch-all comes last.
+        assert!(pos("169.254.0.0/16") < pos("ip daddr 203.0.113.7/32 counter name ok_abc accept"));
+        assert!(pos("ip daddr 203.0.113.7/32 counter") < pos("ip daddr 203.0.113.0/24 goto deny_abc"));
+        let pypi = host_set("abc", &rules[2]);
+        assert!(
+            pos(&format!("ip daddr @{pypi} counter")) < pos("ip daddr 203.0.113.0/24 goto"),
+            "host sets before denies"
+        );
+        assert!(
+            pos("ip daddr 198.51.100.0/24 meta l4proto { tcp, udp } th dport 443 goto deny_abc")
+                < pos("ip daddr 0.0.0.0/0 counter name ok_abc accept")
+        );
+        assert!(pos("ip daddr 0.0.0.0/0 counter name ok_abc accept") < s.rfind("goto deny_abc\n").unwrap());
     }
 
     #[test]

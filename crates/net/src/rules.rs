@@ -219,13 +219,29 @@ pub enum Target {
     Host(HostPattern),
 }
 
-/// One parsed allow rule.
+/// One parsed rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rule {
     /// Destination.
     pub target: Target,
     /// Ports (TCP and UDP); `None`: any.
     pub ports: Option<Ports>,
+    /// A deny rule (an exception to a `0.0.0.0/0` allow rule).
+    pub deny: bool,
+}
+
+impl Rule {
+    /// An allow rule for every address (`0.0.0.0/0`, with or without ports):
+    /// it comes after the deny rules.
+    pub fn is_catch_all(&self) -> bool {
+        !self.deny && matches!(&self.target, Target::Cidr(c) if c.prefix == 0)
+    }
+}
+
+/// Whether `rules` open every public address on every port: then every name
+/// may resolve (its answers need no pinning).
+pub fn opens_every_name(rules: &[Rule]) -> bool {
+    rules.iter().any(|r| r.is_catch_all() && r.ports.is_none())
 }
 
 impl fmt::Display for Rule {
@@ -304,7 +320,34 @@ pub fn parse_rule(raw: &str) -> Result<Rule, RuleError> {
     } else {
         Target::Host(HostPattern { domain: parse_domain(target).map_err(|e| err(raw, e))?, wildcard: false })
     };
-    Ok(Rule { target, ports })
+    Ok(Rule { target, ports, deny: false })
+}
+
+/// Parses one deny rule: an address or network with optional ports (names
+/// cannot be denied: an allowed name may share their addresses).
+pub fn parse_deny_rule(raw: &str) -> Result<Rule, RuleError> {
+    let mut rule = parse_rule(raw)?;
+    if !matches!(rule.target, Target::Cidr(_)) {
+        return Err(err(raw, "deny rules are IPv4 addresses or networks (CIDR), not names"));
+    }
+    rule.deny = true;
+    Ok(rule)
+}
+
+/// Parses a network's allow and deny rules together (at most
+/// [`strata_api::MAX_NETWORK_RULES`] in all, duplicates dropped).
+pub fn parse_spec(allow: &[String], deny: &[String]) -> Result<Vec<Rule>, RuleError> {
+    let mut out = parse_rules(allow)?;
+    for r in deny {
+        if out.len() >= strata_api::MAX_NETWORK_RULES {
+            return Err(err(r, format!("more than {} rules", strata_api::MAX_NETWORK_RULES)));
+        }
+        let rule = parse_deny_rule(r)?;
+        if !out.contains(&rule) {
+            out.push(rule);
+        }
+    }
+    Ok(out)
 }
 
 /// Parses a rule list: every rule valid, at most [`strata_api::MAX_NETWORK_RULES`],
@@ -350,7 +393,11 @@ mod tests {
     fn parses_cidrs_hosts_and_ports() {
         assert_eq!(
             ok("10.0.0.0/8:443"),
-            Rule { target: Target::Cidr(Cidr::parse("10.0.0.0/8").unwrap()), ports: Some(Ports { lo: 443, hi: 443 }) }
+            Rule {
+                target: Target::Cidr(Cidr::parse("10.0.0.0/8").unwrap()),
+                ports: Some(Ports { lo: 443, hi: 443 }),
+                deny: false
+            }
         );
         assert_eq!(ok("198.51.100.7").to_string(), "198.51.100.7");
         assert_eq!(ok("198.51.100.7/32:80").to_string(), "198.51.100.7:80");
@@ -432,5 +479,17 @@ mod tests {
         assert!(
             c.overlaps(&Cidr::parse("10.213.4.0/30").unwrap()) && !c.overlaps(&Cidr::parse("10.214.0.0/16").unwrap())
         );
+    }
+
+    #[test]
+    fn deny_rules_are_addresses_and_a_catch_all_opens_every_name() {
+        let rules = parse_spec(&["0.0.0.0/0".into(), "pypi.org".into()], &["203.0.113.0/24:443".into()]).unwrap();
+        assert!(rules[0].is_catch_all() && !rules[1].is_catch_all());
+        assert!(rules[2].deny && !rules[2].is_catch_all());
+        assert!(opens_every_name(&rules));
+        assert!(!opens_every_name(&parse_spec(&["0.0.0.0/0:443".into()], &[]).unwrap()), "ports: not every name");
+        let e = parse_spec(&[], &["evil.example".into()]).unwrap_err();
+        assert!(e.reason.contains("not names"), "{e}");
+        assert!(parse_spec(&[], &["10.0.0.1/8".into()]).is_err(), "host bits");
     }
 }

@@ -20,6 +20,12 @@ pub struct NetworkArgs {
     /// 198.51.100.7:8000-8100 (repeatable).
     #[arg(long = "allow-cidr", value_name = "CIDR[:PORTS]")]
     pub allow_cidr: Vec<String>,
+    /// Deny an IPv4 address or network (optionally ports) that `--allow-cidr
+    /// 0.0.0.0/0` would open: 203.0.113.0/24, 198.51.100.7:25 (repeatable).
+    /// Narrower allow rules win over it. Private ranges, the host and cloud
+    /// metadata are closed anyway.
+    #[arg(long = "deny-cidr", value_name = "CIDR[:PORTS]")]
+    pub deny_cidr: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -17,6 +17,10 @@ pub enum TokenCmd {
         /// Lifetime, e.g. `30d`, `12h` (default: until revoked).
         #[arg(long)]
         expires: Option<String>,
+        /// Print the secret in E2B's key form (`e2b_` + hex), which every E2B SDK
+        /// accepts as `E2B_API_KEY` (SDKs up to 2.45 refuse others).
+        #[arg(long)]
+        e2b: bool,
         /// JSON output (the token and its secret).
         #[arg(long)]
         json: bool,

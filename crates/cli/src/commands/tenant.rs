@@ -11,8 +11,8 @@ use crate::output;
 /// `strata token ...`.
 pub(super) async fn token_cmd(c: &Client, cmd: TokenCmd) -> Result<i32> {
     match cmd {
-        TokenCmd::Create { name, tenant, expires, json } => {
-            let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires }).await?;
+        TokenCmd::Create { name, tenant, expires, e2b, json } => {
+            let t = c.create_token(&strata_api::CreateTokenRequest { name, tenant, expires, e2b }).await?;
             if json {
                 output::json(&t);
             } else {

@@ -464,13 +464,22 @@ class TestLogsUnsupportedMalformed(Base):
         self.assertEqual(native(), ("egress", ["pypi.org", "10.1.2.0/24:443"]))
         self.sb.update_network({"deny_out": ["0.0.0.0/0"]})
         self.assertEqual(native(), ("none", []))
-        # Open internet with deny exceptions has no strata equivalent.
+        # Open internet with deny exceptions: every public address (strata's
+        # 0.0.0.0/0 rule, which never opens the host, private ranges or metadata) but those.
+        self.sb.update_network({"deny_out": ["1.1.1.1"]})
+        status, body = raw("GET", f"/v1/sandboxes/{self.sb.sandbox_id}/network", headers={"Authorization": "Bearer " + KEY})
+        self.assertEqual((body["mode"], body["allow"], body["deny"]), ("egress", ["0.0.0.0/0"], ["1.1.1.1"]))
+        # A name cannot be denied (a 400 naming it).
         with self.assertRaises(SandboxException) as cm:
-            self.sb.update_network({"deny_out": ["1.1.1.1"]})
-        self.assertIn("allowlist", str(cm.exception))
-        with self.assertRaises(SandboxException) as cm:
-            Sandbox.create(allow_internet_access=True)
-        self.assertIn("allow_internet_access", str(cm.exception))
+            self.sb.update_network({"deny_out": ["evil.example"]})
+        self.assertIn("evil.example", str(cm.exception))
+        # allow_internet_access=True (the JS SDK sends it on every create) is open internet.
+        open_sb = Sandbox.create(allow_internet_access=True)
+        try:
+            status, body = raw("GET", f"/v1/sandboxes/{open_sb.sandbox_id}/network", headers={"Authorization": "Bearer " + KEY})
+            self.assertEqual((body["mode"], body["allow"]), ("egress", ["0.0.0.0/0"]))
+        finally:
+            open_sb.kill()
         # On create: deny all but one host.
         sb = Sandbox.create(network={"deny_out": ["0.0.0.0/0"], "allow_out": ["pypi.org"]})
         try:

@@ -108,7 +108,8 @@ impl Network {
                 let Some(id) = name.strip_suffix(".json") else { continue };
                 match std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<Entry>(&b).ok()) {
                     Some(mut entry) => {
-                        entry.rules = strata_net::parse_rules(&entry.spec.allow).unwrap_or_default();
+                        entry.rules =
+                            strata_net::rules::parse_spec(&entry.spec.allow, &entry.spec.deny).unwrap_or_default();
                         entries.insert(id.to_string(), entry);
                     }
                     None => warn!(file = %e.path().display(), "unreadable network entry; ignored"),

@@ -256,8 +256,10 @@ async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
             }
             Some(strata_network(&n)?)
         }
+        // E2B's internet access: every public address (never the host, private
+        // ranges or cloud metadata). Without it (not asked for), strata's default: no network.
         (_, Some(true)) => {
-            return Err(E2bError::Unsupported(format!("not supported by strata: allow_internet_access=True (strata egress is an allowlist: network={{\"deny_out\": [\"{ALL_TRAFFIC}\"], \"allow_out\": [...]}})")));
+            Some(strata_network(&E2bNetwork { allow_internet_access: Some(true), ..Default::default() })?)
         }
         _ => None,
     };
@@ -845,9 +847,13 @@ struct E2bNetwork {
     other: BTreeMap<String, Value>,
 }
 
-/// E2B's deny-then-allow egress as a strata network: strata's egress is an
-/// allowlist, so the expressible E2B settings are "deny all" (`denyOut`
-/// holding 0.0.0.0/0, or no internet access) plus `allowOut` exceptions.
+/// E2B's egress settings as a strata network. Open internet (E2B's
+/// `allow_internet_access`, or `deny_out` without `0.0.0.0/0`) is strata's
+/// `0.0.0.0/0` rule: every public address, while the host, private ranges,
+/// link-local (cloud metadata) and the other reserved ranges stay closed;
+/// `deny_out` entries are exceptions to it, and `allow_out` wins over them
+/// (E2B's precedence). "Deny all" (`deny_out` holding `0.0.0.0/0`, or no
+/// internet access) leaves `allow_out` only (none: no network at all).
 fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
     if let Some((k, _)) = n.other.iter().find(|(_, v)| !v.is_null()) {
         return Err(E2bError::Unsupported(format!("not supported by strata: network option {k}")));
@@ -855,22 +861,17 @@ fn strata_network(n: &E2bNetwork) -> Result<strata_api::NetworkSpec, E2bError> {
     let deny = n.deny_out.clone().unwrap_or_default();
     let allow = n.allow_out.clone().unwrap_or_default();
     let deny_all = deny.iter().any(|d| d == ALL_TRAFFIC) || n.allow_internet_access == Some(false);
-    if !deny_all {
-        return Err(E2bError::Unsupported(format!(
-            "not supported by strata: open internet access{} (strata egress is an allowlist: deny {ALL_TRAFFIC} and list allow_out)",
-            if deny.is_empty() { String::new() } else { format!(" with deny_out exceptions {deny:?}") }
-        )));
-    }
-    if let Some(d) = deny.iter().find(|d| *d != ALL_TRAFFIC) {
-        return Err(E2bError::Unsupported(format!(
-            "not supported by strata: deny_out {d:?} next to {ALL_TRAFFIC} (everything not allowed is denied already)"
-        )));
-    }
-    Ok(if allow.is_empty() {
-        strata_api::NetworkSpec { mode: strata_api::NetworkMode::None, allow: vec![] }
+    let spec = if deny_all {
+        // Every other deny entry is already implied.
+        let mode = if allow.is_empty() { strata_api::NetworkMode::None } else { strata_api::NetworkMode::Egress };
+        strata_api::NetworkSpec { mode, allow, deny: vec![] }
     } else {
-        strata_api::NetworkSpec { mode: strata_api::NetworkMode::Egress, allow }
-    })
+        let mut open = vec![ALL_TRAFFIC.to_string()];
+        open.extend(allow);
+        strata_api::NetworkSpec { mode: strata_api::NetworkMode::Egress, allow: open, deny }
+    };
+    // Bad entries are checked where every network is: a 400 naming the entry.
+    Ok(spec)
 }
 
 /// `PUT /sandboxes/{id}/network`: E2B egress rules onto strata's (live).
@@ -897,18 +898,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn e2b_network_maps_onto_an_allowlist() {
+    fn e2b_network_maps_onto_strata_rules() {
         let n = |allow: &[&str], deny: &[&str]| E2bNetwork {
             allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
             deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
             ..Default::default()
         };
-        let spec = strata_network(&n(&["pypi.org"], &[ALL_TRAFFIC])).unwrap();
+        let spec = strata_network(&n(&["pypi.org"], &[ALL_TRAFFIC, "1.2.3.4"])).unwrap();
         assert_eq!(spec.mode, strata_api::NetworkMode::Egress);
-        assert_eq!(spec.allow, vec!["pypi.org".to_string()]);
+        assert_eq!((spec.allow, spec.deny), (vec!["pypi.org".to_string()], vec![]));
         assert_eq!(strata_network(&n(&[], &[ALL_TRAFFIC])).unwrap().mode, strata_api::NetworkMode::None);
-        assert!(matches!(strata_network(&n(&[], &["1.1.1.1"])), Err(E2bError::Unsupported(_))));
-        assert!(matches!(strata_network(&n(&["x.org"], &[])), Err(E2bError::Unsupported(_))));
+        // Open internet with exceptions; allow_out wins over deny_out.
+        let open = strata_network(&n(&["203.0.113.7"], &["203.0.113.0/24"])).unwrap();
+        assert_eq!(open.allow, vec![ALL_TRAFFIC.to_string(), "203.0.113.7".into()]);
+        assert_eq!(open.deny, vec!["203.0.113.0/24".to_string()]);
+        let internet = strata_network(&E2bNetwork { allow_internet_access: Some(true), ..Default::default() }).unwrap();
+        assert_eq!((internet.mode, internet.allow), (strata_api::NetworkMode::Egress, vec![ALL_TRAFFIC.to_string()]));
+        let closed = strata_network(&E2bNetwork { allow_internet_access: Some(false), ..Default::default() }).unwrap();
+        assert_eq!(closed.mode, strata_api::NetworkMode::None);
         let mut other = n(&[], &[ALL_TRAFFIC]);
         other.other.insert("dnsServers".into(), json!(["1.1.1.1"]));
         assert!(matches!(strata_network(&other), Err(E2bError::Unsupported(m)) if m.contains("dnsServers")));

@@ -367,10 +367,16 @@ class Client:
         ``dns_refused``, ``recent_denied``."""
         return self._json("GET", self._sb(sandbox) + "/network")
 
-    def set_network(self, sandbox: str, mode: str = "egress", allow: Sequence[str] = ()) -> dict[str, Any]:
-        """Replaces the network mode and allow rules, live when it runs (:class:`BadRequest`
-        naming a malformed rule). Returns what :meth:`get_network` returns."""
-        return self._json("PUT", self._sb(sandbox) + "/network", json_body={"mode": mode, "allow": list(allow)})
+    def set_network(
+        self, sandbox: str, mode: str = "egress", allow: Sequence[str] = (), deny: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Replaces the network mode, allow rules and deny rules (exceptions to an
+        ``0.0.0.0/0`` allow rule), live when it runs (:class:`BadRequest` naming a
+        malformed rule). Returns what :meth:`get_network` returns."""
+        body: dict[str, Any] = {"mode": mode, "allow": list(allow)}
+        if deny:
+            body["deny"] = list(deny)
+        return self._json("PUT", self._sb(sandbox) + "/network", json_body=body)
 
     def stop(self, sandbox: str) -> SandboxEvent:
         """Stops the sandbox (processes end, filesystem kept)."""
