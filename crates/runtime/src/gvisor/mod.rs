@@ -41,6 +41,9 @@ use crate::spec::{ExecSpec, SandboxSpec};
 use crate::sys::LinuxSys;
 use crate::{DetachGuard, InterruptedRestore, NetSockets, ResourceUsage, Runtime, RuntimeError, SandboxHandle};
 
+/// How long a checkpoint waits for exec clients that are starting.
+const DETACH_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where a copy's image keeps the sandbox's `/tmp`.
 const COPIED_TMP: &str = "tmp";
 
@@ -266,9 +269,24 @@ impl GvisorRuntime {
             .truncate(false)
             .open(&path)
             .map_err(|e| RuntimeError::sys(format!("open {}", path.display()), e))?;
-        // SAFETY: flock on our own descriptor.
-        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-            return Err(RuntimeError::sys(format!("lock {}", path.display()), std::io::Error::last_os_error()));
+        // Each client holds it shared only until its process runs: a start that
+        // hangs (runsc stuck) must not hold a standby forever.
+        let deadline = Instant::now() + DETACH_LOCK_TIMEOUT;
+        loop {
+            // SAFETY: flock on our own descriptor.
+            if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(RuntimeError::sys(format!("lock {}", path.display()), e));
+            }
+            if Instant::now() > deadline {
+                return Err(RuntimeError::Setup(format!(
+                    "a process started in the sandbox has not begun running after {DETACH_LOCK_TIMEOUT:?}; try again"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
         let clients = self
             .exec_init(id, &[], &["_gdetach"])
