@@ -205,20 +205,7 @@ impl GvisorRuntime {
 
     /// Runs one short runsc command; its stderr on failure.
     fn runsc(&self, args: &[&str]) -> Result<(), String> {
-        let argv = self.global_args();
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("spawn runsc: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!("runsc {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-        }
+        run_output(&self.global_args(), args).map(|_| ())
     }
 
     /// Whether runsc's state root has anything of container `id` (state, lock, socket).
@@ -236,26 +223,14 @@ impl GvisorRuntime {
     /// returns its stdout; its stderr on failure.
     fn exec_init(&self, id: &str, caps: &[&str], args: &[&str]) -> Result<String, String> {
         let mut argv = self.global_args();
-        argv.truncate(4);
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]).arg("exec");
+        argv.truncate(4); // runsc, --root R, --platform: what exec needs
+        let mut rest = vec!["exec"];
         for c in caps {
-            cmd.args(["--cap", c]);
+            rest.extend(["--cap", c]);
         }
-        let out = cmd
-            .arg(id)
-            .arg(strata_init::SELF_PATH)
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("spawn runsc: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!("strata-init {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-        }
+        rest.extend([id, strata_init::SELF_PATH]);
+        rest.extend(args);
+        run_output(&argv, &rest)
     }
 
     /// Takes the sandbox's exec lock exclusive (no client starts while it is
@@ -458,6 +433,24 @@ impl GvisorRuntime {
     }
 }
 
+/// Runs `argv` + `args` (a short runsc command, stdin empty) and returns
+/// its stdout; its stderr on failure.
+fn run_output(argv: &[String], args: &[&str]) -> Result<String, String> {
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("spawn runsc: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("runsc {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
 /// The last lines of a sandbox's log (of its last 4 KiB), for an error message.
 fn log_tail(path: &Path) -> String {
     use std::io::{Read, Seek, SeekFrom};
@@ -563,17 +556,7 @@ impl Runtime for GvisorRuntime {
             return 0; // pid 1 is strata's; never a process of the caller's
         }
         let target = if group { -ns_pid } else { ns_pid };
-        let mut argv = self.global_args();
-        argv.truncate(4);
-        let ok = Command::new(&argv[0])
-            .args(&argv[1..])
-            .args(["exec", sandbox_id, strata_init::SELF_PATH, "_signal", &signal.to_string(), &target.to_string()])
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
+        let ok = self.exec_init(sandbox_id, &[], &["_signal", &signal.to_string(), &target.to_string()]).is_ok();
         usize::from(ok)
     }
 

@@ -41,9 +41,38 @@ pub async fn upload_handler(
     body: Body,
 ) -> ApiResult<StatusCode> {
     let announced = crate::native::transfer::announced_length(&headers);
-    engine.upload(&id, q, announced, body.into_data_stream()).await?;
+    // The body is read by a task of its own that goes on reading (and dropping)
+    // it when the upload is refused early: a client still sending its body gets
+    // the refusal and its reason, not a connection closed under it.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, axum::Error>>(4);
+    let reader = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        let mut dropped = 0u64;
+        while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+            let len = chunk.as_ref().map_or(0, |c| c.len() as u64);
+            if tx.is_closed() {
+                dropped += len;
+                if dropped > REFUSED_BODY_DRAIN_BYTES {
+                    break;
+                }
+            } else if tx.send(chunk).await.is_err() {
+                dropped += len;
+            }
+        }
+    });
+    let chunks = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let res = engine.upload(&id, q, announced, chunks).await;
+    if res.is_err() {
+        let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIME, reader).await;
+    }
+    res?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// How much of a refused upload's body is read (and dropped) before the answer.
+const REFUSED_BODY_DRAIN_BYTES: u64 = 16 << 20;
+/// How long a refused upload's answer waits for the rest of its body.
+const REFUSED_BODY_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Metadata of a path.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), PathQuery),
