@@ -55,16 +55,8 @@ pub(crate) fn reap_loop(grace_secs: u64) -> ! {
         // While stopping, poll: processes started by `strata exec` are not init's
         // children, so their exit sends no SIGCHLD here.
         let timeout = stopping.then_some(std::time::Duration::from_millis(50));
-        let sig = wait_signal(&set, timeout);
-        match sig {
-            Some(Signal::SIGTERM | Signal::SIGINT) if !stopping => {
-                stopping = true;
-                let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
-                // SAFETY: alarm() only arms a timer.
-                unsafe { libc::alarm(grace_secs.clamp(1, 3600) as u32) };
-            }
-            Some(Signal::SIGALRM) if stopping => std::process::exit(0),
-            _ => {}
+        if let Some(sig) = wait_signal(&set, timeout) {
+            on_stop_signal(sig, &mut stopping, grace_secs);
         }
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
@@ -82,6 +74,22 @@ pub(crate) fn reap_loop(grace_secs: u64) -> ! {
         if stopping && no_other_processes() {
             std::process::exit(0);
         }
+    }
+}
+
+/// Pid 1's answer to a stop signal (both loops): on the first SIGTERM/SIGINT,
+/// SIGTERM to every process and an alarm after `grace_secs`; on that alarm, exit
+/// (the kernel kills whatever is left).
+pub(crate) fn on_stop_signal(sig: Signal, stopping: &mut bool, grace_secs: u64) {
+    match sig {
+        Signal::SIGTERM | Signal::SIGINT if !*stopping => {
+            *stopping = true;
+            let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+            // SAFETY: alarm() only arms a timer.
+            unsafe { libc::alarm(grace_secs.clamp(1, 3600) as u32) };
+        }
+        Signal::SIGALRM if *stopping => std::process::exit(0),
+        _ => {}
     }
 }
 

@@ -226,6 +226,9 @@ fn memfd(name: &std::ffi::CStr) -> std::io::Result<std::fs::File> {
 
 /// Longest status line read from the client.
 const MAX_STATUS_LINE: u64 = 4096;
+/// Most status lines read from one client (it writes two: pid, end); a
+/// client that writes more is tampered with and is not listened to further.
+const MAX_STATUS_LINES: usize = 8;
 
 /// Entry point of `strata-init _runsc_exec`. Never returns.
 pub fn exec_main() -> ! {
@@ -282,7 +285,7 @@ pub fn exec_main() -> ! {
     let mut lock = Some(lock);
     let mut reader = std::io::BufReader::new(std::fs::File::from(status_r));
     let mut started = false;
-    loop {
+    for _ in 0..MAX_STATUS_LINES {
         let mut line = String::new();
         match std::io::BufRead::read_line(&mut (&mut reader).take(MAX_STATUS_LINE), &mut line) {
             Ok(0) | Err(_) => break,

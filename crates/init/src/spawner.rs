@@ -493,15 +493,8 @@ pub fn serve(grace_secs: u64) -> ! {
         };
         if sig_ready {
             while let Ok(Some(info)) = sigfd.read_signal() {
-                match Signal::try_from(info.ssi_signo as i32) {
-                    Ok(Signal::SIGTERM | Signal::SIGINT) if !stopping => {
-                        stopping = true;
-                        let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
-                        // SAFETY: alarm() only arms a timer.
-                        unsafe { libc::alarm(grace_secs.clamp(1, 3600) as u32) };
-                    }
-                    Ok(Signal::SIGALRM) if stopping => std::process::exit(0),
-                    _ => {}
+                if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                    crate::pid1::on_stop_signal(sig, &mut stopping, grace_secs);
                 }
             }
             loop {
