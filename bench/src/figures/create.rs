@@ -83,21 +83,31 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     ];
     let un = ["unshare", "-pmuin", "--fork", "chroot", &rs, "/bin/echo", "hi"];
     let req = create_req(&cfg.image);
+    // The same sandbox without a user namespace (strata's default before the
+    // namespace tier got one): what a sandbox's own uid range costs.
+    let req_plain = CreateSandboxRequest { userns: Some(false), ..create_req(&cfg.image) };
     let c = b.client.clone();
+    let userns = {
+        let sb = c.create_sandbox(&req).await.context("create sandbox")?;
+        let got = c.get_sandbox(&sb.id).await.map(|s| s.userns.is_some());
+        c.remove_sandbox(&sb.id, true).await.context("remove sandbox")?;
+        got?
+    };
 
     for _ in 0..cfg.warmup {
         cycle(&c, &req).await?;
+        cycle(&c, &req_plain).await?;
         timed(&bw, Some("hi\n"))?;
         timed(&un, Some("hi\n"))?;
     }
     let n = cfg.runs;
-    let (mut total, mut create, mut exec, mut destroy, mut sbw, mut sun) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut total, mut create, mut exec, mut destroy, mut sbw, mut sun, mut plain) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut ids = HashSet::new();
-    // Interleaved, with the order rotating, so machine noise hits all three alike.
+    // Interleaved, with the order rotating, so machine noise hits all four alike.
     for i in 0..n {
-        for k in 0..3 {
-            match (i + k) % 3 {
+        for k in 0..4 {
+            match (i + k) % 4 {
                 0 => {
                     let cy = cycle(&c, &req).await?;
                     ids.insert(cy.id);
@@ -107,11 +117,12 @@ pub async fn run(b: &mut Bench) -> Result<()> {
                     destroy.push(cy.destroy);
                 }
                 1 => sbw.push(timed(&bw, Some("hi\n"))?),
+                2 => plain.push(cycle(&c, &req_plain).await?.total),
                 _ => sun.push(timed(&un, Some("hi\n"))?),
             }
         }
     }
-    let (st, sb, su) = (summarize(&total), summarize(&sbw), summarize(&sun));
+    let (st, sb, su, sp) = (summarize(&total), summarize(&sbw), summarize(&sun), summarize(&plain));
 
     // The same with the host idle before every call (an agent starting sandboxes now and
     // then rather than in a tight loop): kernel state that back-to-back runs keep warm
@@ -184,6 +195,14 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         Verdict::Info,
     ));
     rows.push(Row::new(
+        format!("same cycle, own user namespace vs none (--no-userns), p50 (n={n})"),
+        ms(st.p50),
+        format!("{} (no userns)", ms(sp.p50)),
+        ratio(st.p50.as_secs_f64(), sp.p50.as_secs_f64()),
+        if userns { "<= 1.1x no userns" } else { "-" },
+        if userns { Verdict::of(st.p50.as_secs_f64() <= 1.1 * sp.p50.as_secs_f64()) } else { Verdict::Info },
+    ));
+    rows.push(Row::new(
         "same cycle vs unshare -pmuin --fork chroot, p50 / p99",
         st.p50_p99(),
         su.p50_p99(),
@@ -241,6 +260,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     if !destroy_ms.is_empty() {
         details.push(line("  server: ->destroyed event", &summarize(&destroy_ms)));
     }
+    details.push(line("strata cycle, --no-userns", &sp));
     details.push(line("bwrap --unshare-all ... echo hi", &sb));
     details.push(line("unshare -pmuin --fork chroot echo", &su));
     details.push(line(&format!("strata cycle, {GAP_MS} ms idle before"), &sgt));
@@ -254,8 +274,10 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         "1. create -> first exec -> destroy".into(),
         format!(
             "{n} cycles through the typed client in the benchmark process (one tokio current-thread runtime): \
-             `create_sandbox` (image `{img}`, defaults), `exec` of `echo hi` (stdout checked to be `hi\\n`), \
+             `create_sandbox` (image `{img}`, defaults: {uns}), `exec` of `echo hi` (stdout checked to be `hi\\n`), \
              `remove_sandbox(force=true)`; wall time from before create until remove returned. \
+             The same cycle with `userns: false` (host root with the reduced capability set, as before user \
+             namespaces) is interleaved too. \
              Baselines, spawned from the same process with stdout captured and checked, \
              interleaved with the strata cycles (order rotating each iteration): \
              `{bw}` and `{un}`, on the busybox rootfs the image was imported from. \
@@ -263,6 +285,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
              `strata rm -f ID` ({cli} cycles after {w} warm-ups). Server-side durations come from the daemon's lifecycle events \
              (millisecond resolution). Finally {ng} more strata cycles and bwrap runs, each after {GAP_MS} ms of idling.",
             img = cfg.image,
+            uns = if userns { "a user namespace of its own" } else { "no user namespace on this host" },
             bw = bw.join(" "),
             un = un.join(" "),
             w = cfg.warmup,

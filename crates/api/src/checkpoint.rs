@@ -100,6 +100,10 @@ pub struct Checkpoint {
     /// another one, which a checkpoint with processes refuses (400).
     #[serde(default)]
     pub isolation: crate::Isolation,
+    /// Its sandbox ran in a user namespace: sandboxes started from it do too
+    /// unless the request says `userns: false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub userns: bool,
 }
 
 /// Request body of `POST /v1/fork`.

@@ -215,6 +215,32 @@ pub struct CreateSandboxRequest {
     /// naming what is missing (`strata doctor` lists each tier and why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<Isolation>,
+    /// Namespace tier: run the sandbox in a user namespace of its own, its
+    /// root mapped to an unprivileged host uid/gid range (a process that
+    /// escapes its namespaces is nobody on the host). Default: the source
+    /// checkpoint's for forks and templates, else the daemon's
+    /// `--default-userns` (on where the host supports it), and on for
+    /// sandboxes that declare `untrusted_input`. `true` on another tier is a
+    /// 400 (gVisor and microVMs have their own boundary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<bool>,
+}
+
+/// The host uid/gid range a sandbox's user namespace maps its ids onto:
+/// in-sandbox id `n` is host id `host_base + n`, for `n < size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UserNamespace {
+    /// Host uid (and gid) of the sandbox's root.
+    pub host_base: u32,
+    /// How many ids are mapped.
+    pub size: u32,
+}
+
+impl UserNamespace {
+    /// The in-sandbox id of host id `host`, if the range maps it.
+    pub fn to_inner(&self, host: u32) -> Option<u32> {
+        host.checked_sub(self.host_base).filter(|n| *n < self.size)
+    }
 }
 
 /// A sandbox as listed by `GET /v1/sandboxes` and inspected by `GET /v1/sandboxes/{id}`.
@@ -300,6 +326,9 @@ pub struct Sandbox {
     /// Whether setuid/setgid binaries take effect inside (see `CreateSandboxRequest::allow_setuid`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_setuid: bool,
+    /// Its user namespace (namespace tier, `userns: true`); absent: its root is host root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<UserNamespace>,
 }
 
 /// How a sandbox in standby keeps its state.

@@ -1,8 +1,8 @@
 //! `strata`: the daemon and the CLI in one binary.
 //!
-//! `strata _init`, `strata _restore` and `strata _runsc_keep` are internal
-//! helpers run by the daemon (sandbox setup, CRIU restore, the parent of a
-//! gVisor sandbox; the exec helpers are `strata-init _enter` and
+//! `strata _init`, `strata _restore`, `strata _restore_hook` and `strata
+//! _runsc_keep` are internal helpers run by the daemon (sandbox setup, CRIU
+//! restore and its action script, the parent of a gVisor sandbox; the exec helpers are `strata-init _enter` and
 //! `_runsc_exec`); they are dispatched before any runtime or thread starts,
 //! because they unshare, setns and reap.
 
@@ -18,6 +18,7 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("_init") => strata_runtime::namespace::init::main(),
         Some("_restore") => strata_runtime::namespace::restore::main(),
+        Some("_restore_hook") => strata_runtime::namespace::restore::hook_main(),
         Some("_runsc_keep") => strata_runtime::gvisor::keeper::main(),
         _ => {}
     }

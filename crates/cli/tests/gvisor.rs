@@ -307,16 +307,26 @@ fn the_same_escape_attempts_fail_on_every_tier_and_the_host_keeps_working() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let mut tiers = vec!["namespace"];
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    // The namespace tier both ways: in a user namespace of its own (the
+    // default where the host has them) and with host root's reduced set.
+    let mut tiers: Vec<(&str, &[&str])> = vec![("namespace --no-userns", &["--isolation", "namespace", "--no-userns"])];
+    match strata_runtime::probe::userns_unavailable() {
+        None => tiers.push(("namespace --userns", &["--isolation", "namespace", "--userns"])),
+        Some(why) if ci => panic!("CI must run the namespace tier with user namespaces: {why}"),
+        Some(why) => println!("namespace tier with user namespaces skipped: {why}"),
+    }
     match strata_runtime::gvisor::probe().unavailable() {
-        None => tiers.push("gvisor"),
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI must run the gvisor tier: {why}"),
+        None => tiers.push(("gvisor", &["--isolation", "gvisor"])),
+        Some(why) if ci => panic!("CI must run the gvisor tier: {why}"),
         Some(why) => println!("gvisor tier skipped: {why}"),
     }
     let canary = d.create(&["--name", "canary"]);
     sh_ok(&d, &canary, "echo alive > /canary");
-    for tier in &tiers {
-        let id = d.create(&["--isolation", tier, "--pids", "64", "--memory", "256m"]);
+    for (tier, how) in &tiers {
+        let mut args = how.to_vec();
+        args.extend(["--pids", "64", "--memory", "256m"]);
+        let id = d.create(&args);
         for a in ATTEMPTS {
             let out = sh(&d, &id, a.script);
             assert!(!out.status.success(), "{tier}: {} succeeded: {}{}", a.what, stdout(&out), stderr(&out));

@@ -836,7 +836,8 @@ fn names_that_could_be_read_as_ids_are_refused() {
 fn insert_legacy_sandbox(db: &rusqlite::Connection, from: &str, id: &str, name: &str, tenant: &str) {
     db.execute_batch("DROP TABLE IF EXISTS temp.copy; DROP TABLE IF EXISTS temp.ucopy;").unwrap();
     db.execute("CREATE TEMP TABLE copy AS SELECT * FROM sandboxes WHERE id = ?1", [from]).unwrap();
-    db.execute("UPDATE temp.copy SET id = ?1, name = ?2, tenant = ?3, state = 'stopped', init_pid = NULL, init_start_time = NULL", [id, name, tenant]).unwrap();
+    // (A copy holds no user-namespace range: each range is one sandbox's.)
+    db.execute("UPDATE temp.copy SET id = ?1, name = ?2, tenant = ?3, state = 'stopped', init_pid = NULL, init_start_time = NULL, userns_base = NULL", [id, name, tenant]).unwrap();
     db.execute("INSERT INTO sandboxes SELECT * FROM temp.copy", []).unwrap();
     db.execute("CREATE TEMP TABLE ucopy AS SELECT * FROM usage WHERE sandbox_id = ?1", [from]).unwrap();
     db.execute("UPDATE temp.ucopy SET sandbox_id = ?1, name = ?2, tenant = ?3", [id, name, tenant]).unwrap();

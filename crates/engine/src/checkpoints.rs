@@ -260,6 +260,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         duration_ms: started.elapsed().as_millis() as u64,
         processes,
         isolation: crate::state::tiers::tier_of(&rec.sandbox),
+        userns: rec.sandbox.userns.is_some(),
     };
     // Crash point (`checkpoint-layer:crash`): the layer is stored, the checkpoint not yet recorded.
     let _ = crate::failpoint("checkpoint-layer");

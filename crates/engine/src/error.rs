@@ -152,6 +152,7 @@ impl From<strata_store::DbError> for EngineError {
     fn from(e: strata_store::DbError) -> Self {
         match &e {
             strata_store::DbError::NameTaken(_) => EngineError::new(ErrorCode::NameConflict, e.to_string()),
+            strata_store::DbError::UsernsExhausted(_) => EngineError::new(ErrorCode::InUse, e.to_string()),
             _ => EngineError::internal("metadata", &e),
         }
     }

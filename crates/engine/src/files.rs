@@ -81,6 +81,7 @@ pub struct FsRoot {
     rt: std::sync::Arc<dyn strata_runtime::Runtime>,
     id: String,
     handle: strata_runtime::SandboxHandle,
+    userns: Option<strata_api::UserNamespace>,
 }
 
 /// The root of a running sandbox (409 when it is not running).
@@ -90,17 +91,17 @@ pub fn fs_root(st: &Shared, rec: &SandboxRecord) -> EngineResult<FsRoot> {
         EngineError::new(ErrorCode::Internal, format!("sandbox {} runs without an init", rec.sandbox.id))
     })?;
     debug_assert_eq!(handle.init_pid, pid);
-    Ok(FsRoot { rt: st.runtime_of(&rec.sandbox), id: rec.sandbox.id.clone(), handle })
+    Ok(FsRoot { rt: st.runtime_of(&rec.sandbox), id: rec.sandbox.id.clone(), handle, userns: rec.sandbox.userns })
 }
 
 /// Opens the sandbox's root through its tier (with the daemon's privileges:
 /// `/proc/<init>/root` of a non-dumpable init takes CAP_SYS_PTRACE), then
-/// lowers the calling thread to the sandbox root's capabilities for as long
-/// as the guard lives.
+/// lowers the calling thread to the sandbox root's capabilities (and, in a
+/// user namespace, its ids) for as long as the guard lives.
 fn enter(root: &FsRoot) -> Result<(SandboxFs, SandboxRootCaps), FsError> {
     let fd = root.rt.open_root(&root.id, &root.handle).map_err(|e| FsError::Io { path: "/".into(), source: e })?;
-    let fs = SandboxFs::from_root(fd);
-    let caps = SandboxRootCaps::lower()?;
+    let fs = SandboxFs::from_root(fd).with_userns(root.userns);
+    let caps = SandboxRootCaps::lower_as(root.userns.map(|u| u.host_base))?;
     Ok((fs, caps))
 }
 

@@ -194,6 +194,11 @@ pub struct Config {
     pub preview_domain: Option<String>,
     /// The tier of sandboxes whose create names none (`--default-isolation`).
     pub default_isolation: strata_api::Isolation,
+    /// Namespace-tier sandboxes get a user namespace unless a create says
+    /// `userns: false` (`--default-userns`): `None` where the host supports
+    /// it, `Some(true)` always (the daemon refuses to start where it cannot),
+    /// `Some(false)` only for sandboxes that declare untrusted input.
+    pub default_userns: Option<bool>,
 }
 
 /// Name of the token file in the state directory.
@@ -262,7 +267,9 @@ pub struct Opened {
 pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     // A default tier this host cannot run stops the daemon before it touches anything.
     let gvisor_probe = strata_runtime::gvisor::probe();
-    let tiers = probe_tiers(cfg.default_isolation, &gvisor_probe)?;
+    let tiers = probe_tiers(cfg.default_isolation, &gvisor_probe)?
+        .with_default_userns(cfg.default_userns)
+        .map_err(DaemonError::Isolation)?;
     std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
     let s = cfg.state_dir.to_string_lossy();
     if s.contains(',') || s.contains(':') {

@@ -120,20 +120,68 @@ pub async fn prepare(st: &Shared, id: &str, spec: &mut SandboxSpec) -> EngineRes
     let base = ensure_base(st).await?;
     let link =
         st.network.pool()?.link(entry.slot).ok_or_else(|| NetworkError::PoolFull("slot outside the pool".into()))?;
-    attach(st, id, &base.table, &entry, None).await?;
-    if st.runtime_by_id(id).name() == strata_api::Isolation::Gvisor.as_str() {
-        // gVisor's netstack took the address with it when the sandbox last ran.
-        let ns = st.network.netns_path(id);
-        tokio::task::spawn_blocking(move || link::readdress(&ns, &link))
-            .await
-            .map_err(|e| EngineError::internal("network task", &e))?
-            .map_err(NetworkError::from)?;
+    if spec.userns.is_some() {
+        // A sandbox in a user namespace makes its network namespace itself
+        // (it could not join one the host owns); the tier plugs the link in.
+        // Its rules go in first: they name the interface, so its first
+        // packet is filtered. What an earlier run of it left goes.
+        rules_before_link(st, id, &base.table, &entry).await?;
+        spec.userns_link = Some(strata_runtime::spec::UsernsLink { ifname: ifname(id), link });
+    } else {
+        attach(st, id, &base.table, &entry, None).await?;
+        if st.runtime_by_id(id).name() == strata_api::Isolation::Gvisor.as_str() {
+            // gVisor's netstack took the address with it when the sandbox last ran.
+            let ns = st.network.netns_path(id);
+            tokio::task::spawn_blocking(move || link::readdress(&ns, &link))
+                .await
+                .map_err(|e| EngineError::internal("network task", &e))?
+                .map_err(NetworkError::from)?;
+        }
+        spec.netns_path = Some(st.network.netns_path(id));
     }
-    spec.netns_path = Some(st.network.netns_path(id));
     spec.resolv_conf = Some(format!(
         "# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n",
         link.gateway
     ));
+    Ok(())
+}
+
+/// For a sandbox in a user namespace, before its init starts or is restored:
+/// removes the veth and namespace of its previous run (they died with its
+/// processes, or will be replaced) and applies its chains, interface included.
+async fn rules_before_link(st: &Shared, id: &str, table: &str, entry: &Entry) -> EngineResult<()> {
+    let pool = st.network.pool()?;
+    let link = pool.link(entry.slot).ok_or_else(|| NetworkError::PoolFull(pool.cidr.to_string()))?;
+    let (ns, ifn, table, rules, id2) =
+        (st.network.netns_path(id), ifname(id), table.to_string(), entry.rules.clone(), id.to_string());
+    tokio::task::spawn_blocking(move || -> Result<(), NetworkError> {
+        link::detach(&ifn);
+        link::remove_netns(&ns);
+        let sb = SandboxNet { key: &id2, ifname: &ifn, address: link.address, rules: &rules };
+        strata_net::nft_apply(&nft::sandbox_script(&table, &pool, &sb, true, &[]))?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| EngineError::internal("network task", &e))??;
+    Ok(())
+}
+
+/// After the init of a sandbox in a user namespace started (or was
+/// restored) with the link [`prepare`] gave its spec (`linked`): names its
+/// network namespace where the plumbing keeps it, so live rule changes and
+/// release find it. Nothing for other sandboxes (theirs was made before).
+pub async fn started(st: &Shared, id: &str, linked: bool, pid: i32) -> EngineResult<()> {
+    if !linked {
+        return Ok(());
+    }
+    let ns = st.network.netns_path(id);
+    tokio::task::spawn_blocking(move || {
+        link::remove_netns(&ns);
+        link::adopt_netns(pid, &ns)
+    })
+    .await
+    .map_err(|e| EngineError::internal("network task", &e))?
+    .map_err(NetworkError::from)?;
     Ok(())
 }
 

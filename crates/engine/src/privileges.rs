@@ -13,6 +13,12 @@
 //! take its effective set back when the guard is dropped — also when the
 //! operation panics. A thread started while the guard is held inherits the
 //! lowered set for good: nothing run under the guard starts threads.
+//!
+//! For a sandbox in a user namespace the thread also takes the sandbox
+//! root's host id as its file-system uid and gid ([`SandboxRootCaps::lower_as`]):
+//! what it creates belongs to the sandbox's root, and the sandbox's idmapped
+//! upper layer stores it as in-sandbox id 0 (host root's id is one that
+//! layer cannot store: EOVERFLOW).
 
 use std::marker::PhantomData;
 
@@ -38,25 +44,50 @@ pub enum PrivilegeError {
 /// capabilities belong to the thread that lowered them.
 pub struct SandboxRootCaps {
     saved: CapsHashSet,
+    /// The file-system id was changed (restored to 0 on drop).
+    fs_id_set: bool,
     _thread_bound: PhantomData<*const ()>,
 }
 
 impl SandboxRootCaps {
     /// Lowers the calling thread's effective set to the sandbox root's.
     pub fn lower() -> Result<Self, PrivilegeError> {
+        Self::lower_as(None)
+    }
+
+    /// [`SandboxRootCaps::lower`], and with `fs_id` the thread's file-system
+    /// uid and gid set to it (the host id of a user-namespace sandbox's root).
+    pub fn lower_as(fs_id: Option<u32>) -> Result<Self, PrivilegeError> {
+        // Read before the fsuid changes (which takes the file-system capabilities out of the effective set).
         let saved =
             caps::read(None, CapSet::Effective).map_err(|source| PrivilegeError::Caps { what: "reading", source })?;
         let permitted =
             caps::read(None, CapSet::Permitted).map_err(|source| PrivilegeError::Caps { what: "reading", source })?;
         let lowered: CapsHashSet = strata_init::creds::KEPT.iter().copied().filter(|c| permitted.contains(c)).collect();
+        if let Some(id) = fs_id {
+            // SAFETY: setfsuid/setfsgid take an integer and change this thread's credentials only.
+            unsafe {
+                libc::setfsuid(id);
+                libc::setfsgid(id);
+            }
+        }
+        // From here on the guard exists, so a failure below still restores everything.
+        let guard = SandboxRootCaps { saved, fs_id_set: fs_id.is_some(), _thread_bound: PhantomData };
         caps::set(None, CapSet::Effective, &lowered)
             .map_err(|source| PrivilegeError::Caps { what: "lowering", source })?;
-        Ok(SandboxRootCaps { saved, _thread_bound: PhantomData })
+        Ok(guard)
     }
 }
 
 impl Drop for SandboxRootCaps {
     fn drop(&mut self) {
+        if self.fs_id_set {
+            // SAFETY: as in lower_as; back to the daemon's own ids.
+            unsafe {
+                libc::setfsuid(0);
+                libc::setfsgid(0);
+            }
+        }
         // Raising the effective set within the unchanged permitted set cannot
         // be refused; should it fail anyway, the thread stays *less*
         // privileged (later operations on it fail closed), never more.

@@ -324,6 +324,21 @@ fn temp_name(what: &str) -> String {
 /// A sandbox's root, opened for confined access.
 pub struct SandboxFs {
     root: OwnedFd,
+    /// The sandbox's user namespace: owners are shown as the sandbox sees them.
+    userns: Option<strata_api::UserNamespace>,
+}
+
+/// Id shown for a host id a sandbox's user namespace does not map (the kernel's overflow id).
+pub const OVERFLOW_ID: u32 = 65534;
+
+/// `st` with its owner and group as a sandbox in user namespace `userns`
+/// sees them (unchanged without one).
+pub fn as_seen_inside(userns: Option<strata_api::UserNamespace>, mut st: libc::stat) -> libc::stat {
+    if let Some(u) = userns {
+        st.st_uid = u.to_inner(st.st_uid).unwrap_or(OVERFLOW_ID);
+        st.st_gid = u.to_inner(st.st_gid).unwrap_or(OVERFLOW_ID);
+    }
+    st
 }
 
 /// A resolved location: the parent directory (opened) and the final name.
@@ -372,7 +387,12 @@ impl SandboxFs {
     /// The sandbox whose root directory is open as `root` (its tier's
     /// [`strata_runtime::Runtime::open_root`]).
     pub fn from_root(root: OwnedFd) -> Self {
-        SandboxFs { root }
+        SandboxFs { root, userns: None }
+    }
+
+    /// The same, for a sandbox running in user namespace `userns`.
+    pub fn with_userns(self, userns: Option<strata_api::UserNamespace>) -> Self {
+        SandboxFs { userns, ..self }
     }
 
     /// Resolves `path` inside the sandbox to a list of symlink-free components.
@@ -517,7 +537,7 @@ impl SandboxFs {
         let o = self.object(&r)?;
         let link_target =
             (o.kind() == FileKind::Symlink).then(|| readlink_at(r.parent.as_raw_fd(), &r.name).ok()).flatten();
-        Ok(stat_of(&r.path, &r.name, &o.st, link_target))
+        Ok(stat_of(&r.path, &r.name, &as_seen_inside(self.userns, o.st), link_target))
     }
 
     /// Entries of a directory, sorted by name (at most [`MAX_LIST_ENTRIES`]).
@@ -537,7 +557,7 @@ impl SandboxFs {
             let link = (kind_of(st.st_mode) == FileKind::Symlink)
                 .then(|| readlink_at_c(dir.as_raw_fd(), &c).ok().map(|b| String::from_utf8_lossy(&b).into_owned()))
                 .flatten();
-            out.push(stat_of(&format!("{base}/{name}"), &name, &st, link));
+            out.push(stat_of(&format!("{base}/{name}"), &name, &as_seen_inside(self.userns, st), link));
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -593,16 +613,19 @@ impl SandboxFs {
         if r.name.is_empty() {
             return Err(FsError::Invalid(path.to_string()));
         }
-        match self.movable_object(&r) {
+        // What is there is named first (a device node may also be a mount
+        // point: in a user namespace /dev's nodes are binds of the host's).
+        match self.object(&r) {
             Ok(o) => match o.kind() {
-                FileKind::File | FileKind::Symlink => {}
-                FileKind::Dir => return Err(FsError::errno(&r.path, libc::EISDIR)),
                 FileKind::Other => {
                     return Err(FsError::Special {
                         path: r.path,
                         kind: special_kind(o.st.st_mode).unwrap_or("special file"),
                     })
                 }
+                _ if o.mount_root => return Err(FsError::MountPoint(r.path)),
+                FileKind::Dir => return Err(FsError::errno(&r.path, libc::EISDIR)),
+                FileKind::File | FileKind::Symlink => {}
             },
             Err(FsError::NotFound(_)) => {}
             Err(e) => return Err(e),

@@ -59,3 +59,18 @@ pub fn no_new_privs() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Joins the user namespace `ns` and becomes its root: uid and gid 0 inside,
+/// the host ids its map gives them outside. The caller must be
+/// single-threaded and privileged over the namespace's parent (host root).
+/// Namespaces joined before stay joined; the capabilities the process now
+/// holds are those of the new namespace, which owns none of them.
+pub fn join_userns_as_root(ns: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("join the user namespace: {e}"))?;
+    let gid = nix::unistd::Gid::from_raw(0);
+    nix::unistd::setgroups(&[gid]).map_err(|e| format!("setgroups in the user namespace: {e}"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setgid 0 in the user namespace: {e}"))?;
+    let uid = nix::unistd::Uid::from_raw(0);
+    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setuid 0 in the user namespace: {e}"))
+}

@@ -112,6 +112,19 @@ pub fn main() -> ! {
             ),
         }
     }
+    // A sandbox in a user namespace of its own: joined last (joining it first
+    // would give up the host capabilities the other setns calls need).
+    let userns = match (
+        openat_owned(proc_dir.as_raw_fd(), "ns/user", OFlag::O_RDONLY | OFlag::O_CLOEXEC),
+        nix::sys::stat::stat("/proc/self/ns/user"),
+    ) {
+        (Ok(f), Ok(own)) => match nix::sys::stat::fstat(f.as_raw_fd()) {
+            Ok(theirs) if (theirs.st_dev, theirs.st_ino) != (own.st_dev, own.st_ino) => Some(f),
+            Ok(_) => None,
+            Err(e) => die(&mut rep, format!("stat the user namespace of pid {}: {e}", cfg.init_pid)),
+        },
+        (Err(e), _) | (_, Err(e)) => die(&mut rep, format!("open the user namespace of pid {}: {e}", cfg.init_pid)),
+    };
     drop(proc_dir);
     // "0" moves the writing (single-threaded) process itself; see SandboxCgroup::join_files.
     for f in &cfg.cgroup_join_files {
@@ -125,6 +138,13 @@ pub fn main() -> ! {
         }
     }
     drop(namespaces);
+    if let Some(ns) = userns {
+        if let Err(e) = crate::creds::join_userns_as_root(ns.as_fd()) {
+            die(&mut rep, e);
+        }
+        // A change of credentials resets dumpability to the system default: keep it off.
+        make_undumpable();
+    }
     // Outer (host) -> A (inside the pid namespace) -> B: A exits at once, so B is
     // reparented to the sandbox's pid 1 and the whole process tree lies inside
     // the sandbox (CRIU can dump it for standby). B executes the helper as the

@@ -17,7 +17,7 @@ pub struct Pool {
 }
 
 /// One sandbox's link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Link {
     /// Index in the pool.
     pub slot: u32,

@@ -180,6 +180,14 @@ pub fn doctor() -> DoctorReport {
         "the microvm tier",
     ));
 
+    let userns = userns_unavailable();
+    f.push(check(
+        "userns",
+        userns.is_none(),
+        userns.clone().unwrap_or_else(|| "user namespaces with idmapped overlay layers".into()),
+        "user namespaces for namespace-tier sandboxes (--userns)",
+    ));
+
     let ns_ok =
         root && overlay && cg.is_ok() && f.iter().filter(|c| c.name.ends_with("_namespace")).all(|c| c.available);
     let gv = crate::gvisor::probe();
@@ -214,7 +222,7 @@ pub fn doctor() -> DoctorReport {
 }
 
 /// The capabilities `strata doctor` reports for each tier, in its order.
-pub const TIER_CAPABILITIES: [&str; 11] = [
+pub const TIER_CAPABILITIES: [&str; 12] = [
     "create",
     "exec",
     "files",
@@ -226,7 +234,30 @@ pub const TIER_CAPABILITIES: [&str; 11] = [
     "standby",
     "warm_checkpoint",
     "pty",
+    "userns",
 ];
+
+/// Why sandboxes of the namespace tier cannot run in a user namespace of
+/// their own here (`None`: they can). Their layers are idmapped detached
+/// mounts given to overlayfs as layers, which Linux accepts from 6.15 on.
+pub fn userns_unavailable() -> Option<String> {
+    let release = read("/proc/sys/kernel/osrelease");
+    let mut it = release.trim().split(|c: char| !c.is_ascii_digit());
+    let version = (it.next().and_then(|v| v.parse::<u32>().ok()), it.next().and_then(|v| v.parse::<u32>().ok()));
+    match version {
+        (Some(major), Some(minor)) if (major, minor) >= (6, 15) => {}
+        _ => {
+            return Some(format!(
+                "Linux {} cannot use idmapped detached mounts as overlay layers (needs >= 6.15)",
+                release.trim()
+            ))
+        }
+    }
+    if read("/proc/sys/user/max_user_namespaces").trim() == "0" {
+        return Some("user namespaces are disabled (user.max_user_namespaces = 0)".into());
+    }
+    None
+}
 
 /// The namespace tier's capabilities on this host, from the features probed.
 fn namespace_capabilities(tier_ok: bool, features: &[FeatureCheck]) -> Vec<TierCapability> {
@@ -250,6 +281,10 @@ fn namespace_capabilities(tier_ok: bool, features: &[FeatureCheck]) -> Vec<TierC
                     "limits" => needs("cgroups"),
                     "disk_quota" => needs("disk_quota"),
                     "standby" | "warm_checkpoint" => needs("criu"),
+                    "userns" => match needs("userns") {
+                        (true, _) => (true, "root maps to an unprivileged host range of its own (idmapped layers); standby and warm checkpoints keep the processes (see docs/security.md)".to_string()),
+                        no => no,
+                    },
                     _ => (false, "unknown capability".to_string()),
                 }
             };
@@ -291,6 +326,7 @@ fn gvisor_capabilities(gv: &crate::gvisor::GvisorProbe, features: &[FeatureCheck
                 "standby" => (true, "runsc checkpoint/restore of the whole sentry; processes reattached".into()),
                 "warm_checkpoint" => (true, "runsc checkpoint --leave-running; each fork is a runsc restore".into()),
                 "pty" => (false, "strata has no PTY API yet".into()),
+                "userns" => (false, "not a setting of this tier: its boundary is the gVisor sentry (a user-space kernel between the sandbox and the host)".into()),
                 _ => (false, "unknown capability".into()),
             };
             TierCapability { name: cap.to_string(), available, detail }

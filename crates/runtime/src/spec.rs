@@ -44,6 +44,26 @@ pub struct SandboxSpec {
     /// never written to a layer); `None` keeps the image's.
     #[serde(default)]
     pub resolv_conf: Option<String>,
+    /// Run in a user namespace mapping the sandbox's ids onto this host range
+    /// (namespace tier; see [`crate::namespace::mounts::Idmap`]). `None`: the
+    /// sandbox's root is host root, with a reduced capability set.
+    #[serde(default)]
+    pub userns: Option<strata_api::UserNamespace>,
+    /// Egress of a sandbox in a user namespace: it makes its network namespace
+    /// itself (one the host does not own could not be joined), and the tier
+    /// plugs this link into it once it exists, at start and inside a restore,
+    /// before any process of the sandbox runs. `netns_path` is then `None`.
+    #[serde(default)]
+    pub userns_link: Option<UsernsLink>,
+}
+
+/// The link of an egress sandbox in a user namespace (see [`SandboxSpec::userns_link`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsernsLink {
+    /// The host side's interface name (the daemon's filter rules name it).
+    pub ifname: String,
+    /// Its addresses.
+    pub link: strata_net::Link,
 }
 
 impl SandboxSpec {

@@ -42,6 +42,9 @@ pub enum DbError {
     /// A unique name is already used.
     #[error("name {0:?} is already in use")]
     NameTaken(String),
+    /// Every user-namespace range is held by a sandbox.
+    #[error("all {0} user-namespace ranges are in use; destroy sandboxes that have one, or create without userns")]
+    UsernsExhausted(u32),
 }
 
 /// Schema migrations; entry `i` upgrades version `i` to `i + 1`.
@@ -250,7 +253,22 @@ pub const MIGRATIONS: &[&str] = &[
     );",
     // 15: the isolation tier of a checkpoint's sandbox (NULL: namespace, the only tier before).
     "ALTER TABLE checkpoints ADD COLUMN isolation TEXT;",
+    // 16: user namespaces on the namespace tier: the host uid/gid a sandbox's
+    // root maps to (NULL: none; unique among the sandboxes that exist), and
+    // whether a checkpoint's sandbox had one.
+    "ALTER TABLE sandboxes ADD COLUMN userns_base INTEGER;
+    CREATE UNIQUE INDEX sandboxes_userns_base ON sandboxes(userns_base);
+    ALTER TABLE checkpoints ADD COLUMN userns INTEGER NOT NULL DEFAULT 0;",
 ];
+
+/// First host uid/gid given to a sandbox user namespace; each sandbox gets
+/// [`USERNS_SIZE`] ids from `USERNS_FIRST + n * USERNS_SIZE` (the lowest free `n`).
+pub const USERNS_FIRST: u32 = 1_000_000_000;
+/// Ids per sandbox user namespace (uid and gid 0..65535 inside).
+pub const USERNS_SIZE: u32 = 65_536;
+/// How many sandbox user namespaces can exist at once (their ranges end below
+/// 1,879,048,192, where systemd's reserved ranges start).
+pub const USERNS_SLOTS: u32 = 13_000;
 
 /// Shortest image id prefix that resolves to an image (image ids are sha256 digests).
 pub const IMAGE_PREFIX_LEN: usize = 8;
@@ -382,7 +400,26 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid";
+/// The lowest user-namespace range no sandbox holds.
+fn free_userns(tx: &rusqlite::Transaction<'_>) -> Result<strata_api::UserNamespace, DbError> {
+    let mut stmt =
+        tx.prepare("SELECT userns_base FROM sandboxes WHERE userns_base IS NOT NULL ORDER BY userns_base")?;
+    let taken = stmt.query_map([], |r| r.get::<_, i64>(0))?.collect::<Result<Vec<_>, _>>()?;
+    let mut slot = 0u32;
+    for base in taken {
+        let used = (base - USERNS_FIRST as i64) / USERNS_SIZE as i64;
+        if used > slot as i64 {
+            break;
+        }
+        slot = slot.max(used as u32 + 1);
+    }
+    if slot >= USERNS_SLOTS {
+        return Err(DbError::UsernsExhausted(USERNS_SLOTS));
+    }
+    Ok(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
+}
+
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid, userns_base";
 
 /// States in which a sandbox is parked (`inactive_since` is set), as SQL.
 const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
@@ -433,6 +470,9 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 network: Default::default(),
                 capabilities: Vec::new(),
                 allow_setuid: r.get::<_, i64>(28)? != 0,
+                userns: r
+                    .get::<_, Option<i64>>(29)?
+                    .map(|b| strata_api::UserNamespace { host_base: b as u32, size: USERNS_SIZE }),
             },
             init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
@@ -442,7 +482,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns";
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
@@ -477,6 +517,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                     Some(t) => parse(&format!("{t:?}"), "isolation")?,
                     None => strata_api::Isolation::Namespace,
                 },
+                userns: r.get::<_, i64>(21)? != 0,
             },
             parse(&config, "image_config")?,
         ))
@@ -690,18 +731,25 @@ impl Db {
     // ---- sandboxes ----
 
     /// Inserts a new sandbox and its creation event in one transaction.
-    pub fn insert_sandbox(&self, rec: &SandboxRecord) -> Result<SandboxEvent, DbError> {
+    ///
+    /// A record with a user namespace gets its host range here, in the same
+    /// transaction: the lowest slot no existing sandbox holds (written back
+    /// into `rec`); none left is [`DbError::UsernsExhausted`].
+    pub fn insert_sandbox(&self, rec: &mut SandboxRecord) -> Result<SandboxEvent, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
+        if rec.sandbox.userns.is_some() {
+            rec.sandbox.userns = Some(free_userns(&tx)?);
+        }
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
                 json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation,
-                json(&s.policy), s.inactive_since, s.tenant, s.allow_setuid as i64
+                json(&s.policy), s.inactive_since, s.tenant, s.allow_setuid as i64, s.userns.map(|u| u.host_base as i64)
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -1096,12 +1144,12 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21, ?22)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
                 c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
-                json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str()
+                json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str(), c.userns as i64
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -1928,10 +1976,10 @@ mod tests {
         let mut a = record("0123456789abcdef", "a");
         a.sandbox.tenant = "acme".into();
         a.sandbox.limits.disk_bytes = Some(1 << 30);
-        db.insert_sandbox(&a).unwrap();
+        db.insert_sandbox(&mut a).unwrap();
         let mut b = record("1123456789abcdef", "b");
         b.sandbox.limits = ResourceLimits::default();
-        db.insert_sandbox(&b).unwrap();
+        db.insert_sandbox(&mut b).unwrap();
         let mut claims = db.resource_claims().unwrap();
         claims.sort_by(|x, y| x.id.cmp(&y.id));
         assert_eq!(
@@ -1945,6 +1993,42 @@ mod tests {
             }
         );
         assert_eq!((claims[1].memory_bytes, claims[1].disk_bytes, claims[1].tenant.as_str()), (None, None, "default"));
+    }
+
+    #[test]
+    fn user_namespace_ranges_are_the_lowest_free_ones_and_come_back_with_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("s.db")).unwrap();
+        let want = |slot: u32| {
+            Some(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
+        };
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let id = format!("{i}123456789abcdef");
+            let mut r = record(&id, &format!("u{i}"));
+            r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
+            db.insert_sandbox(&mut r).unwrap();
+            assert_eq!(r.sandbox.userns, want(i), "written back");
+            assert_eq!(db.sandbox_by_id(&id).unwrap().unwrap().sandbox.userns, want(i), "stored");
+            ids.push(id);
+        }
+        // Without one: none taken.
+        let mut plain = record("9123456789abcdef", "plain");
+        db.insert_sandbox(&mut plain).unwrap();
+        assert_eq!(db.sandbox_by_id("9123456789abcdef").unwrap().unwrap().sandbox.userns, None);
+        // A destroyed sandbox's range is the next one given.
+        let t = Transition {
+            to: SandboxState::Destroyed,
+            reason: "user",
+            detail: None,
+            duration_ms: 0,
+            time: "2026-01-01T00:00:01Z",
+        };
+        assert!(db.delete_sandbox(&ids[1], SandboxState::Creating, &t).unwrap().is_some());
+        let mut r = record("a123456789abcdef", "again");
+        r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
+        db.insert_sandbox(&mut r).unwrap();
+        assert_eq!(r.sandbox.userns, want(1));
     }
 
     fn record(id: &str, name: &str) -> SandboxRecord {
@@ -1985,6 +2069,7 @@ mod tests {
                 network: Default::default(),
                 capabilities: Vec::new(),
                 allow_setuid: true,
+                userns: None,
             },
             layers: vec!["sha256:00".into()],
             init_start_time: None,
@@ -1997,8 +2082,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
-        db.insert_sandbox(&record("0123456789abcdef", "web")).unwrap();
-        assert!(matches!(db.insert_sandbox(&record("1123456789abcdef", "web")), Err(DbError::NameTaken(_))));
+        db.insert_sandbox(&mut record("0123456789abcdef", "web")).unwrap();
+        assert!(matches!(db.insert_sandbox(&mut record("1123456789abcdef", "web")), Err(DbError::NameTaken(_))));
         let t = Transition {
             to: SandboxState::Running,
             reason: "user",
@@ -2047,7 +2132,7 @@ mod tests {
         let put = |id: &str, name: &str, tenant: &str| {
             let mut r = record(id, name);
             r.sandbox.tenant = tenant.into();
-            db.insert_sandbox(&r).unwrap();
+            db.insert_sandbox(&mut r).unwrap();
         };
         put("abcd000000000001", "web", "acme");
         put("abcd000000000002", "db", "globex");
@@ -2127,7 +2212,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         let id = "0123456789abcdef";
-        db.insert_sandbox(&record(id, "web")).unwrap();
+        db.insert_sandbox(&mut record(id, "web")).unwrap();
         let u = db.find_usage("web", None).unwrap().unwrap();
         assert_eq!((u.sandbox_id.as_str(), u.destroyed_at.as_deref()), (id, None));
         db.update_usage(id, |r| {
@@ -2154,7 +2239,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         let id = "0123456789abcdef";
-        db.insert_sandbox(&record(id, "web")).unwrap();
+        db.insert_sandbox(&mut record(id, "web")).unwrap();
         let step = |from, to, time: &str| {
             let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time };
             db.transition(id, from, &t, None).unwrap().unwrap();
@@ -2181,7 +2266,7 @@ mod tests {
             ("b000000000000000", SandboxState::Standby),
             ("c000000000000000", SandboxState::Stopped),
         ] {
-            db.insert_sandbox(&record(id, &id[..1])).unwrap();
+            db.insert_sandbox(&mut record(id, &id[..1])).unwrap();
             let t =
                 Transition { to: SandboxState::Running, reason: "created", detail: None, duration_ms: 0, time: "t1" };
             db.transition(id, SandboxState::Creating, &t, None).unwrap().unwrap();
@@ -2205,7 +2290,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         let id = "0123456789abcdef";
-        db.insert_sandbox(&record(id, "web")).unwrap();
+        db.insert_sandbox(&mut record(id, "web")).unwrap();
         assert_eq!(db.find_sandbox(id, None).unwrap().unwrap().sandbox.policy.on_idle, strata_api::OnIdle::Destroy);
         let p = db.update_policy(id, |p| p.delete_after = Some("1h".into())).unwrap().unwrap();
         assert_eq!(p.delete_after.as_deref(), Some("1h"));
@@ -2431,7 +2516,7 @@ mod tests {
         let db = Db::open(&dir.path().join("m.db")).unwrap();
         let mut rec = record("0123456789abcdef", "web");
         rec.sandbox.tenant = "acme".into();
-        db.insert_sandbox(&rec).unwrap();
+        db.insert_sandbox(&mut rec).unwrap();
         assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.tenant, "acme");
         assert_eq!(db.find_usage("web", None).unwrap().unwrap().tenant, "acme");
         let c = Checkpoint {
@@ -2455,12 +2540,14 @@ mod tests {
             capabilities: vec![strata_api::Capability::UntrustedInput],
             processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
             isolation: strata_api::Isolation::Gvisor,
+            userns: true,
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
         let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
         assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
         assert_eq!(got.processes, c.processes);
         assert_eq!(got.isolation, strata_api::Isolation::Gvisor, "a checkpoint keeps its sandbox's tier");
+        assert!(got.userns, "and whether it had a user namespace");
         db.put_template("tpl", &c.id, "t", false).unwrap();
         assert_eq!(
             db.template_tenant("tpl").unwrap().as_deref(),

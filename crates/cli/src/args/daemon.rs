@@ -99,6 +99,27 @@ pub struct DaemonArgs {
     #[arg(long, env = "STRATA_DEFAULT_ISOLATION", value_name = "TIER", default_value = "namespace",
         value_parser = super::sandbox::parse_isolation)]
     pub default_isolation: strata_api::Isolation,
+    /// Whether namespace-tier sandboxes run in user namespaces of their own
+    /// (their root mapped to an unprivileged host range) unless a create
+    /// says `userns: false`: `auto` (where the host supports it, see `strata
+    /// doctor`), `on` (the daemon refuses to start where it cannot) or `off`
+    /// (then only sandboxes that declare untrusted input get one).
+    #[arg(long, env = "STRATA_DEFAULT_USERNS", value_name = "auto|on|off", default_value = "auto",
+        value_parser = parse_userns_default)]
+    pub default_userns: UsernsDefault,
+}
+
+/// `--default-userns`: `None` is `auto`.
+#[derive(Debug, Clone, Copy)]
+pub struct UsernsDefault(pub Option<bool>);
+
+fn parse_userns_default(s: &str) -> Result<UsernsDefault, String> {
+    match s {
+        "auto" => Ok(UsernsDefault(None)),
+        "on" | "true" => Ok(UsernsDefault(Some(true))),
+        "off" | "false" => Ok(UsernsDefault(Some(false))),
+        _ => Err(format!("{s:?}: auto, on or off")),
+    }
 }
 
 fn parse_default_size(s: &str) -> Result<DefaultLimit<u64>, String> {

@@ -57,6 +57,8 @@ pub struct CreateArgs {
     /// (`strata doctor` lists each tier's capabilities here).
     #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
     pub isolation: Option<strata_api::Isolation>,
+    #[command(flatten)]
+    pub userns: UsernsArgs,
 }
 
 /// `strata run`.
@@ -88,6 +90,8 @@ pub struct RunArgs {
     /// (`strata doctor` lists each tier's capabilities here).
     #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
     pub isolation: Option<strata_api::Isolation>,
+    #[command(flatten)]
+    pub userns: UsernsArgs,
     /// Command and arguments.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -247,12 +251,37 @@ pub struct PolicyArgs {
     pub flush: Vec<String>,
 }
 
-/// Parses a Rule-of-Two capability name.
+/// Whether a namespace-tier sandbox runs in a user namespace of its own.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct UsernsArgs {
+    /// Run in a user namespace of its own: root inside is an unprivileged
+    /// host uid (namespace tier). Default: the source checkpoint's for forks
+    /// and templates, else the daemon's --default-userns (on where the host
+    /// supports it), and always with --capability untrusted_input.
+    #[arg(long, conflicts_with = "no_userns")]
+    pub userns: bool,
+    /// Run without a user namespace even where the default would give one.
+    #[arg(long)]
+    pub no_userns: bool,
+}
+
+impl UsernsArgs {
+    /// The request field.
+    pub fn choice(&self) -> Option<bool> {
+        match (self.userns, self.no_userns) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+}
+
 /// An isolation tier by name.
 pub fn parse_isolation(s: &str) -> Result<strata_api::Isolation, String> {
     strata_api::Isolation::parse(s).ok_or_else(|| format!("unknown isolation tier {s:?} (namespace, gvisor, microvm)"))
 }
 
+/// Parses a Rule-of-Two capability name.
 pub fn parse_capability(s: &str) -> Result<strata_api::Capability, String> {
     strata_api::Capability::parse(s)
         .ok_or_else(|| format!("unknown capability {s:?} (untrusted_input, sensitive_access, external_comms)"))

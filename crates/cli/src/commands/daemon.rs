@@ -28,6 +28,7 @@ pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
             approval_timeout: a.approval_timeout,
             preview_domain: a.preview_domain,
             default_isolation: a.default_isolation,
+            default_userns: a.default_userns.0,
         },
         socket,
         listen: a.listen,

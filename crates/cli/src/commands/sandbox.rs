@@ -36,6 +36,7 @@ pub(super) async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         secrets: secrets(&a.secrets)?,
         network: network_spec(&a.network),
         isolation: a.isolation,
+        userns: a.userns.choice(),
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;
@@ -230,6 +231,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         allow_setuid: a.allow_setuid,
         processes: a.warm.choice(),
         isolation: a.isolation,
+        userns: a.userns.choice(),
     })
 }
 
@@ -336,6 +338,9 @@ fn print_sandbox(s: &Sandbox) {
     if !s.capabilities.is_empty() {
         let caps: Vec<String> = s.capabilities.iter().map(|g| format!("{} ({})", g.capability, g.because)).collect();
         rows.push(("rule of 2", caps.join("; ")));
+    }
+    if let Some(u) = s.userns {
+        rows.push(("userns", format!("root is host uid {} ({} ids mapped from 0)", u.host_base, u.size)));
     }
     if s.allow_setuid {
         rows.push(("setuid", "allowed (no no_new_privs: sudo works, up to the sandbox's root)".into()));

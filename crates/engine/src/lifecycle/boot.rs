@@ -66,6 +66,9 @@ pub(crate) fn spec_for(st: &Shared, rec: &SandboxRecord) -> EngineResult<Sandbox
         // Filled in by crate::network::prepare for egress sandboxes.
         netns_path: None,
         resolv_conf: None,
+        userns: rec.sandbox.userns,
+        // Filled in by crate::network::prepare for egress sandboxes in a user namespace.
+        userns_link: None,
     })
 }
 
@@ -161,11 +164,15 @@ pub(crate) async fn boot(
     crate::network::prepare(st, &rec.sandbox.id, &mut spec).await.map_err(failed)?;
     let rt = st.runtime_of(&rec.sandbox);
     let layers = st.layers.clone();
+    let linked = spec.userns_link.is_some();
     let result = tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec)))
         .await
         .map_err(|e| EngineError::internal("start task", &e))?;
     match result {
         Ok(handle) => {
+            if let Err(e) = crate::network::started(st, &rec.sandbox.id, linked, handle.init_pid).await {
+                warn!(sandbox = %rec.sandbox.id, error = %e.body.message, "naming the sandbox's network namespace");
+            }
             transition(st, &rec.sandbox.id, from, Change::new(action, reason), started, Some(&handle))?;
             st.db.set_expires_at(&rec.sandbox.id, expiry(rec.sandbox.ttl.as_deref())?.as_deref())?;
             watch_init(st.clone(), rec.sandbox.id.clone(), handle.clone());

@@ -49,6 +49,9 @@ pub struct Source {
     /// The checkpoint's tier (its sandbox's): a sandbox made from it runs
     /// there unless the request names another. `None` for an image.
     pub isolation: Option<strata_api::Isolation>,
+    /// Whether the checkpoint's sandbox ran in a user namespace (a sandbox
+    /// made from it does unless asked otherwise). `None` for an image.
+    pub userns: Option<bool>,
 }
 
 /// Resolves a source key among images (shared by every tenant), templates
@@ -67,6 +70,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         capabilities: Vec::new(),
         warm: false,
         isolation: None,
+        userns: None,
     };
     let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source {
         name,
@@ -75,6 +79,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         config,
         warm: c.processes.is_some(),
         isolation: Some(c.isolation),
+        userns: Some(c.userns),
         checkpoint: Some(c.id),
         tenant: Some(c.tenant),
         capabilities: c.capabilities,
@@ -166,6 +171,19 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
         }
         _ => None,
     };
+    let untrusted =
+        req.capabilities.iter().chain(&source.capabilities).any(|c| *c == strata_api::Capability::UntrustedInput);
+    let userns = st.tiers.userns(tier, req.userns, source.userns, untrusted)?;
+    // Processes saved with (or without) a user namespace come back only so.
+    if let (Some(_), Some(saved)) = (&warm_from, source.userns) {
+        if saved != userns {
+            let (had, asked) = if saved { ("a", "userns: false") } else { ("no", "userns: true") };
+            return Err(EngineError::bad_request(format!(
+                "{} keeps the processes of a sandbox with {had} user namespace, which come back only the same way; drop {asked}, or start it without processes (processes: false)",
+                source.name
+            )));
+        }
+    }
     let network = crate::network::check(st, req.network.as_ref())?;
     let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
     // Host admission and the tenant's quota, before anything is recorded: the
@@ -204,7 +222,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
         None => ids::hostname_for(if req.name.is_some() { &name } else { &id[..12] }),
     };
     let time = now();
-    let rec = SandboxRecord {
+    let mut rec = SandboxRecord {
         sandbox: Sandbox {
             id: id.clone(),
             tenant,
@@ -236,6 +254,8 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
             network: Default::default(),
             capabilities: Vec::new(),
             allow_setuid: req.allow_setuid,
+            // The range is picked when the record is inserted.
+            userns: userns.then_some(strata_api::UserNamespace { host_base: 0, size: 0 }),
         },
         layers: source.layers,
         init_start_time: None,
@@ -248,7 +268,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
         st.secrets.remove(&id);
         return Err(e);
     }
-    if let Err(e) = st.db.insert_sandbox(&rec) {
+    if let Err(e) = st.db.insert_sandbox(&mut rec) {
         st.secrets.remove(&id);
         crate::network::forget(st, &id).await;
         return Err(e.into());

@@ -140,6 +140,7 @@ pub(crate) async fn restore_locked(
     let rt = st.runtime_of(&rec.sandbox);
     let tier = rt.clone();
     let images = dir.clone();
+    let linked = spec.userns_link.is_some();
     let verified_ms = started.elapsed().as_millis() as u64;
     let restored = tokio::task::spawn_blocking(move || {
         crate::failpoint("standby-restore")
@@ -153,6 +154,9 @@ pub(crate) async fn restore_locked(
         Ok(handle) => {
             // Crash point (`resume-restored:crash`): processes back, the record not yet written.
             let _ = crate::failpoint("resume-restored");
+            if let Err(e) = crate::network::started(st, &id, linked, handle.init_pid).await {
+                warn!(sandbox = %id, error = %e.body.message, "naming the restored network namespace");
+            }
             let children = std::mem::take(&mut pipes.children);
             if let Err(e) = crate::processes::attach_restored(&*tier, &id, &handle, children) {
                 warn!(sandbox = %id, error = %e.body.message, "reattaching the API processes");

@@ -31,7 +31,7 @@ use strata_api::{ErrorCode, ProcessImage, SandboxState, StandbyInfo, StandbyMode
 use strata_core::Action;
 use strata_runtime::SandboxHandle;
 use strata_store::db::SandboxRecord;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
 use crate::processes::CapturedProcess;
@@ -185,6 +185,7 @@ pub async fn boot(
     let work = st.sandbox_dir(&id).join("restore");
     let rt = st.runtime_of(&rec.sandbox);
     let tier = rt.clone();
+    let linked = spec.userns_link.is_some();
     let restored = tokio::task::spawn_blocking(move || {
         let handle = rt.restore_processes(&spec, &images, &work, &helper, &inherit)?;
         if let Err(e) = rt.reidentify(&spec, &handle) {
@@ -197,6 +198,9 @@ pub async fn boot(
     .await
     .map_err(|e| EngineError::internal("restore task", &e))?;
     let handle = restored.map_err(|e| fail(crate::error::chain(&e)))?;
+    if let Err(e) = crate::network::started(st, &id, linked, handle.init_pid).await {
+        warn!(sandbox = %id, error = %e.body.message, "naming the restored network namespace");
+    }
     let children = std::mem::take(&mut adopted.children);
     crate::processes::attach_restored(&*tier, &id, &handle, children).map_err(|e| fail(e.body.message))?;
     adopted.commit(st);

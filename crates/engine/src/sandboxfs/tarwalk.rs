@@ -29,6 +29,8 @@ pub struct TarRoot {
     archive_name: PathBuf,
     /// Its resolved path in the sandbox.
     path: String,
+    /// The sandbox's user namespace (owners are written as seen inside).
+    userns: Option<strata_api::UserNamespace>,
 }
 
 /// Checks the start of a tar download: it must exist, not be a special file
@@ -44,7 +46,7 @@ pub(super) fn root(fs: &SandboxFs, path: &str) -> Result<TarRoot, FsError> {
     } else {
         (CString::new(r.name.as_bytes()).map_err(|_| FsError::Invalid(path.into()))?, PathBuf::from(&r.name))
     };
-    Ok(TarRoot { dir: r.parent, name, archive_name, path: r.path })
+    Ok(TarRoot { dir: r.parent, name, archive_name, path: r.path, userns: fs.userns })
 }
 
 /// Writes the tree at `root` into `out`, leaving out `exclude` (absolute
@@ -52,7 +54,7 @@ pub(super) fn root(fs: &SandboxFs, path: &str) -> Result<TarRoot, FsError> {
 pub(super) fn write(root: TarRoot, out: impl Write, exclude: &[&str]) -> Result<(), FsError> {
     let mut b = tar::Builder::new(out);
     b.follow_symlinks(false);
-    let mut w = Walk { b, exclude };
+    let mut w = Walk { b, exclude, userns: root.userns };
     w.entry(root.dir.as_raw_fd(), &root.name, &root.archive_name, &root.path, 0)?;
     w.b.finish().map_err(|e| FsError::io(&root.path, e))?;
     Ok(())
@@ -61,6 +63,7 @@ pub(super) fn write(root: TarRoot, out: impl Write, exclude: &[&str]) -> Result<
 struct Walk<'a, W: Write> {
     b: tar::Builder<W>,
     exclude: &'a [&'a str],
+    userns: Option<strata_api::UserNamespace>,
 }
 
 fn header(st: &libc::stat, kind: tar::EntryType, size: u64) -> tar::Header {
@@ -89,7 +92,7 @@ impl<W: Write> Walk<'_, W> {
             return Ok(());
         }
         let st = match lstat_at_c(dir, name) {
-            Ok(st) => st,
+            Ok(st) => super::as_seen_inside(self.userns, st),
             // Removed since the directory was read.
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(FsError::io(path, e)),

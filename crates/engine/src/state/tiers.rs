@@ -21,6 +21,10 @@ pub struct Tiers {
     default: Isolation,
     /// Why each tier that cannot run here cannot.
     unavailable: BTreeMap<Isolation, String>,
+    /// Namespace-tier sandboxes get a user namespace unless asked otherwise (`--default-userns`).
+    default_userns: bool,
+    /// Why namespace-tier sandboxes cannot have a user namespace here (`None`: they can).
+    userns_unavailable: Option<String>,
 }
 
 impl Default for Tiers {
@@ -30,6 +34,8 @@ impl Default for Tiers {
         Tiers {
             default: Isolation::Namespace,
             unavailable: BTreeMap::from([(Isolation::Gvisor, why.clone()), (Isolation::Microvm, why)]),
+            default_userns: false,
+            userns_unavailable: strata_runtime::probe::userns_unavailable(),
         }
     }
 }
@@ -40,7 +46,65 @@ impl Tiers {
         if let Some(why) = unavailable.get(&default) {
             return Err(format!("default isolation {default}: {why}"));
         }
-        Ok(Tiers { default, unavailable })
+        Ok(Tiers { default, unavailable, ..Tiers::default() })
+    }
+
+    /// With `--default-userns`: `None` on where this host can, `Some(true)`
+    /// on (refused, with why, when this host cannot), `Some(false)` off.
+    pub fn with_default_userns(mut self, on: Option<bool>) -> Result<Tiers, String> {
+        self.default_userns = match (on, &self.userns_unavailable) {
+            (Some(true), Some(why)) => return Err(format!("default user namespaces: {why}")),
+            (Some(on), _) => on,
+            (None, why) => {
+                if let Some(why) = why {
+                    tracing::warn!(why = %why, "sandboxes get no user namespace by default on this host");
+                }
+                why.is_none()
+            }
+        };
+        Ok(self)
+    }
+
+    /// Whether namespace-tier sandboxes get a user namespace when nothing asks otherwise.
+    pub fn default_userns(&self) -> bool {
+        self.default_userns
+    }
+
+    /// Overrides the host probe (tests).
+    pub fn with_userns_unavailable(mut self, why: Option<String>) -> Tiers {
+        self.userns_unavailable = why;
+        self
+    }
+
+    /// Whether a sandbox on `tier` gets a user namespace: what the request
+    /// says, else what its source checkpoint's sandbox had, else the daemon's
+    /// default, else yes when it declares untrusted input and this host can
+    /// (a default the host cannot meet is skipped, as `strata doctor` says).
+    /// `true` asked for on another tier is a 400; asked for or inherited on a
+    /// host that cannot is a 501 with why.
+    pub fn userns(
+        &self,
+        tier: Isolation,
+        requested: Option<bool>,
+        inherited: Option<bool>,
+        untrusted: bool,
+    ) -> EngineResult<bool> {
+        if tier != Isolation::Namespace {
+            if requested == Some(true) {
+                return Err(EngineError::bad_request(format!(
+                    "userns applies to the namespace tier; the {tier} tier has its own boundary"
+                )));
+            }
+            return Ok(false);
+        }
+        let explicit = requested.or(inherited).or(self.default_userns.then_some(true));
+        match (explicit, &self.userns_unavailable) {
+            (Some(true), Some(why)) => {
+                Err(EngineError::new(ErrorCode::Unsupported, format!("user namespace (userns): {why}")))
+            }
+            (Some(on), _) => Ok(on),
+            (None, why) => Ok(untrusted && why.is_none()),
+        }
     }
 
     /// The default tier.
@@ -176,5 +240,36 @@ mod tests {
         let err = Tiers::new(Isolation::Gvisor, why.clone()).unwrap_err();
         assert_eq!(err, "default isolation gvisor: runsc not installed");
         assert_eq!(Tiers::new(Isolation::Namespace, why).unwrap().default_tier(), Isolation::Namespace);
+    }
+
+    #[test]
+    fn userns_comes_from_the_request_the_source_the_default_or_untrusted_input() {
+        use Isolation::*;
+        let t = Tiers::default().with_userns_unavailable(None);
+        assert!(!t.userns(Namespace, None, None, false).unwrap());
+        assert!(t.userns(Namespace, None, None, true).unwrap(), "untrusted input gets one");
+        assert!(!t.userns(Namespace, Some(false), None, true).unwrap(), "unless asked otherwise");
+        assert!(t.userns(Namespace, None, Some(true), false).unwrap(), "forks keep their source's");
+        assert!(!t.userns(Namespace, Some(false), Some(true), false).unwrap());
+        let on = t.clone().with_default_userns(Some(true)).unwrap();
+        assert!(t.clone().with_default_userns(None).unwrap().default_userns(), "auto: on where the host can");
+        assert!(!t.clone().with_default_userns(Some(false)).unwrap().default_userns());
+        assert!(on.userns(Namespace, None, None, false).unwrap());
+        assert!(!on.userns(Namespace, None, Some(false), false).unwrap(), "a source without one keeps it so");
+        // Other tiers: never, and asking is a 400.
+        assert!(!on.userns(Gvisor, None, Some(true), true).unwrap());
+        let e = t.userns(Gvisor, Some(true), None, false).unwrap_err();
+        assert_eq!(e.code().http_status(), 400, "{}", e.body.message);
+        // A host that cannot: asked or inherited is a 501 with why; untrusted input goes without.
+        let no = Tiers::default().with_userns_unavailable(Some("Linux 6.1 cannot".into()));
+        let e = no.userns(Namespace, Some(true), None, false).unwrap_err();
+        assert_eq!(
+            (e.code().http_status(), e.body.message.as_str()),
+            (501, "user namespace (userns): Linux 6.1 cannot")
+        );
+        assert_eq!(no.userns(Namespace, None, Some(true), false).unwrap_err().code().http_status(), 501);
+        assert!(!no.userns(Namespace, None, None, true).unwrap());
+        assert!(!no.clone().with_default_userns(None).unwrap().default_userns(), "auto: off where it cannot");
+        assert_eq!(no.with_default_userns(Some(true)).unwrap_err(), "default user namespaces: Linux 6.1 cannot");
     }
 }

@@ -30,6 +30,8 @@ fn spec(id: &str) -> SandboxSpec {
         secrets_owner: None,
         netns_path: None,
         resolv_conf: None,
+        userns: None,
+        userns_link: None,
     }
 }
 

@@ -128,7 +128,7 @@ pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bo
     for d in [&spec.upper_dir, &spec.work_dir, &spec.rootfs_dir] {
         fs::create_dir_all(d).map_err(ctx(format!("create {}", d.display())))?;
     }
-    mounts::mount_overlay(sys, &spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir)?;
+    mounts::mount_overlay(sys, &spec.lower_dirs, &spec.upper_dir, &spec.work_dir, &spec.rootfs_dir, None)?;
     let _ = fs::remove_file(bundle.root_link());
     std::os::unix::fs::symlink(&spec.rootfs_dir, bundle.root_link()).map_err(ctx("link the root".into()))?;
 
@@ -357,6 +357,8 @@ mod tests {
             secrets_owner: None,
             netns_path: None,
             resolv_conf: None,
+            userns: None,
+            userns_link: None,
         }
     }
 

@@ -133,6 +133,20 @@ pub const NETNS_KEY: &str = "strata-netns";
 /// external ([`NETNS_KEY`]); images without it carry their namespace.
 pub const NETNS_MARKER: &str = "strata-netns.external";
 
+/// File a dump leaves in the images directory when the sandbox ran in a user
+/// namespace of its own: its network namespace was recorded as one to make
+/// empty (`--empty-ns net`), its host device binds as external mounts.
+pub const EMPTY_NETNS_MARKER: &str = "strata-netns.empty";
+
+/// Whether process `pid` runs in a user namespace other than this process's.
+pub fn in_user_namespace(pid: i32) -> Result<bool, RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let stat = |p: &str| {
+        std::fs::metadata(p).map(|m| (m.dev(), m.ino())).map_err(|e| RuntimeError::sys(format!("stat {p}"), e))
+    };
+    Ok(stat(&format!("/proc/{pid}/ns/user"))? != stat("/proc/self/ns/user")?)
+}
+
 /// Whether this CRIU can lock the network with nftables in-process (no
 /// `iptables-restore` runs); probed once per process.
 pub fn nftables_lock(bin: &Path) -> bool {
@@ -176,7 +190,15 @@ pub fn has_mount(pid: i32, mount_point: &str) -> bool {
 pub fn dump(init_pid: i32, dir: &Path, mode: &DumpMode) -> Result<std::time::Duration, RuntimeError> {
     let bin = binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
     std::fs::create_dir_all(dir).map_err(|e| RuntimeError::sys(format!("create {}", dir.display()), e))?;
-    let netns = netns_inode(init_pid)?;
+    let in_userns = in_user_namespace(init_pid)?;
+    // A sandbox in a user namespace owns its network namespace: CRIU records it
+    // as one to make empty (the restore's hook plugs loopback and the link in),
+    // and the host's device nodes bound into its /dev as external mounts.
+    let net_args = if in_userns {
+        vec!["--empty-ns".to_string(), "net".into(), "--external".into(), "mnt[]".into()]
+    } else {
+        vec!["--external".to_string(), format!("net[{}]:{NETNS_KEY}", netns_inode(init_pid)?)]
+    };
     let secrets = has_mount(init_pid, crate::spec::SECRETS_DIR);
     let t = Instant::now();
     let out = Command::new(&bin)
@@ -191,8 +213,7 @@ pub fn dump(init_pid: i32, dir: &Path, mode: &DumpMode) -> Result<std::time::Dur
         .arg(DUMP_LOG)
         .arg("--external")
         .arg(format!("mnt[{}]:{HELPER_KEY}", super::init::SELF_PATH))
-        .arg("--external")
-        .arg(format!("net[{netns}]:{NETNS_KEY}"))
+        .args(net_args)
         .args(match mode {
             DumpMode::Standby => {
                 let mut a: Vec<String> = network_lock_args(nftables_lock(&bin)).iter().map(|s| s.to_string()).collect();
@@ -222,8 +243,9 @@ pub fn dump(init_pid: i32, dir: &Path, mode: &DumpMode) -> Result<std::time::Dur
         )));
     }
     let took = t.elapsed();
-    std::fs::write(dir.join(NETNS_MARKER), b"loopback\n")
-        .map_err(|e| RuntimeError::sys(format!("write {}", dir.join(NETNS_MARKER).display()), e))?;
+    let marker = if in_userns { EMPTY_NETNS_MARKER } else { NETNS_MARKER };
+    std::fs::write(dir.join(marker), b"loopback\n")
+        .map_err(|e| RuntimeError::sys(format!("write {}", dir.join(marker).display()), e))?;
     if matches!(mode, DumpMode::Copy { .. }) {
         std::fs::write(dir.join(TCP_CLOSED_MARKER), b"closed\n")
             .map_err(|e| RuntimeError::sys(format!("write {}", dir.join(TCP_CLOSED_MARKER).display()), e))?;
@@ -285,6 +307,33 @@ pub struct RestoreConfig {
     /// Owner of the secret files (see [`crate::spec::SandboxSpec::secrets_owner`]).
     #[serde(default)]
     pub secrets_owner: Option<String>,
+    /// The sandbox's user namespace: its layers are idmapped through a
+    /// namespace with this map while CRIU restores (which makes the
+    /// sandbox's own from the images, whose map says the same range:
+    /// `images_dir` is a view with a moved map when the dumped one differed).
+    #[serde(default)]
+    pub userns: Option<strata_api::UserNamespace>,
+    /// The images hold a network namespace to make empty
+    /// ([`EMPTY_NETNS_MARKER`]): CRIU makes it, and its `setup-namespaces`
+    /// action runs `hook`, which brings loopback up and plugs `link` in.
+    #[serde(default)]
+    pub empty_netns: bool,
+    /// The action script CRIU runs (`--action-script`; it runs `strata _restore_hook`).
+    #[serde(default)]
+    pub hook: Option<PathBuf>,
+    /// Egress in a user namespace: the link the hook plugs in.
+    #[serde(default)]
+    pub link: Option<crate::spec::UsernsLink>,
+}
+
+/// Environment variable carrying the [`HookConfig`] JSON to the action script.
+pub const HOOK_CONFIG_ENV: &str = "STRATA_RESTORE_HOOK";
+
+/// What the restore's action script (`strata _restore_hook`) needs.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct HookConfig {
+    /// The link to plug into the restored network namespace, if any.
+    pub link: Option<crate::spec::UsernsLink>,
 }
 
 /// Environment variable carrying the [`RestoreConfig`] JSON.
@@ -320,6 +369,13 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
         a.push("--inherit-fd".into());
         a.push(format!("fd[{fd}]:pipe:[{ino}]"));
     }
+    if cfg.empty_netns {
+        a.extend(["--empty-ns", "net", "--external", "mnt[]"].map(String::from));
+    }
+    if let Some(hook) = &cfg.hook {
+        a.push("--action-script".into());
+        a.push(hook.to_string_lossy().into_owned());
+    }
     if let Some(fd) = netns_fd {
         a.push("--inherit-fd".into());
         a.push(format!("fd[{fd}]:{NETNS_KEY}"));
@@ -327,4 +383,53 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
     a.extend(network_lock_args(cfg.nftables_lock).iter().map(|s| s.to_string()));
     a.extend(COMMON.iter().map(|s| s.to_string()));
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RestoreConfig {
+        RestoreConfig {
+            lower_dirs: vec![],
+            upper_dir: "/s/upper".into(),
+            work_dir: "/s/work".into(),
+            rootfs_dir: "/s/rootfs".into(),
+            cgroup_join_files: vec![],
+            images_dir: "/s/standby".into(),
+            criu_work_dir: None,
+            tcp_closed: false,
+            foreign_root: false,
+            helper: "/usr/lib/strata/strata-init".into(),
+            inherit: vec![(7, 1234)],
+            pidfile: "/s/standby/restored.pid".into(),
+            criu: "/usr/local/sbin/criu".into(),
+            external_netns: true,
+            netns_path: None,
+            nftables_lock: true,
+            secrets_mount: None,
+            secrets_owner: None,
+            userns: None,
+            empty_netns: false,
+            hook: None,
+            link: None,
+        }
+    }
+
+    #[test]
+    fn a_restore_joins_strata_s_network_unless_the_images_hold_an_empty_one() {
+        let a = restore_args(&config(), Some(9)).join(" ");
+        assert!(a.contains("--inherit-fd fd[7]:pipe:[1234] --inherit-fd fd[9]:strata-netns"), "{a}");
+        assert!(!a.contains("--empty-ns") && !a.contains("--action-script") && !a.contains("mnt[]"), "{a}");
+        // A sandbox in a user namespace: CRIU makes the network namespace
+        // empty, the hook fills it, and the host's device binds are external.
+        let mut cfg = config();
+        cfg.external_netns = false;
+        cfg.empty_netns = true;
+        cfg.hook = Some("/s/standby/restore-hook.sh".into());
+        let a = restore_args(&cfg, None).join(" ");
+        assert!(a.contains("--empty-ns net --external mnt[] --action-script /s/standby/restore-hook.sh"), "{a}");
+        assert!(a.contains("--external mnt[strata-helper]:/usr/lib/strata/strata-init"), "{a}");
+        assert!(!a.contains("strata-netns"), "{a}");
+    }
 }

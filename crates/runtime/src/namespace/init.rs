@@ -84,6 +84,30 @@ pub fn main() -> ! {
         }
     }
     let sys = LinuxSys;
+    // A sandbox with a user namespace: the host mounts its idmapped root first
+    // (in a private mount namespace), then this process becomes the root of
+    // that user namespace, so that every namespace made next is owned by it
+    // (what CRIU needs to dump the tree, and what keeps the host's namespaces
+    // out of the sandbox root's reach).
+    let in_userns = match cfg.spec.userns {
+        Some(u) => {
+            let ns = sys.user_namespace(u.host_base, u.size).unwrap_or_else(|e| {
+                fail(format!("create the user namespace ({} ids from host id {}): {e}", u.size, u.host_base))
+            });
+            let s = &cfg.spec;
+            let idmap = mounts::Idmap { userns: ns.as_fd(), host_root: u.host_base };
+            if let Err(e) =
+                mounts::mount_user_root(&sys, &s.lower_dirs, &s.upper_dir, &s.work_dir, &s.rootfs_dir, idmap)
+            {
+                fail_with(e);
+            }
+            if let Err(e) = strata_init::creds::join_userns_as_root(ns.as_fd()) {
+                fail(e);
+            }
+            true
+        }
+        None => false,
+    };
     if let Err(e) = enter_namespaces(&sys, &cfg.spec) {
         fail(e);
     }
@@ -95,7 +119,7 @@ pub fn main() -> ! {
             report(&InitReport::Pid { pid: child.as_raw() });
             std::process::exit(0)
         }
-        Ok(ForkResult::Child) => pid1(&sys, cfg),
+        Ok(ForkResult::Child) => pid1(&sys, cfg, in_userns),
     }
 }
 
@@ -109,6 +133,13 @@ pub fn enter_namespaces(sys: &dyn Sys, spec: &SandboxSpec) -> Result<(), String>
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWCGROUP;
     match &spec.netns_path {
+        // A user namespace can join no namespace of the host's: its link is plugged in from outside.
+        Some(_) if spec.userns.is_some() => {
+            return Err(
+                "a sandbox in a user namespace makes its own network namespace (its link is attached from the host)"
+                    .into(),
+            )
+        }
         // The daemon's prepared namespace (egress): join it.
         Some(p) => {
             let ns = std::fs::File::open(p).map_err(|e| format!("open network namespace {}: {e}", p.display()))?;
@@ -124,19 +155,21 @@ pub fn enter_namespaces(sys: &dyn Sys, spec: &SandboxSpec) -> Result<(), String>
 /// the root filesystem, hostname, loopback, the pivot into the root, the
 /// identity files, resolv.conf, secrets, and the helper binary at
 /// [`SELF_PATH`]. Returns the helper mount (pid 1 executes it).
-pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig) -> mounts::SetupResult<OwnedFd> {
+///
+/// `in_userns`: pid 1 is the root of the sandbox's user namespace, which owns
+/// its other namespaces, and the host mounted its root overlay already
+/// ([`mounts::RootSource::Inherited`]).
+pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig, in_userns: bool) -> mounts::SetupResult<OwnedFd> {
     let spec = &cfg.spec;
     // The helper binary, opened before pivot_root hides the host: pid 1 re-executes
     // it from inside the sandbox (see [`SELF_PATH`]).
     let helper = mounts::clone_helper_mount(sys, &cfg.init_binary)?;
-    mounts::build_rootfs(
-        sys,
-        &spec.lower_dirs,
-        &spec.upper_dir,
-        &spec.work_dir,
-        &spec.rootfs_dir,
-        spec.limits.memory_bytes,
-    )?;
+    let source = if in_userns {
+        mounts::RootSource::Inherited
+    } else {
+        mounts::RootSource::Overlay { lower: &spec.lower_dirs, upper: &spec.upper_dir, work: &spec.work_dir }
+    };
+    mounts::build_rootfs(sys, source, &spec.rootfs_dir, spec.limits.memory_bytes)?;
     sys.sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
     mounts::loopback_up(sys)?;
     mounts::pivot_into(sys, &spec.rootfs_dir)?;
@@ -150,8 +183,8 @@ pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig) -> mounts::SetupResult<Own
     Ok(helper)
 }
 
-fn pid1(sys: &dyn Sys, cfg: InitConfig) -> ! {
-    let helper = setup_sandbox(sys, &cfg).unwrap_or_else(|e| fail_with(e));
+fn pid1(sys: &dyn Sys, cfg: InitConfig, in_userns: bool) -> ! {
+    let helper = setup_sandbox(sys, &cfg, in_userns).unwrap_or_else(|e| fail_with(e));
     report(&InitReport::Ready);
     detach_stdio(helper.as_raw_fd());
     if let Err(e) = nix::unistd::setsid() {
@@ -234,6 +267,8 @@ mod tests {
             secrets_owner: None,
             netns_path: None,
             resolv_conf: None,
+            userns: None,
+            userns_link: None,
         }
     }
 
@@ -263,6 +298,12 @@ mod tests {
             sys.calls().iter().map(|c| c.describe(dir.path())).collect::<Vec<_>>(),
             ["setns $ROOT/netns NEWNET", "unshare NEWCGROUP|NEWIPC|NEWNS|NEWPID|NEWUTS"]
         );
+        // A sandbox in a user namespace joins none of the host's namespaces.
+        let mut with_userns = spec.clone();
+        with_userns.userns = Some(strata_api::UserNamespace { host_base: 1_000_000_000, size: 65_536 });
+        let sys = RecordingSys::new();
+        assert!(enter_namespaces(&sys, &with_userns).unwrap_err().contains("makes its own network namespace"));
+        assert!(sys.calls().is_empty());
         let sys = RecordingSys::new();
         sys.fail_when(|c| matches!(c, SysCall::Setns { .. }), Errno::EINVAL);
         let err = enter_namespaces(&sys, &spec).unwrap_err();
@@ -280,7 +321,7 @@ mod tests {
         cfg.spec.resolv_conf = Some("nameserver 10.0.0.53\n".into());
         cfg.spec.secrets = vec![SecretFile { name: "TOKEN".into(), data: b"t".to_vec() }];
         let sys = RecordingSys::new();
-        let helper = setup_sandbox(&sys, &cfg).unwrap();
+        let helper = setup_sandbox(&sys, &cfg, false).unwrap();
         // The helper mount stands for the init binary (the fake opened the file itself).
         assert_eq!(fs::read_link(format!("/proc/self/fd/{}", helper.as_raw_fd())).unwrap(), cfg.init_binary);
         let got: Vec<String> = sys.calls().iter().map(|c| c.describe(&root)).collect();
@@ -318,14 +359,14 @@ mod tests {
         let cfg = config(dir.path());
         let sys = RecordingSys::new();
         sys.fail_when(|c| matches!(c, SysCall::Sethostname { .. }), Errno::EPERM);
-        let err = setup_sandbox(&sys, &cfg).unwrap_err();
+        let err = setup_sandbox(&sys, &cfg, false).unwrap_err();
         assert_eq!(err, mounts::SetupError::Host("sethostname: EPERM: Operation not permitted".into()));
         assert_eq!(sys.names().last(), Some(&"sethostname"));
         assert!(!sys.names().contains(&"pivot_root"));
         // A helper binary that is gone fails first, before any mount.
         let sys = RecordingSys::new();
         let cfg = InitConfig { init_binary: dir.path().join("missing"), ..config(dir.path()) };
-        let err = setup_sandbox(&sys, &cfg).unwrap_err();
+        let err = setup_sandbox(&sys, &cfg, false).unwrap_err();
         assert!(err.to_string().starts_with("open_tree "), "{err}");
         assert_eq!(sys.names(), ["open_tree"]);
     }

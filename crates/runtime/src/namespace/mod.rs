@@ -18,6 +18,7 @@ pub mod init;
 pub mod mounts;
 pub mod netsock;
 pub mod restore;
+pub mod userns_image;
 
 pub use strata_init::{creds, enter, seccomp, user};
 
@@ -167,6 +168,14 @@ impl Runtime for NamespaceRuntime {
             cleanup(None);
             return Err(RuntimeError::Setup("init did not report its pid".into()));
         };
+        // Egress in a user namespace: the sandbox made its network namespace;
+        // its link goes in before anything but pid 1 runs there.
+        if let Some(l) = &spec.userns_link {
+            if let Err(e) = plug_link(pid, l) {
+                cleanup(Some(pid));
+                return Err(e);
+            }
+        }
         // Pid 1 reports ready, then re-executes strata-init from inside the
         // sandbox: until it has, its memory maps the host's strata binary, which
         // a process dump (standby, a warm checkpoint) right after create cannot take.
@@ -439,14 +448,31 @@ impl Runtime for NamespaceRuntime {
             .map_err(|e| RuntimeError::sys(format!("create {}", work_dir.display()), e))?;
         let pidfile = work_dir.join(criu::PIDFILE);
         let _ = std::fs::remove_file(&pidfile);
+        let fail_early = |e: RuntimeError| {
+            let _ = self.cleanup(&spec.id);
+            Err(e)
+        };
+        let criu_images = match userns_images(images_dir, work_dir, spec.userns) {
+            Ok(dir) => dir,
+            Err(e) => return fail_early(e),
+        };
+        let empty_netns = images_dir.join(criu::EMPTY_NETNS_MARKER).is_file();
+        let hook = if empty_netns {
+            match write_restore_hook(work_dir, &self.helper_exe) {
+                Ok(p) => Some(p),
+                Err(e) => return fail_early(e),
+            }
+        } else {
+            None
+        };
         let cfg = criu::RestoreConfig {
             lower_dirs: spec.lower_dirs.clone(),
             upper_dir: spec.upper_dir.clone(),
             work_dir: spec.work_dir.clone(),
             rootfs_dir: spec.rootfs_dir.clone(),
             cgroup_join_files: cg.join_files(),
-            images_dir: images_dir.to_path_buf(),
-            criu_work_dir: (work_dir != images_dir).then(|| work_dir.to_path_buf()),
+            criu_work_dir: (work_dir != criu_images).then(|| work_dir.to_path_buf()),
+            images_dir: criu_images,
             foreign_root: work_dir != images_dir,
             tcp_closed: images_dir.join(criu::TCP_CLOSED_MARKER).is_file(),
             helper: helper.to_path_buf(),
@@ -458,6 +484,10 @@ impl Runtime for NamespaceRuntime {
             netns_path: spec.netns_path.clone(),
             secrets_mount: (!spec.secrets.is_empty()).then(|| spec.rootfs_dir.with_file_name("secrets.mnt")),
             secrets_owner: spec.secrets_owner.clone(),
+            userns: spec.userns,
+            empty_netns,
+            hook,
+            link: spec.userns_link.clone(),
         };
         let log = spec.open_log()?;
         let mut child = {
@@ -506,6 +536,87 @@ impl Runtime for NamespaceRuntime {
         let Some(start) = process_start_time(pid) else { return fail("the restored init exited at once".into()) };
         Ok(SandboxHandle { init_pid: pid, init_start_time: start })
     }
+}
+
+/// The images directory CRIU restores from for a sandbox whose user
+/// namespace is `userns`: `images_dir` itself when its dumped map is that
+/// range (or neither has one), else a view in `work_dir` (a hard link per
+/// image, and `userns-N.img` moved to the range: a warm fork restores another
+/// sandbox's processes into ids of its own). Images with a user namespace
+/// and a sandbox without one (or the reverse) cannot meet: an error.
+fn userns_images(
+    images_dir: &Path,
+    work_dir: &Path,
+    userns: Option<strata_api::UserNamespace>,
+) -> Result<PathBuf, RuntimeError> {
+    use userns_image::{decode, encode, find, moved};
+    let bad = |e: String| RuntimeError::Incompatible(e);
+    let found = find(images_dir).map_err(|e| RuntimeError::sys(format!("read {}", images_dir.display()), e))?;
+    let (u, path) = match (userns, found) {
+        (None, None) => return Ok(images_dir.to_path_buf()),
+        (Some(u), Some(p)) => (u, p),
+        (Some(_), None) => {
+            return Err(
+                bad("the processes were saved from a sandbox without a user namespace; this one has one".into()),
+            )
+        }
+        (None, Some(_)) => {
+            return Err(bad("the processes were saved from a sandbox with a user namespace; this one has none".into()))
+        }
+    };
+    let raw = std::fs::read(&path).map_err(|e| RuntimeError::sys(format!("read {}", path.display()), e))?;
+    let maps = decode(&raw).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let (base, count) = maps.range().map_err(|e| bad(e.to_string()))?;
+    if count != u.size {
+        return Err(bad(format!("the saved user namespace maps {count} ids, this sandbox's {}", u.size)));
+    }
+    if base == u.host_base {
+        return Ok(images_dir.to_path_buf());
+    }
+    let view = work_dir.join("criu-images");
+    let io = |what: String| move |e: std::io::Error| RuntimeError::sys(what, e);
+    if view.exists() {
+        std::fs::remove_dir_all(&view).map_err(io(format!("remove {}", view.display())))?;
+    }
+    std::fs::create_dir_all(&view).map_err(io(format!("create {}", view.display())))?;
+    for e in std::fs::read_dir(images_dir).map_err(io(format!("read {}", images_dir.display())))? {
+        let e = e.map_err(io(format!("read {}", images_dir.display())))?;
+        let (name, from) = (e.file_name(), e.path());
+        if from == path || from == view || !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        // Hard links (a copy across file systems): CRIU opens some images after it
+        // entered the restored root, where a symlink's path would not resolve.
+        let to = view.join(&name);
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).map_err(io(format!("copy {}", from.display())))?;
+        }
+    }
+    let to = moved(&maps, u.host_base).map_err(|e| bad(e.to_string()))?;
+    let file = view.join(path.file_name().expect("a file name"));
+    std::fs::write(&file, encode(&to)).map_err(io(format!("write {}", file.display())))?;
+    Ok(view)
+}
+
+/// Writes the action script CRIU runs during a restore with an empty
+/// network namespace (`strata _restore_hook`, see [`restore::hook_main`]).
+fn write_restore_hook(work_dir: &Path, helper_exe: &Path) -> Result<PathBuf, RuntimeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = work_dir.join("restore-hook.sh");
+    let quoted = helper_exe.to_string_lossy().replace('\'', "'\\''");
+    let io = |e| RuntimeError::sys(format!("write {}", path.display()), e);
+    std::fs::write(&path, format!("#!/bin/sh\nexec '{quoted}' _restore_hook\n")).map_err(io)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    Ok(path)
+}
+
+/// Plugs `link` (a veth pair: the host side named `link.ifname`, `eth0` with
+/// the sandbox's address and default route inside) into the network
+/// namespace of process `pid`, whose own user namespace owns it.
+pub fn plug_link(pid: i32, link: &crate::spec::UsernsLink) -> Result<(), RuntimeError> {
+    let ns = PathBuf::from(format!("/proc/{pid}/ns/net"));
+    strata_net::link::attach(&ns, &link.ifname, &link.link)
+        .map_err(|e| RuntimeError::Setup(format!("plug the sandbox's link {} in: {e}", link.ifname)))
 }
 
 /// Waits until process `pid` runs the file `binary` (the same inode: inside the

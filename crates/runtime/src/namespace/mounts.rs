@@ -1,7 +1,7 @@
 //! The sandbox's mount tree, built by its init inside a private mount namespace.
 
 use std::fs;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -52,34 +52,60 @@ fn ctx<E: std::fmt::Display>(what: impl std::fmt::Display) -> impl FnOnce(E) -> 
 const MAX_OVERLAY_DATA: usize = 4000;
 
 /// The overlay mount options for layers held open as descriptors: each
-/// directory is named `/proc/self/fd/N`, so the options (which the sandbox
-/// reads in its mountinfo) carry no host path, and a long chain stays short.
-/// `lower_fds` is topmost first, as overlayfs lists them.
-pub fn overlay_data(lower_fds: &[i32], upper_fd: i32, work_fd: i32) -> SetupResult<String> {
-    if lower_fds.is_empty() {
+/// directory is named under `/proc/self/fd/N`, so the options (which the
+/// sandbox reads in its mountinfo) carry no host path, and a long chain stays
+/// short. `lowers` is topmost first, as overlayfs lists them.
+pub fn overlay_data(lowers: &[String], upper: &str, work: &str) -> SetupResult<String> {
+    if lowers.is_empty() {
         return Err("a sandbox needs at least one image layer".into());
     }
-    let lowers: Vec<String> = lower_fds.iter().map(|fd| format!("/proc/self/fd/{fd}")).collect();
-    let data =
-        format!("lowerdir={},upperdir=/proc/self/fd/{upper_fd},workdir=/proc/self/fd/{work_fd}", lowers.join(":"));
+    let data = format!("lowerdir={},upperdir={upper},workdir={work}", lowers.join(":"));
     if data.len() >= MAX_OVERLAY_DATA {
-        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lower_fds.len()).into());
+        return Err(format!("layer chain too deep for one overlay mount ({} layers)", lowers.len()).into());
     }
     Ok(data)
+}
+
+/// A sandbox's user namespace while its root is built (see [`mount_overlay`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Idmap<'a> {
+    /// The namespace.
+    pub userns: BorrowedFd<'a>,
+    /// Host uid and gid of the sandbox's root.
+    pub host_root: u32,
 }
 
 /// Mounts the overlay of `lower` (bottom first), `upper` and `work` on
 /// `target`, naming each directory by a descriptor held for the call (see
 /// [`overlay_data`]).
+///
+/// With an [`Idmap`], each layer is a detached mount idmapped through the
+/// sandbox's user namespace (files owned by `n` on disk show as owned by
+/// `host_root + n`), the upper and work directories through one such mount of
+/// their common parent (overlayfs wants them on one mount), and the caller
+/// must have set its file-system ids to `host_root` ([`Sys::set_fs_ids`]):
+/// overlayfs creates its work files and copies up as the mounter, so what it
+/// writes to the upper layer lands on disk owned by in-sandbox ids. Checkpoints,
+/// diffs and templates of the upper layer then read exactly as without a user
+/// namespace. Detached mounts as overlay layers need Linux 6.15.
 pub fn mount_overlay(
     sys: &dyn Sys,
     lower_bottom_first: &[PathBuf],
     upper: &Path,
     work: &Path,
     target: &Path,
+    idmap: Option<Idmap<'_>>,
 ) -> SetupResult<()> {
     use std::os::fd::AsRawFd;
     let open = |p: &Path| -> SetupResult<std::os::fd::OwnedFd> {
+        if let Some(m) = idmap {
+            let tree = sys
+                .open_tree(p, crate::sys::OPEN_TREE_CLONE | libc::O_CLOEXEC as u32)
+                .map_err(ctx(format!("open_tree {}", p.display())))?;
+            sys.idmap_mount(tree.as_fd(), m.userns)
+                .map_err(|e| format!("idmap {}: {e} (user namespaces need Linux >= 6.15 and a file system that supports idmapped mounts)", p.display()))?;
+            return Ok(tree);
+        }
         let fd = nix::fcntl::open(
             p,
             nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
@@ -90,9 +116,29 @@ pub fn mount_overlay(
         Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
     };
     let lowers = lower_bottom_first.iter().rev().map(|p| open(p)).collect::<SetupResult<Vec<_>>>()?;
-    let (upper_fd, work_fd) = (open(upper)?, open(work)?);
-    let lower_fds: Vec<i32> = lowers.iter().map(|f| f.as_raw_fd()).collect();
-    let data = overlay_data(&lower_fds, upper_fd.as_raw_fd(), work_fd.as_raw_fd())?;
+    let lower_names: Vec<String> = lowers.iter().map(|f| format!("/proc/self/fd/{}", f.as_raw_fd())).collect();
+    let (_held, upper_name, work_name) = match idmap {
+        None => {
+            let (u, w) = (open(upper)?, open(work)?);
+            let names = (format!("/proc/self/fd/{}", u.as_raw_fd()), format!("/proc/self/fd/{}", w.as_raw_fd()));
+            (vec![u, w], names.0, names.1)
+        }
+        Some(_) => {
+            let (Some(parent), Some(u), Some(w)) = (upper.parent(), upper.file_name(), work.file_name()) else {
+                return Err(format!("upper directory {} has no parent", upper.display()).into());
+            };
+            if work.parent() != Some(parent) {
+                return Err(
+                    format!("upper {} and work {} must share a directory", upper.display(), work.display()).into()
+                );
+            }
+            let both = open(parent)?;
+            let at = format!("/proc/self/fd/{}", both.as_raw_fd());
+            let names = (format!("{at}/{}", u.to_string_lossy()), format!("{at}/{}", w.to_string_lossy()));
+            (vec![both], names.0, names.1)
+        }
+    };
+    let data = overlay_data(&lower_names, &upper_name, &work_name)?;
     mnt(sys, "overlay", target, Some("overlay"), MsFlags::empty(), Some(&data))
 }
 
@@ -171,19 +217,64 @@ pub fn tmp_size(memory_bytes: Option<u64>) -> String {
     }
 }
 
-/// Mounts the overlay root and the pseudo-filesystems under it. Must run in a
-/// fresh mount (and pid) namespace. `memory_bytes` (the memory limit) caps /tmp.
-pub fn build_rootfs(
+/// Where a sandbox's root overlay comes from when its pid 1 builds the tree.
+#[derive(Debug, Clone, Copy)]
+pub enum RootSource<'a> {
+    /// Pid 1 (host root, reduced later) mounts the overlay of these layers itself.
+    Overlay {
+        /// Read-only layers, bottom first.
+        lower: &'a [PathBuf],
+        /// The writable layer.
+        upper: &'a Path,
+        /// Overlay work directory.
+        work: &'a Path,
+    },
+    /// A sandbox in a user namespace of its own: the host mounted the overlay
+    /// (idmapped, [`mount_user_root`]) before the sandbox's namespaces were
+    /// made, so pid 1 inherits it. It binds the root onto itself (a mount
+    /// inherited from a more privileged namespace is locked, and pivot_root
+    /// refuses it) and binds the host's device nodes into /dev (mknod takes
+    /// host privileges).
+    Inherited,
+}
+
+/// For a sandbox in a user namespace: enters a private mount namespace of
+/// the host's (the caller's) and mounts the overlay of `lower`, `upper` and
+/// `work` on `target` with every layer idmapped through `idmap`, writing as
+/// the sandbox's root ([`mount_overlay`]). The sandbox's own mount namespace,
+/// made next from inside its user namespace, starts as a copy of this one.
+pub fn mount_user_root(
     sys: &dyn Sys,
     lower: &[PathBuf],
     upper: &Path,
     work: &Path,
-    root: &Path,
-    memory_bytes: Option<u64>,
+    target: &Path,
+    idmap: Idmap<'_>,
 ) -> SetupResult<()> {
+    sys.unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(ctx("unshare the host-side mount namespace"))?;
     sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
         .map_err(ctx("make / private"))?;
-    mount_overlay(sys, lower, upper, work, root)?;
+    sys.set_fs_ids(idmap.host_root).map_err(ctx("set the file-system ids to the sandbox root's"))?;
+    mount_overlay(sys, lower, upper, work, target, Some(idmap))
+}
+
+/// Mounts the sandbox's root (see [`RootSource`]) and the pseudo-filesystems
+/// under it. Must run in a fresh mount (and pid) namespace. `memory_bytes`
+/// (the memory limit) caps /tmp.
+pub fn build_rootfs(sys: &dyn Sys, source: RootSource<'_>, root: &Path, memory_bytes: Option<u64>) -> SetupResult<()> {
+    sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
+        .map_err(ctx("make / private"))?;
+    let inherited = match source {
+        RootSource::Overlay { lower, upper, work } => {
+            mount_overlay(sys, lower, upper, work, root, None)?;
+            false
+        }
+        RootSource::Inherited => {
+            sys.mount(Some(root), root, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)
+                .map_err(ctx(format!("bind {} onto itself", root.display())))?;
+            true
+        }
+    };
 
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mnt(sys, "proc", &mount_point(root, "proc")?, Some("proc"), nosuid_nodev_noexec, None)?;
@@ -199,6 +290,14 @@ pub fn build_rootfs(
     )?;
     for (name, major, minor) in DEVICES {
         let p = dev.join(name);
+        if inherited {
+            // The host's node, bound onto an empty file: the same device, and
+            // a file the sandbox's root cannot chmod or chown (host root owns it).
+            fs::write(&p, b"").map_err(ctx(format!("create /dev/{name}")))?;
+            sys.mount(Some(&Path::new("/dev").join(name)), &p, None, MsFlags::MS_BIND, None)
+                .map_err(ctx(format!("bind the host's /dev/{name}")))?;
+            continue;
+        }
         sys.mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor))
             .map_err(ctx(format!("mknod /dev/{name}")))?;
         // mknod honours the umask; set the mode explicitly.
@@ -656,13 +755,14 @@ mod tests {
 
     #[test]
     fn overlay_data_names_descriptors_only() {
+        let fd = |n: i32| format!("/proc/self/fd/{n}");
         assert_eq!(
-            overlay_data(&[7, 5], 8, 9).unwrap(),
+            overlay_data(&[fd(7), fd(5)], &fd(8), &fd(9)).unwrap(),
             "lowerdir=/proc/self/fd/7:/proc/self/fd/5,upperdir=/proc/self/fd/8,workdir=/proc/self/fd/9"
         );
-        assert!(overlay_data(&[], 8, 9).is_err());
-        let deep: Vec<i32> = (100..400).collect();
-        assert!(overlay_data(&deep, 8, 9).unwrap_err().to_string().contains("too deep"));
+        assert!(overlay_data(&[], &fd(8), &fd(9)).is_err());
+        let deep: Vec<String> = (100..400).map(fd).collect();
+        assert!(overlay_data(&deep, &fd(8), &fd(9)).unwrap_err().to_string().contains("too deep"));
     }
 
     #[test]
@@ -718,7 +818,8 @@ mod tests {
         fs::write(t.root.join("proc/kcore"), b"").unwrap();
         fs::write(t.root.join("proc/sysrq-trigger"), b"").unwrap();
         let sys = RecordingSys::new();
-        build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, Some(64 << 20)).unwrap();
+        let source = RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work };
+        build_rootfs(&sys, source, &t.root, Some(64 << 20)).unwrap();
         let got = described(&sys, &t.root);
         let mut want: Vec<String> = vec![
             "mount - / - PRIVATE|REC -".into(),
@@ -798,9 +899,76 @@ mod tests {
             },
             Errno::EPERM,
         );
-        mount_overlay(&sys, &t.lower, &t.upper, &t.work, &t.root).unwrap();
+        mount_overlay(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap();
         let want = vec![t.lower[1].clone(), t.lower[0].clone(), t.upper.clone(), t.work.clone()];
         assert_eq!(*seen.lock().unwrap(), want);
+    }
+
+    #[test]
+    fn in_a_user_namespace_the_host_mounts_an_idmapped_root_as_the_sandbox_root() {
+        let t = tree();
+        let sys = RecordingSys::new();
+        let userns = fs::File::open("/proc/self/ns/user").unwrap();
+        let idmap = Idmap { userns: userns.as_fd(), host_root: 1_000_065_536 };
+        // The options name the upper and work directories inside one mount of their parent.
+        let data = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let d2 = data.clone();
+        let root = t.root.clone();
+        sys.fail_when(
+            move |c| {
+                if let SysCall::Mount { target, data: Some(d), .. } = c {
+                    if *target == root {
+                        *d2.lock().unwrap() = d.clone();
+                    }
+                }
+                false
+            },
+            Errno::EPERM,
+        );
+        mount_user_root(&sys, &t.lower, &t.upper, &t.work, &t.root, idmap).unwrap();
+        let got = described(&sys, &t.root);
+        let parent = t.upper.parent().unwrap().display().to_string();
+        assert_eq!(
+            got[..9],
+            [
+                "unshare NEWNS".to_string(),
+                "mount - / - PRIVATE|REC -".into(),
+                "set_fs_ids 1000065536".into(),
+                format!("open_tree {} 0x80001", t.lower[1].display()),
+                format!("idmap_mount {}", t.lower[1].display()),
+                format!("open_tree {} 0x80001", t.lower[0].display()),
+                format!("idmap_mount {}", t.lower[0].display()),
+                format!("open_tree {parent} 0x80001"),
+                format!("idmap_mount {parent}"),
+            ]
+        );
+        assert!(got[9].starts_with("mount overlay $ROOT overlay - lowerdir=/proc/self/fd/"), "{}", got[9]);
+        assert_eq!(got.len(), 10, "{got:#?}");
+        let data = data.lock().unwrap().clone();
+        let upper = data.split(',').find_map(|o| o.strip_prefix("upperdir=")).unwrap();
+        let work = data.split(',').find_map(|o| o.strip_prefix("workdir=")).unwrap();
+        assert!(upper.ends_with("/up") && work.ends_with("/wk"), "{data}");
+        assert_eq!(upper.rsplit_once('/').unwrap().0, work.rsplit_once('/').unwrap().0, "one mount for both: {data}");
+        // Upper and work directories that do not share a parent cannot be one mount.
+        let sys = RecordingSys::new();
+        let elsewhere = t.lower[0].join("wk");
+        fs::create_dir(&elsewhere).unwrap();
+        let err = mount_overlay(&sys, &t.lower, &t.upper, &elsewhere, &t.root, Some(idmap)).unwrap_err();
+        assert!(err.to_string().contains("must share a directory"), "{err}");
+    }
+
+    #[test]
+    fn an_inherited_root_is_bound_onto_itself_and_gets_the_host_s_device_nodes() {
+        let t = tree();
+        let sys = RecordingSys::new();
+        build_rootfs(&sys, RootSource::Inherited, &t.root, None).unwrap();
+        let got = described(&sys, &t.root);
+        assert_eq!(got[..2], ["mount - / - PRIVATE|REC -".to_string(), "mount $ROOT $ROOT - BIND|REC -".into()]);
+        assert!(!got.iter().any(|l| l.starts_with("mount overlay") || l.starts_with("mknod")), "{got:#?}");
+        for (name, _, _) in DEVICES {
+            assert!(got.contains(&format!("mount /dev/{name} $ROOT/dev/{name} - BIND -")), "{name}: {got:#?}");
+            assert!(t.root.join("dev").join(name).is_file(), "the bind's mount point");
+        }
     }
 
     #[test]
@@ -810,7 +978,9 @@ mod tests {
         let proc_dir = t.root.join("proc");
         let target = proc_dir.clone();
         sys.fail_when(move |c| c.is_mount_on(&target), Errno::EPERM);
-        let err = build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap_err();
+        let err =
+            build_rootfs(&sys, RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work }, &t.root, None)
+                .unwrap_err();
         assert_eq!(
             err,
             SetupError::Host(format!("mount proc on {}: EPERM: Operation not permitted", proc_dir.display()))
@@ -825,7 +995,9 @@ mod tests {
         let t = tree();
         let sys = RecordingSys::new();
         sys.fail_when(|c| matches!(c, SysCall::Chmod { path, .. } if path.ends_with("zero")), Errno::EPERM);
-        let err = build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap_err();
+        let err =
+            build_rootfs(&sys, RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work }, &t.root, None)
+                .unwrap_err();
         assert_eq!(err.to_string(), "chmod /dev/zero: Operation not permitted (os error 1)");
     }
 
@@ -834,7 +1006,9 @@ mod tests {
         let t = tree();
         std::os::unix::fs::symlink("/proc", t.root.join("proc")).unwrap();
         let sys = RecordingSys::new();
-        let err = build_rootfs(&sys, &t.lower, &t.upper, &t.work, &t.root, None).unwrap_err();
+        let err =
+            build_rootfs(&sys, RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work }, &t.root, None)
+                .unwrap_err();
         assert!(matches!(&err, SetupError::Image(m) if m.contains("/proc: it is a symlink")), "{err:?}");
         // Private propagation and the overlay only.
         assert_eq!(sys.names(), ["mount", "mount"]);

@@ -82,9 +82,11 @@ pub fn main() -> ! {
         }
     }
     let _ = nix::unistd::chdir("/");
+    let hook = super::criu::HookConfig { link: cfg.link.clone() };
     let err = std::process::Command::new(&cfg.criu)
         .env_clear()
         .env("PATH", super::criu::PATH)
+        .env(super::criu::HOOK_CONFIG_ENV, serde_json::to_string(&hook).expect("HookConfig serializes"))
         .args(restore_args(&cfg, netns_fd))
         .exec();
     fail(format!("exec {}: {err}", cfg.criu.display()))
@@ -104,7 +106,23 @@ pub fn prepare_root(
     sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
         .map_err(|e| format!("make / private: {e}"))?;
     std::fs::create_dir_all(&cfg.rootfs_dir).map_err(|e| format!("create {}: {e}", cfg.rootfs_dir.display()))?;
-    super::mounts::mount_overlay(sys, &cfg.lower_dirs, &cfg.upper_dir, &cfg.work_dir, &cfg.rootfs_dir)
+    // A sandbox in a user namespace: its layers idmapped through a namespace
+    // with its map (only for the mount: CRIU makes the sandbox's own), and
+    // everything written from here on (mount points, secrets) written as its root.
+    let userns = match cfg.userns {
+        Some(u) => Some((
+            u,
+            sys.user_namespace(u.host_base, u.size).map_err(|e| {
+                format!("create a user namespace for the id maps ({} ids from host id {}): {e}", u.size, u.host_base)
+            })?,
+        )),
+        None => None,
+    };
+    let idmap = userns.as_ref().map(|(u, fd)| super::mounts::Idmap { userns: fd.as_fd(), host_root: u.host_base });
+    if let Some(m) = idmap {
+        sys.set_fs_ids(m.host_root).map_err(|e| format!("set the file-system ids to the sandbox root's: {e}"))?;
+    }
+    super::mounts::mount_overlay(sys, &cfg.lower_dirs, &cfg.upper_dir, &cfg.work_dir, &cfg.rootfs_dir, idmap)
         .map_err(|e| format!("mount the overlay root: {e}"))?;
     if cfg.foreign_root {
         super::mounts::ensure_identity_mountpoints(&cfg.rootfs_dir)
@@ -115,10 +133,57 @@ pub fn prepare_root(
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let passwd = read_in_root(&cfg.rootfs_dir, "etc/passwd");
         let group = read_in_root(&cfg.rootfs_dir, "etc/group");
-        let owner = super::mounts::secrets_owner(cfg.secrets_owner.as_deref(), &passwd, &group);
+        let (uid, gid) = super::mounts::secrets_owner(cfg.secrets_owner.as_deref(), &passwd, &group);
+        // Mounted here, on the host's side: the owner in host ids.
+        let base = cfg.userns.map_or(0, |u| u.host_base);
+        let owner = (base.saturating_add(uid), base.saturating_add(gid));
         super::mounts::fill_secrets(sys, dir, &secrets, owner).map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Entry point of `strata _restore_hook`, the action script CRIU runs during
+/// a restore of images with an empty network namespace
+/// ([`super::criu::EMPTY_NETNS_MARKER`]): at `setup-namespaces` (the
+/// namespaces exist, no process is restored yet) it brings the restored
+/// namespace's loopback up and plugs the sandbox's link in
+/// ([`super::criu::HookConfig`]); every other action is a no-op. A non-zero
+/// exit fails the restore. Never returns.
+pub fn hook_main() -> ! {
+    let action = std::env::var("CRTOOLS_SCRIPT_ACTION").unwrap_or_default();
+    if action != "setup-namespaces" {
+        std::process::exit(0);
+    }
+    let run = || -> Result<(), String> {
+        let raw = std::env::var(super::criu::HOOK_CONFIG_ENV)
+            .map_err(|_| format!("{} is not set", super::criu::HOOK_CONFIG_ENV))?;
+        let cfg: super::criu::HookConfig = serde_json::from_str(&raw).map_err(|e| format!("parse config: {e}"))?;
+        let pid: i32 = std::env::var("CRTOOLS_INIT_PID")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .ok_or("CRIU gave no CRTOOLS_INIT_PID")?;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+            .map_err(|e| format!("open the network namespace of pid {pid}: {e}"))?;
+        // This helper is single-threaded: it may move itself, and back.
+        let own = std::fs::File::open("/proc/self/ns/net").map_err(|e| format!("open /proc/self/ns/net: {e}"))?;
+        let sys = LinuxSys;
+        sys.setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("join the restored network namespace: {e}"))?;
+        super::mounts::loopback_up(&sys).map_err(|e| e.to_string())?;
+        sys.setns(own.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("return to the host's network namespace: {e}"))?;
+        if let Some(link) = &cfg.link {
+            super::plug_link(pid, link).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("strata restore hook: {e}");
+            std::process::exit(1)
+        }
+    }
 }
 
 /// Reads `rel` inside `root` as the sandbox would see it (symlinks resolved
@@ -177,6 +242,10 @@ mod tests {
             nftables_lock: false,
             secrets_mount: None,
             secrets_owner: None,
+            userns: None,
+            empty_netns: false,
+            hook: None,
+            link: None,
         }
     }
 
@@ -210,6 +279,38 @@ mod tests {
         let sys = RecordingSys::new();
         prepare_root(&sys, &cfg, || panic!("no secrets to read")).unwrap();
         assert_eq!(sys.names(), ["unshare", "mount", "mount"]);
+    }
+
+    #[test]
+    fn a_user_namespace_root_is_idmapped_and_written_as_the_sandbox_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path());
+        cfg.userns = Some(strata_api::UserNamespace { host_base: 1_000_131_072, size: 65_536 });
+        // (The fake mounts nothing: the root's files are the directory's own.)
+        fs::create_dir_all(cfg.rootfs_dir.join("etc")).unwrap();
+        fs::write(cfg.rootfs_dir.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n")
+            .unwrap();
+        cfg.secrets_mount = Some(dir.path().join("secrets.mnt"));
+        cfg.secrets_owner = Some("app".into());
+        let secrets = || Ok(vec![SecretFile { name: "A".into(), data: b"1".to_vec() }]);
+        let sys = RecordingSys::new();
+        prepare_root(&sys, &cfg, secrets).unwrap();
+        let got: Vec<String> = sys.calls().iter().map(|c| c.describe(dir.path())).collect();
+        assert_eq!(
+            got[..5],
+            [
+                "unshare NEWNS".to_string(),
+                "mount - / - PRIVATE|REC -".into(),
+                "user_namespace 1000131072 65536".into(),
+                "set_fs_ids 1000131072".into(),
+                "open_tree $ROOT/l1 0x80001".into(),
+            ]
+        );
+        assert!(got.iter().any(|l| l.starts_with("mount overlay $ROOT/root overlay")), "{got:#?}");
+        // The secrets tmpfs is mounted here, on the host's side: its owner in host ids.
+        let tmpfs = got.iter().find(|l| l.starts_with("mount tmpfs $ROOT/secrets.mnt")).unwrap();
+        assert!(tmpfs.contains("uid=1000132072,gid=1000132073"), "{tmpfs}");
+        assert!(got.contains(&"fchown $ROOT/secrets.mnt/A 1000132072:1000132073".to_string()), "{got:#?}");
     }
 
     #[test]

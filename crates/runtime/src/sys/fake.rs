@@ -112,6 +112,23 @@ pub enum SysCall {
         /// Where it is attached.
         to: PathBuf,
     },
+    /// A user namespace made.
+    UserNamespace {
+        /// Host id of its root.
+        host_base: u32,
+        /// Ids mapped.
+        size: u32,
+    },
+    /// A detached mount idmapped.
+    IdmapMount {
+        /// What the mount's descriptor refers to.
+        tree: Option<PathBuf>,
+    },
+    /// The file-system ids set.
+    SetFsIds {
+        /// The uid and gid.
+        id: u32,
+    },
     /// The loopback interface brought up.
     LoopbackUp,
     /// A loop device attached to an image.
@@ -137,6 +154,9 @@ impl SysCall {
             SysCall::Fchown { .. } => "fchown",
             SysCall::OpenTree { .. } => "open_tree",
             SysCall::MoveMount { .. } => "move_mount",
+            SysCall::UserNamespace { .. } => "user_namespace",
+            SysCall::IdmapMount { .. } => "idmap_mount",
+            SysCall::SetFsIds { .. } => "set_fs_ids",
             SysCall::LoopbackUp => "loopback_up",
             SysCall::LoopAttach { .. } => "loop_attach",
         }
@@ -190,6 +210,9 @@ impl SysCall {
             SysCall::Fchown { path, uid, gid } => format!("fchown {} {uid}:{gid}", opt_p(path)),
             SysCall::OpenTree { path, flags } => format!("open_tree {} {flags:#x}", p(path)),
             SysCall::MoveMount { from, to } => format!("move_mount {} {}", opt_p(from), p(to)),
+            SysCall::UserNamespace { host_base, size } => format!("user_namespace {host_base} {size}"),
+            SysCall::IdmapMount { tree } => format!("idmap_mount {}", opt_p(tree)),
+            SysCall::SetFsIds { id } => format!("set_fs_ids {id}"),
             SysCall::LoopbackUp => "loopback_up".into(),
             SysCall::LoopAttach { image } => format!("loop_attach {}", p(image)),
         }
@@ -338,6 +361,26 @@ impl Sys for RecordingSys {
 
     fn move_mount(&self, from: BorrowedFd<'_>, to: &Path) -> nix::Result<()> {
         self.record(SysCall::MoveMount { from: fd_target(from), to: to.to_path_buf() })
+    }
+
+    /// Answers a descriptor of the calling process's own user namespace.
+    fn user_namespace(&self, host_base: u32, size: u32) -> nix::Result<OwnedFd> {
+        self.record(SysCall::UserNamespace { host_base, size })?;
+        let fd = nix::fcntl::open(
+            "/proc/self/ns/user",
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn idmap_mount(&self, tree: BorrowedFd<'_>, _userns: BorrowedFd<'_>) -> nix::Result<()> {
+        self.record(SysCall::IdmapMount { tree: fd_target(tree) })
+    }
+
+    fn set_fs_ids(&self, id: u32) -> nix::Result<()> {
+        self.record(SysCall::SetFsIds { id })
     }
 
     fn loopback_up(&self) -> nix::Result<()> {

@@ -17,6 +17,18 @@ use super::Sys;
 /// `move_mount(2)` flag: the source is the descriptor itself (empty path).
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
 
+/// `mount_setattr(2)` attribute: idmap the mount through a user namespace.
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
 /// The real system calls. Stateless; build one where the calls are made.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LinuxSys;
@@ -98,6 +110,38 @@ impl Sys for LinuxSys {
             )
         };
         Errno::result(r).map(drop)
+    }
+
+    fn user_namespace(&self, host_base: u32, size: u32) -> nix::Result<OwnedFd> {
+        userns::create(host_base, size)
+    }
+
+    fn idmap_mount(&self, tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> nix::Result<()> {
+        let attr =
+            MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+        // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes of `attr`, which
+        // outlives the call; the path is an empty NUL-terminated string (AT_EMPTY_PATH).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        Errno::result(r).map(drop)
+    }
+
+    fn set_fs_ids(&self, id: u32) -> nix::Result<()> {
+        // SAFETY: setfsuid/setfsgid take an integer and only change this thread's credentials.
+        unsafe {
+            libc::setfsuid(id);
+            libc::setfsgid(id);
+        }
+        let permitted = caps::read(None, caps::CapSet::Permitted).map_err(|_| Errno::EPERM)?;
+        caps::set(None, caps::CapSet::Effective, &permitted).map_err(|_| Errno::EPERM)
     }
 
     fn loop_attach(&self, image: &Path) -> nix::Result<(PathBuf, OwnedFd)> {
@@ -218,4 +262,66 @@ mod loopdev {
     // linux/loop.h: sizeof(struct loop_info64) == 232, sizeof(struct loop_config) == 304.
     const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
     const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+}
+
+mod userns {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use nix::errno::Errno;
+    use nix::sys::wait::waitpid;
+    use nix::unistd::{fork, ForkResult};
+
+    /// See [`super::Sys::user_namespace`]. The caller must be single-threaded
+    /// (the `_init` helper is): the child runs plain system calls only.
+    pub fn create(host_base: u32, size: u32) -> nix::Result<OwnedFd> {
+        let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (done_r, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        // SAFETY: the child only makes async-signal-safe system calls and exits.
+        match unsafe { fork() }? {
+            ForkResult::Child => {
+                // SAFETY: close, unshare, write, read and _exit are async-signal-safe.
+                unsafe {
+                    // This copy of the parent's ends: the read below ends at EOF only
+                    // once no process holds `done_w`.
+                    libc::close(done_w.as_raw_fd());
+                    libc::close(ready_r.as_raw_fd());
+                    // 0, or the errno (all fit in a byte).
+                    let byte: u8 =
+                        if libc::unshare(libc::CLONE_NEWUSER) == 0 { 0 } else { *libc::__errno_location() as u8 };
+                    libc::write(ready_w.as_raw_fd(), (&byte as *const u8).cast(), 1);
+                    let mut b = 0u8;
+                    libc::read(done_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+                    libc::_exit(0)
+                }
+            }
+            ForkResult::Parent { child } => {
+                drop((ready_w, done_r));
+                let result = (|| {
+                    let mut b = [0u8; 1];
+                    match nix::unistd::read(ready_r.as_raw_fd(), &mut b)? {
+                        1 if b[0] == 0 => {}
+                        1 => return Err(Errno::from_raw(b[0] as i32)),
+                        _ => return Err(Errno::ECHILD),
+                    }
+                    let map = format!("0 {host_base} {size}\n");
+                    let write = |file: &str| {
+                        std::fs::write(format!("/proc/{child}/{file}"), &map)
+                            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+                    };
+                    write("uid_map")?;
+                    write("gid_map")?;
+                    let fd = nix::fcntl::open(
+                        format!("/proc/{child}/ns/user").as_str(),
+                        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    )?;
+                    // SAFETY: open returned a new descriptor that nothing else owns.
+                    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+                })();
+                drop(done_w);
+                let _ = waitpid(child, None);
+                result
+            }
+        }
+    }
 }

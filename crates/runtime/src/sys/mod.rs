@@ -83,6 +83,21 @@ pub trait Sys: Send + Sync {
     /// (`MOVE_MOUNT_F_EMPTY_PATH`).
     fn move_mount(&self, from: BorrowedFd<'_>, to: &Path) -> nix::Result<()>;
 
+    /// A new user namespace mapping uids and gids `0..size` onto host ids
+    /// `host_base..host_base + size`, made by a short-lived child (which
+    /// unshares it and exits once the maps are written); answers a
+    /// descriptor of it (`/proc/<child>/ns/user`), which keeps it alive.
+    fn user_namespace(&self, host_base: u32, size: u32) -> nix::Result<OwnedFd>;
+
+    /// `mount_setattr(2)` with `MOUNT_ATTR_IDMAP`: the detached mount `tree`
+    /// shows its files' owners through the id map of the user namespace `userns`.
+    fn idmap_mount(&self, tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> nix::Result<()>;
+
+    /// `setfsuid(2)` and `setfsgid(2)` to `id`, keeping the effective
+    /// capabilities (the kernel drops the file-system ones when the fsuid
+    /// leaves 0; they are raised again from the permitted set).
+    fn set_fs_ids(&self, id: u32) -> nix::Result<()>;
+
     /// Brings the loopback interface of the current network namespace up
     /// (`SIOCGIFFLAGS`, then `SIOCSIFFLAGS` with `IFF_UP | IFF_RUNNING`).
     fn loopback_up(&self) -> nix::Result<()>;
