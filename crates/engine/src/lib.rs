@@ -84,6 +84,7 @@ pub mod surface;
 pub mod templates;
 pub mod tenancy;
 pub mod transfer;
+pub mod userns_slots;
 
 #[cfg(test)]
 mod tests;
@@ -132,6 +133,9 @@ pub enum DaemonError {
     /// The in-sandbox binary is missing or unusable.
     #[error(transparent)]
     InitBinary(#[from] initbin::InitBinaryError),
+    /// No share of the host's user-namespace ranges could be claimed.
+    #[error(transparent)]
+    UsernsSlots(#[from] userns_slots::ClaimError),
     /// The prices file is unusable.
     #[error("{0}")]
     Prices(String),
@@ -284,6 +288,12 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let db = strata_store::Db::open(&cfg.state_dir.join("metadata.db"))?;
+    if tiers.userns_why_not().is_none() {
+        // This daemon's share of the host's uid ranges, so no two daemons' sandboxes share host ids.
+        let slots = userns_slots::claim(&cfg.state_dir, std::path::Path::new(userns_slots::REGISTRY))?;
+        info!(first = slots.start, end = slots.end, "user-namespace slots of this daemon");
+        db.set_userns_slots(slots);
+    }
     let layers = strata_store::LayerStore::open(cfg.state_dir.join("layers"))?;
     let sandboxes_dir = cfg.state_dir.join("sandboxes");
     std::fs::create_dir_all(&sandboxes_dir).map_err(io_err("create", &sandboxes_dir))?;

@@ -379,6 +379,8 @@ pub struct Transition<'a> {
 /// The metadata database.
 pub struct Db {
     conn: Mutex<Connection>,
+    /// The user-namespace slots new sandboxes take ranges from (see [`Db::set_userns_slots`]).
+    userns_slots: Mutex<std::ops::Range<u32>>,
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
@@ -400,21 +402,27 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
     }
 }
 
-/// The lowest user-namespace range no sandbox holds.
-fn free_userns(tx: &rusqlite::Transaction<'_>) -> Result<strata_api::UserNamespace, DbError> {
+/// The lowest user-namespace range of `slots` no sandbox holds.
+fn free_userns(
+    tx: &rusqlite::Transaction<'_>,
+    slots: std::ops::Range<u32>,
+) -> Result<strata_api::UserNamespace, DbError> {
     let mut stmt =
         tx.prepare("SELECT userns_base FROM sandboxes WHERE userns_base IS NOT NULL ORDER BY userns_base")?;
     let taken = stmt.query_map([], |r| r.get::<_, i64>(0))?.collect::<Result<Vec<_>, _>>()?;
-    let mut slot = 0u32;
+    let mut slot = slots.start;
     for base in taken {
         let used = (base - USERNS_FIRST as i64) / USERNS_SIZE as i64;
+        if used < slot as i64 {
+            continue;
+        }
         if used > slot as i64 {
             break;
         }
-        slot = slot.max(used as u32 + 1);
+        slot = used as u32 + 1;
     }
-    if slot >= USERNS_SLOTS {
-        return Err(DbError::UsernsExhausted(USERNS_SLOTS));
+    if slot >= slots.end {
+        return Err(DbError::UsernsExhausted(slots.end - slots.start));
     }
     Ok(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
 }
@@ -633,13 +641,21 @@ impl Db {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        let db = Db { conn: Mutex::new(conn) };
+        let db = Db { conn: Mutex::new(conn), userns_slots: Mutex::new(0..USERNS_SLOTS) };
         db.migrate()?;
         Ok(db)
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Restricts the user-namespace slots new sandboxes get ranges from to
+    /// `slots` (within `0..`[`USERNS_SLOTS`]): the daemon's share of the
+    /// host's, so that sandboxes of two daemons never share host ids.
+    /// Ranges already given keep their slots.
+    pub fn set_userns_slots(&self, slots: std::ops::Range<u32>) {
+        *self.userns_slots.lock().unwrap_or_else(|p| p.into_inner()) = slots.start..slots.end.min(USERNS_SLOTS);
     }
 
     fn migrate(&self) -> Result<(), DbError> {
@@ -739,7 +755,8 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         if rec.sandbox.userns.is_some() {
-            rec.sandbox.userns = Some(free_userns(&tx)?);
+            let slots = self.userns_slots.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            rec.sandbox.userns = Some(free_userns(&tx, slots)?);
         }
         let s = &rec.sandbox;
         tx.execute(
@@ -2029,6 +2046,16 @@ mod tests {
         r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
         db.insert_sandbox(&mut r).unwrap();
         assert_eq!(r.sandbox.userns, want(1));
+        // A daemon's share of the host's slots: the lowest free one in it, and none past it.
+        db.set_userns_slots(2..4);
+        let mut got = Vec::new();
+        for i in 0..2 {
+            let mut r = record(&format!("b{i}23456789abcdef"), &format!("s{i}"));
+            r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
+            got.push(db.insert_sandbox(&mut r).map(|_| r.sandbox.userns));
+        }
+        assert_eq!(got[0].as_ref().unwrap(), &want(3), "slot 2 is taken (by u2)");
+        assert!(matches!(got[1], Err(DbError::UsernsExhausted(2))), "{:?}", got[1]);
     }
 
     fn record(id: &str, name: &str) -> SandboxRecord {

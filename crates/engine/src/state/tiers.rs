@@ -65,6 +65,11 @@ impl Tiers {
         Ok(self)
     }
 
+    /// Why namespace-tier sandboxes cannot have a user namespace here (`None`: they can).
+    pub fn userns_why_not(&self) -> Option<&str> {
+        self.userns_unavailable.as_deref()
+    }
+
     /// Whether namespace-tier sandboxes get a user namespace when nothing asks otherwise.
     pub fn default_userns(&self) -> bool {
         self.default_userns
