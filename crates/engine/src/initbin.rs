@@ -121,16 +121,28 @@ pub fn pin(explicit: Option<&Path>, strata_exe: &Path, state_dir: &Path) -> Resu
     Ok(dest)
 }
 
-/// The tmpfs sandboxes bind-mount strata-init from: `<state>/run/helper`.
+/// Where the tmpfs of every daemon's served strata-init copies is mounted:
+/// outside the state directories (which stay 0700), so that a restore of a
+/// sandbox in a user namespace, which CRIU's restored task does as the
+/// sandbox's root, can open the binary its images name.
+pub const SERVE_ROOT: &str = "/run/strata-helpers";
+
+/// The tmpfs sandboxes bind-mount strata-init from:
+/// `/run/strata-helpers/<first 16 hex of sha256(state directory)>`, one per
+/// daemon (mode 0711: the served binaries are readable, not listable).
 pub fn serve_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("run").join("helper")
+    use sha2::Digest;
+    let canonical = state_dir.canonicalize().unwrap_or_else(|_| state_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    let key: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    Path::new(SERVE_ROOT).join(key)
 }
 
 /// File name of every served copy (what a sandbox's `ps` shows for pid 1 and the shims).
 const SERVED_NAME: &str = "strata-init";
 
 /// Serves every pinned strata-init (`<state>/bin/strata-init-<hash>`) at
-/// `<serve_dir>/<hash>/strata-init` on a tmpfs mounted there (once; an
+/// `<serve_dir>/<hash>/strata-init` on a tmpfs mounted there ([`serve_dir`]) (once; an
 /// existing tmpfs from an earlier run is reused), and returns the served path
 /// of `pinned`. A bind mount of a file shows the file's path within its
 /// filesystem to whoever reads the mount table: on the state directory's
@@ -143,7 +155,13 @@ pub fn serve(pinned: &Path, state_dir: &Path) -> Result<PathBuf, InitBinaryError
         let path = path.to_path_buf();
         move |source| InitBinaryError::Io { what, path, source }
     };
-    std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+    // Traversable by every id (whatever the daemon's umask), as the served files are readable.
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let root = Path::new(SERVE_ROOT);
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&dir).map_err(io("create", &dir))?;
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).map_err(io("chmod", root))?;
+    }
     let on_tmpfs = nix::sys::statfs::statfs(&dir).is_ok_and(|f| f.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
     if !on_tmpfs {
         let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV;
@@ -180,7 +198,10 @@ pub fn serve(pinned: &Path, state_dir: &Path) -> Result<PathBuf, InitBinaryError
 /// Detaches the tmpfs of [`serve`] (at shutdown): running sandboxes keep their
 /// bind mounts of it; the next start serves the binaries again.
 pub fn unserve(state_dir: &Path) {
-    let _ = nix::mount::umount2(&serve_dir(state_dir), nix::mount::MntFlags::MNT_DETACH);
+    let dir = serve_dir(state_dir);
+    if nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+        let _ = std::fs::remove_dir(&dir);
+    }
 }
 
 #[cfg(test)]

@@ -142,6 +142,14 @@ impl TestDaemon {
     }
 
     fn spawn(&mut self) {
+        // As a production state directory is: closed to every other id (a
+        // sandbox's ids in its user namespace included), so that nothing that
+        // runs as a sandbox's root may depend on reaching it.
+        {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            let _ = std::fs::DirBuilder::new().mode(0o700).create(&self.state_dir);
+            std::fs::set_permissions(&self.state_dir, std::fs::Permissions::from_mode(0o700)).expect("chmod state");
+        }
         let mut cmd = Command::new(strata_bin());
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.arg("daemon").arg("--state-dir").arg(&self.state_dir).arg("--socket").arg(&self.socket);

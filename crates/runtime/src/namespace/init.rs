@@ -89,7 +89,11 @@ pub fn main() -> ! {
     // that user namespace, so that every namespace made next is owned by it
     // (what CRIU needs to dump the tree, and what keeps the host's namespaces
     // out of the sandbox root's reach).
-    let in_userns = match cfg.spec.userns {
+    // What the sandbox's root needs of the host (its root directory, the
+    // helper binary) is reached here, while this process is host root: the
+    // state directory is closed to the sandbox's ids. The root becomes the
+    // working directory (the mount namespaces made next carry it along).
+    let from_host = match cfg.spec.userns {
         Some(u) => {
             let ns = sys.user_namespace(u.host_base, u.size).unwrap_or_else(|e| {
                 fail(format!("create the user namespace ({} ids from host id {}): {e}", u.size, u.host_base))
@@ -101,12 +105,16 @@ pub fn main() -> ! {
             {
                 fail_with(e);
             }
+            let helper = mounts::clone_helper_mount(&sys, &cfg.init_binary).unwrap_or_else(|e| fail_with(e));
+            if let Err(e) = sys.chdir(&s.rootfs_dir) {
+                fail(format!("chdir {}: {e}", s.rootfs_dir.display()));
+            }
             if let Err(e) = strata_init::creds::join_userns_as_root(ns.as_fd()) {
                 fail(e);
             }
-            true
+            Some(helper)
         }
-        None => false,
+        None => None,
     };
     if let Err(e) = enter_namespaces(&sys, &cfg.spec) {
         fail(e);
@@ -119,7 +127,7 @@ pub fn main() -> ! {
             report(&InitReport::Pid { pid: child.as_raw() });
             std::process::exit(0)
         }
-        Ok(ForkResult::Child) => pid1(&sys, cfg, in_userns),
+        Ok(ForkResult::Child) => pid1(&sys, cfg, from_host),
     }
 }
 
@@ -156,23 +164,31 @@ pub fn enter_namespaces(sys: &dyn Sys, spec: &SandboxSpec) -> Result<(), String>
 /// identity files, resolv.conf, secrets, and the helper binary at
 /// [`SELF_PATH`]. Returns the helper mount (pid 1 executes it).
 ///
-/// `in_userns`: pid 1 is the root of the sandbox's user namespace, which owns
-/// its other namespaces, and the host mounted its root overlay already
-/// ([`mounts::RootSource::Inherited`]).
-pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig, in_userns: bool) -> mounts::SetupResult<OwnedFd> {
+/// `userns_helper`: pid 1 is the root of the sandbox's user namespace, which
+/// owns its other namespaces; the host mounted its root overlay already and
+/// made it pid 1's working directory ([`mounts::RootSource::Inherited`]),
+/// and opened this helper mount for it (no path of the host is resolved from
+/// here on: the state directory is closed to the sandbox's ids).
+pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig, userns_helper: Option<OwnedFd>) -> mounts::SetupResult<OwnedFd> {
     let spec = &cfg.spec;
+    let in_userns = userns_helper.is_some();
     // The helper binary, opened before pivot_root hides the host: pid 1 re-executes
     // it from inside the sandbox (see [`SELF_PATH`]).
-    let helper = mounts::clone_helper_mount(sys, &cfg.init_binary)?;
-    let source = if in_userns {
-        mounts::RootSource::Inherited
-    } else {
-        mounts::RootSource::Overlay { lower: &spec.lower_dirs, upper: &spec.upper_dir, work: &spec.work_dir }
+    let helper = match userns_helper {
+        Some(h) => h,
+        None => mounts::clone_helper_mount(sys, &cfg.init_binary)?,
     };
-    mounts::build_rootfs(sys, source, &spec.rootfs_dir, spec.limits.memory_bytes)?;
+    let (source, root) = if in_userns {
+        (mounts::RootSource::Inherited, std::path::Path::new("."))
+    } else {
+        let overlay =
+            mounts::RootSource::Overlay { lower: &spec.lower_dirs, upper: &spec.upper_dir, work: &spec.work_dir };
+        (overlay, spec.rootfs_dir.as_path())
+    };
+    mounts::build_rootfs(sys, source, root, spec.limits.memory_bytes)?;
     sys.sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
     mounts::loopback_up(sys)?;
-    mounts::pivot_into(sys, &spec.rootfs_dir)?;
+    mounts::pivot_into(sys, root)?;
     let root = sys.root_after_pivot(&spec.rootfs_dir);
     mounts::write_identity_files(sys, &root, &spec.hostname, &spec.id, &spec.machine_id, spec.fork_generation)?;
     if let Some(conf) = &spec.resolv_conf {
@@ -183,8 +199,8 @@ pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig, in_userns: bool) -> mounts
     Ok(helper)
 }
 
-fn pid1(sys: &dyn Sys, cfg: InitConfig, in_userns: bool) -> ! {
-    let helper = setup_sandbox(sys, &cfg, in_userns).unwrap_or_else(|e| fail_with(e));
+fn pid1(sys: &dyn Sys, cfg: InitConfig, userns_helper: Option<OwnedFd>) -> ! {
+    let helper = setup_sandbox(sys, &cfg, userns_helper).unwrap_or_else(|e| fail_with(e));
     report(&InitReport::Ready);
     detach_stdio(helper.as_raw_fd());
     if let Err(e) = nix::unistd::setsid() {
@@ -321,7 +337,7 @@ mod tests {
         cfg.spec.resolv_conf = Some("nameserver 10.0.0.53\n".into());
         cfg.spec.secrets = vec![SecretFile { name: "TOKEN".into(), data: b"t".to_vec() }];
         let sys = RecordingSys::new();
-        let helper = setup_sandbox(&sys, &cfg, false).unwrap();
+        let helper = setup_sandbox(&sys, &cfg, None).unwrap();
         // The helper mount stands for the init binary (the fake opened the file itself).
         assert_eq!(fs::read_link(format!("/proc/self/fd/{}", helper.as_raw_fd())).unwrap(), cfg.init_binary);
         let got: Vec<String> = sys.calls().iter().map(|c| c.describe(&root)).collect();
@@ -359,14 +375,14 @@ mod tests {
         let cfg = config(dir.path());
         let sys = RecordingSys::new();
         sys.fail_when(|c| matches!(c, SysCall::Sethostname { .. }), Errno::EPERM);
-        let err = setup_sandbox(&sys, &cfg, false).unwrap_err();
+        let err = setup_sandbox(&sys, &cfg, None).unwrap_err();
         assert_eq!(err, mounts::SetupError::Host("sethostname: EPERM: Operation not permitted".into()));
         assert_eq!(sys.names().last(), Some(&"sethostname"));
         assert!(!sys.names().contains(&"pivot_root"));
         // A helper binary that is gone fails first, before any mount.
         let sys = RecordingSys::new();
         let cfg = InitConfig { init_binary: dir.path().join("missing"), ..config(dir.path()) };
-        let err = setup_sandbox(&sys, &cfg, false).unwrap_err();
+        let err = setup_sandbox(&sys, &cfg, None).unwrap_err();
         assert!(err.to_string().starts_with("open_tree "), "{err}");
         assert_eq!(sys.names(), ["open_tree"]);
     }

@@ -482,7 +482,13 @@ impl Runtime for NamespaceRuntime {
             criu: bin,
             external_netns: images_dir.join(criu::NETNS_MARKER).is_file(),
             netns_path: spec.netns_path.clone(),
-            secrets_mount: (!spec.secrets.is_empty()).then(|| spec.rootfs_dir.with_file_name("secrets.mnt")),
+            // In a user namespace CRIU's restored task opens the secrets' mount as the
+            // sandbox's root, for whom the state directory is closed: it goes on a
+            // scratch tmpfs of the restore helper's own, at a path everyone may walk.
+            secrets_mount: (!spec.secrets.is_empty()).then(|| match spec.userns {
+                Some(_) => Path::new(restore::SCRATCH).join("secrets"),
+                None => spec.rootfs_dir.with_file_name("secrets.mnt"),
+            }),
             secrets_owner: spec.secrets_owner.clone(),
             userns: spec.userns,
             empty_netns,

@@ -231,10 +231,13 @@ pub enum RootSource<'a> {
     },
     /// A sandbox in a user namespace of its own: the host mounted the overlay
     /// (idmapped, [`mount_user_root`]) before the sandbox's namespaces were
-    /// made, so pid 1 inherits it. It binds the root onto itself (a mount
-    /// inherited from a more privileged namespace is locked, and pivot_root
-    /// refuses it) and binds the host's device nodes into /dev (mknod takes
-    /// host privileges).
+    /// made and made it pid 1's working directory, so pid 1 inherits it. It
+    /// attaches a copy of it onto itself and enters that (a mount inherited
+    /// from a more privileged namespace is locked, and pivot_root refuses
+    /// it), through descriptors only (the host path of the root lies in the
+    /// state directory, closed to the sandbox's ids), and binds the host's
+    /// device nodes into /dev (mknod takes host privileges). The root path
+    /// given with it is `.`.
     Inherited,
 }
 
@@ -270,8 +273,13 @@ pub fn build_rootfs(sys: &dyn Sys, source: RootSource<'_>, root: &Path, memory_b
             false
         }
         RootSource::Inherited => {
-            sys.mount(Some(root), root, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)
-                .map_err(ctx(format!("bind {} onto itself", root.display())))?;
+            use std::os::fd::AsRawFd;
+            let flags = crate::sys::OPEN_TREE_CLONE | crate::sys::AT_RECURSIVE | libc::O_CLOEXEC as u32;
+            let copy = sys.open_tree(root, flags).map_err(ctx("copy the inherited root"))?;
+            sys.move_mount(copy.as_fd(), root).map_err(ctx("attach the root's copy onto it"))?;
+            // The descriptor now names the attached copy: enter it.
+            sys.chdir(Path::new(&format!("/proc/self/fd/{}", copy.as_raw_fd())))
+                .map_err(ctx("enter the root's copy"))?;
             true
         }
     };
@@ -958,12 +966,22 @@ mod tests {
     }
 
     #[test]
-    fn an_inherited_root_is_bound_onto_itself_and_gets_the_host_s_device_nodes() {
+    fn an_inherited_root_is_copied_onto_itself_entered_and_gets_the_host_s_device_nodes() {
         let t = tree();
         let sys = RecordingSys::new();
         build_rootfs(&sys, RootSource::Inherited, &t.root, None).unwrap();
         let got = described(&sys, &t.root);
-        assert_eq!(got[..2], ["mount - / - PRIVATE|REC -".to_string(), "mount $ROOT $ROOT - BIND|REC -".into()]);
+        // A recursive copy (OPEN_TREE_CLONE | AT_RECURSIVE | O_CLOEXEC) attached where
+        // the root is, then entered through its descriptor: no host path is walked.
+        assert_eq!(
+            got[..3],
+            [
+                "mount - / - PRIVATE|REC -".to_string(),
+                "open_tree $ROOT 0x88001".into(),
+                "move_mount $ROOT $ROOT".into()
+            ]
+        );
+        assert!(got[3].starts_with("chdir /proc/self/fd/"), "{got:#?}");
         assert!(!got.iter().any(|l| l.starts_with("mount overlay") || l.starts_with("mknod")), "{got:#?}");
         for (name, _, _) in DEVICES {
             assert!(got.contains(&format!("mount /dev/{name} $ROOT/dev/{name} - BIND -")), "{name}: {got:#?}");

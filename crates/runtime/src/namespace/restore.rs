@@ -92,6 +92,12 @@ pub fn main() -> ! {
     fail(format!("exec {}: {err}", cfg.criu.display()))
 }
 
+/// Where the restore of a sandbox in a user namespace mounts a tmpfs of its
+/// private mount namespace for what CRIU's restored task must open as the
+/// sandbox's root (the secrets' mount): outside the state directory, which is
+/// closed to the sandbox's ids. The host sees only the empty directory.
+pub const SCRATCH: &str = "/run/strata-restore";
+
 /// Prepares what CRIU restores onto, in a new private mount namespace: the
 /// overlay root at `cfg.rootfs_dir` (with the identity mount points of a
 /// foreign root) and, when the sandbox has secrets, a tmpfs at
@@ -130,6 +136,14 @@ pub fn prepare_root(
     }
     if let Some(dir) = &cfg.secrets_mount {
         let secrets = secrets()?;
+        if dir.starts_with(SCRATCH) {
+            // A tmpfs of this helper's mount namespace only (the host sees an empty directory).
+            let scratch = Path::new(SCRATCH);
+            std::fs::create_dir_all(scratch).map_err(|e| format!("create {SCRATCH}: {e}"))?;
+            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+            sys.mount(Some(Path::new("tmpfs")), scratch, Some("tmpfs"), flags, Some("mode=0755,size=1m"))
+                .map_err(|e| format!("mount a tmpfs on {SCRATCH}: {e}"))?;
+        }
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let passwd = read_in_root(&cfg.rootfs_dir, "etc/passwd");
         let group = read_in_root(&cfg.rootfs_dir, "etc/group");

@@ -33,6 +33,8 @@ pub use linux::LinuxSys;
 
 /// `open_tree(2)` flag: clone the mount instead of opening it in place.
 pub const OPEN_TREE_CLONE: u32 = 1;
+/// `open_tree(2)` flag: with [`OPEN_TREE_CLONE`], the mounts below too.
+pub const AT_RECURSIVE: u32 = 0x8000;
 
 /// The privileged calls the namespace tier makes. Every method is one system
 /// call (or, for [`Sys::loopback_up`], one fixed sequence of them) with the
