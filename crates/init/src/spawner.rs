@@ -30,7 +30,6 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -44,7 +43,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::{creds, user};
+use crate::creds;
 
 /// The spawner's abstract socket name (in the sandbox's own network namespace).
 pub const SOCKET_NAME: &[u8] = b"strata-init/spawner";
@@ -221,11 +220,24 @@ fn address() -> UnixAddr {
     UnixAddr::new_abstract(SOCKET_NAME).expect("the name fits")
 }
 
-/// Connects to pid 1's spawner.
+/// How long a client waits for pid 1 to listen: runsc reports a sandbox
+/// started once its init runs, which is a moment before pid 1 has bound its
+/// socket (an exec right after create lands in that moment).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Connects to pid 1's spawner (waiting up to [`CONNECT_PATIENCE`] for it to listen).
 pub fn connect_spawner() -> nix::Result<OwnedFd> {
-    let s = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
-    connect(s.as_raw_fd(), &address())?;
-    Ok(s)
+    let deadline = Instant::now() + CONNECT_PATIENCE;
+    loop {
+        let s = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+        match connect(s.as_raw_fd(), &address()) {
+            Ok(()) => return Ok(s),
+            Err(nix::errno::Errno::ECONNREFUSED) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 // ---- pid 1 ----
@@ -276,36 +288,196 @@ fn dup(fd: &OwnedFd) -> nix::Result<OwnedFd> {
 }
 
 /// Starts `p` with the given stdio; its own session; the user's credentials.
+///
+/// The child shares pid 1's memory until it executes (`clone` with
+/// `CLONE_VM | CLONE_VFORK`, as `posix_spawn` does): under the sentry a
+/// `fork` copies the address space and the child then takes a page fault for
+/// every page it touches, which cost ~20 ms per process. Everything the child
+/// needs is prepared here ([`Prepared`]); the child makes raw system calls
+/// only ([`spawn_child`]) and reports a failure on a close-on-exec pipe.
 fn start(p: &Process, stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> std::io::Result<i32> {
-    let (program, args) = p.args.split_first().ok_or_else(|| std::io::Error::other("empty command"))?;
-    let user = user::ResolvedUser { uid: p.uid, gid: p.gid, groups: p.groups.clone(), home: "/".into(), name: None };
-    let allow_setuid = p.allow_setuid;
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args).env_clear().current_dir(&p.cwd).stdin(stdin).stdout(stdout).stderr(stderr);
-    for kv in &p.env {
-        if let Some((k, v)) = kv.split_once('=') {
-            cmd.env(k, v);
+    let prepared = Prepared::new(p, [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()])?;
+    let (err_r, err_w) = pipe().map_err(std::io::Error::from)?;
+    let mut prepared = prepared;
+    prepared.report = err_w.as_raw_fd();
+    let mut stack = vec![0u8; CHILD_STACK];
+    // SAFETY: the stack is ours and outlives the child's use of it (CLONE_VFORK:
+    // this call returns only once the child has executed or exited); the stack
+    // pointer is the top of it, 16-byte aligned; `prepared` lives until then too,
+    // and the child only reads it.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(CHILD_STACK) as usize & !15;
+        libc::clone(
+            spawn_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &prepared as *const Prepared as *mut libc::c_void,
+        )
+    };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(err_w);
+    drop(stack);
+    // Empty: it executed. Eight bytes: the step that failed and its errno.
+    let mut report = [0u8; 8];
+    let mut got = 0;
+    while got < report.len() {
+        match nix::unistd::read(err_r.as_raw_fd(), &mut report[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
         }
     }
-    // SAFETY: runs in the forked child before exec; pid 1 is single-threaded,
-    // so the allocations in drop_to cannot meet a lock held by another thread.
-    unsafe {
-        cmd.pre_exec(move || {
-            let _ = SigSet::empty().thread_set_mask();
-            nix::unistd::setsid()?;
-            let keep: &[caps::Capability] = if user.uid == 0 { &creds::KEPT } else { &[] };
-            creds::drop_to(&user, keep).map_err(std::io::Error::other)?;
-            if !allow_setuid {
-                creds::no_new_privs().map_err(std::io::Error::other)?;
-            }
-            Ok(())
+    if got == 0 {
+        return Ok(pid);
+    }
+    // It exited: reap it here (the SIGCHLD loop then finds nothing of it).
+    let _ = waitpid(Pid::from_raw(pid), None);
+    let step = u32::from_le_bytes(report[..4].try_into().expect("4 bytes"));
+    let errno = i32::from_le_bytes(report[4..].try_into().expect("4 bytes"));
+    let e = std::io::Error::from_raw_os_error(errno);
+    Err(match step {
+        STEP_EXEC => e,
+        _ => std::io::Error::new(e.kind(), format!("{}: {e}", STEP_NAMES.get(step as usize).unwrap_or(&"setup"))),
+    })
+}
+
+/// Stack of a spawned child until it executes (it calls into libc only).
+const CHILD_STACK: usize = 64 << 10;
+
+/// The child's steps, as reported when one fails (`STEP_NAMES[step]`).
+const STEP_NAMES: [&str; 9] =
+    ["setsid", "chdir", "setgroups", "setgid", "setuid", "capset", "no_new_privs", "stdio", "exec"];
+const STEP_EXEC: u32 = 8;
+
+/// What a spawned child needs, made before it exists (it allocates nothing).
+struct Prepared {
+    path: std::ffi::CString,
+    _argv: Vec<std::ffi::CString>,
+    argv: Vec<*const libc::c_char>,
+    _envp: Vec<std::ffi::CString>,
+    envp: Vec<*const libc::c_char>,
+    cwd: std::ffi::CString,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<libc::gid_t>,
+    /// Capabilities the process keeps (effective, permitted, inheritable).
+    caps: u64,
+    /// Capabilities taken out of the bounding set.
+    drop_bounding: Vec<libc::c_int>,
+    no_new_privs: bool,
+    stdio: [RawFd; 3],
+    /// The write end of the failure pipe.
+    report: RawFd,
+}
+
+impl Prepared {
+    fn new(p: &Process, stdio: [RawFd; 3]) -> std::io::Result<Prepared> {
+        use std::ffi::CString;
+        let c = |s: &str| CString::new(s).map_err(|_| std::io::Error::other(format!("{s:?} holds a NUL byte")));
+        let program = p.args.first().ok_or_else(|| std::io::Error::other("empty command"))?;
+        let argv_c = p.args.iter().map(|a| c(a)).collect::<std::io::Result<Vec<_>>>()?;
+        let envp_c = p.env.iter().filter(|kv| kv.contains('=')).map(|kv| c(kv)).collect::<std::io::Result<Vec<_>>>()?;
+        let ptrs = |v: &[CString]| v.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        let keep: &[caps::Capability] = if p.uid == 0 { &creds::KEPT } else { &[] };
+        let kept: u64 = keep.iter().map(|c| c.bitmask()).fold(0, |a, b| a | b);
+        // Capabilities unknown to the running kernel fail with EINVAL in the child; that is fine.
+        let drop_bounding = (0..64).filter(|i| kept & (1u64 << i) == 0).collect();
+        Ok(Prepared {
+            path: c(program)?,
+            argv: ptrs(&argv_c),
+            _argv: argv_c,
+            envp: ptrs(&envp_c),
+            _envp: envp_c,
+            cwd: c(&p.cwd)?,
+            uid: p.uid,
+            gid: p.gid,
+            groups: p.groups.clone(),
+            caps: kept,
+            drop_bounding,
+            no_new_privs: !p.allow_setuid,
+            stdio,
+            report: -1,
         })
-    };
-    let child = cmd.spawn()?;
-    let pid = child.id() as i32;
-    // Reaped by the SIGCHLD loop, not through `child`.
-    std::mem::forget(child);
-    Ok(pid)
+    }
+}
+
+/// The spawned child (see [`start`]): its own session and signal mask,
+/// the working directory, the user's credentials and capabilities, its stdio,
+/// then the program. Raw system calls only: it runs in pid 1's memory.
+extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Prepared` the parent keeps alive until this child
+    // has executed or exited (CLONE_VFORK); only system calls follow, on
+    // pointers into it (NUL-terminated strings, null-terminated arrays).
+    unsafe {
+        let p = &*(arg as *const Prepared);
+        let fail = |step: u32| -> ! {
+            let errno = *libc::__errno_location();
+            let mut msg = [0u8; 8];
+            msg[..4].copy_from_slice(&step.to_le_bytes());
+            msg[4..].copy_from_slice(&errno.to_le_bytes());
+            libc::write(p.report, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        };
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // Rust's runtime ignores SIGPIPE; a program starts with the default.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        if libc::setsid() < 0 {
+            fail(0);
+        }
+        if libc::chdir(p.cwd.as_ptr()) != 0 {
+            fail(1);
+        }
+        for cap in &p.drop_bounding {
+            libc::prctl(libc::PR_CAPBSET_DROP, *cap as libc::c_ulong, 0, 0, 0);
+        }
+        if libc::syscall(libc::SYS_setgroups, p.groups.len(), p.groups.as_ptr()) != 0 {
+            fail(2);
+        }
+        if libc::syscall(libc::SYS_setresgid, p.gid, p.gid, p.gid) != 0 {
+            fail(3);
+        }
+        if libc::syscall(libc::SYS_setresuid, p.uid, p.uid, p.uid) != 0 {
+            fail(4);
+        }
+        // The sentry has no ambient capabilities (EINVAL): none to clear is the state wanted.
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0);
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: libc::c_int,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let header = Header { version: 0x2008_0522, pid: 0 };
+        let (lo, hi) = (p.caps as u32, (p.caps >> 32) as u32);
+        let data = [
+            Data { effective: lo, permitted: lo, inheritable: lo },
+            Data { effective: hi, permitted: hi, inheritable: hi },
+        ];
+        if libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) != 0 {
+            fail(5);
+        }
+        if p.no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            fail(6);
+        }
+        for (target, fd) in p.stdio.iter().enumerate() {
+            if libc::dup2(*fd, target as libc::c_int) < 0 {
+                fail(7);
+            }
+        }
+        libc::execve(p.path.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
+        fail(STEP_EXEC)
+    }
 }
 
 impl Spawner {
@@ -798,5 +970,68 @@ mod tests {
         std::fs::File::from(fds[0].try_clone().unwrap()).read_to_string(&mut out).unwrap();
         assert_eq!(out, "out\n");
         assert!(sp.procs.is_empty(), "told, and forgotten");
+    }
+
+    /// Runs `script` with sh through [`start`] as `uid`; its stdout.
+    fn run_as(uid: u32, script: &str, allow_setuid: bool) -> String {
+        let p = Process {
+            args: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: vec!["PATH=/bin:/usr/bin".into()],
+            cwd: "/".into(),
+            uid,
+            gid: uid,
+            groups: vec![uid],
+            allow_setuid,
+        };
+        let (in_r, _in_w) = pipe().unwrap();
+        let (out_r, out_w) = pipe().unwrap();
+        let (_err_r, err_w) = pipe().unwrap();
+        let pid = start(&p, in_r, out_w, err_w).unwrap();
+        assert!(matches!(waitpid(Pid::from_raw(pid), None).unwrap(), WaitStatus::Exited(_, 0)));
+        let mut out = String::new();
+        std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_spawned_process_gets_its_user_capabilities_and_session_and_failures_say_why() {
+        if !nix::unistd::getuid().is_root() {
+            eprintln!("skipped: setgroups and capset need root");
+            return;
+        }
+        let field = |out: &str, name: &str| {
+            out.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string()).unwrap_or_default()
+        };
+        let root = run_as(0, "cat /proc/self/status", false);
+        let kept = creds::KEPT.iter().map(|c| c.bitmask()).fold(0u64, |a, b| a | b);
+        assert_eq!(u64::from_str_radix(&field(&root, "CapEff:"), 16).unwrap(), kept, "{root}");
+        assert_eq!(u64::from_str_radix(&field(&root, "CapBnd:"), 16).unwrap(), kept);
+        assert_eq!(field(&root, "NoNewPrivs:"), "1");
+        let user = run_as(65534, "cat /proc/self/status", true);
+        assert!(field(&user, "Uid:").starts_with("65534"), "{user}");
+        assert_eq!(u64::from_str_radix(&field(&user, "CapEff:"), 16).unwrap(), 0, "a user holds none");
+        assert_eq!(field(&user, "NoNewPrivs:"), "0", "allow_setuid leaves it unset");
+        // Its own session: it leads it (the session id is its pid).
+        let ids = run_as(0, "echo $$ $(cut -d' ' -f6 /proc/$$/stat)", false);
+        let ids: Vec<&str> = ids.split_whitespace().collect();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids[0], ids[1], "the session id is the process's own pid");
+        // What cannot start is an error with the reason, and leaves no child behind.
+        let (a, b, c) = (pipe().unwrap(), pipe().unwrap(), pipe().unwrap());
+        let missing = Process {
+            args: vec!["/nonexistent/program".into()],
+            env: vec![],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            groups: vec![0],
+            allow_setuid: false,
+        };
+        let e = start(&missing, a.0, b.1, c.1).unwrap_err();
+        assert_eq!(spawn_error(&missing, &e), "exec /nonexistent/program: No such file or directory");
+        let (a, b, c) = (pipe().unwrap(), pipe().unwrap(), pipe().unwrap());
+        let bad_dir = Process { cwd: "/nonexistent".into(), args: vec!["/bin/sh".into()], ..missing };
+        let e = start(&bad_dir, a.0, b.1, c.1).unwrap_err();
+        assert!(e.to_string().starts_with("chdir: "), "{e}");
     }
 }
