@@ -256,7 +256,7 @@ install_runsc() {
     (cd "$APT_BPO/debs" && apt_private "$APT_BPO" download runsc/bookworm-backports)
     apt-get install -y -q --no-install-recommends "$APT_BPO"/debs/runsc_*.deb
     rm -rf "$APT_BPO"
-    runsc --version | head -n1
+    runsc --version | sed -n 1p  # not head: runsc gets SIGPIPE and pipefail fails the step
 }
 
 if [ "$(debian_codename)" != bookworm ]; then

@@ -408,6 +408,21 @@ async fn measure_processes(b: &mut Bench, bare: &Bare) -> Result<()> {
         b_ck.push(bare.run_detached(&["checkpoint", "--image-path", &img, id])?);
         bare.run_detached(&["delete", "-force", id])?;
         b_rs.push(bare.run_detached(&["restore", "--image-path", &img, "--bundle", &wb, "-detach", id])?);
+        // The same check as strata's cycles make (the shell forks md5sum of its
+        // text), so that both sentries have done the same work before the next one.
+        let sum = bare.rootfs.join("bench.sum");
+        let _ = std::fs::remove_file(&sum);
+        bare.run_detached(&["kill", id, "USR1"])?;
+        let t = Instant::now();
+        while !sum.exists() {
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("the bare workload did not answer USR1 after its restore");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if std::fs::read_to_string(&sum)? != std::fs::read_to_string(bare.rootfs.join("bench.sum0"))? {
+            bail!("the bare workload's data changed across checkpoint/restore");
+        }
     }
     let _ = bare.run_detached(&["delete", "-force", id]);
     let _ = std::fs::remove_dir_all(&images);
@@ -477,10 +492,11 @@ async fn measure_processes(b: &mut Bench, bare: &Bare) -> Result<()> {
             "Standby/resume: figure 4's workload (a busybox shell holding ~100 MiB of base64 text) in a gVisor \
              sandbox, {CYCLES} cycles of standby -> resume through the API (each verified: same pid, same \
              md5 of the text), against {CYCLES} cycles of `runsc checkpoint` -> `delete` -> `restore -detach` \
-             of a bare sandbox whose init runs the same script on the same rootfs. Standby includes letting \
-             the API processes' clients go (one `runsc exec`) and the image's checks; resume includes \
-             the checksum check of the image and reattaching the API process (its client is a `runsc exec` \
-             started after the restore, off the measured path). Image ~{img}. Forks: a sandbox serving \
+             of a bare sandbox whose init runs the same script on the same rootfs, verified the same way after \
+             each restore (`runsc kill USR1`, the md5 compared: both sentries do the same work between \
+             cycles). Standby includes letting the API processes' connections go (the broker paused, pid 1 \
+             told over the exec channel) and the image's checks; resume includes the checksum check of the \
+             image and reattaching the API process (over the exec channel, off the measured path). Image ~{img}. Forks: a sandbox serving \
              busybox httpd, a warm checkpoint (`processes: true`), then one fork call of {FORKS} children \
              until each answers `wget` inside ({api} ms of it in the fork call), against {FORKS} cold forks \
              (`processes: false`) that start httpd.",

@@ -54,6 +54,17 @@ fn a_gvisor_sandbox_runs_the_whole_filesystem_lifecycle() {
     // Stdin reaches the process; users resolve against the sandbox's /etc/passwd.
     let out = d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "tr a-z A-Z"], b"piped\n");
     assert_eq!(stdout(&out), "PIPED\n");
+    // Megabytes both ways at once, the process reading its stdin only after it
+    // wrote its output: the exec channel holds stdin back without blocking output.
+    let input: Vec<u8> = (0..(6u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let out = cli_stdin_concurrently(
+        &d,
+        &["exec", "-i", &id, "--", "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x; cat"],
+        &input,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout.len(), 3_000_000 + input.len());
+    assert!(out.stdout[..3_000_000].iter().all(|b| *b == b'x') && out.stdout[3_000_000..] == input[..]);
     assert_eq!(d.cli_ok(&["exec", "--user", "user", &id, "--", "id", "-un"]), "user\n");
     assert_eq!(d.cli_ok(&["exec", "--cwd", "/etc", &id, "--", "pwd"]), "/etc\n");
     let missing = d.cli(&["exec", &id, "--", "no-such-program"]);
@@ -339,4 +350,23 @@ fn the_same_escape_attempts_fail_on_every_tier_and_the_host_keeps_working() {
     // The host and the other sandbox kept working.
     assert_eq!(sh_ok(&d, &canary, "cat /canary"), "alive\n");
     assert!(std::process::Command::new("true").status().unwrap().success());
+}
+
+/// Runs the CLI with `input` on its stdin, written while its output is read.
+fn cli_stdin_concurrently(d: &TestDaemon, args: &[&str], input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(common::strata_bin())
+        .args(args)
+        .env("STRATA_SOCKET", &d.socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run strata");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    out
 }

@@ -7,16 +7,17 @@
 //! * [`enter`]: `_enter`, run by the daemon on the host: joins a sandbox and
 //!   hands one process to a `_shim` inside.
 //! * [`exec`]: the per-process `_shim` and everything between fork and exec.
-//! * [`runsc`]: the gVisor tier's `_runsc_exec` (on the host) and `_signal`
-//!   (inside).
+//! * [`runsc`]: the gVisor tier's `_runsc_exec` (on the host).
 //! * [`spawner`]: the gVisor tier's pid 1 as the parent of every API process
-//!   (so they survive `runsc checkpoint`), and its clients `_gclient`,
-//!   `_gdetach`, `_hostname` (inside).
+//!   (so they survive `runsc checkpoint`), reached over [`channel`] (frames
+//!   over connections pid 1 opens to the sandbox's broker on the host), and
+//!   `_hostname` (inside).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
 //! Keeping every sandbox process's mappings inside the sandbox's own mount tree
 //! is what lets CRIU dump the whole tree for standby.
 
+pub mod channel;
 pub mod creds;
 pub mod enter;
 pub mod exec;

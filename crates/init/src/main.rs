@@ -1,4 +1,4 @@
-//! `strata-init _pid1 GRACE_SECS` | `_shim` | `_enter` | `_runsc_exec` | `_signal SIG TARGET` | `_gclient` | `_gdetach` | `_hostname NAME`: see the library docs.
+//! `strata-init _pid1 GRACE_SECS` | `_shim` | `_enter` | `_runsc_exec` | `_hostname NAME`: see the library docs.
 
 fn main() {
     match std::env::args().nth(1).as_deref() {
@@ -6,12 +6,9 @@ fn main() {
         Some("_shim") => strata_init::exec::shim_main(),
         Some("_enter") => strata_init::enter::main(),
         Some("_runsc_exec") => strata_init::runsc::exec_main(),
-        Some("_signal") => strata_init::runsc::signal_main(),
-        Some("_gclient") => strata_init::spawner::client_main(),
-        Some("_gdetach") => strata_init::spawner::detach_main(),
         Some("_hostname") => strata_init::spawner::hostname_main(),
         _ => {
-            eprintln!("strata-init runs inside strata sandboxes (as `_pid1`, `_shim`, `_enter`, `_runsc_exec` or `_signal`); it is not meant to be run by hand");
+            eprintln!("strata-init runs inside strata sandboxes (as `_pid1`, `_shim`, `_enter`, or `_runsc_exec`); it is not meant to be run by hand");
             std::process::exit(2)
         }
     }

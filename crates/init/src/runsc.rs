@@ -6,33 +6,36 @@
 //!   the namespace tier's shim does. The report channel never enters the
 //!   sandbox: this helper resolves the user, working directory, environment
 //!   and program against the sandbox's root *on the host* (every path through
-//!   `openat2(RESOLVE_IN_ROOT)`, files only if regular), writes the request
-//!   into a memfd and runs `runsc exec` of `_gclient` with it as descriptor 3
-//!   and a status pipe as descriptor 4 (`--pass-fd`). The client has pid 1
-//!   start the process ([`crate::spawner`]: so it survives a checkpoint),
-//!   relays its stdio, and writes its pid and its exact end (exit code or
-//!   signal) on the status pipe; this helper checks each line and reports
-//!   it. Nothing of the spec (environment values included) appears on a host
-//!   command line. The start of a client holds the sandbox's exec lock
-//!   shared ([`RunscExec::lock`]): a checkpoint holds it exclusive, so no
-//!   client appears while one is taken.
-//! * `_signal SIG TARGET`, run inside a gVisor sandbox through `runsc exec`:
-//!   `kill(TARGET, SIG)`, where a negative target is a process group (runsc's
-//!   own `kill --pid` reaches one process only).
+//!   `openat2(RESOLVE_IN_ROOT)`, files only if regular), takes one of pid 1's
+//!   connections from the sandbox's broker ([`crate::channel`]), checks that
+//!   its far end proves the sandbox's token, and has pid 1 start the process
+//!   ([`crate::spawner`]: so it survives a checkpoint). It relays the
+//!   process's output and its own stdin, and reports the process's pid and its
+//!   exact end (exit code or signal). Nothing of the spec (environment values
+//!   included) appears on a host command line. The start holds the sandbox's
+//!   exec lock shared ([`RunscExec::lock`]) until the process runs: a
+//!   checkpoint holds it exclusive, so none starts while one is taken.
+//!
+//! Signals to a sandbox's processes go over the channel too
+//! ([`crate::spawner::Request::Signal`]).
 
-use std::io::{Read, Seek, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::channel::{self, Frame};
 use crate::exec::{die, ExecReport, ExecSpec, Reporter};
 use crate::openat2::{open_regular, openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS};
-use crate::spawner::{Process, Request, Status, REQUEST_FD, STATUS_FD};
+use crate::spawner::{Process, Request, Status};
 use crate::user;
 
 /// Environment variable carrying the [`RunscExec`] JSON.
 pub const CONFIG_ENV: &str = "STRATA_RUNSC_EXEC";
+
+/// Stdin bytes queued for pid 1 before this helper stops reading its own stdin.
+const MAX_STDIN_QUEUED: usize = 256 << 10;
 
 /// Largest /etc/passwd or /etc/group read (the rest is ignored).
 const MAX_ACCOUNT_FILE: u64 = 4 << 20;
@@ -46,17 +49,17 @@ pub fn root_capabilities() -> Vec<String> {
 /// What `_runsc_exec` receives.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RunscExec {
-    /// `runsc` and its global flags (`--root`, `--platform`, ...).
-    pub runsc: Vec<String>,
-    /// The container (sandbox) id.
-    pub container: String,
     /// The sandbox's root as the host sees it (the user, directory and
     /// program are resolved in it).
     pub root: PathBuf,
     /// The sandbox's hostname (`HOSTNAME` when the spec has none).
     pub hostname: String,
-    /// The lock file held shared while a client starts (see the module docs).
+    /// The lock file held shared while a process starts (see the module docs).
     pub lock: PathBuf,
+    /// The control socket of the sandbox's broker.
+    pub broker: PathBuf,
+    /// The file holding the sandbox's token (host-only).
+    pub token: PathBuf,
     /// What to do.
     pub job: Job,
 }
@@ -172,96 +175,58 @@ pub fn spawn_request(r: &Resolved, allow_setuid: bool) -> Request {
     }
 }
 
-/// The OCI process of the client `runsc exec` starts: root without
-/// capabilities (pid 1 accepts only uid 0 and gives the process its own).
-pub fn client_process() -> serde_json::Value {
-    serde_json::json!({
-        "terminal": false,
-        "user": {"uid": 0, "gid": 0},
-        "args": [crate::SELF_PATH, "_gclient"],
-        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
-        "cwd": "/",
-        "capabilities": {"bounding": [], "effective": [], "permitted": []},
-        "noNewPrivileges": true,
-    })
-}
-
-/// The `runsc exec` arguments after the global flags: the client's process
-/// file, and the request and status descriptors passed in as 3 and 4.
-pub fn exec_args(process_fd: RawFd, request_fd: RawFd, status_fd: RawFd, container: &str) -> Vec<String> {
-    vec![
-        "exec".into(),
-        "--process".into(),
-        format!("/proc/self/fd/{process_fd}"),
-        "--pass-fd".into(),
-        format!("{request_fd}:{REQUEST_FD}"),
-        "--pass-fd".into(),
-        format!("{status_fd}:{STATUS_FD}"),
-        container.to_string(),
-    ]
-}
-
-/// The report a status line from the client stands for (`None`: not one the
-/// client writes; the line is ignored).
-pub fn report_of(line: &str) -> Option<ExecReport> {
-    Some(match serde_json::from_str::<Status>(line.trim()).ok()? {
-        Status::Pid { pid } if pid > 1 => ExecReport::NsPid { pid },
+/// The report an end of a process stands for.
+pub fn report_of(status: &Status) -> Option<ExecReport> {
+    Some(match status {
+        Status::Pid { pid } if *pid > 1 => ExecReport::NsPid { pid: *pid },
         Status::Pid { .. } => return None,
-        Status::Exited { code } => ExecReport::Exited { code },
-        Status::Signaled { signal } if (1..=64).contains(&signal) => ExecReport::Signaled { signal },
+        Status::Exited { code } => ExecReport::Exited { code: *code },
+        Status::Signaled { signal } if (1..=64).contains(signal) => ExecReport::Signaled { signal: *signal },
         Status::Signaled { .. } => return None,
         Status::Failed { message } => ExecReport::SpawnError { message: message.chars().take(2048).collect() },
     })
 }
 
-fn memfd(name: &std::ffi::CStr) -> std::io::Result<std::fs::File> {
-    // SAFETY: memfd_create with a NUL-terminated name; the result is a new descriptor we own.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+/// Takes one of pid 1's connections from the broker at `broker` and opens
+/// it as the host (pid 1 must prove the token in `token_file`). A
+/// connection whose far end proves nothing (a stranger in the sandbox
+/// offered it) is dropped and another taken, a few times.
+pub fn connect(
+    broker: &std::path::Path,
+    token_file: &std::path::Path,
+) -> Result<(std::os::unix::net::UnixStream, channel::FrameReader), String> {
+    let token = std::fs::read(token_file).map_err(|e| format!("the sandbox's token {}: {e}", token_file.display()))?;
+    let mut last = String::new();
+    for _ in 0..4 {
+        let mut conn = channel::take(broker).map_err(|e| format!("reach the sandbox's init: {e}"))?;
+        match channel::open_as_host(&mut conn, &token) {
+            Ok(reader) => return Ok((conn, reader)),
+            Err(e) => last = e.to_string(),
+        }
     }
-    // SAFETY: `fd` is new and owned here (no close-on-exec: runsc inherits it).
-    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    Err(format!("reach the sandbox's init: {last}"))
 }
-
-/// Longest status line read from the client.
-const MAX_STATUS_LINE: u64 = 4096;
-/// Most status lines read from one client (it writes two: pid, end); a
-/// client that writes more is tampered with and is not listened to further.
-const MAX_STATUS_LINES: usize = 8;
 
 /// Entry point of `strata-init _runsc_exec`. Never returns.
 pub fn exec_main() -> ! {
     let mut rep = Reporter::from_env();
     if let Some(f) = rep.0.as_ref() {
-        // The report descriptor stays with this helper; runsc never gets it.
+        // The report descriptor stays with this helper.
         // SAFETY: F_SETFD on our own descriptor.
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
     }
     let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| die(&mut rep, format!("{CONFIG_ENV} is not set")));
     let cfg: RunscExec = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
-    let request = match &cfg.job {
+    let (request, feeds_stdin) = match &cfg.job {
         Job::Exec { exec } => {
             let root = std::fs::File::open(&cfg.root)
                 .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's root {}: {e}", cfg.root.display())));
             let resolved = resolve(root.as_raw_fd(), exec, &cfg.hostname).unwrap_or_else(|m| die(&mut rep, m));
-            spawn_request(&resolved, exec.allow_setuid)
+            (spawn_request(&resolved, exec.allow_setuid), true)
         }
-        Job::Attach { pid, stdin } => Request::Attach { pid: *pid, stdin: *stdin },
+        Job::Attach { pid, stdin } => (Request::Attach { pid: *pid, stdin: *stdin }, *stdin),
     };
-    let memfile = |name: &std::ffi::CStr, bytes: &[u8], rep: &mut Reporter| {
-        let mut f = memfd(name).unwrap_or_else(|e| die(rep, format!("memfd: {e}")));
-        f.write_all(bytes).and_then(|_| f.rewind()).unwrap_or_else(|e| die(rep, format!("write {name:?}: {e}")));
-        f
-    };
-    let process_file = memfile(c"process.json", &serde_json::to_vec(&client_process()).expect("serializes"), &mut rep);
-    let request_file = memfile(c"request.json", &serde_json::to_vec(&request).expect("serializes"), &mut rep);
-    let (status_r, status_w) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap_or_else(|e| die(&mut rep, format!("pipe: {e}")));
-    // Only runsc inherits the write end.
-    // SAFETY: F_SETFD on our own descriptor.
-    unsafe { libc::fcntl(status_w.as_raw_fd(), libc::F_SETFD, 0) };
-    // Held shared until the client has told its pid (or ended): a checkpoint waits for it.
+    // Held shared until the process runs: a checkpoint waits for it.
     let lock = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -273,64 +238,136 @@ pub fn exec_main() -> ! {
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH) } != 0 {
         die(&mut rep, format!("lock {}: {}", cfg.lock.display(), std::io::Error::last_os_error()));
     }
-    let Some((program, globals)) = cfg.runsc.split_first() else { die(&mut rep, "empty runsc command".into()) };
-    let mut child = std::process::Command::new(program)
-        .args(globals)
-        .args(exec_args(process_file.as_raw_fd(), request_file.as_raw_fd(), status_w.as_raw_fd(), &cfg.container))
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .spawn()
-        .unwrap_or_else(|e| die(&mut rep, format!("spawn {program}: {e}")));
-    drop((process_file, request_file, status_w));
+    let (mut conn, mut reader) = connect(&cfg.broker, &cfg.token).unwrap_or_else(|m| die(&mut rep, m));
+    let req = serde_json::to_vec(&request).expect("request serializes");
+    if let Err(e) = channel::write_frame(&mut conn, Frame::Request, &req) {
+        die(&mut rep, format!("send the request to the sandbox's init: {e}"));
+    }
     let mut lock = Some(lock);
-    let mut reader = std::io::BufReader::new(std::fs::File::from(status_r));
-    let mut started = false;
-    for _ in 0..MAX_STATUS_LINES {
-        let mut line = String::new();
-        match std::io::BufRead::read_line(&mut (&mut reader).take(MAX_STATUS_LINE), &mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let Some(report) = report_of(&line) else { continue };
-        let last = !matches!(report, ExecReport::NsPid { .. });
-        if !last {
-            started = true;
-            lock = None;
-        }
-        rep.send(&report);
-        if last {
-            let _ = child.wait();
-            std::process::exit(0)
-        }
-    }
-    drop(lock);
-    let status = child.wait().unwrap_or_else(|e| die(&mut rep, format!("wait: {e}")));
-    if !started {
-        // runsc's own failure: its message is on the process's stderr.
-        rep.send(&ExecReport::SpawnError {
-            message: format!("runsc could not start the process ({status}; its message is on stderr)"),
-        });
-    }
-    // Started, and the client left without a word: it was told to let go (a
-    // checkpoint), or the sandbox is gone. The daemon knows which.
-    std::process::exit(0)
+    relay(conn, &mut reader, feeds_stdin, &mut rep, &mut lock)
 }
 
-/// Entry point of `strata-init _signal SIG TARGET` (inside a sandbox). Exits 0
-/// when the signal was sent, 1 when nothing matched, 2 on bad arguments.
-pub fn signal_main() -> ! {
-    let args: Vec<String> = std::env::args().skip(2).collect();
-    let parsed = match args.as_slice() {
-        [sig, target] => sig.parse::<i32>().ok().zip(target.parse::<i32>().ok()),
-        _ => None,
-    };
-    let Some((sig, target)) = parsed.filter(|(s, t)| *s > 0 && *t != 0 && *t != -1) else {
-        eprintln!("usage: strata-init _signal SIG TARGET (TARGET: pid, or -pgid)");
-        std::process::exit(2)
-    };
-    // SAFETY: kill takes integer arguments only.
-    let r = unsafe { libc::kill(target, sig) };
-    std::process::exit(if r == 0 { 0 } else { 1 })
+/// Relays frames of pid 1's to our stdout and stderr, our stdin to it, and
+/// reports the process until it ends, pid 1 lets go, or the channel closes.
+fn relay(
+    mut conn: std::os::unix::net::UnixStream,
+    reader: &mut channel::FrameReader,
+    feeds_stdin: bool,
+    rep: &mut Reporter,
+    lock: &mut Option<std::fs::File>,
+) -> ! {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut stdin_open = feeds_stdin;
+    let mut started = false;
+    // Frames for pid 1 not written yet (the connection does not block).
+    let mut outq: Vec<u8> = Vec::new();
+    if let Err(e) = conn.set_nonblocking(true) {
+        die(rep, format!("the channel to the sandbox's init: {e}"));
+    }
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    loop {
+        // Every whole frame first.
+        loop {
+            let frame = match reader.next_frame() {
+                Ok(f) => f,
+                Err(e) => die(rep, format!("the sandbox's init sent {}", e.0)),
+            };
+            let Some((kind, payload)) = frame else { break };
+            match kind {
+                Frame::Started => {
+                    let pid = payload.as_slice().try_into().map(i32::from_le_bytes).unwrap_or(0);
+                    if let Some(r) = report_of(&Status::Pid { pid }) {
+                        rep.send(&r);
+                    }
+                    started = true;
+                    *lock = None;
+                }
+                Frame::Stdout => {
+                    let _ = out.write_all(&payload).and_then(|_| out.flush());
+                }
+                Frame::Stderr => {
+                    let _ = err.write_all(&payload).and_then(|_| err.flush());
+                }
+                Frame::Ended => {
+                    let status: Option<Status> = serde_json::from_slice(&payload).ok();
+                    if let Some(r) = status.as_ref().and_then(report_of) {
+                        rep.send(&r);
+                    }
+                    std::process::exit(0)
+                }
+                Frame::Failed => {
+                    let message = String::from_utf8_lossy(&payload).into_owned();
+                    rep.send(&ExecReport::SpawnError { message: message.chars().take(2048).collect() });
+                    std::process::exit(0)
+                }
+                // Another connection took the process, or a checkpoint comes: the daemon knows which.
+                Frame::LetGo => std::process::exit(0),
+                _ => {}
+            }
+        }
+        let mut conn_ev = PollFlags::POLLIN;
+        if !outq.is_empty() {
+            conn_ev |= PollFlags::POLLOUT;
+        }
+        let mut fds = vec![PollFd::new(conn.as_fd(), conn_ev)];
+        // SAFETY: descriptor 0 is our stdin for the life of this process.
+        let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+        // Stdin is read only while what pid 1 has not taken yet is short: pid 1
+        // stops reading while its process has not read its stdin, and we keep
+        // reading its output meanwhile (a blocking write here could deadlock).
+        if stdin_open && started && outq.len() < MAX_STDIN_QUEUED {
+            fds.push(PollFd::new(stdin, PollFlags::POLLIN));
+        }
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents().unwrap_or(PollFlags::empty())).collect();
+        drop(fds);
+        if revents[0].contains(PollFlags::POLLOUT) && !outq.is_empty() {
+            match conn.write(&outq) {
+                Ok(n) => {
+                    outq.drain(..n);
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+                // The channel is gone: its end (below) says what happened.
+                Err(_) => {
+                    outq.clear();
+                    stdin_open = false;
+                }
+            }
+        }
+        if revents[0].intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
+            match conn.read(&mut buf) {
+                Ok(0) => channel_ended(rep, started),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+                Err(_) => channel_ended(rep, started),
+                Ok(n) => reader.push(&buf[..n]),
+            }
+        }
+        if revents.get(1).is_some_and(|r| !r.is_empty()) {
+            match nix::unistd::read(0, &mut buf) {
+                Ok(n) if n > 0 => channel::encode(&mut outq, Frame::Stdin, &buf[..n]),
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+                _ => {
+                    stdin_open = false;
+                    channel::encode(&mut outq, Frame::StdinEof, b"");
+                }
+            }
+        }
+    }
+}
+
+/// The channel ended without an end of the process.
+fn channel_ended(rep: &mut Reporter, started: bool) -> ! {
+    if !started {
+        rep.send(&ExecReport::SpawnError {
+            message: "the sandbox's init closed the channel before the process started".into(),
+        });
+    }
+    // Started, and the channel ended without an end: a checkpoint
+    // took the sandbox, or it is gone. The daemon knows which.
+    std::process::exit(0)
 }
 
 #[cfg(test)]
@@ -404,27 +441,15 @@ mod tests {
     }
 
     #[test]
-    fn status_lines_map_to_reports_and_nothing_else_does() {
-        assert_eq!(report_of(r#"{"type":"pid","pid":7}"#), Some(ExecReport::NsPid { pid: 7 }));
-        assert_eq!(report_of(r#"{"type":"exited","code":130}"#), Some(ExecReport::Exited { code: 130 }));
-        assert_eq!(report_of(r#"{"type":"signaled","signal":2}"#), Some(ExecReport::Signaled { signal: 2 }));
+    fn ends_map_to_reports_and_nothing_else_does() {
+        assert_eq!(report_of(&Status::Pid { pid: 7 }), Some(ExecReport::NsPid { pid: 7 }));
+        assert_eq!(report_of(&Status::Exited { code: 130 }), Some(ExecReport::Exited { code: 130 }));
+        assert_eq!(report_of(&Status::Signaled { signal: 2 }), Some(ExecReport::Signaled { signal: 2 }));
         assert!(matches!(
-            report_of(r#"{"type":"failed","message":"exec x: nope"}"#),
+            report_of(&Status::Failed { message: "exec x: nope".into() }),
             Some(ExecReport::SpawnError { .. })
         ));
-        assert_eq!(report_of(r#"{"type":"pid","pid":1}"#), None, "pid 1 is strata's, never a process's");
-        assert_eq!(report_of(r#"{"type":"signaled","signal":99}"#), None);
-        assert_eq!(report_of("garbage"), None);
-    }
-
-    #[test]
-    fn exec_arguments_name_the_memfds_and_pass_the_descriptors() {
-        assert_eq!(
-            exec_args(5, 6, 7, "sb1"),
-            ["exec", "--process", "/proc/self/fd/5", "--pass-fd", "6:3", "--pass-fd", "7:4", "sb1"].map(String::from)
-        );
-        let p = client_process();
-        assert_eq!(p["args"], serde_json::json!(["/run/strata/init", "_gclient"]));
-        assert_eq!(p["capabilities"]["bounding"], serde_json::json!([]), "the client needs no capability");
+        assert_eq!(report_of(&Status::Pid { pid: 1 }), None, "pid 1 is strata's, never a process's");
+        assert_eq!(report_of(&Status::Signaled { signal: 99 }), None);
     }
 }

@@ -6,62 +6,54 @@
 //! descriptor cannot be restored at all: "no host FD available"). Processes
 //! that must come back from standby or live on in warm forks therefore have to
 //! be children of the container's init and hold only descriptors of the
-//! sentry's own. So:
+//! sentry's own. And every `runsc exec` leaves state in the sentry that makes
+//! each later checkpoint slower (docs/design/gvisor-tier.md §12), so pid 1 is
+//! reached without one: over the exec channel ([`crate::channel`]).
 //!
-//! * pid 1 ([`serve`], `_pid1 GRACE --spawner`) listens on an abstract
-//!   SOCK_SEQPACKET socket ([`SOCKET_NAME`]) and accepts only uid 0 peers. A
-//!   [`Request::Spawn`] gets a child (its own session, the user's credentials,
-//!   its directory and environment) whose stdio are pipes inside the sentry;
-//!   the other ends go back to the client over SCM_RIGHTS, and pid 1 keeps a
-//!   copy of each, so the pipes outlive any client. Pid 1 reaps the child and
-//!   sends its exit status to whichever client is attached then (or keeps it
-//!   for the next one).
-//! * The client ([`client_main`], `_gclient`, started by `runsc exec` from the
-//!   host helper `_runsc_exec`) relays between those pipes and its own stdio
-//!   (the host's pipes to the daemon) and writes the process's pid and its end
-//!   as [`Status`] lines on descriptor 4, which the host helper turns into
-//!   exec reports. A [`Request::Attach`] gives a new client the pipes of a
-//!   running process (after a restore, or after a copy).
-//! * Before a checkpoint, [`detach_main`] (`_gdetach`) asks pid 1 for a
-//!   [`Request::Detach`]: every client lets go at once, without a status, and
-//!   pid 1 answers once all of them are gone (killing any that lingers): no
-//!   process of `runsc exec`, and no host descriptor, is left in the sentry.
+//! * Pid 1 ([`serve`], `_pid1 GRACE --spawner`) reads the sandbox's token
+//!   at its start, then keeps
+//!   [`channel::SPARES`] connections open to the broker on the host. A host
+//!   process that takes one proves it talks to pid 1 ([`channel::Frame::Hello`])
+//!   and sends one [`Request`]:
+//!   * [`Request::Spawn`]: pid 1 starts the process ([`start`]) with pipes of
+//!     the sentry as its stdio, relays its output as frames and the
+//!     connection's stdin frames to it, and tells how it ended. Pid 1 keeps
+//!     its ends of the pipes, so a process outlives any connection: its
+//!     output waits in the pipe until one is attached again.
+//!   * [`Request::Attach`]: the same for a process pid 1 started before
+//!     (after a restore or a copy; the newest connection wins).
+//!   * [`Request::Signal`]: a signal to one of its processes (or its group).
+//!   * [`Request::Detach`]: before a checkpoint (the broker stopped
+//!     listening first): every other connection lets go, pid 1 closes all of
+//!     them, and no host descriptor is left in the sentry. It connects again
+//!     once the broker listens (after the checkpoint, or in the restored copy).
 
 use std::collections::HashMap;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::socket::{
-    accept4, bind, connect, getsockopt, listen, recvmsg, sendmsg, socket, sockopt, AddressFamily, Backlog,
-    ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::channel::{self, Frame, FrameReader};
 use crate::creds;
 
-/// The spawner's abstract socket name (in the sandbox's own network namespace).
-pub const SOCKET_NAME: &[u8] = b"strata-init/spawner";
-
-/// Descriptor on which `_gclient` finds its [`Request`] (a memfd from the host helper).
-pub const REQUEST_FD: RawFd = 3;
-/// Descriptor on which `_gclient` writes [`Status`] lines (a pipe to the host helper).
-pub const STATUS_FD: RawFd = 4;
-
-/// Largest message on the spawner's socket.
-const MAX_MESSAGE: usize = 1 << 20;
-
-/// How long pid 1 waits for clients to let go on a [`Request::Detach`] before it kills them.
-const DETACH_GRACE: Duration = Duration::from_secs(2);
-
-/// How long a client goes on relaying output after its process ended
+/// How long pid 1 goes on relaying a process's output after it ended
 /// (background children may hold the pipes open: do not wait for them).
 const DRAIN: Duration = Duration::from_millis(150);
+
+/// How often pid 1 tries again to reach the broker while it has too few connections.
+const RECONNECT: Duration = Duration::from_millis(5);
+
+/// Output queued for one connection before pid 1 stops reading its process's
+/// pipes, and stdin queued for a process before pid 1 stops reading its connection.
+const MAX_QUEUED: usize = 256 << 10;
 
 /// A process to start, resolved by the host helper against the sandbox's files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,58 +74,36 @@ pub struct Process {
     pub allow_setuid: bool,
 }
 
-/// What a client asks pid 1.
+/// What a host process asks pid 1 (the payload of [`Frame::Request`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
-    /// Start a process; the reply is [`Reply::Started`] with its pipes.
+    /// Start a process and relay it.
     Spawn {
         /// The process.
         process: Process,
     },
-    /// Take over the pipes of a process pid 1 started earlier.
+    /// Relay a process pid 1 started earlier.
     Attach {
         /// Its pid.
         pid: i32,
-        /// Whether the client feeds its stdin.
+        /// Whether the connection feeds its stdin.
         stdin: bool,
     },
-    /// The attached client's stdin reached its end: close the process's stdin.
-    CloseStdin,
-    /// Every attached client lets go now; answered with [`Reply::Detached`].
+    /// Send `signal` to process `pid` (with `group`, to its process group).
+    Signal {
+        /// Its pid.
+        pid: i32,
+        /// The signal.
+        signal: i32,
+        /// Its whole process group.
+        group: bool,
+    },
+    /// Every other connection lets go, and pid 1 closes them all (a checkpoint comes).
     Detach,
 }
 
-/// What pid 1 answers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Reply {
-    /// The process runs; its pipes come with this message (stdout, stderr,
-    /// then stdin when the client feeds it).
-    Started {
-        /// Its pid.
-        pid: i32,
-    },
-    /// The request failed.
-    Failed {
-        /// Why.
-        message: String,
-    },
-    /// The process ended.
-    Ended {
-        /// How.
-        status: Status,
-    },
-    /// Let go now (a checkpoint is coming): exit without a status.
-    LetGo,
-    /// Every client has let go.
-    Detached {
-        /// How many there were.
-        clients: usize,
-    },
-}
-
-/// A line `_gclient` writes to the host helper (descriptor [`STATUS_FD`]).
+/// How a process ended (or why it could not start), as pid 1 tells the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Status {
@@ -159,134 +129,293 @@ pub enum Status {
     },
 }
 
-// ---- the socket ----
-
-fn send(sock: BorrowedFd, msg: &impl Serialize, fds: &[RawFd]) -> nix::Result<()> {
-    let bytes = serde_json::to_vec(msg).expect("message serializes");
-    let iov = [IoSlice::new(&bytes)];
-    let cmsg = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map(|_| ())
-}
-
-/// Receives one message and the descriptors that came with it; `None` at the end.
-///
-/// The buffer is reused and sized by a peek first: in the sentry, touching
-/// fresh memory is page faults, and a 1 MiB buffer per message cost ~5 ms each.
-fn recv<T: for<'de> Deserialize<'de>>(sock: BorrowedFd) -> nix::Result<Option<(T, Vec<OwnedFd>)>> {
-    thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 16 << 10]);
-    }
-    // The size of the next message, without taking it (no descriptors are installed:
-    // no control buffer is given).
-    let mut one = [0u8; 1];
-    let size = {
-        let mut iov = [IoSliceMut::new(&mut one)];
-        let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC;
-        recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, peek)?.bytes
-    };
-    if size > MAX_MESSAGE {
-        return Err(nix::errno::Errno::EMSGSIZE);
-    }
-    BUF.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        if buf.len() < size.max(1) {
-            buf.resize(size.max(1), 0);
-        }
-        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
-        let (len, fds) = {
-            let mut iov = [IoSliceMut::new(&mut buf[..])];
-            let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
-            let mut fds = Vec::new();
-            for c in msg.cmsgs()? {
-                if let ControlMessageOwned::ScmRights(got) = c {
-                    // SAFETY: descriptors received with SCM_RIGHTS are new and ours.
-                    fds.extend(got.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-                }
-            }
-            (msg.bytes, fds)
-        };
-        if len == 0 {
-            return Ok(None);
-        }
-        match serde_json::from_slice(&buf[..len]) {
-            Ok(m) => Ok(Some((m, fds))),
-            Err(_) => Err(nix::errno::Errno::EBADMSG),
-        }
-    })
-}
-
-fn address() -> UnixAddr {
-    UnixAddr::new_abstract(SOCKET_NAME).expect("the name fits")
-}
-
-/// How long a client waits for pid 1 to listen: runsc reports a sandbox
-/// started once its init runs, which is a moment before pid 1 has bound its
-/// socket (an exec right after create lands in that moment).
-const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
-
-/// Connects to pid 1's spawner (waiting up to [`CONNECT_PATIENCE`] for it to listen).
-pub fn connect_spawner() -> nix::Result<OwnedFd> {
-    let deadline = Instant::now() + CONNECT_PATIENCE;
-    loop {
-        let s = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
-        match connect(s.as_raw_fd(), &address()) {
-            Ok(()) => return Ok(s),
-            Err(nix::errno::Errno::ECONNREFUSED) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-// ---- pid 1 ----
-
-/// A process pid 1 started for a client.
+/// A process pid 1 started.
 struct Tracked {
-    /// Pid 1's copies of the client's ends (stdout, stderr, stdin).
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+    /// Pid 1's ends of its pipes (`None` once they reached their end).
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
     stdin: Option<OwnedFd>,
-    /// The client attached now (its index in `clients`' keys).
-    client: Option<u64>,
-    /// Its end, once reaped, until a client has been told.
-    ended: Option<Status>,
+    /// Bytes for its stdin not written yet.
+    pending_in: Vec<u8>,
+    /// Close its stdin once `pending_in` is written (the connection's stdin ended).
+    close_stdin_after: bool,
+    /// The connection relaying it now.
+    conn: Option<u64>,
+    /// Its end, once reaped (and when), until a connection has been told.
+    ended: Option<(Status, Instant)>,
 }
 
-struct Client {
-    sock: OwnedFd,
-    peer: i32,
+/// One connection to the host.
+struct Conn {
+    stream: UnixStream,
+    reader: FrameReader,
+    out: Vec<u8>,
+    /// It proved us (answered Hello): no longer a spare.
+    opened: bool,
     /// The process it relays.
     attached: Option<i32>,
-    /// Told to let go.
-    letting_go: bool,
+    /// Whether it feeds the process's stdin.
+    feeds_stdin: bool,
+    /// Close once `out` is written.
+    closing: bool,
 }
 
-struct Detach {
-    requester: u64,
-    deadline: Instant,
-    clients: usize,
-    killed: bool,
+impl Conn {
+    fn send(&mut self, kind: Frame, payload: &[u8]) {
+        channel::encode(&mut self.out, kind, payload);
+    }
 }
 
 /// Pid 1's state as the spawner.
-#[derive(Default)]
 struct Spawner {
-    clients: HashMap<u64, Client>,
+    token: Vec<u8>,
+    conns: HashMap<u64, Conn>,
     procs: HashMap<i32, Tracked>,
-    next_client: u64,
-    detach: Option<Detach>,
+    next: u64,
+    last_connect: Option<Instant>,
 }
 
 fn pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
 }
 
-fn dup(fd: &OwnedFd) -> nix::Result<OwnedFd> {
-    fd.as_fd().try_clone_to_owned().map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EBADF)))
+fn nonblocking(fd: &OwnedFd) {
+    let _ = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
 }
 
+impl Spawner {
+    fn new(token: Vec<u8>) -> Spawner {
+        Spawner { token, conns: HashMap::new(), procs: HashMap::new(), next: 0, last_connect: None }
+    }
+
+    fn spares(&self) -> usize {
+        self.conns.values().filter(|c| !c.opened && !c.closing).count()
+    }
+
+    /// Opens spare connections to the broker up to [`channel::SPARES`] (at
+    /// most one try per [`RECONNECT`]: no broker listens during a checkpoint).
+    fn keep_spares(&mut self) {
+        if self.spares() >= channel::SPARES || self.last_connect.is_some_and(|t| t.elapsed() < RECONNECT) {
+            return;
+        }
+        self.last_connect = Some(Instant::now());
+        while self.spares() < channel::SPARES {
+            let Ok(stream) = UnixStream::connect(channel::BROKER_SOCKET) else { return };
+            let _ = stream.set_nonblocking(true);
+            self.next += 1;
+            let conn = Conn {
+                stream,
+                reader: FrameReader::default(),
+                out: Vec::new(),
+                opened: false,
+                attached: None,
+                feeds_stdin: false,
+                closing: false,
+            };
+            self.conns.insert(self.next, conn);
+        }
+    }
+
+    fn send(&mut self, id: u64, kind: Frame, payload: &[u8]) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.send(kind, payload);
+        }
+    }
+
+    fn fail(&mut self, id: u64, why: &str) {
+        self.send(id, Frame::Failed, why.as_bytes());
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.closing = true;
+        }
+    }
+
+    /// Connection `id` relays process `pid` from now on (the one before lets go).
+    fn attach(&mut self, id: u64, pid: i32, feeds_stdin: bool) {
+        let Some(t) = self.procs.get_mut(&pid) else { return };
+        let before = t.conn.replace(id);
+        if let Some(other) = before.filter(|o| *o != id) {
+            if let Some(c) = self.conns.get_mut(&other) {
+                c.send(Frame::LetGo, &[]);
+                c.attached = None;
+                c.closing = true;
+            }
+        }
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.attached = Some(pid);
+            c.feeds_stdin = feeds_stdin;
+            c.send(Frame::Started, &pid.to_le_bytes());
+        }
+    }
+
+    fn handle_frame(&mut self, id: u64, kind: Frame, payload: Vec<u8>) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        match (kind, c.opened) {
+            (Frame::Hello, false) => {
+                let proof = channel::prove(&self.token, &payload);
+                c.opened = true;
+                c.send(Frame::Proof, &proof);
+            }
+            (_, false) => self.fail(id, "the channel opens with a hello"),
+            (Frame::Request, true) if c.attached.is_none() => match serde_json::from_slice::<Request>(&payload) {
+                Ok(req) => self.handle(id, req),
+                Err(e) => self.fail(id, &format!("a request that does not parse: {e}")),
+            },
+            (Frame::Stdin, true) => {
+                let pid = c.attached.filter(|_| c.feeds_stdin);
+                if let Some(t) = pid.and_then(|p| self.procs.get_mut(&p)) {
+                    if t.stdin.is_some() {
+                        t.pending_in.extend_from_slice(&payload);
+                    }
+                }
+            }
+            (Frame::StdinEof, true) => {
+                let pid = c.attached.filter(|_| c.feeds_stdin);
+                if let Some(t) = pid.and_then(|p| self.procs.get_mut(&p)) {
+                    // Closed once what is pending has been written.
+                    t.close_stdin_after = true;
+                    if t.pending_in.is_empty() {
+                        t.stdin = None;
+                    }
+                }
+            }
+            (k, true) => self.fail(id, &format!("unexpected {k:?} frame")),
+        }
+    }
+
+    fn handle(&mut self, id: u64, req: Request) {
+        match req {
+            Request::Spawn { process } => {
+                let spawned = (|| -> std::io::Result<(i32, Tracked)> {
+                    let (in_r, in_w) = pipe()?;
+                    let (out_r, out_w) = pipe()?;
+                    let (err_r, err_w) = pipe()?;
+                    let pid = start(&process, in_r, out_w, err_w)?;
+                    for fd in [&out_r, &err_r, &in_w] {
+                        nonblocking(fd);
+                    }
+                    let t = Tracked {
+                        stdout: Some(out_r),
+                        stderr: Some(err_r),
+                        stdin: Some(in_w),
+                        pending_in: Vec::new(),
+                        conn: None,
+                        ended: None,
+                        close_stdin_after: false,
+                    };
+                    Ok((pid, t))
+                })();
+                match spawned {
+                    Ok((pid, t)) => {
+                        self.procs.insert(pid, t);
+                        self.attach(id, pid, true);
+                    }
+                    Err(e) => self.fail(id, &spawn_error(&process, &e)),
+                }
+            }
+            Request::Attach { pid, stdin } => {
+                if !self.procs.contains_key(&pid) {
+                    return self.fail(id, &format!("no process {pid} to attach to"));
+                }
+                self.attach(id, pid, stdin);
+            }
+            Request::Signal { pid, signal, group } => {
+                let sent = if pid <= 1 || !(1..=64).contains(&signal) {
+                    0u32
+                } else {
+                    let target = if group { -pid } else { pid };
+                    // SAFETY: kill takes integer arguments only.
+                    u32::from(unsafe { libc::kill(target, signal) } == 0)
+                };
+                self.send(id, Frame::Signaled, &sent.to_le_bytes());
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.closing = true;
+                }
+            }
+            Request::Detach => {
+                let mut n = 0u32;
+                let others: Vec<u64> = self.conns.keys().copied().filter(|k| *k != id).collect();
+                for k in others {
+                    if let Some(mut c) = self.conns.remove(&k) {
+                        if c.attached.is_some() {
+                            n += 1;
+                            c.send(Frame::LetGo, &[]);
+                            // Best effort: the host side also learns it from the end of the stream.
+                            let _ = c.stream.set_nonblocking(false);
+                            let _ = c.stream.set_write_timeout(Some(Duration::from_millis(200)));
+                            let _ = c.stream.write_all(&c.out);
+                        }
+                        if let Some(t) = c.attached.and_then(|p| self.procs.get_mut(&p)) {
+                            t.conn = None;
+                        }
+                    }
+                }
+                if let Some(mut c) = self.conns.remove(&id) {
+                    c.send(Frame::Detached, &n.to_le_bytes());
+                    let _ = c.stream.set_nonblocking(false);
+                    let _ = c.stream.set_write_timeout(Some(Duration::from_secs(2)));
+                    let _ = c.stream.write_all(&c.out);
+                }
+                // The broker stopped listening before it asked: the next tries fail
+                // until it listens again (after the checkpoint, or in a restored copy).
+                self.last_connect = Some(Instant::now());
+            }
+        }
+    }
+
+    fn drop_conn(&mut self, id: u64) {
+        if let Some(c) = self.conns.remove(&id) {
+            if let Some(t) = c.attached.and_then(|p| self.procs.get_mut(&p)) {
+                if t.conn == Some(id) {
+                    t.conn = None;
+                }
+            }
+        }
+    }
+
+    /// A child of pid 1 ended: its output drains, then its connection learns how.
+    fn reaped(&mut self, pid: i32, status: Status) {
+        if let Some(t) = self.procs.get_mut(&pid) {
+            t.ended = Some((status, Instant::now()));
+        }
+    }
+
+    /// Sends the ends of processes whose output has drained (or waited long
+    /// enough) to their connections; forgets those that were told.
+    fn report_ends(&mut self) {
+        let done: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, t)| {
+                t.conn.is_some()
+                    && t.ended
+                        .as_ref()
+                        .is_some_and(|(_, at)| (t.stdout.is_none() && t.stderr.is_none()) || at.elapsed() > DRAIN)
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        let mut buf = vec![0u8; 64 << 10];
+        for pid in done {
+            // What the pipes hold now goes first (a busy pid 1 may come here
+            // late): read until they are empty or ended.
+            for err in [false, true] {
+                for _ in 0..64 {
+                    let open =
+                        self.procs.get(&pid).is_some_and(|t| if err { t.stderr.is_some() } else { t.stdout.is_some() });
+                    if !open || !self.on_output(pid, err, &mut buf) {
+                        break;
+                    }
+                }
+            }
+            let Some(t) = self.procs.remove(&pid) else { continue };
+            let (status, _) = t.ended.expect("ended");
+            if let Some(c) = t.conn.and_then(|id| self.conns.get_mut(&id)) {
+                c.send(Frame::Ended, &serde_json::to_vec(&status).expect("status serializes"));
+                c.attached = None;
+                c.closing = true;
+            }
+        }
+    }
+}
 /// Starts `p` with the given stdio; its own session; the user's credentials.
 ///
 /// The child shares pid 1's memory until it executes (`clone` with
@@ -480,142 +609,6 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-impl Spawner {
-    fn reply(&self, client: u64, msg: &Reply, fds: &[RawFd]) {
-        if let Some(c) = self.clients.get(&client) {
-            let _ = send(c.sock.as_fd(), msg, fds);
-        }
-    }
-
-    fn handle(&mut self, id: u64, req: Request) {
-        match req {
-            Request::Spawn { process } => {
-                let spawned = (|| -> std::io::Result<(i32, Tracked, [OwnedFd; 3])> {
-                    let (in_r, in_w) = pipe()?;
-                    let (out_r, out_w) = pipe()?;
-                    let (err_r, err_w) = pipe()?;
-                    let pid = start(&process, in_r, out_w, err_w)?;
-                    let t = Tracked {
-                        stdout: dup(&out_r)?,
-                        stderr: dup(&err_r)?,
-                        stdin: Some(dup(&in_w)?),
-                        client: Some(id),
-                        ended: None,
-                    };
-                    Ok((pid, t, [out_r, err_r, in_w]))
-                })();
-                match spawned {
-                    Ok((pid, t, ends)) => {
-                        self.procs.insert(pid, t);
-                        if let Some(c) = self.clients.get_mut(&id) {
-                            c.attached = Some(pid);
-                        }
-                        let raw: Vec<RawFd> = ends.iter().map(|f| f.as_raw_fd()).collect();
-                        self.reply(id, &Reply::Started { pid }, &raw);
-                    }
-                    Err(e) => self.reply(id, &Reply::Failed { message: spawn_error(&process, &e) }, &[]),
-                }
-            }
-            Request::Attach { pid, stdin } => {
-                let Some(t) = self.procs.get_mut(&pid) else {
-                    return self.reply(id, &Reply::Failed { message: format!("no process {pid} to attach to") }, &[]);
-                };
-                // The newest client wins: one still attached lets go.
-                if let Some(other) = t.client.filter(|c| *c != id) {
-                    if let Some(c) = self.clients.get_mut(&other) {
-                        let _ = send(c.sock.as_fd(), &Reply::LetGo, &[]);
-                        c.attached = None;
-                    }
-                }
-                let mut ends = vec![dup(&t.stdout), dup(&t.stderr)];
-                if stdin {
-                    if let Some(s) = &t.stdin {
-                        ends.push(dup(s));
-                    }
-                }
-                let Ok(ends) = ends.into_iter().collect::<nix::Result<Vec<OwnedFd>>>() else {
-                    return self.reply(id, &Reply::Failed { message: "out of descriptors".into() }, &[]);
-                };
-                t.client = Some(id);
-                let ended = t.ended.clone();
-                if let Some(c) = self.clients.get_mut(&id) {
-                    c.attached = Some(pid);
-                }
-                let raw: Vec<RawFd> = ends.iter().map(|f| f.as_raw_fd()).collect();
-                self.reply(id, &Reply::Started { pid }, &raw);
-                if let Some(status) = ended {
-                    self.reply(id, &Reply::Ended { status }, &[]);
-                    self.procs.remove(&pid);
-                }
-            }
-            Request::CloseStdin => {
-                let pid = self.clients.get(&id).and_then(|c| c.attached);
-                if let Some(t) = pid.and_then(|p| self.procs.get_mut(&p)) {
-                    t.stdin = None;
-                }
-            }
-            Request::Detach => {
-                let mut n = 0;
-                for (cid, c) in self.clients.iter_mut() {
-                    if *cid != id && c.attached.is_some() {
-                        let _ = send(c.sock.as_fd(), &Reply::LetGo, &[]);
-                        c.letting_go = true;
-                        n += 1;
-                    }
-                }
-                self.detach =
-                    Some(Detach { requester: id, deadline: Instant::now() + DETACH_GRACE, clients: n, killed: false });
-                self.check_detach();
-            }
-        }
-    }
-
-    /// Answers a pending detach once no client that was told to let go is left
-    /// (and kills the ones that outstay [`DETACH_GRACE`]).
-    fn check_detach(&mut self) {
-        let Some(d) = self.detach.as_mut() else { return };
-        let lingering: Vec<i32> = self.clients.values().filter(|c| c.letting_go).map(|c| c.peer).collect();
-        if lingering.is_empty() {
-            let (requester, clients) = (d.requester, d.clients);
-            self.detach = None;
-            self.reply(requester, &Reply::Detached { clients }, &[]);
-            return;
-        }
-        if Instant::now() > d.deadline && !d.killed {
-            d.killed = true;
-            d.deadline = Instant::now() + DETACH_GRACE;
-            for pid in lingering {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        } else if Instant::now() > d.deadline {
-            let requester = d.requester;
-            self.detach = None;
-            self.reply(requester, &Reply::Failed { message: "clients did not let go".into() }, &[]);
-        }
-    }
-
-    fn drop_client(&mut self, id: u64) {
-        if let Some(c) = self.clients.remove(&id) {
-            if let Some(t) = c.attached.and_then(|p| self.procs.get_mut(&p)) {
-                if t.client == Some(id) {
-                    t.client = None;
-                }
-            }
-        }
-        self.check_detach();
-    }
-
-    /// A child of pid 1 ended: its client learns how (or the next one will).
-    fn reaped(&mut self, pid: i32, status: Status) {
-        let Some(t) = self.procs.get_mut(&pid) else { return };
-        t.ended = Some(status.clone());
-        if let Some(c) = t.client.filter(|c| self.clients.contains_key(c)) {
-            self.reply(c, &Reply::Ended { status }, &[]);
-            self.procs.remove(&pid);
-        }
-    }
-}
-
 fn spawn_error(p: &Process, e: &std::io::Error) -> String {
     let program = p.args.first().map(String::as_str).unwrap_or("");
     match e.raw_os_error() {
@@ -625,262 +618,191 @@ fn spawn_error(p: &Process, e: &std::io::Error) -> String {
     }
 }
 
-/// Pid 1's life as the spawner: serve clients, reap every process; on
-/// SIGTERM/SIGINT relay SIGTERM to all processes and exit once they are gone
-/// or `grace` has passed.
+/// Reads the sandbox's token (a root-only file on a read-only mount).
+fn read_token() -> Vec<u8> {
+    std::fs::read(channel::TOKEN_FILE).unwrap_or_default()
+}
+
+/// What one pass of the loop polls, by index.
+enum Watch {
+    Signals,
+    Conn(u64),
+    Output(i32, bool),
+    Input(i32),
+}
+
+/// Pid 1's life as the spawner: keep connections to the broker, serve them,
+/// relay processes, reap every process; on SIGTERM/SIGINT relay SIGTERM to
+/// all processes and exit once they are gone or `grace` has passed.
 pub fn serve(grace_secs: u64) -> ! {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM] {
+    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM, Signal::SIGPIPE] {
         set.add(s);
     }
     let _ = set.thread_block();
     let Ok(sigfd) = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK) else {
         crate::pid1::reap_loop(grace_secs)
     };
-    let listener = (|| {
-        let s = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
-        bind(s.as_raw_fd(), &address())?;
-        listen(&s, Backlog::new(64)?)?;
-        Ok::<_, nix::Error>(s)
-    })();
-    let Ok(listener) = listener else { crate::pid1::reap_loop(grace_secs) };
-    let mut sp = Spawner::default();
+    let token = read_token();
+    if token.len() != channel::TOKEN_LEN {
+        eprintln!("strata-init: no channel token at {}: the host cannot reach this sandbox", channel::TOKEN_FILE);
+    }
+    let mut sp = Spawner::new(token);
     let mut stopping = false;
+    let mut buf = vec![0u8; 64 << 10];
     loop {
-        let ids: Vec<u64> = sp.clients.keys().copied().collect();
-        let (sig_ready, listen_ready, ready) = {
-            let mut fds =
-                vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN), PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-            fds.extend(ids.iter().map(|id| PollFd::new(sp.clients[id].sock.as_fd(), PollFlags::POLLIN)));
-            let timeout = if stopping || sp.detach.is_some() { 50u16 } else { 1000 };
-            if let Err(e) = poll(&mut fds, PollTimeout::from(timeout)) {
-                if e != nix::errno::Errno::EINTR {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                continue;
+        sp.keep_spares();
+        sp.report_ends();
+        // What to poll: signals, every connection, the pipes of processes a
+        // connection relays (output only while its queue is short), stdin to write.
+        let mut watch = vec![Watch::Signals];
+        let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        for (id, c) in &sp.conns {
+            // Stdin a process has not read yet holds its connection's input back
+            // (the host side keeps reading output meanwhile: no deadlock).
+            let backlog = c.attached.and_then(|p| sp.procs.get(&p)).is_some_and(|t| t.pending_in.len() >= MAX_QUEUED);
+            let mut ev = if backlog { PollFlags::empty() } else { PollFlags::POLLIN };
+            if !c.out.is_empty() {
+                ev |= PollFlags::POLLOUT;
             }
-            let is = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
-            let ready: Vec<u64> = ids.iter().zip(&fds[2..]).filter(|(_, f)| is(f)).map(|(id, _)| *id).collect();
-            (is(&fds[0]), is(&fds[1]), ready)
+            watch.push(Watch::Conn(*id));
+            fds.push(PollFd::new(c.stream.as_fd(), ev));
+        }
+        for (pid, t) in &sp.procs {
+            let room = t.conn.and_then(|id| sp.conns.get(&id)).is_some_and(|c| c.out.len() < MAX_QUEUED);
+            if room {
+                for (fd, err) in [(&t.stdout, false), (&t.stderr, true)] {
+                    if let Some(fd) = fd {
+                        watch.push(Watch::Output(*pid, err));
+                        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    }
+                }
+            }
+            if let (Some(fd), false) = (&t.stdin, t.pending_in.is_empty()) {
+                watch.push(Watch::Input(*pid));
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
+            }
+        }
+        let draining = sp.procs.values().any(|t| t.ended.is_some());
+        let timeout = if sp.spares() < channel::SPARES {
+            RECONNECT.as_millis() as u16
+        } else if stopping || draining {
+            20
+        } else {
+            1000
         };
-        if sig_ready {
-            while let Ok(Some(info)) = sigfd.read_signal() {
-                if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
-                    crate::pid1::on_stop_signal(sig, &mut stopping, grace_secs);
-                }
+        if let Err(e) = poll(&mut fds, PollTimeout::from(timeout)) {
+            if e != nix::errno::Errno::EINTR {
+                std::thread::sleep(Duration::from_millis(10));
             }
-            loop {
-                match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
-                    Ok(WaitStatus::Exited(pid, code)) => sp.reaped(pid.as_raw(), Status::Exited { code }),
-                    Ok(WaitStatus::Signaled(pid, sig, _)) => {
-                        sp.reaped(pid.as_raw(), Status::Signaled { signal: sig as i32 })
+            continue;
+        }
+        let ready: Vec<(usize, PollFlags)> =
+            fds.iter().enumerate().filter_map(|(i, f)| f.revents().filter(|r| !r.is_empty()).map(|r| (i, r))).collect();
+        drop(fds);
+        for (i, rev) in ready {
+            match watch[i] {
+                Watch::Signals => {
+                    while let Ok(Some(info)) = sigfd.read_signal() {
+                        if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                            crate::pid1::on_stop_signal(sig, &mut stopping, grace_secs);
+                        }
                     }
-                    Ok(WaitStatus::StillAlive) | Err(_) => break,
-                    Ok(_) => continue,
-                }
-            }
-        }
-        if listen_ready {
-            if let Ok(s) = accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-                // SAFETY: accept4 returned a new descriptor that we own.
-                let s = unsafe { OwnedFd::from_raw_fd(s) };
-                // Only root inside may start processes as any user.
-                match getsockopt(&s, sockopt::PeerCredentials) {
-                    Ok(cred) if cred.uid() == 0 => {
-                        sp.next_client += 1;
-                        sp.clients.insert(
-                            sp.next_client,
-                            Client { sock: s, peer: cred.pid(), attached: None, letting_go: false },
-                        );
+                    loop {
+                        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                            Ok(WaitStatus::Exited(pid, code)) => sp.reaped(pid.as_raw(), Status::Exited { code }),
+                            Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                                sp.reaped(pid.as_raw(), Status::Signaled { signal: sig as i32 })
+                            }
+                            Ok(WaitStatus::StillAlive) | Err(_) => break,
+                            Ok(_) => continue,
+                        }
                     }
-                    _ => drop(s),
                 }
+                Watch::Conn(id) => sp.on_conn(id, rev, &mut buf),
+                Watch::Output(pid, err) => {
+                    sp.on_output(pid, err, &mut buf);
+                }
+                Watch::Input(pid) => sp.on_input(pid),
             }
         }
-        for id in ready {
-            let Some(c) = sp.clients.get(&id) else { continue };
-            match recv::<Request>(c.sock.as_fd()) {
-                Ok(Some((req, _))) => sp.handle(id, req),
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
-                Ok(None) | Err(_) => sp.drop_client(id),
-            }
-        }
-        sp.check_detach();
         if stopping && crate::pid1::no_other_processes() {
             std::process::exit(0);
         }
     }
 }
 
-// ---- the client ----
-
-fn write_status(out: &mut std::fs::File, s: &Status) {
-    let mut line = serde_json::to_vec(s).expect("status serializes");
-    line.push(b'\n');
-    let _ = out.write_all(&line);
-}
-
-fn fail(status: &mut std::fs::File, message: &str) -> ! {
-    write_status(status, &Status::Failed { message: message.to_string() });
-    std::process::exit(1)
-}
-
-/// Entry point of `strata-init _gclient` (inside a gVisor sandbox, through
-/// `runsc exec`): sends the [`Request`] found on [`REQUEST_FD`] to pid 1 and
-/// relays the process's stdio until it ends. Never returns.
-pub fn client_main() -> ! {
-    // SAFETY: the host helper passes these two descriptors for our exclusive use.
-    let (mut request_file, mut status) =
-        unsafe { (std::fs::File::from_raw_fd(REQUEST_FD), std::fs::File::from_raw_fd(STATUS_FD)) };
-    let mut raw = Vec::new();
-    if let Err(e) = (&mut request_file).take(MAX_MESSAGE as u64).read_to_end(&mut raw) {
-        fail(&mut status, &format!("read the request: {e}"));
-    }
-    drop(request_file);
-    let request: Request =
-        serde_json::from_slice(&raw).unwrap_or_else(|e| fail(&mut status, &format!("parse the request: {e}")));
-    let feeds_stdin = match &request {
-        Request::Spawn { .. } => true,
-        Request::Attach { stdin, .. } => *stdin,
-        _ => false,
-    };
-    let sock = connect_spawner().unwrap_or_else(|e| fail(&mut status, &format!("connect to the sandbox's init: {e}")));
-    if let Err(e) = send(sock.as_fd(), &request, &[]) {
-        fail(&mut status, &format!("send the request: {e}"));
-    }
-    let (pid, mut ends) = match recv::<Reply>(sock.as_fd()) {
-        Ok(Some((Reply::Started { pid }, fds))) => (pid, fds),
-        Ok(Some((Reply::Failed { message }, _))) => fail(&mut status, &message),
-        other => fail(&mut status, &format!("unexpected answer from the sandbox's init: {other:?}")),
-    };
-    write_status(&mut status, &Status::Pid { pid });
-    let stdin_end = if feeds_stdin && ends.len() == 3 { ends.pop() } else { None };
-    let (Some(stderr), Some(stdout)) = (ends.pop(), ends.pop()) else {
-        fail(&mut status, "the sandbox's init sent no pipes")
-    };
-    relay(sock, stdout, stderr, stdin_end, status)
-}
-
-/// Copies the process's output to ours and our stdin to its, until pid 1
-/// says it ended (then a short drain, and the status line) or to let go.
-fn relay(sock: OwnedFd, stdout: OwnedFd, stderr: OwnedFd, mut stdin: Option<OwnedFd>, mut status: std::fs::File) -> ! {
-    let mut outputs: Vec<(OwnedFd, RawFd)> = vec![(stdout, 1), (stderr, 2)];
-    let mut host_stdin_open = stdin.is_some();
-    let mut pending: Vec<u8> = Vec::new();
-    let mut ended: Option<(Status, Instant)> = None;
-    let mut buf = vec![0u8; 64 << 10];
-    // SAFETY: descriptor 0 is our stdin for the life of this process.
-    let host_in = unsafe { BorrowedFd::borrow_raw(0) };
-    if let Some(s) = &stdin {
-        let _ = nix::fcntl::fcntl(s.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
-    }
-    loop {
-        if let Some((st, at)) = &ended {
-            if outputs.is_empty() || at.elapsed() > DRAIN {
-                write_status(&mut status, st);
-                std::process::exit(0);
+impl Spawner {
+    fn on_conn(&mut self, id: u64, rev: PollFlags, buf: &mut [u8]) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if rev.contains(PollFlags::POLLOUT) && !c.out.is_empty() {
+            match c.stream.write(&c.out) {
+                Ok(n) => {
+                    c.out.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return self.drop_conn(id),
             }
         }
-        // Read more of our stdin only once what was read has gone to the process.
-        let want_in = host_stdin_open && pending.is_empty() && ended.is_none();
-        let want_out = stdin.is_some() && !pending.is_empty();
-        let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
-        fds.extend(outputs.iter().map(|(fd, _)| PollFd::new(fd.as_fd(), PollFlags::POLLIN)));
-        let in_at = want_in.then(|| {
-            fds.push(PollFd::new(host_in, PollFlags::POLLIN));
-            fds.len() - 1
-        });
-        let out_at = match (&stdin, want_out) {
-            (Some(s), true) => {
-                fds.push(PollFd::new(s.as_fd(), PollFlags::POLLOUT));
-                Some(fds.len() - 1)
-            }
-            _ => None,
-        };
-        let timeout = if ended.is_some() { 20u16 } else { 1000 };
-        if poll(&mut fds, PollTimeout::from(timeout)).is_err() {
-            continue;
+        if c.closing && c.out.is_empty() {
+            return self.drop_conn(id);
         }
-        let ready: Vec<bool> = fds.iter().map(|f| f.revents().is_some_and(|r| !r.is_empty())).collect();
-        drop(fds);
-        if ready[0] {
-            match recv::<Reply>(sock.as_fd()) {
-                Ok(Some((Reply::Ended { status: st }, _))) => ended = Some((st, Instant::now())),
-                // A checkpoint is coming, or pid 1 is gone: leave without a word.
-                Ok(Some((Reply::LetGo, _))) | Ok(None) => std::process::exit(0),
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) | Ok(Some(_)) => {}
-                Err(_) => std::process::exit(0),
+        if !rev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
+            return;
+        }
+        match c.stream.read(buf) {
+            Ok(0) => return self.drop_conn(id),
+            Ok(n) => c.reader.push(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(_) => return self.drop_conn(id),
+        }
+        loop {
+            let Some(c) = self.conns.get_mut(&id) else { return };
+            match c.reader.next_frame() {
+                Ok(Some((kind, payload))) => self.handle_frame(id, kind, payload),
+                Ok(None) => return,
+                Err(e) => return self.fail(id, &e.0),
             }
         }
-        let mut i = 0;
-        outputs.retain(|(fd, target)| {
-            i += 1;
-            if !ready[i] {
+    }
+
+    /// Reads once from a process's stdout or stderr into its connection's
+    /// queue; whether bytes came (`false`: nothing there now, or its end).
+    fn on_output(&mut self, pid: i32, err: bool, buf: &mut [u8]) -> bool {
+        let Some(t) = self.procs.get_mut(&pid) else { return false };
+        let slot = if err { &mut t.stderr } else { &mut t.stdout };
+        let Some(fd) = slot.as_ref() else { return false };
+        match nix::unistd::read(fd.as_raw_fd(), buf) {
+            Ok(0) => *slot = None,
+            Ok(n) => {
+                let kind = if err { Frame::Stderr } else { Frame::Stdout };
+                if let Some(c) = t.conn.and_then(|id| self.conns.get_mut(&id)) {
+                    c.send(kind, &buf[..n]);
+                }
                 return true;
             }
-            match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
-                Ok(0) => false,
-                Ok(n) => {
-                    // SAFETY: `target` is our descriptor 1 or 2, open for our whole life.
-                    let mut out = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(*target) });
-                    let _ = out.write_all(&buf[..n]);
-                    true
-                }
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => true,
-                Err(_) => false,
-            }
-        });
-        if in_at.is_some_and(|i| ready[i]) {
-            match nix::unistd::read(0, &mut buf) {
-                Ok(n) if n > 0 => pending.extend_from_slice(&buf[..n]),
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
-                // End of our stdin: the process's ends too (pid 1 holds a copy of its pipe).
-                _ => {
-                    host_stdin_open = false;
-                    stdin = None;
-                    let _ = send(sock.as_fd(), &Request::CloseStdin, &[]);
-                }
-            }
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+            Err(_) => *slot = None,
         }
-        if let (Some(s), Some(i)) = (&stdin, out_at) {
-            if ready[i] {
-                match nix::unistd::write(s, &pending) {
-                    Ok(n) => {
-                        pending.drain(..n);
-                    }
-                    Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
-                    // The process closed its stdin: what is left goes nowhere.
-                    Err(_) => {
-                        pending.clear();
-                        host_stdin_open = false;
-                        stdin = None;
-                    }
-                }
-            }
-        }
+        false
     }
-}
 
-/// Entry point of `strata-init _gdetach` (inside, through `runsc exec`): every
-/// client of pid 1 lets go; exits 0 once they have, 1 otherwise.
-pub fn detach_main() -> ! {
-    let result = (|| -> Result<usize, String> {
-        let sock = connect_spawner().map_err(|e| format!("connect to the sandbox's init: {e}"))?;
-        send(sock.as_fd(), &Request::Detach, &[]).map_err(|e| format!("send: {e}"))?;
-        match recv::<Reply>(sock.as_fd()) {
-            Ok(Some((Reply::Detached { clients }, _))) => Ok(clients),
-            Ok(Some((Reply::Failed { message }, _))) => Err(message),
-            other => Err(format!("unexpected answer: {other:?}")),
+    fn on_input(&mut self, pid: i32) {
+        let Some(t) = self.procs.get_mut(&pid) else { return };
+        let Some(fd) = t.stdin.as_ref() else { return };
+        match nix::unistd::write(fd, &t.pending_in) {
+            Ok(n) => {
+                t.pending_in.drain(..n);
+            }
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+            // The process closed its stdin: what is left goes nowhere.
+            Err(_) => {
+                t.pending_in.clear();
+                t.stdin = None;
+            }
         }
-    })();
-    match result {
-        Ok(n) => {
-            println!("{n}");
-            std::process::exit(0)
-        }
-        Err(e) => {
-            eprintln!("strata-init _gdetach: {e}");
-            std::process::exit(1)
+        if t.pending_in.is_empty() && t.close_stdin_after {
+            t.stdin = None;
         }
     }
 }
@@ -906,70 +828,122 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_round_trip_with_descriptors() {
-        let (a, b) =
-            nix::sys::socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-                .unwrap();
-        let (r, w) = pipe().unwrap();
-        send(a.as_fd(), &Reply::Started { pid: 7 }, &[r.as_raw_fd()]).unwrap();
-        let (got, fds) = recv::<Reply>(b.as_fd()).unwrap().unwrap();
-        assert_eq!(got, Reply::Started { pid: 7 });
-        assert_eq!(fds.len(), 1);
-        nix::unistd::write(&w, b"x").unwrap();
-        let mut one = [0u8; 1];
-        assert_eq!(nix::unistd::read(fds[0].as_raw_fd(), &mut one).unwrap(), 1, "the passed end reads the same pipe");
-        drop(a);
-        assert!(recv::<Reply>(b.as_fd()).unwrap().is_none(), "end of the peer reads as None");
-    }
-
-    #[test]
-    fn status_lines_are_tagged_json() {
-        let line = serde_json::to_string(&Status::Signaled { signal: 9 }).unwrap();
-        assert_eq!(line, r#"{"type":"signaled","signal":9}"#);
+    fn requests_are_tagged_json() {
         let r: Request = serde_json::from_str(r#"{"type":"attach","pid":5,"stdin":false}"#).unwrap();
         assert_eq!(r, Request::Attach { pid: 5, stdin: false });
+        let line = serde_json::to_string(&Status::Signaled { signal: 9 }).unwrap();
+        assert_eq!(line, r#"{"type":"signaled","signal":9}"#);
+    }
+
+    /// A connection pair standing for one pid 1 holds and the host's end.
+    fn conn_pair(sp: &mut Spawner) -> (u64, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        sp.next += 1;
+        let c = Conn {
+            stream: a,
+            reader: FrameReader::default(),
+            out: Vec::new(),
+            opened: false,
+            attached: None,
+            feeds_stdin: false,
+            closing: false,
+        };
+        sp.conns.insert(sp.next, c);
+        (sp.next, b)
+    }
+
+    /// Runs pid 1's side of the connections until `host` has a whole frame.
+    fn pump(sp: &mut Spawner, host: &mut UnixStream, r: &mut FrameReader) -> (Frame, Vec<u8>) {
+        host.set_nonblocking(true).unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(f) = r.next_frame().unwrap() {
+                return f;
+            }
+            assert!(Instant::now() < deadline, "no frame");
+            sp.report_ends();
+            let ids: Vec<u64> = sp.conns.keys().copied().collect();
+            for id in ids {
+                sp.on_conn(id, PollFlags::POLLIN | PollFlags::POLLOUT, &mut buf);
+            }
+            let pids: Vec<i32> = sp.procs.keys().copied().collect();
+            for pid in pids {
+                sp.on_output(pid, false, &mut buf);
+                sp.on_output(pid, true, &mut buf);
+                sp.on_input(pid);
+                if let Ok(WaitStatus::Exited(_, code)) = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+                    sp.reaped(pid, Status::Exited { code });
+                }
+            }
+            match host.read(&mut buf) {
+                Ok(n) if n > 0 => r.push(&buf[..n]),
+                _ => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
     }
 
     #[test]
-    fn a_pid1_child_reports_its_exit_and_keeps_its_pipes() {
-        let mut sp = Spawner::default();
-        let (a, b) =
-            nix::sys::socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-                .unwrap();
-        sp.clients.insert(1, Client { sock: a, peer: 0, attached: None, letting_go: false });
-        let me = nix::unistd::getuid().as_raw();
-        let gid = nix::unistd::getgid().as_raw();
-        let p = Process {
-            args: vec!["/bin/sh".into(), "-c".into(), "echo out; echo err >&2; exit 3".into()],
-            env: vec!["PATH=/bin:/usr/bin".into()],
-            cwd: "/".into(),
-            uid: me,
-            gid,
-            groups: vec![gid],
-            allow_setuid: true,
-        };
-        if me != 0 {
-            // drop_to needs setgroups: only root runs the spawn part of this test.
-            eprintln!("skipped the spawn part: not root");
+    fn a_connection_proves_pid1_then_relays_a_process_to_its_end() {
+        if !nix::unistd::getuid().is_root() {
+            eprintln!("skipped: setgroups needs root");
             return;
         }
-        sp.handle(1, Request::Spawn { process: p });
-        let (reply, fds) = recv::<Reply>(b.as_fd()).unwrap().unwrap();
-        let Reply::Started { pid } = reply else { panic!("{reply:?}") };
-        assert_eq!(fds.len(), 3);
-        let status = loop {
-            match waitpid(Pid::from_raw(pid), None).unwrap() {
-                WaitStatus::Exited(_, c) => break Status::Exited { code: c },
-                _ => continue,
+        let token = channel::random_bytes().unwrap().to_vec();
+        let mut sp = Spawner::new(token.clone());
+        let (_, mut host) = conn_pair(&mut sp);
+        let mut r = FrameReader::default();
+        let nonce = channel::random_bytes().unwrap();
+        channel::write_frame(&mut host, Frame::Hello, &nonce).unwrap();
+        let (kind, proof) = pump(&mut sp, &mut host, &mut r);
+        assert_eq!(kind, Frame::Proof);
+        assert!(channel::check_proof(&token, &nonce, &proof));
+        assert_eq!(sp.spares(), 0, "a proven connection is no spare");
+        let p = Process {
+            args: vec!["/bin/sh".into(), "-c".into(), "read x; echo out $x; echo err >&2; exit 3".into()],
+            env: vec!["PATH=/bin:/usr/bin".into()],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            groups: vec![0],
+            allow_setuid: false,
+        };
+        let req = serde_json::to_vec(&Request::Spawn { process: p }).unwrap();
+        host.set_nonblocking(false).unwrap();
+        channel::write_frame(&mut host, Frame::Request, &req).unwrap();
+        channel::write_frame(&mut host, Frame::Stdin, b"in\n").unwrap();
+        channel::write_frame(&mut host, Frame::StdinEof, b"").unwrap();
+        let (kind, pid) = pump(&mut sp, &mut host, &mut r);
+        assert_eq!(kind, Frame::Started);
+        assert!(i32::from_le_bytes(pid.try_into().unwrap()) > 1);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let end = loop {
+            match pump(&mut sp, &mut host, &mut r) {
+                (Frame::Stdout, b) => out.extend(b),
+                (Frame::Stderr, b) => err.extend(b),
+                (Frame::Ended, s) => break serde_json::from_slice::<Status>(&s).unwrap(),
+                other => panic!("{other:?}"),
             }
         };
-        sp.reaped(pid, status);
-        let (ended, _) = recv::<Reply>(b.as_fd()).unwrap().unwrap();
-        assert_eq!(ended, Reply::Ended { status: Status::Exited { code: 3 } });
-        let mut out = String::new();
-        std::fs::File::from(fds[0].try_clone().unwrap()).read_to_string(&mut out).unwrap();
-        assert_eq!(out, "out\n");
+        assert_eq!(
+            (out.as_slice(), err.as_slice(), end),
+            (&b"out in\n"[..], &b"err\n"[..], Status::Exited { code: 3 })
+        );
         assert!(sp.procs.is_empty(), "told, and forgotten");
+    }
+
+    #[test]
+    fn a_stranger_without_the_token_cannot_prove_itself_and_requests_need_a_hello() {
+        let mut sp = Spawner::new(vec![7; 32]);
+        let (id, mut host) = conn_pair(&mut sp);
+        let mut r = FrameReader::default();
+        channel::write_frame(&mut host, Frame::Request, b"{}").unwrap();
+        let (kind, why) = pump(&mut sp, &mut host, &mut r);
+        assert_eq!((kind, String::from_utf8(why).unwrap().as_str()), (Frame::Failed, "the channel opens with a hello"));
+        assert!(sp.conns.get(&id).is_none_or(|c| c.closing));
+        // The proof binds the token: another token gives another answer.
+        assert_ne!(channel::prove(&[7; 32], b"n"), channel::prove(&[8; 32], b"n"));
     }
 
     /// Runs `script` with sh through [`start`] as `uid`; its stdout.

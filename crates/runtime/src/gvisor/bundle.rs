@@ -90,6 +90,23 @@ impl Bundle {
     pub fn resolv_conf(&self) -> PathBuf {
         self.dir.join("resolv.conf")
     }
+
+    /// The exec channel's directory (a small tmpfs), bound read-only at
+    /// [`strata_init::channel::CHAN_DIR`]: the broker's socket, and the token
+    /// until pid 1 has read it.
+    pub fn chan(&self) -> PathBuf {
+        self.dir.join("chan")
+    }
+
+    /// The broker's control socket (host only, mode 0600).
+    pub fn broker_control(&self) -> PathBuf {
+        self.dir.join("broker.ctl")
+    }
+
+    /// The sandbox's channel token (host only, mode 0600).
+    pub fn token(&self) -> PathBuf {
+        self.dir.join("channel.token")
+    }
 }
 
 /// The host directory bound at `/tmp`: next to the writable layer.
@@ -158,6 +175,20 @@ pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bo
     }
     // The mount point of strata-init inside /run/strata.
     fs::write(id_dir.join("init"), b"").map_err(ctx("create the init mount point".into()))?;
+    // The exec channel: a small tmpfs of the host's, read-only to the sandbox (the
+    // broker binds and chmods its socket there by path: nothing inside may put a
+    // symlink in its place).
+    fs::create_dir_all(id_dir.join("chan")).map_err(ctx("create the channel mount point".into()))?;
+    let chan = bundle.chan();
+    fs::create_dir_all(&chan).map_err(ctx(format!("create {}", chan.display())))?;
+    sys.mount(
+        Some(Path::new("strata-chan")),
+        &chan,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=64k,nr_inodes=64,mode=0755"),
+    )
+    .map_err(|e| SetupError::Host(format!("mount a tmpfs on {}: {e}", chan.display())))?;
     match &spec.resolv_conf {
         Some(conf) => fs::write(bundle.resolv_conf(), conf).map_err(ctx("write resolv.conf".into()))?,
         None => {
@@ -240,6 +271,7 @@ pub fn teardown(sys: &dyn Sys, bundle: &Bundle) {
         while sys.umount2(&root, MntFlags::MNT_DETACH).is_ok() {}
     }
     let _ = sys.umount2(&bundle.secrets(), MntFlags::MNT_DETACH);
+    let _ = sys.umount2(&bundle.chan(), MntFlags::MNT_DETACH);
     let _ = fs::remove_dir_all(&bundle.dir);
 }
 
@@ -280,6 +312,7 @@ pub fn config(inp: &ConfigInputs<'_>) -> Value {
         json!({"destination": "/tmp", "type": "bind", "source": tmp_dir(spec), "options": ["rbind", "rw", "nosuid", "nodev"]}),
         bind_ro("/run/strata", &id_dir, false),
         bind_ro(strata_init::SELF_PATH, inp.init_binary, true),
+        json!({"destination": strata_init::channel::CHAN_DIR, "type": "bind", "source": inp.bundle.chan(), "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
     ];
     if inp.has_etc {
         for name in mounts::ETC_IDENTITY_FILES {

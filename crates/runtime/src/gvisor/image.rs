@@ -20,7 +20,19 @@ pub struct ImageHost {
     pub platform: String,
     /// The CPU's feature flags (`/proc/cpuinfo`), sorted.
     pub cpu_flags: Vec<String>,
+    /// How host processes reach the image's pid 1 ([`EXEC_CHANNEL`]; 0:
+    /// `runsc exec` of a client, before the exec channel).
+    #[serde(default)]
+    pub exec_channel: u32,
 }
+
+/// The exec path images made now have: pid 1 reached over the exec channel
+/// (`strata_init::channel`) with the token saved beside the image ([`TOKEN_FILE`]).
+pub const EXEC_CHANNEL: u32 = 1;
+
+/// The file in a process image that keeps the sandbox's channel token (its
+/// restored pid 1 holds the same one in memory).
+pub const TOKEN_FILE: &str = "channel.token";
 
 /// The CPU feature flags of this host (of its first CPU), sorted.
 pub fn cpu_flags() -> Vec<String> {
@@ -39,6 +51,12 @@ pub fn cpu_flags() -> Vec<String> {
 impl ImageHost {
     /// Why an image made on `self` cannot be restored on `here` (`None`: it can).
     pub fn mismatch(&self, here: &ImageHost) -> Option<String> {
+        if self.exec_channel != here.exec_channel {
+            return Some(format!(
+                "its init speaks exec protocol {} and this strata speaks {} (an image of an older strata; it restarts from its filesystem)",
+                self.exec_channel, here.exec_channel
+            ));
+        }
         if self.runsc != here.runsc {
             return Some(format!(
                 "it was made by {} and this host has {} (runsc images are not portable between versions)",
@@ -80,6 +98,7 @@ mod tests {
             runsc: "runsc version 0.0~20240729.0".into(),
             platform: "systrap".into(),
             cpu_flags: vec!["avx2".into(), "sse4_2".into()],
+            exec_channel: EXEC_CHANNEL,
         }
     }
 
@@ -95,6 +114,12 @@ mod tests {
         assert!(saved.mismatch(&other).unwrap().contains("not portable"));
         let kvm = ImageHost { platform: "kvm".into(), ..host() };
         assert!(saved.mismatch(&kvm).unwrap().contains("systrap platform"));
+        // An image of a strata before the exec channel (the field absent) is refused with why.
+        let old: ImageHost = serde_json::from_str(
+            r#"{"runsc":"runsc version 0.0~20240729.0","platform":"systrap","cpu_flags":["avx2","sse4_2"]}"#,
+        )
+        .unwrap();
+        assert!(old.mismatch(&saved).unwrap().contains("older strata"), "{:?}", old.mismatch(&saved));
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! The daemon watches the keeper as it watches a namespace sandbox's init, and
 //! nothing runsc leaves behind becomes a zombie of the daemon's.
 //!
+//! It is also the sandbox's exec broker ([`KeepConfig::broker`],
+//! [`strata_init::channel::serve_broker`] on a thread of its own, started
+//! as runsc starts; pid 1 tries every few milliseconds until it listens): pid 1's
+//! connections to the host end here, and host processes take them.
+//!
 //! runsc 20240729 refuses `--network=sandbox` in any network namespace on
 //! Linux 6.x (gVisor issue #10704: it takes the presence of
 //! `/proc/sys/net/core/rmem_default` for "the root namespace"). With
@@ -48,6 +53,10 @@ pub struct KeepConfig {
     pub pid_file: PathBuf,
     /// Run it under the `/proc/sys/net` mask (`--network=sandbox`).
     pub mask_proc_sys_net: bool,
+    /// The exec broker: the socket pid 1 connects to (in the channel
+    /// directory) and the control socket host processes ask on.
+    #[serde(default)]
+    pub broker: Option<(PathBuf, PathBuf)>,
 }
 
 /// The keeper's one line to the daemon on its stdout.
@@ -122,6 +131,15 @@ pub fn main() -> ! {
         unsafe { cmd.pre_exec(|| mask_proc_sys_net(&crate::sys::LinuxSys).map_err(std::io::Error::from)) };
     }
     let mut child = cmd.spawn().unwrap_or_else(|e| fail(format!("spawn {program}: {e}")));
+    // Started after the spawn (whose child runs code between fork and exec),
+    // while runsc starts or restores the sandbox: pid 1 tries until it listens.
+    if let Some((pid1_socket, control)) = cfg.broker.clone() {
+        std::thread::spawn(move || {
+            if let Err(e) = strata_init::channel::serve_broker(&pid1_socket, &control) {
+                eprintln!("strata keeper: the exec broker stopped: {e}");
+            }
+        });
+    }
     let deadline = Instant::now() + RUNSC_TIMEOUT;
     let status = loop {
         match child.try_wait() {

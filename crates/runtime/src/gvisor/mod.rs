@@ -9,14 +9,17 @@
 //! * [`keeper`]: `strata _runsc_keep`, the parent of one sandbox on the host.
 //!
 //! Exec: `strata-init _runsc_exec` on the host resolves the process against
-//! the sandbox's root, and a client it starts with `runsc exec` has the
-//! sandbox's pid 1 start it, so that it is a process a checkpoint keeps
-//! (see [`strata_init::spawner`]); the exit report stays on the host, out of
-//! the sandbox's reach.
+//! the sandbox's root, takes one of pid 1's connections from the sandbox's
+//! broker (in its keeper) and has pid 1 start it over the exec channel, so
+//! that it is a process a checkpoint keeps and no `runsc exec` runs (see
+//! [`strata_init::channel`], [`strata_init::spawner`]); the exit report stays
+//! on the host, out of the sandbox's reach.
 //!
-//! Standby and warm checkpoints: the clients let go first (`_gdetach`, under
-//! the sandbox's exec lock held exclusive, so none starts meanwhile), then
-//! `runsc checkpoint` saves the sentry (with `--leave-running` for a copy);
+//! Standby and warm checkpoints: under the sandbox's exec lock held
+//! exclusive (none starts meanwhile) the broker pauses and pid 1 lets every
+//! connection go (no host socket may be in a checkpoint), then `runsc
+//! checkpoint` saves the sentry (with `--leave-running` for a copy, after
+//! which the broker listens again);
 //! [`image::ImageHost`] records the runsc, platform and CPU next to it. A
 //! restore is `runsc restore` under a keeper, on the same kind of bundle;
 //! the daemon's supervisors take their processes back through
@@ -216,7 +219,12 @@ impl GvisorRuntime {
 
     /// The host a process image made here records.
     fn image_host(&self) -> image::ImageHost {
-        image::ImageHost { runsc: self.version.clone(), platform: self.platform.into(), cpu_flags: image::cpu_flags() }
+        image::ImageHost {
+            runsc: self.version.clone(),
+            platform: self.platform.into(),
+            cpu_flags: image::cpu_flags(),
+            exec_channel: image::EXEC_CHANNEL,
+        }
     }
 
     /// Runs `strata-init ARGS` inside the sandbox as root (with `caps`), and
@@ -233,9 +241,9 @@ impl GvisorRuntime {
         run_output(&argv, &rest)
     }
 
-    /// Takes the sandbox's exec lock exclusive (no client starts while it is
-    /// held) and has every client of pid 1 let go of its pipes.
-    fn detach(&self, id: &str) -> Result<std::fs::File, RuntimeError> {
+    /// Takes the sandbox's exec lock exclusive (no process starts while it is
+    /// held), pauses its broker and has pid 1 let every connection go.
+    fn detach(&self, id: &str) -> Result<Detached, RuntimeError> {
         let path = self.bundle(id).exec_lock();
         let lock = std::fs::OpenOptions::new()
             .read(true)
@@ -263,11 +271,71 @@ impl GvisorRuntime {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let clients = self
-            .exec_init(id, &[], &["_gdetach"])
-            .map_err(|e| RuntimeError::Setup(format!("detaching the API processes' clients: {e}")))?;
-        debug!(sandbox = id, clients = clients.trim(), "clients let go");
-        Ok(lock)
+        let b = self.bundle(id);
+        // From here on, whatever happens, the broker listens again when the guard goes.
+        let guard = Detached { lock, control: b.broker_control() };
+        let (clients, ms) = Self::detach_channel(&b)
+            .map_err(|e| RuntimeError::Setup(format!("detaching the API processes' connections: {e}")))?;
+        debug!(sandbox = id, clients, ms, "connections let go");
+        Ok(guard)
+    }
+
+    /// Pauses the sandbox's broker and has pid 1 let every connection go;
+    /// returns how many relayed a process and how long it took.
+    fn detach_channel(b: &bundle::Bundle) -> Result<(u32, u64), String> {
+        use strata_init::channel::{self, Frame};
+        let t = Instant::now();
+        let token = std::fs::read(b.token()).map_err(|e| format!("the sandbox's token: {e}"))?;
+        let mut conn = channel::pause(&b.broker_control()).map_err(|e| format!("pause the broker: {e}"))?;
+        let mut reader = channel::open_as_host(&mut conn, &token).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        let req = serde_json::to_vec(&strata_init::spawner::Request::Detach).expect("serializes");
+        channel::write_frame(&mut conn, Frame::Request, &req).map_err(|e| format!("ask pid 1: {e}"))?;
+        loop {
+            match reader.read_from(&mut conn).map_err(|e| format!("pid 1's answer: {e}"))? {
+                Some((Frame::Detached, n)) => {
+                    let n = n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0);
+                    return Ok((n, t.elapsed().as_millis() as u64));
+                }
+                Some(_) => continue,
+                None => return Err("pid 1 closed the channel without an answer".into()),
+            }
+        }
+    }
+
+    /// Writes the sandbox's channel token: a new one at a cold start (also
+    /// where pid 1 reads it first), the image's at a restore (its pid 1 holds
+    /// that one already; nothing goes where the sandbox could read it).
+    fn write_token(b: &bundle::Bundle, image: Option<&Path>) -> Result<(), RuntimeError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let token = match image {
+            None => strata_init::channel::random_bytes()
+                .map_err(|e| RuntimeError::sys("make the sandbox's channel token", e))?
+                .to_vec(),
+            Some(dir) => std::fs::read(dir.join(image::TOKEN_FILE))
+                .map_err(|e| RuntimeError::Incompatible(format!("its image has no channel token ({e})")))?,
+        };
+        let mut targets = vec![b.token()];
+        if image.is_none() {
+            targets.push(b.chan().join(strata_init::channel::TOKEN_NAME));
+        }
+        for path in targets {
+            let write = || -> std::io::Result<()> {
+                let mut f =
+                    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path)?;
+                std::io::Write::write_all(&mut f, &token)
+            };
+            write().map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the sandbox's token with its process image (a restore's pid 1 holds it).
+    fn save_token(&self, id: &str, images_dir: &Path) -> Result<(), RuntimeError> {
+        let (from, to) = (self.bundle(id).token(), images_dir.join(image::TOKEN_FILE));
+        std::fs::copy(&from, &to)
+            .map(drop)
+            .map_err(|e| RuntimeError::sys(format!("keep {} with the image", from.display()), e))
     }
 
     fn cgroup(&self, id: &str) -> SandboxCgroup {
@@ -288,6 +356,8 @@ impl GvisorRuntime {
         // A checkpoint closes open TCP connections instead of failing on them
         // (as a warm copy's do on the namespace tier).
         argv.push("--net-disconnect-ok".into());
+        // Pid 1 connects to its broker on the host; nothing inside may create host sockets.
+        argv.push("--host-uds=open".into());
         match image {
             None => argv.push("run".into()),
             Some(dir) => argv.extend(["restore".into(), "--image-path".into(), dir.to_string_lossy().into_owned()]),
@@ -300,7 +370,12 @@ impl GvisorRuntime {
             b.pid_file().to_string_lossy().into_owned(),
             spec.id.clone(),
         ]);
-        let cfg = keeper::KeepConfig { argv, pid_file: b.pid_file(), mask_proc_sys_net: spec.netns_path.is_some() };
+        let cfg = keeper::KeepConfig {
+            argv,
+            pid_file: b.pid_file(),
+            mask_proc_sys_net: spec.netns_path.is_some(),
+            broker: Some((b.chan().join(strata_init::channel::BROKER_NAME), b.broker_control())),
+        };
         let log = spec.open_log()?;
         let mut child = {
             let _g = crate::spawn_lock();
@@ -355,6 +430,10 @@ impl GvisorRuntime {
                 crate::namespace::mounts::SetupError::Host(m) => RuntimeError::Setup(m),
             }
         })?;
+        if let Err(e) = Self::write_token(&b, image) {
+            bundle::teardown(&LinuxSys, &b);
+            return Err(e);
+        }
         let config = bundle::config(&bundle::ConfigInputs {
             spec,
             bundle: &b,
@@ -390,16 +469,14 @@ impl GvisorRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox is not running".into()));
         }
-        let mut runsc = self.global_args();
-        runsc.truncate(4); // runsc, --root R, --platform: what exec needs
         let b = self.bundle(sandbox_id);
         let hostname = std::fs::read_to_string(b.identity().join("hostname")).unwrap_or_default();
         let cfg = strata_init::runsc::RunscExec {
-            runsc,
-            container: sandbox_id.to_string(),
             root: b.root_link(),
             hostname: hostname.trim().to_string(),
             lock: b.exec_lock(),
+            broker: b.broker_control(),
+            token: b.token(),
             job,
         };
         let mut cmd = Command::new(&self.init_binary);
@@ -430,6 +507,25 @@ impl GvisorRuntime {
             )));
         }
         Ok(())
+    }
+}
+
+/// A sandbox whose connections let go for a checkpoint: holds its exec lock,
+/// and when dropped has its broker listen again (pid 1 reconnects; for a
+/// sandbox the checkpoint ended, there is no broker left to ask).
+struct Detached {
+    #[allow(dead_code)]
+    lock: std::fs::File,
+    control: PathBuf,
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if self.control.exists() {
+            if let Err(e) = strata_init::channel::listen(&self.control) {
+                debug!(error = %e, "the broker did not listen again");
+            }
+        }
     }
 }
 
@@ -555,9 +651,23 @@ impl Runtime for GvisorRuntime {
         if ns_pid <= 1 {
             return 0; // pid 1 is strata's; never a process of the caller's
         }
-        let target = if group { -ns_pid } else { ns_pid };
-        let ok = self.exec_init(sandbox_id, &[], &["_signal", &signal.to_string(), &target.to_string()]).is_ok();
-        usize::from(ok)
+        let b = self.bundle(sandbox_id);
+        let send = || -> Result<usize, String> {
+            use strata_init::channel::Frame;
+            let (mut conn, mut reader) = strata_init::runsc::connect(&b.broker_control(), &b.token())?;
+            let req = strata_init::spawner::Request::Signal { pid: ns_pid, signal, group };
+            let bytes = serde_json::to_vec(&req).expect("serializes");
+            strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| e.to_string())?;
+            conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+            match reader.read_from(&mut conn).map_err(|e| e.to_string())? {
+                Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0) as usize),
+                other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
+            }
+        };
+        send().unwrap_or_else(|e| {
+            debug!(sandbox = sandbox_id, error = %e, "signal through the exec channel");
+            0
+        })
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {
@@ -579,6 +689,7 @@ impl Runtime for GvisorRuntime {
         self.runsc(&["checkpoint", "--image-path", &dir, sandbox_id]).map_err(RuntimeError::Setup)?;
         debug!(sandbox = sandbox_id, ms = t.elapsed().as_millis() as u64, "runsc checkpoint");
         self.image_host().save(images_dir).map_err(|e| RuntimeError::sys("record the image's host", e))?;
+        self.save_token(sandbox_id, images_dir)?;
         // The sentry exits once saved; its keeper follows.
         if !wait_for_exit(handle, Duration::from_secs(10)) {
             warn!(sandbox = sandbox_id, "the sandbox's keeper outlives its checkpoint");
@@ -597,6 +708,7 @@ impl Runtime for GvisorRuntime {
         let tmp = bundle::tmp_dir_of(&self.bundle(sandbox_id)).map_err(RuntimeError::Setup)?;
         Self::copy_tree(&tmp, &images_dir.join(COPIED_TMP))?;
         self.image_host().save(images_dir).map_err(|e| RuntimeError::sys("record the image's host", e))?;
+        self.save_token(sandbox_id, images_dir)?;
         Ok(self.init_binary.clone())
     }
 
