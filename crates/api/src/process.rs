@@ -30,6 +30,42 @@ pub struct ExecRequest {
     /// Keep stdin open for `POST .../processes/{pid}/stdin` writes.
     #[serde(default)]
     pub keep_stdin_open: bool,
+    /// Run the process on a new pseudo-terminal of this size inside the
+    /// sandbox (its controlling terminal; stdin, stdout and stderr are the
+    /// terminal, so all output comes as `stdout`; stdin stays open).
+    /// Resize it with `POST .../processes/{pid}/resize`; attach to it
+    /// interactively with the WebSocket at `GET .../processes/{pid}/tty`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TtySize>,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TtySize {
+    /// Columns, 1 to [`TtySize::MAX`].
+    pub cols: u16,
+    /// Rows, 1 to [`TtySize::MAX`].
+    pub rows: u16,
+}
+
+impl TtySize {
+    /// The largest number of columns or rows accepted.
+    pub const MAX: u16 = 4096;
+
+    /// Why this size is not one a terminal can have (`None`: it is fine).
+    pub fn invalid(&self) -> Option<String> {
+        let ok = |n: u16| (1..=Self::MAX).contains(&n);
+        (!ok(self.cols) || !ok(self.rows))
+            .then(|| format!("a terminal of {}x{} (columns and rows go from 1 to {})", self.cols, self.rows, Self::MAX))
+    }
+}
+
+impl Default for TtySize {
+    /// 80 columns by 24 rows.
+    fn default() -> Self {
+        TtySize { cols: 80, rows: 24 }
+    }
 }
 
 /// Whether a process is still running.
@@ -68,6 +104,9 @@ pub struct ProcessInfo {
     /// True when the sandbox's OOM killer fired while it ran and it died of SIGKILL.
     #[serde(default)]
     pub oom_killed: bool,
+    /// The size of its pseudo-terminal, when it runs on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TtySize>,
     /// Set when the program could not be started (e.g. not found).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spawn_error: Option<String>,
@@ -181,6 +220,45 @@ pub struct StdinRequest {
     /// Close stdin after writing.
     #[serde(default)]
     pub close: bool,
+}
+
+/// A message of the terminal WebSocket (`GET .../processes/{pid}/tty`), as
+/// JSON in a text frame; the terminal's bytes travel in binary frames (to
+/// it: its input; from it: its output).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TtyMessage {
+    /// Client: resize the terminal.
+    Resize {
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+    /// Server: earlier output was dropped from the buffer before it was sent.
+    Dropped {
+        /// Bytes lost.
+        bytes: u64,
+    },
+    /// Server: the process ended (the last message before the close).
+    Exited {
+        /// The final process record.
+        process: ProcessInfo,
+    },
+    /// Server: a message could not be taken (the connection stays open).
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Query of `GET .../processes/{pid}/tty`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct TtyQuery {
+    /// Send the output from this byte offset of its log first (default: only
+    /// what comes after the connection; 0 replays what the buffer holds).
+    #[serde(default)]
+    pub offset: Option<u64>,
 }
 
 /// Query of `POST .../processes/{pid}/wait`.

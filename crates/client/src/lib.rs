@@ -111,6 +111,31 @@ pub struct Client {
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
 
+/// The daemon's error answer `resp` as a [`ClientError::Api`].
+async fn api_error(resp: Response<Incoming>) -> ClientError {
+    let status = resp.status().as_u16();
+    let bytes = match Limited::new(resp.into_body(), MAX_ERROR_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(h) => return ClientError::Http(*h),
+            Err(other) => Bytes::from(format!("HTTP {status} with an error body that could not be read: {other}")),
+        },
+    };
+    let body = serde_json::from_slice::<ApiErrorBody>(&bytes).unwrap_or_else(|_| ApiErrorBody {
+        code: ErrorCode::Internal,
+        message: String::from_utf8_lossy(&bytes).into_owned(),
+        current_state: None,
+        dependents: vec![],
+        findings: vec![],
+        approval: None,
+    });
+    ClientError::Api { status, body }
+}
+
+/// A process's terminal as a WebSocket ([`Client::attach_tty`]): binary
+/// messages are its bytes, text messages [`TtyMessage`] JSON.
+pub type TtySocket = tokio_tungstenite::WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
 /// Percent-encodes a query value.
 pub fn enc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -268,60 +293,54 @@ impl Client {
         body: RequestBody,
         content_type: &str,
     ) -> Result<Response<Incoming>> {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::HOST, "strata")
-            .header(hyper::header::CONTENT_TYPE, content_type);
+        let req = self.request(method, path).header(hyper::header::CONTENT_TYPE, content_type);
+        let resp = self.connect(false).await?.send_request(req.body(body).expect("valid request")).await?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(api_error(resp).await)
+    }
+
+    /// A request to `path` with the headers every request carries (host,
+    /// tenant, approval, bearer token).
+    fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
+        let mut req = Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata");
         if let Some(t) = &self.tenant {
             req = req.header(strata_api::TENANT_HEADER, t.as_str());
         }
         if let Some(a) = &self.approval {
             req = req.header(strata_api::APPROVAL_HEADER, a.as_str());
         }
-        let resp = match &self.endpoint {
-            Endpoint::Unix(p) => {
-                let stream = tokio::net::UnixStream::connect(p)
-                    .await
-                    .map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
-                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        if let Endpoint::Tcp { token: Some(t), .. } = &self.endpoint {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        req
+    }
+
+    /// One new HTTP/1.1 connection to the daemon (`upgrades`: it may turn into a WebSocket).
+    async fn connect(&self, upgrades: bool) -> Result<hyper::client::conn::http1::SendRequest<RequestBody>> {
+        async fn over<T>(io: T, upgrades: bool) -> Result<hyper::client::conn::http1::SendRequest<RequestBody>>
+        where
+            T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        {
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+            if upgrades {
+                tokio::spawn(conn.with_upgrades());
+            } else {
                 tokio::spawn(conn);
-                sender.send_request(req.body(body).expect("valid request")).await?
             }
-            Endpoint::Tcp { addr, token } => {
-                if let Some(t) = token {
-                    req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
-                }
-                let stream = tokio::net::TcpStream::connect(addr.as_str())
-                    .await
-                    .map_err(|source| ClientError::Connect { endpoint: self.endpoint.to_string(), source })?;
+            Ok(sender)
+        }
+        let connect_err = |source| ClientError::Connect { endpoint: self.endpoint.to_string(), source };
+        match &self.endpoint {
+            Endpoint::Unix(p) => over(tokio::net::UnixStream::connect(p).await.map_err(connect_err)?, upgrades).await,
+            Endpoint::Tcp { addr, .. } => {
+                let stream = tokio::net::TcpStream::connect(addr.as_str()).await.map_err(connect_err)?;
                 // Small request writes and streamed lines must not wait for Nagle's algorithm.
                 let _ = stream.set_nodelay(true);
-                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-                tokio::spawn(conn);
-                sender.send_request(req.body(body).expect("valid request")).await?
+                over(stream, upgrades).await
             }
-        };
-        if resp.status().is_success() {
-            return Ok(resp);
         }
-        let status = resp.status().as_u16();
-        let bytes = match Limited::new(resp.into_body(), MAX_ERROR_BODY).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => match e.downcast::<hyper::Error>() {
-                Ok(h) => return Err(ClientError::Http(*h)),
-                Err(other) => Bytes::from(format!("HTTP {status} with an error body that could not be read: {other}")),
-            },
-        };
-        let body = serde_json::from_slice::<ApiErrorBody>(&bytes).unwrap_or_else(|_| ApiErrorBody {
-            code: ErrorCode::Internal,
-            message: String::from_utf8_lossy(&bytes).into_owned(),
-            current_state: None,
-            dependents: vec![],
-            findings: vec![],
-            approval: None,
-        });
-        Err(ClientError::Api { status, body })
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T> {
@@ -865,6 +884,43 @@ impl Client {
             Some(&SignalRequest { signal: signal.into() }),
         )
         .await
+    }
+
+    /// Resizes a process's terminal.
+    pub async fn resize_tty(&self, id: &str, pid: u64, size: TtySize) -> Result<ProcessInfo> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/processes/{pid}/resize", enc(id)), Some(&size)).await
+    }
+
+    /// Attaches to a process's terminal (started with `tty`) over a
+    /// WebSocket: its output from `offset` (default: from now on).
+    pub async fn attach_tty(&self, id: &str, pid: u64, offset: Option<u64>) -> Result<TtySocket> {
+        use hyper::header;
+        use tokio_tungstenite::tungstenite::handshake::{client::generate_key, derive_accept_key};
+        let q = offset.map(|o| format!("?offset={o}")).unwrap_or_default();
+        let key = generate_key();
+        let req = self
+            .request(Method::GET, &format!("/v1/sandboxes/{}/processes/{pid}/tty{q}", enc(id)))
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .header(header::SEC_WEBSOCKET_VERSION, "13")
+            .header(header::SEC_WEBSOCKET_KEY, key.as_str())
+            .body(full_body(Bytes::new()))
+            .expect("valid request");
+        let resp = self.connect(true).await?.send_request(req).await?;
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            return Err(api_error(resp).await);
+        }
+        let accept = resp.headers().get(header::SEC_WEBSOCKET_ACCEPT).and_then(|v| v.to_str().ok());
+        if accept != Some(derive_accept_key(key.as_bytes()).as_str()) {
+            return Err(ClientError::Decode("the daemon's WebSocket answer does not match the key".into()));
+        }
+        let upgraded = hyper::upgrade::on(resp).await?;
+        Ok(tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Client,
+            None,
+        )
+        .await)
     }
 
     /// Writes to a process's stdin.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use nix::sys::signal::Signal;
-use strata_api::{ErrorCode, ExecRequest, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState, StreamKind};
+use strata_api::{ErrorCode, ExecRequest, ProcessEvent, ProcessInfo, ProcessStatus, SandboxState, StreamKind, TtySize};
 use strata_core::units;
 use strata_runtime::spec::{ExecReport, ExecSpec};
 use strata_store::db::SandboxRecord;
@@ -85,12 +85,16 @@ fn exec_spec(rec: &SandboxRecord, req: &ExecRequest, secrets: &crate::secrets::S
     env.extend(rec.sandbox.env.clone());
     env.extend(secrets.env_vars());
     env.extend(req.env.clone());
+    if req.tty.is_some() {
+        env.entry("TERM".into()).or_insert_with(|| "xterm".into());
+    }
     ExecSpec {
         argv: req.cmd.clone(),
         env,
         cwd: req.cwd.clone().or_else(|| rec.image_config.working_dir.clone().filter(|w| !w.is_empty())),
         user: req.user.clone().or_else(|| rec.image_config.user.clone().filter(|u| !u.is_empty())),
         allow_setuid: rec.sandbox.allow_setuid,
+        tty: req.tty.map(|t| strata_runtime::spec::TtySize { cols: t.cols, rows: t.rows }),
     }
 }
 
@@ -104,6 +108,9 @@ fn validate(req: &ExecRequest) -> EngineResult<(Option<Duration>, Option<Vec<u8>
         return Err(EngineError::bad_request(
             "arguments and environment must not contain NUL bytes; names must not contain '='",
         ));
+    }
+    if let Some(why) = req.tty.as_ref().and_then(TtySize::invalid) {
+        return Err(EngineError::bad_request(format!("tty: {why}")));
     }
     let timeout = req.timeout.as_deref().map(units::parse_duration).transpose()?;
     let stdin = req
@@ -161,11 +168,16 @@ async fn spawn_validated(
     spawn_helper(cmd, report_w, stdout_w, stderr_w, Some(stdin_r))?;
     let oom_before = rt.usage(&rec.sandbox.id).oom_kills;
     let proc_ = st.processes.insert(&rec.sandbox.id, req.cmd.iter().map(|a| secrets.redact_str(a)).collect());
-    proc_.lock().pipes = pipes;
+    {
+        let mut s = proc_.lock();
+        s.pipes = pipes;
+        s.info.tty = req.tty;
+    }
     let (reattach_tx, reattach_rx) = tokio::sync::mpsc::unbounded_channel();
     *proc_.reattach.lock().unwrap_or_else(|p| p.into_inner()) = Some(reattach_tx);
     // Stdin is in place before the caller learns the process exists (it may write at once).
-    attach_stdin(&proc_, stdin_w, stdin_data, req.keep_stdin_open).await;
+    // A terminal's input stays open (it has no end of its own).
+    attach_stdin(&proc_, stdin_w, stdin_data, req.keep_stdin_open || req.tty.is_some()).await;
     let ends = DaemonEnds { report: report_r, stdout: stdout_r, stderr: stderr_r, stdin: None };
     tokio::spawn(supervise(
         st.clone(),
@@ -460,7 +472,7 @@ enum FinalReport {
 /// Longest report line the shim writes (its spawn errors are short): a longer
 /// one did not come from the shim.
 const MAX_REPORT_LINE: u64 = 16 * 1024;
-/// Most report lines one process's shim writes (its pid, a spawn error, its end).
+/// Most report lines one process's shim writes (its terminal, its pid, a spawn error, its end).
 const MAX_REPORT_LINES: usize = 8;
 
 async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
@@ -471,8 +483,11 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
             return FinalReport::None;
         }
     };
-    let report = parse_reports(BufReader::new(rx), |pid| {
-        p.lock().info.pid = Some(pid);
+    let report = parse_reports(BufReader::new(rx), |early| {
+        match early {
+            Early::Pid(pid) => p.lock().info.pid = Some(pid),
+            Early::Tty(index) => p.lock().tty_index = Some(index),
+        }
         p.bump();
     })
     .await;
@@ -485,7 +500,16 @@ async fn read_reports(p: Arc<Proc>, fd: OwnedFd) -> FinalReport {
 /// Reads the shim's report lines, each at most [`MAX_REPORT_LINE`] bytes and
 /// at most [`MAX_REPORT_LINES`] of them, so nothing written into the channel
 /// can grow the daemon; anything else ends the channel as [`FinalReport::Tampered`].
-async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid: impl FnMut(i32)) -> FinalReport {
+/// A report that comes before a process's end.
+#[derive(Debug, PartialEq)]
+enum Early {
+    /// Its pid inside.
+    Pid(i32),
+    /// Its terminal, `/dev/pts/N` inside.
+    Tty(u32),
+}
+
+async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_early: impl FnMut(Early)) -> FinalReport {
     let mut last = FinalReport::None;
     for _ in 0..MAX_REPORT_LINES {
         let mut line = Vec::new();
@@ -504,7 +528,8 @@ async fn parse_reports<R: tokio::io::AsyncBufRead + Unpin>(mut r: R, mut on_pid:
             Ok(_) => {}
         }
         match serde_json::from_slice::<ExecReport>(&line) {
-            Ok(ExecReport::NsPid { pid }) => on_pid(pid),
+            Ok(ExecReport::NsPid { pid }) => on_early(Early::Pid(pid)),
+            Ok(ExecReport::Tty { index }) => on_early(Early::Tty(index)),
             Ok(ExecReport::SpawnError { message }) => last = FinalReport::SpawnError(message),
             // A spawn error is followed by the helper reporting its child's exit (127): keep the error.
             // The exit line is the helper's last word: stop there rather than wait for EOF.
@@ -597,6 +622,42 @@ pub async fn signal(st: &Shared, id: &str, pid: u64, signal: &str) -> EngineResu
     }
 }
 
+/// Resizes the terminal of a process started with `tty`; a process started
+/// a moment ago is given up to 5 s to report its pid. 409 when it has no
+/// terminal or is not running.
+pub async fn resize_tty(st: &Shared, id: &str, pid: u64, size: TtySize) -> EngineResult<ProcessInfo> {
+    if let Some(why) = size.invalid() {
+        return Err(EngineError::bad_request(why));
+    }
+    let p = get_proc(st, id, pid)?;
+    if p.info().tty.is_none() {
+        return Err(EngineError::new(
+            ErrorCode::InvalidState,
+            format!("process {pid} has no terminal (start it with tty)"),
+        ));
+    }
+    let sandbox_id = p.info().sandbox_id;
+    let not_running = || EngineError::new(ErrorCode::InvalidState, format!("process {pid} is not running"));
+    let ns_pid = p.pid_when_started(Duration::from_secs(5)).await.ok_or_else(not_running)?;
+    let rec = load(st, &sandbox_id)?;
+    let handle = handle_of(&rec).ok_or_else(not_running)?;
+    let index = p.lock().tty_index;
+    let rt = st.runtime_by_id(&sandbox_id);
+    let size_rt = strata_runtime::spec::TtySize { cols: size.cols, rows: size.rows };
+    let resized = tokio::task::spawn_blocking(move || rt.resize_tty(&sandbox_id, &handle, ns_pid, index, size_rt))
+        .await
+        .map_err(|e| EngineError::internal("resize a terminal", &e))?;
+    match resized {
+        Ok(()) => {
+            p.lock().info.tty = Some(size);
+            p.bump();
+            Ok(p.info())
+        }
+        Err(_) if p.info().status != ProcessStatus::Running => Err(not_running()),
+        Err(e) => Err(EngineError::internal("resize a terminal", &e)),
+    }
+}
+
 /// Writes `data` to the stdin of a process started with `keep_stdin_open`,
 /// then closes it with `close`. 409 when its stdin is closed.
 pub async fn write_stdin(st: &Shared, id: &str, pid: u64, data: &[u8], close: bool) -> EngineResult<()> {
@@ -642,7 +703,11 @@ mod tests {
 
     fn parse(input: &[u8]) -> (FinalReport, Vec<i32>) {
         let mut pids = Vec::new();
-        let r = rt().block_on(parse_reports(input, |p| pids.push(p)));
+        let r = rt().block_on(parse_reports(input, |e| {
+            if let Early::Pid(p) = e {
+                pids.push(p)
+            }
+        }));
         (r, pids)
     }
 

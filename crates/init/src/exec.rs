@@ -36,6 +36,10 @@ pub struct ExecSpec {
     /// seccomp filter is installed while CAP_SYS_ADMIN is still held instead).
     #[serde(default)]
     pub allow_setuid: bool,
+    /// Run it on a new pseudo-terminal of this size (its controlling terminal
+    /// and stdio); the shim relays the terminal to and from its own stdio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<crate::pty::TtySize>,
 }
 
 /// Lines the exec helper writes to file descriptor 3, one per line, as JSON.
@@ -46,6 +50,11 @@ pub enum ExecReport {
     NsPid {
         /// Pid inside.
         pid: i32,
+    },
+    /// It runs on `/dev/pts/<index>` inside the sandbox (before its pid).
+    Tty {
+        /// The terminal's number.
+        index: u32,
     },
     /// It could not be started.
     SpawnError {
@@ -125,7 +134,15 @@ pub fn shim_main() -> ! {
     // The process writes its output into pipes the shim holds and relays to the
     // daemon: when the daemon goes away (a restart), the shim drops the output
     // and the process runs on, with SIGPIPE at its default like anywhere else.
-    let relays: Vec<Relay> = [1, 2].into_iter().filter_map(Relay::new).collect();
+    // On a terminal, the shim relays it instead: its output to our stdout, our stdin to it.
+    let tty = spec.tty.map(|size| {
+        crate::pty::open_pair(size).unwrap_or_else(|e| die(&mut rep, format!("a terminal for the process: {e}")))
+    });
+    if let Some(pair) = &tty {
+        rep.send(&ExecReport::Tty { index: pair.index });
+    }
+    let relays: Vec<Relay> =
+        if tty.is_some() { Vec::new() } else { [1, 2].into_iter().filter_map(Relay::new).collect() };
     // SAFETY: single-threaded; the child restores the default mask before exec.
     match unsafe { fork() } {
         Err(e) => die(&mut rep, format!("fork: {e}")),
@@ -133,15 +150,20 @@ pub fn shim_main() -> ! {
             for r in &relays {
                 r.install_in_child();
             }
-            child(spec, rep)
+            child(spec, rep, tty.as_ref().map(|p| p.slave.as_raw_fd()))
         }
         Ok(ForkResult::Parent { child }) => {
             let _ = set.thread_block();
             // After the mask: the relay threads inherit it, so no stop signal lands on them.
             let (done_tx, done_rx) = std::sync::mpsc::channel();
-            let running = relays.len();
+            let mut running = relays.len();
             for r in relays {
                 r.start(done_tx.clone());
+            }
+            if let Some(pair) = tty {
+                drop(pair.slave);
+                relay_terminal(pair.master, done_tx.clone());
+                running = 1;
             }
             // The shim needs no privilege from here on: drop it before touching
             // anything of the sandbox's (its /dev/null).
@@ -255,8 +277,62 @@ impl Relay {
     }
 }
 
-/// The process itself: new session, pid report, credentials, exec.
-fn child(exec: ExecSpec, mut rep: Reporter) -> ! {
+/// Relays a process's terminal: what it writes to our stdout (a copy of
+/// it: the shim points 0-2 at /dev/null next), our stdin to it. `done` hears
+/// once its output has ended (every holder of its far end is gone).
+fn relay_terminal(master: std::os::fd::OwnedFd, done: std::sync::mpsc::Sender<()>) {
+    use std::io::Read;
+    // SAFETY: duplicates our own stdio descriptors; the copies are fresh and ours.
+    let (out, input) = unsafe { (libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3), libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3)) };
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let mut out = (out >= 0).then(|| unsafe { File::from_raw_fd(out) });
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let input = (input >= 0).then(|| unsafe { File::from_raw_fd(input) });
+    // Without a second descriptor of the terminal, nothing is typed into it (its output still flows).
+    let typing = master.try_clone().ok().map(File::from).zip(input);
+    let mut from_terminal = File::from(master);
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from_terminal.read(&mut buf) {
+                // EIO: the far end has no holder left.
+                Ok(0) => break,
+                Ok(n) => {
+                    if let Some(o) = out.as_mut() {
+                        if o.write_all(&buf[..n]).is_err() {
+                            out = None; // the daemon went away: the rest is dropped
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = done.send(());
+    });
+    if let Some((mut to_terminal, mut input)) = typing {
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match input.read(&mut buf) {
+                    // The end of our stdin leaves the terminal open (it has no end of its own).
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if to_terminal.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+}
+
+/// The process itself: new session (on `tty`, with it as its controlling
+/// terminal and stdio), pid report, credentials, exec.
+fn child(exec: ExecSpec, mut rep: Reporter, tty: Option<std::os::fd::RawFd>) -> ! {
     // The report descriptor must not survive exec; a failed exec still reports on it.
     if let Some(f) = rep.0.as_ref() {
         // SAFETY: F_SETFD on our own descriptor.
@@ -264,6 +340,10 @@ fn child(exec: ExecSpec, mut rep: Reporter) -> ! {
     }
     if let Err(e) = nix::unistd::setsid() {
         die(&mut rep, format!("setsid: {e}"));
+    }
+    // SAFETY: `slave` is the open far end of the terminal the shim made.
+    if tty.is_some_and(|slave| !unsafe { crate::pty::become_controlling(slave) }) {
+        die(&mut rep, format!("the terminal as controlling terminal: {}", std::io::Error::last_os_error()));
     }
     rep.send(&ExecReport::NsPid { pid: std::process::id() as i32 });
     // The Rust runtime of the helpers ignores SIGPIPE and an ignored signal
@@ -400,6 +480,11 @@ fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     let argv = CArray::new(exec.argv.iter().cloned())?;
     let envp = CArray::new(env.iter().map(|(k, v)| format!("{k}={v}")))?;
 
+    if exec.tty.is_some() && user.uid != 0 {
+        // The user owns its terminal, as after a login.
+        nix::unistd::fchown(0, Some(nix::unistd::Uid::from_raw(user.uid)), None)
+            .map_err(|e| format!("give the terminal to uid {}: {e}", user.uid))?;
+    }
     creds::drop_to(&user, &creds::KEPT)?;
     // A change of user may have made the process dumpable again (fs.suid_dumpable):
     // it holds the report pipe until exec.

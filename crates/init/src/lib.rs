@@ -12,6 +12,7 @@
 //!   (so they survive `runsc checkpoint`), reached over [`channel`] (frames
 //!   over connections pid 1 opens to the sandbox's broker on the host), and
 //!   `_hostname` (inside).
+//! * [`pty`]: pseudo-terminals for processes that run on one (both tiers).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
 //! Keeping every sandbox process's mappings inside the sandbox's own mount tree
@@ -23,6 +24,7 @@ pub mod enter;
 pub mod exec;
 pub mod openat2;
 pub mod pid1;
+pub mod pty;
 pub mod runsc;
 pub mod seccomp;
 pub mod spawner;

@@ -160,7 +160,7 @@ pub fn resolve(root: RawFd, exec: &ExecSpec, hostname: &str) -> Result<Resolved,
 }
 
 /// What pid 1 gets to start `r`.
-pub fn spawn_request(r: &Resolved, allow_setuid: bool) -> Request {
+pub fn spawn_request(r: &Resolved, allow_setuid: bool, tty: Option<crate::pty::TtySize>) -> Request {
     Request::Spawn {
         process: Process {
             args: r.args.clone(),
@@ -171,6 +171,7 @@ pub fn spawn_request(r: &Resolved, allow_setuid: bool) -> Request {
             // The supplementary groups include the primary one, as setgroups(2) gets them from the shim.
             groups: r.user.groups.clone(),
             allow_setuid,
+            tty,
         },
     }
 }
@@ -222,7 +223,7 @@ pub fn exec_main() -> ! {
             let root = std::fs::File::open(&cfg.root)
                 .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's root {}: {e}", cfg.root.display())));
             let resolved = resolve(root.as_raw_fd(), exec, &cfg.hostname).unwrap_or_else(|m| die(&mut rep, m));
-            (spawn_request(&resolved, exec.allow_setuid), true)
+            (spawn_request(&resolved, exec.allow_setuid, exec.tty), true)
         }
         Job::Attach { pid, stdin } => (Request::Attach { pid: *pid, stdin: *stdin }, *stdin),
     };
@@ -404,7 +405,7 @@ mod tests {
         assert_eq!((r.user.uid, r.user.gid), (1000, 1000));
         assert_eq!(r.cwd, "/home/app", "the home is the default directory");
         assert!(r.env.contains(&"HOME=/home/app".to_string()) && r.env.contains(&"HOSTNAME=box".to_string()));
-        let Request::Spawn { process } = spawn_request(&r, false) else { panic!() };
+        let Request::Spawn { process } = spawn_request(&r, false, None) else { panic!() };
         assert_eq!(process.groups, [1000, 10]);
         assert_eq!((process.uid, process.allow_setuid), (1000, false));
     }

@@ -23,6 +23,9 @@
 //!   * [`Request::Attach`]: the same for a process pid 1 started before
 //!     (after a restore or a copy; the newest connection wins).
 //!   * [`Request::Signal`]: a signal to one of its processes (or its group).
+//!   * [`Request::Resize`]: the size of a process's terminal (a process that
+//!     runs on one: pid 1 holds the master, its output is the stdout frames,
+//!     its input the stdin frames).
 //!   * [`Request::Detach`]: before a checkpoint (the broker stopped
 //!     listening first): every other connection lets go, pid 1 closes all of
 //!     them, and no host descriptor is left in the sentry. It connects again
@@ -72,6 +75,9 @@ pub struct Process {
     pub groups: Vec<u32>,
     /// Leave `no_new_privs` unset (setuid binaries take effect).
     pub allow_setuid: bool,
+    /// Run it on a new pseudo-terminal of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<crate::pty::TtySize>,
 }
 
 /// What a host process asks pid 1 (the payload of [`Frame::Request`]).
@@ -98,6 +104,14 @@ pub enum Request {
         signal: i32,
         /// Its whole process group.
         group: bool,
+    },
+    /// Resize the terminal of process `pid` (answered with [`Frame::Signaled`]:
+    /// 1 when it has one and it was resized, else 0).
+    Resize {
+        /// Its pid.
+        pid: i32,
+        /// The new size.
+        size: crate::pty::TtySize,
     },
     /// Every other connection lets go, and pid 1 closes them all (a checkpoint comes).
     Detach,
@@ -135,6 +149,8 @@ struct Tracked {
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
     stdin: Option<OwnedFd>,
+    /// The master of its terminal, when it runs on one (for resizes).
+    tty: Option<OwnedFd>,
     /// Bytes for its stdin not written yet.
     pending_in: Vec<u8>,
     /// Close its stdin once `pending_in` is written (the connection's stdin ended).
@@ -286,10 +302,35 @@ impl Spawner {
         match req {
             Request::Spawn { process } => {
                 let spawned = (|| -> std::io::Result<(i32, Tracked)> {
+                    if let Some(size) = process.tty {
+                        let pair = crate::pty::open_pair(size)?;
+                        if process.uid != 0 {
+                            // The user owns its terminal, as after a login.
+                            nix::unistd::fchown(
+                                pair.slave.as_raw_fd(),
+                                Some(nix::unistd::Uid::from_raw(process.uid)),
+                                None,
+                            )?;
+                        }
+                        let pid = start(&process, [pair.slave.as_raw_fd(); 3], true)?;
+                        nonblocking(&pair.master);
+                        let t = Tracked {
+                            stdout: Some(pair.master.try_clone()?),
+                            stderr: None,
+                            stdin: Some(pair.master.try_clone()?),
+                            tty: Some(pair.master),
+                            pending_in: Vec::new(),
+                            conn: None,
+                            ended: None,
+                            close_stdin_after: false,
+                        };
+                        return Ok((pid, t));
+                    }
                     let (in_r, in_w) = pipe()?;
                     let (out_r, out_w) = pipe()?;
                     let (err_r, err_w) = pipe()?;
-                    let pid = start(&process, in_r, out_w, err_w)?;
+                    let pid = start(&process, [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()], false)?;
+                    drop((in_r, out_w, err_w));
                     for fd in [&out_r, &err_r, &in_w] {
                         nonblocking(fd);
                     }
@@ -297,6 +338,7 @@ impl Spawner {
                         stdout: Some(out_r),
                         stderr: Some(err_r),
                         stdin: Some(in_w),
+                        tty: None,
                         pending_in: Vec::new(),
                         conn: None,
                         ended: None,
@@ -327,6 +369,14 @@ impl Spawner {
                     u32::from(unsafe { libc::kill(target, signal) } == 0)
                 };
                 self.send(id, Frame::Signaled, &sent.to_le_bytes());
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.closing = true;
+                }
+            }
+            Request::Resize { pid, size } => {
+                let master = self.procs.get(&pid).and_then(|t| t.tty.as_ref());
+                let done = master.is_some_and(|m| crate::pty::set_size(m.as_raw_fd(), size).is_ok());
+                self.send(id, Frame::Signaled, &u32::from(done).to_le_bytes());
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.closing = true;
                 }
@@ -424,10 +474,10 @@ impl Spawner {
 /// every page it touches, which cost ~20 ms per process. Everything the child
 /// needs is prepared here ([`Prepared`]); the child makes raw system calls
 /// only ([`spawn_child`]) and reports a failure on a close-on-exec pipe.
-fn start(p: &Process, stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> std::io::Result<i32> {
-    let prepared = Prepared::new(p, [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()])?;
+fn start(p: &Process, stdio: [RawFd; 3], controlling_tty: bool) -> std::io::Result<i32> {
+    let mut prepared = Prepared::new(p, stdio)?;
+    prepared.controlling_tty = controlling_tty;
     let (err_r, err_w) = pipe().map_err(std::io::Error::from)?;
-    let mut prepared = prepared;
     prepared.report = err_w.as_raw_fd();
     let mut stack = vec![0u8; CHILD_STACK];
     // SAFETY: the stack is ours and outlives the child's use of it (CLONE_VFORK:
@@ -477,9 +527,10 @@ fn start(p: &Process, stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> std::
 const CHILD_STACK: usize = 64 << 10;
 
 /// The child's steps, as reported when one fails (`STEP_NAMES[step]`).
-const STEP_NAMES: [&str; 9] =
-    ["setsid", "chdir", "setgroups", "setgid", "setuid", "capset", "no_new_privs", "stdio", "exec"];
+const STEP_NAMES: [&str; 10] =
+    ["setsid", "chdir", "setgroups", "setgid", "setuid", "capset", "no_new_privs", "stdio", "exec", "the terminal"];
 const STEP_EXEC: u32 = 8;
+const STEP_TTY: u32 = 9;
 
 /// What a spawned child needs, made before it exists (it allocates nothing).
 struct Prepared {
@@ -498,6 +549,8 @@ struct Prepared {
     drop_bounding: Vec<libc::c_int>,
     no_new_privs: bool,
     stdio: [RawFd; 3],
+    /// `stdio` is a terminal's far end, to become its controlling terminal.
+    controlling_tty: bool,
     /// The write end of the failure pipe.
     report: RawFd,
 }
@@ -528,6 +581,7 @@ impl Prepared {
             drop_bounding,
             no_new_privs: !p.allow_setuid,
             stdio,
+            controlling_tty: false,
             report: -1,
         })
     }
@@ -557,6 +611,9 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         if libc::setsid() < 0 {
             fail(0);
+        }
+        if p.controlling_tty && libc::ioctl(p.stdio[0], libc::TIOCSCTTY, 0) != 0 {
+            fail(STEP_TTY);
         }
         if libc::chdir(p.cwd.as_ptr()) != 0 {
             fail(1);
@@ -908,6 +965,7 @@ mod tests {
             gid: 0,
             groups: vec![0],
             allow_setuid: false,
+            tty: None,
         };
         let req = serde_json::to_vec(&Request::Spawn { process: p }).unwrap();
         host.set_nonblocking(false).unwrap();
@@ -956,11 +1014,13 @@ mod tests {
             gid: uid,
             groups: vec![uid],
             allow_setuid,
+            tty: None,
         };
         let (in_r, _in_w) = pipe().unwrap();
         let (out_r, out_w) = pipe().unwrap();
         let (_err_r, err_w) = pipe().unwrap();
-        let pid = start(&p, in_r, out_w, err_w).unwrap();
+        let pid = start(&p, [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()], false).unwrap();
+        drop((in_r, out_w, err_w));
         assert!(matches!(waitpid(Pid::from_raw(pid), None).unwrap(), WaitStatus::Exited(_, 0)));
         let mut out = String::new();
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
@@ -1000,12 +1060,70 @@ mod tests {
             gid: 0,
             groups: vec![0],
             allow_setuid: false,
+            tty: None,
         };
-        let e = start(&missing, a.0, b.1, c.1).unwrap_err();
+        let fds = |a: &(OwnedFd, OwnedFd), b: &(OwnedFd, OwnedFd), c: &(OwnedFd, OwnedFd)| {
+            [a.0.as_raw_fd(), b.1.as_raw_fd(), c.1.as_raw_fd()]
+        };
+        let e = start(&missing, fds(&a, &b, &c), false).unwrap_err();
         assert_eq!(spawn_error(&missing, &e), "exec /nonexistent/program: No such file or directory");
         let (a, b, c) = (pipe().unwrap(), pipe().unwrap(), pipe().unwrap());
         let bad_dir = Process { cwd: "/nonexistent".into(), args: vec!["/bin/sh".into()], ..missing };
-        let e = start(&bad_dir, a.0, b.1, c.1).unwrap_err();
+        let e = start(&bad_dir, fds(&a, &b, &c), false).unwrap_err();
         assert!(e.to_string().starts_with("chdir: "), "{e}");
+    }
+
+    #[test]
+    fn a_process_on_a_terminal_has_it_as_controlling_terminal_and_resizes_reach_it() {
+        if !nix::unistd::getuid().is_root() {
+            eprintln!("skipped: setgroups needs root");
+            return;
+        }
+        let mut sp = Spawner::new(vec![1; 32]);
+        let (id, mut host) = conn_pair(&mut sp);
+        let mut r = FrameReader::default();
+        let nonce = channel::random_bytes().unwrap();
+        channel::write_frame(&mut host, Frame::Hello, &nonce).unwrap();
+        assert_eq!(pump(&mut sp, &mut host, &mut r).0, Frame::Proof);
+        let p = Process {
+            args: vec!["/bin/sh".into(), "-c".into(), "read x; tty; stty size; echo got $x".into()],
+            env: vec!["PATH=/bin:/usr/bin".into()],
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            groups: vec![0],
+            allow_setuid: false,
+            tty: Some(crate::pty::TtySize { cols: 100, rows: 40 }),
+        };
+        host.set_nonblocking(false).unwrap();
+        channel::write_frame(&mut host, Frame::Request, &serde_json::to_vec(&Request::Spawn { process: p }).unwrap())
+            .unwrap();
+        let (kind, pid) = pump(&mut sp, &mut host, &mut r);
+        assert_eq!(kind, Frame::Started);
+        let pid = i32::from_le_bytes(pid.try_into().unwrap());
+        // A resize from a second connection, before the process reads its size.
+        let (id2, mut host2) = conn_pair(&mut sp);
+        let mut r2 = FrameReader::default();
+        channel::write_frame(&mut host2, Frame::Hello, &nonce).unwrap();
+        assert_eq!(pump(&mut sp, &mut host2, &mut r2).0, Frame::Proof);
+        host2.set_nonblocking(false).unwrap();
+        let resize = Request::Resize { pid, size: crate::pty::TtySize { cols: 132, rows: 50 } };
+        channel::write_frame(&mut host2, Frame::Request, &serde_json::to_vec(&resize).unwrap()).unwrap();
+        assert_eq!(pump(&mut sp, &mut host2, &mut r2), (Frame::Signaled, 1u32.to_le_bytes().to_vec()));
+        let _ = id2;
+        host.set_nonblocking(false).unwrap();
+        channel::write_frame(&mut host, Frame::Stdin, b"in\n").unwrap();
+        let mut out = Vec::new();
+        let end = loop {
+            match pump(&mut sp, &mut host, &mut r) {
+                (Frame::Stdout, b) => out.extend(b),
+                (Frame::Ended, s) => break serde_json::from_slice::<Status>(&s).unwrap(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let out = String::from_utf8_lossy(&out).replace('\r', "");
+        assert_eq!(end, Status::Exited { code: 0 });
+        assert!(out.contains("/dev/pts/") && out.contains("50 132\ngot in\n"), "{out:?}");
+        let _ = id;
     }
 }

@@ -625,6 +625,7 @@ impl StrataMcp {
                     timeout: Some(args.timeout.unwrap_or_else(|| DEFAULT_EXEC_TIMEOUT.to_string())),
                     stdin_b64: args.stdin.map(|s| B64.encode(s.as_bytes())),
                     keep_stdin_open: false,
+                    tty: None,
                 };
                 let started = std::time::Instant::now();
                 let r = self.backend.exec(&ext, &args.sandbox, &req).await?;

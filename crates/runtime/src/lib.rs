@@ -272,6 +272,18 @@ pub trait Runtime: Send + Sync {
     /// never hit. Returns how many processes were signalled.
     fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize;
 
+    /// Resizes the pseudo-terminal of the sandbox's process `ns_pid`, which
+    /// runs on `/dev/pts/<tty_index>` inside (the index its exec reported,
+    /// where the tier reports one). Its foreground process group gets SIGWINCH.
+    fn resize_tty(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        ns_pid: i32,
+        tty_index: Option<u32>,
+        size: spec::TtySize,
+    ) -> Result<(), RuntimeError>;
+
     /// Why the processes of a sandbox cannot be dumped for standby on this host
     /// (`None`: they can).
     fn process_dump_unsupported(&self) -> Option<String>;

@@ -275,7 +275,7 @@ fn namespace_capabilities(tier_ok: bool, features: &[FeatureCheck]) -> Vec<TierC
             } else {
                 match cap {
                     "create" | "exec" | "files" => (true, "with the tier".to_string()),
-                    "pty" => (false, "strata has no PTY API yet".to_string()),
+                    "pty" => (true, "a terminal of the sandbox's own devpts; the shim holds its master (kept through standby and warm forks by CRIU)".to_string()),
                     "checkpoint" | "fork" => (true, "from the overlay's writable layer".to_string()),
                     "egress" => needs("nftables"),
                     "limits" => needs("cgroups"),
@@ -325,7 +325,7 @@ fn gvisor_capabilities(gv: &crate::gvisor::GvisorProbe, features: &[FeatureCheck
                 },
                 "standby" => (true, "runsc checkpoint/restore of the whole sentry; processes reattached".into()),
                 "warm_checkpoint" => (true, "runsc checkpoint --leave-running; each fork is a runsc restore".into()),
-                "pty" => (false, "strata has no PTY API yet".into()),
+                "pty" => (true, "a terminal of the sentry's devpts; pid 1 holds its master (kept through standby and warm forks)".into()),
                 "userns" => (false, "not a setting of this tier: its boundary is the gVisor sentry (a user-space kernel between the sandbox and the host)".into()),
                 _ => (false, "unknown capability".into()),
             };

@@ -98,6 +98,8 @@ impl std::fmt::Debug for SecretFile {
 }
 
 pub use strata_init::exec::{ExecReport, ExecSpec};
+/// A terminal size, as a process on a pseudo-terminal has one.
+pub use strata_init::pty::TtySize;
 
 /// The environment variable naming the descriptor an exec command
 /// ([`crate::Runtime::exec_command`]) reports its process on: the caller

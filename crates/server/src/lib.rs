@@ -156,6 +156,8 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/sandboxes/{id}/processes/{pid}/logs", get(p::logs_handler))
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(p::signal_handler))
         .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(p::stdin_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}/resize", post(p::resize_handler))
+        .route("/v1/sandboxes/{id}/processes/{pid}/tty", get(p::tty_handler))
         .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(p::wait_handler))
         .route("/v1/sandboxes/{id}/files", get(f::download_handler).put(f::upload_handler))
         .route("/v1/sandboxes/{id}/files/stat", get(f::stat_handler))

@@ -40,6 +40,8 @@ use crate::native::{
         processes::logs_handler,
         processes::signal_handler,
         processes::stdin_handler,
+        processes::resize_handler,
+        processes::tty_handler,
         processes::wait_handler,
         files::download_handler,
         files::upload_handler,

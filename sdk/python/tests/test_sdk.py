@@ -315,6 +315,16 @@ class ExecTest(unittest.TestCase):
         tail = b"".join(e.data for e in client.process_logs(self.sb, p.id, offset=5) if e.type == "output")
         self.assertEqual(tail, b"one\nline two\n")
 
+    def test_terminal(self) -> None:
+        p = client.start_process(self.sb, ["sh"], tty=(100, 30))
+        self.assertEqual(p.tty, {"cols": 100, "rows": 30})
+        self.assertEqual(client.resize_tty(self.sb, p.id, 132, 50).tty, {"cols": 132, "rows": 50})
+        client.write_stdin(self.sb, p.id, b"stty size; exit 3\n")
+        self.assertEqual(client.wait_process(self.sb, p.id, timeout="20s").exit_code, 3)
+        self.assertIn(b"50 132", client.process_output(self.sb, p.id).replace(b"\r", b""))
+        with self.assertRaises(Conflict):
+            client.resize_tty(self.sb, p.id, 80, 24)
+
 
 class FilesTest(unittest.TestCase):
     sb: str

@@ -23,6 +23,10 @@ pub struct ProcOpts {
     /// Pass stdin through.
     #[arg(short, long)]
     pub interactive: bool,
+    /// Run the command on a pseudo-terminal inside the sandbox (stdin passed
+    /// through; on a terminal here, in raw mode and with its size followed).
+    #[arg(short, long)]
+    pub tty: bool,
 }
 
 /// `strata exec`.
@@ -72,6 +76,15 @@ pub enum ProcCmd {
         /// Give up after this long.
         #[arg(long)]
         timeout: Option<String>,
+    },
+    /// Attach to the terminal of a process started with -t (detach: end
+    /// this command; the process runs on).
+    Attach {
+        #[command(flatten)]
+        process: ProcessRef,
+        /// Replay its buffered output first.
+        #[arg(long)]
+        replay: bool,
     },
 }
 

@@ -21,7 +21,7 @@ pub(super) async fn exec_cmd(c: &Client, a: ExecArgs) -> Result<i32> {
         println!("{}", p.id);
         return Ok(0);
     }
-    exec::run(c, &id, req, a.opts.interactive).await
+    exec::run(c, &id, req, a.opts.interactive, a.opts.tty).await
 }
 
 /// The request of a command and its `ProcOpts` (`exec` and `run`).
@@ -32,6 +32,7 @@ pub(super) fn exec_request(cmd: Vec<String>, o: &ProcOpts) -> Result<ExecRequest
         cwd: o.cwd.clone(),
         user: o.user.clone(),
         timeout: o.timeout.clone(),
+        tty: o.tty.then(exec::local_tty_size),
         ..Default::default()
     })
 }
@@ -89,6 +90,9 @@ pub(super) async fn proc_cmd(c: &Client, cmd: ProcCmd) -> Result<i32> {
                 bail!("process {pid} still running after {}", timeout.unwrap_or_default());
             }
             Ok(exec::status_of(&p))
+        }
+        ProcCmd::Attach { process: ProcessRef { id, pid }, replay } => {
+            exec::terminal(c, &id, pid, replay.then_some(0)).await
         }
     }
 }

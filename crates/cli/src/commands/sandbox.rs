@@ -41,7 +41,7 @@ pub(super) async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
     };
     let created = c.create_sandbox(&req).await?;
     let req = exec_request(a.cmd, &a.opts)?;
-    let result = exec::run(c, &created.id, req, a.opts.interactive).await;
+    let result = exec::run(c, &created.id, req, a.opts.interactive, a.opts.tty).await;
     if a.rm {
         if let Err(e) = c.remove_sandbox(&created.id, true).await {
             eprintln!("strata: removing sandbox {}: {e}", created.id);

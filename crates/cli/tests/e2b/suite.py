@@ -248,6 +248,15 @@ class TestCommands(Base):
         self.assertIn("30 100", text)
         self.assertIn("pty-42", text)
         self.assertIn("40 120", text)
+        # A resize right after the start reaches the terminal (the process may not run yet).
+        h2 = self.sb.pty.create(PtySize(rows=10, cols=50))
+        self.sb.pty.resize(h2.pid, PtySize(rows=33, cols=111))
+        self.sb.pty.send_stdin(h2.pid, b"stty size; echo term=$TERM; exit\n")
+        out2 = []
+        h2.wait(on_pty=lambda d: out2.append(bytes(d)))
+        text2 = b"".join(out2).decode(errors="replace")
+        self.assertIn("33 111", text2)
+        self.assertIn("term=xterm-256color", text2)
 
     def test_base_image(self):
         r = self.sb.commands.run("python3 -c 'print(1+1)'; git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; id -u; echo $HOME")

@@ -92,6 +92,9 @@ pub(crate) struct ProcState {
     pub(crate) suspended: bool,
     /// Whether the daemon held the process's stdin open when it was suspended.
     pub(crate) stdin_open: bool,
+    /// The number of its terminal inside (`/dev/pts/N`), when it runs on one
+    /// and its tier reported it.
+    pub(crate) tty_index: Option<u32>,
 }
 
 /// Inode numbers of a process's pipes to the daemon.
@@ -112,6 +115,9 @@ pub struct CapturedProcess {
     pub info: ProcessInfo,
     /// The pipes it held (`stdin` is 0 when its stdin was closed).
     pub pipes: PipeInodes,
+    /// The number of its terminal inside, when it runs on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty_index: Option<u32>,
 }
 
 /// The daemon's ends of a process's pipes.
@@ -134,6 +140,11 @@ pub struct Proc {
 impl Proc {
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ProcState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The offset of the next byte of output (the end of its log).
+    pub fn log_end(&self) -> u64 {
+        self.lock().log.end
     }
 
     /// A snapshot of the process record.
@@ -292,6 +303,7 @@ impl ProcessTable {
             signal: None,
             timed_out: false,
             oom_killed: false,
+            tty: None,
             spawn_error: None,
             started_at: now(),
             finished_at: None,
@@ -345,7 +357,7 @@ impl ProcessTable {
             if !stdin_open {
                 pipes.stdin = 0;
             }
-            out.push(CapturedProcess { info: s.info.clone(), pipes });
+            out.push(CapturedProcess { info: s.info.clone(), pipes, tty_index: s.tty_index });
         }
         out
     }
@@ -369,6 +381,7 @@ impl ProcessTable {
             };
             let p = new_proc(info);
             p.lock().pipes = pipes;
+            p.lock().tty_index = c.tty_index;
             out.pending.push((p, DaemonEnds { stdin, ..ends }));
         }
         Ok(out)
@@ -470,6 +483,7 @@ pub(crate) fn new_proc(info: ProcessInfo) -> Arc<Proc> {
             pipes: PipeInodes::default(),
             suspended: false,
             stdin_open: false,
+            tty_index: None,
         }),
         stdin: Arc::new(tokio::sync::Mutex::new(None)),
         changed,

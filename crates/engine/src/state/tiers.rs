@@ -193,6 +193,16 @@ impl Runtime for Missing {
     fn signal(&self, _: &str, _: i32, _: i32, _: bool) -> usize {
         0
     }
+    fn resize_tty(
+        &self,
+        _: &str,
+        _: &SandboxHandle,
+        _: i32,
+        _: Option<u32>,
+        _: strata_runtime::spec::TtySize,
+    ) -> Result<(), RuntimeError> {
+        Err(self.err())
+    }
     fn process_dump_unsupported(&self) -> Option<String> {
         Some(self.err().to_string())
     }

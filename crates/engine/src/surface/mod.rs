@@ -23,6 +23,7 @@ mod processes;
 mod sandboxes;
 
 pub use objects::Progress;
+pub use processes::{Terminal, TerminalInput};
 
 use std::borrow::Cow;
 use std::pin::Pin;

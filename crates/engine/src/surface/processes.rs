@@ -1,10 +1,10 @@
 //! Processes: run to the end, start in the background, list, logs, wait,
-//! signals, stdin.
+//! signals, stdin, terminals.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_api::{ExecRequest, ExecResult, ProcessEvent, ProcessInfo, StdinRequest};
+use strata_api::{ErrorCode, ExecRequest, ExecResult, ProcessEvent, ProcessInfo, StdinRequest, TtySize};
 
 use super::{Engine, Events};
 use crate::access::Use;
@@ -22,6 +22,37 @@ fn events_of(
     let (tx, rx) = tokio::sync::mpsc::channel::<ProcessEvent>(32);
     tokio::spawn(processes::follow_events(p, offset, follow, started, tx));
     Events { rx, _hold: hold }
+}
+
+/// A process's terminal, attached ([`Engine::attach_tty`]): its output as
+/// events, and its input and size. Holds the sandbox awake while it lives.
+pub struct Terminal {
+    /// Its output (from the offset asked), drops, and its end.
+    pub events: Events,
+    /// Typing into it and resizing it, as the caller who attached.
+    pub input: TerminalInput,
+}
+
+/// The input side of an attached [`Terminal`].
+#[derive(Clone)]
+pub struct TerminalInput {
+    engine: Engine,
+    sandbox: String,
+    pid: u64,
+}
+
+impl TerminalInput {
+    /// Types `data` into the terminal.
+    pub async fn write(&self, data: &[u8]) -> EngineResult<()> {
+        let e = &self.engine;
+        e.run(processes::write_stdin(&e.st, &self.sandbox, self.pid, data, false)).await
+    }
+
+    /// Resizes the terminal.
+    pub async fn resize(&self, size: TtySize) -> EngineResult<ProcessInfo> {
+        let e = &self.engine;
+        e.run(processes::resize_tty(&e.st, &self.sandbox, self.pid, size)).await
+    }
 }
 
 impl Engine {
@@ -76,6 +107,33 @@ impl Engine {
     pub async fn signal(&self, key: &str, pid: u64, signal: &str) -> EngineResult<ProcessInfo> {
         let sb = self.enter(key, Use::Running).await?;
         self.run(processes::signal(&self.st, &sb.id, pid, signal)).await
+    }
+
+    /// Resizes the terminal of a process started with `tty`.
+    pub async fn resize_tty(&self, key: &str, pid: u64, size: TtySize) -> EngineResult<ProcessInfo> {
+        let sb = self.enter(key, Use::Running).await?;
+        self.run(processes::resize_tty(&self.st, &sb.id, pid, size)).await
+    }
+
+    /// Attaches to the terminal of a process started with `tty`: its output
+    /// from `offset` (default: from now on), its input and its size. 409
+    /// when it has no terminal or has ended.
+    pub async fn attach_tty(&self, key: &str, pid: u64, offset: Option<u64>) -> EngineResult<Terminal> {
+        let sb = self.enter(key, Use::Running).await?;
+        let p = self.run(async { processes::get_proc(&self.st, &sb.id, pid) }).await?;
+        let info = p.info();
+        if info.tty.is_none() {
+            return Err(EngineError::new(
+                ErrorCode::InvalidState,
+                format!("process {pid} has no terminal (start it with tty)"),
+            ));
+        }
+        if info.status != strata_api::ProcessStatus::Running {
+            return Err(EngineError::new(ErrorCode::InvalidState, format!("process {pid} has ended")));
+        }
+        let offset = offset.unwrap_or_else(|| p.log_end());
+        let input = TerminalInput { engine: self.clone(), sandbox: sb.id.clone(), pid };
+        Ok(Terminal { events: events_of(p, offset, true, false, sb.hold), input })
     }
 
     /// Writes to a process's stdin (and closes it with `close`).

@@ -85,6 +85,8 @@ pub enum Op {
     Usage,
     /// [`Runtime::signal`].
     Signal,
+    /// [`Runtime::resize_tty`].
+    ResizeTty,
     /// [`Runtime::process_dump_unsupported`].
     ProcessDumpUnsupported,
     /// [`Runtime::dump_processes`].
@@ -111,6 +113,7 @@ impl Op {
             Op::SetFrozen => "set_frozen",
             Op::Usage => "usage",
             Op::Signal => "signal",
+            Op::ResizeTty => "resize_tty",
             Op::ProcessDumpUnsupported => "process_dump_unsupported",
             Op::DumpProcesses => "dump_processes",
             Op::CopyProcesses => "copy_processes",
@@ -560,6 +563,23 @@ impl Runtime for FakeRuntime {
             return 1;
         }
         usize::from(sb.exec_pids.contains(&ns_pid))
+    }
+
+    fn resize_tty(
+        &self,
+        sandbox_id: &str,
+        _handle: &SandboxHandle,
+        ns_pid: i32,
+        tty_index: Option<u32>,
+        size: crate::spec::TtySize,
+    ) -> Result<(), RuntimeError> {
+        let mut s = self.lock();
+        let detail = format!("ns_pid={ns_pid} tty={tty_index:?} {}x{}", size.cols, size.rows);
+        self.begin(&mut s, Op::ResizeTty, Some(sandbox_id), detail)?;
+        match s.sandboxes.get(sandbox_id).filter(|sb| sb.alive) {
+            Some(sb) if sb.exec_pids.contains(&ns_pid) => Ok(()),
+            _ => Err(RuntimeError::Setup(format!("no process {ns_pid} in {sandbox_id}"))),
+        }
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {

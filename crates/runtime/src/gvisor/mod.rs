@@ -303,6 +303,22 @@ impl GvisorRuntime {
         }
     }
 
+    /// Sends one short request to the sandbox's pid 1 over the exec channel
+    /// and returns the number it answers ([`strata_init::channel::Frame::Signaled`]).
+    fn ask_pid1(&self, sandbox_id: &str, req: &strata_init::spawner::Request) -> Result<u32, String> {
+        use strata_init::channel::Frame;
+        let b = self.bundle(sandbox_id);
+        let (mut conn, mut reader) = strata_init::runsc::connect(&b.broker_control(), &b.token())?;
+        let bytes = serde_json::to_vec(req).expect("serializes");
+        strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        match reader.read_from(&mut conn).map_err(|e| e.to_string())? {
+            Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
+            Some((Frame::Failed, why)) => Err(String::from_utf8_lossy(&why).into_owned()),
+            other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
+        }
+    }
+
     /// Writes the sandbox's channel token: a new one at a cold start (also
     /// where pid 1 reads it first), the image's at a restore (its pid 1 holds
     /// that one already; nothing goes where the sandbox could read it).
@@ -651,23 +667,28 @@ impl Runtime for GvisorRuntime {
         if ns_pid <= 1 {
             return 0; // pid 1 is strata's; never a process of the caller's
         }
-        let b = self.bundle(sandbox_id);
-        let send = || -> Result<usize, String> {
-            use strata_init::channel::Frame;
-            let (mut conn, mut reader) = strata_init::runsc::connect(&b.broker_control(), &b.token())?;
-            let req = strata_init::spawner::Request::Signal { pid: ns_pid, signal, group };
-            let bytes = serde_json::to_vec(&req).expect("serializes");
-            strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| e.to_string())?;
-            conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-            match reader.read_from(&mut conn).map_err(|e| e.to_string())? {
-                Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0) as usize),
-                other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
-            }
-        };
-        send().unwrap_or_else(|e| {
+        let req = strata_init::spawner::Request::Signal { pid: ns_pid, signal, group };
+        self.ask_pid1(sandbox_id, &req).map(|n| n as usize).unwrap_or_else(|e| {
             debug!(sandbox = sandbox_id, error = %e, "signal through the exec channel");
             0
         })
+    }
+
+    fn resize_tty(
+        &self,
+        sandbox_id: &str,
+        _handle: &SandboxHandle,
+        ns_pid: i32,
+        _tty_index: Option<u32>,
+        size: crate::spec::TtySize,
+    ) -> Result<(), RuntimeError> {
+        // Pid 1 holds the terminal's master: it resizes it.
+        let req = strata_init::spawner::Request::Resize { pid: ns_pid, size };
+        match self.ask_pid1(sandbox_id, &req) {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(RuntimeError::Setup(format!("process {ns_pid} of {sandbox_id} has no terminal"))),
+            Err(e) => Err(RuntimeError::Setup(format!("resize the terminal of process {ns_pid}: {e}"))),
+        }
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {

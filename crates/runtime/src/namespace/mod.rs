@@ -320,6 +320,41 @@ impl Runtime for NamespaceRuntime {
         sent
     }
 
+    fn resize_tty(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        ns_pid: i32,
+        tty_index: Option<u32>,
+        size: crate::spec::TtySize,
+    ) -> Result<(), RuntimeError> {
+        use crate::openat2::{openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
+        let index = tty_index
+            .ok_or_else(|| RuntimeError::Setup(format!("process {ns_pid} of {sandbox_id} reported no terminal")))?;
+        // The terminal's far end, in the sandbox's own devpts, opened from the
+        // host without leaving its root: never a symlink, a FIFO or a file put
+        // there by the sandbox (a character device of the pts majors only).
+        let root = std::fs::File::open(format!("/proc/{}/root", handle.init_pid))
+            .map_err(|e| RuntimeError::sys(format!("the root of sandbox {sandbox_id}"), e))?;
+        let fd = openat2(
+            std::os::fd::AsRawFd::as_raw_fd(&root),
+            &format!("dev/pts/{index}"),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            0,
+            RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        )
+        .map_err(|e| RuntimeError::sys(format!("open /dev/pts/{index} of sandbox {sandbox_id}"), e))?;
+        let st = nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(&fd))
+            .map_err(|e| RuntimeError::sys("stat the terminal", e))?;
+        // UNIX98_PTY_SLAVE_MAJOR (136) and the seven after it.
+        let major = libc::major(st.st_rdev);
+        if st.st_mode & libc::S_IFMT != libc::S_IFCHR || !(136..=143).contains(&major) {
+            return Err(RuntimeError::Setup(format!("/dev/pts/{index} of sandbox {sandbox_id} is not a terminal")));
+        }
+        strata_init::pty::set_size(std::os::fd::AsRawFd::as_raw_fd(&fd), size)
+            .map_err(|e| RuntimeError::sys(format!("resize /dev/pts/{index} of sandbox {sandbox_id}"), e))
+    }
+
     fn process_dump_unsupported(&self) -> Option<String> {
         // Checked at the first standby of this daemon: a CRIU installed later needs a restart.
         self.criu_check

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use strata_api::{
     ErrorCode, ExecRequest, FileKind, FileStat, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest, StreamKind,
+    TtySize,
 };
 use strata_engine::error::{EngineError, ErrorKind};
 use tokio::sync::mpsc;
@@ -368,35 +369,29 @@ struct UpdateRequest {
     pty: Option<Value>,
 }
 
-/// `process.PTY` -> (cols, rows), clamped to sane terminal sizes.
-fn pty_size(v: &Value) -> (u32, u32) {
+/// `process.PTY` -> its size, clamped to sane terminal sizes.
+fn pty_size(v: &Value) -> TtySize {
     let dim = |k: &str, d: u64| {
-        v.get("size").and_then(|s| s.get(k)).and_then(Value::as_u64).unwrap_or(d).clamp(1, 1000) as u32
+        v.get("size").and_then(|s| s.get(k)).and_then(Value::as_u64).unwrap_or(d).clamp(1, 1000) as u16
     };
-    (dim("cols", 80), dim("rows", 24))
+    TtySize { cols: dim("cols", 80), rows: dim("rows", 24) }
 }
 
-/// A word for `sh -c`.
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
-/// `process.Process/Update`: resizes a PTY (the terminal `script` holds for
-/// the process: `stty` on it, then SIGWINCH to its foreground).
+/// `process.Process/Update`: resizes a PTY (strata's terminal of the
+/// process; right after its start too: the resize waits for it to run).
 async fn resize(e: &SharedE2b, c: &Ctx, req: UpdateRequest) -> Result<(), ConnectError> {
     let pid = resolve(e, c, req.process)?;
     let Some(size) = req.pty.as_ref().filter(|p| !p.is_null()) else { return Ok(()) };
     if !c.own_proc(e, pid).is_some_and(|m| m.pty) {
         return Err(ConnectError::new(Code::InvalidArgument, format!("process {pid} has no PTY")));
     }
-    let (cols, rows) = pty_size(size);
-    let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
-    let ns_pid = p.pid.filter(|_| p.status == ProcessStatus::Running).ok_or_else(|| {
-        ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)"))
-    })?;
-    let script = format!("for t in $(ps -o tty= --ppid {ns_pid}); do stty -F /dev/$t cols {cols} rows {rows} || exit 1; done; pkill -WINCH -P {ns_pid}; true");
-    let ctx = Ctx { client: c.client.clone(), token: c.token.clone(), sandbox: c.sandbox.clone(), user: "root".into() };
-    run_as(&ctx, &["sh", "-c", &script]).await
+    match c.client.resize_tty(&c.sandbox, pid, pty_size(size)).await {
+        Ok(_) => Ok(()),
+        Err(err) if err.body.code == ErrorCode::InvalidState => {
+            Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")))
+        }
+        Err(err) => Err(native(err)),
+    }
 }
 
 /// `process.ProcessInput` (a oneof: `stdin` or `pty`, base64 bytes).
@@ -610,34 +605,26 @@ async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Durati
     }
     let mut cmd = vec![cfg.cmd.clone()];
     cmd.extend(cfg.args.iter().cloned());
-    if let Some((cols, rows)) = pty {
-        // strata has no terminal of its own: util-linux `script` (in every
-        // Debian-family image) puts the command on a pseudo-terminal of the
-        // given size and relays it to the process's stdin/stdout.
-        let inner = cmd.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ");
-        cmd = vec![
-            "script".into(),
-            "-qfec".into(),
-            format!("stty cols {cols} rows {rows} 2>/dev/null; exec {inner}"),
-            "/dev/null".into(),
-        ];
-    }
     let cwd = c.path(cfg.cwd.as_deref().unwrap_or(""));
     let mut env = cfg.envs.clone();
     env.entry("HOME".into()).or_insert_with(|| c.home());
     env.entry("USER".into()).or_insert_with(|| c.user.clone());
+    if pty.is_some() {
+        // envd's terminal type.
+        env.entry("TERM".into()).or_insert_with(|| "xterm-256color".into());
+    }
     let native_req = ExecRequest {
         cmd,
         env,
         cwd: Some(cwd.clone()),
         user: Some(c.user.clone()),
-        keep_stdin_open: req.stdin.unwrap_or(false) || pty.is_some(),
+        keep_stdin_open: req.stdin.unwrap_or(false),
+        tty: pty,
         ..Default::default()
     };
     let info = c.client.start_process(&c.sandbox, &native_req).await.map_err(native)?;
     if let Some(err) = &info.spawn_error {
-        let hint = if pty.is_some() { " (a PTY needs util-linux `script` in the image)" } else { "" };
-        return Err(ConnectError::new(Code::InvalidArgument, format!("cannot start {:?}: {err}{hint}", cfg.cmd)));
+        return Err(ConnectError::new(Code::InvalidArgument, format!("cannot start {:?}: {err}", cfg.cmd)));
     }
     let config = json!({"cmd": cfg.cmd, "args": cfg.args, "envs": cfg.envs, "cwd": cwd});
     e.lock()

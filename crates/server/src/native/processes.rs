@@ -5,7 +5,10 @@ use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use strata_api::{ExecQuery, ExecRequest, ExecResult, LogsQuery, ProcessInfo, SignalRequest, StdinRequest, WaitQuery};
+use strata_api::{
+    ExecQuery, ExecRequest, ExecResult, LogsQuery, ProcessEvent, ProcessInfo, SignalRequest, StdinRequest, TtyMessage,
+    TtyQuery, TtySize, WaitQuery,
+};
 use strata_core::units;
 
 use crate::native::acting::Acting;
@@ -109,4 +112,91 @@ pub async fn wait_handler(
 ) -> ApiResult<Json<ProcessInfo>> {
     let limit = q.timeout.as_deref().map(units::parse_duration).transpose()?;
     Ok(Json(engine.wait(&id, pid, limit).await?))
+}
+
+/// Resize a process's terminal (a process started with `tty`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/resize", tag = "processes", request_body = TtySize,
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id")),
+    responses((status = 200, body = ProcessInfo), (status = 400, body = strata_api::ApiErrorBody),
+        (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody, description = "No terminal, or the process ended")))]
+pub async fn resize_handler(
+    Acting(engine): Acting,
+    Path((id, pid)): Path<(String, u64)>,
+    Json(size): Json<TtySize>,
+) -> ApiResult<Json<ProcessInfo>> {
+    Ok(Json(engine.resize_tty(&id, pid, size).await?))
+}
+
+/// Attach to a process's terminal over a WebSocket: binary frames to it are
+/// its input, binary frames from it its output; text frames carry
+/// `TtyMessage` JSON (`resize` to it; `dropped`, `error` and, last,
+/// `exited` from it).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/tty", tag = "processes",
+    params(("id" = String, Path, description = "Sandbox id or name"), ("pid" = u64, Path, description = "Process id"), TtyQuery),
+    responses((status = 101, description = "WebSocket of the terminal (see TtyMessage)", body = TtyMessage),
+        (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody, description = "No terminal, or the process ended")))]
+pub async fn tty_handler(
+    Acting(engine): Acting,
+    Path((id, pid)): Path<(String, u64)>,
+    Query(q): Query<TtyQuery>,
+    ws: axum::extract::ws::WebSocketUpgrade,
+) -> ApiResult<Response> {
+    let term = engine.attach_tty(&id, pid, q.offset).await?;
+    Ok(ws.on_upgrade(move |socket| serve_terminal(socket, term)))
+}
+
+/// Relays one attached terminal until its process ends or the client goes.
+async fn serve_terminal(mut socket: axum::extract::ws::WebSocket, mut term: strata_engine::surface::Terminal) {
+    use axum::extract::ws::Message;
+    use base64::Engine as _;
+    let text = |m: &TtyMessage| Message::Text(serde_json::to_string(m).expect("serializes").into());
+    loop {
+        tokio::select! {
+            msg = socket.recv() => match msg {
+                Some(Ok(Message::Binary(data))) => {
+                    if let Err(e) = term.input.write(&data).await {
+                        let _ = socket.send(text(&TtyMessage::Error { message: e.body.message })).await;
+                    }
+                }
+                Some(Ok(Message::Text(t))) => {
+                    let answer = match serde_json::from_str::<TtyMessage>(&t) {
+                        Ok(TtyMessage::Resize { cols, rows }) => {
+                            term.input.resize(TtySize { cols, rows }).await.err().map(|e| e.body.message)
+                        }
+                        Ok(_) => Some("a client sends only resize messages".to_string()),
+                        Err(e) => Some(format!("not a terminal message: {e}")),
+                    };
+                    if let Some(message) = answer {
+                        let _ = socket.send(text(&TtyMessage::Error { message })).await;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {} // pings are answered by the socket itself
+            },
+            ev = futures_util::StreamExt::next(&mut term.events) => {
+                let msg = match ev {
+                    Some(ProcessEvent::Output { data_b64, .. }) => {
+                        match base64::engine::general_purpose::STANDARD.decode(data_b64) {
+                            Ok(bytes) => Message::Binary(bytes.into()),
+                            Err(_) => continue,
+                        }
+                    }
+                    Some(ProcessEvent::Dropped { bytes }) => text(&TtyMessage::Dropped { bytes }),
+                    Some(ProcessEvent::Exited { process }) => {
+                        let _ = socket.send(text(&TtyMessage::Exited { process })).await;
+                        let _ = socket.send(Message::Close(None)).await;
+                        return;
+                    }
+                    Some(ProcessEvent::Started { .. }) => continue,
+                    None => {
+                        let _ = socket.send(Message::Close(None)).await;
+                        return;
+                    }
+                };
+                if socket.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }

@@ -443,6 +443,7 @@ class Client:
         user: str | None,
         timeout: str | None,
         keep_stdin_open: bool = False,
+        tty: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
         if isinstance(cmd, str):
             cmd = ["sh", "-c", cmd]
@@ -459,6 +460,8 @@ class Client:
             body["timeout"] = timeout
         if keep_stdin_open:
             body["keep_stdin_open"] = True
+        if tty is not None:
+            body["tty"] = {"cols": tty[0], "rows": tty[1]}
         return body
 
     def exec(
@@ -530,12 +533,16 @@ class Client:
         cwd: str | None = None,
         user: str | None = None,
         timeout: str | None = None,
+        tty: tuple[int, int] | None = None,
     ) -> ProcessInfo:
         """Starts a background process and returns at once (use :meth:`process_logs`, :meth:`wait_process`).
 
         ``keep_stdin_open=True`` lets you write to it later with :meth:`write_stdin`.
+        ``tty=(cols, rows)`` runs it on a terminal of that size inside the sandbox
+        (its output is one stream; type into it with :meth:`write_stdin`, resize
+        it with :meth:`resize_tty`).
         """
-        body = self._exec_body(cmd, stdin, env, cwd, user, timeout, keep_stdin_open)
+        body = self._exec_body(cmd, stdin, env, cwd, user, timeout, keep_stdin_open, tty)
         return ProcessInfo.from_json(self._json("POST", self._sb(sandbox) + "/processes", json_body=body))
 
     def list_processes(self, sandbox: str) -> list[ProcessInfo]:
@@ -568,6 +575,11 @@ class Client:
         """Writes to a process's stdin (started with ``keep_stdin_open``); ``close=True`` closes it after."""
         body: dict[str, Any] = {"data_b64": _b64(data), "close": close}
         self._open("POST", self._sb(sandbox) + f"/processes/{_seg(process)}/stdin", json_body=body).read()
+
+    def resize_tty(self, sandbox: str, process: int, cols: int, rows: int) -> ProcessInfo:
+        """Resizes the terminal of a process started with ``tty``."""
+        body = {"cols": cols, "rows": rows}
+        return ProcessInfo.from_json(self._json("POST", self._sb(sandbox) + f"/processes/{_seg(process)}/resize", json_body=body))
 
     def signal_process(self, sandbox: str, process: int, signal: str | int = "TERM") -> ProcessInfo:
         """Sends a signal (``"TERM"``, ``"KILL"``, ``"SIGINT"``, or a number)."""

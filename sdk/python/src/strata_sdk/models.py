@@ -244,6 +244,8 @@ class ProcessInfo(Model):
     timed_out: bool = False
     oom_killed: bool = False
     spawn_error: str | None = None
+    tty: dict[str, int] | None = None
+    """``{"cols": .., "rows": ..}`` of its terminal, when it runs on one."""
     raw: dict[str, Any] = _raw()
 
 
