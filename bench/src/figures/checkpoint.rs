@@ -311,6 +311,7 @@ async fn fork_round(c: &Client, o: &mut Owned, ckpt: &str, prefix: &str, keep: b
         limits: None,
         network: None,
         processes: None,
+        isolation: None,
     };
     sync_all();
     let t = Instant::now();

@@ -461,6 +461,7 @@ async fn measure_processes(b: &mut Bench, bare: &Bare) -> Result<()> {
         limits: None,
         network: None,
         processes: Some(processes),
+        isolation: None,
     };
     let t = Instant::now();
     let warm = c.fork(&fork(true)).await.context("warm fork")?;

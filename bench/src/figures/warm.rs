@@ -66,6 +66,7 @@ fn fork_req(source: &str, processes: bool) -> ForkRequest {
         limits: None,
         network: None,
         processes: Some(processes),
+        isolation: None,
     }
 }
 

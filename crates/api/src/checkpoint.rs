@@ -107,7 +107,7 @@ pub struct Checkpoint {
 }
 
 /// Request body of `POST /v1/fork`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkRequest {
     /// A checkpoint (id or name), or a sandbox (id or name), which is checkpointed first.
@@ -135,6 +135,11 @@ pub struct ForkRequest {
     /// source: no, the children boot fresh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<bool>,
+    /// The children's isolation tier (default: the source's). Children with
+    /// the source's processes must run on its tier (400 otherwise); a tier
+    /// this host cannot run is a 501.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::Isolation>,
 }
 
 /// Response of `POST /v1/fork`.

@@ -259,6 +259,7 @@ fn forks_inherit_declared_capabilities_and_a_pipeline_stage_waits_for_its_approv
             limits: None,
             network: Some(egress),
             processes: None,
+            isolation: None,
         }))
         .unwrap();
     for child in &forks.sandboxes {

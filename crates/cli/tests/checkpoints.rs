@@ -155,6 +155,7 @@ fn bad_checkpoint_and_fork_requests() {
         limits: None,
         network: None,
         processes: None,
+        isolation: None,
     };
     assert_eq!(rt.block_on(c.fork(&fork("nope", 1))).unwrap_err().code(), Some(ErrorCode::SandboxNotFound));
     assert_eq!(rt.block_on(c.fork(&fork(&id, 0))).unwrap_err().code(), Some(ErrorCode::BadRequest));

@@ -101,6 +101,13 @@ fn a_gvisor_sandbox_runs_the_whole_filesystem_lifecycle() {
         let seen = sh_ok(&d, c, "cat /kept; hostname; cat /run/strata/generation; test -e /bin/vi || echo no-vi");
         assert_eq!(seen, format!("kept\ngv-{}\n1\nno-vi\n", i + 1));
     }
+    // A fork may name the children's tier: the same files on the namespace tier.
+    let ck = d.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let on_ns = d.cli_ok(&["fork", &ck, "-n", "1", "--isolation", "namespace"]).trim().to_string();
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &on_ns, "--json"])).unwrap();
+    assert_eq!(info["runtime"], "namespace", "{info}");
+    assert_eq!(sh_ok(&d, &on_ns, "cat /kept"), "kept\n");
+    d.cli_ok(&["rm", "-f", &on_ns]);
 
     // A template remembers its tier; a create may still name another one (files only).
     d.cli_ok(&["template", "create", "gv-tpl", "--from", &id, "--accept-findings"]);
@@ -244,6 +251,19 @@ fn a_gvisor_sandbox_keeps_its_processes_through_standby_archive_and_warm_forks()
     let warm = d.cli_ok(&["checkpoint", &id, "--processes"]).trim().to_string();
     let after = last_tick(&d, &id, &proc_id);
     assert!(common::wait_until(10, || last_tick(&d, &id, &proc_id) > after + 2), "the source stopped streaming");
+    // Its processes cannot start on another tier (400, nothing made); files only can.
+    let count =
+        || serde_json::from_str::<serde_json::Value>(&d.cli_ok(&["ps", "--json"])).unwrap().as_array().unwrap().len();
+    let before = count();
+    let refused = d.cli(&["fork", &warm, "-n", "2", "--isolation", "namespace"]);
+    assert!(
+        !refused.status.success() && stderr(&refused).contains("cannot start on the namespace tier"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(count(), before, "a refused fork made nothing");
+    let microvm = d.cli(&["fork", &warm, "-n", "1", "--isolation", "microvm", "--no-processes"]);
+    assert!(!microvm.status.success() && stderr(&microvm).contains("microvm"), "{}", stderr(&microvm));
     let forks: Vec<String> = d.cli_ok(&["fork", &warm, "-n", "3"]).split_whitespace().map(str::to_string).collect();
     assert_eq!(forks.len(), 3);
     for f in &forks {

@@ -104,6 +104,7 @@ fn fork_req(source: &str, count: u32, limits: Option<ResourceLimits>) -> ForkReq
         limits,
         network: None,
         processes: None,
+        isolation: None,
     }
 }
 

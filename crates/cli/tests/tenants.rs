@@ -207,6 +207,7 @@ fn tenants_cannot_see_or_touch_each_others_objects() {
         limits: None,
         network: None,
         processes: None,
+        isolation: None,
     };
     same_as_unknown(
         "fork a checkpoint",
@@ -777,6 +778,7 @@ fn names_that_could_be_read_as_ids_are_refused() {
         limits: None,
         network: None,
         processes: None,
+        isolation: None,
     };
     let fanout = strata_api::FanoutRequest {
         source: ck.id.clone(),

@@ -480,6 +480,19 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             r.sandbox.tenant.clone(),
         ),
     };
+    // The children's tier: one they can run on, checked before anything is made.
+    if let Some(want) = req.isolation {
+        let (from, warm) = match &source {
+            ForkSource::Checkpoint(c) => (c.isolation, c.processes.is_some() && req.processes != Some(false)),
+            ForkSource::Live(r) => (crate::state::tiers::tier_of(&r.sandbox), req.processes == Some(true)),
+        };
+        if warm && want != from {
+            return Err(EngineError::bad_request(format!(
+                "{source_name}'s processes run on the {from} tier and cannot start on the {want} tier; fork them on {from}, or without processes (processes: false)"
+            )));
+        }
+        st.tiers.resolve(Some(want))?;
+    }
     let parent = st.db.sandbox_by_id(&parent_id)?;
     let limits = fork_limits(req.limits.as_ref(), parent.as_ref().map(|p| &p.sandbox.limits));
     // The whole fork against the tenant's quotas (forks per minute included) and
@@ -541,6 +554,7 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             network: network.clone(),
             allow_setuid,
             processes: req.processes,
+            isolation: req.isolation,
             ..Default::default()
         };
         lifecycle::create_with(st, req, lifecycle::Lineage { fork_generation: generation, rule_of_two_checked: true })

@@ -347,6 +347,7 @@ pub async fn fanout(st: &Shared, req: FanoutRequest) -> EngineResult<FanoutResul
             limits: req.limits.clone(),
             network: None,
             processes: None,
+            isolation: None,
         },
     )
     .await?;

@@ -372,6 +372,10 @@ pub struct ForkArgs {
     /// own choice; a sandbox source's children boot fresh.
     #[serde(default)]
     pub processes: Option<bool>,
+    /// Isolation tier of the children (default: the source's). Children with
+    /// the source's processes must stay on its tier.
+    #[serde(default)]
+    pub isolation: Option<IsolationArg>,
 }
 
 /// Input of `diff`.
@@ -935,6 +939,7 @@ impl StrataMcp {
                     // Children inherit the source's network rules.
                     network: None,
                     processes: args.processes,
+                    isolation: args.isolation.map(Into::into),
                 };
                 let r = self.backend.fork(&ext, &req).await?;
                 Ok(json!({ "checkpoint": r.checkpoint, "sandboxes": r.sandboxes, "duration_ms": r.duration_ms }))

@@ -78,6 +78,10 @@ pub struct ForkArgs {
     pub ttl: Option<String>,
     #[command(flatten)]
     pub warm: WarmArgs,
+    /// Isolation tier of the children (default: the source's; children with
+    /// the source's processes must stay on its tier).
+    #[arg(long, value_name = "TIER", value_parser = super::sandbox::parse_isolation)]
+    pub isolation: Option<strata_api::Isolation>,
     #[command(flatten)]
     pub out: JsonOutput,
 }

@@ -196,12 +196,15 @@ fn print_run(r: &strata_api::PipelineRun) {
 /// `strata fork`: prints the children's ids or, with --run, the table of attempts (exit
 /// status 1 when there is no winner).
 pub(super) async fn fork(c: &Client, a: ForkArgs) -> Result<i32> {
-    let ForkArgs { source, count, fanout, name_prefix, lifecycle, ttl, warm, out: JsonOutput { json } } = a;
+    let ForkArgs { source, count, fanout, name_prefix, lifecycle, ttl, warm, isolation, out: JsonOutput { json } } = a;
     let lifecycle = match lifecycle {
         LifecycleArg::Ephemeral => Lifecycle::Ephemeral,
         LifecycleArg::Persistent => Lifecycle::Persistent,
     };
     if let Some(run) = fanout.run {
+        if isolation.is_some() {
+            anyhow::bail!("--isolation is for plain forks: a fan-out's attempts run on their source's tier");
+        }
         let plan = strata_api::FanoutPlan {
             run: Some(run),
             args: fanout.args,
@@ -247,6 +250,7 @@ pub(super) async fn fork(c: &Client, a: ForkArgs) -> Result<i32> {
             limits: None,
             network: None,
             processes: warm.choice(),
+            isolation,
         })
         .await?;
     if json {

@@ -16,6 +16,7 @@ fn fork_of(source: &str, count: u32) -> ForkRequest {
         limits: None,
         network: None,
         processes: None,
+        isolation: None,
     }
 }
 

@@ -604,6 +604,7 @@ async fn fork(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Resp
         limits: None,
         network: None,
         processes: Some(true),
+        isolation: None,
     };
     let res = client.fork(&req).await.map_err(sandbox_err(&id))?;
     let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
