@@ -334,13 +334,19 @@ async fn supervise(
                 }
             }
         };
-        // Let the output readers drain what the process wrote before it exited
-        // (background children may keep the pipes open; do not wait for them).
+        // Let the output readers take everything the process wrote: the
+        // helper is the only writer of these pipes and exits right after its
+        // report, so they end at once (its own drain bounded what background
+        // children may add). Not a short timeout: on a loaded host the readers
+        // may not have run yet, and the output would be cut (a fork bench
+        // under load lost a whole `ok`). The bound is for a helper that hangs.
         let drain = async {
             let _ = out_task.await;
             let _ = err_task.await;
         };
-        let _ = tokio::time::timeout(Duration::from_millis(200), drain).await;
+        if tokio::time::timeout(OUTPUT_DRAIN_LIMIT, drain).await.is_err() {
+            warn!(command = ?p.info().cmd, "the exec helper kept its output open after its report");
+        }
         if matches!(report, FinalReport::None) {
             // Reattached already (a copy that let go of the pipes for a moment)?
             if let Ok(new) = reattach.try_recv() {
@@ -468,6 +474,10 @@ enum FinalReport {
     /// status is unknown.
     Tampered(String),
 }
+
+/// How long a process's output pipes may stay open after its final report
+/// (its exec helper exits right after writing it).
+const OUTPUT_DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// Longest report line the shim writes (its spawn errors are short): a longer
 /// one did not come from the shim.

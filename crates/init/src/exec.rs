@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitStatus};
@@ -156,15 +156,16 @@ pub fn shim_main() -> ! {
             let _ = set.thread_block();
             // After the mask: the relay threads inherit it, so no stop signal lands on them.
             let (done_tx, done_rx) = std::sync::mpsc::channel();
-            let mut running = relays.len();
-            for r in relays {
-                r.start(done_tx.clone());
-            }
+            let (ended_r, ended_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .unwrap_or_else(|e| die(&mut rep, format!("pipe: {e}")));
+            let ended_r = std::sync::Arc::new(ended_r);
+            let mut pumps: Vec<std::sync::Arc<Pump>> =
+                relays.into_iter().map(|r| r.start(ended_r.clone(), done_tx.clone())).collect();
             if let Some(pair) = tty {
                 drop(pair.slave);
-                relay_terminal(pair.master, done_tx.clone());
-                running = 1;
+                pumps.push(relay_terminal(pair.master, ended_r.clone(), done_tx.clone()));
             }
+            let mut wake = Some(ended_w);
             // The shim needs no privilege from here on: drop it before touching
             // anything of the sandbox's (its /dev/null).
             let root = user::ResolvedUser { uid: 0, gid: 0, groups: vec![0], home: "/".into(), name: None };
@@ -184,12 +185,12 @@ pub fn shim_main() -> ! {
             loop {
                 match waitpid(child, None) {
                     Ok(WaitStatus::Exited(_, code)) => {
-                        drain(&done_rx, running);
+                        drain(&pumps, wake.take().expect("once"), &done_rx);
                         rep.send(&ExecReport::Exited { code });
                         std::process::exit(0)
                     }
                     Ok(WaitStatus::Signaled(_, sig, _)) => {
-                        drain(&done_rx, running);
+                        drain(&pumps, wake.take().expect("once"), &done_rx);
                         rep.send(&ExecReport::Signaled { signal: sig as i32 });
                         std::process::exit(0)
                     }
@@ -201,15 +202,113 @@ pub fn shim_main() -> ! {
     }
 }
 
-/// How long the shim lets its relays pass on what an exited process wrote
-/// before it reports the exit (background children may hold the pipes open:
-/// do not wait for them).
-const DRAIN: std::time::Duration = std::time::Duration::from_millis(150);
+/// How long an output pump goes on after the process ended while nothing
+/// comes (background children may hold its pipe open: do not wait for them).
+const IDLE_AFTER_END: std::time::Duration = std::time::Duration::from_millis(150);
 
-/// Waits (at most [`DRAIN`]) until `running` relays have reached end of file.
-fn drain(done: &std::sync::mpsc::Receiver<()>, running: usize) {
-    let deadline = std::time::Instant::now() + DRAIN;
-    for _ in 0..running {
+/// The most the shim waits for its pumps after the process ended (a daemon
+/// that does not read its pipe any more).
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One output stream the shim copies to the daemon (a pipe of the process's,
+/// or its terminal), shared between its thread and the shim's main thread.
+struct Pump {
+    input: std::os::fd::OwnedFd,
+    /// The read end of a pipe whose write end the shim closes when the
+    /// process ended: it wakes the pump (which otherwise waits on `input`).
+    ended: std::sync::Arc<std::os::fd::OwnedFd>,
+    /// Bytes read so far.
+    read: std::sync::atomic::AtomicU64,
+    /// Once the process ended: stop after this many bytes in all (what was
+    /// read plus what the stream held at that moment). `u64::MAX`: running.
+    stop_at: std::sync::atomic::AtomicU64,
+}
+
+impl Pump {
+    fn new(input: std::os::fd::OwnedFd, ended: std::sync::Arc<std::os::fd::OwnedFd>) -> std::sync::Arc<Pump> {
+        let _ = nix::fcntl::fcntl(input.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+        std::sync::Arc::new(Pump {
+            input,
+            ended,
+            read: std::sync::atomic::AtomicU64::new(0),
+            stop_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// The process ended: what the stream holds now is still its output, and
+    /// the pump stops once it has passed that on (or the stream ended, or
+    /// nothing came for [`IDLE_AFTER_END`]).
+    fn process_ended(&self) {
+        use std::sync::atomic::Ordering;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int to a valid pointer; the descriptor is ours.
+        if unsafe { libc::ioctl(self.input.as_raw_fd(), libc::FIONREAD, &mut queued) } != 0 {
+            queued = 0;
+        }
+        let target = self.read.load(Ordering::SeqCst) + queued.max(0) as u64;
+        self.stop_at.store(target, Ordering::SeqCst);
+    }
+
+    /// Copies the stream to `out` until its end, or, once the process ended,
+    /// until what it held then has been passed on. A failed write (the daemon
+    /// went away) drops the rest; the process runs on.
+    fn run(&self, mut out: Option<File>, done: std::sync::mpsc::Sender<()>) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::sync::atomic::Ordering;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut idle_since: Option<std::time::Instant> = None;
+        loop {
+            let ended = self.stop_at.load(Ordering::SeqCst);
+            if self.read.load(Ordering::SeqCst) >= ended {
+                break;
+            }
+            // Until the process ends, wait for output or its end; then in short steps.
+            let running = ended == u64::MAX;
+            let mut fds = [
+                PollFd::new(self.input.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.ended.as_fd(), PollFlags::POLLIN),
+            ];
+            let (watch, timeout) =
+                if running { (&mut fds[..], PollTimeout::NONE) } else { (&mut fds[..1], PollTimeout::from(50u16)) };
+            let _ = poll(watch, timeout);
+            let ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+            match nix::unistd::read(self.input.as_raw_fd(), &mut buf) {
+                // The end of the pipe; EIO: a terminal with no holder of its far end left.
+                Ok(0) | Err(nix::errno::Errno::EIO) => break,
+                Ok(n) => {
+                    idle_since = None;
+                    if let Some(o) = out.as_mut() {
+                        if o.write_all(&buf[..n]).is_err() {
+                            out = None;
+                        }
+                    }
+                    self.read.fetch_add(n as u64, Ordering::SeqCst);
+                }
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
+                    if ended != u64::MAX && !ready {
+                        let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                        if since.elapsed() >= IDLE_AFTER_END {
+                            break;
+                        }
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = done.send(());
+    }
+}
+
+/// After the process ended: every pump passes on what its stream held then
+/// (however long the daemon takes to read it, up to [`DRAIN_LIMIT`]).
+/// `wake` is the write end of the pumps' `ended` pipe.
+fn drain(pumps: &[std::sync::Arc<Pump>], wake: std::os::fd::OwnedFd, done: &std::sync::mpsc::Receiver<()>) {
+    for p in pumps {
+        p.process_ended();
+    }
+    drop(wake);
+    let deadline = std::time::Instant::now() + DRAIN_LIMIT;
+    for _ in pumps {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if done.recv_timeout(left).is_err() {
             return;
@@ -245,72 +344,46 @@ impl Relay {
         unsafe { libc::dup2(self.write.as_raw_fd(), self.target) };
     }
 
-    /// In the shim: copies everything from the pipe to the daemon's pipe until
-    /// end of file; once the daemon's end is gone, keeps reading and drops it.
-    fn start(self, done: std::sync::mpsc::Sender<()>) {
+    /// In the shim: a thread copies the pipe to the daemon's pipe (the
+    /// shim's own `target`; see [`Pump::run`]).
+    fn start(
+        self,
+        ended: std::sync::Arc<std::os::fd::OwnedFd>,
+        done: std::sync::mpsc::Sender<()>,
+    ) -> std::sync::Arc<Pump> {
         drop(self.write);
         // SAFETY: duplicates our own stdio descriptor (the shim points 0-2 at /dev/null next).
         let fd = unsafe { libc::fcntl(self.target, libc::F_DUPFD_CLOEXEC, 3) };
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let mut out = (fd >= 0).then(|| unsafe { File::from_raw_fd(fd) });
-        let mut input = File::from(self.read);
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match input.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if let Some(o) = out.as_mut() {
-                            if o.write_all(&buf[..n]).is_err() {
-                                // The daemon went away: the rest is dropped, the process runs on.
-                                out = None;
-                            }
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                }
-            }
-            let _ = done.send(());
-        });
+        let out = (fd >= 0).then(|| unsafe { File::from_raw_fd(fd) });
+        let pump = Pump::new(self.read, ended);
+        let p = pump.clone();
+        std::thread::spawn(move || p.run(out, done));
+        pump
     }
 }
 
 /// Relays a process's terminal: what it writes to our stdout (a copy of
 /// it: the shim points 0-2 at /dev/null next), our stdin to it. `done` hears
-/// once its output has ended (every holder of its far end is gone).
-fn relay_terminal(master: std::os::fd::OwnedFd, done: std::sync::mpsc::Sender<()>) {
+/// once its output has ended (see [`Pump::run`]).
+fn relay_terminal(
+    master: std::os::fd::OwnedFd,
+    ended: std::sync::Arc<std::os::fd::OwnedFd>,
+    done: std::sync::mpsc::Sender<()>,
+) -> std::sync::Arc<Pump> {
     use std::io::Read;
     // SAFETY: duplicates our own stdio descriptors; the copies are fresh and ours.
     let (out, input) = unsafe { (libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3), libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3)) };
     // SAFETY: a fresh descriptor that nothing else owns.
-    let mut out = (out >= 0).then(|| unsafe { File::from_raw_fd(out) });
+    let out = (out >= 0).then(|| unsafe { File::from_raw_fd(out) });
     // SAFETY: a fresh descriptor that nothing else owns.
     let input = (input >= 0).then(|| unsafe { File::from_raw_fd(input) });
     // Without a second descriptor of the terminal, nothing is typed into it (its output still flows).
     let typing = master.try_clone().ok().map(File::from).zip(input);
-    let mut from_terminal = File::from(master);
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match from_terminal.read(&mut buf) {
-                // EIO: the far end has no holder left.
-                Ok(0) => break,
-                Ok(n) => {
-                    if let Some(o) = out.as_mut() {
-                        if o.write_all(&buf[..n]).is_err() {
-                            out = None; // the daemon went away: the rest is dropped
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            }
-        }
-        let _ = done.send(());
-    });
-    if let Some((mut to_terminal, mut input)) = typing {
+    let pump = Pump::new(master, ended);
+    let p = pump.clone();
+    std::thread::spawn(move || p.run(out, done));
+    if let Some((to_terminal, mut input)) = typing {
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -318,7 +391,7 @@ fn relay_terminal(master: std::os::fd::OwnedFd, done: std::sync::mpsc::Sender<()
                     // The end of our stdin leaves the terminal open (it has no end of its own).
                     Ok(0) => return,
                     Ok(n) => {
-                        if to_terminal.write_all(&buf[..n]).is_err() {
+                        if write_waiting(&to_terminal, &buf[..n]).is_err() {
                             return;
                         }
                     }
@@ -328,6 +401,25 @@ fn relay_terminal(master: std::os::fd::OwnedFd, done: std::sync::mpsc::Sender<()
             }
         });
     }
+    pump
+}
+
+/// Writes all of `data` to `to` (non-blocking: the terminal's descriptor is
+/// shared with its pump), waiting while it is full.
+fn write_waiting(to: &File, mut data: &[u8]) -> nix::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    while !data.is_empty() {
+        match nix::unistd::write(to, data) {
+            Ok(n) => data = &data[n..],
+            Err(nix::errno::Errno::EAGAIN) => {
+                let mut fds = [PollFd::new(to.as_fd(), PollFlags::POLLOUT)];
+                poll(&mut fds, PollTimeout::from(1000u16))?;
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The process itself: new session (on `tty`, with it as its controlling
@@ -493,4 +585,45 @@ fn prepare(exec: &ExecSpec) -> Result<(Vec<CString>, CArray, CArray), String> {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     Ok((candidates, argv, envp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn a_pump_passes_on_all_a_process_left_to_a_slow_reader_and_not_a_background_holder() {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (ended_r, ended_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (daemon_r, daemon_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let pump = Pump::new(r, std::sync::Arc::new(ended_r));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let p = pump.clone();
+        std::thread::spawn(move || p.run(Some(File::from(daemon_w)), done_tx));
+        // "The process" writes more than one pipe holds (two take it), then ends; `w`
+        // stays open,
+        // as a background child would keep it.
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        let writer = {
+            let (w, data) = (w.try_clone().unwrap(), data.clone());
+            std::thread::spawn(move || File::from(w).write_all(&data).unwrap())
+        };
+        // A daemon that reads late.
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            let mut got = Vec::new();
+            File::from(daemon_r).read_to_end(&mut got).unwrap();
+            got
+        });
+        // Its writes are all in before it "ends"; the daemon reads nothing for 400 ms.
+        while !writer.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        writer.join().unwrap();
+        drain(&[pump.clone()], ended_w, &done_rx);
+        drop(pump); // the pump thread ended, and with it its end of the daemon's pipe
+        assert_eq!(reader.join().unwrap(), data, "every byte, though the daemon read late");
+        drop(w);
+    }
 }

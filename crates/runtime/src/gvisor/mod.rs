@@ -526,6 +526,12 @@ impl GvisorRuntime {
     }
 }
 
+/// How process images are saved: uncompressed. The sentry compresses on its
+/// own CPU share (flate, runsc's default), which made a ~100 MiB standby
+/// CPU-bound and slow on a busy host; CRIU's images on the namespace tier are
+/// uncompressed too, and a resume then has nothing to inflate.
+const CHECKPOINT_COMPRESSION: &str = "--compression=none";
+
 /// A sandbox whose connections let go for a checkpoint: holds its exec lock,
 /// and when dropped has its broker listen again (pid 1 reconnects; for a
 /// sandbox the checkpoint ended, there is no broker left to ask).
@@ -703,18 +709,27 @@ impl Runtime for GvisorRuntime {
     ) -> Result<PathBuf, RuntimeError> {
         std::fs::create_dir_all(images_dir)
             .map_err(|e| RuntimeError::sys(format!("create {}", images_dir.display()), e))?;
+        let t = Instant::now();
         // Held until the sandbox is gone: an exec meanwhile finds it gone.
         let _lock = self.detach(sandbox_id)?;
-        let t = Instant::now();
+        let detached = t.elapsed();
         let dir = images_dir.to_string_lossy();
-        self.runsc(&["checkpoint", "--image-path", &dir, sandbox_id]).map_err(RuntimeError::Setup)?;
-        debug!(sandbox = sandbox_id, ms = t.elapsed().as_millis() as u64, "runsc checkpoint");
+        self.runsc(&["checkpoint", CHECKPOINT_COMPRESSION, "--image-path", &dir, sandbox_id])
+            .map_err(RuntimeError::Setup)?;
+        let saved = t.elapsed();
         self.image_host().save(images_dir).map_err(|e| RuntimeError::sys("record the image's host", e))?;
         self.save_token(sandbox_id, images_dir)?;
         // The sentry exits once saved; its keeper follows.
         if !wait_for_exit(handle, Duration::from_secs(10)) {
             warn!(sandbox = sandbox_id, "the sandbox's keeper outlives its checkpoint");
         }
+        debug!(
+            sandbox = sandbox_id,
+            detach_ms = detached.as_millis() as u64,
+            checkpoint_ms = (saved - detached).as_millis() as u64,
+            exit_ms = (t.elapsed() - saved).as_millis() as u64,
+            "runsc checkpoint"
+        );
         Ok(self.init_binary.clone())
     }
 
@@ -723,7 +738,7 @@ impl Runtime for GvisorRuntime {
         std::fs::create_dir_all(images_dir)
             .map_err(|e| RuntimeError::sys(format!("create {}", images_dir.display()), e))?;
         let dir = images_dir.to_string_lossy();
-        self.runsc(&["checkpoint", "--leave-running", "--image-path", &dir, sandbox_id])
+        self.runsc(&["checkpoint", CHECKPOINT_COMPRESSION, "--leave-running", "--image-path", &dir, sandbox_id])
             .map_err(RuntimeError::Setup)?;
         // A copy starts in another sandbox, whose /tmp is its own: it takes this one's along.
         let tmp = bundle::tmp_dir_of(&self.bundle(sandbox_id)).map_err(RuntimeError::Setup)?;
