@@ -621,7 +621,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         writer.join().unwrap();
-        drain(&[pump.clone()], ended_w, &done_rx);
+        drain(std::slice::from_ref(&pump), ended_w, &done_rx);
         drop(pump); // the pump thread ended, and with it its end of the daemon's pipe
         assert_eq!(reader.join().unwrap(), data, "every byte, though the daemon read late");
         drop(w);
