@@ -362,6 +362,23 @@ fn the_same_escape_attempts_fail_on_every_tier_and_the_host_keeps_working() {
             let out = sh(&d, &id, a.script);
             assert!(!out.status.success(), "{tier}: {} succeeded: {}{}", a.what, stdout(&out), stderr(&out));
         }
+        if *tier == "gvisor" {
+            // The exec channel's host directory: nothing inside may change it (the
+            // broker binds and chmods its socket there by path), and no user but
+            // root may read the token that proves pid 1 to the host.
+            for script in [
+                "touch /run/strata/chan/x",
+                "rm /run/strata/chan/broker.sock",
+                "ln -s /etc/shadow /run/strata/chan/y",
+                "mv /run/strata/chan/broker.sock /run/strata/chan/z",
+            ] {
+                let out = sh(&d, &id, script);
+                assert!(!out.status.success(), "{tier}: {script} succeeded");
+            }
+            let out = d.cli(&["exec", "--user", "user", &id, "--", "cat", "/run/strata/chan/token"]);
+            assert!(!out.status.success() && stdout(&out).is_empty(), "a user read the channel token");
+            assert_eq!(sh_ok(&d, &id, "echo still"), "still\n", "the channel still works");
+        }
         // A fork bomb and a memory bomb stay inside the sandbox.
         let _ = d.cli(&["exec", "--timeout", "10s", &id, "--", "sh", "-c", "b() { b | b & }; b"]);
         let _ = d.cli(&["exec", "--timeout", "20s", &id, "--", "sh", "-c", "x=$(head -c 400m /dev/zero | tr '\\0' a)"]);
