@@ -104,6 +104,10 @@ pub struct Checkpoint {
     /// unless the request says `userns: false`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub userns: bool,
+    /// Where its sandbox's `/tmp` lived (a `disk` one is in this
+    /// checkpoint's filesystem): sandboxes started from it inherit it.
+    #[serde(default)]
+    pub tmp: crate::TmpStorage,
 }
 
 /// Request body of `POST /v1/fork`.

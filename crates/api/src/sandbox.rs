@@ -224,6 +224,37 @@ pub struct CreateSandboxRequest {
     /// 400 (gVisor and microVMs have their own boundary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub userns: Option<bool>,
+    /// Where `/tmp` lives (default `disk`: part of the sandbox's filesystem;
+    /// from a checkpoint or template: its sandbox's). A checkpoint that kept
+    /// processes starts only with its own (400 otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmp: Option<TmpStorage>,
+}
+
+/// Where a sandbox's `/tmp` lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TmpStorage {
+    /// A directory of its filesystem (the writable layer), as in Docker and
+    /// E2B: in checkpoints, forks, templates, diffs, scans, exports and
+    /// filesystem-only resumes, on its disk quota; `--flush /tmp` empties it.
+    #[default]
+    Disk,
+    /// Scratch space that is never kept: a tmpfs (charged to the memory
+    /// limit) on the namespace tier, a host directory outside the writable
+    /// layer on the gVisor tier; emptied at every cold start and left out of
+    /// checkpoints, diffs and exports (a standby with processes keeps it).
+    Tmpfs,
+}
+
+impl TmpStorage {
+    /// `disk` or `tmpfs`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TmpStorage::Disk => "disk",
+            TmpStorage::Tmpfs => "tmpfs",
+        }
+    }
 }
 
 /// The host uid/gid range a sandbox's user namespace maps its ids onto:
@@ -329,6 +360,9 @@ pub struct Sandbox {
     /// Its user namespace (namespace tier, `userns: true`); absent: its root is host root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub userns: Option<UserNamespace>,
+    /// Where its `/tmp` lives.
+    #[serde(default)]
+    pub tmp: TmpStorage,
 }
 
 /// How a sandbox in standby keeps its state.

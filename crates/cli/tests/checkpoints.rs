@@ -137,6 +137,53 @@ fn export_writes_exactly_the_change_set_with_deletions() {
 }
 
 #[test]
+fn tmp_is_part_of_the_filesystem_unless_asked_to_be_scratch() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    // By default /tmp is a directory of the writable layer, as in Docker and E2B:
+    // diffs, checkpoints, forks, templates and exports have it.
+    let id = d.create(&[]);
+    assert_eq!(json(&d, &["inspect", &id, "--json"])["tmp"], "disk");
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "mkdir /tmp/work && echo built > /tmp/work/out"]);
+    assert!(d.cli_ok(&["diff", &id]).contains("/tmp/work/out"));
+    let tar = d.dir.path().join("export.tar");
+    d.cli_ok(&["export", &id, "-o", tar.to_str().unwrap()]);
+    let listing = std::process::Command::new("tar").arg("-tf").arg(&tar).output().unwrap();
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("tmp/work/out"));
+    let ck = json(&d, &["checkpoint", &id, "--json"]);
+    assert_eq!(ck["tmp"], "disk", "{ck}");
+    let ck = ck["id"].as_str().unwrap();
+    let child = d.cli_ok(&["fork", ck, "-n", "1"]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &child, "--", "cat", "/tmp/work/out"]), "built\n");
+    d.cli_ok(&["template", "create", "with-tmp", "--from", ck]);
+    let from_template = d.cli_ok(&["create", "with-tmp"]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &from_template, "--", "cat", "/tmp/work/out"]), "built\n");
+
+    // --tmp tmpfs: scratch space, never kept; what is made from its checkpoints inherits it
+    // unless asked otherwise (nothing of it is there to inherit).
+    let scratch = d.create(&["--tmp", "tmpfs"]);
+    assert_eq!(json(&d, &["inspect", &scratch, "--json"])["tmp"], "tmpfs");
+    d.cli_ok(&["exec", &scratch, "--", "sh", "-c", "echo gone > /tmp/s && echo kept > /root/k"]);
+    let diff = d.cli_ok(&["diff", &scratch]);
+    assert!(diff.contains("/root/k") && !diff.contains("/tmp/s"), "{diff}");
+    let sck = json(&d, &["checkpoint", &scratch, "--json"]);
+    assert_eq!(sck["tmp"], "tmpfs", "{sck}");
+    let sck = sck["id"].as_str().unwrap();
+    let child = d.cli_ok(&["fork", sck, "-n", "1"]).trim().to_string();
+    assert_eq!(json(&d, &["inspect", &child, "--json"])["tmp"], "tmpfs");
+    assert_eq!(d.cli_ok(&["exec", &child, "--", "ls", "/tmp"]), "");
+    assert_eq!(d.cli_ok(&["exec", &child, "--", "cat", "/root/k"]), "kept\n");
+    let on_disk = d.cli_ok(&["create", sck, "--tmp", "disk"]).trim().to_string();
+    assert_eq!(json(&d, &["inspect", &on_disk, "--json"])["tmp"], "disk");
+    d.cli_ok(&["stop", &scratch]);
+    d.cli_ok(&["start", &scratch]);
+    assert_eq!(d.cli_ok(&["exec", &scratch, "--", "ls", "/tmp"]), "", "emptied at every cold start");
+    let out = d.cli(&["create", "busybox", "--tmp", "ram"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("ram"), "{}", common::stderr(&out));
+}
+
+#[test]
 fn bad_checkpoint_and_fork_requests() {
     require_host!();
     let d = TestDaemon::start();

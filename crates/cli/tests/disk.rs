@@ -2,7 +2,8 @@
 //! of its own (see crates/runtime/src/disk.rs). Filling it fails with ENOSPC at
 //! about the limit; the sandbox stays usable, other sandboxes and the host do
 //! not notice, and the limit holds across standby/resume, forks, checkpoint
-//! rollbacks and daemon restarts. Also: the /tmp tmpfs is capped by --memory.
+//! rollbacks and daemon restarts. Also: a /tmp on disk (the default) fills the
+//! same disk, a scratch one (`--tmp tmpfs`) is capped by --memory.
 
 mod common;
 
@@ -155,7 +156,7 @@ fn the_limit_holds_after_standby_resume_and_in_forks() {
 }
 
 #[test]
-fn disk_limits_are_validated_defaulted_and_tmp_is_capped_by_memory() {
+fn disk_limits_are_validated_defaulted_and_hold_tmp_and_a_scratch_tmp_is_capped_by_memory() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
@@ -181,7 +182,15 @@ fn disk_limits_are_validated_defaulted_and_tmp_is_capped_by_memory() {
     let info = inspect(&d, &id);
     assert_eq!(info["limits"]["disk_bytes"], 10u64 << 30, "{info}");
     assert!(info["limits"]["disk_quota"].as_str().unwrap().starts_with("enforced"), "{info}");
-    // /tmp is a tmpfs no larger than the memory limit.
+    // /tmp is a directory of that disk: it fills the same quota.
+    let small = d.create(&["--disk", "32m"]);
+    let (code, out) = run(&d, &small, "dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1");
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("No space left") || out.contains("Disk quota exceeded"), "{out}");
+    assert_eq!(run(&d, &small, "rm /tmp/fill && echo ok > /x && cat /x"), (0, "ok\n".into()));
+    // A scratch /tmp is a tmpfs no larger than the memory limit.
+    let id = d.create(&["--memory", "64m", "--tmp", "tmpfs"]);
+    assert_eq!(inspect(&d, &id)["tmp"], "tmpfs");
     let (_, df) = run(&d, &id, "df -k /tmp | tail -1");
     let size_k: u64 = df.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert_eq!(size_k, 64 * 1024, "{df}");

@@ -87,7 +87,8 @@ fn a_gvisor_sandbox_runs_the_whole_filesystem_lifecycle() {
     assert_eq!(std::fs::read_to_string(d.upper(&id, "kept")).unwrap(), "kept\n");
     let diff = d.cli_ok(&["diff", &id]);
     assert!(diff.contains("/kept") && diff.contains("/bin/vi") && diff.contains("/root/f"), "{diff}");
-    assert!(!diff.contains("/tmp/t") && !diff.contains("/etc/hostname"), "scratch and identity stay out: {diff}");
+    assert!(diff.contains("/tmp/t"), "/tmp is part of the filesystem, not runsc's own tmpfs: {diff}");
+    assert!(!diff.contains("/etc/hostname"), "identity stays out: {diff}");
 
     // Checkpoint, then forks: on the same tier, with the parent's files and their own identity.
     d.cli_ok(&["checkpoint", &id]);
@@ -122,10 +123,10 @@ fn a_gvisor_sandbox_runs_the_whole_filesystem_lifecycle() {
         d.cli_ok(&["rm", "-f", sb]);
     }
 
-    // Stop keeps the writable layer and empties /tmp; start brings it back; pause freezes.
+    // Stop keeps the writable layer, /tmp included; start brings it back; pause freezes.
     d.cli_ok(&["stop", &id]);
     d.cli_ok(&["start", &id]);
-    assert_eq!(sh_ok(&d, &id, "cat /kept; ls /tmp | wc -l"), "kept\n0\n");
+    assert_eq!(sh_ok(&d, &id, "cat /kept /tmp/t"), "kept\nscratch\n");
     d.cli_ok(&["pause", &id]);
     let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
     assert_eq!(info["state"], "paused");
@@ -286,7 +287,21 @@ fn a_gvisor_sandbox_keeps_its_processes_through_standby_archive_and_warm_forks()
     // Bad input: a warm checkpoint of the gVisor tier does not start on the namespace tier.
     let out = d.cli(&["create", &warm, "--isolation", "namespace"]);
     assert!(!out.status.success() && stderr(&out).contains("400"), "{}", stderr(&out));
-    for f in forks.iter().chain([&id]) {
+
+    // A scratch /tmp (--tmp tmpfs: a host directory outside the writable layer) is
+    // emptied by a cold start, left out of the filesystem, and copied with processes.
+    let scratch = d.create(&["--isolation", "gvisor", "--tmp", "tmpfs"]);
+    sh_ok(&d, &scratch, "echo s > /tmp/s");
+    assert!(!d.cli_ok(&["diff", &scratch]).contains("/tmp/s"));
+    let warm_scratch = d.cli_ok(&["checkpoint", &scratch, "--processes"]).trim().to_string();
+    let copy = d.cli_ok(&["fork", &warm_scratch, "-n", "1"]).trim().to_string();
+    assert_eq!(sh_ok(&d, &copy, "cat /tmp/s"), "s\n", "the copy has its source's scratch files");
+    sh_ok(&d, &copy, "echo mine > /tmp/s");
+    assert_eq!(sh_ok(&d, &scratch, "cat /tmp/s"), "s\n", "in a directory of its own");
+    d.cli_ok(&["stop", &scratch]);
+    d.cli_ok(&["start", &scratch]);
+    assert_eq!(sh_ok(&d, &scratch, "ls /tmp"), "");
+    for f in forks.iter().chain([&id, &scratch, &copy]) {
         d.cli_ok(&["rm", "-f", f]);
         assert_released(&d, f);
     }

@@ -48,7 +48,11 @@ fn create_inspect_stop_start_rm_keeps_the_filesystem_across_stop() {
     assert_eq!(info["state_reason"], "created");
     assert_eq!(info["hostname"], "web");
     assert_eq!(info["labels"]["stage"], "setup");
-    assert_eq!(d.cli_ok(&["exec", "web", "--", "sh", "-c", "echo $A; hostname; echo kept > /root/state"]), "1\nweb\n");
+    assert_eq!(
+        d.cli_ok(&["exec", "web", "--", "sh", "-c", "echo $A; hostname; echo kept > /root/state; echo t > /tmp/t"]),
+        "1\nweb\n"
+    );
+    assert_eq!(info["tmp"], "disk", "/tmp is part of the filesystem by default");
 
     d.cli_ok(&["stop", "web"]);
     let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", "web", "--json"])).unwrap();
@@ -57,7 +61,7 @@ fn create_inspect_stop_start_rm_keeps_the_filesystem_across_stop() {
     assert!(info.get("init_pid").is_none());
     d.cli_ok(&["start", "web"]);
     assert_eq!(d.cli_ok(&["exec", "web", "--", "cat", "/root/state"]), "kept\n");
-    assert_eq!(d.cli_ok(&["exec", "web", "--", "ls", "/tmp"]), "", "/tmp is a fresh tmpfs each start");
+    assert_eq!(d.cli_ok(&["exec", "web", "--", "cat", "/tmp/t"]), "t\n", "/tmp is kept as the rest of the filesystem");
 
     let events: Vec<serde_json::Value> =
         d.cli_ok(&["events", &id, "--json"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -297,8 +301,9 @@ fn daemon_kill9_readopts_running_sandboxes_and_applies_due_ttls() {
 }
 
 /// An image whose tree has a file where strata mounts a directory (`/run`,
-/// `/tmp`) cannot run as a sandbox: that is the caller's input, a 400 that
-/// says so, and nothing is left behind (it used to be a 500).
+/// a scratch `/tmp`) cannot run as a sandbox: that is the caller's input, a
+/// 400 that says so, and nothing is left behind (it used to be a 500). A
+/// `/tmp` of the filesystem (the default) is the image's, whatever it is.
 #[test]
 fn an_image_that_cannot_run_is_a_400_and_leaves_nothing() {
     require_host!();
@@ -327,12 +332,14 @@ fn an_image_that_cannot_run_is_a_400_and_leaves_nothing() {
             .success());
         let name = format!("{dir}-file");
         d.cli_ok(&["image", "import", tar.to_str().unwrap(), "--name", &name]);
-        let e = common::rt()
-            .block_on(
-                d.client()
-                    .create_sandbox(&strata_api::CreateSandboxRequest { source: name.clone(), ..Default::default() }),
-            )
-            .unwrap_err();
+        let mut req = strata_api::CreateSandboxRequest { source: name.clone(), ..Default::default() };
+        if dir == "tmp" {
+            let id = d.cli_ok(&["create", &name]).trim().to_string();
+            assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/tmp"]), "a file, not a directory\n");
+            d.cli_ok(&["rm", "-f", &id]);
+            req.tmp = Some(strata_api::TmpStorage::Tmpfs);
+        }
+        let e = common::rt().block_on(d.client().create_sandbox(&req)).unwrap_err();
         assert_eq!(e.code(), Some(strata_api::ErrorCode::BadRequest), "{e}");
         assert!(e.to_string().contains("cannot run as a sandbox") && e.to_string().contains(&format!("/{dir}")), "{e}");
         assert!(ps(&d).is_empty(), "a sandbox was left behind: {:?}", ps(&d));

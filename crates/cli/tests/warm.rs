@@ -227,6 +227,9 @@ fn warm_checkpoints_refuse_what_they_cannot_keep() {
     d.cli_ok(&["checkpoint", &plain, "--processes", "--name", "warmck"]);
     let out = d.cli(&["create", "warmck", "--secret", &format!("TOKEN=@{}", key.display())]);
     assert!(!out.status.success() && common::stderr(&out).contains("secrets"), "{}", common::stderr(&out));
+    // Processes come back only with the /tmp layout they were saved with (here: on disk).
+    let out = d.cli(&["create", "warmck", "--tmp", "tmpfs"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("/tmp was disk"), "{}", common::stderr(&out));
     let cold = d.cli_ok(&["create", "warmck", "--no-processes", "--secret", &format!("TOKEN=@{}", key.display())]);
     // (Exec output redacts the value: compare its length.)
     assert_eq!(sh(&d, cold.trim(), "wc -c < /run/secrets/TOKEN").trim(), "26");

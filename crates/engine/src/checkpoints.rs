@@ -261,6 +261,7 @@ pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: Checkpoint
         processes,
         isolation: crate::state::tiers::tier_of(&rec.sandbox),
         userns: rec.sandbox.userns.is_some(),
+        tmp: rec.sandbox.tmp,
     };
     // Crash point (`checkpoint-layer:crash`): the layer is stored, the checkpoint not yet recorded.
     let _ = crate::failpoint("checkpoint-layer");

@@ -49,6 +49,8 @@ pub struct SandboxSpec {
     /// sandbox's root is host root, with a reduced capability set.
     #[serde(default)]
     pub userns: Option<strata_api::UserNamespace>,
+    /// Where its `/tmp` lives (a directory of its root, or scratch space).
+    pub tmp: strata_api::TmpStorage,
     /// Egress of a sandbox in a user namespace: it makes its network namespace
     /// itself (one the host does not own could not be joined), and the tier
     /// plugs this link into it once it exists, at start and inside a restore,

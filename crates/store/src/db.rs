@@ -259,6 +259,10 @@ pub const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sandboxes ADD COLUMN userns_base INTEGER;
     CREATE UNIQUE INDEX sandboxes_userns_base ON sandboxes(userns_base);
     ALTER TABLE checkpoints ADD COLUMN userns INTEGER NOT NULL DEFAULT 0;",
+    // 17: where /tmp lives (1: a tmpfs, what every sandbox had before: their
+    // standby images and warm checkpoints hold that layout; new ones say disk).
+    "ALTER TABLE sandboxes ADD COLUMN tmp_tmpfs INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE checkpoints ADD COLUMN tmp_tmpfs INTEGER NOT NULL DEFAULT 1;",
 ];
 
 /// First host uid/gid given to a sandbox user namespace; each sandbox gets
@@ -427,7 +431,7 @@ fn free_userns(
     Ok(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid, userns_base";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid, userns_base, tmp_tmpfs";
 
 /// States in which a sandbox is parked (`inactive_since` is set), as SQL.
 const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
@@ -481,6 +485,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 userns: r
                     .get::<_, Option<i64>>(29)?
                     .map(|b| strata_api::UserNamespace { host_base: b as u32, size: USERNS_SIZE }),
+                tmp: tmp_of(r.get(30)?),
             },
             init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
@@ -490,7 +495,16 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs";
+
+/// The `tmp_tmpfs` column as a [`strata_api::TmpStorage`].
+fn tmp_of(tmpfs: i64) -> strata_api::TmpStorage {
+    if tmpfs != 0 {
+        strata_api::TmpStorage::Tmpfs
+    } else {
+        strata_api::TmpStorage::Disk
+    }
+}
 
 fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
     let layers: String = r.get(6)?;
@@ -526,6 +540,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                     None => strata_api::Isolation::Namespace,
                 },
                 userns: r.get::<_, i64>(21)? != 0,
+                tmp: tmp_of(r.get(22)?),
             },
             parse(&config, "image_config")?,
         ))
@@ -760,13 +775,14 @@ impl Db {
         }
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
                 json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation,
-                json(&s.policy), s.inactive_since, s.tenant, s.allow_setuid as i64, s.userns.map(|u| u.host_base as i64)
+                json(&s.policy), s.inactive_since, s.tenant, s.allow_setuid as i64, s.userns.map(|u| u.host_base as i64),
+                (s.tmp == strata_api::TmpStorage::Tmpfs) as i64
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -1161,12 +1177,13 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21, ?22)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21, ?22, ?23)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
                 c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
-                json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str(), c.userns as i64
+                json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str(), c.userns as i64,
+                (c.tmp == strata_api::TmpStorage::Tmpfs) as i64
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -2097,6 +2114,7 @@ mod tests {
                 capabilities: Vec::new(),
                 allow_setuid: true,
                 userns: None,
+                tmp: strata_api::TmpStorage::Tmpfs,
             },
             layers: vec!["sha256:00".into()],
             init_start_time: None,
@@ -2127,6 +2145,7 @@ mod tests {
         assert_eq!(got.init_start_time, Some(7));
         assert_eq!(got.sandbox.limits.pids, Some(10));
         assert!(got.sandbox.allow_setuid);
+        assert_eq!(got.sandbox.tmp, strata_api::TmpStorage::Tmpfs);
         assert!(db.find_sandbox("0123", None).unwrap().is_some(), "unique prefix resolves");
         assert!(db.find_sandbox("nope", None).unwrap().is_none());
         let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();
@@ -2568,6 +2587,7 @@ mod tests {
             processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
             isolation: strata_api::Isolation::Gvisor,
             userns: true,
+            tmp: strata_api::TmpStorage::Disk,
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
         let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
@@ -2575,6 +2595,7 @@ mod tests {
         assert_eq!(got.processes, c.processes);
         assert_eq!(got.isolation, strata_api::Isolation::Gvisor, "a checkpoint keeps its sandbox's tier");
         assert!(got.userns, "and whether it had a user namespace");
+        assert_eq!(got.tmp, strata_api::TmpStorage::Disk, "and where its /tmp was");
         db.put_template("tpl", &c.id, "t", false).unwrap();
         assert_eq!(
             db.template_tenant("tpl").unwrap().as_deref(),

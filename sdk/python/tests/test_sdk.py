@@ -191,6 +191,22 @@ class SandboxTest(unittest.TestCase):
         self.assertEqual(updated.policy.on_max_lifetime, "standby")
         self.assertFalse(updated.allow_setuid)
 
+    def test_tmp_and_isolation(self) -> None:
+        kept = client.create_sandbox(IMAGE, name=uniq("sdk-tmp"), isolation="namespace")
+        scratch = client.create_sandbox(IMAGE, name=uniq("sdk-scratch"), tmp="tmpfs")
+        try:
+            self.assertEqual((kept.tmp, kept.runtime), ("disk", "namespace"))
+            self.assertEqual(scratch.tmp, "tmpfs")
+            for sb in (kept, scratch):
+                client.exec(sb.id, "echo x > /tmp/x")
+            self.assertIn("/tmp/x", [c.path for c in client.diff(kept.id)])
+            self.assertNotIn("/tmp/x", [c.path for c in client.diff(scratch.id)])
+            with self.assertRaises(BadRequest):
+                client.create_sandbox(IMAGE, tmp="ram")
+        finally:
+            client.destroy(kept.id, force=True)
+            client.destroy(scratch.id, force=True)
+
     def test_allow_setuid(self) -> None:
         sb = client.create_sandbox(IMAGE, name=uniq("sdk-suid"), allow_setuid=True)
         try:

@@ -59,6 +59,29 @@ pub struct CreateArgs {
     pub isolation: Option<strata_api::Isolation>,
     #[command(flatten)]
     pub userns: UsernsArgs,
+    /// Where /tmp lives: disk (part of the filesystem: kept in checkpoints,
+    /// forks, templates and exports; the default) or tmpfs (scratch, never
+    /// kept). Default from a checkpoint or template: its sandbox's.
+    #[arg(long, value_enum)]
+    pub tmp: Option<TmpArg>,
+}
+
+/// `--tmp`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TmpArg {
+    /// Part of the sandbox's filesystem.
+    Disk,
+    /// A scratch tmpfs, never kept.
+    Tmpfs,
+}
+
+impl From<TmpArg> for strata_api::TmpStorage {
+    fn from(a: TmpArg) -> Self {
+        match a {
+            TmpArg::Disk => strata_api::TmpStorage::Disk,
+            TmpArg::Tmpfs => strata_api::TmpStorage::Tmpfs,
+        }
+    }
 }
 
 /// `strata run`.
@@ -92,6 +115,11 @@ pub struct RunArgs {
     pub isolation: Option<strata_api::Isolation>,
     #[command(flatten)]
     pub userns: UsernsArgs,
+    /// Where /tmp lives: disk (part of the filesystem: kept in checkpoints,
+    /// forks, templates and exports; the default) or tmpfs (scratch, never
+    /// kept). Default from a checkpoint or template: its sandbox's.
+    #[arg(long, value_enum)]
+    pub tmp: Option<TmpArg>,
     /// Command and arguments.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,

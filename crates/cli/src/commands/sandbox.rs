@@ -37,6 +37,7 @@ pub(super) async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
         network: network_spec(&a.network),
         isolation: a.isolation,
         userns: a.userns.choice(),
+        tmp: a.tmp.map(Into::into),
         ..Default::default()
     };
     let created = c.create_sandbox(&req).await?;
@@ -232,6 +233,7 @@ fn create_request(a: &CreateArgs) -> Result<CreateSandboxRequest> {
         processes: a.warm.choice(),
         isolation: a.isolation,
         userns: a.userns.choice(),
+        tmp: a.tmp.map(Into::into),
     })
 }
 

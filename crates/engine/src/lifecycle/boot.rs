@@ -67,6 +67,7 @@ pub(crate) fn spec_for(st: &Shared, rec: &SandboxRecord) -> EngineResult<Sandbox
         netns_path: None,
         resolv_conf: None,
         userns: rec.sandbox.userns,
+        tmp: rec.sandbox.tmp,
         // Filled in by crate::network::prepare for egress sandboxes in a user namespace.
         userns_link: None,
     })

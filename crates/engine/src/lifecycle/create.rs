@@ -52,6 +52,9 @@ pub struct Source {
     /// Whether the checkpoint's sandbox ran in a user namespace (a sandbox
     /// made from it does unless asked otherwise). `None` for an image.
     pub userns: Option<bool>,
+    /// Where the checkpoint's sandbox kept `/tmp` (a sandbox made from it
+    /// does unless asked otherwise). `None` for an image.
+    pub tmp: Option<strata_api::TmpStorage>,
 }
 
 /// Resolves a source key among images (shared by every tenant), templates
@@ -71,6 +74,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         warm: false,
         isolation: None,
         userns: None,
+        tmp: None,
     };
     let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source {
         name,
@@ -80,6 +84,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         warm: c.processes.is_some(),
         isolation: Some(c.isolation),
         userns: Some(c.userns),
+        tmp: Some(c.tmp),
         checkpoint: Some(c.id),
         tenant: Some(c.tenant),
         capabilities: c.capabilities,
@@ -184,6 +189,19 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
             )));
         }
     }
+    // /tmp: the request's, else the source's, else part of the filesystem;
+    // processes come back only with the layout they were saved with.
+    let tmp = req.tmp.or(source.tmp).unwrap_or_default();
+    if let (Some(_), Some(saved)) = (&warm_from, source.tmp) {
+        if saved != tmp {
+            return Err(EngineError::bad_request(format!(
+                "{} keeps the processes of a sandbox whose /tmp was {}, which come back only so; drop tmp: {}, or start it without processes (processes: false)",
+                source.name,
+                saved.as_str(),
+                tmp.as_str()
+            )));
+        }
+    }
     let network = crate::network::check(st, req.network.as_ref())?;
     let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
     // Host admission and the tenant's quota, before anything is recorded: the
@@ -256,6 +274,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
             allow_setuid: req.allow_setuid,
             // The range is picked when the record is inserted.
             userns: userns.then_some(strata_api::UserNamespace { host_base: 0, size: 0 }),
+            tmp,
         },
         layers: source.layers,
         init_start_time: None,

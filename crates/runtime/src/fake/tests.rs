@@ -31,6 +31,7 @@ fn spec(id: &str) -> SandboxSpec {
         netns_path: None,
         resolv_conf: None,
         userns: None,
+        tmp: strata_api::TmpStorage::Disk,
         userns_link: None,
     }
 }

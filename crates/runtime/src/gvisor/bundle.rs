@@ -120,26 +120,34 @@ pub fn tmp_dir_beside(upper: &Path) -> PathBuf {
     upper.parent().unwrap_or(upper).join("gvisor-tmp")
 }
 
+/// Whether a sandbox of `spec` has a scratch `/tmp` (a host directory bound
+/// there) rather than the directory of its root.
+pub fn scratch_tmp(spec: &SandboxSpec) -> bool {
+    spec.tmp == strata_api::TmpStorage::Tmpfs
+}
+
 /// [`tmp_dir`] of a running sandbox, found from its bundle (the spec's
-/// `/tmp` source in its config).
-pub fn tmp_dir_of(bundle: &Bundle) -> Result<PathBuf, String> {
+/// `/tmp` source in its config); `None` when `/tmp` is part of its root
+/// (nothing or the root's own directory is bound there).
+pub fn tmp_dir_of(bundle: &Bundle) -> Result<Option<PathBuf>, String> {
     let path = bundle.dir.join("config.json");
     let cfg: Value = fs::read(&path)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    cfg["mounts"]
+    let own = cfg["root"]["path"].as_str().map(|root| Path::new(root).join("tmp"));
+    Ok(cfg["mounts"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["destination"] == "/tmp"))
         .and_then(|m| m["source"].as_str())
         .map(PathBuf::from)
-        .ok_or_else(|| format!("{} mounts no /tmp", path.display()))
+        .filter(|source| Some(source) != own.as_ref()))
 }
 
-/// Builds the host side of a cold start: the overlay root with `/tmp` bound
-/// on it, the identity files, strata's resolv.conf and the secrets tmpfs.
-/// Returns whether the image has an `/etc` (its identity files get bound).
-pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bool) -> SetupResult<bool> {
+/// Builds the host side of a cold start: the overlay root (with a scratch
+/// `/tmp` bound on it, or its own `/tmp` made when the image lacks one), the
+/// identity files, strata's resolv.conf and the secrets tmpfs.
+pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bool) -> SetupResult<Prepared> {
     let ctx = |what: String| move |e: std::io::Error| SetupError::Host(format!("{what}: {e}"));
     fs::create_dir_all(&bundle.dir).map_err(ctx(format!("create {}", bundle.dir.display())))?;
     for d in [&spec.upper_dir, &spec.work_dir, &spec.rootfs_dir] {
@@ -149,13 +157,18 @@ pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bo
     let _ = fs::remove_file(bundle.root_link());
     std::os::unix::fs::symlink(&spec.rootfs_dir, bundle.root_link()).map_err(ctx("link the root".into()))?;
 
-    let tmp = tmp_dir(spec);
-    if fresh_tmp {
-        remove_tree(&tmp).map_err(ctx(format!("empty {}", tmp.display())))?;
-    }
-    fs::create_dir_all(&tmp).map_err(ctx(format!("create {}", tmp.display())))?;
-    sys.chmod(&tmp, 0o1777).map_err(|e| SetupError::Host(format!("chmod {}: {e}", tmp.display())))?;
-    bind_inside(sys, &tmp, &spec.rootfs_dir, "tmp")?;
+    let root_tmp = if scratch_tmp(spec) {
+        let tmp = tmp_dir(spec);
+        if fresh_tmp {
+            remove_tree(&tmp).map_err(ctx(format!("empty {}", tmp.display())))?;
+        }
+        fs::create_dir_all(&tmp).map_err(ctx(format!("create {}", tmp.display())))?;
+        sys.chmod(&tmp, 0o1777).map_err(|e| SetupError::Host(format!("chmod {}: {e}", tmp.display())))?;
+        bind_inside(sys, &tmp, &spec.rootfs_dir, "tmp")?;
+        false
+    } else {
+        make_tmp_in_root(&spec.rootfs_dir)?
+    };
 
     mounts::ensure_identity_mountpoints(&spec.rootfs_dir).map_err(SetupError::Image)?;
     // As on the namespace tier: with an /etc, its hosts file (empty when unreadable) plus strata's lines.
@@ -203,7 +216,18 @@ pub fn prepare(sys: &dyn Sys, spec: &SandboxSpec, bundle: &Bundle, fresh_tmp: bo
         let owner = mounts::secrets_owner(spec.secrets_owner.as_deref(), &passwd, &group);
         mounts::fill_secrets(sys, &dir, &spec.secrets, owner)?;
     }
-    Ok(has_etc)
+    Ok(Prepared { has_etc, root_tmp })
+}
+
+/// What [`prepare`] found in the root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepared {
+    /// The image has an `/etc` (its identity files get bound).
+    pub has_etc: bool,
+    /// `/tmp` is part of the root and a real directory there: it is bound
+    /// onto itself (runsc mounts a tmpfs of the sentry's own on an empty
+    /// `/tmp` nothing is mounted on, which checkpoints would not keep).
+    pub root_tmp: bool,
 }
 
 /// Removes a directory tree if it exists (never follows symlinks).
@@ -263,6 +287,37 @@ fn bind_inside(sys: &dyn Sys, source: &Path, root: &Path, rel: &str) -> SetupRes
         .map_err(|e| SetupError::Host(format!("bind {} on /{rel}: {e}", source.display())))
 }
 
+/// Makes `/tmp` (mode 1777) in the root when the image has nothing there; an
+/// image's own `/tmp`, whatever it is, stays as it is. Returns whether it is
+/// a directory (not a symlink or anything else).
+fn make_tmp_in_root(root: &Path) -> SetupResult<bool> {
+    use std::os::fd::FromRawFd;
+    let root_fd = fs::File::open(root).map_err(|e| SetupError::Host(format!("open {}: {e}", root.display())))?;
+    match nix::sys::stat::mkdirat(Some(root_fd.as_raw_fd()), "tmp", nix::sys::stat::Mode::from_bits_truncate(0o700)) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EEXIST) => {
+            let st =
+                nix::sys::stat::fstatat(Some(root_fd.as_raw_fd()), "tmp", nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(|e| SetupError::Host(format!("stat /tmp: {e}")))?;
+            return Ok(st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        }
+        Err(e) => return Err(SetupError::Host(format!("mkdir /tmp: {e}"))),
+    }
+    // The new directory, never a link (nothing runs in the sandbox yet): 1777 past the umask.
+    let fd = nix::fcntl::openat(
+        Some(root_fd.as_raw_fd()),
+        "tmp",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| SetupError::Host(format!("open /tmp: {e}")))?;
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let dir = unsafe { fs::File::from_raw_fd(fd) };
+    nix::sys::stat::fchmod(dir.as_raw_fd(), nix::sys::stat::Mode::from_bits_truncate(0o1777))
+        .map_err(|e| SetupError::Host(format!("chmod /tmp: {e}")))?;
+    Ok(true)
+}
+
 /// Undoes [`prepare`]: detaches the root tree and the secrets tmpfs and
 /// removes the bundle. Missing pieces are fine (a failed or repeated cleanup).
 pub fn teardown(sys: &dyn Sys, bundle: &Bundle) {
@@ -284,8 +339,8 @@ pub struct ConfigInputs<'a> {
     pub bundle: &'a Bundle,
     /// The host's strata-init, bound at `/run/strata/init`.
     pub init_binary: &'a Path,
-    /// Whether the image has an `/etc` (its identity files are bound).
-    pub has_etc: bool,
+    /// What [`prepare`] found in the root.
+    pub prepared: Prepared,
     /// Seconds pid 1 gives processes between SIGTERM and SIGKILL on stop.
     pub stop_grace_secs: u64,
 }
@@ -309,12 +364,25 @@ pub fn config(inp: &ConfigInputs<'_>) -> Value {
         json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
         json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
         json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
-        json!({"destination": "/tmp", "type": "bind", "source": tmp_dir(spec), "options": ["rbind", "rw", "nosuid", "nodev"]}),
         bind_ro("/run/strata", &id_dir, false),
         bind_ro(strata_init::SELF_PATH, inp.init_binary, true),
         json!({"destination": strata_init::channel::CHAN_DIR, "type": "bind", "source": inp.bundle.chan(), "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}),
     ];
-    if inp.has_etc {
+    // Scratch space outside the writable layer (the namespace tier's tmpfs), or
+    // the root's own directory bound onto itself: it stays in the writable
+    // layer, and runsc's tmpfs for an empty /tmp is not mounted on it.
+    let tmp_source = if scratch_tmp(spec) {
+        Some(tmp_dir(spec))
+    } else {
+        inp.prepared.root_tmp.then(|| spec.rootfs_dir.join("tmp"))
+    };
+    if let Some(source) = tmp_source {
+        mounts.insert(
+            5,
+            json!({"destination": "/tmp", "type": "bind", "source": source, "options": ["rbind", "rw", "nosuid", "nodev"]}),
+        );
+    }
+    if inp.prepared.has_etc {
         for name in mounts::ETC_IDENTITY_FILES {
             mounts.push(bind_ro(&format!("/etc/{name}"), &id_dir.join(name), false));
         }
@@ -368,6 +436,7 @@ pub fn config(inp: &ConfigInputs<'_>) -> Value {
 mod tests {
     use super::*;
     use crate::sys::{RecordingSys, SysCall};
+    use std::os::unix::fs::PermissionsExt;
 
     fn spec(dir: &Path) -> SandboxSpec {
         SandboxSpec {
@@ -391,6 +460,7 @@ mod tests {
             netns_path: None,
             resolv_conf: None,
             userns: None,
+            tmp: strata_api::TmpStorage::Tmpfs,
             userns_link: None,
         }
     }
@@ -404,7 +474,7 @@ mod tests {
             spec: &s,
             bundle: &b,
             init_binary: Path::new("/opt/strata-init"),
-            has_etc: true,
+            prepared: Prepared { has_etc: true, root_tmp: false },
             stop_grace_secs: 10,
         });
         assert_eq!(c["root"]["path"], "/s/rootfs");
@@ -441,8 +511,8 @@ mod tests {
         let sys = RecordingSys::default();
         let b = Bundle::new(&dir.path().join("gvisor"), "sb1");
         // Nothing is mounted for real: the "root" is the plain rootfs directory.
-        let has_etc = prepare(&sys, &s, &b, true).unwrap();
-        assert!(!has_etc, "the empty image has no /etc");
+        let prepared = prepare(&sys, &s, &b, true).unwrap();
+        assert_eq!(prepared, Prepared { has_etc: false, root_tmp: false }, "the empty image has no /etc");
         let calls = sys.calls();
         assert!(matches!(&calls[0], SysCall::Mount { fstype: Some(t), .. } if t == "overlay"), "{calls:?}");
         assert!(
@@ -453,6 +523,49 @@ mod tests {
         assert!(b.identity().join("sandbox-id").is_file());
         assert_eq!(std::fs::read_link(b.root_link()).unwrap(), s.rootfs_dir);
         assert!(tmp_dir(&s).is_dir());
+    }
+
+    #[test]
+    fn a_disk_tmp_is_the_root_s_own_directory_bound_onto_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.tmp = strata_api::TmpStorage::Disk;
+        std::fs::create_dir_all(dir.path().join("layer")).unwrap();
+        let sys = RecordingSys::default();
+        let b = Bundle::new(&dir.path().join("gvisor"), "sb1");
+        // No /tmp in the image: one is made, world-writable and sticky.
+        let prepared = prepare(&sys, &s, &b, true).unwrap();
+        assert!(prepared.root_tmp);
+        let made = std::fs::symlink_metadata(s.rootfs_dir.join("tmp")).unwrap();
+        assert!(made.is_dir());
+        assert_eq!(made.permissions().mode() & 0o7777, 0o1777);
+        assert!(!tmp_dir(&s).exists(), "no scratch directory");
+        assert!(!sys
+            .calls()
+            .iter()
+            .any(|c| matches!(c, SysCall::Mount { flags, .. } if flags.contains(MsFlags::MS_BIND))));
+        let inputs = |spec, prepared| ConfigInputs {
+            spec,
+            bundle: &b,
+            init_binary: Path::new("/i"),
+            prepared,
+            stop_grace_secs: 1,
+        };
+        let c = config(&inputs(&s, prepared));
+        let tmp = c["mounts"].as_array().unwrap().iter().find(|m| m["destination"] == "/tmp").unwrap();
+        assert_eq!(tmp["source"], s.rootfs_dir.join("tmp").to_str().unwrap());
+        // Nothing of it is copied beside a process image: it is in the filesystem.
+        std::fs::write(b.dir.join("config.json"), c.to_string()).unwrap();
+        assert_eq!(tmp_dir_of(&b).unwrap(), None);
+        let scratch = SandboxSpec { tmp: strata_api::TmpStorage::Tmpfs, ..s.clone() };
+        std::fs::write(b.dir.join("config.json"), config(&inputs(&scratch, prepared)).to_string()).unwrap();
+        assert_eq!(tmp_dir_of(&b).unwrap(), Some(tmp_dir(&s)), "a scratch one is");
+        // An image whose /tmp is a symlink keeps it, and nothing is bound by a path through it.
+        std::fs::remove_dir(s.rootfs_dir.join("tmp")).unwrap();
+        std::os::unix::fs::symlink("/etc", s.rootfs_dir.join("tmp")).unwrap();
+        assert!(!make_tmp_in_root(&s.rootfs_dir).unwrap());
+        let c = config(&inputs(&s, Prepared { has_etc: false, root_tmp: false }));
+        assert!(!c["mounts"].as_array().unwrap().iter().any(|m| m["destination"] == "/tmp"));
     }
 
     #[test]

@@ -439,7 +439,7 @@ impl GvisorRuntime {
             let _ = self.runsc(&["delete", "-force", &spec.id]);
         }
         bundle::teardown(&LinuxSys, &b);
-        let has_etc = bundle::prepare(&LinuxSys, spec, &b, image.is_none()).map_err(|e| {
+        let prepared = bundle::prepare(&LinuxSys, spec, &b, image.is_none()).map_err(|e| {
             bundle::teardown(&LinuxSys, &b);
             match e {
                 crate::namespace::mounts::SetupError::Image(m) => RuntimeError::Image(m),
@@ -454,7 +454,7 @@ impl GvisorRuntime {
             spec,
             bundle: &b,
             init_binary: &self.init_binary,
-            has_etc,
+            prepared,
             stop_grace_secs: self.stop_grace.as_secs(),
         });
         let path = b.dir.join("config.json");
@@ -740,9 +740,11 @@ impl Runtime for GvisorRuntime {
         let dir = images_dir.to_string_lossy();
         self.runsc(&["checkpoint", CHECKPOINT_COMPRESSION, "--leave-running", "--image-path", &dir, sandbox_id])
             .map_err(RuntimeError::Setup)?;
-        // A copy starts in another sandbox, whose /tmp is its own: it takes this one's along.
-        let tmp = bundle::tmp_dir_of(&self.bundle(sandbox_id)).map_err(RuntimeError::Setup)?;
-        Self::copy_tree(&tmp, &images_dir.join(COPIED_TMP))?;
+        // A copy starts in another sandbox, whose scratch /tmp is its own: it takes
+        // this one's along (a /tmp of the root is in the checkpoint's filesystem).
+        if let Some(tmp) = bundle::tmp_dir_of(&self.bundle(sandbox_id)).map_err(RuntimeError::Setup)? {
+            Self::copy_tree(&tmp, &images_dir.join(COPIED_TMP))?;
+        }
         self.image_host().save(images_dir).map_err(|e| RuntimeError::sys("record the image's host", e))?;
         self.save_token(sandbox_id, images_dir)?;
         Ok(self.init_binary.clone())
@@ -761,6 +763,12 @@ impl Runtime for GvisorRuntime {
             return Err(RuntimeError::Incompatible(why));
         }
         let copied_tmp = images_dir.join(COPIED_TMP);
+        if copied_tmp.is_dir() && !bundle::scratch_tmp(spec) {
+            // The sentry refers to the /tmp it was saved with: the layout must be the same.
+            return Err(RuntimeError::Incompatible(
+                "the image was copied from a sandbox with a scratch /tmp, and this sandbox's /tmp is part of its filesystem".into(),
+            ));
+        }
         if copied_tmp.is_dir() {
             // A copy: its /tmp comes from the image (emptied first, as at a cold start).
             let tmp = bundle::tmp_dir(spec);

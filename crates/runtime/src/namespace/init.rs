@@ -185,7 +185,7 @@ pub fn setup_sandbox(sys: &dyn Sys, cfg: &InitConfig, userns_helper: Option<Owne
             mounts::RootSource::Overlay { lower: &spec.lower_dirs, upper: &spec.upper_dir, work: &spec.work_dir };
         (overlay, spec.rootfs_dir.as_path())
     };
-    mounts::build_rootfs(sys, source, root, spec.limits.memory_bytes)?;
+    mounts::build_rootfs(sys, source, root, mounts::TmpMount::of(spec))?;
     sys.sethostname(&spec.hostname).map_err(|e| format!("sethostname: {e}"))?;
     mounts::loopback_up(sys)?;
     mounts::pivot_into(sys, root)?;
@@ -284,6 +284,7 @@ mod tests {
             netns_path: None,
             resolv_conf: None,
             userns: None,
+            tmp: strata_api::TmpStorage::Tmpfs,
             userns_link: None,
         }
     }

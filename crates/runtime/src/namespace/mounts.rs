@@ -261,10 +261,30 @@ pub fn mount_user_root(
     mount_overlay(sys, lower, upper, work, target, Some(idmap))
 }
 
+/// What a sandbox has at `/tmp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TmpMount {
+    /// A directory of its root (the writable layer keeps it): the image's,
+    /// else a new one, mode 1777.
+    Root,
+    /// A tmpfs, capped at the memory limit (`None`: half the host's RAM).
+    Tmpfs(Option<u64>),
+}
+
+impl TmpMount {
+    /// The `/tmp` a sandbox of `spec` has.
+    pub fn of(spec: &crate::spec::SandboxSpec) -> TmpMount {
+        match spec.tmp {
+            strata_api::TmpStorage::Disk => TmpMount::Root,
+            strata_api::TmpStorage::Tmpfs => TmpMount::Tmpfs(spec.limits.memory_bytes),
+        }
+    }
+}
+
 /// Mounts the sandbox's root (see [`RootSource`]) and the pseudo-filesystems
-/// under it. Must run in a fresh mount (and pid) namespace. `memory_bytes`
-/// (the memory limit) caps /tmp.
-pub fn build_rootfs(sys: &dyn Sys, source: RootSource<'_>, root: &Path, memory_bytes: Option<u64>) -> SetupResult<()> {
+/// under it, and gives it its `/tmp` ([`TmpMount`]). Must run in a fresh
+/// mount (and pid) namespace.
+pub fn build_rootfs(sys: &dyn Sys, source: RootSource<'_>, root: &Path, tmp: TmpMount) -> SetupResult<()> {
     sys.mount(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
         .map_err(ctx("make / private"))?;
     let inherited = match source {
@@ -335,14 +355,24 @@ pub fn build_rootfs(sys: &dyn Sys, source: RootSource<'_>, root: &Path, memory_b
     mnt(sys, "mqueue", &dev.join("mqueue"), Some("mqueue"), nosuid_nodev_noexec, None)?;
 
     mnt(sys, "sysfs", &mount_point(root, "sys")?, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
-    mnt(
-        sys,
-        "tmpfs",
-        &mount_point(root, "tmp")?,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(&format!("mode=1777,{}", tmp_size(memory_bytes))),
-    )?;
+    match tmp {
+        TmpMount::Tmpfs(memory_bytes) => mnt(
+            sys,
+            "tmpfs",
+            &mount_point(root, "tmp")?,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(&format!("mode=1777,{}", tmp_size(memory_bytes))),
+        )?,
+        // The image's /tmp as it is (a symlink or a file included); a missing one is made.
+        TmpMount::Root => {
+            let p = root.join("tmp");
+            if fs::symlink_metadata(&p).is_err() {
+                fs::create_dir(&p).map_err(ctx("mkdir /tmp"))?;
+                sys.chmod(&p, 0o1777).map_err(ctx("chmod /tmp"))?;
+            }
+        }
+    }
 
     for rel in MASKED {
         let p = root.join(rel);
@@ -827,7 +857,7 @@ mod tests {
         fs::write(t.root.join("proc/sysrq-trigger"), b"").unwrap();
         let sys = RecordingSys::new();
         let source = RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work };
-        build_rootfs(&sys, source, &t.root, Some(64 << 20)).unwrap();
+        build_rootfs(&sys, source, &t.root, TmpMount::Tmpfs(Some(64 << 20))).unwrap();
         let got = described(&sys, &t.root);
         let mut want: Vec<String> = vec![
             "mount - / - PRIVATE|REC -".into(),
@@ -969,7 +999,7 @@ mod tests {
     fn an_inherited_root_is_copied_onto_itself_entered_and_gets_the_host_s_device_nodes() {
         let t = tree();
         let sys = RecordingSys::new();
-        build_rootfs(&sys, RootSource::Inherited, &t.root, None).unwrap();
+        build_rootfs(&sys, RootSource::Inherited, &t.root, TmpMount::Tmpfs(None)).unwrap();
         let got = described(&sys, &t.root);
         // A recursive copy (OPEN_TREE_CLONE | AT_RECURSIVE | O_CLOEXEC) attached where
         // the root is, then entered through its descriptor: no host path is walked.
@@ -996,9 +1026,13 @@ mod tests {
         let proc_dir = t.root.join("proc");
         let target = proc_dir.clone();
         sys.fail_when(move |c| c.is_mount_on(&target), Errno::EPERM);
-        let err =
-            build_rootfs(&sys, RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work }, &t.root, None)
-                .unwrap_err();
+        let err = build_rootfs(
+            &sys,
+            RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work },
+            &t.root,
+            TmpMount::Root,
+        )
+        .unwrap_err();
         assert_eq!(
             err,
             SetupError::Host(format!("mount proc on {}: EPERM: Operation not permitted", proc_dir.display()))
@@ -1013,9 +1047,13 @@ mod tests {
         let t = tree();
         let sys = RecordingSys::new();
         sys.fail_when(|c| matches!(c, SysCall::Chmod { path, .. } if path.ends_with("zero")), Errno::EPERM);
-        let err =
-            build_rootfs(&sys, RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work }, &t.root, None)
-                .unwrap_err();
+        let err = build_rootfs(
+            &sys,
+            RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work },
+            &t.root,
+            TmpMount::Root,
+        )
+        .unwrap_err();
         assert_eq!(err.to_string(), "chmod /dev/zero: Operation not permitted (os error 1)");
     }
 
@@ -1024,9 +1062,13 @@ mod tests {
         let t = tree();
         std::os::unix::fs::symlink("/proc", t.root.join("proc")).unwrap();
         let sys = RecordingSys::new();
-        let err =
-            build_rootfs(&sys, RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work }, &t.root, None)
-                .unwrap_err();
+        let err = build_rootfs(
+            &sys,
+            RootSource::Overlay { lower: &t.lower, upper: &t.upper, work: &t.work },
+            &t.root,
+            TmpMount::Root,
+        )
+        .unwrap_err();
         assert!(matches!(&err, SetupError::Image(m) if m.contains("/proc: it is a symlink")), "{err:?}");
         // Private propagation and the overlay only.
         assert_eq!(sys.names(), ["mount", "mount"]);

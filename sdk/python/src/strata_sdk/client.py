@@ -284,6 +284,9 @@ class Client:
         network: Mapping[str, Any] | None = None,
         capabilities: list[str] | None = None,
         allow_setuid: bool = False,
+        isolation: str | None = None,
+        tmp: str | None = None,
+        processes: bool | None = None,
     ) -> Sandbox:
         """Creates and starts a sandbox from an image, checkpoint or template; returns it (running).
 
@@ -304,6 +307,14 @@ class Client:
                 all three raises :class:`ApprovalRequired` until an operator approves it.
             allow_setuid: Let setuid binaries (``sudo``) take effect inside; they reach
                 the sandbox's root with its reduced capabilities, no more.
+            isolation: ``"namespace"``, ``"gvisor"`` or ``"microvm"`` (default: the
+                daemon's, or the tier of the checkpoint or template); a tier the host
+                cannot run raises with status 501 naming what is missing.
+            tmp: Where ``/tmp`` lives: ``"disk"`` (part of the filesystem, kept in
+                checkpoints, forks and templates; the default) or ``"tmpfs"`` (scratch,
+                never kept). From a checkpoint or template: its sandbox's.
+            processes: From a warm checkpoint or template: start with its processes
+                running (the default) or ``False`` for its files only.
         """
         body = _drop_none(
             {
@@ -319,6 +330,9 @@ class Client:
                 "network": dict(network) if network else None,
                 "capabilities": list(capabilities) if capabilities else None,
                 "allow_setuid": True if allow_setuid else None,
+                "isolation": isolation,
+                "tmp": tmp,
+                "processes": processes,
             }
         )
         created = self._json("POST", "/v1/sandboxes", json_body=body)

@@ -186,6 +186,8 @@ class Sandbox(Model):
     oom_kills: int = 0
     #: Whether setuid binaries (``sudo``) take effect inside (no ``no_new_privs``).
     allow_setuid: bool = False
+    #: Where ``/tmp`` lives: ``"disk"`` (part of the filesystem) or ``"tmpfs"`` (scratch).
+    tmp: str = "disk"
     raw: dict[str, Any] = _raw()
 
 
