@@ -342,7 +342,8 @@ fn mount_points_of_the_sandbox_are_not_removed_renamed_or_replaced() {
     require_host!();
     let d = TestDaemon::start();
     d.import_busybox();
-    let id = d.create(&[]);
+    // A scratch /tmp is a mount point too (by default /tmp is a directory of the root).
+    let id = d.create(&["--tmp", "tmpfs"]);
     let mounts = || {
         d.cli_ok(&[
             "exec",

@@ -64,6 +64,12 @@ fn tmp_kib(d: &TestDaemon, id: &str) -> u64 {
     df.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("df: {df}"))
 }
 
+/// Size in KiB of the filesystem holding the sandbox's root.
+fn root_kib(d: &TestDaemon, id: &str) -> u64 {
+    let df = d.cli_ok(&["exec", id, "--", "sh", "-c", "df -k / | tail -1"]);
+    df.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("df: {df}"))
+}
+
 fn host_cpus() -> f64 {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64
 }
@@ -157,7 +163,7 @@ fn a_sandbox_without_limits_runs_with_the_daemon_defaults_on_every_path() {
         assert_eq!(memory_limit(id), (2 * GIB).to_string(), "{what}: the cgroup's memory limit");
         assert_eq!(pids_max(id), "1024", "{what}: the cgroup's pids.max");
         assert_eq!(cpu_quota(id), ((cpus * 100_000.0) as u64).to_string(), "{what}: the cgroup's CPU quota");
-        assert_eq!(tmp_kib(&d, id), 2 * GIB / 1024, "{what}: /tmp is capped by the memory limit");
+        assert_eq!(tmp_kib(&d, id), root_kib(&d, id), "{what}: /tmp is part of the root filesystem (on its disk)");
     };
     // create.
     let id = d.create(&["--name", "plain"]);
@@ -167,8 +173,8 @@ fn a_sandbox_without_limits_runs_with_the_daemon_defaults_on_every_path() {
         shown.contains("memory=2.0 GiB") && shown.contains("pids=1024") && shown.contains("disk=10.0 GiB"),
         "inspect shows the limits it runs with:\n{shown}"
     );
-    // run: the one-shot path.
-    let df = d.cli_ok(&["run", "--rm", "busybox", "--", "sh", "-c", "df -k /tmp | tail -1"]);
+    // run: the one-shot path (a scratch /tmp is capped by the default memory limit).
+    let df = d.cli_ok(&["run", "--rm", "--tmp", "tmpfs", "busybox", "--", "sh", "-c", "df -k /tmp | tail -1"]);
     assert_eq!(df.split_whitespace().nth(1), Some((2 * GIB / 1024).to_string().as_str()), "run: {df}");
     // A template sandbox.
     d.cli_ok(&["checkpoint", "plain", "--name", "c0"]);
@@ -241,7 +247,9 @@ fn daemon_defaults_are_overridable_and_none_means_no_limit_explicitly() {
     assert_eq!(memory_limit(&id), (96 * MIB).to_string());
     assert_eq!(pids_max(&id), "max");
     assert_eq!(cpu_quota(&id), "50000");
-    assert_eq!(tmp_kib(&d, &id), 96 * 1024);
+    assert_eq!(tmp_kib(&d, &id), root_kib(&d, &id), "/tmp on the disk by default");
+    let scratch = d.create(&["--tmp", "tmpfs"]);
+    assert_eq!(tmp_kib(&d, &scratch), 96 * 1024, "a scratch /tmp is capped by the default memory");
     assert!(d.cli_ok(&["inspect", &id]).contains("pids=none"));
     // Explicit values still win over the defaults.
     let own = d.create(&["--memory", "128m", "--pids", "100"]);
