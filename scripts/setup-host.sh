@@ -61,6 +61,7 @@ RUNTIME_DEBS=(
     pkg-config
     gcc libc6-dev make                 # cc for Rust crates with C parts (rusqlite bundled, ring)
     docker-registry skopeo             # registry pull tests: a registry on loopback, fed by skopeo
+    podman                             # image import tests: archives from `podman save` (private storage, no containers)
     # CRIU's runtime libraries (also pulled in by the -dev packages below)
     libprotobuf-c1 libnl-3-200 libnet1 libcap2 libuuid1 libbsd0 libgnutls30 libnftables1
 )

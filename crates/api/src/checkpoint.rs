@@ -110,6 +110,18 @@ pub struct Checkpoint {
     pub tmp: crate::TmpStorage,
 }
 
+impl Checkpoint {
+    /// Label marking a checkpoint deleted while something still built on it
+    /// (`DELETE /v1/checkpoints/{id}?when_unused=true`): gone as a source, kept
+    /// until nothing needs it. Its value is when it was retired (RFC 3339).
+    pub const RETIRED_LABEL: &'static str = "strata.retired";
+
+    /// When the checkpoint was retired, if it was.
+    pub fn retired_at(&self) -> Option<&str> {
+        self.labels.get(Self::RETIRED_LABEL).map(String::as_str)
+    }
+}
+
 /// Request body of `POST /v1/fork`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -213,6 +225,29 @@ pub struct DiffQuery {
     /// else the image or checkpoint it was created from).
     #[serde(default)]
     pub against: Option<String>,
+}
+
+/// Query of `DELETE /v1/checkpoints/{id}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct DeleteCheckpointQuery {
+    /// When something still builds on the checkpoint, retire it instead of
+    /// answering 409: it is gone as a source at once (404 to create, fork,
+    /// restore and template), and the retention GC frees its layers once
+    /// nothing needs them. The answer is then 200 with a [`CheckpointDeleted`].
+    #[serde(default)]
+    pub when_unused: bool,
+}
+
+/// Answer of `DELETE /v1/checkpoints/{id}?when_unused=true`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointDeleted {
+    /// The checkpoint.
+    pub id: String,
+    /// Removed now (nothing needed it).
+    pub deleted: bool,
+    /// What keeps its layers until it goes (sandboxes, checkpoints, templates).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_by: Vec<String>,
 }
 
 /// What `POST /v1/gc` removed.

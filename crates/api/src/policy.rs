@@ -77,6 +77,16 @@ pub struct SandboxPolicy {
     /// egress, previews) is added to these; see `Sandbox::capabilities`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<crate::Capability>,
+    /// Whether a call that needs the sandbox running (exec, files, previews)
+    /// brings it back from `paused`, `standby`, `stopped` or `archived` (the
+    /// default). When off, such a call is a 409 with the current state until
+    /// an explicit resume or start.
+    #[serde(default = "yes")]
+    pub resume_on_access: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Commands run inside a sandbox around transitions (e.g. to flush a dev
@@ -123,6 +133,7 @@ impl SandboxPolicy {
             hooks: LifecycleHooks::default(),
             flush: Vec::new(),
             capabilities: Vec::new(),
+            resume_on_access: true,
         }
     }
 }
@@ -163,6 +174,9 @@ pub struct PolicyPatch {
     /// Flush rules (replace the current ones as a whole; an empty list removes them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush: Option<Vec<String>>,
+    /// Whether calls that need it running bring a parked sandbox back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_on_access: Option<bool>,
 }
 
 impl PolicyPatch {

@@ -184,6 +184,46 @@ fn tmp_is_part_of_the_filesystem_unless_asked_to_be_scratch() {
 }
 
 #[test]
+fn a_checkpoint_in_use_is_retired_on_request_and_goes_when_unused() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo v1 > /root/v"]);
+    let ck = d.cli_ok(&["checkpoint", &id, "--name", "old"]).trim().to_string();
+    let child = d.cli_ok(&["fork", "old", "-n", "1"]).trim().to_string();
+    // Plain rm refuses (409, naming the dependents); --when-unused retires it.
+    let out = d.cli(&["checkpoint", "rm", "old"]);
+    assert!(!out.status.success() && common::stderr(&out).contains(&child), "{}", common::stderr(&out));
+    let out = d.cli_ok(&["checkpoint", "rm", "--when-unused", "old"]);
+    assert!(out.contains("retired") && out.contains(&child), "{out}");
+    // Gone as a source at once: create, fork, restore and template all say 404.
+    for args in [
+        vec!["create", "old"],
+        vec!["fork", "old", "-n", "1"],
+        vec!["restore", id.as_str(), "--to", "old"],
+        vec!["template", "create", "t", "--from", "old"],
+    ] {
+        let out = d.cli(&args);
+        let err = common::stderr(&out);
+        assert!(!out.status.success() && err.contains("was deleted") && err.contains("404"), "{args:?}: {err}");
+    }
+    // What was made from it runs on; once nothing needs it, the GC frees it.
+    assert_eq!(d.cli_ok(&["exec", &child, "--", "cat", "/root/v"]), "v1\n");
+    d.cli_ok(&["gc"]);
+    assert_eq!(json(&d, &["checkpoint", "inspect", &ck, "--json"])["id"], ck.as_str(), "still needed");
+    d.cli_ok(&["rm", "-f", &child, &id]);
+    d.cli_ok(&["gc"]);
+    let out = d.cli(&["checkpoint", "inspect", &ck]);
+    assert!(!out.status.success() && common::stderr(&out).contains("404"), "{}", common::stderr(&out));
+    // Unused: deleted at once.
+    let other = d.create(&[]);
+    let ck2 = d.cli_ok(&["checkpoint", &other]).trim().to_string();
+    d.cli_ok(&["rm", "-f", &other]);
+    assert_eq!(d.cli_ok(&["checkpoint", "rm", "--when-unused", &ck2]).trim(), ck2);
+}
+
+#[test]
 fn bad_checkpoint_and_fork_requests() {
     require_host!();
     let d = TestDaemon::start();

@@ -1,4 +1,4 @@
-//! Image import from every source kind, deduplication, hostile archives and removal.
+//! Image import from every source kind (also archives written by skopeo and podman), deduplication, hostile archives and removal.
 
 mod common;
 
@@ -257,4 +257,233 @@ fn trusted_and_untrusted_imports_of_the_same_bytes_share_no_layer() {
     d.cli_ok(&["image", "rm", "suid-plain", "suid-plain-2"]);
     assert!(!u_fs.exists());
     assert_eq!(in_sandbox("suid-trusted"), "4755");
+}
+
+// --- image archives written by real tools -------------------------------------------------
+
+/// `/usr/bin/<name>`, or `name` found in PATH.
+fn find_tool(name: &str) -> Option<std::path::PathBuf> {
+    let usr = std::path::Path::new("/usr/bin").join(name);
+    if usr.is_file() {
+        return Some(usr);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// Like `require_host!`, for a tool: evaluates to its path, or skips the test
+/// (printing `skipped: <reason>`); in CI a missing tool fails it.
+macro_rules! require_tool {
+    ($name:literal) => {
+        match find_tool($name) {
+            Some(path) => path,
+            None => {
+                let reason =
+                    concat!($name, " not installed (Debian package ", $name, "; scripts/setup-host.sh installs it)");
+                if std::env::var("CI").is_ok_and(|v| v == "true") {
+                    panic!("CI must be able to run this test, but: {reason}");
+                }
+                println!("skipped: {reason}");
+                return;
+            }
+        }
+    };
+}
+
+/// Runs a tool, asserting success.
+fn run_tool(cmd: &mut std::process::Command) {
+    let out = cmd.stdin(std::process::Stdio::null()).output().expect("run tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An OCI layout of the busybox test image made by strata's own writer, whose
+/// config sets `GREETING=<greeting>`.
+fn busybox_layout(dir: &std::path::Path, greeting: &str) -> std::path::PathBuf {
+    let cfg = ImageConfig {
+        env: vec!["PATH=/bin:/sbin".into(), format!("GREETING={greeting}")],
+        cmd: vec!["sh".into()],
+        ..Default::default()
+    };
+    let out = dir.join(format!("oci-{greeting}"));
+    strata_image::write_oci_layout(&common::images_dir().join("busybox-rootfs.tar"), &out, &cfg).unwrap();
+    out
+}
+
+/// `skopeo copy` from the `latest` image of an OCI layout to `dest`.
+fn skopeo_copy(skopeo: &std::path::Path, layout: &std::path::Path, dest: &str) {
+    run_tool(
+        std::process::Command::new(skopeo)
+            .args(["--insecure-policy", "copy", "-q"])
+            .arg(format!("oci:{}:latest", layout.display()))
+            .arg(dest),
+    );
+}
+
+/// The diff id of the busybox test image's only layer (the sha256 of its tar).
+fn busybox_diff_id() -> String {
+    let out =
+        std::process::Command::new("sha256sum").arg(common::images_dir().join("busybox-rootfs.tar")).output().unwrap();
+    assert!(out.status.success());
+    format!("sha256:{}", String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap())
+}
+
+/// Imports `archive` as `name` and checks its kind and layer, then runs a
+/// command in a sandbox made from it: the image's config and files work.
+fn import_and_run(
+    d: &TestDaemon,
+    archive: &std::path::Path,
+    name: &str,
+    kind: &str,
+    greeting: &str,
+) -> serde_json::Value {
+    let r = import_json(d, archive, name);
+    assert_eq!(r["image"]["source_kind"], kind, "{name}: {r}");
+    let layers = r["image"]["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{name}: {r}");
+    let digest = layers[0]["digest"].as_str().unwrap();
+    assert!(digest.starts_with(&busybox_diff_id()), "{name}: the busybox layer, not the archive's files: {r}");
+    let id = d.cli_ok(&["create", name]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "echo", "ok"]), "ok\n", "{name}");
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo $GREETING"]), format!("{greeting}\n"), "{name}");
+    d.cli_ok(&["rm", "-f", &id]);
+    r
+}
+
+/// `skopeo copy` to `docker-archive:` and `oci-archive:` (the containers/image
+/// writers podman, buildah and skopeo share: `manifest.json` last, `<hex>.tar`
+/// layers, symlinked `<id>/layer.tar`, read-only members; a gzip layer in the
+/// OCI archive): both import and run.
+#[test]
+fn skopeo_docker_and_oci_archives_import_and_run() {
+    require_host!();
+    let skopeo = require_tool!("skopeo");
+    let d = TestDaemon::start();
+    let work = tempfile::tempdir().unwrap();
+    let layout = busybox_layout(work.path(), "from-skopeo");
+    let docker = work.path().join("x.tar");
+    skopeo_copy(&skopeo, &layout, &format!("docker-archive:{}:img:latest", docker.display()));
+    let oci = work.path().join("y.tar");
+    skopeo_copy(&skopeo, &layout, &format!("oci-archive:{}:latest", oci.display()));
+
+    import_and_run(&d, &docker, "skopeo-docker", "docker-archive", "from-skopeo");
+    import_and_run(&d, &oci, "skopeo-oci", "oci-archive", "from-skopeo");
+    // Gzipped as a whole, both still import.
+    for (src, name, kind) in [(&docker, "skopeo-docker-gz", "docker-archive"), (&oci, "skopeo-oci-gz", "oci-archive")] {
+        let gz = work.path().join(format!("{name}.tar.gz"));
+        run_tool(std::process::Command::new("sh").arg("-c").arg(format!(
+            "gzip -c {} > {}",
+            src.display(),
+            gz.display()
+        )));
+        let r = import_json(&d, &gz, name);
+        assert_eq!(r["image"]["source_kind"], kind, "{name}: {r}");
+        assert_eq!(r["layers_new"], 0, "{name}: the same layer: {r}");
+    }
+    assert_eq!(std::fs::read_dir(d.state("layers/staging")).unwrap().count(), 0, "no staging left behind");
+}
+
+/// podman (containers/image, like skopeo) with a private storage root: load
+/// an archive skopeo made, save it as `docker-archive` and `oci-archive`, and
+/// as a multi-image `docker-archive`. podman runs no container here.
+struct Podman {
+    bin: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Podman {
+    fn new(bin: std::path::PathBuf) -> Podman {
+        Podman { bin, dir: tempfile::Builder::new().prefix("strata-podman-").tempdir_in("/var/tmp").unwrap() }
+    }
+
+    fn run(&self, args: &[&str]) {
+        let p = |rel: &str| self.dir.path().join(rel);
+        run_tool(
+            std::process::Command::new(&self.bin)
+                .arg("--root")
+                .arg(p("storage"))
+                .arg("--runroot")
+                .arg(p("run"))
+                .arg("--tmpdir")
+                .arg(p("tmp"))
+                .args(["--storage-driver", "vfs", "--events-backend", "none", "--log-level", "error"])
+                .args(args),
+        );
+    }
+}
+
+#[test]
+fn podman_save_archives_import_and_run() {
+    require_host!();
+    let skopeo = require_tool!("skopeo");
+    let podman = Podman::new(require_tool!("podman"));
+    let d = TestDaemon::start();
+    let work = tempfile::tempdir().unwrap();
+    let path = |name: &str| work.path().join(name);
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+
+    for (greeting, tag) in [("first", "first:v1"), ("second", "second:v2")] {
+        let layout = busybox_layout(work.path(), greeting);
+        let archive = path(&format!("{greeting}.skopeo.tar"));
+        skopeo_copy(&skopeo, &layout, &format!("docker-archive:{}:{tag}", archive.display()));
+        podman.run(&["load", "-q", "-i", &s(&archive)]);
+    }
+    podman.run(&["save", "-q", "--format", "docker-archive", "-o", &s(&path("p-docker.tar")), "first:v1"]);
+    podman.run(&["save", "-q", "--format", "oci-archive", "-o", &s(&path("p-oci.tar")), "first:v1"]);
+    podman.run(&[
+        "save",
+        "-q",
+        "-m",
+        "--format",
+        "docker-archive",
+        "-o",
+        &s(&path("p-multi.tar")),
+        "second:v2",
+        "first:v1",
+    ]);
+
+    import_and_run(&d, &path("p-docker.tar"), "podman-docker", "docker-archive", "first");
+    import_and_run(&d, &path("p-oci.tar"), "podman-oci", "oci-archive", "first");
+    // Several images: the first is imported, and the report says so, naming them all.
+    let r = import_and_run(&d, &path("p-multi.tar"), "podman-multi", "docker-archive", "second");
+    let warnings = r["warnings"].to_string();
+    assert!(warnings.contains("2 images") && warnings.contains("second:v2") && warnings.contains("first:v1"), "{r}");
+    assert!(warnings.contains("imported the first"), "{r}");
+}
+
+/// Image metadata at the top of an archive that is not a valid image: 400
+/// `invalid_archive`, nothing registered or stored; never a rootfs.
+#[test]
+fn image_metadata_that_is_not_an_image_is_rejected_not_imported_as_a_rootfs() {
+    require_host!();
+    let d = TestDaemon::start();
+    let work = tempfile::tempdir().unwrap();
+    let c = d.client();
+    let cases = [
+        ("manifest-last", common::tar_of(&[("bin/ok", &b"fine"[..]), ("manifest.json", b"{}")]), "manifest.json"),
+        ("manifest-first", common::tar_of(&[("manifest.json", &b"[]"[..]), ("bin/ok", b"fine")]), "manifest.json"),
+        ("index-only", common::tar_of(&[("index.json", &b"{}"[..])]), "oci-layout"),
+    ];
+    for (name, bytes, mention) in cases {
+        let p = common::write_file(work.path(), &format!("{name}.tar"), &bytes);
+        let req =
+            ImportImageRequest { source: p.display().to_string(), name: name.into(), trusted: false, replace: false };
+        match common::rt().block_on(c.import_image(&req)) {
+            Err(strata_client::ClientError::Api { status, body }) => {
+                assert_eq!(status, 400, "{name}: {}", body.message);
+                assert_eq!(body.code, ErrorCode::InvalidArchive, "{name}");
+                assert!(body.message.contains(mention), "{name}: {}", body.message);
+                assert!(body.message.contains("not imported as a rootfs"), "{name}: {}", body.message);
+            }
+            other => panic!("{name}: should be rejected: {other:?}"),
+        }
+        assert!(common::rt().block_on(c.get_image(name)).is_err(), "{name} must not be registered");
+    }
+    assert_eq!(std::fs::read_dir(d.state("layers/sha256")).unwrap().count(), 0, "no layer left behind");
+    assert_eq!(std::fs::read_dir(d.state("layers/staging")).unwrap().count(), 0, "no staging left behind");
 }

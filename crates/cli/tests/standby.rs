@@ -89,6 +89,17 @@ fn pause_freezes_and_unpause_thaws() {
     let (status, body) = err_of(rt().block_on(d.client().unpause_sandbox(&id)));
     assert_eq!((status, body.current_state), (409, Some(SandboxState::Running)));
     assert_log_contiguous(&d, &id);
+    // With resume_on_access off, a call that needs it running is a 409 with its
+    // state, and it stays paused until asked.
+    d.cli_ok(&["update", &id, "--resume-on-access", "false"]);
+    assert!(d.cli_ok(&["inspect", &id]).contains("resume_on_access=false"));
+    d.cli_ok(&["pause", &id]);
+    let out = d.cli(&["exec", &id, "--", "true"]);
+    let err = common::stderr(&out);
+    assert!(!out.status.success() && err.contains("resume_on_access") && err.contains("409"), "{err}");
+    assert_eq!(sandbox(&d, &id).state, SandboxState::Paused);
+    d.cli_ok(&["update", &id, "--resume-on-access", "true"]);
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "echo", "woke"]), "woke\n", "resumed on access again");
     // A paused sandbox can be destroyed: its frozen processes are thawed to die.
     let init = sandbox(&d, &id).init_pid.unwrap();
     d.cli_ok(&["pause", &id]);

@@ -593,6 +593,12 @@ impl Client {
         self.call::<(), ()>(Method::DELETE, &format!("/v1/checkpoints/{}", enc(id)), None).await
     }
 
+    /// Deletes a checkpoint now, or retires it while something still builds
+    /// on it (gone as a source; its layers freed once nothing needs them).
+    pub async fn retire_checkpoint(&self, id: &str) -> Result<strata_api::CheckpointDeleted> {
+        self.call::<(), _>(Method::DELETE, &format!("/v1/checkpoints/{}?when_unused=true", enc(id)), None).await
+    }
+
     /// Forks sandboxes from a checkpoint or a live sandbox.
     pub async fn fork(&self, req: &ForkRequest) -> Result<ForkResult> {
         self.call(Method::POST, "/v1/fork", Some(req)).await

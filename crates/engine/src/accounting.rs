@@ -124,7 +124,20 @@ pub fn sample(st: &Shared, id: &str) {
     let cur = Sample { at: acc.now(), cpu_usec: u.cpu_usec, memory_bytes: u.memory_bytes };
     let mut inner = acc.inner.lock().unwrap_or_else(|p| p.into_inner());
     let prev = inner.live.insert(id.to_string(), cur);
+    let disk_bytes = inner.sizes.get(id).and_then(|k| k.get("writable")).copied().unwrap_or(0);
+    drop(inner);
     let delta = prev.map(|p| integrate(p, cur)).unwrap_or_default();
+    if delta.running_seconds > 0.0 {
+        acc.record_point(
+            id,
+            MetricPoint {
+                unix_secs: SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs(),
+                cpu_core_pct: delta.cpu_seconds / delta.running_seconds * 100.0,
+                memory_bytes: cur.memory_bytes,
+                disk_bytes,
+            },
+        );
+    }
     let res = st.db.update_usage(id, |r| {
         r.compute = r.compute.plus(delta);
         r.peak_memory_bytes = r.peak_memory_bytes.max(cur.memory_bytes);

@@ -359,6 +359,9 @@ pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> E
 pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineResult<RestoreResult> {
     let rec = load(st, sandbox)?;
     let (ckpt, config) = tenancy::find_checkpoint(st, &req.checkpoint)?.ok_or_else(|| not_found(&req.checkpoint))?;
+    if ckpt.retired_at().is_some() {
+        return Err(EngineError::checkpoint_retired(&ckpt));
+    }
     let lock = st.lock_for(&rec.sandbox.id);
     let g = lock.lock().await;
     let rec = load(st, &rec.sandbox.id)?;
@@ -461,6 +464,9 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
         )));
     }
     let source = match tenancy::find_sandbox_or_checkpoint(st, &req.source, tenancy::NamesFirst::Checkpoint)? {
+        Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) if c.0.retired_at().is_some() => {
+            return Err(EngineError::checkpoint_retired(&c.0))
+        }
         Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => ForkSource::Checkpoint(Box::new(c.0)),
         Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => ForkSource::Live(r),
         None => {
@@ -973,6 +979,27 @@ pub async fn delete(st: &Shared, key: &str) -> EngineResult<()> {
     remove_checkpoint(st, &c)?;
     crate::images::gc_layers(st)?;
     Ok(())
+}
+
+/// Deletes a checkpoint now when nothing builds on it, or else retires it:
+/// unusable as a source from now on, its bytes freed by the retention GC once
+/// the last sandbox, checkpoint or template that needs it is gone. Returns
+/// the dependents that keep it (empty: deleted now).
+pub async fn retire(st: &Shared, key: &str) -> EngineResult<Vec<String>> {
+    let _g = st.image_lock.lock().await;
+    let (c, _) = crate::tenancy::find_checkpoint(st, key)?.ok_or_else(|| not_found(key))?;
+    let dependents = dependents_of(st, &c.id)?;
+    if dependents.is_empty() {
+        remove_checkpoint(st, &c)?;
+        crate::images::gc_layers(st)?;
+        return Ok(dependents);
+    }
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut labels = c.labels.clone();
+    labels.insert(Checkpoint::RETIRED_LABEL.to_string(), now.clone());
+    st.db.retire_checkpoint(&c.id, &labels, &now)?;
+    info!(checkpoint = %c.id, kept_by = %dependents.join(", "), "checkpoint retired");
+    Ok(dependents)
 }
 
 /// The checkpoint `key` names for the current caller (404 otherwise).

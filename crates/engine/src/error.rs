@@ -4,7 +4,7 @@
 //! what refused, the dependents that block a deletion, the scan findings that
 //! block a promotion or the approval a request waits for.
 
-use strata_api::{ApiErrorBody, ErrorCode, SandboxState};
+use strata_api::{ApiErrorBody, Checkpoint, ErrorCode, SandboxState};
 
 /// An error of an engine operation.
 #[derive(Debug, Clone)]
@@ -120,6 +120,18 @@ impl EngineError {
     /// 404 for a sandbox.
     pub fn sandbox_not_found(id: &str) -> Self {
         EngineError::new(ErrorCode::SandboxNotFound, format!("no sandbox with id or name {id:?}"))
+    }
+
+    /// 404 for a retired checkpoint used as a source (see [`Checkpoint::RETIRED_LABEL`]).
+    pub fn checkpoint_retired(c: &Checkpoint) -> Self {
+        EngineError::new(
+            ErrorCode::CheckpointNotFound,
+            format!(
+                "checkpoint {} was deleted (at {}); it is kept only while what was made from it needs it",
+                c.id,
+                c.retired_at().unwrap_or("?")
+            ),
+        )
     }
 
     /// 400.

@@ -72,6 +72,9 @@ pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
     if let Some(f) = &patch.flush {
         policy.flush = f.clone();
     }
+    if let Some(r) = patch.resume_on_access {
+        policy.resume_on_access = r;
+    }
 }
 
 /// The policy a new sandbox gets: its lifecycle's defaults with `patch` applied.

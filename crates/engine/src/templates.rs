@@ -194,6 +194,9 @@ pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> Eng
     }
     let ckpt = match crate::tenancy::find_sandbox_or_checkpoint(st, &req.from, crate::tenancy::NamesFirst::Checkpoint)?
     {
+        Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) if c.0.retired_at().is_some() => {
+            return Err(EngineError::checkpoint_retired(&c.0))
+        }
         Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) => c.0,
         Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) => {
             checkpoints::checkpoint(

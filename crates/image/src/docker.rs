@@ -1,11 +1,12 @@
 //! `docker save` archives: import and a writer for test images.
 //!
-//! The archive is never extracted: its members are indexed by name (offsets
-//! and sizes, found by seeking over the tar), and the few members the import
-//! needs (`manifest.json`, the config, the layers) are read in place. Member
-//! names are only ever used as lookup keys, never as file system paths.
+//! The archive is never extracted ([`TarArchive`]): the few members the
+//! import needs (`manifest.json`, the config, the layers) are read in place.
+//! Flavours: Docker's legacy one (`<id>/layer.tar`, `<hex>.json`), the one
+//! podman and skopeo write (`<hex>.tar` layers, `<id>/layer.tar` symlinks to
+//! them, read-only members, `manifest.json` last) and Docker >= 25's
+//! (an OCI layout whose `manifest.json` names `blobs/sha256/<hex>` members).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -13,12 +14,13 @@ use std::path::{Path, PathBuf};
 use flate2::read::MultiGzDecoder;
 use serde::{Deserialize, Serialize};
 use strata_api::ImageConfig;
-use tracing::debug;
+use tracing::{debug, info};
 
-use crate::config::{self, MAX_JSON_BYTES};
+use crate::archive::{key_of, TarArchive};
+use crate::config;
 use crate::error::{io_err, src_err, ImageError};
 use crate::hash::{sha256_digest, HashingReader};
-use crate::unpack::{normalize_path, sniff_compression, Compression};
+use crate::unpack::{sniff_compression, Compression};
 use crate::Session;
 
 /// One image of a `docker save` `manifest.json`.
@@ -35,174 +37,72 @@ pub(crate) struct ManifestEntry {
     pub layers: Vec<String>,
 }
 
-/// What an archive member is.
-enum Member {
-    File { offset: u64, size: u64 },
-    Symlink(Vec<u8>),
-    Hardlink(Vec<u8>),
-}
-
-/// Members of a tar archive by normalised name (later members win).
-struct ArchiveIndex {
-    members: HashMap<String, Member>,
-}
-
 const WHAT: &str = "docker archive";
 
-fn key_of(raw: &[u8]) -> Result<String, String> {
-    let comps = normalize_path(raw)?;
-    let parts: Vec<_> = comps.iter().map(|c| String::from_utf8_lossy(c.to_bytes()).into_owned()).collect();
-    Ok(parts.join("/"))
+/// What a member's name promises about its content.
+#[derive(Debug, PartialEq, Eq)]
+enum NameDigest {
+    /// Nothing (`<id>/layer.tar`: a docker layer id, not a content digest).
+    None,
+    /// The sha256 of the member's bytes (`<hex>.json`, `blobs/sha256/<hex>`).
+    Blob(String),
+    /// The sha256 of its bytes or, for a compressed layer, of its
+    /// uncompressed tar (`<hex>.tar`, as podman and skopeo write layers).
+    BlobOrDiffId(String),
 }
 
-impl ArchiveIndex {
-    fn build(file: &File) -> Result<Self, ImageError> {
-        let corrupt = |source| ImageError::Corrupt { what: WHAT.into(), source };
-        let mut members = HashMap::new();
-        let mut file = file;
-        file.seek(SeekFrom::Start(0)).map_err(io_err(WHAT))?;
-        let mut ar = tar::Archive::new(file);
-        for entry in ar.entries_with_seek().map_err(corrupt)? {
-            let entry = entry.map_err(corrupt)?;
-            let raw = entry.path_bytes();
-            let key = match key_of(&raw) {
-                Ok(k) => k,
-                Err(reason) => {
-                    debug!(member = %String::from_utf8_lossy(&raw), reason, "ignoring docker archive member");
-                    continue;
-                }
-            };
-            let link = || entry.link_name_bytes().map(|l| l.into_owned()).unwrap_or_default();
-            let member = match entry.header().entry_type() {
-                tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    Member::File { offset: entry.raw_file_position(), size: entry.size() }
-                }
-                tar::EntryType::Symlink => Member::Symlink(link()),
-                tar::EntryType::Link => Member::Hardlink(link()),
-                _ => continue,
-            };
-            members.insert(key, member);
-        }
-        debug!(members = members.len(), "indexed docker archive");
-        Ok(ArchiveIndex { members })
-    }
-
-    /// Finds the data of member `name`, following links inside the archive.
-    fn resolve(&self, name: &str) -> Result<(u64, u64), ImageError> {
-        let bad = |reason: String| ImageError::archive(WHAT, format!("member {name:?}: {reason}"));
-        let mut key = key_of(name.as_bytes()).map_err(bad)?;
-        for _ in 0..16 {
-            match self.members.get(&key) {
-                None => return Err(bad(format!("{key:?} not found in the archive"))),
-                Some(Member::File { offset, size }) => return Ok((*offset, *size)),
-                Some(Member::Hardlink(target)) => key = key_of(target).map_err(bad)?,
-                Some(Member::Symlink(target)) => {
-                    // Relative to the link's directory, never above the archive root.
-                    if target.starts_with(b"/") {
-                        return Err(bad("absolute symlink".into()));
-                    }
-                    let mut parts: Vec<String> = key.split('/').map(str::to_string).collect();
-                    parts.pop();
-                    for comp in target.split(|b| *b == b'/') {
-                        match comp {
-                            b"" | b"." => {}
-                            b".." => {
-                                parts.pop().ok_or_else(|| bad("symlink points outside the archive".into()))?;
-                            }
-                            c => parts.push(String::from_utf8_lossy(c).into_owned()),
-                        }
-                    }
-                    key = parts.join("/");
-                }
-            }
-        }
-        Err(bad("too many levels of links".into()))
-    }
-
-    /// A reader over member `name`'s data, and its size.
-    fn open(&self, file: &File, name: &str) -> Result<(io::Take<File>, u64), ImageError> {
-        let (offset, size) = self.resolve(name)?;
-        let mut f = file.try_clone().map_err(io_err(WHAT))?;
-        f.seek(SeekFrom::Start(offset)).map_err(io_err(WHAT))?;
-        Ok((f.take(size), size))
-    }
-
-    /// Reads a small (JSON) member.
-    fn read_small(&self, file: &File, name: &str) -> Result<Vec<u8>, ImageError> {
-        let (mut r, size) = self.open(file, name)?;
-        if size > MAX_JSON_BYTES {
-            return Err(ImageError::archive(WHAT, format!("{name} is larger than {MAX_JSON_BYTES} bytes")));
-        }
-        let mut bytes = Vec::with_capacity(size as usize);
-        r.read_to_end(&mut bytes)
-            .map_err(|source| ImageError::Corrupt { what: format!("{WHAT} member {name}"), source })?;
-        if bytes.len() as u64 != size {
-            return Err(ImageError::archive(WHAT, format!("{name} is truncated")));
-        }
-        Ok(bytes)
+/// The sha256 digest a member's name promises, if any.
+fn digest_from_name(name: &str) -> NameDigest {
+    let Ok(key) = key_of(name.as_bytes()) else { return NameDigest::None };
+    let digest = |hex: &str| {
+        let digest = format!("sha256:{hex}");
+        let valid = strata_store::layers::digest_hex(&digest).is_ok();
+        valid.then_some(digest)
+    };
+    if let Some(d) = key.strip_prefix("blobs/sha256/").or_else(|| key.strip_suffix(".json")).and_then(digest) {
+        NameDigest::Blob(d)
+    } else if let Some(d) = key.strip_suffix(".tar").and_then(digest) {
+        NameDigest::BlobOrDiffId(d)
+    } else {
+        NameDigest::None
     }
 }
 
-/// The sha256 digest a member's name promises (`<hex>.json`, `blobs/sha256/<hex>`), if any.
-fn digest_from_name(name: &str) -> Option<String> {
-    let key = key_of(name.as_bytes()).ok()?;
-    let hex = key.strip_prefix("blobs/sha256/").or_else(|| key.strip_suffix(".json"))?;
-    let digest = format!("sha256:{hex}");
-    strata_store::layers::digest_hex(&digest).ok()?;
-    Some(digest)
-}
-
-/// Imports a `docker save` archive (plain or gzip).
+/// Imports a `docker save` archive (plain or gzip), read in place.
+///
+/// The image is the one `manifest.json` describes (its first entry when it
+/// lists several, with a warning naming them); an `index.json` beside it
+/// (Docker >= 25) is ignored.
 pub(crate) fn import(src: &Path, session: &mut Session<'_>) -> Result<ImageConfig, ImageError> {
-    let mut file = File::open(src).map_err(src_err(src))?;
-    let mut head = Vec::with_capacity(6);
-    (&mut file).take(6).read_to_end(&mut head).map_err(src_err(src))?;
-    file.seek(SeekFrom::Start(0)).map_err(src_err(src))?;
-
-    // A gzipped archive is decompressed into a temporary file (inside the
-    // store's staging directory, cleared on restart) to allow seeking.
-    let _tmp;
-    if let Compression::Gzip = sniff_compression(&head) {
-        let staging = session.store.root().join("staging");
-        let dir = tempfile::Builder::new().prefix(".docker-").tempdir_in(&staging).map_err(io_err(&staging))?;
-        let path = dir.path().join("archive.tar");
-        let mut out = File::options().read(true).write(true).create_new(true).open(&path).map_err(io_err(&path))?;
-        let limit = session.opts.max_unpacked_bytes;
-        let mut gz = MultiGzDecoder::new(BufReader::new(file)).take(limit.saturating_add(1));
-        let n = io::copy(&mut gz, &mut out).map_err(|e| match e.kind() {
-            io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => {
-                ImageError::Corrupt { what: WHAT.into(), source: e }
-            }
-            _ => io_err(&path)(e),
-        })?;
-        if n > limit {
-            return Err(ImageError::TooLarge { what: "decompressed docker archive".into(), limit });
-        }
-        debug!(bytes = n, "decompressed docker archive");
-        file = out;
-        _tmp = dir;
-    }
-
-    let index = ArchiveIndex::build(&file)?;
-    let manifest_bytes = index.read_small(&file, "manifest.json")?;
+    let staging = session.store.root().join("staging");
+    let archive = TarArchive::open(src, &staging, session.opts.max_unpacked_bytes, WHAT)?;
+    let manifest_bytes = archive.read_small("manifest.json")?;
     let manifest: Vec<ManifestEntry> = serde_json::from_slice(&manifest_bytes)
         .map_err(|source| ImageError::Json { what: "manifest.json".into(), source })?;
     let entry = match manifest.as_slice() {
         [] => return Err(ImageError::archive("manifest.json", "lists no images")),
         [one] => one,
         [first, ..] => {
-            session.warnings.push(format!(
-                "archive holds {} images; imported the first ({})",
+            let tags = |e: &ManifestEntry| match e.repo_tags.as_deref() {
+                Some(tags) if !tags.is_empty() => tags.join(", "),
+                _ => format!("untagged, config {}", e.config),
+            };
+            let all: Vec<String> = manifest.iter().map(tags).collect();
+            let note = format!(
+                "archive holds {} images ({}); imported the first ({})",
                 manifest.len(),
-                first.repo_tags.as_deref().unwrap_or_default().join(", ")
-            ));
+                all.join("; "),
+                tags(first)
+            );
+            info!(src = %src.display(), "{note}");
+            session.warnings.push(note);
             first
         }
     };
     debug!(config = %entry.config, layers = entry.layers.len(), tags = ?entry.repo_tags, "docker manifest");
 
-    let config_bytes = index.read_small(&file, &entry.config)?;
-    if let Some(expected) = digest_from_name(&entry.config) {
+    let config_bytes = archive.read_small(&entry.config)?;
+    if let NameDigest::Blob(expected) | NameDigest::BlobOrDiffId(expected) = digest_from_name(&entry.config) {
         let actual = sha256_digest(&config_bytes);
         if actual != expected {
             return Err(ImageError::DigestMismatch { what: format!("config {}", entry.config), expected, actual });
@@ -221,22 +121,30 @@ pub(crate) fn import(src: &Path, session: &mut Session<'_>) -> Result<ImageConfi
 
     let mut total = 0u64;
     for layer in &entry.layers {
-        total += index.resolve(layer)?.1;
+        total += archive.resolve(layer)?.1;
     }
     session.set_total(total);
     let count = entry.layers.len();
     for (i, (layer, diff_id)) in entry.layers.iter().zip(diff_ids).enumerate() {
         session.begin_layer(i, count, diff_id);
         let what = format!("layer {}/{count} ({layer})", i + 1);
-        let (reader, size) = index.open(&file, layer)?;
+        let (reader, size) = archive.open_member(layer)?;
         let mut blob = HashingReader::new(reader);
         let staged = session.stage(&mut blob, None, &what)?;
         blob.drain(u64::MAX).map_err(|source| ImageError::Corrupt { what: what.clone(), source })?;
         let (blob_digest, _) = blob.finish();
-        if let Some(expected) = digest_from_name(layer) {
-            if blob_digest != expected {
+        match digest_from_name(layer) {
+            NameDigest::Blob(expected) if blob_digest != expected => {
                 return Err(ImageError::DigestMismatch { what: format!("{what} blob"), expected, actual: blob_digest });
             }
+            NameDigest::BlobOrDiffId(expected) if blob_digest != expected && staged.digest() != expected => {
+                return Err(ImageError::DigestMismatch {
+                    what: format!("{what} (named by its digest)"),
+                    expected,
+                    actual: blob_digest,
+                });
+            }
+            _ => {}
         }
         if staged.digest() != diff_id {
             return Err(ImageError::DigestMismatch {
@@ -372,8 +280,11 @@ mod tests {
     #[test]
     fn digests_from_member_names() {
         let hex = "ab".repeat(32);
-        assert_eq!(digest_from_name(&format!("blobs/sha256/{hex}")), Some(format!("sha256:{hex}")));
-        assert_eq!(digest_from_name(&format!("./{hex}.json")), Some(format!("sha256:{hex}")));
-        assert_eq!(digest_from_name(&format!("{hex}/layer.tar")), None);
+        let d = format!("sha256:{hex}");
+        assert_eq!(digest_from_name(&format!("blobs/sha256/{hex}")), NameDigest::Blob(d.clone()));
+        assert_eq!(digest_from_name(&format!("./{hex}.json")), NameDigest::Blob(d.clone()));
+        assert_eq!(digest_from_name(&format!("{hex}.tar")), NameDigest::BlobOrDiffId(d));
+        assert_eq!(digest_from_name(&format!("{hex}/layer.tar")), NameDigest::None);
+        assert_eq!(digest_from_name("abc.tar"), NameDigest::None);
     }
 }

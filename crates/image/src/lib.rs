@@ -4,9 +4,18 @@
 //! Supported sources, recognised by inspecting their content ([`detect`]):
 //!
 //! * an OCI image layout directory (`oci-layout` + `index.json` + `blobs/`);
-//! * a `docker save` archive (a tar holding `manifest.json`), optionally gzipped;
+//! * an OCI archive: a tar of such a layout (`oci-archive`, as podman,
+//!   buildah, skopeo and `docker buildx --output type=oci` write them),
+//!   optionally gzipped, read in place;
+//! * a `docker save` archive (a tar holding `manifest.json`: Docker's legacy
+//!   flavour, podman's and skopeo's `docker-archive`, Docker >= 25's OCI
+//!   flavour), optionally gzipped, read in place;
 //! * a rootfs tarball (`.tar` or gzip-compressed): one layer;
 //! * a rootfs directory: one layer, written as a deterministic tar first.
+//!
+//! A source with image metadata at its top (`manifest.json`, `index.json`,
+//! `oci-layout`) that is not a valid image is rejected, never imported as a
+//! rootfs.
 //!
 //! Every layer goes through [`unpack_layer`]'s hardened unpacker (see the
 //! [`unpack`] module for the rules) into a staging directory of the
@@ -32,6 +41,7 @@ use strata_api::ImageConfig;
 use strata_store::LayerStore;
 use tracing::{debug, warn};
 
+mod archive;
 pub mod changes;
 mod config;
 mod detect;
@@ -59,6 +69,8 @@ pub use unpack::{stage_layer, unpack_layer, UnpackedLayer};
 pub enum SourceKind {
     /// An OCI image layout directory.
     OciLayout,
+    /// A tar of an OCI image layout (`oci-archive`).
+    OciArchive,
     /// A `docker save` archive.
     DockerArchive,
     /// A rootfs tarball (plain or gzip).
@@ -68,10 +80,11 @@ pub enum SourceKind {
 }
 
 impl SourceKind {
-    /// The wire name: `oci-layout`, `docker-archive`, `rootfs-tar` or `rootfs-dir`.
+    /// The wire name: `oci-layout`, `oci-archive`, `docker-archive`, `rootfs-tar` or `rootfs-dir`.
     pub fn as_str(self) -> &'static str {
         match self {
             SourceKind::OciLayout => "oci-layout",
+            SourceKind::OciArchive => "oci-archive",
             SourceKind::DockerArchive => "docker-archive",
             SourceKind::RootfsTar => "rootfs-tar",
             SourceKind::RootfsDir => "rootfs-dir",
@@ -180,13 +193,15 @@ pub fn import(
     opts: &ImportOptions,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Imported, ImageError> {
-    let kind = detect(src)?;
+    let probe = detect::probe(src)?;
+    let kind = probe.kind;
     debug!(src = %src.display(), %kind, trusted = opts.trusted, "importing image");
     let mut session = Session::new(store, opts, progress);
     let config = match kind {
         SourceKind::OciLayout => oci::import(src, &mut session)?,
+        SourceKind::OciArchive => oci::import_archive(src, &mut session)?,
         SourceKind::DockerArchive => docker::import(src, &mut session)?,
-        SourceKind::RootfsTar => rootfs::import_tar(src, &mut session)?,
+        SourceKind::RootfsTar => rootfs::import_tar(src, &mut session, probe.first_foreign.as_deref())?,
         SourceKind::RootfsDir => rootfs::import_dir(src, &mut session)?,
     };
     Ok(session.finish(kind, config))

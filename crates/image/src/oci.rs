@@ -1,4 +1,4 @@
-//! OCI image layouts: import and a writer for test images.
+//! OCI image layouts (directories, and tars of them read in place): import, and a writer for test images.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -15,6 +15,7 @@ use oci_spec::image::{
 use strata_api::ImageConfig;
 use tracing::debug;
 
+use crate::archive::TarArchive;
 use crate::config::{self, MAX_JSON_BYTES};
 use crate::error::{io_err, src_err, ImageError};
 use crate::hash::{sha256_digest, HashingReader, HashingWriter};
@@ -59,58 +60,109 @@ pub(crate) fn check_layer_media_type(mt: &MediaType) -> Result<(), ImageError> {
     }
 }
 
-/// Opens blob `digest` of the layout at `root` (a regular file, not a
-/// symlink); returns it and its size.
-fn open_blob(root: &Path, digest: &Digest) -> Result<(File, u64), ImageError> {
-    if *digest.algorithm() != DigestAlgorithm::Sha256 {
-        return Err(ImageError::archive(
-            "OCI layout",
-            format!("blob {digest}: unsupported digest algorithm {}", digest.algorithm()),
-        ));
-    }
-    // oci-spec guarantees 64 lowercase hex digits for sha256: a safe file name.
-    let path = root.join("blobs").join("sha256").join(digest.digest());
-    let file = File::options().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).map_err(
-        |e| match e.raw_os_error() {
-            Some(libc::ENOENT) => ImageError::archive("OCI layout", format!("blob {digest} is missing")),
-            Some(libc::ELOOP) => ImageError::archive("OCI layout", format!("blob {digest} is a symlink")),
-            _ => src_err(&path)(e),
-        },
-    )?;
-    let md = file.metadata().map_err(src_err(&path))?;
-    if !md.is_file() {
-        return Err(ImageError::archive("OCI layout", format!("blob {digest} is not a regular file")));
-    }
-    Ok((file, md.len()))
+/// Where an OCI image layout's files are: a directory, or a tar of one (an
+/// `oci-archive`) read in place.
+enum Layout<'a> {
+    /// A layout directory.
+    Dir(&'a Path),
+    /// A tar of a layout.
+    Archive(&'a TarArchive),
 }
 
-/// Reads a small blob, checking its size and digest against `desc`.
-fn read_json_blob(root: &Path, desc: &Descriptor, what: &str) -> Result<Vec<u8>, ImageError> {
-    if desc.size() > MAX_JSON_BYTES {
-        return Err(ImageError::archive(what, format!("larger than {MAX_JSON_BYTES} bytes")));
+impl Layout<'_> {
+    /// What the layout is, for messages.
+    fn what(&self) -> &'static str {
+        match self {
+            Layout::Dir(_) => "OCI layout",
+            Layout::Archive(_) => "OCI archive",
+        }
     }
-    let (file, len) = open_blob(root, desc.digest())?;
-    if len != desc.size() {
-        return Err(ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: len });
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(len).read_to_end(&mut bytes).map_err(src_err(root))?;
-    let actual = sha256_digest(&bytes);
-    if actual != desc.digest().as_ref() {
-        return Err(ImageError::DigestMismatch { what: what.to_string(), expected: desc.digest().to_string(), actual });
-    }
-    Ok(bytes)
-}
 
-/// Reads a small file of the layout (`oci-layout`, `index.json`).
-fn read_small_file(path: &Path) -> Result<Vec<u8>, ImageError> {
-    let file = File::open(path).map_err(src_err(path))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_JSON_BYTES + 1).read_to_end(&mut bytes).map_err(src_err(path))?;
-    if bytes.len() as u64 > MAX_JSON_BYTES {
-        return Err(ImageError::archive(path.display().to_string(), format!("larger than {MAX_JSON_BYTES} bytes")));
+    /// Opens blob `digest` (in a directory: a regular file, not a symlink;
+    /// in an archive: a member, links followed inside the archive); returns
+    /// it and its size.
+    fn open_blob(&self, digest: &Digest) -> Result<(Box<dyn Read + '_>, u64), ImageError> {
+        let what = self.what();
+        if *digest.algorithm() != DigestAlgorithm::Sha256 {
+            return Err(ImageError::archive(
+                what,
+                format!("blob {digest}: unsupported digest algorithm {}", digest.algorithm()),
+            ));
+        }
+        let missing = || ImageError::archive(what, format!("blob {digest} is missing"));
+        match self {
+            Layout::Dir(root) => {
+                // oci-spec guarantees 64 lowercase hex digits for sha256: a safe file name.
+                let path = root.join("blobs").join("sha256").join(digest.digest());
+                let file =
+                    File::options().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).map_err(
+                        |e| match e.raw_os_error() {
+                            Some(libc::ENOENT) => missing(),
+                            Some(libc::ELOOP) => ImageError::archive(what, format!("blob {digest} is a symlink")),
+                            _ => src_err(&path)(e),
+                        },
+                    )?;
+                let md = file.metadata().map_err(src_err(&path))?;
+                if !md.is_file() {
+                    return Err(ImageError::archive(what, format!("blob {digest} is not a regular file")));
+                }
+                Ok((Box::new(file), md.len()))
+            }
+            Layout::Archive(archive) => {
+                let name = format!("blobs/sha256/{}", digest.digest());
+                if !archive.has(&name) {
+                    return Err(missing());
+                }
+                let (reader, len) = archive.open_member(&name)?;
+                Ok((Box::new(reader), len))
+            }
+        }
     }
-    Ok(bytes)
+
+    /// Reads a small file of the layout (`oci-layout`, `index.json`).
+    fn read_small_file(&self, name: &str) -> Result<Vec<u8>, ImageError> {
+        match self {
+            Layout::Dir(root) => {
+                let path = root.join(name);
+                let file = File::open(&path).map_err(src_err(&path))?;
+                let mut bytes = Vec::new();
+                file.take(MAX_JSON_BYTES + 1).read_to_end(&mut bytes).map_err(src_err(&path))?;
+                if bytes.len() as u64 > MAX_JSON_BYTES {
+                    return Err(ImageError::archive(
+                        path.display().to_string(),
+                        format!("larger than {MAX_JSON_BYTES} bytes"),
+                    ));
+                }
+                Ok(bytes)
+            }
+            Layout::Archive(archive) => archive.read_small(name),
+        }
+    }
+
+    /// Reads a small blob, checking its size and digest against `desc`.
+    fn read_json_blob(&self, desc: &Descriptor, what: &str) -> Result<Vec<u8>, ImageError> {
+        if desc.size() > MAX_JSON_BYTES {
+            return Err(ImageError::archive(what, format!("larger than {MAX_JSON_BYTES} bytes")));
+        }
+        let (reader, len) = self.open_blob(desc.digest())?;
+        if len != desc.size() {
+            return Err(ImageError::SizeMismatch { what: what.to_string(), expected: desc.size(), actual: len });
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        reader
+            .take(len)
+            .read_to_end(&mut bytes)
+            .map_err(|source| ImageError::Corrupt { what: what.to_string(), source })?;
+        let actual = sha256_digest(&bytes);
+        if actual != desc.digest().as_ref() {
+            return Err(ImageError::DigestMismatch {
+                what: what.to_string(),
+                expected: desc.digest().to_string(),
+                actual,
+            });
+        }
+        Ok(bytes)
+    }
 }
 
 pub(crate) fn platform_of(desc: &Descriptor) -> String {
@@ -121,6 +173,11 @@ pub(crate) fn platform_of(desc: &Descriptor) -> String {
         },
         None => "unspecified".into(),
     }
+}
+
+/// The `org.opencontainers.image.ref.name` annotation of an index entry (its tag).
+fn ref_name(d: &Descriptor) -> Option<&str> {
+    d.annotations().as_ref()?.get("org.opencontainers.image.ref.name").map(String::as_str)
 }
 
 /// How an image index's entry was chosen (shared by layout import and registry pull).
@@ -179,20 +236,34 @@ pub(crate) fn choose_manifest(manifests: &[Descriptor]) -> Choice<'_> {
 /// (linux/amd64 on x86-64). Attestation manifests are ignored.
 fn select_manifest(
     src: &Path,
+    layout: &Layout<'_>,
     manifests: &[Descriptor],
     warnings: &mut Vec<String>,
     depth: usize,
 ) -> Result<Descriptor, ImageError> {
     let chosen = match choose_manifest(manifests) {
         Choice::Empty => return Err(ImageError::archive("index", "lists no image manifests")),
-        Choice::One(d) => d,
+        Choice::One(d) => {
+            // Several names at the top: several images (platforms of one image share a name or have none).
+            let mut names: Vec<&str> = Vec::new();
+            for name in manifests.iter().filter_map(ref_name) {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            if depth == 0 && names.len() > 1 {
+                let name = ref_name(d).map_or_else(|| d.digest().to_string(), str::to_string);
+                warnings.push(format!(
+                    "index lists {} images ({}); imported {name}, the first for linux/{}",
+                    names.len(),
+                    names.join(", "),
+                    Arch::default()
+                ));
+            }
+            d
+        }
         Choice::FirstOfUnlabelled(d, n) => {
-            let name = d
-                .annotations()
-                .as_ref()
-                .and_then(|a| a.get("org.opencontainers.image.ref.name"))
-                .cloned()
-                .unwrap_or_else(|| d.digest().to_string());
+            let name = ref_name(d).map_or_else(|| d.digest().to_string(), str::to_string);
             warnings.push(format!("index lists {n} images; imported the first ({name})"));
             d
         }
@@ -209,31 +280,44 @@ fn select_manifest(
             return Err(ImageError::archive("index", format!("nested deeper than {MAX_INDEX_DEPTH} levels")));
         }
         let what = format!("index {}", chosen.digest());
-        let bytes = read_json_blob(src, chosen, &what)?;
+        let bytes = layout.read_json_blob(chosen, &what)?;
         let nested = ImageIndex::from_reader(&bytes[..]).map_err(|source| ImageError::Oci { what, source })?;
-        return select_manifest(src, nested.manifests(), warnings, depth + 1);
+        return select_manifest(src, layout, nested.manifests(), warnings, depth + 1);
     }
     Ok(chosen.clone())
 }
 
 /// Imports an OCI image layout directory.
 pub(crate) fn import(src: &Path, session: &mut Session<'_>) -> Result<ImageConfig, ImageError> {
-    let layout_bytes = read_small_file(&src.join("oci-layout"))?;
-    let layout = OciLayout::from_reader(&layout_bytes[..])
+    import_layout(src, &Layout::Dir(src), session)
+}
+
+/// Imports a tar of an OCI image layout (`oci-archive`, plain or gzip), read
+/// in place like a `docker save` archive.
+pub(crate) fn import_archive(src: &Path, session: &mut Session<'_>) -> Result<ImageConfig, ImageError> {
+    let staging = session.store.root().join("staging");
+    let archive = TarArchive::open(src, &staging, session.opts.max_unpacked_bytes, "OCI archive")?;
+    import_layout(src, &Layout::Archive(&archive), session)
+}
+
+/// Imports the image of `layout` (read from `src`).
+fn import_layout(src: &Path, layout: &Layout<'_>, session: &mut Session<'_>) -> Result<ImageConfig, ImageError> {
+    let layout_bytes = layout.read_small_file("oci-layout")?;
+    let oci_layout = OciLayout::from_reader(&layout_bytes[..])
         .map_err(|source| ImageError::Oci { what: "oci-layout file".into(), source })?;
-    if !layout.image_layout_version().starts_with("1.") {
+    if !oci_layout.image_layout_version().starts_with("1.") {
         return Err(ImageError::archive(
             "oci-layout file",
-            format!("unsupported imageLayoutVersion {:?}", layout.image_layout_version()),
+            format!("unsupported imageLayoutVersion {:?}", oci_layout.image_layout_version()),
         ));
     }
-    let index_bytes = read_small_file(&src.join("index.json"))?;
+    let index_bytes = layout.read_small_file("index.json")?;
     let index = ImageIndex::from_reader(&index_bytes[..])
         .map_err(|source| ImageError::Oci { what: "index.json".into(), source })?;
-    let manifest_desc = select_manifest(src, index.manifests(), &mut session.warnings, 0)?;
+    let manifest_desc = select_manifest(src, layout, index.manifests(), &mut session.warnings, 0)?;
 
     let what = format!("manifest {}", manifest_desc.digest());
-    let manifest_bytes = read_json_blob(src, &manifest_desc, &what)?;
+    let manifest_bytes = layout.read_json_blob(&manifest_desc, &what)?;
     let manifest = ImageManifest::from_reader(&manifest_bytes[..])
         .map_err(|source| ImageError::Oci { what: what.clone(), source })?;
     if let Some(mt) = manifest.media_type() {
@@ -250,7 +334,7 @@ pub(crate) fn import(src: &Path, session: &mut Session<'_>) -> Result<ImageConfi
         });
     }
     let what = format!("config {}", config_desc.digest());
-    let config_bytes = read_json_blob(src, config_desc, &what)?;
+    let config_bytes = layout.read_json_blob(config_desc, &what)?;
     let image_config = config::parse(&config_bytes, &what)?;
     config::check(&image_config, &what, &mut session.warnings)?;
     let diff_ids = image_config.rootfs().diff_ids();
@@ -270,13 +354,13 @@ pub(crate) fn import(src: &Path, session: &mut Session<'_>) -> Result<ImageConfi
     for (i, (desc, diff_id)) in layers.iter().zip(diff_ids).enumerate() {
         session.begin_layer(i, count, diff_id);
         let what = format!("layer {}/{count} ({})", i + 1, desc.digest());
-        let (file, len) = open_blob(src, desc.digest())?;
+        let (reader, len) = layout.open_blob(desc.digest())?;
         if len != desc.size() {
             return Err(ImageError::SizeMismatch { what: format!("{what} blob"), expected: desc.size(), actual: len });
         }
-        let mut blob = HashingReader::new(io::BufReader::with_capacity(256 * 1024, file.take(len)));
+        let mut blob = HashingReader::new(io::BufReader::with_capacity(256 * 1024, reader.take(len)));
         let staged = session.stage(&mut blob, None, &what)?;
-        blob.drain(u64::MAX).map_err(src_err(src))?;
+        blob.drain(u64::MAX).map_err(|source| ImageError::Corrupt { what: what.clone(), source })?;
         let (blob_digest, _) = blob.finish();
         if blob_digest != desc.digest().as_ref() {
             return Err(ImageError::DigestMismatch {

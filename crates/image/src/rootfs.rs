@@ -3,35 +3,74 @@
 
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use strata_api::ImageConfig;
 use tracing::debug;
 
 use crate::config;
+use crate::detect::IMAGE_METADATA;
 use crate::error::{io_err, src_err, ImageError};
 use crate::sys;
-use crate::Session;
+use crate::{Session, UnpackedLayer};
 
 /// Deepest directory nesting read from a rootfs directory.
 const MAX_DIR_DEPTH: usize = 256;
 
 /// Imports a rootfs tarball (plain or gzip) as one layer.
-pub(crate) fn import_tar(src: &Path, session: &mut Session<'_>) -> Result<ImageConfig, ImageError> {
-    import_tar_as(src, session, "rootfs tarball", src)
+///
+/// A tarball with image metadata ([`IMAGE_METADATA`]) at its top level is an
+/// image archive that is not a valid one: rejected, not imported as a rootfs.
+/// `first_foreign` is the member that made detection call it a rootfs.
+pub(crate) fn import_tar(
+    src: &Path,
+    session: &mut Session<'_>,
+    first_foreign: Option<&str>,
+) -> Result<ImageConfig, ImageError> {
+    let (staged, len) = stage_tar(src, session, "rootfs tarball", src)?;
+    if let Some(name) = image_metadata_at_root(&staged.fs_dir()) {
+        let detail = match first_foreign {
+            Some(member) => format!("it also holds {member:?}, which no image archive has"),
+            None => "its members are not those of an image archive".into(),
+        };
+        return Err(ImageError::UnsupportedSource {
+            path: src.to_path_buf(),
+            reason: format!(
+                "has a top-level {name} like an image archive but is not a valid one ({detail}); \
+                 not imported as a rootfs"
+            ),
+        });
+    }
+    session.commit(staged, len)?;
+    Ok(config::rootfs_config())
 }
 
-fn import_tar_as(tar: &Path, session: &mut Session<'_>, what: &str, src: &Path) -> Result<ImageConfig, ImageError> {
+/// The first of [`IMAGE_METADATA`] at the top of an unpacked tree (whiteouts,
+/// character devices, do not count).
+fn image_metadata_at_root(fs_dir: &Path) -> Option<&'static str> {
+    IMAGE_METADATA
+        .into_iter()
+        .find(|name| fs::symlink_metadata(fs_dir.join(name)).is_ok_and(|md| !md.file_type().is_char_device()))
+}
+
+/// Unpacks the tar at `tar` into staging; returns the staged layer and the
+/// input size.
+fn stage_tar(
+    tar: &Path,
+    session: &mut Session<'_>,
+    what: &str,
+    src: &Path,
+) -> Result<(UnpackedLayer, u64), ImageError> {
     let file = File::open(tar).map_err(src_err(src))?;
     let len = file.metadata().map_err(src_err(src))?.len();
     session.set_total(len);
     session.begin_layer(0, 1, "");
     let staged = session.stage(BufReader::with_capacity(256 * 1024, file), None, what)?;
-    session.commit(staged, len)?;
-    Ok(config::rootfs_config())
+    Ok((staged, len))
 }
 
 /// Imports a rootfs directory as one layer, via a deterministic tar written
@@ -42,7 +81,9 @@ pub(crate) fn import_dir(src: &Path, session: &mut Session<'_>) -> Result<ImageC
     let tar_path = tmp.path().join("rootfs.tar");
     let out = File::create(&tar_path).map_err(io_err(&tar_path))?;
     write_dir_tar(src, out, &tar_path, session.opts.max_unpacked_bytes, &mut session.warnings)?;
-    import_tar_as(&tar_path, session, "rootfs directory", src)
+    let (staged, len) = stage_tar(&tar_path, session, "rootfs directory", src)?;
+    session.commit(staged, len)?;
+    Ok(config::rootfs_config())
 }
 
 /// Writes the tree at `src` as a tar to `out`: entries sorted by name,

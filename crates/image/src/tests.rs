@@ -882,6 +882,427 @@ fn write_docker_archive_roundtrips() {
     assert_eq!(imported.layers[0].digest, sha256_digest(&data));
 }
 
+// --- image archives as real tools write them ---------------------------------------------
+
+/// One member of an archive built by [`members_tar`].
+#[derive(Clone)]
+enum Member {
+    File(String, u32, Vec<u8>),
+    Symlink(String, String),
+    Dir(String, u32),
+}
+
+impl Member {
+    fn name(&self) -> &str {
+        match self {
+            Member::File(n, ..) | Member::Symlink(n, _) | Member::Dir(n, _) => n,
+        }
+    }
+}
+
+/// A tar of `members`, in that order (modes as given: podman and skopeo
+/// write read-only members and mode-0 symlinks).
+fn members_tar(members: &[Member]) -> Vec<u8> {
+    let mut t = Tar::new();
+    for m in members {
+        match m {
+            Member::File(name, mode, data) => t.file(name, *mode, data),
+            Member::Symlink(name, target) => t.raw(tar::EntryType::Symlink, name, Some(target), 0, 0, b""),
+            Member::Dir(name, mode) => t.dir(name, *mode),
+        };
+    }
+    t.bytes()
+}
+
+/// The orders the tests try: as given, reversed, and each member moved to the front.
+fn orders(members: &[Member]) -> Vec<Vec<Member>> {
+    let mut all = vec![members.to_vec(), members.iter().rev().cloned().collect()];
+    for i in 1..members.len() {
+        let mut v = members.to_vec();
+        let m = v.remove(i);
+        v.insert(0, m);
+        all.push(v);
+    }
+    all
+}
+
+fn hex(digest: &str) -> &str {
+    digest.trim_start_matches("sha256:")
+}
+
+/// A docker image config over `diff_ids` with `env`.
+fn image_config(diff_ids: &[String], env: &str) -> String {
+    serde_json::json!({
+        "architecture": oci_spec::image::Arch::default().to_string(),
+        "os": "linux",
+        "config": { "Env": [env], "Cmd": ["/bin/sh"] },
+        "rootfs": { "type": "layers", "diff_ids": diff_ids }
+    })
+    .to_string()
+}
+
+/// A docker-archive as podman and skopeo write it: `<hex>.tar` layers named
+/// by their blob digest, `<config-hex>.json`, legacy `<id>/layer.tar`
+/// symlinks to the layers with `<id>/VERSION` and `<id>/json`, every member
+/// read-only, `manifest.json` and `repositories` last. Layers are (tar,
+/// gzip?). `via_symlinks`: `manifest.json` names the `<id>/layer.tar`
+/// symlinks (as Docker's own archives name their layers) instead.
+fn podman_docker_archive(layers: &[(Vec<u8>, bool)], via_symlinks: bool) -> (Vec<Member>, Vec<String>) {
+    let diff_ids: Vec<String> = layers.iter().map(|(t, _)| sha256_digest(t)).collect();
+    let config = image_config(&diff_ids, "FOO=podman");
+    let config_name = format!("{}.json", hex(&sha256_digest(config.as_bytes())));
+    let mut members = Vec::new();
+    let mut legacy = Vec::new();
+    let mut names = Vec::new();
+    for (i, (tar, gz)) in layers.iter().enumerate() {
+        let blob = if *gz { gzip(tar) } else { tar.clone() };
+        let file = format!("{}.tar", hex(&sha256_digest(&blob)));
+        let id = hex(&sha256_digest(format!("layer id {i}").as_bytes())).to_string();
+        members.push(Member::File(file.clone(), 0o444, blob));
+        legacy.push(Member::Dir(format!("{id}/"), 0o555));
+        legacy.push(Member::Symlink(format!("{id}/layer.tar"), format!("../{file}")));
+        legacy.push(Member::File(format!("{id}/VERSION"), 0o444, b"1.0".to_vec()));
+        legacy.push(Member::File(format!("{id}/json"), 0o444, format!("{{\"id\":\"{id}\"}}").into_bytes()));
+        names.push(if via_symlinks { format!("{id}/layer.tar") } else { file });
+    }
+    members.push(Member::File(config_name.clone(), 0o444, config.into_bytes()));
+    members.extend(legacy);
+    let manifest =
+        serde_json::json!([{ "Config": config_name, "RepoTags": ["localhost/img:latest"], "Layers": names }]);
+    members.push(Member::File("manifest.json".into(), 0o444, manifest.to_string().into_bytes()));
+    members.push(Member::File("repositories".into(), 0o444, b"{}".to_vec()));
+    (members, diff_ids)
+}
+
+/// The members of the OCI layout directory at `layout`, read-only, as an archive of it holds them.
+fn layout_members(layout: &Path) -> Vec<Member> {
+    let mut members = vec![Member::Dir("blobs/".into(), 0o555), Member::Dir("blobs/sha256/".into(), 0o555)];
+    let mut blobs: Vec<_> = fs::read_dir(layout.join("blobs/sha256")).unwrap().map(|e| e.unwrap().path()).collect();
+    blobs.sort();
+    for b in blobs {
+        let name = format!("blobs/sha256/{}", b.file_name().unwrap().to_str().unwrap());
+        members.push(Member::File(name, 0o444, fs::read(&b).unwrap()));
+    }
+    for name in ["index.json", "oci-layout"] {
+        members.push(Member::File(name.into(), 0o444, fs::read(layout.join(name)).unwrap()));
+    }
+    members
+}
+
+fn assert_imports(src: &Path, kind: SourceKind, diff_ids: &[String], env: &str) -> Imported {
+    assert_eq!(detect(src).unwrap(), kind, "{}", src.display());
+    let (_d, store) = new_store();
+    let imported = run_import(src, &store, &opts()).unwrap_or_else(|e| panic!("{}: {e:?}", src.display()));
+    assert_eq!(imported.kind, kind);
+    let digests: Vec<_> = imported.layers.iter().map(|l| l.digest.clone()).collect();
+    assert_eq!(digests, diff_ids);
+    assert_eq!(imported.config.env.first().map(String::as_str), Some(env), "the image's own config");
+    for l in &imported.layers {
+        assert!(store.contains(&l.key));
+    }
+    assert!(fs::read_dir(store.root().join("staging")).unwrap().next().is_none(), "nothing left in staging");
+    imported
+}
+
+#[test]
+fn podman_docker_archives_import_in_any_member_order() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // One uncompressed layer, one gzip layer (named by the digest of its compressed bytes).
+    for via_symlinks in [false, true] {
+        let (members, diff_ids) = podman_docker_archive(&two_layers(), via_symlinks);
+        assert_eq!(members[members.len() - 2].name(), "manifest.json", "manifest.json comes last");
+        for (i, order) in orders(&members).into_iter().enumerate() {
+            let archive = members_tar(&order);
+            let src = write(tmp.path(), "podman.tar", &archive);
+            let imported = assert_imports(&src, SourceKind::DockerArchive, &diff_ids, "FOO=podman");
+            assert!(imported.warnings.is_empty(), "order {i}: {:?}", imported.warnings);
+            if i < 2 {
+                let gz = write(tmp.path(), "podman.tar.gz", &gzip(&archive));
+                assert_imports(&gz, SourceKind::DockerArchive, &diff_ids, "FOO=podman");
+            }
+        }
+    }
+    let top = {
+        let (members, _) = podman_docker_archive(&two_layers(), false);
+        let src = write(tmp.path(), "top.tar", &members_tar(&members));
+        let (_d, store) = new_store();
+        let imported = run_import(&src, &store, &opts()).unwrap();
+        fs::read(store.fs_dir(&imported.layers[1].key).unwrap().join("etc/top")).unwrap()
+    };
+    assert_eq!(top, b"top", "the layers' content, not the archive's, is the image");
+}
+
+#[test]
+fn docker_archive_symlinks_cannot_leave_the_archive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layers = vec![(Tar::new().file("f", 0o644, b"1").bytes(), false)];
+    for target in ["../../etc/passwd", "/etc/passwd"] {
+        let (mut members, _) = podman_docker_archive(&layers, true);
+        for m in &mut members {
+            if let Member::Symlink(_, t) = m {
+                *t = target.into();
+            }
+        }
+        let src = write(tmp.path(), "evil.tar", &members_tar(&members));
+        let (_d, store) = new_store();
+        let err = run_import(&src, &store, &opts()).unwrap_err();
+        assert!(matches!(err, ImageError::InvalidArchive { .. }), "{err:?}");
+        assert!(err.to_string().contains("symlink"), "{err}");
+        assert_store_empty(&store);
+    }
+}
+
+#[test]
+fn multi_image_docker_archives_import_the_first_and_say_so() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut members, diff_ids) = podman_docker_archive(&two_layers(), false);
+    let manifest_at = members.iter().position(|m| m.name() == "manifest.json").unwrap();
+    let Member::File(_, _, bytes) = &members[manifest_at] else { unreachable!() };
+    let mut manifest: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+    let mut second = manifest[0].clone();
+    second["RepoTags"] = serde_json::json!(["localhost/other:v2"]);
+    manifest.as_array_mut().unwrap().push(second);
+    members[manifest_at] = Member::File("manifest.json".into(), 0o444, manifest.to_string().into_bytes());
+    let src = write(tmp.path(), "multi.tar", &members_tar(&members));
+    let imported = assert_imports(&src, SourceKind::DockerArchive, &diff_ids, "FOO=podman");
+    let w = imported.warnings.join("\n");
+    assert!(w.contains("2 images") && w.contains("localhost/other:v2") && w.contains("imported the first"), "{w}");
+}
+
+#[test]
+fn oci_archives_import_in_place_in_any_member_order() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let diff_ids = fabricate_oci(&layout, &two_layers(), None);
+    let members = layout_members(&layout);
+    for (i, order) in orders(&members).into_iter().enumerate() {
+        let archive = members_tar(&order);
+        let src = write(tmp.path(), "image.oci.tar", &archive);
+        let imported = assert_imports(&src, SourceKind::OciArchive, &diff_ids, "PATH=/usr/bin:/bin");
+        assert!(imported.warnings.is_empty(), "order {i}: {:?}", imported.warnings);
+        if i < 2 {
+            let gz = write(tmp.path(), "image.oci.tar.gz", &gzip(&archive));
+            assert_imports(&gz, SourceKind::OciArchive, &diff_ids, "PATH=/usr/bin:/bin");
+        }
+    }
+    // The import reads the archive in place: nothing is extracted next to it or into the store.
+    let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+}
+
+#[test]
+fn multi_image_oci_archives_import_the_first_for_the_host_and_say_so() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let diff_ids = fabricate_oci(&layout, &two_layers(), None);
+    let mut index: serde_json::Value = serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let mut first = index["manifests"][0].clone();
+    first["annotations"] = serde_json::json!({ "org.opencontainers.image.ref.name": "first" });
+    let mut second = first.clone();
+    second["annotations"] = serde_json::json!({ "org.opencontainers.image.ref.name": "second" });
+    index["manifests"] = serde_json::json!([first, second]);
+    fs::write(layout.join("index.json"), index.to_string()).unwrap();
+    let src = write(tmp.path(), "multi.tar", &members_tar(&layout_members(&layout)));
+    let imported = assert_imports(&src, SourceKind::OciArchive, &diff_ids, "PATH=/usr/bin:/bin");
+    let w = imported.warnings.join("\n");
+    assert!(w.contains("2 images (first, second)") && w.contains("imported first"), "{w}");
+}
+
+/// Docker >= 25: `docker save` writes an OCI layout plus a docker-compatible
+/// `manifest.json` naming `blobs/sha256/<hex>` members. It is imported
+/// through `manifest.json`, whatever the member order; here `index.json`
+/// names a different image (another config) to tell which one was used.
+#[test]
+fn docker_25_archives_import_through_manifest_json() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let layers = two_layers(); // one gzip layer blob, one uncompressed
+    let diff_ids = fabricate_oci(&layout, &layers, None);
+    let config = put_blob(&layout, image_config(&diff_ids, "FROM=manifest.json").as_bytes());
+    let layer_names: Vec<String> = layers
+        .iter()
+        .map(|(tar, gz)| {
+            let blob = if *gz { gzip(tar) } else { tar.clone() };
+            format!("blobs/sha256/{}", hex(&sha256_digest(&blob)))
+        })
+        .collect();
+    let manifest = serde_json::json!([{
+        "Config": format!("blobs/sha256/{}", hex(&config.digest)),
+        "RepoTags": ["busybox:latest"],
+        "Layers": layer_names,
+        "LayerSources": {}
+    }]);
+    let mut members = layout_members(&layout);
+    members.push(Member::File("manifest.json".into(), 0o644, manifest.to_string().into_bytes()));
+    members.push(Member::File("repositories".into(), 0o644, b"{}".to_vec()));
+    for order in orders(&members) {
+        let src = write(tmp.path(), "docker25.tar", &members_tar(&order));
+        assert_imports(&src, SourceKind::DockerArchive, &diff_ids, "FROM=manifest.json");
+    }
+    // The same layout as a directory is imported through index.json.
+    assert_imports(&layout, SourceKind::OciLayout, &diff_ids, "PATH=/usr/bin:/bin");
+}
+
+#[test]
+fn stray_image_metadata_is_rejected_not_imported_as_a_rootfs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rejected = |name: &str, data: &[u8], expect: &[&str]| {
+        let src = write(tmp.path(), name, data);
+        let (_d, store) = new_store();
+        let err = run_import(&src, &store, &opts()).expect_err(name);
+        assert!(matches!(err, ImageError::UnsupportedSource { .. }), "{name}: {err:?}");
+        assert!(err.is_invalid_input());
+        let msg = err.to_string();
+        assert!(msg.contains("not imported as a rootfs"), "{name}: {msg}");
+        for e in expect {
+            assert!(msg.contains(e), "{name}: {msg:?} should name {e:?}");
+        }
+        assert_store_empty(&store);
+    };
+    // After the rootfs content (so detection already called it a rootfs): the rootfs import refuses it.
+    let late = Tar::new().dir("bin/", 0o755).file("bin/sh", 0o755, b"").file("manifest.json", 0o644, b"{}").bytes();
+    rejected("late.tar", &late, &["manifest.json", "\"bin\""]);
+    rejected("late.tar.gz", &gzip(&late), &["manifest.json", "\"bin\""]);
+    let late_index = Tar::new().file("hello", 0o644, b"hi").file("./index.json", 0o644, b"{}").bytes();
+    rejected("late-index.tar", &late_index, &["index.json", "\"hello\""]);
+    // Before it.
+    let early = Tar::new().file("oci-layout", 0o644, b"{}").dir("etc/", 0o755).file("etc/x", 0o644, b"").bytes();
+    rejected("early.tar", &early, &["oci-layout", "\"etc\""]);
+    // Only image members, but not a valid image.
+    for (name, data, expect) in [
+        ("not-docker.tar", Tar::new().file("manifest.json", 0o644, b"{\"not\":\"docker\"}").bytes(), "manifest.json"),
+        ("empty-manifest.tar", Tar::new().file("manifest.json", 0o644, b"[]").bytes(), "lists no images"),
+        (
+            "symlinked-manifest.tar",
+            Tar::new().file("real.json", 0o644, b"[]").symlink("manifest.json", "real.json").bytes(),
+            "not a regular file",
+        ),
+        ("index-only.tar", Tar::new().file("index.json", 0o644, b"{}").bytes(), "no oci-layout"),
+        ("layout-only.tar", Tar::new().dir("blobs/", 0o755).file("oci-layout", 0o644, b"{}").bytes(), "no index.json"),
+        (
+            "docker-1.9.tar",
+            Tar::new()
+                .file(&format!("{}/layer.tar", "a".repeat(64)), 0o644, b"")
+                .file("repositories", 0o644, b"{}")
+                .bytes(),
+            "Docker < 1.10",
+        ),
+    ] {
+        rejected(name, &data, &[expect]);
+    }
+}
+
+#[test]
+fn image_metadata_names_below_the_top_or_whited_out_are_fine() {
+    if !need_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for data in [
+        Tar::new()
+            .dir("etc/", 0o755)
+            .file("etc/manifest.json", 0o644, b"{}")
+            .file("etc/index.json", 0o644, b"")
+            .bytes(),
+        Tar::new().dir("bin/", 0o755).file(".wh.manifest.json", 0o644, b"").file(".wh.oci-layout", 0o644, b"").bytes(),
+    ] {
+        let src = write(tmp.path(), "rootfs.tar", &data);
+        let (_d, store) = new_store();
+        assert_eq!(run_import(&src, &store, &opts()).unwrap().kind, SourceKind::RootfsTar);
+    }
+}
+
+#[test]
+fn digest_mismatches_in_archives_are_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layers = two_layers();
+
+    // OCI archive: a layer blob whose content does not hash to its name and descriptor.
+    let layout = tmp.path().join("layout");
+    fabricate_oci(&layout, &layers, None);
+    let plain_blob = format!("blobs/sha256/{}", hex(&sha256_digest(&layers[1].0)));
+    let mut members = layout_members(&layout);
+    for m in &mut members {
+        if let Member::File(name, _, data) = m {
+            if *name == plain_blob {
+                let evil = Tar::new().dir("etc/", 0o755).file("etc/top", 0o644, b"evil").bytes();
+                data[..evil.len()].copy_from_slice(&evil);
+            }
+        }
+    }
+    let src = write(tmp.path(), "tampered.oci.tar", &members_tar(&members));
+    let (_d, store) = new_store();
+    let err = run_import(&src, &store, &opts()).unwrap_err();
+    assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains(hex(&sha256_digest(&layers[1].0))), "{err}");
+    assert_store_empty(&store);
+
+    // OCI archive: a blob shorter than its descriptor says.
+    let mut members = layout_members(&layout);
+    for m in &mut members {
+        if let Member::File(name, _, data) = m {
+            if *name == plain_blob {
+                data.truncate(data.len() - 512);
+            }
+        }
+    }
+    let src = write(tmp.path(), "short.oci.tar", &members_tar(&members));
+    let (_d, store) = new_store();
+    let err = run_import(&src, &store, &opts()).unwrap_err();
+    assert!(matches!(err, ImageError::SizeMismatch { .. }), "{err:?}");
+    assert_store_empty(&store);
+
+    // podman-style docker archive: a layer named by a digest its content does not have (diff ids intact).
+    let (members, _) = podman_docker_archive(&layers, false);
+    let wrong = "0".repeat(64);
+    let rename = |s: &str| s.replace(hex(&sha256_digest(&layers[1].0)), &wrong);
+    let members: Vec<Member> = members
+        .into_iter()
+        .map(|m| match m {
+            Member::File(name, mode, data) if name == "manifest.json" => {
+                Member::File(name, mode, rename(std::str::from_utf8(&data).unwrap()).into_bytes())
+            }
+            Member::File(name, mode, data) => Member::File(rename(&name), mode, data),
+            other => other,
+        })
+        .collect();
+    let src = write(tmp.path(), "misnamed.tar", &members_tar(&members));
+    let (_d, store) = new_store();
+    let err = run_import(&src, &store, &opts()).unwrap_err();
+    assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains(&wrong), "{err}");
+    assert_store_empty(&store);
+
+    // Docker >= 25 flavour: a config blob that does not hash to its name.
+    let config = image_config(&layers.iter().map(|(t, _)| sha256_digest(t)).collect::<Vec<_>>(), "A=b");
+    let name = format!("blobs/sha256/{}", "1".repeat(64));
+    let manifest = serde_json::json!([{ "Config": name, "Layers": [] }]);
+    let members = vec![
+        Member::File(name.clone(), 0o444, config.into_bytes()),
+        Member::File("manifest.json".into(), 0o444, manifest.to_string().into_bytes()),
+    ];
+    let src = write(tmp.path(), "bad-config.tar", &members_tar(&members));
+    let (_d, store) = new_store();
+    let err = run_import(&src, &store, &opts()).unwrap_err();
+    assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err:?}");
+    assert_store_empty(&store);
+}
+
 // --- rootfs directories ----------------------------------------------------------------
 
 #[test]
@@ -963,17 +1384,32 @@ fn detection_inspects_content() {
         b.append_data(&mut h, name, data).unwrap();
     }
     let oci_tar = write(tmp.path(), "oci.tar", &b.into_inner().unwrap());
-    assert!(unsupported(&oci_tar).contains("oci-archive"));
-    // A rootfs that happens to have a manifest.json is still a rootfs.
+    assert_eq!(detect(&oci_tar).unwrap(), SourceKind::OciArchive);
+    assert_eq!(SourceKind::OciArchive.as_str(), "oci-archive");
+    // Image metadata that is not a valid image, followed by rootfs content: rejected here.
     let rootfs =
         write(tmp.path(), "r.tar", &Tar::new().file("manifest.json", 0o644, b"{}").file("bin/sh", 0o755, b"").bytes());
-    assert_eq!(detect(&rootfs).unwrap(), SourceKind::RootfsTar);
+    let msg = unsupported(&rootfs);
+    assert!(
+        msg.contains("manifest.json") && msg.contains("bin/sh") && msg.contains("not imported as a rootfs"),
+        "{msg}"
+    );
+    // A manifest.json below the top level is just a file.
+    let nested = write(tmp.path(), "n.tar", &Tar::new().file("etc/manifest.json", 0o644, b"{}").bytes());
+    assert_eq!(detect(&nested).unwrap(), SourceKind::RootfsTar);
     let missing = tmp.path().join("missing");
     assert!(matches!(detect(&missing), Err(ImageError::Source { .. })));
     let half = tmp.path().join("half");
     fs::create_dir(&half).unwrap();
     fs::write(half.join("oci-layout"), "{}").unwrap();
     unsupported(&half);
+    // A directory with image metadata that is not an OCI layout is not a rootfs either.
+    for name in ["index.json", "manifest.json"] {
+        let dir = tmp.path().join(format!("dir-{name}"));
+        fs::create_dir_all(dir.join("bin")).unwrap();
+        fs::write(dir.join(name), "[]").unwrap();
+        assert!(unsupported(&dir).contains(name));
+    }
     assert_eq!(SourceKind::DockerArchive.as_str(), "docker-archive");
     assert_eq!(SourceKind::OciLayout.to_string(), "oci-layout");
 }

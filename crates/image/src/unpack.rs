@@ -91,6 +91,11 @@ impl UnpackedLayer {
         self.size
     }
 
+    /// The staged tree (to inspect before committing).
+    pub(crate) fn fs_dir(&self) -> PathBuf {
+        self.staged.fs_dir()
+    }
+
     /// Commits the layer to the store under its key: its digest and the
     /// unpack policy it was staged with (see [`strata_store::layers::layer_key`]).
     /// `new` is `false` when a layer of the same bytes unpacked with the same

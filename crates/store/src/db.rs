@@ -1236,6 +1236,22 @@ impl Db {
         rows.map(|r| r?.map(|(c, _)| c)).collect()
     }
 
+    /// Retires a checkpoint that something still builds on: its labels
+    /// (with the retirement mark) and expiry are replaced and it is unpinned,
+    /// in one statement, so the retention GC removes it once nothing needs it.
+    /// Returns whether it existed.
+    pub fn retire_checkpoint(
+        &self,
+        id: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        expires_at: &str,
+    ) -> Result<bool, DbError> {
+        Ok(self.conn().execute(
+            "UPDATE checkpoints SET labels = ?1, expires_at = ?2, pinned = 0 WHERE id = ?3",
+            params![json(labels), expires_at, id],
+        )? > 0)
+    }
+
     /// Deletes a checkpoint record. Returns whether it existed.
     pub fn delete_checkpoint(&self, id: &str) -> Result<bool, DbError> {
         Ok(self.conn().execute("DELETE FROM checkpoints WHERE id = ?1", params![id])? > 0)

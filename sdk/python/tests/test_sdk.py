@@ -203,6 +203,13 @@ class SandboxTest(unittest.TestCase):
             self.assertNotIn("/tmp/x", [c.path for c in client.diff(scratch.id)])
             with self.assertRaises(BadRequest):
                 client.create_sandbox(IMAGE, tmp="ram")
+            # A parked sandbox that does not resume on access: calls are a 409 until asked.
+            self.assertFalse(client.update_policy(kept.id, Policy(resume_on_access=False)).policy.resume_on_access)
+            client.pause(kept.id)
+            with self.assertRaises(Conflict):
+                client.exec(kept.id, "true")
+            client.unpause(kept.id)
+            self.assertEqual(client.exec(kept.id, "cat /tmp/x").stdout, b"x\n")
         finally:
             client.destroy(kept.id, force=True)
             client.destroy(scratch.id, force=True)

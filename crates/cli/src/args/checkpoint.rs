@@ -53,11 +53,16 @@ pub enum CheckpointCmd {
         #[command(flatten)]
         out: JsonOutput,
     },
-    /// Delete checkpoints.
+    /// Delete checkpoints (refused while something builds on one, unless --when-unused).
     Rm {
         /// Checkpoint ids or names.
         #[arg(required = true)]
         ids: Vec<String>,
+        /// Retire a checkpoint that something still builds on instead of
+        /// refusing: it can no longer be used as a source, and its layers go
+        /// once the last sandbox, checkpoint or template that needs them does.
+        #[arg(long)]
+        when_unused: bool,
     },
 }
 

@@ -277,6 +277,11 @@ pub struct PolicyArgs {
     /// `--flush none` removes them.
     #[arg(long = "flush", value_name = "PATH")]
     pub flush: Vec<String>,
+    /// Whether a call that needs the sandbox running (exec, files, previews)
+    /// resumes, thaws or starts it when parked (default true); with false
+    /// such calls are refused (409) until `strata resume` or `strata start`.
+    #[arg(long, value_name = "BOOL")]
+    pub resume_on_access: Option<bool>,
 }
 
 /// Whether a namespace-tier sandbox runs in a user namespace of its own.

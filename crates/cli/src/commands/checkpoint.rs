@@ -76,8 +76,19 @@ pub(super) async fn checkpoint_cmd(c: &Client, a: CheckpointArgs) -> Result<i32>
                 print_one(&ck);
             }
         }
-        Some(CheckpointCmd::Rm { ids }) => {
+        Some(CheckpointCmd::Rm { ids, when_unused: false }) => {
             return each(ids, |i| async { c.delete_checkpoint(&i).await.map(|_| i) }).await
+        }
+        Some(CheckpointCmd::Rm { ids, when_unused: true }) => {
+            return each(ids, |i| async move {
+                let r = c.retire_checkpoint(&i).await?;
+                Ok(if r.deleted {
+                    r.id
+                } else {
+                    format!("{} retired (its layers stay while {} need them)", r.id, r.kept_by.join(", "))
+                })
+            })
+            .await
         }
     }
     Ok(0)

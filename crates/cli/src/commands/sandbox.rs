@@ -268,6 +268,7 @@ fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
             [one] if one == "none" => Some(Vec::new()),
             many => Some(many.to_vec()),
         },
+        resume_on_access: p.resume_on_access,
     };
     let sh = |c: &Option<String>| c.as_ref().map(|c| vec!["sh".to_string(), "-c".to_string(), c.clone()]);
     let hooks = strata_api::LifecycleHooks {
@@ -295,6 +296,7 @@ fn print_sandbox(s: &Sandbox) {
         ),
         ("source", format!("{} ({})", s.source, s.image_id)),
         ("runtime", s.runtime.clone()),
+        ("tmp", s.tmp.as_str().to_string()),
         ("lifecycle", format!("{:?}", s.lifecycle).to_lowercase()),
         ("hostname", s.hostname.clone()),
         ("created", s.created_at.clone()),
@@ -322,12 +324,13 @@ fn print_sandbox(s: &Sandbox) {
     rows.push((
         "policy",
         format!(
-            "on_idle={} after {}, max_lifetime={}, archive_after={}, delete_after={}",
+            "on_idle={} after {}, max_lifetime={}, archive_after={}, delete_after={}, resume_on_access={}",
             p.on_idle,
             p.idle_timeout,
             opt(&p.max_lifetime),
             opt(&p.archive_after),
-            opt(&p.delete_after)
+            opt(&p.delete_after),
+            p.resume_on_access
         ),
     ));
     if let Some(t) = &s.inactive_since {

@@ -19,6 +19,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    SandboxUnreachableException,
     SandboxState,
     TimeoutException,
 )
@@ -102,6 +103,29 @@ class TestLifecycle(unittest.TestCase):
             self.assertEqual(len(second), 1)
             self.assertFalse(pager.has_next)
             self.assertEqual(sorted(s.sandbox_id for s in first + second), sorted(b.sandbox_id for b in boxes))
+        finally:
+            for b in boxes:
+                b.kill()
+
+    def test_list_order_and_start_time(self):
+        boxes = []
+        try:
+            for _ in range(3):
+                boxes.append(Sandbox.create(metadata={"order": "o"}))
+                time.sleep(0.05)
+            made = [b.sandbox_id for b in boxes]
+            q = SandboxQuery(metadata={"order": "o"})
+            newest_first = [s.sandbox_id for s in Sandbox.list(query=q).next_items()]
+            self.assertEqual(newest_first, made[::-1], "E2B's default order is newest first")
+            oldest_first = [s.sandbox_id for s in Sandbox.list(query=q, order="asc").next_items()]
+            self.assertEqual(oldest_first, made)
+            # Pagination keeps the order across pages.
+            pager = Sandbox.list(query=q, order="desc", limit=2)
+            paged = [s.sandbox_id for s in pager.next_items()] + [s.sandbox_id for s in pager.next_items()]
+            self.assertEqual(paged, made[::-1])
+            second = boxes[1].get_info().started_at
+            after = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"order": "o"}, started_after=second)).next_items()]
+            self.assertEqual(after, made[:0:-1], "startedAfter is inclusive")
         finally:
             for b in boxes:
                 b.kill()
@@ -347,7 +371,11 @@ class TestPauseForkSnapshot(unittest.TestCase):
             time.sleep(0.5)
             sb.pause()
             self.assertEqual(Sandbox.get_info(sb.sandbox_id).state.value, "paused")
+            # A health probe says "not running" and does not wake it.
+            self.assertFalse(sb.is_running())
+            self.assertEqual(Sandbox.get_info(sb.sandbox_id).state.value, "paused")
             resumed = Sandbox.connect(sb.sandbox_id)
+            self.assertTrue(resumed.is_running())
             self.assertEqual(resumed.get_info().state.value, "running")
             self.assertEqual(resumed.files.read("/home/user/keep.txt"), "kept")
             self.assertIn(h.pid, [p.pid for p in resumed.commands.list()])
@@ -357,6 +385,33 @@ class TestPauseForkSnapshot(unittest.TestCase):
             self.assertGreater(b, a)
         finally:
             sb.kill()
+
+    def test_auto_resume_off_stays_paused_until_connect(self):
+        sb = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False})
+        try:
+            self.assertEqual(sb.get_info().lifecycle, {"on_timeout": "pause", "auto_resume": False})
+            sb.files.write("/home/user/keep.txt", "kept")
+            sb.pause()
+            self.assertFalse(sb.is_running())
+            with self.assertRaises(SandboxUnreachableException) as cm:
+                sb.files.read("/home/user/keep.txt")
+            self.assertIn("paused", str(cm.exception))
+            with self.assertRaises(SandboxUnreachableException):
+                sb.commands.run("true")
+            self.assertEqual(Sandbox.get_info(sb.sandbox_id).state.value, "paused", "calls did not wake it")
+            resumed = Sandbox.connect(sb.sandbox_id)
+            self.assertEqual(resumed.files.read("/home/user/keep.txt"), "kept")
+        finally:
+            sb.kill()
+        # Unset, strata's choice applies: a call resumes a paused sandbox.
+        sb = Sandbox.create()
+        try:
+            self.assertTrue(sb.get_info().lifecycle["auto_resume"])
+            sb.pause()
+            self.assertEqual(sb.commands.run("echo back").stdout, "back\n")
+        finally:
+            sb.kill()
+        self.assertFalse(sb.is_running(), "a killed sandbox is not running")
 
     def wait_paused(self, sid, secs=30):
         deadline = time.time() + secs
@@ -441,15 +496,18 @@ class TestPauseForkSnapshot(unittest.TestCase):
                 self.assert_counter_runs(child, h.pid)
             finally:
                 child.kill()
-            # strata keeps a checkpoint while its sandbox lives (409 in_use).
+            # As in E2B, a snapshot can be deleted while its sandbox runs: gone from
+            # listings and as a source at once (strata frees its layers later).
+            self.assertTrue(Sandbox.delete_snapshot(snap.snapshot_id))
+            self.assertNotIn(snap.snapshot_id, [s.snapshot_id for s in Sandbox.list_snapshots().next_items()])
             with self.assertRaises(SandboxException) as cm:
-                Sandbox.delete_snapshot(snap.snapshot_id)
-            self.assertIn("still needed", str(cm.exception))
+                Sandbox.create(snap.snapshot_id)
+            self.assertIn("404", str(cm.exception))
+            self.assertFalse(Sandbox.delete_snapshot(snap.snapshot_id))
+            self.assertEqual(sb.files.read("/home/user/s.txt"), "snap", "its sandbox runs on")
         finally:
             sb.kill()
-        self.assertTrue(Sandbox.delete_snapshot(snap.snapshot_id))
         self.assertFalse(Sandbox.delete_snapshot(snap.snapshot_id))
-        self.assertNotIn(snap.snapshot_id, [s.snapshot_id for s in Sandbox.list_snapshots().next_items()])
 
     def test_metrics(self):
         sb = Sandbox.create()
@@ -459,6 +517,15 @@ class TestPauseForkSnapshot(unittest.TestCase):
             self.assertGreaterEqual(len(m), 1)
             self.assertGreaterEqual(m[0].cpu_count, 1)
             self.assertGreaterEqual(m[0].cpu_used_pct, 0)
+            self.assertGreater(m[-1].mem_used, 0)
+            # The range is honoured: samples only from within it, none from before the sandbox.
+            import datetime
+            now = datetime.datetime.now(datetime.timezone.utc)
+            within = sb.get_metrics(start=now - datetime.timedelta(minutes=5), end=now + datetime.timedelta(minutes=1))
+            self.assertGreaterEqual(len(within), 1)
+            for s in within:
+                self.assertTrue(now - datetime.timedelta(minutes=5) <= s.timestamp <= now + datetime.timedelta(minutes=1), s.timestamp)
+            self.assertEqual(sb.get_metrics(start=now - datetime.timedelta(days=2), end=now - datetime.timedelta(days=1)), [])
         finally:
             sb.kill()
 

@@ -76,22 +76,27 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         userns: None,
         tmp: None,
     };
-    let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| Source {
-        name,
-        image_id: c.image_id,
-        layers: c.layers,
-        config,
-        warm: c.processes.is_some(),
-        isolation: Some(c.isolation),
-        userns: Some(c.userns),
-        tmp: Some(c.tmp),
-        checkpoint: Some(c.id),
-        tenant: Some(c.tenant),
-        capabilities: c.capabilities,
+    let of_checkpoint = |name: String, c: strata_api::Checkpoint, config: strata_api::ImageConfig| {
+        if c.retired_at().is_some() {
+            return Err(EngineError::checkpoint_retired(&c));
+        }
+        Ok(Source {
+            name,
+            image_id: c.image_id,
+            layers: c.layers,
+            config,
+            warm: c.processes.is_some(),
+            isolation: Some(c.isolation),
+            userns: Some(c.userns),
+            tmp: Some(c.tmp),
+            checkpoint: Some(c.id),
+            tenant: Some(c.tenant),
+            capabilities: c.capabilities,
+        })
     };
     // 1. Exact ids.
     if let Some((c, config)) = st.db.checkpoint_by_id(key)?.filter(|(c, _)| crate::tenancy::visible(&c.tenant)) {
-        return Ok(of_checkpoint(c.name.clone(), c, config));
+        return of_checkpoint(c.name.clone(), c, config);
     }
     let image = st.db.get_image(key)?;
     if let Some(image) = image.clone().filter(|i| i.id == key || i.name == key) {
@@ -100,17 +105,17 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
     }
     if let Some((ckpt, _)) = crate::tenancy::find_template(st, key)? {
         if let Some((c, config)) = st.db.checkpoint_by_id(&ckpt)? {
-            return Ok(of_checkpoint(key.to_string(), c, config));
+            return of_checkpoint(key.to_string(), c, config);
         }
     }
     let checkpoint = crate::tenancy::find_checkpoint(st, key)?;
     if let Some((c, config)) = checkpoint.clone().filter(|(c, _)| c.name == key) {
-        return Ok(of_checkpoint(c.name.clone(), c, config));
+        return of_checkpoint(c.name.clone(), c, config);
     }
     // 3. An id prefix: unique across images and the caller's checkpoints.
     match (image, checkpoint) {
         (Some(image), None) => Ok(of_image(image)),
-        (None, Some((c, config))) => Ok(of_checkpoint(c.name.clone(), c, config)),
+        (None, Some((c, config))) => of_checkpoint(c.name.clone(), c, config),
         _ => Err(EngineError::new(ErrorCode::ImageNotFound, format!("no image, template or checkpoint named {key:?} (see `strata image ls`, `strata template ls`, `strata checkpoint ls`)"))),
     }
 }

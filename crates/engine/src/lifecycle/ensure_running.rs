@@ -4,7 +4,7 @@
 use strata_api::{ResumeResult, SandboxState};
 
 use super::resume_locked;
-use crate::error::EngineResult;
+use crate::error::{EngineError, EngineResult};
 use crate::record::load;
 use crate::state::Shared;
 
@@ -20,6 +20,18 @@ pub async fn ensure_running(st: &Shared, id: &str) -> EngineResult<Option<Resume
     let _g = lock.lock().await;
     let rec = load(st, &rec.sandbox.id)?;
     match rec.sandbox.state {
+        SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived
+            if !rec.sandbox.policy.resume_on_access =>
+        {
+            Err(EngineError::invalid_state(
+                rec.sandbox.state,
+                format!(
+                    "sandbox {} is {} and its policy does not resume it on access (resume_on_access: false): resume or start it first",
+                    rec.sandbox.id,
+                    rec.sandbox.state.as_str()
+                ),
+            ))
+        }
         SandboxState::Standby | SandboxState::Paused | SandboxState::Stopped | SandboxState::Archived => {
             resume_locked(st, &rec, "resume_on_access").await.map(Some)
         }

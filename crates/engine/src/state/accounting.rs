@@ -23,10 +23,30 @@ pub struct Sample {
     pub memory_bytes: u64,
 }
 
+/// One point of a sandbox's recent metrics (what [`Accounting`] keeps of its
+/// samples for range queries such as E2B's `get_metrics(start, end)`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricPoint {
+    /// Wall-clock time of the sample, seconds since the Unix epoch.
+    pub unix_secs: u64,
+    /// CPU used since the previous sample, in percent of one core.
+    pub cpu_core_pct: f64,
+    /// Memory charged, bytes.
+    pub memory_bytes: u64,
+    /// Bytes of its writable layer at the last storage measurement (every
+    /// minute by default).
+    pub disk_bytes: u64,
+}
+
+/// Points kept per sandbox: an hour at the default 5 s interval.
+pub const HISTORY_POINTS: usize = 720;
+
 #[derive(Default)]
 pub(crate) struct Inner {
     /// Last sample per running sandbox.
     pub(crate) live: HashMap<String, Sample>,
+    /// Recent points per sandbox (running or parked; dropped when it is destroyed).
+    pub(crate) history: HashMap<String, std::collections::VecDeque<MetricPoint>>,
     /// Bytes by kind per owning sandbox id, from the last measurement.
     pub(crate) sizes: HashMap<String, BTreeMap<&'static str, u64>>,
 }
@@ -47,6 +67,27 @@ impl Accounting {
     /// Seconds since the sampler started (the clock of its samples).
     pub(crate) fn now(&self) -> f64 {
         self.epoch.elapsed().as_secs_f64()
+    }
+
+    /// Records a point of `id`'s history (the oldest goes past [`HISTORY_POINTS`]).
+    pub(crate) fn record_point(&self, id: &str, point: MetricPoint) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let h = inner.history.entry(id.to_string()).or_default();
+        if h.len() == HISTORY_POINTS {
+            h.pop_front();
+        }
+        h.push_back(point);
+    }
+
+    /// The points of `id` whose time is within `[start, end]` (seconds since
+    /// the epoch, both inclusive), oldest first.
+    pub fn history(&self, id: &str, start: u64, end: u64) -> Vec<MetricPoint> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .history
+            .get(id)
+            .map(|h| h.iter().filter(|p| (start..=end).contains(&p.unix_secs)).copied().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -69,7 +110,11 @@ pub fn on_transition(
             .live
             .insert(id.to_string(), Sample { at: acc.now(), cpu_usec: u.cpu_usec, memory_bytes: u.memory_bytes });
     } else if !has_processes(to) {
-        acc.inner.lock().unwrap_or_else(|p| p.into_inner()).live.remove(id);
+        let mut inner = acc.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.live.remove(id);
+        if to == SandboxState::Destroyed {
+            inner.history.remove(id);
+        }
     }
     let res = match action {
         Action::Ready => {

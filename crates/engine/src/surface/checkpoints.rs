@@ -33,6 +33,13 @@ impl Engine {
         self.run(checkpoints::delete(&self.st, key)).await
     }
 
+    /// Deletes a checkpoint, or when something still builds on it retires it
+    /// (gone as a source, its bytes freed once nothing needs it); returns what
+    /// keeps it.
+    pub async fn retire_checkpoint(&self, key: &str) -> EngineResult<Vec<String>> {
+        self.run(checkpoints::retire(&self.st, key)).await
+    }
+
     /// Forks sandboxes from a checkpoint or a live sandbox.
     pub async fn fork(&self, req: &ForkRequest) -> EngineResult<ForkResult> {
         self.run(checkpoints::fork(&self.st, req.clone())).await

@@ -165,6 +165,21 @@ impl Engine {
         self.run(accounting::report_for(&self.st, key)).await
     }
 
+    /// The sandbox's recent metric points within `[start, end]` (seconds since
+    /// the epoch): one per accounting interval over the last hour, plus one
+    /// taken now when it runs and `end` is not in the past.
+    pub async fn metrics_history(&self, key: &str, start: u64, end: u64) -> EngineResult<Vec<accounting::MetricPoint>> {
+        self.run(async {
+            let s = record::inspect(&self.st, key)?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+            if s.state == strata_api::SandboxState::Running && end >= now {
+                accounting::sample(&self.st, &s.id);
+            }
+            Ok(self.st.accounting.history(&s.id, start, end))
+        })
+        .await
+    }
+
     /// The cost of every sandbox of the caller's, with totals.
     pub async fn cost_summary(&self) -> EngineResult<CostSummary> {
         self.run(accounting::summary(&self.st)).await

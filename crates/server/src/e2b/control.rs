@@ -114,6 +114,11 @@ fn e2b_state(s: SandboxState) -> &'static str {
     }
 }
 
+/// Whether E2B calls the sandbox paused (strata's parked states).
+pub fn is_paused(s: &Sandbox) -> bool {
+    e2b_state(s.state) == "paused"
+}
+
 /// Whether E2B shows the sandbox at all (destroyed, failed and lost ones are gone).
 fn visible(s: &Sandbox) -> bool {
     !matches!(s.state, SandboxState::Destroyed | SandboxState::Error | SandboxState::Lost)
@@ -170,6 +175,13 @@ fn detail_json(s: &Sandbox, key: Option<&str>) -> Value {
         "diskSizeMB": s.limits.disk_bytes.map(|b| b / (1024 * 1024)).unwrap_or(0),
         "state": e2b_state(s.state),
         "metadata": metadata(s),
+        "lifecycle": {
+            "onTimeout": match s.policy.on_max_lifetime {
+                Some(OnIdle::Standby | OnIdle::Stop) => "pause",
+                _ => "kill",
+            },
+            "autoResume": s.policy.resume_on_access,
+        },
     });
     if let Some(k) = key {
         v["envdAccessToken"] = json!(k);
@@ -230,13 +242,6 @@ async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
         (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
         (req.iam.as_ref().is_some_and(|v| !v.is_null()), "IAM workload tokens (iam)"),
         (req.volume_mounts.as_ref().is_some_and(|v| !v.is_null()), "volume mounts (volumeMounts)"),
-        // strata resumes a paused sandbox on any access: that is autoResume on, always.
-        (
-            req.auto_resume
-                .as_ref()
-                .is_some_and(|v| !v.is_null() && v.get("enabled").and_then(Value::as_bool) == Some(false)),
-            "autoResume disabled (strata resumes a paused sandbox on any access)",
-        ),
         (
             req.auto_pause_memory.as_ref().is_some_and(|v| !v.is_null() && v.as_bool().is_none()),
             "autoPauseMemory other than true or false",
@@ -263,6 +268,14 @@ async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
         }
         _ => None,
     };
+    // autoResume: unset leaves the choice to the API (strata's: resume on access);
+    // `{"enabled": false}` keeps a paused sandbox paused until connect().
+    let resume_on_access = match req.auto_resume.as_ref().filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => Some(v.get("enabled").and_then(Value::as_bool).ok_or_else(|| {
+            E2bError::BadRequest(format!("malformed autoResume {v}: expected {{\"enabled\": true|false}}"))
+        })?),
+    };
     let timeout = check_timeout(req.timeout.unwrap_or(DEFAULT_TIMEOUT))?;
     let auto_pause = req.auto_pause.unwrap_or(false);
     // E2B's pause keeps memory unless autoPauseMemory is false ("filesystem"
@@ -286,6 +299,7 @@ async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
             on_idle: Some(OnIdle::Keep),
             max_lifetime: Some(format!("{timeout}s")),
             on_max_lifetime: Some(at_timeout),
+            resume_on_access,
             ..Default::default()
         }),
         network,
@@ -333,6 +347,38 @@ struct ListV2Query {
     limit: Option<usize>,
     #[serde(default)]
     template: Option<String>,
+    #[serde(default)]
+    order: Option<String>,
+    #[serde(default)]
+    started_after: Option<String>,
+    #[serde(default)]
+    started_before: Option<String>,
+}
+
+/// An RFC 3339 time with any UTC offset (`Z`, `+02:00`, `-0500`), as the
+/// SDKs send it (Python's `isoformat()`); naive times are UTC.
+fn parse_time_with_offset(s: &str) -> Option<SystemTime> {
+    let s = s.trim();
+    let (local, offset_secs) = match s.char_indices().rev().find(|(i, c)| (*c == '+' || *c == '-') && *i > 10) {
+        Some((i, sign)) => {
+            let digits: String = s[i + 1..].chars().filter(char::is_ascii_digit).collect();
+            if digits.len() != 4 {
+                return None;
+            }
+            let h: i64 = digits[..2].parse().ok()?;
+            let m: i64 = digits[2..].parse().ok()?;
+            let secs = h * 3600 + m * 60;
+            (&s[..i], if sign == '+' { secs } else { -secs })
+        }
+        None => (s.trim_end_matches(['Z', 'z']), 0),
+    };
+    let t = humantime::parse_rfc3339_weak(local).ok()?;
+    // Local time minus its offset is UTC.
+    if offset_secs >= 0 {
+        t.checked_sub(Duration::from_secs(offset_secs as u64))
+    } else {
+        t.checked_add(Duration::from_secs(offset_secs.unsigned_abs()))
+    }
 }
 
 /// Parses E2B's metadata filter: a query string `k1=v1&k2=v2` (itself URL-encoded).
@@ -390,9 +436,11 @@ async fn list_v1(call: Control, Query(q): Query<ListV1Query>) -> Result<Response
     Ok(Json(list).into_response())
 }
 
-/// `GET /v2/sandboxes`: filter by state and metadata, paginate by `nextToken`
-/// (the id to start after, in creation order) and `limit`; the next token is
-/// in the `x-next-token` header.
+/// `GET /v2/sandboxes`: filter by state, metadata, template and start time
+/// (`startedAfter`, inclusive; `startedBefore`, exclusive), sorted by start
+/// time (`order`: `desc`, the default, or `asc`), paginated by `nextToken`
+/// (the id to start after, in that order) and `limit`; the next token is in
+/// the `x-next-token` header.
 async fn list_v2(call: Control, Query(q): Query<ListV2Query>) -> Result<Response, E2bError> {
     let client = call.engine;
     let f = metadata_filter(q.metadata.as_deref())?;
@@ -411,6 +459,23 @@ async fn list_v2(call: Control, Query(q): Query<ListV2Query>) -> Result<Response
         }
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    // Newest first unless asked otherwise, by start time, across every page (E2B's order).
+    let newest_first = match q.order.as_deref().map(str::trim).filter(|o| !o.is_empty()) {
+        None | Some("desc") => true,
+        Some("asc") => false,
+        Some(o) => return Err(E2bError::BadRequest(format!("invalid order {o:?} (asc, desc)"))),
+    };
+    let bound = |v: &Option<String>, what: &str| -> Result<Option<SystemTime>, E2bError> {
+        match v.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+            None => Ok(None),
+            Some(t) => parse_time_with_offset(t)
+                .map(Some)
+                .ok_or_else(|| E2bError::BadRequest(format!("invalid {what} {t:?} (an RFC 3339 time)"))),
+        }
+    };
+    let after = bound(&q.started_after, "startedAfter")?;
+    let before = bound(&q.started_before, "startedBefore")?;
+    let started = |s: &Sandbox| parse_time(&s.created_at).unwrap_or(SystemTime::UNIX_EPOCH);
     let mut all: Vec<Sandbox> = client
         .list_sandboxes()
         .await?
@@ -418,8 +483,13 @@ async fn list_v2(call: Control, Query(q): Query<ListV2Query>) -> Result<Response
         .filter(|s| visible(s) && matches_metadata(s, &f))
         .filter(|s| states.is_empty() || states.iter().any(|st| st == e2b_state(s.state)))
         .filter(|s| q.template.as_deref().is_none_or(|t| template_of(s) == t))
+        // startedAfter is inclusive, startedBefore exclusive.
+        .filter(|s| after.is_none_or(|a| started(s) >= a) && before.is_none_or(|b| started(s) < b))
         .collect();
-    all.sort_by(|a, b| (a.created_at.as_str(), a.id.as_str()).cmp(&(b.created_at.as_str(), b.id.as_str())));
+    all.sort_by(|a, b| (started(a), a.id.as_str()).cmp(&(started(b), b.id.as_str())));
+    if newest_first {
+        all.reverse();
+    }
     let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
         Some(t) => all
             .iter()
@@ -668,6 +738,7 @@ async fn list_snapshots(call: Control, Query(q): Query<SnapshotsQuery>) -> Resul
         .await?
         .into_iter()
         .filter(|c| c.labels.get("e2b.snapshot").is_some_and(|v| v == "true"))
+        .filter(|c| c.retired_at().is_none())
         .collect();
     cps.sort_by(|a, b| (a.created_at.as_str(), a.id.as_str()).cmp(&(b.created_at.as_str(), b.id.as_str())));
     let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
@@ -692,8 +763,10 @@ async fn list_snapshots(call: Control, Query(q): Query<SnapshotsQuery>) -> Resul
 }
 
 /// `DELETE /templates/{id}` for a snapshot id (`Sandbox.delete_snapshot`):
-/// deletes the checkpoint (409 `in_use` while sandboxes depend on it); 404 for
-/// anything that is not a snapshot.
+/// as in E2B, the snapshot is gone from listings and as a source at once,
+/// even while its sandbox runs or sandboxes made from it live; strata keeps
+/// the checkpoint's layers (retired) until nothing needs them. 404 for
+/// anything that is not a snapshot, or one already deleted.
 async fn delete_snapshot(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
     let client = call.engine;
     let not_found = || {
@@ -703,41 +776,59 @@ async fn delete_snapshot(call: Control, Path(id): Path<String>) -> Result<Respon
         strata_api::ErrorCode::CheckpointNotFound => not_found(),
         _ => E2bError::Engine(err),
     })?;
-    if cp.labels.get("e2b.snapshot").map(String::as_str) != Some("true") {
+    if cp.labels.get("e2b.snapshot").map(String::as_str) != Some("true") || cp.retired_at().is_some() {
         return Err(not_found());
     }
-    client.delete_checkpoint(&cp.id).await?;
+    let kept_by = client.retire_checkpoint(&cp.id).await?;
+    if !kept_by.is_empty() {
+        info!(snapshot = %cp.id, kept_by = %kept_by.join(", "), "e2b snapshot deleted; its layers stay while these need them");
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `GET /sandboxes/{id}/metrics`: one sample from strata's accounting (CPU
-/// time over the lifetime, current and peak memory).
-async fn metrics(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
+/// Query of `GET /sandboxes/{id}/metrics`: Unix seconds, both optional.
+#[derive(Debug, Deserialize)]
+struct MetricsQuery {
+    #[serde(default)]
+    start: Option<u64>,
+    #[serde(default)]
+    end: Option<u64>,
+}
+
+/// `GET /sandboxes/{id}/metrics`: the samples of strata's accounting (one per
+/// interval, 5 s by default, the last hour kept; one more taken now while the
+/// sandbox runs) within `start`..`end` (default: from the sandbox's start to
+/// now), oldest first. CPU is in percent of the sandbox's CPUs.
+async fn metrics(call: Control, Path(id): Path<String>, Query(q): Query<MetricsQuery>) -> Result<Response, E2bError> {
     let client = call.engine;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
-    let cost = client.cost(&id).await.map_err(sandbox_err(&id))?;
+    let unix = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let start = q.start.unwrap_or_else(|| parse_time(&s.created_at).map_or(0, unix));
+    let end = q.end.unwrap_or_else(|| unix(SystemTime::now()));
+    if start > end {
+        return Err(E2bError::BadRequest(format!("start {start} is after end {end}")));
+    }
+    let points = client.metrics_history(&s.id, start, end).await.map_err(sandbox_err(&id))?;
     let cpus = s.limits.cpus.map(|c| c.ceil() as u64).unwrap_or(1).max(1);
-    let cpu_secs = cost.usage.compute.cpu_seconds;
-    let pct = if cost.lifetime_seconds > 0.0 {
-        (cpu_secs / cost.lifetime_seconds / cpus as f64 * 100.0).min(100.0)
-    } else {
-        0.0
-    };
-    let now = SystemTime::now();
-    let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
     let mem_total = s.limits.memory_bytes.unwrap_or(0);
-    let sample = json!({
-        "timestamp": fmt_time(now),
-        "timestampUnix": unix,
-        "cpuCount": cpus,
-        "cpuUsedPct": pct,
-        "memUsed": cost.usage.last_memory_bytes,
-        "memTotal": mem_total,
-        "memCache": 0,
-        "diskUsed": 0,
-        "diskTotal": 0,
-    });
-    Ok(Json(vec![sample]).into_response())
+    let disk_total = s.limits.disk_bytes.unwrap_or(0);
+    let samples: Vec<Value> = points
+        .iter()
+        .map(|p| {
+            json!({
+                "timestamp": fmt_time(SystemTime::UNIX_EPOCH + Duration::from_secs(p.unix_secs)),
+                "timestampUnix": p.unix_secs,
+                "cpuCount": cpus,
+                "cpuUsedPct": (p.cpu_core_pct / cpus as f64).min(100.0),
+                "memUsed": p.memory_bytes,
+                "memTotal": mem_total,
+                "memCache": 0,
+                "diskUsed": p.disk_bytes,
+                "diskTotal": disk_total,
+            })
+        })
+        .collect();
+    Ok(Json(samples).into_response())
 }
 
 /// `GET /sandboxes/metrics`: not supported.
@@ -920,6 +1011,28 @@ mod tests {
         let mut other = n(&[], &[ALL_TRAFFIC]);
         other.other.insert("dnsServers".into(), json!(["1.1.1.1"]));
         assert!(matches!(strata_network(&other), Err(E2bError::Unsupported(m)) if m.contains("dnsServers")));
+    }
+
+    #[test]
+    fn start_times_parse_with_any_offset() {
+        let utc = humantime::parse_rfc3339("2026-12-04T19:00:00Z").unwrap();
+        for t in [
+            "2026-12-04T19:00:00Z",
+            "2026-12-04T19:00:00",
+            "2026-12-04T19:00:00+00:00",
+            "2026-12-04T21:00:00+02:00",
+            "2026-12-04T14:00:00-0500",
+        ] {
+            assert_eq!(parse_time_with_offset(t), Some(utc), "{t}");
+        }
+        assert_eq!(
+            parse_time_with_offset("2026-12-04T19:00:00.250+00:00"),
+            Some(utc + Duration::from_millis(250)),
+            "Python's isoformat() with fractions"
+        );
+        for bad in ["", "yesterday", "2026-12-04T19:00:00+2", "2026-13-04T19:00:00Z"] {
+            assert_eq!(parse_time_with_offset(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -201,20 +201,26 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
     else {
         return next.run(req).await;
     };
-    if !strata_core::ids::is_id(&sandbox) {
-        let who = audit::Who(req.extensions().get::<strata_engine::tenancy::Caller>().cloned());
-        if let Ok(native) = e2b.native(&who, req.headers(), "key") {
-            if let Ok(id) = native.sandbox_id(&sandbox).await {
-                if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
-                    req.headers_mut().insert("e2b-sandbox-id", v);
-                    sandbox = id;
-                }
+    // The sandbox as the caller sees it (no activity, no resume): its full id,
+    // and whether it is paused (without a key, envd answers 401 itself).
+    let who = audit::Who(req.extensions().get::<strata_engine::tenancy::Caller>().cloned());
+    let found = match e2b.native(&who, req.headers(), "key") {
+        Ok(native) => Some(native.get_sandbox(&sandbox).await),
+        Err(_) => None,
+    };
+    if let Some(Ok(s)) = &found {
+        if s.id != sandbox {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&s.id) {
+                req.headers_mut().insert("e2b-sandbox-id", v);
+                sandbox = s.id.clone();
             }
         }
     }
     let port =
         req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("").to_string();
+    let health = req.uri().path() == "/health";
     match port.parse::<u16>() {
+        Ok(ENVD_PORT | 1..) if let Some(r) = unavailable(&sandbox, found.as_ref(), health) => r,
         Ok(ENVD_PORT) => {
             use tower::ServiceExt;
             match envd_router.oneshot(req).await {
@@ -231,6 +237,30 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
             (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"code": 400, "message": msg}))).into_response()
         }
     }
+}
+
+/// E2B's proxy answer (502, which the SDK reads as "not running") for a call
+/// that must not reach the sandbox: a health probe of a paused (parked) or
+/// unknown sandbox — a probe never resumes one — and any call to a paused
+/// sandbox created with `autoResume: {"enabled": false}`, which stays paused
+/// until `connect()`. `None`: the call goes on (resuming the sandbox on access).
+fn unavailable(
+    sandbox: &str,
+    found: Option<&Result<strata_api::Sandbox, EngineError>>,
+    health: bool,
+) -> Option<Response> {
+    let message = match found? {
+        Err(e) if health && e.body.code == strata_api::ErrorCode::SandboxNotFound => {
+            format!("The sandbox {sandbox} was not found")
+        }
+        Ok(s) if control::is_paused(s) && health => format!("The sandbox {sandbox} is paused"),
+        Ok(s) if control::is_paused(s) && !s.policy.resume_on_access => format!(
+            "The sandbox {sandbox} is paused and does not resume on access (autoResume is off): Sandbox.connect() resumes it"
+        ),
+        _ => return None,
+    };
+    let body = serde_json::json!({"code": 502, "message": message, "sandboxId": sandbox});
+    Some((StatusCode::BAD_GATEWAY, axum::Json(body)).into_response())
 }
 
 /// How long a preview made for port routing lives (it is remade before it ends).

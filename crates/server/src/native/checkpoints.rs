@@ -45,12 +45,25 @@ pub async fn get_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiR
     Ok(Json(engine.get_checkpoint(&id).await?))
 }
 
-/// Delete a checkpoint (409 naming the sandboxes and checkpoints that still build on it).
-#[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name")),
-    responses((status = 204), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
-pub async fn delete_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiResult<StatusCode> {
+/// Delete a checkpoint (409 naming the sandboxes and checkpoints that still
+/// build on it), or with `when_unused=true` retire it until nothing needs it.
+#[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", params(("id" = String, Path, description = "Checkpoint id or name"), strata_api::DeleteCheckpointQuery),
+    responses((status = 204), (status = 200, description = "when_unused: deleted now or retired", body = strata_api::CheckpointDeleted), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn delete_handler(
+    Acting(engine): Acting,
+    Path(id): Path<String>,
+    Query(q): Query<strata_api::DeleteCheckpointQuery>,
+) -> ApiResult<Response> {
+    use axum::response::IntoResponse;
+    if q.when_unused {
+        let c = engine.get_checkpoint(&id).await?;
+        let kept_by = engine.retire_checkpoint(&c.id).await?;
+        return Ok(
+            Json(strata_api::CheckpointDeleted { id: c.id, deleted: kept_by.is_empty(), kept_by }).into_response()
+        );
+    }
     engine.delete_checkpoint(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// Fork N sandboxes from a checkpoint or a live sandbox.

@@ -130,6 +130,9 @@ class Policy(Model):
     delete_after: str | None = None
     flush: list[str] | None = None
     hooks: LifecycleHooks | None = None
+    #: Whether calls that need it running (exec, files, previews) resume a parked
+    #: sandbox (default ``True``); with ``False`` they raise :class:`Conflict`.
+    resume_on_access: bool | None = None
     raw: dict[str, Any] = _raw()
 
     def to_json(self) -> dict[str, Any]:
