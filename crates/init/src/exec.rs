@@ -217,8 +217,12 @@ struct Pump {
     /// The read end of a pipe whose write end the shim closes when the
     /// process ended: it wakes the pump (which otherwise waits on `input`).
     ended: std::sync::Arc<std::os::fd::OwnedFd>,
-    /// Bytes read so far.
+    /// Bytes read so far (taken out of `input`, whether passed on yet or not).
     read: std::sync::atomic::AtomicU64,
+    /// Held across a read of `input` and its count in `read`, and across
+    /// [`Pump::process_ended`]'s look at both: the bytes of a read in flight
+    /// are then either counted or still queued, never neither.
+    reading: std::sync::Mutex<()>,
     /// Once the process ended: stop after this many bytes in all (what was
     /// read plus what the stream held at that moment). `u64::MAX`: running.
     stop_at: std::sync::atomic::AtomicU64,
@@ -231,6 +235,7 @@ impl Pump {
             input,
             ended,
             read: std::sync::atomic::AtomicU64::new(0),
+            reading: std::sync::Mutex::new(()),
             stop_at: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
@@ -240,6 +245,7 @@ impl Pump {
     /// nothing came for [`IDLE_AFTER_END`]).
     fn process_ended(&self) {
         use std::sync::atomic::Ordering;
+        let _reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
         let mut queued: libc::c_int = 0;
         // SAFETY: FIONREAD writes one int to a valid pointer; the descriptor is ours.
         if unsafe { libc::ioctl(self.input.as_raw_fd(), libc::FIONREAD, &mut queued) } != 0 {
@@ -272,7 +278,17 @@ impl Pump {
                 if running { (&mut fds[..], PollTimeout::NONE) } else { (&mut fds[..1], PollTimeout::from(50u16)) };
             let _ = poll(watch, timeout);
             let ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-            match nix::unistd::read(self.input.as_raw_fd(), &mut buf) {
+            // Counted as read before it is passed on: writing to a slow daemon
+            // may take long, and the process may end meanwhile.
+            let got = {
+                let _reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
+                let got = nix::unistd::read(self.input.as_raw_fd(), &mut buf);
+                if let Ok(n) = got {
+                    self.read.fetch_add(n as u64, Ordering::SeqCst);
+                }
+                got
+            };
+            match got {
                 // The end of the pipe; EIO: a terminal with no holder of its far end left.
                 Ok(0) | Err(nix::errno::Errno::EIO) => break,
                 Ok(n) => {
@@ -282,7 +298,6 @@ impl Pump {
                             out = None;
                         }
                     }
-                    self.read.fetch_add(n as u64, Ordering::SeqCst);
                 }
                 Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
                     if ended != u64::MAX && !ready {
@@ -601,10 +616,10 @@ mod tests {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let p = pump.clone();
         std::thread::spawn(move || p.run(Some(File::from(daemon_w)), done_tx));
-        // "The process" writes more than one pipe holds (two take it), then ends; `w`
-        // stays open,
-        // as a background child would keep it.
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        // "The process" writes more than two pipes hold (the daemon's pipe fills, the
+        // pump's next chunk waits to be written, the rest stays queued), then ends;
+        // `w` stays open, as a background child would keep it.
+        let data: Vec<u8> = (0..150_000u32).map(|i| (i % 253) as u8).collect();
         let writer = {
             let (w, data) = (w.try_clone().unwrap(), data.clone());
             std::thread::spawn(move || File::from(w).write_all(&data).unwrap())
@@ -621,6 +636,8 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         writer.join().unwrap();
+        // The pump is blocked writing a chunk it read: those bytes count as passed on.
+        std::thread::sleep(std::time::Duration::from_millis(50));
         drain(std::slice::from_ref(&pump), ended_w, &done_rx);
         drop(pump); // the pump thread ended, and with it its end of the daemon's pipe
         assert_eq!(reader.join().unwrap(), data, "every byte, though the daemon read late");
