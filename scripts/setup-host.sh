@@ -291,6 +291,34 @@ pinned_venv mcp 2.3.0 "${STRATA_MCP_VENV:-$CACHE/venv-mcp}" "mcp, httpx2"
 # (STRATA_E2B_VENV overrides; the tests read it too).
 pinned_venv e2b 2.63.0 "${STRATA_E2B_VENV:-$CACHE/venv-e2b}" e2b
 
+# --- pinned JavaScript SDKs for the E2B compatibility suite -------------------------
+# The official `e2b` npm package, an old (2.45, the last to check the key's form) and a
+# current version, exactly as crates/cli/tests/e2b/js/package-lock.json pins them (versions
+# and integrity hashes), installed with `npm ci` into $CACHE/e2b-js (STRATA_E2B_JS
+# overrides; the test reads it too); skipped when that lockfile is already installed there.
+# The SDK needs Node.js >= 20.18 (undici 7).
+E2B_JS=${STRATA_E2B_JS:-$CACHE/e2b-js}
+E2B_JS_SRC="$(dirname "$(readlink -f "$0")")/../crates/cli/tests/e2b/js"
+node_ok() {
+    command -v node >/dev/null &&
+        node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 18) ? 0 : 1)'
+}
+if ! node_ok; then
+    step "apt-get install nodejs npm" apt_install nodejs npm
+fi
+node_ok || die "the E2B JS suite needs Node.js >= 20.18 and npm (found node $(node --version 2>/dev/null || echo none))"
+install_e2b_js() {
+    rm -rf "$E2B_JS"
+    mkdir -p "$E2B_JS"
+    cp "$E2B_JS_SRC/package.json" "$E2B_JS_SRC/package-lock.json" "$E2B_JS/"
+    (cd "$E2B_JS" && npm ci --no-audit --no-fund --loglevel=error)
+}
+if cmp -s "$E2B_JS_SRC/package-lock.json" "$E2B_JS/package-lock.json" && [ -f "$E2B_JS/node_modules/e2b/package.json" ]; then
+    note "e2b npm SDKs: present in $E2B_JS"
+else
+    step "npm ci: e2b SDKs for the JS suite ($E2B_JS)" install_e2b_js
+fi
+
 # --- Rust toolchain (not installable from Debian 12: its rustc is too old) ---------
 if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     warn "cargo not found: strata needs a Rust toolchain >= 1.80 (rustup); Debian 12's rustc is too old"

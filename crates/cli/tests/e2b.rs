@@ -10,6 +10,10 @@
 //! pause -> resume with a running process, fork, snapshots, metrics, logs,
 //! network rules, and the
 //! errors of bad keys, unknown ids, another tenant's key, unsupported calls and malformed frames.
+//! The official JavaScript SDK (`e2b` on npm, an old 2.45 and a current
+//! version, pinned in tests/e2b/js/package.json and its lockfile, installed by
+//! setup-host with `npm ci`) runs tests/e2b/js/suite.mjs the same way, each
+//! version unmodified and with its default options (no key-check opt-out).
 //! The E2B template `base` is the Debian test image imported as `e2b-base`.
 
 mod common;
@@ -35,40 +39,68 @@ fn missing(reason: &str) {
     println!("skipped: {reason}");
 }
 
+/// A daemon with a TCP listener for the SDKs, the `base` template imported,
+/// and a tenant key in E2B's key form.
+struct E2bDaemon {
+    d: TestDaemon,
+    url: String,
+    key: String,
+}
+
+impl E2bDaemon {
+    /// Starts it, or says why not (skipped outside CI, a failure in CI).
+    fn start() -> Option<E2bDaemon> {
+        if let Some(reason) = common::missing_prerequisite() {
+            missing(&reason);
+            return None;
+        }
+        let base = common::images_dir().join("debian-python.tar.gz");
+        if !base.exists() {
+            missing(&format!("{} is missing (run scripts/build-test-images.sh --debian)", base.display()));
+            return None;
+        }
+        if let Some(reason) = strata_runtime::namespace::criu::unsupported() {
+            missing(&format!("pause/resume with processes needs CRIU: {reason}"));
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let d = TestDaemon::start_with(Some(&format!("127.0.0.1:{port}")));
+        d.cli_ok(&["image", "import", base.to_str().unwrap(), "--name", "e2b-base", "--trusted"]);
+        // A tenant's key, as `strata token create --e2b` prints it for E2B_API_KEY:
+        // in E2B's key form, which SDKs up to 2.45 require (`e2b_` + hex).
+        let key = d.cli_ok(&["token", "create", "--name", "e2b-suite", "--tenant", "e2b", "--e2b"]);
+        let key = key.lines().next().unwrap_or_default().trim().to_string();
+        let key_form = key
+            .strip_prefix("e2b_")
+            .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(key_form, "not in E2B's key form: {key}");
+        Some(E2bDaemon { d, url: format!("http://127.0.0.1:{port}"), key })
+    }
+
+    /// Everything the tenant made is gone or still its own: nothing leaked to the operator's view.
+    fn assert_nothing_leaked(&self) {
+        let ls = self.d.cli_ok(&["ps", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+        for s in v.as_array().unwrap() {
+            assert_eq!(s["tenant"], "e2b", "sandbox outside the key's tenant: {s}");
+        }
+    }
+}
+
 #[test]
 fn e2b_sdk_suite_passes_against_a_live_daemon() {
-    require_host!();
     let Some(py) = venv_python() else {
         return missing("the e2b SDK venv is missing (run scripts/setup-host.sh)");
     };
-    let base = common::images_dir().join("debian-python.tar.gz");
-    if !base.exists() {
-        return missing(&format!("{} is missing (run scripts/build-test-images.sh --debian)", base.display()));
-    }
-    if let Some(reason) = strata_runtime::namespace::criu::unsupported() {
-        return missing(&format!("pause/resume with processes needs CRIU: {reason}"));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let d = TestDaemon::start_with(Some(&format!("127.0.0.1:{port}")));
-    d.cli_ok(&["image", "import", base.to_str().unwrap(), "--name", "e2b-base", "--trusted"]);
-    // A tenant's key, as `strata token create` prints it for E2B_API_KEY.
-    // In E2B's key form, which SDKs up to 2.45 require (`e2b_` + hex).
-    let key = d.cli_ok(&["token", "create", "--name", "e2b-suite", "--tenant", "e2b", "--e2b"]);
-    let key_form = key
-        .trim()
-        .strip_prefix("e2b_")
-        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-    assert!(key_form, "not in E2B's key form: {key}");
-    let key = key.lines().find(|l| l.starts_with("strata_")).unwrap_or(key.trim()).trim().to_string();
-    let other = d.cli_ok(&["token", "create", "--name", "e2b-other", "--tenant", "other"]);
+    let Some(e) = E2bDaemon::start() else { return };
+    let other = e.d.cli_ok(&["token", "create", "--name", "e2b-other", "--tenant", "other"]);
     let other = other.trim().to_string();
-    let url = format!("http://127.0.0.1:{port}");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/suite.py");
     let out = Command::new(&py)
         .arg(&script)
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", &key)
+        .env("E2B_API_URL", &e.url)
+        .env("E2B_SANDBOX_URL", &e.url)
+        .env("E2B_API_KEY", &e.key)
         .env("E2B_OTHER_KEY", &other)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
@@ -76,15 +108,89 @@ fn e2b_sdk_suite_passes_against_a_live_daemon() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}\n{stderr}");
-    assert!(out.status.success(), "e2b suite failed ({:?}); daemon log:\n{}", out.status, d.log());
+    assert!(out.status.success(), "e2b suite failed ({:?}); daemon log:\n{}", out.status, e.d.log());
     assert!(stderr.contains("\nOK"), "unittest did not report OK:\n{stderr}");
     assert!(!stderr.contains("skipped"), "a test of the suite was skipped:\n{stderr}");
-    // Everything the tenant made is gone or still its own: nothing leaked to the operator's view.
-    let ls = d.cli_ok(&["ps", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
-    for s in v.as_array().unwrap() {
-        assert_eq!(s["tenant"], "e2b", "sandbox outside the key's tenant: {s}");
+    e.assert_nothing_leaked();
+}
+
+/// The pinned npm SDKs (see scripts/setup-host.sh and tests/e2b/js/package.json):
+/// the directory `npm ci` installed them into, with each package and its version.
+fn js_sdks() -> Result<(PathBuf, Vec<(String, String)>), String> {
+    let dir = PathBuf::from(std::env::var("STRATA_E2B_JS").unwrap_or_else(|_| "/var/cache/strata/e2b-js".into()));
+    let pinned: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/js/package.json")).unwrap(),
+    )
+    .unwrap();
+    let mut sdks = Vec::new();
+    for (name, spec) in pinned["dependencies"].as_object().unwrap() {
+        let version = spec.as_str().unwrap().rsplit('@').next().unwrap().to_string();
+        let installed = std::fs::read(dir.join("node_modules").join(name).join("package.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["version"].as_str().map(str::to_string));
+        if installed.as_deref() != Some(version.as_str()) {
+            return Err(format!(
+                "{name} {version} is not installed in {} (found {installed:?}; run scripts/setup-host.sh)",
+                dir.display()
+            ));
+        }
+        sdks.push((name.clone(), version));
     }
+    Ok((dir, sdks))
+}
+
+/// The official JavaScript SDK, an old (2.45) and a current version, each
+/// unmodified and with its default options, runs tests/e2b/js/suite.mjs
+/// (node's test runner) against one daemon.
+#[test]
+fn e2b_js_sdk_suite_passes_with_an_old_and_a_current_sdk() {
+    let (installed, sdks) = match js_sdks() {
+        Ok(found) => found,
+        Err(reason) => return missing(&reason),
+    };
+    let Some(e) = E2bDaemon::start() else { return };
+    // Node resolves the packages from the script's directory: the suite goes into a
+    // directory of the test's own, beside a link to the installed node_modules.
+    let work = e.d.dir.path().join("e2b-js");
+    std::fs::create_dir_all(&work).unwrap();
+    std::os::unix::fs::symlink(installed.join("node_modules"), work.join("node_modules")).unwrap();
+    let script = work.join("suite.mjs");
+    std::fs::copy(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/js/suite.mjs"), &script).unwrap();
+    assert!(sdks.len() >= 2, "an old and a current SDK are pinned: {sdks:?}");
+    for (sdk, version) in &sdks {
+        let out = Command::new("node")
+            .args(["--test-reporter=tap", script.to_str().unwrap()])
+            .current_dir(&work)
+            .env("E2B_API_URL", &e.url)
+            .env("E2B_SANDBOX_URL", &e.url)
+            .env("E2B_API_KEY", &e.key)
+            .env("E2B_JS_SDK", sdk)
+            .env("E2B_JS_VERSION", version)
+            .env_remove("E2B_VALIDATE_API_KEY")
+            .env_remove("E2B_DEBUG")
+            .output()
+            .expect("run node");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("--- {sdk} {version}\n{stdout}\n{stderr}");
+        let count = |what: &str| -> u64 {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("# {what} ")))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{sdk} {version}: no '# {what}' line in the suite's output"))
+        };
+        assert!(
+            out.status.success(),
+            "JS suite with {sdk} {version} failed ({:?}); daemon log:\n{}",
+            out.status,
+            e.d.log()
+        );
+        assert!(count("pass") >= 15, "{sdk} {version}: too few tests ran");
+        assert_eq!((count("fail"), count("skipped"), count("cancelled")), (0, 0, 0), "{sdk} {version}");
+    }
+    e.assert_nothing_leaked();
 }
 
 /// One HTTP/1.1 request on a fresh connection: (status, body). With `first_bytes`,

@@ -80,6 +80,7 @@ pub fn update(st: &Shared, id: &str, req: &UpdateSandboxRequest) -> EngineResult
             .ok_or_else(|| EngineError::sandbox_not_found(id))?;
         info!(sandbox = %rec.sandbox.id, on_idle = %policy.on_idle, idle_timeout = %policy.idle_timeout, max_lifetime = ?policy.max_lifetime,
             archive_after = ?policy.archive_after, delete_after = ?policy.delete_after, "policy updated");
+        st.policy_changed.notify_one();
     }
     Ok(load(st, &rec.sandbox.id)?.sandbox)
 }
@@ -236,6 +237,16 @@ pub fn decide(s: &Snapshot) -> Option<Step> {
     None
 }
 
+/// How long until `max_lifetime` falls due for a sandbox that runs (or is
+/// paused) and for which it is not due yet; `None` when nothing is to come.
+/// The policy loop sleeps at most this long, so a lifetime ends on time, not
+/// up to a tick later.
+pub fn lifetime_due_in(s: &Snapshot) -> Option<Duration> {
+    let max = s.limits.max_lifetime?;
+    let run_began_before_deadline = s.age.saturating_sub(s.in_state_for) < max;
+    (has_processes(s.state) && run_began_before_deadline && s.age < max).then(|| max - s.age)
+}
+
 fn since(rfc3339: &str, now: SystemTime) -> Duration {
     humantime::parse_rfc3339_weak(rfc3339).ok().and_then(|t| now.duration_since(t).ok()).unwrap_or(Duration::ZERO)
 }
@@ -334,14 +345,19 @@ fn record_failure(st: &Shared, id: &str, step: Step, err: &EngineError, retry_in
 
 /// Runs forever: applies every sandbox's lifecycle policy.
 pub async fn run(st: Shared) {
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first pass runs at once; then every TICK, sooner when a lifetime falls
+    // due before that, or when a policy changed.
+    let mut next_pass = Duration::ZERO;
     let (done_tx, mut done_rx) =
         tokio::sync::mpsc::unbounded_channel::<(String, Step, EngineResult<Option<SandboxEvent>>)>();
     let mut in_flight: HashSet<String> = HashSet::new();
     let mut failures: HashMap<String, Failure> = HashMap::new();
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tokio::time::sleep(next_pass) => {}
+            _ = st.policy_changed.notified() => {}
+        }
+        next_pass = TICK;
         while let Ok((id, step, result)) = done_rx.try_recv() {
             in_flight.remove(&id);
             match result {
@@ -379,7 +395,12 @@ pub async fn run(st: Shared) {
             if in_flight.contains(id) {
                 continue;
             }
-            let due = snapshot(&st, rec, leases.get(id).copied().unwrap_or(0)).and_then(|s| decide(&s));
+            let snap = snapshot(&st, rec, leases.get(id).copied().unwrap_or(0));
+            if let Some(due_in) = snap.as_ref().and_then(lifetime_due_in) {
+                // A little after the deadline, so that the next pass finds it due.
+                next_pass = next_pass.min(due_in + Duration::from_millis(5));
+            }
+            let due = snap.and_then(|s| decide(&s));
             let Some(step) = due else {
                 failures.remove(id);
                 continue;
@@ -505,6 +526,17 @@ mod tests {
             assert_eq!(decide(&Snapshot { limits: l, ..busy }), Some(Step { action, reason: "max_lifetime" }));
             assert_eq!(decide(&Snapshot { limits: l, ..eph }), Some(Step { action, reason: "max_lifetime" }));
         }
+    }
+
+    #[test]
+    fn the_loop_wakes_when_a_lifetime_falls_due() {
+        let l = Limits { max_lifetime: Some(1800 * S), ..limits(OnIdle::Keep) };
+        let s = Snapshot { limits: l, age: 1799 * S, in_state_for: 1799 * S, ..running() };
+        assert_eq!(lifetime_due_in(&s), Some(S));
+        assert_eq!(lifetime_due_in(&Snapshot { age: 1800 * S, in_state_for: 1800 * S, ..s }), None, "due: decide acts");
+        assert_eq!(lifetime_due_in(&Snapshot { in_state_for: 60 * S, ..s }), Some(S), "a run that began in time");
+        assert_eq!(lifetime_due_in(&Snapshot { state: SandboxState::Stopped, ..s }), None, "nothing runs");
+        assert_eq!(lifetime_due_in(&running()), None, "no lifetime");
     }
 
     #[test]

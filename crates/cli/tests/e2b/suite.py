@@ -140,6 +140,39 @@ class TestLifecycle(unittest.TestCase):
         finally:
             sb.kill()
 
+    def test_connect_only_extends_and_a_timeout_ends_on_time(self):
+        sb = Sandbox.create(timeout=300)
+        try:
+            end = sb.get_info().end_at
+            Sandbox.connect(sb.sandbox_id, timeout=10)
+            self.assertEqual(sb.get_info().end_at, end, "connect(timeout) never shortens a running sandbox")
+            Sandbox.connect(sb.sandbox_id, timeout=900)
+            left = sb.get_info().end_at.timestamp() - time.time()
+            self.assertTrue(880 <= left <= 910, left)
+            # set_timeout both ways; the end is kept to the millisecond, and the
+            # sandbox is gone at it (the policy loop wakes at the deadline).
+            t0 = time.time()
+            sb.set_timeout(2)
+            end = sb.get_info().end_at.timestamp()
+            self.assertLess(abs(end - (t0 + 2)), 0.5, end - t0)
+            while sb.is_running() and time.time() < t0 + 30:
+                time.sleep(0.05)
+            ended = time.time() - t0
+            self.assertFalse(sb.is_running())
+            self.assertGreaterEqual(ended, 1.9, "not before its timeout")
+            print(f"set_timeout(2): gone {ended:.2f} s after the call", flush=True)
+        finally:
+            sb.kill()
+
+    def test_killing_a_sandbox_ends_its_command_streams_as_not_found(self):
+        sb = Sandbox.create()
+        h = sb.commands.run("echo started; sleep 60", background=True)
+        self.assertEqual(next(iter(h))[0], "started\n")
+        Sandbox.kill(sb.sandbox_id)
+        with self.assertRaises(NotFoundException) as cm:
+            h.wait()
+        self.assertIn("was killed", str(cm.exception))
+
     def test_unknown_template_is_not_found(self):
         with self.assertRaises(SandboxException) as cm:
             Sandbox.create("no-such-template")

@@ -29,11 +29,22 @@ pub async fn destroy(st: &Shared, id: &str, force: bool, reason: &str) -> Engine
     if has_processes(from) {
         crate::accounting::final_sample(st, &rec.sandbox.id);
     }
-    // Destroying discards everything, so there is nothing to shut down gracefully.
-    kill_only(st, &rec).await?;
-    let t = Transition { to, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
     let archived = crate::archive::pointer(st, &rec.sandbox.id);
-    let Some(ev) = st.db.delete_sandbox(&rec.sandbox.id, from, &t)? else {
+    // Followers of its processes' output learn that they end because of this
+    // (until `forget`, or right away when the destroy fails).
+    st.processes.set_destroying(&rec.sandbox.id, true);
+    let deleted = async {
+        // Destroying discards everything, so there is nothing to shut down gracefully.
+        kill_only(st, &rec).await?;
+        let t =
+            Transition { to, reason, detail: None, duration_ms: started.elapsed().as_millis() as u64, time: &now() };
+        Ok::<_, EngineError>(st.db.delete_sandbox(&rec.sandbox.id, from, &t)?)
+    }
+    .await;
+    if !matches!(deleted, Ok(Some(_))) {
+        st.processes.set_destroying(&rec.sandbox.id, false);
+    }
+    let Some(ev) = deleted? else {
         // Unreachable while transitions hold the sandbox's lock; a 409 with the
         // state it is in now if one ever does not.
         let current = st.db.sandbox_by_id(&rec.sandbox.id)?.map_or(SandboxState::Destroyed, |r| r.sandbox.state);

@@ -56,6 +56,8 @@ pub struct AppState {
     pub image_lock: tokio::sync::Mutex<()>,
     /// Wakes `events --follow` streams.
     pub events_tx: tokio::sync::watch::Sender<i64>,
+    /// Wakes the policy loop when a policy changed (a new deadline may be sooner than its next tick).
+    pub policy_changed: tokio::sync::Notify,
     /// Where archived sandboxes go.
     pub archive: self::archive::ArchiveStore,
     /// Prometheus metrics.
@@ -108,6 +110,7 @@ impl AppState {
             locks: Mutex::new(HashMap::new()),
             image_lock: tokio::sync::Mutex::new(()),
             events_tx,
+            policy_changed: tokio::sync::Notify::new(),
             archive,
             metrics: self::metrics::Metrics::new(),
             accounting: self::accounting::Accounting::default(),

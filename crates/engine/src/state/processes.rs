@@ -271,6 +271,8 @@ pub(crate) struct SandboxProcs {
 #[derive(Default)]
 pub struct ProcessTable {
     pub(crate) inner: Mutex<HashMap<String, SandboxProcs>>,
+    /// Sandboxes being destroyed: their processes end because of it.
+    destroying: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Exited processes kept per sandbox for `ps`/logs; older ones are forgotten.
@@ -458,6 +460,23 @@ impl ProcessTable {
     pub fn forget(&self, sandbox_id: &str) {
         self.abandon_suspended(sandbox_id);
         self.lock().remove(sandbox_id);
+        self.set_destroying(sandbox_id, false);
+    }
+
+    /// Marks a sandbox whose processes are about to be killed because it is
+    /// destroyed (`true`), or no longer (`false`: the destroy failed).
+    pub(crate) fn set_destroying(&self, sandbox_id: &str, on: bool) {
+        let mut d = self.destroying.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            d.insert(sandbox_id.to_string());
+        } else {
+            d.remove(sandbox_id);
+        }
+    }
+
+    /// Whether the sandbox is being destroyed (its processes end because of it).
+    pub fn is_destroying(&self, sandbox_id: &str) -> bool {
+        self.destroying.lock().unwrap_or_else(|p| p.into_inner()).contains(sandbox_id)
     }
 
     /// Suspended processes that will not be resumed (standby failed, or the

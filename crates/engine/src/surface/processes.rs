@@ -83,6 +83,15 @@ impl Engine {
         Ok(self.st.processes.list(&rec.sandbox.id))
     }
 
+    /// Whether the sandbox is being destroyed or is gone: a process of it that
+    /// ended just now was killed with it (an E2B stream then ends as E2B's do).
+    pub async fn sandbox_destroyed(&self, key: &str) -> bool {
+        match self.get_sandbox(key).await {
+            Ok(s) => s.state == strata_api::SandboxState::Destroyed || self.st.processes.is_destroying(&s.id),
+            Err(e) => e.code() == strata_api::ErrorCode::SandboxNotFound,
+        }
+    }
+
     /// One process.
     pub async fn get_process(&self, key: &str, pid: u64) -> EngineResult<ProcessInfo> {
         let sb = self.enter(key, Use::Contents).await?;

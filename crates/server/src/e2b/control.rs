@@ -541,16 +541,36 @@ async fn kill(State(e): State<SharedE2b>, call: Control, Path(id): Path<String>)
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Sets the sandbox's end to `timeout` seconds from now (`max_lifetime` = age + timeout).
-async fn extend(client: &Engine, id: &str, timeout: u64) -> Result<Sandbox, E2bError> {
+/// Sets the sandbox's end to `timeout` seconds from now (`max_lifetime` =
+/// age + timeout, to the millisecond: the policy loop wakes at that deadline).
+/// With [`Extend::OnlyLonger`] an end already later is kept (`connect`).
+async fn extend(client: &Engine, id: &str, timeout: u64, how: Extend) -> Result<Sandbox, E2bError> {
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
-    let age = parse_time(&s.created_at).and_then(|c| SystemTime::now().duration_since(c).ok()).unwrap_or_default();
-    let life = age.as_secs() + timeout + 1;
+    let created = parse_time(&s.created_at).unwrap_or_else(SystemTime::now);
+    let age = SystemTime::now().duration_since(created).unwrap_or_default();
+    let life = age + Duration::from_secs(timeout);
+    let current = s.policy.max_lifetime.as_deref().and_then(|m| humantime::parse_duration(m).ok());
+    if how == Extend::OnlyLonger && current.is_some_and(|c| c >= life) {
+        return Ok(s);
+    }
+    let life = Duration::from_millis(life.as_millis() as u64);
     let patch = UpdateSandboxRequest {
-        policy: Some(PolicyPatch { max_lifetime: Some(format!("{life}s")), ..Default::default() }),
+        policy: Some(PolicyPatch {
+            max_lifetime: Some(humantime::format_duration(life).to_string()),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     client.update_sandbox(id, &patch).await.map_err(sandbox_err(id))
+}
+
+/// Whether [`extend`] may move a sandbox's end earlier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extend {
+    /// `set_timeout`, refreshes: the end is now + timeout, sooner or later.
+    Set,
+    /// `connect(timeout)`: only ever later (E2B's rule for a running sandbox).
+    OnlyLonger,
 }
 
 #[derive(Debug, Deserialize)]
@@ -562,7 +582,7 @@ struct TimeoutBody {
 async fn set_timeout(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
     let client = call.engine;
     let b: TimeoutBody = json_body(&body, "SandboxTimeoutRequest")?;
-    extend(&client, &id, check_timeout(b.timeout)?).await?;
+    extend(&client, &id, check_timeout(b.timeout)?, Extend::Set).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -576,7 +596,7 @@ struct RefreshBody {
 async fn refresh(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
     let client = call.engine;
     let b: RefreshBody = json_body(&body, "SandboxRefreshRequest")?;
-    extend(&client, &id, check_timeout(b.duration.unwrap_or(DEFAULT_TIMEOUT))?).await?;
+    extend(&client, &id, check_timeout(b.duration.unwrap_or(DEFAULT_TIMEOUT))?, Extend::Set).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -584,29 +604,36 @@ async fn refresh(call: Control, Path(id): Path<String>, body: Bytes) -> Result<R
 struct ConnectBody {
     #[serde(default)]
     timeout: Option<u64>,
+    /// `false` (the JS SDK's `onResume: 'reboot'`): bring a paused sandbox back
+    /// from its filesystem alone, its processes started afresh.
+    #[serde(default)]
+    memory: Option<bool>,
 }
 
-/// Resumes a parked sandbox; whether it was parked.
-async fn wake(client: &Engine, id: &str) -> Result<(Sandbox, bool), E2bError> {
+/// Resumes a parked sandbox (from its filesystem only when `memory` is
+/// false); whether it was parked.
+async fn wake(client: &Engine, id: &str, memory: bool) -> Result<(Sandbox, bool), E2bError> {
     let s = client.get_sandbox(id).await.map_err(sandbox_err(id))?;
     if !visible(&s) {
         return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
     }
     if e2b_state(s.state) == "paused" {
-        let r = client.resume_sandbox(id).await.map_err(sandbox_err(id))?;
+        let req = strata_api::ResumeRequest { fs_only: !memory };
+        let r = client.resume_sandbox_with(id, &req).await.map_err(sandbox_err(id))?;
         return Ok((r.sandbox, true));
     }
     Ok((s, false))
 }
 
-/// `POST /sandboxes/{id}/connect`, `/v2/...`: resume if paused (201), else 200; a
-/// `timeout` extends the sandbox's end.
+/// `POST /sandboxes/{id}/connect`, `/v2/...`: resume if paused (201), else 200.
+/// A `timeout` sets a resumed sandbox's end; a running one's only moves later.
 async fn connect(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
     let Control { engine: client, key } = call;
     let b: ConnectBody = json_body(&body, "ConnectSandbox")?;
-    let (mut s, resumed) = wake(&client, &id).await?;
+    let (mut s, resumed) = wake(&client, &id, b.memory.unwrap_or(true)).await?;
     if let Some(t) = b.timeout {
-        s = extend(&client, &id, check_timeout(t)?).await?;
+        let how = if resumed { Extend::Set } else { Extend::OnlyLonger };
+        s = extend(&client, &id, check_timeout(t)?, how).await?;
     }
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(sandbox_json(&s, &key))).into_response())
@@ -616,7 +643,7 @@ async fn connect(call: Control, Path(id): Path<String>, body: Bytes) -> Result<R
 async fn resume(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
     let Control { engine: client, key } = call;
     let b: ConnectBody = json_body(&body, "ResumedSandbox")?;
-    let (mut s, resumed) = wake(&client, &id).await?;
+    let (mut s, resumed) = wake(&client, &id, b.memory.unwrap_or(true)).await?;
     if !resumed {
         return Ok((
             StatusCode::CONFLICT,
@@ -625,7 +652,7 @@ async fn resume(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Re
             .into_response());
     }
     if let Some(t) = b.timeout {
-        s = extend(&client, &id, check_timeout(t)?).await?;
+        s = extend(&client, &id, check_timeout(t)?, Extend::Set).await?;
     }
     Ok((StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response())
 }

@@ -583,7 +583,17 @@ fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response 
                     json!({"event": {"data": {key: data_b64}}})
                 }
                 ProcessEvent::Exited { process } => {
-                    let _ = tx.send(Ok(end_event(&process))).await;
+                    // Killed with its sandbox: E2B's stream breaks and the SDK
+                    // raises its not-found error, not an exit code of 137.
+                    let end = if c.client.sandbox_destroyed(&c.sandbox).await {
+                        Err(ConnectError::new(
+                            Code::NotFound,
+                            format!("sandbox {} was killed while process {pid} ran", c.sandbox),
+                        ))
+                    } else {
+                        Ok(end_event(&process))
+                    };
+                    let _ = tx.send(end).await;
                     return;
                 }
             };
