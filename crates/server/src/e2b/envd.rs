@@ -917,9 +917,14 @@ async fn fs_move(c: &Ctx, req: &FsRequest) -> Result<Value, ConnectError> {
     Ok(json!({"entry": entry_info(&st)}))
 }
 
+/// `filesystem.Filesystem/Remove`: recursive; a path that does not exist is
+/// already removed (envd's `os.RemoveAll`: no error).
 async fn fs_remove(c: &Ctx, req: &FsRequest) -> Result<Value, ConnectError> {
     let path = c.path(need(&req.path, "path")?);
-    c.client.stat(&c.sandbox, &path).await.map_err(native)?;
+    match c.client.stat(&c.sandbox, &path).await {
+        Err(e) if e.code() == strata_api::ErrorCode::FileNotFound => return Ok(json!({})),
+        other => other.map_err(native)?,
+    };
     c.client.remove_path(&c.sandbox, &path, true).await.map_err(native)?;
     Ok(json!({}))
 }

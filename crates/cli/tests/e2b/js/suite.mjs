@@ -221,6 +221,7 @@ describe('in one sandbox', () => {
     assert.equal(await sb.files.exists('/home/user/d/f.txt'), false)
     await sb.files.remove('/home/user/d')
     assert.equal(await sb.files.exists('/home/user/d'), false)
+    await sb.files.remove('/home/user/d') // a missing path is already removed (no error, as envd)
     await assert.rejects(sb.files.read('/home/user/none.txt'), NotFoundError)
   })
 
