@@ -302,19 +302,6 @@ fn run_tool(cmd: &mut std::process::Command) {
     );
 }
 
-/// An OCI layout of the busybox test image made by strata's own writer, whose
-/// config sets `GREETING=<greeting>`.
-fn busybox_layout(dir: &std::path::Path, greeting: &str) -> std::path::PathBuf {
-    let cfg = ImageConfig {
-        env: vec!["PATH=/bin:/sbin".into(), format!("GREETING={greeting}")],
-        cmd: vec!["sh".into()],
-        ..Default::default()
-    };
-    let out = dir.join(format!("oci-{greeting}"));
-    strata_image::write_oci_layout(&common::images_dir().join("busybox-rootfs.tar"), &out, &cfg).unwrap();
-    out
-}
-
 /// `skopeo copy` from the `latest` image of an OCI layout to `dest`.
 fn skopeo_copy(skopeo: &std::path::Path, layout: &std::path::Path, dest: &str) {
     run_tool(
@@ -365,7 +352,7 @@ fn skopeo_docker_and_oci_archives_import_and_run() {
     let skopeo = require_tool!("skopeo");
     let d = TestDaemon::start();
     let work = tempfile::tempdir().unwrap();
-    let layout = busybox_layout(work.path(), "from-skopeo");
+    let layout = common::busybox_layout(work.path(), "from-skopeo");
     let docker = work.path().join("x.tar");
     skopeo_copy(&skopeo, &layout, &format!("docker-archive:{}:img:latest", docker.display()));
     let oci = work.path().join("y.tar");
@@ -428,7 +415,7 @@ fn podman_save_archives_import_and_run() {
     let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
 
     for (greeting, tag) in [("first", "first:v1"), ("second", "second:v2")] {
-        let layout = busybox_layout(work.path(), greeting);
+        let layout = common::busybox_layout(work.path(), greeting);
         let archive = path(&format!("{greeting}.skopeo.tar"));
         skopeo_copy(&skopeo, &layout, &format!("docker-archive:{}:{tag}", archive.display()));
         podman.run(&["load", "-q", "-i", &s(&archive)]);

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::TestDaemon;
-use strata_api::{ErrorCode, ImageConfig, PullImageRequest};
+use strata_api::{ErrorCode, PullImageRequest};
 
 const REGISTRY_BINS: &[&str] = &["/usr/bin/docker-registry", "/usr/bin/registry"];
 
@@ -120,17 +120,6 @@ fn push(skopeo: &Path, layout: &Path, dest: &str, all: bool) {
     assert!(out.status.success(), "skopeo copy to {dest} failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn busybox_layout(dir: &Path, greeting: &str) -> PathBuf {
-    let cfg = ImageConfig {
-        env: vec!["PATH=/bin:/sbin".into(), format!("GREETING={greeting}")],
-        cmd: vec!["sh".into()],
-        ..Default::default()
-    };
-    let out = dir.join(format!("oci-{greeting}"));
-    strata_image::write_oci_layout(&common::images_dir().join("busybox-rootfs.tar"), &out, &cfg).unwrap();
-    out
-}
-
 fn pull_json(d: &TestDaemon, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["image", "pull"];
     all.extend_from_slice(args);
@@ -205,7 +194,7 @@ fn pull_from_a_loopback_registry_runs_and_a_repull_stores_nothing() {
     let (registry_bin, skopeo) = require_tools!();
     let reg = Registry::start(&registry_bin, "");
     let work = tempfile::tempdir().unwrap();
-    let layout = busybox_layout(work.path(), "hi");
+    let layout = common::busybox_layout(work.path(), "hi");
     let reference = format!("{}/busybox:latest", reg.addr);
     push(&skopeo, &layout, &reference, false);
 
@@ -280,7 +269,7 @@ fn pull_resolves_an_index_to_the_host_platform_and_streams_progress() {
     let (registry_bin, skopeo) = require_tools!();
     let reg = Registry::start(&registry_bin, "");
     let work = tempfile::tempdir().unwrap();
-    let layout = busybox_layout(work.path(), "host");
+    let layout = common::busybox_layout(work.path(), "host");
     make_multi_arch(&layout);
     let reference = format!("{}/multi:latest", reg.addr);
     push(&skopeo, &layout, &reference, true);

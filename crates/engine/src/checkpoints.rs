@@ -983,23 +983,23 @@ pub async fn delete(st: &Shared, key: &str) -> EngineResult<()> {
 
 /// Deletes a checkpoint now when nothing builds on it, or else retires it:
 /// unusable as a source from now on, its bytes freed by the retention GC once
-/// the last sandbox, checkpoint or template that needs it is gone. Returns
-/// the dependents that keep it (empty: deleted now).
-pub async fn retire(st: &Shared, key: &str) -> EngineResult<Vec<String>> {
+/// the last sandbox, checkpoint or template that needs it is gone. Says
+/// which, with the dependents that keep it.
+pub async fn retire(st: &Shared, key: &str) -> EngineResult<strata_api::CheckpointDeleted> {
     let _g = st.image_lock.lock().await;
     let (c, _) = crate::tenancy::find_checkpoint(st, key)?.ok_or_else(|| not_found(key))?;
     let dependents = dependents_of(st, &c.id)?;
     if dependents.is_empty() {
         remove_checkpoint(st, &c)?;
         crate::images::gc_layers(st)?;
-        return Ok(dependents);
+        return Ok(strata_api::CheckpointDeleted { id: c.id, deleted: true, kept_by: dependents });
     }
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut labels = c.labels.clone();
     labels.insert(Checkpoint::RETIRED_LABEL.to_string(), now.clone());
     st.db.retire_checkpoint(&c.id, &labels, &now)?;
     info!(checkpoint = %c.id, kept_by = %dependents.join(", "), "checkpoint retired");
-    Ok(dependents)
+    Ok(strata_api::CheckpointDeleted { id: c.id, deleted: false, kept_by: dependents })
 }
 
 /// The checkpoint `key` names for the current caller (404 otherwise).

@@ -204,16 +204,13 @@ pub fn idle_for(s: &Snapshot) -> Option<Duration> {
 pub fn decide(s: &Snapshot) -> Option<Step> {
     let l = &s.limits;
     if has_processes(s.state) {
-        if let Some(max) = l.max_lifetime {
-            let run_began_before_deadline = s.age.saturating_sub(s.in_state_for) < max;
-            if s.age >= max && run_began_before_deadline {
-                let action = match (l.on_max_lifetime, s.lifecycle) {
-                    (Some(OnIdle::Standby), _) => PolicyAction::Standby,
-                    (Some(OnIdle::Destroy), _) | (None, Lifecycle::Ephemeral) => PolicyAction::Destroy,
-                    (Some(OnIdle::Stop | OnIdle::Keep), _) | (None, Lifecycle::Persistent) => PolicyAction::Stop,
-                };
-                return Some(Step { action, reason: "max_lifetime" });
-            }
+        if lifetime_left(s).is_some_and(|left| left.is_zero()) {
+            let action = match (l.on_max_lifetime, s.lifecycle) {
+                (Some(OnIdle::Standby), _) => PolicyAction::Standby,
+                (Some(OnIdle::Destroy), _) | (None, Lifecycle::Ephemeral) => PolicyAction::Destroy,
+                (Some(OnIdle::Stop | OnIdle::Keep), _) | (None, Lifecycle::Persistent) => PolicyAction::Stop,
+            };
+            return Some(Step { action, reason: "max_lifetime" });
         }
         let action = match l.on_idle {
             OnIdle::Keep => return None,
@@ -237,14 +234,20 @@ pub fn decide(s: &Snapshot) -> Option<Step> {
     None
 }
 
-/// How long until `max_lifetime` falls due for a sandbox that runs (or is
-/// paused) and for which it is not due yet; `None` when nothing is to come.
-/// The policy loop sleeps at most this long, so a lifetime ends on time, not
-/// up to a tick later.
-pub fn lifetime_due_in(s: &Snapshot) -> Option<Duration> {
+/// The time left before `max_lifetime` ends the current run (zero: due now),
+/// for a sandbox that runs or is paused in a run that began before that
+/// deadline (a run started by hand after it is left alone: `None`).
+fn lifetime_left(s: &Snapshot) -> Option<Duration> {
     let max = s.limits.max_lifetime?;
     let run_began_before_deadline = s.age.saturating_sub(s.in_state_for) < max;
-    (has_processes(s.state) && run_began_before_deadline && s.age < max).then(|| max - s.age)
+    (has_processes(s.state) && run_began_before_deadline).then(|| max.saturating_sub(s.age))
+}
+
+/// How long until `max_lifetime` falls due for a sandbox for which it is not
+/// due yet; `None` when nothing is to come. The policy loop sleeps at most
+/// this long, so a lifetime ends on time, not up to a tick later.
+pub fn lifetime_due_in(s: &Snapshot) -> Option<Duration> {
+    lifetime_left(s).filter(|left| !left.is_zero())
 }
 
 fn since(rfc3339: &str, now: SystemTime) -> Duration {

@@ -21,6 +21,19 @@ pub fn images_dir() -> PathBuf {
     PathBuf::from(std::env::var("STRATA_TEST_IMAGES").unwrap_or_else(|_| "/var/cache/strata/images".into()))
 }
 
+/// An OCI layout (in `dir/oci-<greeting>`) of the busybox test image made by
+/// strata's own writer, whose config sets `GREETING=<greeting>`.
+pub fn busybox_layout(dir: &Path, greeting: &str) -> PathBuf {
+    let cfg = strata_api::ImageConfig {
+        env: vec!["PATH=/bin:/sbin".into(), format!("GREETING={greeting}")],
+        cmd: vec!["sh".into()],
+        ..Default::default()
+    };
+    let out = dir.join(format!("oci-{greeting}"));
+    strata_image::write_oci_layout(&images_dir().join("busybox-rootfs.tar"), &out, &cfg).unwrap();
+    out
+}
+
 /// Returns Some(reason) when integration tests cannot run here.
 pub fn missing_prerequisite() -> Option<String> {
     // SAFETY: geteuid has no preconditions.

@@ -34,9 +34,9 @@ impl Engine {
     }
 
     /// Deletes a checkpoint, or when something still builds on it retires it
-    /// (gone as a source, its bytes freed once nothing needs it); returns what
-    /// keeps it.
-    pub async fn retire_checkpoint(&self, key: &str) -> EngineResult<Vec<String>> {
+    /// (gone as a source, its bytes freed once nothing needs it); says which,
+    /// and what keeps it.
+    pub async fn retire_checkpoint(&self, key: &str) -> EngineResult<strata_api::CheckpointDeleted> {
         self.run(checkpoints::retire(&self.st, key)).await
     }
 

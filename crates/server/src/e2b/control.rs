@@ -486,7 +486,7 @@ async fn list_v2(call: Control, Query(q): Query<ListV2Query>) -> Result<Response
         // startedAfter is inclusive, startedBefore exclusive.
         .filter(|s| after.is_none_or(|a| started(s) >= a) && before.is_none_or(|b| started(s) < b))
         .collect();
-    all.sort_by(|a, b| (started(a), a.id.as_str()).cmp(&(started(b), b.id.as_str())));
+    all.sort_by_cached_key(|s| (started(s), s.id.clone()));
     if newest_first {
         all.reverse();
     }
@@ -806,9 +806,9 @@ async fn delete_snapshot(call: Control, Path(id): Path<String>) -> Result<Respon
     if cp.labels.get("e2b.snapshot").map(String::as_str) != Some("true") || cp.retired_at().is_some() {
         return Err(not_found());
     }
-    let kept_by = client.retire_checkpoint(&cp.id).await?;
-    if !kept_by.is_empty() {
-        info!(snapshot = %cp.id, kept_by = %kept_by.join(", "), "e2b snapshot deleted; its layers stay while these need them");
+    let r = client.retire_checkpoint(&cp.id).await?;
+    if !r.deleted {
+        info!(snapshot = %cp.id, kept_by = %r.kept_by.join(", "), "e2b snapshot deleted; its layers stay while these need them");
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -220,7 +220,7 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
         req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("").to_string();
     let health = req.uri().path() == "/health";
     match port.parse::<u16>() {
-        Ok(ENVD_PORT | 1..) if let Some(r) = unavailable(&sandbox, found.as_ref(), health) => r,
+        Ok(1..) if let Some(r) = unavailable(&sandbox, found.as_ref(), health) => r,
         Ok(ENVD_PORT) => {
             use tower::ServiceExt;
             match envd_router.oneshot(req).await {

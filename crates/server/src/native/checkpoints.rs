@@ -56,11 +56,7 @@ pub async fn delete_handler(
 ) -> ApiResult<Response> {
     use axum::response::IntoResponse;
     if q.when_unused {
-        let c = engine.get_checkpoint(&id).await?;
-        let kept_by = engine.retire_checkpoint(&c.id).await?;
-        return Ok(
-            Json(strata_api::CheckpointDeleted { id: c.id, deleted: kept_by.is_empty(), kept_by }).into_response()
-        );
+        return Ok(Json(engine.retire_checkpoint(&id).await?).into_response());
     }
     engine.delete_checkpoint(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
