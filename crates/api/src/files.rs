@@ -1,5 +1,7 @@
 //! File transfer and file-system operations inside a sandbox.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -36,9 +38,30 @@ pub struct FileStat {
     pub gid: u32,
     /// Modification time, seconds since the epoch.
     pub mtime: i64,
-    /// Target, for symlinks.
+    /// Target, for symlinks, as written in the link.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+    /// For symlinks: where the link leads inside the sandbox, every symlink
+    /// on the way followed (absent when that cannot be worked out, e.g. a loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_resolved: Option<ResolvedLink>,
+    /// The entry's extended attributes of the `user.` namespace, by full name
+    /// (`user.e2b.owner`); values that are not UTF-8 are left out.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
+}
+
+/// Where a symlink leads inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ResolvedLink {
+    /// The absolute path the link resolves to (symlinks followed inside the sandbox).
+    pub path: String,
+    /// What is there (absent for a dangling link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FileKind>,
+    /// Its permission bits (absent for a dangling link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
 }
 
 /// Query naming one path (`?path=/etc/hosts`).
@@ -98,4 +121,33 @@ pub struct MoveRequest {
     pub from: String,
     /// New path.
     pub to: String,
+}
+
+/// What happened to a path under a watched directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FsOp {
+    /// Created, or moved in.
+    Create,
+    /// Its content was written.
+    Write,
+    /// Removed.
+    Remove,
+    /// Moved away (renamed).
+    Rename,
+    /// Its metadata changed (mode, owner, times, extended attributes).
+    Chmod,
+}
+
+/// One change under a watched directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FsEvent {
+    /// What happened.
+    pub op: FsOp,
+    /// The path, relative to the watched directory (`""`: the directory itself).
+    pub name: String,
+    /// The absolute path inside the sandbox.
+    pub path: String,
+    /// The path is a directory.
+    pub dir: bool,
 }

@@ -191,6 +191,12 @@ fn resume_on_access_and_fs_only_standby() {
     d.import_busybox();
     let id = d.create(&[]);
     start_counter(&d, &id);
+    // Each sandbox boot has its own boot id (the kernel's is the host's).
+    let boot_id = |id: &str| d.cli_ok(&["exec", id, "--", "cat", "/proc/sys/kernel/random/boot_id"]).trim().to_string();
+    let booted = boot_id(&id);
+    let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(booted.len(), 36, "{booted}");
+    assert_ne!(booted, host.trim(), "a sandbox does not show the host's boot id");
     d.cli_ok(&["standby", &id]);
     // An exec resumes the sandbox transparently and says so.
     let resp = rt()
@@ -212,6 +218,7 @@ fn resume_on_access_and_fs_only_standby() {
     assert!(evs.iter().any(|e| e.reason == "resume_on_access" && e.to == SandboxState::Running), "{evs:?}");
     let n = last_count(&d, &id);
     wait_count_above(&d, &id, n);
+    assert_eq!(boot_id(&id), booted, "processes restored: the same boot");
     // A file read resumes a paused sandbox.
     d.cli_ok(&["pause", &id]);
     assert!(d.cli_ok(&["fs", "ls", &id, "/root"]).contains("log"));
@@ -229,6 +236,7 @@ fn resume_on_access_and_fs_only_standby() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(last_count(&d, &id), parked, "fs-only standby does not bring processes back");
     assert!(d.cli_ok(&["exec", &id, "--", "cat", "/root/log"]).lines().count() as u64 >= parked);
+    assert_ne!(boot_id(&id), booted, "a filesystem-only resume is a reboot: a new boot id");
     let procs = rt().block_on(d.client().list_processes(&id)).unwrap();
     assert!(procs.iter().all(|p| p.status == strata_api::ProcessStatus::Exited), "{procs:?}");
 }

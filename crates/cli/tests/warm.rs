@@ -82,7 +82,8 @@ fn start_workload(d: &TestDaemon, id: &str) -> u64 {
 }
 
 /// Checks that `child` runs the workload copied from the checkpoint, as itself.
-fn assert_warm_copy(d: &TestDaemon, child: &str, counter_id: u64, source_machine_id: &str) {
+/// `source`: the machine id and boot id of the sandbox the checkpoint was taken of.
+fn assert_warm_copy(d: &TestDaemon, child: &str, counter_id: u64, source: &(String, String)) {
     let info = json(&d.cli_ok(&["inspect", child, "--json"]));
     assert_eq!(info["state"], "running", "{info}");
     let procs = json(&d.cli_ok(&["proc", "ls", child, "--json"]));
@@ -109,7 +110,8 @@ fn assert_warm_copy(d: &TestDaemon, child: &str, counter_id: u64, source_machine
     assert!(sh(d, child, "cat /etc/hosts").contains(info["hostname"].as_str().unwrap()));
     assert_eq!(sh(d, child, "cat /run/strata/sandbox-id").trim(), child);
     assert_eq!(sh(d, child, "cat /run/strata/generation").trim(), info["fork_generation"].to_string());
-    assert_ne!(sh(d, child, "cat /etc/machine-id").trim(), source_machine_id, "a fresh machine id");
+    assert_ne!(sh(d, child, "cat /etc/machine-id").trim(), source.0, "a fresh machine id");
+    assert_ne!(sh(d, child, "cat /proc/sys/kernel/random/boot_id").trim(), source.1, "a boot id of its own");
     // The API process is the child's: what it printed since the restore streams
     // on new pipes, continuing the count (not a process started afresh).
     let out = common::stdout(&d.cli(&["proc", "logs", child, &counter_id.to_string()]));
@@ -128,7 +130,10 @@ fn warm_checkpoints_start_sandboxes_with_their_processes_running() {
     d.import_busybox();
     let src = d.create(&["--name", "src"]);
     let counter = start_workload(&d, &src);
-    let src_machine_id = sh(&d, &src, "cat /etc/machine-id").trim().to_string();
+    let src_machine_id = (
+        sh(&d, &src, "cat /etc/machine-id").trim().to_string(),
+        sh(&d, &src, "cat /proc/sys/kernel/random/boot_id").trim().to_string(),
+    );
 
     let ck = json(&d.cli_ok(&["checkpoint", &src, "--processes", "--name", "warm", "--json"]));
     let image = &ck["processes"];

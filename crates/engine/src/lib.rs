@@ -55,6 +55,7 @@ pub mod caller;
 pub mod checkpoints;
 pub mod chunks;
 pub mod clock;
+pub mod dirwatch;
 pub mod error;
 pub mod events;
 pub mod fanout;

@@ -34,7 +34,9 @@
 
 mod tarwalk;
 mod untar;
+pub mod xattr;
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -144,7 +146,7 @@ pub enum FsError {
 }
 
 impl FsError {
-    fn io(path: &str, source: io::Error) -> Self {
+    pub(crate) fn io(path: &str, source: io::Error) -> Self {
         if source.kind() == io::ErrorKind::NotFound {
             return FsError::NotFound(path.to_string());
         }
@@ -319,6 +321,14 @@ fn link_at(from_dir: RawFd, from: &str, to_dir: RawFd, to: &str) -> io::Result<(
 /// A name for a temp file of the file API in a sandbox directory.
 fn temp_name(what: &str) -> String {
     format!(".strata-{what}-{:016x}", rand::random::<u64>())
+}
+
+/// Whether `name` is one of the daemon's own temp files ([`temp_name`]): an
+/// upload's bytes go there before it is renamed into place.
+pub fn is_temp_name(name: &str) -> bool {
+    name.strip_prefix(".strata-")
+        .and_then(|rest| rest.rsplit_once('-'))
+        .is_some_and(|(what, hex)| !what.is_empty() && hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// A sandbox's root, opened for confined access.
@@ -520,6 +530,17 @@ impl SandboxFs {
         Ok(out)
     }
 
+    /// An `O_PATH` descriptor of the directory at `path` (symlinks followed
+    /// inside the sandbox), with its resolved path: what a directory watch marks.
+    pub fn open_dir_path(&self, path: &str) -> Result<(OwnedFd, String), FsError> {
+        let r = self.locate(path, true)?;
+        let o = self.object(&r)?;
+        if o.kind() != FileKind::Dir {
+            return Err(FsError::errno(&r.path, libc::ENOTDIR));
+        }
+        Ok((o.fd, r.path))
+    }
+
     /// Opens a directory for reading its entries; returns it with its resolved path.
     fn open_dir(&self, path: &str) -> Result<(File, String), FsError> {
         let r = self.locate(path, true)?;
@@ -535,9 +556,28 @@ impl SandboxFs {
     pub fn stat(&self, path: &str) -> Result<FileStat, FsError> {
         let r = self.locate(path, false)?;
         let o = self.object(&r)?;
-        let link_target =
-            (o.kind() == FileKind::Symlink).then(|| readlink_at(r.parent.as_raw_fd(), &r.name).ok()).flatten();
-        Ok(stat_of(&r.path, &r.name, &as_seen_inside(self.userns, o.st), link_target))
+        let mut st = stat_of(&r.path, &r.name, &as_seen_inside(self.userns, o.st), None);
+        if o.kind() == FileKind::Symlink {
+            st.link_target = readlink_at(r.parent.as_raw_fd(), &r.name).ok();
+            st.link_resolved = self.link_end(&r.path);
+        }
+        st.xattrs = xattr::read_user(o.fd.as_raw_fd());
+        Ok(st)
+    }
+
+    /// Where the symlink at `path` leads: every symlink followed inside the
+    /// sandbox, and what is there (`None` when the resolution fails: a loop,
+    /// or a target above the root).
+    fn link_end(&self, path: &str) -> Option<strata_api::ResolvedLink> {
+        let rel = self.resolve(path, true).ok()?.join("/");
+        let there = openat2(self.root.as_raw_fd(), &rel, libc::O_PATH | libc::O_NOFOLLOW, 0)
+            .and_then(|fd| fstat(fd.as_raw_fd()))
+            .ok();
+        Some(strata_api::ResolvedLink {
+            path: format!("/{rel}"),
+            kind: there.map(|st| kind_of(st.st_mode)),
+            mode: there.map(|st| st.st_mode & 0o7777),
+        })
     }
 
     /// Entries of a directory, sorted by name (at most [`MAX_LIST_ENTRIES`]).
@@ -557,10 +597,36 @@ impl SandboxFs {
             let link = (kind_of(st.st_mode) == FileKind::Symlink)
                 .then(|| readlink_at_c(dir.as_raw_fd(), &c).ok().map(|b| String::from_utf8_lossy(&b).into_owned()))
                 .flatten();
-            out.push(stat_of(&format!("{base}/{name}"), &name, &as_seen_inside(self.userns, st), link));
+            let mut entry = stat_of(&format!("{base}/{name}"), &name, &as_seen_inside(self.userns, st), link);
+            if entry.kind == FileKind::Symlink {
+                entry.link_resolved = self.link_end(&entry.path);
+            } else if let Ok(fd) = open_entry(dir.as_raw_fd(), &c, libc::O_PATH) {
+                entry.xattrs = xattr::read_user(fd.as_raw_fd());
+            }
+            out.push(entry);
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    /// Makes the `user.` extended attributes of the file or directory at
+    /// `path` (symlinks followed) under `prefix` exactly `values` (keys
+    /// without the prefix); its other attributes are left alone.
+    pub fn set_xattrs(&self, path: &str, prefix: &str, values: &BTreeMap<String, String>) -> Result<(), FsError> {
+        let r = self.locate(path, true)?;
+        let o = self.object(&r)?;
+        match o.kind() {
+            FileKind::File | FileKind::Dir => {}
+            // The resolver followed every symlink: one here was swapped in since.
+            FileKind::Symlink => return Err(FsError::Escape(path.to_string())),
+            FileKind::Other => {
+                return Err(FsError::Special {
+                    path: r.path,
+                    kind: special_kind(o.st.st_mode).unwrap_or("special file"),
+                })
+            }
+        }
+        xattr::replace_user(o.fd.as_raw_fd(), prefix, values).map_err(|e| FsError::io(&r.path, e))
     }
 
     /// Creates a directory (and its parents when asked).
@@ -780,6 +846,8 @@ fn stat_of(path: &str, name: &str, st: &libc::stat, link_target: Option<String>)
         gid: st.st_gid,
         mtime: st.st_mtime,
         link_target,
+        link_resolved: None,
+        xattrs: Default::default(),
     }
 }
 

@@ -267,8 +267,26 @@ class TestCommands(Base):
     def test_timeout(self):
         t = time.time()
         with self.assertRaises(TimeoutException):
-            self.sb.commands.run("sleep 30", timeout=1)
+            self.sb.commands.run("sleep 30; echo still-here > /tmp/not-killed", timeout=1)
         self.assertLess(time.time() - t, 10)
+        # The deadline (Connect-Timeout-Ms) is envd's too: the command is killed then.
+        h = self.sb.commands.run("echo started; sleep 30; echo still-here > /tmp/not-killed-bg", background=True, timeout=2)
+        with self.assertRaises(TimeoutException):
+            h.wait()
+        for _ in range(40):  # the SDK's own deadline may fire a moment before the kill
+            if h.pid not in [p.pid for p in self.sb.commands.list()]:
+                break
+            time.sleep(0.1)
+        self.assertNotIn(h.pid, [p.pid for p in self.sb.commands.list()])
+        self.assertFalse(self.sb.files.exists("/tmp/not-killed-bg"))
+        # timeout=0: no deadline.
+        self.assertEqual(self.sb.commands.run("sleep 1.5; echo done", timeout=0).stdout, "done\n")
+        # A malformed deadline is refused as connect-go refuses it.
+        h = {"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": KEY,
+             "Content-Type": "application/json", "Connect-Timeout-Ms": "12345678901"}
+        status, body = raw("POST", "/filesystem.Filesystem/Stat", b'{"path": "/tmp"}', h)
+        self.assertEqual((status, body["code"]), (400, "invalid_argument"))
+        self.assertIn("has >10 digits", body["message"])
 
     def test_kill_and_list(self):
         h = self.sb.commands.run("sleep 300", background=True)
@@ -385,7 +403,8 @@ class TestFiles(Base):
         w = self.sb.files.watch_dir("/tmp/w")
         self.sb.files.write("/tmp/w/new.txt", "x")
         kinds = [(e.name, e.type) for e in w.get_new_events()]
-        self.assertIn(("new.txt", FilesystemEventType.CREATE), kinds)
+        # strata writes as root and gives a new file to the user: a CHMOD follows.
+        self.assertEqual(kinds[:2], [("new.txt", FilesystemEventType.CREATE), ("new.txt", FilesystemEventType.WRITE)])
         self.assertEqual(w.get_new_events(), [])
         self.sb.commands.run("echo more >> /tmp/w/new.txt")
         self.assertEqual([(e.name, e.type) for e in w.get_new_events()], [("new.txt", FilesystemEventType.WRITE)])
@@ -394,6 +413,153 @@ class TestFiles(Base):
         w.stop()
         with self.assertRaises(SandboxException):
             w.get_new_events()
+
+    def test_watch_dir_sees_every_event_between_polls_with_entries(self):
+        self.sb.files.make_dir("/tmp/w2/sub")
+        w = self.sb.files.watch_dir("/tmp/w2", recursive=True, include_entry=True)
+        # Created and removed between two polls (polling could never see these),
+        # in a subdirectory, and a directory made after the watch began.
+        self.sb.commands.run("for i in $(seq 1 200); do echo $i > /tmp/w2/f$i; rm /tmp/w2/f$i; done; "
+                             "echo s > /tmp/w2/sub/s.txt; mkdir /tmp/w2/late; sleep 0.2; echo l > /tmp/w2/late/l.txt; "
+                             "mv /tmp/w2/sub/s.txt /tmp/w2/sub/t.txt; chmod 600 /tmp/w2/sub/t.txt")
+        events = w.get_new_events()
+        seen = [(e.name, e.type) for e in events]
+        for i in range(1, 201):
+            self.assertIn((f"f{i}", FilesystemEventType.CREATE), seen)
+            self.assertIn((f"f{i}", FilesystemEventType.REMOVE), seen)
+        self.assertLess(seen.index(("f1", FilesystemEventType.CREATE)), seen.index(("f1", FilesystemEventType.REMOVE)))
+        rest = [x for x in seen if not x[0].startswith("f")]
+        for want in [("sub/s.txt", FilesystemEventType.CREATE), ("late", FilesystemEventType.CREATE),
+                     ("late/l.txt", FilesystemEventType.CREATE), ("late/l.txt", FilesystemEventType.WRITE),
+                     ("sub/s.txt", FilesystemEventType.RENAME), ("sub/t.txt", FilesystemEventType.CREATE),
+                     ("sub/t.txt", FilesystemEventType.CHMOD)]:
+            self.assertIn(want, rest)
+        chmod = [e for e in events if e.name == "sub/t.txt" and e.type == FilesystemEventType.CHMOD][0]
+        self.assertEqual((chmod.entry.path, chmod.entry.mode, chmod.entry.type), ("/tmp/w2/sub/t.txt", 0o600, FileType.FILE))
+        removed = [e for e in events if e.type == FilesystemEventType.REMOVE]
+        self.assertTrue(all(e.entry is None for e in removed), "a removal carries no entry, as envd's")
+        w.stop()
+
+    def test_metadata_is_kept_as_user_xattrs(self):
+        meta = {"owner": "team-a", "build": "42"}
+        info = self.sb.files.write("/tmp/meta/a.txt", "a", metadata={"Owner": "team-a", "build": "42"})
+        self.assertEqual(info.metadata, meta)
+        self.assertEqual(self.sb.files.get_info("/tmp/meta/a.txt").metadata, meta)
+        self.assertEqual({e.name: e.metadata for e in self.sb.files.list("/tmp/meta")}, {"a.txt": meta})
+        # Inside the sandbox they are user.e2b.* extended attributes; ones set there show too.
+        r = self.sb.commands.run("python3 -c \"import os; p='/tmp/meta/a.txt'; print(os.getxattr(p, 'user.e2b.owner').decode()); os.setxattr(p, 'user.e2b.extra', b'in-sandbox')\"")
+        self.assertEqual(r.stdout, "team-a\n")
+        self.assertEqual(self.sb.files.get_info("/tmp/meta/a.txt").metadata["extra"], "in-sandbox")
+        # A write without metadata replaces the file and its metadata, as envd's.
+        self.sb.files.write("/tmp/meta/a.txt", "b")
+        self.assertIsNone(self.sb.files.get_info("/tmp/meta/a.txt").metadata)
+        out = self.sb.files.write_files([{"path": "/tmp/meta/x", "data": "x"}, {"path": "/tmp/meta/y", "data": "y"}], metadata={"k": "v"})
+        self.assertEqual([w.metadata for w in out], [{"k": "v"}, {"k": "v"}])
+        # Metadata envd refuses is refused before anything is written.
+        h = {"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": KEY,
+             "Content-Type": "application/octet-stream", "X-Metadata-big": "v" * 5000}
+        status, body = raw("POST", "/files?path=/tmp/meta/bad", b"x", h)
+        self.assertEqual((status, body["message"]), (400, "invalid metadata: total metadata size 5012 exceeds 4096 bytes"))
+        self.assertFalse(self.sb.files.exists("/tmp/meta/bad"))
+
+    def test_gzip_uploads_and_downloads(self):
+        blob = (b"strata " * 50000) + bytes(range(256))
+        self.sb.files.write("/tmp/gz.bin", blob, gzip=True)
+        self.assertEqual(self.sb.commands.run("wc -c < /tmp/gz.bin").stdout.strip(), str(len(blob)))
+        self.assertEqual(bytes(self.sb.files.read("/tmp/gz.bin", format="bytes", gzip=True)), blob)
+        h = {"E2b-Sandbox-Id": self.sb.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": KEY}
+        req = urllib.request.Request(API + "/files?path=/tmp/gz.bin", headers=dict(h, **{"Accept-Encoding": "gzip"}))
+        with urllib.request.urlopen(req, timeout=30) as r:
+            self.assertEqual((r.headers["Content-Encoding"], r.headers["Vary"]), ("gzip", "Accept-Encoding"))
+            import gzip as gz
+            self.assertEqual(gz.decompress(r.read()), blob)
+        # Not gzip, or an encoding envd does not take: 400, nothing written.
+        for enc, body, msg in [("gzip", b"not gzip at all", "error decompressing request body"),
+                               ("br", b"x", "unsupported Content-Encoding: br, supported: [gzip]")]:
+            status, out = raw("POST", "/files?path=/tmp/gz-bad", body, dict(h, **{"Content-Type": "application/octet-stream", "Content-Encoding": enc}))
+            self.assertEqual(status, 400, out)
+            self.assertIn(msg, out["message"])
+        self.assertFalse(self.sb.files.exists("/tmp/gz-bad"))
+
+    def test_symlinks_are_described_by_their_target(self):
+        self.sb.commands.run("mkdir -p /tmp/s/dir/deep && echo hi > /tmp/s/t.txt && chmod 640 /tmp/s/t.txt && "
+                             "ln -s t.txt /tmp/s/link && ln -s /tmp/s/dir /tmp/s/dlink && ln -s /nowhere /tmp/s/dangling")
+        info = self.sb.files.get_info("/tmp/s/link")
+        self.assertEqual((info.type, info.symlink_target, info.mode, info.size), (FileType.SYMLINK, "/tmp/s/t.txt", 0o640, len("t.txt")))
+        self.assertTrue(info.permissions.startswith("L"), info.permissions)
+        self.assertEqual(self.sb.files.get_info("/tmp/s/dlink").symlink_target, "/tmp/s/dir")
+        dangling = self.sb.files.get_info("/tmp/s/dangling")
+        self.assertEqual((dangling.type, dangling.symlink_target, dangling.mode), (FileType.SYMLINK, "/tmp/s/dangling", 0))
+        # A link to a directory is listed, not entered (envd's walk does not follow links).
+        paths = [e.path for e in self.sb.files.list("/tmp/s", depth=3)]
+        self.assertIn("/tmp/s/dlink", paths)
+        self.assertNotIn("/tmp/s/dlink/deep", paths)
+
+    def test_list_depth_is_depth_first_in_name_order(self):
+        self.sb.commands.run("mkdir -p /tmp/o/b /tmp/o/a/x/y && touch /tmp/o/c.txt /tmp/o/a/z.txt /tmp/o/a/x/y/deep.txt /tmp/o/B")
+        paths = [e.path[len("/tmp/o/"):] for e in self.sb.files.list("/tmp/o", depth=3)]
+        self.assertEqual(paths, ["B", "a", "a/x", "a/x/y", "a/z.txt", "b", "c.txt"])
+        self.assertEqual([e.name for e in self.sb.files.list("/tmp/o")], ["B", "a", "b", "c.txt"])
+
+
+class TestAccessTokensAndSignedUrls(Base):
+    def envd(self, method, url, body=None, headers=None):
+        """A request as a browser or a plain client sends it: no key; the
+        sandbox named by E2B's host form (`49983-<id>.<domain>`)."""
+        h = {"Host": f"49983-{self.sb.sandbox_id}.strata.test", **(headers or {})}
+        req = urllib.request.Request(url, data=body, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def test_the_access_token_is_the_sandboxes_own(self):
+        token = self.sb._envd_access_token
+        self.assertTrue(token and token != KEY, "a per-sandbox token, not the API key")
+        # It opens this sandbox's envd (every call of this suite's SDK uses it) ...
+        self.assertEqual(self.sb.commands.run("echo via-token").stdout, "via-token\n")
+        # ... and nothing else: not the control plane, not another sandbox.
+        status, _ = raw("GET", "/v2/sandboxes", headers={"X-API-Key": token})
+        self.assertEqual(status, 401)
+        other = Sandbox.create()
+        try:
+            h = {"E2b-Sandbox-Id": other.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": token,
+                 "Content-Type": "application/json"}
+            status, _ = raw("POST", "/filesystem.Filesystem/Stat", b'{"path": "/tmp"}', h)
+            self.assertEqual(status, 401)
+        finally:
+            other.kill()
+        # The same token again on connect.
+        self.assertEqual(Sandbox.connect(self.sb.sandbox_id)._envd_access_token, token)
+
+    def test_signed_download_and_upload_urls(self):
+        self.sb.files.write("/home/user/signed.txt", "signed bytes")
+        url = self.sb.download_url("/home/user/signed.txt")
+        self.assertIn("signature=v1_", url)
+        self.assertEqual(self.envd("GET", url), (200, b"signed bytes"))
+        status, body = self.envd("GET", url.replace("signature=v1_", "signature=v1_x"))
+        self.assertEqual((status, json.loads(body)["message"]), (401, "invalid signature"))
+        status, body = self.envd("GET", url.split("&signature=")[0])
+        self.assertEqual((status, json.loads(body)["message"]), (401, "missing signature query parameter"))
+        # A signature names its path and operation.
+        other = url.replace("signed.txt", "other.txt")
+        self.assertEqual(self.envd("GET", other)[0], 401)
+        status, _ = self.envd("POST", url, b"x", {"Content-Type": "application/octet-stream"})
+        self.assertEqual(status, 401, "a read signature does not write")
+        # Expiry.
+        short = self.sb.download_url("/home/user/signed.txt", use_signature_expiration=1)
+        self.assertIn("signature_expiration=", short)
+        self.assertEqual(self.envd("GET", short)[0], 200)
+        time.sleep(2.2)
+        status, body = self.envd("GET", short)
+        self.assertEqual((status, json.loads(body)["message"]), (401, "signature is already expired"))
+        # Upload.
+        up = self.sb.upload_url("/home/user/uploaded.txt", use_signature_expiration=60)
+        status, body = self.envd("POST", up, b"from a signed url", {"Content-Type": "application/octet-stream"})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(self.sb.files.read("/home/user/uploaded.txt"), "from a signed url")
+        self.assertEqual(self.sb.commands.run("stat -c %U /home/user/uploaded.txt").stdout, "user\n")
 
 
 class TestPauseForkSnapshot(unittest.TestCase):

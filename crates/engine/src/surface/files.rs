@@ -23,6 +23,26 @@ impl Engine {
         self.with_fs(key, move |fs| fs.list(&path)).await
     }
 
+    /// Makes the `user.` extended attributes of a file or directory under
+    /// `prefix` exactly `values` (keys without the prefix).
+    pub async fn set_xattrs(
+        &self,
+        key: &str,
+        path: &str,
+        prefix: &str,
+        values: std::collections::BTreeMap<String, String>,
+    ) -> EngineResult<()> {
+        let (path, prefix) = (path.to_string(), prefix.to_string());
+        self.with_fs(key, move |fs| fs.set_xattrs(&path, &prefix, &values)).await
+    }
+
+    /// Watches a directory (and with `recursive` every directory under it):
+    /// its changes as they happen, until the watch is dropped or ends with an error.
+    pub async fn watch_dir(&self, key: &str, path: &str, recursive: bool) -> EngineResult<crate::dirwatch::DirWatch> {
+        let sb = self.enter(key, Use::Running).await?;
+        self.run(crate::dirwatch::watch(&self.st, &sb.id, path, recursive)).await
+    }
+
     /// Creates a directory (and its missing parents with `parents`).
     pub async fn mkdir(&self, key: &str, path: &str, parents: bool) -> EngineResult<()> {
         let path = path.to_string();

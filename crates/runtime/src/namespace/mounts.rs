@@ -463,6 +463,7 @@ pub fn write_identity_files(
     for (name, content) in identity_files(hosts.as_deref(), hostname, sandbox_id, machine_id, generation) {
         fs::write(run_strata.join(name), content).map_err(ctx(format!("write /run/strata/{name}")))?;
     }
+    bind_boot_id(sys, root, &run_strata)?;
     if hosts.is_none() {
         return Ok(());
     }
@@ -478,6 +479,32 @@ pub fn write_identity_files(
         sys.mount(Some(&run_strata.join(name)), &target, None, MsFlags::MS_BIND, None)
             .map_err(ctx(format!("bind /etc/{name}")))?;
     }
+    Ok(())
+}
+
+/// Where the kernel shows its boot id (one per host boot, the same in every
+/// namespace), relative to the sandbox root.
+pub const BOOT_ID: &str = "proc/sys/kernel/random/boot_id";
+
+/// A fresh random boot id (the kernel makes a new UUID at each read of this file).
+fn new_boot_id() -> Result<String, String> {
+    fs::read_to_string("/proc/sys/kernel/random/uuid").map_err(|e| format!("read /proc/sys/kernel/random/uuid: {e}"))
+}
+
+/// Gives the sandbox a boot id of its own: a new one at every start (a
+/// filesystem-only resume is a reboot and gets a new one; a process restore
+/// brings back the file, and so the id, it had), written to
+/// /run/strata/boot_id and bound over the kernel's [`BOOT_ID`] (read-only
+/// there, as /proc/sys is).
+fn bind_boot_id(sys: &dyn Sys, root: &Path, run_strata: &Path) -> SetupResult<()> {
+    let target = root.join(BOOT_ID);
+    if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) {
+        return Ok(()); // no proc mounted here (unit tests) or a kernel without it
+    }
+    let file = run_strata.join("boot_id");
+    fs::write(&file, new_boot_id()?).map_err(ctx("write /run/strata/boot_id"))?;
+    sys.mount(Some(&file), &target, None, MsFlags::MS_BIND, None)
+        .map_err(ctx("bind /proc/sys/kernel/random/boot_id"))?;
     Ok(())
 }
 
@@ -604,6 +631,8 @@ pub fn reidentify(
     put("generation", &format!("{generation}\n"))?;
     put("hostname", &format!("{hostname}\n"))?;
     put("machine-id", &format!("{machine_id}\n"))?;
+    // A copy of a running sandbox is another machine: it gets a boot id of its own.
+    put("boot_id", &new_boot_id()?)?;
     if let Some(mut f) = open("hosts")? {
         let mut old = String::new();
         let _ = Read::take(&mut f, 1 << 20).read_to_string(&mut old);

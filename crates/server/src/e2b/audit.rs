@@ -40,6 +40,19 @@ pub async fn authenticate(State(e): State<SharedE2b>, mut req: Request, next: Ne
     }
 }
 
+/// [`authenticate`] for envd: a sandbox's envd access token is a key there too
+/// (see [`super::E2b::envd_caller`]).
+pub async fn authenticate_envd(State(e): State<SharedE2b>, mut req: Request, next: Next) -> Response {
+    let caller = request_token(req.headers())
+        .and_then(|key| bearer_caller(&e.st, &e.operator_token, &key).ok())
+        .or_else(|| e.envd_caller(req.headers()));
+    if let Some(caller) = caller {
+        req.extensions_mut().insert(Actor(caller.actor()));
+        req.extensions_mut().insert(caller);
+    }
+    next.run(req).await
+}
+
 /// The audit log's route of an E2B request: `e2b:` and the route as matched,
 /// with a Connect method named (`e2b:/process.Process/Start`) when it is a
 /// plain identifier.

@@ -22,7 +22,7 @@ use strata_engine::error::EngineError;
 use tracing::info;
 
 use super::audit::Who;
-use super::{request_token, E2bError, SharedE2b, BASE_TEMPLATE, ENVD_VERSION, TEMPLATE_LABEL};
+use super::{access, E2bError, SharedE2b, BASE_TEMPLATE, ENVD_VERSION, TEMPLATE_LABEL};
 use strata_engine::Engine;
 
 /// Default sandbox timeout of the SDK (seconds).
@@ -61,11 +61,12 @@ pub fn router(e2b: SharedE2b) -> Router {
         .with_state(e2b)
 }
 
-/// A control-plane call: the engine as the request's caller, and the
-/// caller's key (extracting it answers 401 without a usable key).
+/// A control-plane call: the engine as the request's caller (extracting it
+/// answers 401 without a usable key), and the daemon's secret the sandboxes'
+/// envd access tokens are derived from ([`super::access`]).
 struct Control {
     engine: Engine,
-    key: String,
+    secret: std::sync::Arc<String>,
 }
 
 impl FromRequestParts<SharedE2b> for Control {
@@ -78,7 +79,7 @@ impl FromRequestParts<SharedE2b> for Control {
             &parts.headers,
             "API key: send it in the X-API-Key header (a strata API token, e.g. from `strata token create`)",
         )?;
-        Ok(Control { engine, key: request_token(&parts.headers).unwrap_or_default() })
+        Ok(Control { engine, secret: e.operator_token.clone() })
     }
 }
 
@@ -148,20 +149,20 @@ fn metadata(s: &Sandbox) -> BTreeMap<String, String> {
     s.labels.iter().filter(|(k, _)| !k.starts_with("e2b.")).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-/// The `Sandbox` model (create, connect, resume).
-fn sandbox_json(s: &Sandbox, key: &str) -> Value {
+/// The `Sandbox` model (create, connect, resume); `token` is its envd access token.
+fn sandbox_json(s: &Sandbox, token: &str) -> Value {
     json!({
         "templateID": template_of(s),
         "sandboxID": s.id,
         "clientID": "strata",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": key,
+        "envdAccessToken": token,
         "domain": Value::Null,
     })
 }
 
 /// The `SandboxDetail` / `ListedSandbox` model.
-fn detail_json(s: &Sandbox, key: Option<&str>) -> Value {
+fn detail_json(s: &Sandbox, token: Option<&str>) -> Value {
     let mut v = json!({
         "templateID": template_of(s),
         "sandboxID": s.id,
@@ -183,8 +184,8 @@ fn detail_json(s: &Sandbox, key: Option<&str>) -> Value {
             "autoResume": s.policy.resume_on_access,
         },
     });
-    if let Some(k) = key {
-        v["envdAccessToken"] = json!(k);
+    if let Some(t) = token {
+        v["envdAccessToken"] = json!(t);
     }
     v
 }
@@ -236,7 +237,7 @@ fn check_timeout(t: u64) -> Result<u64, E2bError> {
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`: create from a template.
 async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
-    let Control { engine: client, key } = call;
+    let Control { engine: client, secret } = call;
     let req: NewSandbox = json_body(&body, "NewSandbox")?;
     for (given, what) in [
         (req.mcp.as_ref().is_some_and(|v| !v.is_null()), "MCP gateway (mcp)"),
@@ -320,7 +321,7 @@ async fn create(call: Control, body: Bytes) -> Result<Response, E2bError> {
     })?;
     let s = client.get_sandbox(&created.id).await?;
     info!(sandbox = %s.id, template = %req.template_id, timeout, auto_pause, "e2b create");
-    let mut resp = (StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response();
+    let mut resp = (StatusCode::CREATED, Json(sandbox_json(&s, &access::envd_token(&secret, &s.id)))).into_response();
     // The route names no sandbox: the audit entry takes the one it made from here.
     resp.extensions_mut().insert(super::audit::Created(s.id.clone()));
     Ok(resp)
@@ -514,12 +515,12 @@ async fn list_v2(call: Control, Query(q): Query<ListV2Query>) -> Result<Response
 
 /// `GET /sandboxes/{id}`.
 async fn get_one(call: Control, Path(id): Path<String>) -> Result<Response, E2bError> {
-    let Control { engine: client, key } = call;
+    let Control { engine: client, secret } = call;
     let s = client.get_sandbox(&id).await.map_err(sandbox_err(&id))?;
     if !visible(&s) {
         return Err(E2bError::NotFound(format!("sandbox \"{id}\" doesn't exist or you don't have access to it")));
     }
-    Ok(Json(detail_json(&s, Some(&key))).into_response())
+    Ok(Json(detail_json(&s, Some(&access::envd_token(&secret, &s.id)))).into_response())
 }
 
 /// `DELETE /sandboxes/{id}`: destroy.
@@ -628,7 +629,7 @@ async fn wake(client: &Engine, id: &str, memory: bool) -> Result<(Sandbox, bool)
 /// `POST /sandboxes/{id}/connect`, `/v2/...`: resume if paused (201), else 200.
 /// A `timeout` sets a resumed sandbox's end; a running one's only moves later.
 async fn connect(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
-    let Control { engine: client, key } = call;
+    let Control { engine: client, secret } = call;
     let b: ConnectBody = json_body(&body, "ConnectSandbox")?;
     let (mut s, resumed) = wake(&client, &id, b.memory.unwrap_or(true)).await?;
     if let Some(t) = b.timeout {
@@ -636,12 +637,12 @@ async fn connect(call: Control, Path(id): Path<String>, body: Bytes) -> Result<R
         s = extend(&client, &id, check_timeout(t)?, how).await?;
     }
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(sandbox_json(&s, &key))).into_response())
+    Ok((status, Json(sandbox_json(&s, &access::envd_token(&secret, &s.id)))).into_response())
 }
 
 /// `POST /sandboxes/{id}/resume` (deprecated in the SDK): like connect, 409 when running.
 async fn resume(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
-    let Control { engine: client, key } = call;
+    let Control { engine: client, secret } = call;
     let b: ConnectBody = json_body(&body, "ResumedSandbox")?;
     let (mut s, resumed) = wake(&client, &id, b.memory.unwrap_or(true)).await?;
     if !resumed {
@@ -654,7 +655,7 @@ async fn resume(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Re
     if let Some(t) = b.timeout {
         s = extend(&client, &id, check_timeout(t)?, Extend::Set).await?;
     }
-    Ok((StatusCode::CREATED, Json(sandbox_json(&s, &key))).into_response())
+    Ok((StatusCode::CREATED, Json(sandbox_json(&s, &access::envd_token(&secret, &s.id)))).into_response())
 }
 
 /// `POST /sandboxes/{id}/pause`: strata standby (processes and memory dumped,
@@ -684,7 +685,7 @@ struct ForkBody {
 /// `POST /sandboxes/{id}/fork`: strata fork (copy-on-write children of a
 /// checkpoint taken now); a list of `{"sandbox": Sandbox}`.
 async fn fork(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Response, E2bError> {
-    let Control { engine: client, key } = call;
+    let Control { engine: client, secret } = call;
     let b: ForkBody = json_body(&body, "SandboxForkRequest")?;
     let count = b.count.unwrap_or(1);
     if count == 0 || count > 64 {
@@ -720,7 +721,7 @@ async fn fork(call: Control, Path(id): Path<String>, body: Bytes) -> Result<Resp
         if !s.labels.contains_key(TEMPLATE_LABEL) {
             s.labels.insert(TEMPLATE_LABEL.into(), template_of(&parent));
         }
-        out.push(json!({"sandbox": sandbox_json(&s, &key)}));
+        out.push(json!({"sandbox": sandbox_json(&s, &access::envd_token(&secret, &s.id))}));
     }
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }

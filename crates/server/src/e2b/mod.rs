@@ -15,6 +15,7 @@
 //! audit log ([`audit::record`]). Port routing goes through the preview proxy,
 //! in-process too. The mapping and what is not supported: docs/e2b-compat.md.
 
+pub mod access;
 pub mod audit;
 pub mod connect;
 pub mod control;
@@ -148,6 +149,45 @@ impl E2b {
         }
     }
 
+    /// The caller a sandbox's envd access token stands for ([`access`]): the
+    /// sandbox's tenant, when the request's key is the token of the sandbox
+    /// its `E2b-Sandbox-Id` names (a full id). Only envd and the sandbox's
+    /// ports take it; the control plane does not.
+    pub fn envd_caller(&self, headers: &HeaderMap) -> Option<strata_engine::tenancy::Caller> {
+        let sandbox = headers.get("e2b-sandbox-id")?.to_str().ok()?;
+        let key = request_token(headers)?;
+        self.envd_token_caller(sandbox, &key)
+    }
+
+    /// The caller of `sandbox`'s envd access token `token`, if it is that.
+    pub fn envd_token_caller(&self, sandbox: &str, token: &str) -> Option<strata_engine::tenancy::Caller> {
+        if !access::is_envd_token(&self.operator_token, sandbox, token) {
+            return None;
+        }
+        let tenant = self.st.db.sandbox_tenant_by_id(sandbox).ok()??;
+        Some(strata_engine::tenancy::Caller {
+            principal: strata_engine::caller::Principal::Tenant {
+                tenant,
+                token_id: format!("envd-{sandbox}"),
+                token_name: "envd access token".into(),
+            },
+            acting_as: None,
+            approval: None,
+        })
+    }
+
+    /// [`E2b::native`] for a call to a sandbox's envd or ports: its envd
+    /// access token is taken too.
+    pub fn envd_native(&self, who: &audit::Who, headers: &HeaderMap, what: &str) -> Result<Engine, E2bError> {
+        match self.native(who, headers, what) {
+            Err(err) => match self.envd_caller(headers) {
+                Some(caller) => Ok(Engine::new(self.st.clone(), caller)),
+                None => Err(err),
+            },
+            ok => ok,
+        }
+    }
+
     /// Locks the state (a poisoned lock is taken over: the maps stay usable).
     pub fn lock(&self) -> std::sync::MutexGuard<'_, E2bState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -173,7 +213,9 @@ pub fn request_token(headers: &HeaderMap) -> Option<String> {
 /// to the native ones (they do their own authentication), and, in front of
 /// everything, [`dispatch`] for requests addressed to a sandbox.
 pub fn mount(native: Router, e2b: SharedE2b) -> Router {
-    let envd_router = with_caller(envd::router(e2b.clone()), &e2b);
+    let envd_router = envd::router(e2b.clone())
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), audit::record))
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), audit::authenticate_envd));
     native
         .merge(with_caller(control::router(e2b.clone()), &e2b))
         .layer(axum::middleware::from_fn_with_state((envd_router, e2b), dispatch))
@@ -197,6 +239,16 @@ fn with_caller(router: Router, e2b: &SharedE2b) -> Router {
 /// different sandboxes to different tenants never shares an entry. A header
 /// that resolves to nothing is left as it is (the native calls answer 404).
 pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut req: Request, next: Next) -> Response {
+    if !req.headers().contains_key("e2b-sandbox-id") {
+        if let Some(id) = envd_host(req.headers()) {
+            // E2B's own addressing, `49983-<id>.<domain>` (an SDK without
+            // E2B_SANDBOX_URL, a signed URL opened by a browser): as the headers say it.
+            if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
+                req.headers_mut().insert("e2b-sandbox-id", v);
+                req.headers_mut().insert("e2b-sandbox-port", axum::http::HeaderValue::from(ENVD_PORT));
+            }
+        }
+    }
     let Some(mut sandbox) = req.headers().get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).map(str::to_string)
     else {
         return next.run(req).await;
@@ -204,7 +256,7 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
     // The sandbox as the caller sees it (no activity, no resume): its full id,
     // and whether it is paused (without a key, envd answers 401 itself).
     let who = audit::Who(req.extensions().get::<strata_engine::tenancy::Caller>().cloned());
-    let found = match e2b.native(&who, req.headers(), "key") {
+    let found = match e2b.envd_native(&who, req.headers(), "key") {
         Ok(native) => Some(native.get_sandbox(&sandbox).await),
         Err(_) => None,
     };
@@ -237,6 +289,16 @@ pub async fn dispatch(State((envd_router, e2b)): State<(Router, SharedE2b)>, mut
             (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"code": 400, "message": msg}))).into_response()
         }
     }
+}
+
+/// The sandbox a `Host: 49983-<id>.<domain>` names (E2B's host for a
+/// sandbox's envd; `<id>` a full strata id, 16 hex digits).
+fn envd_host(headers: &HeaderMap) -> Option<String> {
+    let host = headers.get(axum::http::header::HOST)?.to_str().ok()?;
+    let (label, domain) = host.split_once('.')?;
+    let id = label.strip_prefix(&format!("{ENVD_PORT}-"))?;
+    let full = id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    (full && !domain.is_empty()).then(|| id.to_string())
 }
 
 /// E2B's proxy answer (502, which the SDK reads as "not running") for a call
@@ -280,8 +342,11 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
         strata_api::ErrorCode::SandboxNotFound => E2bError::NotFound(format!("sandbox \"{sandbox}\" not found")),
         _ => E2bError::Engine(err),
     };
-    let caller = strata_engine::tenancy::bearer_caller(&e.st, &e.operator_token, &key)
-        .map_err(|err| E2bError::Unauthorized(err.body.message))?;
+    let caller = match strata_engine::tenancy::bearer_caller(&e.st, &e.operator_token, &key) {
+        Ok(c) => c,
+        // The sandbox's envd access token opens its ports too.
+        Err(err) => e.envd_token_caller(sandbox, &key).ok_or(E2bError::Unauthorized(err.body.message))?,
+    };
     let client = Engine::new(e.st.clone(), caller);
     let cache_key = (sandbox.to_string(), port, strata_engine::tenancy::secret_hash(&key));
     let cached = e
@@ -351,4 +416,26 @@ async fn route_port(e: &SharedE2b, sandbox: &str, port: u16, req: Request) -> Re
     );
     parts.uri = uri;
     Ok(crate::native::preview::serve_path(&e.st, &e.previews, Request::from_parts(parts, body)).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(h: &str) -> Option<String> {
+        let mut headers = HeaderMap::new();
+        headers.insert(axum::http::header::HOST, h.parse().unwrap());
+        envd_host(&headers)
+    }
+
+    #[test]
+    fn envd_hosts_name_a_full_sandbox_id() {
+        assert_eq!(host("49983-0123456789abcdef.sandbox.example").as_deref(), Some("0123456789abcdef"));
+        assert_eq!(host("49983-0123456789abcdef.localhost:3000").as_deref(), Some("0123456789abcdef"));
+        assert_eq!(host("8080-0123456789abcdef.sandbox.example"), None, "other ports are previews");
+        assert_eq!(host("49983-0123456789ABCDEF.x"), None);
+        assert_eq!(host("49983-0123.x"), None, "a prefix is not an id");
+        assert_eq!(host("49983-0123456789abcdef"), None, "no domain");
+        assert_eq!(host("127.0.0.1:8080"), None);
+    }
 }

@@ -225,13 +225,44 @@ describe('in one sandbox', () => {
     await assert.rejects(sb.files.read('/home/user/none.txt'), NotFoundError)
   })
 
-  it('watches a directory', async () => {
+  it('watches a directory: every event, with entries', async () => {
     await sb.files.makeDir('/home/user/w')
     const events = []
-    const w = await sb.files.watchDir('/home/user/w', (e) => events.push(e))
+    const w = await sb.files.watchDir('/home/user/w', (e) => events.push(e), { includeEntry: true })
     await sb.files.write('/home/user/w/new.txt', 'x')
-    await eventually(async () => events.some((e) => e.name === 'new.txt'), 10000, 'a watch event')
+    // Created and removed at once: none of them is missed.
+    await sb.commands.run('for i in $(seq 1 50); do echo $i > /home/user/w/f$i; rm /home/user/w/f$i; done')
+    const removed = () => events.filter((e) => e.type === 'remove' && /^f\d+$/.test(e.name)).length
+    await eventually(async () => removed() === 50, 10000, 'fifty removals')
+    const created = events.find((e) => e.name === 'new.txt' && e.type === 'create')
+    assert.equal(created.entry.path, '/home/user/w/new.txt')
+    assert.equal(created.entry.type, 'file')
+    assert.equal(events.filter((e) => e.type === 'create' && /^f\d+$/.test(e.name)).length, 50)
     await w.stop()
+  })
+
+  it('keeps file metadata, speaks gzip, describes symlinks by their target, lists depth first', async () => {
+    const w = await sb.files.write('/home/user/meta/a.txt', 'a', { metadata: { Owner: 'team-a' } })
+    assert.deepEqual(w.metadata, { owner: 'team-a' })
+    assert.deepEqual((await sb.files.getInfo('/home/user/meta/a.txt')).metadata, { owner: 'team-a' })
+    assert.deepEqual((await sb.files.list('/home/user/meta')).map((e) => e.metadata), [{ owner: 'team-a' }])
+    const blob = 'strata '.repeat(40000)
+    await sb.files.write('/home/user/gz.txt', blob, { gzip: true })
+    assert.equal((await sb.commands.run('wc -c < /home/user/gz.txt')).stdout.trim(), String(blob.length))
+    assert.equal(await sb.files.read('/home/user/gz.txt', { gzip: true }), blob)
+    await sb.commands.run('mkdir -p /home/user/s && echo hi > /home/user/s/t.txt && ln -s t.txt /home/user/s/link')
+    const link = await sb.files.getInfo('/home/user/s/link')
+    assert.equal(link.symlinkTarget, '/home/user/s/t.txt')
+    await sb.commands.run('mkdir -p /home/user/o/b /home/user/o/a/x && touch /home/user/o/c.txt /home/user/o/a/z.txt /home/user/o/a/x/deep.txt')
+    const paths = (await sb.files.list('/home/user/o', { depth: 3 })).map((e) => e.path.slice('/home/user/o/'.length))
+    assert.deepEqual(paths, ['a', 'a/x', 'a/x/deep.txt', 'a/z.txt', 'b', 'c.txt'])
+  })
+
+  it('holds commands to their deadline (Connect-Timeout-Ms)', async () => {
+    const h = await sb.commands.run('sleep 30', { background: true, timeoutMs: 1500 })
+    await assert.rejects(h.wait(), (e) => e instanceof TimeoutError)
+    await eventually(async () => !(await sb.commands.list()).some((p) => p.pid === h.pid), 5000, 'the command killed at its deadline')
+    assert.equal((await sb.commands.run('sleep 1.2; echo done', { timeoutMs: 0 })).stdout, 'done\n')
   })
 
   it('reports metrics', async () => {

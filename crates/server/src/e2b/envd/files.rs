@@ -9,6 +9,46 @@ pub(super) struct FilesQuery {
     path: Option<String>,
     #[serde(default)]
     username: Option<String>,
+    /// A signed URL's signature ([`crate::e2b::access`]).
+    #[serde(default)]
+    signature: Option<String>,
+    /// A signed URL's expiry, Unix seconds.
+    #[serde(default)]
+    signature_expiration: Option<i64>,
+}
+
+/// The caller of a `/files` request: its key (an API key or the sandbox's
+/// envd access token), or without one a signed URL's signature, checked as
+/// envd checks it (401 `missing signature query parameter`, `invalid
+/// signature`, `signature is already expired`); a signed request acts as the
+/// sandbox's tenant.
+fn files_ctx(
+    e: &SharedE2b,
+    who: &Who,
+    headers: &HeaderMap,
+    q: &FilesQuery,
+    op: crate::e2b::access::Operation,
+) -> Result<Ctx, Box<Response>> {
+    use crate::e2b::access;
+    if who.0.is_some() || request_token(headers).is_some() {
+        return ctx(e, who, headers, q.username.as_deref())
+            .map_err(|err| Box::new(http_error(err.code.http_status(), err.message)));
+    }
+    let sandbox = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let token = access::envd_token(&e.operator_token, &sandbox);
+    let signed = access::Signed {
+        path: q.path.as_deref().unwrap_or(""),
+        username: q.username.as_deref().unwrap_or(""),
+        signature: q.signature.as_deref(),
+        expiration: q.signature_expiration,
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    access::check_signature(&signed, op, &token, now)
+        .map_err(|why| http_error(StatusCode::UNAUTHORIZED, why.to_string()))?;
+    let caller = e
+        .envd_token_caller(&sandbox, &token)
+        .ok_or_else(|| Box::new(http_error(StatusCode::NOT_FOUND, format!("sandbox {sandbox} not found"))))?;
+    Ok(Ctx { client: Engine::new(e.st.clone(), caller), token, sandbox, user: user_of(headers, q.username.as_deref()) })
 }
 
 /// An envd HTTP error (`{"code": status, "message"}`).
@@ -31,9 +71,9 @@ pub(super) async fn download(
     headers: HeaderMap,
     Query(q): Query<FilesQuery>,
 ) -> Response {
-    let c = match ctx(&e, &who, &headers, q.username.as_deref()) {
+    let c = match files_ctx(&e, &who, &headers, &q, crate::e2b::access::Operation::Read) {
         Ok(c) => c,
-        Err(err) => return http_error(err.code.http_status(), err.message),
+        Err(resp) => return *resp,
     };
     let Some(p) = q.path.as_deref() else { return http_error(StatusCode::BAD_REQUEST, "path query parameter missing") };
     let path = c.path(p);
@@ -44,16 +84,30 @@ pub(super) async fn download(
         Ok(_) => {}
         Err(err) => return http_native(err),
     }
+    let encoding = match gzip::response_encoding(&headers) {
+        Ok(enc) => enc,
+        Err(msg) => return http_error(StatusCode::BAD_REQUEST, msg),
+    };
     // Streamed through: the bytes are passed on as the native download sends them.
     // The sandbox is in use until the last byte is taken (the stream holds it).
     match c.client.download(&c.sandbox, strata_api::DownloadQuery { path: path.clone(), tar: false }).await {
         Ok(data) => {
             let len = data.len;
-            let mut resp = Response::new(Body::from_stream(data.stream));
-            resp.headers_mut()
-                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
-            if let Some(len) = len {
-                resp.headers_mut().insert(header::CONTENT_LENGTH, len.into());
+            let mut resp = match encoding {
+                gzip::Encoding::Gzip => Response::new(Body::from_stream(gzip::gzip(data.stream))),
+                gzip::Encoding::Identity => Response::new(Body::from_stream(data.stream)),
+            };
+            let h = resp.headers_mut();
+            h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
+            h.insert(header::VARY, header::HeaderValue::from_static("Accept-Encoding"));
+            match (encoding, len) {
+                (gzip::Encoding::Gzip, _) => {
+                    h.insert(header::CONTENT_ENCODING, header::HeaderValue::from_static("gzip"));
+                }
+                (gzip::Encoding::Identity, Some(len)) => {
+                    h.insert(header::CONTENT_LENGTH, len.into());
+                }
+                (gzip::Encoding::Identity, None) => {}
             }
             resp
         }
@@ -85,7 +139,13 @@ impl BodyError {
 /// user) when missing, the bytes `pieces` yields are streamed into a native
 /// upload, and a new file is given to the caller's user. `total` counts the
 /// bytes of the whole request against [`MAX_UPLOAD`].
-async fn upload_one<F>(c: &Ctx, path: &str, total: &mut u64, mut pieces: F) -> Result<Value, Response>
+async fn upload_one<F>(
+    c: &Ctx,
+    path: &str,
+    metadata: &BTreeMap<String, String>,
+    total: &mut u64,
+    mut pieces: F,
+) -> Result<Value, Response>
 where
     F: AsyncPieces,
 {
@@ -132,7 +192,31 @@ where
         chown_to_user(c, path).await.map_err(|err| http_error(err.code.http_status(), err.message))?;
     }
     let name = path.rsplit('/').next().unwrap_or("").to_string();
-    Ok(json!({"name": name, "type": "file", "path": path}))
+    let mut info = json!({"name": name, "type": "file", "path": path});
+    // The file is new (written aside, renamed into place): it has no
+    // metadata but this upload's, as envd replaces it on every write.
+    if !metadata.is_empty() {
+        match c.client.set_xattrs(&c.sandbox, path, METADATA_XATTR, metadata.clone()).await {
+            Ok(()) => info["metadata"] = json!(metadata),
+            // A filesystem without user xattrs: the file is kept without them, as envd keeps it.
+            Err(err) if err.body.message.contains("not supported") => {
+                debug!(path, error = %err.body.message, "file metadata not kept: no user xattrs here");
+            }
+            Err(err) if err.body.message.contains("No space left") || err.body.message.contains("quota") => {
+                return Err(http_error(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    format!("not enough space for file metadata: {}", err.body.message),
+                ));
+            }
+            Err(err) => {
+                return Err(http_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("error writing file metadata: {}", err.body.message),
+                ))
+            }
+        }
+    }
+    Ok(info)
 }
 
 /// A source of upload pieces (a whole body, or one multipart part).
@@ -181,16 +265,20 @@ pub(super) async fn upload(
     Query(q): Query<FilesQuery>,
     body: Body,
 ) -> Response {
-    let c = match ctx(&e, &who, &headers, q.username.as_deref()) {
+    let c = match files_ctx(&e, &who, &headers, &q, crate::e2b::access::Operation::Write) {
         Ok(c) => c,
-        Err(err) => return http_error(err.code.http_status(), err.message),
+        Err(resp) => return *resp,
     };
-    if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes() != b"identity") {
-        return http_error(
-            StatusCode::NOT_IMPLEMENTED,
-            "compressed uploads (Content-Encoding) are not supported by strata's envd: upload without gzip",
-        );
-    }
+    let metadata = match upload_metadata(&headers) {
+        Ok(m) => m,
+        Err(msg) => return http_error(StatusCode::BAD_REQUEST, format!("invalid metadata: {msg}")),
+    };
+    let body = match gzip::request_encoding(&headers) {
+        Ok(gzip::Encoding::Identity) => body,
+        // Decompressed as it streams in: the limit counts the decompressed bytes.
+        Ok(gzip::Encoding::Gzip) => Body::from_stream(gzip::gunzip(body.into_data_stream())),
+        Err(msg) => return http_error(StatusCode::BAD_REQUEST, msg),
+    };
     if crate::native::transfer::announced_over(&headers, MAX_UPLOAD) {
         return BodyError::TooLarge.response();
     }
@@ -223,7 +311,7 @@ pub(super) async fn upload(
             };
             first = false;
             let path = c.path(&p);
-            match upload_one(&c, &path, &mut total, PartPieces(&mut mp)).await {
+            match upload_one(&c, &path, &metadata, &mut total, PartPieces(&mut mp)).await {
                 Ok(info) => infos.push(info),
                 Err(resp) => return resp,
             }
@@ -233,10 +321,69 @@ pub(super) async fn upload(
             return http_error(StatusCode::BAD_REQUEST, "path query parameter missing");
         };
         let path = c.path(p);
-        match upload_one(&c, &path, &mut total, BodyPieces(body.into_data_stream())).await {
+        match upload_one(&c, &path, &metadata, &mut total, BodyPieces(body.into_data_stream())).await {
             Ok(info) => infos.push(info),
             Err(resp) => return resp,
         }
     }
     Json(infos).into_response()
+}
+
+/// The longest metadata key: the kernel's 255-byte xattr name less the prefix.
+const MAX_METADATA_KEY: usize = 255 - METADATA_XATTR.len();
+/// The most metadata one file takes (names with the prefix, and values):
+/// what ext4 keeps in one block.
+const MAX_METADATA_TOTAL: usize = 4096;
+
+/// An upload's metadata, from its `X-Metadata-<key>` headers (keys
+/// lowercased, the first of repeated headers wins, an empty key is dropped),
+/// checked as envd checks it: printable US-ASCII, keys of at most
+/// [`MAX_METADATA_KEY`] bytes, [`MAX_METADATA_TOTAL`] bytes in all.
+fn upload_metadata(headers: &HeaderMap) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else { continue };
+        if key.is_empty() || out.contains_key(key) {
+            continue;
+        }
+        if key.len() > MAX_METADATA_KEY {
+            return Err(format!("metadata key {key:?} exceeds {MAX_METADATA_KEY} bytes"));
+        }
+        let bytes = value.as_bytes();
+        if let Some(at) = bytes.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+            return Err(format!(
+                "metadata value for key {key:?} contains non-printable-ASCII byte 0x{:02x} at offset {at}",
+                bytes[at]
+            ));
+        }
+        out.insert(key.to_string(), String::from_utf8_lossy(bytes).into_owned());
+    }
+    let total: usize = out.iter().map(|(k, v)| METADATA_XATTR.len() + k.len() + v.len()).sum();
+    if total > MAX_METADATA_TOTAL {
+        return Err(format!("total metadata size {total} exceeds {MAX_METADATA_TOTAL} bytes"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn upload_metadata_is_read_from_x_metadata_headers_and_checked() {
+        let mut h = HeaderMap::new();
+        h.insert("X-Metadata-Owner", HeaderValue::from_static("team-a"));
+        h.append("x-metadata-owner", HeaderValue::from_static("ignored"));
+        h.insert("x-metadata-Build", HeaderValue::from_static("42"));
+        h.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+        let m = upload_metadata(&h).unwrap();
+        assert_eq!(m, BTreeMap::from([("build".into(), "42".into()), ("owner".into(), "team-a".into())]));
+        let mut bad = HeaderMap::new();
+        bad.insert("x-metadata-k", HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
+        assert!(upload_metadata(&bad).unwrap_err().contains("non-printable-ASCII byte 0xc3 at offset 3"));
+        let mut big = HeaderMap::new();
+        big.insert("x-metadata-a", HeaderValue::from_str(&"v".repeat(4090)).unwrap());
+        assert!(upload_metadata(&big).unwrap_err().contains("exceeds 4096 bytes"));
+    }
 }

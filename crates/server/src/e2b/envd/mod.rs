@@ -6,7 +6,7 @@
 //! the descriptors shipped in the `e2b` package); every call is a strata
 //! process or file call made with the caller's token.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -19,9 +19,10 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use strata_api::{
-    ErrorCode, ExecRequest, FileKind, FileStat, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest, StreamKind,
-    TtySize,
+    ErrorCode, ExecRequest, FileKind, FileStat, FsEvent, FsOp, ProcessEvent, ProcessInfo, ProcessStatus, StdinRequest,
+    StreamKind, TtySize,
 };
 use strata_engine::error::{EngineError, ErrorKind};
 use tokio::sync::mpsc;
@@ -35,14 +36,15 @@ use strata_engine::Engine;
 
 mod files;
 mod filesystem;
+mod gzip;
 mod process;
 
 /// Largest `/files` upload (all its parts together), counted while it streams.
 const MAX_UPLOAD: u64 = 512 * 1024 * 1024;
 /// Default user of commands and files (E2B's base image convention).
 pub const DEFAULT_USER: &str = "user";
-/// How often a directory watch polls.
-const WATCH_POLL: Duration = Duration::from_millis(200);
+/// Where E2B keeps a file's metadata: its extended attributes under this prefix.
+const METADATA_XATTR: &str = "user.e2b.";
 /// Most entries a recursive watch or listing walks.
 const MAX_WALK: usize = 10_000;
 
@@ -61,22 +63,7 @@ pub struct ProcMeta {
     pub owner: String,
 }
 
-/// A polling directory watcher (`CreateWatcher`).
-#[derive(Debug, Clone)]
-pub struct Watcher {
-    sandbox: String,
-    token: String,
-    path: String,
-    recursive: bool,
-    seen: HashMap<String, (FileKind, u64, i64)>,
-}
-
-impl Watcher {
-    /// The watched sandbox.
-    pub fn sandbox(&self) -> &str {
-        &self.sandbox
-    }
-}
+pub use filesystem::Watcher;
 
 /// The envd routes (reached through [`super::dispatch`]).
 pub fn router(e2b: SharedE2b) -> Router {
@@ -92,6 +79,7 @@ pub fn router(e2b: SharedE2b) -> Router {
 }
 
 /// Who is calling which sandbox.
+#[derive(Clone)]
 struct Ctx {
     client: Engine,
     token: String,
@@ -212,7 +200,7 @@ fn user_of(headers: &HeaderMap, query_user: Option<&str>) -> String {
 fn ctx(e: &SharedE2b, who: &Who, headers: &HeaderMap, query_user: Option<&str>) -> Result<Ctx, ConnectError> {
     let sandbox = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let client = e
-        .native(who, headers, "access token: send X-Access-Token (the envdAccessToken of the sandbox)")
+        .envd_native(who, headers, "access token: send X-Access-Token (the envdAccessToken of the sandbox)")
         .map_err(|err| ConnectError::new(Code::Unauthenticated, err.message()))?;
     let token = request_token(headers).unwrap_or_default();
     Ok(Ctx { client, token, sandbox, user: user_of(headers, query_user) })
@@ -307,6 +295,58 @@ fn error_response(f: Framing, err: ConnectError) -> Response {
     match f {
         Framing::Unary => err.unary_response(),
         Framing::Stream => stream_error(&err),
+    }
+}
+
+/// The deadline of a Connect call: its `Connect-Timeout-Ms` header, read as
+/// connect-go reads it (at most 10 digits; absent: none). envd holds every
+/// call to it: a unary call still running then ends with `deadline_exceeded`,
+/// a stream ends with it, and a command started by `Start` is killed.
+fn call_timeout(headers: &HeaderMap) -> Result<Option<Duration>, ConnectError> {
+    let Some(v) = headers.get("connect-timeout-ms") else { return Ok(None) };
+    let v = v.to_str().unwrap_or("").trim();
+    if v.len() > 10 {
+        return Err(ConnectError::new(Code::InvalidArgument, format!("parse timeout: {v:?} has >10 digits")));
+    }
+    let ms: u64 =
+        v.parse().map_err(|e| ConnectError::new(Code::InvalidArgument, format!("parse timeout: {v:?}: {e}")))?;
+    Ok((ms > 0).then(|| Duration::from_millis(ms)))
+}
+
+/// The client's `Keepalive-Ping-Interval` (seconds) for a stream.
+fn keepalive_of(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+}
+
+/// The error of a call whose deadline passed.
+fn deadline_exceeded(limit: Duration) -> ConnectError {
+    ConnectError::new(
+        Code::DeadlineExceeded,
+        format!("the call's deadline passed (Connect-Timeout-Ms: {})", limit.as_millis()),
+    )
+}
+
+/// Runs a unary call within its deadline, if it has one.
+async fn within<T>(
+    limit: Option<Duration>,
+    call: impl std::future::Future<Output = Result<T, ConnectError>>,
+) -> Result<T, ConnectError> {
+    match limit {
+        None => call.await,
+        Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| Err(deadline_exceeded(d))),
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

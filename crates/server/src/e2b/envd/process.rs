@@ -108,8 +108,6 @@ struct StreamInputRequest {
     data: Option<ProcessRequest>,
 }
 
-/// The framing and caller of a Connect call, or the Connect error answering it.
-
 /// The `process.Process` service: one Connect call.
 pub(super) async fn service(
     State(e): State<SharedE2b>,
@@ -122,22 +120,22 @@ pub(super) async fn service(
         Ok(x) => x,
         Err(r) => return *r,
     };
-    let keepalive = headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs);
+    let keepalive = keepalive_of(&headers);
+    let limit = match call_timeout(&headers) {
+        Ok(l) => l,
+        Err(err) => return error_response(f, err),
+    };
+    let streams = Streams { keepalive, limit };
     let res = match (method.as_str(), f) {
         ("Start", Framing::Stream) => {
             match stream_message(&body).and_then(|m| parse::<StartRequest>(&m, "process.StartRequest")) {
-                Ok(req) => return start(e, c, req, keepalive).await.unwrap_or_else(|err| stream_error(&err)),
+                Ok(req) => return start(e, c, req, streams).await.unwrap_or_else(|err| stream_error(&err)),
                 Err(err) => Err(err),
             }
         }
         ("Connect", Framing::Stream) => {
             match stream_message(&body).and_then(|m| parse::<ProcessRequest>(&m, "process.ConnectRequest")) {
-                Ok(req) => return reconnect(e, c, req, keepalive).await.unwrap_or_else(|err| stream_error(&err)),
+                Ok(req) => return reconnect(e, c, req, streams).await.unwrap_or_else(|err| stream_error(&err)),
                 Err(err) => Err(err),
             }
         }
@@ -146,21 +144,21 @@ pub(super) async fn service(
             b.extend_from_slice(&connect::end_stream(None));
             ([(header::CONTENT_TYPE, "application/connect+json")], b).into_response()
         }),
-        ("List", Framing::Unary) => list(&e, &c).await.map(unary_ok),
+        ("List", Framing::Unary) => within(limit, list(&e, &c)).await.map(unary_ok),
         ("SendSignal", Framing::Unary) => match parse::<ProcessRequest>(&body, "process.SendSignalRequest") {
-            Ok(req) => send_signal(&e, &c, req).await.map(|()| unary_ok(json!({}))),
+            Ok(req) => within(limit, send_signal(&e, &c, req)).await.map(|()| unary_ok(json!({}))),
             Err(err) => Err(err),
         },
         ("SendInput", Framing::Unary) => match parse::<ProcessRequest>(&body, "process.SendInputRequest") {
-            Ok(req) => send_input(&e, &c, req.process, req.input).await.map(|()| unary_ok(json!({}))),
+            Ok(req) => within(limit, send_input(&e, &c, req.process, req.input)).await.map(|()| unary_ok(json!({}))),
             Err(err) => Err(err),
         },
         ("CloseStdin", Framing::Unary) => match parse::<ProcessRequest>(&body, "process.CloseStdinRequest") {
-            Ok(req) => close_stdin(&e, &c, req).await.map(|()| unary_ok(json!({}))),
+            Ok(req) => within(limit, close_stdin(&e, &c, req)).await.map(|()| unary_ok(json!({}))),
             Err(err) => Err(err),
         },
         ("Update", Framing::Unary) => match parse::<UpdateRequest>(&body, "process.UpdateRequest") {
-            Ok(req) => resize(&e, &c, req).await.map(|()| unary_ok(json!({}))),
+            Ok(req) => within(limit, resize(&e, &c, req)).await.map(|()| unary_ok(json!({}))),
             Err(err) => Err(err),
         },
         ("Start" | "Connect" | "StreamInput", Framing::Unary)
@@ -209,8 +207,21 @@ fn end_event(p: &ProcessInfo) -> Value {
     json!({"event": {"end": end}})
 }
 
+/// How a process stream is held: the client's keepalive interval and the
+/// call's deadline (`Connect-Timeout-Ms`).
+#[derive(Debug, Clone, Copy)]
+struct Streams {
+    keepalive: Option<Duration>,
+    limit: Option<Duration>,
+}
+
 /// Streams a process's events (`StartResponse`/`ConnectResponse`) from its log.
-fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response {
+/// With a deadline: a process this stream started was given it as its
+/// timeout (strata kills it then), and its stream ends with
+/// `deadline_exceeded` instead of an exit; a reattached stream just ends then.
+fn follow(c: Ctx, pid: u64, pty: bool, streams: Streams, started: bool) -> Response {
+    let Streams { keepalive, limit } = streams;
+    let deadline = limit.filter(|_| !started).map(|d| tokio::time::Instant::now() + d);
     let (tx, rx) = mpsc::channel::<Result<Value, ConnectError>>(64);
     tokio::spawn(async move {
         if tx.send(Ok(json!({"event": {"start": {"pid": pid}}}))).await.is_err() {
@@ -234,6 +245,10 @@ fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response 
                     continue;
                 }
                 _ = tx.closed() => return,
+                _ = until(deadline) => {
+                    let _ = tx.send(Err(deadline_exceeded(limit.unwrap_or_default()))).await;
+                    return;
+                }
             };
             let ev = match next {
                 Ok(Some(ev)) => ev,
@@ -280,6 +295,9 @@ fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response 
                             Code::NotFound,
                             format!("sandbox {} was killed while process {pid} ran", c.sandbox),
                         ))
+                    } else if let Some(d) = limit.filter(|_| started && process.timed_out) {
+                        // Killed at the call's deadline, as envd kills it.
+                        Err(deadline_exceeded(d))
                     } else {
                         Ok(end_event(&process))
                     };
@@ -296,7 +314,7 @@ fn follow(c: Ctx, pid: u64, pty: bool, keepalive: Option<Duration>) -> Response 
 }
 
 /// `process.Process/Start`: a strata background process, streamed.
-async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Duration>) -> Result<Response, ConnectError> {
+async fn start(e: SharedE2b, c: Ctx, req: StartRequest, streams: Streams) -> Result<Response, ConnectError> {
     let pty = req.pty.as_ref().filter(|p| !p.is_null()).map(pty_size);
     let cfg =
         req.process.ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process.StartRequest without process"))?;
@@ -320,6 +338,8 @@ async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Durati
         user: Some(c.user.clone()),
         keep_stdin_open: req.stdin.unwrap_or(false),
         tty: pty,
+        // envd runs the command under the call's deadline: it is killed then.
+        timeout: streams.limit.map(|d| format!("{}ms", d.as_millis())),
         ..Default::default()
     };
     let info = c.client.start_process(&c.sandbox, &native_req).await.map_err(native)?;
@@ -330,24 +350,19 @@ async fn start(e: SharedE2b, c: Ctx, req: StartRequest, keepalive: Option<Durati
     e.lock()
         .procs
         .insert((c.sandbox.clone(), info.id), ProcMeta { config, tag: req.tag, pty: pty.is_some(), owner: c.owner() });
-    Ok(follow(c, info.id, pty.is_some(), keepalive))
+    Ok(follow(c, info.id, pty.is_some(), streams, true))
 }
 
 /// `process.Process/Connect`: reattach to a process; its output is replayed
 /// from the start of strata's buffer, then followed.
-async fn reconnect(
-    e: SharedE2b,
-    c: Ctx,
-    req: ProcessRequest,
-    keepalive: Option<Duration>,
-) -> Result<Response, ConnectError> {
+async fn reconnect(e: SharedE2b, c: Ctx, req: ProcessRequest, streams: Streams) -> Result<Response, ConnectError> {
     let pid = resolve(&e, &c, req.process)?;
     let p = c.client.get_process(&c.sandbox, pid).await.map_err(native)?;
     if p.status == ProcessStatus::Exited {
         return Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} not found (it has exited)")));
     }
     let pty = c.own_proc(&e, pid).is_some_and(|m| m.pty);
-    Ok(follow(c, pid, pty, keepalive))
+    Ok(follow(c, pid, pty, streams, false))
 }
 
 /// `process.Process/List`: running processes.
