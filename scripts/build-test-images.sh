@@ -11,13 +11,16 @@
 #   OUT_DIR/busybox-rootfs.tar.gz    sorted names, fixed mtimes, gzip -n)
 # With --debian (slow: minutes; the demo's image, and the E2B `base` template:
 # import it with `strata image import OUT_DIR/debian-python.tar.gz --name e2b-base --trusted`):
-#   OUT_DIR/debian-python/           debootstrap --variant=minbase bookworm + python3, venv, pip,
-#                                    git, curl, sudo, procps, iproute2; user 1000 with
-#                                    passwordless sudo; no apt caches or lists
+#   OUT_DIR/debian-python/           debootstrap --variant=minbase bookworm + python3 (also as
+#                                    `python`), venv, pip, node (Debian's nodejs) and npm (from
+#                                    the npm registry, pinned: NPM_VERSION), git, curl, sudo,
+#                                    procps, iproute2; user 1000 with passwordless sudo; no apt
+#                                    caches or lists
 #   OUT_DIR/debian-python.tar.gz
 #
 # Idempotent: the busybox image is rebuilt only when this script or busybox changed
-# (a stamp file records both); the Debian image is skipped when its tarball exists.
+# (a stamp file records both); the Debian image when its recipe (packages, npm
+# version; recorded in a stamp file) changed, else it is kept.
 # Needs root (chown, chroot, debootstrap) and scripts/setup-host.sh's packages.
 set -euo pipefail
 
@@ -185,7 +188,27 @@ fi
 DEB_DIR=$OUT/debian-python
 DEB_TAR=$OUT/debian-python.tar.gz
 DEB_OK=$OUT/.debian-python.rootfs-ok
-DEB_INCLUDE=python3,python3-venv,python3-pip,ca-certificates,git,curl,sudo,procps,iproute2
+DEB_INCLUDE=python3,python3-venv,python3-pip,python-is-python3,nodejs,ca-certificates,git,curl,sudo,procps,iproute2
+# npm for the image's node (Debian's own npm package drags in a compiler toolchain and
+# hundreds of node-* packages): the npm registry's, a version that runs on node 18.
+NPM_VERSION=10.9.2
+DEB_STAMP=$OUT/.debian-python.stamp
+DEB_RECIPE="include=$DEB_INCLUDE npm=$NPM_VERSION"
+
+# npm's own package, unpacked under ROOT/usr/local (as `npm install -g` would place it).
+install_npm() {
+    local root=$1 work
+    command -v npm >/dev/null || die "npm is not installed (run scripts/setup-host.sh)"
+    work=$(mktemp -d)
+    (cd "$work" && npm pack --silent "npm@$NPM_VERSION" >/dev/null) || { rm -rf "$work"; die "npm pack npm@$NPM_VERSION failed"; }
+    install -d "$root/usr/local/lib/node_modules/npm" "$root/usr/local/bin"
+    tar -xzf "$work/npm-$NPM_VERSION.tgz" -C "$root/usr/local/lib/node_modules/npm" --strip-components=1 \
+        --no-same-owner --no-same-permissions
+    rm -rf "$work"
+    ln -sfn ../lib/node_modules/npm/bin/npm-cli.js "$root/usr/local/bin/npm"
+    ln -sfn ../lib/node_modules/npm/bin/npx-cli.js "$root/usr/local/bin/npx"
+    chroot "$root" /usr/local/bin/npm --version >/dev/null || die "npm $NPM_VERSION does not run in the image"
+}
 
 debootstrap_rootfs() {
     local mirror=$1 tmp=$DEB_DIR.tmp
@@ -198,6 +221,7 @@ debootstrap_rootfs() {
         die "mounts left below $tmp after debootstrap"
     fi
 
+    install_npm "$tmp"
     chroot "$tmp" /usr/sbin/useradd --uid 1000 --user-group --create-home \
         --home-dir /home/user --shell /bin/bash user
     echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' >"$tmp/etc/sudoers.d/user"
@@ -214,12 +238,13 @@ debootstrap_rootfs() {
     rm -rf "$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/*.bin \
         "$tmp"/var/cache/debconf/*-old "$tmp"/var/lib/dpkg/*-old \
         "$tmp"/var/log/*.log "$tmp"/var/log/apt/* "$tmp"/var/cache/ldconfig/aux-cache \
-        "$tmp"/tmp/* "$tmp"/var/tmp/* "$tmp"/root/.cache
+        "$tmp"/tmp/* "$tmp"/var/tmp/* "$tmp"/root/.cache "$tmp"/root/.npm
     find "$tmp/dev" -mindepth 1 -delete
 
     safe_rm_tree "$DEB_DIR"
     mv "$tmp" "$DEB_DIR"
     touch "$DEB_OK"
+    printf '%s\n' "$DEB_RECIPE" >"$DEB_STAMP"
 }
 
 tar_gz_rootfs() {
@@ -230,6 +255,10 @@ tar_gz_rootfs() {
 }
 
 if [ "$DEBIAN" = 1 ]; then
+    if [ "$(cat "$DEB_STAMP" 2>/dev/null)" != "$DEB_RECIPE" ] && { [ -f "$DEB_TAR" ] || [ -f "$DEB_OK" ]; }; then
+        note "debian-python: its recipe changed ($DEB_RECIPE): rebuilt"
+        rm -f "$DEB_TAR" "$DEB_OK"
+    fi
     if [ -f "$DEB_TAR" ]; then
         note "debian-python.tar.gz: exists ($(du -h "$DEB_TAR" | cut -f1)), skipped"
     else

@@ -336,6 +336,19 @@ class TestCommands(Base):
     def test_base_image(self):
         r = self.sb.commands.run("python3 -c 'print(1+1)'; git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; id -u; echo $HOME")
         self.assertEqual(r.stdout, "2\ngit\ncurl\n1000\n/home/user\n")
+        # What E2B's base image has and programs call: `python`, node and npm.
+        r = self.sb.commands.run("python -c 'import sys; print(sys.version_info[0])'; node -e 'console.log(6*7)'; npm --version; pip --version >/dev/null && echo pip")
+        self.assertEqual(r.stdout.split("\n")[:2], ["3", "42"])
+        self.assertRegex(r.stdout, r"\n10\.\d+\.\d+\npip\n$")
+        # npm works offline as a user would use it: a local package installed from a directory.
+        r = self.sb.commands.run("mkdir -p ~/pkg ~/app && cd ~/pkg && npm init -y >/dev/null && "
+                                 "echo 'module.exports = () => \"from-pkg\"' > index.js && cd ~/app && npm init -y >/dev/null && "
+                                 "npm install --offline --no-audit --no-fund ../pkg >/dev/null 2>&1 && node -e 'console.log(require(\"pkg\")())'")
+        self.assertEqual(r.stdout, "from-pkg\n")
+        # A boot id of the sandbox's own (E2B: each VM boot has one), not the host's.
+        boot = self.sb.commands.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        self.assertRegex(boot, r"^[0-9a-f-]{36}$")
+        self.assertNotEqual(boot, open("/proc/sys/kernel/random/boot_id").read().strip())
         # Passwordless sudo works as in E2B's base image (E2B sandboxes allow
         # setuid): it reaches the sandbox's root, whose capabilities stay the
         # reduced set (CapBnd 0x5fb) under the same seccomp filter.

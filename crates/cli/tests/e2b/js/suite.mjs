@@ -151,6 +151,9 @@ describe('in one sandbox', () => {
     assert.equal(env.stdout, 'x /tmp user\n')
     assert.equal((await sb.commands.run('id -un', { user: 'root' })).stdout, 'root\n')
     assert.equal((await sb.commands.run('pwd')).stdout, '/home/user\n')
+    // The base template has what E2B's has and programs call: `python`, node, npm.
+    const tools = await sb.commands.run("python -c 'print(3)'; node -e 'console.log(6*7)'; npm --version")
+    assert.match(tools.stdout, /^3\n42\n10\.\d+\.\d+\n$/)
   })
 
   it('runs background commands with stdin, lists and kills them', async () => {
@@ -298,11 +301,15 @@ describe('pause, snapshots', () => {
     try {
       await sb.files.write('/home/user/keep.txt', 'kept')
       const h = await sb.commands.run('sleep 600', { background: true })
+      const bootId = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+      const booted = await bootId(sb)
       await sb.pause()
       const back = await Sandbox.connect(sb.sandboxId, reboot ? { onResume: 'reboot' } : {})
       assert.equal(await back.files.read('/home/user/keep.txt'), 'kept')
       const running = (await back.commands.list()).some((p) => p.pid === h.pid)
       assert.equal(running, !reboot, reboot ? 'processes started afresh' : 'processes restored')
+      // A reboot is a new boot (a new boot id); a restore is the same one.
+      assert.equal((await bootId(back)) === booted, !reboot)
     } finally {
       await sb.kill()
     }
