@@ -151,3 +151,27 @@ pub struct FsEvent {
     /// The path is a directory.
     pub dir: bool,
 }
+
+/// Query of `GET /v1/sandboxes/{id}/files/watch`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, utoipa::IntoParams)]
+pub struct WatchQuery {
+    /// The directory to watch (absolute, symlinks followed inside the sandbox).
+    pub path: String,
+    /// Watch every directory under it too (those made later included).
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// One line of a directory watch: an event, or why the watch ended (its last line).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum WatchLine {
+    /// A change.
+    Event(FsEvent),
+    /// The watch ended: the directory went away (removed, the sandbox stopped
+    /// or went to standby), or the kernel's event queue overflowed.
+    Ended {
+        /// Why.
+        error: crate::ApiErrorBody,
+    },
+}

@@ -382,3 +382,79 @@ fn mount_points_of_the_sandbox_are_not_removed_renamed_or_replaced() {
     assert_eq!(mounts(), before, "every mount of the sandbox is still there");
     assert_eq!(d.cli_ok(&["exec", &id, "--", "echo", "still runs"]), "still runs\n");
 }
+
+#[test]
+fn metadata_symlinks_and_directory_watches() {
+    require_host!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&[]);
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /w/sub /w/dir && echo t > /w/t && ln -s t /w/link && ln -s /nowhere /w/dangling",
+    ]);
+    let c = d.client();
+    common::rt().block_on(async {
+        // A symlink is described with where it leads, inside the sandbox.
+        let link = c.stat(&id, "/w/link").await.unwrap();
+        assert_eq!(link.kind, FileKind::Symlink);
+        assert_eq!(link.link_target.as_deref(), Some("t"));
+        let end = link.link_resolved.unwrap();
+        assert_eq!((end.path.as_str(), end.kind), ("/w/t", Some(FileKind::File)));
+        let dangling = c.stat(&id, "/w/dangling").await.unwrap().link_resolved.unwrap();
+        assert_eq!((dangling.path.as_str(), dangling.kind), ("/nowhere", None));
+
+        // Every change, in order, none missed; directories made later are watched too.
+        let mut w = c.watch_dir(&id, "/w", true).await.unwrap();
+        let script = "echo a > /w/a; mv /w/a /w/b; chmod 600 /w/b; echo s > /w/sub/s; rm /w/b; \
+                      for i in 1 2 3 4 5 6 7 8 9 10; do touch /w/f$i; rm /w/f$i; done; mkdir /w/new; sleep 0.3; touch /w/new/n";
+        d.cli_ok(&["exec", &id, "--", "sh", "-c", script]);
+        let mut seen = Vec::new();
+        let want_last = ("create".to_string(), "new/n".to_string());
+        while !seen.contains(&want_last) {
+            let line = tokio::time::timeout(std::time::Duration::from_secs(10), w.next()).await;
+            match line.expect("an event within 10 s").unwrap().expect("the watch goes on") {
+                strata_api::WatchLine::Event(ev) => seen.push((format!("{:?}", ev.op).to_lowercase(), ev.name)),
+                strata_api::WatchLine::Ended { error } => panic!("the watch ended: {error:?} after {seen:?}"),
+            }
+        }
+        let pos = |op: &str, name: &str| {
+            seen.iter().position(|(o, n)| o == op && n == name).unwrap_or_else(|| panic!("{op} {name} in {seen:?}"))
+        };
+        assert!(pos("create", "a") < pos("write", "a"));
+        assert!(pos("write", "a") < pos("rename", "a"));
+        assert!(pos("rename", "a") < pos("create", "b"));
+        assert!(pos("create", "b") < pos("chmod", "b"));
+        assert!(pos("chmod", "b") < pos("create", "sub/s"));
+        assert!(pos("create", "sub/s") < pos("remove", "b"));
+        for i in 1..=10 {
+            assert!(pos("create", &format!("f{i}")) < pos("remove", &format!("f{i}")));
+        }
+        assert!(pos("create", "new") < pos("create", "new/n"));
+
+        // The watch ends, and says so, when the sandbox stops.
+        d.cli_ok(&["stop", &id]);
+        loop {
+            let line = tokio::time::timeout(std::time::Duration::from_secs(10), w.next()).await;
+            match line.expect("the end within 10 s").unwrap() {
+                Some(strata_api::WatchLine::Event(_)) => continue,
+                Some(strata_api::WatchLine::Ended { error }) => {
+                    assert_eq!(error.code, ErrorCode::FileNotFound, "{error:?}");
+                    assert!(error.message.contains("is gone"), "{error:?}");
+                    break;
+                }
+                None => panic!("the stream ended without saying why"),
+            }
+        }
+        // A watch of a file is refused with the reason (the sandbox is started again for it, as any file call does).
+        let (status, body) = api_err(c.watch_dir(&id, "/w/t", false).await, "watch a file");
+        assert_eq!(status, 400, "{body:?}");
+        assert!(body.message.contains("/w/t"), "{body:?}");
+        let (status, _) = api_err(c.watch_dir(&id, "/nope", false).await, "watch nothing");
+        assert_eq!(status, 404);
+    });
+}

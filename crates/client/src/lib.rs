@@ -989,6 +989,18 @@ impl Client {
     }
 
     /// Lists a directory.
+    /// Watches a directory of a sandbox: its changes as they happen, one
+    /// [`strata_api::WatchLine`] each (an `Ended` line last when the watch ends on its own).
+    pub async fn watch_dir(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<NdjsonStream<strata_api::WatchLine>> {
+        let q = format!("/v1/sandboxes/{}/files/watch?path={}&recursive={recursive}", enc(id), enc(path));
+        self.stream::<(), _>(Method::GET, &q, None).await
+    }
+
     pub async fn list_dir(&self, id: &str, path: &str) -> Result<Vec<FileStat>> {
         self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/files/list?path={}", enc(id), enc(path)), None).await
     }

@@ -162,6 +162,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/sandboxes/{id}/files", get(f::download_handler).put(f::upload_handler))
         .route("/v1/sandboxes/{id}/files/stat", get(f::stat_handler))
         .route("/v1/sandboxes/{id}/files/list", get(f::list_handler))
+        .route("/v1/sandboxes/{id}/files/watch", get(f::watch_handler))
         .route("/v1/sandboxes/{id}/files/mkdir", post(f::mkdir_handler))
         .route("/v1/sandboxes/{id}/files/remove", post(f::remove_handler))
         .route("/v1/sandboxes/{id}/files/move", post(f::move_handler))

@@ -47,6 +47,7 @@ use crate::native::{
         files::upload_handler,
         files::stat_handler,
         files::list_handler,
+        files::watch_handler,
         files::mkdir_handler,
         files::remove_handler,
         files::move_handler,

@@ -1,5 +1,5 @@
 //! Files of a sandbox: `diff` and `export` (changes since a checkpoint), `cp` (to and
-//! from the host) and `fs ls|stat|mkdir|rm|mv`.
+//! from the host) and `fs ls|stat|mkdir|rm|mv|watch`.
 
 use clap::{Args, Subcommand};
 
@@ -69,6 +69,17 @@ pub enum FsCmd {
         /// Recursive.
         #[arg(short, long)]
         recursive: bool,
+    },
+    /// Watch a directory: one line per change as it happens (until interrupted,
+    /// or the watch ends: the directory removed, the sandbox stopped).
+    Watch {
+        #[command(flatten)]
+        at: SandboxPath,
+        /// Every directory under it too.
+        #[arg(short, long)]
+        recursive: bool,
+        #[command(flatten)]
+        out: JsonOutput,
     },
     /// Move a path.
     Mv {

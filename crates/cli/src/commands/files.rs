@@ -172,6 +172,37 @@ pub(super) async fn fs_cmd(c: &Client, cmd: FsCmd) -> Result<i32> {
         FsCmd::Mkdir { at: SandboxPath { id, path }, parents } => c.mkdir(&id, &path, parents).await?,
         FsCmd::Rm { at: SandboxPath { id, path }, recursive } => c.remove_path(&id, &path, recursive).await?,
         FsCmd::Mv { id, from, to } => c.move_path(&id, &from, &to).await?,
+        FsCmd::Watch { at: SandboxPath { id, path }, recursive, out: JsonOutput { json } } => {
+            return watch(c, &id, &path, recursive, json).await
+        }
+    }
+    Ok(0)
+}
+
+/// `strata fs watch`: one line per change (`create  sub/f.txt`, a directory
+/// with a `/`), or its JSON; exit status 1 when the watch ends on its own.
+async fn watch(c: &Client, id: &str, path: &str, recursive: bool, json: bool) -> Result<i32> {
+    use std::io::Write;
+    let mut lines = c.watch_dir(id, path, recursive).await?;
+    while let Some(line) = lines.next().await? {
+        if json {
+            println!("{}", serde_json::to_string(&line).expect("API models serialize"));
+        }
+        match line {
+            strata_api::WatchLine::Event(ev) if !json => {
+                let name = if ev.name.is_empty() { "." } else { ev.name.as_str() };
+                let op = format!("{:?}", ev.op).to_lowercase();
+                println!("{op:<7} {name}{}", if ev.dir { "/" } else { "" });
+            }
+            strata_api::WatchLine::Event(_) => {}
+            strata_api::WatchLine::Ended { error } => {
+                if !json {
+                    eprintln!("strata: the watch ended: {}", error.message);
+                }
+                return Ok(1);
+            }
+        }
+        let _ = std::io::stdout().flush();
     }
     Ok(0)
 }

@@ -6,7 +6,10 @@ use axum::extract::Query;
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use axum::Json;
-use strata_api::{DownloadQuery, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, UploadQuery};
+use strata_api::{
+    DownloadQuery, FileStat, MkdirRequest, MoveRequest, PathQuery, RemoveFileRequest, UploadQuery, WatchLine,
+    WatchQuery,
+};
 
 use crate::native::acting::Acting;
 
@@ -94,6 +97,29 @@ pub async fn list_handler(
     Query(q): Query<PathQuery>,
 ) -> ApiResult<Json<Vec<FileStat>>> {
     Ok(Json(engine.list_dir(&id, &q.path).await?))
+}
+
+/// Watch a directory: its changes as they happen (inotify on the sandbox's
+/// tree: creates, writes, removes, renames, metadata changes; none dropped),
+/// one JSON line each, until the client goes away; a last `{"error": ...}`
+/// line when the watch ends on its own (the directory removed, the sandbox
+/// stopped or in standby, the kernel's queue overflowed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/watch", tag = "files", params(("id" = String, Path, description = "Sandbox id or name"), WatchQuery),
+    responses((status = 200, description = "NDJSON stream of `WatchLine`", content_type = "application/x-ndjson", body = WatchLine), (status = 400, body = strata_api::ApiErrorBody), (status = 403, body = strata_api::ApiErrorBody), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody), (status = 413, description = "More directories than one recursive watch marks (`too_large`)", body = strata_api::ApiErrorBody)))]
+pub async fn watch_handler(
+    Acting(engine): Acting,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Query(q): Query<WatchQuery>,
+) -> ApiResult<Response> {
+    let watch = engine.watch_dir(&id, &q.path, q.recursive).await?;
+    let lines = futures_util::stream::unfold(Some(watch), |w| async move {
+        let mut w = w?;
+        match w.next().await? {
+            Ok(ev) => Some((WatchLine::Event(ev), Some(w))),
+            Err(e) => Some((WatchLine::Ended { error: e.body }, None)),
+        }
+    });
+    Ok(crate::ndjson::stream(lines))
 }
 
 /// Create a directory.
