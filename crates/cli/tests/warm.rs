@@ -112,6 +112,20 @@ fn assert_warm_copy(d: &TestDaemon, child: &str, counter_id: u64, source: &(Stri
     assert_eq!(sh(d, child, "cat /run/strata/generation").trim(), info["fork_generation"].to_string());
     assert_ne!(sh(d, child, "cat /etc/machine-id").trim(), source.0, "a fresh machine id");
     assert_ne!(sh(d, child, "cat /proc/sys/kernel/random/boot_id").trim(), source.1, "a boot id of its own");
+    // Its processes are in its own cgroups (its limits, its accounting, its
+    // freezer), not in those of the sandbox they were copied from.
+    let init = info["init_pid"].as_i64().expect("init pid");
+    for pid in std::iter::once(init.to_string()).chain(
+        std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string),
+    ) {
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        for line in cg.lines().filter(|l| !l.ends_with(":/")) {
+            assert!(line.ends_with(child), "process {pid} of {child} in another sandbox's cgroup: {line}\n{cg}");
+        }
+    }
     // The API process is the child's: what it printed since the restore streams
     // on new pipes, continuing the count (not a process started afresh).
     let out = common::stdout(&d.cli(&["proc", "logs", child, &counter_id.to_string()]));
@@ -191,9 +205,19 @@ fn warm_checkpoints_start_sandboxes_with_their_processes_running() {
     assert_contiguous(&wait_longer(&d, &src, back.len()), "restored source");
     assert_eq!(d.cli_ok(&["exec", &src, "--", "hostname"]).trim(), "src", "the source keeps its own hostname");
 
+    // A copy outlives its source: removing the sandbox the checkpoint was taken
+    // of (through a fork of it, whose processes it froze to dump them) leaves the copies running.
+    let gone = json(&d.cli_ok(&["fork", &from_tpl, "--count", "1", "--processes", "--json"]));
+    let orphan = gone["sandboxes"][0].as_str().unwrap().to_string();
+    d.cli_ok(&["rm", "-f", &from_tpl]);
+    let n = counts(&d, &orphan).len();
+    assert_contiguous(&wait_longer(&d, &orphan, n), "a copy whose source was removed");
+    d.cli_ok(&["rm", "-f", &orphan]);
+    d.cli_ok(&["checkpoint", "rm", gone["checkpoint"].as_str().unwrap()]);
+
     // Deleting the checkpoint (once nothing needs it) deletes its process image.
     let ckpt_id = ck["id"].as_str().unwrap().to_string();
-    for id in children.iter().chain([&created, &cold, &from_tpl]) {
+    for id in children.iter().chain([&created, &cold]) {
         d.cli_ok(&["rm", "-f", id]);
     }
     d.cli_ok(&["rm", "-f", live["sandboxes"][0].as_str().unwrap()]);

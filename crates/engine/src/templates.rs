@@ -42,7 +42,52 @@ pub enum Step {
     Workdir(String),
     /// User.
     User(String),
+    /// Shell command run as a given user (E2B's `RUN [cmd, user]`).
+    RunAs {
+        /// The command (`sh -c`).
+        cmd: String,
+        /// The user it runs as.
+        user: String,
+    },
+    /// Files from an archive the daemon holds (E2B's uploaded `COPY` files: a
+    /// tar, gzipped or not, with paths relative to the client's context):
+    /// `src` of it to `dest`, like E2B's copy (a directory's contents into
+    /// `dest`, a file to `dest` itself, a glob's matches into `dest`), given
+    /// to `owner` (`user:group`; the build's user by default) with `mode`.
+    CopyArchive {
+        /// The archive on the daemon's host (the daemon's own file, never the caller's path).
+        archive: PathBuf,
+        /// What identifies its content (the cache key takes it).
+        digest: String,
+        /// The path, or glob, inside the archive.
+        src: String,
+        /// Where to, inside the sandbox (relative: to the working directory, else the user's home).
+        dest: String,
+        /// `user[:group]`.
+        owner: Option<String>,
+        /// Octal mode, e.g. `0755`.
+        mode: Option<String>,
+    },
 }
+
+/// How a build runs, besides its steps.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOpts {
+    /// Ignore the step cache.
+    pub no_cache: bool,
+    /// Register even if the final scan has findings (recorded).
+    pub accept_findings: bool,
+    /// A command started (in the background) in a sandbox of the built
+    /// filesystem; the template is then a warm checkpoint taken once
+    /// `ready_cmd` succeeds: its sandboxes start with the command running.
+    pub start_cmd: Option<String>,
+    /// Polled every 2 s (up to [`READY_TIMEOUT`]) until it exits 0; without
+    /// one, the start command is given 20 s (E2B's default).
+    pub ready_cmd: Option<String>,
+}
+
+/// The longest a start command may take to be ready.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Parses a build file. Comments (`#`), blank lines and `\` continuations are
 /// handled; RUN accepts the shell form and the JSON exec form.
@@ -265,8 +310,12 @@ impl Build<'_> {
         }
     }
 
-    async fn run(&mut self, sandbox: &str, cmd: &str) -> EngineResult<()> {
-        let req = ExecRequest { cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()], ..Default::default() };
+    async fn run(&mut self, sandbox: &str, cmd: &str, user: Option<&str>) -> EngineResult<()> {
+        let req = ExecRequest {
+            cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
+            user: user.map(str::to_string),
+            ..Default::default()
+        };
         let p = crate::processes::spawn(self.st, sandbox, req).await?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<ProcessEvent>(64);
         let follower = tokio::spawn(crate::processes::follow(p.clone(), tx));
@@ -293,6 +342,135 @@ impl Build<'_> {
         }
         Ok(())
     }
+}
+
+impl Build<'_> {
+    /// [`Step::CopyArchive`]: the archive is unpacked (confined, as any tar
+    /// upload) into a staging directory of the build sandbox, and a script
+    /// run as root there puts `src` at `dest`, owns and modes it, and removes
+    /// the staging directory.
+    async fn copy_archive(
+        &mut self,
+        sandbox: &str,
+        archive: &FsPath,
+        src: &str,
+        dest: &str,
+        owner: Option<&str>,
+        mode: Option<&str>,
+    ) -> EngineResult<()> {
+        let user = self.config.user.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| "root".into());
+        let dest = match (dest.starts_with('/'), &self.config.working_dir) {
+            (true, _) => dest.to_string(),
+            (false, Some(w)) if w.starts_with('/') => format!("{}/{dest}", w.trim_end_matches('/')),
+            (false, _) if user == "root" => format!("/root/{dest}"),
+            (false, _) => format!("/home/{user}/{dest}"),
+        };
+        let owner = owner.filter(|o| !o.is_empty()).map(str::to_string).unwrap_or_else(|| format!("{user}:{user}"));
+        let staging = format!("/tmp/.strata-copy-{}", ids::new_id());
+        let mut f = std::fs::File::open(archive)
+            .map_err(|e| EngineError::bad_request(format!("COPY {src}: its files are not here ({e})")))?;
+        let mut magic = [0u8; 2];
+        let gz = std::io::Read::read(&mut f, &mut magic).map(|n| n == 2 && magic == [0x1f, 0x8b]).unwrap_or(false);
+        std::io::Seek::rewind(&mut f).map_err(|e| EngineError::internal("COPY archive", &e))?;
+        let reader: Box<dyn std::io::Read + Send> =
+            if gz { Box::new(flate2::read::MultiGzDecoder::new(f)) } else { Box::new(f) };
+        let at = staging.clone();
+        crate::files::with_fs(self.st, sandbox, move |fs| {
+            fs.mkdir(&at, true, 0o700)?;
+            fs.untar_from(&at, reader).map(drop)
+        })
+        .await?;
+        let script = copy_script(&staging, src, &dest, &owner, mode.filter(|m| !m.is_empty()));
+        self.run(sandbox, &script, Some("root")).await
+    }
+
+    /// The warm checkpoint of a template with a start command: a sandbox of
+    /// `ckpt` runs `cmd` (as the build's user, in its working directory)
+    /// until `ready` exits 0 (polled every 2 s, at most [`READY_TIMEOUT`]),
+    /// then its filesystem and processes are checkpointed.
+    async fn warm(&mut self, ckpt: &str, cmd: &str, ready: Option<&str>) -> EngineResult<String> {
+        let sb = self.sandbox(ckpt).await?;
+        self.emit(BuildEvent::Output {
+            stream: strata_api::StreamKind::Stdout,
+            data_b64: base64::engine::general_purpose::STANDARD.encode(format!("start command: {cmd}\n")),
+        })
+        .await;
+        let req = ExecRequest {
+            cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
+            user: self.config.user.clone(),
+            cwd: self.config.working_dir.clone(),
+            ..Default::default()
+        };
+        let started = crate::processes::spawn(self.st, &sb, req).await?;
+        let ready = ready.map(str::to_string).unwrap_or_else(|| "sleep 20".into());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let now = started.info();
+            if now.status == strata_api::ProcessStatus::Exited {
+                return Err(EngineError::bad_request(format!(
+                    "the start command {cmd:?} exited (status {}) before it was ready",
+                    now.exit_status()
+                )));
+            }
+            let probe = ExecRequest {
+                cmd: vec!["/bin/sh".into(), "-c".into(), ready.clone()],
+                user: self.config.user.clone(),
+                cwd: self.config.working_dir.clone(),
+                timeout: Some("60s".into()),
+                ..Default::default()
+            };
+            let r = crate::processes::spawn(self.st, &sb, probe).await?.wait(None).await;
+            if r.exit_status() == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "the ready command {ready:?} did not succeed within {} s of the start command",
+                        READY_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        }
+        let c = checkpoints::checkpoint(
+            self.st,
+            &sb,
+            CheckpointRequest {
+                processes: true,
+                labels: [("strata.build".into(), self.name.clone()), ("strata.start".into(), cmd.to_string())].into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        self.drop_sandbox().await;
+        Ok(c.id)
+    }
+}
+
+/// The script of [`Step::CopyArchive`] (run as root in the build sandbox).
+fn copy_script(staging: &str, src: &str, dest: &str, owner: &str, mode: Option<&str>) -> String {
+    let q = shell_quote;
+    let src = src.trim_end_matches('/');
+    let (st, d) = (q(staging), q(dest));
+    let globbed = src.contains(['*', '?', '[']);
+    let mut s = format!("set -e\ncd {st}\n");
+    if globbed {
+        // Each match goes into dest (a directory); the glob is expanded by the shell, in the staging directory.
+        s.push_str(&format!("mkdir -p {d}\nfor m in {src}; do [ -e \"$m\" ] || {{ echo \"COPY: nothing matches {src}\" >&2; exit 1; }}; cp -a \"$m\" {d}/; done\n"));
+    } else {
+        s.push_str(&format!(
+            "if [ -d {sq} ] && [ ! -L {sq} ]; then mkdir -p {d}; cp -a {sq}/. {d}/\nelif [ -e {sq} ] || [ -L {sq} ]; then\n  case {d} in */) mkdir -p {d}; cp -a {sq} {d} ;; *) mkdir -p \"$(dirname {d})\"; cp -a {sq} {d} ;; esac\nelse echo \"COPY: {src} is not in the uploaded files\" >&2; exit 1\nfi\n",
+            sq = q(src)
+        ));
+    }
+    s.push_str(&format!("chown -R {} {d}\n", q(owner)));
+    if let Some(m) = mode {
+        s.push_str(&format!("chmod {} {d}\n", q(m)));
+    }
+    s.push_str(&format!("cd / && rm -rf {st}\n"));
+    s
 }
 
 fn context_file(context: Option<&FsPath>, src: &str) -> EngineResult<PathBuf> {
@@ -350,7 +528,6 @@ pub async fn build(
     tx: &Sender<BuildEvent>,
     actor: &str,
 ) -> Result<Template, (usize, EngineError)> {
-    let started = Instant::now();
     ids::validate_new_name(&req.name, true).map_err(|e| (0, EngineError::from(e)))?;
     name_usable(st, &req.name).map_err(|e| (0, e))?;
     let steps = parse(&req.file).map_err(|e| (0, EngineError::bad_request(format!("build file: {e}"))))?;
@@ -359,7 +536,36 @@ pub async fn build(
         return Err((0, EngineError::new(ErrorCode::Forbidden, "COPY reads files on the daemon's host (context): not allowed for a tenant token; upload files into a sandbox and template it instead")));
     }
     let context = req.context.as_deref().map(PathBuf::from);
+    let opts = BuildOpts { no_cache: req.no_cache, accept_findings: req.accept_findings, ..Default::default() };
+    build_steps(st, &req.name, steps, context, opts, tx, actor).await
+}
+
+/// Runs a build of already parsed steps (the first a `FROM`), streaming
+/// events; returns the template. `context` is where `COPY` sources are read
+/// (a caller's host path is checked by [`build`]).
+pub async fn build_steps(
+    st: &Shared,
+    name: &str,
+    steps: Vec<(String, Step)>,
+    context: Option<PathBuf>,
+    opts: BuildOpts,
+    tx: &Sender<BuildEvent>,
+    actor: &str,
+) -> Result<Template, (usize, EngineError)> {
+    let started = Instant::now();
+    ids::validate_new_name(name, true).map_err(|e| (0, EngineError::from(e)))?;
+    name_usable(st, name).map_err(|e| (0, e))?;
+    let req = BuildTemplateRequest {
+        name: name.to_string(),
+        file: String::new(),
+        context: None,
+        no_cache: opts.no_cache,
+        accept_findings: opts.accept_findings,
+    };
     let count = steps.len();
+    let Some((_, Step::From(_))) = steps.first() else {
+        return Err((0, EngineError::bad_request("a build starts with FROM")));
+    };
     let Step::From(from) = &steps[0].1 else { unreachable!("parse checks FROM") };
     let source = lifecycle::resolve_source(st, from).map_err(|e| (1, e))?;
     let mut b = Build { st, tx, name: req.name.clone(), sandbox: None, config: source.config.clone() };
@@ -390,10 +596,11 @@ pub async fn build(
             }
             let extra = match step {
                 Step::Copy(srcs, _) => copy_digest(context.as_deref(), srcs)?,
+                Step::CopyArchive { digest, .. } => digest.as_bytes().to_vec(),
                 _ => Vec::new(),
             };
             k = key(&k, &format!("{text}\n{}", serde_json::to_string(&b.config).expect("config serializes")), &extra);
-            if !matches!(step, Step::Run(_) | Step::Copy(..)) {
+            if !matches!(step, Step::Run(_) | Step::Copy(..) | Step::RunAs { .. } | Step::CopyArchive { .. }) {
                 if let Some(sb) = &b.sandbox {
                     st.db.set_image_config(sb, &b.config)?;
                 }
@@ -419,7 +626,11 @@ pub async fn build(
                 crate::files::with_fs(st, &sb, move |fs| fs.mkdir(&w, true, 0o755)).await?;
             }
             match step {
-                Step::Run(cmd) => b.run(&sb, cmd).await?,
+                Step::Run(cmd) => b.run(&sb, cmd, None).await?,
+                Step::RunAs { cmd, user } => b.run(&sb, cmd, Some(user)).await?,
+                Step::CopyArchive { archive, src, dest, owner, mode, .. } => {
+                    b.copy_archive(&sb, archive, src, dest, owner.as_deref(), mode.as_deref()).await?
+                }
                 Step::Copy(srcs, dst) => {
                     let dst = match (dst.starts_with('/'), &b.config.working_dir) {
                         (true, _) => dst.clone(),
@@ -542,6 +753,17 @@ pub async fn build(
         current_from
     };
     b.drop_sandbox().await;
+    // A start command: the template is the built filesystem with it running.
+    let final_ckpt = match &opts.start_cmd {
+        Some(cmd) => match b.warm(&final_ckpt, cmd, opts.ready_cmd.as_deref()).await {
+            Ok(c) => c,
+            Err(e) => {
+                b.drop_sandbox().await;
+                return Err((count, e));
+            }
+        },
+        None => final_ckpt,
+    };
     // The same gate as promotion, except that system-path changes are what a
     // build file is for (its RUN and COPY steps are declared and reviewable).
     let accepted = crate::scan::gate(st, &final_ckpt, req.accept_findings, actor, &["system_path"])

@@ -14,6 +14,9 @@ import urllib.error
 import e2b
 from e2b import (
     AuthenticationException,
+    BuildException,
+    Template,
+    wait_for_port,
     CommandExitException,
     NotFoundException,
     Sandbox,
@@ -573,6 +576,56 @@ class TestAccessTokensAndSignedUrls(Base):
         self.assertEqual(status, 200, body)
         self.assertEqual(self.sb.files.read("/home/user/uploaded.txt"), "from a signed url")
         self.assertEqual(self.sb.commands.run("stat -c %U /home/user/uploaded.txt").stdout, "user\n")
+
+
+class TestTemplateSdk(unittest.TestCase):
+    def test_builds_a_warm_template_with_cached_steps(self):
+        import tempfile
+        ctx = tempfile.mkdtemp()
+        os.makedirs(f"{ctx}/app/sub")
+        with open(f"{ctx}/app/main.py", "w") as f:
+            f.write("print('from app')\n")
+        with open(f"{ctx}/app/sub/data.txt", "w") as f:
+            f.write("data\n")
+        with open(f"{ctx}/single.txt", "w") as f:
+            f.write("single\n")
+        t = (Template(file_context_path=ctx)
+             .from_base_image()
+             .set_envs({"GREETING": "hello"})
+             .run_cmd("echo built-as-$(id -un) > /tmp/built.txt", user="user")
+             .copy("app", "/home/user/app")
+             .copy("single.txt", "/opt/single.txt", user="user", mode=0o640)
+             .set_workdir("/home/user/app")
+             .set_user("user")
+             .set_start_cmd("python -m http.server 8000", wait_for_port(8000)))
+        logs = []
+        info = Template.build(t, "sdk-tpl", on_build_logs=lambda e: logs.append(e.message))
+        self.assertEqual(info.name, "sdk-tpl")
+        text = "\n".join(logs)
+        self.assertIn("RUN [user] echo built-as", text, "the build's own log lines reach on_build_logs")
+        self.assertIn("template sdk-tpl ready", text)
+        self.assertTrue(Template.exists("sdk-tpl"))
+        self.assertFalse(Template.exists("no-such-template"))
+        sb = Sandbox.create("sdk-tpl")
+        try:
+            # A warm template: the start command already serves, from the workdir.
+            r = sb.commands.run("curl -sf localhost:8000/main.py; cat /tmp/built.txt /opt/single.txt /home/user/app/sub/data.txt; "
+                                "echo $GREETING; stat -c '%U %a' /home/user/app/main.py /opt/single.txt")
+            # Files copied before set_user belong to root (E2B's build context user then), unless given to a user.
+            self.assertEqual(r.stdout, "print('from app')\nbuilt-as-user\nsingle\ndata\nhello\nroot 644\nuser 640\n")
+        finally:
+            sb.kill()
+        # Unchanged: every step from the cache.
+        again = []
+        Template.build(t, "sdk-tpl", on_build_logs=lambda e: again.append(e.message))
+        self.assertGreaterEqual(sum("(cached)" in m for m in again), 5, again)
+        # A failing step: the SDK's BuildException, with the step's output.
+        bad = Template().from_base_image().run_cmd("echo about to fail; exit 3")
+        with self.assertRaises(BuildException) as cm:
+            Template.build(bad, "sdk-bad")
+        self.assertIn("exit status 3", str(cm.exception))
+        self.assertIn("about to fail", str(cm.exception))
+        self.assertFalse(Template.exists("sdk-bad"))
 
 
 class TestPauseForkSnapshot(unittest.TestCase):

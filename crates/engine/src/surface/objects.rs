@@ -58,6 +58,24 @@ impl Engine {
         rx
     }
 
+    /// Builds a template from already parsed steps (the E2B template SDK's
+    /// build), in the background, as [`Engine::build_template`] does.
+    pub fn build_template_steps(
+        &self,
+        name: String,
+        steps: Vec<(String, templates::Step)>,
+        opts: templates::BuildOpts,
+    ) -> tokio::sync::mpsc::Receiver<BuildEvent> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
+        let (st, actor) = (self.st.clone(), self.caller.actor());
+        tokio::spawn(run_as(self.caller.clone(), async move {
+            if let Err((index, e)) = templates::build_steps(&st, &name, steps, None, opts, &tx, &actor).await {
+                let _ = tx.send(BuildEvent::Failed { index, error: e.body }).await;
+            }
+        }));
+        rx
+    }
+
     // ---- pipelines ----
 
     fn progress(&self, run_id: &str, rx: tokio::sync::broadcast::Receiver<PipelineEvent>) -> Progress {

@@ -67,6 +67,19 @@ pub struct SandboxCgroup {
     version: CgroupVersion,
     /// v1: one directory per controller; v2: one directory.
     dirs: Vec<PathBuf>,
+    /// Its path inside each hierarchy (`/strata/<id>`).
+    path: String,
+}
+
+/// [`SandboxCgroup::criu_roots`] on v1: `ctrls:path` for every hierarchy of
+/// `proc_cgroup` (a `/proc/<pid>/cgroup`) that holds a controller of `managed`.
+fn criu_roots_v1(proc_cgroup: &str, managed: &[&str], path: &str) -> Vec<String> {
+    proc_cgroup
+        .lines()
+        .filter_map(|l| l.split(':').nth(1))
+        .filter(|ctrls| ctrls.split(',').any(|c| managed.contains(&c)))
+        .map(|ctrls| format!("{ctrls}:{path}"))
+        .collect()
 }
 
 /// Path of the top-level strata group name under each hierarchy.
@@ -83,7 +96,32 @@ impl SandboxCgroup {
                 .collect(),
             CgroupVersion::V2 => vec![root.join(PARENT).join(id)],
         };
-        SandboxCgroup { version, dirs }
+        SandboxCgroup { version, dirs, path: format!("/{PARENT}/{id}") }
+    }
+
+    /// CRIU's `--cgroup-root` values that restore a process image into this
+    /// cgroup, whatever cgroup it was dumped in (by default CRIU puts restored
+    /// tasks back into the cgroups they were dumped in: a copy into its
+    /// source's). One per hierarchy strata manages, named as the kernel mounted
+    /// it (`cpu,cpuacct` when co-mounted), read from the daemon's own
+    /// `/proc/self/cgroup`; on v2 the single root.
+    pub fn criu_roots(&self) -> Vec<String> {
+        match self.version {
+            CgroupVersion::V2 => vec![self.path.clone()],
+            CgroupVersion::V1 => {
+                let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+                let managed: Vec<&str> = v1::CONTROLLERS
+                    .iter()
+                    .copied()
+                    .filter(|c| {
+                        self.dirs.iter().any(|d| {
+                            d.parent().and_then(Path::parent).and_then(Path::file_name).is_some_and(|n| n == *c)
+                        })
+                    })
+                    .collect();
+                criu_roots_v1(&own, &managed, &self.path)
+            }
+        }
     }
 
     /// The directories (one per v1 controller, or the single v2 one).
@@ -226,6 +264,17 @@ pub(crate) fn read_u64(path: &Path) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn criu_roots_name_each_managed_hierarchy_as_mounted() {
+        let own = "12:pids:/\n9:name=systemd:/\n7:blkio:/\n6:freezer:/\n4:memory:/\n2:cpu,cpuacct:/\n0::/\n";
+        let managed = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+        assert_eq!(
+            super::criu_roots_v1(own, &managed, "/strata/abc"),
+            ["pids:/strata/abc", "freezer:/strata/abc", "memory:/strata/abc", "cpu,cpuacct:/strata/abc"]
+        );
+    }
+
     use super::*;
 
     #[test]

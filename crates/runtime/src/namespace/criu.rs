@@ -266,6 +266,9 @@ pub struct RestoreConfig {
     pub rootfs_dir: PathBuf,
     /// Cgroup files to write "0" to (join) first, so restored tasks start inside.
     pub cgroup_join_files: Vec<PathBuf>,
+    /// CRIU's `--cgroup-root` values for this sandbox's cgroup ([`crate::cgroup::SandboxCgroup::criu_roots`]).
+    #[serde(default)]
+    pub cgroup_roots: Vec<String>,
     /// The images directory.
     pub images_dir: PathBuf,
     /// Where CRIU writes its log (`-W`; the images directory when `None`).
@@ -357,6 +360,14 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
         "--external".into(),
         format!("mnt[{HELPER_KEY}]:{}", cfg.helper.display()),
     ];
+    // The restored tasks go into this sandbox's cgroups: by default CRIU puts
+    // them back into the cgroups they were dumped in — a warm copy into its
+    // source's (under its limits and freezer while it lives, and frozen for
+    // good by the dump's --freeze-cgroup once it is gone).
+    for root in &cfg.cgroup_roots {
+        a.push("--cgroup-root".into());
+        a.push(root.clone());
+    }
     if let Some(dir) = &cfg.criu_work_dir {
         a.push("-W".into());
         a.push(dir.to_string_lossy().into_owned());
@@ -396,6 +407,7 @@ mod tests {
             work_dir: "/s/work".into(),
             rootfs_dir: "/s/rootfs".into(),
             cgroup_join_files: vec![],
+            cgroup_roots: vec!["cpu:/strata/x".into()],
             images_dir: "/s/standby".into(),
             criu_work_dir: None,
             tcp_closed: false,

@@ -506,6 +506,7 @@ impl Runtime for NamespaceRuntime {
             work_dir: spec.work_dir.clone(),
             rootfs_dir: spec.rootfs_dir.clone(),
             cgroup_join_files: cg.join_files(),
+            cgroup_roots: cg.criu_roots(),
             criu_work_dir: (work_dir != criu_images).then(|| work_dir.to_path_buf()),
             images_dir: criu_images,
             foreign_root: work_dir != images_dir,

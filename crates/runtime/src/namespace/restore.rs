@@ -243,6 +243,7 @@ mod tests {
             work_dir: d("wk"),
             rootfs_dir: dir.join("root"),
             cgroup_join_files: vec![],
+            cgroup_roots: vec![],
             images_dir: d("images"),
             criu_work_dir: None,
             tcp_closed: false,

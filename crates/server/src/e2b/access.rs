@@ -30,6 +30,22 @@ pub fn is_envd_token(secret: &str, sandbox_id: &str, given: &str) -> bool {
     want.len() == given.len() && want.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
+/// The signature of a template build's files upload URL (`PUT
+/// /e2b/template-files/{tenant}/{hash}?expires=`), hex HMAC-SHA256 under the
+/// daemon's secret: the URL is the credential, as an object store's
+/// presigned URL is.
+pub fn files_upload_signature(secret: &str, tenant: &str, hash: &str, expires: u64) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    mac.update(format!("strata e2b template files upload\n{tenant}\n{hash}\n{expires}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// Whether `given` is the files upload signature of `tenant`, `hash`, `expires` (constant time).
+pub fn is_files_upload_signature(secret: &str, tenant: &str, hash: &str, expires: u64, given: &str) -> bool {
+    let want = files_upload_signature(secret, tenant, hash, expires);
+    want.len() == given.len() && want.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 /// What a file URL is signed for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {

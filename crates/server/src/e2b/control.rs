@@ -52,10 +52,16 @@ pub fn router(e2b: SharedE2b) -> Router {
         .route("/snapshots", get(list_snapshots))
         .route("/templates", any(templates))
         .route("/templates/{id}", axum::routing::delete(delete_snapshot).fallback(templates))
+        .route("/templates/aliases/{alias}", get(super::templates::alias))
+        .route("/templates/{id}/files/{hash}", get(super::templates::files_link))
+        .route("/templates/{id}/builds/{build}/status", get(super::templates::build_status))
         .route("/templates/{id}/{*rest}", any(templates))
         .route("/v2/templates", any(templates))
-        .route("/v2/templates/{*rest}", any(templates))
-        .route("/v3/templates", any(templates))
+        .route("/v2/templates/{id}/builds/{build}", post(super::templates::start_build))
+        .route("/v2/templates/{id}", any(templates))
+        .route("/v2/templates/{id}/{*rest}", any(templates))
+        .route("/v3/templates", post(super::templates::request_build).fallback(templates))
+        .route("/e2b/template-files/{tenant}/{hash}", axum::routing::put(super::templates::upload_files))
         .route("/volumes", any(volumes))
         .route("/volumes/{*rest}", any(volumes))
         .with_state(e2b)
@@ -64,8 +70,8 @@ pub fn router(e2b: SharedE2b) -> Router {
 /// A control-plane call: the engine as the request's caller (extracting it
 /// answers 401 without a usable key), and the daemon's secret the sandboxes'
 /// envd access tokens are derived from ([`super::access`]).
-struct Control {
-    engine: Engine,
+pub(super) struct Control {
+    pub(super) engine: Engine,
     secret: std::sync::Arc<String>,
 }
 
@@ -1005,7 +1011,7 @@ async fn network(call: Control, Path(id): Path<String>, body: Bytes) -> Result<R
 
 /// `/templates*`: template builds are strata's own (`strata template build`).
 async fn templates() -> E2bError {
-    E2bError::Unsupported("not supported by strata: E2B template builds and template management (use `strata template build` / POST /v1/templates/build; an existing strata image or template name works as templateID)".into())
+    E2bError::Unsupported("not supported by strata: this template management call (templates are built with the template SDK's Template.build, or `strata template build`; listed with `strata template ls`; an existing strata image or template name works as templateID)".into())
 }
 
 /// `/volumes*`: not supported.

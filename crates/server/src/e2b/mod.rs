@@ -21,6 +21,7 @@ pub mod connect;
 pub mod control;
 pub mod envd;
 pub mod multipart;
+pub mod templates;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -109,6 +110,8 @@ pub struct E2bState {
     pub port_previews: HashMap<(String, u16, String), (String, std::time::Instant)>,
     /// Directory watchers (`CreateWatcher`): id -> watcher.
     pub watchers: HashMap<String, envd::Watcher>,
+    /// Template builds of the template SDK: build id -> build.
+    pub builds: HashMap<String, templates::TemplateBuild>,
 }
 
 /// The E2B layer: the engine it translates onto and its own state.
