@@ -7,13 +7,15 @@
 //
 //   E2B_JS_SDK=e2b|e2b-old E2B_JS_VERSION=2.51.0 node --test-reporter=tap suite.mjs
 import assert from 'node:assert/strict'
-import { readFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { createRequire } from 'node:module'
 import { after, before, describe, it } from 'node:test'
 
 const SDK = process.env.E2B_JS_SDK || 'e2b'
 const e2b = await import(SDK)
-const { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError } = e2b
+const { Sandbox, CommandExitError, NotFoundError, AuthenticationError, TimeoutError, SandboxError, Template, waitForPort, BuildError } = e2b
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
@@ -350,5 +352,39 @@ describe('pause, snapshots', () => {
     } finally {
       await sb.kill()
     }
+  })
+})
+
+describe('template sdk', () => {
+  it('builds a warm template from the SDK\'s steps, cached the second time', async () => {
+    const ctx = mkdtempSync(join(tmpdir(), 'e2b-tpl-'))
+    mkdirSync(join(ctx, 'site'))
+    writeFileSync(join(ctx, 'site', 'index.html'), `hello from ${SDK}\n`)
+    const name = `js-tpl-${SDK}`
+    const template = Template({ fileContextPath: ctx })
+      .fromBaseImage()
+      .setEnvs({ SDK_NAME: SDK })
+      .runCmd('echo built > /tmp/built.txt', { user: 'user' })
+      .copy('site', '/home/user/site')
+      .setWorkdir('/home/user/site')
+      .setUser('user')
+      .setStartCmd('python -m http.server 8000', waitForPort(8000))
+    const logs = []
+    const info = await Template.build(template, name, { onBuildLogs: (e) => logs.push(e.message) })
+    assert.equal(info.name, name)
+    assert.ok(logs.some((m) => m.includes(`template ${name} ready`)), logs.join('\n'))
+    assert.equal(await Template.exists(name), true)
+    const sb = await Sandbox.create(name)
+    try {
+      const r = await sb.commands.run('curl -sf localhost:8000/index.html; cat /tmp/built.txt; echo $SDK_NAME')
+      assert.equal(r.stdout, `hello from ${SDK}\nbuilt\n${SDK}\n`)
+    } finally {
+      await sb.kill()
+    }
+    const again = []
+    await Template.build(template, name, { onBuildLogs: (e) => again.push(e.message) })
+    assert.ok(again.filter((m) => m.includes('(cached)')).length >= 4, again.join('\n'))
+    const bad = Template().fromBaseImage().runCmd('echo failing here; exit 4')
+    await assert.rejects(Template.build(bad, `js-bad-${SDK}`), (e) => e instanceof BuildError && /exit status 4/.test(e.message))
   })
 })
