@@ -51,6 +51,8 @@ pub struct Cfg {
     pub listen: Option<String>,
     /// Python of the venv holding the pinned `e2b` SDK.
     pub e2b_python: PathBuf,
+    /// Where the npm e2b SDKs are installed (`node_modules/e2b`, scripts/setup-host.sh).
+    pub e2b_js: PathBuf,
 }
 
 const USAGE: &str =
@@ -59,7 +61,7 @@ const USAGE: &str =
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
        [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor] [--date S] [--commit S]
-       [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python]";
+       [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python] [--e2b-js /var/cache/strata/e2b-js]";
 
 /// Figure names, in run order.
 const FIGURES: [&str; 12] = [
@@ -100,6 +102,7 @@ fn parse_args() -> Result<Cfg> {
         commit: String::new(),
         listen: None,
         e2b_python: PathBuf::from("/var/cache/strata/venv-e2b/bin/python"),
+        e2b_js: PathBuf::from("/var/cache/strata/e2b-js"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -134,6 +137,7 @@ fn parse_args() -> Result<Cfg> {
             "--commit" => c.commit = v,
             "--listen" => c.listen = Some(v),
             "--e2b-python" => c.e2b_python = v.into(),
+            "--e2b-js" => c.e2b_js = v.into(),
             _ => bail!("unknown argument {k}\n{USAGE}"),
         }
     }

@@ -6,7 +6,9 @@
 //!   over kept-alive TCP connections to the daemon's listener;
 //! * the official `e2b` Python SDK (`Sandbox.create()` + `commands.run("echo
 //!   hi")` + `kill()`) against strata's typed Rust client over the Unix socket
-//!   doing the same work (the SDK's own client-side cost included).
+//!   doing the same work (the SDK's own client-side cost included);
+//! * the official `e2b` npm SDK (the current pinned version, on node) doing the
+//!   same, against the same native round.
 //!
 //! The command is the one the SDK sends for `commands.run("echo hi")`:
 //! `/bin/bash -l -c "echo hi"` as user `user` in `/home/user`, so both sides
@@ -40,6 +42,22 @@ for _ in sys.stdin:
     el = time.perf_counter() - t
     assert r.stdout == "hi\n" and r.exit_code == 0, (r.stdout, r.exit_code)
     print(f"{el * 1000:.3f}", flush=True)
+"#;
+
+/// The npm SDK's side, as [`SCRIPT`] (an ES module read from `-e`, run in the
+/// directory the SDK is installed in).
+const JS_SCRIPT: &str = r#"
+import { Sandbox } from 'e2b'
+import { createInterface } from 'node:readline'
+for await (const _ of createInterface({ input: process.stdin })) {
+  const t = performance.now()
+  const sb = await Sandbox.create()
+  const r = await sb.commands.run('echo hi')
+  await sb.kill()
+  const el = performance.now() - t
+  if (r.stdout !== 'hi\n' || r.exitCode !== 0) { console.error('unexpected result', r); process.exit(1) }
+  console.log(el.toFixed(3))
+}
 "#;
 
 /// The running SDK process.
@@ -182,21 +200,32 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         Verdict::of(layer <= LAYER_TARGET),
     ));
 
-    // 2. The official SDK against the typed Rust client over the Unix socket.
+    // 2. The official SDKs against the typed Rust client over the Unix socket.
     let url = format!("http://{listen}");
-    let mut child = Command::new(&cfg.e2b_python)
-        .args(["-c", SCRIPT])
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", &key)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .with_context(|| format!("run {} (the e2b venv: scripts/setup-host.sh)", cfg.e2b_python.display()))?;
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        bail!("no pipes to the SDK process")
+    let spawn = |cmd: &mut Command, what: &str| -> Result<Sdk> {
+        let mut child = cmd
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", &key)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("run {what} (scripts/setup-host.sh installs it)"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            bail!("no pipes to the SDK process")
+        };
+        Ok(Sdk { child, stdin, stdout: std::io::BufReader::new(stdout) })
     };
-    let mut sdk_proc = Sdk { child, stdin, stdout: std::io::BufReader::new(stdout) };
+    let js_version = std::fs::read_to_string(cfg.e2b_js.join("node_modules/e2b/package.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["version"].as_str().map(str::to_string))
+        .with_context(|| format!("the npm e2b SDK in {} (scripts/setup-host.sh)", cfg.e2b_js.display()))?;
+    let mut sdk_proc = spawn(Command::new(&cfg.e2b_python).args(["-c", SCRIPT]), "the e2b venv's python")?;
+    let mut js_proc = spawn(
+        Command::new("node").args(["--input-type=module", "-e", JS_SCRIPT]).current_dir(&cfg.e2b_js),
+        "node with the npm e2b SDK",
+    )?;
     let c = b.client.clone();
     let req = CreateSandboxRequest { source: BASE.into(), lifecycle: Lifecycle::Ephemeral, ..Default::default() };
     let native_round = || async {
@@ -210,21 +239,33 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     };
     for _ in 0..warm {
         sdk_proc.round()?;
+        js_proc.round()?;
         native_round().await?;
     }
-    // Interleaved, alternating order: load from elsewhere hits both alike.
-    let (mut sdk, mut native) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    // Interleaved, rotating order: load from elsewhere hits all three alike.
+    let (mut sdk, mut js, mut native) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
-        if i % 2 == 0 {
-            sdk.push(sdk_proc.round()?);
-            native.push(native_round().await?);
-        } else {
-            native.push(native_round().await?);
-            sdk.push(sdk_proc.round()?);
+        match i % 3 {
+            0 => {
+                sdk.push(sdk_proc.round()?);
+                js.push(js_proc.round()?);
+                native.push(native_round().await?);
+            }
+            1 => {
+                native.push(native_round().await?);
+                sdk.push(sdk_proc.round()?);
+                js.push(js_proc.round()?);
+            }
+            _ => {
+                js.push(js_proc.round()?);
+                native.push(native_round().await?);
+                sdk.push(sdk_proc.round()?);
+            }
         }
     }
     drop(sdk_proc);
-    let (se, sn) = (summarize(&sdk), summarize(&native));
+    drop(js_proc);
+    let (se, sn, je) = (summarize(&sdk), summarize(&native), summarize(&js));
     b.report.rows.push(Row::new(
         format!("E2B SDK create + run `echo hi` + kill, p50 (e2b 2.63.0, n={n})"),
         crate::stats::ms(se.p50),
@@ -241,8 +282,16 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         "-",
         Verdict::Info,
     ));
+    b.report.rows.push(Row::new(
+        format!("E2B JS SDK create + run `echo hi` + kill, p50 (npm e2b {js_version}, node, n={n})"),
+        crate::stats::ms(je.p50),
+        format!("{} (native API)", crate::stats::ms(sn.p50)),
+        ratio(je.p50.as_secs_f64(), sn.p50.as_secs_f64()),
+        "-",
+        Verdict::Info,
+    ));
     b.report.sections.push((
-        "10. E2B compatibility: the layer and the SDK's round trip".into(),
+        "10. E2B compatibility: the layer and the SDKs' round trips".into(),
         format!(
             "Every round creates a sandbox of template `base` (image `{BASE}`, the Debian test image), runs what \
              `commands.run(\"echo hi\")` runs (`/bin/bash -l -c \"echo hi\"` as user `user` in `/home/user`: a \
@@ -254,13 +303,15 @@ pub async fn run(b: &mut Bench) -> Result<()> {
              HTTP/2 cleartext as it defaults to) runs `Sandbox.create()`, `commands.run(\"echo hi\")` and `kill()` in \
              one Python process, each round timed in Python, against strata's typed Rust client over the Unix socket \
              doing the same work: the difference adds the SDK's own client-side cost (it builds its HTTP clients for \
-             every sandbox, speaks Connect over HTTP/2, parses in Python). Each pair is interleaved (alternating \
-             order), after {warm} warm-up rounds of each.",
+             every sandbox, speaks Connect over HTTP/2, parses in Python). The npm SDK ({js_version}, on node, \
+             Connect over fetch) runs the same round in one node process, interleaved with both. The rounds are \
+             interleaved (rotating order), after {warm} warm-up rounds of each.",
         ),
         vec![
             format!("{:<28} {}", "e2b wire protocol", we.line()),
             format!("{:<28} {}", "native API (same client)", wn.line()),
             format!("{:<28} {}", "e2b SDK round trip", se.line()),
+            format!("{:<28} {}", "e2b JS SDK round trip", je.line()),
             format!("{:<28} {}", "native API round trip", sn.line()),
         ],
     ));
