@@ -62,6 +62,16 @@ pub struct BuildTemplateRequest {
     /// (changes to system paths never block a build); recorded on the template.
     #[serde(default)]
     pub accept_findings: bool,
+    /// A command started (in the background, as the build's user, in its
+    /// working directory) once the steps are done: the template is then a warm
+    /// checkpoint taken when `ready_cmd` succeeds, and its sandboxes start with
+    /// the command running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// Polled every 2 s (for at most 5 minutes) until it exits 0; without one
+    /// the start command is given 20 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
 }
 
 /// One line of the NDJSON stream of `POST /v1/templates/build`.

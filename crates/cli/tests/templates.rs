@@ -111,3 +111,36 @@ fn a_failing_step_fails_the_build_with_its_output_and_keeps_earlier_steps_cached
     let out = d.cli(&["template", "build", "bad", "-f", file.to_str().unwrap()]);
     assert!(common::stderr(&out).contains("FROM"), "{}", common::stderr(&out));
 }
+
+#[test]
+fn a_start_command_makes_a_warm_template() {
+    require_criu!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let ctx = tempfile::tempdir().unwrap();
+    let file = ctx.path().join("Stratafile");
+    std::fs::write(&file, "FROM busybox\nRUN mkdir -p /srv && echo served > /srv/index.html\nWORKDIR /srv\n").unwrap();
+    let f = file.to_str().unwrap();
+    // ready_cmd alone is refused (it says when a start command is ready).
+    let out = d.cli(&["template", "build", "bad", "-f", f, "--ready-cmd", "true"]);
+    assert!(!out.status.success());
+    let out = d.cli(&[
+        "template",
+        "build",
+        "web",
+        "-f",
+        f,
+        "--start-cmd",
+        "httpd -f -p 8080 -h /srv",
+        "--ready-cmd",
+        "wget -qO- http://127.0.0.1:8080/index.html",
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // A sandbox of it serves at once: the server is running, copied with the template.
+    let sb = d.cli_ok(&["create", "web"]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &sb, "--", "wget", "-qO-", "http://127.0.0.1:8080/index.html"]), "served\n");
+    // A start command that exits before it is ready fails the build at once, saying so.
+    let out = d.cli(&["template", "build", "dies", "-f", f, "--start-cmd", "exit 3", "--ready-cmd", "false"]);
+    assert!(!out.status.success());
+    assert!(common::stderr(&out).contains("exited (status 3) before it was ready"), "{}", common::stderr(&out));
+}

@@ -519,6 +519,8 @@ fn pipelines_builds_and_host_paths_follow_the_tenant() {
                 context: None,
                 no_cache: false,
                 accept_findings: true,
+                start_cmd: None,
+                ready_cmd: None,
             }))
             .unwrap();
         let mut all = Vec::new();
@@ -564,6 +566,8 @@ fn pipelines_builds_and_host_paths_follow_the_tenant() {
         context: Some("/etc".into()),
         no_cache: false,
         accept_findings: true,
+        start_cmd: None,
+        ready_cmd: None,
     };
     let mut evs = rt.block_on(acme.build_template(&copy)).unwrap();
     let mut failed = None;
@@ -752,6 +756,8 @@ fn names_that_could_be_read_as_ids_are_refused() {
         context: None,
         no_cache: false,
         accept_findings: true,
+        start_cmd: None,
+        ready_cmd: None,
     };
     match rt.block_on(acme.build_template(&build)) {
         Err(e) => refused_name("template build", Err::<(), _>(e), "f00d"),

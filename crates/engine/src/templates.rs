@@ -536,7 +536,18 @@ pub async fn build(
         return Err((0, EngineError::new(ErrorCode::Forbidden, "COPY reads files on the daemon's host (context): not allowed for a tenant token; upload files into a sandbox and template it instead")));
     }
     let context = req.context.as_deref().map(PathBuf::from);
-    let opts = BuildOpts { no_cache: req.no_cache, accept_findings: req.accept_findings, ..Default::default() };
+    if req.ready_cmd.is_some() && req.start_cmd.is_none() {
+        return Err((
+            0,
+            EngineError::bad_request("ready_cmd without start_cmd: it says when the start command is ready"),
+        ));
+    }
+    let opts = BuildOpts {
+        no_cache: req.no_cache,
+        accept_findings: req.accept_findings,
+        start_cmd: req.start_cmd.clone().filter(|c| !c.trim().is_empty()),
+        ready_cmd: req.ready_cmd.clone().filter(|c| !c.trim().is_empty()),
+    };
     build_steps(st, &req.name, steps, context, opts, tx, actor).await
 }
 
@@ -561,6 +572,8 @@ pub async fn build_steps(
         context: None,
         no_cache: opts.no_cache,
         accept_findings: opts.accept_findings,
+        start_cmd: None,
+        ready_cmd: None,
     };
     let count = steps.len();
     let Some((_, Step::From(_))) = steps.first() else {

@@ -34,6 +34,12 @@ pub enum TemplateCmd {
         /// Register the template even if the scan of its final state has findings (recorded).
         #[arg(long)]
         accept_findings: bool,
+        /// Start this command once the steps are done: the template is a warm checkpoint with it running.
+        #[arg(long)]
+        start_cmd: Option<String>,
+        /// Poll this command every 2 s until it exits 0 before the warm checkpoint (default: 20 s).
+        #[arg(long, requires = "start_cmd")]
+        ready_cmd: Option<String>,
         /// JSON lines output (the build events).
         #[arg(long)]
         json: bool,

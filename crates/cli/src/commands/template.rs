@@ -57,7 +57,7 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
             }
         }
         TemplateCmd::Rm { names } => return each(names, |n| async { c.delete_template(&n).await.map(|_| n) }).await,
-        TemplateCmd::Build { name, file, no_cache, accept_findings, json } => {
+        TemplateCmd::Build { name, file, no_cache, accept_findings, start_cmd, ready_cmd, json } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let context = std::fs::canonicalize(&file)?.parent().map(|p| p.display().to_string());
             let mut events = c
@@ -67,6 +67,8 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                     context,
                     no_cache,
                     accept_findings,
+                    start_cmd,
+                    ready_cmd,
                 })
                 .await?;
             let b64 = base64::engine::general_purpose::STANDARD;
