@@ -49,7 +49,8 @@ pub struct TemplateBuild {
     reason: Option<Value>,
 }
 
-/// The template id of a name (`name` or `name:tag`; the tag is not kept).
+/// The template id of a name (`name` or `name:tag`; the tag is not kept): a
+/// strata template name (letters, digits, `-_./:@`).
 fn template_id(name: &str) -> Result<String, E2bError> {
     let id = name.split_once(':').map_or(name, |(n, _)| n);
     strata_core::ids::validate_new_name(id, true)
@@ -484,7 +485,8 @@ mod tests {
     #[test]
     fn names_steps_and_ids() {
         assert_eq!(template_id("my-tpl:v2").unwrap(), "my-tpl");
-        assert!(template_id("team/x").is_err());
+        assert_eq!(template_id("team/x").unwrap(), "team/x", "strata names take '/', as image names do");
+        assert!(template_id("").is_err() && template_id("a b").is_err());
         assert_eq!(
             (e2b_step(0), e2b_step(1), e2b_step(2), e2b_step(5)),
             ("base".into(), "base".into(), "1".into(), "4".into())

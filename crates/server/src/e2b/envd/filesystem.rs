@@ -103,13 +103,9 @@ pub(super) async fn service(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (f, c) = match connect_call(&e, &who, &headers) {
+    let (f, c, limit) = match connect_call(&e, &who, &headers) {
         Ok(x) => x,
         Err(r) => return *r,
-    };
-    let limit = match call_timeout(&headers) {
-        Ok(l) => l,
-        Err(err) => return error_response(f, err),
     };
     if method == "WatchDir" {
         if f != Framing::Stream {

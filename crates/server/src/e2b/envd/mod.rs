@@ -350,11 +350,16 @@ async fn until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// The framing and the caller of a Connect call (or the error response).
-fn connect_call(e: &SharedE2b, who: &Who, headers: &HeaderMap) -> Result<(Framing, Ctx), Box<Response>> {
+/// The framing, the caller and the deadline of a Connect call (or the error response).
+fn connect_call(
+    e: &SharedE2b,
+    who: &Who,
+    headers: &HeaderMap,
+) -> Result<(Framing, Ctx, Option<Duration>), Box<Response>> {
     let f = framing(headers).map_err(|err| Box::new(error_response(Framing::Unary, err)))?;
     let c = ctx(e, who, headers, None).map_err(|err| Box::new(error_response(f, err)))?;
-    Ok((f, c))
+    let limit = call_timeout(headers).map_err(|err| Box::new(error_response(f, err)))?;
+    Ok((f, c, limit))
 }
 
 #[cfg(test)]

@@ -116,15 +116,11 @@ pub(super) async fn service(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (f, c) = match connect_call(&e, &who, &headers) {
+    let (f, c, limit) = match connect_call(&e, &who, &headers) {
         Ok(x) => x,
         Err(r) => return *r,
     };
     let keepalive = keepalive_of(&headers);
-    let limit = match call_timeout(&headers) {
-        Ok(l) => l,
-        Err(err) => return error_response(f, err),
-    };
     let streams = Streams { keepalive, limit };
     let res = match (method.as_str(), f) {
         ("Start", Framing::Stream) => {
