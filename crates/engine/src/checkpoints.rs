@@ -69,7 +69,28 @@ fn lowers_top_first(st: &Shared, chain: &[String]) -> EngineResult<Vec<PathBuf>>
 }
 
 /// Takes a checkpoint of a sandbox whose operation lock the caller holds.
+///
+/// A copy of the processes is tried again (a few times, up to ~3 s) when CRIU
+/// meets a zombie that still has threads: a multi-threaded process (an exec
+/// helper) that has just exited is one until its threads are gone, a moment
+/// later. Nothing was taken by the failed try (the sandbox kept running).
 pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: CheckpointRequest) -> EngineResult<Checkpoint> {
+    let mut tries = 0u64;
+    loop {
+        match checkpoint_once(st, rec, req.clone()).await {
+            Err(e)
+                if req.processes && tries < 5 && e.body.message.contains("Zombies with threads are not supported") =>
+            {
+                tries += 1;
+                tracing::info!(sandbox = %rec.sandbox.id, tries, "a process was exiting during the copy: trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * tries)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointRequest) -> EngineResult<Checkpoint> {
     let started = Instant::now();
     let state = rec.sandbox.state;
     if !matches!(state, SandboxState::Running | SandboxState::Stopped) {

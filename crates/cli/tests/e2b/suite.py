@@ -619,6 +619,24 @@ class TestTemplateSdk(unittest.TestCase):
         again = []
         Template.build(t, "sdk-tpl", on_build_logs=lambda e: again.append(e.message))
         self.assertGreaterEqual(sum("(cached)" in m for m in again), 5, again)
+        # Tags: a build of name:tag, tags assigned to a build and removed.
+        Template.build(t, "sdk-tpl:v1")
+        self.assertEqual(sorted(x.tag for x in Template.get_tags("sdk-tpl")), ["default", "v1"])
+        tagged = Template.assign_tags("sdk-tpl:v1", ["prod", "stable"])
+        self.assertEqual(sorted(tagged.tags), ["prod", "stable"])
+        builds = {x.tag: x.build_id for x in Template.get_tags("sdk-tpl")}
+        self.assertEqual(sorted(builds), ["default", "prod", "stable", "v1"])
+        self.assertEqual(builds["prod"], builds["v1"], "one build, two tags")
+        prod = Sandbox.create("sdk-tpl:prod")
+        try:
+            self.assertEqual(prod.commands.run("curl -sf localhost:8000/main.py").stdout, "print('from app')\n")
+        finally:
+            prod.kill()
+        Template.remove_tags("sdk-tpl", ["prod", "stable"])
+        self.assertEqual(sorted(x.tag for x in Template.get_tags("sdk-tpl")), ["default", "v1"])
+        with self.assertRaises(Exception) as cm:
+            Template.remove_tags("sdk-tpl", ["never-there"])
+        self.assertIn("no tag", str(cm.exception))
         # A failing step: the SDK's BuildException, with the step's output.
         bad = Template().from_base_image().run_cmd("echo about to fail; exit 3")
         with self.assertRaises(BuildException) as cm:

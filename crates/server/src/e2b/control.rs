@@ -53,6 +53,8 @@ pub fn router(e2b: SharedE2b) -> Router {
         .route("/templates", any(templates))
         .route("/templates/{id}", axum::routing::delete(delete_snapshot).fallback(templates))
         .route("/templates/aliases/{alias}", get(super::templates::alias))
+        .route("/templates/tags", post(super::templates::assign_tags).delete(super::templates::remove_tags))
+        .route("/templates/{id}/tags", get(super::templates::get_tags))
         .route("/templates/{id}/files/{hash}", get(super::templates::files_link))
         .route("/templates/{id}/builds/{build}/status", get(super::templates::build_status))
         .route("/templates/{id}/{*rest}", any(templates))

@@ -47,15 +47,58 @@ pub struct TemplateBuild {
     status: &'static str,
     entries: Vec<Value>,
     reason: Option<Value>,
+    /// When it ended (`ready` or `error`): kept [`KEEP_FINISHED`] after that.
+    finished: Option<std::time::Instant>,
+    /// The strata templates it makes, one per tag ([`tagged`]): the first
+    /// is built, the others point at the same checkpoint.
+    targets: Vec<String>,
 }
 
-/// The template id of a name (`name` or `name:tag`; the tag is not kept): a
-/// strata template name (letters, digits, `-_./:@`).
-fn template_id(name: &str) -> Result<String, E2bError> {
-    let id = name.split_once(':').map_or(name, |(n, _)| n);
+/// How long a finished build (its status and logs) stays to be read.
+const KEEP_FINISHED: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The template id and the tag of a name (`name` or `name:tag`): the id is a
+/// strata template name (letters, digits, `-_./@`).
+fn split_name(name: &str) -> Result<(String, Option<String>), E2bError> {
+    let (id, tag) = match name.rsplit_once(':') {
+        Some((n, t)) if !t.contains('/') => (n, Some(t.to_string())),
+        _ => (name, None),
+    };
     strata_core::ids::validate_new_name(id, true)
         .map_err(|e| E2bError::BadRequest(format!("template name {name:?}: {e}")))?;
-    Ok(id.to_string())
+    if let Some(t) = &tag {
+        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            return Err(E2bError::BadRequest(format!("tag {t:?}: letters, digits, '-', '_', '.'")));
+        }
+    }
+    Ok((id.to_string(), tag))
+}
+
+/// The template id of a name (its tag left out).
+fn template_id(name: &str) -> Result<String, E2bError> {
+    split_name(name).map(|(id, _)| id)
+}
+
+/// The strata template that is template `id` at `tag`: E2B's `default` tag is
+/// the name alone (what `Sandbox.create("id")` starts), any other `id:tag`.
+fn tagged(id: &str, tag: &str) -> String {
+    if tag == "default" {
+        id.to_string()
+    } else {
+        format!("{id}:{tag}")
+    }
+}
+
+/// A stable UUID for a build (E2B's build ids are UUIDs): from the template's checkpoint.
+fn build_uuid(checkpoint: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(checkpoint.as_bytes());
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&digest[..16]);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 fn now_rfc3339() -> String {
@@ -107,14 +150,35 @@ pub(super) async fn request_build(
     Json(req): Json<BuildRequest>,
 ) -> Result<Response, E2bError> {
     let name = req.name.or(req.alias).ok_or_else(|| E2bError::BadRequest("name missing".into()))?;
-    let id = template_id(&name)?;
+    let (id, name_tag) = split_name(&name)?;
     let tenant = call.engine.caller().creating_tenant();
     let build_id = uuid_v4();
-    let tags = if req.tags.is_empty() { vec!["default".to_string()] } else { req.tags };
-    e.lock().builds.insert(
+    prune_files(&e, &tenant);
+    let mut tags: Vec<String> = name_tag.into_iter().chain(req.tags).collect();
+    tags.dedup();
+    if tags.is_empty() {
+        tags.push("default".into());
+    }
+    for t in &tags {
+        split_name(&format!("{id}:{t}"))?;
+    }
+    let targets: Vec<String> = tags.iter().map(|t| tagged(&id, t)).collect();
+    let mut st = e.lock();
+    // Finished builds are forgotten an hour after they ended (their templates stay).
+    st.builds.retain(|_, b| b.finished.is_none_or(|t| t.elapsed() < KEEP_FINISHED));
+    st.builds.insert(
         build_id.clone(),
-        TemplateBuild { tenant, template_id: id.clone(), status: "waiting", entries: Vec::new(), reason: None },
+        TemplateBuild {
+            tenant,
+            template_id: id.clone(),
+            status: "waiting",
+            entries: Vec::new(),
+            reason: None,
+            finished: None,
+            targets,
+        },
     );
+    drop(st);
     info!(template = %id, build = %build_id, "e2b template build requested");
     let body =
         json!({"templateID": id, "buildID": build_id, "public": false, "names": [id], "aliases": [id], "tags": tags});
@@ -130,6 +194,26 @@ fn uuid_v4() -> String {
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
+/// How long uploaded `COPY` files are kept unused (a build that names them
+/// again keeps them; a step already cached does not need them).
+const KEEP_FILES: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Removes a tenant's uploaded files unused for [`KEEP_FILES`].
+fn prune_files(e: &SharedE2b, tenant: &str) {
+    let Ok(dir) = std::fs::read_dir(files_dir(e, tenant)) else { return };
+    for f in dir.flatten() {
+        let old = f
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > KEEP_FILES);
+        if old {
+            let _ = std::fs::remove_file(f.path());
+        }
+    }
+}
+
 /// `GET /templates/{id}/files/{hash}`: whether a `COPY`'s files are here;
 /// when not, a signed URL on this daemon to `PUT` them to (201).
 pub(super) async fn files_link(
@@ -142,7 +226,13 @@ pub(super) async fn files_link(
         return Err(E2bError::BadRequest(format!("files hash {hash:?}: 64 lowercase hex digits")));
     }
     let tenant = call.engine.caller().creating_tenant();
-    let present = files_dir(&e, &tenant).join(&hash).is_file();
+    let held = files_dir(&e, &tenant).join(&hash);
+    // Used again: its age restarts (see [`prune_files`]).
+    let present = std::fs::File::options()
+        .write(true)
+        .open(&held)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        .is_ok();
     let expires = unix_now() + UPLOAD_URL_TTL;
     let sig = access::files_upload_signature(&e.operator_token, &tenant, &hash, expires);
     let host = headers.get(axum::http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
@@ -351,13 +441,18 @@ pub(super) async fn start_build(
     Json(spec): Json<BuildSpec>,
 ) -> Result<Response, E2bError> {
     let tenant = call.engine.caller().creating_tenant();
-    {
+    let targets = {
         let st = e.lock();
         let b = own_build(&st.builds, &tenant, &id, &build_id)?;
         if b.status != "waiting" {
             return Err(E2bError::BadRequest(format!("build {build_id} is {}, not waiting", b.status)));
         }
-    }
+        b.targets.clone()
+    };
+    let (first, more) = match targets.split_first() {
+        Some((f, m)) => (f.clone(), m.to_vec()),
+        None => (id.clone(), Vec::new()),
+    };
     let (steps, force) = strata_steps(&e, &tenant, &spec)?;
     let opts = BuildOpts {
         no_cache: force,
@@ -367,7 +462,8 @@ pub(super) async fn start_build(
         ready_cmd: spec.ready_cmd.clone().filter(|c| !c.is_empty()),
     };
     let count = steps.len();
-    let mut events = call.engine.build_template_steps(id.clone(), steps, opts);
+    let mut events = call.engine.build_template_steps(first, steps, opts);
+    let engine = call.engine.clone();
     set_status(&e, &build_id, "building", None, entry("info", format!("building template {id}: {count} steps"), None));
     tokio::spawn(async move {
         let mut step = String::from("base");
@@ -395,8 +491,24 @@ pub(super) async fn start_build(
                         );
                         push(&e, &build_id, entry("warn", msg, Some("finalize")));
                     }
+                    // The build's other tags: templates of the same checkpoint.
+                    for t in &more {
+                        let req = strata_api::CreateTemplateRequest {
+                            name: t.clone(),
+                            from: template.checkpoint.clone(),
+                            replace: true,
+                            accept_findings: true,
+                        };
+                        if let Err(err) = engine.create_template(&req).await {
+                            let reason = json!({"message": err.body.message, "step": "finalize"});
+                            let line = entry("error", format!("tag {t}: {}", err.body.message), Some("finalize"));
+                            set_status(&e, &build_id, "error", Some(reason), line);
+                            return;
+                        }
+                    }
+                    let also = if more.is_empty() { String::new() } else { format!(" (also as {})", more.join(", ")) };
                     let msg = format!(
-                        "template {} ready: {steps_run} steps run, {steps_cached} cached, {duration_ms} ms",
+                        "template {} ready{also}: {steps_run} steps run, {steps_cached} cached, {duration_ms} ms",
                         template.name
                     );
                     set_status(&e, &build_id, "ready", None, entry("info", msg, Some("finalize")));
@@ -423,6 +535,9 @@ fn set_status(e: &SharedE2b, build: &str, status: &'static str, reason: Option<V
         b.status = status;
         b.reason = reason.or(b.reason.take());
         b.entries.push(v);
+        if matches!(status, "ready" | "error") {
+            b.finished = Some(std::time::Instant::now());
+        }
     }
 }
 
@@ -478,6 +593,102 @@ pub(super) async fn alias(call: super::control::Control, Path(alias): Path<Strin
     Ok(Json(json!({"templateID": id, "public": false})).into_response())
 }
 
+/// The tags of template `id`: `default` for the template of that name, `t`
+/// for each `id:t`.
+async fn tags_of(call: &super::control::Control, id: &str) -> Result<Vec<(String, strata_api::Template)>, E2bError> {
+    let prefix = format!("{id}:");
+    Ok(call
+        .engine
+        .list_templates()
+        .await?
+        .into_iter()
+        .filter_map(|t| match t.name.strip_prefix(&prefix) {
+            Some(tag) => Some((tag.to_string(), t)),
+            None if t.name == id => Some(("default".to_string(), t)),
+            None => None,
+        })
+        .collect())
+}
+
+/// `GET /templates/{id}/tags`: `[{tag, buildID, createdAt}]` (the build: a UUID of its checkpoint).
+pub(super) async fn get_tags(call: super::control::Control, Path(name): Path<String>) -> Result<Response, E2bError> {
+    let id = template_id(&name)?;
+    let tags = tags_of(&call, &id).await?;
+    if tags.is_empty() {
+        return Err(E2bError::NotFound(format!("template {id:?} not found")));
+    }
+    let body: Vec<Value> = tags
+        .iter()
+        .map(|(tag, t)| json!({"tag": tag, "buildID": build_uuid(&t.checkpoint), "createdAt": t.created_at}))
+        .collect();
+    Ok(Json(body).into_response())
+}
+
+/// Body of `POST /templates/tags`.
+#[derive(Debug, Deserialize)]
+pub(super) struct AssignTags {
+    target: String,
+    tags: Vec<String>,
+}
+
+/// `POST /templates/tags`: the build `target` (`name:tag`, or `name`: its
+/// default) is also tagged `tags` (each a template of the same checkpoint); 201.
+pub(super) async fn assign_tags(
+    call: super::control::Control,
+    Json(req): Json<AssignTags>,
+) -> Result<Response, E2bError> {
+    let (id, tag) = split_name(&req.target)?;
+    let source = tagged(&id, tag.as_deref().unwrap_or("default"));
+    let from = tags_of(&call, &id)
+        .await?
+        .into_iter()
+        .find(|(_, t)| t.name == source)
+        .map(|(_, t)| t.checkpoint)
+        .ok_or_else(|| E2bError::NotFound(format!("template {:?} not found", req.target)))?;
+    if req.tags.is_empty() {
+        return Err(E2bError::BadRequest("tags missing".into()));
+    }
+    for t in &req.tags {
+        split_name(&format!("{id}:{t}"))?;
+    }
+    for t in &req.tags {
+        let create = strata_api::CreateTemplateRequest {
+            name: tagged(&id, t),
+            from: from.clone(),
+            replace: true,
+            accept_findings: true,
+        };
+        call.engine.create_template(&create).await?;
+    }
+    let body = json!({"tags": req.tags, "buildID": build_uuid(&from)});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Body of `DELETE /templates/tags`.
+#[derive(Debug, Deserialize)]
+pub(super) struct RemoveTags {
+    name: String,
+    tags: Vec<String>,
+}
+
+/// `DELETE /templates/tags`: the templates of those tags are removed (their
+/// checkpoints stay while anything needs them); 204, or 404 naming a tag the
+/// template does not have (then nothing is removed).
+pub(super) async fn remove_tags(
+    call: super::control::Control,
+    Json(req): Json<RemoveTags>,
+) -> Result<Response, E2bError> {
+    let id = template_id(&req.name)?;
+    let have: Vec<String> = tags_of(&call, &id).await?.into_iter().map(|(t, _)| t).collect();
+    if let Some(missing) = req.tags.iter().find(|t| !have.contains(t)) {
+        return Err(E2bError::NotFound(format!("template {id:?} has no tag {missing:?}")));
+    }
+    for t in &req.tags {
+        call.engine.delete_template(&tagged(&id, t)).await?;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,6 +696,12 @@ mod tests {
     #[test]
     fn names_steps_and_ids() {
         assert_eq!(template_id("my-tpl:v2").unwrap(), "my-tpl");
+        assert_eq!(split_name("app:v1").unwrap(), ("app".to_string(), Some("v1".to_string())));
+        assert_eq!(split_name("app").unwrap(), ("app".to_string(), None));
+        assert!(split_name("app:v 1").is_err());
+        assert_eq!((tagged("app", "default"), tagged("app", "v1")), ("app".to_string(), "app:v1".to_string()));
+        assert_eq!(build_uuid("abc"), build_uuid("abc"));
+        assert_eq!((build_uuid("abc").len(), &build_uuid("abc")[14..15]), (36, "4"));
         assert_eq!(template_id("team/x").unwrap(), "team/x", "strata names take '/', as image names do");
         assert!(template_id("").is_err() && template_id("a b").is_err());
         assert_eq!(
