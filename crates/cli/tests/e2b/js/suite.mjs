@@ -10,6 +10,7 @@ import assert from 'node:assert/strict'
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { request as httpRequest } from 'node:http'
 import { createRequire } from 'node:module'
 import { after, before, describe, it } from 'node:test'
 
@@ -261,6 +262,30 @@ describe('in one sandbox', () => {
     await sb.commands.run('mkdir -p /home/user/o/b /home/user/o/a/x && touch /home/user/o/c.txt /home/user/o/a/z.txt /home/user/o/a/x/deep.txt')
     const paths = (await sb.files.list('/home/user/o', { depth: 3 })).map((e) => e.path.slice('/home/user/o/'.length))
     assert.deepEqual(paths, ['a', 'a/x', 'a/x/deep.txt', 'a/z.txt', 'b', 'c.txt'])
+  })
+
+  it('signs file URLs with the sandbox\'s own access token', async () => {
+    await sb.files.write('/home/user/signed.txt', 'signed bytes')
+    // As a browser opens it: no key, the sandbox named by E2B's host form.
+    const open = (url, method = 'GET', body) =>
+      new Promise((resolve, reject) => {
+        const req = httpRequest(url, { method, headers: { Host: `49983-${sb.sandboxId}.strata.test` } }, (res) => {
+          const chunks = []
+          res.on('data', (c) => chunks.push(c))
+          res.on('end', () => resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString() }))
+        })
+        req.on('error', reject)
+        req.end(body)
+      })
+    const url = await sb.downloadUrl('/home/user/signed.txt')
+    assert.match(url, /signature=v1_/)
+    assert.deepEqual(await open(url), { status: 200, body: 'signed bytes' })
+    const bad = await open(url.replace('signature=v1_', 'signature=v1_x'))
+    assert.equal(bad.status, 401)
+    assert.equal(JSON.parse(bad.body).message, 'invalid signature')
+    const up = await sb.uploadUrl('/home/user/up.txt', { useSignatureExpiration: 60 })
+    assert.equal((await open(up, 'POST', 'uploaded')).status, 200)
+    assert.equal(await sb.files.read('/home/user/up.txt'), 'uploaded')
   })
 
   it('holds commands to their deadline (Connect-Timeout-Ms)', async () => {
