@@ -213,7 +213,9 @@ pub fn bearer_caller(st: &Shared, operator_token: &str, secret: &str) -> Result<
     tenant_caller(st, secret)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Whether two secrets are equal, compared in time that does not depend on
+/// where they differ (only on their lengths).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

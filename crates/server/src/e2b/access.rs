@@ -15,6 +15,7 @@
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
+use strata_engine::tenancy::constant_time_eq;
 
 /// The envd access token of `sandbox_id` under the daemon's `secret`.
 pub fn envd_token(secret: &str, sandbox_id: &str) -> String {
@@ -26,8 +27,7 @@ pub fn envd_token(secret: &str, sandbox_id: &str) -> String {
 
 /// Whether `given` is `sandbox_id`'s token (compared in constant time).
 pub fn is_envd_token(secret: &str, sandbox_id: &str, given: &str) -> bool {
-    let want = envd_token(secret, sandbox_id);
-    want.len() == given.len() && want.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    constant_time_eq(envd_token(secret, sandbox_id).as_bytes(), given.as_bytes())
 }
 
 /// The signature of a template build's files upload URL (`PUT
@@ -42,8 +42,12 @@ pub fn files_upload_signature(secret: &str, tenant: &str, hash: &str, expires: u
 
 /// Whether `given` is the files upload signature of `tenant`, `hash`, `expires` (constant time).
 pub fn is_files_upload_signature(secret: &str, tenant: &str, hash: &str, expires: u64, given: &str) -> bool {
-    let want = files_upload_signature(secret, tenant, hash, expires);
-    want.len() == given.len() && want.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    constant_time_eq(files_upload_signature(secret, tenant, hash, expires).as_bytes(), given.as_bytes())
+}
+
+/// Now, in Unix seconds (what signature expiries are compared with).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// What a file URL is signed for.
@@ -105,8 +109,7 @@ pub struct Signed<'a> {
 pub fn check_signature(q: &Signed<'_>, op: Operation, token: &str, now: i64) -> Result<(), SignatureError> {
     let given = q.signature.ok_or(SignatureError::Missing)?;
     let want = file_signature(q.path, op, q.username, token, q.expiration);
-    let same = want.len() == given.len() && want.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-    if !same {
+    if !constant_time_eq(want.as_bytes(), given.as_bytes()) {
         return Err(SignatureError::Invalid);
     }
     match q.expiration {

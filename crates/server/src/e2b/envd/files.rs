@@ -42,8 +42,7 @@ fn files_ctx(
         signature: q.signature.as_deref(),
         expiration: q.signature_expiration,
     };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    access::check_signature(&signed, op, &token, now)
+    access::check_signature(&signed, op, &token, access::unix_now() as i64)
         .map_err(|why| http_error(StatusCode::UNAUTHORIZED, why.to_string()))?;
     let caller = e
         .envd_token_caller(&sandbox, &token)
