@@ -52,6 +52,8 @@ pub struct TemplateBuild {
     /// The strata templates it makes, one per tag ([`tagged`]): the first
     /// is built, the others point at the same checkpoint.
     targets: Vec<String>,
+    /// Output lines of its steps so far (kept up to [`MAX_OUTPUT_LINES`]).
+    output_lines: usize,
 }
 
 /// How long a finished build (its status and logs) stays to be read.
@@ -95,6 +97,11 @@ fn build_uuid(checkpoint: &str) -> String {
     let digest = sha2::Sha256::digest(checkpoint.as_bytes());
     let mut b = [0u8; 16];
     b.copy_from_slice(&digest[..16]);
+    uuid_v4_of(b)
+}
+
+/// 16 bytes as a version-4 UUID (the version and variant bits set).
+fn uuid_v4_of(mut b: [u8; 16]) -> String {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);
@@ -176,6 +183,7 @@ pub(super) async fn request_build(
             reason: None,
             finished: None,
             targets,
+            output_lines: 0,
         },
     );
     drop(st);
@@ -187,11 +195,7 @@ pub(super) async fn request_build(
 
 /// A random UUID (version 4), as E2B's build ids are.
 fn uuid_v4() -> String {
-    let mut b: [u8; 16] = rand::random();
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    uuid_v4_of(rand::random())
 }
 
 /// How long uploaded `COPY` files are kept unused (a build that names them
@@ -233,7 +237,7 @@ pub(super) async fn files_link(
         .open(&held)
         .and_then(|f| f.set_modified(std::time::SystemTime::now()))
         .is_ok();
-    let expires = unix_now() + UPLOAD_URL_TTL;
+    let expires = access::unix_now() + UPLOAD_URL_TTL;
     let sig = access::files_upload_signature(&e.operator_token, &tenant, &hash, expires);
     let host = headers.get(axum::http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
     let scheme = match headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) {
@@ -242,10 +246,6 @@ pub(super) async fn files_link(
     };
     let url = format!("{scheme}://{host}/e2b/template-files/{tenant}/{hash}?expires={expires}&signature={sig}");
     Ok((StatusCode::CREATED, Json(json!({"present": present, "url": url}))).into_response())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Query of a files upload URL.
@@ -272,17 +272,15 @@ pub(super) async fn upload_files(
     if !access::is_files_upload_signature(&e.operator_token, &tenant, &hash, q.expires, &q.signature) {
         return Err(refuse("invalid signature"));
     }
-    if q.expires < unix_now() {
+    if q.expires < access::unix_now() {
         return Err(refuse("signature is already expired"));
     }
     let dir = files_dir(&e, &tenant);
-    std::fs::create_dir_all(&dir)
-        .map_err(|err| E2bError::Engine(strata_engine::error::EngineError::internal("template files dir", &err)))?;
+    std::fs::create_dir_all(&dir).map_err(files_io)?;
     let tmp = dir.join(format!(".{hash}.{}", strata_core::ids::new_id()));
     let written = write_body(&tmp, body).await;
     match written {
-        Ok(()) => std::fs::rename(&tmp, dir.join(&hash))
-            .map_err(|err| E2bError::Engine(strata_engine::error::EngineError::internal("template files", &err)))?,
+        Ok(()) => std::fs::rename(&tmp, dir.join(&hash)).map_err(files_io)?,
         Err(err) => {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);
@@ -291,13 +289,16 @@ pub(super) async fn upload_files(
     Ok(StatusCode::OK.into_response())
 }
 
+/// An I/O failure of the template files store (500).
+fn files_io(err: std::io::Error) -> E2bError {
+    E2bError::Engine(strata_engine::error::EngineError::internal("template files", &err))
+}
+
 /// Streams `body` into a new file at `path` (at most [`MAX_FILES_UPLOAD`] bytes), synced.
 async fn write_body(path: &std::path::Path, body: Body) -> Result<(), E2bError> {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
-    let internal =
-        |err: std::io::Error| E2bError::Engine(strata_engine::error::EngineError::internal("template files", &err));
-    let mut f = tokio::fs::OpenOptions::new().write(true).create_new(true).open(path).await.map_err(internal)?;
+    let mut f = tokio::fs::OpenOptions::new().write(true).create_new(true).open(path).await.map_err(files_io)?;
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
@@ -306,9 +307,9 @@ async fn write_body(path: &std::path::Path, body: Body) -> Result<(), E2bError> 
         if total > MAX_FILES_UPLOAD {
             return Err(E2bError::BadRequest(format!("files upload larger than {MAX_FILES_UPLOAD} bytes")));
         }
-        f.write_all(&chunk).await.map_err(internal)?;
+        f.write_all(&chunk).await.map_err(files_io)?;
     }
-    f.sync_all().await.map_err(internal)
+    f.sync_all().await.map_err(files_io)
 }
 
 /// A step of `POST /v2/templates/{id}/builds/{build}`.
@@ -477,7 +478,7 @@ pub(super) async fn start_build(
                 BuildEvent::Output { data_b64, .. } => {
                     let bytes = base64::engine::general_purpose::STANDARD.decode(&data_b64).unwrap_or_default();
                     for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.is_empty()) {
-                        push(&e, &build_id, entry("info", line, Some(&step)));
+                        push_output(&e, &build_id, entry("info", line, Some(&step)));
                     }
                 }
                 BuildEvent::StepDone { index, duration_ms, .. } => {
@@ -527,6 +528,24 @@ pub(super) async fn start_build(
 fn push(e: &SharedE2b, build: &str, v: Value) {
     if let Some(b) = e.lock().builds.get_mut(build) {
         b.entries.push(v);
+    }
+}
+
+/// The most output lines one build keeps for its status (its steps, its end
+/// and its error are always kept; the native build stream has all output).
+const MAX_OUTPUT_LINES: usize = 20_000;
+
+/// A line of a step's output, while the build keeps fewer than
+/// [`MAX_OUTPUT_LINES`]; then one warning says the rest is not kept.
+fn push_output(e: &SharedE2b, build: &str, v: Value) {
+    if let Some(b) = e.lock().builds.get_mut(build) {
+        b.output_lines += 1;
+        if b.output_lines <= MAX_OUTPUT_LINES {
+            b.entries.push(v);
+        } else if b.output_lines == MAX_OUTPUT_LINES + 1 {
+            let note = format!("the build's output past {MAX_OUTPUT_LINES} lines is not kept here");
+            b.entries.push(entry("warn", note, v["step"].as_str()));
+        }
     }
 }
 
