@@ -110,13 +110,27 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
         dump_ms: dump_time.as_millis() as u64,
         note: None,
     };
-    let sealed = (|| {
-        crate::failpoint("standby-seal")?;
-        let m = seal(&staging, info, Some(helper))?;
-        publish(&staging, &image_dir(st, &id))?;
-        Ok::<_, std::io::Error>(m)
-    })();
-    let _ = st.runtime_of(&rec.sandbox).cleanup(&id);
+    // Sealing (checksums, fsync) and releasing the sandbox's runtime leftovers
+    // (its cgroup; on the gVisor tier a `runsc delete`) touch nothing in common:
+    // both run at once, off the async workers.
+    let (rt, sid, image) = (st.runtime_of(&rec.sandbox), id.clone(), image_dir(st, &id));
+    let sealed = tokio::task::spawn_blocking(move || {
+        std::thread::scope(|s| {
+            let cleanup = s.spawn(|| rt.cleanup(&sid));
+            let sealed = (|| {
+                crate::failpoint("standby-seal")?;
+                let m = seal(&staging, info, Some(helper))?;
+                publish(&staging, &image)?;
+                Ok::<_, std::io::Error>(m)
+            })();
+            if let Ok(Err(e)) = cleanup.join() {
+                warn!(sandbox = %sid, error = %crate::error::chain(&e), "releasing the sandbox's runtime after its dump");
+            }
+            sealed
+        })
+    })
+    .await
+    .map_err(|e| EngineError::internal("seal task", &e))?;
     let manifest = match sealed {
         Ok(m) => m,
         Err(e) => {

@@ -181,7 +181,9 @@ fn reap_until_gone(sandbox: Pid) -> i32 {
         match waitpid(Pid::from_raw(-1), flags) {
             Ok(WaitStatus::Exited(pid, c)) if pid == sandbox => code = Some(c),
             Ok(WaitStatus::Signaled(pid, sig, _)) if pid == sandbox => code = Some(128 + sig as i32),
-            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(10)),
+            // The gofer and the stubs exit within milliseconds of the sandbox:
+            // a standby waits for this process to go.
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(1)),
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(_) => return code.unwrap_or(1), // ECHILD: nothing left
         }

@@ -288,32 +288,12 @@ impl Runtime for NamespaceRuntime {
         };
         let mut sent = 0;
         for pid in targets {
-            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-            if fd < 0 {
-                continue;
-            }
-            // SAFETY: fd is a new descriptor that nothing else owns.
-            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-            // The pidfd names one process for good: if `pid` is still this sandbox's
-            // (in its cgroup, with the same pid inside or in the group), the
-            // signal reaches exactly it; a process that died meanwhile gets none.
-            let still = cg.pids().contains(&pid)
-                && if pid == leader { ns_pid_of(pid) == Some(ns_pid) } else { pgid_of(pid) == Some(leader) };
-            if !still {
-                continue;
-            }
-            // SAFETY: pidfd_send_signal takes the pidfd, a signal number, a NULL siginfo and flags.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    std::os::fd::AsRawFd::as_raw_fd(&fd),
-                    signal,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
+            // Still this sandbox's (in its cgroup, with the same pid inside or in the group)?
+            let still = || {
+                cg.pids().contains(&pid)
+                    && if pid == leader { ns_pid_of(pid) == Some(ns_pid) } else { pgid_of(pid) == Some(leader) }
             };
-            if r == 0 {
+            if signal_if(pid, signal, still) {
                 sent += 1;
             }
         }
@@ -694,8 +674,46 @@ fn ns_pid_of(pid: i32) -> Option<i32> {
 
 /// The process group of host process `pid` (field 5 of /proc/PID/stat).
 fn pgid_of(pid: i32) -> Option<i32> {
+    stat_field(pid, 2)
+}
+
+/// The parent of host process `pid` (field 4 of /proc/PID/stat).
+pub(crate) fn parent_of(pid: i32) -> Option<i32> {
+    stat_field(pid, 1)
+}
+
+/// Field `n` after the command name of /proc/PID/stat (0: the state).
+fn stat_field(pid: i32, n: usize) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.get(stat.rfind(')')? + 2..)?.split_whitespace().nth(2)?.parse().ok()
+    stat.get(stat.rfind(')')? + 2..)?.split_whitespace().nth(n)?.parse().ok()
+}
+
+/// Sends `signal` to host process `pid` if `still()` says, once `pid` is held
+/// by a pidfd, that it is still the process meant: the pidfd names one process
+/// for good, so a pid recycled between the check and the signal is never hit
+/// (a process that died meanwhile gets none). Whether it was sent.
+pub(crate) fn signal_if(pid: i32, signal: i32, still: impl FnOnce() -> bool) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fd is a new descriptor that nothing else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    if !still() {
+        return false;
+    }
+    // SAFETY: pidfd_send_signal takes the pidfd, a signal number, a NULL siginfo and flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
 }
 
 /// Waits up to `timeout` for the process behind `handle` to exit (a zombie counts
