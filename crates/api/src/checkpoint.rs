@@ -108,6 +108,9 @@ pub struct Checkpoint {
     /// checkpoint's filesystem): sandboxes started from it inherit it.
     #[serde(default)]
     pub tmp: crate::TmpStorage,
+    /// Its quarantine, while it is quarantined (see [`crate::Quarantine`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<crate::Quarantine>,
 }
 
 impl Checkpoint {

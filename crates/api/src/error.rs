@@ -57,6 +57,9 @@ pub enum ErrorCode {
     StandbyImageInvalid,
     /// A state-hygiene scan has findings (listed in `findings`) and they were not accepted (409).
     ScanFindings,
+    /// The sandbox or checkpoint is quarantined: it cannot be forked, promoted
+    /// to a template, restored into a new sandbox or given egress (409).
+    Quarantined,
     /// The request would give one sandbox all three Rule-of-Two capabilities; it
     /// waits for a human decision (`approval` names it) (403).
     ApprovalRequired,
@@ -100,7 +103,11 @@ impl ErrorCode {
             | ErrorCode::TokenNotFound
             | ErrorCode::ApprovalNotFound
             | ErrorCode::PreviewNotFound => 404,
-            ErrorCode::InvalidState | ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => 409,
+            ErrorCode::InvalidState
+            | ErrorCode::NameConflict
+            | ErrorCode::InUse
+            | ErrorCode::ScanFindings
+            | ErrorCode::Quarantined => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden
@@ -146,6 +153,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::StandbyImageInvalid => "standby_image_invalid",
             ErrorCode::ScanFindings => "scan_findings",
+            ErrorCode::Quarantined => "quarantined",
             ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::ApprovalNotFound => "approval_not_found",
             ErrorCode::Internal => "internal",

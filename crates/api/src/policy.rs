@@ -83,6 +83,18 @@ pub struct SandboxPolicy {
     /// an explicit resume or start.
     #[serde(default = "yes")]
     pub resume_on_access: bool,
+    /// Run the state check (the hygiene scan, against the filesystem, without
+    /// resuming a parked sandbox) this often, e.g. "6h"; at least
+    /// [`crate::MIN_CHECK_EVERY`]. Each check is a `checked` event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_every: Option<String>,
+    /// What a check with findings leads to (default `record`).
+    #[serde(default, skip_serializing_if = "is_record")]
+    pub on_findings: crate::OnFindings,
+}
+
+fn is_record(o: &crate::OnFindings) -> bool {
+    *o == crate::OnFindings::Record
 }
 
 fn yes() -> bool {
@@ -134,6 +146,8 @@ impl SandboxPolicy {
             flush: Vec::new(),
             capabilities: Vec::new(),
             resume_on_access: true,
+            check_every: None,
+            on_findings: crate::OnFindings::Record,
         }
     }
 }
@@ -177,6 +191,12 @@ pub struct PolicyPatch {
     /// Whether calls that need it running bring a parked sandbox back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_on_access: Option<bool>,
+    /// How often its state is checked, e.g. "6h", or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_every: Option<String>,
+    /// What a check with findings leads to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_findings: Option<crate::OnFindings>,
 }
 
 impl PolicyPatch {

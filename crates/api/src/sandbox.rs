@@ -363,6 +363,9 @@ pub struct Sandbox {
     /// Where its `/tmp` lives.
     #[serde(default)]
     pub tmp: TmpStorage,
+    /// Its quarantine, while it is quarantined (see [`crate::Quarantine`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<crate::Quarantine>,
 }
 
 /// How a sandbox in standby keeps its state.

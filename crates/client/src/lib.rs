@@ -714,6 +714,28 @@ impl Client {
         self.call::<(), _>(Method::GET, &format!("/v1/scan/{}", enc(id)), None).await
     }
 
+    /// Checks a sandbox now (its `on_findings` applies).
+    pub async fn check_sandbox(&self, id: &str) -> Result<strata_api::CheckReport> {
+        self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/check", enc(id)), None).await
+    }
+
+    /// Quarantines a sandbox or checkpoint.
+    pub async fn quarantine(&self, id: &str, reason: &str) -> Result<strata_api::QuarantineEntry> {
+        let req = strata_api::QuarantineRequest { reason: reason.to_string() };
+        self.call(Method::POST, &format!("/v1/quarantine/{}", enc(id)), Some(&req)).await
+    }
+
+    /// Lifts a quarantine (operator only).
+    pub async fn lift_quarantine(&self, id: &str, reason: &str) -> Result<strata_api::QuarantineEntry> {
+        let req = strata_api::QuarantineRequest { reason: reason.to_string() };
+        self.call(Method::DELETE, &format!("/v1/quarantine/{}", enc(id)), Some(&req)).await
+    }
+
+    /// The quarantined sandboxes and checkpoints.
+    pub async fn quarantined(&self) -> Result<Vec<strata_api::QuarantineEntry>> {
+        self.call::<(), _>(Method::GET, "/v1/quarantine", None).await
+    }
+
     /// The last `limit` audit entries (default 100), oldest first.
     pub async fn audit(&self, limit: Option<u32>) -> Result<Vec<AuditEntry>> {
         let q = limit.map(|l| format!("?limit={l}")).unwrap_or_default();

@@ -283,6 +283,8 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
         isolation: crate::state::tiers::tier_of(&rec.sandbox),
         userns: rec.sandbox.userns.is_some(),
         tmp: rec.sandbox.tmp,
+        // A checkpoint of a quarantined sandbox is quarantined too.
+        quarantine: crate::quarantine::inherited(&rec.sandbox),
     };
     // Crash point (`checkpoint-layer:crash`): the layer is stored, the checkpoint not yet recorded.
     let _ = crate::failpoint("checkpoint-layer");
@@ -488,8 +490,14 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
         Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) if c.0.retired_at().is_some() => {
             return Err(EngineError::checkpoint_retired(&c.0))
         }
-        Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => ForkSource::Checkpoint(Box::new(c.0)),
-        Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => ForkSource::Live(r),
+        Some(tenancy::SandboxOrCheckpoint::Checkpoint(c)) => {
+            crate::quarantine::refuse_checkpoint(&c.0, "be forked")?;
+            ForkSource::Checkpoint(Box::new(c.0))
+        }
+        Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => {
+            crate::quarantine::refuse_sandbox(&r.sandbox, "be forked")?;
+            ForkSource::Live(r)
+        }
         None => {
             return Err(EngineError::new(
                 ErrorCode::SandboxNotFound,

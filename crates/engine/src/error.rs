@@ -66,7 +66,9 @@ impl ErrorKind {
             | ErrorCode::PreviewNotFound
             | ErrorCode::ApprovalNotFound => ErrorKind::NotFound,
             ErrorCode::InvalidState => ErrorKind::InvalidState,
-            ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings => ErrorKind::Conflict,
+            ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings | ErrorCode::Quarantined => {
+                ErrorKind::Conflict
+            }
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => ErrorKind::BadRequest,
             ErrorCode::Unauthorized => ErrorKind::Unauthorized,
             ErrorCode::Forbidden | ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => {
@@ -200,6 +202,7 @@ mod tests {
             ErrorCode::InvalidState,
             ErrorCode::InUse,
             ErrorCode::ScanFindings,
+            ErrorCode::Quarantined,
             ErrorCode::PathEscape,
             ErrorCode::Unauthorized,
             ErrorCode::MountPoint,

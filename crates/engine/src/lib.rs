@@ -53,6 +53,7 @@ pub mod audit;
 pub mod audit_log;
 pub mod caller;
 pub mod checkpoints;
+pub mod checks;
 pub mod chunks;
 pub mod clock;
 pub mod dirwatch;
@@ -73,6 +74,7 @@ pub mod preview;
 pub mod privileges;
 pub mod process_image;
 pub mod processes;
+pub mod quarantine;
 pub mod quotas;
 pub mod reach;
 pub mod reaper;
@@ -204,6 +206,9 @@ pub struct Config {
     /// it, `Some(true)` always (the daemon refuses to start where it cannot),
     /// `Some(false)` only for sandboxes that declare untrusted input.
     pub default_userns: Option<bool>,
+    /// How often persistent sandboxes whose policy names no `check_every`
+    /// are checked (`--check-every`; at least [`strata_api::MIN_CHECK_EVERY`]).
+    pub default_check_every: Option<std::time::Duration>,
 }
 
 /// Name of the token file in the state directory.
@@ -336,6 +341,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     app_state.prices = prices;
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
+    app_state.default_check_every = cfg.default_check_every;
     app_state.disks = Arc::new(strata_runtime::disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
     if let (Some(_), Some(why)) = (default_disk_bytes, strata_runtime::disk::unavailable()) {
         tracing::warn!(
@@ -353,6 +359,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     tokio::spawn(tenancy::as_daemon(reaper::ttl_reaper(st.clone())));
     tokio::spawn(tenancy::as_daemon(policy::run(st.clone())));
     tokio::spawn(tenancy::as_daemon(accounting::run(st.clone())));
+    tokio::spawn(tenancy::as_daemon(checks::run(st.clone())));
     Ok(Opened { state: st, _lock: lock })
 }
 

@@ -423,6 +423,7 @@ pub async fn update(st: &Shared, id: &str, req: NetworkSpec) -> EngineResult<Net
     let id = rec.sandbox.id.clone();
     let (spec, rules) = validate(&req)?;
     if spec.mode == NetworkMode::Egress {
+        crate::quarantine::refuse_sandbox(&rec.sandbox, "be given egress")?;
         check(st, Some(&spec))?;
     }
     // The Rule of Two: egress on a sandbox that already holds the other two capabilities needs an approval.

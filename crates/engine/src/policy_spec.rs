@@ -42,7 +42,23 @@ pub fn validate(patch: &PolicyPatch) -> EngineResult<()> {
     if let Some(f) = &patch.flush {
         crate::scan::validate_flush(f)?;
     }
+    if let Some(v) = patch.check_every.as_deref().filter(|v| v.trim() != NONE) {
+        validate_check_every(v)?;
+    }
     Ok(())
+}
+
+/// Checks a `check_every`: a duration of at least [`strata_api::MIN_CHECK_EVERY`].
+pub fn validate_check_every(v: &str) -> EngineResult<std::time::Duration> {
+    let every = units::parse_duration(v).map_err(|e| EngineError::bad_request(format!("check_every: {e}")))?;
+    let min = units::parse_duration(strata_api::MIN_CHECK_EVERY).expect("a valid constant");
+    if every < min {
+        return Err(EngineError::bad_request(format!(
+            "check_every {v} is below the minimum of {}: a check scans the whole writable layer",
+            strata_api::MIN_CHECK_EVERY
+        )));
+    }
+    Ok(every)
 }
 
 /// Applies a (validated) patch to a policy.
@@ -74,6 +90,12 @@ pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
     }
     if let Some(r) = patch.resume_on_access {
         policy.resume_on_access = r;
+    }
+    if let Some(v) = &patch.check_every {
+        policy.check_every = opt(v);
+    }
+    if let Some(o) = patch.on_findings {
+        policy.on_findings = o;
     }
 }
 

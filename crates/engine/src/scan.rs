@@ -38,7 +38,7 @@ const MAX_RECORDS_TOTAL: u64 = 64 << 20;
 
 /// What is scanned: the view now (top first), the image's layers (top first),
 /// and the layers whose paths are looked at.
-struct Target {
+pub(crate) struct Target {
     report: ScanReport,
     now: Vec<PathBuf>,
     image: Vec<PathBuf>,
@@ -61,7 +61,7 @@ fn image_depth(st: &Shared, image_id: &str, chain: &[String], from_checkpoint: b
     Ok(if from_checkpoint { 0 } else { chain.len() })
 }
 
-fn target(st: &Shared, id: &str) -> EngineResult<Target> {
+pub(crate) fn target(st: &Shared, id: &str) -> EngineResult<Target> {
     let found = crate::tenancy::find_sandbox_or_checkpoint(st, id, crate::tenancy::NamesFirst::Sandbox)?;
     if let Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) = &found {
         return sandbox_target(st, rec);
@@ -91,8 +91,15 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {
     let s = &rec.sandbox;
     if !matches!(
         s.state,
-        SandboxState::Running | SandboxState::Stopped | SandboxState::Paused | SandboxState::Error | SandboxState::Lost
+        SandboxState::Running
+            | SandboxState::Stopped
+            | SandboxState::Paused
+            | SandboxState::Standby
+            | SandboxState::Error
+            | SandboxState::Lost
     ) {
+        // Standby keeps the writable layer where it was (its disk stays mounted):
+        // it is read as a stopped sandbox's, without resuming the sandbox.
         return Err(EngineError::invalid_state(s.state, "the writable layer is not on local disk"));
     }
     let depth = image_depth(st, &s.image_id, &rec.layers, s.base_checkpoint.is_some())?;
@@ -119,7 +126,7 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {
     Ok(Target { report, now, image, touched })
 }
 
-fn run(t: Target) -> EngineResult<ScanReport> {
+pub(crate) fn run(t: Target) -> EngineResult<ScanReport> {
     let exclude = &strata_runtime::spec::IDENTITY_PATHS;
     let mut paths = BTreeSet::new();
     for l in &t.touched {
@@ -164,6 +171,9 @@ fn run(t: Target) -> EngineResult<ScanReport> {
             },
             None => (0, None),
         };
+        if is_resolv_mount_point(&c.path, change, mode, content.as_deref()) {
+            continue;
+        }
         let found = hygiene::check(&Entry { path: &c.path, change, mode, content: content.as_deref() });
         // A credential pattern in a file that is byte for byte what its package shipped
         // (a test fixture, an example in the docs) is listed apart, not left-behind state.
@@ -185,6 +195,14 @@ fn run(t: Target) -> EngineResult<ScanReport> {
     hygiene::sort(&mut report.packaged);
     report.clean = report.findings.is_empty();
     Ok(report)
+}
+
+/// Whether a change is the empty `/etc/resolv.conf` strata adds as the mount
+/// point of its own resolver file (a sandbox with egress, from an image that
+/// has none): its content is never in the layer. Anything written into it
+/// while it was not mounted has bytes, and is checked like any other file.
+fn is_resolv_mount_point(path: &str, change: Change, mode: u32, content: Option<&[u8]>) -> bool {
+    path == "/etc/resolv.conf" && change == Change::Added && mode & 0o170000 == 0o100000 && content == Some(&[][..])
 }
 
 /// Scans a sandbox or checkpoint (id or name).
@@ -344,4 +362,17 @@ pub async fn flush(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     Ok(())
 }
 
-// ---- HTTP ----
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_empty_resolv_conf_strata_adds_is_passed_over() {
+        let file = libc::S_IFREG | 0o644;
+        assert!(is_resolv_mount_point("/etc/resolv.conf", Change::Added, file, Some(b"")));
+        assert!(!is_resolv_mount_point("/etc/resolv.conf", Change::Added, file, Some(b"nameserver 6.6.6.6\n")));
+        assert!(!is_resolv_mount_point("/etc/resolv.conf", Change::Modified, file, Some(b"")));
+        assert!(!is_resolv_mount_point("/etc/resolv.conf", Change::Added, libc::S_IFLNK | 0o777, None));
+        assert!(!is_resolv_mount_point("/etc/hosts.allow", Change::Added, file, Some(b"")));
+    }
+}

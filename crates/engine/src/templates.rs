@@ -242,8 +242,12 @@ pub async fn create(st: &Shared, req: CreateTemplateRequest, actor: &str) -> Eng
         Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) if c.0.retired_at().is_some() => {
             return Err(EngineError::checkpoint_retired(&c.0))
         }
-        Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) => c.0,
+        Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(c)) => {
+            crate::quarantine::refuse_checkpoint(&c.0, "be promoted to a template")?;
+            c.0
+        }
         Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) => {
+            crate::quarantine::refuse_sandbox(&rec.sandbox, "be promoted to a template")?;
             checkpoints::checkpoint(
                 st,
                 &rec.sandbox.id,

@@ -35,8 +35,8 @@ use tracing::{info, warn};
 
 use crate::error::ApiError;
 use crate::native::{
-    accounting, advisor, approvals, audit, events, fanout, metrics, network as net, pipelines, policy, preview, quotas,
-    scan, tenancy,
+    accounting, advisor, approvals, audit, events, fanout, metrics, network as net, pipelines, policy, preview,
+    quarantine, quotas, scan, tenancy,
 };
 
 /// Daemon configuration: the engine's and the listeners'.
@@ -133,6 +133,9 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/gc", post(c::gc_handler))
         .route("/v1/lineage/{id}", get(c::lineage_handler))
         .route("/v1/scan/{id}", get(scan::scan_handler))
+        .route("/v1/quarantine", get(quarantine::list_handler))
+        .route("/v1/quarantine/{id}", post(quarantine::place_handler).delete(quarantine::lift_handler))
+        .route("/v1/sandboxes/{id}/check", post(quarantine::check_handler))
         .route("/v1/audit", get(audit::list_handler))
         .route("/v1/audit/verify", get(audit::verify_handler))
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))

@@ -4,7 +4,7 @@ use utoipa::OpenApi;
 
 use crate::native::{
     accounting, activity, advisor, approvals, archive, audit, checkpoints, events, fanout, files, images, metrics,
-    network, pipelines, policy, preview, processes, quotas, sandboxes, scan, standby, templates, tenancy,
+    network, pipelines, policy, preview, processes, quarantine, quotas, sandboxes, scan, standby, templates, tenancy,
 };
 
 /// strata's native HTTP API.
@@ -79,6 +79,10 @@ use crate::native::{
         accounting::get_handler,
         advisor::advise_handler,
         scan::scan_handler,
+        quarantine::place_handler,
+        quarantine::lift_handler,
+        quarantine::list_handler,
+        quarantine::check_handler,
         audit::list_handler,
         audit::verify_handler,
         fanout::fanout_handler,

@@ -263,6 +263,9 @@ pub const MIGRATIONS: &[&str] = &[
     // standby images and warm checkpoints hold that layout; new ones say disk).
     "ALTER TABLE sandboxes ADD COLUMN tmp_tmpfs INTEGER NOT NULL DEFAULT 1;
     ALTER TABLE checkpoints ADD COLUMN tmp_tmpfs INTEGER NOT NULL DEFAULT 1;",
+    // 18: quarantine (JSON `strata_api::Quarantine`, NULL: none).
+    "ALTER TABLE sandboxes ADD COLUMN quarantine TEXT;
+    ALTER TABLE checkpoints ADD COLUMN quarantine TEXT;",
 ];
 
 /// First host uid/gid given to a sandbox user namespace; each sandbox gets
@@ -431,7 +434,7 @@ fn free_userns(
     Ok(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
 }
 
-const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid, userns_base, tmp_tmpfs";
+const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, source, image_id, runtime, lifecycle, created_at, updated_at, expires_at, limits, env, hostname, labels, init_pid, init_start_time, oom_kills, layers, image_config, ttl, base_checkpoint, head_checkpoint, fork_generation, policy, inactive_since, tenant, allow_setuid, userns_base, tmp_tmpfs, quarantine";
 
 /// States in which a sandbox is parked (`inactive_since` is set), as SQL.
 const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
@@ -486,6 +489,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                     .get::<_, Option<i64>>(29)?
                     .map(|b| strata_api::UserNamespace { host_base: b as u32, size: USERNS_SIZE }),
                 tmp: tmp_of(r.get(30)?),
+                quarantine: r.get::<_, Option<String>>(31)?.map(|q| parse(&q, "quarantine")).transpose()?,
             },
             init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
@@ -495,7 +499,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
     Ok(build())
 }
 
-const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs";
+const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs, quarantine";
 
 /// The `tmp_tmpfs` column as a [`strata_api::TmpStorage`].
 fn tmp_of(tmpfs: i64) -> strata_api::TmpStorage {
@@ -541,6 +545,7 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                 },
                 userns: r.get::<_, i64>(21)? != 0,
                 tmp: tmp_of(r.get(22)?),
+                quarantine: r.get::<_, Option<String>>(23)?.map(|q| parse(&q, "quarantine")).transpose()?,
             },
             parse(&config, "image_config")?,
         ))
@@ -775,14 +780,14 @@ impl Db {
         }
         let s = &rec.sandbox;
         tx.execute(
-            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"),
+            &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)"),
             params![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
                 json(&rec.layers), json(&rec.image_config), s.ttl, s.base_checkpoint, s.head_checkpoint, s.fork_generation,
                 json(&s.policy), s.inactive_since, s.tenant, s.allow_setuid as i64, s.userns.map(|u| u.host_base as i64),
-                (s.tmp == strata_api::TmpStorage::Tmpfs) as i64
+                (s.tmp == strata_api::TmpStorage::Tmpfs) as i64, s.quarantine.as_ref().map(json)
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -1036,6 +1041,53 @@ impl Db {
         Ok(Some(policy))
     }
 
+    /// Places (`Some`) or lifts (`None`) the quarantine of a sandbox or a
+    /// checkpoint (`checkpoint`). Whether the object exists.
+    pub fn set_quarantine(
+        &self,
+        checkpoint: bool,
+        id: &str,
+        q: Option<&strata_api::Quarantine>,
+    ) -> Result<bool, DbError> {
+        let table = if checkpoint { "checkpoints" } else { "sandboxes" };
+        let n = self
+            .conn()
+            .execute(&format!("UPDATE {table} SET quarantine = ?1 WHERE id = ?2"), params![q.map(json), id])?;
+        Ok(n > 0)
+    }
+
+    /// Every quarantined sandbox and checkpoint (of every tenant).
+    pub fn quarantined(&self) -> Result<Vec<strata_api::QuarantineEntry>, DbError> {
+        let conn = self.conn();
+        let mut out = Vec::new();
+        for (kind, table) in [("sandbox", "sandboxes"), ("checkpoint", "checkpoints")] {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT id, name, tenant, quarantine FROM {table} WHERE quarantine IS NOT NULL ORDER BY id"
+            ))?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+            })?;
+            for row in rows {
+                let (id, name, tenant, q) = row?;
+                let quarantine = parse(&q, "quarantine")?;
+                out.push(strata_api::QuarantineEntry { kind: kind.into(), id, name, tenant, quarantine });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The time of the sandbox's most recent event with `reason` (e.g. its last `checked`).
+    pub fn last_event_time(&self, id: &str, reason: &str) -> Result<Option<String>, DbError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT time FROM events WHERE sandbox_id = ?1 AND reason = ?2 ORDER BY seq DESC LIMIT 1",
+                params![id, reason],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()?)
+    }
+
     /// Updates the OOM-kill counter.
     pub fn set_oom_kills(&self, id: &str, n: u64) -> Result<(), DbError> {
         self.conn().execute("UPDATE sandboxes SET oom_kills = ?1 WHERE id = ?2", params![n as i64, id])?;
@@ -1177,13 +1229,13 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21, ?22, ?23)",
+            "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs, quarantine)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21, ?22, ?23, ?24)",
             params![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
                 c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
                 json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str(), c.userns as i64,
-                (c.tmp == strata_api::TmpStorage::Tmpfs) as i64
+                (c.tmp == strata_api::TmpStorage::Tmpfs) as i64, c.quarantine.as_ref().map(json)
             ],
         )
         .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
@@ -2131,6 +2183,7 @@ mod tests {
                 allow_setuid: true,
                 userns: None,
                 tmp: strata_api::TmpStorage::Tmpfs,
+                quarantine: None,
             },
             layers: vec!["sha256:00".into()],
             init_start_time: None,
@@ -2604,9 +2657,33 @@ mod tests {
             isolation: strata_api::Isolation::Gvisor,
             userns: true,
             tmp: strata_api::TmpStorage::Disk,
+            quarantine: Some(strata_api::Quarantine {
+                reason: "taken from quarantined sandbox".into(),
+                since: "t".into(),
+                by: "inherited".into(),
+                network_before: None,
+            }),
         };
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
         let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
+        assert_eq!(got.quarantine, c.quarantine, "a checkpoint is born with its quarantine");
+        assert!(db.set_quarantine(true, "c1", None).unwrap());
+        assert_eq!(db.find_checkpoint("c1", None).unwrap().unwrap().0.quarantine, None, "lifted");
+        let q = strata_api::Quarantine {
+            reason: "found a key".into(),
+            since: "t3".into(),
+            by: "check".into(),
+            network_before: Some(strata_api::NetworkSpec {
+                mode: strata_api::NetworkMode::Egress,
+                ..Default::default()
+            }),
+        };
+        assert!(db.set_quarantine(false, &rec.sandbox.id, Some(&q)).unwrap());
+        assert!(!db.set_quarantine(false, "nope", Some(&q)).unwrap(), "an unknown id says so");
+        assert_eq!(db.sandbox_by_id(&rec.sandbox.id).unwrap().unwrap().sandbox.quarantine.as_ref(), Some(&q));
+        let listed = db.quarantined().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].kind.as_str(), &listed[0].id, &listed[0].quarantine), ("sandbox", &rec.sandbox.id, &q));
         assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
         assert_eq!(got.processes, c.processes);
         assert_eq!(got.isolation, strata_api::Isolation::Gvisor, "a checkpoint keeps its sandbox's tier");
@@ -2619,6 +2696,8 @@ mod tests {
             "a template is its checkpoint's tenant's"
         );
         db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
+        assert_eq!(db.last_event_time(&rec.sandbox.id, "x").unwrap().as_deref(), Some("t"));
+        assert_eq!(db.last_event_time(&rec.sandbox.id, "checked").unwrap(), None);
         assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 2);
         assert!(db.events_of_tenant("globex", None, 0, 100).unwrap().is_empty());
         let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };

@@ -107,6 +107,21 @@ pub struct DaemonArgs {
     #[arg(long, env = "STRATA_DEFAULT_USERNS", value_name = "auto|on|off", default_value = "auto",
         value_parser = parse_userns_default)]
     pub default_userns: UsernsDefault,
+    /// Check persistent sandboxes whose policy names no --check-every this
+    /// often (the hygiene scan; at least 1m), e.g. 6h. Default: only those
+    /// whose policy asks.
+    #[arg(long, env = "STRATA_CHECK_EVERY", value_name = "DUR", value_parser = parse_check_every)]
+    pub check_every: Option<std::time::Duration>,
+}
+
+/// `--check-every`: a duration of at least [`strata_api::MIN_CHECK_EVERY`].
+fn parse_check_every(s: &str) -> Result<std::time::Duration, String> {
+    let d = strata_core::units::parse_duration(s).map_err(|e| e.to_string())?;
+    let min = strata_core::units::parse_duration(strata_api::MIN_CHECK_EVERY).expect("a valid constant");
+    if d < min {
+        return Err(format!("below the minimum of {}", strata_api::MIN_CHECK_EVERY));
+    }
+    Ok(d)
 }
 
 /// `--default-userns`: `None` is `auto`.

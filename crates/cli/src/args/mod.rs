@@ -132,6 +132,13 @@ pub enum Command {
     /// persistence hooks that a sandbox (or checkpoint) adds on top of its image.
     /// Exit status 2 when there are findings.
     Scan(security::ScanArgs),
+    /// Check a sandbox now as its --check-every would: the scan, then its
+    /// --on-findings (a parked sandbox is not resumed). Exit status 2 when
+    /// there are findings.
+    Check(security::CheckArgs),
+    /// Quarantine sandboxes and checkpoints, lift a quarantine, list them.
+    #[command(subcommand)]
+    Quarantine(security::QuarantineCmd),
     /// The hash-chained audit log of API actions (mutations), or `audit verify`.
     Audit(security::AuditArgs),
     /// Paths added, modified and deleted since the last checkpoint.

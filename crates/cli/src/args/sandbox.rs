@@ -282,6 +282,28 @@ pub struct PolicyArgs {
     /// such calls are refused (409) until `strata resume` or `strata start`.
     #[arg(long, value_name = "BOOL")]
     pub resume_on_access: Option<bool>,
+    /// Check the sandbox's state (the hygiene scan of what its layers add to
+    /// its image; a parked sandbox is not resumed) this often, e.g. 6h (at
+    /// least 1m), or `none`. Each check is a `checked` event.
+    #[arg(long, value_name = "DUR")]
+    pub check_every: Option<String>,
+    /// What a check with findings does: record (default), quarantine, flush
+    /// (the flush rules, when it runs) or stop.
+    #[arg(long, value_enum)]
+    pub on_findings: Option<OnFindingsArg>,
+}
+
+/// What a check with findings does.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OnFindingsArg {
+    /// Only the event.
+    Record,
+    /// Quarantine the sandbox.
+    Quarantine,
+    /// Apply its flush rules.
+    Flush,
+    /// Stop it.
+    Stop,
 }
 
 /// Whether a namespace-tier sandbox runs in a user namespace of its own.

@@ -66,6 +66,45 @@ pub enum AuditCmd {
     Verify(JsonOutput),
 }
 
+/// `strata check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Sandbox id or name.
+    pub id: String,
+    /// JSON output (the report).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `strata quarantine ...`.
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCmd {
+    /// Quarantine a sandbox or checkpoint: it can still be inspected, diffed,
+    /// exported and destroyed, but not forked, promoted to a template,
+    /// restored into a new sandbox or given egress (a sandbox loses its egress).
+    Add {
+        /// Sandbox or checkpoint id or name.
+        id: String,
+        /// Why (required; recorded in its events).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift a quarantine (operator only; the reason is recorded). A sandbox
+    /// gets its egress back.
+    Lift {
+        /// Sandbox or checkpoint id or name.
+        id: String,
+        /// Why (required; recorded in its events).
+        #[arg(long)]
+        reason: String,
+    },
+    /// List quarantined sandboxes and checkpoints.
+    Ls {
+        #[command(flatten)]
+        out: JsonOutput,
+    },
+}
+
 /// `strata scan`.
 #[derive(Debug, Args)]
 pub struct ScanArgs {

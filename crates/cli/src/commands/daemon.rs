@@ -29,6 +29,7 @@ pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
             preview_domain: a.preview_domain,
             default_isolation: a.default_isolation,
             default_userns: a.default_userns.0,
+            default_check_every: a.check_every,
         },
         socket,
         listen: a.listen,

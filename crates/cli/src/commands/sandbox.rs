@@ -11,8 +11,8 @@ use super::process::exec_request;
 use super::security::secrets;
 use super::{each, kv, print_error};
 use crate::args::sandbox::{
-    CreateArgs, EventsArgs, InspectArgs, LifecycleArg, LimitArgs, OnIdleArg, PolicyArgs, ResumeArgs, RmArgs, RunArgs,
-    StandbyArgs, UpdateArgs,
+    CreateArgs, EventsArgs, InspectArgs, LifecycleArg, LimitArgs, OnFindingsArg, OnIdleArg, PolicyArgs, ResumeArgs,
+    RmArgs, RunArgs, StandbyArgs, UpdateArgs,
 };
 use crate::args::{JsonOutput, SandboxId, SandboxIds};
 use crate::{exec, output};
@@ -269,6 +269,13 @@ fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
             many => Some(many.to_vec()),
         },
         resume_on_access: p.resume_on_access,
+        check_every: p.check_every.clone(),
+        on_findings: p.on_findings.map(|o| match o {
+            OnFindingsArg::Record => strata_api::OnFindings::Record,
+            OnFindingsArg::Quarantine => strata_api::OnFindings::Quarantine,
+            OnFindingsArg::Flush => strata_api::OnFindings::Flush,
+            OnFindingsArg::Stop => strata_api::OnFindings::Stop,
+        }),
     };
     let sh = |c: &Option<String>| c.as_ref().map(|c| vec!["sh".to_string(), "-c".to_string(), c.clone()]);
     let hooks = strata_api::LifecycleHooks {
@@ -333,6 +340,12 @@ fn print_sandbox(s: &Sandbox) {
             p.resume_on_access
         ),
     ));
+    if let Some(every) = &p.check_every {
+        rows.push(("checks", format!("every {every}, on findings: {}", p.on_findings)));
+    }
+    if let Some(q) = &s.quarantine {
+        rows.push(("QUARANTINED", format!("since {} by {}: {}", q.since, q.by, q.reason)));
+    }
     if let Some(t) = &s.inactive_since {
         rows.push(("inactive", format!("since {t}")));
     }

@@ -5,7 +5,9 @@
 use anyhow::{anyhow, bail, Context, Result};
 use strata_client::Client;
 
-use crate::args::security::{ApprovalCmd, ApprovalId, AuditArgs, AuditCmd, DecisionArgs, ScanArgs, SecretArgs};
+use crate::args::security::{
+    ApprovalCmd, ApprovalId, AuditArgs, AuditCmd, CheckArgs, DecisionArgs, QuarantineCmd, ScanArgs, SecretArgs,
+};
 use crate::args::JsonOutput;
 use crate::output;
 
@@ -135,6 +137,67 @@ pub(super) async fn audit(c: &Client, a: AuditArgs) -> Result<i32> {
 }
 
 /// `strata scan`: exit status 2 when there are findings.
+/// `strata check ID`: exit status 2 when there are findings.
+pub(super) async fn check(c: &Client, a: CheckArgs) -> Result<i32> {
+    let r = c.check_sandbox(&a.id).await?;
+    if a.json {
+        output::json(&r);
+    } else {
+        print_findings(&r.findings);
+        println!(
+            "sandbox {} ({}): {} paths changed above its image, {}; {} ({} ms)",
+            r.sandbox_id,
+            r.state,
+            r.changed_paths,
+            if r.findings.is_empty() { "clean".to_string() } else { format!("{} findings", r.findings.len()) },
+            r.action,
+            r.duration_ms
+        );
+    }
+    Ok(if r.findings.is_empty() { 0 } else { 2 })
+}
+
+/// `strata quarantine ...`.
+pub(super) async fn quarantine_cmd(c: &Client, cmd: QuarantineCmd) -> Result<i32> {
+    let line = |e: &strata_api::QuarantineEntry| {
+        println!(
+            "{} {} ({}) quarantined since {} by {}: {}",
+            e.kind, e.name, e.id, e.quarantine.since, e.quarantine.by, e.quarantine.reason
+        )
+    };
+    match cmd {
+        QuarantineCmd::Add { id, reason } => line(&c.quarantine(&id, &reason).await?),
+        QuarantineCmd::Lift { id, reason } => {
+            let e = c.lift_quarantine(&id, &reason).await?;
+            println!("{} {} ({}): quarantine lifted", e.kind, e.name, e.id);
+        }
+        QuarantineCmd::Ls { out: JsonOutput { json } } => {
+            let list = c.quarantined().await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(
+                    &["KIND", "ID", "NAME", "TENANT", "SINCE", "BY", "REASON"],
+                    list.iter()
+                        .map(|e| {
+                            vec![
+                                e.kind.clone(),
+                                e.id.clone(),
+                                e.name.clone(),
+                                e.tenant.clone(),
+                                e.quarantine.since.clone(),
+                                e.quarantine.by.clone(),
+                                e.quarantine.reason.clone(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
 pub(super) async fn scan(c: &Client, a: ScanArgs) -> Result<i32> {
     let ScanArgs { id, json } = a;
     let r = c.scan(&id).await?;

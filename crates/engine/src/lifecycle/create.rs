@@ -80,6 +80,7 @@ pub fn resolve_source(st: &Shared, key: &str) -> EngineResult<Source> {
         if c.retired_at().is_some() {
             return Err(EngineError::checkpoint_retired(&c));
         }
+        crate::quarantine::refuse_checkpoint(&c, "be restored into a new sandbox")?;
         Ok(Source {
             name,
             image_id: c.image_id,
@@ -280,6 +281,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
             // The range is picked when the record is inserted.
             userns: userns.then_some(strata_api::UserNamespace { host_base: 0, size: 0 }),
             tmp,
+            quarantine: None,
         },
         layers: source.layers,
         init_start_time: None,

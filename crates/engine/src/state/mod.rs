@@ -72,6 +72,9 @@ pub struct AppState {
     pub network: self::network::Network,
     /// How long a Rule-of-Two approval waits for a decision (and then for its use).
     pub approval_timeout: std::time::Duration,
+    /// How often persistent sandboxes whose policy names no `check_every` are
+    /// checked (`--check-every`; `None`: they are not).
+    pub default_check_every: Option<std::time::Duration>,
     /// Default limits, their bounds, admission control and tenant quotas.
     pub admission: Arc<crate::admission::Admission>,
     /// The preview proxy (settings, idle upstream connections).
@@ -116,6 +119,7 @@ impl AppState {
             accounting: self::accounting::Accounting::default(),
             prices: strata_api::Prices::default(),
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
+            default_check_every: None,
             admission,
             previews: self::preview::Previews::default(),
             pipelines: self::pipelines::Pipelines::default(),

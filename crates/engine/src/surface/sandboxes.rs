@@ -2,9 +2,10 @@
 //! previews, events, cost, scan and lineage.
 
 use strata_api::{
-    Advice, AdviseRequest, CostReport, CostSummary, CreatePreviewRequest, CreateSandboxRequest, CreatedPreview,
-    CreatedSandbox, DaemonInfo, Lease, LeaseRequest, Lineage, NetworkInfo, NetworkSpec, Preview, ResumeResult, Sandbox,
-    SandboxEvent, ScanReport, StandbyRequest, UpdateSandboxRequest,
+    Advice, AdviseRequest, CheckReport, CostReport, CostSummary, CreatePreviewRequest, CreateSandboxRequest,
+    CreatedPreview, CreatedSandbox, DaemonInfo, Lease, LeaseRequest, Lineage, NetworkInfo, NetworkSpec, Preview,
+    QuarantineEntry, QuarantineRequest, ResumeResult, Sandbox, SandboxEvent, ScanReport, StandbyRequest,
+    UpdateSandboxRequest,
 };
 
 use super::Engine;
@@ -188,6 +189,31 @@ impl Engine {
     /// The state-hygiene scan of a sandbox or a checkpoint.
     pub async fn scan(&self, key: &str) -> EngineResult<ScanReport> {
         self.run(crate::scan::scan(&self.st, key)).await
+    }
+
+    /// Checks a sandbox now, as its `check_every` would (its `on_findings`
+    /// applies; a parked sandbox is checked without being resumed).
+    pub async fn check_sandbox(&self, key: &str) -> EngineResult<CheckReport> {
+        let id = self.sandbox_id(key).await?;
+        self.run(crate::checks::check(&self.st, &id, "requested")).await
+    }
+
+    /// Quarantines a sandbox or a checkpoint.
+    pub async fn quarantine(&self, key: &str, req: &QuarantineRequest) -> EngineResult<QuarantineEntry> {
+        let by = self.caller.actor();
+        self.run(crate::quarantine::place(&self.st, key, &req.reason, &by)).await
+    }
+
+    /// Lifts the quarantine of a sandbox or a checkpoint: the operator's, with a reason.
+    pub async fn lift_quarantine(&self, key: &str, req: &QuarantineRequest) -> EngineResult<QuarantineEntry> {
+        self.operator_only("lifting a quarantine")?;
+        let by = self.caller.actor();
+        self.run(crate::quarantine::lift(&self.st, key, &req.reason, &by)).await
+    }
+
+    /// The quarantined sandboxes and checkpoints the caller sees.
+    pub async fn quarantined(&self) -> EngineResult<Vec<QuarantineEntry>> {
+        self.run(async { crate::quarantine::list(&self.st) }).await
     }
 
     /// The tree of images, sandboxes, checkpoints and templates around a sandbox or checkpoint.

@@ -21,6 +21,7 @@ pub mod pipelines;
 pub mod policy;
 pub mod preview;
 pub mod processes;
+pub mod quarantine;
 pub mod quotas;
 pub mod sandboxes;
 pub mod scan;

@@ -1,0 +1,252 @@
+//! Checks at set times: a sandbox whose policy has `check_every` (or a
+//! persistent one, when the daemon has `--check-every`) gets the state-hygiene
+//! scan of everything its layers add above its image, on that interval, in
+//! any state but `archived` (a sandbox in standby or stopped is checked from
+//! its filesystem on the host: it is not resumed). Each check is a `checked`
+//! event with its findings; its policy's `on_findings` decides what follows
+//! (`record`, `quarantine`, `flush`, `stop`). `POST /v1/sandboxes/{id}/check`
+//! runs one now.
+//!
+//! Checks run one at a time, on a thread of their own at the lowest CPU and
+//! I/O priority (nice 19, the idle I/O class): a check of a large writable
+//! layer must not slow the sandboxes that are working.
+
+use std::time::{Duration, SystemTime};
+
+use strata_api::{CheckReport, OnFindings, SandboxState};
+use strata_store::db::SandboxRecord;
+use tracing::{info, warn};
+
+use crate::clock::parse_time;
+use crate::error::{EngineError, EngineResult};
+use crate::record::now;
+use crate::state::Shared;
+
+/// How often the loop looks for checks that fell due.
+const TICK: Duration = Duration::from_secs(20);
+
+/// The event every check records.
+pub const CHECKED: &str = "checked";
+
+/// Findings named in an event's detail (the rest are counted).
+const NAMED: usize = 5;
+
+/// The interval at which `sb` is checked: its policy's, else the daemon's
+/// default for persistent sandboxes; `None`: never.
+pub fn interval(st: &Shared, rec: &SandboxRecord) -> Option<Duration> {
+    match rec.sandbox.policy.check_every.as_deref() {
+        Some(v) => strata_core::units::parse_duration(v).ok(),
+        None if rec.sandbox.lifecycle == strata_api::Lifecycle::Persistent => st.default_check_every,
+        None => None,
+    }
+}
+
+/// When a check falls due: `every` after the last one, or after the
+/// sandbox's creation when it never had one.
+pub fn due_at(every: Duration, last: Option<SystemTime>, created: SystemTime) -> SystemTime {
+    last.unwrap_or(created) + every
+}
+
+/// Whether the sandbox can be checked in `state`.
+fn checkable(state: SandboxState) -> bool {
+    !matches!(state, SandboxState::Archived | SandboxState::Creating | SandboxState::Destroyed)
+}
+
+/// Lowers the calling thread to the lowest CPU and I/O priority.
+fn lower_priority() {
+    // SAFETY: gettid has no arguments; setpriority and ioprio_set take integers and
+    // act on this thread only (a tid names one thread for `PRIO_PROCESS`).
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+        const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+        const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid as libc::c_long, IOPRIO_CLASS_IDLE << 13);
+    }
+}
+
+/// One line about the findings, for events and the quarantine's reason.
+fn summary(r: &CheckReport) -> String {
+    if r.findings.is_empty() {
+        return format!("clean ({} changed paths)", r.changed_paths);
+    }
+    let named: Vec<String> = r.findings.iter().take(NAMED).map(|f| format!("{} {}", f.rule, f.path)).collect();
+    let more = r.findings.len().saturating_sub(NAMED);
+    format!(
+        "{} finding(s): {}{}",
+        r.findings.len(),
+        named.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    )
+}
+
+/// Checks the sandbox `id` now (`trigger`: `scheduled` or `requested`),
+/// applies its `on_findings` and records the `checked` event.
+pub async fn check(st: &Shared, id: &str, trigger: &str) -> EngineResult<CheckReport> {
+    let started = std::time::Instant::now();
+    let rec = st.db.sandbox_by_id(id)?.ok_or_else(|| EngineError::sandbox_not_found(id))?;
+    if !checkable(rec.sandbox.state) {
+        return Err(EngineError::invalid_state(
+            rec.sandbox.state,
+            format!(
+                "sandbox {} is {}: its filesystem is not on this host to check{}",
+                rec.sandbox.name,
+                rec.sandbox.state,
+                if rec.sandbox.state == SandboxState::Archived { " (unarchive it first)" } else { "" }
+            ),
+        ));
+    }
+    let target = crate::scan::target(st, &rec.sandbox.id)?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("strata-check".into())
+        .spawn(move || {
+            lower_priority();
+            let _ = tx.send(crate::scan::run(target));
+        })
+        .map_err(|e| EngineError::internal("start the check thread", &e))?;
+    let scan = rx.await.map_err(|e| EngineError::internal("check thread", &e))??;
+    let mut report = CheckReport {
+        sandbox_id: rec.sandbox.id.clone(),
+        time: now(),
+        trigger: trigger.to_string(),
+        state: rec.sandbox.state,
+        changed_paths: scan.changed_paths,
+        findings: scan.findings,
+        action: "none".into(),
+        duration_ms: 0,
+    };
+    if !report.findings.is_empty() {
+        report.action = act(st, &rec, &report).await;
+    }
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    let detail = format!("{trigger}: {}; {} ({} ms)", summary(&report), report.action, report.duration_ms);
+    match st.db.record_event(&rec.sandbox.id, current_state(st, &rec), CHECKED, Some(&detail), &report.time) {
+        Ok(ev) => st.notify_events(ev.seq),
+        Err(e) => warn!(sandbox = %rec.sandbox.id, error = %crate::error::chain(&e), "recording a check"),
+    }
+    info!(sandbox = %rec.sandbox.id, trigger, findings = report.findings.len(), action = %report.action, ms = report.duration_ms, "checked");
+    Ok(report)
+}
+
+fn current_state(st: &Shared, rec: &SandboxRecord) -> SandboxState {
+    st.db.sandbox_by_id(&rec.sandbox.id).ok().flatten().map_or(rec.sandbox.state, |r| r.sandbox.state)
+}
+
+/// Applies the sandbox's `on_findings`; says what it did.
+async fn act(st: &Shared, rec: &SandboxRecord, report: &CheckReport) -> String {
+    let policy = rec.sandbox.policy.on_findings;
+    let outcome = match policy {
+        OnFindings::Record => Ok("recorded".to_string()),
+        OnFindings::Quarantine => {
+            let reason = format!("a check found {}", summary(report));
+            crate::quarantine::place(st, &rec.sandbox.id, &reason, "check").await.map(|_| "quarantined".to_string())
+        }
+        OnFindings::Flush if rec.sandbox.policy.flush.is_empty() => {
+            Ok("nothing to flush (the policy has no flush rules); recorded".to_string())
+        }
+        OnFindings::Flush => {
+            crate::scan::flush(st, rec).await.map(|_| "flush rules applied (see the flush event)".into())
+        }
+        OnFindings::Stop if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused) => {
+            crate::lifecycle::stop(st, &rec.sandbox.id, "check_findings", crate::lifecycle::STOP_GRACE)
+                .await
+                .map(|_| "stopped".to_string())
+        }
+        OnFindings::Stop => Ok(format!("already {}: recorded", rec.sandbox.state)),
+    };
+    match outcome {
+        Ok(what) => format!("on_findings {policy}: {what}"),
+        Err(e) => format!("on_findings {policy} failed: {}", e.body.message),
+    }
+}
+
+/// Runs forever: checks every sandbox whose check fell due, one at a time.
+pub async fn run(st: Shared) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        let list = match st.db.list_sandboxes() {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(error = %crate::error::chain(&e), "listing sandboxes for checks");
+                continue;
+            }
+        };
+        for rec in list {
+            let Some(every) = interval(&st, &rec) else { continue };
+            if !checkable(rec.sandbox.state) {
+                continue;
+            }
+            let last = match st.db.last_event_time(&rec.sandbox.id, CHECKED) {
+                Ok(t) => t.as_deref().and_then(parse_time),
+                Err(e) => {
+                    warn!(sandbox = %rec.sandbox.id, error = %crate::error::chain(&e), "reading the last check");
+                    continue;
+                }
+            };
+            let created = parse_time(&rec.sandbox.created_at).unwrap_or(SystemTime::UNIX_EPOCH);
+            if SystemTime::now() < due_at(every, last, created) {
+                continue;
+            }
+            if let Err(e) = check(&st, &rec.sandbox.id, "scheduled").await {
+                // Recorded as a check, so that a sandbox that cannot be checked is not retried every tick.
+                let detail = format!("scheduled: failed: {}", e.body.message);
+                if let Ok(ev) =
+                    st.db.record_event(&rec.sandbox.id, current_state(&st, &rec), CHECKED, Some(&detail), &now())
+                {
+                    st.notify_events(ev.seq);
+                }
+                warn!(sandbox = %rec.sandbox.id, error = %e.body.message, "scheduled check failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_api::{Finding, Severity};
+
+    #[test]
+    fn a_check_falls_due_an_interval_after_the_last_or_the_creation() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let h = Duration::from_secs(3600);
+        assert_eq!(due_at(h, None, t0), t0 + h);
+        assert_eq!(due_at(h, Some(t0 + h * 3), t0), t0 + h * 4);
+    }
+
+    #[test]
+    fn archived_and_vanishing_sandboxes_are_not_checked() {
+        for s in [SandboxState::Running, SandboxState::Standby, SandboxState::Stopped, SandboxState::Paused] {
+            assert!(checkable(s), "{s}");
+        }
+        for s in [SandboxState::Archived, SandboxState::Creating, SandboxState::Destroyed] {
+            assert!(!checkable(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn summaries_name_the_first_findings_and_count_the_rest() {
+        let f = |i: usize| Finding {
+            path: format!("/p{i}"),
+            rule: "credential.private_key".into(),
+            severity: Severity::Critical,
+            reason: "key".into(),
+        };
+        let mut r = CheckReport {
+            sandbox_id: "s".into(),
+            time: "t".into(),
+            trigger: "requested".into(),
+            state: SandboxState::Running,
+            changed_paths: 9,
+            findings: vec![],
+            action: "none".into(),
+            duration_ms: 1,
+        };
+        assert_eq!(summary(&r), "clean (9 changed paths)");
+        r.findings = (0..7).map(f).collect();
+        let s = summary(&r);
+        assert!(s.starts_with("7 finding(s): credential.private_key /p0"), "{s}");
+        assert!(s.ends_with("and 2 more") && !s.contains("/p5"), "{s}");
+    }
+}
