@@ -10,10 +10,19 @@
 //! Checks run one at a time, on a thread of their own at the lowest CPU and
 //! I/O priority (nice 19, the idle I/O class): a check of a large writable
 //! layer must not slow the sandboxes that are working.
+//!
+//! Quarantine ([`place`], [`lift`], [`list`]; its rules: [`crate::quarantine`]):
+//! anyone who may see a sandbox or checkpoint may place one (a check's
+//! `on_findings: quarantine` does too); lifting it is the operator's, with a
+//! reason, recorded in the events and the audit log. Placing one on a sandbox
+//! with egress cuts its network to `none` and keeps the old spec with the
+//! quarantine; lifting puts it back (or says why it could not).
 
 use std::time::{Duration, SystemTime};
 
-use strata_api::{CheckReport, OnFindings, SandboxState};
+use strata_api::{
+    CheckReport, ErrorCode, NetworkMode, NetworkSpec, OnFindings, Quarantine, QuarantineEntry, SandboxState,
+};
 use strata_store::db::SandboxRecord;
 use tracing::{info, warn};
 
@@ -21,6 +30,10 @@ use crate::clock::parse_time;
 use crate::error::{EngineError, EngineResult};
 use crate::record::now;
 use crate::state::Shared;
+use crate::tenancy::{find_sandbox_or_checkpoint, NamesFirst, SandboxOrCheckpoint};
+
+/// Longest quarantine reason kept.
+const MAX_REASON: usize = 1000;
 
 /// How often the loop looks for checks that fell due.
 const TICK: Duration = Duration::from_secs(20);
@@ -140,7 +153,7 @@ async fn act(st: &Shared, rec: &SandboxRecord, report: &CheckReport) -> String {
         OnFindings::Record => Ok("recorded".to_string()),
         OnFindings::Quarantine => {
             let reason = format!("a check found {}", summary(report));
-            crate::quarantine::place(st, &rec.sandbox.id, &reason, "check").await.map(|_| "quarantined".to_string())
+            place(st, &rec.sandbox.id, &reason, "check").await.map(|_| "quarantined".to_string())
         }
         OnFindings::Flush if rec.sandbox.policy.flush.is_empty() => {
             Ok("nothing to flush (the policy has no flush rules); recorded".to_string())
@@ -202,10 +215,176 @@ pub async fn run(st: Shared) {
     }
 }
 
+// ---- quarantine ----
+
+fn checked_reason(reason: &str) -> EngineResult<String> {
+    let r = reason.trim();
+    if r.is_empty() {
+        return Err(EngineError::bad_request("a reason is required"));
+    }
+    if r.len() > MAX_REASON {
+        return Err(EngineError::bad_request(format!("the reason is longer than {MAX_REASON} bytes")));
+    }
+    Ok(r.to_string())
+}
+
+fn find(st: &Shared, key: &str) -> EngineResult<SandboxOrCheckpoint> {
+    find_sandbox_or_checkpoint(st, key, NamesFirst::Sandbox)?
+        .ok_or_else(|| EngineError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {key:?}")))
+}
+
+/// Records an event about a sandbox (for a checkpoint: on the sandbox it was taken from).
+fn event(st: &Shared, sandbox_id: &str, reason: &str, detail: &str) {
+    let state = st.db.sandbox_by_id(sandbox_id).ok().flatten().map_or(SandboxState::Destroyed, |r| r.sandbox.state);
+    match st.db.record_event(sandbox_id, state, reason, Some(detail), &now()) {
+        Ok(ev) => st.notify_events(ev.seq),
+        Err(e) => warn!(sandbox = sandbox_id, error = %crate::error::chain(&e), "recording a quarantine event"),
+    }
+}
+
+fn entry(found: &SandboxOrCheckpoint, q: Quarantine) -> QuarantineEntry {
+    match found {
+        SandboxOrCheckpoint::Sandbox(r) => QuarantineEntry {
+            kind: "sandbox".into(),
+            id: r.sandbox.id.clone(),
+            name: r.sandbox.name.clone(),
+            tenant: r.sandbox.tenant.clone(),
+            quarantine: q,
+        },
+        SandboxOrCheckpoint::Checkpoint(c) => QuarantineEntry {
+            kind: "checkpoint".into(),
+            id: c.0.id.clone(),
+            name: c.0.name.clone(),
+            tenant: c.0.tenant.clone(),
+            quarantine: q,
+        },
+    }
+}
+
+/// Quarantines the sandbox or checkpoint `key` (`by`: who). A sandbox with
+/// egress loses it (kept in the quarantine for the lift). Placing it again
+/// keeps the first one's time and network and takes the new reason.
+pub async fn place(st: &Shared, key: &str, reason: &str, by: &str) -> EngineResult<QuarantineEntry> {
+    let reason = checked_reason(reason)?;
+    let found = find(st, key)?;
+    match &found {
+        SandboxOrCheckpoint::Sandbox(r) => {
+            let id = r.sandbox.id.clone();
+            let (q, cut) = {
+                let (_g, rec) = crate::record::lock_and_load(st, &id).await?;
+                let spec = st.network.spec_of(&id);
+                let prior = rec.sandbox.quarantine.clone();
+                let network_before = match &prior {
+                    Some(p) => p.network_before.clone(),
+                    None => (spec.mode == NetworkMode::Egress).then_some(spec.clone()),
+                };
+                let q = Quarantine {
+                    reason: reason.clone(),
+                    since: prior.map_or_else(now, |p| p.since),
+                    by: by.to_string(),
+                    network_before,
+                };
+                st.db.set_quarantine(false, &id, Some(&q))?;
+                (q, spec.mode == NetworkMode::Egress)
+            };
+            event(st, &id, "quarantined", &format!("by {by}: {reason}"));
+            if cut {
+                // The flag is set: nothing can give it egress back meanwhile.
+                if let Err(e) = crate::network::update(st, &id, NetworkSpec::default()).await {
+                    warn!(sandbox = %id, error = %e.body.message, "cutting the egress of a quarantined sandbox");
+                    event(st, &id, "quarantine_network_failed", &e.body.message);
+                }
+            }
+            info!(sandbox = %id, by, "quarantined");
+            Ok(entry(&found, q))
+        }
+        SandboxOrCheckpoint::Checkpoint(c) => {
+            let c = &c.0;
+            let q = Quarantine {
+                reason: reason.clone(),
+                since: c.quarantine.as_ref().map_or_else(now, |p| p.since.clone()),
+                by: by.to_string(),
+                network_before: None,
+            };
+            if !st.db.set_quarantine(true, &c.id, Some(&q))? {
+                return Err(EngineError::new(ErrorCode::CheckpointNotFound, format!("checkpoint {key:?} is gone")));
+            }
+            event(st, &c.sandbox_id, "checkpoint_quarantined", &format!("checkpoint {} by {by}: {reason}", c.name));
+            info!(checkpoint = %c.id, by, "quarantined");
+            Ok(entry(&found, q))
+        }
+    }
+}
+
+/// Lifts the quarantine of `key` (the operator's call; `by`: who). A sandbox
+/// gets back the egress it had; when that fails (e.g. a running gVisor
+/// sandbox, whose network cannot be switched on while it runs) the lift
+/// stands and the event says what to do.
+pub async fn lift(st: &Shared, key: &str, reason: &str, by: &str) -> EngineResult<QuarantineEntry> {
+    let reason = checked_reason(reason)?;
+    let found = find(st, key)?;
+    let current = match &found {
+        SandboxOrCheckpoint::Sandbox(r) => r.sandbox.quarantine.clone(),
+        SandboxOrCheckpoint::Checkpoint(c) => c.0.quarantine.clone(),
+    };
+    let Some(q) = current else {
+        let msg = format!("{key} is not quarantined");
+        return Err(match &found {
+            SandboxOrCheckpoint::Sandbox(r) => EngineError::invalid_state(r.sandbox.state, msg),
+            SandboxOrCheckpoint::Checkpoint(_) => EngineError::new(ErrorCode::InvalidState, msg),
+        });
+    };
+    match &found {
+        SandboxOrCheckpoint::Sandbox(r) => {
+            let id = r.sandbox.id.clone();
+            {
+                let _g = crate::record::lock_and_load(st, &id).await?;
+                st.db.set_quarantine(false, &id, None)?;
+            }
+            let mut detail = format!("by {by}: {reason}");
+            if let Some(spec) = q.network_before.clone() {
+                match crate::network::update(st, &id, spec).await {
+                    Ok(_) => detail.push_str("; egress restored"),
+                    Err(e) => detail.push_str(&format!(
+                        "; its egress could not be restored ({}): set it with `strata network set`",
+                        e.body.message
+                    )),
+                }
+            }
+            event(st, &id, "quarantine_lifted", &detail);
+            info!(sandbox = %id, by, "quarantine lifted");
+        }
+        SandboxOrCheckpoint::Checkpoint(c) => {
+            let c = &c.0;
+            st.db.set_quarantine(true, &c.id, None)?;
+            event(
+                st,
+                &c.sandbox_id,
+                "checkpoint_quarantine_lifted",
+                &format!("checkpoint {} by {by}: {reason}", c.name),
+            );
+            info!(checkpoint = %c.id, by, "quarantine lifted");
+        }
+    }
+    Ok(entry(&found, q))
+}
+
+/// Every quarantined sandbox and checkpoint the caller may see.
+pub fn list(st: &Shared) -> EngineResult<Vec<QuarantineEntry>> {
+    Ok(st.db.quarantined()?.into_iter().filter(|e| crate::caller::visible(&e.tenant)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use strata_api::{Finding, Severity};
+
+    #[test]
+    fn reasons_are_required_and_bounded() {
+        assert!(checked_reason("  ").is_err());
+        assert!(checked_reason(&"x".repeat(MAX_REASON + 1)).is_err());
+        assert_eq!(checked_reason(" ok ").unwrap(), "ok");
+    }
 
     #[test]
     fn a_check_falls_due_an_interval_after_the_last_or_the_creation() {

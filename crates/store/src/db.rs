@@ -2667,7 +2667,7 @@ mod tests {
         db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
         let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
         assert_eq!(got.quarantine, c.quarantine, "a checkpoint is born with its quarantine");
-        assert!(db.set_quarantine(true, "c1", None).unwrap());
+        assert!(db.set_quarantine(true, &c.id, None).unwrap());
         assert_eq!(db.find_checkpoint("c1", None).unwrap().unwrap().0.quarantine, None, "lifted");
         let q = strata_api::Quarantine {
             reason: "found a key".into(),

@@ -201,19 +201,19 @@ impl Engine {
     /// Quarantines a sandbox or a checkpoint.
     pub async fn quarantine(&self, key: &str, req: &QuarantineRequest) -> EngineResult<QuarantineEntry> {
         let by = self.caller.actor();
-        self.run(crate::quarantine::place(&self.st, key, &req.reason, &by)).await
+        self.run(crate::checks::place(&self.st, key, &req.reason, &by)).await
     }
 
     /// Lifts the quarantine of a sandbox or a checkpoint: the operator's, with a reason.
     pub async fn lift_quarantine(&self, key: &str, req: &QuarantineRequest) -> EngineResult<QuarantineEntry> {
         self.operator_only("lifting a quarantine")?;
         let by = self.caller.actor();
-        self.run(crate::quarantine::lift(&self.st, key, &req.reason, &by)).await
+        self.run(crate::checks::lift(&self.st, key, &req.reason, &by)).await
     }
 
     /// The quarantined sandboxes and checkpoints the caller sees.
     pub async fn quarantined(&self) -> EngineResult<Vec<QuarantineEntry>> {
-        self.run(async { crate::quarantine::list(&self.st) }).await
+        self.run(async { crate::checks::list(&self.st) }).await
     }
 
     /// The tree of images, sandboxes, checkpoints and templates around a sandbox or checkpoint.

@@ -159,6 +159,10 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         "/v1/templates/{name}" => Owned(self::Owned::Template),
         "/v1/cost/{id}" => Owned(self::Owned::Usage),
         "/v1/lineage/{id}" | "/v1/scan/{id}" => Owned(self::Owned::SandboxOrCheckpoint),
+        // A tenant lists and places quarantines on its own objects; lifting one
+        // (DELETE) is the operator's, whose token is the human's.
+        "/v1/quarantine" => Open,
+        "/v1/quarantine/{id}" if *method == Method::POST => Owned(self::Owned::SandboxOrCheckpoint),
         // Approvals (Rule of Two): a tenant lists and reads its own (to wait for
         // a decision); deciding is for the operator, a human (see OPERATOR_ONLY).
         "/v1/approvals" => Open,
