@@ -91,6 +91,12 @@ pub struct SandboxPolicy {
     /// What a check with findings leads to (default `record`).
     #[serde(default, skip_serializing_if = "is_record")]
     pub on_findings: crate::OnFindings,
+    /// A writable layer larger than this (e.g. "5G") is a check finding (`accumulation.writable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_writable: Option<String>,
+    /// A base (image or checkpoint) older than this (e.g. "30d") is a check finding (`accumulation.age`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
 }
 
 fn is_record(o: &crate::OnFindings) -> bool {
@@ -148,6 +154,8 @@ impl SandboxPolicy {
             resume_on_access: true,
             check_every: None,
             on_findings: crate::OnFindings::Record,
+            max_writable: None,
+            max_age: None,
         }
     }
 }
@@ -197,6 +205,12 @@ pub struct PolicyPatch {
     /// What a check with findings leads to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_findings: Option<crate::OnFindings>,
+    /// Largest writable layer before a check finds it, e.g. "5G", or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_writable: Option<String>,
+    /// Oldest base before a check finds it, e.g. "30d", or "none".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
 }
 
 impl PolicyPatch {

@@ -81,6 +81,41 @@ impl std::fmt::Display for OnFindings {
     }
 }
 
+/// What a sandbox has accumulated over time (`GET /v1/sandboxes/{id}/accumulation`,
+/// `strata inspect`, `strata ps --wide`, and each check).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Accumulation {
+    /// Bytes of the files in its writable layer (everything it changed above
+    /// the layers it started from, checkpoints included).
+    pub writable_bytes: u64,
+    /// Entries (files, directories, links, whiteouts) in its writable layer.
+    pub writable_files: u64,
+    /// The writable layer's growth per day of the sandbox's life (its bytes
+    /// when it is less than a day old).
+    pub growth_per_day_bytes: u64,
+    /// Bytes of the files added or modified since its last checkpoint (or creation).
+    pub since_checkpoint_bytes: u64,
+    /// Paths added, modified or deleted since then (what `strata diff` lists).
+    pub since_checkpoint_paths: u64,
+    /// RFC 3339 time of its last checkpoint, else of its creation.
+    pub checkpoint_since: String,
+    /// Its checkpoints that still exist.
+    pub checkpoints: u64,
+    /// The bytes of their layers.
+    pub checkpoint_bytes: u64,
+    /// What it started from: `image NAME` or `checkpoint NAME` (a template's is a checkpoint).
+    pub base: String,
+    /// RFC 3339 time its base was made (the image's import, the checkpoint's creation).
+    pub base_created_at: String,
+    /// Whole days since then.
+    pub base_age_days: u64,
+    /// Whole days since the sandbox was created.
+    pub age_days: u64,
+    /// The policy limits it is over (`max_writable`, `max_age`), each with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub over: Vec<String>,
+}
+
 /// The result of one check of a sandbox (`POST /v1/sandboxes/{id}/check`,
 /// and the detail of each `checked` event).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -97,6 +132,8 @@ pub struct CheckReport {
     pub changed_paths: u64,
     /// Findings that count (credential patterns in verified package files do not).
     pub findings: Vec<crate::Finding>,
+    /// What it has accumulated (its `max_writable` and `max_age` count as findings).
+    pub accumulation: Accumulation,
     /// What followed: `none` (no findings) or the policy's `on_findings`
     /// (`record`, `quarantine`, `flush`, `stop`), with what it did.
     pub action: String,

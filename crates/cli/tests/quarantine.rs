@@ -138,6 +138,38 @@ fn checks_find_state_and_quarantine_holds_it_until_lifted() {
     assert_eq!(r["action"], "on_findings stop: stopped", "{r}");
     assert_eq!(json(&d, &["inspect", &stopper, "--json"])["state"], "stopped");
 
+    // Accumulation: the writable layer since the last checkpoint, the
+    // checkpoints kept, the base's age; past max_writable it is a finding.
+    let out = d.cli(&["create", "busybox", "--max-writable", "lots"]);
+    assert!(common::stderr(&out).contains("max_writable"), "{}", common::stderr(&out));
+    let grower = d.create(&["--name", "grower", "--max-writable", "512K"]);
+    d.cli_ok(&["exec", &grower, "--", "sh", "-c", "mkdir -p /data && head -c 1048576 /dev/zero > /data/blob"]);
+    let a = rt.block_on(c.accumulation(&grower)).unwrap();
+    assert!(a.writable_bytes >= 1 << 20 && a.writable_files >= 2, "{a:?}");
+    // No checkpoint yet: everything is new (the layer also holds the directories overlayfs copied up).
+    assert_eq!(a.since_checkpoint_bytes, a.writable_bytes, "{a:?}");
+    assert!((2..=a.writable_files).contains(&a.since_checkpoint_paths), "{a:?}");
+    assert_eq!((a.checkpoints, a.base.as_str(), a.base_age_days, a.age_days), (0, "image busybox", 0, 0), "{a:?}");
+    assert!(a.growth_per_day_bytes >= 1 << 20, "less than a day old: its bytes so far: {a:?}");
+    assert_eq!(a.over.len(), 1, "{a:?}");
+    let out = d.cli(&["check", &grower, "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["findings"].as_array().unwrap().iter().any(|f| f["rule"] == "accumulation.writable"), "{r}");
+    assert_eq!(r["accumulation"]["writable_bytes"].as_u64(), Some(a.writable_bytes), "{r}");
+    d.cli_ok(&["checkpoint", &grower, "--name", "grown"]);
+    d.cli_ok(&["exec", &grower, "--", "sh", "-c", "echo more > /data/note"]);
+    let b = rt.block_on(c.accumulation(&grower)).unwrap();
+    assert_eq!(b.writable_bytes, a.writable_bytes + 5, "the writable layer keeps it all: {b:?}");
+    assert_eq!((b.since_checkpoint_bytes, b.since_checkpoint_paths), (5, 1), "only the note is new: {b:?}");
+    assert_eq!(b.checkpoints, 1, "{b:?}");
+    assert!(b.checkpoint_bytes >= 1 << 20, "{b:?}");
+    assert_ne!(b.checkpoint_since, a.checkpoint_since, "counted from the checkpoint");
+    let wide = d.cli_ok(&["ps", "--wide"]);
+    assert!(wide.contains("WRITABLE") && wide.contains("grower") && wide.contains("BASE AGE"), "{wide}");
+    assert_eq!(json(&d, &["inspect", &grower, "--json"])["accumulation"]["checkpoints"], 1);
+    assert!(d.cli_ok(&["inspect", &grower]).contains("checkpoints"));
+
     // The scheduled check came (created before all of the above).
     assert!(
         common::wait_until(120, || has_event(&d, &sched, "checked", "scheduled: clean")),

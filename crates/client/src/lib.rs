@@ -719,6 +719,11 @@ impl Client {
         self.call::<(), _>(Method::POST, &format!("/v1/sandboxes/{}/check", enc(id)), None).await
     }
 
+    /// What a sandbox has accumulated.
+    pub async fn accumulation(&self, id: &str) -> Result<strata_api::Accumulation> {
+        self.call::<(), _>(Method::GET, &format!("/v1/sandboxes/{}/accumulation", enc(id)), None).await
+    }
+
     /// Quarantines a sandbox or checkpoint.
     pub async fn quarantine(&self, id: &str, reason: &str) -> Result<strata_api::QuarantineEntry> {
         let req = strata_api::QuarantineRequest { reason: reason.to_string() };

@@ -64,6 +64,12 @@ fn base_of(st: &Shared, rec: &SandboxRecord) -> EngineResult<Base> {
     Ok(Base { chain: rec.layers.clone(), manifest: TreeManifest::default(), parent })
 }
 
+/// The writable layer's manifest at the sandbox's last checkpoint (empty when it has none)
+/// and the layer directories below it, top first: what "changed since the last checkpoint" compares with.
+pub(crate) fn head_manifest(st: &Shared, rec: &SandboxRecord) -> EngineResult<(TreeManifest, Vec<PathBuf>)> {
+    Ok((base_of(st, rec)?.manifest, lowers_top_first(st, &rec.layers)?))
+}
+
 fn lowers_top_first(st: &Shared, chain: &[String]) -> EngineResult<Vec<PathBuf>> {
     chain.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| EngineError::internal("layer", &e))).collect()
 }

@@ -111,21 +111,26 @@ pub async fn check(st: &Shared, id: &str, trigger: &str) -> EngineResult<CheckRe
     }
     let target = crate::scan::target(st, &rec.sandbox.id)?;
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let (st2, rec2) = (st.clone(), rec.clone());
     std::thread::Builder::new()
         .name("strata-check".into())
         .spawn(move || {
             lower_priority();
-            let _ = tx.send(crate::scan::run(target));
+            let scanned = crate::scan::run(target);
+            let _ = tx.send(scanned.and_then(|s| Ok((s, crate::accumulation::measure(&st2, &rec2)?))));
         })
         .map_err(|e| EngineError::internal("start the check thread", &e))?;
-    let scan = rx.await.map_err(|e| EngineError::internal("check thread", &e))??;
+    let (scan, accumulation) = rx.await.map_err(|e| EngineError::internal("check thread", &e))??;
+    let mut findings = scan.findings;
+    findings.extend(crate::accumulation::over_limits(&accumulation, &rec.sandbox.policy, SystemTime::now()));
     let mut report = CheckReport {
         sandbox_id: rec.sandbox.id.clone(),
         time: now(),
         trigger: trigger.to_string(),
         state: rec.sandbox.state,
         changed_paths: scan.changed_paths,
-        findings: scan.findings,
+        findings,
+        accumulation,
         action: "none".into(),
         duration_ms: 0,
     };
@@ -419,6 +424,21 @@ mod tests {
             state: SandboxState::Running,
             changed_paths: 9,
             findings: vec![],
+            accumulation: strata_api::Accumulation {
+                writable_bytes: 0,
+                writable_files: 0,
+                growth_per_day_bytes: 0,
+                since_checkpoint_bytes: 0,
+                since_checkpoint_paths: 0,
+                checkpoint_since: "t".into(),
+                checkpoints: 0,
+                checkpoint_bytes: 0,
+                base: "image busybox".into(),
+                base_created_at: "t".into(),
+                base_age_days: 0,
+                age_days: 0,
+                over: vec![],
+            },
             action: "none".into(),
             duration_ms: 1,
         };

@@ -44,6 +44,7 @@ pub use surface::Engine;
 
 pub mod access;
 pub mod accounting;
+pub mod accumulation;
 pub mod activity;
 pub mod admission;
 pub mod advisor;

@@ -45,6 +45,12 @@ pub fn validate(patch: &PolicyPatch) -> EngineResult<()> {
     if let Some(v) = patch.check_every.as_deref().filter(|v| v.trim() != NONE) {
         validate_check_every(v)?;
     }
+    if let Some(v) = patch.max_writable.as_deref().filter(|v| v.trim() != NONE) {
+        units::parse_size(v).map_err(|e| EngineError::bad_request(format!("max_writable: {e}")))?;
+    }
+    if let Some(v) = patch.max_age.as_deref().filter(|v| v.trim() != NONE) {
+        units::parse_duration(v).map_err(|e| EngineError::bad_request(format!("max_age: {e}")))?;
+    }
     Ok(())
 }
 
@@ -96,6 +102,12 @@ pub fn apply_patch(policy: &mut SandboxPolicy, patch: &PolicyPatch) {
     }
     if let Some(o) = patch.on_findings {
         policy.on_findings = o;
+    }
+    if let Some(v) = &patch.max_writable {
+        policy.max_writable = opt(v);
+    }
+    if let Some(v) = &patch.max_age {
+        policy.max_age = opt(v);
     }
 }
 

@@ -136,6 +136,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/quarantine", get(quarantine::list_handler))
         .route("/v1/quarantine/{id}", post(quarantine::place_handler).delete(quarantine::lift_handler))
         .route("/v1/sandboxes/{id}/check", post(quarantine::check_handler))
+        .route("/v1/sandboxes/{id}/accumulation", get(quarantine::accumulation_handler))
         .route("/v1/audit", get(audit::list_handler))
         .route("/v1/audit/verify", get(audit::verify_handler))
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))

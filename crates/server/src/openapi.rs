@@ -83,6 +83,7 @@ use crate::native::{
         quarantine::lift_handler,
         quarantine::list_handler,
         quarantine::check_handler,
+        quarantine::accumulation_handler,
         audit::list_handler,
         audit::verify_handler,
         fanout::fanout_handler,

@@ -74,7 +74,7 @@ pub enum Command {
     /// One-shot: create a sandbox, run a command, and (with --rm) destroy it.
     Run(sandbox::RunArgs),
     /// List sandboxes.
-    Ps(JsonOutput),
+    Ps(sandbox::PsArgs),
     /// Show a sandbox in detail.
     Inspect(sandbox::InspectArgs),
     /// Change a sandbox's lifecycle policy (only the flags given change).

@@ -235,6 +235,19 @@ pub enum OnIdleArg {
     Keep,
 }
 
+/// `strata ps`.
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Also what each sandbox has accumulated: its writable layer (bytes,
+    /// entries, growth per day), its checkpoints and their storage, its base's
+    /// age (each writable layer is walked).
+    #[arg(long)]
+    pub wide: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Lifecycle policy of a sandbox. Durations: 30s, 10m, 2h, 7d; `none` removes
 /// a max-lifetime/archive-after/delete-after limit.
 #[derive(Debug, Args, Clone, Default)]
@@ -291,6 +304,12 @@ pub struct PolicyArgs {
     /// (the flush rules, when it runs) or stop.
     #[arg(long, value_enum)]
     pub on_findings: Option<OnFindingsArg>,
+    /// A writable layer larger than this (e.g. 5G) is a check finding, or `none`.
+    #[arg(long, value_name = "SIZE")]
+    pub max_writable: Option<String>,
+    /// A base (image or checkpoint) older than this (e.g. 30d) is a check finding, or `none`.
+    #[arg(long, value_name = "DUR")]
+    pub max_age: Option<String>,
 }
 
 /// What a check with findings does.

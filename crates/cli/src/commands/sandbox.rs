@@ -11,8 +11,8 @@ use super::process::exec_request;
 use super::security::secrets;
 use super::{each, kv, print_error};
 use crate::args::sandbox::{
-    CreateArgs, EventsArgs, InspectArgs, LifecycleArg, LimitArgs, OnFindingsArg, OnIdleArg, PolicyArgs, ResumeArgs,
-    RmArgs, RunArgs, StandbyArgs, UpdateArgs,
+    CreateArgs, EventsArgs, InspectArgs, LifecycleArg, LimitArgs, OnFindingsArg, OnIdleArg, PolicyArgs, PsArgs,
+    ResumeArgs, RmArgs, RunArgs, StandbyArgs, UpdateArgs,
 };
 use crate::args::{JsonOutput, SandboxId, SandboxIds};
 use crate::{exec, output};
@@ -54,8 +54,45 @@ pub(super) async fn run_oneshot(c: &Client, a: RunArgs) -> Result<i32> {
 }
 
 /// `strata ps`.
-pub(super) async fn ps(c: &Client, JsonOutput { json }: JsonOutput) -> Result<i32> {
+pub(super) async fn ps(c: &Client, PsArgs { wide, json }: PsArgs) -> Result<i32> {
     let list = c.list_sandboxes().await?;
+    if wide {
+        let mut rows = Vec::new();
+        for s in &list {
+            rows.push((s, c.accumulation(&s.id).await.ok()));
+        }
+        if json {
+            let with: Vec<serde_json::Value> = rows.iter().map(|(s, a)| with_accumulation(s, a.as_ref())).collect();
+            output::json(&with);
+            return Ok(0);
+        }
+        output::table(
+            &["ID", "NAME", "STATE", "SOURCE", "CREATED", "WRITABLE", "GROWTH/DAY", "CHECKPOINTS", "BASE AGE", "OVER"],
+            rows.iter()
+                .map(|(s, a)| {
+                    let mut row = vec![
+                        s.id.clone(),
+                        s.name.clone(),
+                        s.state.to_string(),
+                        s.source.clone(),
+                        output::age(&s.created_at),
+                    ];
+                    row.extend(match a {
+                        Some(a) => vec![
+                            format!("{} ({} entries)", output::size(a.writable_bytes), a.writable_files),
+                            output::size(a.growth_per_day_bytes),
+                            format!("{} ({})", a.checkpoints, output::size(a.checkpoint_bytes)),
+                            format!("{}d", a.base_age_days),
+                            if a.over.is_empty() { "-".into() } else { a.over.len().to_string() },
+                        ],
+                        None => vec!["-".into(); 5],
+                    });
+                    row
+                })
+                .collect(),
+        );
+        return Ok(0);
+    }
     if json {
         output::json(&list);
     } else {
@@ -81,12 +118,45 @@ pub(super) async fn ps(c: &Client, JsonOutput { json }: JsonOutput) -> Result<i3
 pub(super) async fn inspect(c: &Client, a: InspectArgs) -> Result<i32> {
     let InspectArgs { sandbox: SandboxId { id }, out: JsonOutput { json } } = a;
     let s = c.get_sandbox(&id).await?;
+    // Not on the host while archived (or creating): shown without it.
+    let acc = c.accumulation(&s.id).await.ok();
     if json {
-        output::json(&s);
+        output::json(&with_accumulation(&s, acc.as_ref()));
     } else {
         print_sandbox(&s);
+        if let Some(a) = acc {
+            let mut rows = vec![
+                (
+                    "writable",
+                    format!(
+                        "{} in {} entries ({}/day); since the last checkpoint ({}): {} in {} paths",
+                        output::size(a.writable_bytes),
+                        a.writable_files,
+                        output::size(a.growth_per_day_bytes),
+                        a.checkpoint_since,
+                        output::size(a.since_checkpoint_bytes),
+                        a.since_checkpoint_paths
+                    ),
+                ),
+                ("checkpoints", format!("{} ({})", a.checkpoints, output::size(a.checkpoint_bytes))),
+                ("base", format!("{}, made {} ({} days ago)", a.base, a.base_created_at, a.base_age_days)),
+            ];
+            rows.extend(a.over.iter().map(|o| ("OVER", o.clone())));
+            for (k, v) in rows {
+                println!("{k:<10} {v}");
+            }
+        }
     }
     Ok(0)
+}
+
+/// A sandbox's JSON with `accumulation` added (when it could be measured).
+fn with_accumulation(s: &Sandbox, a: Option<&strata_api::Accumulation>) -> serde_json::Value {
+    let mut v = serde_json::to_value(s).expect("a sandbox serializes");
+    if let (Some(a), Some(obj)) = (a, v.as_object_mut()) {
+        obj.insert("accumulation".into(), serde_json::to_value(a).expect("serializes"));
+    }
+    v
 }
 
 /// `strata update`: the policy flags given and further capabilities.
@@ -270,6 +340,8 @@ fn policy_patch(p: &PolicyArgs) -> Option<PolicyPatch> {
         },
         resume_on_access: p.resume_on_access,
         check_every: p.check_every.clone(),
+        max_writable: p.max_writable.clone(),
+        max_age: p.max_age.clone(),
         on_findings: p.on_findings.map(|o| match o {
             OnFindingsArg::Record => strata_api::OnFindings::Record,
             OnFindingsArg::Quarantine => strata_api::OnFindings::Quarantine,

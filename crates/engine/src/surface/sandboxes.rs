@@ -2,10 +2,10 @@
 //! previews, events, cost, scan and lineage.
 
 use strata_api::{
-    Advice, AdviseRequest, CheckReport, CostReport, CostSummary, CreatePreviewRequest, CreateSandboxRequest,
-    CreatedPreview, CreatedSandbox, DaemonInfo, Lease, LeaseRequest, Lineage, NetworkInfo, NetworkSpec, Preview,
-    QuarantineEntry, QuarantineRequest, ResumeResult, Sandbox, SandboxEvent, ScanReport, StandbyRequest,
-    UpdateSandboxRequest,
+    Accumulation, Advice, AdviseRequest, CheckReport, CostReport, CostSummary, CreatePreviewRequest,
+    CreateSandboxRequest, CreatedPreview, CreatedSandbox, DaemonInfo, Lease, LeaseRequest, Lineage, NetworkInfo,
+    NetworkSpec, Preview, QuarantineEntry, QuarantineRequest, ResumeResult, Sandbox, SandboxEvent, ScanReport,
+    StandbyRequest, UpdateSandboxRequest,
 };
 
 use super::Engine;
@@ -196,6 +196,17 @@ impl Engine {
     pub async fn check_sandbox(&self, key: &str) -> EngineResult<CheckReport> {
         let id = self.sandbox_id(key).await?;
         self.run(crate::checks::check(&self.st, &id, "requested")).await
+    }
+
+    /// What a sandbox has accumulated (its writable layer is walked; a parked
+    /// sandbox is not resumed).
+    pub async fn accumulation(&self, key: &str) -> EngineResult<Accumulation> {
+        let id = self.sandbox_id(key).await?;
+        let rec = self.st.db.sandbox_by_id(&id)?.ok_or_else(|| EngineError::sandbox_not_found(key))?;
+        let st = self.st.clone();
+        tokio::task::spawn_blocking(move || crate::accumulation::measure(&st, &rec))
+            .await
+            .map_err(|e| EngineError::internal("measure task", &e))?
     }
 
     /// Quarantines a sandbox or a checkpoint.

@@ -3,7 +3,7 @@
 
 use axum::extract::Path;
 use axum::Json;
-use strata_api::{CheckReport, QuarantineEntry, QuarantineRequest};
+use strata_api::{Accumulation, CheckReport, QuarantineEntry, QuarantineRequest};
 
 use crate::error::ApiResult;
 use crate::native::acting::Acting;
@@ -50,4 +50,15 @@ pub async fn list_handler(Acting(engine): Acting) -> ApiResult<Json<Vec<Quaranti
     responses((status = 200, body = CheckReport), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
 pub async fn check_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiResult<Json<CheckReport>> {
     Ok(Json(engine.check_sandbox(&id).await?))
+}
+
+/// What a sandbox has accumulated: its writable layer's bytes and entries
+/// since its last checkpoint, their growth per day, its checkpoints and their
+/// storage, its base's age, and the policy limits it is over. The writable
+/// layer is walked (a parked sandbox is not resumed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/accumulation", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = Accumulation), (status = 404, body = strata_api::ApiErrorBody), (status = 409, body = strata_api::ApiErrorBody)))]
+pub async fn accumulation_handler(Acting(engine): Acting, Path(id): Path<String>) -> ApiResult<Json<Accumulation>> {
+    Ok(Json(engine.accumulation(&id).await?))
 }
