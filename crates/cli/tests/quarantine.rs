@@ -165,6 +165,11 @@ fn checks_find_state_and_quarantine_holds_it_until_lifted() {
     assert_eq!(b.checkpoints, 1, "{b:?}");
     assert!(b.checkpoint_bytes >= 1 << 20, "{b:?}");
     assert_ne!(b.checkpoint_since, a.checkpoint_since, "counted from the checkpoint");
+    // A sandbox that is not quarantined cannot be rolled onto a quarantined checkpoint.
+    d.cli_ok(&["quarantine", "add", "grown", "--reason", "under review"]);
+    let req = strata_api::RestoreRequest { checkpoint: "grown".into(), keep_current: false, processes: None };
+    assert_eq!(api_code(rt.block_on(c.restore(&grower, &req)).unwrap_err()), (409, ErrorCode::Quarantined));
+    d.cli_ok(&["quarantine", "lift", "grown", "--reason", "reviewed"]);
     let wide = d.cli_ok(&["ps", "--wide"]);
     assert!(wide.contains("WRITABLE") && wide.contains("grower") && wide.contains("BASE AGE"), "{wide}");
     assert_eq!(json(&d, &["inspect", &grower, "--json"])["accumulation"]["checkpoints"], 1);

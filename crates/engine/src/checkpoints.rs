@@ -391,6 +391,11 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
     if ckpt.retired_at().is_some() {
         return Err(EngineError::checkpoint_retired(&ckpt));
     }
+    // Rolling a sandbox that is not quarantined onto a quarantined checkpoint
+    // would carry the state out of quarantine.
+    if rec.sandbox.quarantine.is_none() {
+        crate::quarantine::refuse_checkpoint(&ckpt, "be restored into a sandbox that is not quarantined")?;
+    }
     let lock = st.lock_for(&rec.sandbox.id);
     let g = lock.lock().await;
     let rec = load(st, &rec.sandbox.id)?;

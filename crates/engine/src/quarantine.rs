@@ -1,10 +1,11 @@
 //! Quarantine's rules: a sandbox or checkpoint that must not spread can still
 //! be inspected, diffed, exported and destroyed, but not forked, promoted to a
-//! template, restored into a new sandbox or given egress; the operations that
-//! would do so ask here first. A checkpoint of a quarantined sandbox is born
-//! quarantined (`by: inherited`), so checkpointing is no way around it.
-//! Placing and lifting a quarantine (and the checks that place one) are
-//! [`crate::checks`]'. A leaf: errors and the clock only.
+//! template, restored into a new sandbox (or into one that is not
+//! quarantined) or given egress; the operations that would do so ask here
+//! first. A checkpoint of a quarantined sandbox is born quarantined (`by:
+//! inherited`), so checkpointing is no way around it. Placing and lifting a
+//! quarantine (and the checks that place one) are [`crate::checks`]'. A leaf:
+//! errors and the clock only.
 
 use strata_api::{Checkpoint, ErrorCode, Quarantine, Sandbox};
 
