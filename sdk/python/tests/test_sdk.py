@@ -508,6 +508,18 @@ class CheckpointForkTemplateTest(unittest.TestCase):
         report = client.scan(sb)
         self.assertIn("clean", report)
         self.assertIsInstance(report["findings"], list)
+        # A check (scan + accumulation) and a quarantine round trip.
+        checked = client.check(sb)
+        self.assertEqual(checked["trigger"], "requested")
+        self.assertGreaterEqual(client.accumulation(sb)["writable_bytes"], len(b"installed"))
+        entry = client.quarantine(sb, "sdk test")
+        self.assertEqual((entry["kind"], entry["quarantine"]["reason"]), ("sandbox", "sdk test"))
+        self.assertIn(sb, [e["id"] for e in client.quarantined()])
+        with self.assertRaises(Conflict) as cm:
+            client.create_template(uniq("sdk-q"), sb)
+        self.assertEqual(cm.exception.code, "quarantined")
+        client.lift_quarantine(sb, "sdk test done")
+        self.assertNotIn(sb, [e["id"] for e in client.quarantined()])
         name = uniq("sdk-tpl")
         try:
             tpl = client.create_template(name, sb)

@@ -769,6 +769,27 @@ class Client:
         """State-hygiene scan of a sandbox or checkpoint (``ScanReport``)."""
         return self._obj("GET", f"/v1/scan/{_seg(target)}", timeout=_NO_TIMEOUT)
 
+    def check(self, sandbox: str) -> dict[str, Any]:
+        """Checks a sandbox now as its ``check_every`` would: the scan and its
+        accumulation, then its ``on_findings`` (``CheckReport``; a parked sandbox is not resumed)."""
+        return self._obj("POST", f"/v1/sandboxes/{_seg(sandbox)}/check", timeout=_NO_TIMEOUT)
+
+    def accumulation(self, sandbox: str) -> dict[str, Any]:
+        """What a sandbox has accumulated (``Accumulation``: writable layer, checkpoints, base age)."""
+        return self._obj("GET", f"/v1/sandboxes/{_seg(sandbox)}/accumulation", timeout=_NO_TIMEOUT)
+
+    def quarantine(self, target: str, reason: str) -> dict[str, Any]:
+        """Quarantines a sandbox or checkpoint: no fork, template, start from it or egress (``QuarantineEntry``)."""
+        return self._obj("POST", f"/v1/quarantine/{_seg(target)}", json_body={"reason": reason})
+
+    def lift_quarantine(self, target: str, reason: str) -> dict[str, Any]:
+        """Lifts a quarantine (operator only; the reason is recorded)."""
+        return self._obj("DELETE", f"/v1/quarantine/{_seg(target)}", json_body={"reason": reason})
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """The quarantined sandboxes and checkpoints."""
+        return list(self._json("GET", "/v1/quarantine"))
+
     def lineage(self, target: str) -> dict[str, Any]:
         """Tree of images, checkpoints, sandboxes and templates around ``target``."""
         return self._obj("GET", f"/v1/lineage/{_seg(target)}")
