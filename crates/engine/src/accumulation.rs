@@ -27,22 +27,42 @@ fn days_since(since: &str, now: SystemTime) -> u64 {
     parse_time(since).and_then(|t| now.duration_since(t).ok()).map_or(0, |d| d.as_secs() / DAY.as_secs())
 }
 
+/// Whether a sandbox in `state` has its writable layer on this host (to
+/// measure or check): not while it is archived, being created or gone.
+pub fn layer_on_host(state: SandboxState) -> bool {
+    !matches!(state, SandboxState::Archived | SandboxState::Creating | SandboxState::Destroyed)
+}
+
 /// Measures the sandbox `rec` (its writable layer is walked: call it off the async workers).
 pub fn measure(st: &Shared, rec: &SandboxRecord) -> EngineResult<Accumulation> {
     let s = &rec.sandbox;
-    if matches!(s.state, SandboxState::Archived | SandboxState::Creating | SandboxState::Destroyed) {
+    if !layer_on_host(s.state) {
         return Err(EngineError::invalid_state(
             s.state,
             format!("sandbox {} is {}: its writable layer is not on this host to measure", s.name, s.state),
         ));
     }
     let upper = st.upper_dir(&s.id);
-    let now_tree = if upper.is_dir() {
-        strata_image::changes::scan(&upper, &strata_runtime::spec::IDENTITY_PATHS)
-            .map_err(|e| EngineError::internal("walk the writable layer", &e))?
+    let walked = if upper.is_dir() {
+        Some(
+            strata_image::changes::scan(&upper, &strata_runtime::spec::IDENTITY_PATHS)
+                .map_err(|e| EngineError::internal("walk the writable layer", &e))?,
+        )
     } else {
-        Default::default()
+        None
     };
+    measure_walked(st, rec, walked)
+}
+
+/// [`measure`] from a walk of the writable layer already made (`None`: it is
+/// missing), for a sandbox whose layer is on this host ([`layer_on_host`]).
+pub(crate) fn measure_walked(
+    st: &Shared,
+    rec: &SandboxRecord,
+    walked: Option<strata_image::changes::TreeManifest>,
+) -> EngineResult<Accumulation> {
+    let s = &rec.sandbox;
+    let now_tree = walked.unwrap_or_default();
     let (writable_bytes, writable_files) =
         (now_tree.entries.values().map(|e| e.size).sum(), now_tree.entries.len() as u64);
     // What changed since the last checkpoint: the walk against the layer's manifest then.

@@ -60,11 +60,6 @@ pub fn due_at(every: Duration, last: Option<SystemTime>, created: SystemTime) ->
     last.unwrap_or(created) + every
 }
 
-/// Whether the sandbox can be checked in `state`.
-fn checkable(state: SandboxState) -> bool {
-    !matches!(state, SandboxState::Archived | SandboxState::Creating | SandboxState::Destroyed)
-}
-
 /// Lowers the calling thread to the lowest CPU and I/O priority.
 fn lower_priority() {
     // SAFETY: gettid has no arguments; setpriority and ioprio_set take integers and
@@ -98,7 +93,7 @@ fn summary(r: &CheckReport) -> String {
 pub async fn check(st: &Shared, id: &str, trigger: &str) -> EngineResult<CheckReport> {
     let started = std::time::Instant::now();
     let rec = st.db.sandbox_by_id(id)?.ok_or_else(|| EngineError::sandbox_not_found(id))?;
-    if !checkable(rec.sandbox.state) {
+    if !crate::accumulation::layer_on_host(rec.sandbox.state) {
         return Err(EngineError::invalid_state(
             rec.sandbox.state,
             format!(
@@ -116,8 +111,10 @@ pub async fn check(st: &Shared, id: &str, trigger: &str) -> EngineResult<CheckRe
         .name("strata-check".into())
         .spawn(move || {
             lower_priority();
-            let scanned = crate::scan::run(target);
-            let _ = tx.send(scanned.and_then(|s| Ok((s, crate::accumulation::measure(&st2, &rec2)?))));
+            // One walk of the writable layer serves the scan and the measure.
+            let done = crate::scan::run_walked(target)
+                .and_then(|(scan, walked)| Ok((scan, crate::accumulation::measure_walked(&st2, &rec2, walked)?)));
+            let _ = tx.send(done);
         })
         .map_err(|e| EngineError::internal("start the check thread", &e))?;
     let (scan, accumulation) = rx.await.map_err(|e| EngineError::internal("check thread", &e))??;
@@ -192,7 +189,7 @@ pub async fn run(st: Shared) {
         };
         for rec in list {
             let Some(every) = interval(&st, &rec) else { continue };
-            if !checkable(rec.sandbox.state) {
+            if !crate::accumulation::layer_on_host(rec.sandbox.state) {
                 continue;
             }
             let last = match st.db.last_event_time(&rec.sandbox.id, CHECKED) {
@@ -401,11 +398,12 @@ mod tests {
 
     #[test]
     fn archived_and_vanishing_sandboxes_are_not_checked() {
+        use crate::accumulation::layer_on_host;
         for s in [SandboxState::Running, SandboxState::Standby, SandboxState::Stopped, SandboxState::Paused] {
-            assert!(checkable(s), "{s}");
+            assert!(layer_on_host(s), "{s}");
         }
         for s in [SandboxState::Archived, SandboxState::Creating, SandboxState::Destroyed] {
-            assert!(!checkable(s), "{s}");
+            assert!(!layer_on_host(s), "{s}");
         }
     }
 

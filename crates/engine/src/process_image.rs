@@ -67,20 +67,29 @@ pub(crate) fn crc_of(path: &Path) -> std::io::Result<(u64, u32)> {
     Ok((size, h.finalize()))
 }
 
-/// Sums every regular file of `dir` (but the manifest).
-pub(crate) fn sum_files(dir: &Path) -> std::io::Result<Vec<FileSum>> {
-    let mut out = Vec::new();
+/// The image files of `dir`: every regular file but the manifest, by name.
+fn image_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if name == MANIFEST || !e.file_type()?.is_file() {
-            continue;
+        if name != MANIFEST && e.file_type()?.is_file() {
+            names.push(name);
         }
-        let (size, crc32) = crc_of(&e.path())?;
-        out.push(FileSum { name, size, crc32 });
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    names.sort();
+    Ok(names)
+}
+
+/// The size and CRC32 of each of `names` in `dir`.
+fn sums_of(dir: &Path, names: &[String]) -> std::io::Result<Vec<FileSum>> {
+    names
+        .iter()
+        .map(|name| {
+            let (size, crc32) = crc_of(&dir.join(name))?;
+            Ok(FileSum { name: name.clone(), size, crc32 })
+        })
+        .collect()
 }
 
 /// Checks an image against its manifest: every listed file present with its size and CRC32.
@@ -109,17 +118,15 @@ pub(crate) fn verify(dir: &Path) -> Result<Manifest, String> {
 /// The files are flushed to disk on a thread of their own while they are summed
 /// (from the page cache): the two overlap instead of adding up.
 pub(crate) fn seal(dir: &Path, info: StandbyInfo, helper: Option<PathBuf>) -> std::io::Result<Manifest> {
+    let names = image_files(dir)?;
     let (files, synced) = std::thread::scope(|s| {
         let sync = s.spawn(|| -> std::io::Result<()> {
-            for e in std::fs::read_dir(dir)? {
-                let e = e?;
-                if e.file_name() != MANIFEST && e.file_type()?.is_file() {
-                    std::fs::File::open(e.path())?.sync_all()?;
-                }
+            for name in &names {
+                std::fs::File::open(dir.join(name))?.sync_all()?;
             }
             Ok(())
         });
-        let files = sum_files(dir);
+        let files = sums_of(dir, &names);
         (files, sync.join().unwrap_or_else(|_| Err(std::io::Error::other("the sync thread panicked"))))
     });
     let files = files?;

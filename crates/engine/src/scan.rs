@@ -127,11 +127,25 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {
 }
 
 pub(crate) fn run(t: Target) -> EngineResult<ScanReport> {
+    run_walked(t).map(|(report, _)| report)
+}
+
+/// [`run`], also handing back its walk of a sandbox's writable layer (the
+/// first layer it looks at; `None` for a checkpoint, or when the layer is
+/// missing), so that a check measures the layer without walking it again.
+pub(crate) fn run_walked(t: Target) -> EngineResult<(ScanReport, Option<changes::TreeManifest>)> {
     let exclude = &strata_runtime::spec::IDENTITY_PATHS;
     let mut paths = BTreeSet::new();
-    for l in &t.touched {
+    let mut writable = None;
+    for (i, l) in t.touched.iter().enumerate() {
         if l.exists() {
-            paths.extend(changes::scan(l, exclude)?.entries.into_keys());
+            let walked = changes::scan(l, exclude)?;
+            if i == 0 && t.report.kind == "sandbox" {
+                paths.extend(walked.entries.keys().cloned());
+                writable = Some(walked);
+            } else {
+                paths.extend(walked.entries.into_keys());
+            }
         }
     }
     let list = changes::diff_stacks(&t.now, &t.image, &paths)?;
@@ -194,7 +208,7 @@ pub(crate) fn run(t: Target) -> EngineResult<ScanReport> {
     hygiene::sort(&mut report.findings);
     hygiene::sort(&mut report.packaged);
     report.clean = report.findings.is_empty();
-    Ok(report)
+    Ok((report, writable))
 }
 
 /// Whether a change is the empty `/etc/resolv.conf` strata adds as the mount

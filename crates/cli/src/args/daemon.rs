@@ -114,14 +114,9 @@ pub struct DaemonArgs {
     pub check_every: Option<std::time::Duration>,
 }
 
-/// `--check-every`: a duration of at least [`strata_api::MIN_CHECK_EVERY`].
+/// `--check-every`: the policy's own rule (at least [`strata_api::MIN_CHECK_EVERY`]).
 fn parse_check_every(s: &str) -> Result<std::time::Duration, String> {
-    let d = strata_core::units::parse_duration(s).map_err(|e| e.to_string())?;
-    let min = strata_core::units::parse_duration(strata_api::MIN_CHECK_EVERY).expect("a valid constant");
-    if d < min {
-        return Err(format!("below the minimum of {}", strata_api::MIN_CHECK_EVERY));
-    }
-    Ok(d)
+    strata_engine::policy_spec::validate_check_every(s).map_err(|e| e.body.message)
 }
 
 /// `--default-userns`: `None` is `auto`.

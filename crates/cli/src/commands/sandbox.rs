@@ -70,13 +70,7 @@ pub(super) async fn ps(c: &Client, PsArgs { wide, json }: PsArgs) -> Result<i32>
             &["ID", "NAME", "STATE", "SOURCE", "CREATED", "WRITABLE", "GROWTH/DAY", "CHECKPOINTS", "BASE AGE", "OVER"],
             rows.iter()
                 .map(|(s, a)| {
-                    let mut row = vec![
-                        s.id.clone(),
-                        s.name.clone(),
-                        s.state.to_string(),
-                        s.source.clone(),
-                        output::age(&s.created_at),
-                    ];
+                    let mut row = ps_row(s);
                     row.extend(match a {
                         Some(a) => vec![
                             format!("{} ({} entries)", output::size(a.writable_bytes), a.writable_files),
@@ -96,22 +90,14 @@ pub(super) async fn ps(c: &Client, PsArgs { wide, json }: PsArgs) -> Result<i32>
     if json {
         output::json(&list);
     } else {
-        output::table(
-            &["ID", "NAME", "STATE", "SOURCE", "CREATED"],
-            list.iter()
-                .map(|s| {
-                    vec![
-                        s.id.clone(),
-                        s.name.clone(),
-                        s.state.to_string(),
-                        s.source.clone(),
-                        output::age(&s.created_at),
-                    ]
-                })
-                .collect(),
-        );
+        output::table(&["ID", "NAME", "STATE", "SOURCE", "CREATED"], list.iter().map(ps_row).collect());
     }
     Ok(0)
+}
+
+/// The columns every `strata ps` row has.
+fn ps_row(s: &Sandbox) -> Vec<String> {
+    vec![s.id.clone(), s.name.clone(), s.state.to_string(), s.source.clone(), output::age(&s.created_at)]
 }
 
 /// `strata inspect`.

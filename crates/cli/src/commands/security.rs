@@ -136,7 +136,6 @@ pub(super) async fn audit(c: &Client, a: AuditArgs) -> Result<i32> {
     }
 }
 
-/// `strata scan`: exit status 2 when there are findings.
 /// `strata check ID`: exit status 2 when there are findings.
 pub(super) async fn check(c: &Client, a: CheckArgs) -> Result<i32> {
     let r = c.check_sandbox(&a.id).await?;
@@ -198,6 +197,7 @@ pub(super) async fn quarantine_cmd(c: &Client, cmd: QuarantineCmd) -> Result<i32
     Ok(0)
 }
 
+/// `strata scan`: exit status 2 when there are findings.
 pub(super) async fn scan(c: &Client, a: ScanArgs) -> Result<i32> {
     let ScanArgs { id, json } = a;
     let r = c.scan(&id).await?;
