@@ -57,6 +57,9 @@ pub enum ErrorCode {
     StandbyImageInvalid,
     /// A state-hygiene scan has findings (listed in `findings`) and they were not accepted (409).
     ScanFindings,
+    /// A rebase meets paths that both the sandbox and the new base changed
+    /// (listed in `conflicts`) and no `prefer` settles them (409).
+    RebaseConflicts,
     /// The sandbox or checkpoint is quarantined: it cannot be forked, promoted
     /// to a template, restored into a new sandbox or given egress (409).
     Quarantined,
@@ -107,6 +110,7 @@ impl ErrorCode {
             | ErrorCode::NameConflict
             | ErrorCode::InUse
             | ErrorCode::ScanFindings
+            | ErrorCode::RebaseConflicts
             | ErrorCode::Quarantined => 409,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => 400,
             ErrorCode::Unauthorized => 401,
@@ -153,6 +157,7 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::StandbyImageInvalid => "standby_image_invalid",
             ErrorCode::ScanFindings => "scan_findings",
+            ErrorCode::RebaseConflicts => "rebase_conflicts",
             ErrorCode::Quarantined => "quarantined",
             ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::ApprovalNotFound => "approval_not_found",
@@ -194,4 +199,7 @@ pub struct ApiErrorBody {
     /// on an approval: its current record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Box<crate::Approval>>,
+    /// For `rebase_conflicts`: the paths both sides changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<crate::RebaseConflict>,
 }

@@ -14,7 +14,10 @@ pub struct ImportImageRequest {
     /// Keep setuid/setgid bits and file capabilities (only for sources you trust).
     #[serde(default)]
     pub trusted: bool,
-    /// Replace an existing image of the same name.
+    /// Import a new version of an existing image name. The name then means
+    /// the new version; the old one is kept (by its id, and in
+    /// `GET /v1/images/{name}/versions`) for what was made from it, and
+    /// `strata outdated` lists what still builds on it.
     #[serde(default)]
     pub replace: bool,
 }
@@ -84,6 +87,44 @@ pub struct Image {
     pub size: u64,
     /// RFC 3339 import time.
     pub created_at: String,
+    /// Version of the name: 1 for its first import, one more for each
+    /// import of new content under the same name.
+    #[serde(default = "first_version")]
+    pub version: u32,
+    /// Id of the version this one replaced as the name's newest (its lineage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// Whether this version is the newest of its name (what the name resolves to).
+    #[serde(default = "newest_default")]
+    pub newest: bool,
+    /// What the image's files say it is (read from its layers at import).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Platform>,
+}
+
+fn first_version() -> u32 {
+    1
+}
+
+fn newest_default() -> bool {
+    true
+}
+
+/// The operating system and machine an image's files are for, read from the
+/// files themselves (`/etc/os-release`, the ELF header of its shell): a
+/// rootfs tarball says nothing else about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Platform {
+    /// `linux` (ELF binaries), or `unknown`.
+    pub os: String,
+    /// The ELF machine of its shell: `amd64`, `arm64`, `386`, `arm`, `riscv64`, ... or `unknown`.
+    pub architecture: String,
+    /// The distribution's `ID` (`debian`, `alpine`, `ubuntu`), `busybox`
+    /// for a bare busybox root, `unknown` when neither is there.
+    pub family: String,
+    /// The distribution's `VERSION_ID`, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// Summary of an import, returned by `POST /v1/images/import`.
@@ -136,4 +177,91 @@ pub struct StreamQuery {
     /// Stream NDJSON progress events instead of waiting for the result.
     #[serde(default)]
     pub stream: bool,
+}
+
+/// One sandbox, checkpoint or template on an image version that is no longer
+/// its name's newest (`GET /v1/outdated`, `strata outdated`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OutdatedEntry {
+    /// `sandbox`, `checkpoint` or `template`.
+    pub kind: String,
+    /// Its id (a template's name).
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The image name.
+    pub image: String,
+    /// The version it is on and that version's id.
+    pub version: u32,
+    /// Id of the image version it is on.
+    pub image_id: String,
+    /// The name's newest version.
+    pub newest_version: u32,
+    /// Id of the newest version.
+    pub newest_id: String,
+    /// Whole days between the import of its version and of the newest.
+    pub days_behind: u64,
+    /// How to move it: `strata rebase ...`, `strata template rebuild ...`, or
+    /// why it cannot move (a checkpoint is immutable: fork or restore it, then rebase).
+    pub how: String,
+}
+
+/// Which side wins where a sandbox and its new base both changed a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Prefer {
+    /// The sandbox's version stays (it already shadows the base).
+    Sandbox,
+    /// The new base's version is written over the sandbox's.
+    Base,
+}
+
+/// Request body of `POST /v1/sandboxes/{id}/rebase`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RebaseRequest {
+    /// The image (name: its newest version; or an id) to move onto.
+    pub onto: String,
+    /// How conflicts are settled; without it, any conflict refuses the rebase (409).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<Prefer>,
+}
+
+/// A path changed both by the sandbox and between its old base and the new one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RebaseConflict {
+    /// The path.
+    pub path: String,
+    /// What the sandbox did to it: `added`, `modified` or `deleted`.
+    pub sandbox: String,
+    /// What the new base did to it: `added`, `modified` or `deleted`.
+    pub base: String,
+}
+
+/// The result of a rebase.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RebaseReport {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The image version it was on (`name@version id`).
+    pub from_image: String,
+    /// The image version it is on now.
+    pub onto_image: String,
+    /// Its state before (`stopped` or `standby`); after, it is `stopped`:
+    /// a rebase keeps the filesystem, processes start again.
+    pub state_before: crate::SandboxState,
+    /// Paths the two bases differ in.
+    pub base_changes: u64,
+    /// Paths the sandbox changed above its base.
+    pub sandbox_changes: u64,
+    /// The conflicts, and how they were settled (`prefer`).
+    pub conflicts: Vec<RebaseConflict>,
+    /// How conflicts were settled, when there were any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<Prefer>,
+    /// The state-hygiene scan of the result.
+    pub scan: crate::ScanReport,
+    /// What a rebase does not keep.
+    pub note: String,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
 }

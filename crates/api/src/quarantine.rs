@@ -83,7 +83,7 @@ impl std::fmt::Display for OnFindings {
 
 /// What a sandbox has accumulated over time (`GET /v1/sandboxes/{id}/accumulation`,
 /// `strata inspect`, `strata ps --wide`, and each check).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Accumulation {
     /// Bytes of the files in its writable layer (everything it changed above
     /// the layers it started from, checkpoints included).
@@ -111,6 +111,15 @@ pub struct Accumulation {
     pub base_age_days: u64,
     /// Whole days since the sandbox was created.
     pub age_days: u64,
+    /// The image version at the bottom of its chain (`name@version`), while registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The newest version of that image's name, when it is another (`strata rebase` moves onto it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newer_image: Option<String>,
+    /// Whole days between the import of its image version and of its name's newest (0 when on the newest).
+    #[serde(default)]
+    pub days_behind_newest: u64,
     /// The policy limits it is over (`max_writable`, `max_age`), each with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub over: Vec<String>,

@@ -25,6 +25,10 @@ pub struct Template {
     pub isolation: crate::Isolation,
     /// RFC 3339 time.
     pub created_at: String,
+    /// The `FROM` of the build file it was built from (`None`: promoted from
+    /// a checkpoint); such a template can be rebuilt on a new base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub built_from: Option<String>,
     /// Set when the template was promoted although its state-hygiene scan had findings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_findings: Option<crate::FindingsAcceptance>,
@@ -72,6 +76,23 @@ pub struct BuildTemplateRequest {
     /// the start command is given 20 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_cmd: Option<String>,
+}
+
+/// Request body of `POST /v1/templates/{name}/rebuild`: the template's build
+/// file run again, on another base if `base` names one. Steps whose inputs
+/// are unchanged (the base included) come from the step cache.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct RebuildTemplateRequest {
+    /// The image (or template, or checkpoint) its `FROM` becomes; without it,
+    /// the same `FROM` (an image name means that name's newest version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Ignore the step cache.
+    #[serde(default)]
+    pub no_cache: bool,
+    /// Register the template even if the scan of its final state has findings.
+    #[serde(default)]
+    pub accept_findings: bool,
 }
 
 /// One line of the NDJSON stream of `POST /v1/templates/build`.

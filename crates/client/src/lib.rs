@@ -128,6 +128,7 @@ async fn api_error(resp: Response<Incoming>) -> ClientError {
         dependents: vec![],
         findings: vec![],
         approval: None,
+        conflicts: Vec::new(),
     });
     ClientError::Api { status, body }
 }
@@ -432,9 +433,24 @@ impl Client {
         self.call::<(), _>(Method::GET, &format!("/v1/images/{}", enc(name)), None).await
     }
 
-    /// Removes an image.
+    /// Removes an image: by name, every version; by id, that version.
     pub async fn remove_image(&self, name: &str) -> Result<()> {
         self.call::<(), ()>(Method::DELETE, &format!("/v1/images/{}", enc(name)), None).await
+    }
+
+    /// Every version of an image's name, newest first.
+    pub async fn image_versions(&self, name: &str) -> Result<Vec<Image>> {
+        self.call::<(), _>(Method::GET, &format!("/v1/images/{}/versions", enc(name)), None).await
+    }
+
+    /// Sandboxes, checkpoints and templates on an image version that is no longer its name's newest.
+    pub async fn outdated(&self) -> Result<Vec<strata_api::OutdatedEntry>> {
+        self.call::<(), _>(Method::GET, "/v1/outdated", None).await
+    }
+
+    /// Moves a stopped or standby sandbox onto another image version.
+    pub async fn rebase(&self, id: &str, req: &strata_api::RebaseRequest) -> Result<strata_api::RebaseReport> {
+        self.call(Method::POST, &format!("/v1/sandboxes/{}/rebase", enc(id)), Some(req)).await
     }
 
     // ---- sandboxes ----
@@ -870,6 +886,15 @@ impl Client {
     /// Builds a template, streaming its events.
     pub async fn build_template(&self, req: &BuildTemplateRequest) -> Result<NdjsonStream<BuildEvent>> {
         self.stream(Method::POST, "/v1/templates/build", Some(req)).await
+    }
+
+    /// Rebuilds a template from its build file (on a new base when given), streaming its events.
+    pub async fn rebuild_template(
+        &self,
+        name: &str,
+        req: &strata_api::RebuildTemplateRequest,
+    ) -> Result<NdjsonStream<BuildEvent>> {
+        self.stream(Method::POST, &format!("/v1/templates/{}/rebuild", enc(name)), Some(req)).await
     }
 
     // ---- processes ----

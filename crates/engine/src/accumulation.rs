@@ -97,8 +97,19 @@ pub(crate) fn measure_walked(
         base,
         base_created_at,
         age_days: days_since(&s.created_at, now),
+        image: None,
+        newer_image: None,
+        days_behind_newest: 0,
         over: Vec::new(),
     };
+    if let Some(img) = crate::patching::base_image(st, &s.image_id, &rec.layers)? {
+        acc.image = Some(format!("{}@{}", img.name, img.version));
+    }
+    if let Some((v, n)) = crate::patching::behind(st, &s.image_id)? {
+        acc.image = Some(format!("{}@{}", v.name, v.version));
+        acc.newer_image = Some(format!("{}@{}", n.name, n.version));
+        acc.days_behind_newest = crate::patching::days_between(&v, &n);
+    }
     acc.over = over_limits(&acc, &s.policy, now).into_iter().map(|f| f.reason).collect();
     Ok(acc)
 }
@@ -160,6 +171,7 @@ mod tests {
             base_age_days: 0,
             age_days: 0,
             over: vec![],
+            ..Default::default()
         }
     }
 

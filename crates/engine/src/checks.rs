@@ -436,6 +436,7 @@ mod tests {
                 base_age_days: 0,
                 age_days: 0,
                 over: vec![],
+                ..Default::default()
             },
             action: "none".into(),
             duration_ms: 1,

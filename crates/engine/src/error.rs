@@ -66,9 +66,11 @@ impl ErrorKind {
             | ErrorCode::PreviewNotFound
             | ErrorCode::ApprovalNotFound => ErrorKind::NotFound,
             ErrorCode::InvalidState => ErrorKind::InvalidState,
-            ErrorCode::NameConflict | ErrorCode::InUse | ErrorCode::ScanFindings | ErrorCode::Quarantined => {
-                ErrorKind::Conflict
-            }
+            ErrorCode::NameConflict
+            | ErrorCode::InUse
+            | ErrorCode::ScanFindings
+            | ErrorCode::RebaseConflicts
+            | ErrorCode::Quarantined => ErrorKind::Conflict,
             ErrorCode::BadRequest | ErrorCode::InvalidArchive | ErrorCode::PathEscape => ErrorKind::BadRequest,
             ErrorCode::Unauthorized => ErrorKind::Unauthorized,
             ErrorCode::Forbidden | ErrorCode::PseudoFilesystem | ErrorCode::SpecialFile | ErrorCode::MountPoint => {
@@ -98,6 +100,7 @@ impl EngineError {
                 dependents: Vec::new(),
                 findings: Vec::new(),
                 approval: None,
+                conflicts: Vec::new(),
             },
         }
     }

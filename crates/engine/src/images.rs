@@ -117,10 +117,15 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> EngineRes
             }
             strata_image::Progress::Bytes { done, total } => progress.blocking(None, done, total),
         };
-        strata_image::import(&src, &layers, &opts, &mut cb)
+        let imported = strata_image::import(&src, &layers, &opts, &mut cb)?;
+        // What the files say the image is: read once, here, while its layers are warm in the page cache.
+        let dirs: Vec<PathBuf> = imported.layers.iter().rev().filter_map(|l| layers.fs_dir(&l.key).ok()).collect();
+        let platform = strata_image::platform::detect(&dirs)?;
+        Ok::<_, strata_image::ImageError>((imported, platform))
     })
     .await
     .map_err(|e| EngineError::internal("import task", &e))??;
+    let (imported, platform) = imported;
     let layer_infos: Vec<LayerInfo> =
         imported.layers.iter().map(|l| LayerInfo { digest: l.key.clone(), size: l.size }).collect();
     let image = Image {
@@ -132,13 +137,15 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> EngineRes
         layers: layer_infos,
         config: imported.config.clone(),
         created_at: now(),
+        version: 0,
+        previous: None,
+        newest: true,
+        platform: Some(platform),
     };
-    st.db.put_image(&image, r.replace)?;
-    if r.replace {
-        gc_layers(st)?;
-    }
+    // A new version of a name keeps the older ones (and their layers) for what was made from them.
+    let image = st.db.put_image(&image, r.replace)?;
     let layers_new = imported.layers.iter().filter(|l| l.new).count();
-    info!(image = %image.name, id = %image.id, kind = %image.source_kind, layers_new, "imported image");
+    info!(image = %image.name, id = %image.id, version = image.version, previous = ?image.previous, kind = %image.source_kind, layers_new, "imported image");
     let mut warnings = r.warnings;
     warnings.extend(imported.warnings);
     Ok(ImportReport {
@@ -172,7 +179,10 @@ pub async fn import(
     if !req.replace && st.db.get_image(&req.name)?.is_some_and(|i| i.name == req.name) {
         return Err(EngineError::new(
             ErrorCode::NameConflict,
-            format!("an image named {:?} exists (use replace)", req.name),
+            format!(
+                "an image named {:?} exists (use replace to import a new version of it; the old one is kept)",
+                req.name
+            ),
         ));
     }
     let r = Registration {
@@ -264,7 +274,7 @@ pub fn gc_layers(st: &Shared) -> EngineResult<usize> {
 /// [`gc_layers`], also returning the bytes the removed layers held.
 pub fn gc_layers_counted(st: &Shared) -> EngineResult<(usize, u64)> {
     let mut used = std::collections::HashSet::new();
-    for img in st.db.list_images()? {
+    for img in st.db.list_image_versions(None)? {
         used.extend(img.layers.into_iter().map(|l| l.digest));
     }
     for sb in st.db.list_sandboxes()? {
@@ -310,26 +320,60 @@ pub fn get(st: &Shared, name: &str) -> EngineResult<Image> {
     st.db.get_image(name)?.ok_or_else(|| EngineError::new(ErrorCode::ImageNotFound, format!("no image named {name:?}")))
 }
 
-/// Removes an image and the layers nothing else uses; 409 (`in_use`, naming
-/// them) while sandboxes of any tenant were made from it.
+/// Every version of an image name, newest first (404 when there is none).
+pub fn versions(st: &Shared, name: &str) -> EngineResult<Vec<Image>> {
+    let img = get(st, name)?;
+    Ok(st.db.list_image_versions(Some(&img.name))?)
+}
+
+/// What an image's files say it is, read now for an image imported before
+/// strata read it at import (and recorded).
+pub fn platform_of(st: &Shared, img: &Image) -> EngineResult<strata_api::Platform> {
+    if let Some(p) = &img.platform {
+        return Ok(p.clone());
+    }
+    let dirs: Vec<PathBuf> = img
+        .layers
+        .iter()
+        .rev()
+        .map(|l| st.layers.fs_dir(&l.digest).map_err(|e| EngineError::internal("layer", &e)))
+        .collect::<EngineResult<_>>()?;
+    let p = strata_image::platform::detect(&dirs)?;
+    st.db.set_image_platform(&img.id, &p)?;
+    Ok(p)
+}
+
+/// Removes an image and the layers nothing else uses: by name, every version
+/// of it; by id, that one version (the one before it becomes the name's
+/// newest). 409 (`in_use`, naming them) while sandboxes of any tenant were made from it.
 pub async fn remove(st: &Shared, name: &str) -> EngineResult<()> {
     let _g = st.image_lock.lock().await;
     let img = get(st, name)?;
+    let whole_name = name == img.name;
     let users: Vec<String> = st
         .db
         .list_sandboxes()?
         .into_iter()
-        .filter(|s| s.sandbox.source == img.name)
+        .filter(|s| match whole_name {
+            true => s.sandbox.source == img.name,
+            false => s.sandbox.image_id == img.id,
+        })
         .map(|s| format!("sandbox {}", s.sandbox.id))
         .collect();
+    let what = match whole_name {
+        true => format!("image {:?}", img.name),
+        false => format!("image {:?} version {} ({})", img.name, img.version, img.id),
+    };
     if !users.is_empty() {
-        let mut e =
-            EngineError::new(ErrorCode::InUse, format!("image {:?} is used by {} sandbox(es)", img.name, users.len()));
+        let mut e = EngineError::new(ErrorCode::InUse, format!("{what} is used by {} sandbox(es)", users.len()));
         e.body.dependents = users;
         return Err(e);
     }
-    st.db.delete_image(&img.name)?;
+    match whole_name {
+        true => st.db.delete_image(&img.name)?,
+        false => st.db.delete_image_version(&img.name, img.version)?,
+    };
     let removed = gc_layers(st)?;
-    info!(image = %img.name, layers_removed = removed, "removed image");
+    info!(image = %img.name, whole_name, version = img.version, layers_removed = removed, "removed image");
     Ok(())
 }

@@ -68,6 +68,7 @@ pub mod images;
 pub mod initbin;
 pub mod lifecycle;
 pub mod network;
+pub mod patching;
 pub mod pipelines;
 pub mod policy;
 pub mod policy_spec;

@@ -84,6 +84,9 @@ pub struct BuildOpts {
     /// Polled every 2 s (up to [`READY_TIMEOUT`]) until it exits 0; without
     /// one, the start command is given 20 s (E2B's default).
     pub ready_cmd: Option<String>,
+    /// The build file and context to remember with the template (for a
+    /// rebuild); `None` for builds of steps made elsewhere (E2B templates).
+    pub recipe: Option<BuildTemplateRequest>,
 }
 
 /// The longest a start command may take to be ready.
@@ -187,7 +190,9 @@ pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str
         EngineError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}"))
     })?;
     let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
+    let built_from = recipe(st, name)?.as_ref().and_then(from_of);
     Ok(Template {
+        built_from,
         name: name.into(),
         tenant: c.tenant,
         checkpoint: c.id,
@@ -525,13 +530,85 @@ fn copy_digest(context: Option<&FsPath>, srcs: &[String]) -> EngineResult<Vec<u8
     Ok(h.0.finalize().to_vec())
 }
 
-/// Runs a build, streaming events; returns the template.
+/// The build a template was made by (its build file, context and start
+/// command), when it was built from a build file.
+fn recipe(st: &Shared, name: &str) -> EngineResult<Option<BuildTemplateRequest>> {
+    Ok(st.db.template_build(name)?.and_then(|j| serde_json::from_str(&j).ok()))
+}
+
+/// The `FROM` of a remembered build.
+fn from_of(r: &BuildTemplateRequest) -> Option<String> {
+    match parse(&r.file).ok()?.into_iter().next()? {
+        (_, Step::From(f)) => Some(f),
+        _ => None,
+    }
+}
+
+/// `file` with its `FROM` instruction (the first one) naming `base`.
+fn with_base(file: &str, base: &str) -> Result<String, String> {
+    if base.trim().is_empty() || base.contains(char::is_whitespace) {
+        return Err(format!("base {base:?} is not an image, template or checkpoint name"));
+    }
+    let mut out = Vec::new();
+    let mut done = false;
+    for line in file.lines() {
+        let t = line.trim_start();
+        if !done && t.len() >= 4 && t[..4].eq_ignore_ascii_case("FROM") && t[4..].starts_with(char::is_whitespace) {
+            out.push(format!("FROM {base}"));
+            done = true;
+        } else {
+            out.push(line.to_string());
+        }
+    }
+    if !done {
+        return Err("the build file has no FROM".into());
+    }
+    Ok(out.join("\n") + "\n")
+}
+
+/// Rebuilds a template from the build file it was made by, on `req.base`
+/// when given: every step runs again unless the step cache has it for the
+/// same inputs (a new base is a new input for the steps after it), and the
+/// template is re-pointed at the result. 409 for a template that was
+/// promoted from a checkpoint (there are no steps to run again).
+pub async fn rebuild(
+    st: &Shared,
+    name: &str,
+    req: strata_api::RebuildTemplateRequest,
+    tx: &Sender<BuildEvent>,
+    actor: &str,
+) -> Result<Template, (usize, EngineError)> {
+    let found = crate::tenancy::find_template(st, name).map_err(|e| (0, e))?;
+    if found.is_none() {
+        return Err((0, not_found(name)));
+    }
+    let Some(mut build_req) = recipe(st, name).map_err(|e| (0, e))? else {
+        return Err((
+            0,
+            EngineError::new(
+                ErrorCode::InvalidState,
+                format!("template {name:?} was promoted from a checkpoint, not built from a build file: there are no steps to run again (rebase a sandbox made from it and promote that)"),
+            ),
+        ));
+    };
+    if let Some(base) = &req.base {
+        build_req.file = with_base(&build_req.file, base).map_err(|e| (0, EngineError::bad_request(e)))?;
+    }
+    build_req.name = name.to_string();
+    build_req.no_cache = req.no_cache;
+    build_req.accept_findings = req.accept_findings;
+    build(st, build_req, tx, actor).await
+}
+
+/// Runs a build, streaming events; returns the template (which remembers the
+/// build, for [`rebuild`]).
 pub async fn build(
     st: &Shared,
     req: BuildTemplateRequest,
     tx: &Sender<BuildEvent>,
     actor: &str,
 ) -> Result<Template, (usize, EngineError)> {
+    let recipe = BuildTemplateRequest { no_cache: false, accept_findings: false, ..req.clone() };
     ids::validate_new_name(&req.name, true).map_err(|e| (0, EngineError::from(e)))?;
     name_usable(st, &req.name).map_err(|e| (0, e))?;
     let steps = parse(&req.file).map_err(|e| (0, EngineError::bad_request(format!("build file: {e}"))))?;
@@ -551,6 +628,7 @@ pub async fn build(
         accept_findings: req.accept_findings,
         start_cmd: req.start_cmd.clone().filter(|c| !c.trim().is_empty()),
         ready_cmd: req.ready_cmd.clone().filter(|c| !c.trim().is_empty()),
+        recipe: Some(recipe),
     };
     build_steps(st, &req.name, steps, context, opts, tx, actor).await
 }
@@ -786,7 +864,11 @@ pub async fn build_steps(
     let accepted = crate::scan::gate(st, &final_ckpt, req.accept_findings, actor, &["system_path"])
         .await
         .map_err(|e| (count, e))?;
-    let template = register(st, &req.name, &final_ckpt, true, accepted.as_ref()).map_err(|e| (count, e))?;
+    let mut template = register(st, &req.name, &final_ckpt, true, accepted.as_ref()).map_err(|e| (count, e))?;
+    // Remembered before the build is reported done: a rebuild right after it finds the steps.
+    let recipe = opts.recipe.as_ref().map(|r| serde_json::to_string(r).expect("a build request serializes"));
+    st.db.set_template_build(&req.name, recipe.as_deref()).map_err(|e| (count, e.into()))?;
+    template.built_from = opts.recipe.as_ref().and_then(from_of);
     b.emit(BuildEvent::Done {
         template: template.clone(),
         steps_run: run,

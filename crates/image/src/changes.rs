@@ -94,7 +94,7 @@ pub struct PathChange {
     pub size: u64,
 }
 
-fn cstr(name: &str) -> io::Result<CString> {
+pub(crate) fn cstr(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "NUL in file name"))
 }
 
@@ -312,7 +312,7 @@ pub fn write_layer_tar(
 }
 
 /// Opens `rel` (a directory path below `top`, "" for `top`) without following symlinks.
-fn open_rel_dir(top: BorrowedFd<'_>, rel: &str) -> io::Result<Option<OwnedFd>> {
+pub(crate) fn open_rel_dir(top: BorrowedFd<'_>, rel: &str) -> io::Result<Option<OwnedFd>> {
     if rel.is_empty() {
         return Ok(None);
     }

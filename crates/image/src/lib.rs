@@ -49,6 +49,8 @@ mod docker;
 mod error;
 mod hash;
 mod oci;
+pub mod platform;
+pub mod rebase;
 pub mod registry;
 mod rootfs;
 pub mod squash;

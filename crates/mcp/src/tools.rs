@@ -1092,6 +1092,7 @@ mod tests {
             dependents: vec![],
             findings: vec![],
             approval: None,
+            conflicts: Vec::new(),
         };
         Err(BackendError::api(body))
     }

@@ -35,8 +35,8 @@ use tracing::{info, warn};
 
 use crate::error::ApiError;
 use crate::native::{
-    accounting, advisor, approvals, audit, events, fanout, metrics, network as net, pipelines, policy, preview,
-    quarantine, quotas, scan, tenancy,
+    accounting, advisor, approvals, audit, events, fanout, metrics, network as net, patching, pipelines, policy,
+    preview, quarantine, quotas, scan, tenancy,
 };
 
 /// Daemon configuration: the engine's and the listeners'.
@@ -103,6 +103,9 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/images/import", post(i::import_handler))
         .route("/v1/images/pull", post(i::pull_handler))
         .route("/v1/images/{name}", get(i::get_handler).delete(i::remove_handler))
+        .route("/v1/images/{name}/versions", get(patching::versions_handler))
+        .route("/v1/outdated", get(patching::outdated_handler))
+        .route("/v1/sandboxes/{id}/rebase", post(patching::rebase_handler))
         .route("/v1/sandboxes", get(s::list_handler).post(s::create_handler))
         .route("/v1/sandboxes/{id}", get(s::get_handler).delete(s::remove_handler).patch(policy::update_handler))
         .route("/v1/sandboxes/{id}/leases", get(a::list_leases_handler).post(a::create_lease_handler))
@@ -142,6 +145,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/templates", get(t::list_handler).post(t::create_handler))
         .route("/v1/templates/build", post(t::build_handler))
         .route("/v1/templates/{name}", axum::routing::delete(t::delete_handler))
+        .route("/v1/templates/{name}/rebuild", post(patching::rebuild_handler))
         .route("/v1/approvals", get(approvals::list_handler))
         .route("/v1/approvals/{id}", get(approvals::get_handler))
         .route("/v1/approvals/{id}/approve", post(approvals::approve_handler))
@@ -211,6 +215,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
         dependents: vec![],
         findings: vec![],
         approval: None,
+        conflicts: Vec::new(),
     };
     (status, axum::Json(body)).into_response()
 }

@@ -4,7 +4,8 @@ use utoipa::OpenApi;
 
 use crate::native::{
     accounting, activity, advisor, approvals, archive, audit, checkpoints, events, fanout, files, images, metrics,
-    network, pipelines, policy, preview, processes, quarantine, quotas, sandboxes, scan, standby, templates, tenancy,
+    network, patching, pipelines, policy, preview, processes, quarantine, quotas, sandboxes, scan, standby, templates,
+    tenancy,
 };
 
 /// strata's native HTTP API.
@@ -79,6 +80,10 @@ use crate::native::{
         accounting::get_handler,
         advisor::advise_handler,
         scan::scan_handler,
+        patching::versions_handler,
+        patching::outdated_handler,
+        patching::rebase_handler,
+        patching::rebuild_handler,
         quarantine::place_handler,
         quarantine::lift_handler,
         quarantine::list_handler,

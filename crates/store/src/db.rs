@@ -266,6 +266,29 @@ pub const MIGRATIONS: &[&str] = &[
     // 18: quarantine (JSON `strata_api::Quarantine`, NULL: none).
     "ALTER TABLE sandboxes ADD COLUMN quarantine TEXT;
     ALTER TABLE checkpoints ADD COLUMN quarantine TEXT;",
+    // 19: image versions (a name keeps every import of new content; the
+    // highest version is what the name means), what each image's files say
+    // it is, and the build file a template was built from (for rebuilds).
+    "CREATE TABLE image_versions (
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        id TEXT NOT NULL,
+        source_kind TEXT NOT NULL,
+        source TEXT NOT NULL,
+        layers TEXT NOT NULL,
+        config TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        previous TEXT,
+        platform TEXT,
+        PRIMARY KEY (name, version)
+    );
+    INSERT INTO image_versions (name, version, id, source_kind, source, layers, config, size, created_at)
+        SELECT name, 1, id, source_kind, source, layers, config, size, created_at FROM images;
+    DROP TABLE images;
+    ALTER TABLE image_versions RENAME TO images;
+    CREATE INDEX images_by_id ON images (id);
+    ALTER TABLE templates ADD COLUMN build TEXT;",
 ];
 
 /// First host uid/gid given to a sandbox user namespace; each sandbox gets
@@ -553,9 +576,13 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
     Ok(build())
 }
 
+/// The columns [`image_from_row`] reads; `newest` says whether a row is its name's highest version.
+const IMAGE_COLS: &str = "SELECT name, id, source_kind, source, layers, config, size, created_at, version, previous, platform, newest FROM (SELECT *, version = (SELECT MAX(version) FROM images j WHERE j.name = images.name) AS newest FROM images)";
+
 fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
     let layers: String = r.get(4)?;
     let config: String = r.get(5)?;
+    let platform: Option<String> = r.get(10)?;
     let build = || -> Result<Image, DbError> {
         Ok(Image {
             name: r.get(0)?,
@@ -566,6 +593,10 @@ fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
             config: parse(&config, "config")?,
             size: r.get::<_, i64>(6)? as u64,
             created_at: r.get(7)?,
+            version: r.get(8)?,
+            previous: r.get(9)?,
+            platform: platform.as_deref().map(|p| parse(p, "platform")).transpose()?,
+            newest: r.get(11)?,
         })
     };
     Ok(build())
@@ -702,33 +733,85 @@ impl Db {
 
     // ---- images ----
 
-    /// Registers an image; with `replace`, an image of the same name is replaced.
-    pub fn put_image(&self, image: &Image, replace: bool) -> Result<(), DbError> {
-        let conn = self.conn();
-        let verb = if replace { "INSERT OR REPLACE" } else { "INSERT" };
-        conn.execute(
-            &format!("{verb} INTO images (name, id, source_kind, source, layers, config, size, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
-            params![image.name, image.id, image.source_kind, image.source, json(&image.layers), json(&image.config), image.size as i64, image.created_at],
-        )
-        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(image.name.clone()) } else { e.into() })?;
+    /// Registers an image. A name already registered is refused
+    /// ([`DbError::NameTaken`]) unless `replace`: then the image becomes the
+    /// name's next version (the older ones stay, by id), or, when its content
+    /// is the newest version's, nothing changes. Returns the record as stored.
+    pub fn put_image(&self, image: &Image, replace: bool) -> Result<Image, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let newest = tx
+            .query_row(
+                &format!("{IMAGE_COLS} WHERE name = ?1 ORDER BY version DESC LIMIT 1"),
+                params![image.name],
+                image_from_row,
+            )
+            .optional()?
+            .transpose()?;
+        let mut stored = image.clone();
+        stored.newest = true;
+        match newest {
+            Some(_) if !replace => return Err(DbError::NameTaken(image.name.clone())),
+            Some(n) if n.id == image.id => return Ok(n),
+            Some(n) => {
+                stored.version = n.version + 1;
+                stored.previous = Some(n.id);
+            }
+            None => {
+                stored.version = 1;
+                stored.previous = None;
+            }
+        }
+        tx.execute(
+            "INSERT INTO images (name, version, id, source_kind, source, layers, config, size, created_at, previous, platform) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                stored.name,
+                stored.version,
+                stored.id,
+                stored.source_kind,
+                stored.source,
+                json(&stored.layers),
+                json(&stored.config),
+                stored.size as i64,
+                stored.created_at,
+                stored.previous,
+                stored.platform.as_ref().map(json)
+            ],
+        )?;
+        tx.commit()?;
+        Ok(stored)
+    }
+
+    /// Records what an image's files say it is (for images imported before it was read at import).
+    pub fn set_image_platform(&self, id: &str, platform: &strata_api::Platform) -> Result<(), DbError> {
+        self.conn().execute("UPDATE images SET platform = ?2 WHERE id = ?1", params![id, json(platform)])?;
         Ok(())
     }
 
     /// Finds an image (images are shared by every tenant): by its id
-    /// (`sha256:<hex>`), then by name, then by a unique id prefix of at least
-    /// [`IMAGE_PREFIX_LEN`] lower-case hex characters (with or without `sha256:`).
-    /// A name never shadows an id.
+    /// (`sha256:<hex>`; the newest version holding it), then by name (its
+    /// newest version), then by a unique id prefix of at least
+    /// [`IMAGE_PREFIX_LEN`] lower-case hex characters (with or without
+    /// `sha256:`). A name never shadows an id.
     pub fn get_image(&self, name_or_id: &str) -> Result<Option<Image>, DbError> {
-        const COLS: &str = "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images";
         let conn = self.conn();
         if let Some(img) = conn
-            .query_row(&format!("{COLS} WHERE id = ?1 ORDER BY name LIMIT 1"), params![name_or_id], image_from_row)
+            .query_row(
+                &format!("{IMAGE_COLS} WHERE id = ?1 ORDER BY newest DESC, name, version DESC LIMIT 1"),
+                params![name_or_id],
+                image_from_row,
+            )
             .optional()?
         {
             return img.map(Some);
         }
-        if let Some(img) =
-            conn.query_row(&format!("{COLS} WHERE name = ?1"), params![name_or_id], image_from_row).optional()?
+        if let Some(img) = conn
+            .query_row(
+                &format!("{IMAGE_COLS} WHERE name = ?1 ORDER BY version DESC LIMIT 1"),
+                params![name_or_id],
+                image_from_row,
+            )
+            .optional()?
         {
             return img.map(Some);
         }
@@ -740,7 +823,9 @@ impl Db {
             return Ok(None);
         }
         // Several images may share an id (the same content under several names): one id, one answer.
-        let mut stmt = conn.prepare(&format!("{COLS} WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id, name"))?;
+        let mut stmt = conn.prepare(&format!(
+            "{IMAGE_COLS} WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id, newest DESC, name, version DESC"
+        ))?;
         let rows: Vec<Image> =
             stmt.query_map(params![format!("sha256:{hex}")], image_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
         Ok(match rows.first() {
@@ -749,19 +834,41 @@ impl Db {
         })
     }
 
-    /// All images, by name.
+    /// The newest version of every image name, by name.
     pub fn list_images(&self) -> Result<Vec<Image>, DbError> {
+        self.images_where("WHERE newest = 1 ORDER BY name", [])
+    }
+
+    /// Every version of every image name (by name, newest first); with
+    /// `name`, only that name's.
+    pub fn list_image_versions(&self, name: Option<&str>) -> Result<Vec<Image>, DbError> {
+        match name {
+            Some(n) => self.images_where("WHERE name = ?1 ORDER BY version DESC", params![n]),
+            None => self.images_where("ORDER BY name, version DESC", []),
+        }
+    }
+
+    /// Every version (of any name) whose content id is `id`.
+    pub fn images_with_id(&self, id: &str) -> Result<Vec<Image>, DbError> {
+        self.images_where("WHERE id = ?1 ORDER BY name, version", params![id])
+    }
+
+    fn images_where(&self, tail: &str, args: impl rusqlite::Params) -> Result<Vec<Image>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT name, id, source_kind, source, layers, config, size, created_at FROM images ORDER BY name",
-        )?;
-        let rows = stmt.query_map([], image_from_row)?;
+        let mut stmt = conn.prepare(&format!("{IMAGE_COLS} {tail}"))?;
+        let rows = stmt.query_map(args, image_from_row)?;
         rows.map(|r| r?).collect()
     }
 
-    /// Removes an image record. Returns whether it existed.
+    /// Removes every version of an image name. Returns whether there was one.
     pub fn delete_image(&self, name: &str) -> Result<bool, DbError> {
         Ok(self.conn().execute("DELETE FROM images WHERE name = ?1", params![name])? > 0)
+    }
+
+    /// Removes one version of an image name (the one before it becomes the
+    /// newest if it was). Returns whether it existed.
+    pub fn delete_image_version(&self, name: &str, version: u32) -> Result<bool, DbError> {
+        Ok(self.conn().execute("DELETE FROM images WHERE name = ?1 AND version = ?2", params![name, version])? > 0)
     }
 
     // ---- sandboxes ----
@@ -1325,6 +1432,24 @@ impl Db {
         Ok(())
     }
 
+    /// Moves a sandbox onto another image version (a rebase): its layer chain,
+    /// image id and process defaults in one statement; its head checkpoint is
+    /// cleared (that checkpoint's chain is on the old base: the next
+    /// checkpoint seals the whole writable layer on the new one).
+    pub fn set_base(
+        &self,
+        id: &str,
+        layers: &[String],
+        image_id: &str,
+        image_config: &ImageConfig,
+    ) -> Result<(), DbError> {
+        self.conn().execute(
+            "UPDATE sandboxes SET layers = ?1, image_id = ?2, image_config = ?3, head_checkpoint = NULL WHERE id = ?4",
+            params![json(&layers), image_id, json(image_config), id],
+        )?;
+        Ok(())
+    }
+
     // ---- templates and build cache ----
 
     /// Registers (or with `replace`, re-points) a template at a checkpoint. The
@@ -1447,6 +1572,22 @@ impl Db {
     /// Removes a template. Returns whether it existed.
     pub fn delete_template(&self, name: &str) -> Result<bool, DbError> {
         Ok(self.conn().execute("DELETE FROM templates WHERE name = ?1", params![name])? > 0)
+    }
+
+    /// Records the build a template was made by (JSON the engine reads back
+    /// for a rebuild); `None` for a template promoted from a checkpoint.
+    pub fn set_template_build(&self, name: &str, build: Option<&str>) -> Result<(), DbError> {
+        self.conn().execute("UPDATE templates SET build = ?2 WHERE name = ?1", params![name, build])?;
+        Ok(())
+    }
+
+    /// The build a template was made by, when it was built from a build file.
+    pub fn template_build(&self, name: &str) -> Result<Option<String>, DbError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT build FROM templates WHERE name = ?1", params![name], |r| r.get(0))
+            .optional()?
+            .flatten())
     }
 
     /// The checkpoint cached for a build step key.
@@ -2469,6 +2610,41 @@ mod tests {
     }
 
     #[test]
+    fn an_image_name_keeps_its_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let img = |id: &str| Image {
+            id: id.into(),
+            name: "base".into(),
+            source_kind: "rootfs-dir".into(),
+            source: "/r".into(),
+            layers: vec![LayerInfo { digest: format!("{id}-layer"), size: 1 }],
+            config: ImageConfig::default(),
+            size: 1,
+            created_at: "t".into(),
+            version: 0,
+            previous: None,
+            newest: false,
+            platform: None,
+        };
+        let v1 = db.put_image(&img("sha256:1111111111"), false).unwrap();
+        let v2 = db.put_image(&img("sha256:2222222222"), true).unwrap();
+        assert_eq!((v1.version, v2.version, v2.previous.as_deref()), (1, 2, Some("sha256:1111111111")));
+        assert_eq!(db.get_image("base").unwrap().unwrap().id, "sha256:2222222222", "the name means the newest");
+        let old = db.get_image("sha256:1111111111").unwrap().unwrap();
+        assert!(!old.newest && old.version == 1, "an old version stays, by its id");
+        assert_eq!(db.list_images().unwrap().len(), 1);
+        assert_eq!(db.list_image_versions(Some("base")).unwrap().len(), 2);
+        assert_eq!(db.images_with_id("sha256:1111111111").unwrap().len(), 1);
+        // Removing the newest version makes the one before it the newest again.
+        assert!(db.delete_image_version("base", 2).unwrap());
+        assert!(db.get_image("base").unwrap().unwrap().newest);
+        assert_eq!(db.get_image("base").unwrap().unwrap().version, 1);
+        assert!(db.delete_image("base").unwrap());
+        assert!(db.list_image_versions(None).unwrap().is_empty());
+    }
+
+    #[test]
     fn reopening_keeps_data_and_schema() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.db");
@@ -2483,10 +2659,14 @@ mod tests {
                 config: ImageConfig::default(),
                 size: 3,
                 created_at: "t".into(),
+                version: 0,
+                previous: None,
+                newest: false,
+                platform: None,
             };
-            db.put_image(&img, false).unwrap();
+            assert_eq!(db.put_image(&img, false).unwrap().version, 1);
             assert!(matches!(db.put_image(&img, false), Err(DbError::NameTaken(_))));
-            db.put_image(&img, true).unwrap();
+            assert_eq!(db.put_image(&img, true).unwrap().version, 1, "the same content is no new version");
         }
         let db = Db::open(&p).unwrap();
         assert_eq!(db.list_images().unwrap().len(), 1);

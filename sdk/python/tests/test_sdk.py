@@ -156,6 +156,42 @@ class DaemonAndImagesTest(unittest.TestCase):
             client.get_image(name)
         self.assertEqual(cm.exception.code, "image_not_found")
 
+    def test_versions_outdated_and_rebase(self) -> None:
+        root = os.path.join(os.environ.get("STRATA_TEST_IMAGES", "/var/cache/strata/images"), "busybox-rootfs")
+        if not os.path.isdir(root):
+            self.skipTest(f"{root} not on this host")
+        import shutil
+
+        name = uniq("sdk-ver")
+        with tempfile.TemporaryDirectory() as tmp:
+            for version in ("1", "2"):
+                d = os.path.join(tmp, f"v{version}")
+                shutil.copytree(root, d, symlinks=True)
+                with open(os.path.join(d, "etc", "motd"), "w") as f:
+                    f.write(f"v{version}\n")
+            client.import_image(os.path.join(tmp, "v1"), name)
+            sb = client.create_sandbox(name).id
+            try:
+                client.exec(sb, "echo mine > /etc/motd; echo kept > /root/work")
+                client.stop(sb)
+                client.import_image(os.path.join(tmp, "v2"), name, replace=True)
+                versions = client.image_versions(name)
+                self.assertEqual([v["version"] for v in versions], [2, 1])
+                entry = next(e for e in client.outdated() if e["id"] == sb)
+                self.assertEqual((entry["kind"], entry["version"], entry["newest_version"]), ("sandbox", 1, 2))
+                with self.assertRaises(Conflict) as cm:
+                    client.rebase(sb, name)
+                self.assertEqual(cm.exception.code, "rebase_conflicts")
+                self.assertEqual([c["path"] for c in cm.exception.conflicts], ["/etc/motd"])
+                report = client.rebase(sb, name, prefer="base")
+                self.assertEqual(report["state_before"], "stopped")
+                client.start(sb)
+                self.assertEqual(client.download(sb, "/etc/motd"), b"v2\n")
+                self.assertEqual(client.download(sb, "/root/work"), b"kept\n")
+            finally:
+                client.destroy(sb, force=True)
+                client.remove_image(name)
+
 
 class SandboxTest(unittest.TestCase):
     def test_create_inspect_list_update(self) -> None:

@@ -136,6 +136,15 @@ pub enum Command {
     /// --on-findings (a parked sandbox is not resumed). Exit status 2 when
     /// there are findings.
     Check(security::CheckArgs),
+    /// Sandboxes, checkpoints and templates on an image version that is no longer
+    /// its name's newest (a newer one was imported with `image import --replace`),
+    /// how many days behind, and how to move each.
+    Outdated(JsonOutput),
+    /// Move a stopped or standby sandbox onto another image version (e.g. a patched
+    /// re-import), keeping its writable layer; processes start again. Paths changed
+    /// both in the sandbox and between the two bases refuse unless --prefer settles
+    /// them; the result is scanned.
+    Rebase(image::RebaseArgs),
     /// Quarantine sandboxes and checkpoints, lift a quarantine, list them.
     #[command(subcommand)]
     Quarantine(security::QuarantineCmd),

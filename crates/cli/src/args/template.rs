@@ -44,6 +44,25 @@ pub enum TemplateCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Rebuild a template from the build file it was built from: on a new base
+    /// with --base (e.g. a re-imported, patched image); unchanged steps come from the cache.
+    Rebuild {
+        /// Template name.
+        name: String,
+        /// The image (or template, or checkpoint) its FROM becomes (default: the same FROM;
+        /// an image name means that name's newest version).
+        #[arg(long)]
+        base: Option<String>,
+        /// Ignore the step cache.
+        #[arg(long)]
+        no_cache: bool,
+        /// Register the template even if the scan of its final state has findings (recorded).
+        #[arg(long)]
+        accept_findings: bool,
+        /// JSON lines output (the build events).
+        #[arg(long)]
+        json: bool,
+    },
     /// List templates.
     Ls(JsonOutput),
     /// Remove templates.

@@ -80,6 +80,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Fork(a) => pipeline::fork(&c, a).await,
         Command::Scan(a) => security::scan(&c, a).await,
         Command::Check(a) => security::check(&c, a).await,
+        Command::Outdated(a) => image::outdated(&c, a).await,
+        Command::Rebase(a) => image::rebase(&c, a).await,
         Command::Quarantine(cmd) => security::quarantine_cmd(&c, cmd).await,
         Command::Audit(a) => security::audit(&c, a).await,
         Command::Diff(a) => files::diff(&c, a).await,

@@ -67,7 +67,19 @@ pub(super) async fn ps(c: &Client, PsArgs { wide, json }: PsArgs) -> Result<i32>
             return Ok(0);
         }
         output::table(
-            &["ID", "NAME", "STATE", "SOURCE", "CREATED", "WRITABLE", "GROWTH/DAY", "CHECKPOINTS", "BASE AGE", "OVER"],
+            &[
+                "ID",
+                "NAME",
+                "STATE",
+                "SOURCE",
+                "CREATED",
+                "WRITABLE",
+                "GROWTH/DAY",
+                "CHECKPOINTS",
+                "BASE AGE",
+                "BEHIND",
+                "OVER",
+            ],
             rows.iter()
                 .map(|(s, a)| {
                     let mut row = ps_row(s);
@@ -77,9 +89,10 @@ pub(super) async fn ps(c: &Client, PsArgs { wide, json }: PsArgs) -> Result<i32>
                             output::size(a.growth_per_day_bytes),
                             format!("{} ({})", a.checkpoints, output::size(a.checkpoint_bytes)),
                             format!("{}d", a.base_age_days),
+                            behind(a),
                             if a.over.is_empty() { "-".into() } else { a.over.len().to_string() },
                         ],
-                        None => vec!["-".into(); 5],
+                        None => vec!["-".into(); 6],
                     });
                     row
                 })
@@ -93,6 +106,14 @@ pub(super) async fn ps(c: &Client, PsArgs { wide, json }: PsArgs) -> Result<i32>
         output::table(&["ID", "NAME", "STATE", "SOURCE", "CREATED"], list.iter().map(ps_row).collect());
     }
     Ok(0)
+}
+
+/// How far a sandbox's image is behind its name's newest version (`-` when it is on it).
+fn behind(a: &strata_api::Accumulation) -> String {
+    match &a.newer_image {
+        Some(n) => format!("{n} is newer ({}d)", a.days_behind_newest),
+        None => "-".into(),
+    }
 }
 
 /// The columns every `strata ps` row has.
@@ -126,6 +147,7 @@ pub(super) async fn inspect(c: &Client, a: InspectArgs) -> Result<i32> {
                 ),
                 ("checkpoints", format!("{} ({})", a.checkpoints, output::size(a.checkpoint_bytes))),
                 ("base", format!("{}, made {} ({} days ago)", a.base, a.base_created_at, a.base_age_days)),
+                ("image", format!("{} {}", a.image.as_deref().unwrap_or("(not registered)"), behind(&a))),
             ];
             rows.extend(a.over.iter().map(|o| ("OVER", o.clone())));
             for (k, v) in rows {

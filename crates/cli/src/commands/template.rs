@@ -57,10 +57,15 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
             }
         }
         TemplateCmd::Rm { names } => return each(names, |n| async { c.delete_template(&n).await.map(|_| n) }).await,
+        TemplateCmd::Rebuild { name, base, no_cache, accept_findings, json } => {
+            let req = strata_api::RebuildTemplateRequest { base, no_cache, accept_findings };
+            let events = c.rebuild_template(&name, &req).await?;
+            return follow_build(events, json, "rebuilt").await;
+        }
         TemplateCmd::Build { name, file, no_cache, accept_findings, start_cmd, ready_cmd, json } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let context = std::fs::canonicalize(&file)?.parent().map(|p| p.display().to_string());
-            let mut events = c
+            let events = c
                 .build_template(&strata_api::BuildTemplateRequest {
                     name,
                     file: text,
@@ -71,43 +76,52 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                     ready_cmd,
                 })
                 .await?;
-            let b64 = base64::engine::general_purpose::STANDARD;
-            while let Some(ev) = events.next().await? {
-                if json {
-                    println!("{}", serde_json::to_string(&ev)?);
-                }
-                match ev {
-                    strata_api::BuildEvent::Step { index, count, instruction, cached } if !json => {
-                        eprintln!("[{index}/{count}] {instruction}{}", if cached { "  (cached)" } else { "" });
-                    }
-                    strata_api::BuildEvent::Output { stream, data_b64 } if !json => {
-                        let data = base64::Engine::decode(&b64, data_b64)?;
-                        match stream {
-                            strata_api::StreamKind::Stdout => std::io::stdout().write_all(&data)?,
-                            strata_api::StreamKind::Stderr => std::io::stderr().write_all(&data)?,
-                        }
-                    }
-                    strata_api::BuildEvent::Done { template, steps_run, steps_cached, duration_ms } => {
-                        if !json {
-                            eprintln!(
-                                "built template {} ({steps_run} steps run, {steps_cached} cached, {duration_ms} ms)",
-                                template.name
-                            );
-                            println!("{}", template.name);
-                        }
-                        return Ok(0);
-                    }
-                    strata_api::BuildEvent::Failed { index, error } => {
-                        if !json {
-                            print_findings(&error.findings);
-                        }
-                        bail!("build failed at step {index}: {} ({})", error.message, error.code)
-                    }
-                    _ => {}
-                }
-            }
-            bail!("the daemon closed the build stream without a result");
+            return follow_build(events, json, "built").await;
         }
     }
     Ok(0)
+}
+
+/// Prints a build's (or rebuild's) events as they come; the exit code.
+async fn follow_build(
+    mut events: strata_client::NdjsonStream<strata_api::BuildEvent>,
+    json: bool,
+    verb: &str,
+) -> Result<i32> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    while let Some(ev) = events.next().await? {
+        if json {
+            println!("{}", serde_json::to_string(&ev)?);
+        }
+        match ev {
+            strata_api::BuildEvent::Step { index, count, instruction, cached } if !json => {
+                eprintln!("[{index}/{count}] {instruction}{}", if cached { "  (cached)" } else { "" });
+            }
+            strata_api::BuildEvent::Output { stream, data_b64 } if !json => {
+                let data = base64::Engine::decode(&b64, data_b64)?;
+                match stream {
+                    strata_api::StreamKind::Stdout => std::io::stdout().write_all(&data)?,
+                    strata_api::StreamKind::Stderr => std::io::stderr().write_all(&data)?,
+                }
+            }
+            strata_api::BuildEvent::Done { template, steps_run, steps_cached, duration_ms } => {
+                if !json {
+                    eprintln!(
+                        "{verb} template {} ({steps_run} steps run, {steps_cached} cached, {duration_ms} ms)",
+                        template.name
+                    );
+                    println!("{}", template.name);
+                }
+                return Ok(0);
+            }
+            strata_api::BuildEvent::Failed { index, error } => {
+                if !json {
+                    print_findings(&error.findings);
+                }
+                bail!("build failed at step {index}: {} ({})", error.message, error.code)
+            }
+            _ => {}
+        }
+    }
+    bail!("the daemon closed the build stream without a result");
 }

@@ -1,8 +1,8 @@
 //! Templates, pipeline runs, approvals and images as a caller sees them.
 
 use strata_api::{
-    Approval, BuildEvent, BuildTemplateRequest, CreateTemplateRequest, Image, PipelineCost, PipelineEvent, PipelineRun,
-    RunPipelineRequest, Template,
+    Approval, BuildEvent, BuildTemplateRequest, CreateTemplateRequest, Image, OutdatedEntry, PipelineCost,
+    PipelineEvent, PipelineRun, RebuildTemplateRequest, RunPipelineRequest, Template,
 };
 
 use super::Engine;
@@ -42,6 +42,19 @@ impl Engine {
     /// Removes a template (its checkpoint stays until deleted or collected).
     pub async fn delete_template(&self, name: &str) -> EngineResult<()> {
         self.run(async { templates::delete(&self.st, name) }).await
+    }
+
+    /// Rebuilds a template from the build file it was made by (on a new base
+    /// when the request names one), in the background, as [`Engine::build_template`].
+    pub fn rebuild_template(&self, name: &str, req: RebuildTemplateRequest) -> tokio::sync::mpsc::Receiver<BuildEvent> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
+        let (st, actor, name) = (self.st.clone(), self.caller.actor(), name.to_string());
+        tokio::spawn(run_as(self.caller.clone(), async move {
+            if let Err((index, e)) = templates::rebuild(&st, &name, req, &tx, &actor).await {
+                let _ = tx.send(BuildEvent::Failed { index, error: e.body }).await;
+            }
+        }));
+        rx
     }
 
     /// Builds a template from a build file in the background; its events come
@@ -144,5 +157,16 @@ impl Engine {
     /// One image.
     pub async fn get_image(&self, name: &str) -> EngineResult<Image> {
         crate::images::get(&self.st, name)
+    }
+
+    /// Every version of an image's name, newest first.
+    pub async fn image_versions(&self, name: &str) -> EngineResult<Vec<Image>> {
+        crate::images::versions(&self.st, name)
+    }
+
+    /// The caller's sandboxes, checkpoints and templates on an image version
+    /// that is no longer its name's newest.
+    pub async fn outdated(&self) -> EngineResult<Vec<OutdatedEntry>> {
+        self.run(async { crate::patching::outdated(&self.st) }).await
     }
 }

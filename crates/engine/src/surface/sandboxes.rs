@@ -4,8 +4,8 @@
 use strata_api::{
     Accumulation, Advice, AdviseRequest, CheckReport, CostReport, CostSummary, CreatePreviewRequest,
     CreateSandboxRequest, CreatedPreview, CreatedSandbox, DaemonInfo, Lease, LeaseRequest, Lineage, NetworkInfo,
-    NetworkSpec, Preview, QuarantineEntry, QuarantineRequest, ResumeResult, Sandbox, SandboxEvent, ScanReport,
-    StandbyRequest, UpdateSandboxRequest,
+    NetworkSpec, Preview, QuarantineEntry, QuarantineRequest, RebaseReport, RebaseRequest, ResumeResult, Sandbox,
+    SandboxEvent, ScanReport, StandbyRequest, UpdateSandboxRequest,
 };
 
 use super::Engine;
@@ -207,6 +207,13 @@ impl Engine {
         tokio::task::spawn_blocking(move || crate::accumulation::measure(&st, &rec))
             .await
             .map_err(|e| EngineError::internal("measure task", &e))?
+    }
+
+    /// Moves a stopped or standby sandbox onto another image version, keeping
+    /// its writable layer (its processes start again).
+    pub async fn rebase(&self, key: &str, req: &RebaseRequest) -> EngineResult<RebaseReport> {
+        let id = self.sandbox_id(key).await?;
+        self.run(crate::patching::rebase(&self.st, &id, req.clone())).await
     }
 
     /// Quarantines a sandbox or a checkpoint.

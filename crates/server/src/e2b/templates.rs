@@ -461,6 +461,8 @@ pub(super) async fn start_build(
         accept_findings: true,
         start_cmd: spec.start_cmd.clone().filter(|c| !c.is_empty()),
         ready_cmd: spec.ready_cmd.clone().filter(|c| !c.is_empty()),
+        // Its steps come from E2B's build spec (archives uploaded for it): not a build file to run again.
+        recipe: None,
     };
     let count = steps.len();
     let mut events = call.engine.build_template_steps(first, steps, opts);

@@ -17,6 +17,7 @@ pub mod files;
 pub mod images;
 pub mod metrics;
 pub mod network;
+pub mod patching;
 pub mod pipelines;
 pub mod policy;
 pub mod preview;

@@ -154,9 +154,11 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         | "/v1/templates"
         | "/v1/templates/build" => Open,
         // Images are shared, read-only for tenants.
-        "/v1/images" | "/v1/images/{name}" if read => Open,
+        "/v1/images" | "/v1/images/{name}" | "/v1/images/{name}/versions" if read => Open,
+        // Each caller sees what of its own sits on an old image version.
+        "/v1/outdated" => Open,
         "/v1/checkpoints/{id}" => Owned(self::Owned::Checkpoint),
-        "/v1/templates/{name}" => Owned(self::Owned::Template),
+        "/v1/templates/{name}" | "/v1/templates/{name}/rebuild" => Owned(self::Owned::Template),
         "/v1/cost/{id}" => Owned(self::Owned::Usage),
         "/v1/lineage/{id}" | "/v1/scan/{id}" => Owned(self::Owned::SandboxOrCheckpoint),
         // A tenant lists and places quarantines on its own objects; lifting one

@@ -790,6 +790,30 @@ class Client:
         """The quarantined sandboxes and checkpoints."""
         return list(self._json("GET", "/v1/quarantine"))
 
+    def image_versions(self, name: str) -> list[dict[str, Any]]:
+        """Every imported version of an image name, newest first (``Image`` with ``version``, ``previous``)."""
+        return list(self._json("GET", f"/v1/images/{_seg(name)}/versions"))
+
+    def outdated(self) -> list[dict[str, Any]]:
+        """Sandboxes, checkpoints and templates on an older version of their image (``OutdatedEntry``)."""
+        return list(self._json("GET", "/v1/outdated"))
+
+    def rebase(self, sandbox: str, onto: str, *, prefer: str | None = None) -> dict[str, Any]:
+        """Moves a stopped or standby sandbox's writable layer onto image ``onto`` (``RebaseReport``).
+
+        Processes do not survive: the sandbox is stopped afterwards. Paths changed both in the
+        sandbox and between the two bases refuse the rebase with :class:`Conflict`
+        ``rebase_conflicts`` (see ``.conflicts``) unless ``prefer`` is ``"sandbox"`` or ``"base"``.
+        """
+        body = _drop_none({"onto": onto, "prefer": prefer})
+        return self._obj("POST", f"/v1/sandboxes/{_seg(sandbox)}/rebase", json_body=body, timeout=_NO_TIMEOUT)
+
+    def rebuild_template(self, name: str, *, base: str | None = None, no_cache: bool = False, accept_findings: bool = False) -> Iterator[dict[str, Any]]:
+        """Reruns a built template's recipe, optionally on another base image; yields the build's NDJSON events."""
+        body = _drop_none({"base": base, "no_cache": no_cache, "accept_findings": accept_findings})
+        resp = self._open("POST", f"/v1/templates/{_seg(name)}/rebuild", json_body=body, timeout=_NO_TIMEOUT)
+        return resp.lines()
+
     def lineage(self, target: str) -> dict[str, Any]:
         """Tree of images, checkpoints, sandboxes and templates around ``target``."""
         return self._obj("GET", f"/v1/lineage/{_seg(target)}")

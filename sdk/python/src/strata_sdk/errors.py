@@ -47,6 +47,11 @@ class StrataError(Exception):
         """State-hygiene scan findings (``scan_findings`` errors)."""
         return list(self.body.get("findings") or [])
 
+    @property
+    def conflicts(self) -> list[dict[str, Any]]:
+        """Paths changed both in the sandbox and between two bases (``rebase_conflicts`` errors)."""
+        return list(self.body.get("conflicts") or [])
+
     def __str__(self) -> str:
         parts = [self.message]
         if self.code:

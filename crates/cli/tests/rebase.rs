@@ -1,0 +1,219 @@
+//! Patching (issue 19, point 3): an image name keeps its versions, `strata
+//! outdated` lists what sits on an older one, `strata rebase` moves a stopped
+//! or standby sandbox onto the newer base (conflicts refused unless a side is
+//! preferred; another OS family or machine refused), and `strata template
+//! rebuild` reruns a built template's steps on a new base.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::TestDaemon;
+use strata_api::ErrorCode;
+
+fn json(d: &TestDaemon, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&d.cli_ok(args)).unwrap()
+}
+
+fn api_err(err: strata_client::ClientError) -> (u16, strata_api::ApiErrorBody) {
+    match err {
+        strata_client::ClientError::Api { status, body } => (status, body),
+        e => panic!("{e}"),
+    }
+}
+
+/// A copy of the busybox rootfs directory at `dir/name` with `files` written into it.
+fn rootfs(dir: &Path, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    let out = dir.join(name);
+    let st = Command::new("cp").arg("-a").arg(common::images_dir().join("busybox-rootfs")).arg(&out).status().unwrap();
+    assert!(st.success(), "cp -a of the busybox rootfs");
+    for (rel, data) in files {
+        let p = out.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        // Replace symlinks (bin/sh -> busybox) rather than writing through them.
+        let _ = std::fs::remove_file(&p);
+        std::fs::write(&p, data).unwrap();
+    }
+    out
+}
+
+/// The first 64 bytes of a 64-bit little-endian ELF executable for `machine`.
+fn elf_header(machine: u16) -> Vec<u8> {
+    let mut h = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+    h.resize(16, 0);
+    h.extend_from_slice(&2u16.to_le_bytes()); // e_type: executable
+    h.extend_from_slice(&machine.to_le_bytes());
+    h.resize(64, 0);
+    h
+}
+
+fn cat(d: &TestDaemon, id: &str, path: &str) -> String {
+    d.cli_ok(&["exec", id, "--", "cat", path])
+}
+
+fn outdated_names(d: &TestDaemon) -> Vec<(String, String)> {
+    let v = json(d, &["outdated", "--json"]);
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap().into(), e["name"].as_str().unwrap().into()))
+        .collect()
+}
+
+#[test]
+fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest() {
+    require_host!();
+    let d = TestDaemon::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = common::rt();
+    let c = d.client();
+
+    // Version 1 of `bb`, a template built on it, and sandboxes made from it.
+    let v1 = rootfs(tmp.path(), "v1", &[("etc/motd", b"v1\n"), ("etc/app.conf", b"base-v1\n")]);
+    d.cli_ok(&["image", "import", v1.to_str().unwrap(), "--name", "bb"]);
+    let img1 = json(&d, &["image", "inspect", "bb", "--json"]);
+    assert_eq!(img1["version"], 1);
+    assert_eq!(
+        img1["platform"]["architecture"],
+        std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64")
+    );
+    assert_eq!(img1["platform"]["family"], "strata-busybox", "from its /etc/os-release: {img1}");
+    let v1_id = img1["id"].as_str().unwrap().to_string();
+
+    let recipe = tmp.path().join("Buildfile");
+    std::fs::write(&recipe, "FROM bb\nRUN echo built > /hello\n").unwrap();
+    d.cli_ok(&["template", "build", "tb", "-f", recipe.to_str().unwrap()]);
+    let t = rt.block_on(c.list_templates()).unwrap().into_iter().find(|t| t.name == "tb").unwrap();
+    assert_eq!(t.built_from.as_deref(), Some("bb"));
+
+    let kept = d.cli_ok(&["create", "bb", "--name", "kept"]).trim().to_string();
+    d.cli_ok(&[
+        "exec",
+        &kept,
+        "--",
+        "sh",
+        "-c",
+        "echo mine > /etc/app.conf && mkdir -p /work && echo keep > /work/notes",
+    ]);
+    d.cli_ok(&["stop", &kept]);
+    let based = d.cli_ok(&["create", "bb", "--name", "based"]).trim().to_string();
+    d.cli_ok(&["exec", &based, "--", "sh", "-c", "echo mine > /etc/app.conf"]);
+    let running = d.cli_ok(&["create", "bb", "--name", "running"]).trim().to_string();
+    assert!(outdated_names(&d).is_empty(), "nothing is outdated while bb has one version");
+
+    // Without --replace a second import of the name is refused; with it, version 2 keeps version 1.
+    let v2 =
+        rootfs(tmp.path(), "v2", &[("etc/motd", b"v2\n"), ("etc/app.conf", b"base-v2\n"), ("etc/patched", b"yes\n")]);
+    let out = d.cli(&["image", "import", v2.to_str().unwrap(), "--name", "bb"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("replace"), "{}", common::stderr(&out));
+    d.cli_ok(&["image", "import", v2.to_str().unwrap(), "--name", "bb", "--replace"]);
+    let img2 = json(&d, &["image", "inspect", "bb", "--json"]);
+    assert_eq!((img2["version"].as_u64(), img2["previous"].as_str()), (Some(2), Some(v1_id.as_str())), "{img2}");
+    let versions = json(&d, &["image", "versions", "bb", "--json"]);
+    let listed: Vec<u64> = versions.as_array().unwrap().iter().map(|i| i["version"].as_u64().unwrap()).collect();
+    assert_eq!(listed, [2, 1], "newest first: {versions}");
+    assert_eq!(json(&d, &["image", "inspect", &v1_id, "--json"])["version"], 1, "an id names its own version");
+    assert_eq!(json(&d, &["image", "ls", "--json"]).as_array().unwrap().len(), 1, "ls shows the newest only");
+    assert_eq!(json(&d, &["image", "ls", "--all", "--json"]).as_array().unwrap().len(), 2);
+
+    // What is behind: the three sandboxes, the template (and its checkpoint), each with how to move it.
+    let out = json(&d, &["outdated", "--json"]);
+    let names = outdated_names(&d);
+    for (kind, name) in [("sandbox", "kept"), ("sandbox", "based"), ("sandbox", "running"), ("template", "tb")] {
+        assert!(names.contains(&(kind.into(), name.into())), "{kind} {name} in {out}");
+    }
+    let tb = out.as_array().unwrap().iter().find(|e| e["name"] == "tb").unwrap();
+    assert_eq!((tb["version"].as_u64(), tb["newest_version"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(tb["how"], "strata template rebuild tb --base bb");
+    let acc = rt.block_on(c.accumulation(&kept)).unwrap();
+    assert_eq!((acc.image.as_deref(), acc.newer_image.as_deref()), (Some("bb@1"), Some("bb@2")), "{acc:?}");
+
+    // A running sandbox: 409 with its state.
+    let (status, body) = api_err(
+        rt.block_on(c.rebase(&running, &strata_api::RebaseRequest { onto: "bb".into(), prefer: None })).unwrap_err(),
+    );
+    assert_eq!(
+        (status, body.code, body.current_state),
+        (409, ErrorCode::InvalidState, Some(strata_api::SandboxState::Running))
+    );
+
+    // A path changed in the sandbox and between the bases: refused, listed.
+    let (status, body) = api_err(
+        rt.block_on(c.rebase(&kept, &strata_api::RebaseRequest { onto: "bb".into(), prefer: None })).unwrap_err(),
+    );
+    assert_eq!((status, body.code), (409, ErrorCode::RebaseConflicts), "{}", body.message);
+    let paths: Vec<&str> = body.conflicts.iter().map(|x| x.path.as_str()).collect();
+    assert_eq!(paths, ["/etc/app.conf"], "only the path both sides changed: {}", body.message);
+    assert_eq!((body.conflicts[0].sandbox.as_str(), body.conflicts[0].base.as_str()), ("modified", "modified"));
+    let out = d.cli(&["rebase", &kept, "--onto", "bb"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("/etc/app.conf"), "{}", common::stderr(&out));
+    assert_eq!(json(&d, &["inspect", &kept, "--json"])["image_id"], v1_id.as_str(), "a refused rebase changes nothing");
+
+    // --prefer sandbox: the sandbox's file wins, the rest of the new base shows through.
+    let r = json(&d, &["rebase", &kept, "--onto", "bb", "--prefer", "sandbox", "--json"]);
+    assert_eq!(r["state_before"], "stopped");
+    let found: Vec<&str> =
+        r["scan"]["findings"].as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
+    assert_eq!(found, ["/etc/app.conf"], "the result is scanned (a changed /etc file is a finding): {r}");
+    assert_eq!((r["base_changes"].as_u64(), r["sandbox_changes"].as_u64()), (Some(3), Some(3)), "{r}");
+    assert!(r["note"].as_str().unwrap().contains("processes"), "{r}");
+    assert_eq!(json(&d, &["inspect", &kept, "--json"])["state"], "stopped");
+    d.cli_ok(&["start", &kept]);
+    assert_eq!(cat(&d, &kept, "/etc/app.conf"), "mine\n");
+    assert_eq!(cat(&d, &kept, "/work/notes"), "keep\n");
+    assert_eq!((cat(&d, &kept, "/etc/motd"), cat(&d, &kept, "/etc/patched")), ("v2\n".into(), "yes\n".into()));
+    assert!(d.cli_ok(&["events", &kept]).contains("rebase"), "the rebase is an event");
+    let (status, body) = api_err(
+        rt.block_on(c.rebase(&kept, &strata_api::RebaseRequest { onto: "bb".into(), prefer: None })).unwrap_err(),
+    );
+    assert_eq!(status, 409, "{}", body.message); // running again
+
+    // --prefer base from standby: the base's file wins, processes do not come back.
+    d.cli_ok(&["standby", &based]);
+    let r = json(&d, &["rebase", &based, "--onto", "bb", "--prefer", "base", "--json"]);
+    assert_eq!(r["state_before"], "standby");
+    assert_eq!(json(&d, &["inspect", &based, "--json"])["state"], "stopped", "a rebased standby sandbox is stopped");
+    d.cli_ok(&["start", &based]);
+    assert_eq!(cat(&d, &based, "/etc/app.conf"), "base-v2\n");
+    let behind: Vec<(String, String)> = outdated_names(&d);
+    assert!(!behind.iter().any(|(_, n)| n == "kept" || n == "based"), "rebased sandboxes are current: {behind:?}");
+
+    // Another OS family, another machine: 400 with the reason.
+    d.cli_ok(&["stop", &kept]);
+    let deb = rootfs(tmp.path(), "deb", &[("etc/os-release", b"ID=debian\nVERSION_ID=\"12\"\n")]);
+    d.cli_ok(&["image", "import", deb.to_str().unwrap(), "--name", "deb"]);
+    let out = d.cli(&["rebase", &kept, "--onto", "deb"]);
+    let err = common::stderr(&out);
+    assert!(!out.status.success() && err.contains("bad_request") && err.contains("family"), "{err}");
+    let arm = rootfs(tmp.path(), "arm", &[("bin/sh", &elf_header(183))]);
+    d.cli_ok(&["image", "import", arm.to_str().unwrap(), "--name", "armbb"]);
+    assert_eq!(json(&d, &["image", "inspect", "armbb", "--json"])["platform"]["architecture"], "arm64");
+    let out = d.cli(&["rebase", &kept, "--onto", "armbb"]);
+    let err = common::stderr(&out);
+    assert!(!out.status.success() && err.contains("bad_request") && err.contains("arm64"), "{err}");
+    let out = d.cli(&["rebase", &kept, "--onto", "no-such-image"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("not_found"), "{}", common::stderr(&out));
+
+    // A built template reruns its steps on the new base.
+    let out = d.cli_ok(&["template", "rebuild", "tb", "--base", "bb", "--json"]);
+    assert!(out.lines().any(|l| l.contains("\"done\"") || l.contains("Done")), "{out}");
+    let from_tb = d.cli_ok(&["create", "tb"]).trim().to_string();
+    assert_eq!((cat(&d, &from_tb, "/hello"), cat(&d, &from_tb, "/etc/motd")), ("built\n".into(), "v2\n".into()));
+    assert!(!outdated_names(&d).iter().any(|(_, n)| n == "tb"), "the rebuilt template is current");
+    // A promoted template has no steps to run again.
+    d.cli_ok(&["template", "create", "promoted", "--from", &from_tb]);
+    let out = d.cli(&["template", "rebuild", "promoted"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("invalid_state"), "{}", common::stderr(&out));
+    let out = d.cli(&["template", "rebuild", "no-such-template"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("not_found"), "{}", common::stderr(&out));
+
+    // Version 1 stays while something is on it; then it can go by its id, and version 2 stays.
+    let out = d.cli(&["image", "rm", &v1_id]);
+    assert!(!out.status.success() && common::stderr(&out).contains("in_use"), "{}", common::stderr(&out));
+    d.cli_ok(&["rm", "-f", &running]);
+    d.cli_ok(&["image", "rm", &v1_id]);
+    let versions = json(&d, &["image", "versions", "bb", "--json"]);
+    assert_eq!(versions.as_array().unwrap().len(), 1, "{versions}");
+    assert_eq!(versions[0]["version"], 2);
+}
