@@ -209,6 +209,48 @@ LEFT=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sy
 row evaluate "ephemeral, gvisor" "$EVAL_MS" "nothing: sandboxes before and after = $LEFT (dev, the pipeline's kept outputs)"
 
 echo
+note "stage 7 · state over time: dev is checked on a schedule, then moved onto a patched base image without redoing setup"
+# A check interval on the policy: the daemon's check loop scans dev's writable layer and measures
+# what it has accumulated (without resuming it if it sleeps) once it falls due; here at once, since
+# dev is older than the interval. Findings would be recorded (on_findings: record).
+"$STRATA" update "$DEV" --check-every 1m --on-findings record >/dev/null
+CHECKED=""
+for _ in $(seq 90); do
+    CHECKED=$("$STRATA" events "$DEV" --json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    e = json.loads(line)
+    if e["reason"] == "checked" and e.get("detail", "").startswith("scheduled"):
+        print(e["detail"])' | tail -1)
+    [ -n "$CHECKED" ] && break
+    sleep 1
+done
+[ -n "$CHECKED" ] || die "no scheduled check of dev within 90 s"
+echo "  scheduled check of dev: $CHECKED"
+"$STRATA" update "$DEV" --check-every 6h >/dev/null
+"$STRATA" inspect "$DEV" | grep -E '^(writable|image|checks) ' || true
+# A patched base: the same Debian image with a security update (here: a marker file), imported as
+# version 2 of the name. Version 1 stays for what was made from it; `strata outdated` lists that.
+cp -a "$IMAGES/debian-python" "$WORK/debian-python-patched"
+echo "demo security update $(date -u +%F)" >"$WORK/debian-python-patched/etc/strata-patch-level"
+"$STRATA" image import "$WORK/debian-python-patched" --name debian-python --trusted --replace | tail -1
+"$STRATA" outdated
+# The template's setup is kept and moved: a sandbox from the template is rebased onto the new
+# version (its writable layer, ~1 GB of venv, stays; conflicts would be listed) and promoted back.
+t=$(ms)
+"$STRATA" create proj-env --name patched-env >/dev/null
+"$STRATA" stop patched-env >/dev/null
+"$STRATA" rebase patched-env --onto debian-python
+"$STRATA" start patched-env >/dev/null
+"$STRATA" exec -u user patched-env -- sh -c 'cat /etc/strata-patch-level && cd ~/proj && ~/venv/bin/python -c "import django, pandas; print(\"the venv runs on the patched base: django\", django.__version__, \"pandas\", pandas.__version__)"'
+"$STRATA" template create proj-env --from patched-env --replace >/dev/null
+REBASE_MS=$(( $(ms) - t ))
+"$STRATA" rm -f patched-env >/dev/null
+"$STRATA" outdated | grep -q 'proj-env' && die "proj-env is still listed as outdated"
+echo "  template proj-env is on debian-python version 2; reinstalling its setup took ${SETUP_MS} ms, the rebase ${REBASE_MS} ms"
+row patch "rebase + promote" "$REBASE_MS" "proj-env moved onto the patched base, its setup layer kept"
+
+echo
 "$STRATA" events "$DEV"
 echo
 printf '%-10s | %-24s | %11s | %10s | %s\n' stage lifecycle time "cost (USD)" "state kept"

@@ -9,7 +9,8 @@
 //! idle-timeout standby and resume on access, (7) setup reuse and pipeline
 //! overhead, (8) network egress vs none, (9) the preview proxy vs a direct
 //! connection to the sandbox port, (10) the E2B SDK's create + run + kill
-//! round trip against the native API's.
+//! round trip against the native API's, (13) state over time: a check of a
+//! setup-sized sandbox and exec latency under it, rebase against recreating.
 
 mod figures;
 mod http1;
@@ -60,11 +61,11 @@ const USAGE: &str =
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor] [--date S] [--commit S]
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor,state] [--date S] [--commit S]
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python] [--e2b-js /var/cache/strata/e2b-js]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 12] = [
+const FIGURES: [&str; 13] = [
     "create",
     "exec",
     "idle",
@@ -77,6 +78,7 @@ const FIGURES: [&str; 12] = [
     "e2b",
     "warm",
     "gvisor",
+    "state",
 ];
 
 fn parse_args() -> Result<Cfg> {
@@ -196,7 +198,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 12] = [
+    let figs: [(&str, Fig); 13] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -209,6 +211,7 @@ async fn run() -> Result<()> {
         ("e2b", |b| Box::pin(figures::e2b::run(b))),
         ("warm", |b| Box::pin(figures::warm::run(b))),
         ("gvisor", |b| Box::pin(figures::gvisor::run(b))),
+        ("state", |b| Box::pin(figures::state::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

@@ -11,6 +11,7 @@ pub mod network;
 pub mod pipeline;
 pub mod preview;
 pub mod standby;
+pub mod state;
 pub mod warm;
 
 use anyhow::{bail, Context, Result};

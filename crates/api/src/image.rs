@@ -251,8 +251,10 @@ pub struct RebaseReport {
     pub state_before: crate::SandboxState,
     /// Paths the two bases differ in.
     pub base_changes: u64,
-    /// Paths the sandbox changed above its base.
-    pub sandbox_changes: u64,
+    /// Entries the sandbox's own layers hold (its writable layer and the
+    /// layers above the image: a template's, a build's); only those that meet
+    /// a base change are compared entry by entry.
+    pub sandbox_paths: u64,
     /// The conflicts, and how they were settled (`prefer`).
     pub conflicts: Vec<RebaseConflict>,
     /// How conflicts were settled, when there were any.
@@ -264,4 +266,10 @@ pub struct RebaseReport {
     pub note: String,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
+    /// Of which comparing the two sides (walking the layers, the conflicts).
+    #[serde(default)]
+    pub compare_ms: u64,
+    /// Of which the scan of the result.
+    #[serde(default)]
+    pub scan_ms: u64,
 }

@@ -32,6 +32,57 @@ pub struct Template {
     /// Set when the template was promoted although its state-hygiene scan had findings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_findings: Option<crate::FindingsAcceptance>,
+    /// How often it is checked (`None`: not at set times).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_every: Option<String>,
+    /// What a check with findings leads to (`record` or `quarantine`).
+    #[serde(default)]
+    pub on_findings: crate::OnFindings,
+    /// The last check, scheduled or requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<Box<TemplateCheckReport>>,
+}
+
+/// Request body of `PATCH /v1/templates/{name}`: its checks at set times.
+/// Fields left out are kept; `check_every: "none"` stops them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplatePolicyPatch {
+    /// Interval, e.g. `24h` (at least [`crate::MIN_CHECK_EVERY`]), or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_every: Option<String>,
+    /// `record` or `quarantine` (a template has no processes to stop or layer to flush).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_findings: Option<crate::OnFindings>,
+}
+
+/// A check of a template (`POST /v1/templates/{name}/check`, or at set
+/// times): the state-hygiene scan of its checkpoint under today's rules, and
+/// whether its image has a newer version.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateCheckReport {
+    /// The template.
+    pub template: String,
+    /// The checkpoint it pointed at when checked.
+    pub checkpoint: String,
+    /// RFC 3339 time of the check.
+    pub time: String,
+    /// `scheduled` or `requested`.
+    pub trigger: String,
+    /// Paths its layers add, change or delete above its image.
+    pub changed_paths: u64,
+    /// The scan's findings, then `image.outdated` when its image has a newer version.
+    pub findings: Vec<crate::Finding>,
+    /// Its image version (`name@version`), while registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The newest version of that name, when it is another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newer_image: Option<String>,
+    /// What followed the findings (`none` when there were none).
+    pub action: String,
+    /// How long the check took.
+    pub duration_ms: u64,
 }
 
 /// Request body of `POST /v1/templates`.

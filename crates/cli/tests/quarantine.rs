@@ -44,6 +44,12 @@ fn checks_find_state_and_quarantine_holds_it_until_lifted() {
     let out = d.cli(&["update", &sched, "--check-every", "10s"]);
     assert!(!out.status.success() && common::stderr(&out).contains("bad_request"), "{}", common::stderr(&out));
     assert_eq!(json(&d, &["inspect", &sched, "--json"])["policy"]["check_every"], "1m");
+    // A template checked at set times too (from its creation).
+    d.cli_ok(&["template", "create", "sched-tpl", "--from", &sched]);
+    let out = d.cli(&["template", "update", "sched-tpl", "--check-every", "30s"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("minimum"), "{}", common::stderr(&out));
+    let t = json(&d, &["template", "update", "sched-tpl", "--check-every", "1m", "--json"]);
+    assert_eq!((t["check_every"].as_str(), t["on_findings"].as_str()), (Some("1m"), Some("record")), "{t}");
 
     // A requested check with `on_findings: quarantine`, egress on.
     let id = d.create(&[
@@ -175,10 +181,19 @@ fn checks_find_state_and_quarantine_holds_it_until_lifted() {
     assert_eq!(json(&d, &["inspect", &grower, "--json"])["accumulation"]["checkpoints"], 1);
     assert!(d.cli_ok(&["inspect", &grower]).contains("checkpoints"));
 
-    // The scheduled check came (created before all of the above).
+    // The scheduled checks came (created before all of the above).
     assert!(
         common::wait_until(120, || has_event(&d, &sched, "checked", "scheduled: clean")),
         "no scheduled check: {:?}",
         events(&d, &sched)
     );
+    let tpl_checked = || {
+        let list = json(&d, &["template", "ls", "--json"]);
+        let t = list.as_array().unwrap().iter().find(|t| t["name"] == "sched-tpl").cloned().unwrap();
+        (t["last_check"]["trigger"] == "scheduled").then_some(t)
+    };
+    assert!(common::wait_until(60, || tpl_checked().is_some()), "no scheduled template check");
+    let t = tpl_checked().unwrap();
+    assert_eq!(t["last_check"]["action"], "none", "a clean template: {t}");
+    assert_eq!(t["last_check"]["image"], "busybox@1", "{t}");
 }

@@ -98,13 +98,16 @@ fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest
     ]);
     d.cli_ok(&["stop", &kept]);
     let based = d.cli_ok(&["create", "bb", "--name", "based"]).trim().to_string();
-    d.cli_ok(&["exec", &based, "--", "sh", "-c", "echo mine > /etc/app.conf"]);
+    d.cli_ok(&["exec", &based, "--", "sh", "-c", "echo mine > /etc/app.conf && echo flat > /etc/conf.d"]);
     let running = d.cli_ok(&["create", "bb", "--name", "running"]).trim().to_string();
     assert!(outdated_names(&d).is_empty(), "nothing is outdated while bb has one version");
 
     // Without --replace a second import of the name is refused; with it, version 2 keeps version 1.
-    let v2 =
-        rootfs(tmp.path(), "v2", &[("etc/motd", b"v2\n"), ("etc/app.conf", b"base-v2\n"), ("etc/patched", b"yes\n")]);
+    let v2 = rootfs(
+        tmp.path(),
+        "v2",
+        &[("etc/motd", b"v2\n"), ("etc/app.conf", b"base-v2\n"), ("etc/patched", b"yes\n"), ("etc/conf.d/x", b"x\n")],
+    );
     let out = d.cli(&["image", "import", v2.to_str().unwrap(), "--name", "bb"]);
     assert!(!out.status.success() && common::stderr(&out).contains("replace"), "{}", common::stderr(&out));
     d.cli_ok(&["image", "import", v2.to_str().unwrap(), "--name", "bb", "--replace"]);
@@ -128,6 +131,28 @@ fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest
     assert_eq!(tb["how"], "strata template rebuild tb --base bb");
     let acc = rt.block_on(c.accumulation(&kept)).unwrap();
     assert_eq!((acc.image.as_deref(), acc.newer_image.as_deref()), (Some("bb@1"), Some("bb@2")), "{acc:?}");
+
+    // A check of the template says so too; quarantining on it stops new sandboxes from it.
+    let out = d.cli(&["template", "check", "tb", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "findings give exit status 2: {}", common::stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = r["findings"].as_array().unwrap().iter().find(|f| f["rule"] == "image.outdated").unwrap();
+    assert!(f["reason"].as_str().unwrap().contains("strata template rebuild tb --base bb"), "{r}");
+    assert_eq!(
+        (r["image"].as_str(), r["newer_image"].as_str(), r["action"].as_str()),
+        (Some("bb@1"), Some("bb@2"), Some("on_findings record: recorded"))
+    );
+    let patch = strata_api::TemplatePolicyPatch { check_every: None, on_findings: Some(strata_api::OnFindings::Stop) };
+    let (status, body) = api_err(rt.block_on(c.set_template_policy("tb", &patch)).unwrap_err());
+    assert_eq!((status, body.code), (400, ErrorCode::BadRequest), "{}", body.message);
+    d.cli_ok(&["template", "update", "tb", "--check-every", "24h", "--on-findings", "quarantine"]);
+    let r = rt.block_on(c.check_template("tb")).unwrap();
+    assert_eq!(r.action, "on_findings quarantine: its checkpoint quarantined");
+    let out = d.cli(&["create", "tb"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("quarantined"), "{}", common::stderr(&out));
+    d.cli_ok(&["quarantine", "lift", &r.checkpoint, "--reason", "outdated, rebuilt below"]);
+    let out = d.cli(&["template", "check", "nope"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("not_found"), "{}", common::stderr(&out));
 
     // A running sandbox: 409 with its state.
     let (status, body) = api_err(
@@ -156,7 +181,10 @@ fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest
     let found: Vec<&str> =
         r["scan"]["findings"].as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
     assert_eq!(found, ["/etc/app.conf"], "the result is scanned (a changed /etc file is a finding): {r}");
-    assert_eq!((r["base_changes"].as_u64(), r["sandbox_changes"].as_u64()), (Some(3), Some(3)), "{r}");
+    // The base: motd, app.conf, patched, conf.d and conf.d/x; the sandbox's layer: etc, etc/app.conf,
+    // work, work/notes (and what the runtime made).
+    assert_eq!(r["base_changes"].as_u64(), Some(5), "{r}");
+    assert!(r["sandbox_paths"].as_u64().unwrap() >= 4, "{r}");
     assert!(r["note"].as_str().unwrap().contains("processes"), "{r}");
     assert_eq!(json(&d, &["inspect", &kept, "--json"])["state"], "stopped");
     d.cli_ok(&["start", &kept]);
@@ -170,6 +198,14 @@ fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest
     assert_eq!(status, 409, "{}", body.message); // running again
 
     // --prefer base from standby: the base's file wins, processes do not come back.
+    d.cli_ok(&["standby", &based]);
+    // Where the new base has a directory and the sandbox a file, the base cannot win: refused
+    // before anything changes.
+    let out = d.cli(&["rebase", &based, "--onto", "bb", "--prefer", "base"]);
+    let err = common::stderr(&out);
+    assert!(!out.status.success() && err.contains("rebase_conflicts") && err.contains("/etc/conf.d"), "{err}");
+    assert_eq!(json(&d, &["inspect", &based, "--json"])["state"], "standby", "a refused rebase changes nothing");
+    d.cli_ok(&["exec", &based, "--", "rm", "/etc/conf.d"]); // resumes it
     d.cli_ok(&["standby", &based]);
     let r = json(&d, &["rebase", &based, "--onto", "bb", "--prefer", "base", "--json"]);
     assert_eq!(r["state_before"], "standby");
@@ -201,6 +237,11 @@ fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest
     let from_tb = d.cli_ok(&["create", "tb"]).trim().to_string();
     assert_eq!((cat(&d, &from_tb, "/hello"), cat(&d, &from_tb, "/etc/motd")), ("built\n".into(), "v2\n".into()));
     assert!(!outdated_names(&d).iter().any(|(_, n)| n == "tb"), "the rebuilt template is current");
+    let t = rt.block_on(c.list_templates()).unwrap().into_iter().find(|t| t.name == "tb").unwrap();
+    assert_eq!((t.check_every.as_deref(), t.on_findings), (Some("24h"), strata_api::OnFindings::Quarantine), "kept");
+    assert!(t.last_check.is_none(), "the last check was of the old content");
+    let r = rt.block_on(c.check_template("tb")).unwrap();
+    assert!(r.findings.is_empty() && r.action == "none", "{r:?}");
     // A promoted template has no steps to run again.
     d.cli_ok(&["template", "create", "promoted", "--from", &from_tb]);
     let out = d.cli(&["template", "rebuild", "promoted"]);

@@ -888,6 +888,16 @@ impl Client {
         self.stream(Method::POST, "/v1/templates/build", Some(req)).await
     }
 
+    /// Sets a template's checks at set times (`check_every`, `on_findings`).
+    pub async fn set_template_policy(&self, name: &str, patch: &strata_api::TemplatePolicyPatch) -> Result<Template> {
+        self.call(Method::PATCH, &format!("/v1/templates/{}", enc(name)), Some(patch)).await
+    }
+
+    /// Checks a template now (its checkpoint's scan and whether its image has a newer version).
+    pub async fn check_template(&self, name: &str) -> Result<strata_api::TemplateCheckReport> {
+        self.call::<(), _>(Method::POST, &format!("/v1/templates/{}/check", enc(name)), None).await
+    }
+
     /// Rebuilds a template from its build file (on a new base when given), streaming its events.
     pub async fn rebuild_template(
         &self,

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use strata_api::{ErrorCode, Image, OutdatedEntry, Prefer, RebaseConflict, RebaseReport, RebaseRequest, SandboxState};
-use strata_image::changes::{self, ChangeKind, PathChange};
+use strata_image::changes::{self, ChangeKind, EntryKind, PathChange};
 use strata_store::db::SandboxRecord;
 use tracing::info;
 
@@ -116,14 +116,25 @@ fn layer_dirs(st: &Shared, digests: &[String]) -> EngineResult<Vec<PathBuf>> {
     digests.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| EngineError::internal("layer", &e))).collect()
 }
 
-/// Every path in the given layer directories (the paths two stacks can differ in).
-fn paths_of(dirs: &[PathBuf]) -> EngineResult<BTreeSet<String>> {
+/// Every path in the given layer directories (the paths two stacks can
+/// differ in), and which of them are opaque directories.
+fn paths_of(dirs: &[PathBuf]) -> EngineResult<(BTreeSet<String>, Vec<String>)> {
     let exclude = &strata_runtime::spec::IDENTITY_PATHS;
-    let mut touched = BTreeSet::new();
+    let (mut touched, mut opaque) = (BTreeSet::new(), Vec::new());
     for d in dirs {
-        touched.extend(changes::scan(d, exclude)?.entries.into_keys());
+        for (path, meta) in changes::scan(d, exclude)?.entries {
+            if meta.opaque {
+                opaque.push(path.clone());
+            }
+            touched.insert(path);
+        }
     }
-    Ok(touched)
+    Ok((touched, opaque))
+}
+
+/// Whether `path` is below `dir` (both relative, no leading slash).
+fn below(path: &str, dir: &str) -> bool {
+    path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
 }
 
 fn kind_word(c: ChangeKind) -> String {
@@ -167,11 +178,14 @@ fn check_platforms(st: &Shared, from: &Image, onto: &Image) -> EngineResult<()> 
     Ok(())
 }
 
-/// What the two sides changed: the base (old image to new) and the sandbox
-/// (its layers above the image and its writable layer, against the old image).
+/// What the two sides changed: the base (old image to new) and, of what the
+/// sandbox changed against the old image (its layers above the image and its
+/// writable layer), the part that can meet the base's changes.
 struct Sides {
     base: Vec<PathChange>,
     sandbox: Vec<PathChange>,
+    /// Entries the sandbox's own layers hold.
+    sandbox_paths: u64,
 }
 
 fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> EngineResult<(Sides, Vec<PathBuf>)> {
@@ -181,14 +195,38 @@ fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> Engi
     let (old_dirs, new_dirs) = (layer_dirs(st, &old)?, layer_dirs(st, &new)?);
     let mut base_touched_dirs = layer_dirs(st, &old[shared..])?;
     base_touched_dirs.extend(layer_dirs(st, &new[shared..])?);
-    let base = changes::diff_stacks(&new_dirs, &old_dirs, &paths_of(&base_touched_dirs)?)?;
+    let strip = |v: Vec<changes::StackChange>| -> Vec<PathChange> { v.into_iter().map(|(c, _)| c).collect() };
+    let base = strip(changes::diff_stacks(&new_dirs, &old_dirs, &paths_of(&base_touched_dirs)?.0)?);
     let mut mine = vec![st.upper_dir(&rec.sandbox.id)];
     mine.extend(layer_dirs(st, &rec.layers[old.len()..])?);
+    let (mine_paths, mine_opaque) = paths_of(&mine)?;
+    // Only what can meet a base change needs the sandbox's side of the diff (a
+    // setup layer holds tens of thousands of paths, a patch touches a few): the
+    // paths the base changed, those below a directory the base deleted, the
+    // sandbox's directories above a base change (deleted or made opaque there),
+    // and base changes below a directory the sandbox made opaque.
+    let base_paths: BTreeSet<&str> = base.iter().map(|c| c.path.trim_start_matches('/')).collect();
+    let base_deleted_dirs: Vec<&str> = base
+        .iter()
+        .filter(|c| c.change == ChangeKind::Deleted && c.kind == changes::EntryKind::Dir)
+        .map(|c| c.path.trim_start_matches('/'))
+        .collect();
+    let above_a_base_change = |p: &str| {
+        let prefix = format!("{p}/");
+        base_paths.range(prefix.as_str()..).next().is_some_and(|b| b.starts_with(&prefix))
+    };
+    let mut relevant: BTreeSet<String> = mine_paths
+        .iter()
+        .filter(|p| {
+            base_paths.contains(p.as_str()) || base_deleted_dirs.iter().any(|d| below(p, d)) || above_a_base_change(p)
+        })
+        .cloned()
+        .collect();
+    relevant.extend(base_paths.iter().filter(|b| mine_opaque.iter().any(|o| below(b, o))).map(|b| b.to_string()));
     let mut now = mine.clone();
     now.extend(old_dirs.iter().cloned());
-    let sandbox = changes::diff_stacks(&now, &old_dirs, &paths_of(&mine)?)?;
-    let strip = |v: Vec<changes::StackChange>| v.into_iter().map(|(c, _)| c).collect();
-    Ok((Sides { base: strip(base), sandbox: strip(sandbox) }, new_dirs))
+    let sandbox = strip(changes::diff_stacks(&now, &old_dirs, &relevant)?);
+    Ok((Sides { base, sandbox, sandbox_paths: mine_paths.len() as u64 }, new_dirs))
 }
 
 /// Moves a stopped or standby sandbox onto `req.onto` (see the module docs).
@@ -223,9 +261,11 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
     check_platforms(st, &from, &onto)?;
     let st2 = st.clone();
     let (rec2, from2, onto2) = (rec.clone(), from.clone(), onto.clone());
+    let compare_started = Instant::now();
     let (sides, new_dirs) = tokio::task::spawn_blocking(move || compare(&st2, &rec2, &from2, &onto2))
         .await
         .map_err(|e| EngineError::internal("rebase task", &e))??;
+    let compare_ms = compare_started.elapsed().as_millis() as u64;
     let conflicts = strata_image::rebase::conflicts(&sides.sandbox, &sides.base);
     let wire: Vec<RebaseConflict> = conflicts
         .iter()
@@ -247,6 +287,24 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
         );
         e.body.conflicts = wire;
         return Err(e);
+    }
+    // A directory of the new base cannot be written over a sandbox's path entry by entry:
+    // refused before anything changes (the sandbox is still as it was).
+    if req.prefer == Some(Prefer::Base) {
+        let dirs: Vec<&str> =
+            conflicts.iter().filter(|c| c.base_kind == Some(EntryKind::Dir)).map(|c| c.path.as_str()).collect();
+        if !dirs.is_empty() {
+            let mut e = EngineError::new(
+                ErrorCode::RebaseConflicts,
+                format!(
+                    "the new base has a directory where sandbox {} has its own entry ({}): prefer base cannot merge a directory; move the sandbox's entry away or prefer sandbox",
+                    rec.sandbox.id,
+                    dirs.join(", ")
+                ),
+            );
+            e.body.conflicts = wire;
+            return Err(e);
+        }
     }
     // Standby: the process image is of processes on the old base; they start again.
     if state == SandboxState::Standby {
@@ -279,11 +337,11 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
         st.db.set_base(&rec.sandbox.id, &chain, &onto.id, &config)?;
     }
     let detail = format!(
-        "from {} onto {}: {} base change(s), {} sandbox change(s), {} conflict(s){}",
+        "from {} onto {}: {} base change(s), {} path(s) in the sandbox's layers, {} conflict(s){}",
         label(&from),
         label(&onto),
         sides.base.len(),
-        sides.sandbox.len(),
+        sides.sandbox_paths,
         conflicts.len(),
         match (req.prefer, conflicts.is_empty()) {
             (Some(Prefer::Sandbox), false) => ", the sandbox's versions kept",
@@ -296,7 +354,9 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
     {
         st.notify_events(ev.seq);
     }
+    let scan_started = Instant::now();
     let scan = crate::scan::scan(st, &rec.sandbox.id).await?;
+    let scan_ms = scan_started.elapsed().as_millis() as u64;
     info!(sandbox = %rec.sandbox.id, from = %from.id, onto = %onto.id, conflicts = conflicts.len(), "rebased");
     st.metrics.observe("rebase", started.elapsed());
     Ok(RebaseReport {
@@ -305,11 +365,13 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
         onto_image: label(&onto),
         state_before: state,
         base_changes: sides.base.len() as u64,
-        sandbox_changes: sides.sandbox.len() as u64,
+        sandbox_paths: sides.sandbox_paths,
         conflicts: wire,
         prefer: req.prefer,
         scan,
         note: REBASE_NOTE.into(),
         duration_ms: started.elapsed().as_millis() as u64,
+        compare_ms,
+        scan_ms,
     })
 }

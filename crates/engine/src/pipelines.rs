@@ -227,6 +227,11 @@ pub fn validate(spec: &PipelineSpec) -> Result<(), SpecError> {
                 units::parse_duration(d).map_err(|e| err(field, e.to_string()))?;
             }
         }
+        // Refused before the run starts, not when the stage's sandboxes are made
+        // (e.g. a `check_every` below the minimum).
+        if let Some(p) = &st.policy {
+            crate::policy_spec::validate(p).map_err(|e| err("policy", e.body.message))?;
+        }
         for k in spec.env.keys().chain(st.env.keys()) {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(err("env", format!("invalid variable name {k:?}")));
@@ -1016,6 +1021,12 @@ commands = ["cat /root/f"]
             other => panic!("{other}"),
         }
         assert!(matches!(parse("name = \"x\"\nstage = []\n").unwrap_err(), SpecError::Spec(_)));
+        // A stage's policy is checked before the run: a check interval below the minimum.
+        let t = format!("{GOOD}\n[stage.policy]\ncheck_every = \"30s\"\n");
+        let (stage, field, m) = stage_err(&t);
+        assert_eq!((stage.as_str(), field), ("eval", "policy"));
+        assert!(m.contains("minimum"), "{m}");
+        assert!(parse(&format!("{GOOD}\n[stage.policy]\ncheck_every = \"6h\"\non_findings = \"quarantine\"\n")).is_ok());
         assert_eq!(
             stage_err(
                 &GOOD.replace(

@@ -172,6 +172,7 @@ pub(crate) fn run_walked(t: Target) -> EngineResult<(ScanReport, Option<changes:
         }
     }
     for (c, provider) in &list {
+        strata_image::pace::tick();
         let rel = c.path.trim_start_matches('/');
         let change = match c.change {
             changes::ChangeKind::Added => Change::Added,

@@ -16,7 +16,7 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use strata_api::{
     BuildEvent, BuildTemplateRequest, CheckpointRequest, CreateSandboxRequest, CreateTemplateRequest, ErrorCode,
-    ExecRequest, ImageConfig, Lifecycle, ProcessEvent, Template,
+    ExecRequest, ImageConfig, Lifecycle, OnFindings, ProcessEvent, Template, TemplatePolicyPatch,
 };
 use strata_core::ids;
 use tokio::sync::mpsc::Sender;
@@ -191,7 +191,19 @@ pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str
     })?;
     let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
     let built_from = recipe(st, name)?.as_ref().and_then(from_of);
+    let checks = st.db.template_checks(name)?;
+    let (check_every, on_findings, last_check) = match checks {
+        Some(c) => (
+            c.check_every,
+            serde_json::from_value(serde_json::Value::String(c.on_findings)).unwrap_or_default(),
+            c.last_check.and_then(|j| serde_json::from_str(&j).ok()),
+        ),
+        None => (None, OnFindings::Record, None),
+    };
     Ok(Template {
+        check_every,
+        on_findings,
+        last_check,
         built_from,
         name: name.into(),
         tenant: c.tenant,
@@ -202,6 +214,31 @@ pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str
         created_at: created_at.into(),
         accepted_findings,
     })
+}
+
+/// Sets a template's checks at set times (`PATCH /v1/templates/{name}`):
+/// `check_every` (at least the minimum, or `none`) and `on_findings`
+/// (`record` or `quarantine`: a template has no processes to stop and no
+/// writable layer to flush). Fields left out are kept.
+pub fn set_policy(st: &Shared, name: &str, patch: TemplatePolicyPatch) -> EngineResult<Template> {
+    let (checkpoint, created_at) = crate::tenancy::find_template(st, name)?.ok_or_else(|| not_found(name))?;
+    if let Some(a @ (OnFindings::Flush | OnFindings::Stop)) = patch.on_findings {
+        return Err(EngineError::bad_request(format!(
+            "on_findings {a} does not apply to a template (no processes to stop, no writable layer to flush): use record or quarantine"
+        )));
+    }
+    let current = st.db.template_checks(name)?.ok_or_else(|| not_found(name))?;
+    let check_every = match patch.check_every.as_deref().map(str::trim) {
+        None => current.check_every,
+        Some("none") => None,
+        Some(v) => {
+            crate::policy_spec::validate_check_every(v)?;
+            Some(v.to_string())
+        }
+    };
+    let on_findings = patch.on_findings.map_or(current.on_findings, |o| o.as_str().to_string());
+    st.db.set_template_checks(name, check_every.as_deref(), &on_findings)?;
+    template_view(st, name, &checkpoint, &created_at)
 }
 
 /// Template names are daemon-wide: one of another tenant is taken (409) and
@@ -566,38 +603,33 @@ fn with_base(file: &str, base: &str) -> Result<String, String> {
     Ok(out.join("\n") + "\n")
 }
 
-/// Rebuilds a template from the build file it was made by, on `req.base`
-/// when given: every step runs again unless the step cache has it for the
-/// same inputs (a new base is a new input for the steps after it), and the
-/// template is re-pointed at the result. 409 for a template that was
-/// promoted from a checkpoint (there are no steps to run again).
-pub async fn rebuild(
+/// The build that rebuilds a template from the build file it was made by,
+/// on `req.base` when given: every step runs again unless the step cache has
+/// it for the same inputs (a new base is a new input for the steps after
+/// it), and the template is re-pointed at the result. 404 for an unknown
+/// template, 409 for one promoted from a checkpoint (there are no steps to
+/// run again).
+pub fn rebuild_request(
     st: &Shared,
     name: &str,
     req: strata_api::RebuildTemplateRequest,
-    tx: &Sender<BuildEvent>,
-    actor: &str,
-) -> Result<Template, (usize, EngineError)> {
-    let found = crate::tenancy::find_template(st, name).map_err(|e| (0, e))?;
-    if found.is_none() {
-        return Err((0, not_found(name)));
+) -> EngineResult<BuildTemplateRequest> {
+    if crate::tenancy::find_template(st, name)?.is_none() {
+        return Err(not_found(name));
     }
-    let Some(mut build_req) = recipe(st, name).map_err(|e| (0, e))? else {
-        return Err((
-            0,
-            EngineError::new(
-                ErrorCode::InvalidState,
-                format!("template {name:?} was promoted from a checkpoint, not built from a build file: there are no steps to run again (rebase a sandbox made from it and promote that)"),
-            ),
+    let Some(mut build_req) = recipe(st, name)? else {
+        return Err(EngineError::new(
+            ErrorCode::InvalidState,
+            format!("template {name:?} was promoted from a checkpoint, not built from a build file: there are no steps to run again (rebase a sandbox made from it and promote that)"),
         ));
     };
     if let Some(base) = &req.base {
-        build_req.file = with_base(&build_req.file, base).map_err(|e| (0, EngineError::bad_request(e)))?;
+        build_req.file = with_base(&build_req.file, base).map_err(EngineError::bad_request)?;
     }
     build_req.name = name.to_string();
     build_req.no_cache = req.no_cache;
     build_req.accept_findings = req.accept_findings;
-    build(st, build_req, tx, actor).await
+    Ok(build_req)
 }
 
 /// Runs a build, streaming events; returns the template (which remembers the

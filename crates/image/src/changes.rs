@@ -139,6 +139,7 @@ fn scan_dir(
     }
     let at = |rel: &str| io_err(root.join(rel));
     for name in sys::read_dir_names(dir).map_err(at(prefix))? {
+        crate::pace::tick();
         let Ok(n) = name.to_str() else { continue }; // non-UTF-8 names are not tracked
         let rel = if prefix.is_empty() { n.to_string() } else { format!("{prefix}/{n}") };
         let Some(st) = sys::stat_at(dir, &name).map_err(at(&rel))? else { continue };
@@ -562,6 +563,7 @@ pub fn diff_stacks(
     let mut out: Vec<StackChange> = Vec::new();
     let mut deleted_dirs: Vec<String> = Vec::new();
     for path in touched {
+        crate::pace::tick();
         if deleted_dirs.iter().any(|d| path.starts_with(d.as_str()) && path.as_bytes().get(d.len()) == Some(&b'/')) {
             continue;
         }

@@ -49,6 +49,7 @@ mod docker;
 mod error;
 mod hash;
 mod oci;
+pub mod pace;
 pub mod platform;
 pub mod rebase;
 pub mod registry;

@@ -71,6 +71,8 @@ use crate::native::{
         templates::create_handler,
         templates::list_handler,
         templates::delete_handler,
+        templates::policy_handler,
+        templates::check_handler,
         templates::build_handler,
         events::events_handler,
         events::info_handler,

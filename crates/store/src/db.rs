@@ -289,6 +289,11 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE image_versions RENAME TO images;
     CREATE INDEX images_by_id ON images (id);
     ALTER TABLE templates ADD COLUMN build TEXT;",
+    // 20: checks of templates at set times (`check_every`, `on_findings`) and
+    // the last one's report (JSON `strata_api::TemplateCheckReport`).
+    "ALTER TABLE templates ADD COLUMN check_every TEXT;
+    ALTER TABLE templates ADD COLUMN on_findings TEXT NOT NULL DEFAULT 'record';
+    ALTER TABLE templates ADD COLUMN last_check TEXT;",
 ];
 
 /// First host uid/gid given to a sandbox user namespace; each sandbox gets
@@ -376,6 +381,17 @@ pub struct NewAudit<'a> {
     pub target: Option<&'a str>,
     /// HTTP status.
     pub status: u16,
+}
+
+/// A template's checks at set times, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateChecks {
+    /// Interval (`None`: not checked at set times).
+    pub check_every: Option<String>,
+    /// `record` or `quarantine`.
+    pub on_findings: String,
+    /// The last check's report (JSON `strata_api::TemplateCheckReport`).
+    pub last_check: Option<String>,
 }
 
 /// A sandbox as stored: the API view plus what only the daemon needs.
@@ -1455,10 +1471,15 @@ impl Db {
     /// Registers (or with `replace`, re-points) a template at a checkpoint. The
     /// template belongs to the checkpoint's tenant.
     pub fn put_template(&self, name: &str, checkpoint: &str, time: &str, replace: bool) -> Result<(), DbError> {
-        let verb = if replace { "INSERT OR REPLACE" } else { "INSERT" };
+        // Re-pointed: what described the old content (its build, accepted findings, last
+        // check) goes; the template's check policy stays.
+        let on_conflict = match replace {
+            true => " ON CONFLICT (name) DO UPDATE SET checkpoint = excluded.checkpoint, created_at = excluded.created_at, tenant = excluded.tenant, accepted_findings = NULL, build = NULL, last_check = NULL",
+            false => "",
+        };
         self.conn()
             .execute(
-                &format!("{verb} INTO templates (name, checkpoint, created_at, tenant) VALUES (?1, ?2, ?3, COALESCE((SELECT tenant FROM checkpoints WHERE id = ?2), 'default'))"),
+                &format!("INSERT INTO templates (name, checkpoint, created_at, tenant) VALUES (?1, ?2, ?3, COALESCE((SELECT tenant FROM checkpoints WHERE id = ?2), 'default')){on_conflict}"),
                 params![name, checkpoint, time],
             )
             .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(name.to_string()) } else { e.into() })?;
@@ -1579,6 +1600,42 @@ impl Db {
     pub fn set_template_build(&self, name: &str, build: Option<&str>) -> Result<(), DbError> {
         self.conn().execute("UPDATE templates SET build = ?2 WHERE name = ?1", params![name, build])?;
         Ok(())
+    }
+
+    /// Sets a template's checks at set times (`check_every` `None`: none).
+    /// Returns whether the template exists.
+    pub fn set_template_checks(
+        &self,
+        name: &str,
+        check_every: Option<&str>,
+        on_findings: &str,
+    ) -> Result<bool, DbError> {
+        Ok(self.conn().execute(
+            "UPDATE templates SET check_every = ?2, on_findings = ?3 WHERE name = ?1",
+            params![name, check_every, on_findings],
+        )? > 0)
+    }
+
+    /// A template's checks: its `check_every`, `on_findings` and the last
+    /// check's report (JSON), if it exists.
+    pub fn template_checks(&self, name: &str) -> Result<Option<TemplateChecks>, DbError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT check_every, on_findings, last_check FROM templates WHERE name = ?1",
+                params![name],
+                |r| Ok(TemplateChecks { check_every: r.get(0)?, on_findings: r.get(1)?, last_check: r.get(2)? }),
+            )
+            .optional()?)
+    }
+
+    /// Records a template's last check (JSON), unless it was re-pointed at
+    /// another checkpoint meanwhile. Returns whether it was recorded.
+    pub fn set_template_last_check(&self, name: &str, checkpoint: &str, report: &str) -> Result<bool, DbError> {
+        Ok(self.conn().execute(
+            "UPDATE templates SET last_check = ?3 WHERE name = ?1 AND checkpoint = ?2",
+            params![name, checkpoint, report],
+        )? > 0)
     }
 
     /// The build a template was made by, when it was built from a build file.
@@ -2875,6 +2932,18 @@ mod tests {
             Some("acme"),
             "a template is its checkpoint's tenant's"
         );
+        // Its check policy outlives a re-point; what described the old content does not.
+        assert!(db.set_template_checks("tpl", Some("24h"), "quarantine").unwrap());
+        assert!(!db.set_template_checks("nope", None, "record").unwrap());
+        assert!(db.set_template_last_check("tpl", &c.id, "{}").unwrap());
+        assert!(!db.set_template_last_check("tpl", "another", "{}").unwrap(), "re-pointed meanwhile");
+        db.set_template_build("tpl", Some("FROM x")).unwrap();
+        db.put_template("tpl", &c.id, "t2", true).unwrap();
+        let checks = db.template_checks("tpl").unwrap().unwrap();
+        assert_eq!((checks.check_every.as_deref(), checks.on_findings.as_str()), (Some("24h"), "quarantine"));
+        assert_eq!((checks.last_check, db.template_build("tpl").unwrap()), (None, None));
+        assert_eq!(db.get_template("tpl").unwrap().unwrap().1, "t2");
+        assert!(matches!(db.put_template("tpl", &c.id, "t3", false), Err(DbError::NameTaken(_))));
         db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
         assert_eq!(db.last_event_time(&rec.sandbox.id, "x").unwrap().as_deref(), Some("t"));
         assert_eq!(db.last_event_time(&rec.sandbox.id, "checked").unwrap(), None);

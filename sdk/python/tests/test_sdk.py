@@ -576,6 +576,14 @@ class CheckpointForkTemplateTest(unittest.TestCase):
         kinds = {n["kind"] for n in client.lineage(child)["nodes"]}
         self.assertIn("checkpoint", kinds)
         self.assertIn("bytes_freed", client.gc())
+        # Checks of a template: at set times, and now.
+        t = client.set_template_policy(name, check_every="24h", on_findings="record")
+        self.assertEqual((t.check_every, t.on_findings), ("24h", "record"))
+        with self.assertRaises(BadRequest):
+            client.set_template_policy(name, check_every="10s")
+        checked = client.check_template(name)
+        self.assertEqual((checked["template"], checked["trigger"]), (name, "requested"))
+        self.assertEqual(client.get_template(name).last_check["time"], checked["time"])
         client.delete_template(name)
         _templates.remove(name)
         self.assertNotIn(name, [t.name for t in client.list_templates()])

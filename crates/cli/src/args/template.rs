@@ -63,6 +63,30 @@ pub enum TemplateCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Set a template's checks at set times: its checkpoint scanned again under the
+    /// current rules, and a newer version of its image reported (`image.outdated`).
+    Update {
+        /// Template name.
+        name: String,
+        /// Check interval (e.g. 24h; at least 1m), or `none`.
+        #[arg(long, value_name = "DUR")]
+        check_every: Option<String>,
+        /// What a check with findings does: record, or quarantine its checkpoint
+        /// (no new sandbox starts from it until an operator lifts it).
+        #[arg(long)]
+        on_findings: Option<TemplateOnFindingsArg>,
+        /// JSON output (the template).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a template now (exit status 2 when there are findings).
+    Check {
+        /// Template name.
+        name: String,
+        /// JSON output (`TemplateCheckReport`).
+        #[arg(long)]
+        json: bool,
+    },
     /// List templates.
     Ls(JsonOutput),
     /// Remove templates.
@@ -71,4 +95,13 @@ pub enum TemplateCmd {
         #[arg(required = true)]
         names: Vec<String>,
     },
+}
+
+/// What a check of a template with findings does.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TemplateOnFindingsArg {
+    /// Only the report (its `last_check`).
+    Record,
+    /// Quarantine its checkpoint.
+    Quarantine,
 }

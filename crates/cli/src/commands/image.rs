@@ -107,7 +107,10 @@ pub(super) async fn rebase(c: &Client, a: RebaseArgs) -> Result<i32> {
             for x in &body.conflicts {
                 eprintln!("{:<48} {:<9} {}", x.path, x.sandbox, x.base);
             }
-            bail!("{} ({}): rerun with --prefer sandbox or --prefer base", body.message, body.code)
+            match prefer {
+                None => bail!("{} ({}): rerun with --prefer sandbox or --prefer base", body.message, body.code),
+                Some(_) => bail!("{} ({})", body.message, body.code),
+            }
         }
         Err(e) => return Err(e.into()),
     };
@@ -131,15 +134,17 @@ pub(super) async fn rebase(c: &Client, a: RebaseArgs) -> Result<i32> {
         eprintln!("finding {} {}: {}", f.rule, f.path, f.reason);
     }
     println!(
-        "rebased {} from {} onto {} ({} base changes, {} sandbox changes, {} conflicts; scan {}; {} ms)",
+        "rebased {} from {} onto {} ({} base changes, {} paths in the sandbox's layers, {} conflicts; scan {}; {} ms: compare {} ms, scan {} ms)",
         r.sandbox_id,
         r.from_image,
         r.onto_image,
         r.base_changes,
-        r.sandbox_changes,
+        r.sandbox_paths,
         r.conflicts.len(),
         if r.scan.clean { "clean".to_string() } else { format!("{} findings", r.scan.findings.len()) },
-        r.duration_ms
+        r.duration_ms,
+        r.compare_ms,
+        r.scan_ms
     );
     eprintln!("note: {}", r.note);
     Ok(0)

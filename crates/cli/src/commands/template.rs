@@ -8,7 +8,7 @@ use strata_client::Client;
 
 use super::each;
 use super::security::print_findings;
-use crate::args::template::TemplateCmd;
+use crate::args::template::{TemplateCmd, TemplateOnFindingsArg};
 use crate::args::JsonOutput;
 use crate::output;
 
@@ -40,7 +40,7 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                 output::json(&list);
             } else {
                 output::table(
-                    &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "ISOLATION", "CREATED"],
+                    &["NAME", "CHECKPOINT", "IMAGE", "LAYERS", "ISOLATION", "CREATED", "CHECKS", "LAST CHECK"],
                     list.iter()
                         .map(|t| {
                             vec![
@@ -50,11 +50,52 @@ pub(super) async fn template_cmd(c: &Client, cmd: TemplateCmd) -> Result<i32> {
                                 t.layers.to_string(),
                                 t.isolation.to_string(),
                                 output::age(&t.created_at),
+                                t.check_every
+                                    .as_deref()
+                                    .map_or("-".into(), |e| format!("every {e}, {}", t.on_findings)),
+                                t.last_check.as_ref().map_or("-".into(), |l| {
+                                    format!("{}: {} finding(s)", output::age(&l.time), l.findings.len())
+                                }),
                             ]
                         })
                         .collect(),
                 );
             }
+        }
+        TemplateCmd::Update { name, check_every, on_findings, json } => {
+            let on_findings = on_findings.map(|o| match o {
+                TemplateOnFindingsArg::Record => strata_api::OnFindings::Record,
+                TemplateOnFindingsArg::Quarantine => strata_api::OnFindings::Quarantine,
+            });
+            let t = c.set_template_policy(&name, &strata_api::TemplatePolicyPatch { check_every, on_findings }).await?;
+            match json {
+                true => output::json(&t),
+                false => println!(
+                    "template {}: checks {}, on findings: {}",
+                    t.name,
+                    t.check_every.as_deref().map_or("off".to_string(), |e| format!("every {e}")),
+                    t.on_findings
+                ),
+            }
+        }
+        TemplateCmd::Check { name, json } => {
+            let r = c.check_template(&name).await?;
+            if json {
+                output::json(&r);
+            } else {
+                print_findings(&r.findings);
+                println!(
+                    "template {} (checkpoint {}, image {}): {} paths above its image, {}; {} ({} ms)",
+                    r.template,
+                    r.checkpoint,
+                    r.image.as_deref().unwrap_or("(not registered)"),
+                    r.changed_paths,
+                    if r.findings.is_empty() { "clean".to_string() } else { format!("{} findings", r.findings.len()) },
+                    r.action,
+                    r.duration_ms
+                );
+            }
+            return Ok(if r.findings.is_empty() { 0 } else { 2 });
         }
         TemplateCmd::Rm { names } => return each(names, |n| async { c.delete_template(&n).await.map(|_| n) }).await,
         TemplateCmd::Rebuild { name, base, no_cache, accept_findings, json } => {

@@ -2,7 +2,8 @@
 
 use strata_api::{
     Approval, BuildEvent, BuildTemplateRequest, CreateTemplateRequest, Image, OutdatedEntry, PipelineCost,
-    PipelineEvent, PipelineRun, RebuildTemplateRequest, RunPipelineRequest, Template,
+    PipelineEvent, PipelineRun, RebuildTemplateRequest, RunPipelineRequest, Template, TemplateCheckReport,
+    TemplatePolicyPatch,
 };
 
 use super::Engine;
@@ -44,17 +45,26 @@ impl Engine {
         self.run(async { templates::delete(&self.st, name) }).await
     }
 
+    /// Sets a template's checks at set times (`check_every`, `on_findings`).
+    pub async fn set_template_policy(&self, name: &str, patch: TemplatePolicyPatch) -> EngineResult<Template> {
+        self.run(async { templates::set_policy(&self.st, name, patch) }).await
+    }
+
+    /// Checks a template now, as its `check_every` would (its `on_findings` applies).
+    pub async fn check_template(&self, name: &str) -> EngineResult<TemplateCheckReport> {
+        self.run(crate::checks::check_template(&self.st, name, "requested")).await
+    }
+
     /// Rebuilds a template from the build file it was made by (on a new base
-    /// when the request names one), in the background, as [`Engine::build_template`].
-    pub fn rebuild_template(&self, name: &str, req: RebuildTemplateRequest) -> tokio::sync::mpsc::Receiver<BuildEvent> {
-        let (tx, rx) = tokio::sync::mpsc::channel::<BuildEvent>(64);
-        let (st, actor, name) = (self.st.clone(), self.caller.actor(), name.to_string());
-        tokio::spawn(run_as(self.caller.clone(), async move {
-            if let Err((index, e)) = templates::rebuild(&st, &name, req, &tx, &actor).await {
-                let _ = tx.send(BuildEvent::Failed { index, error: e.body }).await;
-            }
-        }));
-        rx
+    /// when the request names one), in the background, as [`Engine::build_template`];
+    /// an unknown template (404) or one with no build file (409) fails before it starts.
+    pub async fn rebuild_template(
+        &self,
+        name: &str,
+        req: RebuildTemplateRequest,
+    ) -> EngineResult<tokio::sync::mpsc::Receiver<BuildEvent>> {
+        let build = self.run(async { templates::rebuild_request(&self.st, name, req) }).await?;
+        Ok(self.build_template(build))
     }
 
     /// Builds a template from a build file in the background; its events come

@@ -45,11 +45,13 @@ pub async fn rebase_handler(
 /// given); streams NDJSON `BuildEvent`s as a build does.
 #[utoipa::path(post, path = "/v1/templates/{name}/rebuild", tag = "templates", request_body = RebuildTemplateRequest,
     params(("name" = String, Path, description = "Template name")),
-    responses((status = 200, description = "NDJSON stream of BuildEvent (a 404 or 409 comes as its `failed` event)", body = strata_api::BuildEvent)))]
+    responses((status = 200, description = "NDJSON stream of BuildEvent", body = strata_api::BuildEvent),
+        (status = 404, body = strata_api::ApiErrorBody),
+        (status = 409, body = strata_api::ApiErrorBody, description = "promoted from a checkpoint: no build file to rerun")))]
 pub async fn rebuild_handler(
     Acting(engine): Acting,
     Path(name): Path<String>,
     Json(req): Json<RebuildTemplateRequest>,
 ) -> ApiResult<Response> {
-    Ok(crate::ndjson::response(engine.rebuild_template(&name, req)))
+    Ok(crate::ndjson::response(engine.rebuild_template(&name, req).await?))
 }

@@ -5,7 +5,7 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
-use strata_api::{BuildTemplateRequest, CreateTemplateRequest, Template};
+use strata_api::{BuildTemplateRequest, CreateTemplateRequest, Template, TemplateCheckReport, TemplatePolicyPatch};
 
 use crate::native::acting::Acting;
 
@@ -31,6 +31,30 @@ pub async fn list_handler(Acting(engine): Acting) -> ApiResult<Json<Vec<Template
 pub async fn delete_handler(Acting(engine): Acting, Path(name): Path<String>) -> ApiResult<StatusCode> {
     engine.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Set a template's checks at set times (`check_every`, `on_findings`: `record` or `quarantine`).
+#[utoipa::path(patch, path = "/v1/templates/{name}", tag = "templates", request_body = TemplatePolicyPatch,
+    params(("name" = String, Path, description = "Template name")),
+    responses((status = 200, body = Template),
+        (status = 400, body = strata_api::ApiErrorBody, description = "an interval below the minimum, or `flush`/`stop`"),
+        (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn policy_handler(
+    Acting(engine): Acting,
+    Path(name): Path<String>,
+    Json(patch): Json<TemplatePolicyPatch>,
+) -> ApiResult<Json<Template>> {
+    Ok(Json(engine.set_template_policy(&name, patch).await?))
+}
+
+/// Check a template now: its checkpoint scanned under today's rules, and
+/// whether its image has a newer version (`image.outdated`); its
+/// `on_findings` applies and the report becomes its `last_check`.
+#[utoipa::path(post, path = "/v1/templates/{name}/check", tag = "templates",
+    params(("name" = String, Path, description = "Template name")),
+    responses((status = 200, body = TemplateCheckReport), (status = 404, body = strata_api::ApiErrorBody)))]
+pub async fn check_handler(Acting(engine): Acting, Path(name): Path<String>) -> ApiResult<Json<TemplateCheckReport>> {
+    Ok(Json(engine.check_template(&name).await?))
 }
 
 /// Build a template from a build file; streams NDJSON `BuildEvent`s.

@@ -158,7 +158,9 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         // Each caller sees what of its own sits on an old image version.
         "/v1/outdated" => Open,
         "/v1/checkpoints/{id}" => Owned(self::Owned::Checkpoint),
-        "/v1/templates/{name}" | "/v1/templates/{name}/rebuild" => Owned(self::Owned::Template),
+        "/v1/templates/{name}" | "/v1/templates/{name}/rebuild" | "/v1/templates/{name}/check" => {
+            Owned(self::Owned::Template)
+        }
         "/v1/cost/{id}" => Owned(self::Owned::Usage),
         "/v1/lineage/{id}" | "/v1/scan/{id}" => Owned(self::Owned::SandboxOrCheckpoint),
         // A tenant lists and places quarantines on its own objects; lifting one

@@ -790,6 +790,15 @@ class Client:
         """The quarantined sandboxes and checkpoints."""
         return list(self._json("GET", "/v1/quarantine"))
 
+    def set_template_policy(self, name: str, *, check_every: str | None = None, on_findings: str | None = None) -> Template:
+        """Sets a template's checks at set times (``check_every``, ``on_findings``: ``record`` or ``quarantine``)."""
+        body = _drop_none({"check_every": check_every, "on_findings": on_findings})
+        return Template.from_json(self._obj("PATCH", f"/v1/templates/{_seg(name)}", json_body=body))
+
+    def check_template(self, name: str) -> dict[str, Any]:
+        """Checks a template now (``TemplateCheckReport``; kept as its ``last_check``)."""
+        return self._obj("POST", f"/v1/templates/{_seg(name)}/check", timeout=_NO_TIMEOUT)
+
     def image_versions(self, name: str) -> list[dict[str, Any]]:
         """Every imported version of an image name, newest first (``Image`` with ``version``, ``previous``)."""
         return list(self._json("GET", f"/v1/images/{_seg(name)}/versions"))

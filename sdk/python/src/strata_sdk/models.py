@@ -449,6 +449,10 @@ class Template(Model):
     layers: int
     created_at: str
     accepted_findings: dict[str, Any] | None = None
+    built_from: str | None = None
+    check_every: str | None = None
+    on_findings: str = "record"
+    last_check: dict[str, Any] | None = None
     raw: dict[str, Any] = _raw()
 
 
