@@ -199,9 +199,9 @@ pub async fn import(
     register(st, r, Reporter::new(progress)).await
 }
 
-/// Whether a pull may register `name`: `Ok(true)` to replace an image pulled
-/// from a registry before (a re-pull), `Ok(false)` when the name is free, 409
-/// when a locally imported image has it.
+/// Whether a pull may register `name`: `Ok(true)` for a new version of an
+/// image pulled from a registry before (a re-pull), `Ok(false)` when the name
+/// is free, 409 when a locally imported image has it.
 fn pull_replaces(st: &Shared, name: &str) -> EngineResult<bool> {
     match st.db.get_image(name)?.filter(|i| i.name == name) {
         None => Ok(false),
@@ -221,7 +221,8 @@ fn pull_replaces(st: &Shared, name: &str) -> EngineResult<bool> {
 /// The download happens outside the image lock (into the layer store's
 /// staging area); the import of the downloaded OCI layout, with every check
 /// of a local import, and the registration happen under it. Pulling again
-/// under the same name replaces the image (layers already stored are reused).
+/// under the same name registers a new version when the content changed (the
+/// older one stays for what was made from it; layers already stored are reused).
 pub async fn pull(
     st: &Shared,
     req: PullImageRequest,
