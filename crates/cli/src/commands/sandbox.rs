@@ -147,7 +147,16 @@ pub(super) async fn inspect(c: &Client, a: InspectArgs) -> Result<i32> {
                 ),
                 ("checkpoints", format!("{} ({})", a.checkpoints, output::size(a.checkpoint_bytes))),
                 ("base", format!("{}, made {} ({} days ago)", a.base, a.base_created_at, a.base_age_days)),
-                ("image", format!("{} {}", a.image.as_deref().unwrap_or("(not registered)"), behind(&a))),
+                (
+                    "image",
+                    match (&a.image, &a.newer_image) {
+                        (Some(i), Some(n)) => {
+                            format!("{i}; {n} is newer ({} days): strata rebase", a.days_behind_newest)
+                        }
+                        (Some(i), None) => format!("{i} (its name's newest version)"),
+                        (None, _) => "(no longer registered)".into(),
+                    },
+                ),
             ];
             rows.extend(a.over.iter().map(|o| ("OVER", o.clone())));
             for (k, v) in rows {
