@@ -67,11 +67,7 @@ fn base_of(st: &Shared, rec: &SandboxRecord) -> EngineResult<Base> {
 /// The writable layer's manifest at the sandbox's last checkpoint (empty when it has none)
 /// and the layer directories below it, top first: what "changed since the last checkpoint" compares with.
 pub(crate) fn head_manifest(st: &Shared, rec: &SandboxRecord) -> EngineResult<(TreeManifest, Vec<PathBuf>)> {
-    Ok((base_of(st, rec)?.manifest, lowers_top_first(st, &rec.layers)?))
-}
-
-fn lowers_top_first(st: &Shared, chain: &[String]) -> EngineResult<Vec<PathBuf>> {
-    chain.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| EngineError::internal("layer", &e))).collect()
+    Ok((base_of(st, rec)?.manifest, st.layer_dirs(&rec.layers)?))
 }
 
 /// Takes a checkpoint of a sandbox whose operation lock the caller holds.
@@ -136,7 +132,7 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
         false => None,
     };
     let base = base_of(st, rec)?;
-    let classify_lowers = lowers_top_first(st, &base.chain)?;
+    let classify_lowers = st.layer_dirs(&base.chain)?;
     let upper = st.upper_dir(&rec.sandbox.id);
     let manifest_file = manifest_path(st, &rec.sandbox.id, &id);
     // Layer commit and the checkpoint row go together against concurrent garbage collection.
@@ -661,8 +657,8 @@ pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> En
     match target {
         Some(c) if base.parent.as_deref() != Some(c.id.as_str()) => {
             let mut now = vec![upper.clone()];
-            now.extend(lowers_top_first(st, &rec.layers)?);
-            let then = lowers_top_first(st, &c.layers)?;
+            now.extend(st.layer_dirs(&rec.layers)?);
+            let then = st.layer_dirs(&c.layers)?;
             let shared = rec.layers.iter().zip(&c.layers).take_while(|(a, b)| a == b).count();
             let mut touched_layers = vec![upper];
             for d in rec.layers[shared..].iter().chain(&c.layers[shared..]) {
@@ -670,7 +666,7 @@ pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> En
             }
             Ok(Comparison::Stacks { now, then, touched_layers })
         }
-        _ => Ok(Comparison::Head { upper, base: base.manifest, lowers: lowers_top_first(st, &rec.layers)? }),
+        _ => Ok(Comparison::Head { upper, base: base.manifest, lowers: st.layer_dirs(&rec.layers)? }),
     }
 }
 

@@ -295,17 +295,14 @@ pub async fn check_template(st: &Shared, name: &str, trigger: &str) -> EngineRes
     let (c, _) = st.db.checkpoint_by_id(&checkpoint)?.ok_or_else(|| {
         EngineError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}"))
     })?;
-    let checks = st.db.template_checks(name)?.ok_or_else(|| crate::templates::not_found(name))?;
+    let checks = crate::templates::checks(st, name)?.ok_or_else(|| crate::templates::not_found(name))?;
     let target = crate::scan::target(st, &checkpoint)?;
     let scan = on_check_thread(Pace::of(trigger), move || crate::scan::run(target)).await?;
     let mut findings = scan.findings;
     let image = crate::patching::base_image(st, &c.image_id, &c.layers)?;
     let behind = crate::patching::behind(st, &c.image_id)?;
     if let Some((v, n)) = &behind {
-        let how = match st.db.template_build(name)? {
-            Some(_) => format!("strata template rebuild {name} --base {}", n.name),
-            None => format!("rebase a sandbox made from it onto {} and promote that", n.name),
-        };
+        let how = crate::patching::template_how(st, name, &n.name)?;
         findings.push(Finding {
             path: "/".into(),
             rule: IMAGE_OUTDATED.into(),
@@ -332,9 +329,7 @@ pub async fn check_template(st: &Shared, name: &str, trigger: &str) -> EngineRes
         duration_ms: 0,
     };
     if !report.findings.is_empty() {
-        let policy: OnFindings =
-            serde_json::from_value(serde_json::Value::String(checks.on_findings)).unwrap_or_default();
-        report.action = match policy {
+        report.action = match checks.on_findings {
             OnFindings::Quarantine => {
                 let reason = format!(
                     "a check of template {name} found {}",
@@ -364,13 +359,12 @@ async fn check_due_templates(st: &Shared) {
         Err(e) => return warn!(error = %crate::error::chain(&e), "listing templates for checks"),
     };
     for (name, checkpoint, created_at) in list {
-        let Ok(Some(checks)) = st.db.template_checks(&name) else { continue };
+        let Ok(Some(checks)) = crate::templates::checks(st, &name) else { continue };
         let Some(every) = checks.check_every.as_deref().and_then(|v| strata_core::units::parse_duration(v).ok()) else {
             continue;
         };
-        let last: Option<TemplateCheckReport> = checks.last_check.and_then(|j| serde_json::from_str(&j).ok());
         let created = parse_time(&created_at).unwrap_or(SystemTime::UNIX_EPOCH);
-        if SystemTime::now() < due_at(every, last.and_then(|l| parse_time(&l.time)), created) {
+        if SystemTime::now() < due_at(every, checks.last_check.and_then(|l| parse_time(&l.time)), created) {
             continue;
         }
         if let Err(e) = check_template(st, &name, "scheduled").await {

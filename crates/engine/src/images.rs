@@ -333,13 +333,8 @@ pub fn platform_of(st: &Shared, img: &Image) -> EngineResult<strata_api::Platfor
     if let Some(p) = &img.platform {
         return Ok(p.clone());
     }
-    let dirs: Vec<PathBuf> = img
-        .layers
-        .iter()
-        .rev()
-        .map(|l| st.layers.fs_dir(&l.digest).map_err(|e| EngineError::internal("layer", &e)))
-        .collect::<EngineResult<_>>()?;
-    let p = strata_image::platform::detect(&dirs)?;
+    let chain: Vec<String> = img.layers.iter().map(|l| l.digest.clone()).collect();
+    let p = strata_image::platform::detect(&st.layer_dirs(&chain)?)?;
     st.db.set_image_platform(&img.id, &p)?;
     Ok(p)
 }

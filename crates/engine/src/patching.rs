@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use strata_api::{ErrorCode, Image, OutdatedEntry, Prefer, RebaseConflict, RebaseReport, RebaseRequest, SandboxState};
 use strata_image::changes::{self, ChangeKind, EntryKind, PathChange};
+use strata_image::rebase::below;
 use strata_store::db::SandboxRecord;
 use tracing::info;
 
@@ -101,19 +102,12 @@ pub fn outdated(st: &Shared) -> EngineResult<Vec<OutdatedEntry>> {
             let how = "a checkpoint is immutable: create a sandbox from it, rebase that, checkpoint it".to_string();
             out.push(entry("checkpoint", &c.id, &c.name, pair.clone(), how));
             for (t, _, _) in templates.iter().filter(|(_, ck, _)| *ck == c.id) {
-                let how = match st.db.template_build(t)? {
-                    Some(_) => format!("strata template rebuild {t} --base {}", pair.1.name),
-                    None => format!("strata create --name {t}-next {t}; strata stop {t}-next; strata rebase {t}-next --onto {}; strata template create {t} --from {t}-next --replace", pair.1.name),
-                };
+                let how = template_how(st, t, &pair.1.name)?;
                 out.push(entry("template", t, t, pair.clone(), how));
             }
         }
     }
     Ok(out)
-}
-
-fn layer_dirs(st: &Shared, digests: &[String]) -> EngineResult<Vec<PathBuf>> {
-    digests.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| EngineError::internal("layer", &e))).collect()
 }
 
 /// Every path in the given layer directories (the paths two stacks can
@@ -132,9 +126,13 @@ fn paths_of(dirs: &[PathBuf]) -> EngineResult<(BTreeSet<String>, Vec<String>)> {
     Ok((touched, opaque))
 }
 
-/// Whether `path` is below `dir` (both relative, no leading slash).
-fn below(path: &str, dir: &str) -> bool {
-    path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
+/// How to move template `name` onto the newest version of image `image`:
+/// a rebuild for a built template, a rebase and promotion otherwise.
+pub(crate) fn template_how(st: &Shared, name: &str, image: &str) -> EngineResult<String> {
+    Ok(match st.db.template_build(name)? {
+        Some(_) => format!("strata template rebuild {name} --base {image}"),
+        None => format!("strata create --name {name}-next {name}; strata stop {name}-next; strata rebase {name}-next --onto {image}; strata template create {name} --from {name}-next --replace"),
+    })
 }
 
 fn kind_word(c: ChangeKind) -> String {
@@ -192,13 +190,13 @@ fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> Engi
     let old: Vec<String> = from.layers.iter().map(|l| l.digest.clone()).collect();
     let new: Vec<String> = onto.layers.iter().map(|l| l.digest.clone()).collect();
     let shared = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
-    let (old_dirs, new_dirs) = (layer_dirs(st, &old)?, layer_dirs(st, &new)?);
-    let mut base_touched_dirs = layer_dirs(st, &old[shared..])?;
-    base_touched_dirs.extend(layer_dirs(st, &new[shared..])?);
+    let (old_dirs, new_dirs) = (st.layer_dirs(&old)?, st.layer_dirs(&new)?);
+    let mut base_touched_dirs = st.layer_dirs(&old[shared..])?;
+    base_touched_dirs.extend(st.layer_dirs(&new[shared..])?);
     let strip = |v: Vec<changes::StackChange>| -> Vec<PathChange> { v.into_iter().map(|(c, _)| c).collect() };
     let base = strip(changes::diff_stacks(&new_dirs, &old_dirs, &paths_of(&base_touched_dirs)?.0)?);
     let mut mine = vec![st.upper_dir(&rec.sandbox.id)];
-    mine.extend(layer_dirs(st, &rec.layers[old.len()..])?);
+    mine.extend(st.layer_dirs(&rec.layers[old.len()..])?);
     let (mine_paths, mine_opaque) = paths_of(&mine)?;
     // Only what can meet a base change needs the sandbox's side of the diff (a
     // setup layer holds tens of thousands of paths, a patch touches a few): the

@@ -45,10 +45,6 @@ pub(crate) struct Target {
     touched: Vec<PathBuf>,
 }
 
-fn dirs(st: &Shared, digests: &[String]) -> EngineResult<Vec<PathBuf>> {
-    digests.iter().rev().map(|d| st.layers.fs_dir(d).map_err(|e| EngineError::internal("layer", &e))).collect()
-}
-
 /// How many layers at the bottom of `chain` are the image's.
 fn image_depth(st: &Shared, image_id: &str, chain: &[String], from_checkpoint: bool) -> EngineResult<usize> {
     if let Some(img) = st.db.get_image(image_id)? {
@@ -69,9 +65,9 @@ pub(crate) fn target(st: &Shared, id: &str) -> EngineResult<Target> {
     if let Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(found)) = found {
         let c = found.0;
         let depth = image_depth(st, &c.image_id, &c.layers, true)?;
-        let now = dirs(st, &c.layers)?;
-        let image = dirs(st, &c.layers[..depth])?;
-        let touched = dirs(st, &c.layers[depth..])?;
+        let now = st.layer_dirs(&c.layers)?;
+        let image = st.layer_dirs(&c.layers[..depth])?;
+        let touched = st.layer_dirs(&c.layers[depth..])?;
         let report = ScanReport {
             kind: "checkpoint".into(),
             id: c.id,
@@ -105,10 +101,10 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {
     let depth = image_depth(st, &s.image_id, &rec.layers, s.base_checkpoint.is_some())?;
     let upper = st.upper_dir(&s.id);
     let mut now = vec![upper.clone()];
-    now.extend(dirs(st, &rec.layers)?);
-    let image = dirs(st, &rec.layers[..depth])?;
+    now.extend(st.layer_dirs(&rec.layers)?);
+    let image = st.layer_dirs(&rec.layers[..depth])?;
     let mut touched = vec![upper];
-    touched.extend(dirs(st, &rec.layers[depth..])?);
+    touched.extend(st.layer_dirs(&rec.layers[depth..])?);
     let image_name = match s.base_checkpoint.as_deref().and_then(|c| st.db.checkpoint_by_id(c).ok().flatten()) {
         Some((c, _)) => c.image,
         None => s.source.clone(),

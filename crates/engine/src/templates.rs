@@ -191,19 +191,11 @@ pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str
     })?;
     let accepted_findings = st.db.template_acceptance(name)?.and_then(|j| serde_json::from_str(&j).ok());
     let built_from = recipe(st, name)?.as_ref().and_then(from_of);
-    let checks = st.db.template_checks(name)?;
-    let (check_every, on_findings, last_check) = match checks {
-        Some(c) => (
-            c.check_every,
-            serde_json::from_value(serde_json::Value::String(c.on_findings)).unwrap_or_default(),
-            c.last_check.and_then(|j| serde_json::from_str(&j).ok()),
-        ),
-        None => (None, OnFindings::Record, None),
-    };
+    let Checks { check_every, on_findings, last_check } = checks(st, name)?.unwrap_or_default();
     Ok(Template {
         check_every,
         on_findings,
-        last_check,
+        last_check: last_check.map(Box::new),
         built_from,
         name: name.into(),
         tenant: c.tenant,
@@ -214,6 +206,24 @@ pub fn template_view(st: &Shared, name: &str, checkpoint: &str, created_at: &str
         created_at: created_at.into(),
         accepted_findings,
     })
+}
+
+/// A template's checks at set times, as stored.
+#[derive(Debug, Default)]
+pub(crate) struct Checks {
+    pub check_every: Option<String>,
+    pub on_findings: OnFindings,
+    /// The last check (a report that no longer parses counts as none).
+    pub last_check: Option<strata_api::TemplateCheckReport>,
+}
+
+/// Reads a template's checks (`None`: no such template).
+pub(crate) fn checks(st: &Shared, name: &str) -> EngineResult<Option<Checks>> {
+    Ok(st.db.template_checks(name)?.map(|c| Checks {
+        check_every: c.check_every,
+        on_findings: serde_json::from_value(serde_json::Value::String(c.on_findings)).unwrap_or_default(),
+        last_check: c.last_check.and_then(|j| serde_json::from_str(&j).ok()),
+    }))
 }
 
 /// Sets a template's checks at set times (`PATCH /v1/templates/{name}`):
@@ -227,7 +237,7 @@ pub fn set_policy(st: &Shared, name: &str, patch: TemplatePolicyPatch) -> Engine
             "on_findings {a} does not apply to a template (no processes to stop, no writable layer to flush): use record or quarantine"
         )));
     }
-    let current = st.db.template_checks(name)?.ok_or_else(|| not_found(name))?;
+    let current = checks(st, name)?.ok_or_else(|| not_found(name))?;
     let check_every = match patch.check_every.as_deref().map(str::trim) {
         None => current.check_every,
         Some("none") => None,
@@ -236,8 +246,8 @@ pub fn set_policy(st: &Shared, name: &str, patch: TemplatePolicyPatch) -> Engine
             Some(v.to_string())
         }
     };
-    let on_findings = patch.on_findings.map_or(current.on_findings, |o| o.as_str().to_string());
-    st.db.set_template_checks(name, check_every.as_deref(), &on_findings)?;
+    let on_findings = patch.on_findings.unwrap_or(current.on_findings);
+    st.db.set_template_checks(name, check_every.as_deref(), on_findings.as_str())?;
     template_view(st, name, &checkpoint, &created_at)
 }
 

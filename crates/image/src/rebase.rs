@@ -28,9 +28,9 @@ pub struct Conflict {
     pub base_kind: Option<EntryKind>,
 }
 
-/// Whether `path` is `dir` or below it.
-fn under(path: &str, dir: &str) -> bool {
-    path == dir || (path.starts_with(dir) && path.as_bytes().get(dir.len()) == Some(&b'/'))
+/// Whether `path` is below `dir` (not `dir` itself); both absolute, or both relative.
+pub fn below(path: &str, dir: &str) -> bool {
+    path.len() > dir.len() && path.starts_with(dir) && path.as_bytes()[dir.len()] == b'/'
 }
 
 /// The paths both sides changed. Directories changed on both sides only in
@@ -51,12 +51,12 @@ pub fn conflicts(sandbox: &[PathChange], base: &[PathChange]) -> Vec<Conflict> {
         let both_dirs = |b: &PathChange| s.kind == EntryKind::Dir && b.kind == EntryKind::Dir;
         if let Some(b) = by_path.get(s.path.as_str()).filter(|b| !both_dirs(b)) {
             out.insert(s.path.clone(), (s.change, b.change, (b.change != ChangeKind::Deleted).then_some(b.kind)));
-        } else if base_deleted.iter().any(|d| under(&s.path, d) && s.path != *d) {
+        } else if base_deleted.iter().any(|d| below(&s.path, d)) {
             out.insert(s.path.clone(), (s.change, ChangeKind::Deleted, None));
         }
     }
     for b in base {
-        if sandbox_deleted.iter().any(|d| under(&b.path, d) && b.path != *d) && !out.contains_key(&b.path) {
+        if sandbox_deleted.iter().any(|d| below(&b.path, d)) && !out.contains_key(&b.path) {
             out.insert(
                 b.path.clone(),
                 (ChangeKind::Deleted, b.change, (b.change != ChangeKind::Deleted).then_some(b.kind)),
@@ -85,7 +85,8 @@ pub fn take_base_version(upper: &Path, base_top_first: &[PathBuf], rel: &str) ->
     let dir = ensure_dirs(top.as_fd(), upper, base_top_first, parent)?;
     let at = dir.as_ref().map_or(top.as_fd(), |d| d.as_fd());
     let c = cstr(name).map_err(io_err(upper.join(rel)))?;
-    remove_at(at, &c, &upper.join(rel))?;
+    // Never following a symlink the sandbox planted.
+    sys::remove_tree_at(at, &c).map_err(io_err(upper.join(rel)))?;
     match lookup(base_top_first, rel)? {
         None => {
             // Nothing in the new base: hide whatever the sandbox's lower layers have there.
@@ -126,12 +127,10 @@ fn ensure_dirs(
             None => {
                 // The directory comes from a lower layer: an upper copy merges with it.
                 let (mode, uid, gid) = match lookup(base_top_first, &so_far)? {
-                    Some((i, EntryKind::Dir, _)) => {
-                        let md = std::fs::symlink_metadata(base_top_first[i].join(&so_far))
-                            .map_err(io_err(base_top_first[i].join(&so_far)))?;
-                        use std::os::unix::fs::MetadataExt;
-                        (md.mode() & 0o7777, md.uid(), md.gid())
-                    }
+                    Some((i, EntryKind::Dir, _)) => match LayerEntry::open(&base_top_first[i], &so_far)?.stat()? {
+                        Some(st) => (st.st_mode & 0o7777, st.st_uid, st.st_gid),
+                        None => (0o755, 0, 0),
+                    },
                     _ => (0o755, 0, 0),
                 };
                 sys::mkdir_at(at, &c, mode).map_err(io_err(upper.join(&so_far)))?;
@@ -143,29 +142,32 @@ fn ensure_dirs(
     Ok(cur)
 }
 
-/// Removes `name` in `dir` (recursively for a directory), never following a symlink.
-fn remove_at(dir: BorrowedFd<'_>, name: &std::ffi::CStr, shown: &Path) -> Result<(), ImageError> {
-    let Some(st) = sys::stat_at(dir, name).map_err(io_err(shown))? else { return Ok(()) };
-    if sys::file_type(&st) != libc::S_IFDIR {
-        return sys::unlink_at(dir, name, false).map_err(io_err(shown));
+/// An entry of a layer (immutable, but unpacked from an image), reached
+/// through directory descriptors from the layer's root.
+struct LayerEntry {
+    top: OwnedFd,
+    dir: Option<OwnedFd>,
+    name: std::ffi::CString,
+    shown: PathBuf,
+}
+
+impl LayerEntry {
+    fn open(layer: &Path, rel: &str) -> Result<LayerEntry, ImageError> {
+        let top = sys::open_dir_path(layer).map_err(io_err(layer))?;
+        let (parent, leaf) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(layer.join(parent)))?;
+        let shown = layer.join(rel);
+        Ok(LayerEntry { top, dir, name: cstr(leaf).map_err(io_err(&shown))?, shown })
     }
-    let sub = sys::open_dir_at(dir, name).map_err(io_err(shown))?;
-    let entries: Vec<std::ffi::CString> = {
-        let dup = sub.try_clone().map_err(io_err(shown))?;
-        let rd = std::fs::read_dir(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dup)))
-            .map_err(io_err(shown))?;
-        let mut v = Vec::new();
-        for e in rd {
-            let e = e.map_err(io_err(shown))?;
-            use std::os::unix::ffi::OsStrExt;
-            v.push(std::ffi::CString::new(e.file_name().as_bytes()).map_err(|_| refuse("?", "NUL in a file name"))?);
-        }
-        v
-    };
-    for e in entries {
-        remove_at(sub.as_fd(), &e, &shown.join(e.to_string_lossy().as_ref()))?;
+
+    /// The directory holding the entry.
+    fn at(&self) -> BorrowedFd<'_> {
+        self.dir.as_ref().map_or(self.top.as_fd(), |d| d.as_fd())
     }
-    sys::unlink_at(dir, name, true).map_err(io_err(shown))
+
+    fn stat(&self) -> Result<Option<libc::stat>, ImageError> {
+        sys::stat_at(self.at(), &self.name).map_err(io_err(&self.shown))
+    }
 }
 
 /// Copies one file or symlink of a layer into `dir` as `name` (bytes, mode,
@@ -178,28 +180,19 @@ fn copy_entry(
     name: &std::ffi::CStr,
     shown: &Path,
 ) -> Result<(), ImageError> {
-    let (src_top, src_dir, src_name) = {
-        let top = sys::open_dir_path(layer).map_err(io_err(layer))?;
-        let (parent, leaf) = rel.rsplit_once('/').unwrap_or(("", rel));
-        let d = open_rel_dir(top.as_fd(), parent).map_err(io_err(layer.join(parent)))?;
-        (top, d, cstr(leaf).map_err(io_err(layer.join(rel)))?)
-    };
-    let src_at = src_dir.as_ref().map_or(src_top.as_fd(), |d| d.as_fd());
-    let st = sys::stat_at(src_at, &src_name)
-        .map_err(io_err(layer.join(rel)))?
-        .ok_or_else(|| refuse(rel, "gone from the new base's layer"))?;
+    let src = LayerEntry::open(layer, rel)?;
+    let st = src.stat()?.ok_or_else(|| refuse(rel, "gone from the new base's layer"))?;
     let mtime = sys::Timespec { sec: st.st_mtime, nsec: st.st_mtime_nsec };
     match sys::file_type(&st) {
         libc::S_IFLNK => {
-            let target = std::fs::read_link(layer.join(rel)).map_err(io_err(layer.join(rel)))?;
-            use std::os::unix::ffi::OsStrExt;
-            let t = std::ffi::CString::new(target.as_os_str().as_bytes()).map_err(|_| refuse(rel, "NUL in a link"))?;
+            let target = sys::readlink_at(src.at(), &src.name).map_err(io_err(&src.shown))?;
+            let t = std::ffi::CString::new(target).map_err(|_| refuse(rel, "NUL in a link"))?;
             sys::symlink_at(&t, dir, name).map_err(io_err(shown))?;
             sys::lchown_at(dir, name, st.st_uid, st.st_gid).map_err(io_err(shown))?;
             sys::lutimens_at(dir, name, mtime).map_err(io_err(shown))?;
         }
         libc::S_IFREG => {
-            let mut from = sys::open_read_at(src_at, &src_name).map_err(io_err(layer.join(rel)))?;
+            let mut from = sys::open_read_at(src.at(), &src.name).map_err(io_err(&src.shown))?;
             let mut to = sys::create_file_at(dir, name, 0o600).map_err(io_err(shown))?;
             io::copy(&mut from, &mut to).map_err(io_err(shown))?;
             sys::fchown(to.as_fd(), st.st_uid, st.st_gid).map_err(io_err(shown))?;

@@ -176,6 +176,16 @@ impl AppState {
         strata_runtime::disk::upper_dir(&self.sandbox_dir(id))
     }
 
+    /// The directories of the layers of `chain` (bottom first, as stored), top first:
+    /// the order overlayfs and the walks of [`strata_image::changes`] take them in.
+    pub fn layer_dirs(&self, chain: &[String]) -> crate::error::EngineResult<Vec<PathBuf>> {
+        chain
+            .iter()
+            .rev()
+            .map(|d| self.layers.fs_dir(d).map_err(|e| crate::error::EngineError::internal("layer", &e)))
+            .collect()
+    }
+
     /// Tells event followers that new events exist.
     pub fn notify_events(&self, seq: i64) {
         self.events_tx.send_replace(seq);
