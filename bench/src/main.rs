@@ -61,11 +61,11 @@ const USAGE: &str =
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor,state] [--date S] [--commit S]
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor,state,pool] [--date S] [--commit S]
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python] [--e2b-js /var/cache/strata/e2b-js]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 13] = [
+const FIGURES: [&str; 14] = [
     "create",
     "exec",
     "idle",
@@ -79,6 +79,7 @@ const FIGURES: [&str; 13] = [
     "warm",
     "gvisor",
     "state",
+    "pool",
 ];
 
 fn parse_args() -> Result<Cfg> {
@@ -198,7 +199,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 13] = [
+    let figs: [(&str, Fig); 14] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -212,6 +213,7 @@ async fn run() -> Result<()> {
         ("warm", |b| Box::pin(figures::warm::run(b))),
         ("gvisor", |b| Box::pin(figures::gvisor::run(b))),
         ("state", |b| Box::pin(figures::state::run(b))),
+        ("pool", |b| Box::pin(figures::pool::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

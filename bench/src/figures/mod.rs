@@ -9,6 +9,7 @@ pub mod idle;
 pub mod import;
 pub mod network;
 pub mod pipeline;
+pub mod pool;
 pub mod preview;
 pub mod standby;
 pub mod state;

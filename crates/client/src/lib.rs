@@ -391,6 +391,11 @@ impl Client {
         self.call::<(), _>(Method::GET, "/v1/info", None).await
     }
 
+    /// The warm pools (operator only).
+    pub async fn warm_pools(&self) -> Result<Vec<strata_api::WarmPoolStatus>> {
+        self.call::<(), _>(Method::GET, "/v1/warm-pool", None).await
+    }
+
     /// Host capabilities.
     pub async fn doctor(&self) -> Result<DoctorReport> {
         self.call::<(), _>(Method::GET, "/v1/doctor", None).await

@@ -61,9 +61,14 @@ impl Caller {
         }
     }
 
-    /// Whether the caller may see an object of `tenant`.
+    /// Whether the caller may see an object of `tenant`. The warm pool's
+    /// unadopted sandboxes ([`strata_store::db::POOL_TENANT`]) are seen only
+    /// by the pool's own work, which acts in that tenant.
     pub fn sees(&self, tenant: &str) -> bool {
-        self.scope().is_none_or(|t| t == tenant)
+        match self.scope() {
+            None => tenant != strata_store::db::POOL_TENANT,
+            Some(t) => t == tenant,
+        }
     }
 
     /// Whether the caller is the operator (token management, host-wide routes).
@@ -146,6 +151,11 @@ pub fn may_read_host_paths() -> bool {
 /// reconciliation, watcher and automatic transition starts here.
 pub async fn as_daemon<F: Future>(fut: F) -> F::Output {
     CALLER.scope(Caller::daemon(), fut).await
+}
+
+/// Runs `f` as the daemon itself, synchronously (a lookup work of another caller makes as the daemon).
+pub fn sync_as_daemon<R>(f: impl FnOnce() -> R) -> R {
+    CALLER.sync_scope(Caller::daemon(), f)
 }
 
 /// Runs `fut` as `caller` (what [`crate::Engine`] does for each call it makes).

@@ -600,7 +600,11 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
             isolation: req.isolation,
             ..Default::default()
         };
-        lifecycle::create_with(st, req, lifecycle::Lineage { fork_generation: generation, rule_of_two_checked: true })
+        lifecycle::create_with(
+            st,
+            req,
+            lifecycle::Lineage { fork_generation: generation, rule_of_two_checked: true, ..Default::default() },
+        )
     });
     let results = futures_util::future::join_all(creates).await;
     let mut ids_out = Vec::new();
@@ -1003,6 +1007,8 @@ pub fn list(st: &Shared, sandbox: Option<&str>) -> EngineResult<Vec<Checkpoint>>
 pub async fn delete(st: &Shared, key: &str) -> EngineResult<()> {
     let _g = st.image_lock.lock().await;
     let (c, _) = crate::tenancy::find_checkpoint(st, key)?.ok_or_else(|| not_found(key))?;
+    // Warm-pool sandboxes started from it are the daemon's own: they go first.
+    crate::pool::drain_users(st, |r| r.sandbox.base_checkpoint.as_deref() == Some(c.id.as_str())).await;
     let dependents = dependents_of(st, &c.id)?;
     if !dependents.is_empty() {
         let mut e = EngineError::new(

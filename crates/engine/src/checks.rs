@@ -53,6 +53,10 @@ const NAMED: usize = 5;
 /// The interval at which `sb` is checked: its policy's, else the daemon's
 /// default for persistent sandboxes; `None`: never.
 pub fn interval(st: &Shared, rec: &SandboxRecord) -> Option<Duration> {
+    if rec.sandbox.tenant == strata_store::db::POOL_TENANT {
+        // A warm-pool sandbox has run nothing yet; it is checked once adopted.
+        return None;
+    }
     match rec.sandbox.policy.check_every.as_deref() {
         Some(v) => strata_core::units::parse_duration(v).ok(),
         None if rec.sandbox.lifecycle == strata_api::Lifecycle::Persistent => st.default_check_every,

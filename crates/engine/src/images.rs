@@ -144,6 +144,8 @@ async fn register(st: &Shared, r: Registration, progress: Reporter) -> EngineRes
     };
     // A new version of a name keeps the older ones (and their layers) for what was made from them.
     let image = st.db.put_image(&image, r.replace)?;
+    // A pool of this name moves onto the new version now.
+    st.pools.wake.notify_one();
     let layers_new = imported.layers.iter().filter(|l| l.new).count();
     info!(image = %image.name, id = %image.id, version = image.version, previous = ?image.previous, kind = %image.source_kind, layers_new, "imported image");
     let mut warnings = r.warnings;
@@ -346,6 +348,12 @@ pub async fn remove(st: &Shared, name: &str) -> EngineResult<()> {
     let _g = st.image_lock.lock().await;
     let img = get(st, name)?;
     let whole_name = name == img.name;
+    // Warm-pool sandboxes of it are the daemon's own: they go, and the pool follows what is left.
+    crate::pool::drain_users(st, |r| match whole_name {
+        true => r.sandbox.source == img.name || r.sandbox.image_id == img.id,
+        false => r.sandbox.image_id == img.id,
+    })
+    .await;
     let users: Vec<String> = st
         .db
         .list_sandboxes()?

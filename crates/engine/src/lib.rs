@@ -32,7 +32,7 @@
 //!   lineage), [`scan`] + [`hygiene`], [`approvals`] (Rule of Two),
 //!   [`quotas`], [`events`], [`accounting`], [`audit_log`];
 //! - above them: [`policy`] (the automatic transitions), [`reaper`] (TTLs,
-//!   garbage collection), [`templates`], [`fanout`], [`pipelines`], [`reach`]
+//!   garbage collection), [`pool`] (the warm pool's refill), [`templates`], [`fanout`], [`pipelines`], [`reach`]
 //!   (may a caller reach an object);
 //! - the surface: [`surface::Engine`], the engine acting for one explicit
 //!   caller, one method per operation. Every front end calls the engine only
@@ -72,6 +72,7 @@ pub mod patching;
 pub mod pipelines;
 pub mod policy;
 pub mod policy_spec;
+pub mod pool;
 pub mod preview;
 pub mod privileges;
 pub mod process_image;
@@ -211,6 +212,8 @@ pub struct Config {
     /// How often persistent sandboxes whose policy names no `check_every`
     /// are checked (`--check-every`; at least [`strata_api::MIN_CHECK_EVERY`]).
     pub default_check_every: Option<std::time::Duration>,
+    /// Sources to keep booted sandboxes of (`--warm-pool SOURCE=N`).
+    pub warm_pools: Vec<state::pool::PoolConfig>,
 }
 
 /// Name of the token file in the state directory.
@@ -355,6 +358,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     app_state.tiers = tiers;
     app_state.gvisor = gvisor;
+    app_state.pools = state::pool::Pools::new(cfg.warm_pools.clone());
     let st: Shared = Arc::new(app_state);
     // Everything from here runs as the daemon itself: it acts in every tenant.
     tenancy::as_daemon(reconcile_at_start(&st)).await?;
@@ -362,6 +366,9 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     tokio::spawn(tenancy::as_daemon(policy::run(st.clone())));
     tokio::spawn(tenancy::as_daemon(accounting::run(st.clone())));
     tokio::spawn(tenancy::as_daemon(checks::run(st.clone())));
+    if st.pools.enabled() {
+        tokio::spawn(tenancy::as_daemon(pool::run(st.clone())));
+    }
     Ok(Opened { state: st, _lock: lock })
 }
 
@@ -377,6 +384,8 @@ async fn reconcile_at_start(st: &Shared) -> Result<(), DaemonError> {
     st.disks.clone().start();
     network::reconcile(st).await;
     pipelines::reconcile(st).map_err(|e| DaemonError::Reconcile(e.body.message))?;
+    // Warm-pool sandboxes of an earlier run (with or without a pool now) go.
+    pool::sweep_leftovers(st).await;
     // Names from before names that read as ids were refused: warned about (and listed by doctor).
     if let Err(e) = events::names_like_ids(st) {
         warn!(error = %e.body.message, "checking names that look like ids");
@@ -385,8 +394,11 @@ async fn reconcile_at_start(st: &Shared) -> Result<(), DaemonError> {
 }
 
 /// Ends what the engine runs on the host beside its sandboxes (DNS filters,
-/// the disk pool, the served init binary); sandboxes keep running.
+/// the disk pool, the served init binary); sandboxes keep running, except the
+/// warm pool's unassigned ones, which nothing would use until a restart.
 pub async fn shutdown(st: &Shared) {
+    st.pools.close();
+    tenancy::as_daemon(pool::sweep_leftovers(st)).await;
     network::shutdown(st).await;
     st.disks.drain();
     initbin::unserve(&st.state_dir);

@@ -274,6 +274,8 @@ fn register(
     if let Some(a) = accepted {
         st.db.set_template_acceptance(name, &serde_json::to_string(a).expect("acceptance serializes"))?;
     }
+    // A pool of this name follows it now (a re-pointed template replaces its members).
+    st.pools.wake.notify_one();
     template_view(st, name, checkpoint, &time)
 }
 
@@ -945,6 +947,8 @@ pub fn delete(st: &Shared, name: &str) -> EngineResult<()> {
     if !st.db.delete_template(name)? {
         return Err(not_found(name));
     }
+    // A pool of it drains now rather than at its next look.
+    st.pools.wake.notify_one();
     Ok(())
 }
 

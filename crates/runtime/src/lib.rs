@@ -97,6 +97,18 @@ impl RuntimeError {
 
 static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Sets the nice value of thread `tid` (0: the calling thread), e.g. to run a
+/// boot in the background and to give its init the normal priority back.
+pub fn set_nice(tid: i32, nice: i32) -> std::io::Result<()> {
+    // SAFETY: setpriority takes plain integers and touches no memory of ours.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Serializes process spawns that hand a child a descriptor by clearing its
 /// close-on-exec flag for the duration of the spawn (so that no concurrent spawn
 /// inherits it). Every spawn in the daemon takes it; spawns then use
@@ -261,6 +273,16 @@ pub trait Runtime: Send + Sync {
 
     /// Current resource counters.
     fn usage(&self, sandbox_id: &str) -> ResourceUsage;
+
+    /// Changes the CPU quota and process limit of a running sandbox (`None`:
+    /// no limit), as a warm-pool sandbox gets its adopter's at adoption.
+    fn set_cpus_and_pids(&self, sandbox_id: &str, cpus: Option<f64>, pids: Option<u64>) -> Result<(), RuntimeError> {
+        let _ = (cpus, pids);
+        Err(RuntimeError::Unsupported(format!(
+            "the {} tier cannot change the limits of sandbox {sandbox_id} while it runs",
+            self.name()
+        )))
+    }
 
     /// Directory where the tier keeps per-sandbox runtime files.
     fn run_dir(&self) -> PathBuf;

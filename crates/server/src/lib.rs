@@ -98,6 +98,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/v1/advise", post(advisor::advise_handler))
         .route("/v1/info", get(events::info_handler))
         .route("/v1/doctor", get(events::doctor_handler))
+        .route("/v1/warm-pool", get(events::warm_pool_handler))
         .route("/v1/events", get(events::events_handler))
         .route("/v1/images", get(i::list_handler))
         .route("/v1/images/import", post(i::import_handler))

@@ -77,6 +77,7 @@ use crate::native::{
         events::events_handler,
         events::info_handler,
         events::doctor_handler,
+        events::warm_pool_handler,
         metrics::metrics_handler,
         accounting::list_handler,
         accounting::get_handler,

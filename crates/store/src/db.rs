@@ -47,6 +47,11 @@ pub enum DbError {
     UsernsExhausted(u32),
 }
 
+/// The tenant of warm-pool sandboxes: booted, not yet given to anyone. Not a
+/// valid tenant name (no token can name it), and left out of every caller's
+/// lookups, the operator's included, until a create adopts the sandbox.
+pub const POOL_TENANT: &str = "~pool";
+
 /// Schema migrations; entry `i` upgrades version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
     // 1: initial schema
@@ -659,7 +664,8 @@ impl Keyed {
         map: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<Option<T>> {
         let Keyed { select, id, name, tenant } = self;
-        let visible = format!("(?2 IS NULL OR {tenant} = ?2)");
+        // Every tenant's but the warm pool's for no scope; one tenant's for a scope.
+        let visible = format!("((?2 IS NULL AND {tenant} <> '{POOL_TENANT}') OR {tenant} = ?2)");
         if let Some(found) = conn
             .prepare_cached(&format!("{select} WHERE {id} = ?1 AND {visible}"))?
             .query_row(params![key, scope], &map)
@@ -926,20 +932,7 @@ impl Db {
                 time: &s.created_at,
             },
         )?;
-        let usage = UsageRecord {
-            sandbox_id: s.id.clone(),
-            tenant: s.tenant.clone(),
-            name: s.name.clone(),
-            source: s.source.clone(),
-            base_checkpoint: s.base_checkpoint.clone(),
-            created_at: s.created_at.clone(),
-            updated_at: s.created_at.clone(),
-            ..Default::default()
-        };
-        tx.execute(
-            "INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![s.id, s.name, s.created_at, json(&usage), s.tenant],
-        )?;
+        fresh_usage(&tx, s)?;
         tx.commit()?;
         Ok(ev)
     }
@@ -1257,6 +1250,59 @@ impl Db {
         rows.map(|r| r?).collect()
     }
 
+    /// The warm-pool sandboxes ([`POOL_TENANT`]), oldest first.
+    pub fn pooled_sandboxes(&self) -> Result<Vec<SandboxRecord>, DbError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE tenant = '{POOL_TENANT}' ORDER BY created_at, id"
+        ))?;
+        let rows = stmt.query_map([], sandbox_from_row)?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// Gives a running warm-pool sandbox to its adopter: `rec` (same id) carries
+    /// who and what it now is (tenant, name, hostname, source, lifecycle,
+    /// policy, TTL, limits, environment, labels, creation time). Checked and
+    /// written in one transaction with the `adopted` event and a fresh usage
+    /// record: `Ok(None)` when the sandbox is no longer a running pool member
+    /// (adopted by another create, or its init ended), and nothing changes.
+    pub fn adopt_pooled(&self, rec: &SandboxRecord, detail: &str) -> Result<Option<SandboxEvent>, DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let s = &rec.sandbox;
+        let changed = tx
+            .execute(
+                &format!(
+                    "UPDATE sandboxes SET tenant = ?2, name = ?3, hostname = ?4, source = ?5, lifecycle = ?6, created_at = ?7, \
+                     updated_at = ?7, policy = ?8, ttl = ?9, expires_at = ?10, limits = ?11, env = ?12, labels = ?13, \
+                     state_reason = ?14, state_detail = NULL WHERE id = ?1 AND tenant = '{POOL_TENANT}' AND state = 'running'"
+                ),
+                params![
+                    s.id, s.tenant, s.name, s.hostname, s.source, lifecycle_str(s.lifecycle), s.created_at, json(&s.policy),
+                    s.ttl, s.expires_at, json(&s.limits), json(&s.env), json(&s.labels), s.state_reason
+                ],
+            )
+            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
+        if changed == 0 {
+            return Ok(None);
+        }
+        let ev = insert_event(
+            &tx,
+            &s.id,
+            Some(SandboxState::Running),
+            &Transition {
+                to: SandboxState::Running,
+                reason: &s.state_reason,
+                detail: Some(detail),
+                duration_ms: 0,
+                time: &s.created_at,
+            },
+        )?;
+        fresh_usage(&tx, s)?;
+        tx.commit()?;
+        Ok(Some(ev))
+    }
+
     /// Every sandbox id.
     pub fn sandbox_ids(&self) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
@@ -1272,8 +1318,8 @@ impl Db {
     pub fn list_policy_candidates(&self) -> Result<Vec<SandboxRecord>, DbError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE state IN ('running', 'paused') \
-             OR json_extract(policy, '$.archive_after') IS NOT NULL OR json_extract(policy, '$.delete_after') IS NOT NULL \
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE tenant <> '{POOL_TENANT}' AND (state IN ('running', 'paused') \
+             OR json_extract(policy, '$.archive_after') IS NOT NULL OR json_extract(policy, '$.delete_after') IS NOT NULL) \
              ORDER BY created_at, id"
         ))?;
         let rows = stmt.query_map([], sandbox_from_row)?;
@@ -1769,6 +1815,25 @@ fn event_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SandboxEvent> {
         detail: r.get(6)?,
         duration_ms: r.get::<_, i64>(7)? as u64,
     })
+}
+
+/// Starts `s`'s usage record afresh (a new sandbox, or a pool sandbox adopted).
+fn fresh_usage(tx: &rusqlite::Transaction<'_>, s: &Sandbox) -> Result<(), DbError> {
+    let usage = UsageRecord {
+        sandbox_id: s.id.clone(),
+        tenant: s.tenant.clone(),
+        name: s.name.clone(),
+        source: s.source.clone(),
+        base_checkpoint: s.base_checkpoint.clone(),
+        created_at: s.created_at.clone(),
+        updated_at: s.created_at.clone(),
+        ..Default::default()
+    };
+    tx.execute(
+        "INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![s.id, s.name, s.created_at, json(&usage), s.tenant],
+    )?;
+    Ok(())
 }
 
 fn insert_event(

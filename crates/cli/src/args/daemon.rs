@@ -112,6 +112,14 @@ pub struct DaemonArgs {
     /// whose policy asks.
     #[arg(long, env = "STRATA_CHECK_EVERY", value_name = "DUR", value_parser = parse_check_every)]
     pub check_every: Option<std::time::Duration>,
+    /// Keep N sandboxes of an image or template booted and unassigned
+    /// (repeatable; the environment variable takes a comma-separated list): a
+    /// create of that source with the pool's memory and disk, no network and
+    /// no secrets adopts one (its name, hostname, CPUs, processes, environment,
+    /// labels, policy and TTL applied then) instead of booting, and the pool
+    /// refills in the background at a lower priority. `strata pool` shows them.
+    #[arg(long, env = "STRATA_WARM_POOL", value_name = "IMAGE_OR_TEMPLATE=N", value_delimiter = ',')]
+    pub warm_pool: Vec<strata_engine::state::pool::PoolConfig>,
 }
 
 /// `--check-every`: the policy's own rule (at least [`strata_api::MIN_CHECK_EVERY`]).

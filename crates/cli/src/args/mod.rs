@@ -52,6 +52,8 @@ pub enum Command {
     Daemon(daemon::DaemonArgs),
     /// Report what this host supports and what each missing piece disables.
     Doctor(JsonOutput),
+    /// Show the warm pools (`strata daemon --warm-pool`): members ready, adoptions, misses (operator only).
+    Pool(JsonOutput),
     /// Manage images.
     #[command(subcommand)]
     Image(image::ImageCmd),

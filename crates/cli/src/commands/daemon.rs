@@ -30,6 +30,7 @@ pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
             default_isolation: a.default_isolation,
             default_userns: a.default_userns.0,
             default_check_every: a.check_every,
+            warm_pools: a.warm_pool,
         },
         socket,
         listen: a.listen,
@@ -75,6 +76,41 @@ pub(super) async fn mcp(c: Client) -> Result<i32> {
 /// `strata openapi`.
 pub(super) fn openapi() -> Result<i32> {
     println!("{}", strata_server::openapi::spec_json());
+    Ok(0)
+}
+
+/// `strata pool`.
+pub(super) async fn pool(c: &Client, JsonOutput { json }: JsonOutput) -> Result<i32> {
+    let pools = c.warm_pools().await?;
+    if json {
+        output::json(&pools);
+        return Ok(0);
+    }
+    if pools.is_empty() {
+        println!("no warm pools (start the daemon with --warm-pool IMAGE_OR_TEMPLATE=N)");
+        return Ok(0);
+    }
+    let rows = pools
+        .iter()
+        .map(|p| {
+            let note = match (&p.last_error, &p.last_unfit) {
+                (Some(e), _) => format!("refill failing: {e}"),
+                (None, Some(u)) => format!("last unfit: {u}"),
+                _ => String::new(),
+            };
+            vec![
+                p.source.clone(),
+                format!("{}/{}", p.ready, p.size),
+                p.adopted.to_string(),
+                p.missed_empty.to_string(),
+                p.missed_unfit.to_string(),
+                p.booted.to_string(),
+                p.drained.to_string(),
+                note,
+            ]
+        })
+        .collect();
+    output::table(&["SOURCE", "READY", "ADOPTED", "MISSED(EMPTY)", "MISSED(UNFIT)", "BOOTED", "DRAINED", "NOTE"], rows);
     Ok(0)
 }
 

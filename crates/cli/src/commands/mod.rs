@@ -48,6 +48,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Daemon(a) => daemon::daemon(cli.socket, a).await,
         Command::Doctor(a) => daemon::doctor(&c, a).await,
+        Command::Pool(a) => daemon::pool(&c, a).await,
         Command::Image(cmd) => image::image(&c, cmd).await,
         Command::Token(cmd) => tenant::token_cmd(&c, cmd).await,
         Command::Tenant(cmd) => tenant::tenant_cmd(&c, cli.as_tenant.as_deref(), cmd).await,

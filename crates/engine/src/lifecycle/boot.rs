@@ -142,6 +142,9 @@ pub(crate) async fn mount_spec(st: &Shared, rec: &SandboxRecord) -> EngineResult
         .map_err(|e| EngineError::internal("flatten", &e))
 }
 
+/// The nice value of background boots ([`crate::state::pool::as_background`]).
+const BACKGROUND_NICE: i32 = 10;
+
 /// Starts init for `rec` (in `from` state) and records `action`; the caller
 /// holds the sandbox's operation lock.
 pub(crate) async fn boot(
@@ -166,9 +169,21 @@ pub(crate) async fn boot(
     let rt = st.runtime_of(&rec.sandbox);
     let layers = st.layers.clone();
     let linked = spec.userns_link.is_some();
-    let result = tokio::task::spawn_blocking(move || flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec)))
-        .await
-        .map_err(|e| EngineError::internal("start task", &e))?;
+    // A background boot (a warm-pool refill) runs, and leaves its init, at a
+    // lower priority; the adoption gives the init the normal one back.
+    let background = crate::state::pool::in_background();
+    let result = tokio::task::spawn_blocking(move || {
+        if background {
+            let _ = strata_runtime::set_nice(0, BACKGROUND_NICE);
+        }
+        let r = flatten_if_deep(spec, &layers).and_then(|spec| rt.start(&spec));
+        if background {
+            let _ = strata_runtime::set_nice(0, 0);
+        }
+        r
+    })
+    .await
+    .map_err(|e| EngineError::internal("start task", &e))?;
     match result {
         Ok(handle) => {
             if let Err(e) = crate::network::started(st, &rec.sandbox.id, linked, handle.init_pid).await {

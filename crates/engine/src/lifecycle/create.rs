@@ -25,6 +25,8 @@ pub struct Lineage {
     pub fork_generation: u32,
     /// The Rule of Two was already checked for this create (a fork checks once for all its children).
     pub rule_of_two_checked: bool,
+    /// A warm-pool member ([`crate::pool`]): recorded in the pool's tenant, never adopting one itself.
+    pub pooled: bool,
 }
 
 /// The layer chain, image identity and defaults a sandbox starts from: an image,
@@ -130,7 +132,11 @@ pub async fn create_with(st: &Shared, req: CreateSandboxRequest, lineage: Lineag
 }
 
 pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage: Lineage) -> EngineResult<Sandbox> {
-    let source = resolve_source(st, &req.source)?;
+    // A warm-pool member is the daemon's: its source resolves as the daemon sees them.
+    let source = match lineage.pooled {
+        true => crate::caller::sync_as_daemon(|| resolve_source(st, &req.source))?,
+        false => resolve_source(st, &req.source)?,
+    };
     // The tier: the request's, else the checkpoint's (a template remembers its
     // tier), else the daemon's default. One this host cannot run is refused
     // (501, with why), never replaced by another.
@@ -209,7 +215,10 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
         }
     }
     let network = crate::network::check(st, req.network.as_ref())?;
-    let tenant = source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant);
+    let tenant = match lineage.pooled {
+        true => strata_store::db::POOL_TENANT.to_string(),
+        false => source.tenant.clone().unwrap_or_else(crate::tenancy::creating_tenant),
+    };
     // Host admission and the tenant's quota, before anything is recorded: the
     // reservation counts this sandbox in every other check until its record does.
     let _admitted = st.admission.admit(&st.db, &id, &tenant, &req.limits, crate::admission::Purpose::Create)?;
@@ -222,7 +231,7 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
         network: network.as_ref().map(|(spec, _)| spec),
         ..Default::default()
     });
-    if !lineage.rule_of_two_checked {
+    if !lineage.rule_of_two_checked && !lineage.pooled {
         let target = match &req.name {
             Some(n) => format!("from {} named {n}", source.name),
             None => format!("from {}", source.name),
@@ -287,6 +296,36 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
         init_start_time: None,
         image_config: source.config,
     };
+    // A warm-pool sandbox booted from the same source with the same fixed
+    // settings is taken instead of booting one.
+    if !lineage.pooled && lineage.fork_generation == 0 {
+        let refused = match () {
+            _ if network.as_ref().is_some_and(|(n, _)| n.mode != strata_api::NetworkMode::None) => {
+                Some("a network (pool sandboxes have none)")
+            }
+            _ if !secrets.is_empty() => Some("secrets (injected at boot)"),
+            _ if req.allow_setuid => Some("allow_setuid (fixed at boot)"),
+            _ => None,
+        };
+        let wanted = super::adopt::Wanted {
+            fit: crate::state::pool::Fit {
+                tier,
+                layers: rec.layers.clone(),
+                checkpoint: source.checkpoint.clone(),
+                warm: warm_from.is_some(),
+                userns,
+                tmp,
+                memory_bytes: req.limits.memory_bytes,
+                disk_bytes: req.limits.disk_bytes,
+            },
+            refused,
+            named: req.name.is_some(),
+            hostname_given: req.hostname.is_some(),
+        };
+        if let Some(sb) = super::adopt::adopt(st, wanted, &rec).await? {
+            return Ok(sb);
+        }
+    }
     let lock = st.lock_for(&id);
     let _g = lock.lock().await;
     st.secrets.put(&id, secrets)?;

@@ -1,5 +1,5 @@
 //! The lifecycle operations of a sandbox, one file each (youki keeps one file
-//! per container operation): [`create`](mod@create), [`start`](mod@start),
+//! per container operation): [`create`](mod@create) (and its [`adopt`]ion of a warm-pool sandbox), [`start`](mod@start),
 //! [`stop`](mod@stop), [`destroy`](mod@destroy), [`pause`](mod@pause) (and
 //! unpause), [`standby`](mod@standby), [`resume`](mod@resume),
 //! [`ensure_running`](mod@ensure_running) (resume on access),
@@ -15,6 +15,7 @@
 //! records it with its event in one transaction. Records are read through
 //! [`crate::record`], the layer below this one, which calls no operation.
 
+pub mod adopt;
 pub mod archive;
 pub mod boot;
 pub mod create;

@@ -1,7 +1,7 @@
 //! What the daemon holds: [`AppState`] (shared as [`Shared`]) and its
 //! components, one file each: the [`activity`] tracker, the [`processes`]
 //! table, the [`secrets`] store, per-sandbox [`network`]s, the [`archive`]
-//! store, the [`pipelines`] driver's runs and progress, the isolation [`tiers`], the [`preview`] proxy's state, cost [`accounting`] samples and
+//! store, the [`pipelines`] driver's runs and progress, the warm [`pool`]s' book, the isolation [`tiers`], the [`preview`] proxy's state, cost [`accounting`] samples and
 //! [`metrics`]. The layer below every operation: nothing here calls one (a
 //! unit test checks it, `tests/layers.rs`); the operations that use a
 //! component live in the engine module of the same name.
@@ -12,6 +12,7 @@ pub mod archive;
 pub mod metrics;
 pub mod network;
 pub mod pipelines;
+pub mod pool;
 pub mod preview;
 pub mod processes;
 pub mod secrets;
@@ -85,6 +86,8 @@ pub struct AppState {
     pub pipelines: self::pipelines::Pipelines,
     /// The isolation tiers this daemon runs, and the default one.
     pub tiers: self::tiers::Tiers,
+    /// The warm pools (`--warm-pool`): configuration, members, counters.
+    pub pools: self::pool::Pools,
 }
 
 impl AppState {
@@ -124,6 +127,7 @@ impl AppState {
             previews: self::preview::Previews::default(),
             pipelines: self::pipelines::Pipelines::default(),
             tiers: self::tiers::Tiers::default(),
+            pools: self::pool::Pools::default(),
         }
     }
 

@@ -103,6 +103,12 @@ impl Engine {
         crate::events::doctor(&self.st).await
     }
 
+    /// The warm pools (`--warm-pool`): how full each is and what became of its members.
+    pub async fn warm_pools(&self) -> EngineResult<Vec<strata_api::WarmPoolStatus>> {
+        self.operator_only("the warm pools")?;
+        Ok(crate::pool::status(&self.st))
+    }
+
     /// Prometheus metrics (OpenMetrics text; series of every sandbox).
     pub async fn metrics(&self) -> EngineResult<String> {
         self.operator_only("metrics")?;

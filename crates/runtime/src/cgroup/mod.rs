@@ -143,6 +143,15 @@ impl SandboxCgroup {
         }
     }
 
+    /// Changes the CPU quota and the process limit of an existing cgroup
+    /// (`None`: no limit); memory is left as it is.
+    pub fn set_cpus_and_pids(&self, cpus: Option<f64>, pids: Option<u64>) -> Result<(), CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => v1::set_cpus_and_pids(&self.dirs, cpus, pids),
+            CgroupVersion::V2 => v2::set_cpus_and_pids(&self.dirs[0], cpus, pids),
+        }
+    }
+
     /// The files a single-threaded process writes "0" to in order to join the
     /// cgroup itself. On v1 that is `tasks`: moving one thread (the caller) skips
     /// the global threadgroup lock, whose write side waits for an RCU grace period
@@ -341,6 +350,12 @@ mod tests {
         assert_eq!(fs::read_to_string(m.join("memory.limit_in_bytes")).unwrap(), (64u64 << 20).to_string());
         assert_eq!(fs::read_to_string(d.path().join("cpu/strata/abc/cpu.cfs_quota_us")).unwrap(), "50000");
         assert_eq!(fs::read_to_string(d.path().join("pids/strata/abc/pids.max")).unwrap(), "32");
+        cg.set_cpus_and_pids(Some(1.5), None).unwrap();
+        assert_eq!(fs::read_to_string(d.path().join("cpu/strata/abc/cpu.cfs_quota_us")).unwrap(), "150000");
+        assert_eq!(fs::read_to_string(d.path().join("pids/strata/abc/pids.max")).unwrap(), "max");
+        cg.set_cpus_and_pids(None, Some(64)).unwrap();
+        assert_eq!(fs::read_to_string(d.path().join("cpu/strata/abc/cpu.cfs_quota_us")).unwrap(), "-1");
+        assert_eq!(fs::read_to_string(m.join("memory.limit_in_bytes")).unwrap(), (64u64 << 20).to_string());
     }
 
     #[test]
@@ -355,5 +370,8 @@ mod tests {
         assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "200000 100000");
         assert_eq!(fs::read_to_string(dir.join("pids.max")).unwrap(), "max");
         assert!(fs::read_to_string(d.path().join("cgroup.subtree_control")).unwrap().contains("+memory"));
+        cg.set_cpus_and_pids(None, Some(100)).unwrap();
+        assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "max 100000");
+        assert_eq!(fs::read_to_string(dir.join("pids.max")).unwrap(), "100");
     }
 }

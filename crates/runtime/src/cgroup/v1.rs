@@ -38,6 +38,18 @@ pub(super) fn apply(dirs: &[PathBuf], limits: &ResourceLimits) -> Result<(), Cgr
     Ok(())
 }
 
+pub(super) fn set_cpus_and_pids(dirs: &[PathBuf], cpus: Option<f64>, pids: Option<u64>) -> Result<(), CgroupError> {
+    if let Some(d) = dir_of(dirs, "cpu") {
+        write(&d.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
+        let quota = cpus.map_or("-1".to_string(), |c| ((c * CFS_PERIOD_US as f64).round() as u64).to_string());
+        write(&d.join("cpu.cfs_quota_us"), &quota)?;
+    }
+    if let Some(d) = dir_of(dirs, "pids") {
+        write(&d.join("pids.max"), &pids.map_or("max".to_string(), |n| n.to_string()))?;
+    }
+    Ok(())
+}
+
 pub(super) fn usage(dirs: &[PathBuf]) -> ResourceUsage {
     let mut u = ResourceUsage::default();
     if let Some(d) = dir_of(dirs, "memory") {

@@ -44,6 +44,13 @@ pub(super) fn apply(dir: &Path, limits: &ResourceLimits) -> Result<(), CgroupErr
     Ok(())
 }
 
+pub(super) fn set_cpus_and_pids(dir: &Path, cpus: Option<f64>, pids: Option<u64>) -> Result<(), CgroupError> {
+    let quota = cpus.map_or("max".to_string(), |c| ((c * CPU_PERIOD_US as f64).round() as u64).to_string());
+    write(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+    write(&dir.join("pids.max"), &pids.map_or("max".to_string(), |n| n.to_string()))?;
+    Ok(())
+}
+
 pub(super) fn usage(dir: &Path) -> ResourceUsage {
     ResourceUsage {
         oom_kills: read_keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0),

@@ -83,6 +83,8 @@ pub enum Op {
     SetFrozen,
     /// [`Runtime::usage`].
     Usage,
+    /// [`Runtime::set_cpus_and_pids`].
+    SetCpusAndPids,
     /// [`Runtime::signal`].
     Signal,
     /// [`Runtime::resize_tty`].
@@ -112,6 +114,7 @@ impl Op {
             Op::Cleanup => "cleanup",
             Op::SetFrozen => "set_frozen",
             Op::Usage => "usage",
+            Op::SetCpusAndPids => "set_cpus_and_pids",
             Op::Signal => "signal",
             Op::ResizeTty => "resize_tty",
             Op::ProcessDumpUnsupported => "process_dump_unsupported",
@@ -545,6 +548,15 @@ impl Runtime for FakeRuntime {
         }
         let alive = s.sandboxes.get(sandbox_id).is_some_and(|sb| sb.alive);
         ResourceUsage { pids: alive as u64, ..Default::default() }
+    }
+
+    fn set_cpus_and_pids(&self, sandbox_id: &str, cpus: Option<f64>, pids: Option<u64>) -> Result<(), RuntimeError> {
+        let mut s = self.lock();
+        self.begin(&mut s, Op::SetCpusAndPids, Some(sandbox_id), format!("cpus={cpus:?} pids={pids:?}"))?;
+        match s.sandboxes.get(sandbox_id).filter(|sb| sb.alive) {
+            Some(_) => Ok(()),
+            None => Err(RuntimeError::Setup(format!("sandbox {sandbox_id} is not running"))),
+        }
     }
 
     fn run_dir(&self) -> PathBuf {

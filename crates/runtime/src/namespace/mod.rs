@@ -274,6 +274,10 @@ impl Runtime for NamespaceRuntime {
         self.cgroup(sandbox_id).usage()
     }
 
+    fn set_cpus_and_pids(&self, sandbox_id: &str, cpus: Option<f64>, pids: Option<u64>) -> Result<(), RuntimeError> {
+        Ok(self.cgroup(sandbox_id).set_cpus_and_pids(cpus, pids)?)
+    }
+
     fn run_dir(&self) -> PathBuf {
         self.run_dir.clone()
     }

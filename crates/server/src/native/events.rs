@@ -5,7 +5,7 @@ use axum::extract::Query;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use strata_api::{DaemonInfo, DoctorReport, SandboxEvent};
+use strata_api::{DaemonInfo, DoctorReport, SandboxEvent, WarmPoolStatus};
 
 use crate::native::acting::Acting;
 
@@ -37,6 +37,12 @@ pub async fn events_handler(Acting(engine): Acting, Query(q): Query<EventsQuery>
 #[utoipa::path(get, path = "/v1/info", tag = "host", responses((status = 200, body = DaemonInfo)))]
 pub async fn info_handler(Acting(engine): Acting) -> ApiResult<Json<DaemonInfo>> {
     Ok(Json(engine.info().await?))
+}
+
+/// The warm pools (`strata daemon --warm-pool`): size, members ready, adoptions and misses.
+#[utoipa::path(get, path = "/v1/warm-pool", tag = "host", responses((status = 200, body = [WarmPoolStatus])))]
+pub async fn warm_pool_handler(Acting(engine): Acting) -> ApiResult<Json<Vec<WarmPoolStatus>>> {
+    Ok(Json(engine.warm_pools().await?))
 }
 
 /// What this host supports.

@@ -123,6 +123,8 @@ pub const OPERATOR_ONLY: &[&str] = &[
     "/v1/gc",
     // Host-wide: capabilities, series labelled with every sandbox id, the whole chain.
     "/v1/doctor",
+    // The daemon's own sandboxes, kept for every tenant.
+    "/v1/warm-pool",
     "/metrics",
     "/v1/audit/verify",
     // An agent holding a tenant token must not approve its own request.
