@@ -58,7 +58,8 @@ pub async fn run(st: Shared) {
         }
         let wait = if failed_at.is_empty() { RECHECK } else { RETRY_AFTER };
         tokio::select! {
-            _ = st.pools.wake.notified() => {}
+            // Something changed (an adoption, an import, a template): failed sources try again now.
+            _ = st.pools.wake.notified() => failed_at.clear(),
             _ = tokio::time::sleep(wait) => {}
         }
     }

@@ -171,7 +171,10 @@ pub(crate) async fn boot(
     let linked = spec.userns_link.is_some();
     // A background boot (a warm-pool refill) runs, and leaves its init, at a
     // lower priority; the adoption gives the init the normal one back.
-    let background = crate::state::pool::in_background();
+    // (The namespace tier only: on another, the processes a boot starts are
+    // the tier's own, e.g. runsc's sentry, which no adoption could reach.)
+    let background = crate::state::pool::in_background()
+        && crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Namespace;
     let result = tokio::task::spawn_blocking(move || {
         if background {
             let _ = strata_runtime::set_nice(0, BACKGROUND_NICE);
