@@ -38,6 +38,10 @@ const MARGIN: Duration = Duration::from_millis(500);
 const ROUNDS: usize = 3;
 /// Target: exec latency while a check runs over exec latency without one (p50).
 const EXEC_RATIO_MAX: f64 = 1.1;
+/// Rounds of checkpoint and template creation of the tree (each on a fresh sandbox).
+const SEAL_ROUNDS: usize = 2;
+/// Target (issue 18): checkpoint, and template creation, over `cp -a` + `sync -f` of the same tree.
+const SEAL_RATIO_MAX: f64 = 1.5;
 
 /// A tar of `FILES` seeded files of 1-8 KiB (about 270 MB) under /srv/setup,
 /// like a package tree: many small files in a few hundred directories.
@@ -151,7 +155,10 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     let id1 = import(&c, &v1, false).await?;
     let (tar, payload) = tree()?;
     let mut made: Vec<String> = Vec::new();
-    let res = measure(b, &c, &id1, &v2, &tar, payload, &mut made).await;
+    let mut res = measure(b, &c, &id1, &v2, &tar, payload, &mut made).await;
+    if res.is_ok() {
+        res = seal_tree(b, &c, &id1, &tar, payload, &mut made).await;
+    }
     for id in made {
         let _ = c.remove_sandbox(&id, true).await;
     }
@@ -275,6 +282,112 @@ async fn measure(
             format!("{:<26} {}", "rebase", rb.line()),
             format!("{:<26} {}", "recreate", rc.line()),
             format!("{:<26} {}", "rebase phases", compared.join("; ")),
+        ],
+    ));
+    Ok(())
+}
+
+/// (c) Sealing the tree: a checkpoint of a sandbox whose writable layer holds
+/// it, a template made from such a sandbox (its checkpoint and hygiene scan
+/// included), and the scan alone, each against `cp -a` of the same writable
+/// layer plus `sync -f` (the copy a seal must at least not lose to).
+async fn seal_tree(
+    b: &mut Bench,
+    c: &Client,
+    image: &str,
+    tar: &[u8],
+    payload: u64,
+    made: &mut Vec<String>,
+) -> Result<()> {
+    let (mut ckpts, mut templates, mut scans, mut copies, mut frozen) = (vec![], vec![], vec![], vec![], vec![]);
+    let copy_to = b.cfg.work.join("seal-copy");
+    for round in 0..SEAL_ROUNDS {
+        // Checkpoint (and the scan of that checkpoint on its own).
+        let (sb, _) = setup(c, image, tar).await?;
+        made.push(sb.clone());
+        let t = Instant::now();
+        let ck = c.checkpoint(&sb, &strata_api::CheckpointRequest::default()).await.context("checkpoint")?;
+        ckpts.push(t.elapsed());
+        frozen.push(ck.frozen_ms);
+        if ck.changed_paths < FILES as u64 {
+            bail!("the checkpoint has {} changed paths, the tree {FILES} files", ck.changed_paths);
+        }
+        let t = Instant::now();
+        c.scan(&ck.id).await.context("scan the checkpoint")?;
+        scans.push(t.elapsed());
+        // The baseline: the same writable layer copied and synced.
+        let upper = strata_runtime::disk::upper_dir(&b.cfg.state_dir.join("sandboxes").join(&sb));
+        let _ = std::fs::remove_dir_all(&copy_to);
+        let t = Instant::now();
+        let st = std::process::Command::new("cp").arg("-a").arg(&upper).arg(&copy_to).status()?;
+        let synced = std::process::Command::new("sync").arg("-f").arg(&copy_to).status()?;
+        copies.push(t.elapsed());
+        if !st.success() || !synced.success() {
+            bail!("cp -a / sync -f of {} failed", upper.display());
+        }
+        let _ = std::fs::remove_dir_all(&copy_to);
+        c.remove_sandbox(&sb, true).await.context("remove")?;
+        c.delete_checkpoint(&ck.id).await.context("delete the checkpoint")?;
+        // A template straight from a sandbox: its checkpoint, then the scan gate.
+        let (sb, _) = setup(c, image, tar).await?;
+        made.push(sb.clone());
+        let name = format!("bench-seal-{round}");
+        let t = Instant::now();
+        let tpl = c
+            .create_template(&strata_api::CreateTemplateRequest {
+                name: name.clone(),
+                from: sb.clone(),
+                replace: true,
+                accept_findings: true,
+            })
+            .await
+            .context("template from the sandbox")?;
+        templates.push(t.elapsed());
+        c.delete_template(&name).await.context("delete the template")?;
+        c.remove_sandbox(&sb, true).await.context("remove")?;
+        let _ = c.delete_checkpoint(&tpl.checkpoint).await;
+    }
+    let (ck, tp, sc, cp) = (summarize(&ckpts), summarize(&templates), summarize(&scans), summarize(&copies));
+    let base = format!("{} (cp -a + sync -f of the writable layer)", ms(cp.p50));
+    let r = |s: &crate::stats::Summary| s.p50.as_secs_f64() / cp.p50.as_secs_f64();
+    b.report.rows.push(Row::new(
+        format!(
+            "checkpoint of a sandbox with {FILES} files ({}) written, median of {SEAL_ROUNDS} [frozen ms]",
+            bytes(payload)
+        ),
+        format!("{} {frozen:?}", ms(ck.p50)),
+        base.clone(),
+        ratio(ck.p50.as_secs_f64(), cp.p50.as_secs_f64()),
+        format!("<= {SEAL_RATIO_MAX}x"),
+        Verdict::of(r(&ck) <= SEAL_RATIO_MAX),
+    ));
+    b.report.rows.push(Row::new(
+        format!("template from such a sandbox (checkpoint + hygiene scan), median of {SEAL_ROUNDS}"),
+        ms(tp.p50),
+        base.clone(),
+        ratio(tp.p50.as_secs_f64(), cp.p50.as_secs_f64()),
+        format!("<= {SEAL_RATIO_MAX}x"),
+        Verdict::of(r(&tp) <= SEAL_RATIO_MAX),
+    ));
+    b.report.rows.push(Row::new(
+        "the hygiene scan of that checkpoint alone, median",
+        ms(sc.p50),
+        base,
+        ratio(sc.p50.as_secs_f64(), cp.p50.as_secs_f64()),
+        "(reported)",
+        Verdict::Info,
+    ));
+    b.report.sections.push((
+        "13c. sealing a setup-sized tree: checkpoint and template".into(),
+        format!(
+            "{SEAL_ROUNDS} rounds, each on fresh sandboxes of `{IMAGE}` with the tree of figure 13 uploaded ({FILES} files,              {pay}): `POST /v1/sandboxes/{{id}}/checkpoint` (the sandbox running), then `POST /v1/scan/{{checkpoint}}`;              then, as the baseline, `cp -a` of that sandbox's writable layer (its upper directory on its disk) to the              bench's work directory and `sync -f` on the copy. Then a second sandbox with the same tree becomes a              template directly (`POST /v1/templates` from the sandbox, `accept_findings`): its checkpoint and the              hygiene scan gate in one call.",
+            pay = bytes(payload),
+        ),
+        vec![
+            format!("{:<26} {}", "checkpoint", ck.line()),
+            format!("{:<26} {}", "template from sandbox", tp.line()),
+            format!("{:<26} {}", "scan of the checkpoint", sc.line()),
+            format!("{:<26} {}", "cp -a + sync -f", cp.line()),
         ],
     ));
     Ok(())
