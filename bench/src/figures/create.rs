@@ -19,16 +19,35 @@ const GAP_MS: u64 = 200;
 /// Runs in the spaced-out series.
 const GAP_RUNS: usize = 30;
 
-struct Cycle {
-    id: String,
-    create: Duration,
-    exec: Duration,
-    destroy: Duration,
-    total: Duration,
+/// The times of one create -> first exec -> destroy.
+pub(super) struct Cycle {
+    pub id: String,
+    pub create: Duration,
+    pub exec: Duration,
+    pub destroy: Duration,
+    pub total: Duration,
+}
+
+/// `bwrap --unshare-all` running `echo hi` on `rootfs`: the baseline of a sandbox's first command.
+pub(super) fn bwrap_echo(rootfs: &str) -> [&str; 12] {
+    [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        rootfs,
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "/bin/echo",
+        "hi",
+    ]
 }
 
 /// One create -> exec `echo hi` -> destroy(force) through the API.
-async fn cycle(c: &Client, req: &CreateSandboxRequest) -> Result<Cycle> {
+pub(super) async fn cycle(c: &Client, req: &CreateSandboxRequest) -> Result<Cycle> {
     let t0 = Instant::now();
     let sb = c.create_sandbox(req).await.context("create sandbox")?;
     let t1 = Instant::now();
@@ -67,20 +86,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         bail!("{} is missing (run scripts/build-test-images.sh)", rootfs.display());
     }
     let rs = rootfs.to_string_lossy().into_owned();
-    let bw = [
-        "bwrap",
-        "--unshare-all",
-        "--die-with-parent",
-        "--ro-bind",
-        &rs,
-        "/",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "/bin/echo",
-        "hi",
-    ];
+    let bw = bwrap_echo(&rs);
     let un = ["unshare", "-pmuin", "--fork", "chroot", &rs, "/bin/echo", "hi"];
     let req = create_req(&cfg.image);
     // The same sandbox without a user namespace (strata's default before the

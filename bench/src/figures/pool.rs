@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use strata_client::Client;
 
-use super::{check_echo, create_req, echo_req};
+use super::create_req;
 use crate::report::{Row, Verdict};
 use crate::stats::{ms, ratio, summarize};
 use crate::sys::timed;
@@ -97,38 +97,16 @@ async fn refilled(c: &Client) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
-/// create -> exec `echo hi` -> destroy: (total, create, exec, destroy).
-async fn cycle(c: &Client, image: &str) -> Result<[Duration; 4]> {
-    let t0 = Instant::now();
-    let sb = c.create_sandbox(&create_req(image)).await.context("create sandbox")?;
-    let t1 = Instant::now();
-    let r = c.exec(&sb.id, &echo_req()).await;
-    let t2 = Instant::now();
-    let rm = c.remove_sandbox(&sb.id, true).await;
-    let t3 = Instant::now();
-    check_echo(&r.context("exec in new sandbox")?)?;
-    rm.context("remove sandbox")?;
-    Ok([t3 - t0, t1 - t0, t2 - t1, t3 - t2])
+/// create -> exec `echo hi` -> destroy of the image through `c`.
+async fn cycle(c: &Client, image: &str) -> Result<super::create::Cycle> {
+    super::create::cycle(c, &create_req(image)).await
 }
 
 pub async fn run(b: &mut Bench) -> Result<()> {
     let cfg = b.cfg.clone();
     let rootfs = cfg.images.join("busybox-rootfs");
     let rs = rootfs.to_string_lossy().into_owned();
-    let bw = [
-        "bwrap",
-        "--unshare-all",
-        "--die-with-parent",
-        "--ro-bind",
-        &rs,
-        "/",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "/bin/echo",
-        "hi",
-    ];
+    let bw = super::create::bwrap_echo(&rs);
     let d = start(&cfg.strata, &cfg.work, init_binary_of(cfg.daemon_pid))?;
     let pc = d.client.clone();
     let tar = cfg.images.join("busybox-rootfs.tar");
@@ -160,13 +138,13 @@ pub async fn run(b: &mut Bench) -> Result<()> {
             match (i + k) % 3 {
                 0 => {
                     let r = cycle(&pc, "busybox").await?;
-                    pooled.push(r[0]);
-                    for (v, d) in phases.iter_mut().zip(&r[1..]) {
-                        v.push(*d);
+                    pooled.push(r.total);
+                    for (v, d) in phases.iter_mut().zip([r.create, r.exec, r.destroy]) {
+                        v.push(d);
                     }
                     refill.push(refilled(&pc).await?);
                 }
-                1 => cold.push(cycle(&c, &cfg.image).await?[0]),
+                1 => cold.push(cycle(&c, &cfg.image).await?.total),
                 _ => bwrap.push(timed(&bw, Some("hi\n"))?),
             }
         }

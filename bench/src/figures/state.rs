@@ -39,7 +39,7 @@ const ROUNDS: usize = 3;
 /// Target: exec latency while a check runs over exec latency without one (p50).
 const EXEC_RATIO_MAX: f64 = 1.1;
 /// Rounds of checkpoint and template creation of the tree (each on a fresh sandbox).
-const SEAL_ROUNDS: usize = 2;
+const SEAL_ROUNDS: usize = 3;
 /// Target (issue 18): checkpoint, and template creation, over `cp -a` + `sync -f` of the same tree.
 const SEAL_RATIO_MAX: f64 = 1.5;
 
@@ -305,6 +305,7 @@ async fn seal_tree(
         // Checkpoint (and the scan of that checkpoint on its own).
         let (sb, _) = setup(c, image, tar).await?;
         made.push(sb.clone());
+        crate::sys::sync_all();
         let t = Instant::now();
         let ck = c.checkpoint(&sb, &strata_api::CheckpointRequest::default()).await.context("checkpoint")?;
         ckpts.push(t.elapsed());
@@ -312,12 +313,14 @@ async fn seal_tree(
         if ck.changed_paths < FILES as u64 {
             bail!("the checkpoint has {} changed paths, the tree {FILES} files", ck.changed_paths);
         }
+        crate::sys::sync_all();
         let t = Instant::now();
         c.scan(&ck.id).await.context("scan the checkpoint")?;
         scans.push(t.elapsed());
         // The baseline: the same writable layer copied and synced.
         let upper = strata_runtime::disk::upper_dir(&b.cfg.state_dir.join("sandboxes").join(&sb));
         let _ = std::fs::remove_dir_all(&copy_to);
+        crate::sys::sync_all();
         let t = Instant::now();
         let st = std::process::Command::new("cp").arg("-a").arg(&upper).arg(&copy_to).status()?;
         let synced = std::process::Command::new("sync").arg("-f").arg(&copy_to).status()?;
@@ -332,6 +335,7 @@ async fn seal_tree(
         let (sb, _) = setup(c, image, tar).await?;
         made.push(sb.clone());
         let name = format!("bench-seal-{round}");
+        crate::sys::sync_all();
         let t = Instant::now();
         let tpl = c
             .create_template(&strata_api::CreateTemplateRequest {
@@ -380,7 +384,14 @@ async fn seal_tree(
     b.report.sections.push((
         "13c. sealing a setup-sized tree: checkpoint and template".into(),
         format!(
-            "{SEAL_ROUNDS} rounds, each on fresh sandboxes of `{IMAGE}` with the tree of figure 13 uploaded ({FILES} files,              {pay}): `POST /v1/sandboxes/{{id}}/checkpoint` (the sandbox running), then `POST /v1/scan/{{checkpoint}}`;              then, as the baseline, `cp -a` of that sandbox's writable layer (its upper directory on its disk) to the              bench's work directory and `sync -f` on the copy. Then a second sandbox with the same tree becomes a              template directly (`POST /v1/templates` from the sandbox, `accept_findings`): its checkpoint and the              hygiene scan gate in one call.",
+            "{SEAL_ROUNDS} rounds, each on fresh sandboxes of `{IMAGE}` with the tree of figure 13 uploaded \
+             ({FILES} files, {pay}): `POST /v1/sandboxes/{{id}}/checkpoint` (the sandbox running), then \
+             `POST /v1/scan/{{checkpoint}}`; then, as the baseline, `cp -a` of that sandbox's writable layer (its \
+             upper directory on its disk) to the bench's work directory and `sync -f` on the copy. Then a second \
+             sandbox with the same tree becomes a template directly (`POST /v1/templates` from the sandbox, \
+             `accept_findings`): its checkpoint and the hygiene scan gate in one call. Before each timed step the \
+             host's dirty pages are written out (`sync`), so that the removals of the round before (a writable \
+             layer, a checkpoint's layer of {FILES} files) do not land in it.",
             pay = bytes(payload),
         ),
         vec![

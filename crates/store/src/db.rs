@@ -1262,7 +1262,9 @@ impl Db {
 
     /// Gives a running warm-pool sandbox to its adopter: `rec` (same id) carries
     /// who and what it now is (tenant, name, hostname, source, lifecycle,
-    /// policy, TTL, limits, environment, labels, creation time). Checked and
+    /// policy, TTL, limits, environment, labels, creation time; the image id
+    /// and process defaults its source names, which an image of the same
+    /// layers under another name may set otherwise). Checked and
     /// written in one transaction with the `adopted` event and a fresh usage
     /// record: `Ok(None)` when the sandbox is no longer a running pool member
     /// (adopted by another create, or its init ended), and nothing changes.
@@ -1275,11 +1277,13 @@ impl Db {
                 &format!(
                     "UPDATE sandboxes SET tenant = ?2, name = ?3, hostname = ?4, source = ?5, lifecycle = ?6, created_at = ?7, \
                      updated_at = ?7, policy = ?8, ttl = ?9, expires_at = ?10, limits = ?11, env = ?12, labels = ?13, \
-                     state_reason = ?14, state_detail = NULL WHERE id = ?1 AND tenant = '{POOL_TENANT}' AND state = 'running'"
+                     state_reason = ?14, state_detail = NULL, image_id = ?15, image_config = ?16 \
+                     WHERE id = ?1 AND tenant = '{POOL_TENANT}' AND state = 'running'"
                 ),
                 params![
                     s.id, s.tenant, s.name, s.hostname, s.source, lifecycle_str(s.lifecycle), s.created_at, json(&s.policy),
-                    s.ttl, s.expires_at, json(&s.limits), json(&s.env), json(&s.labels), s.state_reason
+                    s.ttl, s.expires_at, json(&s.limits), json(&s.env), json(&s.labels), s.state_reason, s.image_id,
+                    json(&rec.image_config)
                 ],
             )
             .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
@@ -2452,6 +2456,42 @@ mod tests {
             init_start_time: None,
             image_config: ImageConfig::default(),
         }
+    }
+
+    #[test]
+    fn a_pool_sandbox_is_hidden_and_adopted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("m.db")).unwrap();
+        let mut member = record("0123456789abcdef", "0123456789abcdef");
+        member.sandbox.tenant = POOL_TENANT.into();
+        member.sandbox.state = SandboxState::Running;
+        db.insert_sandbox(&mut member).unwrap();
+        db.insert_sandbox(&mut record("1123456789abcdef", "taken")).unwrap();
+        // Nobody's lookups find it (the operator's neither), the pool's own do.
+        for key in ["0123456789abcdef", "0123"] {
+            assert!(db.find_sandbox(key, None).unwrap().is_none(), "{key}");
+            assert!(db.find_sandbox(key, Some("default")).unwrap().is_none(), "{key}");
+        }
+        assert!(db.find_sandbox("0123456789abcdef", Some(POOL_TENANT)).unwrap().is_some());
+        assert_eq!(db.pooled_sandboxes().unwrap().len(), 1);
+        assert!(db.list_policy_candidates().unwrap().iter().all(|r| r.sandbox.tenant != POOL_TENANT));
+        // Adopted: who it now is, with its event; a name in use is refused and changes nothing.
+        let mut adopted = member.clone();
+        adopted.sandbox.tenant = "acme".into();
+        adopted.sandbox.name = "taken".into();
+        adopted.sandbox.state_reason = "adopted".into();
+        assert!(matches!(db.adopt_pooled(&adopted, "from the pool"), Err(DbError::NameTaken(_))));
+        assert!(db.sandbox_by_id("0123456789abcdef").unwrap().unwrap().sandbox.tenant == POOL_TENANT);
+        adopted.sandbox.name = "web".into();
+        adopted.sandbox.image_id = "sha256:bb".into();
+        adopted.image_config.user = Some("app".into());
+        let ev = db.adopt_pooled(&adopted, "from the pool").unwrap().expect("adopted");
+        assert_eq!((ev.reason.as_str(), ev.detail.as_deref()), ("adopted", Some("from the pool")));
+        let got = db.find_sandbox("web", Some("acme")).unwrap().expect("the adopter sees it");
+        assert_eq!((got.sandbox.image_id.as_str(), got.image_config.user.as_deref()), ("sha256:bb", Some("app")));
+        assert!(db.pooled_sandboxes().unwrap().is_empty());
+        // Once: a second adoption finds no pool member.
+        assert!(db.adopt_pooled(&adopted, "again").unwrap().is_none());
     }
 
     #[test]
