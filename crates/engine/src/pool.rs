@@ -87,9 +87,14 @@ pub async fn sweep_leftovers(st: &Shared) {
         }
     };
     for rec in leftovers {
-        st.pools.remove_where(|m| m.id == rec.sandbox.id);
-        as_pool(discard(st, &rec.sandbox.id, &rec.sandbox.source, "pool_daemon_restart")).await;
+        retire(st, &rec.sandbox.id, &rec.sandbox.source, "pool_daemon_restart").await;
     }
+}
+
+/// Takes member `id` out of the book (if it is there) and destroys it as the pool.
+async fn retire(st: &Shared, id: &str, source: &str, reason: &str) {
+    st.pools.remove_where(|m| m.id == id);
+    as_pool(discard(st, id, source, reason)).await;
 }
 
 /// Runs `fut` as the pool's own work: in the pool's tenant (so it sees its members), without quotas.
@@ -122,8 +127,7 @@ async fn refill(st: &Shared, cfg: &PoolConfig) -> EngineResult<()> {
                 && crate::record::handle_of(&r).is_some_and(|h| st.runtime_of(&r.sandbox).is_alive(&h))
         });
         if !live {
-            st.pools.remove_where(|m| m.id == id);
-            as_pool(discard(st, &id, &cfg.source, "pool_member_died")).await;
+            retire(st, &id, &cfg.source, "pool_member_died").await;
         }
     }
     while st.pools.count(&cfg.source) < cfg.size && !st.pools.closed() {
@@ -167,8 +171,7 @@ async fn drain(st: &Shared, source: &str, reason: &str) {
 pub async fn drain_users(st: &Shared, uses: impl Fn(&strata_store::db::SandboxRecord) -> bool) {
     let Ok(members) = st.db.pooled_sandboxes() else { return };
     for rec in members.into_iter().filter(|r| uses(r)) {
-        st.pools.remove_where(|m| m.id == rec.sandbox.id);
-        as_pool(discard(st, &rec.sandbox.id, &rec.sandbox.source, "pool_source_removed")).await;
+        retire(st, &rec.sandbox.id, &rec.sandbox.source, "pool_source_removed").await;
     }
     st.pools.wake.notify_one();
 }
