@@ -148,11 +148,11 @@ note "daemon pid $DAEMON_PID, state $STATE"
 step "strata image import busybox-rootfs.tar --name busybox" \
     "$STRATA" --socket "$SOCK" image import "$IMAGES/busybox-rootfs.tar" --name busybox
 
-# The e2b and warm figures: the Debian test image (the E2B `base` template), imported as e2b-base.
+# The e2b, warm and preview figures: the Debian test image (the E2B `base` template), imported as e2b-base.
 WANT_E2B=1
 for ((i = 0; i < ${#EXTRA[@]}; i++)); do
     if [ "${EXTRA[$i]}" = --only ]; then
-        case ",${EXTRA[$((i + 1))]:-}," in *,e2b,* | *,warm,*) ;; *) WANT_E2B=0 ;; esac
+        case ",${EXTRA[$((i + 1))]:-}," in *,e2b,* | *,warm,* | *,preview,*) ;; *) WANT_E2B=0 ;; esac
     fi
 done
 if [ "$WANT_E2B" = 1 ]; then

@@ -537,6 +537,9 @@ fn a_preview_request_resumes_a_sandbox_in_standby() {
     let id = web_sandbox(&d, &[], 8000);
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo state-before-standby > /www8000/state.txt"]);
     let t = token(&preview(&d, &id, "8000", &[]));
+    // Served while running: the proxy remembers this admission (token, init)...
+    let r = get(&addr, &format!("/preview/{id}/8000/state.txt"), &[tok_header(&t)]);
+    assert_eq!((r.status, r.body.as_str()), (200, "state-before-standby\n"), "{r:?}");
     d.cli_ok(&["standby", &id]);
     assert_eq!(rt().block_on(d.client().get_sandbox(&id)).unwrap().state, SandboxState::Standby);
     // An unauthenticated request does not wake it.
@@ -547,6 +550,7 @@ fn a_preview_request_resumes_a_sandbox_in_standby() {
         SandboxState::Standby,
         "a refused request leaves it in standby"
     );
+    // ...which the standby made stale: this request resumes the sandbox.
     let r = get(&addr, &format!("/preview/{id}/8000/state.txt"), &[tok_header(&t)]);
     assert_eq!((r.status, r.body.as_str()), (200, "state-before-standby\n"), "{r:?}");
     assert_eq!(r.header("strata-resumed-from"), Some("standby"), "{r:?}");

@@ -127,6 +127,26 @@ pub fn authorize(
 
 // ---- the proxy ----
 
+/// The version of everything an admission depends on: the latest sandbox
+/// event (every state change, create, destroy and adoption writes one and
+/// calls [`crate::state::AppState::notify_events`]) and the count of preview
+/// creations and revocations. The proxy may reuse an admission (token checked,
+/// sandbox running, its init) for later requests while this is unchanged and
+/// the preview has not expired; any change sends the next request through
+/// [`authorize`] and [`ready_sandbox`] again, so a revoke or a standby counts
+/// from the next request, as without the reuse. (One daemon's view: a daemon
+/// sharing the database with others needs the database's own change counter.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation {
+    events: i64,
+    previews: u64,
+}
+
+/// The current [`Generation`].
+pub fn generation(st: &Shared) -> Generation {
+    Generation { events: *st.events_tx.borrow(), previews: st.previews.changes() }
+}
+
 /// A running sandbox for a preview request: resumes one in standby (or paused); 409 otherwise.
 pub async fn ready_sandbox(
     st: &Shared,
@@ -200,6 +220,7 @@ pub fn create(st: &Shared, sandbox: &str, req: &CreatePreviewRequest) -> EngineR
         url_path: String::new(),
     };
     st.db.insert_preview(&p, &crate::tenancy::secret_hash(&token))?;
+    st.previews.changed();
     let p = st.previews.with_urls(p);
     info!(sandbox = %p.sandbox_id, preview = %p.id, port = ?p.port, public = p.public, expires_at = %p.expires_at, "preview created");
     let signed_url = format!("{}?{PREVIEW_TOKEN_QUERY}={token}", p.url_path);
@@ -226,6 +247,7 @@ pub fn revoke(st: &Shared, sandbox: &str, preview: &str) -> EngineResult<Preview
         .db
         .revoke_preview(&rec.sandbox.id, preview, &now())?
         .ok_or_else(|| preview_not_found(&rec.sandbox.id, preview))?;
+    st.previews.changed();
     info!(sandbox = %p.sandbox_id, preview = %p.id, "preview revoked");
     Ok(st.previews.with_urls(p))
 }

@@ -193,12 +193,13 @@ async fn spawn_validated(
 /// Spawns a runtime's exec (or attach) helper with the process-side pipe ends:
 /// stdio, and the report pipe named in `STRATA_REPORT_FD`.
 fn spawn_helper(
-    mut cmd: std::process::Command,
+    helper: strata_runtime::HelperCommand,
     report_w: OwnedFd,
     stdout_w: OwnedFd,
     stderr_w: OwnedFd,
     stdin_r: Option<OwnedFd>,
 ) -> EngineResult<()> {
+    let strata_runtime::HelperCommand { mut cmd, held } = helper;
     cmd.env(strata_runtime::spec::REPORT_FD_ENV, report_w.as_raw_fd().to_string());
     let stdin = stdin_r.map_or_else(Stdio::null, Stdio::from);
     cmd.stdin(stdin).stdout(Stdio::from(stdout_w)).stderr(Stdio::from(stderr_w));
@@ -210,6 +211,7 @@ fn spawn_helper(
             .map_err(|e| EngineError::internal("pass the report pipe to the exec helper", &e))?;
         let spawned = tokio::process::Command::from(cmd).spawn();
         drop(report_w);
+        drop(held);
         spawned.map_err(|e| EngineError::internal("spawn exec helper", &e))?
     };
     // The helper's own end says nothing about the process's (its report does).
@@ -234,7 +236,7 @@ pub fn attach_restored(
             .attach_command(sandbox_id, handle, pid, c.stdin.is_some())
             .map_err(|e| EngineError::internal("attach to a restored process", &e))?;
         match cmd {
-            Some(cmd) => spawn_helper(cmd, c.report, c.stdout, c.stderr, c.stdin)?,
+            Some(cmd) => spawn_helper(cmd.into(), c.report, c.stdout, c.stderr, c.stdin)?,
             None => return Ok(()),
         }
     }

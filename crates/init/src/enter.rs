@@ -1,11 +1,15 @@
 //! `strata-init _enter`: runs one process inside a running sandbox. The daemon
-//! spawns it from the host (the static binary starts in a fraction of the time
-//! the strata binary takes).
+//! spawns it from the host, executing the very file the sandbox's pid 1 runs
+//! ([`open_init_exe`]: `/proc/<init>/exe`, opened through init's `/proc`
+//! directory after its start time was checked), so that its mappings lie in
+//! the sandbox's own mount tree.
 //!
 //! Like `nsenter`: join the cgroup, `setns` into init's namespaces and fork
 //! twice, so that the process's parent inside the sandbox is the sandbox's pid 1
-//! (the whole tree can then be dumped for standby). The inner child becomes
-//! `strata-init _shim`, which forks the process, lowers itself to the
+//! (the whole tree can then be dumped for standby). The inner child is the
+//! shim ([`crate::exec::shim`], no second exec: on this host every start of a
+//! static glibc binary costs ~0.7 ms of `cpuid` probing, measured with perf),
+//! which forks the process, lowers itself to the
 //! sandbox's root, installs the seccomp filter, resolves the user against the
 //! sandbox's own /etc/passwd, drops to that user, execs, and reports on the
 //! descriptor named by `STRATA_REPORT_FD` ([`ExecReport`] JSON lines) until the
@@ -19,25 +23,26 @@
 //!
 //! 1. It makes itself non-dumpable first (nothing in the sandbox may open its
 //!    `/proc` entries or descriptors once it is visible there).
-//! 2. Still on the host, it opens `/proc/<init>` (checking the kernel start
-//!    time, so a recycled pid is never joined) and, relative to it, init's
-//!    namespaces and `exe`: the strata-init binary pid 1 runs, through the
-//!    read-only bind mount init made before any sandbox code ran. Executing
-//!    that descriptor (`execveat(AT_EMPTY_PATH)`) runs the pinned binary whatever
-//!    the sandbox did to `/run` (a moved directory, a planted file), and the
-//!    process's mappings still lie in the sandbox's own mount tree (CRIU can
-//!    dump it).
-//! 3. Only then does it join the cgroup and the namespaces, fork, and execute
-//!    that descriptor as the shim; the shim is non-dumpable from its first
-//!    instruction on and lowers its credentials before it reads a single file
-//!    of the sandbox ([`crate::exec`]).
+//! 2. The daemon opened its program from the host: `/proc/<init>` (checking
+//!    the kernel start time, so a recycled pid is never used) and, relative to
+//!    it, `exe`: the strata-init binary pid 1 runs, through the read-only bind
+//!    mount init made before any sandbox code ran (a regular file on a
+//!    read-only mount, or refused). That runs the pinned binary whatever the
+//!    sandbox did to `/run` (a moved directory, a planted file), and the
+//!    process's mappings lie in the sandbox's own mount tree (CRIU can dump
+//!    it). Still on the host, `_enter` opens `/proc/<init>` again (start time
+//!    checked), checks that it runs that same file on that same mount, and
+//!    opens init's namespaces relative to it.
+//! 3. Only then does it join the cgroup and the namespaces and fork; the shim
+//!    is non-dumpable from its first instruction on and lowers its credentials
+//!    before it reads a single file of the sandbox ([`crate::exec`]).
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 pub use crate::exec::REPORT_FD_ENV;
-use crate::exec::{die, ExecSpec, Reporter, SPEC_ENV};
+use crate::exec::{die, ExecSpec, Reporter};
 use nix::fcntl::OFlag;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::stat::Mode;
@@ -102,6 +107,10 @@ pub fn main() -> ! {
         _ => die(&mut rep, format!("the sandbox's init (pid {}) is no longer running", cfg.init_pid)),
     }
     let helper = open_helper(proc_dir.as_raw_fd()).unwrap_or_else(|e| die(&mut rep, e));
+    if !runs_from(&helper) {
+        die(&mut rep, "the exec helper does not run from the sandbox init's executable (its processes could not be dumped): spawn it through open_init_exe".into());
+    }
+    drop(helper);
     let mut namespaces = Vec::new();
     for (name, flag) in NAMESPACES {
         match openat_owned(proc_dir.as_raw_fd(), &format!("ns/{name}"), OFlag::O_RDONLY | OFlag::O_CLOEXEC) {
@@ -147,10 +156,9 @@ pub fn main() -> ! {
     }
     // Outer (host) -> A (inside the pid namespace) -> B: A exits at once, so B is
     // reparented to the sandbox's pid 1 and the whole process tree lies inside
-    // the sandbox (CRIU can dump it for standby). B executes the helper as the
-    // `_shim`, which runs the process and reports its exit. B waits until the
-    // outer helper has reaped A, so that the sandbox never sees A as a zombie
-    // next to the process.
+    // the sandbox (CRIU can dump it for standby). B is the shim, which runs the
+    // process and reports its exit. B waits until the outer helper has reaped
+    // A, so that the sandbox never sees A as a zombie next to the process.
     let (go_r, go_w) = match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => die(&mut rep, format!("pipe: {e}")),
@@ -169,7 +177,10 @@ pub fn main() -> ! {
                     // EOF (the outer helper died) also lets B go on.
                     let _ = nix::unistd::read(go_r.as_raw_fd(), &mut byte);
                     drop(go_r);
-                    exec_shim(&helper, &cfg.exec, rep)
+                    if let Err(e) = nix::unistd::setsid() {
+                        die(&mut rep, format!("setsid: {e}"));
+                    }
+                    crate::exec::shim(cfg.exec, rep)
                 }
                 Ok(ForkResult::Parent { .. }) => std::process::exit(0),
             }
@@ -229,26 +240,43 @@ fn open_helper(proc_dir: RawFd) -> Result<OwnedFd, String> {
     Ok(fd)
 }
 
-/// B: becomes the shim by executing `helper` (the descriptor opened on the
-/// host); the report descriptor and stdio are handed over.
-fn exec_shim(helper: &OwnedFd, exec: &ExecSpec, mut rep: Reporter) -> ! {
-    if let Err(e) = nix::unistd::setsid() {
-        die(&mut rep, format!("setsid: {e}"));
+/// Whether this process runs the file `helper` names, on the same mount
+/// (`/proc/self/exe` against it: inode, device and mount id).
+fn runs_from(helper: &OwnedFd) -> bool {
+    let id = |dir: RawFd, path: &std::ffi::CStr, flags: i32| -> Option<(u32, u32, u64, u64)> {
+        // SAFETY: a zeroed statx buffer is a valid out-parameter.
+        let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: statx with a valid descriptor or AT_FDCWD, a NUL-terminated path and our buffer.
+        let r = unsafe { libc::statx(dir, path.as_ptr(), flags, libc::STATX_INO | libc::STATX_MNT_ID, &mut sx) };
+        (r == 0 && sx.stx_mask & libc::STATX_MNT_ID != 0).then_some((
+            sx.stx_dev_major,
+            sx.stx_dev_minor,
+            sx.stx_ino,
+            sx.stx_mnt_id,
+        ))
+    };
+    let theirs = id(helper.as_raw_fd(), c"", libc::AT_EMPTY_PATH);
+    let ours = id(libc::AT_FDCWD, c"/proc/self/exe", 0);
+    theirs.is_some() && theirs == ours
+}
+
+/// The executable of the sandbox init `init_pid` (started at `start_time`),
+/// opened `O_PATH` from the host for the daemon to spawn `_enter` from (as
+/// `/proc/self/fd/N`): refused when that pid is no longer that init, or the
+/// file is not a regular file on a read-only mount.
+pub fn open_init_exe(init_pid: i32, start_time: u64) -> Result<OwnedFd, String> {
+    let proc_dir = nix::fcntl::open(
+        format!("/proc/{init_pid}").as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("open /proc/{init_pid}: {e} (is the sandbox running?)"))?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    let proc_dir = unsafe { OwnedFd::from_raw_fd(proc_dir) };
+    if start_time_at(proc_dir.as_raw_fd()) != Some(start_time) {
+        return Err(format!("the sandbox's init (pid {init_pid}) is no longer running"));
     }
-    let fd = rep.0.as_ref().map(|f| f.as_raw_fd());
-    if let Some(fd) = fd {
-        // SAFETY: F_SETFD on our own descriptor: it must survive the exec.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
-    }
-    let argv = [c"strata".to_owned(), c"_shim".to_owned()];
-    let json = serde_json::to_string(exec).expect("ExecSpec serializes");
-    let mut env = vec![CString::new(format!("{SPEC_ENV}={json}"))
-        .unwrap_or_else(|_| die(&mut rep, "command or environment contains a NUL byte".into()))];
-    if let Some(fd) = fd {
-        env.push(CString::new(format!("{REPORT_FD_ENV}={fd}")).expect("digits"));
-    }
-    let err = exec_fd(helper, &argv, &env);
-    die(&mut rep, format!("exec the sandbox's process helper: {err}"))
+    open_helper(proc_dir.as_raw_fd())
 }
 
 /// Executes the file behind `fd` (`execveat(fd, "", AT_EMPTY_PATH)`); returns

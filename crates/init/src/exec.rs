@@ -1,5 +1,5 @@
-//! One process inside a sandbox: the `_shim` that a sandbox's exec helper
-//! becomes inside the sandbox, and everything between fork and exec of the
+//! One process inside a sandbox: the shim that a sandbox's exec helper
+//! (`_enter`) becomes inside the sandbox, and everything between fork and exec of the
 //! process itself (user, working directory, environment, credentials, seccomp).
 
 use std::collections::BTreeMap;
@@ -15,8 +15,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::{creds, seccomp, user};
 
-/// Environment variable carrying the [`ExecSpec`] JSON for `_shim`.
-pub const SPEC_ENV: &str = "STRATA_EXEC_SPEC";
 /// Environment variable naming the descriptor the helpers report on.
 pub const REPORT_FD_ENV: &str = "STRATA_REPORT_FD";
 
@@ -114,17 +112,11 @@ pub fn die(rep: &mut Reporter, message: String) -> ! {
     std::process::exit(127)
 }
 
-/// Entry point of `strata _shim` (inside the sandbox, a child of its pid 1):
-/// forks the process, hands it stdio, and reports its exit. Never returns.
-pub fn shim_main() -> ! {
-    // First of all: nothing inside may open this process's descriptors (the
-    // report pipe among them) through /proc. Until this call the shim holds
-    // every capability, which keeps sandbox processes out as well.
-    crate::enter::make_undumpable();
-    let mut rep = Reporter::from_env();
+/// The shim's work, in a process inside the sandbox that is already
+/// non-dumpable (the inner child of `_enter`): forks the
+/// process, relays its output, reports its pid and how it ended.
+pub fn shim(spec: ExecSpec, mut rep: Reporter) -> ! {
     close_inherited(rep.0.as_ref().map(|f| f.as_raw_fd()));
-    let raw = std::env::var(SPEC_ENV).unwrap_or_else(|_| die(&mut rep, format!("{SPEC_ENV} is not set")));
-    let spec: ExecSpec = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse exec spec: {e}")));
     // The shim outlives its process to report how it ended: stop signals aimed at
     // everything (pid 1 relays SIGTERM to all on stop) are for the process alone.
     let mut set = nix::sys::signal::SigSet::empty();

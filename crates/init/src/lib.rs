@@ -5,8 +5,8 @@
 //!
 //! * [`pid1`]: the sandbox's pid 1 after setup (reaper, stop relay).
 //! * [`enter`]: `_enter`, run by the daemon on the host: joins a sandbox and
-//!   hands one process to a `_shim` inside.
-//! * [`exec`]: the per-process `_shim` and everything between fork and exec.
+//!   hands one process to a shim inside (its inner child).
+//! * [`exec`]: the per-process shim and everything between fork and exec.
 //! * [`runsc`]: the gVisor tier's `_runsc_exec` (on the host).
 //! * [`spawner`]: the gVisor tier's pid 1 as the parent of every API process
 //!   (so they survive `runsc checkpoint`), reached over [`channel`] (frames

@@ -1,6 +1,6 @@
 //! Pseudo-terminals inside a sandbox: a new pair from the sandbox's own
 //! devpts instance (`/dev/ptmx`), its size, and making its far end a
-//! process's controlling terminal. Used by the namespace tier's `_shim` and
+//! process's controlling terminal. Used by the namespace tier's shim and
 //! the gVisor tier's pid 1; the master stays inside the sandbox, so a
 //! checkpoint (CRIU or runsc) keeps the terminal with its processes.
 

@@ -129,6 +129,23 @@ pub fn inherit_in_next_spawn(
         .map_err(std::io::Error::from)
 }
 
+/// A helper process to spawn ([`Runtime::exec_command`]): the command, and a
+/// descriptor that must stay open until it was spawned (the program it runs
+/// may be that descriptor, as `/proc/self/fd/N`).
+#[derive(Debug)]
+pub struct HelperCommand {
+    /// The command.
+    pub cmd: std::process::Command,
+    /// Kept open until the command was spawned, then dropped.
+    pub held: Option<std::os::fd::OwnedFd>,
+}
+
+impl From<std::process::Command> for HelperCommand {
+    fn from(cmd: std::process::Command) -> Self {
+        HelperCommand { cmd, held: None }
+    }
+}
+
 /// A started sandbox: enough to find it again after a daemon restart.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxHandle {
@@ -226,7 +243,7 @@ pub trait Runtime: Send + Sync {
         sandbox_id: &str,
         handle: &SandboxHandle,
         exec: &ExecSpec,
-    ) -> Result<std::process::Command, RuntimeError>;
+    ) -> Result<HelperCommand, RuntimeError>;
 
     /// Whether restored (or detached) processes get their pipes back through
     /// [`Runtime::attach_command`] rather than from the restore itself.

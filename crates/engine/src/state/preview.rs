@@ -91,6 +91,8 @@ pub struct Previews {
     pub listen: std::sync::OnceLock<SocketAddr>,
     /// Socket makers by (sandbox, init pid, init start time).
     connectors: Mutex<HashMap<InitKey, Arc<dyn NetSockets>>>,
+    /// Counts preview creations and revocations (see [`crate::preview::generation`]).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 /// A sandbox's init: (sandbox id, init pid, init start time).
@@ -105,7 +107,22 @@ impl std::fmt::Debug for Previews {
 impl Previews {
     /// A proxy with these settings.
     pub fn new(config: PreviewConfig) -> Self {
-        Previews { config, listen: std::sync::OnceLock::new(), connectors: Mutex::new(HashMap::new()) }
+        Previews {
+            config,
+            listen: std::sync::OnceLock::new(),
+            connectors: Mutex::new(HashMap::new()),
+            changes: 0.into(),
+        }
+    }
+
+    /// Records that a preview was created or revoked.
+    pub(crate) fn changed(&self) {
+        self.changes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many previews were created or revoked so far.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Forgets the connector threads of a sandbox (its init is gone or changed).

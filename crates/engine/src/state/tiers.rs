@@ -172,7 +172,12 @@ impl Runtime for Missing {
     fn is_alive(&self, _: &SandboxHandle) -> bool {
         false
     }
-    fn exec_command(&self, _: &str, _: &SandboxHandle, _: &ExecSpec) -> Result<std::process::Command, RuntimeError> {
+    fn exec_command(
+        &self,
+        _: &str,
+        _: &SandboxHandle,
+        _: &ExecSpec,
+    ) -> Result<strata_runtime::HelperCommand, RuntimeError> {
         Err(self.err())
     }
     fn stop(&self, _: &str, _: &SandboxHandle, _: Duration) -> Result<(), RuntimeError> {

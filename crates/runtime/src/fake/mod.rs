@@ -45,7 +45,6 @@ mod tests;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -481,7 +480,12 @@ impl Runtime for FakeRuntime {
         found.is_some_and(|(_, alive)| alive)
     }
 
-    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<Command, RuntimeError> {
+    fn exec_command(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        exec: &ExecSpec,
+    ) -> Result<crate::HelperCommand, RuntimeError> {
         let mut s = self.lock();
         self.begin(&mut s, Op::ExecCommand, Some(sandbox_id), format!("argv={:?}", exec.argv))?;
         let handler = s.exec.clone();
@@ -490,7 +494,7 @@ impl Runtime for FakeRuntime {
         let ns_pid = sb.exec_pids.last().map_or(2, |p| p + 1);
         sb.exec_pids.push(ns_pid);
         drop(s);
-        Ok(exec::command(ns_pid, &handler(sandbox_id, exec)))
+        Ok(exec::command(ns_pid, &handler(sandbox_id, exec)).into())
     }
 
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {

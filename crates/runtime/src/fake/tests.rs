@@ -271,7 +271,7 @@ fn the_fake_is_a_runtime_trait_object() {
 /// Runs `cmd` the way the daemon does: the report pipe's write end inherited
 /// under the spawn lock and named in STRATA_REPORT_FD. Returns the report
 /// lines, stdout and stderr.
-fn run(mut cmd: Command, stdin: &[u8]) -> (Vec<ExecReport>, Vec<u8>, Vec<u8>) {
+fn run(mut cmd: std::process::Command, stdin: &[u8]) -> (Vec<ExecReport>, Vec<u8>, Vec<u8>) {
     use std::io::Write;
     use std::os::fd::{FromRawFd, OwnedFd};
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
@@ -310,13 +310,13 @@ fn exec_reports_what_the_caller_expects() {
         }
     });
     let ls = ExecSpec { argv: vec!["ls".into()], ..Default::default() };
-    let (reports, stdout, stderr) = run(rt.exec_command("a", &h, &ls).unwrap(), b"");
+    let (reports, stdout, stderr) = run(rt.exec_command("a", &h, &ls).unwrap().cmd, b"");
     assert_eq!(reports, [ExecReport::NsPid { pid: 2 }, ExecReport::Exited { code: 3 }]);
     // Bytes arrive verbatim: no printf interpretation, NUL included.
     assert_eq!(stdout, b"a %s \\n \0 end");
     assert_eq!(stderr, b"oops\n");
     let cat = ExecSpec { argv: vec!["cat".into()], ..Default::default() };
-    let (reports, stdout, _) = run(rt.exec_command("a", &h, &cat).unwrap(), b"hello\n");
+    let (reports, stdout, _) = run(rt.exec_command("a", &h, &cat).unwrap().cmd, b"hello\n");
     assert_eq!(reports, [ExecReport::NsPid { pid: 3 }, ExecReport::Exited { code: 0 }]);
     assert_eq!(stdout, b"hello\n");
     let call = rt.calls().into_iter().find(|c| c.op == Op::ExecCommand).unwrap();
@@ -328,13 +328,13 @@ fn exec_can_end_by_signal_or_never_start() {
     let (_d, rt) = fake();
     let h = rt.start(&spec("a")).unwrap();
     rt.set_exec(|_, _| FakeExec::signaled(libc::SIGKILL));
-    let (reports, _, _) = run(rt.exec_command("a", &h, &ExecSpec::default()).unwrap(), b"");
+    let (reports, _, _) = run(rt.exec_command("a", &h, &ExecSpec::default()).unwrap().cmd, b"");
     assert_eq!(reports, [ExecReport::NsPid { pid: 2 }, ExecReport::Signaled { signal: libc::SIGKILL }]);
     rt.set_exec(|_, _| FakeExec::spawn_error("no such file: nope"));
-    let (reports, _, _) = run(rt.exec_command("a", &h, &ExecSpec::default()).unwrap(), b"");
+    let (reports, _, _) = run(rt.exec_command("a", &h, &ExecSpec::default()).unwrap().cmd, b"");
     assert_eq!(reports, [ExecReport::SpawnError { message: "no such file: nope".into() }]);
     // Without a report descriptor the command still runs (and says nothing).
-    let out = rt.exec_command("a", &h, &ExecSpec::default()).unwrap().stdin(Stdio::null()).output().unwrap();
+    let out = rt.exec_command("a", &h, &ExecSpec::default()).unwrap().cmd.stdin(Stdio::null()).output().unwrap();
     assert_eq!(out.status.code(), Some(127));
     assert!(out.stdout.is_empty());
 }

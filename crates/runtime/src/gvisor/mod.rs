@@ -612,8 +612,13 @@ impl Runtime for GvisorRuntime {
         process_start_time(handle.init_pid) == Some(handle.init_start_time)
     }
 
-    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<Command, RuntimeError> {
-        self.helper_command(sandbox_id, handle, strata_init::runsc::Job::Exec { exec: exec.clone() })
+    fn exec_command(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        exec: &ExecSpec,
+    ) -> Result<crate::HelperCommand, RuntimeError> {
+        self.helper_command(sandbox_id, handle, strata_init::runsc::Job::Exec { exec: exec.clone() }).map(Into::into)
     }
 
     fn attaches_by_command(&self) -> bool {

@@ -5,7 +5,7 @@
 //! `strata-init _pid1`), [`mounts`], [`criu`] and [`restore`] (`strata
 //! _restore`: dump and restore the process tree for standby). From the static
 //! `strata-init` crate: [`enter`] (`strata-init _enter`, run on the host, hands
-//! one process to a `strata-init _shim` inside), [`creds`], [`seccomp`], [`user`].
+//! one process to a shim inside, its inner child), [`creds`], [`seccomp`], [`user`].
 //!
 //! The setup steps of `_init` and `_restore` ([`init::enter_namespaces`],
 //! [`init::setup_sandbox`], [`restore::prepare_root`] and the [`mounts`]
@@ -194,21 +194,28 @@ impl Runtime for NamespaceRuntime {
         process_start_time(handle.init_pid) == Some(handle.init_start_time)
     }
 
-    fn exec_command(&self, sandbox_id: &str, handle: &SandboxHandle, exec: &ExecSpec) -> Result<Command, RuntimeError> {
-        if !self.is_alive(handle) {
-            return Err(RuntimeError::Setup("sandbox init is not running".into()));
-        }
+    fn exec_command(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        exec: &ExecSpec,
+    ) -> Result<crate::HelperCommand, RuntimeError> {
+        // The helper runs from the file pid 1 runs (so its mappings, and the
+        // shim's, lie in the sandbox's mount tree): opened through init's
+        // /proc directory once its start time matched, never by a path.
+        let exe = enter::open_init_exe(handle.init_pid, handle.init_start_time).map_err(RuntimeError::Setup)?;
         let cfg = enter::EnterConfig {
             init_pid: handle.init_pid,
             init_start_time: handle.init_start_time,
             cgroup_join_files: self.cgroup(sandbox_id).join_files(),
             exec: exec.clone(),
         };
-        let mut cmd = Command::new(&self.init_binary);
+        let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
+        std::os::unix::process::CommandExt::arg0(&mut cmd, "strata-init");
         cmd.arg("_enter")
             .env_clear()
             .env(enter::CONFIG_ENV, serde_json::to_string(&cfg).expect("EnterConfig serializes"));
-        Ok(cmd)
+        Ok(crate::HelperCommand { cmd, held: Some(exe) })
     }
 
     fn stop(&self, sandbox_id: &str, handle: &SandboxHandle, grace: Duration) -> Result<(), RuntimeError> {

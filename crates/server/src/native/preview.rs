@@ -37,10 +37,12 @@ const POOL_PER_PORT: usize = 16;
 
 type PoolKey = (String, u16, i32);
 
-/// Idle keep-alive connections to sandbox ports, per (sandbox, port, init pid).
+/// The proxy's state: idle keep-alive connections to sandbox ports, per
+/// (sandbox, port, init pid), and the admissions it may reuse ([`Admission`]).
 #[derive(Default)]
 pub struct PreviewPool {
     pool: Mutex<HashMap<PoolKey, Vec<SendRequest<Body>>>>,
+    admissions: Mutex<HashMap<AdmitKey, Admission>>,
 }
 
 impl PreviewPool {
@@ -63,6 +65,7 @@ impl PreviewPool {
 
     fn forget(&self, sandbox: &str) {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != sandbox);
+        self.admissions.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, a| a.id != sandbox);
     }
 }
 
@@ -306,21 +309,93 @@ fn is_upgrade(h: &HeaderMap) -> Option<HeaderValue> {
     }
 }
 
-async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiResult<Response> {
+/// What admitted a request to a sandbox port: the token check, the running
+/// sandbox and its init. Reused for later requests with the same token while
+/// the engine's [`Generation`] is unchanged and the preview has not expired.
+#[derive(Clone)]
+struct Admission {
+    /// The sandbox's full id.
+    id: String,
+    /// Its init.
+    handle: strata_runtime::SandboxHandle,
+    /// The runtime of its tier.
+    runtime: Arc<dyn strata_runtime::Runtime>,
+    /// When the admitting preview expires (`None`: an unreadable expiry, never reused).
+    expires: Option<SystemTime>,
+    /// The token that admitted it (`None`: a public preview).
+    admitted_by: Option<String>,
+    /// What the engine's state was before the checks ran.
+    generation: Generation,
+}
+
+/// Admissions by (sandbox id as given, port, tokens presented).
+type AdmitKey = (String, u16, Vec<String>);
+
+/// Admissions kept at most (all are forgotten when more would be).
+const MAX_ADMISSIONS: usize = 4096;
+
+impl PreviewPool {
+    fn admitted(&self, key: &AdmitKey, now: Generation, at: SystemTime) -> Option<Admission> {
+        let admissions = self.admissions.lock().unwrap_or_else(|p| p.into_inner());
+        admissions.get(key).filter(|a| a.generation == now && a.expires.is_some_and(|e| e > at)).cloned()
+    }
+
+    fn remember(&self, key: AdmitKey, a: Admission) {
+        let mut admissions = self.admissions.lock().unwrap_or_else(|p| p.into_inner());
+        if admissions.len() >= MAX_ADMISSIONS {
+            admissions.clear();
+        }
+        admissions.insert(key, a);
+    }
+}
+
+/// Checks a request's tokens and readies its sandbox (resuming one in
+/// standby): from a remembered admission when nothing changed since, else
+/// through the engine's checks ([`authorize`], [`ready_sandbox`]).
+async fn admit(
+    st: &Shared,
+    pool: &PreviewPool,
+    t: &Target,
+    tokens: Vec<String>,
+) -> ApiResult<(Admission, Option<strata_api::ResumeResult>)> {
+    let generation = generation(st);
+    let key: AdmitKey = (t.key.clone(), t.port, tokens);
+    if let Some(a) = pool.admitted(&key, generation, SystemTime::now()) {
+        return Ok((a, None));
+    }
     // The full id only (no names or prefixes): these URLs are reachable without
     // an API token, so an answer must not tell whether a guessable name exists.
     let rec = st.db.sandbox_by_id(&t.key)?.ok_or_else(|| ApiError::sandbox_not_found(&t.key))?;
     let id = rec.sandbox.id.clone();
-    let (tokens, query_token) = presented_tokens(req.headers(), req.uri());
     let (preview, admitted_by) =
-        authorize(st, &id, t.port, &tokens)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;
+        authorize(st, &id, t.port, &key.2)?.map_err(|r| ApiError::new(ErrorCode::Unauthorized, r.to_string()))?;
     // A preview request has no API caller: once its token admitted it, it acts
     // in the sandbox's tenant (a resume on access sees that sandbox, nothing else).
     let tenant = rec.sandbox.tenant.clone();
     let (rec, resumed) = strata_engine::tenancy::run_in_tenant(&tenant, ready_sandbox(st, rec)).await?;
-    let (Some(pid), Some(handle)) = (rec.sandbox.init_pid, handle_of(&rec)) else {
+    let Some(handle) = handle_of(&rec) else {
         return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id} has no running init")));
     };
+    let a = Admission {
+        id,
+        handle,
+        runtime: st.runtime_of(&rec.sandbox),
+        expires: humantime::parse_rfc3339_weak(&preview.expires_at).ok(),
+        admitted_by,
+        generation,
+    };
+    // A resume changed the generation: nothing to remember until the next request.
+    if resumed.is_none() {
+        pool.remember(key, a.clone());
+    }
+    Ok((a, resumed))
+}
+
+async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiResult<Response> {
+    let (tokens, query_token) = presented_tokens(req.headers(), req.uri());
+    let (adm, resumed) = admit(st, pool, &t, tokens).await?;
+    let Admission { id, handle, runtime: rt, expires, admitted_by, .. } = adm;
+    let pid = handle.init_pid;
     // Held for the whole exchange: the request, the streamed response, an upgraded connection.
     let guard = st.activity.hold(&id);
 
@@ -373,18 +448,23 @@ async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiR
     let mut sender = match pooled {
         Some(s) => s,
         None => {
-            let rt = st.runtime_of(&rec.sandbox);
             if !rt.is_alive(&handle) {
                 pool.forget(&id);
                 st.previews.forget_connectors(&id);
-                return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
+                return Err(ApiError::invalid_state(
+                    strata_api::SandboxState::Running,
+                    format!("sandbox {id}'s init is gone"),
+                ));
             }
             let stream = st.previews.connect(rt.as_ref(), &id, &handle, t.port).await?;
             // Checked again now that a namespace was (maybe) opened by pid: a reused pid must not hand us another one.
             if !rt.is_alive(&handle) {
                 pool.forget(&id);
                 st.previews.forget_connectors(&id);
-                return Err(ApiError::invalid_state(rec.sandbox.state, format!("sandbox {id}'s init is gone")));
+                return Err(ApiError::invalid_state(
+                    strata_api::SandboxState::Running,
+                    format!("sandbox {id}'s init is gone"),
+                ));
             }
             let (sender, conn) =
                 hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|source| {
@@ -448,10 +528,7 @@ async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiR
     strip_hop_by_hop(&mut out_headers);
     // A signed URL's token sets the cookie (only when that token is what admitted the request).
     if let Some(tok) = query_token.filter(|q| admitted_by.as_ref() == Some(q)) {
-        let max_age = humantime::parse_rfc3339_weak(&preview.expires_at)
-            .ok()
-            .and_then(|e| e.duration_since(SystemTime::now()).ok())
-            .map_or(0, |d| d.as_secs());
+        let max_age = expires.and_then(|e| e.duration_since(SystemTime::now()).ok()).map_or(0, |d| d.as_secs());
         let cookie = format!("{COOKIE}={tok}; Path={}; Max-Age={max_age}; HttpOnly; SameSite=Lax", t.cookie_path);
         if let Ok(v) = HeaderValue::from_str(&cookie) {
             out_headers.append(header::SET_COOKIE, v);
