@@ -189,8 +189,9 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         ms(st.p50),
         format!("{} (bwrap)", ms(sb.p50)),
         ratio(st.p50.as_secs_f64(), sb.p50.as_secs_f64()),
-        "<= 3x bwrap",
-        Verdict::of(r50 <= 3.0),
+        // Issue 18's target without a warm pool (the first round's was 3x).
+        "<= 2.5x bwrap",
+        Verdict::of(r50 <= 2.5),
     ));
     rows.push(Row::new(
         format!("create -> first exec -> destroy, p99 (API, n={n})"),

@@ -97,8 +97,9 @@ async fn measure(b: &mut Bench, id: &str, userns: bool, plain_id: &str) -> Resul
         ms(ss.p50),
         format!("{} (nsenter)", ms(sb.p50)),
         ratio(ss.p50.as_secs_f64(), sb.p50.as_secs_f64()),
-        "<= 2x nsenter",
-        Verdict::of(r50 <= 2.0),
+        // Issue 18's target (the first round's was 2x).
+        "<= 1.5x nsenter",
+        Verdict::of(r50 <= 1.5),
     ));
     b.report.rows.push(Row::new(
         format!("exec `echo hi` into running sandbox, p99 (API, n={n})"),
