@@ -39,8 +39,14 @@ const RAW_BYTES: u64 = 74 * MIB;
 const REPS: usize = 5;
 /// The cold-start baseline runs after the cycles whose index is a multiple of this.
 const COLD_EVERY: usize = 2;
-const STANDBY_TARGET_MS: f64 = 300.0;
-const RESUME_TARGET_MS: f64 = 150.0;
+/// Issue 18's target (the first round's was 300 ms).
+const STANDBY_TARGET_MS: f64 = 150.0;
+/// Issue 18's target: resume call -> first served request (lazy restore may
+/// serve it before all memory is back; without it, that is the API wall).
+/// The first round's was 150 ms.
+const RESUME_TARGET_MS: f64 = 60.0;
+/// Issue 18: the first call on a small sandbox in standby, served, p50.
+const FIRST_CALL_TARGET_MS: f64 = 25.0;
 /// Host RAM standby must release, as a share of the workload's RSS.
 const RELEASED_TARGET: f64 = 0.95;
 /// Concurrent calls while putting many sandboxes into standby and destroying them.
@@ -1136,8 +1142,8 @@ async fn policy(b: &mut Bench, details: &mut Vec<String>) -> Result<()> {
         format!("{} [{}]", fs.p50_p99(), rm.p50_p99()),
         format!("{} (the same exec, running)", bs.p50_p99()),
         format!("{} / {}", ratio(fms(fs.p50), fms(bs.p50)), ratio(fms(fs.p99), fms(bs.p99))),
-        "reported",
-        Verdict::Info,
+        format!("p50 <= {FIRST_CALL_TARGET_MS:.0} ms"),
+        Verdict::of(fms(fs.p50) <= FIRST_CALL_TARGET_MS),
     ));
     let list = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
     details.push(format!(
