@@ -93,19 +93,7 @@ pub fn main() -> ! {
     let cfg: EnterConfig = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
     // Everything below is opened on the host, relative to init's /proc directory
     // (which stays bound to that very process even if its pid is reused).
-    let proc_dir = match nix::fcntl::open(
-        format!("/proc/{}", cfg.init_pid).as_str(),
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    ) {
-        // SAFETY: open returned a new descriptor that nothing else owns.
-        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
-        Err(e) => die(&mut rep, format!("open /proc/{}: {e} (is the sandbox running?)", cfg.init_pid)),
-    };
-    match start_time_at(proc_dir.as_raw_fd()) {
-        Some(t) if t == cfg.init_start_time => {}
-        _ => die(&mut rep, format!("the sandbox's init (pid {}) is no longer running", cfg.init_pid)),
-    }
+    let proc_dir = open_init_dir(cfg.init_pid, cfg.init_start_time).unwrap_or_else(|e| die(&mut rep, e));
     let helper = open_helper(proc_dir.as_raw_fd()).unwrap_or_else(|e| die(&mut rep, e));
     if !runs_from(&helper) {
         die(&mut rep, "the exec helper does not run from the sandbox init's executable (its processes could not be dumped): spawn it through open_init_exe".into());
@@ -265,18 +253,24 @@ fn runs_from(helper: &OwnedFd) -> bool {
 /// `/proc/self/fd/N`): refused when that pid is no longer that init, or the
 /// file is not a regular file on a read-only mount.
 pub fn open_init_exe(init_pid: i32, start_time: u64) -> Result<OwnedFd, String> {
-    let proc_dir = nix::fcntl::open(
+    open_helper(open_init_dir(init_pid, start_time)?.as_raw_fd())
+}
+
+/// `/proc/<init_pid>`, opened `O_PATH` (it stays bound to that very process
+/// even if its pid is reused) once its kernel start time is `start_time`.
+fn open_init_dir(init_pid: i32, start_time: u64) -> Result<OwnedFd, String> {
+    let fd = nix::fcntl::open(
         format!("/proc/{init_pid}").as_str(),
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| format!("open /proc/{init_pid}: {e} (is the sandbox running?)"))?;
     // SAFETY: open returned a new descriptor that nothing else owns.
-    let proc_dir = unsafe { OwnedFd::from_raw_fd(proc_dir) };
+    let proc_dir = unsafe { OwnedFd::from_raw_fd(fd) };
     if start_time_at(proc_dir.as_raw_fd()) != Some(start_time) {
         return Err(format!("the sandbox's init (pid {init_pid}) is no longer running"));
     }
-    open_helper(proc_dir.as_raw_fd())
+    Ok(proc_dir)
 }
 
 /// Executes the file behind `fd` (`execveat(fd, "", AT_EMPTY_PATH)`); returns
