@@ -214,6 +214,9 @@ pub struct Config {
     pub default_check_every: Option<std::time::Duration>,
     /// Sources to keep booted sandboxes of (`--warm-pool SOURCE=N`).
     pub warm_pools: Vec<state::pool::PoolConfig>,
+    /// Resume from standby with lazily restored memory where the tier and
+    /// host can (`--lazy-restore`; see [`strata_runtime::MemoryRestore`]).
+    pub lazy_restore: bool,
 }
 
 /// Name of the token file in the state directory.
@@ -347,6 +350,17 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     app_state.network = network::Network::new(&cfg.state_dir, &cfg.network);
     app_state.approval_timeout = cfg.approval_timeout.unwrap_or(approvals::DEFAULT_TIMEOUT);
     app_state.default_check_every = cfg.default_check_every;
+    app_state.lazy_restore = cfg.lazy_restore;
+    if cfg.lazy_restore {
+        let rt = &app_state.runtime;
+        match (rt.lazy_restore_unsupported(false), rt.lazy_restore_unsupported(true)) {
+            (None, None) => info!("standby resumes restore memory lazily"),
+            (None, Some(why)) => {
+                tracing::warn!("standby resumes of sandboxes in user namespaces restore memory eagerly: {why}")
+            }
+            (Some(why), _) => tracing::warn!("standby resumes restore memory eagerly: {why}"),
+        }
+    }
     app_state.disks = Arc::new(strata_runtime::disk::DiskPool::new(&cfg.state_dir, default_disk_bytes, cfg.disk_pool));
     if let (Some(_), Some(why)) = (default_disk_bytes, strata_runtime::disk::unavailable()) {
         tracing::warn!(

@@ -215,6 +215,27 @@ pub trait NetSockets: Send + Sync {
     fn socket(&self, reply: Box<dyn FnOnce(std::io::Result<std::os::fd::OwnedFd>) + Send>) -> bool;
 }
 
+/// How a restore brings the processes' memory back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryRestore {
+    /// Every page is in place before the processes run again.
+    Eager,
+    /// Where the tier and the host can ([`Runtime::lazy_restore_unsupported`]):
+    /// the processes run again at once, each missing page is filled in when
+    /// first touched and the rest in the background ([`Runtime::memory_fill`]
+    /// follows it to the last page); elsewhere eager.
+    Lazy,
+}
+
+/// The background fill of a lazily restored sandbox's memory.
+pub trait PageFill: Send + Sync {
+    /// Blocks until the fill has ended: `Ok` with the time from the
+    /// restore's start until every page was resident, `Err` with why pages
+    /// are missing (the restored processes must not run on: what they have
+    /// not read yet would read as zeros).
+    fn wait(&self) -> Result<Duration, String>;
+}
+
 /// Held while the processes of a sandbox are detached from the daemon's pipes
 /// for a copy ([`Runtime::detach_processes`]): no new process starts in the
 /// sandbox until it is dropped.
@@ -363,7 +384,32 @@ pub trait Runtime: Send + Sync {
         work_dir: &std::path::Path,
         helper: &std::path::Path,
         inherit: &[(std::os::fd::RawFd, u64)],
+        memory: MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError>;
+
+    /// Why this tier cannot restore the memory of a sandbox (in a user
+    /// namespace of its own, or not) lazily on this host (`None`: it can).
+    fn lazy_restore_unsupported(&self, userns: bool) -> Option<String> {
+        let _ = userns;
+        Some(format!("the {} tier restores memory eagerly", self.name()))
+    }
+
+    /// The fill of the sandbox's last restore while pages are still coming
+    /// in (`None`: its memory is all resident). Dumps of the sandbox wait
+    /// for it themselves: a dump taken mid-fill would save only the pages
+    /// already filled.
+    fn memory_fill(&self, sandbox_id: &str) -> Option<std::sync::Arc<dyn PageFill>> {
+        let _ = sandbox_id;
+        None
+    }
+
+    /// Whether a lazy restore from `image_dir` left a fill that no daemon
+    /// followed to its end (the daemon stopped meanwhile): the processes it
+    /// restored may miss pages, silently.
+    fn unwatched_fill(&self, image_dir: &std::path::Path) -> bool {
+        let _ = image_dir;
+        false
+    }
 
     /// Gives restored processes the identity of `spec` (hostname, sandbox id,
     /// machine id, fork generation) where a restore brought back the identity

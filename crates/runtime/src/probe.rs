@@ -135,8 +135,18 @@ pub fn doctor() -> DoctorReport {
         if sys_resource { "present" } else { "absent: hard rlimits are never raised" },
         "raising hard rlimits (strata never needs to)",
     ));
-    let uffd = Path::new("/proc/sys/vm/unprivileged_userfaultfd").exists() || Path::new("/dev/userfaultfd").exists();
-    f.push(check("userfaultfd", uffd, if uffd { "present" } else { "missing" }, "lazy memory restore"));
+    let (plain, userns) = (crate::namespace::lazy::unsupported(false), crate::namespace::lazy::unsupported(true));
+    let lazy_detail = match (&plain, &userns) {
+        (None, None) => "on for every sandbox".to_string(),
+        (None, Some(why)) => format!("only for sandboxes without a user namespace: {why}"),
+        (Some(why), _) => why.clone(),
+    };
+    f.push(check(
+        "lazy_restore",
+        plain.is_none() && userns.is_none(),
+        lazy_detail,
+        "resume from standby before every page is back (userfaultfd); otherwise eagerly",
+    ));
     let criu = Command::new("criu")
         .arg("--version")
         .output()

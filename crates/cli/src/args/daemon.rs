@@ -120,6 +120,25 @@ pub struct DaemonArgs {
     /// refills in the background at a lower priority. `strata pool` shows them.
     #[arg(long, env = "STRATA_WARM_POOL", value_name = "IMAGE_OR_TEMPLATE=N", value_delimiter = ',')]
     pub warm_pool: Vec<strata_engine::state::pool::PoolConfig>,
+    /// How a resume from standby brings memory back: `on` (lazily where the
+    /// host can: the processes run again at once, pages come in on first
+    /// touch and in the background; `strata doctor` says where it cannot)
+    /// or `off` (every page before the processes run).
+    #[arg(long, env = "STRATA_LAZY_RESTORE", value_name = "on|off", default_value = "on",
+        value_parser = parse_on_off)]
+    pub lazy_restore: OnOff,
+}
+
+/// An `on`/`off` switch.
+#[derive(Debug, Clone, Copy)]
+pub struct OnOff(pub bool);
+
+fn parse_on_off(s: &str) -> Result<OnOff, String> {
+    match s {
+        "on" | "true" => Ok(OnOff(true)),
+        "off" | "false" => Ok(OnOff(false)),
+        _ => Err(format!("{s:?}: on or off")),
+    }
 }
 
 /// `--check-every`: the policy's own rule (at least [`strata_api::MIN_CHECK_EVERY`]).

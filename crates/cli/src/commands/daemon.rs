@@ -31,6 +31,7 @@ pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
             default_userns: a.default_userns.0,
             default_check_every: a.check_every,
             warm_pools: a.warm_pool,
+            lazy_restore: a.lazy_restore.0,
         },
         socket,
         listen: a.listen,

@@ -392,3 +392,42 @@ pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
     std::fs::write(&p, data).unwrap();
     p
 }
+
+/// A workload (busybox sh) holding `raw` random bytes as base64 text in a
+/// shell variable (anonymous memory); on SIGUSR1 it writes the md5 of what it
+/// holds to /root/sum. Started through the API in sandbox `id`.
+pub fn start_held(d: &TestDaemon, id: &str, raw: u64) -> Held {
+    let script = format!(
+        "x=$(head -c {raw} /dev/urandom | base64)\n\
+         trap 'echo \"$x\" | md5sum > /root/sum.tmp && mv /root/sum.tmp /root/sum' USR1\n\
+         echo \"$x\" | md5sum > /root/sum0.tmp && mv /root/sum0.tmp /root/sum0\n\
+         sleep 2147483647 & s=$!\n\
+         while kill -0 $s 2>/dev/null; do wait $s; done\n"
+    );
+    let p = rt()
+        .block_on(d.client().start_process(
+            id,
+            &strata_api::ExecRequest { cmd: vec!["sh".into(), "-c".into(), script], ..Default::default() },
+        ))
+        .unwrap();
+    let sum0 = d.upper(id, "root/sum0");
+    assert!(wait_until(60, || sum0.exists()), "the workload holds its text\n{}", d.log());
+    let pid = rt().block_on(d.client().get_process(id, p.id)).unwrap().pid.expect("a pid inside");
+    Held { pid, sum: std::fs::read_to_string(sum0).unwrap() }
+}
+
+/// The workload of [`start_held`]: its pid inside, and the md5 of what it held at the start.
+pub struct Held {
+    pub pid: i32,
+    pub sum: String,
+}
+
+/// Asks the workload for the md5 of what it holds now (through an exec, so
+/// it works whether or not the API still tracks the process) and compares.
+pub fn assert_intact(d: &TestDaemon, id: &str, held: &Held, when: &str) {
+    let sum = d.upper(id, "root/sum");
+    let _ = std::fs::remove_file(&sum);
+    d.cli_ok(&["exec", id, "--", "kill", "-USR1", &held.pid.to_string()]);
+    assert!(wait_until(60, || sum.exists()), "{when}: the workload answers\n{}", d.log());
+    assert_eq!(std::fs::read_to_string(&sum).unwrap(), held.sum, "{when}: every byte the workload held is back");
+}

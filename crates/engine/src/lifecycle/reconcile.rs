@@ -26,6 +26,22 @@ pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
         let rt = st.runtime_of(&rec.sandbox);
         let alive = handle_of(&rec).is_some_and(|h| rt.is_alive(&h));
         let ephemeral = rec.sandbox.lifecycle == Lifecycle::Ephemeral;
+        let image = crate::process_image::image_dir(st, &id);
+        if matches!(state, SandboxState::Running | SandboxState::Paused) && rt.unwatched_fill(&image) {
+            // Resumed lazily, and the previous daemon stopped before the fill's
+            // verdict: whether every page came back is unknown.
+            warn!(sandbox = %id, "a lazy restore's fill went unwatched; its processes are killed");
+            let _ = kill_processes(st, &rec, Duration::ZERO).await;
+            transition(
+                st,
+                &id,
+                state,
+                Change::new(Action::Fail, "lazy_restore_unwatched").detail(UNWATCHED_FILL),
+                Instant::now(),
+                None,
+            )?;
+            continue;
+        }
         match state {
             SandboxState::Running | SandboxState::Paused if alive => {
                 info!(sandbox = %id, "re-adopted running sandbox");
@@ -78,6 +94,9 @@ pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
     }
     Ok(())
 }
+
+/// Why a sandbox resumed lazily is `error` after a daemon restart.
+const UNWATCHED_FILL: &str = "the daemon stopped while this sandbox's memory was still coming back from its standby image (lazy restore), so whether every page arrived is unknown; its processes were killed and the image is kept (`strata resume` restores from it again)";
 
 /// Removes directories and cgroups of sandboxes that have no record (left by a
 /// crash between a destroy's commit and its background cleanup).

@@ -230,8 +230,17 @@ pub fn complete_interrupted(st: &Shared, rec: &SandboxRecord) -> EngineResult<bo
 pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     let id = &rec.sandbox.id;
     let dir = image_dir(st, id);
-    match st.runtime_of(&rec.sandbox).interrupted_restore(id, &dir) {
+    let rt = st.runtime_of(&rec.sandbox);
+    match rt.interrupted_restore(id, &dir) {
         InterruptedRestore::None => {}
+        InterruptedRestore::Running(handle) if rt.unwatched_fill(&dir) => {
+            // Restored lazily, but nobody saw the fill end: the tree may miss
+            // pages. It goes; the image (intact) is restored again on resume.
+            warn!(sandbox = %id, "killing a lazily restored tree whose fill went unwatched; the sandbox stays in standby");
+            let _ = rt.stop(id, &handle, std::time::Duration::ZERO);
+            let _ = rt.cleanup(id);
+            rt.restore_leftovers(&dir);
+        }
         InterruptedRestore::Running(handle) => {
             transition(
                 st,

@@ -187,7 +187,8 @@ pub async fn boot(
     let tier = rt.clone();
     let linked = spec.userns_link.is_some();
     let restored = tokio::task::spawn_blocking(move || {
-        let handle = rt.restore_processes(&spec, &images, &work, &helper, &inherit)?;
+        let handle =
+            rt.restore_processes(&spec, &images, &work, &helper, &inherit, strata_runtime::MemoryRestore::Eager)?;
         if let Err(e) = rt.reidentify(&spec, &handle) {
             let _ = rt.stop(&spec.id, &handle, std::time::Duration::ZERO);
             let _ = rt.cleanup(&spec.id);

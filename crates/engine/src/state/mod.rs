@@ -76,6 +76,8 @@ pub struct AppState {
     /// How often persistent sandboxes whose policy names no `check_every` are
     /// checked (`--check-every`; `None`: they are not).
     pub default_check_every: Option<std::time::Duration>,
+    /// Resumes from standby ask the tier for lazily restored memory (`--lazy-restore`).
+    pub lazy_restore: bool,
     /// Default limits, their bounds, admission control and tenant quotas.
     pub admission: Arc<crate::admission::Admission>,
     /// The preview proxy (settings, idle upstream connections).
@@ -123,6 +125,7 @@ impl AppState {
             prices: strata_api::Prices::default(),
             approval_timeout: DEFAULT_APPROVAL_TIMEOUT,
             default_check_every: None,
+            lazy_restore: false,
             admission,
             previews: self::preview::Previews::default(),
             pipelines: self::pipelines::Pipelines::default(),

@@ -224,6 +224,7 @@ impl Runtime for Missing {
         _: &Path,
         _: &Path,
         _: &[(RawFd, u64)],
+        _: strata_runtime::MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError> {
         Err(self.err())
     }

@@ -51,15 +51,17 @@ impl TestEngine {
             state_dir: root.clone(),
         };
         let cfg = AdmissionConfig { default_disk: DefaultLimit::NoLimit, ..AdmissionConfig::default() };
-        let st = Arc::new(AppState::new(
+        let mut st = AppState::new(
             strata_store::Db::open(&root.join("metadata.db")).expect("db"),
             strata_store::LayerStore::open(root.join("layers")).expect("layers"),
             rt.clone(),
             root.clone(),
             crate::archive::ArchiveStore::local(&root.join("archive")).expect("archive"),
             Arc::new(Admission::new(&cfg, host).expect("admission")),
-        ));
-        TestEngine { st, rt, dir }
+        );
+        // As the daemon's default; the fake restores lazily only once told to.
+        st.lazy_restore = true;
+        TestEngine { st: Arc::new(st), rt, dir }
     }
 
     /// Imports a tiny rootfs directory as image `name`.

@@ -116,6 +116,84 @@ async fn a_failed_restore_marks_the_sandbox_error_and_keeps_its_image() {
     .await;
 }
 
+/// Polls the engine (yielding to its tasks) until `f` holds, at most 5 s.
+async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+/// An engine whose fake restores lazily, with a sandbox put into standby and
+/// resumed: its fill is open until the test settles it.
+async fn lazily_resumed() -> (TestEngine, String) {
+    let e = TestEngine::new();
+    e.rt.set_lazy_restore(true);
+    e.image("base").await;
+    let id = e.sandbox("base", "dev").await;
+    crate::lifecycle::standby(&e.st, &id, "user").await.expect("standby");
+    crate::lifecycle::resume(&e.st, &id, "user").await.expect("resume");
+    (e, id)
+}
+
+#[tokio::test]
+async fn a_lazy_resume_keeps_its_image_until_every_page_is_in() {
+    crate::tenancy::as_daemon(async {
+        let (e, id) = lazily_resumed().await;
+        let dir = crate::process_image::image_dir(&e.st, &id);
+        assert_eq!(e.state(&id), SandboxState::Running);
+        let last = e.st.db.events(Some(&id), 0, 1000).unwrap().pop().unwrap();
+        assert!(last.detail.as_deref().unwrap().contains("memory restored lazily"), "{last:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(dir.exists(), "pages still come from the image");
+        e.rt.settle_fill(&id, Ok(std::time::Duration::from_millis(42)));
+        assert!(eventually(|| !dir.exists()).await, "retired once every page is in");
+        let ev = e.st.db.events(Some(&id), 0, 1000).unwrap().pop().unwrap();
+        assert_eq!((ev.reason.as_str(), ev.to), ("memory_resident", SandboxState::Running));
+        assert!(ev.detail.unwrap().contains("42 ms"));
+        // And a standby after that dumps as usual.
+        crate::lifecycle::standby(&e.st, &id, "user").await.expect("standby again");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_failed_fill_kills_the_processes_and_keeps_the_image_for_another_resume() {
+    crate::tenancy::as_daemon(async {
+        let (e, id) = lazily_resumed().await;
+        e.rt.settle_fill(&id, Err("criu lazy-pages ended (signal: 9)".into()));
+        assert!(eventually(|| e.state(&id) == SandboxState::Error).await);
+        let ev = e.st.db.events(Some(&id), 0, 1000).unwrap().pop().unwrap();
+        assert_eq!(ev.reason, "lazy_restore_failed");
+        assert!(ev.detail.unwrap().contains("signal: 9"));
+        assert!(!e.rt.sandbox(&id).unwrap().alive, "the processes with missing pages are gone");
+        assert!(crate::process_image::image_dir(&e.st, &id).exists(), "the image is kept");
+        // The explicit retry restores from it (eagerly this time).
+        e.rt.set_lazy_restore(false);
+        let r = crate::lifecycle::resume_parked(&e.st, &id, &Default::default(), "user").await.expect("retry");
+        assert!(r.processes_restored && r.from == SandboxState::Error);
+        assert!(!crate::process_image::image_dir(&e.st, &id).exists(), "an eager resume retires it at once");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_sandbox_stopped_before_its_fill_ends_loses_the_spent_image() {
+    crate::tenancy::as_daemon(async {
+        let (e, id) = lazily_resumed().await;
+        assert!(strata_runtime::Runtime::memory_fill(&*e.rt, &id).is_some(), "a fill runs");
+        crate::lifecycle::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.expect("stop");
+        // The processes are gone: the fill daemon's verdict says so.
+        e.rt.settle_fill(&id, Err("Restorer unexpectedly closed the connection".into()));
+        assert!(eventually(|| !crate::process_image::image_dir(&e.st, &id).exists()).await);
+        assert_eq!(e.state(&id), SandboxState::Stopped);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn an_image_from_another_host_is_a_409_and_stays_in_standby() {
     crate::tenancy::as_daemon(async {

@@ -227,6 +227,12 @@ struct State {
     dump_unsupported: Option<String>,
     usage: HashMap<String, ResourceUsage>,
     exec: ExecHandler,
+    /// Restores asking for lazy memory get a fill ([`FakeRuntime::set_lazy_restore`]).
+    lazy: bool,
+    /// Fills of lazy restores until a dump or cleanup collects them.
+    fills: HashMap<String, Arc<crate::namespace::lazy::Fill>>,
+    /// The latest fill of each sandbox, collected or not ([`FakeRuntime::settle_fill`]).
+    last_fills: HashMap<String, Arc<crate::namespace::lazy::Fill>>,
 }
 
 /// The in-memory runtime (see the module doc).
@@ -265,6 +271,9 @@ impl FakeRuntime {
                 dump_unsupported: None,
                 usage: HashMap::new(),
                 exec: Arc::new(|_, _| FakeExec::default()),
+                lazy: false,
+                fills: HashMap::new(),
+                last_fills: HashMap::new(),
             }),
         }
     }
@@ -296,6 +305,34 @@ impl FakeRuntime {
     /// [`RuntimeError::Unsupported`] too.
     pub fn set_process_dump_unsupported(&self, why: Option<String>) {
         self.lock().dump_unsupported = why;
+    }
+
+    /// Whether restores that ask for lazy memory get it (default: no, and
+    /// [`Runtime::lazy_restore_unsupported`] says so): each then has a fill
+    /// that stays open until [`FakeRuntime::settle_fill`] gives its verdict;
+    /// dumps of the sandbox wait for it, as the real tier's do.
+    pub fn set_lazy_restore(&self, on: bool) {
+        self.lock().lazy = on;
+    }
+
+    /// Ends the fill of `sandbox_id`'s latest lazy restore with `verdict`
+    /// (also after a cleanup forgot it). Panics when there is none.
+    pub fn settle_fill(&self, sandbox_id: &str, verdict: Result<Duration, String>) {
+        let fill = self.lock().last_fills.get(sandbox_id).cloned().expect("no lazy restore of this sandbox");
+        fill.settle(verdict);
+    }
+
+    /// Waits for the fill of `sandbox_id` (if any) to end and collects it,
+    /// without holding the state lock meanwhile.
+    fn memory_complete(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        let Some(fill) = self.lock().fills.get(sandbox_id).cloned() else { return Ok(()) };
+        let verdict = crate::PageFill::wait(&*fill);
+        self.lock().fills.remove(sandbox_id);
+        verdict.map(drop).map_err(|why| {
+            RuntimeError::Setup(format!(
+                "the memory of sandbox {sandbox_id} is incomplete (its lazy restore failed): {why}"
+            ))
+        })
     }
 
     /// What [`Runtime::usage`] answers for `sandbox_id` from now on.
@@ -514,6 +551,7 @@ impl Runtime for FakeRuntime {
     fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
         let mut s = self.lock();
         self.begin(&mut s, Op::Cleanup, Some(sandbox_id), String::new())?;
+        s.fills.remove(sandbox_id);
         let run_dir = self.run_dir.clone();
         if let Some(sb) = s.sandboxes.get_mut(sandbox_id) {
             if sb.alive {
@@ -610,6 +648,7 @@ impl Runtime for FakeRuntime {
         handle: &SandboxHandle,
         images_dir: &Path,
     ) -> Result<PathBuf, RuntimeError> {
+        self.memory_complete(sandbox_id)?;
         let mut s = self.lock();
         self.begin(&mut s, Op::DumpProcesses, Some(sandbox_id), format!("images={}", images_dir.display()))?;
         let identity = Self::dumpable(&s, sandbox_id, handle, false)?;
@@ -627,6 +666,7 @@ impl Runtime for FakeRuntime {
         handle: &SandboxHandle,
         images_dir: &Path,
     ) -> Result<PathBuf, RuntimeError> {
+        self.memory_complete(sandbox_id)?;
         let mut s = self.lock();
         self.begin(&mut s, Op::CopyProcesses, Some(sandbox_id), format!("images={}", images_dir.display()))?;
         let identity = Self::dumpable(&s, sandbox_id, handle, true)?;
@@ -640,6 +680,7 @@ impl Runtime for FakeRuntime {
         work_dir: &Path,
         helper: &Path,
         inherit: &[(std::os::fd::RawFd, u64)],
+        memory: crate::MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError> {
         let mut s = self.lock();
         let detail = format!("images={} work={} inherit={}", images_dir.display(), work_dir.display(), inherit.len());
@@ -673,7 +714,20 @@ impl Runtime for FakeRuntime {
             root: Some(spec.upper_dir.clone()),
         };
         s.sandboxes.insert(spec.id.clone(), sb);
+        if memory == crate::MemoryRestore::Lazy && s.lazy {
+            let fill = crate::namespace::lazy::Fill::new();
+            s.fills.insert(spec.id.clone(), fill.clone());
+            s.last_fills.insert(spec.id.clone(), fill);
+        }
         Ok(handle)
+    }
+
+    fn lazy_restore_unsupported(&self, _userns: bool) -> Option<String> {
+        (!self.lock().lazy).then(|| "fake: lazy restore is off (FakeRuntime::set_lazy_restore)".to_string())
+    }
+
+    fn memory_fill(&self, sandbox_id: &str) -> Option<Arc<dyn crate::PageFill>> {
+        self.lock().fills.get(sandbox_id).map(|f| f.clone() as Arc<dyn crate::PageFill>)
     }
 
     fn reidentify(&self, spec: &SandboxSpec, handle: &SandboxHandle) -> Result<(), RuntimeError> {

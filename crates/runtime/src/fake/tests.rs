@@ -138,7 +138,8 @@ fn standby_dumps_then_restores() {
     assert!(!rt.is_alive(&h));
     rt.cleanup("a").unwrap();
     assert_eq!(rt.actions("a"), [Op::Start, Op::DumpProcesses, Op::Cleanup]);
-    let restored = rt.restore_processes(&spec("a"), &images, &images, &helper, &[(7, 99)]).unwrap();
+    let restored =
+        rt.restore_processes(&spec("a"), &images, &images, &helper, &[(7, 99)], crate::MemoryRestore::Eager).unwrap();
     assert_ne!(restored, h);
     assert!(rt.is_alive(&restored));
     let sb = rt.sandbox("a").unwrap();
@@ -176,7 +177,7 @@ fn a_warm_restore_brings_the_source_identity_until_reidentified() {
     let helper = rt.copy_processes("src", &h, &images).unwrap();
     let work = d.path().join("restore-work");
     let child = spec("child");
-    let hc = rt.restore_processes(&child, &images, &work, &helper, &[]).unwrap();
+    let hc = rt.restore_processes(&child, &images, &work, &helper, &[], crate::MemoryRestore::Eager).unwrap();
     assert!(work.is_dir());
     assert_eq!(rt.sandbox("child").unwrap().identity.hostname, "src-host");
     rt.reidentify(&child, &hc).unwrap();
@@ -190,17 +191,23 @@ fn restore_needs_images_a_helper_and_support() {
     let (d, rt) = fake();
     let empty = d.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let err = rt.restore_processes(&spec("a"), &empty, &empty, Path::new("/bin/sh"), &[]).unwrap_err();
+    let err = rt
+        .restore_processes(&spec("a"), &empty, &empty, Path::new("/bin/sh"), &[], crate::MemoryRestore::Eager)
+        .unwrap_err();
     assert!(err.to_string().contains("no fake process image"), "{err}");
     let h = rt.start(&spec("b")).unwrap();
     let images = d.path().join("img");
     rt.dump_processes("b", &h, &images).unwrap();
-    let err = rt.restore_processes(&spec("b"), &images, &images, &d.path().join("gone"), &[]).unwrap_err();
+    let err = rt
+        .restore_processes(&spec("b"), &images, &images, &d.path().join("gone"), &[], crate::MemoryRestore::Eager)
+        .unwrap_err();
     assert!(err.to_string().contains("no helper binary"), "{err}");
     assert_eq!(rt.process_dump_unsupported(), None);
     rt.set_process_dump_unsupported(Some("criu is not installed".into()));
     assert_eq!(rt.process_dump_unsupported().as_deref(), Some("criu is not installed"));
-    let err = rt.restore_processes(&spec("b"), &images, &images, &rt.helper_path(), &[]).unwrap_err();
+    let err = rt
+        .restore_processes(&spec("b"), &images, &images, &rt.helper_path(), &[], crate::MemoryRestore::Eager)
+        .unwrap_err();
     assert!(matches!(err, RuntimeError::Unsupported(_)), "{err:?}");
     let h = rt.start(&spec("c")).unwrap();
     let err = rt.dump_processes("c", &h, &d.path().join("c")).unwrap_err();

@@ -779,6 +779,7 @@ impl Runtime for GvisorRuntime {
         _work_dir: &Path,
         _helper: &Path,
         _inherit: &[(std::os::fd::RawFd, u64)],
+        _memory: crate::MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError> {
         let made_on = image::ImageHost::load(images_dir).map_err(RuntimeError::Setup)?;
         if let Some(why) = made_on.mismatch(&self.image_host()) {

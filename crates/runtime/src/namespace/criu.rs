@@ -327,6 +327,14 @@ pub struct RestoreConfig {
     /// Egress in a user namespace: the link the hook plugs in.
     #[serde(default)]
     pub link: Option<crate::spec::UsernsLink>,
+    /// Restore memory lazily (`--lazy-pages`): a `criu lazy-pages` of the
+    /// same images and work directory runs ([`super::lazy`]).
+    #[serde(default)]
+    pub lazy: bool,
+    /// With `lazy`: the inherited status pipe of that daemon; `_restore`
+    /// waits on it ([`super::lazy::wait_listening`]) before it runs CRIU.
+    #[serde(default)]
+    pub lazy_ready_fd: Option<RawFd>,
 }
 
 /// Environment variable carrying the [`HookConfig`] JSON to the action script.
@@ -391,6 +399,9 @@ pub fn restore_args(cfg: &RestoreConfig, netns_fd: Option<RawFd>) -> Vec<String>
         a.push("--inherit-fd".into());
         a.push(format!("fd[{fd}]:{NETNS_KEY}"));
     }
+    if cfg.lazy {
+        a.push("--lazy-pages".into());
+    }
     a.extend(network_lock_args(cfg.nftables_lock).iter().map(|s| s.to_string()));
     a.extend(COMMON.iter().map(|s| s.to_string()));
     a
@@ -425,6 +436,8 @@ mod tests {
             empty_netns: false,
             hook: None,
             link: None,
+            lazy: false,
+            lazy_ready_fd: None,
         }
     }
 
@@ -433,6 +446,10 @@ mod tests {
         let a = restore_args(&config(), Some(9)).join(" ");
         assert!(a.contains("--inherit-fd fd[7]:pipe:[1234] --inherit-fd fd[9]:strata-netns"), "{a}");
         assert!(!a.contains("--empty-ns") && !a.contains("--action-script") && !a.contains("mnt[]"), "{a}");
+        assert!(!a.contains("--lazy-pages"), "{a}");
+        let mut lazy = config();
+        lazy.lazy = true;
+        assert!(restore_args(&lazy, None).contains(&"--lazy-pages".to_string()));
         // A sandbox in a user namespace: CRIU makes the network namespace
         // empty, the hook fills it, and the host's device binds are external.
         let mut cfg = config();

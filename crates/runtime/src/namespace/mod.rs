@@ -15,6 +15,7 @@
 
 pub mod criu;
 pub mod init;
+pub mod lazy;
 pub mod mounts;
 pub mod netsock;
 pub mod restore;
@@ -23,7 +24,7 @@ pub mod userns_image;
 pub use strata_init::{creds, enter, seccomp, user};
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,6 +51,8 @@ pub struct NamespaceRuntime {
     stop_grace: Duration,
     /// Whether CRIU can dump processes here, checked once (it runs `criu --version`).
     criu_check: std::sync::Arc<std::sync::OnceLock<Option<String>>>,
+    /// Lazy restores whose memory is still coming in (or whose verdict is not collected).
+    fills: std::sync::Arc<lazy::Fills>,
 }
 
 impl NamespaceRuntime {
@@ -68,6 +71,7 @@ impl NamespaceRuntime {
             run_dir,
             stop_grace: Duration::from_secs(10),
             criu_check: Default::default(),
+            fills: Default::default(),
         })
     }
 
@@ -78,6 +82,16 @@ impl NamespaceRuntime {
 
     fn cgroup(&self, id: &str) -> SandboxCgroup {
         SandboxCgroup::new(&self.cgroup_root, self.cgroup_version, id)
+    }
+
+    /// Waits until a lazily restored sandbox's memory is all back: a dump
+    /// taken before would save the pages still missing as untouched ones.
+    fn memory_complete(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        self.fills.wait(sandbox_id).map_err(|why| {
+            RuntimeError::Setup(format!(
+                "the memory of sandbox {sandbox_id} is incomplete (its lazy restore failed): {why}"
+            ))
+        })
     }
 }
 
@@ -260,6 +274,7 @@ impl Runtime for NamespaceRuntime {
     }
 
     fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        self.fills.forget(sandbox_id);
         let cg = self.cgroup(sandbox_id);
         // rmdir fails with EBUSY while the kernel finishes tearing tasks down; retry briefly.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -373,6 +388,7 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
+        self.memory_complete(sandbox_id)?;
         let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Standby)?;
         if !wait_for_exit(handle, Duration::from_secs(5)) {
             return Err(RuntimeError::Setup(format!("init of sandbox {sandbox_id} survived the dump")));
@@ -396,6 +412,7 @@ impl Runtime for NamespaceRuntime {
             .cgroup(sandbox_id)
             .freezer_dir()
             .ok_or_else(|| RuntimeError::Unsupported("no freezer cgroup for this sandbox".into()))?;
+        self.memory_complete(sandbox_id)?;
         let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Copy { freezer })?;
         debug!(sandbox = sandbox_id, ms = took.as_millis() as u64, "processes copied");
         Ok(self.init_binary.clone())
@@ -432,6 +449,18 @@ impl Runtime for NamespaceRuntime {
         }
     }
 
+    fn lazy_restore_unsupported(&self, userns: bool) -> Option<String> {
+        self.process_dump_unsupported().or_else(|| lazy::unsupported(userns))
+    }
+
+    fn memory_fill(&self, sandbox_id: &str) -> Option<std::sync::Arc<dyn crate::PageFill>> {
+        self.fills.get(sandbox_id).map(|f| f as std::sync::Arc<dyn crate::PageFill>)
+    }
+
+    fn unwatched_fill(&self, image_dir: &Path) -> bool {
+        image_dir.join(lazy::PENDING_MARKER).exists()
+    }
+
     fn restore_leftovers(&self, image_dir: &Path) -> Option<PathBuf> {
         let _ = std::fs::remove_file(image_dir.join(criu::PIDFILE));
         let log = image_dir.join(criu::RESTORE_LOG);
@@ -465,10 +494,15 @@ impl Runtime for NamespaceRuntime {
         work_dir: &std::path::Path,
         helper: &std::path::Path,
         inherit: &[(std::os::fd::RawFd, u64)],
+        memory: crate::MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError> {
         if let Some(why) = self.process_dump_unsupported() {
             return Err(RuntimeError::Unsupported(why));
         }
+        let started = Instant::now();
+        let lazy = memory == crate::MemoryRestore::Lazy && lazy::unsupported(spec.userns.is_some()).is_none();
+        // A marker an earlier (failed) lazy restore from these images left says nothing about this one.
+        let _ = std::fs::remove_file(work_dir.join(lazy::PENDING_MARKER));
         let bin = criu::binary().ok_or_else(|| RuntimeError::Unsupported("criu is not installed".into()))?;
         let cg = self.cgroup(&spec.id);
         cg.create(&spec.limits)?;
@@ -493,7 +527,7 @@ impl Runtime for NamespaceRuntime {
         } else {
             None
         };
-        let cfg = criu::RestoreConfig {
+        let mut cfg = criu::RestoreConfig {
             lower_dirs: spec.lower_dirs.clone(),
             upper_dir: spec.upper_dir.clone(),
             work_dir: spec.work_dir.clone(),
@@ -523,14 +557,47 @@ impl Runtime for NamespaceRuntime {
             empty_netns,
             hook,
             link: spec.userns_link.clone(),
+            lazy,
+            lazy_ready_fd: None,
         };
-        let log = spec.open_log()?;
+        // The fill daemon listens before CRIU restores (it connects to it).
+        // The fill daemon starts first; `_restore` waits until it listens
+        // (CRIU connects to it) while it prepares the root.
+        let (daemon, ready) = if lazy {
+            let work = cfg.criu_work_dir.as_deref().unwrap_or(&cfg.images_dir);
+            match lazy::Fills::start(&cfg.criu, &cfg.images_dir, work) {
+                Ok(s) => (Some(s.daemon), Some(s.ready)),
+                Err(e) => return fail_early(e),
+            }
+        } else {
+            (None, None)
+        };
+        cfg.lazy_ready_fd = ready.as_ref().map(|fd| fd.as_raw_fd());
+        let abandon = |daemon: Option<lazy::Listening>| {
+            if let Some(d) = daemon {
+                lazy::Fills::abandon(d);
+            }
+        };
+        let log = match spec.open_log() {
+            Ok(l) => l,
+            Err(e) => {
+                abandon(daemon);
+                return fail_early(e);
+            }
+        };
         let mut child = {
-            let _g = crate::spawn_lock();
+            let g = crate::spawn_lock();
             for (fd, _) in inherit {
                 // SAFETY: F_SETFD on descriptors the caller owns; they are inheritable
                 // only while the spawn lock is held.
                 unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) };
+            }
+            if let Some(fd) = &ready {
+                if let Err(e) = crate::inherit_in_next_spawn(&g, fd.as_fd()) {
+                    drop(g);
+                    abandon(daemon);
+                    return fail_early(RuntimeError::sys("pass the lazy-pages status pipe", e));
+                }
             }
             let spawned = Command::new(&self.helper_exe)
                 .arg("_restore")
@@ -544,20 +611,41 @@ impl Runtime for NamespaceRuntime {
                 // SAFETY: as above.
                 unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) };
             }
-            spawned.map_err(|source| RuntimeError::Spawn { what: "criu restore", source })?
+            // `_restore` has its copy; ours goes while the lock is held.
+            drop(ready);
+            match spawned {
+                Ok(c) => c,
+                Err(source) => {
+                    abandon(daemon);
+                    return fail_early(RuntimeError::Spawn { what: "criu restore", source });
+                }
+            }
         };
         if let Some(mut stdin) = child.stdin.take() {
             // The secrets, over a pipe (a failed helper closes it: its exit status says why).
             let json = serde_json::to_vec(&spec.secrets).expect("secrets serialize");
             let _ = stdin.write_all(&json);
         }
-        let status = child.wait().map_err(|e| RuntimeError::sys("wait for criu restore", e))?;
+        let status = child.wait().map_err(|e| RuntimeError::sys("wait for criu restore", e));
+        match daemon {
+            // The restored tree's pages come from here on.
+            Some(d) if matches!(&status, Ok(s) if s.success()) => {
+                self.fills.follow(&spec.id, d, started);
+            }
+            // Whatever the restore got to, the fill daemon has no tree to serve.
+            other => abandon(other),
+        }
+        let status = status?;
         let fail = |msg: String| {
             let _ = self.cleanup(&spec.id);
             Err(RuntimeError::Setup(msg))
         };
         if !status.success() {
-            let detail = criu::log_errors(&work_dir.join(criu::RESTORE_LOG));
+            let mut detail = criu::log_errors(&work_dir.join(criu::RESTORE_LOG));
+            if lazy {
+                let work = cfg.criu_work_dir.as_deref().unwrap_or(&cfg.images_dir);
+                detail = format!("{detail}; criu lazy-pages: {}", lazy::log_errors(work));
+            }
             // Whatever CRIU left behind dies with the cgroup.
             for p in cg.pids() {
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);

@@ -81,6 +81,14 @@ pub fn main() -> ! {
             libc::close(fd);
         }
     }
+    if let Some(fd) = cfg.lazy_ready_fd {
+        // SAFETY: the daemon passed this descriptor (the fill daemon's status
+        // pipe) for this helper alone; it is owned and closed here, before CRIU runs.
+        let ready = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if let Err(e) = super::lazy::wait_listening(ready.as_fd()) {
+            fail(e);
+        }
+    }
     let _ = nix::unistd::chdir("/");
     let hook = super::criu::HookConfig { link: cfg.link.clone() };
     let err = std::process::Command::new(&cfg.criu)
@@ -261,6 +269,8 @@ mod tests {
             empty_netns: false,
             hook: None,
             link: None,
+            lazy: false,
+            lazy_ready_fd: None,
         }
     }
 
