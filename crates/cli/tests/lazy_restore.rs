@@ -138,7 +138,7 @@ fn a_fill_daemon_that_dies_leaves_the_sandbox_error_with_its_image_and_a_resume_
 }
 
 #[test]
-fn a_daemon_that_stops_before_the_fill_s_verdict_does_not_trust_the_tree_after_restart() {
+fn a_daemon_that_stops_before_the_fill_s_verdict_follows_it_on_after_restart() {
     require_lazy!();
     // The daemon aborts when the fill's verdict arrives, before acting on it.
     let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "lazy-fill-verdict:crash")]);
@@ -151,10 +151,46 @@ fn a_daemon_that_stops_before_the_fill_s_verdict_does_not_trust_the_tree_after_r
     // Wait for the abort (the verdict comes within a second here).
     std::thread::sleep(Duration::from_secs(2));
     d.kill9_and_restart();
-    let sb = sandbox(&d, &id);
-    assert_eq!((sb.state, sb.state_reason.as_str()), (SandboxState::Error, "lazy_restore_unwatched"), "{}", d.log());
+    // The fill daemon wrote that every page went in: the tree is trusted.
+    assert!(
+        common::wait_until(30, || events(&d, &id).iter().any(|e| e.reason == "memory_resident")),
+        "the restarted daemon follows the fill to its end\n{}",
+        d.log()
+    );
+    assert_eq!(sandbox(&d, &id).state, SandboxState::Running);
+    assert!(common::wait_until(10, || !d.state(&format!("sandboxes/{id}/standby")).exists()), "image retired");
+    assert_intact(&d, &id, &held, "after the restart");
+}
+
+#[test]
+fn a_fill_that_dies_while_no_daemon_watches_fails_the_sandbox_after_restart() {
+    require_lazy!();
+    // The fill stalls, and the daemon crashes right after the restore (before
+    // recording the resume): the stalled fill daemon is left behind, and killed.
+    let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "lazy-fill-stall,resume-restored:crash")]);
+    d.import_busybox();
+    let id = d.create(&[]);
+    let held = start_held(&d, &id, RAW_LARGE);
+    d.cli_ok(&["standby", &id]);
+    let _ = rt().block_on(d.client().resume_sandbox(&id));
+    let marker = std::fs::read_to_string(d.state(&format!("sandboxes/{id}/standby/strata-lazy.pending"))).unwrap();
+    let pid: i32 = marker.split_whitespace().next().unwrap().parse().unwrap();
+    // Killed here if it is still there (stopped, it may also have been ended
+    // by the SIGHUP an orphaned process group with a stopped member gets).
+    // SAFETY: kill(2) of the criu lazy-pages process the marker names.
+    let killed = unsafe { libc::kill(pid, libc::SIGKILL) } == 0;
+    let gone = std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    assert!(killed || gone, "kill criu lazy-pages {pid}: {}", std::io::Error::last_os_error());
+    d.env.clear();
+    d.kill9_and_restart();
+    assert!(
+        common::wait_until(30, || sandbox(&d, &id).state == SandboxState::Error),
+        "the sandbox goes to error\n{}",
+        d.log()
+    );
+    assert_eq!(sandbox(&d, &id).state_reason, "lazy_restore_failed");
     assert!(d.state(&format!("sandboxes/{id}/standby/manifest.json")).exists(), "the image is kept");
     let r = rt().block_on(d.client().resume_sandbox(&id)).unwrap();
-    assert!(r.processes_restored);
-    assert_intact(&d, &id, &held, "after the restart");
+    assert!(r.processes_restored && r.from == SandboxState::Error, "{r:?}");
+    assert_intact(&d, &id, &held, "after a resume from the kept image");
 }

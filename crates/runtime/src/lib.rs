@@ -403,12 +403,14 @@ pub trait Runtime: Send + Sync {
         None
     }
 
-    /// Whether a lazy restore from `image_dir` left a fill that no daemon
-    /// followed to its end (the daemon stopped meanwhile): the processes it
-    /// restored may miss pages, silently.
-    fn unwatched_fill(&self, image_dir: &std::path::Path) -> bool {
-        let _ = image_dir;
-        false
+    /// After a daemon restart: the fill of a lazy restore of `sandbox_id`
+    /// from `image_dir` that the previous daemon started and did not see end
+    /// (its processes may still miss pages), followed on from here, as
+    /// [`Runtime::memory_fill`] follows one of this daemon's; `None` when
+    /// there is none.
+    fn adopt_fill(&self, sandbox_id: &str, image_dir: &std::path::Path) -> Option<std::sync::Arc<dyn PageFill>> {
+        let _ = (sandbox_id, image_dir);
+        None
     }
 
     /// Gives restored processes the identity of `spec` (hostname, sandbox id,

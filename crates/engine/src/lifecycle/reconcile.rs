@@ -26,22 +26,14 @@ pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
         let rt = st.runtime_of(&rec.sandbox);
         let alive = handle_of(&rec).is_some_and(|h| rt.is_alive(&h));
         let ephemeral = rec.sandbox.lifecycle == Lifecycle::Ephemeral;
-        let image = crate::process_image::image_dir(st, &id);
-        if matches!(state, SandboxState::Running | SandboxState::Paused) && rt.unwatched_fill(&image) {
-            // Resumed lazily, and the previous daemon stopped before the fill's
-            // verdict: whether every page came back is unknown.
-            warn!(sandbox = %id, "a lazy restore's fill went unwatched; its processes are killed");
-            let _ = kill_processes(st, &rec, Duration::ZERO).await;
-            transition(
-                st,
-                &id,
-                state,
-                Change::new(Action::Fail, "lazy_restore_unwatched").detail(UNWATCHED_FILL),
-                Instant::now(),
-                None,
-            )?;
-            continue;
-        }
+        // Resumed lazily, and the previous daemon stopped before it acted on the
+        // fill's verdict: the fill is followed on from here.
+        let fill = match state {
+            SandboxState::Running | SandboxState::Paused => {
+                rt.adopt_fill(&id, &crate::process_image::image_dir(st, &id))
+            }
+            _ => None,
+        };
         match state {
             SandboxState::Running | SandboxState::Paused if alive => {
                 info!(sandbox = %id, "re-adopted running sandbox");
@@ -51,8 +43,26 @@ pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
                         warn!(sandbox = %id, error = %crate::error::chain(&e), "thawing a re-adopted sandbox");
                     }
                 }
-                watch_init(st.clone(), id.clone(), handle_of(&rec).expect("alive implies handle"));
-                crate::process_image::drop_stale_image(st, &id);
+                let handle = handle_of(&rec).expect("alive implies handle");
+                watch_init(st.clone(), id.clone(), handle.clone());
+                match fill {
+                    // The image stays until every page is in.
+                    Some(fill) => crate::lifecycle::watch_fill(st.clone(), id.clone(), handle, fill),
+                    None => crate::process_image::drop_stale_image(st, &id),
+                }
+            }
+            SandboxState::Running | SandboxState::Paused if fill.is_some() => {
+                // Its init died while its memory was coming back: the image is
+                // intact and is what a resume restores from again.
+                let _ = kill_processes(st, &rec, Duration::from_millis(100)).await;
+                transition(
+                    st,
+                    &id,
+                    state,
+                    Change::new(Action::Fail, "resume_failed").detail(INIT_GONE_MID_FILL),
+                    Instant::now(),
+                    None,
+                )?;
             }
             SandboxState::Running | SandboxState::Paused if crate::lifecycle::complete_interrupted(st, &rec)? => {
                 info!(sandbox = %id, "completed a standby interrupted by the daemon's stop");
@@ -95,8 +105,8 @@ pub async fn reconcile(st: &Shared) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Why a sandbox resumed lazily is `error` after a daemon restart.
-const UNWATCHED_FILL: &str = "the daemon stopped while this sandbox's memory was still coming back from its standby image (lazy restore), so whether every page arrived is unknown; its processes were killed and the image is kept (`strata resume` restores from it again)";
+/// Why a sandbox resumed lazily is `error` when its init was gone at a daemon start.
+const INIT_GONE_MID_FILL: &str = "init was gone when the daemon started, while the sandbox's memory was still coming back from its standby image (lazy restore); the image is kept (`strata resume` restores from it again)";
 
 /// Removes directories and cgroups of sandboxes that have no record (left by a
 /// crash between a destroy's commit and its background cleanup).

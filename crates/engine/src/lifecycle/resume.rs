@@ -222,7 +222,7 @@ pub(crate) async fn restore_locked(
 /// restores from it again. Nothing is done to a sandbox that moved on
 /// meanwhile (standby published a new image, stop, destroy) beyond retiring
 /// the image a stopped one no longer needs.
-fn watch_fill(st: Shared, id: String, handle: SandboxHandle, fill: std::sync::Arc<dyn PageFill>) {
+pub(crate) fn watch_fill(st: Shared, id: String, handle: SandboxHandle, fill: std::sync::Arc<dyn PageFill>) {
     tokio::spawn(crate::tenancy::as_daemon(async move {
         let verdict = tokio::task::spawn_blocking(move || fill.wait())
             .await

@@ -233,14 +233,6 @@ pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     let rt = st.runtime_of(&rec.sandbox);
     match rt.interrupted_restore(id, &dir) {
         InterruptedRestore::None => {}
-        InterruptedRestore::Running(handle) if rt.unwatched_fill(&dir) => {
-            // Restored lazily, but nobody saw the fill end: the tree may miss
-            // pages. It goes; the image (intact) is restored again on resume.
-            warn!(sandbox = %id, "killing a lazily restored tree whose fill went unwatched; the sandbox stays in standby");
-            let _ = rt.stop(id, &handle, std::time::Duration::ZERO);
-            let _ = rt.cleanup(id);
-            rt.restore_leftovers(&dir);
-        }
         InterruptedRestore::Running(handle) => {
             transition(
                 st,
@@ -251,8 +243,12 @@ pub fn reconcile_standby(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
                 Instant::now(),
                 Some(&handle),
             )?;
-            lifecycle::watch_init(st.clone(), id.clone(), handle);
-            retire_image(st, id);
+            lifecycle::watch_init(st.clone(), id.clone(), handle.clone());
+            match rt.adopt_fill(id, &dir) {
+                // Restored lazily: the fill is followed on; the image stays until it ends.
+                Some(fill) => lifecycle::watch_fill(st.clone(), id.clone(), handle, fill),
+                None => retire_image(st, id),
+            }
             info!(sandbox = %id, "completed a resume interrupted by the daemon's stop");
         }
         InterruptedRestore::Gone => {

@@ -5,11 +5,14 @@
 //! What keeps it safe: the fill daemon is this process's child and its exit
 //! status is the verdict (0: every page copied in; anything else, or no exit
 //! before the deadline: pages are missing and would read as zeros). A marker
-//! file ([`PENDING_MARKER`]) in the work directory is written before the
-//! restore and goes only with the image once the caller acted on a good
-//! verdict (it retires the image), so a daemon that restarts before that
-//! knows a fill went unwatched. Dumps wait for the fill ([`Fills::wait`]),
-//! since CRIU would save a missing page as an untouched one.
+//! file ([`PENDING_MARKER`], the fill daemon's pid and start time) in the work
+//! directory is written before the restore and goes only with the image once
+//! the caller acted on a good verdict (it retires the image); the fill daemon
+//! itself writes [`DONE`] once every page is in (scripts/criu-patches/0007).
+//! So a daemon that restarts meanwhile follows the fill on ([`Fills::adopt`]):
+//! done, still running (waited for), or gone without finishing (failed).
+//! Dumps wait for the fill ([`Fills::wait`]), since CRIU would save a missing
+//! page as an untouched one.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -28,6 +31,9 @@ use crate::{PageFill, RuntimeError};
 pub const PENDING_MARKER: &str = "strata-lazy.pending";
 /// The fill daemon's log, in the restore's work directory.
 pub const LOG: &str = "criu-lazy-pages.log";
+/// What the fill daemon writes into the work directory once every page is in
+/// (scripts/criu-patches/0007).
+pub const DONE: &str = "lazy-pages.done";
 /// The socket `criu restore --lazy-pages` connects to, in the work directory (CRIU's name).
 const SOCKET: &str = "lazy-pages.socket";
 /// How long the fill daemon may take to listen.
@@ -53,6 +59,14 @@ pub fn page_bytes(images: &Path) -> u64 {
 /// Text the patched CRIU (scripts/criu-patches/0006) carries: it makes the
 /// userfaultfd of a task in a user namespace from `/dev/userfaultfd`.
 const USERNS_PATCH_MARK: &[u8] = b"userfaultfd made from /dev/userfaultfd";
+/// Text the patched CRIU (scripts/criu-patches/0007) carries: its fill daemon
+/// writes [`DONE`], which a restarted daemon needs to follow a fill on.
+const DONE_PATCH_MARK: &[u8] = b"Can't write lazy-pages.done";
+
+/// Whether `bin` contains `mark`.
+fn carries(bin: &Path, mark: &[u8]) -> bool {
+    std::fs::read(bin).is_ok_and(|b| b.windows(mark.len()).any(|w| w == mark))
+}
 
 /// Why a lazy restore cannot happen on this host (`None`: it can), for a
 /// sandbox in a user namespace of its own (`userns`) or not. Probed once per
@@ -68,9 +82,15 @@ pub fn unsupported(userns: bool) -> Option<String> {
             .args(["check", "--feature", "uffd-noncoop"])
             .output()
             .is_ok_and(|o| o.status.success());
-        (!ok).then(|| {
-            format!(
+        if !ok {
+            return Some(format!(
                 "{} check --feature uffd-noncoop fails: this kernel's userfaultfd lacks what lazy restore needs",
+                bin.display()
+            ));
+        }
+        (!carries(&bin, DONE_PATCH_MARK)).then(|| {
+            format!(
+                "{} does not record a finished fill (it lacks scripts/criu-patches/0007; rerun scripts/setup-host.sh)",
                 bin.display()
             )
         })
@@ -91,9 +111,7 @@ pub fn unsupported(userns: bool) -> Option<String> {
                 return Some("a task in a user namespace may not make a userfaultfd here: vm.unprivileged_userfaultfd is 0 and there is no /dev/userfaultfd (Linux >= 6.1)".into());
             }
             let bin = criu::binary().expect("checked above");
-            let patched = std::fs::read(&bin)
-                .is_ok_and(|b| b.windows(USERNS_PATCH_MARK.len()).any(|w| w == USERNS_PATCH_MARK));
-            (!patched).then(|| format!("{} cannot make a userfaultfd inside a user namespace (it lacks scripts/criu-patches/0006; rerun scripts/setup-host.sh)", bin.display()))
+            (!carries(&bin, USERNS_PATCH_MARK)).then(|| format!("{} cannot make a userfaultfd inside a user namespace (it lacks scripts/criu-patches/0006; rerun scripts/setup-host.sh)", bin.display()))
         })
         .clone()
 }
@@ -178,8 +196,8 @@ impl Fills {
     /// before [`wait_listening`] on the returned `ready` succeeds (`_restore`
     /// waits for it while it prepares the root, so the two start-ups overlap).
     pub fn start(bin: &Path, images: &Path, work: &Path) -> Result<Started, RuntimeError> {
-        write_marker(&work.join(PENDING_MARKER))?;
         let _ = std::fs::remove_file(work.join(SOCKET));
+        let _ = std::fs::remove_file(work.join(DONE));
         let (ready, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| RuntimeError::sys("make the lazy-pages status pipe", std::io::Error::from(e)))?;
         let spawned = {
@@ -205,17 +223,20 @@ impl Fills {
                 .spawn()
             // `status_w` is dropped with the lock held: no other spawn inherits it.
         };
-        let mut child = spawned.map_err(|source| {
-            let _ = std::fs::remove_file(work.join(PENDING_MARKER));
-            RuntimeError::Spawn { what: "criu lazy-pages", source }
-        })?;
-        let pidfd = match pidfd_open(child.id() as i32) {
+        let mut child = spawned.map_err(|source| RuntimeError::Spawn { what: "criu lazy-pages", source })?;
+        let pid = child.id() as i32;
+        let pidfd = match pidfd_open(pid).map_err(|e| RuntimeError::sys("pidfd of criu lazy-pages", e)).and_then(|fd| {
+            // Before the restore can start: who fills, for a daemon that restarts meanwhile.
+            let start = super::process_start_time(pid).unwrap_or(0);
+            write_marker(&work.join(PENDING_MARKER), &format!("{pid} {start}\n"))?;
+            Ok(fd)
+        }) {
             Ok(fd) => fd,
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 let _ = std::fs::remove_file(work.join(PENDING_MARKER));
-                return Err(RuntimeError::sys("pidfd of criu lazy-pages", e));
+                return Err(e);
             }
         };
         let daemon =
@@ -250,6 +271,29 @@ impl Fills {
             fill.settle(Err(format!("no thread to follow criu lazy-pages: {e}")));
         }
         fill
+    }
+
+    /// Follows on, as the fill of `sandbox_id`, a lazy restore from `work`
+    /// that a previous daemon started and did not see end (its marker is
+    /// there); `None` when there is none.
+    pub fn adopt(&self, sandbox_id: &str, work: &Path) -> Option<Arc<Fill>> {
+        if !work.join(PENDING_MARKER).exists() {
+            return None;
+        }
+        let fill = Fill::new();
+        self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner()).insert(sandbox_id.to_string(), fill.clone());
+        let (f, id, work) = (fill.clone(), sandbox_id.to_string(), work.to_path_buf());
+        let spawned = std::thread::Builder::new().name("lazy-pages".into()).spawn(move || {
+            let verdict = adopted_verdict(&work);
+            if let Err(e) = &verdict {
+                warn!(sandbox = %id, error = %e, "lazy restore failed");
+            }
+            f.settle(verdict);
+        });
+        if let Err(e) = spawned {
+            fill.settle(Err(format!("no thread to follow criu lazy-pages: {e}")));
+        }
+        Some(fill)
     }
 
     /// Abandons a daemon whose restore failed: it is killed and reaped.
@@ -302,13 +346,69 @@ fn stall(daemon: &Child) {
     });
 }
 
-/// Writes the pending marker, durably: a crash after this leaves it for the next daemon.
-fn write_marker(marker: &Path) -> Result<(), RuntimeError> {
+/// Writes the pending marker (`text`: the fill daemon's pid and start time),
+/// durably: a crash after this leaves it for the next daemon.
+fn write_marker(marker: &Path, text: &str) -> Result<(), RuntimeError> {
     let write = || -> std::io::Result<()> {
-        std::fs::File::create(marker)?.sync_all()?;
+        let mut f = std::fs::File::create(marker)?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
+        f.sync_all()?;
         std::fs::File::open(marker.parent().unwrap_or(Path::new("/")))?.sync_all()
     };
     write().map_err(|e| RuntimeError::sys(format!("write {}", marker.display()), e))
+}
+
+/// The verdict on a fill that a previous daemon started from `work` and did
+/// not see end (see [`Fills::adopt`]): [`DONE`] is there (every page in), or
+/// the fill daemon the marker names still runs (waited for, killed at its
+/// deadline, then [`DONE`] decides), or it is gone without writing it.
+fn adopted_verdict(work: &Path) -> Result<Duration, String> {
+    let marker = work.join(PENDING_MARKER);
+    let since = |done: &Path| {
+        let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        match (t(&marker), t(done)) {
+            (Some(a), Some(b)) => b.duration_since(a).unwrap_or_default(),
+            _ => Duration::ZERO,
+        }
+    };
+    let done = work.join(DONE);
+    if done.exists() {
+        return Ok(since(&done));
+    }
+    let text = std::fs::read_to_string(&marker).unwrap_or_default();
+    let mut it = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    if let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) {
+        let pid = pid as i32;
+        // The same process (a recycled pid has another start time), held by a pidfd.
+        if let Ok(fd) = pidfd_open(pid) {
+            if super::process_start_time(pid) == Some(start) {
+                let deadline = deadline_for(page_bytes(work));
+                if wait_readable(fd.as_fd(), deadline).is_err() {
+                    // SAFETY: pidfd_send_signal on our pidfd of that process, NULL siginfo.
+                    unsafe {
+                        libc::syscall(
+                            libc::SYS_pidfd_send_signal,
+                            fd.as_raw_fd(),
+                            libc::SIGKILL,
+                            std::ptr::null::<()>(),
+                            0,
+                        )
+                    };
+                    return Err(format!(
+                        "criu lazy-pages (pid {pid}) did not finish within {} s and was killed",
+                        deadline.as_secs()
+                    ));
+                }
+                if done.exists() {
+                    return Ok(since(&done));
+                }
+            }
+        }
+    }
+    Err(format!(
+        "criu lazy-pages ended without copying every page in while no daemon watched it: {}",
+        criu::log_errors(&work.join(LOG))
+    ))
 }
 
 /// Waits for the daemon's exit (killing it at its deadline) and turns it into a verdict.

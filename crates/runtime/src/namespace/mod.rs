@@ -457,8 +457,8 @@ impl Runtime for NamespaceRuntime {
         self.fills.get(sandbox_id).map(|f| f as std::sync::Arc<dyn crate::PageFill>)
     }
 
-    fn unwatched_fill(&self, image_dir: &Path) -> bool {
-        image_dir.join(lazy::PENDING_MARKER).exists()
+    fn adopt_fill(&self, sandbox_id: &str, image_dir: &Path) -> Option<std::sync::Arc<dyn crate::PageFill>> {
+        self.fills.adopt(sandbox_id, image_dir).map(|f| f as std::sync::Arc<dyn crate::PageFill>)
     }
 
     fn restore_leftovers(&self, image_dir: &Path) -> Option<PathBuf> {
