@@ -221,7 +221,7 @@ pub(crate) async fn restore_locked(
 /// to `error` with the reason; the image is kept, and `strata resume`
 /// restores from it again. Nothing is done to a sandbox that moved on
 /// meanwhile (standby published a new image, stop, destroy) beyond retiring
-/// the image a stopped one no longer needs.
+/// the image a stopped (or stopped and restarted) one no longer needs.
 pub(crate) fn watch_fill(st: Shared, id: String, handle: SandboxHandle, fill: std::sync::Arc<dyn PageFill>) {
     tokio::spawn(crate::tenancy::as_daemon(async move {
         let verdict = tokio::task::spawn_blocking(move || fill.wait())
@@ -254,7 +254,14 @@ pub(crate) fn watch_fill(st: Shared, id: String, handle: SandboxHandle, fill: st
                     None,
                 );
             }
-            _ if rec.sandbox.state == SandboxState::Stopped => retire_image(&st, &id),
+            // Moved on without a new image: stopped, or stopped and started
+            // again (no fill of a later lazy resume reads it). A standby or a
+            // failed resume since has an image of its own there: left alone.
+            _ if rec.sandbox.state == SandboxState::Stopped
+                || (has_processes(rec.sandbox.state) && st.runtime_of(&rec.sandbox).memory_fill(&id).is_none()) =>
+            {
+                retire_image(&st, &id)
+            }
             _ => {}
         }
     }));
