@@ -560,7 +560,6 @@ impl Runtime for NamespaceRuntime {
             lazy,
             lazy_ready_fd: None,
         };
-        // The fill daemon listens before CRIU restores (it connects to it).
         // The fill daemon starts first; `_restore` waits until it listens
         // (CRIU connects to it) while it prepares the root.
         let (daemon, ready) = if lazy {
@@ -587,17 +586,17 @@ impl Runtime for NamespaceRuntime {
         };
         let mut child = {
             let g = crate::spawn_lock();
-            for (fd, _) in inherit {
-                // SAFETY: F_SETFD on descriptors the caller owns; they are inheritable
-                // only while the spawn lock is held.
-                unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) };
-            }
             if let Some(fd) = &ready {
                 if let Err(e) = crate::inherit_in_next_spawn(&g, fd.as_fd()) {
                     drop(g);
                     abandon(daemon);
                     return fail_early(RuntimeError::sys("pass the lazy-pages status pipe", e));
                 }
+            }
+            for (fd, _) in inherit {
+                // SAFETY: F_SETFD on descriptors the caller owns; they are inheritable
+                // only while the spawn lock is held.
+                unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) };
             }
             let spawned = Command::new(&self.helper_exe)
                 .arg("_restore")
