@@ -18,7 +18,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_intact, rt, start_held, TestDaemon};
+use common::{assert_intact, rt, start_held, Held, TestDaemon};
 use strata_api::SandboxState;
 
 /// Raw bytes the workload holds (base64: ~16 MiB of text).
@@ -28,8 +28,34 @@ const RAW: u64 = 12 << 20;
 /// the failpoint's stop or kill of the fill daemon).
 const RAW_LARGE: u64 = 128 << 20;
 
+/// A daemon started with `env`, and a busybox sandbox of it whose workload
+/// holds `raw` random bytes ([`start_held`]).
+fn holding(raw: u64, env: &[(&str, &str)]) -> (TestDaemon, String, Held) {
+    let d = TestDaemon::start_with_env(env);
+    d.import_busybox();
+    let id = d.create(&[]);
+    let held = start_held(&d, &id, raw);
+    (d, id, held)
+}
+
 fn events(d: &TestDaemon, id: &str) -> Vec<strata_api::SandboxEvent> {
     rt().block_on(d.client().events(Some(id), 0)).unwrap()
+}
+
+/// Waits (at most 30 s) for the verdict on the fill of lazy resume number
+/// `round` (from 0) of a sandbox: `true` when the sandbox went to `error` (the
+/// fill failed), `false` when one more `memory_resident` event came (it ended
+/// well, e.g. before a failpoint could meet it).
+fn fill_failed(d: &TestDaemon, id: &str, round: usize) -> bool {
+    assert!(
+        common::wait_until(30, || {
+            sandbox(d, id).state == SandboxState::Error
+                || events(d, id).iter().filter(|e| e.reason == "memory_resident").count() > round
+        }),
+        "the fill's verdict arrives\n{}",
+        d.log()
+    );
+    sandbox(d, id).state == SandboxState::Error
 }
 
 fn sandbox(d: &TestDaemon, id: &str) -> strata_api::Sandbox {
@@ -56,10 +82,7 @@ fn a_lazy_resume_is_reported_leaks_no_userfaultfd_and_waits_before_the_next_dump
     require_lazy!();
     // Every fill stalls for half a second after its restore: the standby that
     // follows at once meets pages still missing.
-    let d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "lazy-fill-stall")]);
-    d.import_busybox();
-    let id = d.create(&[]);
-    let held = start_held(&d, &id, RAW_LARGE);
+    let (d, id, held) = holding(RAW_LARGE, &[("STRATA_FAILPOINTS", "lazy-fill-stall")]);
     d.cli_ok(&["standby", &id]);
     let r = rt().block_on(d.client().resume_sandbox(&id)).unwrap();
     assert!(r.processes_restored);
@@ -99,26 +122,16 @@ fn a_lazy_resume_is_reported_leaks_no_userfaultfd_and_waits_before_the_next_dump
 #[test]
 fn a_fill_daemon_that_dies_leaves_the_sandbox_error_with_its_image_and_a_resume_brings_every_byte_back() {
     require_lazy!();
-    let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "lazy-fill")]);
-    d.import_busybox();
-    let id = d.create(&[]);
-    let held = start_held(&d, &id, RAW_LARGE);
+    let (mut d, id, held) = holding(RAW_LARGE, &[("STRATA_FAILPOINTS", "lazy-fill")]);
     // The restore succeeds; its fill daemon is killed at once. (On a loaded
     // host the fill may end before the kill: then another round.)
     let mut round = 0;
     loop {
         d.cli_ok(&["standby", &id]);
         rt().block_on(d.client().resume_sandbox(&id)).unwrap();
-        assert!(
-            common::wait_until(30, || {
-                sandbox(&d, &id).state == SandboxState::Error
-                    || events(&d, &id).iter().filter(|e| e.reason == "memory_resident").count() > round
-            }),
-            "the fill's verdict arrives\n{}",
-            d.log()
-        );
+        let failed = fill_failed(&d, &id, round);
         round += 1;
-        if sandbox(&d, &id).state == SandboxState::Error {
+        if failed {
             break;
         }
         assert!(round < 5, "in {round} rounds the fill always ended before the kill\n{}", d.log());
@@ -141,10 +154,7 @@ fn a_fill_daemon_that_dies_leaves_the_sandbox_error_with_its_image_and_a_resume_
 fn a_daemon_that_stops_before_the_fill_s_verdict_follows_it_on_after_restart() {
     require_lazy!();
     // The daemon aborts when the fill's verdict arrives, before acting on it.
-    let mut d = TestDaemon::start_with_env(&[("STRATA_FAILPOINTS", "lazy-fill-verdict:crash")]);
-    d.import_busybox();
-    let id = d.create(&[]);
-    let held = start_held(&d, &id, RAW);
+    let (mut d, id, held) = holding(RAW, &[("STRATA_FAILPOINTS", "lazy-fill-verdict:crash")]);
     d.cli_ok(&["standby", &id]);
     let _ = rt().block_on(d.client().resume_sandbox(&id));
     d.env.clear();
@@ -170,10 +180,7 @@ fn a_fill_that_dies_while_no_daemon_watches_fails_the_sandbox_after_restart() {
     // (On a loaded host the fill may end before the stall: the restarted daemon
     // then rightly trusts the tree, and another round is taken.)
     const FAILPOINTS: (&str, &str) = ("STRATA_FAILPOINTS", "lazy-fill-stall,resume-restored:crash");
-    let mut d = TestDaemon::start_with_env(&[FAILPOINTS]);
-    d.import_busybox();
-    let id = d.create(&[]);
-    let held = start_held(&d, &id, RAW_LARGE);
+    let (mut d, id, held) = holding(RAW_LARGE, &[FAILPOINTS]);
     let mut round = 0;
     loop {
         d.cli_ok(&["standby", &id]);
@@ -188,16 +195,9 @@ fn a_fill_that_dies_while_no_daemon_watches_fails_the_sandbox_after_restart() {
         assert!(killed || gone, "kill criu lazy-pages {pid}: {}", std::io::Error::last_os_error());
         d.env.clear();
         d.kill9_and_restart();
-        assert!(
-            common::wait_until(30, || {
-                sandbox(&d, &id).state == SandboxState::Error
-                    || events(&d, &id).iter().filter(|e| e.reason == "memory_resident").count() > round
-            }),
-            "the restarted daemon reaches the fill's verdict\n{}",
-            d.log()
-        );
+        let failed = fill_failed(&d, &id, round);
         round += 1;
-        if sandbox(&d, &id).state == SandboxState::Error {
+        if failed {
             break;
         }
         assert!(round < 5, "in {round} rounds the fill always ended before the stall\n{}", d.log());

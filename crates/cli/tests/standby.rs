@@ -357,6 +357,20 @@ fn a_failed_dump_leaves_the_sandbox_running() {
     );
 }
 
+/// Resumes sandbox `id` (in standby) with a daemon (given `env` too) that
+/// crashes once the processes are restored, before it records the resume;
+/// the restarted daemon must have completed it.
+fn resume_across_a_crash(d: &mut TestDaemon, id: &str, env: &[(&str, &str)]) {
+    d.env = vec![("STRATA_FAILPOINTS".into(), "resume-restored:crash".into())];
+    d.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    d.kill9_and_restart();
+    let _ = rt().block_on(d.client().resume_sandbox(id));
+    d.env.clear();
+    d.kill9_and_restart();
+    let sb = sandbox(d, id);
+    assert_eq!((sb.state, sb.state_reason.as_str()), (SandboxState::Running, "resume_completed"));
+}
+
 #[test]
 fn daemon_crashes_during_standby_and_resume_lose_nothing() {
     require_criu!();
@@ -374,16 +388,7 @@ fn daemon_crashes_during_standby_and_resume_lose_nothing() {
 
     // Crash after the processes are restored (memory eagerly) but before the
     // resume is recorded: the resume is completed.
-    d.env = vec![
-        ("STRATA_FAILPOINTS".into(), "resume-restored:crash".into()),
-        ("STRATA_LAZY_RESTORE".into(), "off".into()),
-    ];
-    d.kill9_and_restart();
-    let _ = rt().block_on(d.client().resume_sandbox(&id));
-    d.env.clear();
-    d.kill9_and_restart();
-    let sb = sandbox(&d, &id);
-    assert_eq!((sb.state, sb.state_reason.as_str()), (SandboxState::Running, "resume_completed"));
+    resume_across_a_crash(&mut d, &id, &[("STRATA_LAZY_RESTORE", "off")]);
     wait_count_above(&d, &id, parked);
     assert_log_contiguous(&d, &id);
 
@@ -393,13 +398,7 @@ fn daemon_crashes_during_standby_and_resume_lose_nothing() {
     if strata_runtime::namespace::lazy::unsupported(true).is_none() {
         d.cli_ok(&["standby", &id]);
         let parked = last_count(&d, &id);
-        d.env = vec![("STRATA_FAILPOINTS".into(), "resume-restored:crash".into())];
-        d.kill9_and_restart();
-        let _ = rt().block_on(d.client().resume_sandbox(&id));
-        d.env.clear();
-        d.kill9_and_restart();
-        let sb = sandbox(&d, &id);
-        assert_eq!((sb.state, sb.state_reason.as_str()), (SandboxState::Running, "resume_completed"));
+        resume_across_a_crash(&mut d, &id, &[]);
         assert!(
             common::wait_until(30, || {
                 rt().block_on(d.client().events(Some(&id), 0)).unwrap().iter().any(|e| e.reason == "memory_resident")

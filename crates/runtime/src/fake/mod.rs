@@ -229,8 +229,6 @@ struct State {
     exec: ExecHandler,
     /// Restores asking for lazy memory get a fill ([`FakeRuntime::set_lazy_restore`]).
     lazy: bool,
-    /// Fills of lazy restores until a dump or cleanup collects them.
-    fills: HashMap<String, Arc<crate::namespace::lazy::Fill>>,
     /// The latest fill of each sandbox, collected or not ([`FakeRuntime::settle_fill`]).
     last_fills: HashMap<String, Arc<crate::namespace::lazy::Fill>>,
 }
@@ -239,6 +237,9 @@ struct State {
 pub struct FakeRuntime {
     run_dir: PathBuf,
     state: Mutex<State>,
+    /// Fills of lazy restores until a dump or cleanup collects them (the
+    /// real tier's bookkeeping; outside `state`, since dumps wait on them).
+    fills: crate::namespace::lazy::Fills,
 }
 
 impl std::fmt::Debug for FakeRuntime {
@@ -272,9 +273,9 @@ impl FakeRuntime {
                 usage: HashMap::new(),
                 exec: Arc::new(|_, _| FakeExec::default()),
                 lazy: false,
-                fills: HashMap::new(),
                 last_fills: HashMap::new(),
             }),
+            fills: Default::default(),
         }
     }
 
@@ -320,19 +321,6 @@ impl FakeRuntime {
     pub fn settle_fill(&self, sandbox_id: &str, verdict: Result<Duration, String>) {
         let fill = self.lock().last_fills.get(sandbox_id).cloned().expect("no lazy restore of this sandbox");
         fill.settle(verdict);
-    }
-
-    /// Waits for the fill of `sandbox_id` (if any) to end and collects it,
-    /// without holding the state lock meanwhile.
-    fn memory_complete(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
-        let Some(fill) = self.lock().fills.get(sandbox_id).cloned() else { return Ok(()) };
-        let verdict = crate::PageFill::wait(&*fill);
-        self.lock().fills.remove(sandbox_id);
-        verdict.map(drop).map_err(|why| {
-            RuntimeError::Setup(format!(
-                "the memory of sandbox {sandbox_id} is incomplete (its lazy restore failed): {why}"
-            ))
-        })
     }
 
     /// What [`Runtime::usage`] answers for `sandbox_id` from now on.
@@ -551,7 +539,7 @@ impl Runtime for FakeRuntime {
     fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
         let mut s = self.lock();
         self.begin(&mut s, Op::Cleanup, Some(sandbox_id), String::new())?;
-        s.fills.remove(sandbox_id);
+        self.fills.forget(sandbox_id);
         let run_dir = self.run_dir.clone();
         if let Some(sb) = s.sandboxes.get_mut(sandbox_id) {
             if sb.alive {
@@ -648,7 +636,7 @@ impl Runtime for FakeRuntime {
         handle: &SandboxHandle,
         images_dir: &Path,
     ) -> Result<PathBuf, RuntimeError> {
-        self.memory_complete(sandbox_id)?;
+        self.fills.wait_to_dump(sandbox_id)?;
         let mut s = self.lock();
         self.begin(&mut s, Op::DumpProcesses, Some(sandbox_id), format!("images={}", images_dir.display()))?;
         let identity = Self::dumpable(&s, sandbox_id, handle, false)?;
@@ -666,7 +654,7 @@ impl Runtime for FakeRuntime {
         handle: &SandboxHandle,
         images_dir: &Path,
     ) -> Result<PathBuf, RuntimeError> {
-        self.memory_complete(sandbox_id)?;
+        self.fills.wait_to_dump(sandbox_id)?;
         let mut s = self.lock();
         self.begin(&mut s, Op::CopyProcesses, Some(sandbox_id), format!("images={}", images_dir.display()))?;
         let identity = Self::dumpable(&s, sandbox_id, handle, true)?;
@@ -715,8 +703,7 @@ impl Runtime for FakeRuntime {
         };
         s.sandboxes.insert(spec.id.clone(), sb);
         if memory == crate::MemoryRestore::Lazy && s.lazy {
-            let fill = crate::namespace::lazy::Fill::new();
-            s.fills.insert(spec.id.clone(), fill.clone());
+            let fill = self.fills.open(&spec.id);
             s.last_fills.insert(spec.id.clone(), fill);
         }
         Ok(handle)
@@ -727,7 +714,7 @@ impl Runtime for FakeRuntime {
     }
 
     fn memory_fill(&self, sandbox_id: &str) -> Option<Arc<dyn crate::PageFill>> {
-        self.lock().fills.get(sandbox_id).map(|f| f.clone() as Arc<dyn crate::PageFill>)
+        self.fills.get(sandbox_id).map(|f| f as Arc<dyn crate::PageFill>)
     }
 
     fn reidentify(&self, spec: &SandboxSpec, handle: &SandboxHandle) -> Result<(), RuntimeError> {

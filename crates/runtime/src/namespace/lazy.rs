@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::criu;
+use super::{criu, pidfd_open, pidfd_signal, wait_readable};
 use crate::{PageFill, RuntimeError};
 
 /// Marker in a restore's work directory from before a lazy restore until the
@@ -138,14 +138,10 @@ impl Fill {
 
 impl PageFill for Fill {
     fn wait(&self) -> Result<Duration, String> {
-        let mut v = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(verdict) = v.as_ref() {
-                return verdict.clone();
-            }
-            // The daemon's own thread enforces the deadline: this wait ends.
-            v = self.done.wait(v).unwrap_or_else(|p| p.into_inner());
-        }
+        let v = self.verdict.lock().unwrap_or_else(|p| p.into_inner());
+        // The daemon's own thread enforces the deadline: this wait ends.
+        let v = self.done.wait_while(v, |v| v.is_none()).unwrap_or_else(|p| p.into_inner());
+        v.clone().expect("waited until there is a verdict")
     }
 }
 
@@ -256,11 +252,31 @@ impl Fills {
             stall(&daemon.child);
         }
 
-        let fill = Fill::new();
-        self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner()).insert(sandbox_id.to_string(), fill.clone());
+        self.track(sandbox_id, move || watch(daemon, restore_started))
+    }
+
+    /// Follows on, as the fill of `sandbox_id`, a lazy restore from `work`
+    /// that a previous daemon started and did not see end (its marker is
+    /// there); `None` when there is none.
+    pub fn adopt(&self, sandbox_id: &str, work: &Path) -> Option<Arc<Fill>> {
+        if !work.join(PENDING_MARKER).exists() {
+            return None;
+        }
+        let work = work.to_path_buf();
+        Some(self.track(sandbox_id, move || adopted_verdict(&work)))
+    }
+
+    /// Registers a fill of `sandbox_id` whose verdict `verdict` reaches, on a
+    /// thread of its own.
+    fn track(
+        &self,
+        sandbox_id: &str,
+        verdict: impl FnOnce() -> Result<Duration, String> + Send + 'static,
+    ) -> Arc<Fill> {
+        let fill = self.open(sandbox_id);
         let (f, id) = (fill.clone(), sandbox_id.to_string());
         let spawned = std::thread::Builder::new().name("lazy-pages".into()).spawn(move || {
-            let verdict = watch(daemon, restore_started);
+            let verdict = verdict();
             match &verdict {
                 Ok(d) => debug!(sandbox = %id, ms = d.as_millis() as u64, "memory resident"),
                 Err(e) => warn!(sandbox = %id, error = %e, "lazy restore failed"),
@@ -273,27 +289,12 @@ impl Fills {
         fill
     }
 
-    /// Follows on, as the fill of `sandbox_id`, a lazy restore from `work`
-    /// that a previous daemon started and did not see end (its marker is
-    /// there); `None` when there is none.
-    pub fn adopt(&self, sandbox_id: &str, work: &Path) -> Option<Arc<Fill>> {
-        if !work.join(PENDING_MARKER).exists() {
-            return None;
-        }
+    /// Registers a fill of `sandbox_id` with no verdict yet: the caller gives
+    /// it one ([`Fill::settle`]).
+    pub fn open(&self, sandbox_id: &str) -> Arc<Fill> {
         let fill = Fill::new();
         self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner()).insert(sandbox_id.to_string(), fill.clone());
-        let (f, id, work) = (fill.clone(), sandbox_id.to_string(), work.to_path_buf());
-        let spawned = std::thread::Builder::new().name("lazy-pages".into()).spawn(move || {
-            let verdict = adopted_verdict(&work);
-            if let Err(e) = &verdict {
-                warn!(sandbox = %id, error = %e, "lazy restore failed");
-            }
-            f.settle(verdict);
-        });
-        if let Err(e) = spawned {
-            fill.settle(Err(format!("no thread to follow criu lazy-pages: {e}")));
-        }
-        Some(fill)
+        fill
     }
 
     /// Abandons a daemon whose restore failed: it is killed and reaped.
@@ -313,6 +314,17 @@ impl Fills {
     /// gone; the daemon's thread still reaps it).
     pub fn forget(&self, sandbox_id: &str) {
         self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox_id);
+    }
+
+    /// Waits for the fill of `sandbox_id` (if any) and forgets it, as a dump
+    /// of the sandbox must first: one taken mid-fill would save the pages
+    /// still missing as untouched ones. `Err`: pages are missing.
+    pub fn wait_to_dump(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        self.wait(sandbox_id).map_err(|why| {
+            RuntimeError::Setup(format!(
+                "the memory of sandbox {sandbox_id} is incomplete (its lazy restore failed): {why}"
+            ))
+        })
     }
 
     /// Waits for the fill of `sandbox_id` (if any) and forgets it. `Err`:
@@ -378,31 +390,18 @@ fn adopted_verdict(work: &Path) -> Result<Duration, String> {
     let text = std::fs::read_to_string(&marker).unwrap_or_default();
     let mut it = text.split_whitespace().map(|v| v.parse::<u64>().ok());
     if let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) {
-        let pid = pid as i32;
-        // The same process (a recycled pid has another start time), held by a pidfd.
-        if let Ok(fd) = pidfd_open(pid) {
-            if super::process_start_time(pid) == Some(start) {
-                let deadline = deadline_for(page_bytes(work));
-                if wait_readable(fd.as_fd(), deadline).is_err() {
-                    // SAFETY: pidfd_send_signal on our pidfd of that process, NULL siginfo.
-                    unsafe {
-                        libc::syscall(
-                            libc::SYS_pidfd_send_signal,
-                            fd.as_raw_fd(),
-                            libc::SIGKILL,
-                            std::ptr::null::<()>(),
-                            0,
-                        )
-                    };
-                    return Err(format!(
-                        "criu lazy-pages (pid {pid}) did not finish within {} s and was killed",
-                        deadline.as_secs()
-                    ));
-                }
-                if done.exists() {
-                    return Ok(since(&done));
-                }
-            }
+        // The same process (a recycled pid has another start time).
+        let (pid, same) = (pid as i32, move || super::process_start_time(pid as i32) == Some(start));
+        let deadline = deadline_for(page_bytes(work));
+        if !super::wait_for_exit_of(pid, start, deadline) {
+            super::signal_if(pid, libc::SIGKILL, same);
+            return Err(format!(
+                "criu lazy-pages (pid {pid}) did not finish within {} s and was killed",
+                deadline.as_secs()
+            ));
+        }
+        if done.exists() {
+            return Ok(since(&done));
         }
     }
     Err(format!(
@@ -415,16 +414,8 @@ fn adopted_verdict(work: &Path) -> Result<Duration, String> {
 fn watch(mut daemon: Listening, restore_started: Instant) -> Result<Duration, String> {
     let exited_in_time = wait_readable(daemon.pidfd.as_fd(), daemon.deadline).is_ok();
     if !exited_in_time {
-        // SAFETY: pidfd_send_signal on our own pidfd of the (unreaped) daemon, NULL siginfo.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                daemon.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<()>(),
-                0,
-            )
-        };
+        // Our own pidfd of the (unreaped) daemon.
+        pidfd_signal(daemon.pidfd.as_fd(), libc::SIGKILL);
     }
     let status = daemon.child.wait();
     let took = restore_started.elapsed();
@@ -440,38 +431,6 @@ fn watch(mut daemon: Listening, restore_started: Instant) -> Result<Duration, St
         Err(e) => Err(format!("waiting for criu lazy-pages: {e}")),
     };
     verdict
-}
-
-/// Polls `fd` until it is readable (a pidfd: the process exited), at most `timeout`.
-fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> std::io::Result<()> {
-    let end = Instant::now() + timeout;
-    loop {
-        let left = end.saturating_duration_since(Instant::now());
-        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: poll on one pollfd we own for the call's duration.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        match r {
-            1.. => return Ok(()),
-            0 => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("nothing within {timeout:?}"))),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
-fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a freshly created descriptor that we own.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

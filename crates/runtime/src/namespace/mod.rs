@@ -83,16 +83,6 @@ impl NamespaceRuntime {
     fn cgroup(&self, id: &str) -> SandboxCgroup {
         SandboxCgroup::new(&self.cgroup_root, self.cgroup_version, id)
     }
-
-    /// Waits until a lazily restored sandbox's memory is all back: a dump
-    /// taken before would save the pages still missing as untouched ones.
-    fn memory_complete(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
-        self.fills.wait(sandbox_id).map_err(|why| {
-            RuntimeError::Setup(format!(
-                "the memory of sandbox {sandbox_id} is incomplete (its lazy restore failed): {why}"
-            ))
-        })
-    }
 }
 
 /// Kernel start time of a process (field 22 of /proc/PID/stat), or None when it
@@ -388,7 +378,7 @@ impl Runtime for NamespaceRuntime {
         if !self.is_alive(handle) {
             return Err(RuntimeError::Setup("sandbox init is not running".into()));
         }
-        self.memory_complete(sandbox_id)?;
+        self.fills.wait_to_dump(sandbox_id)?;
         let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Standby)?;
         if !wait_for_exit(handle, Duration::from_secs(5)) {
             return Err(RuntimeError::Setup(format!("init of sandbox {sandbox_id} survived the dump")));
@@ -412,7 +402,7 @@ impl Runtime for NamespaceRuntime {
             .cgroup(sandbox_id)
             .freezer_dir()
             .ok_or_else(|| RuntimeError::Unsupported("no freezer cgroup for this sandbox".into()))?;
-        self.memory_complete(sandbox_id)?;
+        self.fills.wait_to_dump(sandbox_id)?;
         let took = criu::dump(handle.init_pid, images_dir, &criu::DumpMode::Copy { freezer })?;
         debug!(sandbox = sandbox_id, ms = took.as_millis() as u64, "processes copied");
         Ok(self.init_binary.clone())
@@ -801,55 +791,66 @@ fn stat_field(pid: i32, n: usize) -> Option<i32> {
 /// for good, so a pid recycled between the check and the signal is never hit
 /// (a process that died meanwhile gets none). Whether it was sent.
 pub(crate) fn signal_if(pid: i32, signal: i32, still: impl FnOnce() -> bool) -> bool {
+    let Ok(fd) = pidfd_open(pid) else { return false };
+    still() && pidfd_signal(fd.as_fd(), signal)
+}
+
+/// A pidfd of process `pid`: it names that process for good (a pid recycled
+/// later is another process).
+pub(crate) fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
-        return false;
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd is a new descriptor that nothing else owns.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-    if !still() {
-        return false;
-    }
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Sends `signal` to the process `pidfd` names; whether it was sent.
+pub(crate) fn pidfd_signal(pidfd: std::os::fd::BorrowedFd<'_>, signal: i32) -> bool {
     // SAFETY: pidfd_send_signal takes the pidfd, a signal number, a NULL siginfo and flags.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0)
     };
     r == 0
+}
+
+/// Polls `fd` until it is readable (a pidfd: its process exited), at most
+/// `timeout`; EINTR polls again.
+pub(crate) fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> std::io::Result<()> {
+    let end = Instant::now() + timeout;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one pollfd we own for the call's duration.
+        let r = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        match r {
+            1.. => return Ok(()),
+            0 => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("nothing within {timeout:?}"))),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 /// Waits up to `timeout` for the process behind `handle` to exit (a zombie counts
 /// as exited). Uses a pidfd, so it wakes at the exit instead of polling.
 pub fn wait_for_exit(handle: &SandboxHandle, timeout: Duration) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, handle.init_pid, 0) };
-    if fd < 0 {
-        return true; // no such process
-    }
-    // SAFETY: fd was just returned by the kernel and is owned here.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
-    // The pid may have been reused before we opened it: then ours is gone.
-    if process_start_time(handle.init_pid) != Some(handle.init_start_time) {
+    wait_for_exit_of(handle.init_pid, handle.init_start_time, timeout)
+}
+
+/// [`wait_for_exit`] for process `pid` that started at `start_time` (field 22
+/// of /proc/PID/stat): true once it is gone, false when it still runs at `timeout`.
+pub(crate) fn wait_for_exit_of(pid: i32, start_time: u64, timeout: Duration) -> bool {
+    let Ok(fd) = pidfd_open(pid) else { return true }; // no such process
+                                                       // The pid may have been reused before we opened it: then ours is gone.
+    if process_start_time(pid) != Some(start_time) {
         return true;
     }
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        // SAFETY: pfd is a valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if r > 0 {
-            return true;
-        }
-        if r == 0 || Instant::now() >= deadline {
-            return !matches!(process_start_time(handle.init_pid), Some(t) if t == handle.init_start_time);
-        }
-        // EINTR: poll again.
-    }
+    wait_readable(fd.as_fd(), timeout).is_ok() || process_start_time(pid) != Some(start_time)
 }
