@@ -157,7 +157,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
     let mut made: Vec<String> = Vec::new();
     let mut res = measure(b, &c, &id1, &v2, &tar, payload, &mut made).await;
     if res.is_ok() {
-        res = seal_tree(b, &c, &id1, &tar, payload, &mut made).await;
+        res = seal_tree(b, &c, &id1, &tar, payload).await;
     }
     for id in made {
         let _ = c.remove_sandbox(&id, true).await;
@@ -291,66 +291,19 @@ async fn measure(
 /// it, a template made from such a sandbox (its checkpoint and hygiene scan
 /// included), and the scan alone, each against `cp -a` of the same writable
 /// layer plus `sync -f` (the copy a seal must at least not lose to).
-async fn seal_tree(
-    b: &mut Bench,
-    c: &Client,
-    image: &str,
-    tar: &[u8],
-    payload: u64,
-    made: &mut Vec<String>,
-) -> Result<()> {
-    let (mut ckpts, mut templates, mut scans, mut copies, mut frozen) = (vec![], vec![], vec![], vec![], vec![]);
-    let copy_to = b.cfg.work.join("seal-copy");
-    for round in 0..SEAL_ROUNDS {
-        // Checkpoint (and the scan of that checkpoint on its own).
-        let (sb, _) = setup(c, image, tar).await?;
-        made.push(sb.clone());
-        crate::sys::sync_all();
-        let t = Instant::now();
-        let ck = c.checkpoint(&sb, &strata_api::CheckpointRequest::default()).await.context("checkpoint")?;
-        ckpts.push(t.elapsed());
-        frozen.push(ck.frozen_ms);
-        if ck.changed_paths < FILES as u64 {
-            bail!("the checkpoint has {} changed paths, the tree {FILES} files", ck.changed_paths);
-        }
-        crate::sys::sync_all();
-        let t = Instant::now();
-        c.scan(&ck.id).await.context("scan the checkpoint")?;
-        scans.push(t.elapsed());
-        // The baseline: the same writable layer copied and synced.
-        let upper = strata_runtime::disk::upper_dir(&b.cfg.state_dir.join("sandboxes").join(&sb));
-        let _ = std::fs::remove_dir_all(&copy_to);
-        crate::sys::sync_all();
-        let t = Instant::now();
-        let st = std::process::Command::new("cp").arg("-a").arg(&upper).arg(&copy_to).status()?;
-        let synced = std::process::Command::new("sync").arg("-f").arg(&copy_to).status()?;
-        copies.push(t.elapsed());
-        if !st.success() || !synced.success() {
-            bail!("cp -a / sync -f of {} failed", upper.display());
-        }
-        let _ = std::fs::remove_dir_all(&copy_to);
-        c.remove_sandbox(&sb, true).await.context("remove")?;
-        c.delete_checkpoint(&ck.id).await.context("delete the checkpoint")?;
-        // A template straight from a sandbox: its checkpoint, then the scan gate.
-        let (sb, _) = setup(c, image, tar).await?;
-        made.push(sb.clone());
-        let name = format!("bench-seal-{round}");
-        crate::sys::sync_all();
-        let t = Instant::now();
-        let tpl = c
-            .create_template(&strata_api::CreateTemplateRequest {
-                name: name.clone(),
-                from: sb.clone(),
-                replace: true,
-                accept_findings: true,
-            })
-            .await
-            .context("template from the sandbox")?;
-        templates.push(t.elapsed());
-        c.delete_template(&name).await.context("delete the template")?;
-        c.remove_sandbox(&sb, true).await.context("remove")?;
-        let _ = c.delete_checkpoint(&tpl.checkpoint).await;
-    }
+async fn seal_tree(b: &mut Bench, c: &Client, image: &str, tar: &[u8], payload: u64) -> Result<()> {
+    // Nothing of the rounds' 60000-file trees is removed until every round is
+    // done: on ext4 without a journal (this host's root file system), the inode
+    // allocator skips inodes freed in the last 60 s (360 s while their inode
+    // table block is dirty), so a step that creates many files right after a
+    // large removal nearby crawls (measured: the same checkpoint 3 s, and 17 s
+    // right after a removal), and the rounds would measure each other's removals.
+    let mut left = Leftovers::default();
+    let mut times = SealTimes::default();
+    let result = seal_rounds(b, c, image, tar, &mut left, &mut times).await;
+    left.remove(c).await;
+    result?;
+    let SealTimes { ckpts, templates, scans, copies, frozen } = times;
     let (ck, tp, sc, cp) = (summarize(&ckpts), summarize(&templates), summarize(&scans), summarize(&copies));
     let base = format!("{} (cp -a + sync -f of the writable layer)", ms(cp.p50));
     let r = |s: &crate::stats::Summary| s.p50.as_secs_f64() / cp.p50.as_secs_f64();
@@ -390,8 +343,12 @@ async fn seal_tree(
              upper directory on its disk) to the bench's work directory and `sync -f` on the copy. Then a second \
              sandbox with the same tree becomes a template directly (`POST /v1/templates` from the sandbox, \
              `accept_findings`): its checkpoint and the hygiene scan gate in one call. Before each timed step the \
-             host's dirty pages are written out (`sync`), so that the removals of the round before (a writable \
-             layer, a checkpoint's layer of {FILES} files) do not land in it.",
+             host's dirty pages are written out (`sync`). Nothing the rounds make (sandboxes, checkpoints, \
+             templates, the copies) is removed before the last round: on ext4 without a journal (this host's \
+             root file system) the inode allocator skips inodes freed in the last 60 s (360 s while their inode \
+             table block is dirty), so creating {FILES} files right after a removal of as many nearby takes \
+             several times as long (measured: the same checkpoint 3 s, and 17 s right after a removal), and \
+             each round would measure the removals of the one before.",
             pay = bytes(payload),
         ),
         vec![
@@ -401,5 +358,103 @@ async fn seal_tree(
             format!("{:<26} {}", "cp -a + sync -f", cp.line()),
         ],
     ));
+    Ok(())
+}
+
+/// Timings of the seal rounds.
+#[derive(Default)]
+struct SealTimes {
+    ckpts: Vec<Duration>,
+    templates: Vec<Duration>,
+    scans: Vec<Duration>,
+    copies: Vec<Duration>,
+    frozen: Vec<u64>,
+}
+
+/// What the seal rounds leave for [`Leftovers::remove`] after the last one.
+#[derive(Default)]
+struct Leftovers {
+    templates: Vec<String>,
+    sandboxes: Vec<String>,
+    checkpoints: Vec<String>,
+    copies: Vec<std::path::PathBuf>,
+}
+
+impl Leftovers {
+    /// Templates first (they hold their checkpoints), then sandboxes (they hold
+    /// their heads), then checkpoints and the baseline's copies.
+    async fn remove(self, c: &Client) {
+        for t in &self.templates {
+            let _ = c.delete_template(t).await;
+        }
+        for sb in &self.sandboxes {
+            let _ = c.remove_sandbox(sb, true).await;
+        }
+        for ck in &self.checkpoints {
+            let _ = c.delete_checkpoint(ck).await;
+        }
+        for d in &self.copies {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+async fn seal_rounds(
+    b: &mut Bench,
+    c: &Client,
+    image: &str,
+    tar: &[u8],
+    left: &mut Leftovers,
+    times: &mut SealTimes,
+) -> Result<()> {
+    for round in 0..SEAL_ROUNDS {
+        // Checkpoint (and the scan of that checkpoint on its own).
+        let (sb, _) = setup(c, image, tar).await?;
+        left.sandboxes.push(sb.clone());
+        crate::sys::sync_all();
+        let t = Instant::now();
+        let ck = c.checkpoint(&sb, &strata_api::CheckpointRequest::default()).await.context("checkpoint")?;
+        times.ckpts.push(t.elapsed());
+        times.frozen.push(ck.frozen_ms);
+        left.checkpoints.push(ck.id.clone());
+        if ck.changed_paths < FILES as u64 {
+            bail!("the checkpoint has {} changed paths, the tree {FILES} files", ck.changed_paths);
+        }
+        crate::sys::sync_all();
+        let t = Instant::now();
+        c.scan(&ck.id).await.context("scan the checkpoint")?;
+        times.scans.push(t.elapsed());
+        // The baseline: the same writable layer copied and synced.
+        let upper = strata_runtime::disk::upper_dir(&b.cfg.state_dir.join("sandboxes").join(&sb));
+        let copy_to = b.cfg.work.join(format!("seal-copy-{round}"));
+        let _ = std::fs::remove_dir_all(&copy_to);
+        left.copies.push(copy_to.clone());
+        crate::sys::sync_all();
+        let t = Instant::now();
+        let st = std::process::Command::new("cp").arg("-a").arg(&upper).arg(&copy_to).status()?;
+        let synced = std::process::Command::new("sync").arg("-f").arg(&copy_to).status()?;
+        times.copies.push(t.elapsed());
+        if !st.success() || !synced.success() {
+            bail!("cp -a / sync -f of {} failed", upper.display());
+        }
+        // A template straight from a sandbox: its checkpoint, then the scan gate.
+        let (sb, _) = setup(c, image, tar).await?;
+        left.sandboxes.push(sb.clone());
+        let name = format!("bench-seal-{round}");
+        crate::sys::sync_all();
+        let t = Instant::now();
+        let tpl = c
+            .create_template(&strata_api::CreateTemplateRequest {
+                name: name.clone(),
+                from: sb.clone(),
+                replace: true,
+                accept_findings: true,
+            })
+            .await
+            .context("template from the sandbox")?;
+        times.templates.push(t.elapsed());
+        left.templates.push(name);
+        left.checkpoints.push(tpl.checkpoint);
+    }
     Ok(())
 }

@@ -11,7 +11,6 @@
 //! checkpoint time (`manifests/<checkpoint>.json`) makes the next checkpoint
 //! incremental.
 
-use std::io::BufWriter;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -338,8 +337,7 @@ fn seal(
         let changed = changes::diff(base, &now, lowers).len();
         crate::failpoint("checkpoint-write")
             .map_err(|e| EngineError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
-        let pipe = std::io::pipe().map_err(|e| EngineError::internal("pipe", &e))?;
-        Ok::<_, EngineError>((now, changed, pipe))
+        Ok::<_, EngineError>((now, changed, strata_image::chunk_pipe::chunk_pipe()))
     })();
     let (now, changed, (reader, writer)) = match prepared {
         Ok(p) => p,
@@ -351,23 +349,27 @@ fn seal(
     let layer = std::thread::scope(|s| {
         let now = &now;
         let producer = s.spawn(move || {
-            let written = changes::write_layer_tar(upper, base, now, lowers, BufWriter::with_capacity(1 << 20, writer));
+            let written = changes::write_layer_tar(upper, base, now, lowers, writer);
             release();
             written
         });
         // The sandbox's own content: keep its modes as they are (no_new_privs makes setuid inert).
         let opts = strata_image::ImportOptions { trusted: true, ..Default::default() };
         let mut warnings = Vec::new();
-        let unpacked = strata_image::unpack_layer(
-            std::io::BufReader::with_capacity(1 << 20, reader),
-            store,
-            &opts,
-            &mut warnings,
-            &mut |_| {},
-        );
+        let unpacked = strata_image::unpack_layer(reader, store, &opts, &mut warnings, &mut |_| {});
         let produced = producer.join().map_err(|_| EngineError::new(ErrorCode::Internal, "layer writer panicked"))?;
-        produced?;
-        Ok::<_, EngineError>(unpacked?)
+        match (produced, unpacked) {
+            // The writer stopped because the unpacker gave up first: the unpacker's error is the cause.
+            (Err(strata_image::ImageError::Io { source, .. }), Err(u))
+                if source.kind() == std::io::ErrorKind::BrokenPipe =>
+            {
+                Err(u.into())
+            }
+            (produced, unpacked) => {
+                produced?;
+                Ok::<_, EngineError>(unpacked?)
+            }
+        }
     })?;
     // unpack_layer syncs the layer's filesystem before committing it, so the
     // checkpoint is durable before its record makes it visible.

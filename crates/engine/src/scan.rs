@@ -150,14 +150,13 @@ pub(crate) fn run_walked(t: Target) -> EngineResult<(ScanReport, Option<changes:
     // Files of installed Python packages, by path: (distribution, SHA-256 of the file as shipped).
     let mut shipped: HashMap<String, (String, [u8; 32])> = HashMap::new();
     let mut record_bytes = 0u64;
+    let mut now = changes::StackLookup::new(&t.now);
     for (c, provider) in &list {
         if let (Some(i), changes::ChangeKind::Added | changes::ChangeKind::Modified) = (provider, c.change) {
             if hygiene::is_dist_record(&c.path) && record_bytes < MAX_RECORDS_TOTAL {
-                if let Some((_, _, Some(text))) = changes::read_entry(
-                    &t.now[*i],
-                    c.path.trim_start_matches('/'),
-                    MAX_RECORD.min(MAX_RECORDS_TOTAL - record_bytes),
-                )? {
+                if let Some((_, _, Some(text))) =
+                    now.read(*i, c.path.trim_start_matches('/'), MAX_RECORD.min(MAX_RECORDS_TOTAL - record_bytes))?
+                {
                     record_bytes += text.len() as u64;
                     let dist = hygiene::dist_name(&c.path).to_string();
                     shipped.extend(
@@ -176,7 +175,7 @@ pub(crate) fn run_walked(t: Target) -> EngineResult<(ScanReport, Option<changes:
             changes::ChangeKind::Deleted => Change::Deleted,
         };
         let (mode, content) = match provider {
-            Some(i) => match changes::read_entry(&t.now[*i], rel, hygiene::MAX_READ)? {
+            Some(i) => match now.read(*i, rel, hygiene::MAX_READ)? {
                 Some((mode, _, content)) => (mode, content),
                 None => continue, // vanished since the walk (a running sandbox)
             },

@@ -283,6 +283,9 @@ pub fn write_layer_tar(
             items.insert(path.clone(), Some(meta));
         }
     }
+    // The directory of the last entry, kept open: the items are sorted, so
+    // siblings come one after another and each directory is walked to once.
+    let mut open_parent: Option<(&str, Option<OwnedFd>)> = None;
     for (path, meta) in &items {
         let (parent, name) = match path.rsplit_once('/') {
             Some((p, n)) => (p, n),
@@ -293,15 +296,12 @@ pub fn write_layer_tar(
         match meta.map(|m| m.kind) {
             None | Some(EntryKind::Whiteout) => append_empty(&mut b, &wh(name), root)?,
             Some(_) => {
-                let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(root.join(parent)))?;
-                append_entry(
-                    &mut b,
-                    dir.as_ref().map_or(top.as_fd(), |d| d.as_fd()),
-                    name,
-                    path,
-                    root,
-                    &mut emitted_dirs,
-                )?;
+                if open_parent.as_ref().is_none_or(|(p, _)| *p != parent) {
+                    let dir = open_rel_dir(top.as_fd(), parent).map_err(io_err(root.join(parent)))?;
+                    open_parent = Some((parent, dir));
+                }
+                let dir = open_parent.as_ref().and_then(|(_, d)| d.as_ref());
+                append_entry(&mut b, dir.map_or(top.as_fd(), |d| d.as_fd()), name, path, root, &mut emitted_dirs)?;
                 if meta.is_some_and(|m| m.kind == EntryKind::Dir && m.opaque) {
                     append_empty(&mut b, &format!("{path}/.wh..wh..opq"), root)?;
                 }
@@ -433,40 +433,133 @@ fn append_entry<W: Write>(
 /// directory stops the search below its layer. Returns the providing layer's
 /// index, its kind and size. Directories are opened with `O_NOFOLLOW`, so a
 /// symlink planted in a writable layer is never followed.
+///
+/// For many paths of one stack, a [`StackLookup`] walks each directory once.
 pub fn lookup(stack_top_first: &[PathBuf], rel: &str) -> Result<Option<(usize, EntryKind, u64)>, ImageError> {
-    let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
-    let Some((last, parents)) = comps.split_last() else { return Ok(None) };
-    'layers: for (i, layer) in stack_top_first.iter().enumerate() {
-        let root = sys::open_dir_path(layer).map_err(io_err(layer))?;
+    StackLookup::new(stack_top_first).find(rel)
+}
+
+/// Where the walk to a directory of one layer ended.
+enum ParentWalk {
+    /// A component is missing and nothing above was opaque: look in the next layer.
+    NextLayer,
+    /// A non-directory, or a missing component below an opaque directory, hides the path.
+    Hidden,
+    /// The directory (`None`: the layer's root), and whether an opaque
+    /// directory on the way stops the search below this layer.
+    Dir { fd: Option<OwnedFd>, stop_below: bool },
+}
+
+/// [`lookup`] and [`read_entry`] for many paths of one stack: each layer's
+/// root is opened once and the last directory walked to in each layer is kept
+/// open, so paths taken in sorted order (siblings together) cost one walk per
+/// directory, not one per path. Same `O_NOFOLLOW` rules as [`lookup`].
+pub struct StackLookup<'a> {
+    layers: &'a [PathBuf],
+    roots: Vec<Option<OwnedFd>>,
+    last: Vec<Option<(String, ParentWalk)>>,
+}
+
+impl<'a> StackLookup<'a> {
+    /// A lookup over `layers` (top first); nothing is opened yet.
+    pub fn new(layers: &'a [PathBuf]) -> Self {
+        StackLookup {
+            layers,
+            roots: layers.iter().map(|_| None).collect(),
+            last: layers.iter().map(|_| None).collect(),
+        }
+    }
+
+    /// The walk to directory `parent` ("" for the root; no leading or doubled
+    /// slashes) in layer `i`, from the cache when it was the last one there.
+    fn walk(&mut self, i: usize, parent: &str) -> Result<&ParentWalk, ImageError> {
+        if !matches!(&self.last[i], Some((p, _)) if p == parent) {
+            let walked = self.walk_uncached(i, parent)?;
+            self.last[i] = Some((parent.to_string(), walked));
+        }
+        Ok(&self.last[i].as_ref().expect("just cached").1)
+    }
+
+    fn walk_uncached(&mut self, i: usize, parent: &str) -> Result<ParentWalk, ImageError> {
+        let layer = &self.layers[i];
+        if self.roots[i].is_none() {
+            self.roots[i] = Some(sys::open_dir_path(layer).map_err(io_err(layer))?);
+        }
+        let root = self.roots[i].as_ref().expect("just opened");
         let mut dir: Option<OwnedFd> = None;
         let mut stop_below = false;
-        for c in parents {
-            let name = cstr(c).map_err(io_err(layer.join(rel)))?;
+        for c in parent.split('/').filter(|c| !c.is_empty()) {
+            let name = cstr(c).map_err(io_err(layer.join(parent)))?;
             let cur = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
-            match sys::stat_at(cur, &name).map_err(io_err(layer.join(rel)))? {
-                None if stop_below => return Ok(None),
-                None => continue 'layers,
-                Some(st) if kind_of(&st) != EntryKind::Dir => return Ok(None),
+            match sys::stat_at(cur, &name).map_err(io_err(layer.join(parent)))? {
+                None if stop_below => return Ok(ParentWalk::Hidden),
+                None => return Ok(ParentWalk::NextLayer),
+                Some(st) if kind_of(&st) != EntryKind::Dir => return Ok(ParentWalk::Hidden),
                 Some(_) => {
-                    let sub = sys::open_dir_at(cur, &name).map_err(io_err(layer.join(rel)))?;
+                    let sub = sys::open_dir_at(cur, &name).map_err(io_err(layer.join(parent)))?;
                     stop_below |= is_opaque(sub.as_fd());
                     dir = Some(sub);
                 }
             }
         }
-        let name = cstr(last).map_err(io_err(layer.join(rel)))?;
-        let cur = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
-        match sys::stat_at(cur, &name).map_err(io_err(layer.join(rel)))? {
-            Some(st) if kind_of(&st) == EntryKind::Whiteout => return Ok(None),
-            Some(st) => {
-                let kind = kind_of(&st);
-                return Ok(Some((i, kind, if kind == EntryKind::File { st.st_size as u64 } else { 0 })));
-            }
-            None if stop_below => return Ok(None),
-            None => {}
-        }
+        Ok(ParentWalk::Dir { fd: dir, stop_below })
     }
-    Ok(None)
+
+    /// The open directory `parent` of layer `i` when the walk reaches it.
+    fn dir_fd(&mut self, i: usize, parent: &str) -> Result<Option<BorrowedFd<'_>>, ImageError> {
+        self.walk(i, parent)?;
+        let root = self.roots[i].as_ref().map(|r| r.as_fd());
+        Ok(match &self.last[i] {
+            Some((_, ParentWalk::Dir { fd, .. })) => fd.as_ref().map(|d| d.as_fd()).or(root),
+            _ => None,
+        })
+    }
+
+    /// [`lookup`] of `rel` in this stack.
+    pub fn find(&mut self, rel: &str) -> Result<Option<(usize, EntryKind, u64)>, ImageError> {
+        let (parent, last) = split_rel(rel);
+        if last.is_empty() {
+            return Ok(None);
+        }
+        let name = cstr(last).map_err(io_err(rel))?;
+        for i in 0..self.layers.len() {
+            let stop_below = match self.walk(i, &parent)? {
+                ParentWalk::NextLayer => continue,
+                ParentWalk::Hidden => return Ok(None),
+                ParentWalk::Dir { stop_below, .. } => *stop_below,
+            };
+            let layer = &self.layers[i];
+            let fd = self.dir_fd(i, &parent)?.expect("the walk reached the directory");
+            match sys::stat_at(fd, &name).map_err(io_err(layer.join(rel)))? {
+                Some(st) if kind_of(&st) == EntryKind::Whiteout => return Ok(None),
+                Some(st) => {
+                    let kind = kind_of(&st);
+                    return Ok(Some((i, kind, if kind == EntryKind::File { st.st_size as u64 } else { 0 })));
+                }
+                None if stop_below => return Ok(None),
+                None => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`read_entry`] of `rel` in layer `i` of this stack.
+    pub fn read(&mut self, i: usize, rel: &str, cap: u64) -> Result<Option<EntryData>, ImageError> {
+        let (parent, last) = split_rel(rel);
+        let layer = self.layers[i].clone();
+        let name = cstr(last).map_err(io_err(layer.join(rel)))?;
+        let Some(fd) = self.dir_fd(i, &parent)? else { return Ok(None) };
+        read_at(fd, &name, &layer.join(rel), cap)
+    }
+}
+
+/// `rel`'s parent directory (components joined by '/', no empty ones) and last component.
+fn split_rel(rel: &str) -> (String, &str) {
+    let rel = rel.trim_matches('/');
+    match rel.rsplit_once('/') {
+        Some((p, n)) => (p.split('/').filter(|c| !c.is_empty()).collect::<Vec<_>>().join("/"), n),
+        None => (String::new(), rel),
+    }
 }
 
 /// Opens the parent of `rel` below `root` without following symlinks and
@@ -487,44 +580,55 @@ pub type EntryData = (u32, u64, Option<Vec<u8>>);
 /// nothing outside the layer is read. `None` when the entry is gone.
 pub fn read_entry(layer: &Path, rel: &str, cap: u64) -> Result<Option<EntryData>, ImageError> {
     let (top, dir, name) = open_parent(layer, rel)?;
-    let fd = dir.as_ref().map_or(top.as_fd(), |d| d.as_fd());
-    let Some(st) = sys::stat_at(fd, &name).map_err(io_err(layer.join(rel)))? else { return Ok(None) };
+    read_at(dir.as_ref().map_or(top.as_fd(), |d| d.as_fd()), &name, &layer.join(rel), cap)
+}
+
+/// [`read_entry`] of `name` in the open directory `dir` (`shown` names it in errors).
+fn read_at(dir: BorrowedFd<'_>, name: &CStr, shown: &Path, cap: u64) -> Result<Option<EntryData>, ImageError> {
+    let Some(st) = sys::stat_at(dir, name).map_err(io_err(shown))? else { return Ok(None) };
     let size = st.st_size as u64;
     if sys::file_type(&st) != libc::S_IFREG || size > cap {
         return Ok(Some((st.st_mode, size, None)));
     }
-    let f = sys::open_read_at(fd, &name).map_err(io_err(layer.join(rel)))?;
+    let f = sys::open_read_at(dir, name).map_err(io_err(shown))?;
     let mut buf = Vec::with_capacity(size as usize);
-    f.take(cap).read_to_end(&mut buf).map_err(io_err(layer.join(rel)))?;
+    f.take(cap).read_to_end(&mut buf).map_err(io_err(shown))?;
     Ok(Some((st.st_mode, size, Some(buf))))
 }
 
-/// Whether `rel` is the same version in two layer directories: same kind, mode,
-/// owner, size and mtime, and the same bytes (files) or target (symlinks).
-fn same_entry(a_root: &Path, b_root: &Path, rel: &str) -> Result<bool, ImageError> {
-    let (a_top, a_dir, a_name) = open_parent(a_root, rel)?;
-    let (b_top, b_dir, b_name) = open_parent(b_root, rel)?;
-    let a_fd = a_dir.as_ref().map_or(a_top.as_fd(), |d| d.as_fd());
-    let b_fd = b_dir.as_ref().map_or(b_top.as_fd(), |d| d.as_fd());
-    let (Some(a), Some(b)) = (
-        sys::stat_at(a_fd, &a_name).map_err(io_err(a_root.join(rel)))?,
-        sys::stat_at(b_fd, &b_name).map_err(io_err(b_root.join(rel)))?,
-    ) else {
+/// Whether `rel` is the same version in layer `i` of `a` and layer `j` of `b`:
+/// same kind, mode, owner, size and mtime, and the same bytes (files) or target
+/// (symlinks).
+fn same_entry(
+    a: &mut StackLookup<'_>,
+    i: usize,
+    b: &mut StackLookup<'_>,
+    j: usize,
+    rel: &str,
+) -> Result<bool, ImageError> {
+    let (parent, last) = split_rel(rel);
+    let (a_root, b_root) = (a.layers[i].join(rel), b.layers[j].join(rel));
+    let name = cstr(last).map_err(io_err(&a_root))?;
+    let (Some(a_fd), Some(b_fd)) = (a.dir_fd(i, &parent)?, b.dir_fd(j, &parent)?) else { return Ok(false) };
+    let (Some(sa), Some(sb)) =
+        (sys::stat_at(a_fd, &name).map_err(io_err(&a_root))?, sys::stat_at(b_fd, &name).map_err(io_err(&b_root))?)
+    else {
         return Ok(false);
     };
-    if (a.st_mode, a.st_uid, a.st_gid, a.st_size, a.st_mtime) != (b.st_mode, b.st_uid, b.st_gid, b.st_size, b.st_mtime)
+    if (sa.st_mode, sa.st_uid, sa.st_gid, sa.st_size, sa.st_mtime)
+        != (sb.st_mode, sb.st_uid, sb.st_gid, sb.st_size, sb.st_mtime)
     {
         return Ok(false);
     }
-    match kind_of(&a) {
-        EntryKind::Symlink => Ok(sys::readlink_at(a_fd, &a_name).ok() == sys::readlink_at(b_fd, &b_name).ok()),
+    match kind_of(&sa) {
+        EntryKind::Symlink => Ok(sys::readlink_at(a_fd, &name).ok() == sys::readlink_at(b_fd, &name).ok()),
         EntryKind::File => {
-            let mut fa = sys::open_read_at(a_fd, &a_name).map_err(io_err(a_root.join(rel)))?;
-            let mut fb = sys::open_read_at(b_fd, &b_name).map_err(io_err(b_root.join(rel)))?;
+            let mut fa = sys::open_read_at(a_fd, &name).map_err(io_err(&a_root))?;
+            let mut fb = sys::open_read_at(b_fd, &name).map_err(io_err(&b_root))?;
             let (mut ba, mut bb) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
             loop {
-                let na = read_full(&mut fa, &mut ba).map_err(io_err(a_root.join(rel)))?;
-                let nb = read_full(&mut fb, &mut bb).map_err(io_err(b_root.join(rel)))?;
+                let na = read_full(&mut fa, &mut ba).map_err(io_err(&a_root))?;
+                let nb = read_full(&mut fb, &mut bb).map_err(io_err(&b_root))?;
                 if na != nb || ba[..na] != bb[..nb] {
                     return Ok(false);
                 }
@@ -562,13 +666,14 @@ pub fn diff_stacks(
 ) -> Result<Vec<StackChange>, ImageError> {
     let mut out: Vec<StackChange> = Vec::new();
     let mut deleted_dirs: Vec<String> = Vec::new();
+    let (mut now_stack, mut then_stack) = (StackLookup::new(now_top_first), StackLookup::new(then_top_first));
     for path in touched {
         crate::pace::tick();
         if deleted_dirs.iter().any(|d| path.starts_with(d.as_str()) && path.as_bytes().get(d.len()) == Some(&b'/')) {
             continue;
         }
-        let now = lookup(now_top_first, path)?;
-        let then = lookup(then_top_first, path)?;
+        let now = now_stack.find(path)?;
+        let then = then_stack.find(path)?;
         let change = match (now, then) {
             (None, None) => continue,
             (Some((i, kind, size)), None) => {
@@ -586,7 +691,7 @@ pub fn diff_stacks(
                     continue;
                 }
                 // Different layers may hold the same version (a checkpoint copies the writable layer).
-                if kind == old_kind && same_entry(&now_top_first[i], &then_top_first[j], path)? {
+                if kind == old_kind && same_entry(&mut now_stack, i, &mut then_stack, j, path)? {
                     continue;
                 }
                 (PathChange { path: format!("/{path}"), change: ChangeKind::Modified, kind, size }, Some(i))

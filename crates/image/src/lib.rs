@@ -43,6 +43,7 @@ use tracing::{debug, warn};
 
 mod archive;
 pub mod changes;
+pub mod chunk_pipe;
 mod config;
 mod detect;
 mod docker;

@@ -281,6 +281,11 @@ fn symlink_parent_tricks_are_rejected() {
     );
     // A symlink replacing a directory that later entries use.
     assert_rejected(Tar::new().dir("d/", 0o755).symlink("d", "/tmp").dir("d/sub/", 0o755).bytes(), "d/sub/");
+    // ... right after a file was written into it (the unpacker keeps that directory open).
+    assert_rejected(
+        Tar::new().dir("d/", 0o755).file("d/x", 0o644, b"x").symlink("d", "/tmp").file("d/y", 0o644, b"y").bytes(),
+        "d/y",
+    );
     // A symlink as the parent of a whiteout or opaque marker.
     assert_rejected(Tar::new().symlink("l", "/etc").file("l/.wh.passwd", 0, b"").bytes(), "l/.wh.passwd");
     assert_rejected(Tar::new().symlink("l", "/etc").file("l/.wh..wh..opq", 0, b"").bytes(), "l/.wh..wh..opq");

@@ -31,7 +31,7 @@
 //!
 //! On any error the staged directory is dropped, so nothing reaches the store.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::io::{self, BufReader, Read, Write};
@@ -187,6 +187,7 @@ pub(crate) fn stage_layer_as(
         input_count,
         last_report: 0,
         buf: vec![0u8; 128 * 1024],
+        last_dir: RefCell::new(None),
     };
     let mut entries = 0u64;
     for entry in archive.entries().map_err(corrupt)? {
@@ -412,6 +413,11 @@ struct Unpacker<'a> {
     input_count: Rc<Cell<u64>>,
     last_report: u64,
     buf: Vec<u8>,
+    /// The directory the last entry was unpacked into, kept open: entries of
+    /// one directory usually come together, so it is walked to once. Forgotten
+    /// whenever anything is removed ([`Unpacker::clear`]), the only way a
+    /// directory on the way can be replaced.
+    last_dir: RefCell<Option<(Vec<CString>, Rc<OwnedFd>)>>,
 }
 
 impl Unpacker<'_> {
@@ -516,7 +522,12 @@ impl Unpacker<'_> {
     /// following a symlink. Missing directories are created (0755) when
     /// `create`; otherwise, and for symlinks and non-directories, the entry
     /// `name` is rejected (`role` prefixes the reason).
-    fn walk(&self, comps: &[CString], create: bool, name: &str, role: &str) -> Result<OwnedFd, ImageError> {
+    fn walk(&self, comps: &[CString], create: bool, name: &str, role: &str) -> Result<Rc<OwnedFd>, ImageError> {
+        if let Some((at, fd)) = &*self.last_dir.borrow() {
+            if at.as_slice() == comps {
+                return Ok(fd.clone());
+            }
+        }
         let mut cur = self.root.try_clone().map_err(io_err(&self.root_path))?;
         for (i, comp) in comps.iter().enumerate() {
             let next = match sys::open_dir_at(cur.as_fd(), comp) {
@@ -540,11 +551,13 @@ impl Unpacker<'_> {
             };
             cur = next;
         }
+        let cur = Rc::new(cur);
+        *self.last_dir.borrow_mut() = Some((comps.to_vec(), cur.clone()));
         Ok(cur)
     }
 
     /// Opens (creating) the parent directory of `comps`; returns it and the last component.
-    fn parent<'c>(&self, comps: &'c [CString], name: &str) -> Result<(OwnedFd, &'c CStr), ImageError> {
+    fn parent<'c>(&self, comps: &'c [CString], name: &str) -> Result<(Rc<OwnedFd>, &'c CStr), ImageError> {
         let (last, parents) = comps.split_last().ok_or_else(|| ImageError::entry(name, "empty path"))?;
         Ok((self.walk(parents, true, name, "parent ")?, last.as_c_str()))
     }
@@ -558,11 +571,13 @@ impl Unpacker<'_> {
                 if keep_dir {
                     return Ok(true);
                 }
+                self.last_dir.take();
                 debug!(path = %join_lossy(comps), "replacing directory");
                 sys::remove_tree_at(dir, leaf).map_err(self.io(comps))?;
                 Ok(false)
             }
             Some(_) => {
+                self.last_dir.take();
                 sys::unlink_at(dir, leaf, false).map_err(self.io(comps))?;
                 Ok(false)
             }
@@ -641,8 +656,15 @@ impl Unpacker<'_> {
             return Err(too_large());
         }
         let (dir, leaf) = self.parent(comps, name)?;
-        self.clear(dir.as_fd(), leaf, comps, false)?;
-        let mut file = sys::create_file_at(dir.as_fd(), leaf, 0o600).map_err(self.io(comps))?;
+        // Most paths are new: try that first, and clear the way only when something is there.
+        let mut file = match sys::create_file_at(dir.as_fd(), leaf, 0o600) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                self.clear(dir.as_fd(), leaf, comps, false)?;
+                sys::create_file_at(dir.as_fd(), leaf, 0o600)
+            }
+            created => created,
+        }
+        .map_err(self.io(comps))?;
         let mut buf = std::mem::take(&mut self.buf);
         let mut written = 0u64;
         let copied = loop {
