@@ -98,9 +98,14 @@ pub fn info(st: &Shared) -> EngineResult<strata_api::DaemonInfo> {
 
 /// What this host supports (probed on a blocking thread), with the names that read as ids.
 pub async fn doctor(st: &Shared) -> EngineResult<strata_api::DoctorReport> {
-    let mut report = tokio::task::spawn_blocking(strata_runtime::probe::doctor)
-        .await
-        .map_err(|e| crate::error::EngineError::internal("doctor", &e))?;
+    let state_dir = st.state_dir.clone();
+    let mut report = tokio::task::spawn_blocking(move || {
+        let mut r = strata_runtime::probe::doctor();
+        r.features.push(strata_runtime::probe::state_fs(&state_dir));
+        r
+    })
+    .await
+    .map_err(|e| crate::error::EngineError::internal("doctor", &e))?;
     report.names_like_ids = names_like_ids(st)?;
     Ok(report)
 }
