@@ -170,7 +170,7 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         format!("first 10 creates mean {}, last 10 creates mean {}", ms(mean(&create_times[..10.min(n)])), ms(mean(&create_times[n.saturating_sub(10)..]))),
         format!("daemon VmRSS: before {} KiB, with {n} sandboxes {} KiB, after destroying them {} KiB", before.daemon_kib, m.after.daemon_kib, after_rm.daemon_kib),
         format!("per-sandbox daemon delta: {}", kib(daemon_per)),
-        format!("init (strata _init, pid 1 of each sandbox): VmRSS avg {} (min {} max {} KiB), Pss avg {} (min {} max {} KiB)", kib(m.init_rss), m.rss_min, m.rss_max, kib(m.init_pss), m.pss_min, m.pss_max),
+        format!("init (strata-init `_pid1`, pid 1 of each sandbox): VmRSS avg {} (min {} max {} KiB), Pss avg {} (min {} max {} KiB)", kib(m.init_rss), m.rss_min, m.rss_max, kib(m.init_pss), m.pss_min, m.pss_max),
         format!("processes in each sandbox's pid namespace (seen from the host): {}", m.ns_counts),
         format!("host processes: before {}, with sandboxes {}, after destroy {}", before.procs, m.after.procs, after_rm.procs),
         format!("MemAvailable: before {} KiB, with sandboxes {} KiB, after destroy {} KiB", before.avail_kib, m.after.avail_kib, after_rm.avail_kib),
@@ -193,9 +193,10 @@ pub async fn run(b: &mut Bench) -> Result<()> {
         format!(
             "{n} sandboxes of image `{img}` are created one after another and left idle. Before creating them and 2 s after the last one, \
              the daemon's VmRSS (/proc/PID/status), the host's MemAvailable and the number of host processes are read. For each sandbox, \
-             VmRSS and Pss (/proc/PID/smaps_rollup) of its init (`init_pid`: a forked `strata _init`, the only strata process per sandbox \
-             outside the workload) are read. Per-sandbox overhead = (daemon VmRSS with {n} - before) / {n} + init VmRSS (or Pss). \
-             Pss divides pages shared between the {n} inits (the strata binary's text) among them; VmRSS counts them in full for each. \
+             VmRSS and Pss (/proc/PID/smaps_rollup) of its init (`init_pid`: the static strata-init as `_pid1`, the only strata process \
+             per sandbox outside the workload; it runs its loop before the C library starts, crates/init/src/bare_pid1.rs) are read. \
+             Per-sandbox overhead = (daemon VmRSS with {n} - before) / {n} + init Pss. Pss divides pages shared between the {n} \
+             inits (strata-init's text) among them; VmRSS counts them in full for each. \
              Afterwards all are destroyed. Baseline: {n} idle `unshare -pmuin --fork sleep infinity` trees spawned from the benchmark \
              process, measured the same way (sleep is the tree's pid 1; the unshare parent waits outside, like the daemon does).",
             img = cfg.image

@@ -39,6 +39,14 @@ fn sandbox_sees_only_itself_and_cannot_reconfigure_the_kernel() {
     ] {
         assert_eq!(mask & (1 << cap), 0, "capability {cap} must be dropped (CapBnd {cap_bnd})");
     }
+    // Pid 1 (started before the C library: see crates/init/src/bare_pid1.rs) keeps
+    // only CAP_KILL, everywhere, and has no_new_privs.
+    let pid1 = d.cli_ok(&["exec", &id, "--", "cat", "/proc/1/status"]);
+    for line in ["CapInh:\t0000000000000020", "CapPrm:\t0000000000000020", "CapEff:\t0000000000000020"] {
+        assert!(pid1.lines().any(|l| l == line), "pid 1 lacks {line:?}: {pid1}");
+    }
+    assert!(pid1.lines().any(|l| l == "CapBnd:\t0000000000000020"), "{pid1}");
+    assert!(pid1.lines().any(|l| l == "NoNewPrivs:\t1"), "{pid1}");
     // Init (pid 1) and the shims are not readable or traceable by the workload.
     assert!(!sh("cat /proc/1/environ").status.success());
     assert!(!sh("readlink /proc/1/exe").status.success());

@@ -1,5 +1,7 @@
 //! `strata-init _pid1 GRACE_SECS` | `_enter` | `_runsc_exec` | `_hostname NAME`: see the library docs.
 
+mod bare_pid1;
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("_pid1") => strata_init::pid1::pid1_main(),
