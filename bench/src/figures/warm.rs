@@ -22,6 +22,12 @@ const IMAGE: &str = "e2b-base";
 const CHILDREN: u32 = 4;
 /// Rounds of each kind.
 const ROUNDS: usize = 5;
+/// Children of the wide warm fork (issue 18: 16 serving within 600 ms).
+const WIDE: u32 = 16;
+/// Rounds of the wide warm fork.
+const WIDE_ROUNDS: usize = 3;
+/// Target of the wide warm fork.
+const WIDE_TARGET_MS: f64 = 600.0;
 
 /// The server: imports a good part of the standard library and builds a table
 /// in memory (the warm-up a dev server pays), then serves HTTP on :8000.
@@ -56,10 +62,10 @@ async fn remove_all(c: &Client, ids: &[String]) {
     }
 }
 
-fn fork_req(source: &str, processes: bool) -> ForkRequest {
+fn fork_req(source: &str, processes: bool, count: u32) -> ForkRequest {
     ForkRequest {
         source: source.into(),
-        count: CHILDREN,
+        count,
         name_prefix: None,
         lifecycle: Lifecycle::Ephemeral,
         ttl: None,
@@ -70,10 +76,10 @@ fn fork_req(source: &str, processes: bool) -> ForkRequest {
     }
 }
 
-/// Fork from the warm checkpoint until every child serves.
-async fn warm_round(c: &Client, ckpt: &str) -> Result<(Duration, Vec<String>)> {
+/// Fork `count` children from the warm checkpoint until every child serves.
+async fn warm_round(c: &Client, ckpt: &str, count: u32) -> Result<(Duration, Vec<String>)> {
     let t = Instant::now();
-    let r = c.fork(&fork_req(ckpt, true)).await.context("warm fork")?;
+    let r = c.fork(&fork_req(ckpt, true, count)).await.context("warm fork")?;
     all_ready(c, &r.sandboxes).await?;
     Ok((t.elapsed(), r.sandboxes))
 }
@@ -81,7 +87,7 @@ async fn warm_round(c: &Client, ckpt: &str) -> Result<(Duration, Vec<String>)> {
 /// Fork the same filesystem, start the server in every child, until every child serves.
 async fn cold_round(c: &Client, ckpt: &str) -> Result<(Duration, Vec<String>)> {
     let t = Instant::now();
-    let r = c.fork(&fork_req(ckpt, false)).await.context("cold fork")?;
+    let r = c.fork(&fork_req(ckpt, false, CHILDREN)).await.context("cold fork")?;
     for id in &r.sandboxes {
         c.start_process(id, &server_req()).await.context("start the server")?;
     }
@@ -120,14 +126,16 @@ async fn measure(b: &mut Bench, c: &Client, src: &str) -> Result<()> {
 
     // A warm-up round of each, then rounds alternating which goes first.
     for warm in [true, false] {
-        let (_, ids) = if warm { warm_round(c, &warm_ck.id).await? } else { cold_round(c, &cold_ck.id).await? };
+        let (_, ids) =
+            if warm { warm_round(c, &warm_ck.id, CHILDREN).await? } else { cold_round(c, &cold_ck.id).await? };
         remove_all(c, &ids).await;
     }
     let (mut ws, mut cs) = (Vec::new(), Vec::new());
     for i in 0..ROUNDS {
         for k in 0..2 {
             let warm = (i + k) % 2 == 0;
-            let (el, ids) = if warm { warm_round(c, &warm_ck.id).await? } else { cold_round(c, &cold_ck.id).await? };
+            let (el, ids) =
+                if warm { warm_round(c, &warm_ck.id, CHILDREN).await? } else { cold_round(c, &cold_ck.id).await? };
             remove_all(c, &ids).await;
             if warm {
                 ws.push(el)
@@ -136,6 +144,23 @@ async fn measure(b: &mut Bench, c: &Client, src: &str) -> Result<()> {
             }
         }
     }
+    // The wide fork: 16 children, and the host memory each takes once serving.
+    let source_mem = processes_memory(src).context("the source's memory")?;
+    let (mut wide, mut per_child) = (Vec::new(), Vec::new());
+    for _ in 0..WIDE_ROUNDS {
+        let (el, ids) = warm_round(c, &warm_ck.id, WIDE).await?;
+        wide.push(el);
+        for id in &ids {
+            per_child.push(processes_memory(id).with_context(|| format!("the memory of child {id}"))?);
+        }
+        remove_all(c, &ids).await;
+    }
+    let sx = summarize(&wide);
+    let n = per_child.len().max(1) as f64;
+    let (rss, pss) = (
+        per_child.iter().map(|m| m.rss_kib).sum::<u64>() as f64 / n,
+        per_child.iter().map(|m| m.pss_kib).sum::<u64>() as f64 / n,
+    );
     let (sw, sc) = (summarize(&ws), summarize(&cs));
     b.report.rows.push(Row::new(
         format!("warm fork: {CHILDREN} children serving, from a checkpoint that kept the warmed-up server, median of {ROUNDS}"),
@@ -143,6 +168,26 @@ async fn measure(b: &mut Bench, c: &Client, src: &str) -> Result<()> {
         format!("{} (cold: fork {CHILDREN} + start and warm up the server in each)", ms(sc.p50)),
         format!("{:.1}x faster", sc.p50.as_secs_f64() / sw.p50.as_secs_f64()),
         "-",
+        Verdict::Info,
+    ));
+    b.report.rows.push(Row::new(
+        format!("warm fork: {WIDE} children serving, from that checkpoint, median of {WIDE_ROUNDS} (min-max)"),
+        format!("{} ({}-{})", ms(sx.p50), ms(sx.min), ms(sx.max)),
+        format!("{} ({CHILDREN} children, above)", ms(sw.p50)),
+        ratio(sx.p50.as_secs_f64(), sw.p50.as_secs_f64()),
+        format!("<= {WIDE_TARGET_MS:.0} ms"),
+        Verdict::of(sx.p50.as_secs_f64() * 1000.0 <= WIDE_TARGET_MS),
+    ));
+    b.report.rows.push(Row::new(
+        format!("host memory per child of those {WIDE}, serving: RSS / PSS of its processes, avg"),
+        format!("{:.1} MiB / {:.1} MiB", rss / 1024.0, pss / 1024.0),
+        format!(
+            "{:.1} MiB / {:.1} MiB (the source sandbox's, with its server)",
+            source_mem.rss_kib as f64 / 1024.0,
+            source_mem.pss_kib as f64 / 1024.0
+        ),
+        format!("{:.2}x (PSS)", pss / (source_mem.pss_kib.max(1) as f64)),
+        "(reported)",
         Verdict::Info,
     ));
     b.report.rows.push(Row::new(
@@ -163,10 +208,37 @@ async fn measure(b: &mut Bench, c: &Client, src: &str) -> Result<()> {
              its own identity), timed until the server answers a TCP connect in every child (bash `/dev/tcp` inside the child, \
              polled every 5 ms). Cold round: `fork` of {CHILDREN} from the cold checkpoint, the server started in each through the \
              API, timed the same way. One warm-up round of each, then {ROUNDS} rounds each, alternating which goes first; children \
-             are removed between rounds.",
+             are removed between rounds. Then {WIDE_ROUNDS} warm rounds of {WIDE} children, timed the same way; once all serve, the \
+             host memory of each child is read: VmRSS and Pss (/proc/PID/smaps_rollup) summed over the processes of its cgroup \
+             (its pid 1, the server's), against the same sums for the source sandbox. Pss splits pages shared between processes \
+             (the image's files in the page cache); a CRIU restore gives every child its own copy of the server's memory.",
             ms(first_warmup)
         ),
-        vec![format!("{:<28} {}", "warm fork until serving", sw.line()), format!("{:<28} {}", "cold fork + warm-up", sc.line())],
+        vec![
+            format!("{:<28} {}", "warm fork until serving", sw.line()),
+            format!("{:<28} {}", "cold fork + warm-up", sc.line()),
+            format!("{:<28} {}", format!("warm fork of {WIDE}"), sx.line()),
+        ],
     ));
     Ok(())
+}
+
+/// Host memory of a sandbox's processes (those of its cgroup).
+struct ProcessesMemory {
+    rss_kib: u64,
+    pss_kib: u64,
+}
+
+fn processes_memory(id: &str) -> Result<ProcessesMemory> {
+    let cg = crate::sys::sandbox_memcg(id).with_context(|| format!("no memory cgroup for sandbox {id}"))?;
+    let pids = crate::sys::cgroup_pids(&cg);
+    if pids.is_empty() {
+        bail!("no processes in {}", cg.display());
+    }
+    let (mut rss_kib, mut pss_kib) = (0, 0);
+    for pid in pids {
+        rss_kib += crate::sys::rss_kib(pid).unwrap_or(0);
+        pss_kib += crate::sys::pss_kib(pid).unwrap_or(0);
+    }
+    Ok(ProcessesMemory { rss_kib, pss_kib })
 }
