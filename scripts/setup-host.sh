@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what strata's build, tests, benchmarks and demo need on a Debian 12 host,
 # as root: Debian packages, and CRIU >= 4 built from source into /usr/local/sbin/criu
-# (Debian 12's own criu 3.17 fails `criu check` on current kernels).
+# (Debian 12's own criu 3.17 fails `criu check` on current kernels), runsc, and for the
+# microvm tier QEMU >= 10 and a guest kernel with its modules in /usr/local/lib/strata/microvm.
 #
 # Idempotent: packages already installed and a CRIU >= 4 built with the current patch
 # set (scripts/criu-patches/, e.g. the Linux 6.16 socket-option fix) and make flags are skipped,
@@ -14,6 +15,7 @@
 #   STRATA_CACHE          cache root (default /var/cache/strata)
 #   STRATA_CRIU_SUITE     Debian suite whose criu source package is built (default trixie)
 #   STRATA_FORCE_CRIU=1   rebuild and reinstall CRIU even if a CRIU >= 4 is installed
+#   STRATA_FORCE_MICROVM=1  fetch the microvm guest kernel and modules again
 set -euo pipefail
 
 STRATA_PROG=setup-host
@@ -45,7 +47,7 @@ T_START=$(_now)
 
 # Sandboxes, tests, benchmarks and the demo.
 RUNTIME_DEBS=(
-    busybox-static   # test rootfs
+    busybox-static   # test rootfs; the microvm tier's initramfs
     bubblewrap       # baseline for benchmarks
     hyperfine        # benchmarks
     debootstrap      # the demo's Debian rootfs
@@ -54,7 +56,7 @@ RUNTIME_DEBS=(
     iptables         # CRIU runs iptables-save/iptables-restore for net namespaces
     util-linux       # nsenter, unshare, mount
     mount            # mount -o loop: per-sandbox disks (ext4 image on a loop device)
-    e2fsprogs        # mkfs.ext4 for per-sandbox disks
+    e2fsprogs        # mkfs.ext4 for per-sandbox disks and microvm root images (-d)
     ca-certificates
     tar gzip xz-utils
     python3 python3-venv python3-pip   # the demo's Python client
@@ -267,6 +269,187 @@ elif runsc_current; then
 else
     step "install runsc (bookworm-backports)" install_runsc
 fi
+
+# --- microVM tier: QEMU >= 10 and a guest kernel -------------------------------------
+# The microvm tier boots `qemu-system-x86_64 -M microvm` (TCG here: /dev/kvm is PVM and
+# hangs guests) with Debian's cloud kernel and an initramfs that strata builds from
+# busybox-static and the kernel's modules; the guest's root is an ext4 image made with
+# `mkfs.ext4 -d` (e2fsprogs) under a qcow2 overlay (qemu-img, from qemu-utils).
+#
+# QEMU: the machine image carries qemu-utils 10.0.2 from bookworm-backports, beside which
+# Debian 12's own qemu-system-x86 7.2 does not install (qemu-utils 10 breaks
+# qemu-system-common < 8). So on bookworm the packages that must come from backports are
+# downloaded through the private apt configuration (as runsc is) and installed as local
+# .debs; the system's apt resolves their libraries from its own sources. They are the ones
+# whose bookworm versions do not satisfy qemu-system-x86 10: qemu-system-common (= its
+# version), qemu-system-data (>> 10.0.2) and seabios (>> 1.16.3; bookworm has 1.16.2).
+# (`apt-get install -t bookworm-backports` would need backports among the system's
+# sources, and would take every other dependency backports has from there too.)
+#
+# Guest kernel: the package linux-image-cloud-amd64 depends on (the system's candidate)
+# is downloaded, never installed (that would run the host's initramfs and boot-loader
+# hooks), and unpacked with dpkg-deb -x; only what a guest needs is kept in
+# $MICROVM_DIR: vmlinuz, kernel-version (its `uname -r`), package ("NAME VERSION" of
+# the .deb), and modules/: the modules of MICROVM_MODULES that are not built into that
+# kernel, with what they depend on (each .ko's modinfo `depends=`: the package has no
+# modules.dep), uncompressed, and modules/order, one file name a line, dependencies
+# first: what the initramfs insmods in that order; modules/builtin names those of the
+# list built into the kernel (ext4 in Debian 12's). The directory is built beside its
+# place and renamed into it. Skipped when present with every module of the list
+# (STRATA_FORCE_MICROVM=1 fetches it again).
+QEMU_MIN_MAJOR=10
+QEMU_BPO_DEBS=(qemu-system-x86 qemu-system-common qemu-system-data seabios)
+MICROVM_DIR=/usr/local/lib/strata/microvm
+# Module names (as modinfo spells them) the guest needs, and ones it uses when its kernel
+# has them: virtio-mmio transport (devices found through microvm's ACPI tables), block,
+# console (virtio-serial: the agent's channel), net, rng; ext4 for the disks, overlay to join them.
+MICROVM_MODULES=(virtio_mmio virtio_blk virtio_console virtio_net virtio_rng ext4 overlay)
+MICROVM_OPTIONAL_MODULES=(vmgenid)
+
+qemu_major() {
+    qemu-system-x86_64 --version 2>/dev/null | sed -nE '1s/^QEMU emulator version ([0-9]+)\..*/\1/p'
+}
+qemu_current() {
+    local m
+    m=$(qemu_major)
+    [ -n "$m" ] && [ "$m" -ge "$QEMU_MIN_MAJOR" ]
+}
+
+install_qemu_bpo() {
+    rm -rf "$APT_BPO"
+    mkdir -p "$APT_BPO"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d,debs}
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(debian_mirror) bookworm-backports main" \
+        >"$APT_BPO/sources.list"
+    apt_private "$APT_BPO" update -q
+    (cd "$APT_BPO/debs" && apt_private "$APT_BPO" download "${QEMU_BPO_DEBS[@]/%//bookworm-backports}")
+    apt-get update -q  # the libraries come from the system's own sources
+    apt-get install -y -q --no-install-recommends "$APT_BPO"/debs/*.deb
+    # Only qemu-system-x86 was asked for: the others go when it goes (apt autoremove).
+    apt-mark auto "${QEMU_BPO_DEBS[@]:1}"
+    rm -rf "$APT_BPO"
+    qemu-system-x86_64 --version | sed -n 1p
+}
+
+# microvm_assets_present: the kernel, its version and every module of the list is there
+# (in modules/order, or recorded as built in).
+microvm_assets_present() {
+    local m
+    [ -s "$MICROVM_DIR/vmlinuz" ] && [ -s "$MICROVM_DIR/kernel-version" ] && [ -f "$MICROVM_DIR/modules/order" ] || return 1
+    for m in "${MICROVM_MODULES[@]}"; do
+        grep -qxF "$m" "$MICROVM_DIR/modules/builtin" 2>/dev/null ||
+            sed 's/\.ko$//; s/-/_/g' "$MICROVM_DIR/modules/order" | grep -qxF "$m" || return 1
+    done
+}
+
+fetch_microvm_kernel() {
+    local pkg tmp kver kdir
+    # Runs in step's subshell: this trap cleans up after a failure too.
+    MVM_CLEAN=()
+    trap 'rm -rf "${MVM_CLEAN[@]}"' EXIT
+    apt-get update -q
+    pkg=$(apt-cache depends linux-image-cloud-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-.*-cloud-amd64$/ { print $2; exit }')
+    [ -n "$pkg" ] || { echo "linux-image-cloud-amd64 depends on no linux-image-*-cloud-amd64" >&2; exit 1; }
+    mkdir -p "$CACHE" "$(dirname "$MICROVM_DIR")"
+    tmp=$(mktemp -d "$CACHE/microvm-kernel.XXXXXX")
+    MVM_CLEAN+=("$tmp")
+    (cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root "$pkg")
+    local deb
+    deb=$(find "$tmp" -maxdepth 1 -name "${pkg}_*.deb" | head -n1)
+    [ -n "$deb" ] || { echo "apt-get download $pkg left no .deb" >&2; exit 1; }
+    dpkg-deb -x "$deb" "$tmp/x"
+    kdir=$(find "$tmp/x/lib/modules" -mindepth 1 -maxdepth 1 -type d | head -n1)
+    kver=$(basename "$kdir")
+    [ -f "$tmp/x/boot/vmlinuz-$kver" ] || { echo "no boot/vmlinuz-$kver in $pkg" >&2; exit 1; }
+
+    # Module name -> file (names with '-' and '_' are the same module).
+    declare -A kofile=() seen=()
+    local f n
+    while IFS= read -r f; do
+        n=$(basename "$f")
+        n=${n%%.ko*}
+        kofile[${n//-/_}]=$f
+    done < <(find "$kdir" -name '*.ko' -o -name '*.ko.xz' -o -name '*.ko.zst' -o -name '*.ko.gz')
+    builtin_mod() { sed 's:.*/::; s/\.ko$//; s/-/_/g' "$kdir/modules.builtin" | grep -qxF "$1"; }
+    ko_depends() {
+        local z dep
+        case $1 in
+        *.xz) z=(xz -dc) ;; *.zst) z=(zstd -dc) ;; *.gz) z=(gzip -dc) ;; *) z=(cat) ;;
+        esac
+        dep=$("${z[@]}" "$1" | tr '\0' '\n' | sed -n 's/^depends=//p')
+        dep=${dep%%$'\n'*}
+        echo "${dep//,/ }"
+    }
+    local order=() builtins=() absent=()
+    add_module() {  # post-order: dependencies first
+        local m=$1 d
+        [ -z "${seen[$m]:-}" ] || return 0
+        seen[$m]=1
+        for d in $(ko_depends "${kofile[$m]}"); do
+            if [ -n "${kofile[${d//-/_}]:-}" ]; then add_module "${d//-/_}"; else builtin_mod "$d" || { echo "$m needs $d: neither a module nor built in" >&2; exit 1; }; fi
+        done
+        order+=("${kofile[$m]}")
+    }
+    for n in "${MICROVM_MODULES[@]}" "${MICROVM_OPTIONAL_MODULES[@]}"; do
+        if [ -n "${kofile[$n]:-}" ]; then
+            add_module "$n"
+        elif builtin_mod "$n"; then
+            builtins+=("$n")
+        elif printf '%s\n' "${MICROVM_OPTIONAL_MODULES[@]}" | grep -qxF "$n"; then
+            absent+=("$n")
+        else
+            echo "$kver has no $n (neither a module nor built in)" >&2
+            exit 1
+        fi
+    done
+
+    local new=$MICROVM_DIR.new.$$ out
+    rm -rf "$new"
+    MVM_CLEAN+=("$new")
+    mkdir -p "$new/modules"
+    cp "$tmp/x/boot/vmlinuz-$kver" "$new/vmlinuz"
+    echo "$kver" >"$new/kernel-version"
+    echo "$(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version)" >"$new/package"
+    : >"$new/modules/order"
+    for f in "${order[@]}"; do
+        n=$(basename "$f")
+        out=${n%%.ko*}.ko
+        case $f in
+        *.xz) xz -dc "$f" >"$new/modules/$out" ;;
+        *.zst) zstd -dc "$f" >"$new/modules/$out" ;;
+        *.gz) gzip -dc "$f" >"$new/modules/$out" ;;
+        *) cp "$f" "$new/modules/$out" ;;
+        esac
+        echo "$out" >>"$new/modules/order"
+    done
+    { [ "${#builtins[@]}" -eq 0 ] || printf '%s\n' "${builtins[@]}"; } >"$new/modules/builtin"
+    chmod -R a+rX "$new"
+    rm -rf "$MICROVM_DIR.old"
+    [ ! -e "$MICROVM_DIR" ] || mv -T "$MICROVM_DIR" "$MICROVM_DIR.old"
+    mv -T "$new" "$MICROVM_DIR"
+    rm -rf "$MICROVM_DIR.old"
+    echo "$pkg: $kver; modules: $(sed 's/\.ko$//' "$MICROVM_DIR/modules/order" | paste -sd ' ' -); built in: ${builtins[*]:-none}; absent: ${absent[*]:-none}"
+}
+
+if ! qemu_current; then
+    if [ "$(debian_codename)" = bookworm ]; then
+        step "install qemu-system-x86 (bookworm-backports)" install_qemu_bpo
+    else
+        step "apt-get install qemu-system-x86" apt_install qemu-system-x86
+    fi
+fi
+qemu_current || die "qemu-system-x86_64 reports version '$(qemu-system-x86_64 --version 2>/dev/null | sed -n 1p)', the microvm tier needs QEMU >= $QEMU_MIN_MAJOR"
+note "qemu: $(qemu-system-x86_64 --version | sed -n 1p)"
+
+if [ "${STRATA_FORCE_MICROVM:-0}" != 1 ] && microvm_assets_present; then
+    note "microvm kernel: $(cat "$MICROVM_DIR/package") ($(cat "$MICROVM_DIR/kernel-version")) present in $MICROVM_DIR"
+else
+    step "microvm guest kernel + modules ($MICROVM_DIR)" fetch_microvm_kernel
+    note "microvm kernel: $(cat "$MICROVM_DIR/package"); modules/order: $(sed 's/\.ko$//' "$MICROVM_DIR/modules/order" | paste -sd ' ' -); built in: $(paste -sd ' ' "$MICROVM_DIR/modules/builtin")"
+fi
+# The initramfs (busybox-static) and the guest's root image (mkfs.ext4 -d) need these;
+# they are in RUNTIME_DEBS above, so this only catches a failed install.
+mapfile -t MISSING < <(missing_debs busybox-static e2fsprogs)
+[ "${#MISSING[@]}" -eq 0 ] || die "the microvm tier needs ${MISSING[*]}"
 
 # --- pinned Python SDKs for the MCP and E2B tests ---------------------------------
 # Each official SDK, pinned, in its own venv; skipped when that venv already has the

@@ -20,6 +20,7 @@ fn main() {
         Some("_restore") => strata_runtime::namespace::restore::main(),
         Some("_restore_hook") => strata_runtime::namespace::restore::hook_main(),
         Some("_runsc_keep") => strata_runtime::gvisor::keeper::main(),
+        Some("_vm_keep") => strata_runtime::microvm::keeper::main(),
         _ => {}
     }
     let cli = args::Cli::parse();

@@ -134,9 +134,10 @@ fn request_bodies_with_unknown_fields_are_refused() {
     let body = body.expect("a JSON error body");
     assert_eq!((status, body.code), (400, ErrorCode::BadRequest));
     assert!(body.message.contains("firecracker") && body.message.contains("gvisor"), "{}", body.message);
-    let unavailable = ["gvisor", "microvm"]
-        .into_iter()
-        .filter(|t| *t != "gvisor" || strata_runtime::gvisor::probe().unavailable().is_some());
+    let unavailable = ["gvisor", "microvm"].into_iter().filter(|t| match *t {
+        "gvisor" => strata_runtime::gvisor::probe().unavailable().is_some(),
+        _ => strata_runtime::microvm::probe().unavailable().is_some(),
+    });
     for tier in unavailable {
         let (status, body) = post("/v1/sandboxes", &format!(r#"{{"source":"busybox","isolation":"{tier}"}}"#));
         let body = body.expect("a JSON error body");

@@ -162,17 +162,13 @@ pub enum DaemonError {
 fn probe_tiers(
     default: strata_api::Isolation,
     gvisor: &strata_runtime::gvisor::GvisorProbe,
+    microvm: &strata_runtime::microvm::MicrovmProbe,
 ) -> Result<state::tiers::Tiers, DaemonError> {
     use strata_api::Isolation;
-    let microvm = strata_runtime::microvm::probe();
-    let mut unavailable = std::collections::BTreeMap::from([(
-        Isolation::Microvm,
-        match microvm.qemu {
-            None => "the microvm tier is not implemented in this build; qemu-system-x86_64 is not installed either"
-                .to_string(),
-            Some(q) => format!("the microvm tier is not implemented in this build ({q} found)"),
-        },
-    )]);
+    let mut unavailable = std::collections::BTreeMap::new();
+    if let Some(why) = microvm.unavailable() {
+        unavailable.insert(Isolation::Microvm, why);
+    }
     if let Some(why) = gvisor.unavailable() {
         unavailable.insert(Isolation::Gvisor, why);
     }
@@ -285,7 +281,8 @@ pub struct Opened {
 pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     // A default tier this host cannot run stops the daemon before it touches anything.
     let gvisor_probe = strata_runtime::gvisor::probe();
-    let tiers = probe_tiers(cfg.default_isolation, &gvisor_probe)?
+    let microvm_probe = strata_runtime::microvm::probe();
+    let tiers = probe_tiers(cfg.default_isolation, &gvisor_probe, &microvm_probe)?
         .with_default_userns(cfg.default_userns)
         .map_err(DaemonError::Isolation)?;
     std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("create state directory", &cfg.state_dir))?;
@@ -324,10 +321,24 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
             let rt = strata_runtime::gvisor::GvisorRuntime::new(
                 &gvisor_probe,
                 cfg.helper_exe.clone(),
-                init_binary,
+                init_binary.clone(),
                 cfg.state_dir.join("run"),
             )?;
             info!(version = rt.version(), platform = rt.platform(), "gvisor tier ready");
+            Some(Arc::new(rt))
+        }
+    };
+    let microvm: Option<Arc<dyn strata_runtime::Runtime>> = match tiers.why_not(strata_api::Isolation::Microvm) {
+        Some(_) => None,
+        None => {
+            let rt = strata_runtime::microvm::MicrovmRuntime::new(
+                &microvm_probe,
+                cfg.helper_exe.clone(),
+                init_binary,
+                cfg.state_dir.join("run"),
+                cfg.state_dir.join("microvm"),
+            )?;
+            info!(qemu = rt.qemu_version(), accel = rt.accel().as_str(), "microvm tier ready");
             Some(Arc::new(rt))
         }
     };
@@ -372,6 +383,7 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     app_state.previews = preview::Previews::new(preview::PreviewConfig { domain: preview_domain });
     app_state.tiers = tiers;
     app_state.gvisor = gvisor;
+    app_state.microvm = microvm;
     app_state.pools = state::pool::Pools::new(cfg.warm_pools.clone());
     let st: Shared = Arc::new(app_state);
     // Everything from here runs as the daemon itself: it acts in every tenant.

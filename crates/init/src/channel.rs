@@ -224,8 +224,9 @@ pub fn open_as_host(conn: &mut std::os::unix::net::UnixStream, token: &[u8]) -> 
 
 // ---- the broker ----
 
-/// One command on the broker's control socket.
-const TAKE: u8 = b't';
+/// One command on the broker's control socket (a microVM's keeper answers
+/// [`TAKE`] too, and commands of its own).
+pub const TAKE: u8 = b't';
 const PAUSE: u8 = b'p';
 const LISTEN: u8 = b'l';
 /// The broker's answers: a connection (with the descriptor), done, or an error line.
@@ -234,9 +235,15 @@ const DONE: u8 = b'D';
 const ERROR: u8 = b'E';
 
 fn control(control_socket: &Path, cmd: u8) -> std::io::Result<Option<OwnedFd>> {
+    command(control_socket, &[cmd])
+}
+
+/// Sends `cmd` (its first byte names it) on a control socket and returns
+/// the descriptor answered, if any (`Ok(None)`: done; an error answer is an `Err`).
+pub fn command(control_socket: &Path, cmd: &[u8]) -> std::io::Result<Option<OwnedFd>> {
     let s = std::os::unix::net::UnixStream::connect(control_socket)?;
     s.set_read_timeout(Some(TAKE_PATIENCE + Duration::from_secs(2)))?;
-    (&s).write_all(&[cmd])?;
+    (&s).write_all(cmd)?;
     let mut byte = [0u8; 1];
     let mut cmsg = nix::cmsg_space!([RawFd; 1]);
     let (n, fd) = {
@@ -297,6 +304,16 @@ fn bind_listener(path: &Path, mode: u32) -> std::io::Result<std::os::unix::net::
     Ok(l)
 }
 
+/// Answers a [`TAKE`] with `conn`.
+pub fn hand_over(to: &std::os::unix::net::UnixStream, conn: BorrowedFd<'_>) -> nix::Result<()> {
+    give(to.as_fd(), Some(conn), GIVE)
+}
+
+/// Answers a command that gives nothing back: done.
+pub fn answer_done(to: &std::os::unix::net::UnixStream) -> nix::Result<()> {
+    give(to.as_fd(), None, DONE)
+}
+
 fn give(to: BorrowedFd<'_>, fd: Option<BorrowedFd<'_>>, answer: u8) -> nix::Result<()> {
     let iov = [IoSlice::new(std::slice::from_ref(&answer))];
     let raw: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
@@ -305,7 +322,8 @@ fn give(to: BorrowedFd<'_>, fd: Option<BorrowedFd<'_>>, answer: u8) -> nix::Resu
     sendmsg::<()>(to.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map(drop)
 }
 
-fn refuse(to: &std::os::unix::net::UnixStream, why: &str) {
+/// Answers a command with an error line.
+pub fn refuse(to: &std::os::unix::net::UnixStream, why: &str) {
     let _ = give(to.as_fd(), None, ERROR);
     let _ = (&*to).write_all(why.as_bytes());
 }

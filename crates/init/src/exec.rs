@@ -19,7 +19,7 @@ use crate::{creds, seccomp, user};
 pub const REPORT_FD_ENV: &str = "STRATA_REPORT_FD";
 
 /// One process to run inside a sandbox.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExecSpec {
     /// Program and arguments.
     pub argv: Vec<String>,

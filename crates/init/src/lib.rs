@@ -1,5 +1,5 @@
 //! `strata-init`: the one binary that runs inside every sandbox (the
-//! namespace and the gVisor tier). It is built statically (scripts/build-init.sh) because it
+//! namespace and the gVisor tier; a microVM's first process). It is built statically (scripts/build-init.sh) because it
 //! executes from inside the sandbox's root, where the image's libraries (if
 //! any) are not the host's.
 //!
@@ -12,6 +12,9 @@
 //!   (so they survive `runsc checkpoint`), reached over [`channel`] (frames
 //!   over connections pid 1 opens to the sandbox's broker on the host), and
 //!   `_hostname` (inside).
+//! * [`vm`]: the microvm tier's guest side: `/init _vminit` boots the guest
+//!   (modules, the overlay of its two disks as root, identity) and serves the
+//!   exec channel over [`mux`], many streams on one virtio-serial port.
 //! * [`pty`]: pseudo-terminals for processes that run on one (both tiers).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
@@ -22,6 +25,7 @@ pub mod channel;
 pub mod creds;
 pub mod enter;
 pub mod exec;
+pub mod mux;
 pub mod openat2;
 pub mod pid1;
 pub mod pty;
@@ -29,6 +33,7 @@ pub mod runsc;
 pub mod seccomp;
 pub mod spawner;
 pub mod user;
+pub mod vm;
 
 /// Where strata-init is bind-mounted (read-only) inside every sandbox: pid 1
 /// and every process's shim run from it, so no mapping of the sandbox's

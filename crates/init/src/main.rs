@@ -1,4 +1,4 @@
-//! `strata-init _pid1 GRACE_SECS` | `_enter` | `_runsc_exec` | `_hostname NAME`: see the library docs.
+//! `strata-init _pid1 GRACE_SECS` | `_enter` | `_runsc_exec` | `_hostname NAME` | `_vminit`: see the library docs.
 
 mod bare_pid1;
 
@@ -8,6 +8,7 @@ fn main() {
         Some("_enter") => strata_init::enter::main(),
         Some("_runsc_exec") => strata_init::runsc::exec_main(),
         Some("_hostname") => strata_init::spawner::hostname_main(),
+        Some("_vminit") => strata_init::vm::boot_main(),
         _ => {
             eprintln!("strata-init runs inside strata sandboxes (as `_pid1`, `_enter`, or `_runsc_exec`); it is not meant to be run by hand");
             std::process::exit(2)

@@ -64,7 +64,7 @@ pub(crate) fn reap_loop(grace_secs: u64) -> ! {
                 Ok(_) => continue,
                 Err(nix::errno::Errno::ECHILD) => {
                     if stopping && no_other_processes() {
-                        std::process::exit(0);
+                        finish();
                     }
                     break;
                 }
@@ -72,7 +72,7 @@ pub(crate) fn reap_loop(grace_secs: u64) -> ! {
             }
         }
         if stopping && no_other_processes() {
-            std::process::exit(0);
+            finish();
         }
     }
 }
@@ -85,11 +85,38 @@ pub(crate) fn on_stop_signal(sig: Signal, stopping: &mut bool, grace_secs: u64) 
         Signal::SIGTERM | Signal::SIGINT if !*stopping => {
             *stopping = true;
             let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+            let asked = STOP_GRACE.load(std::sync::atomic::Ordering::Relaxed);
+            let grace = if asked > 0 { asked } else { grace_secs };
             // SAFETY: alarm() only arms a timer.
-            unsafe { libc::alarm(grace_secs.clamp(1, 3600) as u32) };
+            unsafe { libc::alarm(grace.clamp(1, 3600) as u32) };
         }
-        Signal::SIGALRM if *stopping => std::process::exit(0),
+        Signal::SIGALRM if *stopping => finish(),
         _ => {}
+    }
+}
+
+/// The grace a stop asked for (seconds; 0: pid 1's own).
+static STOP_GRACE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How pid 1 ends once its processes are gone (`None`: it exits; a microVM's
+/// powers the machine off).
+static FINISH: std::sync::OnceLock<fn() -> !> = std::sync::OnceLock::new();
+
+/// The next stop gives processes `secs` between SIGTERM and SIGKILL.
+pub fn set_stop_grace(secs: u64) {
+    STOP_GRACE.store(secs, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Pid 1 ends with `f` instead of exiting.
+pub(crate) fn finish_with(f: fn() -> !) {
+    let _ = FINISH.set(f);
+}
+
+/// Pid 1's end: its finish hook, else exit.
+pub(crate) fn finish() -> ! {
+    match FINISH.get() {
+        Some(f) => f(),
+        None => std::process::exit(0),
     }
 }
 
@@ -106,12 +133,22 @@ fn wait_signal(set: &SigSet, timeout: Option<std::time::Duration>) -> Option<Sig
     }
 }
 
-/// True when pid 1 is the only process left in its pid namespace.
+/// True when pid 1 is the only process left in its pid namespace (kernel
+/// threads, which a microVM's pid 1 sees, do not count).
 pub(crate) fn no_other_processes() -> bool {
     match std::fs::read_dir("/proc") {
-        Ok(rd) => !rd
-            .filter_map(Result::ok)
-            .any(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|p| p != 1)),
+        Ok(rd) => !rd.filter_map(Result::ok).any(|e| {
+            e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()).is_some_and(|p| p != 1 && !is_kernel_thread(p))
+        }),
         Err(_) => true,
     }
+}
+
+/// Whether `pid` is a kernel thread (PF_KTHREAD in /proc/PID/stat's flags).
+fn is_kernel_thread(pid: i32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // Fields after the command (which may hold spaces): state is field 3, flags field 9.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    rest.split_ascii_whitespace().nth(6).and_then(|f| f.parse::<u64>().ok()).is_some_and(|f| f & PF_KTHREAD != 0)
 }

@@ -1,7 +1,8 @@
-//! The gVisor tier's side of strata-init.
+//! The gVisor tier's side of strata-init (its exec helper serves the microvm
+//! tier too: the same channel, reached through the VM's line).
 //!
 //! * `_runsc_exec`, run by the daemon on the host: runs one process in a
-//!   gVisor sandbox, or takes over one that runs there ([`Job`]), and reports
+//!   gVisor sandbox (or a microVM: there pid 1 resolves it, [`Request::Run`]), or takes over one that runs there ([`Job`]), and reports
 //!   it ([`ExecReport`] lines on the descriptor named by [`REPORT_FD_ENV`]) as
 //!   the namespace tier's shim does. The report channel never enters the
 //!   sandbox: this helper resolves the user, working directory, environment
@@ -50,8 +51,10 @@ pub fn root_capabilities() -> Vec<String> {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RunscExec {
     /// The sandbox's root as the host sees it (the user, directory and
-    /// program are resolved in it).
-    pub root: PathBuf,
+    /// program are resolved in it). `None` on the microvm tier, whose root
+    /// is inside the guest: pid 1 resolves them there ([`Request::Run`]).
+    #[serde(default)]
+    pub root: Option<PathBuf>,
     /// The sandbox's hostname (`HOSTNAME` when the spec has none).
     pub hostname: String,
     /// The lock file held shared while a process starts (see the module docs).
@@ -219,12 +222,15 @@ pub fn exec_main() -> ! {
     let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| die(&mut rep, format!("{CONFIG_ENV} is not set")));
     let cfg: RunscExec = serde_json::from_str(&raw).unwrap_or_else(|e| die(&mut rep, format!("parse config: {e}")));
     let (request, feeds_stdin) = match &cfg.job {
-        Job::Exec { exec } => {
-            let root = std::fs::File::open(&cfg.root)
-                .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's root {}: {e}", cfg.root.display())));
-            let resolved = resolve(root.as_raw_fd(), exec, &cfg.hostname).unwrap_or_else(|m| die(&mut rep, m));
-            (spawn_request(&resolved, exec.allow_setuid, exec.tty), true)
-        }
+        Job::Exec { exec } => match &cfg.root {
+            Some(root_path) => {
+                let root = std::fs::File::open(root_path)
+                    .unwrap_or_else(|e| die(&mut rep, format!("the sandbox's root {}: {e}", root_path.display())));
+                let resolved = resolve(root.as_raw_fd(), exec, &cfg.hostname).unwrap_or_else(|m| die(&mut rep, m));
+                (spawn_request(&resolved, exec.allow_setuid, exec.tty), true)
+            }
+            None => (Request::Run { exec: exec.clone(), hostname: cfg.hostname.clone() }, true),
+        },
         Job::Attach { pid, stdin } => (Request::Attach { pid: *pid, stdin: *stdin }, *stdin),
     };
     // Held shared until the process runs: a checkpoint waits for it.

@@ -89,6 +89,16 @@ pub enum Request {
         /// The process.
         process: Process,
     },
+    /// Resolve `exec` against pid 1's own root (user, directory, program:
+    /// as [`crate::runsc::resolve`] does on the host for a gVisor sandbox),
+    /// then start it as [`Request::Spawn`] does. The microvm tier's: its
+    /// root is not on the host.
+    Run {
+        /// The process as the API describes it.
+        exec: crate::exec::ExecSpec,
+        /// The sandbox's hostname (`HOSTNAME` when `exec` sets none).
+        hostname: String,
+    },
     /// Relay a process pid 1 started earlier.
     Attach {
         /// Its pid.
@@ -182,8 +192,29 @@ impl Conn {
     }
 }
 
+/// Where pid 1's connections to the host come from.
+pub enum Source {
+    /// It opens them to the broker at [`channel::BROKER_SOCKET`] (the gVisor
+    /// tier; the token is in [`channel::TOKEN_FILE`]).
+    Broker,
+    /// They are handed to it (the microvm tier: streams of the line,
+    /// [`crate::vm`]); `wake` reads a byte per connection sent on `conns`;
+    /// pid 1 ends with `on_exit` once its processes are gone.
+    Offered {
+        /// The channel token.
+        token: Vec<u8>,
+        /// New connections.
+        conns: std::sync::mpsc::Receiver<UnixStream>,
+        /// Readable when `conns` has one.
+        wake: OwnedFd,
+        /// Pid 1's end.
+        on_exit: fn() -> !,
+    },
+}
+
 /// Pid 1's state as the spawner.
 struct Spawner {
+    source: Source,
     token: Vec<u8>,
     conns: HashMap<u64, Conn>,
     procs: HashMap<i32, Tracked>,
@@ -200,8 +231,51 @@ fn nonblocking(fd: &OwnedFd) {
 }
 
 impl Spawner {
-    fn new(token: Vec<u8>) -> Spawner {
-        Spawner { token, conns: HashMap::new(), procs: HashMap::new(), next: 0, last_connect: None }
+    fn new(source: Source) -> Spawner {
+        let token = match &source {
+            Source::Broker => read_token(),
+            Source::Offered { token, .. } => token.clone(),
+        };
+        Spawner { source, token, conns: HashMap::new(), procs: HashMap::new(), next: 0, last_connect: None }
+    }
+
+    /// A spawner on the broker with `token` (tests: no token file).
+    #[cfg(test)]
+    fn with_token(token: Vec<u8>) -> Spawner {
+        Spawner {
+            source: Source::Broker,
+            token,
+            conns: HashMap::new(),
+            procs: HashMap::new(),
+            next: 0,
+            last_connect: None,
+        }
+    }
+
+    fn add_conn(&mut self, stream: UnixStream) {
+        let _ = stream.set_nonblocking(true);
+        self.next += 1;
+        let conn = Conn {
+            stream,
+            reader: FrameReader::default(),
+            out: Vec::new(),
+            opened: false,
+            attached: None,
+            feeds_stdin: false,
+            closing: false,
+        };
+        self.conns.insert(self.next, conn);
+    }
+
+    /// Takes the connections handed over since the last call (microvm).
+    fn take_offered(&mut self) {
+        let Source::Offered { conns, wake, .. } = &self.source else { return };
+        let mut drain = [0u8; 64];
+        while nix::unistd::read(wake.as_raw_fd(), &mut drain).is_ok_and(|n| n > 0) {}
+        let offered: Vec<UnixStream> = conns.try_iter().collect();
+        for stream in offered {
+            self.add_conn(stream);
+        }
     }
 
     fn spares(&self) -> usize {
@@ -211,25 +285,22 @@ impl Spawner {
     /// Opens spare connections to the broker up to [`channel::SPARES`] (at
     /// most one try per [`RECONNECT`]: no broker listens during a checkpoint).
     fn keep_spares(&mut self) {
-        if self.spares() >= channel::SPARES || self.last_connect.is_some_and(|t| t.elapsed() < RECONNECT) {
+        if !matches!(self.source, Source::Broker)
+            || self.spares() >= channel::SPARES
+            || self.last_connect.is_some_and(|t| t.elapsed() < RECONNECT)
+        {
             return;
         }
         self.last_connect = Some(Instant::now());
         while self.spares() < channel::SPARES {
             let Ok(stream) = UnixStream::connect(channel::BROKER_SOCKET) else { return };
-            let _ = stream.set_nonblocking(true);
-            self.next += 1;
-            let conn = Conn {
-                stream,
-                reader: FrameReader::default(),
-                out: Vec::new(),
-                opened: false,
-                attached: None,
-                feeds_stdin: false,
-                closing: false,
-            };
-            self.conns.insert(self.next, conn);
+            self.add_conn(stream);
         }
+    }
+
+    /// Whether it waits for spares it could not open (the broker is paused).
+    fn short_of_spares(&self) -> bool {
+        matches!(self.source, Source::Broker) && self.spares() < channel::SPARES
     }
 
     fn send(&mut self, id: u64, kind: Frame, payload: &[u8]) {
@@ -300,6 +371,15 @@ impl Spawner {
 
     fn handle(&mut self, id: u64, req: Request) {
         match req {
+            Request::Run { exec, hostname } => {
+                let resolved = std::fs::File::open("/")
+                    .map_err(|e| format!("open /: {e}"))
+                    .and_then(|root| crate::runsc::resolve(root.as_raw_fd(), &exec, &hostname));
+                match resolved {
+                    Ok(r) => self.handle(id, crate::runsc::spawn_request(&r, exec.allow_setuid, exec.tty)),
+                    Err(why) => self.fail(id, &why),
+                }
+            }
             Request::Spawn { process } => {
                 let spawned = (|| -> std::io::Result<(i32, Tracked)> {
                     if let Some(size) = process.tty {
@@ -683,6 +763,7 @@ fn read_token() -> Vec<u8> {
 /// What one pass of the loop polls, by index.
 enum Watch {
     Signals,
+    Offered,
     Conn(u64),
     Output(i32, bool),
     Input(i32),
@@ -692,28 +773,44 @@ enum Watch {
 /// relay processes, reap every process; on SIGTERM/SIGINT relay SIGTERM to
 /// all processes and exit once they are gone or `grace` has passed.
 pub fn serve(grace_secs: u64) -> ! {
+    serve_from(grace_secs, Source::Broker)
+}
+
+/// The signals pid 1 takes through its signalfd (blocked in every thread).
+pub const PID1_SIGNALS: [Signal; 6] =
+    [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM, Signal::SIGPIPE];
+
+/// [`serve`] with connections from `source`.
+pub fn serve_from(grace_secs: u64, source: Source) -> ! {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGALRM, Signal::SIGPIPE] {
+    for s in PID1_SIGNALS {
         set.add(s);
     }
     let _ = set.thread_block();
+    if let Source::Offered { on_exit, .. } = &source {
+        crate::pid1::finish_with(*on_exit);
+    }
     let Ok(sigfd) = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK) else {
         crate::pid1::reap_loop(grace_secs)
     };
-    let token = read_token();
-    if token.len() != channel::TOKEN_LEN {
-        eprintln!("strata-init: no channel token at {}: the host cannot reach this sandbox", channel::TOKEN_FILE);
+    let mut sp = Spawner::new(source);
+    if sp.token.len() != channel::TOKEN_LEN {
+        eprintln!("strata-init: no channel token: the host cannot reach this sandbox");
     }
-    let mut sp = Spawner::new(token);
     let mut stopping = false;
     let mut buf = vec![0u8; 64 << 10];
     loop {
         sp.keep_spares();
+        sp.take_offered();
         sp.report_ends();
         // What to poll: signals, every connection, the pipes of processes a
         // connection relays (output only while its queue is short), stdin to write.
         let mut watch = vec![Watch::Signals];
         let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        if let Source::Offered { wake, .. } = &sp.source {
+            watch.push(Watch::Offered);
+            fds.push(PollFd::new(wake.as_fd(), PollFlags::POLLIN));
+        }
         for (id, c) in &sp.conns {
             // Stdin a process has not read yet holds its connection's input back
             // (the host side keeps reading output meanwhile: no deadlock).
@@ -741,7 +838,7 @@ pub fn serve(grace_secs: u64) -> ! {
             }
         }
         let draining = sp.procs.values().any(|t| t.ended.is_some());
-        let timeout = if sp.spares() < channel::SPARES {
+        let timeout = if sp.short_of_spares() {
             RECONNECT.as_millis() as u16
         } else if stopping || draining {
             20
@@ -776,6 +873,7 @@ pub fn serve(grace_secs: u64) -> ! {
                         }
                     }
                 }
+                Watch::Offered => {}
                 Watch::Conn(id) => sp.on_conn(id, rev, &mut buf),
                 Watch::Output(pid, err) => {
                     sp.on_output(pid, err, &mut buf);
@@ -784,7 +882,7 @@ pub fn serve(grace_secs: u64) -> ! {
             }
         }
         if stopping && crate::pid1::no_other_processes() {
-            std::process::exit(0);
+            crate::pid1::finish();
         }
     }
 }
@@ -948,7 +1046,7 @@ mod tests {
             return;
         }
         let token = channel::random_bytes().unwrap().to_vec();
-        let mut sp = Spawner::new(token.clone());
+        let mut sp = Spawner::with_token(token.clone());
         let (_, mut host) = conn_pair(&mut sp);
         let mut r = FrameReader::default();
         let nonce = channel::random_bytes().unwrap();
@@ -993,7 +1091,7 @@ mod tests {
 
     #[test]
     fn a_stranger_without_the_token_cannot_prove_itself_and_requests_need_a_hello() {
-        let mut sp = Spawner::new(vec![7; 32]);
+        let mut sp = Spawner::with_token(vec![7; 32]);
         let (id, mut host) = conn_pair(&mut sp);
         let mut r = FrameReader::default();
         channel::write_frame(&mut host, Frame::Request, b"{}").unwrap();
@@ -1079,7 +1177,7 @@ mod tests {
             eprintln!("skipped: setgroups needs root");
             return;
         }
-        let mut sp = Spawner::new(vec![1; 32]);
+        let mut sp = Spawner::with_token(vec![1; 32]);
         let (id, mut host) = conn_pair(&mut sp);
         let mut r = FrameReader::default();
         let nonce = channel::random_bytes().unwrap();

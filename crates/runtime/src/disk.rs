@@ -66,7 +66,7 @@ pub const DEFAULT_POOL: usize = 8;
 /// inode tables and journal (the image is a fresh sparse file: its holes read
 /// as zeros already, so nothing needs zeroing; `noinit_itable` at mount keeps
 /// the kernel from zeroing them later).
-const MKFS_ARGS: [&str; 14] = [
+pub(crate) const MKFS_ARGS: [&str; 14] = [
     "-q",
     "-F",
     "-m",

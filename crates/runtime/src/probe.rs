@@ -220,12 +220,9 @@ pub fn doctor() -> DoctorReport {
         },
         TierReport {
             name: "microvm".into(),
-            available: false,
-            detail: match (&vm.qemu, vm.kvm.as_str()) {
-                (None, _) => "not implemented on this build; qemu-system-x86_64 not installed".into(),
-                (Some(q), kvm) => format!("not implemented on this build; {q}, kvm {kvm} (pvm/none means TCG only)"),
-            },
-            capabilities: unavailable_capabilities("the tier is not available (see its detail)"),
+            available: vm.unavailable().is_none(),
+            detail: vm.detail(),
+            capabilities: microvm_capabilities(&vm, &f),
         },
     ];
     DoctorReport { kernel, cgroup_version: cg_version, features: f, tiers, names_like_ids: Vec::new() }
@@ -384,6 +381,39 @@ fn gvisor_capabilities(gv: &crate::gvisor::GvisorProbe, features: &[FeatureCheck
                 "warm_checkpoint" => (true, "runsc checkpoint --leave-running; each fork is a runsc restore".into()),
                 "pty" => (true, "a terminal of the sentry's devpts; pid 1 holds its master (kept through standby and warm forks)".into()),
                 "userns" => (false, "not a setting of this tier: its boundary is the gVisor sentry (a user-space kernel between the sandbox and the host)".into()),
+                _ => (false, "unknown capability".into()),
+            };
+            TierCapability { name: cap.to_string(), available, detail }
+        })
+        .collect()
+}
+
+/// The microvm tier's capabilities on this host (what this build does on it).
+fn microvm_capabilities(vm: &crate::microvm::MicrovmProbe, features: &[FeatureCheck]) -> Vec<TierCapability> {
+    if let Some(why) = vm.unavailable() {
+        return unavailable_capabilities(&why);
+    }
+    let accel = vm.accel().as_str();
+    let not_yet = |what: &str| (false, format!("not in this build: {what}"));
+    TIER_CAPABILITIES
+        .iter()
+        .map(|&cap| {
+            let (available, detail) = match cap {
+                "create" | "exec" => (true, format!("a guest kernel per sandbox (QEMU microvm, {accel})")),
+                "pty" => (true, "a terminal of the guest's devpts; its pid 1 holds the master".into()),
+                "limits" => match features.iter().find(|c| c.name == "cgroups") {
+                    Some(c) if c.available => {
+                        (true, "guest RAM and vCPUs; QEMU in a cgroup; processes limited inside the guest".into())
+                    }
+                    Some(c) => (false, format!("cgroups: {}", c.detail)),
+                    None => (false, "cgroups: not probed".into()),
+                },
+                "disk_quota" => (true, "the guest's own ext4 disk of the limit's size".into()),
+                "files" => not_yet("the file API does not reach the guest's disk"),
+                "egress" => not_yet("guests have no network device (--network none only)"),
+                "checkpoint" | "fork" => not_yet("the guest's disk is not read from the host"),
+                "standby" | "warm_checkpoint" => not_yet("VM memory snapshots"),
+                "userns" => (false, "not a setting of this tier: its boundary is the guest kernel".into()),
                 _ => (false, "unknown capability".into()),
             };
             TierCapability { name: cap.to_string(), available, detail }

@@ -17,6 +17,10 @@ use crate::state::Shared;
 
 /// Makes sure the sandbox's own disk (when it has one) exists and is mounted.
 pub(crate) async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
+    // A microVM's disk is its own (made by the tier), not a host mount.
+    if crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm {
+        return Ok(());
+    }
     let (Some(bytes), true) =
         (rec.sandbox.limits.disk_bytes, strata_runtime::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
     else {

@@ -166,7 +166,13 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     let mut req = req;
     st.admission.apply_defaults(&mut req.limits);
     st.admission.validate(&req.limits)?;
-    req.limits.disk_quota = Some(strata_runtime::disk::describe(req.limits.disk_bytes));
+    req.limits.disk_quota = Some(match (tier, req.limits.disk_bytes) {
+        // The guest's own ext4 disk of that size (strata_runtime::microvm::disks).
+        (strata_api::Isolation::Microvm, Some(b)) => {
+            format!("enforced (the microVM's own ext4 disk of {})", units::format_size(b))
+        }
+        _ => strata_runtime::disk::describe(req.limits.disk_bytes),
+    });
     for k in req.env.keys() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(EngineError::bad_request(format!("invalid environment variable name {k:?}")));

@@ -43,6 +43,8 @@ pub struct AppState {
     pub runtime: Arc<dyn Runtime>,
     /// The gVisor tier's runtime, when this daemon runs that tier.
     pub gvisor: Option<Arc<dyn Runtime>>,
+    /// The microvm tier's runtime, when this daemon runs that tier.
+    pub microvm: Option<Arc<dyn Runtime>>,
     /// `<state>/sandboxes`: per-sandbox upper/work/rootfs directories.
     pub sandboxes_dir: PathBuf,
     /// The state directory.
@@ -108,6 +110,7 @@ impl AppState {
             layers,
             runtime,
             gvisor: None,
+            microvm: None,
             sandboxes_dir: state_dir.join("sandboxes"),
             secrets: self::secrets::SecretStore::new(&state_dir),
             network: self::network::Network::new(&state_dir, &Default::default()),
@@ -144,7 +147,10 @@ impl AppState {
                 Some(rt) => rt.clone(),
                 None => missing(self.tiers.why_not(tier).unwrap_or("not run by this daemon")),
             },
-            strata_api::Isolation::Microvm => missing(self.tiers.why_not(tier).unwrap_or("not run by this daemon")),
+            strata_api::Isolation::Microvm => match &self.microvm {
+                Some(rt) => rt.clone(),
+                None => missing(self.tiers.why_not(tier).unwrap_or("not run by this daemon")),
+            },
         }
     }
 

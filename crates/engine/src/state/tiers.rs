@@ -133,6 +133,23 @@ impl Tiers {
     }
 }
 
+/// Refuses `what` on a microVM sandbox (501): its files are on the guest's
+/// own disk, which this build does not read from the host, so a checkpoint,
+/// diff, scan or archive of it would see nothing of what it wrote.
+pub fn refuse_guest_disk(sb: &strata_api::Sandbox, what: &str) -> EngineResult<()> {
+    if tier_of(sb) != Isolation::Microvm {
+        return Ok(());
+    }
+    Err(EngineError::new(
+        ErrorCode::Unsupported,
+        format!(
+            "{what} of sandbox {}: it is a microVM, whose files are on its own disk, which this build does not read \
+             from the host (the microvm tier does create, exec, stop, start and destroy so far)",
+            sb.id
+        ),
+    ))
+}
+
 /// The tier a sandbox's record names (`runtime`: `gvisor`, `microvm`; any
 /// other name, e.g. a test's fake, is the namespace tier's runtime).
 pub fn tier_of(sb: &strata_api::Sandbox) -> Isolation {

@@ -498,7 +498,7 @@ impl GvisorRuntime {
         let b = self.bundle(sandbox_id);
         let hostname = std::fs::read_to_string(b.identity().join("hostname")).unwrap_or_default();
         let cfg = strata_init::runsc::RunscExec {
-            root: b.root_link(),
+            root: Some(b.root_link()),
             hostname: hostname.trim().to_string(),
             lock: b.exec_lock(),
             broker: b.broker_control(),

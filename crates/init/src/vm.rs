@@ -1,0 +1,450 @@
+//! The microvm tier's guest side: strata-init as the guest kernel's first
+//! process (`/init` of the initramfs the host builds, run as `/init _vminit`).
+//!
+//! Boot ([`boot_main`]):
+//! 1. `/dev` (devtmpfs), `/proc`, `/sys`; the modules the host put in the
+//!    initramfs are loaded in the order of `/lib/modules/order`
+//!    (`finit_module`: virtio transports, block, console, overlay ...).
+//! 2. The root: the disk labelled [`LOWER_LABEL`] is the image's layer chain
+//!    as one read-only ext4 (shared by every sandbox of that chain), the one
+//!    labelled [`DISK_LABEL`] the sandbox's own ext4 disk, whose `upper/` is the writable layer: overlayfs joins them
+//!    inside the guest, so the host reads that disk's `upper/` as it reads a
+//!    namespace sandbox's upper directory (while the guest does not run).
+//! 3. The overlay becomes `/` (the initramfs stays underneath, unreachable);
+//!    `/proc`, `/sys`, `/dev` move along; `/run` (tmpfs, with the sandbox's
+//!    identity under `/run/strata`), `/dev/pts`, `/dev/shm`, `lo` up, the
+//!    hostname; the sandbox's processes go into a cgroup of their own with
+//!    its pids limit.
+//! 4. The line ([`crate::mux`]): the virtio-serial port named
+//!    [`PORT_NAME`]. The host sends the channel token first; pid 1 then
+//!    serves exec connections ([`crate::spawner`]) that a thread of its own
+//!    makes out of the streams the host opens, and tells the host it is
+//!    ready.
+//!
+//! Stop: the host's [`crate::mux::Kind::Stop`] is a SIGTERM to pid 1 (every
+//! process gets SIGTERM, the rest SIGKILL after the grace); then pid 1 syncs
+//! and restarts the machine, which QEMU (`-no-reboot`) takes as its exit.
+//! The settings come from the kernel command line (`strata.hostname=`,
+//! `strata.id=`, `strata.machine_id=`, `strata.generation=`, `strata.pids=`,
+//! `strata.grace=`): nothing secret travels there.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::mount::{mount, MsFlags};
+
+use crate::mux::{self, Event, Kind, Mux};
+
+/// The name of the virtio-serial port the host talks on.
+pub const PORT_NAME: &str = "strata.agent";
+
+/// How long the guest waits for its disks and its port to appear.
+const DEVICE_PATIENCE: Duration = Duration::from_secs(20);
+
+/// The guest's settings, from the kernel command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuestConfig {
+    /// Hostname.
+    pub hostname: String,
+    /// Sandbox id.
+    pub id: String,
+    /// Machine id (32 hex characters).
+    pub machine_id: String,
+    /// Fork generation.
+    pub generation: u32,
+    /// Process limit (`None`: none).
+    pub pids: Option<u64>,
+    /// Seconds between SIGTERM and SIGKILL when the sandbox stops.
+    pub grace: u64,
+}
+
+impl GuestConfig {
+    /// Reads `strata.*` settings out of a kernel command line.
+    pub fn parse(cmdline: &str) -> GuestConfig {
+        let mut c = GuestConfig { grace: 10, hostname: "sandbox".into(), ..Default::default() };
+        for word in cmdline.split_ascii_whitespace() {
+            let Some((k, v)) = word.strip_prefix("strata.").and_then(|w| w.split_once('=')) else { continue };
+            match k {
+                "hostname" => c.hostname = v.to_string(),
+                "id" => c.id = v.to_string(),
+                "machine_id" => c.machine_id = v.to_string(),
+                "generation" => c.generation = v.parse().unwrap_or(0),
+                "pids" => c.pids = v.parse().ok(),
+                "grace" => c.grace = v.parse().unwrap_or(10),
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// The command-line words that carry this configuration.
+    pub fn to_cmdline(&self) -> Vec<String> {
+        let mut w = vec![
+            format!("strata.hostname={}", self.hostname),
+            format!("strata.id={}", self.id),
+            format!("strata.machine_id={}", self.machine_id),
+            format!("strata.generation={}", self.generation),
+            format!("strata.grace={}", self.grace),
+        ];
+        if let Some(p) = self.pids {
+            w.push(format!("strata.pids={p}"));
+        }
+        w
+    }
+}
+
+/// A boot step failed: said on the console (the host keeps its tail), then
+/// the machine stops.
+fn fatal(step: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("strata-init: {step}: {e}");
+    power_off()
+}
+
+/// Syncs the disks and restarts the machine (QEMU runs with `-no-reboot`,
+/// so this ends it).
+pub fn power_off() -> ! {
+    // SAFETY: sync and reboot take no pointers.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_AUTOBOOT);
+    }
+    std::process::exit(1)
+}
+
+fn mount_fs(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) {
+    let _ = std::fs::create_dir_all(target);
+    if let Err(e) = mount(Some(src), target, Some(fstype), flags, data) {
+        fatal(&format!("mount {fstype} on {target}"), e);
+    }
+}
+
+/// Loads the kernel modules the initramfs carries, in their order.
+fn load_modules(dir: &Path) {
+    let Ok(order) = std::fs::read_to_string(dir.join("order")) else { return };
+    for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = dir.join(name);
+        let f = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) => fatal(&format!("open module {}", path.display()), e),
+        };
+        // SAFETY: finit_module takes a descriptor we own and a NUL-terminated empty string.
+        let r = unsafe { libc::syscall(libc::SYS_finit_module, f.as_raw_fd(), c"".as_ptr(), 0) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                fatal(&format!("load module {name}"), e);
+            }
+        }
+    }
+}
+
+/// The device of the virtio-serial port named [`PORT_NAME`].
+fn find_port() -> std::path::PathBuf {
+    let t = Instant::now();
+    loop {
+        if let Ok(rd) = std::fs::read_dir("/sys/class/virtio-ports") {
+            for e in rd.flatten() {
+                let name = std::fs::read_to_string(e.path().join("name")).unwrap_or_default();
+                if name.trim() == PORT_NAME {
+                    let dev = Path::new("/dev").join(e.file_name());
+                    if dev.exists() {
+                        return dev;
+                    }
+                }
+            }
+        }
+        if t.elapsed() > DEVICE_PATIENCE {
+            fatal("finding the host's port", format!("no virtio port named {PORT_NAME}"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The label of the ext4 file system on `dev` (`None`: not ext4).
+fn ext4_label(dev: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(dev).ok()?;
+    let mut sb = [0u8; 136];
+    f.seek(SeekFrom::Start(1024)).ok()?;
+    f.read_exact(&mut sb).ok()?;
+    if u16::from_le_bytes([sb[0x38], sb[0x39]]) != 0xEF53 {
+        return None;
+    }
+    let name = &sb[0x78..0x88];
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    Some(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// The virtio disk whose ext4 label is `label` (the order the kernel finds
+/// microvm's devices in is not the command line's).
+fn find_disk(label: &str) -> std::path::PathBuf {
+    let t = Instant::now();
+    loop {
+        let disks = std::fs::read_dir("/sys/block").into_iter().flatten().flatten();
+        for e in disks {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dev = Path::new("/dev").join(&name);
+            if name.starts_with("vd") && ext4_label(&dev).as_deref() == Some(label) {
+                return dev;
+            }
+        }
+        if t.elapsed() > DEVICE_PATIENCE {
+            fatal("finding the disks", format!("no virtio disk labelled {label}"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The label of the image of the sandbox's layer chain (the host's `mkfs.ext4 -L`).
+pub const LOWER_LABEL: &str = "strata-lower";
+/// The directory of the lower image that holds the chain's tree.
+pub const LOWER_TREE: &str = "fs";
+/// The label of the sandbox's own disk.
+pub const DISK_LABEL: &str = "strata-disk";
+
+/// Makes the overlay of the two disks the root and moves into it.
+fn switch_root() {
+    let ro = MsFlags::MS_RDONLY | MsFlags::MS_NOATIME;
+    let (lower, disk) = (find_disk(LOWER_LABEL), find_disk(DISK_LABEL));
+    mount_fs(&lower.to_string_lossy(), "/lower", "ext4", ro, Some("noload"));
+    mount_fs(&disk.to_string_lossy(), "/disk", "ext4", MsFlags::MS_NOATIME, None);
+    for d in ["/disk/upper", "/disk/work"] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            fatal(&format!("mkdir {d}"), e);
+        }
+    }
+    // The chain's tree is a directory of its image (see the host's disks.rs).
+    let opts = format!("lowerdir=/lower/{LOWER_TREE},upperdir=/disk/upper,workdir=/disk/work");
+    mount_fs("overlay", "/newroot", "overlay", MsFlags::empty(), Some(&opts));
+    for d in ["/dev", "/proc", "/sys"] {
+        let target = format!("/newroot{d}");
+        let _ = std::fs::create_dir_all(&target);
+        if let Err(e) = mount(Some(d), target.as_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>) {
+            fatal(&format!("move {d}"), e);
+        }
+    }
+    if let Err(e) = std::env::set_current_dir("/newroot") {
+        fatal("chdir /newroot", e);
+    }
+    if let Err(e) = mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>) {
+        fatal("move the root", e);
+    }
+    if let Err(e) = nix::unistd::chroot(".") {
+        fatal("chroot", e);
+    }
+    let _ = std::env::set_current_dir("/");
+}
+
+/// `/run`, the identity files, `/dev/pts`, `/dev/shm`, the hostname.
+fn set_up_root(cfg: &GuestConfig) {
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount_fs("tmpfs", "/run", "tmpfs", nosuid, Some("mode=755"));
+    mount_fs("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=620,ptmxmode=666"));
+    mount_fs("tmpfs", "/dev/shm", "tmpfs", nosuid, Some("mode=1777"));
+    let _ = std::fs::create_dir_all("/tmp");
+    let run = Path::new("/run/strata");
+    let _ = std::fs::create_dir_all(run);
+    let hosts = format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{}\n", cfg.hostname);
+    let files = [
+        ("sandbox-id", format!("{}\n", cfg.id)),
+        ("generation", format!("{}\n", cfg.generation)),
+        ("hostname", format!("{}\n", cfg.hostname)),
+        ("hosts", hosts),
+        ("machine-id", format!("{}\n", cfg.machine_id)),
+    ];
+    for (name, content) in &files {
+        if let Err(e) = std::fs::write(run.join(name), content) {
+            fatal(&format!("write /run/strata/{name}"), e);
+        }
+    }
+    // Over the image's files, as on the other tiers: nothing of it lands in the writable layer.
+    if Path::new("/etc").is_dir() {
+        for name in ["hostname", "hosts", "machine-id"] {
+            let target = Path::new("/etc").join(name);
+            if !target.exists() {
+                let _ = std::fs::write(&target, b"");
+            }
+            let src = run.join(name);
+            let _ = mount(Some(&src), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>);
+        }
+    }
+    let _ = nix::unistd::sethostname(&cfg.hostname);
+    set_loopback_up();
+    if let Some(limit) = cfg.pids {
+        limit_pids(limit);
+    }
+}
+
+/// Brings `lo` up (SIOCSIFFLAGS).
+fn set_loopback_up() {
+    // SAFETY: a socket, an ifreq we own and zeroed, ioctls that only read and write it.
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return;
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo\0".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        if libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req) == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(s, libc::SIOCSIFFLAGS, &req);
+        }
+        libc::close(s);
+    }
+}
+
+/// Puts pid 1 (and so every process it starts) in a cgroup with `pids.max`.
+fn limit_pids(limit: u64) {
+    let root = Path::new("/sys/fs/cgroup");
+    if mount(Some("cgroup2"), root, Some("cgroup2"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, None::<&str>).is_err() {
+        eprintln!("strata-init: no cgroup2 in this guest kernel: the pids limit is not applied");
+        return;
+    }
+    let cg = root.join("sandbox");
+    let step = || -> std::io::Result<()> {
+        std::fs::write(root.join("cgroup.subtree_control"), "+pids")?;
+        std::fs::create_dir_all(&cg)?;
+        std::fs::write(cg.join("pids.max"), limit.to_string())?;
+        std::fs::write(cg.join("cgroup.procs"), "1")
+    };
+    if let Err(e) = step() {
+        eprintln!("strata-init: the pids limit: {e}");
+    }
+}
+
+fn open_port(path: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => fatal(&format!("open {}", path.display()), e),
+    }
+}
+
+/// Milliseconds since the kernel started.
+fn boot_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// Entry point of `/init _vminit` in a microVM. Never returns.
+pub fn boot_main() -> ! {
+    if std::process::id() != 1 {
+        eprintln!("strata-init _vminit is a microVM's first process");
+        std::process::exit(2)
+    }
+    mount_fs("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=755"));
+    mount_fs("proc", "/proc", "proc", MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None);
+    mount_fs("sysfs", "/sys", "sysfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None);
+    let cfg = GuestConfig::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    load_modules(Path::new("/lib/modules"));
+    switch_root();
+    set_up_root(&cfg);
+    let port = find_port();
+    serve(&port, &cfg)
+}
+
+/// Waits for the host's token on the line, then serves: a thread relays the
+/// line, pid 1 runs the spawner on the streams it makes.
+fn serve(port: &Path, cfg: &GuestConfig) -> ! {
+    // Signals are blocked before the line's thread starts (it inherits the
+    // mask): they reach pid 1's signalfd only.
+    let mut set = nix::sys::signal::SigSet::empty();
+    for s in crate::spawner::PID1_SIGNALS {
+        set.add(s);
+    }
+    let _ = set.thread_block();
+    let line = open_port(port);
+    let mut m = Mux::new(line.try_clone().unwrap_or_else(|e| fatal("dup the port", e)));
+    let token = loop {
+        m.step(&[], 100);
+        let mut token = None;
+        for ev in m.take_events() {
+            match ev {
+                Event::Token(t) => token = Some(t),
+                // No host on the port yet (its reads end at once): wait for one.
+                Event::LineClosed => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    m.reset();
+                }
+                _ => {}
+            }
+        }
+        if let Some(t) = token {
+            break t;
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
+    let (wake_r, wake_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+        .unwrap_or_else(|e| fatal("pipe", e));
+    let info = mux::GuestInfo { kernel: kernel_release(), boot_ms: boot_ms() };
+    m.send_control(Kind::Ready, &serde_json::to_vec(&info).expect("serializes"));
+    std::thread::spawn(move || relay_line(m, tx, wake_w));
+    let source = crate::spawner::Source::Offered { token, conns: rx, wake: wake_r, on_exit: power_off };
+    crate::spawner::serve_from(cfg.grace, source)
+}
+
+/// The line's thread: streams the host opens become connections for pid 1.
+fn relay_line(mut m: Mux<std::fs::File>, tx: std::sync::mpsc::Sender<UnixStream>, wake: std::os::fd::OwnedFd) -> ! {
+    loop {
+        m.step(&[], 1000);
+        for ev in m.take_events() {
+            match ev {
+                Event::Open(conn) => {
+                    if tx.send(conn).is_err() {
+                        power_off();
+                    }
+                    let _ = nix::unistd::write(wake.as_fd(), &[1]);
+                }
+                Event::Stop(grace) => {
+                    crate::pid1::set_stop_grace(u64::from(grace));
+                    // SAFETY: kill takes integers only; pid 1 is this process.
+                    unsafe { libc::kill(1, libc::SIGTERM) };
+                }
+                // The host went away (its keeper restarts): every stream is gone with it.
+                Event::LineClosed => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    m.reset();
+                }
+                Event::Token(_) | Event::Ready(_) => {}
+            }
+        }
+    }
+}
+
+fn kernel_release() -> String {
+    nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_round_trips_through_the_command_line() {
+        let c = GuestConfig {
+            hostname: "box-1".into(),
+            id: "sb-abc".into(),
+            machine_id: "0123456789abcdef0123456789abcdef".into(),
+            generation: 3,
+            pids: Some(512),
+            grace: 7,
+        };
+        let line = format!("console=ttyS0 quiet {} panic=-1", c.to_cmdline().join(" "));
+        assert_eq!(GuestConfig::parse(&line), c);
+        let defaults = GuestConfig::parse("console=ttyS0 strata.unknown=1 strata.pids=x");
+        assert_eq!((defaults.hostname.as_str(), defaults.pids, defaults.grace), ("sandbox", None, 10));
+    }
+}

@@ -1,0 +1,245 @@
+//! `strata _vm_keep`: the parent of one microVM on the host.
+//!
+//! It joins the sandbox's cgroup, starts QEMU (which dies with it:
+//! `PR_SET_PDEATHSIG`), connects to the VM's agent port (QEMU's chardev
+//! socket), sends the channel token and waits for the guest's
+//! [`Kind::Ready`]; then it reports to the daemon on its stdout and serves
+//! the sandbox's control socket until QEMU exits, with QEMU's status:
+//!
+//! * [`strata_init::channel::TAKE`]: a new stream of the line
+//!   ([`strata_init::mux`]), handed over as one end of a socketpair: the
+//!   exec helper (`strata-init _runsc_exec`) talks to the guest's pid 1 over
+//!   it exactly as to a gVisor sandbox's.
+//! * [`STOP`] + grace (u32 LE seconds): the guest stops its processes
+//!   within the grace and powers off.
+//!
+//! The daemon watches the keeper as a namespace sandbox's init.
+
+use std::io::{BufRead, Read, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_init::mux::{Event, GuestInfo, Kind, Mux};
+
+/// Environment variable carrying the [`KeepConfig`] JSON.
+pub const CONFIG_ENV: &str = "STRATA_VM_KEEP";
+
+/// Control command: stop the guest (followed by the grace, u32 LE seconds).
+pub const STOP: u8 = b's';
+
+/// What the keeper runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeepConfig {
+    /// The QEMU command line.
+    pub qemu: Vec<String>,
+    /// QEMU's agent chardev socket (QEMU listens).
+    pub agent_socket: PathBuf,
+    /// The control socket the keeper listens on (mode 0600).
+    pub control_socket: PathBuf,
+    /// The file holding the channel token.
+    pub token: PathBuf,
+    /// Where QEMU writes the guest's console (its tail explains a failed boot).
+    pub console_log: PathBuf,
+    /// Where the keeper writes QEMU's pid.
+    pub qemu_pid_file: PathBuf,
+    /// How long the guest may take to serve.
+    pub boot_timeout_ms: u64,
+    /// Files the keeper writes "0" to before QEMU starts (the sandbox's cgroup).
+    pub cgroup_join: Vec<PathBuf>,
+}
+
+/// The keeper's one line to the daemon on its stdout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum KeepReport {
+    /// The guest serves.
+    Ready {
+        /// QEMU's host pid.
+        qemu_pid: i32,
+        /// What the guest said.
+        guest: GuestInfo,
+        /// Milliseconds from QEMU's start to the guest serving.
+        ready_ms: u64,
+    },
+    /// The boot failed.
+    Failed {
+        /// Why (with the console's last lines).
+        message: String,
+    },
+}
+
+/// Reads the keeper's report from its stdout.
+pub fn read_report(stdout: impl Read) -> Option<KeepReport> {
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).ok()?;
+    serde_json::from_str(line.trim()).ok()
+}
+
+fn report(r: &KeepReport) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", serde_json::to_string(r).expect("report serializes"));
+    let _ = out.flush();
+}
+
+/// The last lines of the guest's console (what it said before failing).
+pub fn console_tail(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned();
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    lines[lines.len().saturating_sub(6)..].join(" | ")
+}
+
+fn fail(cfg: Option<&KeepConfig>, message: String) -> ! {
+    let tail = cfg.map(|c| console_tail(&c.console_log)).filter(|t| !t.is_empty());
+    let message = match tail {
+        Some(t) => format!("{message}; the guest's console ends with: {t}"),
+        None => message,
+    };
+    eprintln!("strata vm keeper: {message}");
+    report(&KeepReport::Failed { message });
+    std::process::exit(1)
+}
+
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor is new and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn exited(child: &mut std::process::Child) -> Option<i32> {
+    child.try_wait().ok().flatten().map(|s| s.code().unwrap_or(128 + 9))
+}
+
+/// Entry point of `strata _vm_keep`. Never returns.
+pub fn main() -> ! {
+    let raw = std::env::var(CONFIG_ENV).unwrap_or_else(|_| fail(None, format!("{CONFIG_ENV} is not set")));
+    let cfg: KeepConfig = serde_json::from_str(&raw).unwrap_or_else(|e| fail(None, format!("parse config: {e}")));
+    for f in &cfg.cgroup_join {
+        if let Err(e) = std::fs::write(f, "0") {
+            fail(Some(&cfg), format!("join the sandbox's cgroup ({}): {e}", f.display()));
+        }
+    }
+    let token = std::fs::read(&cfg.token).unwrap_or_else(|e| fail(Some(&cfg), format!("the channel token: {e}")));
+    let t0 = Instant::now();
+    let mut cmd = Command::new(&cfg.qemu[0]);
+    cmd.args(&cfg.qemu[1..]).stdin(Stdio::null()).stdout(Stdio::null());
+    // SAFETY: the hook only calls prctl, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut qemu = cmd.spawn().unwrap_or_else(|e| fail(Some(&cfg), format!("start {}: {e}", cfg.qemu[0])));
+    let qemu_pid = qemu.id() as i32;
+    let _ = std::fs::write(&cfg.qemu_pid_file, format!("{qemu_pid}\n"));
+    let deadline = t0 + Duration::from_millis(cfg.boot_timeout_ms);
+    let line = loop {
+        if let Some(code) = exited(&mut qemu) {
+            fail(Some(&cfg), format!("QEMU exited with status {code} before its agent port opened"));
+        }
+        match UnixStream::connect(&cfg.agent_socket) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => {
+                let _ = qemu.kill();
+                fail(Some(&cfg), format!("QEMU's agent socket {}: {e}", cfg.agent_socket.display()))
+            }
+        }
+    };
+    let _ = line.set_nonblocking(true);
+    let pidfd = pidfd_open(qemu_pid).unwrap_or_else(|e| fail(Some(&cfg), format!("pidfd_open: {e}")));
+    let mut mux = Mux::new(line);
+    mux.send_control(Kind::Token, &token);
+    let guest = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = qemu.kill();
+            fail(Some(&cfg), format!("the guest did not answer its agent within {} ms", cfg.boot_timeout_ms));
+        }
+        let ready = mux.step(&[pidfd.as_fd()], left.as_millis().min(100) as i32);
+        if ready[0] {
+            let code = qemu.wait().map(|s| s.code().unwrap_or(128 + 9)).unwrap_or(-1);
+            fail(Some(&cfg), format!("QEMU exited with status {code} while the guest booted"));
+        }
+        let ready_event = mux.take_events().into_iter().find_map(|e| match e {
+            Event::Ready(info) => Some(info),
+            _ => None,
+        });
+        if let Some(info) = ready_event {
+            break info;
+        }
+    };
+    let control = bind_control(&cfg.control_socket).unwrap_or_else(|e| {
+        let _ = qemu.kill();
+        fail(Some(&cfg), format!("listen on {}: {e}", cfg.control_socket.display()))
+    });
+    report(&KeepReport::Ready { qemu_pid, guest, ready_ms: t0.elapsed().as_millis() as u64 });
+    serve(mux, &control, &pidfd, qemu)
+}
+
+fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// The keeper's life once the guest serves: streams for whoever takes
+/// them, stops asked for, until QEMU exits (the keeper exits with its code).
+fn serve(mut mux: Mux<UnixStream>, control: &UnixListener, pidfd: &OwnedFd, mut qemu: std::process::Child) -> ! {
+    let mut next_stream: u32 = 1;
+    loop {
+        let ready = mux.step(&[control.as_fd(), pidfd.as_fd()], -1);
+        if ready[1] {
+            let code = qemu.wait().map(|s| s.code().unwrap_or(128 + 9)).unwrap_or(0);
+            std::process::exit(code)
+        }
+        // The line ended: QEMU is exiting (its pidfd says when).
+        let _ = mux.take_events();
+        if !ready[0] {
+            continue;
+        }
+        while let Ok((c, _)) = control.accept() {
+            let _ = c.set_nonblocking(false);
+            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut cmd = [0u8; 1];
+            if (&c).read_exact(&mut cmd).is_err() {
+                continue;
+            }
+            match cmd[0] {
+                strata_init::channel::TAKE if mux.line_closed() => {
+                    strata_init::channel::refuse(&c, "the microVM is shutting down")
+                }
+                strata_init::channel::TAKE => match UnixStream::pair() {
+                    Ok((mine, theirs)) => {
+                        mux.add(next_stream, mine, true);
+                        next_stream = next_stream.wrapping_add(1).max(1);
+                        let _ = strata_init::channel::hand_over(&c, theirs.as_fd());
+                    }
+                    Err(e) => strata_init::channel::refuse(&c, &format!("socketpair: {e}")),
+                },
+                STOP => {
+                    let mut grace = [0u8; 4];
+                    let _ = (&c).read_exact(&mut grace);
+                    mux.send_control(Kind::Stop, &grace);
+                    let _ = strata_init::channel::answer_done(&c);
+                }
+                _ => strata_init::channel::refuse(&c, "unknown command"),
+            }
+        }
+    }
+}
