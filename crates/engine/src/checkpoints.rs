@@ -76,7 +76,6 @@ pub(crate) fn head_manifest(st: &Shared, rec: &SandboxRecord) -> EngineResult<(T
 /// helper) that has just exited is one until its threads are gone, a moment
 /// later. Nothing was taken by the failed try (the sandbox kept running).
 pub async fn checkpoint_locked(st: &Shared, rec: &SandboxRecord, req: CheckpointRequest) -> EngineResult<Checkpoint> {
-    crate::state::tiers::refuse_guest_disk(&rec.sandbox, "a checkpoint")?;
     let mut tries = 0u64;
     loop {
         match checkpoint_once(st, rec, req.clone()).await {
@@ -386,7 +385,7 @@ pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> E
 /// Rolls a sandbox back to a checkpoint (keeping the current state as a checkpoint first when asked).
 pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineResult<RestoreResult> {
     let rec = load(st, sandbox)?;
-    crate::state::tiers::refuse_guest_disk(&rec.sandbox, "a restore")?;
+    crate::state::tiers::refuse_microvm(&rec.sandbox, "a restore")?;
     let (ckpt, config) = tenancy::find_checkpoint(st, &req.checkpoint)?.ok_or_else(|| not_found(&req.checkpoint))?;
     if ckpt.retired_at().is_some() {
         return Err(EngineError::checkpoint_retired(&ckpt));
@@ -507,7 +506,6 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
         }
         Some(tenancy::SandboxOrCheckpoint::Sandbox(r)) => {
             crate::quarantine::refuse_sandbox(&r.sandbox, "be forked")?;
-            crate::state::tiers::refuse_guest_disk(&r.sandbox, "a fork")?;
             ForkSource::Live(r)
         }
         None => {
@@ -651,7 +649,7 @@ pub enum Comparison {
 }
 
 pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> EngineResult<Comparison> {
-    crate::state::tiers::refuse_guest_disk(&rec.sandbox, "a diff")?;
+    crate::state::tiers::refuse_running_microvm(&rec.sandbox, "a diff")?;
     if !matches!(
         rec.sandbox.state,
         SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost

@@ -86,7 +86,7 @@ pub struct FsRoot {
 
 /// The root of a running sandbox (409 when it is not running).
 pub fn fs_root(st: &Shared, rec: &SandboxRecord) -> EngineResult<FsRoot> {
-    crate::state::tiers::refuse_guest_disk(&rec.sandbox, "file transfer")?;
+    crate::state::tiers::refuse_microvm(&rec.sandbox, "file transfer")?;
     let pid = init_pid(rec)?;
     let handle = crate::record::handle_of(rec).ok_or_else(|| {
         EngineError::new(ErrorCode::Internal, format!("sandbox {} runs without an init", rec.sandbox.id))

@@ -231,7 +231,7 @@ fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> Engi
 pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<RebaseReport> {
     let started = Instant::now();
     let (_g, rec) = lock_and_load(st, id).await?;
-    crate::state::tiers::refuse_guest_disk(&rec.sandbox, "a rebase")?;
+    crate::state::tiers::refuse_microvm(&rec.sandbox, "a rebase")?;
     let state = rec.sandbox.state;
     if !matches!(state, SandboxState::Stopped | SandboxState::Standby) {
         return Err(EngineError::invalid_state(

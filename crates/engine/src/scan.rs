@@ -60,7 +60,7 @@ fn image_depth(st: &Shared, image_id: &str, chain: &[String], from_checkpoint: b
 pub(crate) fn target(st: &Shared, id: &str) -> EngineResult<Target> {
     let found = crate::tenancy::find_sandbox_or_checkpoint(st, id, crate::tenancy::NamesFirst::Sandbox)?;
     if let Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) = &found {
-        crate::state::tiers::refuse_guest_disk(&rec.sandbox, "a scan")?;
+        crate::state::tiers::refuse_running_microvm(&rec.sandbox, "a scan")?;
         return sandbox_target(st, rec);
     }
     if let Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(found)) = found {
@@ -340,7 +340,7 @@ pub async fn flush(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     if rules.is_empty() {
         return Ok(());
     }
-    crate::state::tiers::refuse_guest_disk(&rec.sandbox, "a flush")?;
+    crate::state::tiers::refuse_running_microvm(&rec.sandbox, "a flush")?;
     let detail = if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused)
         && rec.sandbox.init_pid.is_some()
     {

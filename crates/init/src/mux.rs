@@ -157,6 +157,8 @@ struct Stream {
     remote_closed: bool,
     /// `sock` ended (or failed): no more reads; [`Kind::Close`] was queued.
     local_closed: bool,
+    /// Writing to `sock` failed: bytes for it are dropped (and acknowledged).
+    unwritable: bool,
 }
 
 /// Something the line said that the mux's owner acts on.
@@ -230,8 +232,15 @@ impl<L: Read + Write + AsFd> Mux<L> {
         if announce {
             encode(&mut self.out, Kind::Open, id, &[]);
         }
-        let s =
-            Stream { sock, to_sock: Vec::new(), in_flight: 0, delivered: 0, remote_closed: false, local_closed: false };
+        let s = Stream {
+            sock,
+            to_sock: Vec::new(),
+            in_flight: 0,
+            delivered: 0,
+            remote_closed: false,
+            local_closed: false,
+            unwritable: false,
+        };
         self.streams.insert(id, s);
     }
 
@@ -390,7 +399,7 @@ impl<L: Read + Write + AsFd> Mux<L> {
             Kind::Ready => self.events.push(Event::Ready(serde_json::from_slice(&payload).unwrap_or_default())),
             Kind::Stop => self.events.push(Event::Stop(u32_of(&payload))),
             Kind::Data => match self.streams.get_mut(&id) {
-                Some(s) if !s.remote_closed => s.to_sock.extend_from_slice(&payload),
+                Some(s) if !s.remote_closed && !s.unwritable => s.to_sock.extend_from_slice(&payload),
                 // A stream this side already let go of: its bytes count as delivered.
                 _ => encode(&mut self.out, Kind::Ack, id, &(payload.len() as u32).to_le_bytes()),
             },
@@ -427,13 +436,13 @@ impl<L: Read + Write + AsFd> Mux<L> {
             }
         }
         if failed {
-            // Nobody reads this stream any more: what is left counts as delivered.
+            // Nobody reads this stream any more: what is left (and what still
+            // comes) counts as delivered. Its socket is still read to its end:
+            // what the far side wrote before it closed (a process's last
+            // report) must not be lost with the bytes it never read.
             s.delivered += s.to_sock.len();
             s.to_sock.clear();
-            if !s.local_closed {
-                s.local_closed = true;
-                encode(&mut self.out, Kind::Close, id, &[]);
-            }
+            s.unwritable = true;
         }
         if s.delivered > 0 && (s.delivered >= WINDOW / 4 || s.to_sock.is_empty()) {
             encode(&mut self.out, Kind::Ack, id, &(s.delivered as u32).to_le_bytes());
@@ -583,6 +592,53 @@ mod tests {
         writer.join().unwrap();
         // Closing a stream on the host ends the guest's socket: its echoer sees EOF.
         drop(user_a);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        host.join().unwrap();
+        guest.join().unwrap();
+    }
+
+    #[test]
+    fn the_last_words_of_a_side_that_closes_unread_are_not_lost() {
+        let (host_line, guest_line) = pair();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_g = stop.clone();
+        // Guest: reads one line, answers, and closes with whatever else came unread
+        // (as pid 1 ends a connection whose process ended while its stdin still flowed).
+        let guest = std::thread::spawn(move || {
+            let mut mux = Mux::new(guest_line);
+            while !stop_g.load(std::sync::atomic::Ordering::Relaxed) {
+                mux.step(&[], 10);
+                for ev in mux.take_events() {
+                    if let Event::Open(mut s) = ev {
+                        std::thread::spawn(move || {
+                            let mut b = [0u8; 6];
+                            s.read_exact(&mut b).unwrap();
+                            std::thread::sleep(Duration::from_millis(50));
+                            s.write_all(b"last words").unwrap();
+                        });
+                    }
+                }
+            }
+        });
+        let (host_end, mut user) = UnixStream::pair().unwrap();
+        let stop_h = stop.clone();
+        let host = std::thread::spawn(move || {
+            let mut mux = Mux::new(host_line);
+            mux.add(1, host_end, true);
+            while !stop_h.load(std::sync::atomic::Ordering::Relaxed) {
+                mux.step(&[], 10);
+            }
+        });
+        user.write_all(b"hello\n").unwrap();
+        // More that nobody reads, written while the far side answers and closes.
+        for _ in 0..50 {
+            let _ = user.write_all(&[b'x'; 1000]);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        user.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        user.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"last words");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         host.join().unwrap();
         guest.join().unwrap();

@@ -125,6 +125,13 @@ pub enum Request {
     },
     /// Every other connection lets go, and pid 1 closes them all (a checkpoint comes).
     Detach,
+    /// Freeze (FIFREEZE) or thaw the file system of the sandbox's disk, so
+    /// that the host can read it while the sandbox is frozen (the microvm
+    /// tier's; answered with [`Frame::Signaled`]: 1 when done, else 0).
+    FreezeDisk {
+        /// Freeze (`true`) or thaw.
+        frozen: bool,
+    },
 }
 
 /// How a process ended (or why it could not start), as pid 1 tells the host.
@@ -209,6 +216,8 @@ pub enum Source {
         wake: OwnedFd,
         /// Pid 1's end.
         on_exit: fn() -> !,
+        /// Freezes (`true`) or thaws the sandbox's disk ([`Request::FreezeDisk`]).
+        freeze_disk: fn(bool) -> std::io::Result<()>,
     },
 }
 
@@ -449,6 +458,18 @@ impl Spawner {
                     u32::from(unsafe { libc::kill(target, signal) } == 0)
                 };
                 self.send(id, Frame::Signaled, &sent.to_le_bytes());
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.closing = true;
+                }
+            }
+            Request::FreezeDisk { frozen } => {
+                let done = match &self.source {
+                    Source::Offered { freeze_disk, .. } => freeze_disk(frozen)
+                        .inspect_err(|e| eprintln!("strata-init: freeze the disk ({frozen}): {e}"))
+                        .is_ok(),
+                    Source::Broker => false,
+                };
+                self.send(id, Frame::Signaled, &u32::from(done).to_le_bytes());
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.closing = true;
                 }

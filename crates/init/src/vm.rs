@@ -204,12 +204,44 @@ pub const LOWER_TREE: &str = "fs";
 /// The label of the sandbox's own disk.
 pub const DISK_LABEL: &str = "strata-disk";
 
+/// The sandbox's disk's file system (its mount in the initramfs, out of the
+/// new root's reach), held for [`freeze_disk`].
+static DISK: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+
+/// FIFREEZE / FITHAW (`_IOWR('X', 119, int)`, `_IOWR('X', 120, int)`).
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;
+
+/// Freezes the sandbox's disk (everything written is on the device, writers
+/// wait) or thaws it; freezing a frozen disk, or thawing a thawed one, is done.
+fn freeze_disk(frozen: bool) -> std::io::Result<()> {
+    let disk = DISK.get().ok_or_else(|| std::io::Error::other("the disk is not mounted"))?;
+    let op = if frozen { FIFREEZE } else { FITHAW };
+    // SAFETY: an ioctl on a descriptor we own, with an int argument it does not keep.
+    let r = unsafe { libc::ioctl(disk.as_raw_fd(), op as _, 0) };
+    match r {
+        0 => Ok(()),
+        _ => match std::io::Error::last_os_error() {
+            // EBUSY: already frozen; EINVAL: not frozen (a thaw twice).
+            e if matches!(e.raw_os_error(), Some(libc::EBUSY) if frozen) => Ok(()),
+            e if matches!(e.raw_os_error(), Some(libc::EINVAL) if !frozen) => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
 /// Makes the overlay of the two disks the root and moves into it.
 fn switch_root() {
     let ro = MsFlags::MS_RDONLY | MsFlags::MS_NOATIME;
     let (lower, disk) = (find_disk(LOWER_LABEL), find_disk(DISK_LABEL));
     mount_fs(&lower.to_string_lossy(), "/lower", "ext4", ro, Some("noload"));
     mount_fs(&disk.to_string_lossy(), "/disk", "ext4", MsFlags::MS_NOATIME, None);
+    match std::fs::File::open("/disk") {
+        Ok(f) => {
+            let _ = DISK.set(f);
+        }
+        Err(e) => fatal("open /disk", e),
+    }
     for d in ["/disk/upper", "/disk/work"] {
         if let Err(e) = std::fs::create_dir_all(d) {
             fatal(&format!("mkdir {d}"), e);
@@ -392,7 +424,7 @@ fn serve(port: &Path, cfg: &GuestConfig) -> ! {
     let info = mux::GuestInfo { kernel: kernel_release(), boot_ms: boot_ms() };
     m.send_control(Kind::Ready, &serde_json::to_vec(&info).expect("serializes"));
     std::thread::spawn(move || relay_line(m, tx, wake_w));
-    let source = crate::spawner::Source::Offered { token, conns: rx, wake: wake_r, on_exit: power_off };
+    let source = crate::spawner::Source::Offered { token, conns: rx, wake: wake_r, on_exit: power_off, freeze_disk };
     crate::spawner::serve_from(cfg.grace, source)
 }
 

@@ -289,6 +289,62 @@ fn mount_image(sys: &dyn Sys, image: &Path, mount: &Path) -> Result<(), String> 
     }
 }
 
+/// Hands the disk of the sandbox in `dir` to a microVM: its host mount (if
+/// any) is synced and unmounted, so that the guest is the only writer.
+/// Refused (nothing changed) while something on the host holds the mount.
+pub fn lend_to_guest(dir: &Path) -> Result<(), String> {
+    let mount = dir.join(MOUNT);
+    if !is_mounted(&mount) {
+        return Ok(());
+    }
+    if let Ok(f) = File::open(&mount) {
+        // SAFETY: syncfs on a descriptor we own.
+        unsafe { libc::syncfs(f.as_raw_fd()) };
+    }
+    LinuxSys
+        .umount2(&mount, MntFlags::empty())
+        .map_err(|e| format!("the sandbox's disk is in use on the host ({}: {e})", mount.display()))
+}
+
+/// Takes the disk of the sandbox in `dir` back from a microVM that has
+/// stopped: mounted read-write at its place again (what checkpoints, diffs
+/// and scans of a stopped sandbox read). Idempotent.
+pub fn take_back_from_guest(dir: &Path) -> Result<(), String> {
+    let (image, mount) = (dir.join(IMAGE), dir.join(MOUNT));
+    if !image.exists() || is_mounted(&mount) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
+    mount_image(&LinuxSys, &image, &mount)?;
+    prepare_layer_dirs(&mount)
+}
+
+/// While a running microVM's disk is frozen by its guest (consistent on the
+/// device, no writer): mounts it read-only at its place (`noload`: nothing,
+/// not even a journal replay, is written) with util-linux's `mount -o loop,ro`.
+pub fn show_frozen_guest_disk(dir: &Path) -> Result<(), String> {
+    let (image, mount) = (dir.join(IMAGE), dir.join(MOUNT));
+    if is_mounted(&mount) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
+    run(Command::new("mount")
+        .args(["-t", "ext4", "-o", "loop,ro,noload,nosuid,nodev,noexec,noatime"])
+        .arg(&image)
+        .arg(&mount)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))
+}
+
+/// Ends [`show_frozen_guest_disk`] before the guest writes again.
+pub fn hide_frozen_guest_disk(dir: &Path) -> Result<(), String> {
+    let mount = dir.join(MOUNT);
+    if !is_mounted(&mount) {
+        return Ok(());
+    }
+    LinuxSys.umount2(&mount, MntFlags::empty()).map_err(|e| format!("unmount {}: {e}", mount.display()))
+}
+
 /// Unmounts the disk of the sandbox in `dir` (lazily: a sandbox still holding
 /// its overlay keeps the filesystem alive until it exits) and deletes its image.
 fn release(sys: &dyn Sys, dir: &Path) {

@@ -411,7 +411,10 @@ fn microvm_capabilities(vm: &crate::microvm::MicrovmProbe, features: &[FeatureCh
                 "disk_quota" => (true, "the guest's own ext4 disk of the limit's size".into()),
                 "files" => not_yet("the file API does not reach the guest's disk"),
                 "egress" => not_yet("guests have no network device (--network none only)"),
-                "checkpoint" | "fork" => not_yet("the guest's disk is not read from the host"),
+                "checkpoint" | "fork" => (
+                    true,
+                    "the guest's disk, read by the host while the guest has it frozen (FIFREEZE) or stopped".into(),
+                ),
                 "standby" | "warm_checkpoint" => not_yet("VM memory snapshots"),
                 "userns" => (false, "not a setting of this tier: its boundary is the guest kernel".into()),
                 _ => (false, "unknown capability".into()),

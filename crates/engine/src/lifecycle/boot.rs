@@ -17,10 +17,6 @@ use crate::state::Shared;
 
 /// Makes sure the sandbox's own disk (when it has one) exists and is mounted.
 pub(crate) async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
-    // A microVM's disk is its own (made by the tier), not a host mount.
-    if crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm {
-        return Ok(());
-    }
     let (Some(bytes), true) =
         (rec.sandbox.limits.disk_bytes, strata_runtime::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
     else {
@@ -233,6 +229,12 @@ pub async fn mount_disks(st: &Shared) {
         };
         let dir = st.sandbox_dir(&rec.sandbox.id);
         if rec.sandbox.state == SandboxState::Archived || !dir.join(strata_runtime::disk::IMAGE).exists() {
+            continue;
+        }
+        // A running microVM's guest is its disk's only writer (the tier mounts it when the VM stops).
+        let guest_owns = crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm
+            && matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused);
+        if guest_owns {
             continue;
         }
         let (id, pool) = (rec.sandbox.id.clone(), st.disks.clone());

@@ -133,18 +133,32 @@ impl Tiers {
     }
 }
 
-/// Refuses `what` on a microVM sandbox (501): its files are on the guest's
-/// own disk, which this build does not read from the host, so a checkpoint,
-/// diff, scan or archive of it would see nothing of what it wrote.
-pub fn refuse_guest_disk(sb: &strata_api::Sandbox, what: &str) -> EngineResult<()> {
+/// Refuses `what` on a microVM sandbox (501): the microvm tier does not do
+/// it in this build (docs/microvm.md says what it does).
+pub fn refuse_microvm(sb: &strata_api::Sandbox, what: &str) -> EngineResult<()> {
     if tier_of(sb) != Isolation::Microvm {
         return Ok(());
     }
     Err(EngineError::new(
         ErrorCode::Unsupported,
+        format!("{what} of sandbox {}: the microvm tier does not do it in this build (see docs/microvm.md)", sb.id),
+    ))
+}
+
+/// Refuses `what` on a running (or paused) microVM (501): its files are on
+/// the guest's disk, which the host reads only while the guest has it frozen
+/// for a checkpoint, or stopped. A stopped microVM, or a checkpoint of a
+/// running one, has it.
+pub fn refuse_running_microvm(sb: &strata_api::Sandbox, what: &str) -> EngineResult<()> {
+    let running = matches!(sb.state, strata_api::SandboxState::Running | strata_api::SandboxState::Paused);
+    if tier_of(sb) != Isolation::Microvm || !running {
+        return Ok(());
+    }
+    Err(EngineError::new(
+        ErrorCode::Unsupported,
         format!(
-            "{what} of sandbox {}: it is a microVM, whose files are on its own disk, which this build does not read \
-             from the host (the microvm tier does create, exec, stop, start and destroy so far)",
+            "{what} of sandbox {}: it is a running microVM, whose files the host reads only while it is stopped or \
+             being checkpointed; stop it, or take a checkpoint and use that",
             sb.id
         ),
     ))

@@ -1,16 +1,16 @@
 //! A microVM's two disks.
 //!
-//! * **The lower disk** (`/dev/vda`, read-only): the sandbox's layer chain
+//! * **The lower disk** (read-only): the sandbox's layer chain
 //!   as one ext4 image, built once per chain with `mkfs.ext4 -d` from the
 //!   chain's read-only overlay ([`lower_image`]) and shared by every sandbox
 //!   of that chain (QEMU opens it `readonly=on`). A chain is immutable, so
 //!   its image never changes; the cache key is the digest of its layer
 //!   directories.
-//! * **The sandbox's disk** (`/dev/vdb`): a sparse ext4 image of the
-//!   sandbox's disk limit ([`sandbox_disk`]) in the sandbox's directory,
-//!   whose `upper/` and `work/` the guest joins with the lower disk in an
-//!   overlay. It lives as long as the sandbox (stop and start keep it) and
-//!   goes with the sandbox's directory.
+//! * **The sandbox's disk**: the sandbox's disk image ([`crate::disk`]: a
+//!   sparse ext4 of its disk limit in its directory, made by the engine's
+//!   disk pool, or here ([`sandbox_disk`]) when it has no limit), whose
+//!   `upper/` and `work/` the guest joins with the lower disk in an overlay.
+//!   It lives as long as the sandbox (stop and start keep it).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,8 +20,9 @@ use sha2::Digest;
 
 use crate::RuntimeError;
 
-/// File name of a sandbox's own disk in its directory.
-pub const SANDBOX_DISK: &str = "vm-disk.ext4";
+/// File name of a sandbox's own disk in its directory: the namespace tier's
+/// disk image, so the engine finds its writable layer where it finds theirs.
+pub const SANDBOX_DISK: &str = crate::disk::IMAGE;
 
 /// Size of a sandbox's disk when it has no disk limit.
 pub const DEFAULT_DISK_BYTES: u64 = 10 << 30;

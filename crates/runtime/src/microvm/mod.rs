@@ -18,11 +18,17 @@
 //! user, directory and program against its own root. Signals and terminal
 //! sizes go the same way.
 //!
+//! Filesystem state: the sandbox's disk is the namespace tier's disk image
+//! (`disk.img` in its directory, [`crate::disk`]), with the writable layer
+//! in `upper/`. The guest owns it while it runs ([`crate::disk::lend_to_guest`]);
+//! stopped, it is mounted on the host again; frozen, the guest freezes the file
+//! system and the host mounts it read-only ([`Runtime::set_frozen`]). So the
+//! engine's checkpoints, forks, diffs and scans read it as any other tier's.
+//!
 //! What this tier does not do yet, each refused with why: network other
 //! than `none`, secrets, process state (standby with memory, warm
-//! checkpoints), and everything that reads the sandbox's files from the host
-//! while it runs (checkpoints, diff, scan, the file API): its files are on
-//! its own disk. The measured facts behind each choice: docs/microvm.md.
+//! checkpoints), the file API, and diffs or scans of a running microVM.
+//! The measured facts behind each choice: docs/microvm.md.
 
 pub mod assets;
 pub mod disks;
@@ -132,7 +138,11 @@ impl MicrovmProbe {
             Some(m) if m >= MIN_QEMU_MAJOR => {}
             _ => return Some(format!("{version}: the microvm tier needs QEMU {MIN_QEMU_MAJOR} or newer")),
         }
-        self.kernel.as_ref().err().cloned()
+        if let Err(why) = &self.kernel {
+            return Some(why.clone());
+        }
+        // The guest's disk is read on the host (checkpoints, diffs) through a loop device.
+        crate::disk::unavailable().map(|why| format!("the microvm tier reads its disks through loop devices: {why}"))
     }
 
     /// The accelerator guests get: KVM only on hardware virtualization (a
@@ -252,6 +262,13 @@ impl VmDir {
     }
     fn hostname(&self) -> PathBuf {
         self.0.join("hostname")
+    }
+    /// Names the sandbox's directory (where its disk is).
+    fn sandbox_dir_file(&self) -> PathBuf {
+        self.0.join("sandbox-dir")
+    }
+    fn sandbox_dir(&self) -> Option<PathBuf> {
+        std::fs::read_to_string(self.sandbox_dir_file()).ok().map(PathBuf::from)
     }
 }
 
@@ -428,8 +445,11 @@ impl MicrovmRuntime {
         Self::write_token(&dir)?;
         let _ = std::fs::write(dir.hostname(), &spec.hostname);
         let lower = disks::lower_image(&self.cache_dir, &spec.lower_dirs)?;
-        let sandbox_dir = spec.upper_dir.parent().unwrap_or(&self.run_dir);
+        let sandbox_dir = spec.rootfs_dir.parent().unwrap_or(&self.run_dir);
+        let _ = std::fs::write(dir.sandbox_dir_file(), sandbox_dir.as_os_str().as_encoded_bytes());
         let disk = disks::sandbox_disk(sandbox_dir, spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES))?;
+        // The guest is the disk's only writer while it runs.
+        crate::disk::lend_to_guest(sandbox_dir).map_err(RuntimeError::Setup)?;
         let t_disks = t0.elapsed();
         let cg = self.cgroup(&spec.id);
         let mut host_limits = spec.limits.clone();
@@ -474,6 +494,7 @@ impl MicrovmRuntime {
             other => {
                 let _ = child.kill();
                 let _ = child.wait();
+                let _ = self.kill_qemu_by_pid_file(&spec.id);
                 let _ = self.cleanup(&spec.id);
                 Err(RuntimeError::Setup(match other {
                     Some(keeper::KeepReport::Failed { message }) => message,
@@ -524,6 +545,27 @@ impl MicrovmRuntime {
             Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
             Some((Frame::Failed, why)) => Err(String::from_utf8_lossy(&why).into_owned()),
             other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
+        }
+    }
+
+    /// SIGKILLs the QEMU a failed boot's keeper started (its death would
+    /// take QEMU along; this covers a keeper killed before QEMU set that up).
+    fn kill_qemu_by_pid_file(&self, id: &str) -> bool {
+        let path = self.vm_dir(id).qemu_pid();
+        let pid = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i32>().ok());
+        let Some(pid) = pid.filter(|p| *p > 1) else { return false };
+        crate::namespace::signal_if(pid, libc::SIGKILL, || {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&format!("strata-{id}")))
+        })
+    }
+
+    /// After the VM is gone: its disk is the host's again (mounted where the
+    /// engine reads the writable layer).
+    fn take_disk_back(&self, id: &str) -> Result<(), RuntimeError> {
+        match self.vm_dir(id).sandbox_dir() {
+            Some(dir) => crate::disk::take_back_from_guest(&dir).map_err(RuntimeError::Setup),
+            None => Ok(()),
         }
     }
 
@@ -599,10 +641,14 @@ impl Runtime for MicrovmRuntime {
         if !wait_for_exit(handle, Duration::from_secs(10)) {
             return Err(RuntimeError::Setup(format!("microVM {sandbox_id} survives SIGKILL")));
         }
-        Ok(())
+        self.take_disk_back(sandbox_id)
     }
 
     fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        // (A VM that ended on its own, e.g. `poweroff` inside, gets here without a stop.)
+        if let Err(e) = self.take_disk_back(sandbox_id) {
+            warn!(sandbox = sandbox_id, error = %e, "mounting the disk of a stopped microVM");
+        }
         let _ = std::fs::remove_dir_all(&self.vm_dir(sandbox_id).0);
         let cg = self.cgroup(sandbox_id);
         if cg.dirs().iter().any(|d| d.exists()) {
@@ -611,9 +657,43 @@ impl Runtime for MicrovmRuntime {
         Ok(())
     }
 
+    /// Freezing a microVM also makes its disk readable on the host: the
+    /// guest freezes the file system (FIFREEZE: everything on the device,
+    /// no writer), QEMU's threads stop (the guest's clock jumps on thaw),
+    /// and the disk is mounted read-only where the engine reads the writable
+    /// layer, so a checkpoint of a running microVM is the same code as any
+    /// other's. Thawing undoes it in the other order.
     fn set_frozen(&self, sandbox_id: &str, frozen: bool) -> Result<(), RuntimeError> {
-        // QEMU's threads stop where they are: the guest's clock jumps on thaw.
-        Ok(self.cgroup(sandbox_id).set_frozen(frozen, Duration::from_secs(10))?)
+        let dir = self.vm_dir(sandbox_id).sandbox_dir();
+        let ask_guest = |frozen: bool| -> Result<(), RuntimeError> {
+            match self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen }) {
+                Ok(1) => Ok(()),
+                Ok(_) => Err(RuntimeError::Setup("the guest could not freeze its disk".into())),
+                Err(e) => Err(RuntimeError::Setup(format!("the guest's disk freeze: {e}"))),
+            }
+        };
+        let cg = self.cgroup(sandbox_id);
+        if frozen {
+            ask_guest(true)?;
+            if let Err(e) = cg.set_frozen(true, Duration::from_secs(10)) {
+                let _ = ask_guest(false);
+                return Err(e.into());
+            }
+            if let Some(dir) = &dir {
+                if let Err(e) = crate::disk::show_frozen_guest_disk(dir) {
+                    let _ = cg.set_frozen(false, Duration::from_secs(10));
+                    let _ = ask_guest(false);
+                    return Err(RuntimeError::Setup(format!("reading the frozen guest's disk: {e}")));
+                }
+            }
+            Ok(())
+        } else {
+            if let Some(dir) = &dir {
+                crate::disk::hide_frozen_guest_disk(dir).map_err(RuntimeError::Setup)?;
+            }
+            cg.set_frozen(false, Duration::from_secs(10))?;
+            ask_guest(false)
+        }
     }
 
     fn usage(&self, sandbox_id: &str) -> ResourceUsage {
