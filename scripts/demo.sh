@@ -21,6 +21,7 @@
 #   pipeline   the next task as a pipeline spec (examples/demo/pipeline.toml) from the
 #              template: work with checkpoints, fork 4 and select, ephemeral eval
 #   evaluate   ephemeral `strata run --rm --isolation gvisor`: clean start, nothing left behind
+#              (and, with STRATA_DEMO_MICROVM=1, once more in a microVM: docs/microvm.md)
 #
 # and prints a table per stage (lifecycle, time, state kept, cost), the lifecycle
 # advisor's view of the idle stage, the cost of every sandbox against the
@@ -207,6 +208,16 @@ EVAL_MS=$(( $(ms) - t ))
 LEFT=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 [ "$LEFT" = "$BEFORE" ] || die "the ephemeral run left a sandbox behind ($BEFORE before, $LEFT after)"
 row evaluate "ephemeral, gvisor" "$EVAL_MS" "nothing: sandboxes before and after = $LEFT (dev, the pipeline's kept outputs)"
+if [ "${STRATA_DEMO_MICROVM:-0}" = 1 ]; then
+    echo
+    note "stage 6b · evaluate again on the microvm tier (STRATA_DEMO_MICROVM=1): a guest kernel of its own (TCG here: slow, see docs/microvm.md)"
+    t=$(ms)
+    "$STRATA" run --rm --isolation microvm debian-python --memory 1g -- python3 -c 'import os; print("eval in a fresh microVM (guest kernel", os.uname().release + ")")'
+    EVAL_VM_MS=$(( $(ms) - t ))
+    LEFT=$("$STRATA" ps --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+    [ "$LEFT" = "$BEFORE" ] || die "the ephemeral microVM left a sandbox behind ($BEFORE before, $LEFT after)"
+    row evaluate "ephemeral, microvm" "$EVAL_VM_MS" "nothing: sandboxes before and after = $LEFT"
+fi
 
 echo
 note "stage 7 · state over time: dev is checked on a schedule, then moved onto a patched base image without redoing setup"

@@ -2,7 +2,8 @@
 //! fast): a sandbox is a QEMU microVM with a kernel of its own, booted from
 //! strata's layers, driven through the same CLI and API as the other tiers
 //! (exec with output, exit codes, stdin, users, signals; limits inside the
-//! guest; stop and start keeping its disk; destroy leaving nothing), what it
+//! guest; checkpoints, forks, diffs and scans; standby with its processes;
+//! stop and start keeping its disk; destroy leaving nothing), what it
 //! refuses with why (501), and a guest that cannot boot failing loudly with
 //! its console's tail. Boots are few: each costs seconds under TCG.
 
@@ -31,6 +32,12 @@ fn sh_ok(d: &TestDaemon, id: &str, script: &str) -> String {
     let out = sh(d, id, script);
     assert!(out.status.success(), "{script}: {}{}", stdout(&out), stderr(&out));
     stdout(&out)
+}
+
+/// The last number a counter process printed (its lines are `tick N`).
+fn last_tick(d: &TestDaemon, id: &str, proc_id: &str) -> u64 {
+    let logs = d.cli_ok(&["proc", "logs", id, proc_id]);
+    logs.lines().rev().filter_map(|l| l.strip_prefix("tick ")).find_map(|n| n.trim().parse().ok()).unwrap_or(0)
 }
 
 fn qemu_runs(id: &str) -> bool {
@@ -137,11 +144,31 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["checkpoint", "inspect", &ck, "--json"])).unwrap();
     assert_eq!(info["isolation"], "microvm", "{info}");
 
+    // Standby: the VM's memory and devices go to a file, QEMU ends, the disk
+    // waits frozen; an exec resumes it with the same processes, still counting.
+    let counter = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done";
+    let proc_id = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", counter]).trim().to_string();
+    assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) >= 3), "the counter does not count");
+    d.cli_ok(&["standby", &id]);
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
+    assert_eq!(info["state"], "standby", "{info}");
+    assert!(common::wait_until(10, || !qemu_runs(&id)), "QEMU outlived the standby");
+    let before = last_tick(&d, &id, &proc_id);
+    assert_eq!(sh_ok(&d, &id, "cat /root/note"), "kept\n", "resumed on access");
+    assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) > before + 2), "the counter did not go on");
+    let ticks = d.cli_ok(&["proc", "logs", &id, &proc_id]);
+    let numbers: Vec<u64> = ticks.lines().filter_map(|l| l.strip_prefix("tick ")?.trim().parse().ok()).collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "the same process, nothing lost or repeated: {ticks}");
+    let guest_now: u64 = sh_ok(&d, &id, "date +%s").trim().parse().unwrap();
+    let host_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(guest_now.abs_diff(host_now) <= 5, "the guest's clock was stepped on resume: {guest_now} vs {host_now}");
+    d.cli_ok(&["proc", "kill", &id, &proc_id, "--signal", "KILL"]);
+
     // What the tier does not do yet is a 501 naming it, and changes nothing.
     for (what, args) in [
         ("diff of a running microVM", vec!["diff", id.as_str()]),
         ("scan of a running microVM", vec!["scan", id.as_str()]),
-        ("standby", vec!["standby", id.as_str()]),
+        ("a warm checkpoint", vec!["checkpoint", id.as_str(), "--processes"]),
         ("cp", vec!["cp", "vm:/root/note", "/dev/null"]),
     ] {
         let out = d.cli(&args);

@@ -24,9 +24,11 @@
 //! * **Closing**: end of a socket (or an error) -> [`Kind::Close`]; the other
 //!   side writes what it holds, then shuts its socket down.
 //! * **Control** (stream 0): [`Kind::Token`] (host -> guest, first: the
-//!   channel token pid 1 proves), [`Kind::Ready`] (guest -> host: pid 1
-//!   serves; JSON [`GuestInfo`]), [`Kind::Stop`] (host -> guest: stop with a
-//!   grace, then power off).
+//!   channel token pid 1 proves; a keeper of a restored VM sends it until
+//!   answered), [`Kind::Ready`] (guest -> host: pid 1 serves, the answer to
+//!   every token; JSON [`GuestInfo`]), [`Kind::Clock`] (host -> guest: the
+//!   wall clock), [`Kind::Stop`] (host -> guest: stop with a grace, then
+//!   power off).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -63,6 +65,10 @@ pub enum Kind {
     Ready = 6,
     /// Host: stop every process within this many seconds (u32 LE), then power off (stream 0).
     Stop = 7,
+    /// Host: the wall clock, nanoseconds since the epoch (u64 LE; stream 0):
+    /// the guest steps its clock to it (a VM restored from a snapshot resumes
+    /// with the time it was saved at).
+    Clock = 8,
 }
 
 impl Kind {
@@ -75,6 +81,7 @@ impl Kind {
             5 => Kind::Token,
             6 => Kind::Ready,
             7 => Kind::Stop,
+            8 => Kind::Clock,
             _ => return None,
         })
     }
@@ -173,6 +180,8 @@ pub enum Event {
     Ready(GuestInfo),
     /// Stop within this many seconds.
     Stop(u32),
+    /// The host's wall clock (nanoseconds since the epoch).
+    Clock(u64),
     /// The line ended (the far side closed, or the port has no peer now).
     LineClosed,
 }
@@ -398,6 +407,10 @@ impl<L: Read + Write + AsFd> Mux<L> {
             Kind::Token => self.events.push(Event::Token(payload)),
             Kind::Ready => self.events.push(Event::Ready(serde_json::from_slice(&payload).unwrap_or_default())),
             Kind::Stop => self.events.push(Event::Stop(u32_of(&payload))),
+            Kind::Clock => {
+                let ns = payload.as_slice().try_into().map(u64::from_le_bytes).unwrap_or(0);
+                self.events.push(Event::Clock(ns))
+            }
             Kind::Data => match self.streams.get_mut(&id) {
                 Some(s) if !s.remote_closed && !s.unwritable => s.to_sock.extend_from_slice(&payload),
                 // A stream this side already let go of: its bytes count as delivered.

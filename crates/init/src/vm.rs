@@ -406,6 +406,7 @@ fn serve(port: &Path, cfg: &GuestConfig) -> ! {
         for ev in m.take_events() {
             match ev {
                 Event::Token(t) => token = Some(t),
+                Event::Clock(ns) => set_clock(ns),
                 // No host on the port yet (its reads end at once): wait for one.
                 Event::LineClosed => {
                     std::thread::sleep(Duration::from_millis(20));
@@ -450,9 +451,28 @@ fn relay_line(mut m: Mux<std::fs::File>, tx: std::sync::mpsc::Sender<UnixStream>
                     std::thread::sleep(Duration::from_millis(20));
                     m.reset();
                 }
-                Event::Token(_) | Event::Ready(_) => {}
+                // A new keeper (after a restore from a snapshot) says hello: pid 1 still serves.
+                Event::Token(_) => {
+                    let info = mux::GuestInfo { kernel: kernel_release(), boot_ms: boot_ms() };
+                    m.send_control(Kind::Ready, &serde_json::to_vec(&info).expect("serializes"));
+                }
+                Event::Clock(ns) => set_clock(ns),
+                Event::Ready(_) => {}
             }
         }
+    }
+}
+
+/// Steps the guest's wall clock to the host's (`ns` since the epoch).
+fn set_clock(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let ts =
+        libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: clock_settime reads the timespec we own.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+        eprintln!("strata-init: set the clock: {}", std::io::Error::last_os_error());
     }
 }
 

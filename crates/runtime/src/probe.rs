@@ -415,7 +415,12 @@ fn microvm_capabilities(vm: &crate::microvm::MicrovmProbe, features: &[FeatureCh
                     true,
                     "the guest's disk, read by the host while the guest has it frozen (FIFREEZE) or stopped".into(),
                 ),
-                "standby" | "warm_checkpoint" => not_yet("VM memory snapshots"),
+                "standby" => (
+                    true,
+                    "the VM's memory and devices saved to a file (QMP migrate); the guest's disk frozen meanwhile"
+                        .into(),
+                ),
+                "warm_checkpoint" => not_yet("forks from a VM memory snapshot"),
                 "userns" => (false, "not a setting of this tier: its boundary is the guest kernel".into()),
                 _ => (false, "unknown capability".into()),
             };

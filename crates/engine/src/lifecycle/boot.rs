@@ -17,6 +17,13 @@ use crate::state::Shared;
 
 /// Makes sure the sandbox's own disk (when it has one) exists and is mounted.
 pub(crate) async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
+    // A microVM in standby: its disk is exactly as its snapshot's guest left it (the tier
+    // hands it back at the resume); a host mount that writes would corrupt it.
+    if crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm
+        && rec.sandbox.state == SandboxState::Standby
+    {
+        return Ok(());
+    }
     let (Some(bytes), true) =
         (rec.sandbox.limits.disk_bytes, strata_runtime::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
     else {
@@ -231,11 +238,21 @@ pub async fn mount_disks(st: &Shared) {
         if rec.sandbox.state == SandboxState::Archived || !dir.join(strata_runtime::disk::IMAGE).exists() {
             continue;
         }
-        // A running microVM's guest is its disk's only writer (the tier mounts it when the VM stops).
-        let guest_owns = crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm
-            && matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused);
-        if guest_owns {
-            continue;
+        // A running microVM's guest is its disk's only writer (the tier mounts it when the VM stops);
+        // a microVM in standby left its file system frozen in its snapshot: read-only until it resumes.
+        if crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm {
+            match rec.sandbox.state {
+                SandboxState::Running | SandboxState::Paused => continue,
+                SandboxState::Standby => {
+                    let id = rec.sandbox.id.clone();
+                    let shown = tokio::task::spawn_blocking(move || strata_runtime::disk::show_frozen_guest_disk(&dir));
+                    if let Ok(Err(e)) = shown.await {
+                        warn!(sandbox = %id, error = %e, "mounting the disk of a microVM in standby");
+                    }
+                    continue;
+                }
+                _ => {}
+            }
         }
         let (id, pool) = (rec.sandbox.id.clone(), st.disks.clone());
         match tokio::task::spawn_blocking(move || pool.ensure(&dir, bytes)).await {

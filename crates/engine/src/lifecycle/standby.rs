@@ -36,7 +36,6 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
     let started = Instant::now();
     let from = rec.sandbox.state;
     next_state(from, Action::Standby)?;
-    crate::state::tiers::refuse_microvm(&rec.sandbox, "standby")?;
     let id = rec.sandbox.id.clone();
     let handle = handle_of(&rec)
         .ok_or_else(|| EngineError::new(ErrorCode::Internal, format!("sandbox {id} is {from} but has no init")))?;

@@ -51,6 +51,12 @@ pub struct KeepConfig {
     pub boot_timeout_ms: u64,
     /// Files the keeper writes "0" to before QEMU starts (the sandbox's cgroup).
     pub cgroup_join: Vec<PathBuf>,
+    /// QEMU's QMP socket.
+    pub qmp_socket: PathBuf,
+    /// QEMU loads a saved VM (`-incoming`): the keeper lets it run once
+    /// loaded, and says hello to its pid 1 until it answers.
+    #[serde(default)]
+    pub incoming: bool,
 }
 
 /// The keeper's one line to the daemon on its stdout.
@@ -160,8 +166,20 @@ pub fn main() -> ! {
     };
     let _ = line.set_nonblocking(true);
     let pidfd = pidfd_open(qemu_pid).unwrap_or_else(|e| fail(Some(&cfg), format!("pidfd_open: {e}")));
+    if cfg.incoming {
+        if let Err(e) = run_loaded(&cfg, deadline) {
+            let _ = qemu.kill();
+            fail(Some(&cfg), e)
+        }
+    }
     let mut mux = Mux::new(line);
-    mux.send_control(Kind::Token, &token);
+    let hello = |mux: &mut Mux<UnixStream>| {
+        mux.send_control(Kind::Token, &token);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        mux.send_control(Kind::Clock, &(now.as_nanos() as u64).to_le_bytes());
+    };
+    hello(&mut mux);
+    let mut said_hello = Instant::now();
     let guest = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -180,6 +198,11 @@ pub fn main() -> ! {
         if let Some(info) = ready_event {
             break info;
         }
+        // A restored guest may drop what came while its port had no host: say it again.
+        if cfg.incoming && said_hello.elapsed() > Duration::from_millis(250) {
+            hello(&mut mux);
+            said_hello = Instant::now();
+        }
     };
     let control = bind_control(&cfg.control_socket).unwrap_or_else(|e| {
         let _ = qemu.kill();
@@ -187,6 +210,21 @@ pub fn main() -> ! {
     });
     report(&KeepReport::Ready { qemu_pid, guest, ready_ms: t0.elapsed().as_millis() as u64 });
     serve(mux, &control, &pidfd, qemu)
+}
+
+/// Waits for QEMU to load the saved VM, then lets it run.
+fn run_loaded(cfg: &KeepConfig, deadline: Instant) -> Result<(), String> {
+    let patience = deadline.saturating_duration_since(Instant::now());
+    let mut qmp = super::qmp::Qmp::connect(&cfg.qmp_socket, patience)?;
+    loop {
+        match qmp.status()?.as_str() {
+            "inmigrate" if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            "inmigrate" => return Err("QEMU did not load the saved VM in time".into()),
+            "running" => return Ok(()),
+            "paused" | "postmigrate" | "prelaunch" => return qmp.execute("cont", serde_json::Value::Null).map(drop),
+            other => return Err(format!("QEMU could not load the saved VM (its state: {other})")),
+        }
+    }
 }
 
 fn bind_control(path: &Path) -> std::io::Result<UnixListener> {

@@ -33,6 +33,8 @@
 pub mod assets;
 pub mod disks;
 pub mod keeper;
+pub mod qmp;
+pub mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -260,6 +262,9 @@ impl VmDir {
     fn exec_lock(&self) -> PathBuf {
         self.0.join("exec.lock")
     }
+    fn qmp(&self) -> PathBuf {
+        self.0.join("qmp.sock")
+    }
     fn hostname(&self) -> PathBuf {
         self.0.join("hostname")
     }
@@ -387,7 +392,7 @@ impl MicrovmRuntime {
             accel,
             // Under TCG QEMU's default CPU model: `max` translates slower.
             "-cpu".into(),
-            if self.accel == Accel::Kvm { "host".into() } else { "qemu64".into() },
+            self.cpu_model().into(),
             "-m".into(),
             guest_mib.to_string(),
             "-smp".into(),
@@ -422,12 +427,22 @@ impl MicrovmRuntime {
             format!("virtserialport,chardev=agent,name={}", strata_init::vm::PORT_NAME),
             "-device".into(),
             "virtio-rng-device".into(),
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", p(&dir.qmp())),
         ]
     }
 
-    fn write_token(dir: &VmDir) -> Result<(), RuntimeError> {
+    /// Writes the channel token: a new one at a cold start, the snapshot's
+    /// at a restore (the restored pid 1 holds that one).
+    fn write_token(dir: &VmDir, from_snapshot: Option<&Path>) -> Result<(), RuntimeError> {
         use std::os::unix::fs::OpenOptionsExt;
-        let token = strata_init::channel::random_bytes().map_err(|e| RuntimeError::sys("make the channel token", e))?;
+        let token = match from_snapshot {
+            None => strata_init::channel::random_bytes()
+                .map_err(|e| RuntimeError::sys("make the channel token", e))?
+                .to_vec(),
+            Some(images) => std::fs::read(images.join(snapshot::TOKEN_FILE))
+                .map_err(|e| RuntimeError::Incompatible(format!("the VM snapshot has no channel token ({e})")))?,
+        };
         let path = dir.token();
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path)?;
@@ -436,13 +451,14 @@ impl MicrovmRuntime {
         write().map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))
     }
 
-    fn boot(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
+    /// A cold boot (`snapshot` `None`) or a restore of a VM saved into `snapshot`.
+    fn boot(&self, spec: &SandboxSpec, snapshot: Option<&Path>) -> Result<SandboxHandle, RuntimeError> {
         Self::refuse_unsupported(spec)?;
         let t0 = std::time::Instant::now();
         let dir = self.vm_dir(&spec.id);
         let _ = std::fs::remove_dir_all(&dir.0);
         std::fs::create_dir_all(&dir.0).map_err(|e| RuntimeError::sys(format!("create {}", dir.0.display()), e))?;
-        Self::write_token(&dir)?;
+        Self::write_token(&dir, snapshot)?;
         let _ = std::fs::write(dir.hostname(), &spec.hostname);
         let lower = disks::lower_image(&self.cache_dir, &spec.lower_dirs)?;
         let sandbox_dir = spec.rootfs_dir.parent().unwrap_or(&self.run_dir);
@@ -456,8 +472,12 @@ impl MicrovmRuntime {
         host_limits.memory_bytes = Some(spec.limits.memory_bytes.unwrap_or(512 << 20) + VMM_OVERHEAD_BYTES);
         host_limits.pids = Some(HOST_TASKS);
         cg.create(&host_limits)?;
+        let mut qemu = self.qemu_argv(spec, &dir, &lower, &disk);
+        if let Some(images) = snapshot {
+            qemu.extend(["-incoming".into(), format!("file:{}", images.join(snapshot::STATE_FILE).display())]);
+        }
         let cfg = keeper::KeepConfig {
-            qemu: self.qemu_argv(spec, &dir, &lower, &disk),
+            qemu,
             agent_socket: dir.agent(),
             control_socket: dir.control(),
             token: dir.token(),
@@ -465,6 +485,8 @@ impl MicrovmRuntime {
             qemu_pid_file: dir.qemu_pid(),
             boot_timeout_ms: BOOT_TIMEOUT.as_millis() as u64,
             cgroup_join: cg.join_files(),
+            qmp_socket: dir.qmp(),
+            incoming: snapshot.is_some(),
         };
         let log = spec.open_log()?;
         let mut child = {
@@ -578,6 +600,25 @@ impl MicrovmRuntime {
         })
     }
 
+    /// What a snapshot made here records of the host (see [`snapshot::Manifest`]).
+    fn snapshot_manifest(&self, sandbox_id: &str) -> snapshot::Manifest {
+        snapshot::Manifest {
+            sandbox: sandbox_id.to_string(),
+            qemu: self.qemu_version.clone(),
+            machine: "microvm".into(),
+            accel: self.accel.as_str().into(),
+            cpu: self.cpu_model().into(),
+            kernel: self.kernel.version.clone(),
+        }
+    }
+
+    fn cpu_model(&self) -> &'static str {
+        match self.accel {
+            Accel::Kvm => "host",
+            Accel::Tcg => "qemu64",
+        }
+    }
+
     fn unsupported(&self, what: &str) -> RuntimeError {
         RuntimeError::Unsupported(format!("{what} on the microvm tier is not implemented in this build"))
     }
@@ -589,7 +630,7 @@ impl Runtime for MicrovmRuntime {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
-        self.boot(spec)
+        self.boot(spec, None)
     }
 
     fn is_alive(&self, handle: &SandboxHandle) -> bool {
@@ -732,35 +773,119 @@ impl Runtime for MicrovmRuntime {
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {
-        Some("the microvm tier does not save guest memory in this build (VM snapshots come with its standby)".into())
+        None
     }
 
-    fn dump_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
-        Err(self.unsupported("saving processes"))
+    /// Standby of a microVM: the guest freezes its disk, QEMU stops the VM
+    /// and saves its memory and devices to `images_dir` (QMP `migrate` to a
+    /// file), then exits; the disk is mounted read-only on the host (the
+    /// guest's file system must come back exactly as it left it).
+    fn dump_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &Path,
+    ) -> Result<PathBuf, RuntimeError> {
+        std::fs::create_dir_all(images_dir)
+            .map_err(|e| RuntimeError::sys(format!("create {}", images_dir.display()), e))?;
+        let dir = self.vm_dir(sandbox_id);
+        let t = std::time::Instant::now();
+        match self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen: true }) {
+            Ok(1) => {}
+            other => return Err(RuntimeError::Setup(format!("the guest could not freeze its disk: {other:?}"))),
+        }
+        let thaw = || {
+            let _ = self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen: false });
+        };
+        let saved = (|| -> Result<snapshot::Manifest, String> {
+            let mut q = qmp::Qmp::connect(&dir.qmp(), Duration::from_secs(5))?;
+            q.execute("stop", serde_json::Value::Null)?;
+            let state = images_dir.join(snapshot::STATE_FILE);
+            let uri = format!("file:{}", state.display());
+            let r = q
+                .execute("migrate", serde_json::json!({ "uri": uri }))
+                .and_then(|_| q.wait_migration(Duration::from_secs(300)));
+            if let Err(e) = r {
+                let _ = q.execute("cont", serde_json::Value::Null);
+                return Err(e);
+            }
+            let manifest = self.snapshot_manifest(sandbox_id);
+            manifest.save(images_dir).map_err(|e| format!("write the snapshot's manifest: {e}"))?;
+            std::fs::copy(dir.token(), images_dir.join(snapshot::TOKEN_FILE))
+                .map_err(|e| format!("keep the channel token with the snapshot: {e}"))?;
+            let _ = q.execute("quit", serde_json::Value::Null);
+            Ok(manifest)
+        })();
+        let manifest = match saved {
+            Ok(m) => m,
+            Err(e) => {
+                thaw();
+                return Err(RuntimeError::Setup(e));
+            }
+        };
+        let saved_ms = t.elapsed().as_millis() as u64;
+        if !wait_for_exit(handle, Duration::from_secs(10)) {
+            self.kill_qemu(sandbox_id, handle);
+            if !wait_for_exit(handle, Duration::from_secs(10)) {
+                return Err(RuntimeError::Setup(format!("microVM {sandbox_id} outlived its snapshot")));
+            }
+        }
+        if let Some(sandbox_dir) = dir.sandbox_dir() {
+            crate::disk::show_frozen_guest_disk(&sandbox_dir).map_err(RuntimeError::Setup)?;
+        }
+        debug!(sandbox = sandbox_id, saved_ms, total_ms = t.elapsed().as_millis() as u64, accel = %manifest.accel, "microVM saved");
+        Ok(self.init_binary.clone())
     }
 
     fn copy_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
-        Err(self.unsupported("copying processes"))
+        Err(self.unsupported("copying processes (warm checkpoints)"))
     }
 
+    /// Resume of a microVM from its snapshot: refused when this host's QEMU,
+    /// machine, accelerator or CPU model is not the one that saved it; the
+    /// disk goes back to the guest, QEMU loads the VM (`-incoming`) and lets
+    /// it run, the keeper says hello to pid 1 (and the time), and the guest
+    /// thaws its disk.
     fn restore_processes(
         &self,
-        _: &SandboxSpec,
-        _: &Path,
-        _: &Path,
-        _: &Path,
-        _: &[(std::os::fd::RawFd, u64)],
-        _: crate::MemoryRestore,
+        spec: &SandboxSpec,
+        images_dir: &Path,
+        _work_dir: &Path,
+        _helper: &Path,
+        _inherit: &[(std::os::fd::RawFd, u64)],
+        _memory: crate::MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError> {
-        Err(self.unsupported("restoring processes"))
+        let saved = snapshot::Manifest::load(images_dir).map_err(RuntimeError::Incompatible)?;
+        if saved.sandbox != spec.id {
+            return Err(self.unsupported("starting another sandbox from a VM snapshot (warm forks)"));
+        }
+        if let Some(why) = saved.mismatch(&self.snapshot_manifest(&spec.id)) {
+            return Err(RuntimeError::Incompatible(why));
+        }
+        let handle = self.boot(spec, Some(images_dir))?;
+        match self.ask_pid1(&spec.id, &strata_init::spawner::Request::FreezeDisk { frozen: false }) {
+            Ok(1) => Ok(handle),
+            other => {
+                let _ = self.stop(&spec.id, &handle, Duration::ZERO);
+                Err(RuntimeError::Setup(format!("the restored guest could not thaw its disk: {other:?}")))
+            }
+        }
     }
 
     fn reidentify(&self, _: &SandboxSpec, _: &SandboxHandle) -> Result<(), RuntimeError> {
         Err(self.unsupported("giving restored processes a new identity"))
     }
 
-    fn interrupted_restore(&self, _: &str, _: &Path) -> InterruptedRestore {
-        InterruptedRestore::None
+    /// A restore the daemon did not record: whatever it started is ended
+    /// (its QEMU only read the snapshot), the snapshot stays for the next try.
+    fn interrupted_restore(&self, sandbox_id: &str, _: &Path) -> InterruptedRestore {
+        let dir = self.vm_dir(sandbox_id);
+        if !dir.0.exists() {
+            return InterruptedRestore::None;
+        }
+        self.kill_qemu_by_pid_file(sandbox_id);
+        let _ = std::fs::remove_dir_all(&dir.0);
+        InterruptedRestore::Gone
     }
 
     fn restore_leftovers(&self, _: &Path) -> Option<PathBuf> {
