@@ -295,7 +295,8 @@ pub fn listen(control_socket: &Path) -> std::io::Result<()> {
     control(control_socket, LISTEN).map(drop)
 }
 
-fn bind_listener(path: &Path, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
+/// A non-blocking listener at `path` (anything there before is replaced) with `mode`.
+pub fn bind_listener(path: &Path, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
     let l = std::os::unix::net::UnixListener::bind(path)?;

@@ -318,6 +318,14 @@ impl Spawner {
         }
     }
 
+    /// Answers a short request with a number ([`Frame::Signaled`]) and ends the connection.
+    fn answer(&mut self, id: u64, n: u32) {
+        self.send(id, Frame::Signaled, &n.to_le_bytes());
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.closing = true;
+        }
+    }
+
     fn fail(&mut self, id: u64, why: &str) {
         self.send(id, Frame::Failed, why.as_bytes());
         if let Some(c) = self.conns.get_mut(&id) {
@@ -457,10 +465,7 @@ impl Spawner {
                     // SAFETY: kill takes integer arguments only.
                     u32::from(unsafe { libc::kill(target, signal) } == 0)
                 };
-                self.send(id, Frame::Signaled, &sent.to_le_bytes());
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.closing = true;
-                }
+                self.answer(id, sent);
             }
             Request::FreezeDisk { frozen } => {
                 let done = match &self.source {
@@ -469,18 +474,12 @@ impl Spawner {
                         .is_ok(),
                     Source::Broker => false,
                 };
-                self.send(id, Frame::Signaled, &u32::from(done).to_le_bytes());
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.closing = true;
-                }
+                self.answer(id, u32::from(done));
             }
             Request::Resize { pid, size } => {
                 let master = self.procs.get(&pid).and_then(|t| t.tty.as_ref());
                 let done = master.is_some_and(|m| crate::pty::set_size(m.as_raw_fd(), size).is_ok());
-                self.send(id, Frame::Signaled, &u32::from(done).to_le_bytes());
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.closing = true;
-                }
+                self.answer(id, u32::from(done));
             }
             Request::Detach => {
                 let mut n = 0u32;
@@ -1014,18 +1013,7 @@ mod tests {
     /// A connection pair standing for one pid 1 holds and the host's end.
     fn conn_pair(sp: &mut Spawner) -> (u64, UnixStream) {
         let (a, b) = UnixStream::pair().unwrap();
-        a.set_nonblocking(true).unwrap();
-        sp.next += 1;
-        let c = Conn {
-            stream: a,
-            reader: FrameReader::default(),
-            out: Vec::new(),
-            opened: false,
-            attached: None,
-            feeds_stdin: false,
-            closing: false,
-        };
-        sp.conns.insert(sp.next, c);
+        sp.add_conn(a);
         (sp.next, b)
     }
 

@@ -291,7 +291,8 @@ fn set_up_root(cfg: &GuestConfig) {
             fatal(&format!("write /run/strata/{name}"), e);
         }
     }
-    // Over the image's files, as on the other tiers: nothing of it lands in the writable layer.
+    // Over the image's files, as on the other tiers (a missing one is made empty as
+    // the mount point: identity paths are left out of checkpoints and diffs).
     if Path::new("/etc").is_dir() {
         for name in ["hostname", "hosts", "machine-id"] {
             let target = Path::new("/etc").join(name);

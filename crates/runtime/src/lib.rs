@@ -13,10 +13,11 @@
 //! * [`cgroup`]: cgroup v1/v2 limits, freezer and counters, rooted at a path.
 //! * [`disk`]: the per-sandbox disk limit: an ext4 image per sandbox on a loop
 //!   device (`LOOP_CONFIGURE`), mounted in-process, and the pool of ready disks.
+//! * [`exec_channel`]: the host's side of pid 1's exec channel (the gVisor
+//!   and microvm tiers'): the exec helper's command, signals, terminal sizes.
 //! * [`gvisor`]: the gVisor tier (runsc: a user-space kernel between the
 //!   sandbox and the host) on the same overlay root, keeper and exec shim.
-//! * [`microvm`]: the QEMU microvm tier's host probe (the tier itself plugs in
-//!   beside `namespace` through the same trait).
+//! * [`microvm`]: the QEMU microvm tier (a guest kernel per sandbox).
 //! * [`probe`]: host capability checks behind `strata doctor`.
 //! * [`spec`]: what the daemon hands to a tier ([`SandboxSpec`], [`ExecSpec`]).
 //! * [`openat2`]: opening paths inside a sandbox's tree without leaving it.
@@ -32,6 +33,7 @@
 
 pub mod cgroup;
 pub mod disk;
+pub mod exec_channel;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod gvisor;

@@ -303,20 +303,10 @@ impl GvisorRuntime {
         }
     }
 
-    /// Sends one short request to the sandbox's pid 1 over the exec channel
-    /// and returns the number it answers ([`strata_init::channel::Frame::Signaled`]).
-    fn ask_pid1(&self, sandbox_id: &str, req: &strata_init::spawner::Request) -> Result<u32, String> {
-        use strata_init::channel::Frame;
+    /// The host's side of the sandbox's exec channel.
+    fn channel(&self, sandbox_id: &str) -> crate::exec_channel::Pid1Channel {
         let b = self.bundle(sandbox_id);
-        let (mut conn, mut reader) = strata_init::runsc::connect(&b.broker_control(), &b.token())?;
-        let bytes = serde_json::to_vec(req).expect("serializes");
-        strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-        match reader.read_from(&mut conn).map_err(|e| e.to_string())? {
-            Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
-            Some((Frame::Failed, why)) => Err(String::from_utf8_lossy(&why).into_owned()),
-            other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
-        }
+        crate::exec_channel::Pid1Channel { control: b.broker_control(), token: b.token() }
     }
 
     /// Writes the sandbox's channel token: a new one at a cold start (also
@@ -497,19 +487,13 @@ impl GvisorRuntime {
         }
         let b = self.bundle(sandbox_id);
         let hostname = std::fs::read_to_string(b.identity().join("hostname")).unwrap_or_default();
-        let cfg = strata_init::runsc::RunscExec {
-            root: Some(b.root_link()),
-            hostname: hostname.trim().to_string(),
-            lock: b.exec_lock(),
-            broker: b.broker_control(),
-            token: b.token(),
+        Ok(self.channel(sandbox_id).helper_command(
+            &self.init_binary,
+            Some(b.root_link()),
+            &hostname,
+            b.exec_lock(),
             job,
-        };
-        let mut cmd = Command::new(&self.init_binary);
-        cmd.arg("_runsc_exec")
-            .env_clear()
-            .env(strata_init::runsc::CONFIG_ENV, serde_json::to_string(&cfg).expect("RunscExec serializes"));
-        Ok(cmd)
+        ))
     }
 
     /// Copies `from` (a directory's content) into `to`, which must be empty:
@@ -692,14 +676,7 @@ impl Runtime for GvisorRuntime {
     }
 
     fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize {
-        if ns_pid <= 1 {
-            return 0; // pid 1 is strata's; never a process of the caller's
-        }
-        let req = strata_init::spawner::Request::Signal { pid: ns_pid, signal, group };
-        self.ask_pid1(sandbox_id, &req).map(|n| n as usize).unwrap_or_else(|e| {
-            debug!(sandbox = sandbox_id, error = %e, "signal through the exec channel");
-            0
-        })
+        self.channel(sandbox_id).signal(sandbox_id, ns_pid, signal, group)
     }
 
     fn resize_tty(
@@ -711,12 +688,7 @@ impl Runtime for GvisorRuntime {
         size: crate::spec::TtySize,
     ) -> Result<(), RuntimeError> {
         // Pid 1 holds the terminal's master: it resizes it.
-        let req = strata_init::spawner::Request::Resize { pid: ns_pid, size };
-        match self.ask_pid1(sandbox_id, &req) {
-            Ok(1) => Ok(()),
-            Ok(_) => Err(RuntimeError::Setup(format!("process {ns_pid} of {sandbox_id} has no terminal"))),
-            Err(e) => Err(RuntimeError::Setup(format!("resize the terminal of process {ns_pid}: {e}"))),
-        }
+        self.channel(sandbox_id).resize(sandbox_id, ns_pid, size)
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {

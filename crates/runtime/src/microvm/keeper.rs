@@ -204,7 +204,7 @@ pub fn main() -> ! {
             said_hello = Instant::now();
         }
     };
-    let control = bind_control(&cfg.control_socket).unwrap_or_else(|e| {
+    let control = strata_init::channel::bind_listener(&cfg.control_socket, 0o600).unwrap_or_else(|e| {
         let _ = qemu.kill();
         fail(Some(&cfg), format!("listen on {}: {e}", cfg.control_socket.display()))
     });
@@ -225,15 +225,6 @@ fn run_loaded(cfg: &KeepConfig, deadline: Instant) -> Result<(), String> {
             other => return Err(format!("QEMU could not load the saved VM (its state: {other})")),
         }
     }
-}
-
-fn bind_control(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::remove_file(path);
-    let l = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    l.set_nonblocking(true)?;
-    Ok(l)
 }
 
 /// The keeper's life once the guest serves: streams for whoever takes

@@ -540,34 +540,19 @@ impl MicrovmRuntime {
             return Err(RuntimeError::Setup("sandbox is not running".into()));
         }
         let dir = self.vm_dir(sandbox_id);
-        let cfg = strata_init::runsc::RunscExec {
-            root: None,
-            hostname: std::fs::read_to_string(dir.hostname()).unwrap_or_default(),
-            lock: dir.exec_lock(),
-            broker: dir.control(),
-            token: dir.token(),
-            job,
-        };
-        let mut cmd = Command::new(&self.init_binary);
-        cmd.arg("_runsc_exec")
-            .env_clear()
-            .env(strata_init::runsc::CONFIG_ENV, serde_json::to_string(&cfg).expect("RunscExec serializes"));
-        Ok(cmd)
+        let hostname = std::fs::read_to_string(dir.hostname()).unwrap_or_default();
+        Ok(self.channel(sandbox_id).helper_command(&self.init_binary, None, &hostname, dir.exec_lock(), job))
+    }
+
+    /// The host's side of the VM's exec channel (streams of its keeper's line).
+    fn channel(&self, sandbox_id: &str) -> crate::exec_channel::Pid1Channel {
+        let dir = self.vm_dir(sandbox_id);
+        crate::exec_channel::Pid1Channel { control: dir.control(), token: dir.token() }
     }
 
     /// One short request to the guest's pid 1; the number it answers.
     fn ask_pid1(&self, sandbox_id: &str, req: &strata_init::spawner::Request) -> Result<u32, String> {
-        use strata_init::channel::Frame;
-        let dir = self.vm_dir(sandbox_id);
-        let (mut conn, mut reader) = strata_init::runsc::connect(&dir.control(), &dir.token())?;
-        let bytes = serde_json::to_vec(req).expect("serializes");
-        strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
-        match reader.read_from(&mut conn).map_err(|e| e.to_string())? {
-            Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
-            Some((Frame::Failed, why)) => Err(String::from_utf8_lossy(&why).into_owned()),
-            other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
-        }
+        self.channel(sandbox_id).ask(req, Duration::from_secs(10))
     }
 
     /// SIGKILLs the QEMU a failed boot's keeper started (its death would
@@ -746,14 +731,7 @@ impl Runtime for MicrovmRuntime {
     }
 
     fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize {
-        if ns_pid <= 1 {
-            return 0; // the guest's pid 1 is strata's
-        }
-        let req = strata_init::spawner::Request::Signal { pid: ns_pid, signal, group };
-        self.ask_pid1(sandbox_id, &req).map(|n| n as usize).unwrap_or_else(|e| {
-            debug!(sandbox = sandbox_id, error = %e, "signal through the VM's channel");
-            0
-        })
+        self.channel(sandbox_id).signal(sandbox_id, ns_pid, signal, group)
     }
 
     fn resize_tty(
@@ -764,12 +742,7 @@ impl Runtime for MicrovmRuntime {
         _tty_index: Option<u32>,
         size: crate::spec::TtySize,
     ) -> Result<(), RuntimeError> {
-        let req = strata_init::spawner::Request::Resize { pid: ns_pid, size };
-        match self.ask_pid1(sandbox_id, &req) {
-            Ok(1) => Ok(()),
-            Ok(_) => Err(RuntimeError::Setup(format!("process {ns_pid} of {sandbox_id} has no terminal"))),
-            Err(e) => Err(RuntimeError::Setup(format!("resize the terminal of process {ns_pid}: {e}"))),
-        }
+        self.channel(sandbox_id).resize(sandbox_id, ns_pid, size)
     }
 
     fn process_dump_unsupported(&self) -> Option<String> {

@@ -1,0 +1,89 @@
+//! The host's side of the exec channel to a sandbox's pid 1, shared by the
+//! tiers whose processes pid 1 starts (gVisor, microvm: see
+//! [`strata_init::channel`] and [`strata_init::spawner`]): the command of the
+//! exec helper (`strata-init _runsc_exec`) and the short requests the daemon
+//! makes itself (signals, terminal sizes, a microVM's disk freeze).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use strata_init::channel::Frame;
+use strata_init::runsc::{Job, RunscExec};
+use strata_init::spawner::Request;
+use tracing::debug;
+
+use crate::RuntimeError;
+
+/// Where one sandbox's channel is reached from the host.
+#[derive(Debug, Clone)]
+pub struct Pid1Channel {
+    /// The control socket that hands out connections to pid 1 (a gVisor
+    /// sandbox's broker, a microVM's keeper).
+    pub control: PathBuf,
+    /// The file holding the token pid 1 proves (host-only).
+    pub token: PathBuf,
+}
+
+impl Pid1Channel {
+    /// Sends one short request to pid 1 and returns the number it answers
+    /// ([`Frame::Signaled`]); its reason when it refuses.
+    pub fn ask(&self, req: &Request, timeout: Duration) -> Result<u32, String> {
+        let (mut conn, mut reader) = strata_init::runsc::connect(&self.control, &self.token)?;
+        let bytes = serde_json::to_vec(req).expect("serializes");
+        strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        match reader.read_from(&mut conn).map_err(|e| e.to_string())? {
+            Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
+            Some((Frame::Failed, why)) => Err(String::from_utf8_lossy(&why).into_owned()),
+            other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
+        }
+    }
+
+    /// [`crate::Runtime::signal`] through pid 1: how many processes got it.
+    pub fn signal(&self, sandbox_id: &str, ns_pid: i32, signal: i32, group: bool) -> usize {
+        if ns_pid <= 1 {
+            return 0; // pid 1 is strata's; never a process of the caller's
+        }
+        let req = Request::Signal { pid: ns_pid, signal, group };
+        self.ask(&req, Duration::from_secs(10)).map(|n| n as usize).unwrap_or_else(|e| {
+            debug!(sandbox = sandbox_id, error = %e, "signal through the exec channel");
+            0
+        })
+    }
+
+    /// [`crate::Runtime::resize_tty`] through pid 1, which holds the terminal's master.
+    pub fn resize(&self, sandbox_id: &str, ns_pid: i32, size: crate::spec::TtySize) -> Result<(), RuntimeError> {
+        match self.ask(&Request::Resize { pid: ns_pid, size }, Duration::from_secs(10)) {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(RuntimeError::Setup(format!("process {ns_pid} of {sandbox_id} has no terminal"))),
+            Err(e) => Err(RuntimeError::Setup(format!("resize the terminal of process {ns_pid}: {e}"))),
+        }
+    }
+
+    /// `init_binary _runsc_exec` doing `job`: resolved against `root` on the
+    /// host (gVisor), or by pid 1 in its own root (`None`: microvm); `lock` is
+    /// held shared until the process runs.
+    pub fn helper_command(
+        &self,
+        init_binary: &Path,
+        root: Option<PathBuf>,
+        hostname: &str,
+        lock: PathBuf,
+        job: Job,
+    ) -> Command {
+        let cfg = RunscExec {
+            root,
+            hostname: hostname.trim().to_string(),
+            lock,
+            broker: self.control.clone(),
+            token: self.token.clone(),
+            job,
+        };
+        let mut cmd = Command::new(init_binary);
+        cmd.arg("_runsc_exec")
+            .env_clear()
+            .env(strata_init::runsc::CONFIG_ENV, serde_json::to_string(&cfg).expect("RunscExec serializes"));
+        cmd
+    }
+}
