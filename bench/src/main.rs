@@ -61,11 +61,11 @@ const USAGE: &str =
        [--image NAME (busybox)] [--out docs/benchmarks.md] [--runs 200] [--cli-runs 50] [--idle 200]
        [--warmup 10] [--import auto|generated|PATH] [--big-mib 1024]
        [--standby-count 1000] [--standby-idle 20]
-       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor,state,pool] [--date S] [--commit S]
+       [--only create,exec,idle,import,checkpoint,standby,pipeline,network,preview,e2b,warm,gvisor,state,pool,microvm] [--date S] [--commit S]
        [--listen HOST:PORT (the daemon's TCP listener, for e2b)] [--e2b-python /var/cache/strata/venv-e2b/bin/python] [--e2b-js /var/cache/strata/e2b-js]";
 
 /// Figure names, in run order.
-const FIGURES: [&str; 14] = [
+const FIGURES: [&str; 15] = [
     "create",
     "exec",
     "idle",
@@ -80,6 +80,7 @@ const FIGURES: [&str; 14] = [
     "gvisor",
     "state",
     "pool",
+    "microvm",
 ];
 
 fn parse_args() -> Result<Cfg> {
@@ -199,7 +200,7 @@ async fn run() -> Result<()> {
 
     let mut failed: Vec<String> = Vec::new();
     type Fig = for<'a> fn(&'a mut Bench) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
-    let figs: [(&str, Fig); 14] = [
+    let figs: [(&str, Fig); 15] = [
         ("create", |b| Box::pin(figures::create::run(b))),
         ("exec", |b| Box::pin(figures::exec::run(b))),
         ("idle", |b| Box::pin(figures::idle::run(b))),
@@ -214,6 +215,7 @@ async fn run() -> Result<()> {
         ("gvisor", |b| Box::pin(figures::gvisor::run(b))),
         ("state", |b| Box::pin(figures::state::run(b))),
         ("pool", |b| Box::pin(figures::pool::run(b))),
+        ("microvm", |b| Box::pin(figures::microvm::run(b))),
     ];
     for (name, f) in figs {
         if !b.wants(name) {

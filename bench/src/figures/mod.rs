@@ -7,6 +7,7 @@ pub mod exec;
 pub mod gvisor;
 pub mod idle;
 pub mod import;
+pub mod microvm;
 pub mod network;
 pub mod pipeline;
 pub mod pool;

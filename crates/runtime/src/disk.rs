@@ -291,7 +291,13 @@ fn mount_image(sys: &dyn Sys, image: &Path, mount: &Path) -> Result<(), String> 
 
 /// Hands the disk of the sandbox in `dir` to a microVM: its host mount (if
 /// any) is synced and unmounted, so that the guest is the only writer.
-/// Refused (nothing changed) while something on the host holds the mount.
+///
+/// A reader on the host (the daemon's accounting walks every writable layer)
+/// can hold the mount for a moment: the unmount is tried again for up to
+/// [`LEND_PATIENCE`], then the mount is detached (lazily unmounted: gone from
+/// the tree at once, its last reader's descriptors keep the old view). Only
+/// readers can be left holding it: the daemon writes a sandbox's layer only
+/// while that sandbox is not running.
 pub fn lend_to_guest(dir: &Path) -> Result<(), String> {
     let mount = dir.join(MOUNT);
     if !is_mounted(&mount) {
@@ -301,10 +307,24 @@ pub fn lend_to_guest(dir: &Path) -> Result<(), String> {
         // SAFETY: syncfs on a descriptor we own.
         unsafe { libc::syncfs(f.as_raw_fd()) };
     }
-    LinuxSys
-        .umount2(&mount, MntFlags::empty())
-        .map_err(|e| format!("the sandbox's disk is in use on the host ({}: {e})", mount.display()))
+    let deadline = std::time::Instant::now() + LEND_PATIENCE;
+    loop {
+        match LinuxSys.umount2(&mount, MntFlags::empty()) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EBUSY) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(Errno::EBUSY) => {
+                warn!(mount = %mount.display(), "the disk is still read on the host; detaching its mount");
+                return LinuxSys
+                    .umount2(&mount, MntFlags::MNT_DETACH)
+                    .map_err(|e| format!("detach {} from the host: {e}", mount.display()));
+            }
+            Err(e) => return Err(format!("unmount {} from the host: {e}", mount.display())),
+        }
+    }
 }
+
+/// How long [`lend_to_guest`] waits for the host's readers of a disk.
+const LEND_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Takes the disk of the sandbox in `dir` back from a microVM that has
 /// stopped: mounted read-write at its place again (what checkpoints, diffs

@@ -11,6 +11,8 @@
 //!   sandbox's own disk, joined by overlayfs inside the guest.
 //! * [`keeper`]: `strata _vm_keep`, QEMU's parent and the host end of the
 //!   VM's line ([`strata_init::mux`]: many streams over one virtio-serial port).
+//! * [`qmp`], [`snapshot`]: standby (QEMU's machine saved to a file) and
+//!   what a snapshot records of the host that made it.
 //!
 //! Exec: `strata-init _runsc_exec` on the host takes a stream from the
 //! keeper and talks to the guest's pid 1 over it exactly as to a gVisor
