@@ -63,6 +63,12 @@ const TCG_TB_SIZE_MIB: u32 = 64;
 /// How long a guest may take to boot and serve (TCG on a busy host is slow).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// In a sandbox's directory while its disk holds a file system frozen by a
+/// guest saved in a snapshot (standby): the host mounts it read-only only.
+/// A cold boot (the guest mounts and recovers it itself) or a finished
+/// resume removes it.
+pub const FROZEN_MARK: &str = "disk.frozen-by-snapshot";
+
 /// The accelerator QEMU runs guests with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
@@ -468,6 +474,10 @@ impl MicrovmRuntime {
         let disk = disks::sandbox_disk(sandbox_dir, spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES))?;
         // The guest is the disk's only writer while it runs.
         crate::disk::lend_to_guest(sandbox_dir).map_err(RuntimeError::Setup)?;
+        if snapshot.is_none() {
+            // A cold boot: the guest's kernel mounts (and recovers) the file system itself.
+            let _ = std::fs::remove_file(sandbox_dir.join(FROZEN_MARK));
+        }
         let t_disks = t0.elapsed();
         let cg = self.cgroup(&spec.id);
         let mut host_limits = spec.limits.clone();
@@ -570,11 +580,15 @@ impl MicrovmRuntime {
     }
 
     /// After the VM is gone: its disk is the host's again (mounted where the
-    /// engine reads the writable layer).
+    /// engine reads the writable layer), read-only while a snapshot holds the
+    /// guest that froze it ([`FROZEN_MARK`]: a host that mounted it writable
+    /// could, e.g., reap the orphan inodes the guest still has open).
     fn take_disk_back(&self, id: &str) -> Result<(), RuntimeError> {
-        match self.vm_dir(id).sandbox_dir() {
-            Some(dir) => crate::disk::take_back_from_guest(&dir).map_err(RuntimeError::Setup),
-            None => Ok(()),
+        let Some(dir) = self.vm_dir(id).sandbox_dir() else { return Ok(()) };
+        if dir.join(FROZEN_MARK).exists() {
+            crate::disk::show_frozen_guest_disk(&dir).map_err(RuntimeError::Setup)
+        } else {
+            crate::disk::take_back_from_guest(&dir).map_err(RuntimeError::Setup)
         }
     }
 
@@ -806,6 +820,8 @@ impl Runtime for MicrovmRuntime {
             }
         }
         if let Some(sandbox_dir) = dir.sandbox_dir() {
+            std::fs::write(sandbox_dir.join(FROZEN_MARK), b"")
+                .map_err(|e| RuntimeError::sys("mark the disk frozen by the snapshot", e))?;
             crate::disk::show_frozen_guest_disk(&sandbox_dir).map_err(RuntimeError::Setup)?;
         }
         debug!(sandbox = sandbox_id, saved_ms, total_ms = t.elapsed().as_millis() as u64, accel = %manifest.accel, "microVM saved");
@@ -839,7 +855,12 @@ impl Runtime for MicrovmRuntime {
         }
         let handle = self.boot(spec, Some(images_dir))?;
         match self.ask_pid1(&spec.id, &strata_init::spawner::Request::FreezeDisk { frozen: false }) {
-            Ok(1) => Ok(handle),
+            Ok(1) => {
+                if let Some(dir) = spec.rootfs_dir.parent() {
+                    let _ = std::fs::remove_file(dir.join(FROZEN_MARK));
+                }
+                Ok(handle)
+            }
             other => {
                 let _ = self.stop(&spec.id, &handle, Duration::ZERO);
                 Err(RuntimeError::Setup(format!("the restored guest could not thaw its disk: {other:?}")))
