@@ -47,7 +47,7 @@ T_START=$(_now)
 
 # Sandboxes, tests, benchmarks and the demo.
 RUNTIME_DEBS=(
-    busybox-static   # test rootfs; the microvm tier's initramfs
+    busybox-static   # test rootfs
     bubblewrap       # baseline for benchmarks
     hyperfine        # benchmarks
     debootstrap      # the demo's Debian rootfs
@@ -56,7 +56,7 @@ RUNTIME_DEBS=(
     iptables         # CRIU runs iptables-save/iptables-restore for net namespaces
     util-linux       # nsenter, unshare, mount
     mount            # mount -o loop: per-sandbox disks (ext4 image on a loop device)
-    e2fsprogs        # mkfs.ext4 for per-sandbox disks and microvm root images (-d)
+    e2fsprogs        # mkfs.ext4 for per-sandbox disks and the microvm tier's layer-chain images (-d)
     ca-certificates
     tar gzip xz-utils
     python3 python3-venv python3-pip   # the demo's Python client
@@ -272,9 +272,10 @@ fi
 
 # --- microVM tier: QEMU >= 10 and a guest kernel -------------------------------------
 # The microvm tier boots `qemu-system-x86_64 -M microvm` (TCG here: /dev/kvm is PVM and
-# hangs guests) with Debian's cloud kernel and an initramfs that strata builds from
-# busybox-static and the kernel's modules; the guest's root is an ext4 image made with
-# `mkfs.ext4 -d` (e2fsprogs) under a qcow2 overlay (qemu-img, from qemu-utils).
+# hangs guests) with Debian's cloud kernel and an initramfs that strata builds from its
+# own strata-init and the kernel's modules; the guest's root is an overlay of the layer
+# chain as a read-only ext4 image (`mkfs.ext4 -d`, e2fsprogs) and the sandbox's own ext4
+# disk (docs/microvm.md).
 #
 # QEMU: the machine image carries qemu-utils 10.0.2 from bookworm-backports, beside which
 # Debian 12's own qemu-system-x86 7.2 does not install (qemu-utils 10 breaks
@@ -446,9 +447,9 @@ else
     step "microvm guest kernel + modules ($MICROVM_DIR)" fetch_microvm_kernel
     note "microvm kernel: $(cat "$MICROVM_DIR/package"); modules/order: $(sed 's/\.ko$//' "$MICROVM_DIR/modules/order" | paste -sd ' ' -); built in: $(paste -sd ' ' "$MICROVM_DIR/modules/builtin")"
 fi
-# The initramfs (busybox-static) and the guest's root image (mkfs.ext4 -d) need these;
-# they are in RUNTIME_DEBS above, so this only catches a failed install.
-mapfile -t MISSING < <(missing_debs busybox-static e2fsprogs)
+# The guests' disks (mkfs.ext4 -d) need e2fsprogs; it is in RUNTIME_DEBS above, so this
+# only catches a failed install.
+mapfile -t MISSING < <(missing_debs e2fsprogs)
 [ "${#MISSING[@]}" -eq 0 ] || die "the microvm tier needs ${MISSING[*]}"
 
 # --- pinned Python SDKs for the MCP and E2B tests ---------------------------------
