@@ -64,7 +64,7 @@ fn assert_released(d: &TestDaemon, id: &str) {
 #[test]
 fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     require_microvm!();
-    let d = TestDaemon::start();
+    let mut d = TestDaemon::start();
     d.import_busybox();
     let canary = d.create(&["--name", "canary"]);
     let id = d.create(&[
@@ -153,6 +153,16 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
     assert_eq!(info["state"], "standby", "{info}");
     assert!(common::wait_until(10, || !qemu_runs(&id)), "QEMU outlived the standby");
+    // Its disk stays as the saved guest left it: read-only on the host, through a daemon restart too.
+    let disk_mount = |d: &TestDaemon| {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = d.state(&format!("sandboxes/{id}/disk"));
+        mounts.lines().find(|l| l.split_whitespace().nth(4) == Some(dir.to_str().unwrap())).map(str::to_string)
+    };
+    let ro = |m: Option<String>| {
+        m.is_some_and(|l| l.split_whitespace().nth(5).is_some_and(|o| o.split(',').any(|f| f == "ro")))
+    };
+    assert!(ro(disk_mount(&d)), "the disk of a microVM in standby is mounted read-only: {:?}", disk_mount(&d));
     let before = last_tick(&d, &id, &proc_id);
     assert_eq!(sh_ok(&d, &id, "cat /root/note"), "kept\n", "resumed on access");
     assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) > before + 2), "the counter did not go on");
@@ -163,6 +173,11 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     let host_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     assert!(guest_now.abs_diff(host_now) <= 5, "the guest's clock was stepped on resume: {guest_now} vs {host_now}");
     d.cli_ok(&["proc", "kill", &id, &proc_id, "--signal", "KILL"]);
+    // Through a daemon restart (API processes are the daemon's memory; the guest's are its own).
+    d.cli_ok(&["standby", &id]);
+    d.kill9_and_restart();
+    assert!(ro(disk_mount(&d)), "read-only after a daemon restart too: {:?}", disk_mount(&d));
+    assert_eq!(sh_ok(&d, &id, "cat /root/note"), "kept\n", "resumed on access after the restart");
 
     // What the tier does not do yet is a 501 naming it, and changes nothing.
     for (what, args) in [

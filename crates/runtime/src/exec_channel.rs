@@ -15,6 +15,36 @@ use tracing::debug;
 
 use crate::RuntimeError;
 
+/// Takes the exec lock at `path` exclusive (every exec client holds it
+/// shared until its process runs), waiting up to `patience`: while the
+/// returned file is open no process starts in the sandbox.
+pub fn lock_execs(path: &Path, patience: Duration) -> Result<std::fs::File, RuntimeError> {
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| RuntimeError::sys(format!("open {}", path.display()), e))?;
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        // SAFETY: flock on our own descriptor.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(lock);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(RuntimeError::sys(format!("lock {}", path.display()), e));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(RuntimeError::Setup(format!(
+                "a process started in the sandbox has not begun running after {patience:?}; try again"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Where one sandbox's channel is reached from the host.
 #[derive(Debug, Clone)]
 pub struct Pid1Channel {
@@ -37,6 +67,23 @@ impl Pid1Channel {
             Some((Frame::Signaled, n)) => Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
             Some((Frame::Failed, why)) => Err(String::from_utf8_lossy(&why).into_owned()),
             other => Err(format!("unexpected answer {:?}", other.map(|f| f.0))),
+        }
+    }
+
+    /// Has pid 1 let go of every other connection (each gets [`Frame::LetGo`]
+    /// after what it had queued; the processes' further output waits in
+    /// their pipes) and returns how many relayed a process.
+    pub fn detach(&self, timeout: Duration) -> Result<u32, String> {
+        let (mut conn, mut reader) = strata_init::runsc::connect(&self.control, &self.token)?;
+        let req = serde_json::to_vec(&Request::Detach).expect("serializes");
+        strata_init::channel::write_frame(&mut conn, Frame::Request, &req).map_err(|e| format!("ask pid 1: {e}"))?;
+        conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        loop {
+            match reader.read_from(&mut conn).map_err(|e| format!("pid 1's answer: {e}"))? {
+                Some((Frame::Detached, n)) => return Ok(n.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0)),
+                Some(_) => continue,
+                None => return Err("pid 1 closed the channel without an answer".into()),
+            }
         }
     }
 

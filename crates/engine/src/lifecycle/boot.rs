@@ -15,13 +15,19 @@ use crate::error::{EngineError, EngineResult};
 use crate::record::{expiry, transition, Change};
 use crate::state::Shared;
 
+/// Whether `rec` is a microVM whose disk holds a file system its guest froze
+/// into a snapshot (see [`strata_runtime::microvm::FROZEN_MARK`]).
+fn frozen_by_snapshot(st: &Shared, rec: &SandboxRecord) -> bool {
+    crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm
+        && st.sandbox_dir(&rec.sandbox.id).join(strata_runtime::microvm::FROZEN_MARK).exists()
+}
+
 /// Makes sure the sandbox's own disk (when it has one) exists and is mounted.
 pub(crate) async fn ensure_disk(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
-    // A microVM in standby: its disk is exactly as its snapshot's guest left it (the tier
-    // hands it back at the resume); a host mount that writes would corrupt it.
-    if crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm
-        && rec.sandbox.state == SandboxState::Standby
-    {
+    // A microVM's disk frozen by a guest in a snapshot (standby, or a standby
+    // stopped since): exactly as that guest left it; a host mount that writes would
+    // corrupt it (the tier shows it read-only, and hands it to the next boot).
+    if frozen_by_snapshot(st, rec) {
         return Ok(());
     }
     let (Some(bytes), true) =
@@ -239,19 +245,18 @@ pub async fn mount_disks(st: &Shared) {
             continue;
         }
         // A running microVM's guest is its disk's only writer (the tier mounts it when the VM stops);
-        // a microVM in standby left its file system frozen in its snapshot: read-only until it resumes.
+        // a disk a snapshot's guest froze is shown read-only until that guest resumes or a cold boot.
         if crate::state::tiers::tier_of(&rec.sandbox) == strata_api::Isolation::Microvm {
-            match rec.sandbox.state {
-                SandboxState::Running | SandboxState::Paused => continue,
-                SandboxState::Standby => {
-                    let id = rec.sandbox.id.clone();
-                    let shown = tokio::task::spawn_blocking(move || strata_runtime::disk::show_frozen_guest_disk(&dir));
-                    if let Ok(Err(e)) = shown.await {
-                        warn!(sandbox = %id, error = %e, "mounting the disk of a microVM in standby");
-                    }
-                    continue;
+            if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused) {
+                continue;
+            }
+            if frozen_by_snapshot(st, &rec) {
+                let id = rec.sandbox.id.clone();
+                let shown = tokio::task::spawn_blocking(move || strata_runtime::disk::show_frozen_guest_disk(&dir));
+                if let Ok(Err(e)) = shown.await {
+                    warn!(sandbox = %id, error = %e, "mounting the disk of a microVM saved in a snapshot");
                 }
-                _ => {}
+                continue;
             }
         }
         let (id, pool) = (rec.sandbox.id.clone(), st.disks.clone());

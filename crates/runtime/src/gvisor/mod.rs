@@ -244,33 +244,9 @@ impl GvisorRuntime {
     /// Takes the sandbox's exec lock exclusive (no process starts while it is
     /// held), pauses its broker and has pid 1 let every connection go.
     fn detach(&self, id: &str) -> Result<Detached, RuntimeError> {
-        let path = self.bundle(id).exec_lock();
-        let lock = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| RuntimeError::sys(format!("open {}", path.display()), e))?;
         // Each client holds it shared only until its process runs: a start that
         // hangs (runsc stuck) must not hold a standby forever.
-        let deadline = Instant::now() + DETACH_LOCK_TIMEOUT;
-        loop {
-            // SAFETY: flock on our own descriptor.
-            if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(RuntimeError::sys(format!("lock {}", path.display()), e));
-            }
-            if Instant::now() > deadline {
-                return Err(RuntimeError::Setup(format!(
-                    "a process started in the sandbox has not begun running after {DETACH_LOCK_TIMEOUT:?}; try again"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let lock = crate::exec_channel::lock_execs(&self.bundle(id).exec_lock(), DETACH_LOCK_TIMEOUT)?;
         let b = self.bundle(id);
         // From here on, whatever happens, the broker listens again when the guard goes.
         let guard = Detached { lock, control: b.broker_control() };

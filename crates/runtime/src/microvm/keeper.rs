@@ -12,6 +12,7 @@
 //!   it exactly as to a gVisor sandbox's.
 //! * [`STOP`] + grace (u32 LE seconds): the guest stops its processes
 //!   within the grace and powers off.
+//! * [`STREAMS`]: how many streams are open (a standby waits for none).
 //!
 //! The daemon watches the keeper as a namespace sandbox's init.
 
@@ -31,6 +32,18 @@ pub const CONFIG_ENV: &str = "STRATA_VM_KEEP";
 
 /// Control command: stop the guest (followed by the grace, u32 LE seconds).
 pub const STOP: u8 = b's';
+/// Control command: how many streams are open (answered with a u32 LE).
+pub const STREAMS: u8 = b'n';
+
+/// Asks the keeper at `control` how many of the line's streams are open.
+pub fn open_streams(control: &Path) -> std::io::Result<u32> {
+    let mut s = UnixStream::connect(control)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(&[STREAMS])?;
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n)?;
+    Ok(u32::from_le_bytes(n))
+}
 
 /// What the keeper runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -261,6 +274,9 @@ fn serve(mut mux: Mux<UnixStream>, control: &UnixListener, pidfd: &OwnedFd, mut 
                     }
                     Err(e) => strata_init::channel::refuse(&c, &format!("socketpair: {e}")),
                 },
+                STREAMS => {
+                    let _ = (&c).write_all(&(mux.streams() as u32).to_le_bytes());
+                }
                 STOP => {
                     let mut grace = [0u8; 4];
                     let _ = (&c).read_exact(&mut grace);

@@ -779,6 +779,20 @@ impl Runtime for MicrovmRuntime {
             .map_err(|e| RuntimeError::sys(format!("create {}", images_dir.display()), e))?;
         let dir = self.vm_dir(sandbox_id);
         let t = std::time::Instant::now();
+        // No process starts from here on (the lock is held until the VM is gone), and every
+        // connection lets go: what pid 1 had queued reaches its client before the VM stops,
+        // the rest waits in the processes' pipes for the clients after the resume.
+        let _execs = crate::exec_channel::lock_execs(&dir.exec_lock(), Duration::from_secs(10))?;
+        self.channel(sandbox_id)
+            .detach(Duration::from_secs(10))
+            .map_err(|e| RuntimeError::Setup(format!("detaching the API processes' connections: {e}")))?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while keeper::open_streams(&dir.control()).map_err(|e| RuntimeError::sys("ask the VM's keeper", e))? > 0 {
+            if std::time::Instant::now() > deadline {
+                return Err(RuntimeError::Setup("the VM's streams did not drain within 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         match self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen: true }) {
             Ok(1) => {}
             other => return Err(RuntimeError::Setup(format!("the guest could not freeze its disk: {other:?}"))),
