@@ -25,6 +25,7 @@ pub mod channel;
 pub mod creds;
 pub mod enter;
 pub mod exec;
+pub mod loopback;
 pub mod mux;
 pub mod openat2;
 pub mod pid1;

@@ -304,29 +304,11 @@ fn set_up_root(cfg: &GuestConfig) {
         }
     }
     let _ = nix::unistd::sethostname(&cfg.hostname);
-    set_loopback_up();
+    if let Err(e) = crate::loopback::up() {
+        eprintln!("strata-init: lo: {e}");
+    }
     if let Some(limit) = cfg.pids {
         limit_pids(limit);
-    }
-}
-
-/// Brings `lo` up (SIOCSIFFLAGS).
-fn set_loopback_up() {
-    // SAFETY: a socket, an ifreq we own and zeroed, ioctls that only read and write it.
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return;
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo\0".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        if libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req) == 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            libc::ioctl(s, libc::SIOCSIFFLAGS, &req);
-        }
-        libc::close(s);
     }
 }
 

@@ -15,6 +15,30 @@ use tracing::debug;
 
 use crate::RuntimeError;
 
+/// The channel token of a sandbox: a new one at a cold start, or the one
+/// saved (in `saved`) with the process image it resumes from, which its pid 1
+/// already holds.
+pub fn token(saved: Option<&Path>) -> Result<Vec<u8>, RuntimeError> {
+    match saved {
+        None => Ok(strata_init::channel::random_bytes()
+            .map_err(|e| RuntimeError::sys("make the sandbox's channel token", e))?
+            .to_vec()),
+        Some(path) => std::fs::read(path).map_err(|e| {
+            RuntimeError::Incompatible(format!("its saved image has no channel token ({}: {e})", path.display()))
+        }),
+    }
+}
+
+/// Writes a token to `path`, readable by root only (mode 0600).
+pub fn write_token(path: &Path, token: &[u8]) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+        std::io::Write::write_all(&mut f, token)
+    };
+    write().map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))
+}
+
 /// Takes the exec lock at `path` exclusive (every exec client holds it
 /// shared until its process runs), waiting up to `patience`: while the
 /// returned file is open no process starts in the sandbox.

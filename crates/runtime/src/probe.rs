@@ -35,6 +35,24 @@ fn capability_in_effective_set(cap: u32) -> bool {
         .is_some_and(|mask| mask & (1u64 << cap) != 0)
 }
 
+/// What `/dev/kvm` is here: `none`; `pvm` (the `kvm_pvm` module, software
+/// nested virtualization: runsc's KVM platform and stock guest kernels hang
+/// under it; it shows in /sys/module even on a kernel without /proc/modules);
+/// `hardware` (vmx/svm in the CPU flags); `unknown`. Only `hardware` is used
+/// (the gVisor tier's platform, the microvm tier's accelerator).
+pub fn kvm_kind() -> &'static str {
+    let pvm = std::path::Path::new("/sys/module/kvm_pvm").exists()
+        || std::fs::read_to_string("/proc/modules").is_ok_and(|m| m.lines().any(|l| l.starts_with("kvm_pvm ")));
+    let hw = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.lines().any(|l| l.starts_with("flags") && (l.contains(" vmx") || l.contains(" svm"))));
+    match (std::path::Path::new("/dev/kvm").exists(), pvm, hw) {
+        (false, _, _) => "none",
+        (true, true, _) => "pvm",
+        (true, false, true) => "hardware",
+        (true, false, false) => "unknown",
+    }
+}
+
 /// An executable by name: on PATH, then in the usual system directories.
 pub fn find_tool(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();

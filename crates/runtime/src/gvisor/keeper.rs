@@ -89,14 +89,16 @@ pub fn mask_proc_sys_net(sys: &dyn Sys) -> nix::Result<()> {
     )
 }
 
-/// Reads the daemon-side report from a keeper's stdout.
-pub fn read_report(stdout: impl std::io::Read) -> Option<KeepReport> {
+/// Reads the daemon-side report (one JSON line) from a keeper's stdout
+/// (this one's, or a microVM's keeper's).
+pub fn read_report<R: serde::de::DeserializeOwned>(stdout: impl std::io::Read) -> Option<R> {
     let mut line = String::new();
     std::io::BufReader::new(stdout).read_line(&mut line).ok()?;
     serde_json::from_str(line.trim()).ok()
 }
 
-fn report(r: &KeepReport) {
+/// Writes a keeper's report to the daemon: one JSON line on stdout.
+pub(crate) fn report<R: Serialize>(r: &R) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{}", serde_json::to_string(r).expect("report serializes"));
     let _ = out.flush();
@@ -217,7 +219,7 @@ mod tests {
     fn reports_read_back() {
         let r = KeepReport::Ready { sandbox_pid: 42 };
         let line = format!("{}\n", serde_json::to_string(&r).unwrap());
-        assert_eq!(read_report(line.as_bytes()), Some(r));
-        assert_eq!(read_report(&b""[..]), None);
+        assert_eq!(read_report::<KeepReport>(line.as_bytes()), Some(r));
+        assert_eq!(read_report::<KeepReport>(&b""[..]), None);
     }
 }

@@ -88,13 +88,10 @@ pub fn version_date(version: &str) -> Option<u32> {
 }
 
 /// The platform runsc should use here: `kvm` when `/dev/kvm` is hardware
-/// virtualization (vmx/svm in the CPU flags, no `kvm_pvm` module: runsc's
-/// KVM platform hangs on PVM), `systrap` otherwise.
+/// virtualization ([`crate::probe::kvm_kind`]: runsc's KVM platform hangs on
+/// PVM), `systrap` otherwise.
 pub fn choose_platform() -> &'static str {
-    let pvm = std::fs::read_to_string("/proc/modules").is_ok_and(|m| m.lines().any(|l| l.starts_with("kvm_pvm ")));
-    let hw = std::fs::read_to_string("/proc/cpuinfo")
-        .is_ok_and(|c| c.lines().any(|l| l.starts_with("flags") && (l.contains(" vmx") || l.contains(" svm"))));
-    if Path::new("/dev/kvm").exists() && hw && !pvm {
+    if crate::probe::kvm_kind() == "hardware" {
         "kvm"
     } else {
         "systrap"
@@ -289,25 +286,10 @@ impl GvisorRuntime {
     /// where pid 1 reads it first), the image's at a restore (its pid 1 holds
     /// that one already; nothing goes where the sandbox could read it).
     fn write_token(b: &bundle::Bundle, image: Option<&Path>) -> Result<(), RuntimeError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let token = match image {
-            None => strata_init::channel::random_bytes()
-                .map_err(|e| RuntimeError::sys("make the sandbox's channel token", e))?
-                .to_vec(),
-            Some(dir) => std::fs::read(dir.join(image::TOKEN_FILE))
-                .map_err(|e| RuntimeError::Incompatible(format!("its image has no channel token ({e})")))?,
-        };
-        let mut targets = vec![b.token()];
+        let token = crate::exec_channel::token(image.map(|dir| dir.join(image::TOKEN_FILE)).as_deref())?;
+        crate::exec_channel::write_token(&b.token(), &token)?;
         if image.is_none() {
-            targets.push(b.chan().join(strata_init::channel::TOKEN_NAME));
-        }
-        for path in targets {
-            let write = || -> std::io::Result<()> {
-                let mut f =
-                    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path)?;
-                std::io::Write::write_all(&mut f, &token)
-            };
-            write().map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))?;
+            crate::exec_channel::write_token(&b.chan().join(strata_init::channel::TOKEN_NAME), &token)?;
         }
         Ok(())
     }

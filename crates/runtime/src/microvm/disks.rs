@@ -33,14 +33,17 @@ const LOWER_SLACK: u64 = 64 << 20;
 /// Serializes lower-image builds (two creates of one new chain build it once).
 static BUILD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Writes `bytes` to `path` atomically (a temporary file beside it, fsync, rename).
+/// Writes `bytes` to `path` atomically (a temporary file beside it, fsync,
+/// rename, fsync of the directory): strata-store's `fsutil::write_atomic`
+/// for this crate, which does not depend on the store.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(path.parent().unwrap_or(Path::new("/")))?.sync_all()
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&tmp);

@@ -16,7 +16,7 @@
 //!
 //! The daemon watches the keeper as a namespace sandbox's init.
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use strata_init::mux::{Event, GuestInfo, Kind, Mux};
+
+use crate::gvisor::keeper::report;
 
 /// Environment variable carrying the [`KeepConfig`] JSON.
 pub const CONFIG_ENV: &str = "STRATA_VM_KEEP";
@@ -94,15 +96,7 @@ pub enum KeepReport {
 
 /// Reads the keeper's report from its stdout.
 pub fn read_report(stdout: impl Read) -> Option<KeepReport> {
-    let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).ok()?;
-    serde_json::from_str(line.trim()).ok()
-}
-
-fn report(r: &KeepReport) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", serde_json::to_string(r).expect("report serializes"));
-    let _ = out.flush();
+    crate::gvisor::keeper::read_report(stdout)
 }
 
 /// The last lines of the guest's console (what it said before failing).

@@ -27,9 +27,12 @@
 //! system and the host mounts it read-only ([`Runtime::set_frozen`]). So the
 //! engine's checkpoints, forks, diffs and scans read it as any other tier's.
 //!
+//! Standby: the guest freezes its disk, QEMU saves the machine to a file
+//! ([`qmp`], [`snapshot`]) and exits; a resume loads it (`-incoming`).
+//!
 //! What this tier does not do yet, each refused with why: network other
-//! than `none`, secrets, process state (standby with memory, warm
-//! checkpoints), the file API, and diffs or scans of a running microVM.
+//! than `none`, secrets, warm checkpoints (forks from a VM snapshot), the
+//! file API, restore, archive, rebase, and diffs or scans of a running microVM.
 //! The measured facts behind each choice: docs/microvm.md.
 
 pub mod assets;
@@ -109,18 +112,7 @@ pub fn probe() -> MicrovmProbe {
         let o = Command::new(p).arg("--version").output().ok().filter(|o| o.status.success())?;
         String::from_utf8_lossy(&o.stdout).lines().next().map(|l| l.trim().to_string())
     });
-    // PVM shows in /sys/module even on a kernel without loadable modules (no /proc/modules).
-    let pvm = Path::new("/sys/module/kvm_pvm").exists()
-        || std::fs::read_to_string("/proc/modules").is_ok_and(|m| m.lines().any(|l| l.starts_with("kvm_pvm")));
-    let kvm = if !Path::new("/dev/kvm").exists() {
-        "none".to_string()
-    } else if pvm {
-        "pvm".to_string()
-    } else if std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" vmx") || c.contains(" svm")) {
-        "hardware".to_string()
-    } else {
-        "unknown".to_string()
-    };
+    let kvm = crate::probe::kvm_kind().to_string();
     MicrovmProbe { qemu_path, qemu, kvm, kernel: assets::GuestKernel::find(&assets::assets_dir()) }
 }
 
@@ -440,25 +432,6 @@ impl MicrovmRuntime {
         ]
     }
 
-    /// Writes the channel token: a new one at a cold start, the snapshot's
-    /// at a restore (the restored pid 1 holds that one).
-    fn write_token(dir: &VmDir, from_snapshot: Option<&Path>) -> Result<(), RuntimeError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let token = match from_snapshot {
-            None => strata_init::channel::random_bytes()
-                .map_err(|e| RuntimeError::sys("make the channel token", e))?
-                .to_vec(),
-            Some(images) => std::fs::read(images.join(snapshot::TOKEN_FILE))
-                .map_err(|e| RuntimeError::Incompatible(format!("the VM snapshot has no channel token ({e})")))?,
-        };
-        let path = dir.token();
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path)?;
-            std::io::Write::write_all(&mut f, &token)
-        };
-        write().map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))
-    }
-
     /// A cold boot (`snapshot` `None`) or a restore of a VM saved into `snapshot`.
     fn boot(&self, spec: &SandboxSpec, snapshot: Option<&Path>) -> Result<SandboxHandle, RuntimeError> {
         Self::refuse_unsupported(spec)?;
@@ -466,11 +439,18 @@ impl MicrovmRuntime {
         let dir = self.vm_dir(&spec.id);
         let _ = std::fs::remove_dir_all(&dir.0);
         std::fs::create_dir_all(&dir.0).map_err(|e| RuntimeError::sys(format!("create {}", dir.0.display()), e))?;
-        Self::write_token(&dir, snapshot)?;
-        let _ = std::fs::write(dir.hostname(), &spec.hostname);
-        let lower = disks::lower_image(&self.cache_dir, &spec.lower_dirs)?;
+        // A restore's pid 1 holds the token saved with its snapshot.
+        let token = crate::exec_channel::token(snapshot.map(|s| s.join(snapshot::TOKEN_FILE)).as_deref())?;
+        crate::exec_channel::write_token(&dir.token(), &token)?;
         let sandbox_dir = spec.rootfs_dir.parent().unwrap_or(&self.run_dir);
-        let _ = std::fs::write(dir.sandbox_dir_file(), sandbox_dir.as_os_str().as_encoded_bytes());
+        // Read back by exec (the hostname) and after the VM is gone (where its disk is).
+        for (path, bytes) in [
+            (dir.hostname(), spec.hostname.as_bytes()),
+            (dir.sandbox_dir_file(), sandbox_dir.as_os_str().as_encoded_bytes()),
+        ] {
+            std::fs::write(&path, bytes).map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))?;
+        }
+        let lower = disks::lower_image(&self.cache_dir, &spec.lower_dirs)?;
         let disk = disks::sandbox_disk(sandbox_dir, spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES))?;
         // The guest is the disk's only writer while it runs.
         crate::disk::lend_to_guest(sandbox_dir).map_err(RuntimeError::Setup)?;
@@ -481,7 +461,7 @@ impl MicrovmRuntime {
         let t_disks = t0.elapsed();
         let cg = self.cgroup(&spec.id);
         let mut host_limits = spec.limits.clone();
-        host_limits.memory_bytes = Some(spec.limits.memory_bytes.unwrap_or(512 << 20) + VMM_OVERHEAD_BYTES);
+        host_limits.memory_bytes = Some((guest_mib(spec.limits.memory_bytes) << 20) + VMM_OVERHEAD_BYTES);
         host_limits.pids = Some(HOST_TASKS);
         cg.create(&host_limits)?;
         let mut qemu = self.qemu_argv(spec, &dir, &lower, &disk);
@@ -567,12 +547,16 @@ impl MicrovmRuntime {
         self.channel(sandbox_id).ask(req, Duration::from_secs(10))
     }
 
+    /// The pid of the VM's QEMU, as its keeper wrote it.
+    fn qemu_pid(&self, id: &str) -> Option<i32> {
+        let text = std::fs::read_to_string(self.vm_dir(id).qemu_pid()).ok()?;
+        text.trim().parse::<i32>().ok().filter(|p| *p > 1)
+    }
+
     /// SIGKILLs the QEMU a failed boot's keeper started (its death would
     /// take QEMU along; this covers a keeper killed before QEMU set that up).
     fn kill_qemu_by_pid_file(&self, id: &str) -> bool {
-        let path = self.vm_dir(id).qemu_pid();
-        let pid = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i32>().ok());
-        let Some(pid) = pid.filter(|p| *p > 1) else { return false };
+        let Some(pid) = self.qemu_pid(id) else { return false };
         crate::namespace::signal_if(pid, libc::SIGKILL, || {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&format!("strata-{id}")))
@@ -594,8 +578,7 @@ impl MicrovmRuntime {
 
     /// SIGKILLs the VM's QEMU if it is still its keeper's child.
     fn kill_qemu(&self, id: &str, handle: &SandboxHandle) -> bool {
-        let pid = std::fs::read_to_string(self.vm_dir(id).qemu_pid()).ok().and_then(|s| s.trim().parse::<i32>().ok());
-        let Some(pid) = pid.filter(|p| *p > 1) else { return false };
+        let Some(pid) = self.qemu_pid(id) else { return false };
         crate::namespace::signal_if(pid, libc::SIGKILL, || {
             crate::namespace::parent_of(pid) == Some(handle.init_pid) && self.is_alive(handle)
         })
