@@ -101,8 +101,16 @@ pub fn read_report(stdout: impl Read) -> Option<KeepReport> {
 
 /// The last lines of the guest's console (what it said before failing).
 pub fn console_tail(path: &Path) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned();
+    use std::io::{Seek, SeekFrom};
+    // Only its end is read: the guest writes the console, and may make it large.
+    let mut text = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(SeekFrom::End(-4096)).is_err() {
+            let _ = f.rewind();
+        }
+        let _ = f.take(4096).read_to_end(&mut text);
+    }
+    let text = String::from_utf8_lossy(&text).into_owned();
     let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     lines[lines.len().saturating_sub(6)..].join(" | ")
 }
