@@ -24,6 +24,7 @@ use strata_store::db::SandboxRecord;
 use tracing::{info, warn};
 
 use crate::error::{EngineError, EngineResult};
+use crate::guest_layer::GuestView;
 use crate::record::{load, now};
 use crate::state::Shared;
 use crate::tenancy;
@@ -117,6 +118,12 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
         (Some(t), false) => record::expiry(Some(t))?,
         _ => None,
     };
+    if req.processes && crate::guest_layer::in_guest(st, rec) {
+        return Err(EngineError::new(
+            ErrorCode::Unsupported,
+            format!("a warm checkpoint of microVM {}: forks from a VM memory snapshot are not in this build (see docs/microvm.md)", rec.sandbox.id),
+        ));
+    }
     // A warm checkpoint copies the processes too, at the same frozen instant.
     let warm = match req.processes {
         true => {
@@ -170,36 +177,62 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
     let base_manifest = base.manifest.clone();
     let copy_into = warm.as_ref().map(|(h, dir, _)| (h.clone(), dir.clone()));
     type Copied = Option<Result<(PathBuf, u64), strata_runtime::RuntimeError>>;
-    let sealed = tokio::task::spawn_blocking(
-        move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), EngineError> {
-            if running {
-                rt.set_frozen(&sid, true).map_err(|e| EngineError::internal("freeze", &e))?;
-            }
-            let frozen_at = Instant::now();
-            let frozen_ms = std::sync::atomic::AtomicU64::new(0);
-            let copied = std::sync::Mutex::new(None);
-            // Thawed as soon as the change set has been read (and, for a warm
-            // checkpoint, the processes copied): hashing the layer and syncing it
-            // to disk do not need the sandbox to hold still.
-            let thaw = || {
-                if let Some((handle, dir)) = &copy_into {
-                    let t = Instant::now();
-                    let r = rt.copy_processes(&sid, handle, dir).map(|helper| (helper, t.elapsed().as_millis() as u64));
-                    *copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-                }
+    let in_guest = crate::guest_layer::in_guest(st, rec);
+    let sealed = if in_guest {
+        // A microVM: its guest tells what changed (its disk frozen meanwhile) and
+        // writes those entries out; they are sealed from their staged copy.
+        let pick = crate::guest_layer::Pick::Changes { base: base_manifest.clone(), lowers: classify_lowers.clone() };
+        let view = crate::guest_layer::read(st, rec, pick, true).await?;
+        tokio::task::spawn_blocking(
+            move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), EngineError> {
+                let dir =
+                    view.dir().ok_or_else(|| EngineError::new(ErrorCode::Internal, "the guest wrote no layer"))?;
+                let (layer, now, changed) =
+                    seal(&dir, Some(view.now.clone()), &base_manifest, &classify_lowers, &layers, || {})?;
+                Ok((layer, now, changed, view.frozen_ms, None))
+            },
+        )
+        .await
+        .map_err(|e| EngineError::internal("checkpoint task", &e))
+    } else {
+        tokio::task::spawn_blocking(
+            move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), EngineError> {
                 if running {
-                    frozen_ms.store(frozen_at.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
-                    if let Err(e) = rt.set_frozen(&sid, false) {
-                        warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
-                    }
+                    rt.set_frozen(&sid, true).map_err(|e| EngineError::internal("freeze", &e))?;
                 }
-            };
-            let (layer, now, changed) = seal(&upper, &base_manifest, &classify_lowers, &layers, thaw)?;
-            Ok((layer, now, changed, frozen_ms.into_inner(), copied.into_inner().unwrap_or_else(|p| p.into_inner())))
-        },
-    )
-    .await
-    .map_err(|e| EngineError::internal("checkpoint task", &e));
+                let frozen_at = Instant::now();
+                let frozen_ms = std::sync::atomic::AtomicU64::new(0);
+                let copied = std::sync::Mutex::new(None);
+                // Thawed as soon as the change set has been read (and, for a warm
+                // checkpoint, the processes copied): hashing the layer and syncing it
+                // to disk do not need the sandbox to hold still.
+                let thaw = || {
+                    if let Some((handle, dir)) = &copy_into {
+                        let t = Instant::now();
+                        let r =
+                            rt.copy_processes(&sid, handle, dir).map(|helper| (helper, t.elapsed().as_millis() as u64));
+                        *copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                    }
+                    if running {
+                        frozen_ms.store(frozen_at.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+                        if let Err(e) = rt.set_frozen(&sid, false) {
+                            warn!(sandbox = %sid, error = %crate::error::chain(&e), "thaw after checkpoint failed");
+                        }
+                    }
+                };
+                let (layer, now, changed) = seal(&upper, None, &base_manifest, &classify_lowers, &layers, thaw)?;
+                Ok((
+                    layer,
+                    now,
+                    changed,
+                    frozen_ms.into_inner(),
+                    copied.into_inner().unwrap_or_else(|p| p.into_inner()),
+                ))
+            },
+        )
+        .await
+        .map_err(|e| EngineError::internal("checkpoint task", &e))
+    };
     reattach(detached);
     let discard_staging = || {
         if let Some((_, dir, _)) = &warm {
@@ -317,10 +350,13 @@ fn image_name(st: &Shared, rec: &SandboxRecord) -> String {
 }
 
 /// Reads the change set of `upper` since `base` and unpacks it as a new layer.
-/// `after_read` runs exactly once, as soon as `upper` is no longer read (also
-/// on every error path), before the layer is hashed to the end and synced.
+/// `now` is the manifest of `upper` when it was taken elsewhere (a microVM's
+/// guest); otherwise `upper` is walked. `after_read` runs exactly once, as
+/// soon as `upper` is no longer read (also on every error path), before the
+/// layer is hashed to the end and synced.
 fn seal(
     upper: &std::path::Path,
+    now: Option<TreeManifest>,
     base: &TreeManifest,
     lowers: &[PathBuf],
     store: &strata_store::LayerStore,
@@ -333,7 +369,10 @@ fn seal(
         }
     };
     let prepared = (|| {
-        let now = changes::scan(upper, &strata_runtime::spec::IDENTITY_PATHS)?;
+        let now = match now {
+            Some(now) => now,
+            None => changes::scan(upper, &strata_runtime::spec::IDENTITY_PATHS)?,
+        };
         let changed = changes::diff(base, &now, lowers).len();
         crate::failpoint("checkpoint-write")
             .map_err(|e| EngineError::new(ErrorCode::Internal, format!("writing the checkpoint layer: {e}")))?;
@@ -639,17 +678,27 @@ pub async fn fork(st: &Shared, req: ForkRequest) -> EngineResult<ForkResult> {
 }
 
 /// What a diff or export compares.
-pub enum Comparison {
+pub(crate) enum Comparison {
     /// Against the last checkpoint (or the creation source): the writable layer's
-    /// changes since its manifest.
-    Head { upper: PathBuf, base: TreeManifest, lowers: Vec<PathBuf> },
+    /// changes since its manifest. For a microVM, `guest` holds its manifest
+    /// and (for an export) the changed entries, staged at `upper`.
+    Head { upper: PathBuf, base: TreeManifest, lowers: Vec<PathBuf>, guest: Option<GuestView> },
     /// Against an arbitrary checkpoint: the sandbox's view (writable layer over
-    /// its chain) against that checkpoint's chain, over the paths the two do not share.
-    Stacks { now: Vec<PathBuf>, then: Vec<PathBuf>, touched_layers: Vec<PathBuf> },
+    /// its chain) against that checkpoint's chain, over the paths the two do not
+    /// share. For a microVM, `_guest` holds its whole layer, staged (the first of `now`).
+    Stacks { now: Vec<PathBuf>, then: Vec<PathBuf>, touched_layers: Vec<PathBuf>, _guest: Option<GuestView> },
 }
 
-pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> EngineResult<Comparison> {
-    crate::state::tiers::refuse_running_microvm(&rec.sandbox, "a diff")?;
+/// What `rec` is compared with (`against`: a checkpoint; `None`: its last
+/// one). A microVM's layer is read through its guest: its entries only for
+/// a diff, also the changed ones (or all, against another checkpoint) for
+/// an `export`.
+pub(crate) async fn comparison(
+    st: &Shared,
+    rec: &SandboxRecord,
+    against: Option<&str>,
+    export: bool,
+) -> EngineResult<Comparison> {
     if !matches!(
         rec.sandbox.state,
         SandboxState::Running | SandboxState::Stopped | SandboxState::Error | SandboxState::Lost
@@ -657,13 +706,21 @@ pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> En
         return Err(EngineError::invalid_state(rec.sandbox.state, "the writable layer is not on local disk"));
     }
     let base = base_of(st, rec)?;
-    let upper = st.upper_dir(&rec.sandbox.id);
+    let mut upper = st.upper_dir(&rec.sandbox.id);
     let target = match against {
         None => None,
         Some(a) => Some(tenancy::find_checkpoint(st, a)?.ok_or_else(|| not_found(a))?.0),
     };
+    let in_guest = crate::guest_layer::in_guest(st, rec);
     match target {
         Some(c) if base.parent.as_deref() != Some(c.id.as_str()) => {
+            let guest = match in_guest {
+                true => Some(crate::guest_layer::read(st, rec, crate::guest_layer::Pick::Everything, false).await?),
+                false => None,
+            };
+            if let Some(dir) = guest.as_ref().and_then(GuestView::dir) {
+                upper = dir;
+            }
             let mut now = vec![upper.clone()];
             now.extend(st.layer_dirs(&rec.layers)?);
             let then = st.layer_dirs(&c.layers)?;
@@ -672,21 +729,41 @@ pub fn comparison(st: &Shared, rec: &SandboxRecord, against: Option<&str>) -> En
             for d in rec.layers[shared..].iter().chain(&c.layers[shared..]) {
                 touched_layers.push(st.layers.fs_dir(d).map_err(|e| EngineError::internal("layer", &e))?);
             }
-            Ok(Comparison::Stacks { now, then, touched_layers })
+            Ok(Comparison::Stacks { now, then, touched_layers, _guest: guest })
         }
-        _ => Ok(Comparison::Head { upper, base: base.manifest, lowers: st.layer_dirs(&rec.layers)? }),
+        _ => {
+            let lowers = st.layer_dirs(&rec.layers)?;
+            let guest = match (in_guest, export) {
+                (false, _) => None,
+                (true, false) => {
+                    Some(crate::guest_layer::read(st, rec, crate::guest_layer::Pick::Nothing, false).await?)
+                }
+                (true, true) => {
+                    let pick =
+                        crate::guest_layer::Pick::Changes { base: base.manifest.clone(), lowers: lowers.clone() };
+                    Some(crate::guest_layer::read(st, rec, pick, false).await?)
+                }
+            };
+            if let Some(dir) = guest.as_ref().and_then(GuestView::dir) {
+                upper = dir;
+            }
+            Ok(Comparison::Head { upper, base: base.manifest, lowers, guest })
+        }
     }
 }
 
 /// The changes of a comparison, with the providing layer for stack comparisons.
-pub fn compute(cmp: &Comparison) -> EngineResult<Vec<changes::StackChange>> {
+pub(crate) fn compute(cmp: &Comparison) -> EngineResult<Vec<changes::StackChange>> {
     let exclude = &strata_runtime::spec::IDENTITY_PATHS;
     match cmp {
-        Comparison::Head { upper, base, lowers } => {
-            let now = changes::scan(upper, exclude)?;
+        Comparison::Head { upper, base, lowers, guest } => {
+            let now = match guest {
+                Some(g) => g.now.clone(),
+                None => changes::scan(upper, exclude)?,
+            };
             Ok(changes::diff(base, &now, lowers).into_iter().map(|c| (c, None)).collect())
         }
-        Comparison::Stacks { now, then, touched_layers } => {
+        Comparison::Stacks { now, then, touched_layers, .. } => {
             let mut touched = std::collections::BTreeSet::new();
             for l in touched_layers {
                 touched.extend(changes::scan(l, exclude)?.entries.into_keys());
@@ -903,7 +980,7 @@ pub fn lineage(st: &Shared, id: &str) -> EngineResult<strata_api::Lineage> {
 /// source) or, with `against`, against any checkpoint.
 pub async fn diff(st: &Shared, id: &str, against: Option<&str>) -> EngineResult<Vec<FileChange>> {
     let rec = load(st, id)?;
-    let cmp = comparison(st, &rec, against)?;
+    let cmp = comparison(st, &rec, against, false).await?;
     let list = tokio::task::spawn_blocking(move || -> EngineResult<Vec<FileChange>> {
         Ok(compute(&cmp)?
             .into_iter()
@@ -941,7 +1018,7 @@ pub async fn export(st: &Shared, id: &str, against: Option<&str>) -> EngineResul
         ..record::exposure(&view, &facts)
     });
     crate::approvals::gate(st, &rec.sandbox.tenant, "export files of", &rec.sandbox.id, &grants)?;
-    let cmp = comparison(st, &rec, against)?;
+    let cmp = comparison(st, &rec, against, true).await?;
     // The change set is computed first (its errors are the answer); the tar is
     // then written while it is sent, through bounded buffers, never whole in memory.
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<EngineResult<()>>();
@@ -949,8 +1026,12 @@ pub async fn export(st: &Shared, id: &str, against: Option<&str>) -> EngineResul
     let sandbox = rec.sandbox.id.clone();
     crate::transfer::spawn(move || {
         let written = match &cmp {
-            Comparison::Head { upper, base, lowers } => {
-                match changes::scan(upper, &strata_runtime::spec::IDENTITY_PATHS) {
+            Comparison::Head { upper, base, lowers, guest } => {
+                let now = match guest {
+                    Some(g) => Ok(g.now.clone()),
+                    None => changes::scan(upper, &strata_runtime::spec::IDENTITY_PATHS),
+                };
+                match now {
                     Ok(now) => {
                         let _ = ready_tx.send(Ok(()));
                         changes::write_layer_tar(upper, base, &now, lowers, &mut out)

@@ -174,7 +174,7 @@ pub async fn check(st: &Shared, id: &str, trigger: &str) -> EngineResult<CheckRe
             ),
         ));
     }
-    let target = crate::scan::target(st, &rec.sandbox.id)?;
+    let target = crate::scan::target(st, &rec.sandbox.id).await?;
     let (st2, rec2) = (st.clone(), rec.clone());
     // One walk of the writable layer serves the scan and the measure.
     let (scan, accumulation) = on_check_thread(Pace::of(trigger), move || {
@@ -300,7 +300,7 @@ pub async fn check_template(st: &Shared, name: &str, trigger: &str) -> EngineRes
         EngineError::new(ErrorCode::Internal, format!("template {name} points at a missing checkpoint {checkpoint}"))
     })?;
     let checks = crate::templates::checks(st, name)?.ok_or_else(|| crate::templates::not_found(name))?;
-    let target = crate::scan::target(st, &checkpoint)?;
+    let target = crate::scan::target(st, &checkpoint).await?;
     let scan = on_check_thread(Pace::of(trigger), move || crate::scan::run(target)).await?;
     let mut findings = scan.findings;
     let image = crate::patching::base_image(st, &c.image_id, &c.layers)?;

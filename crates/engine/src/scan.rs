@@ -43,6 +43,8 @@ pub(crate) struct Target {
     now: Vec<PathBuf>,
     image: Vec<PathBuf>,
     touched: Vec<PathBuf>,
+    /// A microVM's layer as its guest told it (staged at `touched[0]`).
+    guest: Option<crate::guest_layer::GuestView>,
 }
 
 /// How many layers at the bottom of `chain` are the image's.
@@ -57,11 +59,20 @@ fn image_depth(st: &Shared, image_id: &str, chain: &[String], from_checkpoint: b
     Ok(if from_checkpoint { 0 } else { chain.len() })
 }
 
-pub(crate) fn target(st: &Shared, id: &str) -> EngineResult<Target> {
+pub(crate) async fn target(st: &Shared, id: &str) -> EngineResult<Target> {
     let found = crate::tenancy::find_sandbox_or_checkpoint(st, id, crate::tenancy::NamesFirst::Sandbox)?;
     if let Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) = &found {
-        crate::state::tiers::refuse_running_microvm(&rec.sandbox, "a scan")?;
-        return sandbox_target(st, rec);
+        let mut t = sandbox_target(st, rec)?;
+        if crate::guest_layer::in_guest(st, rec) {
+            // A microVM: its whole layer, as its guest writes it out, stands for the upper directory.
+            let view = crate::guest_layer::read(st, rec, crate::guest_layer::Pick::Everything, false).await?;
+            if let Some(dir) = view.dir() {
+                t.now[0] = dir.clone();
+                t.touched[0] = dir;
+            }
+            t.guest = Some(view);
+        }
+        return Ok(t);
     }
     if let Some(crate::tenancy::SandboxOrCheckpoint::Checkpoint(found)) = found {
         let c = found.0;
@@ -79,7 +90,7 @@ pub(crate) fn target(st: &Shared, id: &str) -> EngineResult<Target> {
             clean: true,
             packaged: vec![],
         };
-        return Ok(Target { report, now, image, touched });
+        return Ok(Target { report, now, image, touched, guest: None });
     }
     Err(EngineError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")))
 }
@@ -120,7 +131,7 @@ fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {
         clean: true,
         packaged: vec![],
     };
-    Ok(Target { report, now, image, touched })
+    Ok(Target { report, now, image, touched, guest: None })
 }
 
 pub(crate) fn run(t: Target) -> EngineResult<ScanReport> {
@@ -144,6 +155,10 @@ pub(crate) fn run_walked(t: Target) -> EngineResult<(ScanReport, Option<changes:
                 paths.extend(walked.entries.into_keys());
             }
         }
+    }
+    if let Some(g) = &t.guest {
+        // The guest's own walk (its inode numbers are what the checkpoints' manifests hold).
+        writable = Some(g.now.clone());
     }
     let list = changes::diff_stacks(&t.now, &t.image, &paths)?;
     let mut report = t.report;
@@ -218,7 +233,7 @@ fn is_resolv_mount_point(path: &str, change: Change, mode: u32, content: Option<
 
 /// Scans a sandbox or checkpoint (id or name).
 pub async fn scan(st: &Shared, id: &str) -> EngineResult<ScanReport> {
-    let t = target(st, id)?;
+    let t = target(st, id).await?;
     tokio::task::spawn_blocking(move || run(t)).await.map_err(|e| EngineError::internal("scan task", &e))?
 }
 
@@ -289,22 +304,11 @@ pub fn validate_flush(paths: &[String]) -> EngineResult<()> {
 
 /// Home directory of `user` (name or uid) from the sandbox's /etc/passwd.
 fn home_of(fs: &crate::sandboxfs::SandboxFs, user: Option<&str>) -> String {
-    let user = user.map(|u| u.split(':').next().unwrap_or(u)).filter(|u| !u.is_empty()).unwrap_or("root");
     // The sandbox controls the file: a regular file of at most 1 MiB is read
     // (a FIFO or device planted there is refused, never opened for reading).
     let passwd =
         fs.read_small("/etc/passwd", 1 << 20).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    for line in passwd.lines() {
-        let f: Vec<&str> = line.split(':').collect();
-        if f.len() >= 6 && (f[0] == user || f[2] == user) && f[5].starts_with('/') {
-            return f[5].to_string();
-        }
-    }
-    if user == "root" || user == "0" {
-        "/root".into()
-    } else {
-        format!("/home/{user}")
-    }
+    strata_init::user::flush_home(&passwd, user)
 }
 
 /// Wipes the contents of one flush path (the directory itself is kept). A
@@ -340,10 +344,15 @@ pub async fn flush(st: &Shared, rec: &SandboxRecord) -> EngineResult<()> {
     if rules.is_empty() {
         return Ok(());
     }
-    crate::state::tiers::refuse_running_microvm(&rec.sandbox, "a flush")?;
-    let detail = if matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused)
-        && rec.sandbox.init_pid.is_some()
-    {
+    let running =
+        matches!(rec.sandbox.state, SandboxState::Running | SandboxState::Paused) && rec.sandbox.init_pid.is_some();
+    let detail = if running && crate::guest_layer::in_guest(st, rec) && rec.sandbox.state == SandboxState::Paused {
+        "skipped: a paused microVM's guest is frozen (flush needs it running)".to_string()
+    } else if running && crate::guest_layer::in_guest(st, rec) {
+        // A microVM's guest wipes the paths in its own root.
+        let user = rec.image_config.user.clone().filter(|u| !u.is_empty());
+        crate::guest_layer::flush(st, rec, rules, user).await?.join("; ")
+    } else if running {
         let user = rec.image_config.user.clone();
         crate::files::with_fs(st, &rec.sandbox.id, move |fs| {
             let home = home_of(&fs, user.as_deref());

@@ -272,17 +272,7 @@ pub fn write_layer_tar(
     let top = sys::open_dir_path(root).map_err(io_err(root))?;
     let mut b = tar::Builder::new(out);
     let mut emitted_dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    // Deletions since the base: whiteouts for the topmost vanished paths.
-    let mut items: BTreeMap<String, Option<&EntryMeta>> =
-        gone_since(base, now).into_iter().map(|(p, _)| (p.clone(), None)).collect();
-    for (path, meta) in &now.entries {
-        let changed = changed_since(base, path, meta);
-        let only_a_parent =
-            meta.kind == EntryKind::Dir && !meta.opaque && in_lowers(lowers_top_first, path) == Some(EntryKind::Dir);
-        if changed && !only_a_parent {
-            items.insert(path.clone(), Some(meta));
-        }
-    }
+    let items = items_of(base, now, lowers_top_first);
     // The directory of the last entry, kept open: the items are sorted, so
     // siblings come one after another and each directory is walked to once.
     let mut open_parent: Option<(&str, Option<OwnedFd>)> = None;
@@ -310,6 +300,34 @@ pub fn write_layer_tar(
     }
     b.finish().map_err(io_err(root))?;
     Ok(())
+}
+
+/// What the layer tar of the change set from `base` to `now` holds
+/// ([`write_layer_tar`]): each path with its entry now, `None` for a deletion.
+fn items_of<'a>(
+    base: &'a TreeManifest,
+    now: &'a TreeManifest,
+    lowers_top_first: &[PathBuf],
+) -> BTreeMap<String, Option<&'a EntryMeta>> {
+    // Deletions since the base: whiteouts for the topmost vanished paths.
+    let mut items: BTreeMap<String, Option<&EntryMeta>> =
+        gone_since(base, now).into_iter().map(|(p, _)| (p.clone(), None)).collect();
+    for (path, meta) in &now.entries {
+        let changed = changed_since(base, path, meta);
+        let only_a_parent =
+            meta.kind == EntryKind::Dir && !meta.opaque && in_lowers(lowers_top_first, path) == Some(EntryKind::Dir);
+        if changed && !only_a_parent {
+            items.insert(path.clone(), Some(meta));
+        }
+    }
+    items
+}
+
+/// The entries [`write_layer_tar`] writes for the change set from `base` to
+/// `now`, in path order, each with whether it is a deletion (a `.wh.`
+/// entry): what a tree that is not on the host (a microVM's) is asked for.
+pub fn layer_items(base: &TreeManifest, now: &TreeManifest, lowers_top_first: &[PathBuf]) -> Vec<(String, bool)> {
+    items_of(base, now, lowers_top_first).into_iter().map(|(p, m)| (p, m.is_none())).collect()
 }
 
 /// Opens `rel` (a directory path below `top`, "" for `top`) without following symlinks.

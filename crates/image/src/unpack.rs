@@ -92,7 +92,7 @@ impl UnpackedLayer {
     }
 
     /// The staged tree (to inspect before committing).
-    pub(crate) fn fs_dir(&self) -> PathBuf {
+    pub fn fs_dir(&self) -> PathBuf {
         self.staged.fs_dir()
     }
 

@@ -15,6 +15,8 @@
 //! * [`vm`]: the microvm tier's guest side: `/init _vminit` boots the guest
 //!   (modules, the overlay of its two disks as root, identity) and serves the
 //!   exec channel over [`mux`], many streams on one virtio-serial port.
+//! * [`layer`]: a microVM guest's writable layer (its overlay upper
+//!   directory) for the host: a manifest of its entries and a layer tar.
 //! * [`pty`]: pseudo-terminals for processes that run on one (both tiers).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
@@ -25,6 +27,7 @@ pub mod channel;
 pub mod creds;
 pub mod enter;
 pub mod exec;
+pub mod layer;
 pub mod loopback;
 pub mod mux;
 pub mod openat2;

@@ -132,6 +132,26 @@ pub enum Request {
         /// Freeze (`true`) or thaw.
         frozen: bool,
     },
+    /// The entries of the sandbox's writable layer ([`crate::layer::scan`])
+    /// as JSON (the microvm tier's: its disk is read by its own guest, never
+    /// mounted on the host). The answer is [`Frame::Stdout`] frames, then
+    /// [`Frame::Ended`] (or [`Frame::Failed`]).
+    LayerManifest,
+    /// `items` of the writable layer as an OCI layer tar
+    /// ([`crate::layer::write_tar`]); answered as [`Request::LayerManifest`] is.
+    LayerTar {
+        /// What to put in it.
+        items: Vec<crate::layer::Item>,
+    },
+    /// Wipes flush paths (absolute, `~/` for the home of `user`) in pid 1's
+    /// root: a file is removed, a directory emptied, a symlink left alone.
+    /// The report's lines are answered as [`Request::LayerManifest`] is.
+    Flush {
+        /// The paths.
+        paths: Vec<String>,
+        /// The user whose home `~/` is (name or uid; `None`: root).
+        user: Option<String>,
+    },
 }
 
 /// How a process ended (or why it could not start), as pid 1 tells the host.
@@ -199,6 +219,41 @@ impl Conn {
     }
 }
 
+/// Writes what it is given as [`Frame::Stdout`] frames of up to [`FrameWriter::CHUNK`] bytes.
+struct FrameWriter<'a> {
+    stream: &'a mut UnixStream,
+    buf: Vec<u8>,
+}
+
+impl FrameWriter<'_> {
+    const CHUNK: usize = 64 << 10;
+
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let mut frame = Vec::with_capacity(self.buf.len() + 5);
+        channel::encode(&mut frame, Frame::Stdout, &self.buf);
+        self.buf.clear();
+        self.stream.write_all(&frame)
+    }
+}
+
+impl Write for FrameWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(Self::CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == Self::CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
 /// Where pid 1's connections to the host come from.
 pub enum Source {
     /// It opens them to the broker at [`channel::BROKER_SOCKET`] (the gVisor
@@ -218,6 +273,11 @@ pub enum Source {
         on_exit: fn() -> !,
         /// Freezes (`true`) or thaws the sandbox's disk ([`Request::FreezeDisk`]).
         freeze_disk: fn(bool) -> std::io::Result<()>,
+        /// Opens the writable layer's directory on the sandbox's disk
+        /// ([`Request::LayerManifest`], [`Request::LayerTar`]).
+        open_layer: fn() -> std::io::Result<OwnedFd>,
+        /// Wipes flush paths ([`Request::Flush`]): one report line per path.
+        flush: fn(&[String], Option<&str>) -> Vec<String>,
     },
 }
 
@@ -476,6 +536,7 @@ impl Spawner {
                 };
                 self.answer(id, u32::from(done));
             }
+            Request::LayerManifest | Request::LayerTar { .. } | Request::Flush { .. } => self.answer_in_thread(id, req),
             Request::Resize { pid, size } => {
                 let master = self.procs.get(&pid).and_then(|t| t.tty.as_ref());
                 let done = master.is_some_and(|m| crate::pty::set_size(m.as_raw_fd(), size).is_ok());
@@ -510,6 +571,47 @@ impl Spawner {
                 self.last_connect = Some(Instant::now());
             }
         }
+    }
+
+    /// Answers a request whose answer may be long (a layer's manifest or
+    /// tar) from a thread of its own, so pid 1 goes on serving meanwhile:
+    /// the connection leaves pid 1's loop and the thread writes to it,
+    /// blocking as the host reads.
+    fn answer_in_thread(&mut self, id: u64, req: Request) {
+        let Source::Offered { open_layer, flush, .. } = &self.source else {
+            return self.fail(id, "this sandbox's writable layer is on the host: ask the host");
+        };
+        let (open_layer, flush) = (*open_layer, *flush);
+        let Some(mut c) = self.conns.remove(&id) else { return };
+        std::thread::spawn(move || {
+            if c.stream.set_nonblocking(false).is_err() || c.stream.write_all(&c.out).is_err() {
+                return;
+            }
+            let mut out = FrameWriter { stream: &mut c.stream, buf: Vec::with_capacity(FrameWriter::CHUNK) };
+            let done = match req {
+                Request::LayerManifest => open_layer()
+                    .and_then(|dir| crate::layer::scan(dir.as_fd()))
+                    .and_then(|entries| serde_json::to_writer(&mut out, &entries).map_err(std::io::Error::other)),
+                Request::LayerTar { items } => {
+                    open_layer().and_then(|dir| crate::layer::write_tar(dir.as_fd(), &items, &mut out))
+                }
+                Request::Flush { paths, user } => {
+                    let lines = flush(&paths, user.as_deref());
+                    out.write_all(lines.join("\n").as_bytes())
+                }
+                _ => Err(std::io::Error::other("not a long answer")),
+            };
+            let ended = done.and_then(|()| out.flush());
+            let mut end = Vec::new();
+            match ended {
+                Ok(()) => {
+                    let status = serde_json::to_vec(&Status::Exited { code: 0 }).expect("serializes");
+                    channel::encode(&mut end, Frame::Ended, &status);
+                }
+                Err(e) => channel::encode(&mut end, Frame::Failed, e.to_string().as_bytes()),
+            }
+            let _ = c.stream.write_all(&end);
+        });
     }
 
     fn drop_conn(&mut self, id: u64) {

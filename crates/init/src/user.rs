@@ -53,6 +53,24 @@ fn member_gids(group: &str, user: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The home directory flush rules' `~/` means for `user` (a name or uid, a
+/// `user:group` spec's user part; `None` or empty: root): its `/etc/passwd`
+/// entry's when that is absolute, else `/root` for root and `/home/<user>`.
+pub fn flush_home(passwd: &str, user: Option<&str>) -> String {
+    let user = user.map(|u| u.split(':').next().unwrap_or(u)).filter(|u| !u.is_empty()).unwrap_or("root");
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 6 && (f[0] == user || f[2] == user) && f[5].starts_with('/') {
+            return f[5].to_string();
+        }
+    }
+    if user == "root" || user == "0" {
+        "/root".into()
+    } else {
+        format!("/home/{user}")
+    }
+}
+
 /// Resolves `spec` (`name`, `uid`, `name:group`, `uid:gid`; `None` = root).
 pub fn resolve(spec: Option<&str>, passwd: &str, group: &str) -> Result<ResolvedUser, String> {
     let spec = spec.unwrap_or("0");
@@ -95,6 +113,15 @@ mod tests {
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n";
     const GROUP: &str = "root:x:0:\nuser:x:1000:\nsudo:x:27:user\n";
+
+    #[test]
+    fn flush_homes_come_from_passwd_or_the_usual_places() {
+        assert_eq!(flush_home(PASSWD, None), "/root");
+        assert_eq!(flush_home(PASSWD, Some("user")), "/home/user");
+        assert_eq!(flush_home(PASSWD, Some("1000:1000")), "/home/user");
+        assert_eq!(flush_home("bad:x:5:5::relative:/bin/sh\n", Some("bad")), "/home/bad");
+        assert_eq!(flush_home("", Some("0")), "/root");
+    }
 
     #[test]
     fn resolves_names_ids_and_groups() {

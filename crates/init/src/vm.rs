@@ -7,9 +7,12 @@
 //!    (`finit_module`: virtio transports, block, console, overlay ...).
 //! 2. The root: the disk labelled [`LOWER_LABEL`] is the image's layer chain
 //!    as one read-only ext4 (shared by every sandbox of that chain), the one
-//!    labelled [`DISK_LABEL`] the sandbox's own ext4 disk, whose `upper/` is the writable layer: overlayfs joins them
-//!    inside the guest, so the host reads that disk's `upper/` as it reads a
-//!    namespace sandbox's upper directory (while the guest does not run).
+//!    labelled [`DISK_LABEL`] the sandbox's own ext4 disk, whose `upper/` is
+//!    the writable layer: overlayfs joins them inside the guest. The host
+//!    never mounts that disk (its blocks are the guest's to write: a crafted
+//!    file system would meet the host kernel's ext4 driver); pid 1 writes the
+//!    layer out on request ([`crate::layer`], [`crate::spawner::Request::LayerTar`]),
+//!    and the host takes it as untrusted input.
 //! 3. The overlay becomes `/` (the initramfs stays underneath, unreachable);
 //!    `/proc`, `/sys`, `/dev` move along; `/run` (tmpfs, with the sandbox's
 //!    identity under `/run/strata`), `/dev/pts`, `/dev/shm`, `lo` up, the
@@ -230,6 +233,81 @@ fn freeze_disk(frozen: bool) -> std::io::Result<()> {
     }
 }
 
+/// Opens the writable layer (`upper/` on the sandbox's disk, out of the
+/// sandbox's reach) for [`crate::layer`]: the host reads a microVM's layer
+/// only as pid 1 writes it out, never by mounting the disk.
+fn open_layer() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let disk = DISK.get().ok_or_else(|| std::io::Error::other("the disk is not mounted"))?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: openat with a directory descriptor we own and a NUL-terminated name.
+    let fd = unsafe { libc::openat(disk.as_raw_fd(), c"upper".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The home directory of `user` (name or uid) in `/etc/passwd` (a regular
+/// file of at most 1 MiB), as the host's flush reads it on the other tiers.
+fn home_of(user: Option<&str>) -> String {
+    use std::io::Read;
+    let mut passwd = String::new();
+    if std::fs::symlink_metadata("/etc/passwd").is_ok_and(|m| m.is_file()) {
+        if let Ok(f) = std::fs::File::open("/etc/passwd") {
+            let _ = f.take(1 << 20).read_to_string(&mut passwd);
+        }
+    }
+    crate::user::flush_home(&passwd, user)
+}
+
+/// Wipes flush paths in the sandbox's root (pid 1's): a file is removed, a
+/// directory emptied (kept), a symlink left alone; one line per path, worded
+/// as the host's flush on the other tiers.
+fn flush(paths: &[String], user: Option<&str>) -> Vec<String> {
+    let home = home_of(user);
+    paths
+        .iter()
+        .map(|p| {
+            let path = match p.strip_prefix("~/") {
+                Some(rest) => format!("{}/{rest}", home.trim_end_matches('/')),
+                None => p.clone(),
+            };
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return format!("{path}: absent"),
+                Err(e) => return format!("{path}: {e}"),
+            };
+            if meta.file_type().is_symlink() {
+                return format!("{path}: skipped, a symlink (not followed)");
+            }
+            if !meta.is_dir() {
+                return match std::fs::remove_file(&path) {
+                    Ok(()) => format!("{path}: removed (a file)"),
+                    Err(e) => format!("{path}: {e}"),
+                };
+            }
+            let (mut removed, mut failed) = (0u64, None);
+            for entry in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                // remove_dir_all does not follow symlinks.
+                let gone = match entry.file_type() {
+                    Ok(t) if t.is_dir() => std::fs::remove_dir_all(entry.path()),
+                    _ => std::fs::remove_file(entry.path()),
+                };
+                match gone {
+                    Ok(()) => removed += 1,
+                    Err(e) => failed = Some(format!("{}: {e}", entry.path().display())),
+                }
+            }
+            match failed {
+                None => format!("{path}: {removed} entries removed"),
+                Some(e) => format!("{path}: {removed} entries removed, then {e}"),
+            }
+        })
+        .collect()
+}
+
 /// Makes the overlay of the two disks the root and moves into it.
 fn switch_root() {
     let ro = MsFlags::MS_RDONLY | MsFlags::MS_NOATIME;
@@ -408,7 +486,15 @@ fn serve(port: &Path, cfg: &GuestConfig) -> ! {
     let info = mux::GuestInfo { kernel: kernel_release(), boot_ms: boot_ms() };
     m.send_control(Kind::Ready, &serde_json::to_vec(&info).expect("serializes"));
     std::thread::spawn(move || relay_line(m, tx, wake_w));
-    let source = crate::spawner::Source::Offered { token, conns: rx, wake: wake_r, on_exit: power_off, freeze_disk };
+    let source = crate::spawner::Source::Offered {
+        token,
+        conns: rx,
+        wake: wake_r,
+        on_exit: power_off,
+        freeze_disk,
+        open_layer,
+        flush,
+    };
     crate::spawner::serve_from(cfg.grace, source)
 }
 

@@ -289,8 +289,10 @@ fn mount_image(sys: &dyn Sys, image: &Path, mount: &Path) -> Result<(), String> 
     }
 }
 
-/// Hands the disk of the sandbox in `dir` to a microVM: its host mount (if
-/// any) is synced and unmounted, so that the guest is the only writer.
+/// Hands the disk of the sandbox in `dir` to a microVM for good: its host
+/// mount (if any) is synced and unmounted, so that the guest is the only
+/// writer, and the host never mounts it again (its blocks are the guest's to
+/// write; the host reads the layer only as the guest writes it out).
 ///
 /// A reader on the host (the daemon's accounting walks every writable layer)
 /// can hold the mount for a moment: the unmount is tried again for up to
@@ -325,45 +327,6 @@ pub fn lend_to_guest(dir: &Path) -> Result<(), String> {
 
 /// How long [`lend_to_guest`] waits for the host's readers of a disk.
 const LEND_PATIENCE: Duration = Duration::from_secs(2);
-
-/// Takes the disk of the sandbox in `dir` back from a microVM that has
-/// stopped: mounted read-write at its place again (what checkpoints, diffs
-/// and scans of a stopped sandbox read). Idempotent.
-pub fn take_back_from_guest(dir: &Path) -> Result<(), String> {
-    let (image, mount) = (dir.join(IMAGE), dir.join(MOUNT));
-    if !image.exists() || is_mounted(&mount) {
-        return Ok(());
-    }
-    std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
-    mount_image(&LinuxSys, &image, &mount)?;
-    prepare_layer_dirs(&mount)
-}
-
-/// While a running microVM's disk is frozen by its guest (consistent on the
-/// device, no writer): mounts it read-only at its place (`noload`: nothing,
-/// not even a journal replay, is written) with util-linux's `mount -o loop,ro`.
-pub fn show_frozen_guest_disk(dir: &Path) -> Result<(), String> {
-    let (image, mount) = (dir.join(IMAGE), dir.join(MOUNT));
-    if is_mounted(&mount) {
-        return Ok(());
-    }
-    std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
-    run(Command::new("mount")
-        .args(["-t", "ext4", "-o", "loop,ro,noload,nosuid,nodev,noexec,noatime"])
-        .arg(&image)
-        .arg(&mount)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))
-}
-
-/// Ends [`show_frozen_guest_disk`] before the guest writes again.
-pub fn hide_frozen_guest_disk(dir: &Path) -> Result<(), String> {
-    let mount = dir.join(MOUNT);
-    if !is_mounted(&mount) {
-        return Ok(());
-    }
-    LinuxSys.umount2(&mount, MntFlags::empty()).map_err(|e| format!("unmount {}: {e}", mount.display()))
-}
 
 /// Unmounts the disk of the sandbox in `dir` (lazily: a sandbox still holding
 /// its overlay keeps the filesystem alive until it exits) and deletes its image.

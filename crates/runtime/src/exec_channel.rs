@@ -94,6 +94,41 @@ impl Pid1Channel {
         }
     }
 
+    /// Sends a request whose answer is long ([`Request::LayerManifest`],
+    /// [`Request::LayerTar`], [`Request::Flush`]) and copies the answer's
+    /// bytes to `out` until pid 1 says it ended: how many. More than `limit`
+    /// bytes, a pause of `idle` between two frames, or an end without
+    /// [`Frame::Ended`] is an error (pid 1 is the guest's: what it sends is
+    /// untrusted).
+    pub fn fetch(
+        &self,
+        req: &Request,
+        out: &mut dyn std::io::Write,
+        limit: u64,
+        idle: Duration,
+    ) -> Result<u64, String> {
+        let (mut conn, mut reader) = strata_init::runsc::connect(&self.control, &self.token)?;
+        let bytes = serde_json::to_vec(req).expect("serializes");
+        strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| format!("ask pid 1: {e}"))?;
+        conn.set_read_timeout(Some(idle)).map_err(|e| e.to_string())?;
+        let mut got = 0u64;
+        loop {
+            match reader.read_from(&mut conn).map_err(|e| format!("pid 1's answer after {got} bytes: {e}"))? {
+                Some((Frame::Stdout, data)) => {
+                    got += data.len() as u64;
+                    if got > limit {
+                        return Err(format!("pid 1's answer is longer than {limit} bytes"));
+                    }
+                    out.write_all(&data).map_err(|e| format!("taking pid 1's answer: {e}"))?;
+                }
+                Some((Frame::Ended, _)) => return Ok(got),
+                Some((Frame::Failed, why)) => return Err(String::from_utf8_lossy(&why).into_owned()),
+                Some((other, _)) => return Err(format!("unexpected {other:?} frame in pid 1's answer")),
+                None => return Err(format!("pid 1 closed the channel after {got} bytes, before the end")),
+            }
+        }
+    }
+
     /// Has pid 1 let go of every other connection (each gets [`Frame::LetGo`]
     /// after what it had queued; the processes' further output waits in
     /// their pipes) and returns how many relayed a process.

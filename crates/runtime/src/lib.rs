@@ -440,4 +440,40 @@ pub trait Runtime: Send + Sync {
     /// mount (with its `/tmp`) on the gVisor tier. Needs the daemon's
     /// privileges (a non-dumpable init's root takes CAP_SYS_PTRACE).
     fn open_root(&self, sandbox_id: &str, handle: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd>;
+
+    /// Whether the host must never read this tier's writable layer where it
+    /// lies: a guest kernel writes its disk's blocks (the microvm tier), so
+    /// mounting it would put the host's file system driver in reach of the
+    /// guest. The engine then reads the layer only through [`Runtime::read_guest_layer`]
+    /// and wipes flush paths through [`Runtime::guest_flush`].
+    fn layer_in_guest(&self) -> bool {
+        false
+    }
+
+    /// For a running sandbox of a [`Runtime::layer_in_guest`] tier: with its
+    /// guest's disk frozen (every write on the device, writers waiting),
+    /// hands the guest's entries of the writable layer to `choose`, which
+    /// says which of them to write to `out` as an OCI layer tar (none, when
+    /// `out` is `None`); thaws the disk and returns how long it stayed
+    /// frozen. What the guest sends is untrusted: the caller validates the
+    /// entries and unpacks the tar with the hardened unpacker.
+    fn read_guest_layer(
+        &self,
+        sandbox_id: &str,
+        choose: &mut dyn FnMut(Vec<strata_init::layer::Entry>) -> Vec<strata_init::layer::Item>,
+        out: Option<&mut dyn std::io::Write>,
+    ) -> Result<Duration, RuntimeError> {
+        let _ = (choose, out);
+        Err(RuntimeError::Unsupported(format!(
+            "reading sandbox {sandbox_id}'s layer through its guest ({})",
+            self.name()
+        )))
+    }
+
+    /// For a running sandbox of a [`Runtime::layer_in_guest`] tier: its
+    /// guest wipes flush `paths` (`~/` is the home of `user`); a report line per path.
+    fn guest_flush(&self, sandbox_id: &str, paths: &[String], user: Option<&str>) -> Result<Vec<String>, RuntimeError> {
+        let _ = (paths, user);
+        Err(RuntimeError::Unsupported(format!("flushing sandbox {sandbox_id} through its guest ({})", self.name())))
+    }
 }

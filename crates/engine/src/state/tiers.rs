@@ -145,25 +145,6 @@ pub fn refuse_microvm(sb: &strata_api::Sandbox, what: &str) -> EngineResult<()> 
     ))
 }
 
-/// Refuses `what` on a running (or paused) microVM (501): its files are on
-/// the guest's disk, which the host reads only while the guest has it frozen
-/// for a checkpoint, or stopped. A stopped microVM, or a checkpoint of a
-/// running one, has it.
-pub fn refuse_running_microvm(sb: &strata_api::Sandbox, what: &str) -> EngineResult<()> {
-    let running = matches!(sb.state, strata_api::SandboxState::Running | strata_api::SandboxState::Paused);
-    if tier_of(sb) != Isolation::Microvm || !running {
-        return Ok(());
-    }
-    Err(EngineError::new(
-        ErrorCode::Unsupported,
-        format!(
-            "{what} of sandbox {}: it is a running microVM, whose files the host reads only while it is stopped or \
-             being checkpointed; stop it, or take a checkpoint and use that",
-            sb.id
-        ),
-    ))
-}
-
 /// The tier a sandbox's record names (`runtime`: `gvisor`, `microvm`; any
 /// other name, e.g. a test's fake, is the namespace tier's runtime).
 pub fn tier_of(sb: &strata_api::Sandbox) -> Isolation {

@@ -115,7 +115,54 @@ pub fn console_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(6)..].join(" | ")
 }
 
+/// The most a guest's console file takes on the host: past it, the file
+/// starts again from its last [`CONSOLE_KEEP`] bytes.
+const CONSOLE_MAX: u64 = 1 << 20;
+/// What is kept of the console when it is cut.
+const CONSOLE_KEEP: usize = 64 << 10;
+
+/// Copies the guest's console (QEMU's stdout) into `path`, which never grows
+/// past [`CONSOLE_MAX`]: the guest writes it, and may write without end.
+fn keep_console(mut from: impl Read, path: &Path) {
+    let open = |truncate: bool| {
+        std::fs::OpenOptions::new().create(true).append(!truncate).write(true).truncate(truncate).open(path)
+    };
+    let Ok(mut file) = open(false) else { return };
+    let mut written = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut recent: std::collections::VecDeque<u8> = std::collections::VecDeque::with_capacity(CONSOLE_KEEP);
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        recent.extend(&buf[..n]);
+        let over = recent.len().saturating_sub(CONSOLE_KEEP);
+        recent.drain(..over);
+        if written + n as u64 > CONSOLE_MAX {
+            let Ok(f) = open(true) else { return };
+            file = f;
+            let (a, b) = recent.as_slices();
+            let _ = file.write_all(a).and_then(|()| file.write_all(b));
+            written = recent.len() as u64;
+        } else {
+            let _ = file.write_all(&buf[..n]);
+            written += n as u64;
+        }
+    }
+}
+
+/// Says when the console's copy ended (QEMU's stdout closed).
+static CONSOLE_COPIED: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Receiver<()>>> =
+    std::sync::OnceLock::new();
+
 fn fail(cfg: Option<&KeepConfig>, message: String) -> ! {
+    // QEMU is gone (or killed) here: what it wrote last reaches the file first.
+    if let Some(copied) = CONSOLE_COPIED.get() {
+        let _ = copied.lock().map(|r| r.recv_timeout(Duration::from_secs(1)));
+    }
     let tail = cfg.map(|c| console_tail(&c.console_log)).filter(|t| !t.is_empty());
     let message = match tail {
         Some(t) => format!("{message}; the guest's console ends with: {t}"),
@@ -152,7 +199,8 @@ pub fn main() -> ! {
     let token = std::fs::read(&cfg.token).unwrap_or_else(|e| fail(Some(&cfg), format!("the channel token: {e}")));
     let t0 = Instant::now();
     let mut cmd = Command::new(&cfg.qemu[0]);
-    cmd.args(&cfg.qemu[1..]).stdin(Stdio::null()).stdout(Stdio::null());
+    // The guest's console is QEMU's stdout (`-chardev stdio`): kept bounded here.
+    cmd.args(&cfg.qemu[1..]).stdin(Stdio::null()).stdout(Stdio::piped());
     // SAFETY: the hook only calls prctl, which is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -165,6 +213,15 @@ pub fn main() -> ! {
     let mut qemu = cmd.spawn().unwrap_or_else(|e| fail(Some(&cfg), format!("start {}: {e}", cfg.qemu[0])));
     let qemu_pid = qemu.id() as i32;
     let _ = std::fs::write(&cfg.qemu_pid_file, format!("{qemu_pid}\n"));
+    if let Some(out) = qemu.stdout.take() {
+        let path = cfg.console_log.clone();
+        let (done, copied) = std::sync::mpsc::channel();
+        let _ = CONSOLE_COPIED.set(std::sync::Mutex::new(copied));
+        std::thread::spawn(move || {
+            keep_console(out, &path);
+            let _ = done.send(());
+        });
+    }
     let deadline = t0 + Duration::from_millis(cfg.boot_timeout_ms);
     let line = loop {
         if let Some(code) = exited(&mut qemu) {
@@ -288,5 +345,24 @@ fn serve(mut mux: Mux<UnixStream>, control: &UnixListener, pidfd: &OwnedFd, mut 
                 _ => strata_init::channel::refuse(&c, "unknown command"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_console_that_never_stops_keeps_a_bounded_file_ending_with_its_last_words() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("console.log");
+        // 3 MiB of numbered lines, then the last words.
+        let mut text: Vec<u8> = (0..200_000u32).flat_map(|i| format!("line {i:08}\n").into_bytes()).collect();
+        text.extend_from_slice(b"last words\n");
+        keep_console(&text[..], &path);
+        let kept = std::fs::read(&path).unwrap();
+        assert!(kept.len() as u64 <= CONSOLE_MAX, "{} bytes kept", kept.len());
+        assert!(kept.ends_with(b"line 00199999\nlast words\n"));
+        assert_eq!(console_tail(&path).rsplit(" | ").next(), Some("last words"));
     }
 }

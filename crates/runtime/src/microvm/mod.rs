@@ -20,19 +20,22 @@
 //! user, directory and program against its own root. Signals and terminal
 //! sizes go the same way.
 //!
-//! Filesystem state: the sandbox's disk is the namespace tier's disk image
-//! (`disk.img` in its directory, [`crate::disk`]), with the writable layer
-//! in `upper/`. The guest owns it while it runs ([`crate::disk::lend_to_guest`]);
-//! stopped, it is mounted on the host again; frozen, the guest freezes the file
-//! system and the host mounts it read-only ([`Runtime::set_frozen`]). So the
-//! engine's checkpoints, forks, diffs and scans read it as any other tier's.
+//! Filesystem state: the sandbox's disk is an ext4 image (`disk.img` in its
+//! directory, the namespace tier's format), with the writable layer in
+//! `upper/`. Once a guest has had it ([`crate::disk::lend_to_guest`]) the host
+//! never mounts it again: its blocks are the guest's to write, and a crafted
+//! file system would meet the host kernel's ext4 driver. The guest's pid 1
+//! writes the layer out instead ([`Runtime::read_guest_layer`]: its manifest,
+//! then an OCI tar of the entries asked for, with the disk frozen in
+//! between), which the engine unpacks as untrusted input; a stopped microVM
+//! is booted for that. Flush paths are wiped by the guest ([`Runtime::guest_flush`]).
 //!
 //! Standby: the guest freezes its disk, QEMU saves the machine to a file
 //! ([`qmp`], [`snapshot`]) and exits; a resume loads it (`-incoming`).
 //!
 //! What this tier does not do yet, each refused with why: network other
 //! than `none`, secrets, warm checkpoints (forks from a VM snapshot), the
-//! file API, restore, archive, rebase, and diffs or scans of a running microVM.
+//! file API, restore, archive and rebase.
 //! The measured facts behind each choice: docs/microvm.md.
 
 pub mod assets;
@@ -66,11 +69,12 @@ const TCG_TB_SIZE_MIB: u32 = 64;
 /// How long a guest may take to boot and serve (TCG on a busy host is slow).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// In a sandbox's directory while its disk holds a file system frozen by a
-/// guest saved in a snapshot (standby): the host mounts it read-only only.
-/// A cold boot (the guest mounts and recovers it itself) or a finished
-/// resume removes it.
-pub const FROZEN_MARK: &str = "disk.frozen-by-snapshot";
+/// The most a guest's manifest of its writable layer may take (JSON).
+const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+/// How long a guest may go quiet in the middle of writing out its layer
+/// (a large directory walked under TCG on a busy host).
+const LAYER_IDLE: Duration = Duration::from_secs(300);
 
 /// The accelerator QEMU runs guests with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,11 +144,7 @@ impl MicrovmProbe {
             Some(m) if m >= MIN_QEMU_MAJOR => {}
             _ => return Some(format!("{version}: the microvm tier needs QEMU {MIN_QEMU_MAJOR} or newer")),
         }
-        if let Err(why) = &self.kernel {
-            return Some(why.clone());
-        }
-        // The guest's disk is read on the host (checkpoints, diffs) through a loop device.
-        crate::disk::unavailable().map(|why| format!("the microvm tier reads its disks through loop devices: {why}"))
+        self.kernel.as_ref().err().cloned()
     }
 
     /// The accelerator guests get: KVM only on hardware virtualization (a
@@ -408,7 +408,8 @@ impl MicrovmRuntime {
             "-append".into(),
             append.join(" "),
             "-chardev".into(),
-            format!("file,id=console,path={}", p(&dir.console())),
+            // QEMU's stdout, which the keeper copies into a file of bounded size.
+            "stdio,id=console,signal=off".into(),
             "-serial".into(),
             "chardev:console".into(),
             "-drive".into(),
@@ -437,6 +438,9 @@ impl MicrovmRuntime {
         Self::refuse_unsupported(spec)?;
         let t0 = std::time::Instant::now();
         let dir = self.vm_dir(&spec.id);
+        // A VM of this sandbox left by a daemon that died (e.g. one booted to read a
+        // stopped sandbox's disk) would share the disk: it goes first.
+        self.kill_qemu_by_pid_file(&spec.id);
         let _ = std::fs::remove_dir_all(&dir.0);
         std::fs::create_dir_all(&dir.0).map_err(|e| RuntimeError::sys(format!("create {}", dir.0.display()), e))?;
         // A restore's pid 1 holds the token saved with its snapshot.
@@ -452,12 +456,8 @@ impl MicrovmRuntime {
         }
         let lower = disks::lower_image(&self.cache_dir, &spec.lower_dirs)?;
         let disk = disks::sandbox_disk(sandbox_dir, spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES))?;
-        // The guest is the disk's only writer while it runs.
+        // The guest is the disk's only writer, and the only reader: the host never mounts it again.
         crate::disk::lend_to_guest(sandbox_dir).map_err(RuntimeError::Setup)?;
-        if snapshot.is_none() {
-            // A cold boot: the guest's kernel mounts (and recovers) the file system itself.
-            let _ = std::fs::remove_file(sandbox_dir.join(FROZEN_MARK));
-        }
         let t_disks = t0.elapsed();
         let cg = self.cgroup(&spec.id);
         let mut host_limits = spec.limits.clone();
@@ -563,19 +563,6 @@ impl MicrovmRuntime {
         })
     }
 
-    /// After the VM is gone: its disk is the host's again (mounted where the
-    /// engine reads the writable layer), read-only while a snapshot holds the
-    /// guest that froze it ([`FROZEN_MARK`]: a host that mounted it writable
-    /// could, e.g., reap the orphan inodes the guest still has open).
-    fn take_disk_back(&self, id: &str) -> Result<(), RuntimeError> {
-        let Some(dir) = self.vm_dir(id).sandbox_dir() else { return Ok(()) };
-        if dir.join(FROZEN_MARK).exists() {
-            crate::disk::show_frozen_guest_disk(&dir).map_err(RuntimeError::Setup)
-        } else {
-            crate::disk::take_back_from_guest(&dir).map_err(RuntimeError::Setup)
-        }
-    }
-
     /// SIGKILLs the VM's QEMU if it is still its keeper's child.
     fn kill_qemu(&self, id: &str, handle: &SandboxHandle) -> bool {
         let Some(pid) = self.qemu_pid(id) else { return false };
@@ -666,14 +653,10 @@ impl Runtime for MicrovmRuntime {
         if !wait_for_exit(handle, Duration::from_secs(10)) {
             return Err(RuntimeError::Setup(format!("microVM {sandbox_id} survives SIGKILL")));
         }
-        self.take_disk_back(sandbox_id)
+        Ok(())
     }
 
     fn cleanup(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
-        // (A VM that ended on its own, e.g. `poweroff` inside, gets here without a stop.)
-        if let Err(e) = self.take_disk_back(sandbox_id) {
-            warn!(sandbox = sandbox_id, error = %e, "mounting the disk of a stopped microVM");
-        }
         let _ = std::fs::remove_dir_all(&self.vm_dir(sandbox_id).0);
         let cg = self.cgroup(sandbox_id);
         if cg.dirs().iter().any(|d| d.exists()) {
@@ -682,43 +665,11 @@ impl Runtime for MicrovmRuntime {
         Ok(())
     }
 
-    /// Freezing a microVM also makes its disk readable on the host: the
-    /// guest freezes the file system (FIFREEZE: everything on the device,
-    /// no writer), QEMU's threads stop (the guest's clock jumps on thaw),
-    /// and the disk is mounted read-only where the engine reads the writable
-    /// layer, so a checkpoint of a running microVM is the same code as any
-    /// other's. Thawing undoes it in the other order.
+    /// Pauses (or lets go on) the whole VM: QEMU's threads in the freezer
+    /// (the guest's clock jumps on thaw). Nothing of the guest's disk is read
+    /// here: checkpoints read it through the guest ([`Runtime::read_guest_layer`]).
     fn set_frozen(&self, sandbox_id: &str, frozen: bool) -> Result<(), RuntimeError> {
-        let dir = self.vm_dir(sandbox_id).sandbox_dir();
-        let ask_guest = |frozen: bool| -> Result<(), RuntimeError> {
-            match self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen }) {
-                Ok(1) => Ok(()),
-                Ok(_) => Err(RuntimeError::Setup("the guest could not freeze its disk".into())),
-                Err(e) => Err(RuntimeError::Setup(format!("the guest's disk freeze: {e}"))),
-            }
-        };
-        let cg = self.cgroup(sandbox_id);
-        if frozen {
-            ask_guest(true)?;
-            if let Err(e) = cg.set_frozen(true, Duration::from_secs(10)) {
-                let _ = ask_guest(false);
-                return Err(e.into());
-            }
-            if let Some(dir) = &dir {
-                if let Err(e) = crate::disk::show_frozen_guest_disk(dir) {
-                    let _ = cg.set_frozen(false, Duration::from_secs(10));
-                    let _ = ask_guest(false);
-                    return Err(RuntimeError::Setup(format!("reading the frozen guest's disk: {e}")));
-                }
-            }
-            Ok(())
-        } else {
-            if let Some(dir) = &dir {
-                crate::disk::hide_frozen_guest_disk(dir).map_err(RuntimeError::Setup)?;
-            }
-            cg.set_frozen(false, Duration::from_secs(10))?;
-            ask_guest(false)
-        }
+        self.cgroup(sandbox_id).set_frozen(frozen, Duration::from_secs(10)).map_err(Into::into)
     }
 
     fn usage(&self, sandbox_id: &str) -> ResourceUsage {
@@ -816,11 +767,6 @@ impl Runtime for MicrovmRuntime {
                 return Err(RuntimeError::Setup(format!("microVM {sandbox_id} outlived its snapshot")));
             }
         }
-        if let Some(sandbox_dir) = dir.sandbox_dir() {
-            std::fs::write(sandbox_dir.join(FROZEN_MARK), b"")
-                .map_err(|e| RuntimeError::sys("mark the disk frozen by the snapshot", e))?;
-            crate::disk::show_frozen_guest_disk(&sandbox_dir).map_err(RuntimeError::Setup)?;
-        }
         debug!(sandbox = sandbox_id, saved_ms, total_ms = t.elapsed().as_millis() as u64, accel = %manifest.accel, "microVM saved");
         Ok(self.init_binary.clone())
     }
@@ -852,12 +798,7 @@ impl Runtime for MicrovmRuntime {
         }
         let handle = self.boot(spec, Some(images_dir))?;
         match self.ask_pid1(&spec.id, &strata_init::spawner::Request::FreezeDisk { frozen: false }) {
-            Ok(1) => {
-                if let Some(dir) = spec.rootfs_dir.parent() {
-                    let _ = std::fs::remove_file(dir.join(FROZEN_MARK));
-                }
-                Ok(handle)
-            }
+            Ok(1) => Ok(handle),
             other => {
                 let _ = self.stop(&spec.id, &handle, Duration::ZERO);
                 Err(RuntimeError::Setup(format!("the restored guest could not thaw its disk: {other:?}")))
@@ -887,6 +828,63 @@ impl Runtime for MicrovmRuntime {
 
     fn net_sockets(&self, _: &SandboxHandle, _: Duration) -> Result<Box<dyn NetSockets>, RuntimeError> {
         Err(self.unsupported("connections into the guest (previews)"))
+    }
+
+    fn layer_in_guest(&self) -> bool {
+        true
+    }
+
+    /// The guest freezes its disk ([`strata_init::spawner::Request::FreezeDisk`]),
+    /// tells its entries ([`strata_init::spawner::Request::LayerManifest`]) and
+    /// writes the chosen ones ([`strata_init::spawner::Request::LayerTar`]),
+    /// then thaws it. At most the guest disk's size (twice, for tar's
+    /// headers) is taken from it.
+    fn read_guest_layer(
+        &self,
+        sandbox_id: &str,
+        choose: &mut dyn FnMut(Vec<strata_init::layer::Entry>) -> Vec<strata_init::layer::Item>,
+        out: Option<&mut dyn std::io::Write>,
+    ) -> Result<Duration, RuntimeError> {
+        use strata_init::spawner::Request;
+        let channel = self.channel(sandbox_id);
+        let disk_bytes = self
+            .vm_dir(sandbox_id)
+            .sandbox_dir()
+            .and_then(|d| std::fs::metadata(d.join(crate::disk::IMAGE)).ok())
+            .map_or(disks::DEFAULT_DISK_BYTES, |m| m.len());
+        match self.ask_pid1(sandbox_id, &Request::FreezeDisk { frozen: true }) {
+            Ok(1) => {}
+            other => return Err(RuntimeError::Setup(format!("the guest could not freeze its disk: {other:?}"))),
+        }
+        let frozen_at = std::time::Instant::now();
+        let read = (|| -> Result<(), String> {
+            let mut json = Vec::new();
+            channel.fetch(&Request::LayerManifest, &mut json, MAX_MANIFEST_BYTES, LAYER_IDLE)?;
+            let entries: Vec<strata_init::layer::Entry> =
+                serde_json::from_slice(&json).map_err(|e| format!("the guest's manifest does not parse: {e}"))?;
+            let items = choose(entries);
+            if let Some(out) = out {
+                let limit = disk_bytes.saturating_mul(2) + (64 << 20);
+                channel.fetch(&Request::LayerTar { items }, out, limit, LAYER_IDLE)?;
+            }
+            Ok(())
+        })();
+        let frozen = frozen_at.elapsed();
+        let thawed = self.ask_pid1(sandbox_id, &Request::FreezeDisk { frozen: false });
+        read.map_err(|e| RuntimeError::Setup(format!("reading the writable layer of microVM {sandbox_id}: {e}")))?;
+        match thawed {
+            Ok(1) => Ok(frozen),
+            other => Err(RuntimeError::Setup(format!("the guest could not thaw its disk: {other:?}"))),
+        }
+    }
+
+    fn guest_flush(&self, sandbox_id: &str, paths: &[String], user: Option<&str>) -> Result<Vec<String>, RuntimeError> {
+        let req = strata_init::spawner::Request::Flush { paths: paths.to_vec(), user: user.map(str::to_string) };
+        let mut report = Vec::new();
+        self.channel(sandbox_id)
+            .fetch(&req, &mut report, 1 << 20, Duration::from_secs(60))
+            .map_err(|e| RuntimeError::Setup(format!("the flush in microVM {sandbox_id}: {e}")))?;
+        Ok(String::from_utf8_lossy(&report).lines().map(str::to_string).collect())
     }
 
     fn open_root(&self, sandbox_id: &str, _: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd> {
