@@ -410,6 +410,23 @@ fn malformed_rules_are_400_naming_the_rule_and_create_nothing() {
     assert!(!o.status.success() && stderr(&o).contains("10.0.0.0/8:99999"), "{}", stderr(&o));
 }
 
+/// What a sandbox created with `--allow-cidr ADDR/32:8080 --allow-host
+/// allowed.test:8080` in world `w` reaches: that address and port, DNS for
+/// the allowed name only, not the host (its gateway), metadata or a private range.
+fn assert_only_the_rules_reach(w: &World, d: &TestDaemon, id: &str) {
+    assert!(fetches(d, id, &format!("http://{}:8080/hello", w.addr)), "the allowed address:port is unreachable");
+    assert!(!fetches(d, id, &format!("http://{}:8081/hello", w.addr)), "another port is reachable");
+    assert!(!fetches(d, id, &format!("http://{}:8080/hello", w.addr2)), "another address is reachable");
+    // DNS goes through strata's filter: the allowed name resolves, another does not.
+    assert!(resolves(d, id, "allowed.test"));
+    assert!(!resolves(d, id, "other.test"));
+    let gw = net(d, id).gateway.unwrap();
+    for target in [format!("{gw} 22"), "169.254.169.254 80".into(), "10.0.0.1 80".into()] {
+        let (code, _) = run_in(d, id, &format!("echo x | nc -w 2 {target}"));
+        assert_ne!(code, 0, "{target} is reachable from an egress sandbox");
+    }
+}
+
 #[test]
 fn egress_on_the_gvisor_tier_is_the_same_host_side_enforcement() {
     require_gvisor!();
@@ -423,15 +440,7 @@ fn egress_on_the_gvisor_tier_is_the_same_host_side_enforcement() {
         "--allow-host",
         "allowed.test:8080",
     ]);
-    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "the allowed address:port is unreachable");
-    assert!(!fetches(&d, &id, &format!("http://{}:8081/hello", w.addr)), "another port is reachable");
-    assert!(!fetches(&d, &id, &format!("http://{}:8080/hello", w.addr2)), "another address is reachable");
-    // DNS goes through strata's filter: the allowed name resolves, another does not.
-    assert!(resolves(&d, &id, "allowed.test"));
-    assert!(!resolves(&d, &id, "other.test"));
-    let gw = net(&d, &id).gateway.unwrap();
-    let (code, _) = run_in(&d, &id, &format!("echo x | nc -w 2 {gw} 22"));
-    assert_ne!(code, 0, "the host is reachable from a gvisor egress sandbox");
+    assert_only_the_rules_reach(&w, &d, &id);
     // gVisor's netstack takes the link's address; a stopped sandbox starts with it again.
     d.cli_ok(&["stop", &id]);
     d.cli_ok(&["start", &id]);
@@ -449,6 +458,37 @@ fn egress_on_the_gvisor_tier_is_the_same_host_side_enforcement() {
     d.cli_ok(&["network", "set", &none, "--allow-cidr", &format!("{}:8080", w.addr)]);
     d.cli_ok(&["start", &none]);
     assert!(fetches(&d, &none, &format!("http://{}:8080/hello", w.addr)), "the network set while stopped");
+}
+
+#[test]
+fn egress_on_the_microvm_tier_is_the_same_host_side_enforcement() {
+    require_microvm!();
+    let w = World::new(6);
+    let d = w.daemon(6);
+    let id = d.create(&[
+        "--isolation",
+        "microvm",
+        "--allow-cidr",
+        &format!("{}/32:8080", w.addr),
+        "--allow-host",
+        "allowed.test:8080",
+    ]);
+    // The guest has the link's address on its own network device; the namespace's eth0 has none.
+    let address = net(&d, &id).address.unwrap();
+    let (_, ip) = run_in(&d, &id, "ip addr show eth0; cat /etc/resolv.conf");
+    assert!(ip.contains(&format!("inet {address}/30")), "the guest's address: {ip}");
+    assert!(ip.contains(&format!("nameserver {}", net(&d, &id).gateway.unwrap())), "{ip}");
+    assert_only_the_rules_reach(&w, &d, &id);
+    assert!(net(&d, &id).denied.packets > 0, "the guest's denied packets are counted on the host");
+    // Standby keeps the link: the resumed guest is on it, under the same rules.
+    d.cli_ok(&["standby", &id]);
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "no network after resume");
+    assert!(!fetches(&d, &id, &format!("http://{}:8081/hello", w.addr)), "another port is reachable after resume");
+    // A stopped microVM starts on its link again.
+    d.cli_ok(&["stop", &id]);
+    d.cli_ok(&["start", &id]);
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "no network after a restart");
+    d.cli_ok(&["rm", "-f", &id]);
 }
 
 #[test]

@@ -138,6 +138,7 @@ pub async fn prepare(st: &Shared, id: &str, spec: &mut SandboxSpec) -> EngineRes
                 .map_err(NetworkError::from)?;
         }
         spec.netns_path = Some(st.network.netns_path(id));
+        spec.link = Some(link);
     }
     spec.resolv_conf = Some(format!(
         "# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n",

@@ -80,6 +80,7 @@ pub(crate) fn spec_for(st: &Shared, rec: &SandboxRecord) -> EngineResult<Sandbox
         tmp: rec.sandbox.tmp,
         // Filled in by crate::network::prepare for egress sandboxes in a user namespace.
         userns_link: None,
+        link: None,
     })
 }
 

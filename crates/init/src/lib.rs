@@ -17,6 +17,7 @@
 //!   exec channel over [`mux`], many streams on one virtio-serial port.
 //! * [`layer`]: a microVM guest's writable layer (its overlay upper
 //!   directory) for the host: a manifest of its entries and a layer tar.
+//! * [`netif`]: a microVM guest's network interface (address, default route).
 //! * [`pty`]: pseudo-terminals for processes that run on one (both tiers).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
@@ -30,6 +31,7 @@ pub mod exec;
 pub mod layer;
 pub mod loopback;
 pub mod mux;
+pub mod netif;
 pub mod openat2;
 pub mod pid1;
 pub mod pty;

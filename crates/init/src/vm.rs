@@ -61,7 +61,33 @@ pub struct GuestConfig {
     pub pids: Option<u64>,
     /// Seconds between SIGTERM and SIGKILL when the sandbox stops.
     pub grace: u64,
+    /// The sandbox's link (egress): the guest's address on it and its
+    /// gateway, which is also the DNS server (strata's filter).
+    pub net: Option<GuestNet>,
 }
+
+/// A guest's end of the sandbox's link (`strata.net=ADDRESS/PREFIX,GATEWAY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestNet {
+    /// The guest's address.
+    pub address: std::net::Ipv4Addr,
+    /// Its prefix length.
+    pub prefix: u8,
+    /// The gateway (the host's end of the link).
+    pub gateway: std::net::Ipv4Addr,
+}
+
+impl GuestNet {
+    fn parse(v: &str) -> Option<GuestNet> {
+        let (cidr, gateway) = v.split_once(',')?;
+        let (address, prefix) = cidr.split_once('/')?;
+        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32)?;
+        Some(GuestNet { address: address.parse().ok()?, prefix, gateway: gateway.parse().ok()? })
+    }
+}
+
+/// The name the guest kernel gives the virtio-net device.
+pub const GUEST_IFNAME: &str = "eth0";
 
 impl GuestConfig {
     /// Reads `strata.*` settings out of a kernel command line.
@@ -76,6 +102,7 @@ impl GuestConfig {
                 "generation" => c.generation = v.parse().unwrap_or(0),
                 "pids" => c.pids = v.parse().ok(),
                 "grace" => c.grace = v.parse().unwrap_or(10),
+                "net" => c.net = GuestNet::parse(v),
                 _ => {}
             }
         }
@@ -93,6 +120,9 @@ impl GuestConfig {
         ];
         if let Some(p) = self.pids {
             w.push(format!("strata.pids={p}"));
+        }
+        if let Some(n) = self.net {
+            w.push(format!("strata.net={}/{},{}", n.address, n.prefix, n.gateway));
         }
         w
     }
@@ -385,8 +415,45 @@ fn set_up_root(cfg: &GuestConfig) {
     if let Err(e) = crate::loopback::up() {
         eprintln!("strata-init: lo: {e}");
     }
+    if let Some(net) = cfg.net {
+        set_up_network(net);
+    }
     if let Some(limit) = cfg.pids {
         limit_pids(limit);
+    }
+}
+
+/// The sandbox's link: the guest's address and default route on its
+/// virtio-net device, and strata's DNS filter (the gateway) over
+/// `/etc/resolv.conf`, as the other tiers mount it.
+fn set_up_network(net: GuestNet) {
+    if !crate::netif::wait_for(GUEST_IFNAME, DEVICE_PATIENCE) {
+        fatal("the network", format!("no {GUEST_IFNAME} (the virtio-net device)"));
+    }
+    if let Err(e) = crate::netif::set_ipv4(GUEST_IFNAME, net.address, net.prefix) {
+        fatal(&format!("address {}/{} on {GUEST_IFNAME}", net.address, net.prefix), e);
+    }
+    if let Err(e) = crate::netif::default_route(net.gateway) {
+        fatal(&format!("default route via {}", net.gateway), e);
+    }
+    let conf = format!(
+        "# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n",
+        net.gateway
+    );
+    let src = Path::new("/run/strata/resolv.conf");
+    if let Err(e) = std::fs::write(src, conf) {
+        fatal("write /run/strata/resolv.conf", e);
+    }
+    if Path::new("/etc").is_dir() {
+        let target = Path::new("/etc/resolv.conf");
+        // A symlink (e.g. to systemd's stub) is replaced by the mount point, as on the other tiers.
+        if std::fs::symlink_metadata(target).is_ok_and(|m| !m.is_file()) {
+            let _ = std::fs::remove_file(target);
+        }
+        if !target.exists() {
+            let _ = std::fs::write(target, b"");
+        }
+        let _ = mount(Some(src), target, None::<&str>, MsFlags::MS_BIND, None::<&str>);
     }
 }
 
@@ -562,10 +629,18 @@ mod tests {
             generation: 3,
             pids: Some(512),
             grace: 7,
+            net: Some(GuestNet {
+                address: "10.200.0.6".parse().unwrap(),
+                prefix: 30,
+                gateway: "10.200.0.5".parse().unwrap(),
+            }),
         };
         let line = format!("console=ttyS0 quiet {} panic=-1", c.to_cmdline().join(" "));
         assert_eq!(GuestConfig::parse(&line), c);
         let defaults = GuestConfig::parse("console=ttyS0 strata.unknown=1 strata.pids=x");
         assert_eq!((defaults.hostname.as_str(), defaults.pids, defaults.grace), ("sandbox", None, 10));
+        for bad in ["strata.net=10.0.0.2/33,10.0.0.1", "strata.net=10.0.0.2,10.0.0.1", "strata.net=x/30,10.0.0.1"] {
+            assert_eq!(GuestConfig::parse(bad).net, None, "{bad}");
+        }
     }
 }

@@ -148,6 +148,42 @@ pub fn readdress(netns: &Path, link: &Link) -> Result<(), NetError> {
     )
 }
 
+/// The bridge, inside a sandbox's namespace, between its `eth0` and a guest's tap.
+pub const GUEST_BRIDGE: &str = "strata-br";
+/// The tap a microVM's QEMU opens (by name, from inside the namespace).
+pub const GUEST_TAP: &str = "strata-tap";
+
+/// Makes the namespace at `netns` hand its link to a guest (the microvm
+/// tier): `eth0` loses its address (the guest takes it: two holders would
+/// answer each other's ARP) and joins a bridge with a fresh tap, [`GUEST_TAP`],
+/// that the guest's QEMU opens. The host side (veth, address, nftables
+/// rules) is untouched, so the same rules filter the guest's traffic.
+/// Idempotent: a bridge and tap of an earlier run are made again.
+pub fn bridge_for_guest(netns: &Path) -> Result<(), NetError> {
+    let ns_arg = format!("--net={}", netns.display());
+    let ip = |force: bool| {
+        let mut c = Command::new("nsenter");
+        c.arg(&ns_arg).arg("ip");
+        if force {
+            c.arg("-force");
+        }
+        c.args(["-batch", "-"]).env_clear().env("PATH", crate::PATH);
+        c
+    };
+    // What an earlier run left (absent is fine: -force goes on past errors).
+    let _ = run_batch(
+        &mut ip(true),
+        &format!("link del {GUEST_TAP}\nlink del {GUEST_BRIDGE}\n"),
+        "ip (the guest's old bridge)",
+    );
+    let script = format!(
+        "link add {GUEST_BRIDGE} type bridge\ntuntap add dev {GUEST_TAP} mode tap\naddr flush dev {INNER_IFNAME}\n\
+         link set {INNER_IFNAME} master {GUEST_BRIDGE}\nlink set {GUEST_TAP} master {GUEST_BRIDGE}\n\
+         link set {GUEST_BRIDGE} up\nlink set {INNER_IFNAME} up\nlink set {GUEST_TAP} up\n"
+    );
+    run_batch(&mut ip(false), &script, "ip (the guest's bridge)")
+}
+
 /// Deletes the host side of a veth pair (the peer goes with it); absent is fine.
 pub fn detach(ifname: &str) {
     if link_exists(ifname) {

@@ -57,6 +57,11 @@ pub struct SandboxSpec {
     /// before any process of the sandbox runs. `netns_path` is then `None`.
     #[serde(default)]
     pub userns_link: Option<UsernsLink>,
+    /// The addresses of an egress sandbox's link (with `netns_path`), for a
+    /// tier whose guest takes the sandbox's address itself (the microvm tier
+    /// bridges the namespace's `eth0` to the guest's network device).
+    #[serde(default)]
+    pub link: Option<strata_net::Link>,
 }
 
 /// The link of an egress sandbox in a user namespace (see [`SandboxSpec::userns_link`]).

@@ -94,6 +94,22 @@ macro_rules! require_gvisor {
     };
 }
 
+/// Skips (with the reason) a test of the microvm tier on a host that cannot
+/// run it; in CI that is a failure.
+#[macro_export]
+macro_rules! require_microvm {
+    () => {
+        $crate::require_host!();
+        if let Some(reason) = strata_runtime::microvm::probe().unavailable() {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI must be able to run this test, but: {reason}");
+            }
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+}
+
 /// A daemon with its own state directory and socket, stopped on drop.
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,

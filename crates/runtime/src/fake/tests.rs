@@ -33,6 +33,7 @@ fn spec(id: &str) -> SandboxSpec {
         userns: None,
         tmp: strata_api::TmpStorage::Disk,
         userns_link: None,
+        link: None,
     }
 }
 

@@ -462,6 +462,7 @@ mod tests {
             userns: None,
             tmp: strata_api::TmpStorage::Tmpfs,
             userns_link: None,
+            link: None,
         }
     }
 

@@ -17,7 +17,7 @@
 //! The daemon watches the keeper as a namespace sandbox's init.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -72,6 +72,10 @@ pub struct KeepConfig {
     /// loaded, and says hello to its pid 1 until it answers.
     #[serde(default)]
     pub incoming: bool,
+    /// The sandbox's network namespace (egress): QEMU runs in it, where its
+    /// tap ([`strata_net::link::GUEST_TAP`]) is.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
 }
 
 /// The keeper's one line to the daemon on its stdout.
@@ -201,11 +205,21 @@ pub fn main() -> ! {
     let mut cmd = Command::new(&cfg.qemu[0]);
     // The guest's console is QEMU's stdout (`-chardev stdio`): kept bounded here.
     cmd.args(&cfg.qemu[1..]).stdin(Stdio::null()).stdout(Stdio::piped());
-    // SAFETY: the hook only calls prctl, which is async-signal-safe.
+    let netns = cfg.netns.as_ref().map(|p| {
+        std::fs::File::open(p)
+            .unwrap_or_else(|e| fail(Some(&cfg), format!("the network namespace {}: {e}", p.display())))
+    });
+    let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
+    // SAFETY: the hook only calls prctl and setns, which are async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = netns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

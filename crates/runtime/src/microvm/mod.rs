@@ -174,6 +174,15 @@ impl MicrovmProbe {
     }
 }
 
+/// A sandbox's guest MAC address: locally administered, from its id (the
+/// same at every boot and resume of it, another for every fork).
+pub fn guest_mac(id: &str) -> String {
+    // FNV-1a: spread, not secrecy.
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let b = h.to_be_bytes();
+    format!("02:53:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
+}
+
 /// The guest's RAM in MiB for a memory limit (`None`: 512 MiB; at least 128).
 /// QEMU 10.0.2's microvm machine resets before the kernel runs when given
 /// exactly 2048 MiB with virtio-mmio disks attached (measured: 2047, 2049,
@@ -338,9 +347,9 @@ impl MicrovmRuntime {
 
     /// What this tier cannot give `spec` yet, said before anything is made.
     fn refuse_unsupported(spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        if spec.netns_path.is_some() || spec.userns_link.is_some() {
+        if spec.userns_link.is_some() || (spec.netns_path.is_some() && spec.link.is_none()) {
             return Err(RuntimeError::Unsupported(
-                "network on the microvm tier: this build boots guests without a network device (create with --network none)"
+                "this network on the microvm tier: a guest gets the link of a network namespace the daemon made (egress without a user namespace)"
                     .into(),
             ));
         }
@@ -363,6 +372,11 @@ impl MicrovmRuntime {
             generation: spec.fork_generation,
             pids: spec.limits.pids,
             grace: self.stop_grace.as_secs(),
+            net: spec.link.filter(|_| spec.netns_path.is_some()).map(|l| strata_init::vm::GuestNet {
+                address: l.address,
+                prefix: strata_net::pool::LINK_PREFIX,
+                gateway: l.gateway,
+            }),
         };
         let mut append = vec!["console=ttyS0".to_string(), "quiet".into(), "panic=-1".into(), "rdinit=/init".into()];
         if self.accel == Accel::Tcg {
@@ -380,7 +394,7 @@ impl MicrovmRuntime {
             Accel::Kvm => "kvm".to_string(),
             Accel::Tcg => format!("tcg,tb-size={TCG_TB_SIZE_MIB}"),
         };
-        vec![
+        let mut argv = vec![
             p(&self.qemu),
             "-name".into(),
             format!("strata-{}", spec.id),
@@ -430,7 +444,18 @@ impl MicrovmRuntime {
             "virtio-rng-device".into(),
             "-qmp".into(),
             format!("unix:{},server=on,wait=off", p(&dir.qmp())),
-        ]
+        ];
+        if cfg.net.is_some() {
+            // The namespace's tap, bridged to its `eth0` (strata_net::link::bridge_for_guest);
+            // QEMU runs in that namespace. The MAC is the sandbox's own, the same after a resume.
+            argv.extend([
+                "-netdev".into(),
+                format!("tap,id=net0,ifname={},script=no,downscript=no", strata_net::link::GUEST_TAP),
+                "-device".into(),
+                format!("virtio-net-device,netdev=net0,mac={}", guest_mac(&spec.id)),
+            ]);
+        }
+        argv
     }
 
     /// A cold boot (`snapshot` `None`) or a restore of a VM saved into `snapshot`.
@@ -464,6 +489,10 @@ impl MicrovmRuntime {
         host_limits.memory_bytes = Some((guest_mib(spec.limits.memory_bytes) << 20) + VMM_OVERHEAD_BYTES);
         host_limits.pids = Some(HOST_TASKS);
         cg.create(&host_limits)?;
+        if let Some(ns) = &spec.netns_path {
+            strata_net::link::bridge_for_guest(ns)
+                .map_err(|e| RuntimeError::Setup(format!("the guest's link in its network namespace: {e}")))?;
+        }
         let mut qemu = self.qemu_argv(spec, &dir, &lower, &disk);
         if let Some(images) = snapshot {
             qemu.extend(["-incoming".into(), format!("file:{}", images.join(snapshot::STATE_FILE).display())]);
@@ -479,6 +508,7 @@ impl MicrovmRuntime {
             cgroup_join: cg.join_files(),
             qmp_socket: dir.qmp(),
             incoming: snapshot.is_some(),
+            netns: spec.netns_path.clone().filter(|_| spec.link.is_some()),
         };
         let log = spec.open_log()?;
         let mut child = {
@@ -907,6 +937,14 @@ mod tests {
         assert_eq!(guest_mib(Some(64 << 20)), 128);
         assert_eq!(guest_mib(Some(2 << 30)), 2047);
         assert_eq!(guest_mib(Some(3 << 30)), 3072);
+    }
+
+    #[test]
+    fn a_guest_s_mac_is_its_sandbox_s_own_and_locally_administered() {
+        let (a, b) = (guest_mac("sb-1"), guest_mac("sb-2"));
+        assert_ne!(a, b);
+        assert_eq!(a, guest_mac("sb-1"), "the same at every boot and resume");
+        assert!(a.starts_with("02:") && a.len() == 17, "{a}");
     }
 
     #[test]

@@ -286,6 +286,7 @@ mod tests {
             userns: None,
             tmp: strata_api::TmpStorage::Tmpfs,
             userns_link: None,
+            link: None,
         }
     }
 
