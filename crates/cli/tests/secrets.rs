@@ -117,6 +117,18 @@ fn exec_out(d: &TestDaemon, id: &str, script: &str) -> String {
     d.cli_ok(&["exec", id, "--", "sh", "-c", script])
 }
 
+/// `/run/secrets/API_TOKEN` holds `secret`, read-only (0400 in a 0500
+/// directory, root's), and its value is redacted in output.
+fn assert_the_file_inside(d: &TestDaemon, id: &str, secret: &str) {
+    assert_eq!(exec_out(d, id, "rev /run/secrets/API_TOKEN"), rev(secret));
+    assert_eq!(exec_out(d, id, "cat /run/secrets/API_TOKEN"), "***");
+    assert_eq!(exec_out(d, id, "stat -c '%a %u' /run/secrets/API_TOKEN /run/secrets"), "400 0\n500 0\n");
+    assert!(
+        !d.cli(&["exec", id, "--", "sh", "-c", "echo x > /run/secrets/API_TOKEN"]).status.success(),
+        "the secrets tmpfs is read-only"
+    );
+}
+
 fn rev(s: &str) -> String {
     s.chars().rev().collect()
 }
@@ -147,13 +159,7 @@ fn secrets_are_files_redacted_and_kept_out_of_every_artifact() {
     std::fs::remove_file(&file).unwrap();
 
     // Inside: a read-only file of the right content, redacted on the way out.
-    assert_eq!(exec_out(&d, &id, "rev /run/secrets/API_TOKEN"), rev(&secret));
-    assert_eq!(exec_out(&d, &id, "cat /run/secrets/API_TOKEN"), "***");
-    assert_eq!(exec_out(&d, &id, "stat -c '%a %u' /run/secrets/API_TOKEN /run/secrets"), "400 0\n500 0\n");
-    assert!(
-        !d.cli(&["exec", &id, "--", "sh", "-c", "echo x > /run/secrets/API_TOKEN"]).status.success(),
-        "the secrets tmpfs is read-only"
-    );
+    assert_the_file_inside(&d, &id, &secret);
     // A value split across two writes (two reads by the daemon) is still caught.
     assert_eq!(
         exec_out(&d, &id, "head -c 20 /run/secrets/API_TOKEN; sleep 0.2; tail -c +21 /run/secrets/API_TOKEN; echo"),
@@ -422,4 +428,40 @@ fn one_shot_runs_take_secrets_too() {
     );
     assert!(d.cli_ok(&["ps", "--json"]).trim() == "[]", "the ephemeral sandbox is gone");
     assert!(std::fs::read_dir(d.state("secrets")).map(|r| r.count()).unwrap_or(0) == 0, "and so are its secrets");
+}
+
+#[test]
+fn a_microvm_s_secrets_are_files_in_its_guest_s_ram_and_in_no_artifact() {
+    require_microvm!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let secret = random_secret();
+    let file = common::write_file(d.dir.path(), "token", secret.as_bytes());
+    let spec = format!("API_TOKEN=@{}", file.display());
+    let id = d.create(&["--isolation", "microvm", "--network", "none", "--secret", &spec]);
+    std::fs::remove_file(&file).unwrap();
+
+    // Inside the guest: the same read-only files as on the other tiers, redacted on the way out.
+    assert_the_file_inside(&d, &id, &secret);
+    // They are in the guest's RAM, not on its disk: not in its writable layer, a checkpoint or the disk image.
+    exec_out(&d, &id, "echo kept > /root/kept; sync");
+    let diff = d.cli_ok(&["diff", &id]);
+    assert!(diff.contains("/root/kept") && !diff.contains("secrets"), "{diff}");
+    d.cli_ok(&["checkpoint", &id, "--name", "c1"]);
+    assert_nowhere(&d, &secret, "after a checkpoint of a microVM");
+
+    // A snapshot of the VM's memory would hold them: standby keeps only the filesystem.
+    let out = d.cli(&["standby", &id]);
+    let said = common::stderr(&out);
+    assert!(!out.status.success() && said.contains("guest's RAM") && said.contains("--fs-only"), "{said}");
+    d.cli_ok(&["standby", &id, "--fs-only"]);
+    assert_nowhere(&d, &secret, "a microVM in standby");
+    // The next boot mounts them again.
+    assert_eq!(exec_out(&d, &id, "rev /run/secrets/API_TOKEN; cat /root/kept"), format!("{}kept\n", rev(&secret)));
+
+    // A fork starts without them.
+    let child = d.cli_ok(&["fork", "c1", "-n", "1"]).trim().to_string();
+    assert_eq!(exec_out(&d, &child, "cat /root/kept; ls /run/secrets 2>/dev/null; echo end"), "kept\nend\n");
+    d.cli_ok(&["rm", "-f", &child, &id]);
+    assert_nowhere(&d, &secret, "at the end");
 }

@@ -152,6 +152,15 @@ pub enum Request {
         /// The user whose home `~/` is (name or uid; `None`: root).
         user: Option<String>,
     },
+    /// The sandbox's secret files at `/run/secrets` (a read-only tmpfs in
+    /// the guest's RAM, owned by `owner`), once after its boot. Answered with
+    /// [`Frame::Signaled`] 1, or [`Frame::Failed`].
+    Secrets {
+        /// The files.
+        files: Vec<Secret>,
+        /// Who owns them (the image's user; `None`: root).
+        owner: Option<String>,
+    },
 }
 
 /// How a process ended (or why it could not start), as pid 1 tells the host.
@@ -271,14 +280,38 @@ pub enum Source {
         wake: OwnedFd,
         /// Pid 1's end.
         on_exit: fn() -> !,
-        /// Freezes (`true`) or thaws the sandbox's disk ([`Request::FreezeDisk`]).
-        freeze_disk: fn(bool) -> std::io::Result<()>,
-        /// Opens the writable layer's directory on the sandbox's disk
-        /// ([`Request::LayerManifest`], [`Request::LayerTar`]).
-        open_layer: fn() -> std::io::Result<OwnedFd>,
-        /// Wipes flush paths ([`Request::Flush`]): one report line per path.
-        flush: fn(&[String], Option<&str>) -> Vec<String>,
+        /// What only a guest's pid 1 does.
+        ops: GuestOps,
     },
+}
+
+/// What a microVM guest's pid 1 does beyond starting processes ([`crate::vm`]).
+#[derive(Clone, Copy)]
+pub struct GuestOps {
+    /// Freezes (`true`) or thaws the sandbox's disk ([`Request::FreezeDisk`]).
+    pub freeze_disk: fn(bool) -> std::io::Result<()>,
+    /// Opens the writable layer's directory on the sandbox's disk
+    /// ([`Request::LayerManifest`], [`Request::LayerTar`]).
+    pub open_layer: fn() -> std::io::Result<OwnedFd>,
+    /// Wipes flush paths ([`Request::Flush`]): one report line per path.
+    pub flush: fn(&[String], Option<&str>) -> Vec<String>,
+    /// Puts the secrets in place ([`Request::Secrets`]).
+    pub secrets: fn(&[Secret], Option<&str>) -> std::io::Result<()>,
+}
+
+/// One secret file for a guest's `/run/secrets` ([`Request::Secrets`]).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secret {
+    /// Its file name.
+    pub name: String,
+    /// Its value.
+    pub data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({}, {} bytes)", self.name, self.data.len())
+    }
 }
 
 /// Pid 1's state as the spawner.
@@ -529,12 +562,22 @@ impl Spawner {
             }
             Request::FreezeDisk { frozen } => {
                 let done = match &self.source {
-                    Source::Offered { freeze_disk, .. } => freeze_disk(frozen)
+                    Source::Offered { ops, .. } => (ops.freeze_disk)(frozen)
                         .inspect_err(|e| eprintln!("strata-init: freeze the disk ({frozen}): {e}"))
                         .is_ok(),
                     Source::Broker => false,
                 };
                 self.answer(id, u32::from(done));
+            }
+            Request::Secrets { files, owner } => {
+                let done = match &self.source {
+                    Source::Offered { ops, .. } => (ops.secrets)(&files, owner.as_deref()),
+                    Source::Broker => Err(std::io::Error::other("this sandbox's secrets are the host's to mount")),
+                };
+                match done {
+                    Ok(()) => self.answer(id, 1),
+                    Err(e) => self.fail(id, &format!("the secrets: {e}")),
+                }
             }
             Request::LayerManifest | Request::LayerTar { .. } | Request::Flush { .. } => self.answer_in_thread(id, req),
             Request::Resize { pid, size } => {
@@ -578,10 +621,10 @@ impl Spawner {
     /// the connection leaves pid 1's loop and the thread writes to it,
     /// blocking as the host reads.
     fn answer_in_thread(&mut self, id: u64, req: Request) {
-        let Source::Offered { open_layer, flush, .. } = &self.source else {
+        let Source::Offered { ops, .. } = &self.source else {
             return self.fail(id, "this sandbox's writable layer is on the host: ask the host");
         };
-        let (open_layer, flush) = (*open_layer, *flush);
+        let (open_layer, flush) = (ops.open_layer, ops.flush);
         let Some(mut c) = self.conns.remove(&id) else { return };
         std::thread::spawn(move || {
             if c.stream.set_nonblocking(false).is_err() || c.stream.write_all(&c.out).is_err() {

@@ -338,6 +338,54 @@ fn flush(paths: &[String], user: Option<&str>) -> Vec<String> {
         .collect()
 }
 
+/// Where the secrets are (a tmpfs in the guest's RAM).
+const SECRETS_DIR: &str = "/run/secrets";
+
+/// [`crate::spawner::Request::Secrets`]: a tmpfs at `/run/secrets` (mode
+/// 0500, owned by `owner`, the files 0400, read-only once filled), as the
+/// other tiers mount it. Once per boot.
+fn secrets(files: &[crate::spawner::Secret], owner: Option<&str>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    for s in files {
+        let clean = s.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !clean || s.name.as_bytes().first().is_none_or(|b| b.is_ascii_digit()) {
+            return Err(std::io::Error::other(format!("invalid secret name {:?}", s.name)));
+        }
+    }
+    let dir = Path::new(SECRETS_DIR);
+    if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(std::io::Error::other("the secrets are in place already"));
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    let (uid, gid) = match owner.filter(|o| !o.is_empty()).map(|o| crate::user::resolve(Some(o), &passwd, &group)) {
+        Some(Ok(u)) => (u.uid, u.gid),
+        _ => (0, 0),
+    };
+    std::fs::create_dir_all(dir)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let bytes: usize = files.iter().map(|s| s.data.len().div_ceil(4096) * 4096 + 4096).sum::<usize>() + 4096;
+    let opts = format!("mode=0500,uid={uid},gid={gid},size={bytes},nr_inodes={}", files.len() + 16);
+    mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some(opts.as_str()))?;
+    for s in files {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dir.join(&s.name))?;
+        f.write_all(&s.data)?;
+        nix::unistd::fchown(
+            f.as_raw_fd(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+    }
+    mount(None::<&str>, dir, None::<&str>, flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)?;
+    Ok(())
+}
+
 /// Makes the overlay of the two disks the root and moves into it.
 fn switch_root() {
     let ro = MsFlags::MS_RDONLY | MsFlags::MS_NOATIME;
@@ -553,15 +601,8 @@ fn serve(port: &Path, cfg: &GuestConfig) -> ! {
     let info = mux::GuestInfo { kernel: kernel_release(), boot_ms: boot_ms() };
     m.send_control(Kind::Ready, &serde_json::to_vec(&info).expect("serializes"));
     std::thread::spawn(move || relay_line(m, tx, wake_w));
-    let source = crate::spawner::Source::Offered {
-        token,
-        conns: rx,
-        wake: wake_r,
-        on_exit: power_off,
-        freeze_disk,
-        open_layer,
-        flush,
-    };
+    let ops = crate::spawner::GuestOps { freeze_disk, open_layer, flush, secrets };
+    let source = crate::spawner::Source::Offered { token, conns: rx, wake: wake_r, on_exit: power_off, ops };
     crate::spawner::serve_from(cfg.grace, source)
 }
 

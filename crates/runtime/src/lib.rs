@@ -441,6 +441,14 @@ pub trait Runtime: Send + Sync {
     /// privileges (a non-dumpable init's root takes CAP_SYS_PTRACE).
     fn open_root(&self, sandbox_id: &str, handle: &SandboxHandle) -> std::io::Result<std::os::fd::OwnedFd>;
 
+    /// Whether a process image of this tier holds the sandbox's secret
+    /// files: a microVM's are a tmpfs in its guest's RAM, which its snapshot
+    /// saves. Such a sandbox's standby keeps only its filesystem, as one with
+    /// secrets in its processes' environment does.
+    fn process_image_holds_secrets(&self) -> bool {
+        false
+    }
+
     /// Whether the host must never read this tier's writable layer where it
     /// lies: a guest kernel writes its disk's blocks (the microvm tier), so
     /// mounting it would put the host's file system driver in reach of the

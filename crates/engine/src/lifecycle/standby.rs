@@ -43,10 +43,19 @@ pub async fn standby_with(st: &Shared, id: &str, req: &StandbyRequest, reason: &
         return standby_fs_only(st, &rec, "asked for with fs_only".into(), reason, started).await;
     }
     // Secrets exposed as environment variables live in the processes' memory,
-    // which a process image would capture: such a sandbox never gets one.
-    let env_secrets = st.secrets.get(&id)?.env_names().join(", ");
-    if !env_secrets.is_empty() {
-        let why = format!("its secrets {env_secrets} are environment variables of its processes, and a process image would capture their values");
+    // and a microVM's secret files in its guest's RAM: a process image would
+    // capture their values, so such a sandbox never gets one.
+    let secrets = st.secrets.get(&id)?;
+    let in_guest_ram = st.runtime_of(&rec.sandbox).process_image_holds_secrets() && !secrets.is_empty();
+    let held = match in_guest_ram {
+        true => secrets.refs().into_iter().map(|r| r.name).collect::<Vec<_>>().join(", "),
+        false => secrets.env_names().join(", "),
+    };
+    if !held.is_empty() {
+        let why = match in_guest_ram {
+            true => format!("its secrets {held} are files in its guest's RAM, and the VM's memory snapshot would capture their values"),
+            false => format!("its secrets {held} are environment variables of its processes, and a process image would capture their values"),
+        };
         if reason == "user" {
             return Err(EngineError::invalid_state(from, format!("cannot keep the processes of sandbox {id}: {why}; `strata standby --fs-only` stops them and keeps only the filesystem")));
         }

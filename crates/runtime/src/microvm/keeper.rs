@@ -76,7 +76,17 @@ pub struct KeepConfig {
     /// tap ([`strata_net::link::GUEST_TAP`]) is.
     #[serde(default)]
     pub netns: Option<PathBuf>,
+    /// The sandbox's disk, opened here (read-write and read-only, as
+    /// [`DISK_FD_RW`] and [`DISK_FD_RO`]) for a QEMU that drops its
+    /// privileges and could not open it itself.
+    #[serde(default)]
+    pub disk: Option<PathBuf>,
 }
+
+/// The descriptor number QEMU finds the sandbox's disk at, read-write.
+pub const DISK_FD_RW: i32 = 100;
+/// The same disk, read-only.
+pub const DISK_FD_RO: i32 = 101;
 
 /// The keeper's one line to the daemon on its stdout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,7 +220,18 @@ pub fn main() -> ! {
             .unwrap_or_else(|e| fail(Some(&cfg), format!("the network namespace {}: {e}", p.display())))
     });
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
-    // SAFETY: the hook only calls prctl and setns, which are async-signal-safe.
+    let disk = cfg.disk.as_ref().map(|p| {
+        let open = |write: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .open(p)
+                .unwrap_or_else(|e| fail(Some(&cfg), format!("the disk {}: {e}", p.display())))
+        };
+        (open(true), open(false))
+    });
+    let disk_fds = disk.as_ref().map(|(rw, ro)| [(rw.as_raw_fd(), DISK_FD_RW), (ro.as_raw_fd(), DISK_FD_RO)]);
+    // SAFETY: the hook only calls prctl, setns and dup2, which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -218,6 +239,12 @@ pub fn main() -> ! {
             }
             if let Some(fd) = netns_fd {
                 if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // dup2 leaves the copies open across exec (the originals are close-on-exec).
+            for (from, to) in disk_fds.into_iter().flatten() {
+                if libc::dup2(from, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }

@@ -44,6 +44,7 @@ pub mod keeper;
 pub mod qmp;
 pub mod snapshot;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -71,6 +72,12 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The most a guest's manifest of its writable layer may take (JSON).
 const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+/// The QEMU fd set the sandbox's disk is handed over in (see [`keeper::DISK_FD_RW`]).
+const DISK_FDSET: u32 = 3;
+
+/// The QEMU fd set the standby image's file is handed over in.
+const STANDBY_FDSET: u32 = 7;
 
 /// How long a guest may go quiet in the middle of writing out its layer
 /// (a large directory walked under TCG on a busy host).
@@ -125,6 +132,14 @@ pub fn qemu_major(version: &str) -> Option<u32> {
     version.split("version ").nth(1)?.split('.').next()?.trim().parse().ok()
 }
 
+/// Whether this QEMU (its version line) has `-run-with chroot=,user=` (9.1 and newer):
+/// older ones run the guest as root, which `strata doctor` says.
+pub fn drops_privileges(version: &str) -> bool {
+    let mut n = version.split("version ").nth(1).unwrap_or("").split(['.', ' ']).map(|x| x.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (n.next().unwrap_or(0), n.next().unwrap_or(0));
+    (major, minor) >= (9, 1)
+}
+
 /// The oldest QEMU this tier runs (what HOST-FACTS measured: 7.2 and 10.0.2).
 pub const MIN_QEMU_MAJOR: u32 = 7;
 
@@ -163,10 +178,15 @@ impl MicrovmProbe {
     pub fn detail(&self) -> String {
         match (self.unavailable(), &self.qemu, &self.kernel) {
             (None, Some(q), Ok(k)) => format!(
-                "{q}; accelerator {} (/dev/kvm: {}); guest kernel {}",
+                "{q}; accelerator {} (/dev/kvm: {}); guest kernel {}; QEMU confined: seccomp{}",
                 self.accel().as_str(),
                 self.kvm,
-                if k.version.is_empty() { "(version unknown)" } else { &k.version }
+                if k.version.is_empty() { "(version unknown)" } else { &k.version },
+                if drops_privileges(q) {
+                    ", an empty root and a uid of its own"
+                } else {
+                    " only (this QEMU is older than 9.1: no -run-with, it stays root)"
+                }
             ),
             (Some(why), _, _) => why,
             _ => "not probed".into(),
@@ -181,6 +201,25 @@ pub fn guest_mac(id: &str) -> String {
     let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     let b = h.to_be_bytes();
     format!("02:53:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
+}
+
+/// The empty, read-only directory under the run directory that every QEMU
+/// chroots into.
+const EMPTY_ROOT: &str = "microvm-empty-root";
+
+/// The first of the host uids QEMU processes drop to ([`qemu_uid`]).
+pub const QEMU_UID_BASE: u32 = 0x5A00_0000;
+/// How many there are.
+pub const QEMU_UIDS: u32 = 1 << 24;
+
+/// The unprivileged host uid (and gid) a sandbox's QEMU runs as once its
+/// files are open: one of [`QEMU_UIDS`] from [`QEMU_UID_BASE`], picked by the
+/// sandbox id, owning nothing on the host, so an escaped QEMU has no file,
+/// process or capability of the host's (another sandbox's QEMU shares it
+/// only by a 1-in-16-million chance, and is not dumpable to it).
+pub fn qemu_uid(id: &str) -> u32 {
+    let h = id.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    QEMU_UID_BASE + h % QEMU_UIDS
 }
 
 /// The guest's RAM in MiB for a memory limit (`None`: 512 MiB; at least 128).
@@ -309,6 +348,10 @@ impl MicrovmRuntime {
         std::fs::create_dir_all(&cache_dir)
             .map_err(|e| RuntimeError::sys(format!("create {}", cache_dir.display()), e))?;
         let initramfs = kernel.initramfs(&init_binary, &cache_dir)?;
+        let empty_root = run_dir.join(EMPTY_ROOT);
+        std::fs::create_dir_all(&empty_root)
+            .and_then(|()| std::fs::set_permissions(&empty_root, std::os::unix::fs::PermissionsExt::from_mode(0o555)))
+            .map_err(|e| RuntimeError::sys(format!("create {}", empty_root.display()), e))?;
         let cgroup_root = PathBuf::from(CGROUP_ROOT);
         let cgroup_version = cgroup::detect(&cgroup_root)?;
         Ok(MicrovmRuntime {
@@ -351,11 +394,6 @@ impl MicrovmRuntime {
             return Err(RuntimeError::Unsupported(
                 "this network on the microvm tier: a guest gets the link of a network namespace the daemon made (egress without a user namespace)"
                     .into(),
-            ));
-        }
-        if !spec.secrets.is_empty() {
-            return Err(RuntimeError::Unsupported(
-                "secrets on the microvm tier: this build has no way yet to hand them to the guest off its disk".into(),
             ));
         }
         Ok(())
@@ -431,7 +469,17 @@ impl MicrovmRuntime {
             "-device".into(),
             "virtio-blk-device,drive=lower".into(),
             "-drive".into(),
-            format!("id=disk,file={},format=raw,if=none,cache=writeback", p(disk)),
+            // A QEMU that drops its privileges gets the disk as descriptors (read-write and
+            // read-only: it reopens the image read-only when a snapshot is completed, and
+            // read-write when a restored VM runs), opened by its keeper while still root.
+            // QEMU's own image locks would set the two against each other: off (a boot ends
+            // any QEMU of the sandbox left before it starts one).
+            match drops_privileges(&self.qemu_version) {
+                true => {
+                    format!("id=disk,file=/dev/fdset/{DISK_FDSET},format=raw,if=none,cache=writeback,file.locking=off")
+                }
+                false => format!("id=disk,file={},format=raw,if=none,cache=writeback", p(disk)),
+            },
             "-device".into(),
             "virtio-blk-device,drive=disk".into(),
             "-device".into(),
@@ -445,6 +493,30 @@ impl MicrovmRuntime {
             "-qmp".into(),
             format!("unix:{},server=on,wait=off", p(&dir.qmp())),
         ];
+        // Confined: a seccomp filter (no obsolete calls, no spawning, no resource
+        // control), and before the guest runs an empty root and a user of the
+        // sandbox's own (every file it needs is open by then). The filter is in place
+        // before that drop, so it must let QEMU change its ids once (a process that
+        // is no longer root cannot get root back); a QEMU that stays root may not.
+        let drops = drops_privileges(&self.qemu_version);
+        if drops {
+            for fd in [keeper::DISK_FD_RW, keeper::DISK_FD_RO] {
+                argv.extend(["-add-fd".into(), format!("fd={fd},set={DISK_FDSET}")]);
+            }
+        }
+        argv.extend([
+            "-sandbox".into(),
+            format!(
+                "on,obsolete=deny,elevateprivileges={},spawn=deny,resourcecontrol=deny",
+                if drops { "allow" } else { "deny" }
+            ),
+        ]);
+        if drops {
+            argv.extend([
+                "-run-with".into(),
+                format!("chroot={},user={uid}:{uid}", p(&self.run_dir.join(EMPTY_ROOT)), uid = qemu_uid(&spec.id)),
+            ]);
+        }
         if cfg.net.is_some() {
             // The namespace's tap, bridged to its `eth0` (strata_net::link::bridge_for_guest);
             // QEMU runs in that namespace. The MAC is the sandbox's own, the same after a resume.
@@ -509,6 +581,7 @@ impl MicrovmRuntime {
             qmp_socket: dir.qmp(),
             incoming: snapshot.is_some(),
             netns: spec.netns_path.clone().filter(|_| spec.link.is_some()),
+            disk: drops_privileges(&self.qemu_version).then(|| disk.clone()),
         };
         let log = spec.open_log()?;
         let mut child = {
@@ -572,6 +645,28 @@ impl MicrovmRuntime {
         crate::exec_channel::Pid1Channel { control: dir.control(), token: dir.token() }
     }
 
+    /// Has the guest's pid 1 put `secrets` at `/run/secrets` (owned by
+    /// `owner`): in the guest's RAM, never on its disk.
+    fn put_secrets(
+        &self,
+        sandbox_id: &str,
+        secrets: &[crate::spec::SecretFile],
+        owner: Option<&str>,
+    ) -> Result<(), RuntimeError> {
+        if secrets.is_empty() {
+            return Ok(());
+        }
+        let files = secrets
+            .iter()
+            .map(|s| strata_init::spawner::Secret { name: s.name.clone(), data: s.data.clone() })
+            .collect();
+        let req = strata_init::spawner::Request::Secrets { files, owner: owner.map(str::to_string) };
+        match self.ask_pid1(sandbox_id, &req) {
+            Ok(1) => Ok(()),
+            other => Err(RuntimeError::Setup(format!("the guest could not put its secrets in place: {other:?}"))),
+        }
+    }
+
     /// One short request to the guest's pid 1; the number it answers.
     fn ask_pid1(&self, sandbox_id: &str, req: &strata_init::spawner::Request) -> Result<u32, String> {
         self.channel(sandbox_id).ask(req, Duration::from_secs(10))
@@ -631,7 +726,12 @@ impl Runtime for MicrovmRuntime {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
-        self.boot(spec, None)
+        let handle = self.boot(spec, None)?;
+        if let Err(e) = self.put_secrets(&spec.id, &spec.secrets, spec.secrets_owner.as_deref()) {
+            let _ = self.stop(&spec.id, &handle, Duration::ZERO);
+            return Err(e);
+        }
+        Ok(handle)
     }
 
     fn is_alive(&self, handle: &SandboxHandle) -> bool {
@@ -767,11 +867,23 @@ impl Runtime for MicrovmRuntime {
         let saved = (|| -> Result<snapshot::Manifest, String> {
             let mut q = qmp::Qmp::connect(&dir.qmp(), Duration::from_secs(5))?;
             q.execute("stop", serde_json::Value::Null)?;
+            // QEMU runs unprivileged in an empty root: the daemon opens the file and hands it over.
             let state = images_dir.join(snapshot::STATE_FILE);
-            let uri = format!("file:{}", state.display());
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&state)
+                .map_err(|e| format!("create {}: {e}", state.display()))?;
             let r = q
-                .execute("migrate", serde_json::json!({ "uri": uri }))
+                .add_fd(STANDBY_FDSET, std::os::fd::AsFd::as_fd(&file))
+                .and_then(|()| {
+                    let uri = format!("file:/dev/fdset/{STANDBY_FDSET}");
+                    q.execute("migrate", serde_json::json!({ "uri": uri }))
+                })
                 .and_then(|_| q.wait_migration(Duration::from_secs(300)));
+            drop(file);
             if let Err(e) = r {
                 let _ = q.execute("cont", serde_json::Value::Null);
                 return Err(e);
@@ -864,6 +976,10 @@ impl Runtime for MicrovmRuntime {
         true
     }
 
+    fn process_image_holds_secrets(&self) -> bool {
+        true
+    }
+
     /// The guest freezes its disk ([`strata_init::spawner::Request::FreezeDisk`]),
     /// tells its entries ([`strata_init::spawner::Request::LayerManifest`]) and
     /// writes the chosen ones ([`strata_init::spawner::Request::LayerTar`]),
@@ -945,6 +1061,18 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, guest_mac("sb-1"), "the same at every boot and resume");
         assert!(a.starts_with("02:") && a.len() == 17, "{a}");
+    }
+
+    #[test]
+    fn qemu_drops_to_a_uid_of_the_sandbox_s_own_from_9_1() {
+        assert!(drops_privileges("QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-1~bpo12+1)"));
+        assert!(drops_privileges("QEMU emulator version 9.1.0"));
+        assert!(!drops_privileges("QEMU emulator version 9.0.2"));
+        assert!(!drops_privileges("QEMU emulator version 7.2.15 (Debian 1:7.2+dfsg-7)"));
+        let (a, b) = (qemu_uid("sb-a"), qemu_uid("sb-b"));
+        assert_ne!(a, b);
+        assert!((QEMU_UID_BASE..QEMU_UID_BASE + QEMU_UIDS).contains(&a), "{a}");
+        assert_eq!(a, qemu_uid("sb-a"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A small client of QEMU's machine protocol (QMP): JSON lines over the
-//! VM's unix socket. Enough for standby: `stop`, `migrate` to a file,
-//! `query-migrate`, `query-status`, `cont`, `quit`. Events QEMU sends
-//! between answers are skipped.
+//! VM's unix socket. Enough for standby: `stop`, `add-fd` (a descriptor
+//! passed with the command: QEMU runs unprivileged in an empty root and
+//! opens no file itself), `migrate` to it, `query-migrate`, `query-status`,
+//! `cont`, `quit`. Events QEMU sends between answers are skipped.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -50,13 +51,47 @@ impl Qmp {
 
     /// Runs `command` with `arguments` (`Null`: none) and returns its `return`.
     pub fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, String> {
+        self.execute_with_fd(command, arguments, None)
+    }
+
+    /// Hands QEMU `fd` in fd set `set` (QMP `add-fd`; the descriptor travels
+    /// with the command, `SCM_RIGHTS`), for a later `/dev/fdset/SET` path.
+    pub fn add_fd(&mut self, set: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+        self.execute_with_fd("add-fd", json!({ "fdset-id": set }), Some(fd)).map(drop)
+    }
+
+    fn execute_with_fd(
+        &mut self,
+        command: &str,
+        arguments: Value,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Value, String> {
+        use std::os::fd::AsRawFd;
         let mut msg = json!({ "execute": command });
         if !arguments.is_null() {
             msg["arguments"] = arguments;
         }
         let mut bytes = serde_json::to_vec(&msg).expect("serializes");
         bytes.push(b'\n');
-        self.writer.write_all(&bytes).map_err(|e| format!("QMP {command}: {e}"))?;
+        match fd {
+            None => self.writer.write_all(&bytes).map_err(|e| format!("QMP {command}: {e}"))?,
+            Some(fd) => {
+                let fds = [fd.as_raw_fd()];
+                let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+                let iov = [std::io::IoSlice::new(&bytes)];
+                let sent = nix::sys::socket::sendmsg::<()>(
+                    self.writer.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    nix::sys::socket::MsgFlags::empty(),
+                    None,
+                )
+                .map_err(|e| format!("QMP {command}: {e}"))?;
+                if sent != bytes.len() {
+                    return Err(format!("QMP {command}: a short write ({sent} of {} bytes)", bytes.len()));
+                }
+            }
+        }
         loop {
             let v = self.read()?;
             if v.get("event").is_some() {
