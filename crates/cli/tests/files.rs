@@ -11,13 +11,59 @@ fn cp_and_file_api_roundtrip() {
     let d = TestDaemon::start();
     d.import_busybox();
     let id = d.create(&[]);
+    roundtrip(&d, &id);
+    let c = d.client();
+    // Files of a stopped sandbox: the call starts it again (resume on access) and is served.
+    d.cli_ok(&["stop", &id]);
+    let st = common::rt().block_on(c.stat(&id, "/bin/sh")).unwrap();
+    assert_eq!(st.kind, FileKind::Symlink);
+    assert_eq!(common::rt().block_on(c.get_sandbox(&id)).unwrap().state, strata_api::SandboxState::Running);
+    // Files of a destroyed sandbox: 404.
+    d.cli_ok(&["rm", "-f", &id]);
+    let e = common::rt().block_on(c.stat(&id, "/")).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
+}
+
+#[test]
+fn the_file_api_reaches_a_microvm_s_files_through_its_guest() {
+    require_microvm!();
+    let d = TestDaemon::start();
+    d.import_busybox();
+    let id = d.create(&["--isolation", "microvm", "--network", "none"]);
+    roundtrip(&d, &id);
+    let c = d.client();
+    common::rt().block_on(async {
+        // The same refusals as on the other tiers: kernel interfaces and special files are not served.
+        for (path, code) in [
+            ("/proc/self/status", ErrorCode::PseudoFilesystem),
+            ("/dev/null", ErrorCode::SpecialFile),
+            ("/nowhere", ErrorCode::FileNotFound),
+            ("../etc/passwd", ErrorCode::BadRequest),
+        ] {
+            let e = c.download(&id, path, false).await.unwrap_err();
+            assert_eq!(e.code(), Some(code), "{path}: {e}");
+        }
+        // A broken tar keeps nothing.
+        let e = c.upload(&id, "/srv/broken", bytes::Bytes::from_static(&[7u8; 700]), None, true).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidArchive), "{e}");
+        assert_eq!(c.stat(&id, "/srv/broken").await.unwrap_err().code(), Some(ErrorCode::FileNotFound));
+    });
+    // What was uploaded is in the guest's writable layer: a checkpoint carries it.
+    d.cli_ok(&["checkpoint", &id, "--name", "files"]);
+    let kid = d.cli_ok(&["fork", "files", "-n", "1"]).trim().to_string();
+    assert_eq!(d.cli_ok(&["exec", &kid, "--", "cat", "/srv/tree/link"]), "deep");
+    d.cli_ok(&["rm", "-f", &kid, &id]);
+}
+
+/// Files both ways (cp, tar trees, the file API's operations) in sandbox `id`.
+fn roundtrip(d: &TestDaemon, id: &str) {
     let work = tempfile::tempdir().unwrap();
     let bin: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
     let local = common::write_file(work.path(), "blob.bin", &bin);
     d.cli_ok(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob.bin")]);
     d.cli_ok(&["cp", local.to_str().unwrap(), &format!("{id}:/tmp/")]);
     assert_eq!(
-        d.cli_ok(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob.bin; wc -c < /tmp/blob.bin"]),
+        d.cli_ok(&["exec", id, "--", "sh", "-c", "wc -c < /root/blob.bin; wc -c < /tmp/blob.bin"]),
         "300000\n300000\n"
     );
     let back = work.path().join("back.bin");
@@ -28,7 +74,7 @@ fn cp_and_file_api_roundtrip() {
     std::fs::write(work.path().join("tree/a/b/c.txt"), "deep").unwrap();
     std::os::unix::fs::symlink("a/b/c.txt", work.path().join("tree/link")).unwrap();
     d.cli_ok(&["cp", work.path().join("tree").to_str().unwrap(), &format!("{id}:/srv/tree")]);
-    assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/srv/tree/link"]), "deep");
+    assert_eq!(d.cli_ok(&["exec", id, "--", "cat", "/srv/tree/link"]), "deep");
     let out = work.path().join("out");
     d.cli_ok(&["cp", &format!("{id}:/srv/tree"), out.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(out.join("a/b/c.txt")).unwrap(), "deep");
@@ -36,34 +82,25 @@ fn cp_and_file_api_roundtrip() {
 
     let c = d.client();
     common::rt().block_on(async {
-        c.mkdir(&id, "/work/x/y", true).await.unwrap();
-        c.upload(&id, "/work/x/y/f", bytes::Bytes::from_static(b"hello"), Some(0o600), false).await.unwrap();
-        let st = c.stat(&id, "/work/x/y/f").await.unwrap();
+        c.mkdir(id, "/work/x/y", true).await.unwrap();
+        c.upload(id, "/work/x/y/f", bytes::Bytes::from_static(b"hello"), Some(0o600), false).await.unwrap();
+        let st = c.stat(id, "/work/x/y/f").await.unwrap();
         assert_eq!((st.kind, st.size, st.mode), (FileKind::File, 5, 0o600));
-        let names: Vec<String> = c.list_dir(&id, "/work/x/y").await.unwrap().into_iter().map(|f| f.name).collect();
+        let names: Vec<String> = c.list_dir(id, "/work/x/y").await.unwrap().into_iter().map(|f| f.name).collect();
         assert_eq!(names, ["f"]);
-        c.move_path(&id, "/work/x/y/f", "/work/g").await.unwrap();
-        assert_eq!(&c.download(&id, "/work/g", false).await.unwrap()[..], b"hello");
-        assert_eq!(c.stat(&id, "/work/x/y/f").await.unwrap_err().code(), Some(ErrorCode::FileNotFound));
-        let e = c.remove_path(&id, "/work", false).await.unwrap_err();
+        c.move_path(id, "/work/x/y/f", "/work/g").await.unwrap();
+        assert_eq!(&c.download(id, "/work/g", false).await.unwrap()[..], b"hello");
+        assert_eq!(c.stat(id, "/work/x/y/f").await.unwrap_err().code(), Some(ErrorCode::FileNotFound));
+        let e = c.remove_path(id, "/work", false).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::BadRequest), "non-empty directory needs recursive: {e}");
-        c.remove_path(&id, "/work", true).await.unwrap();
-        assert_eq!(c.stat(&id, "/work").await.unwrap_err().code(), Some(ErrorCode::FileNotFound));
+        c.remove_path(id, "/work", true).await.unwrap();
+        assert_eq!(c.stat(id, "/work").await.unwrap_err().code(), Some(ErrorCode::FileNotFound));
         // Symlinks are described, not followed, by stat.
-        c.upload(&id, "/tmp/t", bytes::Bytes::from_static(b"t"), None, false).await.unwrap();
-        let st = c.stat(&id, "/bin/sh").await.unwrap();
+        c.upload(id, "/tmp/t", bytes::Bytes::from_static(b"t"), None, false).await.unwrap();
+        let st = c.stat(id, "/bin/sh").await.unwrap();
         assert_eq!(st.kind, FileKind::Symlink);
         assert!(st.link_target.is_some());
     });
-    // Files of a stopped sandbox: the call starts it again (resume on access) and is served.
-    d.cli_ok(&["stop", &id]);
-    let st = common::rt().block_on(c.stat(&id, "/bin/sh")).unwrap();
-    assert_eq!(st.kind, FileKind::Symlink);
-    assert_eq!(common::rt().block_on(c.get_sandbox(&id)).unwrap().state, strata_api::SandboxState::Running);
-    // Files of a destroyed sandbox: 404.
-    d.cli_ok(&["rm", "-f", &id]);
-    let e = common::rt().block_on(c.stat(&id, "/")).unwrap_err();
-    assert_eq!(e.code(), Some(ErrorCode::SandboxNotFound));
 }
 
 #[test]

@@ -201,7 +201,7 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     // What the tier does not do yet is a 501 naming it, and changes nothing.
     for (what, args) in [
         ("a warm checkpoint", vec!["checkpoint", id.as_str(), "--processes"]),
-        ("cp", vec!["cp", "vm:/root/note", "/dev/null"]),
+        ("a restore", vec!["restore", id.as_str(), "--to", "vm-ck"]),
     ] {
         let out = d.cli(&args);
         assert!(!out.status.success(), "{what} succeeded");

@@ -7,6 +7,11 @@
 //! written as they arrive (into a temp file renamed into place at the end,
 //! or, for tar, applied entry by entry and rolled back if refused), so no
 //! transfer ever sits whole in the daemon's memory.
+//!
+//! A microVM's files are its guest's (the host never mounts its disk): the
+//! same operations are done by its pid 1 ([`strata_init::guestfs`]), with the
+//! same rules (no secrets, no pseudo-filesystems or special files) and the
+//! same error codes; see [`guest`].
 
 use strata_api::{DownloadQuery, ErrorCode, SandboxState, UploadQuery};
 use strata_store::db::SandboxRecord;
@@ -86,7 +91,10 @@ pub struct FsRoot {
 
 /// The root of a running sandbox (409 when it is not running).
 pub fn fs_root(st: &Shared, rec: &SandboxRecord) -> EngineResult<FsRoot> {
-    crate::state::tiers::refuse_microvm(&rec.sandbox, "file transfer")?;
+    crate::state::tiers::refuse_microvm(
+        &rec.sandbox,
+        "this file operation (user xattrs, directory watches, template COPY steps)",
+    )?;
     let pid = init_pid(rec)?;
     let handle = crate::record::handle_of(rec).ok_or_else(|| {
         EngineError::new(ErrorCode::Internal, format!("sandbox {} runs without an init", rec.sandbox.id))
@@ -159,6 +167,9 @@ pub struct Download {
 /// under way, so a refusal is an error here rather than a broken stream.
 pub async fn download(st: &Shared, id: &str, q: DownloadQuery) -> EngineResult<Download> {
     let rec = load(st, id)?;
+    if crate::guest_layer::in_guest(st, &rec) {
+        return guest::download(st, &rec, q).await;
+    }
     let root = fs_root(st, &rec)?;
     let has_secrets = !st.secrets.get(&rec.sandbox.id)?.is_empty();
     let sandbox = rec.sandbox.id.clone();
@@ -239,7 +250,11 @@ where
     S: futures_util::Stream<Item = Result<transfer::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let root = fs_root(st, &load(st, id)?)?;
+    let rec = load(st, id)?;
+    if crate::guest_layer::in_guest(st, &rec) {
+        return guest::upload(st, &rec, q, body).await;
+    }
+    let root = fs_root(st, &rec)?;
     let mode = q.mode.unwrap_or(0o644) & 0o7777 & !0o6000;
     let (tx, mut reader) = transfer::upload_channel();
     let (done_tx, done_rx) = oneshot::channel::<Result<(), FsError>>();
@@ -265,5 +280,219 @@ where
             Err(EngineError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer"))
         }
         Err(e) => Err(feed_error(e)),
+    }
+}
+
+/// The file API of a microVM, done by its guest's pid 1.
+pub(crate) mod guest {
+    use strata_api::{DownloadQuery, ErrorCode, FileKind, FileStat, SandboxState, UploadQuery};
+    use strata_init::guestfs::{FsFailure, FsOp, Stat};
+    use strata_store::db::SandboxRecord;
+    use tokio::sync::oneshot;
+
+    use super::{init_pid, Download, MAX_UPLOAD_BYTES};
+    use crate::error::{EngineError, EngineResult};
+    use crate::sandboxfs::FsError;
+    use crate::state::Shared;
+    use crate::transfer;
+
+    /// The guest's refusal as the file API's error (the codes of the other tiers).
+    fn error(f: FsFailure) -> EngineError {
+        match (f.rule.as_deref(), f.errno) {
+            (Some("special"), _) => EngineError::new(ErrorCode::SpecialFile, f.message),
+            (Some("pseudo_fs"), _) => EngineError::new(ErrorCode::PseudoFilesystem, f.message),
+            (Some("archive"), _) => EngineError::new(ErrorCode::InvalidArchive, f.message),
+            (Some(_), _) => EngineError::bad_request(f.message),
+            (None, libc::ENOENT) => FsError::NotFound(f.path).into(),
+            (None, errno) if !f.path.is_empty() => {
+                FsError::Io { path: f.path, source: std::io::Error::from_raw_os_error(errno) }.into()
+            }
+            (None, _) => EngineError::new(ErrorCode::Internal, f.message),
+        }
+    }
+
+    /// A running (not paused: its guest would not answer) microVM.
+    fn running(rec: &SandboxRecord) -> EngineResult<()> {
+        init_pid(rec)?;
+        if rec.sandbox.state == SandboxState::Paused {
+            return Err(EngineError::invalid_state(
+                SandboxState::Paused,
+                format!("the files of microVM {} are served by its guest, which is paused", rec.sandbox.id),
+            ));
+        }
+        Ok(())
+    }
+
+    fn file_stat(s: Stat) -> FileStat {
+        let kind = match s.kind.as_str() {
+            "file" => FileKind::File,
+            "dir" => FileKind::Dir,
+            "symlink" => FileKind::Symlink,
+            _ => FileKind::Other,
+        };
+        FileStat {
+            path: s.path,
+            name: s.name,
+            kind,
+            size: s.size,
+            mode: s.mode,
+            uid: s.uid,
+            gid: s.gid,
+            mtime: s.mtime,
+            link_target: s.link_target,
+            link_resolved: None,
+            xattrs: Default::default(),
+        }
+    }
+
+    /// Runs `op` in the guest of `rec` (off the async workers); its answer's bytes.
+    async fn run(st: &Shared, rec: &SandboxRecord, op: FsOp) -> EngineResult<Vec<u8>> {
+        running(rec)?;
+        let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            rt.guest_fs(&id, &op, None, &mut out).map(|()| out)
+        })
+        .await
+        .map_err(|e| EngineError::internal("file task", &e))?
+        .map_err(error)
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> EngineResult<T> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| EngineError::new(ErrorCode::Internal, format!("the guest's answer does not parse: {e}")))
+    }
+
+    /// A path's metadata.
+    pub(crate) async fn stat(st: &Shared, rec: &SandboxRecord, path: String) -> EngineResult<FileStat> {
+        Ok(file_stat(parse(&run(st, rec, FsOp::Stat { path }).await?)?))
+    }
+
+    /// A directory's entries.
+    pub(crate) async fn list(st: &Shared, rec: &SandboxRecord, path: String) -> EngineResult<Vec<FileStat>> {
+        let list: Vec<Stat> = parse(&run(st, rec, FsOp::List { path }).await?)?;
+        Ok(list.into_iter().map(file_stat).collect())
+    }
+
+    /// An operation without an answer (mkdir, remove, rename).
+    pub(crate) async fn act(st: &Shared, rec: &SandboxRecord, op: FsOp) -> EngineResult<()> {
+        run(st, rec, op).await.map(drop)
+    }
+
+    /// What a download's bytes are written through: a file's length (its
+    /// first 8 bytes) or, for a tar, its first byte says the transfer is
+    /// under way; the rest goes to the client.
+    struct Answer {
+        ready: Option<oneshot::Sender<Result<Option<u64>, EngineError>>>,
+        tar: bool,
+        head: Vec<u8>,
+        out: transfer::ChunkSender,
+    }
+
+    impl std::io::Write for Answer {
+        fn write(&mut self, mut data: &[u8]) -> std::io::Result<usize> {
+            let n = data.len();
+            if self.ready.is_some() {
+                if self.tar {
+                    let _ = self.ready.take().expect("checked").send(Ok(None));
+                } else {
+                    let take = (8 - self.head.len()).min(data.len());
+                    self.head.extend_from_slice(&data[..take]);
+                    data = &data[take..];
+                    if self.head.len() < 8 {
+                        return Ok(n);
+                    }
+                    let len = u64::from_le_bytes(self.head[..8].try_into().expect("8 bytes"));
+                    let _ = self.ready.take().expect("checked").send(Ok(Some(len)));
+                }
+            }
+            self.out.write_all(data)?;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.out.flush()
+        }
+    }
+
+    /// A file (its length first) or a tar stream, from the guest.
+    pub(crate) async fn download(st: &Shared, rec: &SandboxRecord, q: DownloadQuery) -> EngineResult<Download> {
+        running(rec)?;
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (out, stream) = transfer::download_channel();
+        let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
+        let op = if q.tar { FsOp::ReadTar { path: q.path.clone() } } else { FsOp::Read { path: q.path.clone() } };
+        transfer::spawn(move || {
+            let mut answer = Answer { ready: Some(ready_tx), tar: q.tar, head: Vec::new(), out };
+            let r = rt.guest_fs(&id, &op, None, &mut answer);
+            // An empty tar or file still says it is under way (and an answer that ends early is an error).
+            if r.is_ok() {
+                if let Some(ready) = answer.ready.take() {
+                    let _ = ready.send(if q.tar {
+                        Ok(None)
+                    } else {
+                        Err(EngineError::new(ErrorCode::Internal, "the guest's answer ended before the file's length"))
+                    });
+                }
+            }
+            match r {
+                Ok(()) => {
+                    let _ = std::io::Write::flush(&mut answer.out);
+                }
+                Err(f) => match answer.ready.take() {
+                    Some(ready) => {
+                        let _ = ready.send(Err(error(f)));
+                    }
+                    None => {
+                        tracing::warn!(sandbox = %id, path = %q.path, error = %f.message, "file download cut short");
+                        answer.out.fail(std::io::Error::other(f.message));
+                    }
+                },
+            }
+        })
+        .map_err(|e| EngineError::internal("file transfer thread", &e))?;
+        match ready_rx.await {
+            Ok(Ok(len)) => Ok(Download { len, stream }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                Err(EngineError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer"))
+            }
+        }
+    }
+
+    /// A file (replaced whole once complete) or a tar extracted under a directory, into the guest.
+    pub(crate) async fn upload<S, E>(st: &Shared, rec: &SandboxRecord, q: UploadQuery, body: S) -> EngineResult<()>
+    where
+        S: futures_util::Stream<Item = Result<transfer::Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        running(rec)?;
+        let mode = q.mode.unwrap_or(0o644) & 0o7777 & !0o6000;
+        let op =
+            if q.tar { FsOp::WriteTar { path: q.path.clone() } } else { FsOp::Write { path: q.path.clone(), mode } };
+        let (tx, mut reader) = transfer::upload_channel();
+        let (done_tx, done_rx) = oneshot::channel::<Result<(), FsError>>();
+        let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
+        let (err_tx, err_rx) = std::sync::mpsc::channel::<FsFailure>();
+        transfer::spawn(move || {
+            let r = rt.guest_fs(&id, &op, Some(&mut reader), &mut std::io::sink());
+            let _ = reader.drain();
+            let res = r.map_err(|f| {
+                let _ = err_tx.send(f.clone());
+                FsError::Invalid(f.message)
+            });
+            let _ = done_tx.send(res);
+        })
+        .map_err(|e| EngineError::internal("file transfer thread", &e))?;
+        match transfer::feed_upload(body, tx, MAX_UPLOAD_BYTES, done_rx).await {
+            Ok(Some(Ok(()))) => Ok(()),
+            Ok(Some(Err(_))) => Err(err_rx.try_recv().map(error).unwrap_or_else(|_| {
+                EngineError::new(ErrorCode::Internal, "file transfer: the guest refused the upload")
+            })),
+            Ok(None) => {
+                Err(EngineError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer"))
+            }
+            Err(e) => Err(super::feed_error(e)),
+        }
     }
 }

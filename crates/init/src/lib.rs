@@ -18,6 +18,8 @@
 //! * [`layer`]: a microVM guest's writable layer (its overlay upper
 //!   directory) for the host: a manifest of its entries and a layer tar.
 //! * [`netif`]: a microVM guest's network interface (address, default route).
+//! * [`guestfs`]: the file API inside a microVM guest (stat, list, mkdir,
+//!   remove, rename, file and tar downloads and uploads).
 //! * [`pty`]: pseudo-terminals for processes that run on one (both tiers).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
@@ -28,6 +30,7 @@ pub mod channel;
 pub mod creds;
 pub mod enter;
 pub mod exec;
+pub mod guestfs;
 pub mod layer;
 pub mod loopback;
 pub mod mux;

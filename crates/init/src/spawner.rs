@@ -161,6 +161,14 @@ pub enum Request {
         /// Who owns them (the image's user; `None`: root).
         owner: Option<String>,
     },
+    /// A file operation in pid 1's root ([`crate::guestfs`]): an upload's
+    /// bytes follow as [`Frame::Stdin`] frames up to [`Frame::StdinEof`]; the
+    /// answer is [`Frame::Stdout`] frames, then [`Frame::Ended`], or
+    /// [`Frame::Failed`] with a [`crate::guestfs::FsFailure`] as JSON.
+    Fs {
+        /// The operation.
+        op: crate::guestfs::FsOp,
+    },
 }
 
 /// How a process ended (or why it could not start), as pid 1 tells the host.
@@ -260,6 +268,39 @@ impl Write for FrameWriter<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.send()
+    }
+}
+
+/// What the host sends after a request, as a reader: the payloads of its
+/// [`Frame::Stdin`] frames, until [`Frame::StdinEof`] (an end of the stream
+/// before it is an error: the upload was cut short).
+struct FrameInput {
+    stream: UnixStream,
+    reader: FrameReader,
+    buf: Vec<u8>,
+    at: usize,
+    ended: bool,
+}
+
+impl Read for FrameInput {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.buf.len() && !self.ended {
+            match self.reader.read_from(&mut self.stream)? {
+                Some((Frame::Stdin, data)) => (self.buf, self.at) = (data, 0),
+                Some((Frame::StdinEof, _)) => self.ended = true,
+                Some((other, _)) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("a {other:?} frame in an upload"),
+                    ))
+                }
+                None => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the upload was cut short")),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.at);
+        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
     }
 }
 
@@ -579,7 +620,9 @@ impl Spawner {
                     Err(e) => self.fail(id, &format!("the secrets: {e}")),
                 }
             }
-            Request::LayerManifest | Request::LayerTar { .. } | Request::Flush { .. } => self.answer_in_thread(id, req),
+            Request::LayerManifest | Request::LayerTar { .. } | Request::Flush { .. } | Request::Fs { .. } => {
+                self.answer_in_thread(id, req)
+            }
             Request::Resize { pid, size } => {
                 let master = self.procs.get(&pid).and_then(|t| t.tty.as_ref());
                 let done = master.is_some_and(|m| crate::pty::set_size(m.as_raw_fd(), size).is_ok());
@@ -628,6 +671,36 @@ impl Spawner {
         let Some(mut c) = self.conns.remove(&id) else { return };
         std::thread::spawn(move || {
             if c.stream.set_nonblocking(false).is_err() || c.stream.write_all(&c.out).is_err() {
+                return;
+            }
+            if let Request::Fs { op } = &req {
+                // What the host sends after the request (an upload's bytes) comes as stdin frames.
+                let Ok(reading) = c.stream.try_clone() else { return };
+                let mut input = FrameInput {
+                    stream: reading,
+                    reader: std::mem::take(&mut c.reader),
+                    buf: Vec::new(),
+                    at: 0,
+                    ended: false,
+                };
+                let mut out = FrameWriter { stream: &mut c.stream, buf: Vec::with_capacity(FrameWriter::CHUNK) };
+                let done = crate::guestfs::run(op, &mut input, &mut out).and_then(|()| {
+                    out.flush().map_err(|e| crate::guestfs::FsFailure {
+                        errno: e.raw_os_error().unwrap_or(libc::EIO),
+                        path: String::new(),
+                        message: format!("the answer: {e}"),
+                        rule: None,
+                    })
+                });
+                let mut end = Vec::new();
+                match done {
+                    Ok(()) => {
+                        let status = serde_json::to_vec(&Status::Exited { code: 0 }).expect("serializes");
+                        channel::encode(&mut end, Frame::Ended, &status);
+                    }
+                    Err(f) => channel::encode(&mut end, Frame::Failed, &serde_json::to_vec(&f).expect("serializes")),
+                }
+                let _ = c.stream.write_all(&end);
                 return;
             }
             let mut out = FrameWriter { stream: &mut c.stream, buf: Vec::with_capacity(FrameWriter::CHUNK) };

@@ -107,9 +107,41 @@ impl Pid1Channel {
         limit: u64,
         idle: Duration,
     ) -> Result<u64, String> {
+        self.exchange(req, None, out, limit, idle)
+    }
+
+    /// [`Pid1Channel::fetch`], sending `input` after the request first (as
+    /// [`Frame::Stdin`] frames, then [`Frame::StdinEof`]). Pid 1 may refuse
+    /// before it has read it all: its answer is read anyway.
+    pub fn exchange(
+        &self,
+        req: &Request,
+        input: Option<&mut dyn std::io::Read>,
+        out: &mut dyn std::io::Write,
+        limit: u64,
+        idle: Duration,
+    ) -> Result<u64, String> {
         let (mut conn, mut reader) = strata_init::runsc::connect(&self.control, &self.token)?;
         let bytes = serde_json::to_vec(req).expect("serializes");
         strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| format!("ask pid 1: {e}"))?;
+        if let Some(input) = input {
+            let mut buf = vec![0u8; 64 << 10];
+            let sent = loop {
+                let n = match input.read(&mut buf) {
+                    Ok(0) => break strata_init::channel::write_frame(&mut conn, Frame::StdinEof, &[]),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(format!("reading what goes to pid 1: {e}")),
+                };
+                if let Err(e) = strata_init::channel::write_frame(&mut conn, Frame::Stdin, &buf[..n]) {
+                    break Err(e);
+                }
+            };
+            // A write that fails means pid 1 answered early (a refusal): its answer says why.
+            if let Err(e) = sent {
+                debug!(error = %e, "pid 1 stopped taking the input before its end");
+            }
+        }
         conn.set_read_timeout(Some(idle)).map_err(|e| e.to_string())?;
         let mut got = 0u64;
         loop {

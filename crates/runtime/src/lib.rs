@@ -449,6 +449,25 @@ pub trait Runtime: Send + Sync {
         false
     }
 
+    /// A file operation in a running sandbox of a [`Runtime::layer_in_guest`]
+    /// tier, done by its guest ([`strata_init::guestfs`]): `input` is what an
+    /// upload sends, the answer goes to `out`.
+    fn guest_fs(
+        &self,
+        sandbox_id: &str,
+        op: &strata_init::guestfs::FsOp,
+        input: Option<&mut dyn std::io::Read>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(), strata_init::guestfs::FsFailure> {
+        let _ = (op, input, out);
+        Err(strata_init::guestfs::FsFailure {
+            errno: libc::ENOSYS,
+            path: String::new(),
+            message: format!("sandbox {sandbox_id}'s files are on the host ({})", self.name()),
+            rule: None,
+        })
+    }
+
     /// Whether the host must never read this tier's writable layer where it
     /// lies: a guest kernel writes its disk's blocks (the microvm tier), so
     /// mounting it would put the host's file system driver in reach of the

@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use strata_api::{DownloadQuery, FileStat, UploadQuery};
+use strata_init::guestfs::FsOp;
 
 use super::{holding, Download, Engine};
 use crate::access::Use;
@@ -14,12 +15,18 @@ impl Engine {
     /// A path's metadata.
     pub async fn stat(&self, key: &str, path: &str) -> EngineResult<FileStat> {
         let path = path.to_string();
+        if let Some((rec, _held)) = self.in_guest(key).await? {
+            return self.run(files::guest::stat(&self.st, &rec, path)).await;
+        }
         self.with_fs(key, move |fs| fs.stat(&path)).await
     }
 
     /// A directory's entries.
     pub async fn list_dir(&self, key: &str, path: &str) -> EngineResult<Vec<FileStat>> {
         let path = path.to_string();
+        if let Some((rec, _held)) = self.in_guest(key).await? {
+            return self.run(files::guest::list(&self.st, &rec, path)).await;
+        }
         self.with_fs(key, move |fs| fs.list(&path)).await
     }
 
@@ -46,18 +53,27 @@ impl Engine {
     /// Creates a directory (and its missing parents with `parents`).
     pub async fn mkdir(&self, key: &str, path: &str, parents: bool) -> EngineResult<()> {
         let path = path.to_string();
+        if let Some((rec, _held)) = self.in_guest(key).await? {
+            return self.run(files::guest::act(&self.st, &rec, FsOp::Mkdir { path, parents })).await;
+        }
         self.with_fs(key, move |fs| fs.mkdir(&path, parents, 0o755)).await
     }
 
     /// Removes a path (a directory with `recursive`).
     pub async fn remove_path(&self, key: &str, path: &str, recursive: bool) -> EngineResult<()> {
         let path = path.to_string();
+        if let Some((rec, _held)) = self.in_guest(key).await? {
+            return self.run(files::guest::act(&self.st, &rec, FsOp::Remove { path, recursive })).await;
+        }
         self.with_fs(key, move |fs| fs.remove(&path, recursive)).await
     }
 
     /// Renames a path.
     pub async fn move_path(&self, key: &str, from: &str, to: &str) -> EngineResult<()> {
         let (from, to) = (from.to_string(), to.to_string());
+        if let Some((rec, _held)) = self.in_guest(key).await? {
+            return self.run(files::guest::act(&self.st, &rec, FsOp::Rename { from, to })).await;
+        }
         self.with_fs(key, move |fs| fs.rename(&from, &to)).await
     }
 
@@ -84,6 +100,15 @@ impl Engine {
             return Err(files::feed_error(crate::transfer::FeedError::TooLarge(files::MAX_UPLOAD_BYTES)));
         }
         self.run(files::upload(&self.st, &sb.id, q, Box::pin(chunks))).await
+    }
+
+    /// The record of the sandbox `key` names when its files are its guest's
+    /// (a microVM: the file API goes through [`files::guest`]), entered for a
+    /// call that needs it running (held awake while the entry is kept).
+    async fn in_guest(&self, key: &str) -> EngineResult<Option<(strata_store::db::SandboxRecord, super::Target)>> {
+        let sb = self.enter(key, Use::Running).await?;
+        let rec = self.record_of(&sb).await?.into_owned();
+        Ok(crate::guest_layer::in_guest(&self.st, &rec).then_some((rec, sb)))
     }
 
     async fn with_fs<T: Send + 'static>(

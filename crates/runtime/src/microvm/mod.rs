@@ -33,9 +33,15 @@
 //! Standby: the guest freezes its disk, QEMU saves the machine to a file
 //! ([`qmp`], [`snapshot`]) and exits; a resume loads it (`-incoming`).
 //!
-//! What this tier does not do yet, each refused with why: network other
-//! than `none`, secrets, warm checkpoints (forks from a VM snapshot), the
-//! file API, restore, archive and rebase.
+//! Files: the file API is done by the guest's pid 1 ([`Runtime::guest_fs`],
+//! [`strata_init::guestfs`]). Network: `--network egress` bridges the
+//! sandbox's netns link to a tap QEMU opens. Secrets: a tmpfs in the guest's
+//! RAM, put there after boot. QEMU runs confined (seccomp, an empty root, a
+//! uid of the sandbox's own).
+//!
+//! What this tier does not do yet, each refused with why: warm checkpoints
+//! (forks from a VM snapshot), restore, archive, rebase, xattrs and
+//! directory watches of the file API.
 //! The measured facts behind each choice: docs/microvm.md.
 
 pub mod assets;
@@ -978,6 +984,26 @@ impl Runtime for MicrovmRuntime {
 
     fn process_image_holds_secrets(&self) -> bool {
         true
+    }
+
+    fn guest_fs(
+        &self,
+        sandbox_id: &str,
+        op: &strata_init::guestfs::FsOp,
+        input: Option<&mut dyn std::io::Read>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(), strata_init::guestfs::FsFailure> {
+        let req = strata_init::spawner::Request::Fs { op: op.clone() };
+        match self.channel(sandbox_id).exchange(&req, input, out, u64::MAX, LAYER_IDLE) {
+            Ok(_) => Ok(()),
+            // Pid 1's refusal says why as JSON; anything else is the channel's.
+            Err(e) => Err(serde_json::from_str(&e).unwrap_or(strata_init::guestfs::FsFailure {
+                errno: libc::EIO,
+                path: String::new(),
+                message: format!("the file operation in microVM {sandbox_id}: {e}"),
+                rule: None,
+            })),
+        }
     }
 
     /// The guest freezes its disk ([`strata_init::spawner::Request::FreezeDisk`]),

@@ -1,0 +1,572 @@
+//! The file API inside a microVM guest: pid 1 does what the host's confined
+//! file access does on the other tiers (`strata cp`, uploads, downloads,
+//! `fs ls|stat|mkdir|rm|mv`), in its own root, which is the sandbox's. The
+//! host sends one [`FsOp`] per connection ([`crate::spawner::Request::Fs`]);
+//! an answer is JSON, a file's bytes (after their length) or a tar stream, and
+//! a failure names its errno ([`FsFailure`]), so the host answers with the
+//! same error codes as on the other tiers. Symlinks are never followed at the
+//! end of a path (a symlink is stat'ed, removed or renamed as itself), kernel
+//! pseudo-filesystems and special files are not served, and the secrets under
+//! `/run/secrets` are neither served nor written.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where the secrets are, which the file API neither serves nor writes.
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// The most entries a listing holds.
+pub const MAX_LIST: usize = 100_000;
+
+/// Directories nested deeper than this end a tar download.
+const MAX_DEPTH: usize = 256;
+
+/// One file operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum FsOp {
+    /// A path's metadata ([`Stat`], JSON).
+    Stat {
+        /// The path.
+        path: String,
+    },
+    /// A directory's entries ([`Stat`]s, JSON), sorted by name.
+    List {
+        /// The directory.
+        path: String,
+    },
+    /// Makes a directory (its missing parents with `parents`); no answer.
+    Mkdir {
+        /// The directory.
+        path: String,
+        /// Make missing parents too.
+        parents: bool,
+    },
+    /// Removes a path (a directory and what it holds with `recursive`); no answer.
+    Remove {
+        /// The path.
+        path: String,
+        /// A directory with its contents.
+        recursive: bool,
+    },
+    /// Renames a path; no answer.
+    Rename {
+        /// From.
+        from: String,
+        /// To.
+        to: String,
+    },
+    /// A regular file's bytes: its length (u64 LE), then exactly that many bytes.
+    Read {
+        /// The file.
+        path: String,
+    },
+    /// A tar of a file or directory (named by its base name, `.` for `/`).
+    ReadTar {
+        /// Where it starts.
+        path: String,
+    },
+    /// A regular file from the bytes that follow (into a temporary file
+    /// beside it, renamed into place once complete).
+    Write {
+        /// The file.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Extracts the tar that follows under a directory, made if missing
+    /// (into a temporary directory beside its entries first; nothing is kept
+    /// if an entry is refused or the archive is cut short).
+    WriteTar {
+        /// The directory.
+        path: String,
+    },
+}
+
+/// A path's metadata, as the guest sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    /// Absolute path.
+    pub path: String,
+    /// Entry name.
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// A symlink's target as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+/// Why an operation failed: its errno and the path it is about, or (errno
+/// 0) the file API's rule that refused it, with a message saying which.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsFailure {
+    /// The errno (`ENOENT`, `EEXIST`, ...), or 0.
+    pub errno: i32,
+    /// The path (empty for a rule's refusal).
+    #[serde(default)]
+    pub path: String,
+    /// What failed.
+    pub message: String,
+    /// A rule of the file API: `invalid`, `special`, `pseudo_fs`, `secrets`, `archive` (with errno 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl FsFailure {
+    fn io(path: &str, e: io::Error) -> FsFailure {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        FsFailure { errno, path: path.into(), message: format!("{path}: {e}"), rule: None }
+    }
+
+    fn rule(rule: &str, message: String) -> FsFailure {
+        FsFailure { errno: 0, path: String::new(), message, rule: Some(rule.into()) }
+    }
+}
+
+type FsResult<T> = Result<T, FsFailure>;
+
+/// Checks a path the host sent: absolute, no NUL, no `..` (it would be
+/// resolved against the guest's root anyway; refusing it keeps answers plain).
+pub fn check(path: &str) -> FsResult<PathBuf> {
+    let p = Path::new(path);
+    if !p.is_absolute() || path.contains('\0') || p.components().any(|c| c == Component::ParentDir) {
+        return Err(FsFailure::rule(
+            "invalid",
+            format!("invalid path {path:?}: use an absolute path inside the sandbox"),
+        ));
+    }
+    let clean: PathBuf = p.components().collect();
+    if clean.starts_with(SECRETS_DIR) {
+        return Err(FsFailure::rule(
+            "secrets",
+            format!("{path} (the secrets under {SECRETS_DIR} are not served by the file API)"),
+        ));
+    }
+    Ok(clean)
+}
+
+/// The kernel pseudo-filesystem `path` is on (`None`: a real one).
+fn pseudo_fs(path: &Path) -> Option<&'static str> {
+    let st = nix::sys::statfs::statfs(path).ok()?;
+    let t = st.filesystem_type().0 as i64;
+    Some(match t {
+        0x9fa0 => "proc",
+        0x6265_6572 => "sysfs",
+        0x1cd1 => "devpts",
+        0x6367_7270 => "cgroup2",
+        0x0027_e0eb => "cgroup",
+        0x6462_6720 => "debugfs",
+        0x7363_6673 => "securityfs",
+        0x7472_6163 => "tracefs",
+        0xcafe_4a11 => "bpf",
+        _ => return None,
+    })
+}
+
+fn kind_of(t: fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "symlink"
+    } else if t.is_dir() {
+        "dir"
+    } else if t.is_file() {
+        "file"
+    } else {
+        "other"
+    }
+}
+
+fn stat_of(path: &Path, meta: &fs::Metadata) -> Stat {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into());
+    Stat {
+        path: path.to_string_lossy().into_owned(),
+        name,
+        kind: kind_of(meta.file_type()).into(),
+        size: meta.len(),
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        mtime: meta.mtime(),
+        link_target: meta
+            .file_type()
+            .is_symlink()
+            .then(|| fs::read_link(path).ok().map(|t| t.to_string_lossy().into_owned()))
+            .flatten(),
+    }
+}
+
+/// `path`'s metadata (the link itself for a symlink).
+fn stat(path: &Path) -> FsResult<Stat> {
+    let shown = path.to_string_lossy();
+    let meta = fs::symlink_metadata(path).map_err(|e| FsFailure::io(&shown, e))?;
+    Ok(stat_of(path, &meta))
+}
+
+fn list(path: &Path) -> FsResult<Vec<Stat>> {
+    let shown = path.to_string_lossy().into_owned();
+    if let Some(fs) = pseudo_fs(path) {
+        return Err(pseudo(&shown, fs));
+    }
+    let mut out = Vec::new();
+    for e in fs::read_dir(path).map_err(|e| FsFailure::io(&shown, e))? {
+        let e = e.map_err(|e| FsFailure::io(&shown, e))?;
+        if out.len() >= MAX_LIST {
+            return Err(FsFailure::rule("invalid", format!("{shown}: more than {MAX_LIST} entries")));
+        }
+        let p = path.join(e.file_name());
+        if p.starts_with(SECRETS_DIR) {
+            continue;
+        }
+        if let Ok(meta) = fs::symlink_metadata(&p) {
+            out.push(stat_of(&p, &meta));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn pseudo(path: &str, fs: &str) -> FsFailure {
+    FsFailure::rule(
+        "pseudo_fs",
+        format!("{path}: on a {fs} pseudo-filesystem, which the file API does not serve (kernel interfaces answer whoever asks; read them from inside the sandbox with exec)"),
+    )
+}
+
+fn special(path: &str) -> FsFailure {
+    FsFailure::rule(
+        "special",
+        format!("{path}: a special file, which the file API does not read or write (only regular files, directories and symlinks)"),
+    )
+}
+
+/// Runs `op`, reading what it takes from `input` and writing its answer to `out`.
+pub fn run(op: &FsOp, input: &mut dyn Read, out: &mut dyn Write) -> FsResult<()> {
+    let json = |out: &mut dyn Write, v: &dyn erased::Json| -> FsResult<()> {
+        v.write_to(out).map_err(|e| FsFailure::io("(answer)", e))
+    };
+    match op {
+        FsOp::Stat { path } => json(out, &stat(&check(path)?)?),
+        FsOp::List { path } => json(out, &list(&check(path)?)?),
+        FsOp::Mkdir { path, parents } => {
+            let p = check(path)?;
+            let r = if *parents { fs::create_dir_all(&p) } else { fs::create_dir(&p) };
+            r.map_err(|e| FsFailure::io(path, e))
+        }
+        FsOp::Remove { path, recursive } => {
+            let p = check(path)?;
+            if p == Path::new("/") {
+                return Err(FsFailure::rule("invalid", "refusing to remove / (the sandbox's root)".into()));
+            }
+            let meta = fs::symlink_metadata(&p).map_err(|e| FsFailure::io(path, e))?;
+            let r = match (meta.is_dir(), recursive) {
+                (true, true) => fs::remove_dir_all(&p),
+                (true, false) => fs::remove_dir(&p),
+                (false, _) => fs::remove_file(&p),
+            };
+            r.map_err(|e| FsFailure::io(path, e))
+        }
+        FsOp::Rename { from, to } => {
+            let (f, t) = (check(from)?, check(to)?);
+            fs::rename(&f, &t).map_err(|e| FsFailure::io(&format!("{from} -> {to}"), e))
+        }
+        FsOp::Read { path } => read(&check(path)?, out),
+        FsOp::ReadTar { path } => read_tar(&check(path)?, out),
+        FsOp::Write { path, mode } => write(&check(path)?, *mode, input),
+        FsOp::WriteTar { path } => write_tar(&check(path)?, input),
+    }
+}
+
+/// JSON answers of several types through one `&dyn`.
+mod erased {
+    pub trait Json {
+        fn write_to(&self, out: &mut dyn std::io::Write) -> std::io::Result<()>;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn write_to(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+            serde_json::to_writer(out, self).map_err(std::io::Error::other)
+        }
+    }
+}
+
+fn read(path: &Path, out: &mut dyn Write) -> FsResult<()> {
+    let shown = path.to_string_lossy().into_owned();
+    if let Some(fs) = pseudo_fs(path) {
+        return Err(pseudo(&shown, fs));
+    }
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| FsFailure::io(&shown, e))?;
+    let meta = f.metadata().map_err(|e| FsFailure::io(&shown, e))?;
+    if meta.is_dir() {
+        return Err(FsFailure::io(&shown, io::Error::from_raw_os_error(libc::EISDIR)));
+    }
+    if !meta.is_file() {
+        return Err(special(&shown));
+    }
+    let len = meta.len();
+    out.write_all(&len.to_le_bytes()).map_err(|e| FsFailure::io(&shown, e))?;
+    // Exactly `len` bytes: cut if it grew, zeros if it shrank (the length went first).
+    let mut body = io::BufReader::with_capacity(1 << 20, f).take(len).chain(io::repeat(0)).take(len);
+    io::copy(&mut body, out).map_err(|e| FsFailure::io(&shown, e))?;
+    Ok(())
+}
+
+fn read_tar(path: &Path, out: &mut dyn Write) -> FsResult<()> {
+    let shown = path.to_string_lossy().into_owned();
+    let meta = fs::symlink_metadata(path).map_err(|e| FsFailure::io(&shown, e))?;
+    if !(meta.is_dir() || meta.is_file() || meta.file_type().is_symlink()) {
+        return Err(special(&shown));
+    }
+    if let Some(fs) = pseudo_fs(path) {
+        return Err(pseudo(&shown, fs));
+    }
+    let name = path.file_name().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let mut b = tar::Builder::new(out);
+    b.follow_symlinks(false);
+    append(&mut b, path, &name, 0)?;
+    b.finish().map_err(|e| FsFailure::io(&shown, e))
+}
+
+/// Appends `path` as `name` (and, for a directory, what it holds).
+fn append(b: &mut tar::Builder<&mut dyn Write>, path: &Path, name: &Path, depth: usize) -> FsResult<()> {
+    let shown = path.to_string_lossy().into_owned();
+    if depth > MAX_DEPTH || path.starts_with(SECRETS_DIR) {
+        return Ok(());
+    }
+    let Ok(meta) = fs::symlink_metadata(path) else { return Ok(()) }; // gone since it was listed
+    let t = meta.file_type();
+    let mut h = tar::Header::new_gnu();
+    h.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+    if t.is_dir() {
+        if depth > 0 && pseudo_fs(path).is_some() {
+            return Ok(());
+        }
+        h.set_size(0);
+        b.append_data(&mut h, name, io::empty()).map_err(|e| FsFailure::io(&shown, e))?;
+        let mut names: Vec<_> = match fs::read_dir(path) {
+            Ok(rd) => rd.flatten().map(|e| e.file_name()).collect(),
+            Err(_) => return Ok(()),
+        };
+        names.sort();
+        for n in names {
+            append(b, &path.join(&n), &name.join(&n), depth + 1)?;
+        }
+    } else if t.is_file() {
+        let Ok(f) = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)
+        else {
+            return Ok(());
+        };
+        let len = meta.len();
+        h.set_size(len);
+        let body = io::BufReader::with_capacity(1 << 20, f).take(len).chain(io::repeat(0)).take(len);
+        b.append_data(&mut h, name, body).map_err(|e| FsFailure::io(&shown, e))?;
+    } else if t.is_symlink() {
+        let target = fs::read_link(path).map_err(|e| FsFailure::io(&shown, e))?;
+        h.set_size(0);
+        b.append_link(&mut h, name, &target).map_err(|e| FsFailure::io(&shown, e))?;
+    }
+    // Devices, fifos and sockets are left out.
+    Ok(())
+}
+
+/// A name beside `path` for a temporary file or directory.
+fn temp_beside(path: &Path) -> PathBuf {
+    let mut b = [0u8; 8];
+    let _ = crate::channel::random_bytes().map(|r| b.copy_from_slice(&r[..8]));
+    let tag: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.strata-{tag}"))
+}
+
+fn write(path: &Path, mode: u32, input: &mut dyn Read) -> FsResult<()> {
+    let shown = path.to_string_lossy().into_owned();
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(FsFailure::io(&shown, io::Error::from_raw_os_error(libc::EISDIR)));
+    }
+    let tmp = temp_beside(path);
+    let written = (|| -> io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode & 0o1777)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        io::copy(input, &mut f)?;
+        f.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(FsFailure::io(&shown, e));
+    }
+    Ok(())
+}
+
+/// Extracts a tar under `dir` (made if missing): every entry into a
+/// temporary directory beside it first (entries that would leave it, devices
+/// and links out of it are refused), then each top-level entry moved into
+/// place (a directory that exists already is merged into, entry by entry).
+/// Nothing is kept of an archive refused or cut short before the moves.
+fn write_tar(dir: &Path, input: &mut dyn Read) -> FsResult<()> {
+    let shown = dir.to_string_lossy().into_owned();
+    let made = match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => false,
+        Ok(_) => return Err(FsFailure::io(&shown, io::Error::from_raw_os_error(libc::ENOTDIR))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(dir).map_err(|e| FsFailure::io(&shown, e))?;
+            true
+        }
+        Err(e) => return Err(FsFailure::io(&shown, e)),
+    };
+    let staging = temp_beside(&dir.join("upload"));
+    if let Err(e) = fs::create_dir(&staging) {
+        if made {
+            let _ = fs::remove_dir(dir);
+        }
+        return Err(FsFailure::io(&shown, e));
+    }
+    let res = (|| -> FsResult<()> {
+        let mut a = tar::Archive::new(input);
+        a.set_preserve_permissions(true);
+        a.set_overwrite(true);
+        for entry in a.entries().map_err(|e| archive_failure("(archive)", e))? {
+            let mut entry = entry.map_err(|e| archive_failure("(archive)", e))?;
+            let name = entry.path().map(|p| p.into_owned()).unwrap_or_default();
+            let shown_name = name.to_string_lossy().into_owned();
+            let kind = entry.header().entry_type();
+            if !(kind.is_file() || kind.is_dir() || kind.is_symlink() || kind.is_hard_link()) {
+                return Err(FsFailure::rule("archive", format!("tar entry {shown_name:?}: a special file")));
+            }
+            // unpack_in refuses entries that would land outside the staging directory.
+            match entry.unpack_in(&staging) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(FsFailure::rule("archive", format!("tar entry {shown_name:?}: leaves the directory")))
+                }
+                Err(e) => return Err(archive_failure(&shown_name, e)),
+            }
+        }
+        for e in fs::read_dir(&staging).map_err(|e| FsFailure::io(&shown, e))? {
+            let e = e.map_err(|e| FsFailure::io(&shown, e))?;
+            merge(&e.path(), &dir.join(e.file_name()))?;
+        }
+        Ok(())
+    })();
+    let _ = fs::remove_dir_all(&staging);
+    if res.is_err() && made {
+        let _ = fs::remove_dir_all(dir);
+    }
+    res
+}
+
+fn archive_failure(entry: &str, e: io::Error) -> FsFailure {
+    FsFailure::rule("archive", format!("tar entry {entry:?}: {e}"))
+}
+
+/// Moves `from` to `to`; a directory onto an existing directory is merged.
+fn merge(from: &Path, to: &Path) -> FsResult<()> {
+    let shown = to.to_string_lossy().into_owned();
+    let both_dirs =
+        fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) && fs::symlink_metadata(to).is_ok_and(|m| m.is_dir());
+    if both_dirs {
+        for e in fs::read_dir(from).map_err(|e| FsFailure::io(&shown, e))? {
+            let e = e.map_err(|e| FsFailure::io(&shown, e))?;
+            merge(&e.path(), &to.join(e.file_name()))?;
+        }
+        return Ok(());
+    }
+    if fs::symlink_metadata(to).is_ok_and(|m| m.is_dir()) {
+        fs::remove_dir_all(to).map_err(|e| FsFailure::io(&shown, e))?;
+    }
+    fs::rename(from, to).map_err(|e| FsFailure::io(&shown, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[Stat]) -> Vec<&str> {
+        list.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn paths_are_checked_and_secrets_refused() {
+        for bad in ["relative", "/a/../b", "/x\0y"] {
+            assert_eq!(check(bad).unwrap_err().rule.as_deref(), Some("invalid"), "{bad:?}");
+        }
+        assert_eq!(check("/run/secrets/K").unwrap_err().rule.as_deref(), Some("secrets"));
+        assert_eq!(check("/run//secrets").unwrap_err().rule.as_deref(), Some("secrets"));
+        assert_eq!(check("/a/./b/").unwrap(), PathBuf::from("/a/b"));
+    }
+
+    #[test]
+    fn files_and_tars_go_both_ways_in_a_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let file = root.join("f.txt");
+        let op = FsOp::Write { path: file.to_string_lossy().into(), mode: 0o640 };
+        run(&op, &mut &b"hello"[..], &mut io::sink()).unwrap();
+        assert_eq!(fs::read(&file).unwrap(), b"hello");
+        assert_eq!(fs::metadata(&file).unwrap().mode() & 0o777, 0o640);
+        let mut got = Vec::new();
+        run(&FsOp::Read { path: file.to_string_lossy().into() }, &mut io::empty(), &mut got).unwrap();
+        assert_eq!(&got[..8], &5u64.to_le_bytes());
+        assert_eq!(&got[8..], b"hello");
+        // A directory as a tar, extracted elsewhere, merged into what is there.
+        fs::create_dir_all(root.join("src/sub")).unwrap();
+        fs::write(root.join("src/sub/a"), "a").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("src/link")).unwrap();
+        let mut tar = Vec::new();
+        run(&FsOp::ReadTar { path: root.join("src").to_string_lossy().into() }, &mut io::empty(), &mut tar).unwrap();
+        fs::create_dir_all(root.join("dst/src")).unwrap();
+        fs::write(root.join("dst/src/kept"), "k").unwrap();
+        run(&FsOp::WriteTar { path: root.join("dst").to_string_lossy().into() }, &mut &tar[..], &mut io::sink())
+            .unwrap();
+        assert_eq!(fs::read(root.join("dst/src/sub/a")).unwrap(), b"a");
+        assert_eq!(fs::read(root.join("dst/src/kept")).unwrap(), b"k", "merged, not replaced");
+        assert_eq!(fs::read_link(root.join("dst/src/link")).unwrap(), Path::new("/etc/passwd"));
+        let listed = list(&root.join("dst")).unwrap();
+        assert_eq!(names(&listed), ["src"], "no staging directory is left");
+        // A cut-off archive keeps nothing.
+        let err = run(
+            &FsOp::WriteTar { path: root.join("dst").to_string_lossy().into() },
+            &mut &tar[..tar.len() / 2 + 1],
+            &mut io::sink(),
+        );
+        assert!(err.is_err() || names(&list(&root.join("dst")).unwrap()) == ["src"]);
+        assert_eq!(names(&list(&root.join("dst")).unwrap()), ["src"]);
+    }
+
+    #[test]
+    fn failures_carry_their_errno() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("missing");
+        let e =
+            run(&FsOp::Stat { path: missing.to_string_lossy().into() }, &mut io::empty(), &mut io::sink()).unwrap_err();
+        assert_eq!(e.errno, libc::ENOENT);
+        assert!(e.message.contains("missing"), "{}", e.message);
+        let e = run(&FsOp::Read { path: d.path().to_string_lossy().into() }, &mut io::empty(), &mut io::sink())
+            .unwrap_err();
+        assert_eq!(e.errno, libc::EISDIR);
+        let e =
+            run(&FsOp::Remove { path: "/".into(), recursive: true }, &mut io::empty(), &mut io::sink()).unwrap_err();
+        assert_eq!(e.rule.as_deref(), Some("invalid"));
+    }
+}
