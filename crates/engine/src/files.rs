@@ -168,7 +168,7 @@ pub struct Download {
 pub async fn download(st: &Shared, id: &str, q: DownloadQuery) -> EngineResult<Download> {
     let rec = load(st, id)?;
     if crate::guest_layer::in_guest(st, &rec) {
-        return guest::download(st, &rec, q).await;
+        return Box::pin(guest::download(st, &rec, q)).await;
     }
     let root = fs_root(st, &rec)?;
     let has_secrets = !st.secrets.get(&rec.sandbox.id)?.is_empty();
@@ -252,7 +252,7 @@ where
 {
     let rec = load(st, id)?;
     if crate::guest_layer::in_guest(st, &rec) {
-        return guest::upload(st, &rec, q, body).await;
+        return Box::pin(guest::upload(st, &rec, q, body)).await;
     }
     let root = fs_root(st, &rec)?;
     let mode = q.mode.unwrap_or(0o644) & 0o7777 & !0o6000;

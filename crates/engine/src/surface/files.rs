@@ -15,19 +15,21 @@ impl Engine {
     /// A path's metadata.
     pub async fn stat(&self, key: &str, path: &str) -> EngineResult<FileStat> {
         let path = path.to_string();
-        if let Some((rec, _held)) = self.in_guest(key).await? {
-            return self.run(files::guest::stat(&self.st, &rec, path)).await;
+        let (sb, guest) = self.fs_target(key).await?;
+        match guest {
+            Some(rec) => Box::pin(self.run(files::guest::stat(&self.st, &rec, path))).await,
+            None => self.run(files::with_fs(&self.st, &sb.id, move |fs| fs.stat(&path))).await,
         }
-        self.with_fs(key, move |fs| fs.stat(&path)).await
     }
 
     /// A directory's entries.
     pub async fn list_dir(&self, key: &str, path: &str) -> EngineResult<Vec<FileStat>> {
         let path = path.to_string();
-        if let Some((rec, _held)) = self.in_guest(key).await? {
-            return self.run(files::guest::list(&self.st, &rec, path)).await;
+        let (sb, guest) = self.fs_target(key).await?;
+        match guest {
+            Some(rec) => Box::pin(self.run(files::guest::list(&self.st, &rec, path))).await,
+            None => self.run(files::with_fs(&self.st, &sb.id, move |fs| fs.list(&path))).await,
         }
-        self.with_fs(key, move |fs| fs.list(&path)).await
     }
 
     /// Makes the `user.` extended attributes of a file or directory under
@@ -53,28 +55,31 @@ impl Engine {
     /// Creates a directory (and its missing parents with `parents`).
     pub async fn mkdir(&self, key: &str, path: &str, parents: bool) -> EngineResult<()> {
         let path = path.to_string();
-        if let Some((rec, _held)) = self.in_guest(key).await? {
-            return self.run(files::guest::act(&self.st, &rec, FsOp::Mkdir { path, parents })).await;
+        let (sb, guest) = self.fs_target(key).await?;
+        match guest {
+            Some(rec) => Box::pin(self.run(files::guest::act(&self.st, &rec, FsOp::Mkdir { path, parents }))).await,
+            None => self.run(files::with_fs(&self.st, &sb.id, move |fs| fs.mkdir(&path, parents, 0o755))).await,
         }
-        self.with_fs(key, move |fs| fs.mkdir(&path, parents, 0o755)).await
     }
 
     /// Removes a path (a directory with `recursive`).
     pub async fn remove_path(&self, key: &str, path: &str, recursive: bool) -> EngineResult<()> {
         let path = path.to_string();
-        if let Some((rec, _held)) = self.in_guest(key).await? {
-            return self.run(files::guest::act(&self.st, &rec, FsOp::Remove { path, recursive })).await;
+        let (sb, guest) = self.fs_target(key).await?;
+        match guest {
+            Some(rec) => Box::pin(self.run(files::guest::act(&self.st, &rec, FsOp::Remove { path, recursive }))).await,
+            None => self.run(files::with_fs(&self.st, &sb.id, move |fs| fs.remove(&path, recursive))).await,
         }
-        self.with_fs(key, move |fs| fs.remove(&path, recursive)).await
     }
 
     /// Renames a path.
     pub async fn move_path(&self, key: &str, from: &str, to: &str) -> EngineResult<()> {
         let (from, to) = (from.to_string(), to.to_string());
-        if let Some((rec, _held)) = self.in_guest(key).await? {
-            return self.run(files::guest::act(&self.st, &rec, FsOp::Rename { from, to })).await;
+        let (sb, guest) = self.fs_target(key).await?;
+        match guest {
+            Some(rec) => Box::pin(self.run(files::guest::act(&self.st, &rec, FsOp::Rename { from, to }))).await,
+            None => self.run(files::with_fs(&self.st, &sb.id, move |fs| fs.rename(&from, &to))).await,
         }
-        self.with_fs(key, move |fs| fs.rename(&from, &to)).await
     }
 
     /// A file's bytes (or with `q.tar` a tar stream of a file or directory), streamed as they are read.
@@ -102,13 +107,16 @@ impl Engine {
         self.run(files::upload(&self.st, &sb.id, q, Box::pin(chunks))).await
     }
 
-    /// The record of the sandbox `key` names when its files are its guest's
-    /// (a microVM: the file API goes through [`files::guest`]), entered for a
-    /// call that needs it running (held awake while the entry is kept).
-    async fn in_guest(&self, key: &str) -> EngineResult<Option<(strata_store::db::SandboxRecord, super::Target)>> {
+    /// The sandbox `key` names, entered for a call that needs it running (held
+    /// awake while the target is kept), with its record when its files are
+    /// its guest's (a microVM: the file API goes through [`files::guest`]).
+    async fn fs_target(&self, key: &str) -> EngineResult<(super::Target, Option<strata_store::db::SandboxRecord>)> {
         let sb = self.enter(key, Use::Running).await?;
-        let rec = self.record_of(&sb).await?.into_owned();
-        Ok(crate::guest_layer::in_guest(&self.st, &rec).then_some((rec, sb)))
+        let guest = match &sb.record {
+            Some(rec) if crate::guest_layer::in_guest(&self.st, rec) => Some(rec.clone()),
+            _ => None,
+        };
+        Ok((sb, guest))
     }
 
     async fn with_fs<T: Send + 'static>(
