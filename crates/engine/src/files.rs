@@ -296,6 +296,11 @@ pub(crate) mod guest {
     use crate::state::Shared;
     use crate::transfer;
 
+    /// The most a guest's answer to a stat, a listing or an operation may
+    /// take (it is held whole in the daemon's memory; a listing has at most
+    /// [`strata_init::guestfs::MAX_LIST`] entries).
+    const MAX_ANSWER_BYTES: u64 = 64 << 20;
+
     /// The guest's refusal as the file API's error (the codes of the other tiers).
     fn error(f: FsFailure) -> EngineError {
         match (f.rule.as_deref(), f.errno) {
@@ -351,7 +356,7 @@ pub(crate) mod guest {
         let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            rt.guest_fs(&id, &op, None, &mut out).map(|()| out)
+            rt.guest_fs(&id, &op, None, &mut out, MAX_ANSWER_BYTES).map(|()| out)
         })
         .await
         .map_err(|e| EngineError::internal("file task", &e))?
@@ -424,7 +429,8 @@ pub(crate) mod guest {
         let op = if q.tar { FsOp::ReadTar { path: q.path.clone() } } else { FsOp::Read { path: q.path.clone() } };
         transfer::spawn(move || {
             let mut answer = Answer { ready: Some(ready_tx), tar: q.tar, head: Vec::new(), out };
-            let r = rt.guest_fs(&id, &op, None, &mut answer);
+            // A download streams through bounded buffers to its client: no bound on its length.
+            let r = rt.guest_fs(&id, &op, None, &mut answer, u64::MAX);
             // An empty tar or file still says it is under way (and an answer that ends early is an error).
             if r.is_ok() {
                 if let Some(ready) = answer.ready.take() {
@@ -471,24 +477,17 @@ pub(crate) mod guest {
         let op =
             if q.tar { FsOp::WriteTar { path: q.path.clone() } } else { FsOp::Write { path: q.path.clone(), mode } };
         let (tx, mut reader) = transfer::upload_channel();
-        let (done_tx, done_rx) = oneshot::channel::<Result<(), FsError>>();
+        let (done_tx, done_rx) = oneshot::channel::<Result<(), FsFailure>>();
         let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
-        let (err_tx, err_rx) = std::sync::mpsc::channel::<FsFailure>();
         transfer::spawn(move || {
-            let r = rt.guest_fs(&id, &op, Some(&mut reader), &mut std::io::sink());
+            let r = rt.guest_fs(&id, &op, Some(&mut reader), &mut std::io::sink(), 0);
             let _ = reader.drain();
-            let res = r.map_err(|f| {
-                let _ = err_tx.send(f.clone());
-                FsError::Invalid(f.message)
-            });
-            let _ = done_tx.send(res);
+            let _ = done_tx.send(r);
         })
         .map_err(|e| EngineError::internal("file transfer thread", &e))?;
         match transfer::feed_upload(body, tx, MAX_UPLOAD_BYTES, done_rx).await {
             Ok(Some(Ok(()))) => Ok(()),
-            Ok(Some(Err(_))) => Err(err_rx.try_recv().map(error).unwrap_or_else(|_| {
-                EngineError::new(ErrorCode::Internal, "file transfer: the guest refused the upload")
-            })),
+            Ok(Some(Err(f))) => Err(error(f)),
             Ok(None) => {
                 Err(EngineError::new(ErrorCode::Internal, "file transfer: the transfer thread ended without an answer"))
             }

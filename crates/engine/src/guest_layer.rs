@@ -228,7 +228,9 @@ pub(crate) async fn read(st: &Shared, rec: &SandboxRecord, pick: Pick, locked: b
                 // Never booted: nothing was written.
                 return Ok(GuestView { now: TreeManifest::default(), staged: None, frozen_ms: 0 });
             }
-            let spec = crate::root_spec::mount_spec(st, &rec).await?;
+            let mut spec = crate::root_spec::mount_spec(st, &rec).await?;
+            // The reader runs none of the sandbox's processes: it needs no secret.
+            spec.secrets.clear();
             tokio::task::spawn_blocking(move || {
                 let t = std::time::Instant::now();
                 let handle = rt.start(&spec).map_err(|e| EngineError::internal("booting the guest to read its disk", &e))?;

@@ -673,58 +673,41 @@ impl Spawner {
             if c.stream.set_nonblocking(false).is_err() || c.stream.write_all(&c.out).is_err() {
                 return;
             }
-            if let Request::Fs { op } = &req {
-                // What the host sends after the request (an upload's bytes) comes as stdin frames.
-                let Ok(reading) = c.stream.try_clone() else { return };
-                let mut input = FrameInput {
-                    stream: reading,
-                    reader: std::mem::take(&mut c.reader),
-                    buf: Vec::new(),
-                    at: 0,
-                    ended: false,
-                };
-                let mut out = FrameWriter { stream: &mut c.stream, buf: Vec::with_capacity(FrameWriter::CHUNK) };
-                let done = crate::guestfs::run(op, &mut input, &mut out).and_then(|()| {
-                    out.flush().map_err(|e| crate::guestfs::FsFailure {
-                        errno: e.raw_os_error().unwrap_or(libc::EIO),
-                        path: String::new(),
-                        message: format!("the answer: {e}"),
-                        rule: None,
-                    })
-                });
-                let mut end = Vec::new();
-                match done {
-                    Ok(()) => {
-                        let status = serde_json::to_vec(&Status::Exited { code: 0 }).expect("serializes");
-                        channel::encode(&mut end, Frame::Ended, &status);
-                    }
-                    Err(f) => channel::encode(&mut end, Frame::Failed, &serde_json::to_vec(&f).expect("serializes")),
-                }
-                let _ = c.stream.write_all(&end);
-                return;
-            }
+            // What the host sends after the request (an upload's bytes) comes as stdin frames.
+            let Ok(reading) = c.stream.try_clone() else { return };
+            let mut input = FrameInput {
+                stream: reading,
+                reader: std::mem::take(&mut c.reader),
+                buf: Vec::new(),
+                at: 0,
+                ended: false,
+            };
             let mut out = FrameWriter { stream: &mut c.stream, buf: Vec::with_capacity(FrameWriter::CHUNK) };
-            let done = match req {
+            // Ok, or the payload of the Failed frame: a file operation's as JSON, the others' as text.
+            let done: Result<(), Vec<u8>> = match req {
+                Request::Fs { op } => crate::guestfs::run(&op, &mut input, &mut out)
+                    .map_err(|f| serde_json::to_vec(&f).expect("serializes")),
                 Request::LayerManifest => open_layer()
                     .and_then(|dir| crate::layer::scan(dir.as_fd()))
-                    .and_then(|entries| serde_json::to_writer(&mut out, &entries).map_err(std::io::Error::other)),
-                Request::LayerTar { items } => {
-                    open_layer().and_then(|dir| crate::layer::write_tar(dir.as_fd(), &items, &mut out))
-                }
+                    .and_then(|entries| serde_json::to_writer(&mut out, &entries).map_err(std::io::Error::other))
+                    .map_err(|e| e.to_string().into_bytes()),
+                Request::LayerTar { items } => open_layer()
+                    .and_then(|dir| crate::layer::write_tar(dir.as_fd(), &items, &mut out))
+                    .map_err(|e| e.to_string().into_bytes()),
                 Request::Flush { paths, user } => {
                     let lines = flush(&paths, user.as_deref());
-                    out.write_all(lines.join("\n").as_bytes())
+                    out.write_all(lines.join("\n").as_bytes()).map_err(|e| e.to_string().into_bytes())
                 }
-                _ => Err(std::io::Error::other("not a long answer")),
+                _ => Err(b"not a long answer".to_vec()),
             };
-            let ended = done.and_then(|()| out.flush());
+            let ended = done.and_then(|()| out.flush().map_err(|e| format!("the answer: {e}").into_bytes()));
             let mut end = Vec::new();
             match ended {
                 Ok(()) => {
                     let status = serde_json::to_vec(&Status::Exited { code: 0 }).expect("serializes");
                     channel::encode(&mut end, Frame::Ended, &status);
                 }
-                Err(e) => channel::encode(&mut end, Frame::Failed, e.to_string().as_bytes()),
+                Err(why) => channel::encode(&mut end, Frame::Failed, &why),
             }
             let _ = c.stream.write_all(&end);
         });

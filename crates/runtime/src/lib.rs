@@ -451,15 +451,16 @@ pub trait Runtime: Send + Sync {
 
     /// A file operation in a running sandbox of a [`Runtime::layer_in_guest`]
     /// tier, done by its guest ([`strata_init::guestfs`]): `input` is what an
-    /// upload sends, the answer goes to `out`.
+    /// upload sends, the answer (at most `limit` bytes) goes to `out`.
     fn guest_fs(
         &self,
         sandbox_id: &str,
         op: &strata_init::guestfs::FsOp,
         input: Option<&mut dyn std::io::Read>,
         out: &mut dyn std::io::Write,
+        limit: u64,
     ) -> Result<(), strata_init::guestfs::FsFailure> {
-        let _ = (op, input, out);
+        let _ = (op, input, out, limit);
         Err(strata_init::guestfs::FsFailure {
             errno: libc::ENOSYS,
             path: String::new(),

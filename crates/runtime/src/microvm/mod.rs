@@ -282,6 +282,8 @@ pub fn host_tsc_khz() -> Option<u64> {
 pub struct MicrovmRuntime {
     qemu: PathBuf,
     qemu_version: String,
+    /// Whether this QEMU drops its privileges ([`drops_privileges`]).
+    confined: bool,
     accel: Accel,
     kernel: assets::GuestKernel,
     initramfs: PathBuf,
@@ -362,6 +364,7 @@ impl MicrovmRuntime {
         let cgroup_version = cgroup::detect(&cgroup_root)?;
         Ok(MicrovmRuntime {
             qemu,
+            confined: drops_privileges(&qemu_version),
             qemu_version,
             accel: probe.accel(),
             kernel,
@@ -480,7 +483,7 @@ impl MicrovmRuntime {
             // read-write when a restored VM runs), opened by its keeper while still root.
             // QEMU's own image locks would set the two against each other: off (a boot ends
             // any QEMU of the sandbox left before it starts one).
-            match drops_privileges(&self.qemu_version) {
+            match self.confined {
                 true => {
                     format!("id=disk,file=/dev/fdset/{DISK_FDSET},format=raw,if=none,cache=writeback,file.locking=off")
                 }
@@ -504,8 +507,7 @@ impl MicrovmRuntime {
         // sandbox's own (every file it needs is open by then). The filter is in place
         // before that drop, so it must let QEMU change its ids once (a process that
         // is no longer root cannot get root back); a QEMU that stays root may not.
-        let drops = drops_privileges(&self.qemu_version);
-        if drops {
+        if self.confined {
             for fd in [keeper::DISK_FD_RW, keeper::DISK_FD_RO] {
                 argv.extend(["-add-fd".into(), format!("fd={fd},set={DISK_FDSET}")]);
             }
@@ -514,10 +516,10 @@ impl MicrovmRuntime {
             "-sandbox".into(),
             format!(
                 "on,obsolete=deny,elevateprivileges={},spawn=deny,resourcecontrol=deny",
-                if drops { "allow" } else { "deny" }
+                if self.confined { "allow" } else { "deny" }
             ),
         ]);
-        if drops {
+        if self.confined {
             argv.extend([
                 "-run-with".into(),
                 format!("chroot={},user={uid}:{uid}", p(&self.run_dir.join(EMPTY_ROOT)), uid = qemu_uid(&spec.id)),
@@ -587,7 +589,7 @@ impl MicrovmRuntime {
             qmp_socket: dir.qmp(),
             incoming: snapshot.is_some(),
             netns: spec.netns_path.clone().filter(|_| spec.link.is_some()),
-            disk: drops_privileges(&self.qemu_version).then(|| disk.clone()),
+            disk: self.confined.then(|| disk.clone()),
         };
         let log = spec.open_log()?;
         let mut child = {
@@ -992,9 +994,10 @@ impl Runtime for MicrovmRuntime {
         op: &strata_init::guestfs::FsOp,
         input: Option<&mut dyn std::io::Read>,
         out: &mut dyn std::io::Write,
+        limit: u64,
     ) -> Result<(), strata_init::guestfs::FsFailure> {
         let req = strata_init::spawner::Request::Fs { op: op.clone() };
-        match self.channel(sandbox_id).exchange(&req, input, out, u64::MAX, LAYER_IDLE) {
+        match self.channel(sandbox_id).exchange(&req, input, out, limit, LAYER_IDLE) {
             Ok(_) => Ok(()),
             // Pid 1's refusal says why as JSON; anything else is the channel's.
             Err(e) => Err(serde_json::from_str(&e).unwrap_or(strata_init::guestfs::FsFailure {
