@@ -198,22 +198,12 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     assert_eq!(disk_mounted(&d), None, "the disk is on the host after a daemon restart");
     assert_eq!(sh_ok(&d, &id, "cat /root/note"), "kept\n", "resumed on access after the restart");
 
-    // What the tier does not do yet is a 501 naming it, and changes nothing.
-    for (what, args) in [
-        ("a warm checkpoint", vec!["checkpoint", id.as_str(), "--processes"]),
-        ("a restore", vec!["restore", id.as_str(), "--to", "vm-ck"]),
-    ] {
-        let out = d.cli(&args);
-        assert!(!out.status.success(), "{what} succeeded");
-        let said = stderr(&out);
-        assert!(said.contains("unsupported") && said.to_lowercase().contains("microvm"), "{what}: {said}");
-    }
-
     // Stop powers the guest off; its disk stays the guest's. A diff and a
     // scan of the stopped microVM boot a guest on it for the read (none of
     // the sandbox's processes runs) and power it off again.
     d.cli_ok(&["stop", &id]);
     assert!(common::wait_until(10, || !qemu_runs(&id)), "QEMU outlived the stop");
+
     let diff = d.cli_ok(&["diff", &id]);
     assert!(diff.contains("/root/after") && !diff.contains("/srv/b"), "changes since the checkpoint: {diff}");
     // (Its findings, a deleted /etc/group among them, make the exit status 2.)
@@ -232,9 +222,92 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     // Against an older checkpoint: the guest's whole layer, compared with that checkpoint's files.
     let diff = d.cli_ok(&["diff", &id, "--against", "vm-ck"]);
     assert!(diff.contains("/root/after") && !diff.contains("/srv/b"), "changes since vm-ck: {diff}");
+    // Archive: the disk image goes to the archive store as it is (holes kept,
+    // never mounted); start brings it back and boots it.
+    d.cli_ok(&["archive", &id]);
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
+    assert_eq!(info["state"], "archived", "{info}");
+    assert!(!d.state(&format!("sandboxes/{id}/disk.img")).exists(), "the archived disk stayed on the host");
     // Start boots it again on the same disk.
     d.cli_ok(&["start", &id]);
     assert_eq!(sh_ok(&d, &id, "cat /root/note /root/after"), "kept\nafter\n");
+
+    // A warm checkpoint: the VM's memory and devices with its disk, taken with the
+    // guest's processes frozen; the source runs on.
+    let proc_id = d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", counter]).trim().to_string();
+    assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) >= 3), "the counter does not count");
+    sh_ok(&d, &id, "echo warm > /root/warm; echo held in RAM > /dev/shm/mem");
+    let warm = d.cli_ok(&["checkpoint", &id, "--processes", "--name", "vm-warm"]).trim().to_string();
+    let at_copy = last_tick(&d, &id, &proc_id);
+    assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) > at_copy + 2), "the source stopped counting");
+    sh_ok(&d, &id, "echo later > /root/later");
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["checkpoint", "inspect", &warm, "--json"])).unwrap();
+    assert_eq!(info["processes"]["api_processes"], 1, "{info}");
+
+    // Warm forks: VMs restored from that snapshot, the RAM file mapped private
+    // (pages shared), each on a copy of the disk, with identities of their own
+    // and a generator reseeded before any of their processes ran again.
+    let kids: Vec<String> = d.cli_ok(&["fork", &warm, "-n", "2"]).split_whitespace().map(str::to_string).collect();
+    assert_eq!(kids.len(), 2);
+    let mut randoms = vec![sh_ok(&d, &id, "head -c 16 /dev/urandom | od -An -tx1")];
+    for (i, kid) in kids.iter().enumerate() {
+        let seen = sh_ok(&d, kid, "cat /dev/shm/mem /root/warm; test -e /root/later || echo not later; cat /run/strata/generation /run/strata/sandbox-id; hostname");
+        let lines: Vec<&str> = seen.lines().collect();
+        assert_eq!(&lines[..4], ["held in RAM", "warm", "not later", "1"], "warm fork {kid}: {seen}");
+        assert_eq!(lines[4], kid, "{seen}");
+        assert!(lines[5].starts_with("vm-") && lines[5] != "vm", "its own hostname: {seen}");
+        // The API process came along, with its id, and counts on from where it was copied.
+        assert!(
+            common::wait_until(30, || last_tick(&d, kid, &proc_id) > at_copy.saturating_sub(10) + 3),
+            "the copied counter does not count in {kid}: {}",
+            d.cli_ok(&["proc", "logs", kid, &proc_id])
+        );
+        randoms.push(sh_ok(&d, kid, "head -c 16 /dev/urandom | od -An -tx1"));
+        // Its QEMU maps the checkpoint's RAM file: the pages are the host's page cache, shared.
+        let qemu = qemu_pid(kid).expect("the fork's QEMU");
+        let maps = std::fs::read_to_string(format!("/proc/{qemu}/maps")).unwrap();
+        assert!(maps.contains(&format!("checkpoints/{warm}/processes/ram")), "fork {kid} does not map the RAM file");
+        sh_ok(&d, kid, &format!("echo {i} > /root/mine"));
+    }
+    assert_eq!(sh_ok(&d, &kids[1], "cat /root/mine"), "1\n", "the forks' disks are their own");
+    let mut distinct = randoms.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), randoms.len(), "copies of one snapshot read the same random bytes: {randoms:?}");
+    // A warm fork's checkpoint holds what changed since the warm checkpoint.
+    let kid_ck = d.cli_ok(&["checkpoint", &kids[0]]).trim().to_string();
+    let info: serde_json::Value =
+        serde_json::from_str(&d.cli_ok(&["checkpoint", "inspect", &kid_ck, "--json"])).unwrap();
+    assert_eq!(info["changed_paths"], 1, "only /root/mine: {info}");
+    for kid in &kids {
+        d.cli_ok(&["rm", "-f", kid]);
+        assert_released(&d, kid);
+    }
+
+    // Rollback: to a checkpoint (a fresh disk on its chain), then to the warm
+    // one (its VM: the processes and the RAM come back too).
+    d.cli_ok(&["restore", &id, "--to", "vm-ck"]);
+    assert_eq!(
+        sh_ok(&d, &id, "cat /srv/b /root/note; ls /root/after /root/warm /dev/shm/mem 2>&1 | grep -c 'No such'"),
+        "two\nkept\n3\n",
+        "rolled back to vm-ck"
+    );
+    d.cli_ok(&["restore", &id, "--to", "vm-warm"]);
+    assert_eq!(
+        sh_ok(&d, &id, "cat /root/warm /dev/shm/mem; cat /run/strata/sandbox-id"),
+        format!("warm\nheld in RAM\n{id}\n")
+    );
+    assert!(
+        common::wait_until(30, || last_tick(&d, &id, &proc_id) > 3),
+        "the warm checkpoint's counter does not count after the rollback"
+    );
+    // Standby, archived, and resumed on access: the same process counts on.
+    d.cli_ok(&["standby", &id]);
+    d.cli_ok(&["archive", &id]);
+    let before = last_tick(&d, &id, &proc_id);
+    assert_eq!(sh_ok(&d, &id, "cat /root/warm"), "warm\n", "resumed from the archive on access");
+    assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) > before + 2), "the counter did not go on");
+    d.cli_ok(&["proc", "kill", &id, &proc_id, "--signal", "KILL"]);
 
     // Forks of the checkpoint are microVMs with its files and identities of their own.
     let kids: Vec<String> = d.cli_ok(&["fork", &ck, "-n", "2"]).split_whitespace().map(str::to_string).collect();

@@ -10,7 +10,8 @@
 //! `<state>/archive`; an S3-compatible bucket with `--archive-url s3://...`
 //! when built with the `s3` feature). Objects live under
 //! `sandboxes/<id>/<archive id>/`: `upper.tar` (GNU tar with xattrs, so
-//! overlay whiteouts and opaque directories survive), `standby.tar` when the
+//! overlay whiteouts and opaque directories survive; a microVM's disk image
+//! instead, `disk.tar`, sparse), `standby.tar` when the
 //! sandbox was in standby, and `manifest.json` last. The manifest (every
 //! object's size and sha256) is also kept locally in `<sandbox>/archived.json`
 //! and is the trust anchor: objects that do not match it are refused with the
@@ -164,17 +165,22 @@ pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Re
     let id = &rec.sandbox.id;
     let dir = st.sandbox_dir(id);
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
-    let mut parts: Vec<(&str, PathBuf)> = vec![("upper.tar", strata_runtime::disk::upper_dir(&dir))];
+    // (object, directory, what of it): a guest's writable layer is on its disk,
+    // which the host never mounts, so the disk image goes as it is (holes kept).
+    let mut parts: Vec<(&str, PathBuf, &str)> = match crate::guest_layer::in_guest(st, rec) {
+        true => vec![(DISK_TAR, dir.clone(), strata_runtime::disk::IMAGE)],
+        false => vec![("upper.tar", strata_runtime::disk::upper_dir(&dir), ".")],
+    };
     if rec.sandbox.state == SandboxState::Standby {
-        parts.push(("standby.tar", dir.join("standby")));
+        parts.push(("standby.tar", dir.join("standby"), "."));
         // A gVisor sandbox's /tmp is a host directory its saved sentry refers to.
         let tmp = tmp_dir(&dir);
         if tmp.is_dir() {
-            parts.push((TMP_TAR, tmp));
+            parts.push((TMP_TAR, tmp, "."));
         }
     }
     let mut objects = Vec::new();
-    for (name, src) in &parts {
+    for (name, src, member) in &parts {
         let file = staging.join(name);
         tar(&[
             "--create".as_ref(),
@@ -183,7 +189,7 @@ pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Re
             file.as_os_str(),
             "-C".as_ref(),
             src.as_os_str(),
-            ".".as_ref(),
+            member.as_ref(),
         ])
         .await?;
         let (size, sha256) = sha256_file(&file).await.map_err(|e| format!("{}: {e}", file.display()))?;
@@ -220,6 +226,10 @@ pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Re
 
 /// The archive object holding a gVisor sandbox's `/tmp` (with its standby image).
 pub(crate) const TMP_TAR: &str = "tmp.tar";
+
+/// The archive object holding a microVM's disk image (its writable layer is
+/// on it; the host does not mount a disk a guest has written).
+pub(crate) const DISK_TAR: &str = "disk.tar";
 
 /// Where the sandbox in `dir` keeps a gVisor `/tmp` (beside its writable layer).
 pub(crate) fn tmp_dir(dir: &Path) -> PathBuf {

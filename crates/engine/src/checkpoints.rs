@@ -33,7 +33,7 @@ use crate::{lifecycle, record};
 /// Most children one fork request may create.
 pub const MAX_FORK: u32 = 64;
 
-fn manifest_path(st: &Shared, sandbox_id: &str, checkpoint_id: &str) -> PathBuf {
+pub(crate) fn manifest_path(st: &Shared, sandbox_id: &str, checkpoint_id: &str) -> PathBuf {
     st.sandbox_dir(sandbox_id).join("manifests").join(format!("{checkpoint_id}.json"))
 }
 
@@ -118,12 +118,6 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
         (Some(t), false) => record::expiry(Some(t))?,
         _ => None,
     };
-    if req.processes && crate::guest_layer::in_guest(st, rec) {
-        return Err(EngineError::new(
-            ErrorCode::Unsupported,
-            format!("a warm checkpoint of microVM {}: forks from a VM memory snapshot are not in this build (see docs/microvm.md)", rec.sandbox.id),
-        ));
-    }
     // A warm checkpoint copies the processes too, at the same frozen instant.
     let warm = match req.processes {
         true => {
@@ -182,14 +176,30 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
         // A microVM: its guest tells what changed (its disk frozen meanwhile) and
         // writes those entries out; they are sealed from their staged copy.
         let pick = crate::guest_layer::Pick::Changes { base: base_manifest.clone(), lowers: classify_lowers.clone() };
-        let view = crate::guest_layer::read(st, rec, pick, true).await?;
+        // A warm checkpoint copies the VM while the guest's disk is still frozen
+        // from the read: the copies' disk is the layer's state.
+        let copied = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let hook: Box<dyn FnMut() + Send> = match copy_into.clone() {
+            Some((handle, dir)) => {
+                let (rt, sid, copied) = (rt.clone(), sid.clone(), copied.clone());
+                Box::new(move || {
+                    let t = Instant::now();
+                    let r = rt.copy_processes(&sid, &handle, &dir).map(|h| (h, t.elapsed().as_millis() as u64));
+                    *copied.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                })
+            }
+            None => Box::new(|| {}),
+        };
+        let view = crate::guest_layer::read_with(st, rec, pick, true, hook).await;
+        let copied: Copied = copied.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let view = view?;
         tokio::task::spawn_blocking(
             move || -> Result<(strata_image::ImportedLayer, TreeManifest, usize, u64, Copied), EngineError> {
                 let dir =
                     view.dir().ok_or_else(|| EngineError::new(ErrorCode::Internal, "the guest wrote no layer"))?;
                 let (layer, now, changed) =
                     seal(&dir, Some(view.now.clone()), &base_manifest, &classify_lowers, &layers, || {})?;
-                Ok((layer, now, changed, view.frozen_ms, None))
+                Ok((layer, now, changed, view.frozen_ms, copied))
             },
         )
         .await
@@ -248,7 +258,15 @@ async fn checkpoint_once(st: &Shared, rec: &SandboxRecord, req: CheckpointReques
     };
     let processes = match (warm.as_ref(), copied) {
         (Some((_, staging, captured)), Some(Ok((helper, dump_ms)))) => {
-            match crate::lifecycle::warm::publish(st, &id, staging, helper, captured, dump_ms) {
+            // A guest's copies start with this checkpoint's disk: their next change
+            // set is what changed since its manifest, kept with the image.
+            let kept = match in_guest {
+                true => crate::lifecycle::warm::keep_layer_manifest(staging, &now_manifest),
+                false => Ok(()),
+            };
+            match kept.and_then(|()| {
+                crate::lifecycle::warm::publish(st, &id, staging, helper, captured, &rec.sandbox.limits, dump_ms)
+            }) {
                 Ok(image) => Some(image),
                 Err(e) => {
                     discard_staging();
@@ -424,7 +442,6 @@ pub async fn checkpoint(st: &Shared, sandbox: &str, req: CheckpointRequest) -> E
 /// Rolls a sandbox back to a checkpoint (keeping the current state as a checkpoint first when asked).
 pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineResult<RestoreResult> {
     let rec = load(st, sandbox)?;
-    crate::state::tiers::refuse_microvm(&rec.sandbox, "a restore")?;
     let (ckpt, config) = tenancy::find_checkpoint(st, &req.checkpoint)?.ok_or_else(|| not_found(&req.checkpoint))?;
     if ckpt.retired_at().is_some() {
         return Err(EngineError::checkpoint_retired(&ckpt));
@@ -477,6 +494,16 @@ pub async fn restore(st: &Shared, sandbox: &str, req: RestoreRequest) -> EngineR
     for sub in [strata_runtime::disk::upper_dir(&dir), strata_runtime::disk::work_dir(&dir), dir.join("manifests")] {
         strata_store::fsutil::remove_dir_all_if_exists(&sub)
             .map_err(|e| EngineError::internal("discard writable layer", &e))?;
+    }
+    if crate::guest_layer::in_guest(st, &rec) {
+        // A guest's writable layer is on its disk, which the host does not mount: the
+        // disk goes (the next boot makes a fresh one; a warm restore copies the checkpoint's).
+        match std::fs::remove_file(dir.join(strata_runtime::disk::IMAGE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(EngineError::internal("discard the microVM's disk", &e))
+            }
+            _ => {}
+        }
     }
     st.db.set_chain(&rec.sandbox.id, &ckpt.layers, &config, Some(&ckpt.id), Some(&ckpt.id))?;
     if let Ok(ev) = st.db.record_event(

@@ -143,6 +143,7 @@ fn read_running(
     pick: &Pick,
     store: &strata_store::LayerStore,
     limit: u64,
+    while_frozen: &mut dyn FnMut(),
 ) -> EngineResult<GuestView> {
     let mut now: Option<Result<TreeManifest, String>> = None;
     let mut choose = |entries: Vec<Entry>| -> Vec<Item> {
@@ -159,7 +160,7 @@ fn read_running(
         }
     };
     let (frozen, staged) = if matches!(pick, Pick::Nothing) {
-        (rt.read_guest_layer(sandbox_id, &mut choose, None), None)
+        (rt.read_guest_layer(sandbox_id, &mut choose, None, while_frozen), None)
     } else {
         let (reader, mut writer) = strata_image::chunk_pipe::chunk_pipe();
         std::thread::scope(|s| {
@@ -174,7 +175,7 @@ fn read_running(
                 }
                 staged
             });
-            let frozen = rt.read_guest_layer(sandbox_id, &mut choose, Some(&mut writer));
+            let frozen = rt.read_guest_layer(sandbox_id, &mut choose, Some(&mut writer), while_frozen);
             drop(writer);
             let staged = unpacker
                 .join()
@@ -208,15 +209,29 @@ fn read_running(
 /// the sandbox runs; it is powered off after). `locked`: the caller holds
 /// the sandbox's operation lock (otherwise it is taken for a boot).
 pub(crate) async fn read(st: &Shared, rec: &SandboxRecord, pick: Pick, locked: bool) -> EngineResult<GuestView> {
+    read_with(st, rec, pick, locked, Box::new(|| {})).await
+}
+
+/// [`read`], with `while_frozen` run in a running guest after its layer is
+/// read and before its disk thaws (a warm checkpoint's copy of the VM).
+pub(crate) async fn read_with(
+    st: &Shared,
+    rec: &SandboxRecord,
+    pick: Pick,
+    locked: bool,
+    mut while_frozen: Box<dyn FnMut() + Send>,
+) -> EngineResult<GuestView> {
     let disk = st.sandbox_dir(&rec.sandbox.id).join(strata_runtime::disk::IMAGE);
     let disk_bytes = std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0);
     // A tar of the guest's disk: its bytes and the headers of its files.
     let limit = disk_bytes.saturating_mul(2) + (64 << 20);
     let (rt, store, id) = (st.runtime_of(&rec.sandbox), st.layers.clone(), rec.sandbox.id.clone());
     match rec.sandbox.state {
-        SandboxState::Running => tokio::task::spawn_blocking(move || read_running(&*rt, &id, &pick, &store, limit))
-            .await
-            .map_err(|e| EngineError::internal("guest layer task", &e))?,
+        SandboxState::Running => {
+            tokio::task::spawn_blocking(move || read_running(&*rt, &id, &pick, &store, limit, &mut *while_frozen))
+                .await
+                .map_err(|e| EngineError::internal("guest layer task", &e))?
+        }
         SandboxState::Stopped | SandboxState::Error | SandboxState::Lost => {
             let lock = st.lock_for(&id);
             let _g = if locked { None } else { Some(lock.lock().await) };
@@ -234,7 +249,7 @@ pub(crate) async fn read(st: &Shared, rec: &SandboxRecord, pick: Pick, locked: b
             tokio::task::spawn_blocking(move || {
                 let t = std::time::Instant::now();
                 let handle = rt.start(&spec).map_err(|e| EngineError::internal("booting the guest to read its disk", &e))?;
-                let read = read_running(&*rt, &id, &pick, &store, limit);
+                let read = read_running(&*rt, &id, &pick, &store, limit, &mut || {});
                 if let Err(e) = rt.stop(&id, &handle, Duration::from_secs(10)) {
                     warn!(sandbox = %id, error = %crate::error::chain(&e), "stopping the guest booted to read its disk");
                 }

@@ -169,6 +169,41 @@ pub enum Request {
         /// The operation.
         op: crate::guestfs::FsOp,
     },
+    /// Freezes (`true`) or thaws every process of the sandbox but pid 1 (a
+    /// microVM's cgroup freezer): a VM snapshot is taken with them frozen,
+    /// so a restored copy runs none of them before [`Request::Restored`].
+    /// Answered with [`Frame::Signaled`]: 1 when done, else 0.
+    FreezeWorkload {
+        /// Freeze (`true`) or thaw.
+        frozen: bool,
+    },
+    /// A microVM guest restored from a snapshot, its processes still frozen:
+    /// the host's fresh entropy is mixed into the kernel's pool and the
+    /// generator reseeded (two copies of one snapshot would otherwise read
+    /// the same "random" bytes), and a copy takes its own identity.
+    /// Answered with [`Frame::Signaled`] 1, or [`Frame::Failed`].
+    Restored {
+        /// At least 32 bytes from the host's generator.
+        entropy: Vec<u8>,
+        /// A new identity (a fork of the snapshot); `None`: the same sandbox.
+        identity: Option<Identity>,
+    },
+}
+
+/// Who a microVM guest is ([`Request::Restored`]): what its boot read from
+/// the kernel command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// Hostname.
+    pub hostname: String,
+    /// Sandbox id.
+    pub id: String,
+    /// Machine id.
+    pub machine_id: String,
+    /// Fork generation.
+    pub generation: u32,
+    /// Its end of the sandbox's link, if it has one.
+    pub net: Option<crate::vm::GuestNet>,
 }
 
 /// How a process ended (or why it could not start), as pid 1 tells the host.
@@ -338,6 +373,10 @@ pub struct GuestOps {
     pub flush: fn(&[String], Option<&str>) -> Vec<String>,
     /// Puts the secrets in place ([`Request::Secrets`]).
     pub secrets: fn(&[Secret], Option<&str>) -> std::io::Result<()>,
+    /// Freezes or thaws the sandbox's processes ([`Request::FreezeWorkload`]).
+    pub freeze_workload: fn(bool) -> std::io::Result<()>,
+    /// Reseeds and, for a copy, takes the new identity ([`Request::Restored`]).
+    pub restored: fn(&[u8], Option<&Identity>) -> std::io::Result<()>,
 }
 
 /// One secret file for a guest's `/run/secrets` ([`Request::Secrets`]).
@@ -609,6 +648,25 @@ impl Spawner {
                     Source::Broker => false,
                 };
                 self.answer(id, u32::from(done));
+            }
+            Request::FreezeWorkload { frozen } => {
+                let done = match &self.source {
+                    Source::Offered { ops, .. } => (ops.freeze_workload)(frozen)
+                        .inspect_err(|e| eprintln!("strata-init: freeze the workload ({frozen}): {e}"))
+                        .is_ok(),
+                    Source::Broker => false,
+                };
+                self.answer(id, u32::from(done));
+            }
+            Request::Restored { entropy, identity } => {
+                let done = match &self.source {
+                    Source::Offered { ops, .. } => (ops.restored)(&entropy, identity.as_ref()),
+                    Source::Broker => Err(std::io::Error::other("a gVisor sandbox is not restored by its pid 1")),
+                };
+                match done {
+                    Ok(()) => self.answer(id, 1),
+                    Err(e) => self.fail(id, &format!("after the restore: {e}")),
+                }
             }
             Request::Secrets { files, owner } => {
                 let done = match &self.source {

@@ -67,7 +67,7 @@ pub struct GuestConfig {
 }
 
 /// A guest's end of the sandbox's link (`strata.net=ADDRESS/PREFIX,GATEWAY`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GuestNet {
     /// The guest's address.
     pub address: std::net::Ipv4Addr,
@@ -432,20 +432,10 @@ fn set_up_root(cfg: &GuestConfig) {
     mount_fs("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=620,ptmxmode=666"));
     mount_fs("tmpfs", "/dev/shm", "tmpfs", nosuid, Some("mode=1777"));
     let _ = std::fs::create_dir_all("/tmp");
-    let run = Path::new("/run/strata");
+    let run = Path::new(RUN_STRATA);
     let _ = std::fs::create_dir_all(run);
-    let hosts = format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{}\n", cfg.hostname);
-    let files = [
-        ("sandbox-id", format!("{}\n", cfg.id)),
-        ("generation", format!("{}\n", cfg.generation)),
-        ("hostname", format!("{}\n", cfg.hostname)),
-        ("hosts", hosts),
-        ("machine-id", format!("{}\n", cfg.machine_id)),
-    ];
-    for (name, content) in &files {
-        if let Err(e) = std::fs::write(run.join(name), content) {
-            fatal(&format!("write /run/strata/{name}"), e);
-        }
+    if let Err(e) = write_identity(&cfg.hostname, &cfg.id, &cfg.machine_id, cfg.generation) {
+        fatal("write /run/strata", e);
     }
     // Over the image's files, as on the other tiers (a missing one is made empty as
     // the mount point: identity paths are left out of checkpoints and diffs).
@@ -466,10 +456,79 @@ fn set_up_root(cfg: &GuestConfig) {
     if let Some(net) = cfg.net {
         set_up_network(net);
     }
-    if let Some(limit) = cfg.pids {
-        limit_pids(limit);
-    }
+    workload_cgroup(cfg.pids);
 }
+
+/// Where the guest keeps the sandbox's identity (a tmpfs, bound over `/etc`'s files).
+const RUN_STRATA: &str = "/run/strata";
+
+/// Writes the identity files under [`RUN_STRATA`] (in place: the mounts
+/// over `/etc/hostname`, `/etc/hosts` and `/etc/machine-id` show them).
+fn write_identity(hostname: &str, id: &str, machine_id: &str, generation: u32) -> std::io::Result<()> {
+    let run = Path::new(RUN_STRATA);
+    let hosts = format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n");
+    let files = [
+        ("sandbox-id", format!("{id}\n")),
+        ("generation", format!("{generation}\n")),
+        ("hostname", format!("{hostname}\n")),
+        ("hosts", hosts),
+        ("machine-id", format!("{machine_id}\n")),
+    ];
+    for (name, content) in &files {
+        std::fs::write(run.join(name), content)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("write {RUN_STRATA}/{name}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The `/dev/urandom` ioctls (linux/random.h): add entropy with a credit,
+/// and reseed the generator now.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// After a restore from a snapshot, with the sandbox's processes frozen:
+/// mixes the host's `entropy` into the kernel's pool and reseeds its
+/// generator (every copy of one snapshot starts with the same generator
+/// state), then, for a copy, takes `identity`: the files under
+/// [`RUN_STRATA`], the hostname, and its own address on its link.
+fn restored(entropy: &[u8], identity: Option<&crate::spawner::Identity>) -> std::io::Result<()> {
+    if entropy.len() < 32 {
+        return Err(std::io::Error::other(format!("{} bytes of entropy from the host (at least 32)", entropy.len())));
+    }
+    let urandom = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = Vec::with_capacity(8 + entropy.len());
+    info.extend_from_slice(&((entropy.len() * 8) as i32).to_ne_bytes());
+    info.extend_from_slice(&(entropy.len() as i32).to_ne_bytes());
+    info.extend_from_slice(entropy);
+    // SAFETY: the ioctl reads a rand_pool_info of the size its header says, which `info` holds.
+    if unsafe { libc::ioctl(urandom.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } != 0 {
+        return Err(std::io::Error::other(format!("add the host's entropy: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: an ioctl without an argument on a descriptor we own.
+    if unsafe { libc::ioctl(urandom.as_raw_fd(), RNDRESEEDCRNG) } != 0 {
+        return Err(std::io::Error::other(format!("reseed the generator: {}", std::io::Error::last_os_error())));
+    }
+    let Some(who) = identity else { return Ok(()) };
+    write_identity(&who.hostname, &who.id, &who.machine_id, who.generation)?;
+    nix::unistd::sethostname(&who.hostname)?;
+    if let Some(net) = who.net {
+        // The copy's own address on its own link (the saved one was its source's).
+        crate::netif::set_ipv4(GUEST_IFNAME, net.address, net.prefix)?;
+        crate::netif::default_route(net.gateway)?;
+        std::fs::write(Path::new(RUN_STRATA).join("resolv.conf"), resolv_conf(net.gateway))?;
+    }
+    Ok(())
+}
+
+/// `/etc/resolv.conf` of a guest whose DNS server is `gateway` (strata's filter).
+fn resolv_conf(gateway: std::net::Ipv4Addr) -> String {
+    format!("# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {gateway}\noptions ndots:1\n")
+}
+
+/// The cgroup of the sandbox's processes: every process pid 1 starts, and
+/// pid 1 itself except while they are frozen ([`freeze_workload`]).
+const WORKLOAD_CGROUP: &str = "/sys/fs/cgroup/sandbox";
 
 /// The sandbox's link: the guest's address and default route on its
 /// virtio-net device, and strata's DNS filter (the gateway) over
@@ -484,12 +543,8 @@ fn set_up_network(net: GuestNet) {
     if let Err(e) = crate::netif::default_route(net.gateway) {
         fatal(&format!("default route via {}", net.gateway), e);
     }
-    let conf = format!(
-        "# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {}\noptions ndots:1\n",
-        net.gateway
-    );
     let src = Path::new("/run/strata/resolv.conf");
-    if let Err(e) = std::fs::write(src, conf) {
+    if let Err(e) = std::fs::write(src, resolv_conf(net.gateway)) {
         fatal("write /run/strata/resolv.conf", e);
     }
     if Path::new("/etc").is_dir() {
@@ -505,22 +560,51 @@ fn set_up_network(net: GuestNet) {
     }
 }
 
-/// Puts pid 1 (and so every process it starts) in a cgroup with `pids.max`.
-fn limit_pids(limit: u64) {
+/// Puts pid 1 (and so every process it starts) in [`WORKLOAD_CGROUP`], with
+/// `pids.max` when the sandbox has a process limit.
+fn workload_cgroup(limit: Option<u64>) {
     let root = Path::new("/sys/fs/cgroup");
     if mount(Some("cgroup2"), root, Some("cgroup2"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, None::<&str>).is_err() {
-        eprintln!("strata-init: no cgroup2 in this guest kernel: the pids limit is not applied");
+        eprintln!("strata-init: no cgroup2 in this guest kernel: no pids limit, no warm copies");
         return;
     }
-    let cg = root.join("sandbox");
+    let cg = Path::new(WORKLOAD_CGROUP);
     let step = || -> std::io::Result<()> {
         std::fs::write(root.join("cgroup.subtree_control"), "+pids")?;
-        std::fs::create_dir_all(&cg)?;
-        std::fs::write(cg.join("pids.max"), limit.to_string())?;
+        std::fs::create_dir_all(cg)?;
+        let max = limit.map_or_else(|| "max".to_string(), |l| l.to_string());
+        std::fs::write(cg.join("pids.max"), max)?;
         std::fs::write(cg.join("cgroup.procs"), "1")
     };
     if let Err(e) = step() {
-        eprintln!("strata-init: the pids limit: {e}");
+        eprintln!("strata-init: the workload's cgroup: {e}");
+    }
+}
+
+/// Freezes (`true`) or thaws every process of the sandbox but pid 1, which
+/// steps out of [`WORKLOAD_CGROUP`] while they are frozen (and starts none:
+/// the host holds the exec lock meanwhile).
+fn freeze_workload(frozen: bool) -> std::io::Result<()> {
+    let cg = Path::new(WORKLOAD_CGROUP);
+    if !cg.join("cgroup.freeze").exists() {
+        return Err(std::io::Error::other("the guest has no cgroup of the sandbox's processes to freeze"));
+    }
+    if !frozen {
+        std::fs::write(cg.join("cgroup.freeze"), "0")?;
+        return std::fs::write(cg.join("cgroup.procs"), "1");
+    }
+    std::fs::write("/sys/fs/cgroup/cgroup.procs", "1")?;
+    std::fs::write(cg.join("cgroup.freeze"), "1")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::fs::read_to_string(cg.join("cgroup.events"))?.lines().any(|l| l == "frozen 1") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let _ = freeze_workload(false);
+            return Err(std::io::Error::other("the sandbox's processes did not freeze within 10 s"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -601,7 +685,7 @@ fn serve(port: &Path, cfg: &GuestConfig) -> ! {
     let info = mux::GuestInfo { kernel: kernel_release(), boot_ms: boot_ms() };
     m.send_control(Kind::Ready, &serde_json::to_vec(&info).expect("serializes"));
     std::thread::spawn(move || relay_line(m, tx, wake_w));
-    let ops = crate::spawner::GuestOps { freeze_disk, open_layer, flush, secrets };
+    let ops = crate::spawner::GuestOps { freeze_disk, open_layer, flush, secrets, freeze_workload, restored };
     let source = crate::spawner::Source::Offered { token, conns: rx, wake: wake_r, on_exit: power_off, ops };
     crate::spawner::serve_from(cfg.grace, source)
 }

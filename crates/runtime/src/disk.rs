@@ -37,7 +37,7 @@
 //! sandbox needs only ext4 and loop devices, and moves with the sandbox.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -178,7 +178,9 @@ fn ensure(dir: &Path, bytes: u64, pool: &DiskPool) -> Result<(), String> {
         if !image.exists() {
             let staging = dir.join(format!("{IMAGE}.tmp"));
             let _ = std::fs::remove_file(&staging);
-            sparse_copy(&pool.template(bytes)?, &staging)?;
+            let template = pool.template(bytes)?;
+            sparse_copy(&template, &staging)
+                .map_err(|e| format!("copying {} to {}: {e}", template.display(), staging.display()))?;
             std::fs::rename(&staging, &image).map_err(|e| format!("{}: {e}", image.display()))?;
         }
     }
@@ -214,35 +216,100 @@ fn adopt(sys: &dyn Sys, entry: &Path, dir: &Path) -> Result<(), String> {
     bound.map_err(|e| format!("bind mount of {}: {e}", mount.display()))
 }
 
-/// Copies `src` to a new file `dst` of the same length, only its allocated
-/// extents (the rest stays a hole), and syncs it.
-fn sparse_copy(src: &Path, dst: &Path) -> Result<(), String> {
-    use nix::unistd::{lseek, Whence};
-    let ctx = |e: &dyn std::fmt::Display| format!("copying {} to {}: {e}", src.display(), dst.display());
-    let s = File::open(src).map_err(|e| ctx(&e))?;
-    let len = s.metadata().map_err(|e| ctx(&e))?.len();
-    let d = std::fs::OpenOptions::new().write(true).create_new(true).open(dst).map_err(|e| ctx(&e))?;
-    d.set_len(len).map_err(|e| ctx(&e))?;
-    let mut off: i64 = 0;
-    while (off as u64) < len {
-        let data = match lseek(s.as_raw_fd(), off, Whence::SeekData) {
-            Ok(o) => o,
-            Err(nix::errno::Errno::ENXIO) => break, // only a hole is left
-            Err(e) => return Err(ctx(&e)),
-        };
-        let hole = lseek(s.as_raw_fd(), data, Whence::SeekHole).map_err(|e| ctx(&e))?;
-        let (mut pos_in, mut pos_out) = (data, data);
-        while pos_in < hole {
-            let want = (hole - pos_in) as usize;
-            let n = nix::fcntl::copy_file_range(s.as_fd(), Some(&mut pos_in), d.as_fd(), Some(&mut pos_out), want)
-                .map_err(|e| ctx(&e))?;
-            if n == 0 {
-                return Err(ctx(&"unexpected end of file"));
+/// Copies `[start, end)` of `src` into `dst` at the same offsets, leaving
+/// out pages that are all zeros (they stay holes); the bytes written.
+fn copy_range(src: &std::fs::File, dst: &std::fs::File, start: u64, end: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    const PAGE: usize = 4096;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut at, mut written) = (start, 0u64);
+    while at < end {
+        let want = buf.len().min((end - at) as usize);
+        let n = src.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            break;
+        }
+        for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+            if page.iter().any(|b| *b != 0) {
+                dst.write_all_at(page, at + (i * PAGE) as u64)?;
+                written += page.len() as u64;
             }
         }
-        off = hole;
+        at += n as u64;
     }
-    d.sync_all().map_err(|e| ctx(&e))
+    Ok(written)
+}
+
+/// Copies the file `from` to a new file `to` (mode 0600) with the same
+/// holes: a reflink where the file system shares extents (`FICLONE`), else
+/// only the extents that hold data (`SEEK_DATA`/`SEEK_HOLE`, copied with
+/// `copy_file_range`), so a sparse disk or a guest's RAM of which little was
+/// touched costs what it holds. Synced before it returns; `to` is removed on
+/// failure. Returns the bytes of data copied.
+pub fn sparse_copy(from: &Path, to: &Path) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let src = std::fs::File::open(from)?;
+    let len = src.metadata()?.len();
+    let dst = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
+    let copy = || -> std::io::Result<u64> {
+        // SAFETY: FICLONE takes the source descriptor as its argument; both are ours.
+        if unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) } == 0 {
+            dst.sync_all()?;
+            return Ok(len);
+        }
+        dst.set_len(len)?;
+        let mut copied = 0u64;
+        let mut at: i64 = 0;
+        while (at as u64) < len {
+            // SAFETY: lseek on a descriptor we own.
+            let data = unsafe { libc::lseek(src.as_raw_fd(), at, libc::SEEK_DATA) };
+            if data < 0 {
+                let e = std::io::Error::last_os_error();
+                // ENXIO: no data past `at`.
+                if e.raw_os_error() == Some(libc::ENXIO) {
+                    break;
+                }
+                return Err(e);
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
+            let end = if hole < 0 { len as i64 } else { hole };
+            let (mut off_in, mut off_out) = (data, data);
+            while off_in < end {
+                // SAFETY: both descriptors are ours; the offsets are ours to advance.
+                let n = unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        &mut off_in,
+                        dst.as_raw_fd(),
+                        &mut off_out,
+                        (end - off_in) as usize,
+                        0,
+                    )
+                };
+                match n {
+                    n if n > 0 => copied += n as u64,
+                    0 => return Err(std::io::Error::other(format!("{} ended at {off_in}", from.display()))),
+                    _ => {
+                        let e = std::io::Error::last_os_error();
+                        // Across file systems (a memfd to a disk): read and write, pages of zeros left out.
+                        if !matches!(e.raw_os_error(), Some(libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP)) {
+                            return Err(e);
+                        }
+                        copied += copy_range(&src, &dst, off_in as u64, end as u64)?;
+                        off_in = end;
+                    }
+                }
+            }
+            at = end;
+        }
+        dst.sync_all()?;
+        Ok(copied)
+    };
+    copy().inspect_err(|_| {
+        let _ = std::fs::remove_file(to);
+    })
 }
 
 /// Formats a template image of `bytes` at `path` (staged, then renamed into place).
@@ -449,7 +516,8 @@ impl DiskPool {
         let mount = entry.join(MOUNT);
         let res = (|| {
             std::fs::create_dir_all(&mount).map_err(|e| format!("{}: {e}", mount.display()))?;
-            sparse_copy(&template, &entry.join(IMAGE))?;
+            sparse_copy(&template, &entry.join(IMAGE))
+                .map_err(|e| format!("copying {} to {}: {e}", template.display(), entry.display()))?;
             mount_image(self.sys.as_ref(), &entry.join(IMAGE), &mount)?;
             prepare_layer_dirs(&mount)
         })();
@@ -563,6 +631,31 @@ mod tests {
         // Only the written extents take space (a few blocks, not 64 MiB).
         assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 < 1 << 20);
         assert!(sparse_copy(&src, &dst).is_err(), "an existing destination is never overwritten");
+    }
+
+    #[test]
+    fn sparse_copy_across_file_systems_leaves_pages_of_zeros_out() {
+        use std::io::{Seek, SeekFrom, Write};
+        use std::os::fd::FromRawFd;
+        // A memfd (a guest's RAM) to a file: copy_file_range cannot cross file systems.
+        // SAFETY: the name is a NUL-terminated literal; the descriptor becomes the File's.
+        let mut ram = unsafe { File::from_raw_fd(libc::memfd_create(c"test-ram".as_ptr(), libc::MFD_CLOEXEC)) };
+        ram.set_len(16 << 20).unwrap();
+        ram.write_all(&[1u8; 4096]).unwrap();
+        // A touched page of zeros (the guest's kernel zeroes pages it hands out).
+        ram.seek(SeekFrom::Start(8 << 20)).unwrap();
+        ram.write_all(&[0u8; 4096]).unwrap();
+        ram.write_all(&[9u8; 100]).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let dst = d.path().join("ram");
+        let src = format!("/proc/self/fd/{}", ram.as_raw_fd());
+        let written = sparse_copy(Path::new(&src), &dst).unwrap();
+        assert_eq!(written, 2 * 4096, "the two pages with data, not the page of zeros");
+        let mut want = vec![0u8; 16 << 20];
+        want[..4096].fill(1);
+        want[(8 << 20) + 4096..(8 << 20) + 4196].fill(9);
+        assert!(std::fs::read(&dst).unwrap() == want, "contents differ");
+        assert!(std::fs::metadata(&dst).unwrap().blocks() * 512 <= 64 << 10);
     }
 
     /// `mkfs.ext4` is needed to make a template (no privilege: it formats a

@@ -67,6 +67,11 @@ pub enum RuntimeError {
     /// runsc, platform or CPU): the image is kept, the reason said.
     #[error("the process image cannot be restored on this host: {0}")]
     Incompatible(String),
+    /// The sandbox asks for settings a process image cannot come back with
+    /// (a microVM copy of another memory size, vCPU count, disk or network
+    /// than its source): the caller's request, not the host's fault.
+    #[error("the sandbox does not fit the process image: {0}")]
+    Shape(String),
     /// A cgroup operation failed.
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
@@ -483,15 +488,18 @@ pub trait Runtime: Send + Sync {
     /// hands the guest's entries of the writable layer to `choose`, which
     /// says which of them to write to `out` as an OCI layer tar (none, when
     /// `out` is `None`); thaws the disk and returns how long it stayed
-    /// frozen. What the guest sends is untrusted: the caller validates the
+    /// frozen. `while_frozen` runs after the tar is written, before the
+    /// thaw (a warm checkpoint copies the VM there, so its disk matches the
+    /// layer). What the guest sends is untrusted: the caller validates the
     /// entries and unpacks the tar with the hardened unpacker.
     fn read_guest_layer(
         &self,
         sandbox_id: &str,
         choose: &mut dyn FnMut(Vec<strata_init::layer::Entry>) -> Vec<strata_init::layer::Item>,
         out: Option<&mut dyn std::io::Write>,
+        while_frozen: &mut dyn FnMut(),
     ) -> Result<Duration, RuntimeError> {
-        let _ = (choose, out);
+        let _ = (choose, out, while_frozen);
         Err(RuntimeError::Unsupported(format!(
             "reading sandbox {sandbox_id}'s layer through its guest ({})",
             self.name()

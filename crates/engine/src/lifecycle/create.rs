@@ -164,6 +164,16 @@ pub(crate) async fn create_inner(st: &Shared, req: CreateSandboxRequest, lineage
     // The daemon's defaults fill what the request leaves out (recorded on the
     // sandbox); then every limit must be one a sandbox can run with on this host.
     let mut req = req;
+    // Started with a warm checkpoint's processes: its source's limits before the daemon's.
+    if let (true, Some(c), false) = (source.warm, &source.checkpoint, req.processes == Some(false)) {
+        if let Some(saved) = crate::lifecycle::warm::saved_limits(st, c) {
+            let l = &mut req.limits;
+            l.memory_bytes = l.memory_bytes.or(saved.memory_bytes);
+            l.cpus = l.cpus.or(saved.cpus);
+            l.pids = l.pids.or(saved.pids);
+            l.disk_bytes = l.disk_bytes.or(saved.disk_bytes);
+        }
+    }
     st.admission.apply_defaults(&mut req.limits);
     st.admission.validate(&req.limits)?;
     req.limits.disk_quota = Some(match (tier, req.limits.disk_bytes) {

@@ -44,9 +44,12 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
     let staging = dir.join(UNPACK_DIR);
     let _ = strata_store::fsutil::remove_dir_all_if_exists(&staging);
     // A sandbox with a disk gets a fresh one, and its upper layer is unpacked straight onto it.
+    // A microVM's comes back as its disk image (`disk.tar`): nothing to make.
+    let in_guest = crate::guest_layer::in_guest(st, rec);
     let upper_target =
         match (rec.sandbox.limits.disk_bytes, strata_runtime::disk::enforced(rec.sandbox.limits.disk_quota.as_deref()))
         {
+            _ if in_guest => None,
             (Some(bytes), true) => {
                 let (d, pool) = (dir.clone(), st.disks.clone());
                 match tokio::task::spawn_blocking(move || pool.ensure(&d, bytes)).await {
@@ -72,6 +75,13 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
                 strata_store::fsutil::remove_dir_all_if_exists(&dir.join(d))?;
                 std::fs::rename(&src, dir.join(d))?;
             }
+        }
+        if in_guest {
+            let image = strata_runtime::disk::IMAGE;
+            return std::fs::rename(
+                staging.join(crate::archive::DISK_TAR.trim_end_matches(".tar")).join(image),
+                dir.join(image),
+            );
         }
         std::fs::create_dir_all(strata_runtime::disk::work_dir(&dir))
     })();

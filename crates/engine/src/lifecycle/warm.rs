@@ -42,6 +42,27 @@ use crate::{lifecycle, record};
 /// The API processes of a warm checkpoint, next to its image.
 const CAPTURED: &str = "captured.json";
 
+/// The writable layer's manifest at a microVM's warm checkpoint, next to its
+/// image: its copies start on the checkpoint's disk, so it is their base.
+const LAYER_MANIFEST: &str = "layer-manifest.json";
+
+/// The source sandbox's limits, next to a warm checkpoint's image: what a
+/// sandbox started from it gets for each limit it does not set (a microVM
+/// copy must have its source's memory, vCPUs and disk).
+const LIMITS: &str = "limits.json";
+
+/// The limits of the sandbox a warm checkpoint was taken of (`None`: not a
+/// warm checkpoint, or one made before they were kept).
+pub fn saved_limits(st: &Shared, checkpoint_id: &str) -> Option<strata_api::ResourceLimits> {
+    serde_json::from_slice(&std::fs::read(image_dir(st, checkpoint_id).join(LIMITS)).ok()?).ok()
+}
+
+/// Keeps `manifest` (the guest's layer at the checkpoint) in the image being made in `staging`.
+pub fn keep_layer_manifest(staging: &Path, manifest: &strata_image::changes::TreeManifest) -> std::io::Result<()> {
+    let json = serde_json::to_vec(manifest).expect("manifest serializes");
+    strata_store::fsutil::write_atomic(&staging.join(LAYER_MANIFEST), &json, 0o600)
+}
+
 /// Where the process image of checkpoint `id` is kept.
 pub fn image_dir(st: &Shared, checkpoint_id: &str) -> PathBuf {
     st.state_dir.join("checkpoints").join(checkpoint_id).join("processes")
@@ -79,10 +100,13 @@ pub fn publish(
     staging: &Path,
     helper: PathBuf,
     captured: &[CapturedProcess],
+    limits: &strata_api::ResourceLimits,
     dump_ms: u64,
 ) -> std::io::Result<ProcessImage> {
     let json = serde_json::to_vec(captured).expect("captured processes serialize");
     strata_store::fsutil::write_atomic(&staging.join(CAPTURED), &json, 0o600)?;
+    let json = serde_json::to_vec(limits).expect("limits serialize");
+    strata_store::fsutil::write_atomic(&staging.join(LIMITS), &json, 0o600)?;
     let info = StandbyInfo {
         mode: StandbyMode::Processes,
         created_at: now(),
@@ -153,13 +177,14 @@ pub async fn boot(
 ) -> EngineResult<SandboxHandle> {
     let started = Instant::now();
     let id = rec.sandbox.id.clone();
-    let fail = |msg: String| {
+    let fail_as = |code: ErrorCode, msg: String| {
         let _ = transition(st, &id, from, Change::new(Action::Fail, "start_failed").detail(&msg), started, None);
         EngineError::new(
-            ErrorCode::Internal,
+            code,
             format!("sandbox {id} failed to start from the processes of checkpoint {checkpoint_id}: {msg}"),
         )
     };
+    let fail = |msg: String| fail_as(ErrorCode::Internal, msg);
     let images = image_dir(st, checkpoint_id);
     let checked = {
         let dir = images.clone();
@@ -178,6 +203,15 @@ pub async fn boot(
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
         .map_err(|e| fail(format!("{CAPTURED}: {e}")))?;
+    // A copy of a guest's VM runs on the checkpoint's disk: the checkpoint's
+    // manifest is its base (its next checkpoint holds what changed since).
+    if st.runtime_of(&rec.sandbox).layer_in_guest() {
+        let base = crate::checkpoints::manifest_path(st, &id, checkpoint_id);
+        let kept = std::fs::create_dir_all(base.parent().expect("has parent"))
+            .and_then(|()| std::fs::read(images.join(LAYER_MANIFEST)))
+            .and_then(|json| strata_store::fsutil::write_atomic(&base, &json, 0o600));
+        kept.map_err(|e| fail(format!("{LAYER_MANIFEST}: {e}")))?;
+    }
     let mut spec = lifecycle::mount_spec(st, rec).await.map_err(|e| fail(e.body.message))?;
     crate::network::prepare(st, &id, &mut spec).await.map_err(|e| fail(e.body.message))?;
     let mut adopted = st.processes.adopt(&id, &captured)?;
@@ -198,7 +232,11 @@ pub async fn boot(
     })
     .await
     .map_err(|e| EngineError::internal("restore task", &e))?;
-    let handle = restored.map_err(|e| fail(crate::error::chain(&e)))?;
+    let handle = restored.map_err(|e| match e {
+        // The new sandbox does not fit the image (a microVM copy of another shape): the request's fault.
+        strata_runtime::RuntimeError::Shape(why) => fail_as(ErrorCode::BadRequest, why),
+        e => fail(crate::error::chain(&e)),
+    })?;
     if let Err(e) = crate::network::started(st, &id, linked, handle.init_pid).await {
         warn!(sandbox = %id, error = %e.body.message, "naming the restored network namespace");
     }

@@ -81,7 +81,26 @@ pub struct KeepConfig {
     /// privileges and could not open it itself.
     #[serde(default)]
     pub disk: Option<PathBuf>,
+    /// The guest's RAM is a memfd the keeper makes and holds at [`RAM_FD`]
+    /// (QEMU maps it shared): a warm checkpoint reads it from the keeper.
+    #[serde(default)]
+    pub ram_memfd: bool,
+    /// A saved VM that QEMU waits for (`-incoming defer`): the keeper opens
+    /// the file, hands it over QMP and has QEMU load it, with
+    /// `x-ignore-shared` when `ignore_shared` (the RAM is not in the file:
+    /// QEMU maps a warm checkpoint's RAM file instead).
+    #[serde(default)]
+    pub incoming_file: Option<PathBuf>,
+    /// See `incoming_file`.
+    #[serde(default)]
+    pub ignore_shared: bool,
 }
+
+/// The descriptor number of the guest's RAM (a memfd) in the keeper and in QEMU.
+pub const RAM_FD: i32 = 102;
+
+/// The QEMU fd set a deferred incoming file is handed over in.
+const INCOMING_FDSET: u32 = 9;
 
 /// The descriptor number QEMU finds the sandbox's disk at, read-write.
 pub const DISK_FD_RW: i32 = 100;
@@ -211,6 +230,11 @@ pub fn main() -> ! {
         }
     }
     let token = std::fs::read(&cfg.token).unwrap_or_else(|e| fail(Some(&cfg), format!("the channel token: {e}")));
+    if cfg.ram_memfd {
+        if let Err(e) = ram_memfd() {
+            fail(Some(&cfg), format!("the guest's RAM (a memfd at {RAM_FD}): {e}"));
+        }
+    }
     let t0 = Instant::now();
     let mut cmd = Command::new(&cfg.qemu[0]);
     // The guest's console is QEMU's stdout (`-chardev stdio`): kept bounded here.
@@ -325,10 +349,36 @@ pub fn main() -> ! {
     serve(mux, &control, &pidfd, qemu)
 }
 
+/// Makes the guest's RAM, a memfd at [`RAM_FD`] that QEMU inherits (and
+/// sizes): the keeper holds it as long as it lives.
+fn ram_memfd() -> std::io::Result<()> {
+    // SAFETY: the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"strata-vm-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is ours; dup2 onto RAM_FD (a number the keeper has not opened
+    // yet: it runs first thing) leaves a copy without close-on-exec, for QEMU.
+    let r = unsafe { libc::dup2(fd, RAM_FD) };
+    // SAFETY: the original is ours and no longer needed.
+    unsafe { libc::close(fd) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits for QEMU to load the saved VM, then lets it run.
 fn run_loaded(cfg: &KeepConfig, deadline: Instant) -> Result<(), String> {
     let patience = deadline.saturating_duration_since(Instant::now());
     let mut qmp = super::qmp::Qmp::connect(&cfg.qmp_socket, patience)?;
+    if let Some(path) = &cfg.incoming_file {
+        // QEMU waits (`-incoming defer`) in its empty root: the file comes over QMP.
+        let file = std::fs::File::open(path).map_err(|e| format!("the saved VM {}: {e}", path.display()))?;
+        super::qmp::set_ignore_shared(&mut qmp, cfg.ignore_shared)?;
+        qmp.add_fd(INCOMING_FDSET, file.as_fd())?;
+        qmp.execute("migrate-incoming", serde_json::json!({ "uri": format!("file:/dev/fdset/{INCOMING_FDSET}") }))?;
+    }
     loop {
         match qmp.status()?.as_str() {
             "inmigrate" if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),

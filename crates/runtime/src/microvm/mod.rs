@@ -30,8 +30,18 @@
 //! between), which the engine unpacks as untrusted input; a stopped microVM
 //! is booted for that. Flush paths are wiped by the guest ([`Runtime::guest_flush`]).
 //!
-//! Standby: the guest freezes its disk, QEMU saves the machine to a file
-//! ([`qmp`], [`snapshot`]) and exits; a resume loads it (`-incoming`).
+//! Standby: the guest freezes its disk and its processes, QEMU saves the
+//! machine to a file ([`qmp`], [`snapshot`]) and exits; a resume loads it
+//! (`-incoming`), and the guest reseeds its generator before its processes
+//! thaw.
+//!
+//! Warm checkpoints and forks: the guest's RAM is a memfd its keeper holds
+//! (mapped shared); a warm checkpoint saves QEMU's state without it
+//! (`x-ignore-shared`) and copies the RAM, the disk and a link to the lower
+//! image out while the VM is stopped; a copy maps that RAM file private (its
+//! pages shared with every other copy until written), loads the state, and
+//! takes its own identity and fresh entropy before its processes thaw
+//! ([`Runtime::copy_processes`], [`Runtime::restore_processes`]).
 //!
 //! Files: the file API is done by the guest's pid 1 ([`Runtime::guest_fs`],
 //! [`strata_init::guestfs`]). Network: `--network egress` bridges the
@@ -39,9 +49,8 @@
 //! RAM, put there after boot. QEMU runs confined (seccomp, an empty root, a
 //! uid of the sandbox's own).
 //!
-//! What this tier does not do yet, each refused with why: warm checkpoints
-//! (forks from a VM snapshot), restore, archive, rebase, xattrs and
-//! directory watches of the file API.
+//! What this tier does not do yet, each refused with why: rebase, xattrs
+//! and directory watches of the file API.
 //! The measured facts behind each choice: docs/microvm.md.
 
 pub mod assets;
@@ -239,6 +248,51 @@ pub fn guest_mib(memory_bytes: Option<u64>) -> u64 {
     }
 }
 
+/// Where a VM restored from a snapshot keeps the lower image it runs on (in
+/// its sandbox's directory, beside its disk).
+const PINNED_LOWER: &str = "lower.img";
+
+/// Links the lower image the VM in `dir` runs on into a snapshot
+/// (`drives/lower.img`): the saved guest's kernel caches its blocks, so a
+/// restore must run on the same bytes, whatever became of the chain's cached
+/// image (a hard link: free, and it outlives the cache entry; a copy across
+/// file systems).
+fn keep_lower(dir: &VmDir, images_dir: &Path) -> Result<(), String> {
+    let lower = std::fs::read_to_string(dir.lower()).map_err(|e| format!("the VM's lower image: {e}"))?;
+    let drives = images_dir.join(snapshot::DRIVES_DIR);
+    let link = drives.join(snapshot::LOWER_FILE);
+    let _ = std::fs::remove_file(&link);
+    std::fs::create_dir_all(&drives)
+        .and_then(|()| std::fs::hard_link(&lower, &link))
+        .or_else(|_| crate::disk::sparse_copy(Path::new(&lower), &link).map(drop))
+        .map_err(|e| format!("keep the lower image {lower}: {e}"))
+}
+
+/// The guest's end of the sandbox's link (egress), if it has one.
+fn guest_net(spec: &SandboxSpec) -> Option<strata_init::vm::GuestNet> {
+    spec.link.filter(|_| spec.netns_path.is_some()).map(|l| strata_init::vm::GuestNet {
+        address: l.address,
+        prefix: strata_net::pool::LINK_PREFIX,
+        gateway: l.gateway,
+    })
+}
+
+/// The shape of `spec`'s VM (what a copy of a warm checkpoint must match).
+fn shape_of(spec: &SandboxSpec, ram_file: bool) -> snapshot::Copy {
+    snapshot::Copy {
+        guest_mib: guest_mib(spec.limits.memory_bytes),
+        vcpus: vcpus(spec),
+        net: guest_net(spec).is_some(),
+        disk_bytes: spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES),
+        ram_file,
+    }
+}
+
+/// A sandbox's vCPUs: its CPU limit rounded up, 1 to 16.
+fn vcpus(spec: &SandboxSpec) -> u32 {
+    spec.limits.cpus.map(|c| c.ceil() as u32).unwrap_or(1).clamp(1, 16)
+}
+
 /// The host's TSC frequency in kHz, measured once against CLOCK_MONOTONIC_RAW
 /// over 20 ms (a TCG guest reads the host's TSC). `None` off x86-64.
 pub fn host_tsc_khz() -> Option<u64> {
@@ -331,6 +385,42 @@ impl VmDir {
     fn sandbox_dir(&self) -> Option<PathBuf> {
         std::fs::read_to_string(self.sandbox_dir_file()).ok().map(PathBuf::from)
     }
+    /// The shape this VM was booted with (what a copy of it must have).
+    fn shape(&self) -> PathBuf {
+        self.0.join("shape.json")
+    }
+    /// Names the lower image this VM runs on.
+    fn lower(&self) -> PathBuf {
+        self.0.join("lower")
+    }
+}
+
+/// How a VM's RAM is backed.
+enum Ram {
+    /// A memfd its keeper holds ([`keeper::RAM_FD`]), mapped shared: a warm
+    /// checkpoint copies it while the VM is stopped, and QEMU's saved state
+    /// leaves it out.
+    Own,
+    /// A warm checkpoint's RAM file, mapped private: every copy shares its
+    /// pages (the host's page cache) until it writes them.
+    Copy(PathBuf),
+}
+
+/// What a VM boots from.
+enum Launch<'a> {
+    /// The kernel, on the sandbox's disks.
+    Cold,
+    /// The sandbox's own standby image.
+    Resume(&'a Path),
+    /// A warm checkpoint's snapshot (another sandbox's VM), with its drives.
+    Copy(&'a Path, &'a snapshot::Copy),
+}
+
+/// The QEMU version from which warm copies work: `memory-backend-file`'s
+/// `rom=off` (a file opened read-only and mapped private, writable) came in 8.2.
+fn maps_private_ram(version: &str) -> bool {
+    let mut n = version.split("version ").nth(1).unwrap_or("").split(['.', ' ']).map(|x| x.parse::<u32>().unwrap_or(0));
+    (n.next().unwrap_or(0), n.next().unwrap_or(0)) >= (8, 2)
 }
 
 impl MicrovmRuntime {
@@ -409,9 +499,9 @@ impl MicrovmRuntime {
     }
 
     /// The QEMU command line of sandbox `spec` with its disks and files.
-    fn qemu_argv(&self, spec: &SandboxSpec, dir: &VmDir, lower: &Path, disk: &Path) -> Vec<String> {
+    fn qemu_argv(&self, spec: &SandboxSpec, dir: &VmDir, lower: &Path, disk: &Path, ram: &Ram) -> Vec<String> {
         let guest_mib = guest_mib(spec.limits.memory_bytes);
-        let vcpus = spec.limits.cpus.map(|c| c.ceil() as u32).unwrap_or(1).clamp(1, 16);
+        let vcpus = vcpus(spec);
         let cfg = strata_init::vm::GuestConfig {
             hostname: spec.hostname.clone(),
             id: spec.id.clone(),
@@ -419,11 +509,7 @@ impl MicrovmRuntime {
             generation: spec.fork_generation,
             pids: spec.limits.pids,
             grace: self.stop_grace.as_secs(),
-            net: spec.link.filter(|_| spec.netns_path.is_some()).map(|l| strata_init::vm::GuestNet {
-                address: l.address,
-                prefix: strata_net::pool::LINK_PREFIX,
-                gateway: l.gateway,
-            }),
+            net: guest_net(spec),
         };
         let mut append = vec!["console=ttyS0".to_string(), "quiet".into(), "panic=-1".into(), "rdinit=/init".into()];
         if self.accel == Accel::Tcg {
@@ -448,14 +534,27 @@ impl MicrovmRuntime {
             // The machine's defaults: its option ROM loads -kernel, the PIT calibrates the TSC,
             // its ACPI tables are how the guest finds the virtio-mmio devices.
             "-M".into(),
-            "microvm".into(),
+            "microvm,memory-backend=microvm.ram".into(),
             "-accel".into(),
             accel,
             // Under TCG QEMU's default CPU model: `max` translates slower.
             "-cpu".into(),
             self.cpu_model().into(),
             "-m".into(),
-            guest_mib.to_string(),
+            format!("{guest_mib}M"),
+            // The RAM block keeps the machine's default name, so a standby image of a
+            // VM booted before RAM was a file loads into one that is.
+            "-object".into(),
+            match ram {
+                Ram::Own => format!(
+                    "memory-backend-file,id=microvm.ram,size={guest_mib}M,mem-path=/proc/self/fd/{},share=on",
+                    keeper::RAM_FD
+                ),
+                Ram::Copy(file) => format!(
+                    "memory-backend-file,id=microvm.ram,size={guest_mib}M,mem-path={},share=off,readonly=on,rom=off",
+                    p(file)
+                ),
+            },
             "-smp".into(),
             vcpus.to_string(),
             "-nodefaults".into(),
@@ -538,8 +637,9 @@ impl MicrovmRuntime {
         argv
     }
 
-    /// A cold boot (`snapshot` `None`) or a restore of a VM saved into `snapshot`.
-    fn boot(&self, spec: &SandboxSpec, snapshot: Option<&Path>) -> Result<SandboxHandle, RuntimeError> {
+    /// A cold boot, a resume of the sandbox's own VM, or a copy of a warm
+    /// checkpoint's (see [`Launch`]).
+    fn boot(&self, spec: &SandboxSpec, launch: Launch) -> Result<SandboxHandle, RuntimeError> {
         Self::refuse_unsupported(spec)?;
         let t0 = std::time::Instant::now();
         let dir = self.vm_dir(&spec.id);
@@ -548,19 +648,66 @@ impl MicrovmRuntime {
         self.kill_qemu_by_pid_file(&spec.id);
         let _ = std::fs::remove_dir_all(&dir.0);
         std::fs::create_dir_all(&dir.0).map_err(|e| RuntimeError::sys(format!("create {}", dir.0.display()), e))?;
+        let snapshot = match launch {
+            Launch::Cold => None,
+            Launch::Resume(images) | Launch::Copy(images, _) => Some(images),
+        };
         // A restore's pid 1 holds the token saved with its snapshot.
         let token = crate::exec_channel::token(snapshot.map(|s| s.join(snapshot::TOKEN_FILE)).as_deref())?;
         crate::exec_channel::write_token(&dir.token(), &token)?;
         let sandbox_dir = spec.rootfs_dir.parent().unwrap_or(&self.run_dir);
-        // Read back by exec (the hostname) and after the VM is gone (where its disk is).
+        let disk_bytes = spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES);
+        let (lower, ram) = match launch {
+            // The guest's page cache holds blocks of the lower image it ran on: that one.
+            Launch::Resume(images) if images.join(snapshot::DRIVES_DIR).join(snapshot::LOWER_FILE).is_file() => {
+                (images.join(snapshot::DRIVES_DIR).join(snapshot::LOWER_FILE), Ram::Own)
+            }
+            // The saved guest's kernel caches blocks of both drives: a copy runs on
+            // the same lower image and on a copy of the disk as it was saved.
+            Launch::Copy(images, copy) => {
+                let drives = images.join(snapshot::DRIVES_DIR);
+                crate::disk::lend_to_guest(sandbox_dir).map_err(RuntimeError::Setup)?;
+                let disk = sandbox_dir.join(disks::SANDBOX_DISK);
+                let staged = sandbox_dir.join(format!("{}.copy", disks::SANDBOX_DISK));
+                let _ = std::fs::remove_file(&staged);
+                crate::disk::sparse_copy(&drives.join(snapshot::DISK_FILE), &staged)
+                    .and_then(|_| std::fs::rename(&staged, &disk))
+                    .map_err(|e| {
+                        RuntimeError::sys(format!("copy the warm checkpoint's disk to {}", disk.display()), e)
+                    })?;
+                let ram = match copy.ram_file {
+                    true => Ram::Copy(images.join(snapshot::RAM_FILE)),
+                    false => Ram::Own,
+                };
+                (drives.join(snapshot::LOWER_FILE), ram)
+            }
+            _ => (disks::lower_image(&self.cache_dir, &spec.lower_dirs)?, Ram::Own),
+        };
+        // A restored guest's lower image is the snapshot's (a link that goes with the
+        // image): linked beside its disk for as long as the VM may be saved again.
+        let pinned = sandbox_dir.join(PINNED_LOWER);
+        let _ = std::fs::remove_file(&pinned);
+        let lower = match snapshot {
+            Some(_) => {
+                std::fs::hard_link(&lower, &pinned)
+                    .or_else(|_| crate::disk::sparse_copy(&lower, &pinned).map(drop))
+                    .map_err(|e| RuntimeError::sys(format!("keep {} as {}", lower.display(), pinned.display()), e))?;
+                pinned
+            }
+            None => lower,
+        };
+        let shape = shape_of(spec, matches!(ram, Ram::Own));
+        // Read back by exec (the hostname), after the VM is gone (where its disk is),
+        // and by a warm checkpoint (its shape and lower image).
         for (path, bytes) in [
-            (dir.hostname(), spec.hostname.as_bytes()),
-            (dir.sandbox_dir_file(), sandbox_dir.as_os_str().as_encoded_bytes()),
+            (dir.hostname(), spec.hostname.as_bytes().to_vec()),
+            (dir.sandbox_dir_file(), sandbox_dir.as_os_str().as_encoded_bytes().to_vec()),
+            (dir.shape(), serde_json::to_vec(&shape).expect("shape serializes")),
+            (dir.lower(), lower.as_os_str().as_encoded_bytes().to_vec()),
         ] {
             std::fs::write(&path, bytes).map_err(|e| RuntimeError::sys(format!("write {}", path.display()), e))?;
         }
-        let lower = disks::lower_image(&self.cache_dir, &spec.lower_dirs)?;
-        let disk = disks::sandbox_disk(sandbox_dir, spec.limits.disk_bytes.unwrap_or(disks::DEFAULT_DISK_BYTES))?;
+        let disk = disks::sandbox_disk(sandbox_dir, disk_bytes)?;
         // The guest is the disk's only writer, and the only reader: the host never mounts it again.
         crate::disk::lend_to_guest(sandbox_dir).map_err(RuntimeError::Setup)?;
         let t_disks = t0.elapsed();
@@ -573,10 +720,19 @@ impl MicrovmRuntime {
             strata_net::link::bridge_for_guest(ns)
                 .map_err(|e| RuntimeError::Setup(format!("the guest's link in its network namespace: {e}")))?;
         }
-        let mut qemu = self.qemu_argv(spec, &dir, &lower, &disk);
-        if let Some(images) = snapshot {
-            qemu.extend(["-incoming".into(), format!("file:{}", images.join(snapshot::STATE_FILE).display())]);
-        }
+        let mut qemu = self.qemu_argv(spec, &dir, &lower, &disk, &ram);
+        let (incoming_file, ignore_shared) = match launch {
+            Launch::Cold => (None, false),
+            Launch::Resume(images) => {
+                qemu.extend(["-incoming".into(), format!("file:{}", images.join(snapshot::STATE_FILE).display())]);
+                (None, false)
+            }
+            // Deferred: `x-ignore-shared` must be set before QEMU reads the state.
+            Launch::Copy(images, copy) => {
+                qemu.extend(["-incoming".into(), "defer".into()]);
+                (Some(images.join(snapshot::STATE_FILE)), copy.ram_file)
+            }
+        };
         let cfg = keeper::KeepConfig {
             qemu,
             agent_socket: dir.agent(),
@@ -590,6 +746,9 @@ impl MicrovmRuntime {
             incoming: snapshot.is_some(),
             netns: spec.netns_path.clone().filter(|_| spec.link.is_some()),
             disk: self.confined.then(|| disk.clone()),
+            ram_memfd: matches!(ram, Ram::Own),
+            incoming_file,
+            ignore_shared,
         };
         let log = spec.open_log()?;
         let mut child = {
@@ -713,7 +872,128 @@ impl MicrovmRuntime {
             accel: self.accel.as_str().into(),
             cpu: self.cpu_model().into(),
             kernel: self.kernel.version.clone(),
+            workload_frozen: false,
+            copy: None,
         }
+    }
+
+    /// Holds the exec lock (no process starts while the returned file is
+    /// open) and has every connection to pid 1 let go, until the keeper has
+    /// no stream open: the line holds no process's bytes when the VM is saved.
+    fn let_go(&self, sandbox_id: &str) -> Result<std::fs::File, RuntimeError> {
+        let dir = self.vm_dir(sandbox_id);
+        let lock = crate::exec_channel::lock_execs(&dir.exec_lock(), Duration::from_secs(10))?;
+        self.channel(sandbox_id)
+            .detach(Duration::from_secs(10))
+            .map_err(|e| RuntimeError::Setup(format!("detaching the API processes' connections: {e}")))?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while keeper::open_streams(&dir.control()).map_err(|e| RuntimeError::sys("ask the VM's keeper", e))? > 0 {
+            if std::time::Instant::now() > deadline {
+                return Err(RuntimeError::Setup("the VM's streams did not drain within 10 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(lock)
+    }
+
+    /// Freezes the guest's disk (consistent on the device) and then every
+    /// process of the sandbox in it, so that a snapshot runs none of them
+    /// until the restored guest has been reseeded ([`Self::after_restore`]).
+    fn quiesce(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        use strata_init::spawner::Request;
+        match self.ask_pid1(sandbox_id, &Request::FreezeDisk { frozen: true }) {
+            Ok(1) => {}
+            other => return Err(RuntimeError::Setup(format!("the guest could not freeze its disk: {other:?}"))),
+        }
+        match self.ask_pid1(sandbox_id, &Request::FreezeWorkload { frozen: true }) {
+            Ok(1) => Ok(()),
+            other => {
+                let _ = self.ask_pid1(sandbox_id, &Request::FreezeDisk { frozen: false });
+                Err(RuntimeError::Setup(format!("the guest could not freeze its processes: {other:?}")))
+            }
+        }
+    }
+
+    /// Undoes [`Self::quiesce`] in a guest that runs on (the snapshot failed, or was a copy).
+    fn unquiesce(&self, sandbox_id: &str) {
+        use strata_init::spawner::Request;
+        for (what, req) in
+            [("processes", Request::FreezeWorkload { frozen: false }), ("disk", Request::FreezeDisk { frozen: false })]
+        {
+            if let Err(e) = self.ask_pid1(sandbox_id, &req) {
+                warn!(sandbox = sandbox_id, error = %e, "the guest could not thaw its {what}");
+            }
+        }
+    }
+
+    /// Saves the stopped VM's state into `images_dir` (QMP `migrate` to a
+    /// file the daemon opens: QEMU runs unprivileged in an empty root),
+    /// leaving out RAM in a shared file when `ignore_shared`.
+    fn save_state(&self, q: &mut qmp::Qmp, images_dir: &Path, ignore_shared: bool) -> Result<(), String> {
+        let state = images_dir.join(snapshot::STATE_FILE);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&state)
+            .map_err(|e| format!("create {}: {e}", state.display()))?;
+        qmp::set_ignore_shared(q, ignore_shared)?;
+        let r = q
+            .add_fd(STANDBY_FDSET, std::os::fd::AsFd::as_fd(&file))
+            .and_then(|()| {
+                q.execute("migrate", serde_json::json!({ "uri": format!("file:/dev/fdset/{STANDBY_FDSET}") }))
+            })
+            .and_then(|_| q.wait_migration(Duration::from_secs(300)));
+        if ignore_shared {
+            let _ = qmp::set_ignore_shared(q, false);
+        }
+        let _ = q.execute("remove-fd", serde_json::json!({ "fdset-id": STANDBY_FDSET }));
+        r?;
+        file.sync_all().map_err(|e| format!("sync {}: {e}", state.display()))
+    }
+
+    /// A guest restored from a snapshot, its processes still frozen: fresh
+    /// entropy from the host and a reseed, the new `identity` of a copy, its
+    /// disk thawed, then its processes. A guest that cannot is stopped.
+    fn after_restore(
+        &self,
+        spec: &SandboxSpec,
+        handle: &SandboxHandle,
+        identity: Option<strata_init::spawner::Identity>,
+        workload_frozen: bool,
+    ) -> Result<(), RuntimeError> {
+        use strata_init::spawner::Request;
+        let mut entropy = vec![0u8; 64];
+        let got = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut entropy));
+        let steps = || -> Result<(), String> {
+            got.map_err(|e| format!("entropy from the host: {e}"))?;
+            let copy = identity.is_some();
+            match self.ask_pid1(&spec.id, &Request::Restored { entropy, identity }) {
+                Ok(1) => {}
+                // A standby image of an older build: its pid 1 does not know the request;
+                // it is the same sandbox (no copy shares its generator), so it runs on.
+                Err(e) if !copy && !workload_frozen => {
+                    warn!(sandbox = %spec.id, error = %e, "the restored guest was not reseeded")
+                }
+                other => return Err(format!("the restored guest could not be reseeded: {other:?}")),
+            }
+            match self.ask_pid1(&spec.id, &Request::FreezeDisk { frozen: false }) {
+                Ok(1) => {}
+                other => return Err(format!("the restored guest could not thaw its disk: {other:?}")),
+            }
+            if workload_frozen {
+                match self.ask_pid1(&spec.id, &Request::FreezeWorkload { frozen: false }) {
+                    Ok(1) => {}
+                    other => return Err(format!("the restored guest could not thaw its processes: {other:?}")),
+                }
+            }
+            Ok(())
+        };
+        steps().map_err(|e| {
+            let _ = self.stop(&spec.id, handle, Duration::ZERO);
+            RuntimeError::Setup(e)
+        })
     }
 
     fn cpu_model(&self) -> &'static str {
@@ -734,7 +1014,7 @@ impl Runtime for MicrovmRuntime {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, RuntimeError> {
-        let handle = self.boot(spec, None)?;
+        let handle = self.boot(spec, Launch::Cold)?;
         if let Err(e) = self.put_secrets(&spec.id, &spec.secrets, spec.secrets_owner.as_deref()) {
             let _ = self.stop(&spec.id, &handle, Duration::ZERO);
             return Err(e);
@@ -757,6 +1037,16 @@ impl Runtime for MicrovmRuntime {
 
     fn attaches_by_command(&self) -> bool {
         true
+    }
+
+    /// Before a warm copy: the API processes' connections let go (their
+    /// supervisors attach again after it) and no process starts.
+    fn detach_processes(
+        &self,
+        sandbox_id: &str,
+        _: &SandboxHandle,
+    ) -> Result<Option<crate::DetachGuard>, RuntimeError> {
+        Ok(Some(crate::DetachGuard(Box::new(self.let_go(sandbox_id)?))))
     }
 
     fn attach_command(
@@ -854,54 +1144,25 @@ impl Runtime for MicrovmRuntime {
         // No process starts from here on (the lock is held until the VM is gone), and every
         // connection lets go: what pid 1 had queued reaches its client before the VM stops,
         // the rest waits in the processes' pipes for the clients after the resume.
-        let _execs = crate::exec_channel::lock_execs(&dir.exec_lock(), Duration::from_secs(10))?;
-        self.channel(sandbox_id)
-            .detach(Duration::from_secs(10))
-            .map_err(|e| RuntimeError::Setup(format!("detaching the API processes' connections: {e}")))?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while keeper::open_streams(&dir.control()).map_err(|e| RuntimeError::sys("ask the VM's keeper", e))? > 0 {
-            if std::time::Instant::now() > deadline {
-                return Err(RuntimeError::Setup("the VM's streams did not drain within 10 s".into()));
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        match self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen: true }) {
-            Ok(1) => {}
-            other => return Err(RuntimeError::Setup(format!("the guest could not freeze its disk: {other:?}"))),
-        }
-        let thaw = || {
-            let _ = self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeDisk { frozen: false });
-        };
+        let _execs = self.let_go(sandbox_id)?;
+        self.quiesce(sandbox_id)?;
+        let thaw = || self.unquiesce(sandbox_id);
         let saved = (|| -> Result<snapshot::Manifest, String> {
             let mut q = qmp::Qmp::connect(&dir.qmp(), Duration::from_secs(5))?;
             q.execute("stop", serde_json::Value::Null)?;
-            // QEMU runs unprivileged in an empty root: the daemon opens the file and hands it over.
-            let state = images_dir.join(snapshot::STATE_FILE);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&state)
-                .map_err(|e| format!("create {}: {e}", state.display()))?;
-            let r = q
-                .add_fd(STANDBY_FDSET, std::os::fd::AsFd::as_fd(&file))
-                .and_then(|()| {
-                    let uri = format!("file:/dev/fdset/{STANDBY_FDSET}");
-                    q.execute("migrate", serde_json::json!({ "uri": uri }))
-                })
-                .and_then(|_| q.wait_migration(Duration::from_secs(300)));
-            drop(file);
-            if let Err(e) = r {
-                let _ = q.execute("cont", serde_json::Value::Null);
-                return Err(e);
-            }
-            let manifest = self.snapshot_manifest(sandbox_id);
-            manifest.save(images_dir).map_err(|e| format!("write the snapshot's manifest: {e}"))?;
-            std::fs::copy(dir.token(), images_dir.join(snapshot::TOKEN_FILE))
-                .map_err(|e| format!("keep the channel token with the snapshot: {e}"))?;
-            let _ = q.execute("quit", serde_json::Value::Null);
-            Ok(manifest)
+            let saved = (|| -> Result<snapshot::Manifest, String> {
+                // Standby keeps the RAM in the state file: its memfd goes with QEMU.
+                self.save_state(&mut q, images_dir, false)?;
+                keep_lower(&dir, images_dir)?;
+                let manifest = snapshot::Manifest { workload_frozen: true, ..self.snapshot_manifest(sandbox_id) };
+                manifest.save(images_dir).map_err(|e| format!("write the snapshot's manifest: {e}"))?;
+                std::fs::copy(dir.token(), images_dir.join(snapshot::TOKEN_FILE))
+                    .map_err(|e| format!("keep the channel token with the snapshot: {e}"))?;
+                Ok(manifest)
+            })();
+            // Saved: QEMU goes. Not saved: the VM runs on (its pid 1 then thaws it).
+            let _ = q.execute(if saved.is_ok() { "quit" } else { "cont" }, serde_json::Value::Null);
+            saved
         })();
         let manifest = match saved {
             Ok(m) => m,
@@ -921,15 +1182,96 @@ impl Runtime for MicrovmRuntime {
         Ok(self.init_binary.clone())
     }
 
-    fn copy_processes(&self, _: &str, _: &SandboxHandle, _: &Path) -> Result<PathBuf, RuntimeError> {
-        Err(self.unsupported("copying processes (warm checkpoints)"))
+    /// A warm checkpoint of a running microVM (its disk already frozen by
+    /// the caller's read of its layer): the guest freezes its processes,
+    /// QEMU stops the VM and saves its device state (without the RAM:
+    /// `x-ignore-shared`), the RAM is copied out of the keeper's memfd and
+    /// the disk out of its image (holes kept), the lower image is linked;
+    /// then the VM runs on and its processes thaw. The parent's pause is the
+    /// copy of its touched RAM and its disk's data.
+    fn copy_processes(
+        &self,
+        sandbox_id: &str,
+        handle: &SandboxHandle,
+        images_dir: &Path,
+    ) -> Result<PathBuf, RuntimeError> {
+        if !maps_private_ram(&self.qemu_version) {
+            return Err(RuntimeError::Unsupported(format!(
+                "warm checkpoints of microVMs with {}: copies map the saved RAM private with memory-backend-file's rom=off (QEMU 8.2 and newer)",
+                self.qemu_version
+            )));
+        }
+        let dir = self.vm_dir(sandbox_id);
+        let (Some(sandbox_dir), Ok(shape)) = (
+            dir.sandbox_dir(),
+            std::fs::read(dir.shape())
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<snapshot::Copy>(&b).map_err(|e| e.to_string())),
+        ) else {
+            return Err(RuntimeError::Setup(format!("microVM {sandbox_id} has no record of its boot (restart it)")));
+        };
+        let drives = images_dir.join(snapshot::DRIVES_DIR);
+        std::fs::create_dir_all(&drives).map_err(|e| RuntimeError::sys(format!("create {}", drives.display()), e))?;
+        let t = std::time::Instant::now();
+        match self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeWorkload { frozen: true }) {
+            Ok(1) => {}
+            other => return Err(RuntimeError::Setup(format!("the guest could not freeze its processes: {other:?}"))),
+        }
+        let mut phases = (0u128, 0u64, 0u64);
+        let copied = (|| -> Result<(), String> {
+            let mut q = qmp::Qmp::connect(&dir.qmp(), Duration::from_secs(5))?;
+            q.execute("stop", serde_json::Value::Null)?;
+            let saved = (|| -> Result<(), String> {
+                // A copy's own RAM is its checkpoint's file mapped private: not shared,
+                // so it goes into the state file, and its copies load it from there.
+                self.save_state(&mut q, images_dir, shape.ram_file)?;
+                phases.0 = t.elapsed().as_millis();
+                if shape.ram_file {
+                    let memfd = format!("/proc/{}/fd/{}", handle.init_pid, keeper::RAM_FD);
+                    phases.1 = crate::disk::sparse_copy(Path::new(&memfd), &images_dir.join(snapshot::RAM_FILE))
+                        .map_err(|e| format!("copy the guest's RAM: {e}"))?;
+                }
+                // QEMU flushed the disk when the migration completed.
+                phases.2 =
+                    crate::disk::sparse_copy(&sandbox_dir.join(disks::SANDBOX_DISK), &drives.join(snapshot::DISK_FILE))
+                        .map_err(|e| format!("copy the guest's disk: {e}"))?;
+                keep_lower(&dir, images_dir)?;
+                std::fs::copy(dir.token(), images_dir.join(snapshot::TOKEN_FILE))
+                    .map_err(|e| format!("keep the channel token with the snapshot: {e}"))?;
+                let manifest = snapshot::Manifest {
+                    workload_frozen: true,
+                    copy: Some(shape.clone()),
+                    ..self.snapshot_manifest(sandbox_id)
+                };
+                manifest.save(images_dir).map_err(|e| format!("write the snapshot's manifest: {e}"))
+            })();
+            // The VM runs on either way (QEMU takes its disk back on `cont`).
+            let resumed = q.execute("cont", serde_json::Value::Null).map(drop);
+            saved.and(resumed.map_err(|e| format!("the VM did not run on after its copy: {e}")))
+        })();
+        if let Err(e) = self.ask_pid1(sandbox_id, &strata_init::spawner::Request::FreezeWorkload { frozen: false }) {
+            warn!(sandbox = sandbox_id, error = %e, "the guest could not thaw its processes after a copy");
+        }
+        copied.map_err(|e| RuntimeError::Setup(format!("the warm copy of microVM {sandbox_id}: {e}")))?;
+        debug!(
+            sandbox = sandbox_id,
+            state_ms = phases.0 as u64,
+            ram_bytes = phases.1,
+            disk_bytes = phases.2,
+            paused_ms = t.elapsed().as_millis() as u64,
+            "microVM copied"
+        );
+        Ok(self.init_binary.clone())
     }
 
-    /// Resume of a microVM from its snapshot: refused when this host's QEMU,
-    /// machine, accelerator or CPU model is not the one that saved it; the
-    /// disk goes back to the guest, QEMU loads the VM (`-incoming`) and lets
-    /// it run, the keeper says hello to pid 1 (and the time), and the guest
-    /// thaws its disk.
+    /// Brings back a VM saved into `images_dir`: the sandbox's own standby
+    /// image, or a warm checkpoint's snapshot for another sandbox (a fork
+    /// child, a template's sandbox), which must have its shape. Refused when
+    /// this host's QEMU, machine, accelerator, CPU model or guest kernel is
+    /// not the one that saved it. QEMU loads the VM and lets it run, the
+    /// keeper says hello to pid 1 (and the time); the guest, its processes
+    /// still frozen, mixes in fresh entropy and reseeds, takes the new
+    /// sandbox's identity (a copy), thaws its disk and then its processes.
     fn restore_processes(
         &self,
         spec: &SandboxSpec,
@@ -940,24 +1282,41 @@ impl Runtime for MicrovmRuntime {
         _memory: crate::MemoryRestore,
     ) -> Result<SandboxHandle, RuntimeError> {
         let saved = snapshot::Manifest::load(images_dir).map_err(RuntimeError::Incompatible)?;
-        if saved.sandbox != spec.id {
-            return Err(self.unsupported("starting another sandbox from a VM snapshot (warm forks)"));
-        }
         if let Some(why) = saved.mismatch(&self.snapshot_manifest(&spec.id)) {
             return Err(RuntimeError::Incompatible(why));
         }
-        let handle = self.boot(spec, Some(images_dir))?;
-        match self.ask_pid1(&spec.id, &strata_init::spawner::Request::FreezeDisk { frozen: false }) {
-            Ok(1) => Ok(handle),
-            other => {
-                let _ = self.stop(&spec.id, &handle, Duration::ZERO);
-                Err(RuntimeError::Setup(format!("the restored guest could not thaw its disk: {other:?}")))
+        let Some(copy) = &saved.copy else {
+            if saved.sandbox != spec.id {
+                return Err(RuntimeError::Incompatible(format!(
+                    "the VM snapshot in {} is sandbox {}'s standby image: only a warm checkpoint's starts other sandboxes",
+                    images_dir.display(),
+                    saved.sandbox
+                )));
             }
+            let handle = self.boot(spec, Launch::Resume(images_dir))?;
+            self.after_restore(spec, &handle, None, saved.workload_frozen)?;
+            return Ok(handle);
+        };
+        // A warm checkpoint's: a fork child, a template's sandbox, or its own sandbox rolled back.
+        if let Some(why) = copy.mismatch(&shape_of(spec, copy.ram_file)) {
+            return Err(RuntimeError::Shape(why));
         }
+        let handle = self.boot(spec, Launch::Copy(images_dir, copy))?;
+        let identity = strata_init::spawner::Identity {
+            hostname: spec.hostname.clone(),
+            id: spec.id.clone(),
+            machine_id: spec.machine_id.clone(),
+            generation: spec.fork_generation,
+            net: guest_net(spec),
+        };
+        self.after_restore(spec, &handle, Some(identity), saved.workload_frozen)?;
+        Ok(handle)
     }
 
+    /// Nothing left to do: a copy took its identity in [`Runtime::restore_processes`],
+    /// before any of its processes ran again.
     fn reidentify(&self, _: &SandboxSpec, _: &SandboxHandle) -> Result<(), RuntimeError> {
-        Err(self.unsupported("giving restored processes a new identity"))
+        Ok(())
     }
 
     /// A restore the daemon did not record: whatever it started is ended
@@ -1019,6 +1378,7 @@ impl Runtime for MicrovmRuntime {
         sandbox_id: &str,
         choose: &mut dyn FnMut(Vec<strata_init::layer::Entry>) -> Vec<strata_init::layer::Item>,
         out: Option<&mut dyn std::io::Write>,
+        while_frozen: &mut dyn FnMut(),
     ) -> Result<Duration, RuntimeError> {
         use strata_init::spawner::Request;
         let channel = self.channel(sandbox_id);
@@ -1042,6 +1402,7 @@ impl Runtime for MicrovmRuntime {
                 let limit = disk_bytes.saturating_mul(2) + (64 << 20);
                 channel.fetch(&Request::LayerTar { items }, out, limit, LAYER_IDLE)?;
             }
+            while_frozen();
             Ok(())
         })();
         let frozen = frozen_at.elapsed();

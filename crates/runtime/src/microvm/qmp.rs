@@ -133,3 +133,14 @@ impl Qmp {
         }
     }
 }
+
+/// Turns QEMU's `x-ignore-shared` migration capability on or off: with it,
+/// RAM in a shared named file (a warm checkpoint's own, or the one a copy
+/// maps) stays out of the migration stream.
+pub fn set_ignore_shared(qmp: &mut Qmp, on: bool) -> Result<(), String> {
+    qmp.execute(
+        "migrate-set-capabilities",
+        serde_json::json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] }),
+    )
+    .map(drop)
+}
