@@ -181,7 +181,14 @@ pub(crate) fn seal(dir: &Path, info: StandbyInfo, helper: Option<PathBuf>) -> st
     });
     let files = files?;
     synced?;
-    let m = Manifest { info: StandbyInfo { image_bytes: files.iter().map(|f| f.size).sum(), ..info }, helper, files };
+    // What the image takes on disk: a sparse file (a microVM's RAM) counts its data only.
+    let image_bytes = names
+        .iter()
+        .map(|n| {
+            std::fs::metadata(dir.join(n)).map(|m| (std::os::unix::fs::MetadataExt::blocks(&m) * 512).min(m.len()))
+        })
+        .sum::<std::io::Result<u64>>()?;
+    let m = Manifest { info: StandbyInfo { image_bytes, ..info }, helper, files };
     strata_store::fsutil::write_atomic(
         &dir.join(MANIFEST),
         &serde_json::to_vec_pretty(&m).expect("manifest serializes"),
@@ -282,9 +289,19 @@ mod tests {
             dump_ms: 3,
             note: None,
         };
-        let m = seal(d.path(), info, None).unwrap();
+        let m = seal(d.path(), info.clone(), None).unwrap();
         assert_eq!(m.info.image_bytes, 100_004);
         assert_eq!(m.files.len(), 2);
+        // A sparse file (a microVM's RAM) counts what it holds, not its length.
+        let sparse = d.path().join("ram");
+        let f = std::fs::File::create(&sparse).unwrap();
+        f.set_len(64 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[1u8; 4096], 1 << 20).unwrap();
+        drop(f);
+        let m = seal(d.path(), info, None).unwrap();
+        assert!(m.info.image_bytes < 100_004 + (1 << 20), "{}", m.info.image_bytes);
+        std::fs::remove_file(&sparse).unwrap();
+        let m = seal(d.path(), m.info.clone(), None).unwrap();
         assert!(verify(d.path()).is_ok());
         // Flip one byte: refused, naming the file.
         let mut bytes = std::fs::read(d.path().join("pages-1.img")).unwrap();

@@ -457,6 +457,7 @@ fn set_up_root(cfg: &GuestConfig) {
         set_up_network(net);
     }
     workload_cgroup(cfg.pids);
+    read_only_kernel_files();
 }
 
 /// Where the guest keeps the sandbox's identity (a tmpfs, bound over `/etc`'s files).
@@ -526,9 +527,10 @@ fn resolv_conf(gateway: std::net::Ipv4Addr) -> String {
     format!("# written by strata: DNS goes through strata's filter (see docs/network.md)\nnameserver {gateway}\noptions ndots:1\n")
 }
 
-/// The cgroup of the sandbox's processes: every process pid 1 starts, and
-/// pid 1 itself except while they are frozen ([`freeze_workload`]).
-const WORKLOAD_CGROUP: &str = "/sys/fs/cgroup/sandbox";
+/// The cgroup of the sandbox's processes (in the guest's cgroup2 hierarchy):
+/// every process pid 1 starts, and pid 1 itself except while they are frozen
+/// ([`freeze_workload`]).
+const WORKLOAD_CGROUP: &str = "sandbox";
 
 /// The sandbox's link: the guest's address and default route on its
 /// virtio-net device, and strata's DNS filter (the gateway) over
@@ -560,24 +562,65 @@ fn set_up_network(net: GuestNet) {
     }
 }
 
+/// The guest's cgroup2 hierarchy as pid 1 writes it: a mount detached from
+/// every path, reached only through this descriptor, so the workload (root
+/// in the guest, with a reduced set of capabilities) sees only the
+/// read-only mount at `/sys/fs/cgroup` and can neither leave its cgroup nor
+/// thaw or lift its limits.
+static CGROUP: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+
+/// A file of pid 1's cgroup2 hierarchy, by its path in it.
+fn cgroup_file(rel: &str) -> std::io::Result<std::path::PathBuf> {
+    let dir = CGROUP.get().ok_or_else(|| std::io::Error::other("the guest has no cgroup2 hierarchy"))?;
+    Ok(std::path::PathBuf::from(format!("/proc/self/fd/{}/{rel}", dir.as_raw_fd())))
+}
+
 /// Puts pid 1 (and so every process it starts) in [`WORKLOAD_CGROUP`], with
-/// `pids.max` when the sandbox has a process limit.
+/// `pids.max` when the sandbox has a process limit; the workload sees the
+/// hierarchy read-only ([`CGROUP`]).
 fn workload_cgroup(limit: Option<u64>) {
-    let root = Path::new("/sys/fs/cgroup");
-    if mount(Some("cgroup2"), root, Some("cgroup2"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, None::<&str>).is_err() {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let hidden = Path::new("/run/strata/.cgroup");
+    let _ = std::fs::create_dir_all(hidden);
+    if mount(Some("cgroup2"), hidden, Some("cgroup2"), flags, None::<&str>).is_err() {
         eprintln!("strata-init: no cgroup2 in this guest kernel: no pids limit, no warm copies");
         return;
     }
-    let cg = Path::new(WORKLOAD_CGROUP);
+    let opened = std::fs::File::open(hidden);
+    let _ = nix::mount::umount2(hidden, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(hidden);
+    match opened {
+        Ok(dir) => {
+            let _ = CGROUP.set(dir);
+        }
+        Err(e) => return eprintln!("strata-init: open the cgroup2 hierarchy: {e}"),
+    }
     let step = || -> std::io::Result<()> {
-        std::fs::write(root.join("cgroup.subtree_control"), "+pids")?;
-        std::fs::create_dir_all(cg)?;
+        std::fs::write(cgroup_file("cgroup.subtree_control")?, "+pids")?;
+        std::fs::create_dir_all(cgroup_file(WORKLOAD_CGROUP)?)?;
         let max = limit.map_or_else(|| "max".to_string(), |l| l.to_string());
-        std::fs::write(cg.join("pids.max"), max)?;
-        std::fs::write(cg.join("cgroup.procs"), "1")
+        std::fs::write(cgroup_file(&format!("{WORKLOAD_CGROUP}/pids.max"))?, max)?;
+        std::fs::write(cgroup_file(&format!("{WORKLOAD_CGROUP}/cgroup.procs"))?, "1")
     };
     if let Err(e) = step() {
         eprintln!("strata-init: the workload's cgroup: {e}");
+    }
+    if let Err(e) = mount(Some("cgroup2"), "/sys/fs/cgroup", Some("cgroup2"), flags | MsFlags::MS_RDONLY, None::<&str>)
+    {
+        eprintln!("strata-init: /sys/fs/cgroup: {e}");
+    }
+}
+
+/// The kernel's knobs out of the workload's reach, as on the other tiers:
+/// `/proc/sys`, `/proc/sysrq-trigger` and `/sys` read-only (the guest's
+/// root keeps a reduced set of capabilities, but writes files root owns).
+fn read_only_kernel_files() {
+    let ro = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for path in ["/proc/sys", "/proc/sysrq-trigger", "/sys"] {
+        let bound = path == "/sys" || mount(Some(path), path, None::<&str>, MsFlags::MS_BIND, None::<&str>).is_ok();
+        if !bound || mount(None::<&str>, path, None::<&str>, ro | MsFlags::MS_NOEXEC, None::<&str>).is_err() {
+            fatal("make the kernel's files read-only", path);
+        }
     }
 }
 
@@ -585,19 +628,19 @@ fn workload_cgroup(limit: Option<u64>) {
 /// steps out of [`WORKLOAD_CGROUP`] while they are frozen (and starts none:
 /// the host holds the exec lock meanwhile).
 fn freeze_workload(frozen: bool) -> std::io::Result<()> {
-    let cg = Path::new(WORKLOAD_CGROUP);
-    if !cg.join("cgroup.freeze").exists() {
+    let file = |name: &str| cgroup_file(&format!("{WORKLOAD_CGROUP}/{name}"));
+    if !file("cgroup.freeze")?.exists() {
         return Err(std::io::Error::other("the guest has no cgroup of the sandbox's processes to freeze"));
     }
     if !frozen {
-        std::fs::write(cg.join("cgroup.freeze"), "0")?;
-        return std::fs::write(cg.join("cgroup.procs"), "1");
+        std::fs::write(file("cgroup.freeze")?, "0")?;
+        return std::fs::write(file("cgroup.procs")?, "1");
     }
-    std::fs::write("/sys/fs/cgroup/cgroup.procs", "1")?;
-    std::fs::write(cg.join("cgroup.freeze"), "1")?;
+    std::fs::write(cgroup_file("cgroup.procs")?, "1")?;
+    std::fs::write(file("cgroup.freeze")?, "1")?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if std::fs::read_to_string(cg.join("cgroup.events"))?.lines().any(|l| l == "frozen 1") {
+        if std::fs::read_to_string(file("cgroup.events")?)?.lines().any(|l| l == "frozen 1") {
             return Ok(());
         }
         if Instant::now() > deadline {
