@@ -388,7 +388,9 @@ fn the_same_escape_attempts_fail_on_every_tier_and_the_host_keeps_working() {
             let script = match (*tier, a.what) {
                 ("microvm", "open a host disk") => "head -c1 /dev/sda",
                 ("microvm", "replace strata's init") => "echo x > /proc/1/exe",
-                ("microvm", "see host processes") => "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -q 'strata[ ]daemon'",
+                ("microvm", "see host processes") => {
+                    "cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -q 'strata[ ]daemon'"
+                }
                 _ => a.script,
             };
             let out = sh(&d, &id, script);

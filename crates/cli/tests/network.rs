@@ -480,6 +480,20 @@ fn egress_on_the_microvm_tier_is_the_same_host_side_enforcement() {
     assert!(ip.contains(&format!("nameserver {}", net(&d, &id).gateway.unwrap())), "{ip}");
     assert_only_the_rules_reach(&w, &d, &id);
     assert!(net(&d, &id).denied.packets > 0, "the guest's denied packets are counted on the host");
+    // A warm fork of the VM is on a link of its own: its guest takes that link's
+    // address (the saved one was its source's), under the same rules.
+    let warm = d.cli_ok(&["checkpoint", &id, "--processes"]).trim().to_string();
+    let kid = d.cli_ok(&["fork", &warm, "-n", "1"]).trim().to_string();
+    let kid_net = net(&d, &kid);
+    assert_ne!(kid_net.address, Some(address.clone()), "the fork shares its source's link");
+    let (_, ip) = run_in(&d, &kid, "ip addr show eth0; ip route; cat /etc/resolv.conf");
+    assert!(ip.contains(&format!("inet {}/30", kid_net.address.clone().unwrap())), "the fork's address: {ip}");
+    assert!(ip.contains(&format!("default via {}", kid_net.gateway.clone().unwrap())), "the fork's route: {ip}");
+    assert!(ip.contains(&format!("nameserver {}", kid_net.gateway.unwrap())), "{ip}");
+    assert!(fetches(&d, &kid, &format!("http://{}:8080/hello", w.addr)), "the fork has no network");
+    assert!(!fetches(&d, &kid, &format!("http://{}:8081/hello", w.addr)), "another port is reachable from the fork");
+    assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "the source lost its network");
+    d.cli_ok(&["rm", "-f", &kid]);
     // Standby keeps the link: the resumed guest is on it, under the same rules.
     d.cli_ok(&["standby", &id]);
     assert!(fetches(&d, &id, &format!("http://{}:8080/hello", w.addr)), "no network after resume");

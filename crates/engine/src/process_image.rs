@@ -301,7 +301,7 @@ mod tests {
         let m = seal(d.path(), info, None).unwrap();
         assert!(m.info.image_bytes < 100_004 + (1 << 20), "{}", m.info.image_bytes);
         std::fs::remove_file(&sparse).unwrap();
-        let m = seal(d.path(), m.info.clone(), None).unwrap();
+        seal(d.path(), m.info.clone(), None).unwrap();
         assert!(verify(d.path()).is_ok());
         // Flip one byte: refused, naming the file.
         let mut bytes = std::fs::read(d.path().join("pages-1.img")).unwrap();
