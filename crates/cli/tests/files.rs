@@ -53,6 +53,17 @@ fn the_file_api_reaches_a_microvm_s_files_through_its_guest() {
     let kid = d.cli_ok(&["fork", "files", "-n", "1"]).trim().to_string();
     assert_eq!(d.cli_ok(&["exec", &kid, "--", "cat", "/srv/tree/link"]), "deep");
     d.cli_ok(&["rm", "-f", &kid, &id]);
+    // A template built FROM that checkpoint builds in a microVM: its COPY goes in through the guest.
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(ctx.path().join("data.txt"), "from the context\n").unwrap();
+    let file = common::write_file(ctx.path(), "Stratafile", b"FROM files\nCOPY data.txt /srv/copied.txt\n");
+    let out = d.cli(&["template", "build", "vm-app", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let made = d.cli_ok(&["create", "vm-app"]).trim().to_string();
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &made, "--json"])).unwrap();
+    assert_eq!(info["runtime"], "microvm", "{info}");
+    assert_eq!(d.cli_ok(&["exec", &made, "--", "cat", "/srv/copied.txt", "/srv/tree/link"]), "from the context\ndeep");
+    d.cli_ok(&["rm", "-f", &made]);
 }
 
 /// Files both ways (cp, tar trees, the file API's operations) in sandbox `id`.

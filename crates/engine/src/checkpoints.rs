@@ -33,8 +33,8 @@ use crate::{lifecycle, record};
 /// Most children one fork request may create.
 pub const MAX_FORK: u32 = 64;
 
-pub(crate) fn manifest_path(st: &Shared, sandbox_id: &str, checkpoint_id: &str) -> PathBuf {
-    st.sandbox_dir(sandbox_id).join("manifests").join(format!("{checkpoint_id}.json"))
+fn manifest_path(st: &Shared, sandbox_id: &str, checkpoint_id: &str) -> PathBuf {
+    st.checkpoint_manifest(sandbox_id, checkpoint_id)
 }
 
 /// 404 for a checkpoint.

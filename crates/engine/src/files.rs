@@ -91,10 +91,7 @@ pub struct FsRoot {
 
 /// The root of a running sandbox (409 when it is not running).
 pub fn fs_root(st: &Shared, rec: &SandboxRecord) -> EngineResult<FsRoot> {
-    crate::state::tiers::refuse_microvm(
-        &rec.sandbox,
-        "this file operation (user xattrs, directory watches, template COPY steps)",
-    )?;
+    crate::state::tiers::refuse_microvm(&rec.sandbox, "this file operation (directory watches)")?;
     let pid = init_pid(rec)?;
     let handle = crate::record::handle_of(rec).ok_or_else(|| {
         EngineError::new(ErrorCode::Internal, format!("sandbox {} runs without an init", rec.sandbox.id))
@@ -346,7 +343,7 @@ pub(crate) mod guest {
             mtime: s.mtime,
             link_target: s.link_target,
             link_resolved: None,
-            xattrs: Default::default(),
+            xattrs: s.xattrs,
         }
     }
 

@@ -34,7 +34,6 @@
 
 mod tarwalk;
 mod untar;
-pub mod xattr;
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsStr};
@@ -45,6 +44,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 
 use strata_api::{FileKind, FileStat};
+use strata_init::xattr;
 use strata_runtime::openat2::{RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS};
 
 pub use tarwalk::TarRoot;

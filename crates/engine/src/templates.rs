@@ -402,6 +402,91 @@ impl Build<'_> {
     }
 }
 
+/// What a build step writes into its sandbox.
+enum Put {
+    /// A file at the path, with these permission bits (its parent made).
+    File(u32),
+    /// A tar extracted under the path (made).
+    Tar,
+}
+
+/// Makes directory `path` (and its parents) in build sandbox `sb`.
+async fn build_mkdir(st: &Shared, sb: &str, path: String, mode: u32) -> EngineResult<()> {
+    let rec = crate::record::load(st, sb)?;
+    if crate::guest_layer::in_guest(st, &rec) {
+        return crate::files::guest::act(st, &rec, strata_init::guestfs::FsOp::Mkdir { path, parents: true }).await;
+    }
+    crate::files::with_fs(st, sb, move |fs| fs.mkdir(&path, true, mode)).await
+}
+
+/// Writes what `reader` gives into build sandbox `sb` at `path` (see
+/// [`Put`]): through the confined file API on the host, or, for a microVM
+/// (whose files are its guest's), as an upload through its guest.
+async fn build_put(
+    st: &Shared,
+    sb: &str,
+    path: String,
+    put: Put,
+    reader: Box<dyn std::io::Read + Send>,
+) -> EngineResult<()> {
+    let parent = match &put {
+        Put::File(_) => FsPath::new(&path)
+            .parent()
+            .and_then(|p| p.to_str())
+            .filter(|p| *p != "/" && !p.is_empty())
+            .map(str::to_string),
+        Put::Tar => Some(path.clone()),
+    };
+    let rec = crate::record::load(st, sb)?;
+    if !crate::guest_layer::in_guest(st, &rec) {
+        return crate::files::with_fs(st, sb, move |fs| {
+            if let Some(parent) = &parent {
+                fs.mkdir(parent, true, 0o755)?;
+            }
+            match put {
+                Put::File(mode) => fs.write_from(&path, reader, mode).map(drop),
+                Put::Tar => fs.untar_from(&path, reader).map(drop),
+            }
+        })
+        .await;
+    }
+    if let Some(parent) = parent {
+        build_mkdir(st, sb, parent, 0o755).await?;
+    }
+    let q = match put {
+        Put::File(mode) => strata_api::UploadQuery { path, mode: Some(mode), tar: false },
+        Put::Tar => strata_api::UploadQuery { path, mode: None, tar: true },
+    };
+    crate::files::guest::upload(st, &rec, q, Box::pin(stream_of(reader)?)).await
+}
+
+/// The bytes of `reader`, read on a thread of its own, as an upload's body.
+fn stream_of(
+    mut reader: Box<dyn std::io::Read + Send>,
+) -> EngineResult<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
+    use std::io::Read as _;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
+    std::thread::Builder::new()
+        .name("build-upload".into())
+        .spawn(move || loop {
+            let mut chunk = vec![0u8; 1 << 20];
+            let item = match reader.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => {
+                    chunk.truncate(n);
+                    Ok(bytes::Bytes::from(chunk))
+                }
+                Err(e) => Err(e),
+            };
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        })
+        .map_err(|e| EngineError::internal("build upload thread", &e))?;
+    Ok(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) }))
+}
+
 impl Build<'_> {
     /// [`Step::CopyArchive`]: the archive is unpacked (confined, as any tar
     /// upload) into a staging directory of the build sandbox, and a script
@@ -432,12 +517,8 @@ impl Build<'_> {
         std::io::Seek::rewind(&mut f).map_err(|e| EngineError::internal("COPY archive", &e))?;
         let reader: Box<dyn std::io::Read + Send> =
             if gz { Box::new(flate2::read::MultiGzDecoder::new(f)) } else { Box::new(f) };
-        let at = staging.clone();
-        crate::files::with_fs(self.st, sandbox, move |fs| {
-            fs.mkdir(&at, true, 0o700)?;
-            fs.untar_from(&at, reader).map(drop)
-        })
-        .await?;
+        build_mkdir(self.st, sandbox, staging.clone(), 0o700).await?;
+        build_put(self.st, sandbox, staging.clone(), Put::Tar, reader).await?;
         let script = copy_script(&staging, src, &dest, &owner, mode.filter(|m| !m.is_empty()));
         self.run(sandbox, &script, Some("root")).await
     }
@@ -762,7 +843,7 @@ pub async fn build_steps(
             st.db.set_image_config(&sb, &b.config)?;
             if let Some(w) = b.config.working_dir.clone().filter(|w| w.starts_with('/')) {
                 // Like Docker, WORKDIR creates the directory.
-                crate::files::with_fs(st, &sb, move |fs| fs.mkdir(&w, true, 0o755)).await?;
+                build_mkdir(st, &sb, w, 0o755).await?;
             }
             match step {
                 Step::Run(cmd) => b.run(&sb, cmd, None).await?,
@@ -795,19 +876,7 @@ pub async fn build_steps(
                         None => None,
                     };
                     match file {
-                        Some((f, mode)) => {
-                            crate::files::with_fs(st, &sb, move |fs| {
-                                if let Some(parent) = FsPath::new(&dst)
-                                    .parent()
-                                    .and_then(|p| p.to_str())
-                                    .filter(|p| *p != "/" && !p.is_empty())
-                                {
-                                    fs.mkdir(parent, true, 0o755)?;
-                                }
-                                fs.write_from(&dst, f, mode).map(drop)
-                            })
-                            .await?
-                        }
+                        Some((f, mode)) => build_put(st, &sb, dst, Put::File(mode), Box::new(f)).await?,
                         None => {
                             // The tar is made on a thread of its own while the sandbox side
                             // reads it from a pipe: never whole in memory.
@@ -815,8 +884,7 @@ pub async fn build_steps(
                                 std::io::pipe().map_err(|e| EngineError::internal("COPY pipe", &e))?;
                             let (ctx, srcs) = (context.clone(), srcs.clone());
                             let producer = std::thread::spawn(move || copy_tar(ctx.as_deref(), &srcs, writer));
-                            let applied =
-                                crate::files::with_fs(st, &sb, move |fs| fs.untar_from(&dst, reader).map(drop)).await;
+                            let applied = build_put(st, &sb, dst, Put::Tar, Box::new(reader)).await;
                             let made = producer
                                 .join()
                                 .map_err(|_| EngineError::new(ErrorCode::Internal, "COPY archive thread panicked"))?;

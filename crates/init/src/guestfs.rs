@@ -11,6 +11,7 @@
 
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -78,6 +79,16 @@ pub enum FsOp {
         /// Its permission bits.
         mode: u32,
     },
+    /// Makes the `user.` extended attributes of a file or directory under
+    /// `prefix` exactly `values` (keys without the prefix); no answer.
+    SetXattrs {
+        /// The file or directory.
+        path: String,
+        /// The prefix (starting with `user.`).
+        prefix: String,
+        /// The attributes under it.
+        values: std::collections::BTreeMap<String, String>,
+    },
     /// Extracts the tar that follows under a directory, made if missing
     /// (into a temporary directory beside its entries first; nothing is kept
     /// if an entry is refused or the archive is cut short).
@@ -109,6 +120,9 @@ pub struct Stat {
     /// A symlink's target as written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+    /// Its `user.` extended attributes, by full name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub xattrs: std::collections::BTreeMap<String, String>,
 }
 
 /// Why an operation failed: its errno and the path it is about, or (errno
@@ -206,7 +220,37 @@ fn stat_of(path: &Path, meta: &fs::Metadata) -> Stat {
             .is_symlink()
             .then(|| fs::read_link(path).ok().map(|t| t.to_string_lossy().into_owned()))
             .flatten(),
+        // A symlink has none of its own (and its target is not its business).
+        xattrs: match meta.file_type().is_symlink() {
+            true => Default::default(),
+            false => opath(path).map(|fd| crate::xattr::read_user(fd.as_raw_fd())).unwrap_or_default(),
+        },
     }
+}
+
+/// An `O_PATH` descriptor of `path` itself (a symlink is not followed).
+fn opath(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_NOFOLLOW).open(path)
+}
+
+/// Makes the `user.` attributes of `path` under `prefix` exactly `values`.
+fn set_xattrs(path: &Path, prefix: &str, values: &std::collections::BTreeMap<String, String>) -> FsResult<()> {
+    let shown = path.to_string_lossy();
+    let meta = fs::symlink_metadata(path).map_err(|e| FsFailure::io(&shown, e))?;
+    if meta.file_type().is_symlink() {
+        return Err(FsFailure::rule(
+            "invalid",
+            format!("{shown}: a symlink has no user attributes of its own (set them on what it points to)"),
+        ));
+    }
+    if !(meta.is_file() || meta.is_dir()) {
+        return Err(special(&shown));
+    }
+    let fd = opath(path).map_err(|e| FsFailure::io(&shown, e))?;
+    crate::xattr::replace_user(fd.as_raw_fd(), prefix, values).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidInput => FsFailure::rule("invalid", e.to_string()),
+        _ => FsFailure::io(&shown, e),
+    })
 }
 
 /// `path`'s metadata (the link itself for a symlink).
@@ -287,6 +331,7 @@ pub fn run(op: &FsOp, input: &mut dyn Read, out: &mut dyn Write) -> FsResult<()>
         FsOp::ReadTar { path } => read_tar(&check(path)?, out),
         FsOp::Write { path, mode } => write(&check(path)?, *mode, input),
         FsOp::WriteTar { path } => write_tar(&check(path)?, input),
+        FsOp::SetXattrs { path, prefix, values } => set_xattrs(&check(path)?, prefix, values),
     }
 }
 
@@ -552,6 +597,37 @@ mod tests {
         );
         assert!(err.is_err() || names(&list(&root.join("dst")).unwrap()) == ["src"]);
         assert_eq!(names(&list(&root.join("dst")).unwrap()), ["src"]);
+    }
+
+    #[test]
+    fn user_attributes_are_set_under_a_prefix_and_shown_in_stats() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        let path: String = file.to_string_lossy().into();
+        let values = std::collections::BTreeMap::from([("k".to_string(), "v".to_string())]);
+        let op = FsOp::SetXattrs { path: path.clone(), prefix: "user.e2b.".into(), values };
+        match run(&op, &mut io::empty(), &mut io::sink()) {
+            Ok(()) => {}
+            Err(e) if e.errno == libc::EOPNOTSUPP => {
+                return eprintln!("skipped: the temp directory's filesystem has no user xattrs ({})", e.message)
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+        let mut out = Vec::new();
+        run(&FsOp::Stat { path: path.clone() }, &mut io::empty(), &mut out).unwrap();
+        let st: Stat = serde_json::from_slice(&out).unwrap();
+        assert_eq!(st.xattrs.get("user.e2b.k").map(String::as_str), Some("v"), "{st:?}");
+        // Only user. attributes; not on a symlink.
+        let op = FsOp::SetXattrs { path: path.clone(), prefix: "trusted.".into(), values: Default::default() };
+        assert_eq!(run(&op, &mut io::empty(), &mut io::sink()).unwrap_err().rule.as_deref(), Some("invalid"));
+        std::os::unix::fs::symlink(&file, d.path().join("l")).unwrap();
+        let op = FsOp::SetXattrs {
+            path: d.path().join("l").to_string_lossy().into(),
+            prefix: "user.".into(),
+            values: Default::default(),
+        };
+        assert_eq!(run(&op, &mut io::empty(), &mut io::sink()).unwrap_err().rule.as_deref(), Some("invalid"));
     }
 
     #[test]

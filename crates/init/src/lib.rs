@@ -20,6 +20,8 @@
 //! * [`netif`]: a microVM guest's network interface (address, default route).
 //! * [`guestfs`]: the file API inside a microVM guest (stat, list, mkdir,
 //!   remove, rename, file and tar downloads and uploads).
+//! * [`xattr`]: `user.` extended attributes read and replaced through a
+//!   descriptor (the host's file API and a microVM guest's).
 //! * [`pty`]: pseudo-terminals for processes that run on one (both tiers).
 //! * [`creds`], [`seccomp`], [`user`]: credentials, syscall filter, user lookup.
 //!
@@ -43,6 +45,7 @@ pub mod seccomp;
 pub mod spawner;
 pub mod user;
 pub mod vm;
+pub mod xattr;
 
 /// Where strata-init is bind-mounted (read-only) inside every sandbox: pid 1
 /// and every process's shim run from it, so no mapping of the sandbox's

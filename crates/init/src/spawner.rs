@@ -492,6 +492,21 @@ impl Spawner {
     }
 
     /// Answers a short request with a number ([`Frame::Signaled`]) and ends the connection.
+    /// Freezes or thaws `what` with the guest operation `op` picks; whether it was done.
+    fn guest_freeze(
+        &self,
+        what: &str,
+        frozen: bool,
+        op: impl Fn(&GuestOps) -> fn(bool) -> std::io::Result<()>,
+    ) -> bool {
+        match &self.source {
+            Source::Offered { ops, .. } => {
+                op(ops)(frozen).inspect_err(|e| eprintln!("strata-init: freeze {what} ({frozen}): {e}")).is_ok()
+            }
+            Source::Broker => false,
+        }
+    }
+
     fn answer(&mut self, id: u64, n: u32) {
         self.send(id, Frame::Signaled, &n.to_le_bytes());
         if let Some(c) = self.conns.get_mut(&id) {
@@ -641,21 +656,11 @@ impl Spawner {
                 self.answer(id, sent);
             }
             Request::FreezeDisk { frozen } => {
-                let done = match &self.source {
-                    Source::Offered { ops, .. } => (ops.freeze_disk)(frozen)
-                        .inspect_err(|e| eprintln!("strata-init: freeze the disk ({frozen}): {e}"))
-                        .is_ok(),
-                    Source::Broker => false,
-                };
+                let done = self.guest_freeze("the disk", frozen, |ops| ops.freeze_disk);
                 self.answer(id, u32::from(done));
             }
             Request::FreezeWorkload { frozen } => {
-                let done = match &self.source {
-                    Source::Offered { ops, .. } => (ops.freeze_workload)(frozen)
-                        .inspect_err(|e| eprintln!("strata-init: freeze the workload ({frozen}): {e}"))
-                        .is_ok(),
-                    Source::Broker => false,
-                };
+                let done = self.guest_freeze("the workload", frozen, |ops| ops.freeze_workload);
                 self.answer(id, u32::from(done));
             }
             Request::Restored { entropy, identity } => {

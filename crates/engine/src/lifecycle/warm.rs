@@ -206,7 +206,7 @@ pub async fn boot(
     // A copy of a guest's VM runs on the checkpoint's disk: the checkpoint's
     // manifest is its base (its next checkpoint holds what changed since).
     if st.runtime_of(&rec.sandbox).layer_in_guest() {
-        let base = crate::checkpoints::manifest_path(st, &id, checkpoint_id);
+        let base = st.checkpoint_manifest(&id, checkpoint_id);
         let kept = std::fs::create_dir_all(base.parent().expect("has parent"))
             .and_then(|()| std::fs::read(images.join(LAYER_MANIFEST)))
             .and_then(|json| strata_store::fsutil::write_atomic(&base, &json, 0o600));

@@ -184,6 +184,12 @@ impl AppState {
         self.sandboxes_dir.join(id)
     }
 
+    /// The manifest of sandbox `id`'s writable layer at its checkpoint
+    /// `checkpoint_id` (what its next checkpoint compares with).
+    pub fn checkpoint_manifest(&self, id: &str, checkpoint_id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("manifests").join(format!("{checkpoint_id}.json"))
+    }
+
     /// The overlay upper directory (writable layer) of a sandbox (see [`strata_runtime::disk`]).
     pub fn upper_dir(&self, id: &str) -> PathBuf {
         strata_runtime::disk::upper_dir(&self.sandbox_dir(id))

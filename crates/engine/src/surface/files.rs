@@ -9,7 +9,6 @@ use super::{holding, Download, Engine};
 use crate::access::Use;
 use crate::error::EngineResult;
 use crate::files;
-use crate::sandboxfs::{FsError, SandboxFs};
 
 impl Engine {
     /// A path's metadata.
@@ -42,7 +41,14 @@ impl Engine {
         values: std::collections::BTreeMap<String, String>,
     ) -> EngineResult<()> {
         let (path, prefix) = (path.to_string(), prefix.to_string());
-        self.with_fs(key, move |fs| fs.set_xattrs(&path, &prefix, &values)).await
+        let (sb, guest) = self.fs_target(key).await?;
+        match guest {
+            Some(rec) => {
+                let op = FsOp::SetXattrs { path, prefix, values };
+                Box::pin(self.run(files::guest::act(&self.st, &rec, op))).await
+            }
+            None => self.run(files::with_fs(&self.st, &sb.id, move |fs| fs.set_xattrs(&path, &prefix, &values))).await,
+        }
     }
 
     /// Watches a directory (and with `recursive` every directory under it):
@@ -117,14 +123,5 @@ impl Engine {
             _ => None,
         };
         Ok((sb, guest))
-    }
-
-    async fn with_fs<T: Send + 'static>(
-        &self,
-        key: &str,
-        f: impl FnOnce(SandboxFs) -> Result<T, FsError> + Send + 'static,
-    ) -> EngineResult<T> {
-        let sb = self.enter(key, Use::Running).await?;
-        self.run(files::with_fs(&self.st, &sb.id, f)).await
     }
 }
