@@ -49,8 +49,8 @@
 //! RAM, put there after boot. QEMU runs confined (seccomp, an empty root, a
 //! uid of the sandbox's own).
 //!
-//! What this tier does not do yet, each refused with why: rebase, xattrs
-//! and directory watches of the file API.
+//! What this tier does not do yet, each refused with why: rebase onto a
+//! patched base, previews, and directory watches of the file API.
 //! The measured facts behind each choice: docs/microvm.md.
 
 pub mod assets;
