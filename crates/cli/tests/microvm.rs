@@ -284,9 +284,14 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
         assert_released(&d, kid);
     }
 
-    // Rollback: to a checkpoint (a fresh disk on its chain), then to the warm
-    // one (its VM: the processes and the RAM come back too).
+    // Rollback: to a checkpoint (a fresh disk on its chain: a stopped microVM
+    // has none until it boots, and archives so), then to the warm one (its VM:
+    // the processes and the RAM come back too).
+    d.cli_ok(&["stop", &id]);
     d.cli_ok(&["restore", &id, "--to", "vm-ck"]);
+    assert!(!d.state(&format!("sandboxes/{id}/disk.img")).exists(), "the rolled-back disk is still there");
+    d.cli_ok(&["archive", &id]);
+    d.cli_ok(&["start", &id]);
     assert_eq!(
         sh_ok(&d, &id, "cat /srv/b /root/note; ls /root/after /root/warm /dev/shm/mem 2>&1 | grep -c 'No such'"),
         "two\nkept\n3\n",

@@ -167,8 +167,12 @@ pub(crate) async fn pack(st: &Shared, rec: &SandboxRecord, staging: &Path) -> Re
     tokio::fs::create_dir_all(staging).await.map_err(|e| format!("{}: {e}", staging.display()))?;
     // (object, directory, what of it): a guest's writable layer is on its disk,
     // which the host never mounts, so the disk image goes as it is (holes kept).
+    // A microVM restored to a checkpoint and not booted since has no disk yet (its next boot makes one).
     let mut parts: Vec<(&str, PathBuf, &str)> = match crate::guest_layer::in_guest(st, rec) {
-        true => vec![(DISK_TAR, dir.clone(), strata_runtime::disk::IMAGE)],
+        true if dir.join(strata_runtime::disk::IMAGE).exists() => {
+            vec![(DISK_TAR, dir.clone(), strata_runtime::disk::IMAGE)]
+        }
+        true => Vec::new(),
         false => vec![("upper.tar", strata_runtime::disk::upper_dir(&dir), ".")],
     };
     if rec.sandbox.state == SandboxState::Standby {

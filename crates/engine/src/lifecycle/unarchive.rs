@@ -77,11 +77,13 @@ pub async fn unarchive_locked(st: &Shared, rec: &SandboxRecord, reason: &str) ->
             }
         }
         if in_guest {
+            // Archived without a disk (never booted since a restore): the next boot makes one.
             let image = strata_runtime::disk::IMAGE;
-            return std::fs::rename(
-                staging.join(crate::archive::DISK_TAR.trim_end_matches(".tar")).join(image),
-                dir.join(image),
-            );
+            let unpacked = staging.join(crate::archive::DISK_TAR.trim_end_matches(".tar")).join(image);
+            return match unpacked.exists() {
+                true => std::fs::rename(unpacked, dir.join(image)),
+                false => Ok(()),
+            };
         }
         std::fs::create_dir_all(strata_runtime::disk::work_dir(&dir))
     })();
