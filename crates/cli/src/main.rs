@@ -26,6 +26,10 @@ fn main() {
     let cli = args::Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(if matches!(cli.command, args::Command::Daemon(_)) { 2 } else { 1 })
+        // Tokio's default of 2 MiB is thin for the daemon's deepest handler futures in
+        // debug builds (one overflowed it: E2B's Filesystem/Stat on a microVM); the
+        // stacks are reserved, not resident, until used.
+        .thread_stack_size(8 << 20)
         .enable_all()
         .build()
         .expect("tokio runtime");
