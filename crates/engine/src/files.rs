@@ -349,11 +349,22 @@ pub(crate) mod guest {
 
     /// Runs `op` in the guest of `rec` (off the async workers); its answer's bytes.
     async fn run(st: &Shared, rec: &SandboxRecord, op: FsOp) -> EngineResult<Vec<u8>> {
+        run_with(st, rec, op, None).await
+    }
+
+    /// [`run`], with `input` sent to pid 1 after the request (what a write takes).
+    async fn run_with(
+        st: &Shared,
+        rec: &SandboxRecord,
+        op: FsOp,
+        mut input: Option<Box<dyn std::io::Read + Send>>,
+    ) -> EngineResult<Vec<u8>> {
         running(rec)?;
         let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            rt.guest_fs(&id, &op, None, &mut out, MAX_ANSWER_BYTES).map(|()| out)
+            let input = input.as_mut().map(|r| &mut **r as &mut dyn std::io::Read);
+            rt.guest_fs(&id, &op, input, &mut out, MAX_ANSWER_BYTES).map(|()| out)
         })
         .await
         .map_err(|e| EngineError::internal("file task", &e))?
@@ -379,6 +390,17 @@ pub(crate) mod guest {
     /// An operation without an answer (mkdir, remove, rename).
     pub(crate) async fn act(st: &Shared, rec: &SandboxRecord, op: FsOp) -> EngineResult<()> {
         run(st, rec, op).await.map(drop)
+    }
+
+    /// A write ([`FsOp::Write`], [`FsOp::WriteTar`]) of what `reader` gives,
+    /// a reader the engine holds (a template's COPY), not a request body.
+    pub(crate) async fn write_from(
+        st: &Shared,
+        rec: &SandboxRecord,
+        op: FsOp,
+        reader: Box<dyn std::io::Read + Send>,
+    ) -> EngineResult<()> {
+        run_with(st, rec, op, Some(reader)).await.map(drop)
     }
 
     /// What a download's bytes are written through: a file's length (its

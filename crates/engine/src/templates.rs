@@ -406,7 +406,7 @@ impl Build<'_> {
 enum Put {
     /// A file at the path, with these permission bits (its parent made).
     File(u32),
-    /// A tar extracted under the path (made).
+    /// A tar extracted under the path (made if missing).
     Tar,
 }
 
@@ -421,7 +421,7 @@ async fn build_mkdir(st: &Shared, sb: &str, path: String, mode: u32) -> EngineRe
 
 /// Writes what `reader` gives into build sandbox `sb` at `path` (see
 /// [`Put`]): through the confined file API on the host, or, for a microVM
-/// (whose files are its guest's), as an upload through its guest.
+/// (whose files are its guest's), through its guest's pid 1.
 async fn build_put(
     st: &Shared,
     sb: &str,
@@ -429,13 +429,14 @@ async fn build_put(
     put: Put,
     reader: Box<dyn std::io::Read + Send>,
 ) -> EngineResult<()> {
+    // A tar's directory is made by its extraction (on either side); a file's parent is not.
     let parent = match &put {
         Put::File(_) => FsPath::new(&path)
             .parent()
             .and_then(|p| p.to_str())
             .filter(|p| *p != "/" && !p.is_empty())
             .map(str::to_string),
-        Put::Tar => Some(path.clone()),
+        Put::Tar => None,
     };
     let rec = crate::record::load(st, sb)?;
     if !crate::guest_layer::in_guest(st, &rec) {
@@ -453,38 +454,11 @@ async fn build_put(
     if let Some(parent) = parent {
         build_mkdir(st, sb, parent, 0o755).await?;
     }
-    let q = match put {
-        Put::File(mode) => strata_api::UploadQuery { path, mode: Some(mode), tar: false },
-        Put::Tar => strata_api::UploadQuery { path, mode: None, tar: true },
+    let op = match put {
+        Put::File(mode) => strata_init::guestfs::FsOp::Write { path, mode },
+        Put::Tar => strata_init::guestfs::FsOp::WriteTar { path },
     };
-    crate::files::guest::upload(st, &rec, q, Box::pin(stream_of(reader)?)).await
-}
-
-/// The bytes of `reader`, read on a thread of its own, as an upload's body.
-fn stream_of(
-    mut reader: Box<dyn std::io::Read + Send>,
-) -> EngineResult<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
-    use std::io::Read as _;
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
-    std::thread::Builder::new()
-        .name("build-upload".into())
-        .spawn(move || loop {
-            let mut chunk = vec![0u8; 1 << 20];
-            let item = match reader.read(&mut chunk) {
-                Ok(0) => return,
-                Ok(n) => {
-                    chunk.truncate(n);
-                    Ok(bytes::Bytes::from(chunk))
-                }
-                Err(e) => Err(e),
-            };
-            let failed = item.is_err();
-            if tx.blocking_send(item).is_err() || failed {
-                return;
-            }
-        })
-        .map_err(|e| EngineError::internal("build upload thread", &e))?;
-    Ok(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) }))
+    crate::files::guest::write_from(st, &rec, op, reader).await
 }
 
 impl Build<'_> {

@@ -218,7 +218,7 @@ fn adopt(sys: &dyn Sys, entry: &Path, dir: &Path) -> Result<(), String> {
 
 /// Copies `[start, end)` of `src` into `dst` at the same offsets, leaving
 /// out pages that are all zeros (they stay holes); the bytes written.
-fn copy_range(src: &std::fs::File, dst: &std::fs::File, start: u64, end: u64) -> std::io::Result<u64> {
+fn copy_range(src: &File, dst: &File, start: u64, end: u64) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
     const PAGE: usize = 4096;
     let mut buf = vec![0u8; 1 << 20];
@@ -247,9 +247,10 @@ fn copy_range(src: &std::fs::File, dst: &std::fs::File, start: u64, end: u64) ->
 /// touched costs what it holds. Synced before it returns; `to` is removed on
 /// failure. Returns the bytes of data copied.
 pub fn sparse_copy(from: &Path, to: &Path) -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
+    use nix::unistd::{lseek, Whence};
+    use std::os::fd::AsFd;
     use std::os::unix::fs::OpenOptionsExt;
-    let src = std::fs::File::open(from)?;
+    let src = File::open(from)?;
     let len = src.metadata()?.len();
     let dst = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to)?;
     let copy = || -> std::io::Result<u64> {
@@ -262,44 +263,25 @@ pub fn sparse_copy(from: &Path, to: &Path) -> std::io::Result<u64> {
         let mut copied = 0u64;
         let mut at: i64 = 0;
         while (at as u64) < len {
-            // SAFETY: lseek on a descriptor we own.
-            let data = unsafe { libc::lseek(src.as_raw_fd(), at, libc::SEEK_DATA) };
-            if data < 0 {
-                let e = std::io::Error::last_os_error();
-                // ENXIO: no data past `at`.
-                if e.raw_os_error() == Some(libc::ENXIO) {
-                    break;
-                }
-                return Err(e);
-            }
-            // SAFETY: as above.
-            let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
-            let end = if hole < 0 { len as i64 } else { hole };
+            let data = match lseek(src.as_raw_fd(), at, Whence::SeekData) {
+                Ok(o) => o,
+                Err(nix::errno::Errno::ENXIO) => break, // only a hole is left
+                Err(e) => return Err(e.into()),
+            };
+            let end = lseek(src.as_raw_fd(), data, Whence::SeekHole)?;
             let (mut off_in, mut off_out) = (data, data);
             while off_in < end {
-                // SAFETY: both descriptors are ours; the offsets are ours to advance.
-                let n = unsafe {
-                    libc::copy_file_range(
-                        src.as_raw_fd(),
-                        &mut off_in,
-                        dst.as_raw_fd(),
-                        &mut off_out,
-                        (end - off_in) as usize,
-                        0,
-                    )
-                };
-                match n {
-                    n if n > 0 => copied += n as u64,
-                    0 => return Err(std::io::Error::other(format!("{} ended at {off_in}", from.display()))),
-                    _ => {
-                        let e = std::io::Error::last_os_error();
-                        // Across file systems (a memfd to a disk): read and write, pages of zeros left out.
-                        if !matches!(e.raw_os_error(), Some(libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP)) {
-                            return Err(e);
-                        }
+                let want = (end - off_in) as usize;
+                match nix::fcntl::copy_file_range(src.as_fd(), Some(&mut off_in), dst.as_fd(), Some(&mut off_out), want)
+                {
+                    Ok(0) => return Err(std::io::Error::other(format!("{} ended at {off_in}", from.display()))),
+                    Ok(n) => copied += n as u64,
+                    // Across file systems (a memfd to a disk): read and write, pages of zeros left out.
+                    Err(nix::errno::Errno::EXDEV | nix::errno::Errno::EINVAL | nix::errno::Errno::EOPNOTSUPP) => {
                         copied += copy_range(&src, &dst, off_in as u64, end as u64)?;
                         off_in = end;
                     }
+                    Err(e) => return Err(e.into()),
                 }
             }
             at = end;

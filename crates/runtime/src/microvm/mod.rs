@@ -150,9 +150,13 @@ pub fn qemu_major(version: &str) -> Option<u32> {
 /// Whether this QEMU (its version line) has `-run-with chroot=,user=` (9.1 and newer):
 /// older ones run the guest as root, which `strata doctor` says.
 pub fn drops_privileges(version: &str) -> bool {
+    qemu_at_least(version, (9, 1))
+}
+
+/// Whether a QEMU version line (`QEMU emulator version 10.0.2 (...)`) is at least `(major, minor)`.
+fn qemu_at_least(version: &str, min: (u32, u32)) -> bool {
     let mut n = version.split("version ").nth(1).unwrap_or("").split(['.', ' ']).map(|x| x.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (n.next().unwrap_or(0), n.next().unwrap_or(0));
-    (major, minor) >= (9, 1)
+    (n.next().unwrap_or(0), n.next().unwrap_or(0)) >= min
 }
 
 /// The oldest QEMU this tier runs (what HOST-FACTS measured: 7.2 and 10.0.2).
@@ -419,8 +423,7 @@ enum Launch<'a> {
 /// The QEMU version from which warm copies work: `memory-backend-file`'s
 /// `rom=off` (a file opened read-only and mapped private, writable) came in 8.2.
 fn maps_private_ram(version: &str) -> bool {
-    let mut n = version.split("version ").nth(1).unwrap_or("").split(['.', ' ']).map(|x| x.parse::<u32>().unwrap_or(0));
-    (n.next().unwrap_or(0), n.next().unwrap_or(0)) >= (8, 2)
+    qemu_at_least(version, (8, 2))
 }
 
 impl MicrovmRuntime {
