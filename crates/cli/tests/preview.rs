@@ -597,3 +597,74 @@ fn keep_alive_upstream_connections_are_reused() {
         assert_eq!((r.status, r.body.clone()), (200, format!("{conn}-{want}")), "the upstream connection is reused");
     }
 }
+
+#[test]
+fn previews_reach_servers_inside_a_microvm_guest_through_its_pid_1() {
+    require_microvm!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    // No network at all: the guest's loopback is reached through its pid 1, not a link.
+    let id = web_sandbox(&d, &["--isolation", "microvm", "--network", "none"], 8000);
+    let t = token(&preview(&d, &id, "all", &[]));
+    let path = format!("/preview/{id}/8000/");
+    let r = get(&addr, &path, &[tok_header(&t)]);
+    assert_eq!((r.status, r.body.as_str()), (200, "hello-preview\n"), "{r:?}");
+    let body = "a body that crosses the line to the guest and back\n".repeat(2000);
+    let r = http(&addr, "POST", &format!("{path}cgi-bin/echo?vm=1"), &[tok_header(&t)], body.as_bytes());
+    assert_eq!(r.status, 200, "{r:?}");
+    let (head, echoed) = r.body.split_once('\n').unwrap();
+    assert!(head.starts_with("method=POST query=vm=1 "), "{head}");
+    assert_eq!(echoed, body, "100 KB through the relay unchanged");
+
+    // Nothing on a port: 502 naming it, as on the other tiers.
+    let r = get(&addr, &format!("/preview/{id}/8001/"), &[tok_header(&t)]);
+    assert_eq!((r.status, r.code().as_str()), (502, "upstream_unavailable"), "{r:?}");
+    assert!(r.json()["message"].as_str().unwrap().contains("8001"), "{r:?}");
+
+    // Keep-alive: the relayed upstream connection is pooled and reused.
+    let out =
+        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
+    let mut first = None;
+    assert!(
+        common::wait_until(30, || {
+            let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+            let ok = r.status == 200;
+            first = Some(r);
+            ok
+        }),
+        "{first:?}"
+    );
+    let first = first.unwrap().body;
+    let (conn, _) = first.split_once('-').unwrap();
+    let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+    assert!(r.body.starts_with(&format!("{conn}-")) && r.body != first, "the relayed connection is reused: {r:?}");
+
+    // An upgraded connection: bytes both ways, as long as it stays open.
+    let out =
+        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ws.sh && chmod +x /ws.sh"], UPGRADE_ECHO.as_bytes());
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9000 -e /ws.sh >/dev/null 2>&1 &"]);
+    let mut ws = None;
+    assert!(common::wait_until(30, || {
+        ws = std::panic::catch_unwind(|| upgrade(&addr, &format!("/preview/{id}/9000/echo"), &t)).ok();
+        ws.is_some()
+    }));
+    let mut ws = ws.unwrap();
+    assert_eq!(round_trip(&mut ws, "into the guest and back"), b"into the guest and back");
+    drop(ws);
+
+    // Standby cuts the relays (a VM is saved with no stream open) and saves
+    // the VM; a request resumes it, and the same server answers.
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo saved-with-the-vm > /www8000/state.txt"]);
+    d.cli_ok(&["standby", &id]);
+    let r = get(&addr, &format!("{path}state.txt"), &[tok_header(&t)]);
+    assert_eq!((r.status, r.body.as_str()), (200, "saved-with-the-vm\n"), "{r:?}");
+    assert_eq!(r.header("strata-resumed-from"), Some("standby"), "{r:?}");
+    let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+    assert_eq!(r.status, 200, "a new relay after the resume: {r:?}");
+    let evs = rt().block_on(d.client().events(Some(&id), 0)).unwrap();
+    assert!(evs.iter().any(|e| e.from == Some(SandboxState::Standby) && e.reason == "resume_on_access"), "{evs:?}");
+    d.cli_ok(&["rm", "-f", &id]);
+}

@@ -258,3 +258,61 @@ fn an_image_name_keeps_versions_and_sandboxes_and_templates_move_onto_the_newest
     assert_eq!(versions.as_array().unwrap().len(), 1, "{versions}");
     assert_eq!(versions[0]["version"], 2);
 }
+
+#[test]
+fn a_stopped_microvm_moves_onto_the_newer_base_through_its_guest() {
+    require_microvm!();
+    let d = TestDaemon::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = common::rt();
+    let c = d.client();
+    let v1 = rootfs(tmp.path(), "v1", &[("etc/app.conf", b"base-v1\n"), ("etc/retired", b"v1 only\n")]);
+    d.cli_ok(&["image", "import", v1.to_str().unwrap(), "--name", "vb"]);
+    let v1_id = json(&d, &["image", "inspect", "vb", "--json"])["id"].as_str().unwrap().to_string();
+    let id = d.cli_ok(&["create", "vb", "--isolation", "microvm", "--network", "none"]).trim().to_string();
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo mine > /etc/app.conf && echo mine > /etc/retired && mkdir -p /work && echo keep > /work/notes",
+    ]);
+    let v2 = rootfs(tmp.path(), "v2", &[("etc/app.conf", b"base-v2\n"), ("etc/patched", b"yes\n")]);
+    d.cli_ok(&["image", "import", v2.to_str().unwrap(), "--name", "vb", "--replace"]);
+    let rebase = |prefer| rt.block_on(c.rebase(&id, &strata_api::RebaseRequest { onto: "vb".into(), prefer }));
+
+    // In standby its disk belongs to the saved VM: refused with the way out.
+    d.cli_ok(&["standby", &id]);
+    let (status, body) = api_err(rebase(None).unwrap_err());
+    assert_eq!((status, body.current_state), (409, Some(strata_api::SandboxState::Standby)), "{}", body.message);
+    assert!(body.message.contains("stop it first"), "{}", body.message);
+    d.cli_ok(&["stop", &id]);
+
+    // Stopped: its layer is read through a guest; the paths both sides changed are refused, listed.
+    let (status, body) = api_err(rebase(None).unwrap_err());
+    assert_eq!((status, body.code), (409, ErrorCode::RebaseConflicts), "{}", body.message);
+    let paths: Vec<&str> = body.conflicts.iter().map(|x| x.path.as_str()).collect();
+    assert_eq!(paths, ["/etc/app.conf", "/etc/retired"], "{}", body.message);
+    assert_eq!(json(&d, &["inspect", &id, "--json"])["image_id"], v1_id.as_str(), "a refused rebase changes nothing");
+
+    // Prefer base: the guest takes the new base's version of each (and removes
+    // what the new base no longer has); the rest of the sandbox's layer stays.
+    let r = rebase(Some(strata_api::Prefer::Base)).unwrap();
+    assert_eq!((r.state_before, r.conflicts.len()), (strata_api::SandboxState::Stopped, 2), "{r:?}");
+    assert!(r.scan.findings.iter().all(|f| f.path != "/etc/app.conf"), "the base's version is no finding: {r:?}");
+    let info = json(&d, &["inspect", &id, "--json"]);
+    assert_eq!((info["runtime"].as_str(), info["state"].as_str()), (Some("microvm"), Some("stopped")), "{info}");
+    assert_ne!(info["image_id"], v1_id.as_str(), "{info}");
+    d.cli_ok(&["start", &id]);
+    let seen = d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "cat /etc/app.conf /etc/patched /work/notes; test -e /etc/retired || echo retired gone",
+    ]);
+    assert_eq!(seen, "base-v2\nyes\nkeep\nretired gone\n");
+    d.cli_ok(&["rm", "-f", &id]);
+}

@@ -14,7 +14,11 @@
 //!
 //! inotify over the daemon's view works on every tier whose root the daemon
 //! opens on the host: the namespace tier's overlay (the sandbox writes through
-//! the same mount) and the gVisor tier's gofer-backed root.
+//! the same mount) and the gVisor tier's gofer-backed root. A microVM's
+//! writes are its guest kernel's, which the host's inotify never sees: its
+//! pid 1 runs the watch in the guest ([`strata_init::guestwatch`], with the
+//! same meaning of each event) and streams the events to the daemon, which
+//! checks them as untrusted input.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -22,6 +26,7 @@ use std::sync::Arc;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
 use strata_api::{ErrorCode, FileKind, FsEvent, FsOp};
+use strata_init::guestwatch::{join, mask, Changes, WatchOp};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot};
 
@@ -31,21 +36,19 @@ use crate::sandboxfs::{FsError, SandboxFs};
 use crate::state::Shared;
 
 /// Most directories one recursive watch marks.
-pub const MAX_WATCHED_DIRS: usize = 8192;
+pub const MAX_WATCHED_DIRS: usize = strata_init::guestwatch::MAX_WATCHED_DIRS;
 /// Events kept for a slow reader before the kernel's own queue takes over.
 const BUFFER: usize = 1024;
 
-/// The changes a watch reports.
-fn mask() -> AddWatchFlags {
-    AddWatchFlags::IN_CREATE
-        | AddWatchFlags::IN_MOVED_TO
-        | AddWatchFlags::IN_MODIFY
-        | AddWatchFlags::IN_ATTRIB
-        | AddWatchFlags::IN_DELETE
-        | AddWatchFlags::IN_MOVED_FROM
-        | AddWatchFlags::IN_DELETE_SELF
-        | AddWatchFlags::IN_MOVE_SELF
-        | AddWatchFlags::IN_ONLYDIR
+/// The API's name of a change.
+fn api_op(op: WatchOp) -> FsOp {
+    match op {
+        WatchOp::Create => FsOp::Create,
+        WatchOp::Rename => FsOp::Rename,
+        WatchOp::Chmod => FsOp::Chmod,
+        WatchOp::Write => FsOp::Write,
+        WatchOp::Remove => FsOp::Remove,
+    }
 }
 
 /// A running watch: its events, in the order they happened. Dropping it ends it.
@@ -170,18 +173,12 @@ fn mark(marks: &Marks, fd: &OwnedFd, path: &str) -> Result<WatchDescriptor, FsEr
     marks.0.add_watch(at.as_str(), mask()).map_err(|e| FsError::io(path, std::io::Error::from(e)))
 }
 
-/// `rel` under `base` (either may be empty).
-fn join(base: &str, rel: &str) -> String {
-    match (base, rel) {
-        (b, "") => b.to_string(),
-        ("", r) => r.to_string(),
-        ("/", r) => format!("/{r}"),
-        (b, r) => format!("{b}/{r}"),
-    }
-}
-
 /// Starts watching directory `path` of running sandbox `id`.
 pub async fn watch(st: &Shared, id: &str, path: &str, recursive: bool) -> EngineResult<DirWatch> {
+    let rec = crate::record::load(st, id)?;
+    if crate::guest_layer::in_guest(st, &rec) {
+        return in_guest::watch(st, &rec, path, recursive).await;
+    }
     let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
         .map_err(|e| EngineError::internal("inotify_init", &std::io::Error::from(e)))?;
     let marks = Marks(Arc::new(ino));
@@ -202,7 +199,7 @@ pub async fn watch(st: &Shared, id: &str, path: &str, recursive: bool) -> Engine
         recursive,
         marks,
         dirs: first.into_iter().collect(),
-        temp_moves: Default::default(),
+        changes: Changes::default(),
         tx,
     };
     // The watch goes on as its caller: directories it marks later are looked
@@ -227,8 +224,8 @@ struct Watching {
     marks: Marks,
     /// Marked directories, relative to `abs` (`""`: `abs` itself).
     dirs: HashMap<WatchDescriptor, String>,
-    /// Cookies of the daemon's temp files moved away (an upload put in place).
-    temp_moves: std::collections::HashSet<u32>,
+    /// What each event means (the daemon's temp files left out).
+    changes: Changes,
     tx: mpsc::Sender<EngineResult<FsEvent>>,
 }
 
@@ -331,34 +328,13 @@ impl Watching {
             None => return Ok(()),
         };
         let is_dir = m.contains(AddWatchFlags::IN_ISDIR);
-        if ev.name.as_ref().is_some_and(|n| crate::sandboxfs::is_temp_name(&n.to_string_lossy())) {
-            if m.contains(AddWatchFlags::IN_MOVED_FROM) {
-                self.temp_moves.insert(ev.cookie);
-            }
-            return Ok(());
+        let file_name = ev.name.as_ref().map(|n| n.to_string_lossy().into_owned());
+        let ops = self.changes.of(m, file_name.as_deref(), ev.cookie);
+        for op in &ops {
+            let ev = FsEvent { op: api_op(*op), name: name.clone(), path: join(&self.abs, &name), dir: is_dir };
+            self.tx.send(Ok(ev)).await.map_err(|_| End::Closed)?;
         }
-        if m.contains(AddWatchFlags::IN_MOVED_TO) && self.temp_moves.remove(&ev.cookie) && !is_dir {
-            // A file the daemon wrote, now in place: created and written, as the sandbox sees it.
-            for op in [FsOp::Create, FsOp::Write] {
-                let ev = FsEvent { op, name: name.clone(), path: join(&self.abs, &name), dir: false };
-                self.tx.send(Ok(ev)).await.map_err(|_| End::Closed)?;
-            }
-            return Ok(());
-        }
-        let ops = [
-            (AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO, FsOp::Create),
-            (AddWatchFlags::IN_MOVED_FROM | AddWatchFlags::IN_MOVE_SELF, FsOp::Rename),
-            (AddWatchFlags::IN_ATTRIB, FsOp::Chmod),
-            (AddWatchFlags::IN_MODIFY, FsOp::Write),
-            (AddWatchFlags::IN_DELETE | AddWatchFlags::IN_DELETE_SELF, FsOp::Remove),
-        ];
-        for (bits, op) in ops {
-            if m.intersects(bits) {
-                let ev = FsEvent { op, name: name.clone(), path: join(&self.abs, &name), dir: is_dir };
-                self.tx.send(Ok(ev)).await.map_err(|_| End::Closed)?;
-            }
-        }
-        if self.recursive && is_dir && m.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) {
+        if self.recursive && is_dir && ops.contains(&WatchOp::Create) {
             self.mark_new(&name).await?;
         }
         Ok(())
@@ -385,26 +361,141 @@ impl Watching {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::join;
-    use crate::sandboxfs::is_temp_name;
+/// A watch run by a microVM guest's pid 1 ([`strata_init::guestwatch`]).
+mod in_guest {
+    use std::collections::HashMap;
+    use std::time::Duration;
 
-    #[test]
-    fn the_daemons_temp_files_are_told_apart() {
-        assert!(is_temp_name(".strata-upload-0123456789abcdef"));
-        assert!(!is_temp_name(".strata-upload-0123"));
-        assert!(!is_temp_name("strata-upload-0123456789abcdef"));
-        assert!(!is_temp_name(".strata--0123456789abcdef"));
-        assert!(!is_temp_name("notes.txt"));
+    use strata_api::{ErrorCode, FsEvent};
+    use strata_init::channel::{Frame, FrameReader};
+    use strata_init::guestwatch::{join, WatchEvent};
+    use strata_store::db::SandboxRecord;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::{api_op, DirWatch, BUFFER};
+    use crate::error::{EngineError, EngineResult};
+    use crate::state::Shared;
+
+    /// How long the guest may take to mark the tree and answer.
+    const PATIENCE: Duration = Duration::from_secs(60);
+    /// The most events one frame from the guest may carry.
+    const MAX_EVENTS_PER_FRAME: usize = 4096;
+
+    /// Asks the guest of `rec` to watch `path` and relays what it reports.
+    pub(super) async fn watch(st: &Shared, rec: &SandboxRecord, path: &str, recursive: bool) -> EngineResult<DirWatch> {
+        crate::files::guest::running(rec)?;
+        let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
+        let req = strata_init::spawner::Request::Watch { path: path.to_string(), recursive };
+        let opened = tokio::task::spawn_blocking(move || rt.pid1_stream(&id, &req, PATIENCE))
+            .await
+            .map_err(|e| EngineError::internal("watch task", &e))?;
+        let (stream, abs) = match opened {
+            Ok(x) => x,
+            Err(strata_runtime::RuntimeError::Refused(why)) => return Err(refusal(&why)),
+            Err(e) => return Err(EngineError::internal("a watch in the guest", &e)),
+        };
+        let abs = String::from_utf8(abs)
+            .ok()
+            .filter(|a| {
+                a.starts_with('/') && crate::guest_layer::check_path(a.trim_start_matches('/')).is_ok() || a == "/"
+            })
+            .ok_or_else(|| {
+                EngineError::new(ErrorCode::Internal, "the guest named its watched directory with an invalid path")
+            })?;
+        stream.set_nonblocking(true).map_err(|e| EngineError::internal("a watch in the guest", &e))?;
+        let stream =
+            tokio::net::UnixStream::from_std(stream).map_err(|e| EngineError::internal("a watch in the guest", &e))?;
+        let (tx, rx) = mpsc::channel(BUFFER);
+        let (syncs, sync_rx) = mpsc::channel(4);
+        let (sandbox, watched) = (rec.sandbox.id.clone(), abs.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = relay(stream, &sandbox, &watched, &tx, sync_rx).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        Ok(DirWatch { path: abs, rx, syncs, ended: None, task })
     }
 
-    #[test]
-    fn names_join_under_the_watched_directory() {
-        assert_eq!(join("/home/user", ""), "/home/user");
-        assert_eq!(join("/home/user", "a/b"), "/home/user/a/b");
-        assert_eq!(join("/", "etc"), "/etc");
-        assert_eq!(join("", "x"), "x");
-        assert_eq!(join("sub", "f.txt"), "sub/f.txt");
+    /// The guest's refusal (an [`strata_init::guestfs::FsFailure`] as JSON).
+    fn refusal(why: &str) -> EngineError {
+        match serde_json::from_str(why) {
+            Ok(f) => crate::files::guest::error(f),
+            Err(_) => EngineError::new(ErrorCode::Internal, format!("the guest refused the watch: {why}")),
+        }
+    }
+
+    /// Passes the guest's events on and the reader's syncs to the guest until
+    /// either side ends; `Ok` when the reader went away.
+    async fn relay(
+        mut stream: tokio::net::UnixStream,
+        sandbox: &str,
+        abs: &str,
+        tx: &mpsc::Sender<EngineResult<FsEvent>>,
+        mut syncs: mpsc::Receiver<oneshot::Sender<()>>,
+    ) -> EngineResult<()> {
+        let mut reader = FrameReader::default();
+        let mut waiting: HashMap<u32, oneshot::Sender<()>> = HashMap::new();
+        let mut next_sync = 0u32;
+        let mut buf = vec![0u8; 64 << 10];
+        let broken = |why: String| {
+            EngineError::new(ErrorCode::Internal, format!("the watch of {abs} in microVM {sandbox}: {why}"))
+        };
+        loop {
+            tokio::select! {
+                n = stream.read(&mut buf) => {
+                    let n = n.map_err(|e| broken(e.to_string()))?;
+                    if n == 0 {
+                        return Err(EngineError::new(
+                            ErrorCode::FileNotFound,
+                            format!("the watched directory {abs} is gone from reach: microVM {sandbox} stopped, or its guest was saved (standby, a warm checkpoint) or restored; watch it again once it runs"),
+                        ));
+                    }
+                    reader.push(&buf[..n]);
+                    while let Some((kind, payload)) = reader.next_frame().map_err(|e| broken(e.0))? {
+                        match kind {
+                            Frame::Stdout => {
+                                let events: Vec<WatchEvent> = serde_json::from_slice(&payload)
+                                    .map_err(|e| broken(format!("events that do not parse: {e}")))?;
+                                if events.len() > MAX_EVENTS_PER_FRAME {
+                                    return Err(broken(format!("{} events in one frame", events.len())));
+                                }
+                                for ev in events {
+                                    if !ev.name.is_empty() {
+                                        crate::guest_layer::check_path(&ev.name).map_err(broken)?;
+                                    }
+                                    let path = join(abs, &ev.name);
+                                    let ev = FsEvent { op: api_op(ev.op), name: ev.name, path, dir: ev.dir };
+                                    if tx.send(Ok(ev)).await.is_err() {
+                                        return Ok(());
+                                    }
+                                }
+                            }
+                            Frame::Signaled => {
+                                let n = payload.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(u32::MAX);
+                                if let Some(ack) = waiting.remove(&n) {
+                                    let _ = ack.send(());
+                                }
+                            }
+                            Frame::Failed => {
+                                return Err(match serde_json::from_slice(&payload) {
+                                    Ok(f) => crate::files::guest::error(f),
+                                    Err(_) => broken(String::from_utf8_lossy(&payload).into_owned()),
+                                });
+                            }
+                            other => return Err(broken(format!("an unexpected {other:?} frame"))),
+                        }
+                    }
+                }
+                ack = syncs.recv() => {
+                    let Some(ack) = ack else { return Ok(()) };
+                    next_sync = next_sync.wrapping_add(1);
+                    let mut frame = Vec::new();
+                    strata_init::channel::encode(&mut frame, Frame::Stdin, &next_sync.to_le_bytes());
+                    stream.write_all(&frame).await.map_err(|e| broken(e.to_string()))?;
+                    waiting.insert(next_sync, ack);
+                }
+            }
+        }
     }
 }

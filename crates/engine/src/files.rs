@@ -91,7 +91,8 @@ pub struct FsRoot {
 
 /// The root of a running sandbox (409 when it is not running).
 pub fn fs_root(st: &Shared, rec: &SandboxRecord) -> EngineResult<FsRoot> {
-    crate::state::tiers::refuse_microvm(&rec.sandbox, "this file operation (directory watches)")?;
+    // A microVM's files are its guest's: every caller asks it instead ([`guest`]).
+    crate::state::tiers::refuse_microvm(&rec.sandbox, "file access from the host")?;
     let pid = init_pid(rec)?;
     let handle = crate::record::handle_of(rec).ok_or_else(|| {
         EngineError::new(ErrorCode::Internal, format!("sandbox {} runs without an init", rec.sandbox.id))
@@ -299,9 +300,11 @@ pub(crate) mod guest {
     const MAX_ANSWER_BYTES: u64 = 64 << 20;
 
     /// The guest's refusal as the file API's error (the codes of the other tiers).
-    fn error(f: FsFailure) -> EngineError {
+    pub(crate) fn error(f: FsFailure) -> EngineError {
         match (f.rule.as_deref(), f.errno) {
             (Some("special"), _) => EngineError::new(ErrorCode::SpecialFile, f.message),
+            (Some("too_large"), _) => EngineError::new(ErrorCode::TooLarge, f.message),
+            (Some("gone"), _) => EngineError::new(ErrorCode::FileNotFound, f.message),
             (Some("pseudo_fs"), _) => EngineError::new(ErrorCode::PseudoFilesystem, f.message),
             (Some("archive"), _) => EngineError::new(ErrorCode::InvalidArchive, f.message),
             (Some(_), _) => EngineError::bad_request(f.message),
@@ -314,7 +317,7 @@ pub(crate) mod guest {
     }
 
     /// A running (not paused: its guest would not answer) microVM.
-    fn running(rec: &SandboxRecord) -> EngineResult<()> {
+    pub(crate) fn running(rec: &SandboxRecord) -> EngineResult<()> {
         init_pid(rec)?;
         if rec.sandbox.state == SandboxState::Paused {
             return Err(EngineError::invalid_state(

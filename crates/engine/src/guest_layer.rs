@@ -73,7 +73,7 @@ pub(crate) fn in_guest(st: &Shared, rec: &SandboxRecord) -> bool {
 }
 
 /// Checks a path a guest named: relative, clean, no NUL.
-fn check_path(p: &str) -> Result<(), String> {
+pub(crate) fn check_path(p: &str) -> Result<(), String> {
     let clean = !p.is_empty()
         && p.len() <= MAX_PATH
         && !p.contains('\0')
@@ -137,7 +137,7 @@ fn items_for(pick: &Pick, now: &TreeManifest) -> Vec<Item> {
 
 /// Reads the layer of the running guest of `sandbox_id` (blocking): its
 /// manifest, and the entries `pick` asks for staged in `store`.
-fn read_running(
+pub(crate) fn read_running(
     rt: &dyn Runtime,
     sandbox_id: &str,
     pick: &Pick,
@@ -222,9 +222,7 @@ pub(crate) async fn read_with(
     mut while_frozen: Box<dyn FnMut() + Send>,
 ) -> EngineResult<GuestView> {
     let disk = st.sandbox_dir(&rec.sandbox.id).join(strata_runtime::disk::IMAGE);
-    let disk_bytes = std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0);
-    // A tar of the guest's disk: its bytes and the headers of its files.
-    let limit = disk_bytes.saturating_mul(2) + (64 << 20);
+    let limit = tar_limit(st, &rec.sandbox.id);
     let (rt, store, id) = (st.runtime_of(&rec.sandbox), st.layers.clone(), rec.sandbox.id.clone());
     match rec.sandbox.state {
         SandboxState::Running => {
@@ -243,22 +241,9 @@ pub(crate) async fn read_with(
                 // Never booted: nothing was written.
                 return Ok(GuestView { now: TreeManifest::default(), staged: None, frozen_ms: 0 });
             }
-            let mut spec = crate::root_spec::mount_spec(st, &rec).await?;
-            // The reader runs none of the sandbox's processes: it needs no secret.
-            spec.secrets.clear();
+            let spec = reader_spec(st, &rec).await?;
             tokio::task::spawn_blocking(move || {
-                let t = std::time::Instant::now();
-                let handle = rt.start(&spec).map_err(|e| EngineError::internal("booting the guest to read its disk", &e))?;
-                let read = read_running(&*rt, &id, &pick, &store, limit, &mut || {});
-                if let Err(e) = rt.stop(&id, &handle, Duration::from_secs(10)) {
-                    warn!(sandbox = %id, error = %crate::error::chain(&e), "stopping the guest booted to read its disk");
-                }
-                reap(handle.init_pid);
-                if let Err(e) = rt.cleanup(&id) {
-                    warn!(sandbox = %id, error = %crate::error::chain(&e), "cleaning up after the guest booted to read its disk");
-                }
-                debug!(sandbox = %id, ms = t.elapsed().as_millis() as u64, "read a stopped microVM's layer through a boot");
-                read
+                in_booted_guest(&*rt, &id, &spec, |rt| read_running(rt, &id, &pick, &store, limit, &mut || {}))
             })
             .await
             .map_err(|e| EngineError::internal("guest layer task", &e))?
@@ -272,6 +257,45 @@ pub(crate) async fn read_with(
             ),
         )),
     }
+}
+
+/// The spec of a guest booted on a stopped microVM's disk for the engine's
+/// own work (reading its layer, applying a rebase): none of the sandbox's
+/// processes run in it, so it gets no secret.
+pub(crate) async fn reader_spec(st: &Shared, rec: &SandboxRecord) -> EngineResult<strata_runtime::SandboxSpec> {
+    let mut spec = crate::root_spec::mount_spec(st, rec).await?;
+    spec.secrets.clear();
+    Ok(spec)
+}
+
+/// Boots a guest on stopped microVM `id`'s disk from `spec` (the caller
+/// holds the sandbox's operation lock, so no start races it), runs `f`
+/// while that guest answers, and powers it off again (blocking).
+pub(crate) fn in_booted_guest<T>(
+    rt: &dyn Runtime,
+    id: &str,
+    spec: &strata_runtime::SandboxSpec,
+    f: impl FnOnce(&dyn Runtime) -> EngineResult<T>,
+) -> EngineResult<T> {
+    let t = std::time::Instant::now();
+    let handle = rt.start(spec).map_err(|e| EngineError::internal("booting the guest on the sandbox's disk", &e))?;
+    let done = f(rt);
+    if let Err(e) = rt.stop(id, &handle, Duration::from_secs(10)) {
+        warn!(sandbox = %id, error = %crate::error::chain(&e), "stopping the guest booted on the sandbox's disk");
+    }
+    reap(handle.init_pid);
+    if let Err(e) = rt.cleanup(id) {
+        warn!(sandbox = %id, error = %crate::error::chain(&e), "cleaning up after the guest booted on the sandbox's disk");
+    }
+    debug!(sandbox = %id, ms = t.elapsed().as_millis() as u64, "worked on a stopped microVM's disk through a boot");
+    done
+}
+
+/// The most bytes a tar of `id`'s guest layer may take: its disk's bytes
+/// and the headers of its files.
+pub(crate) fn tar_limit(st: &Shared, id: &str) -> u64 {
+    let disk = st.sandbox_dir(id).join(strata_runtime::disk::IMAGE);
+    std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0).saturating_mul(2) + (64 << 20)
 }
 
 /// Collects the exit of a keeper the engine started without watching it.

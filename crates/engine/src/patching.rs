@@ -186,7 +186,16 @@ struct Sides {
     sandbox_paths: u64,
 }
 
-fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> EngineResult<(Sides, Vec<PathBuf>)> {
+/// Compares the sandbox's side (its writable layer at `upper`, and its own
+/// layers) with the base's changes from `from` to `onto`; the new base's
+/// layer directories, top first.
+fn compare(
+    st: &Shared,
+    rec: &SandboxRecord,
+    upper: PathBuf,
+    from: &Image,
+    onto: &Image,
+) -> EngineResult<(Sides, Vec<PathBuf>)> {
     let old: Vec<String> = from.layers.iter().map(|l| l.digest.clone()).collect();
     let new: Vec<String> = onto.layers.iter().map(|l| l.digest.clone()).collect();
     let shared = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
@@ -195,7 +204,7 @@ fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> Engi
     base_touched_dirs.extend(st.layer_dirs(&new[shared..])?);
     let strip = |v: Vec<changes::StackChange>| -> Vec<PathChange> { v.into_iter().map(|(c, _)| c).collect() };
     let base = strip(changes::diff_stacks(&new_dirs, &old_dirs, &paths_of(&base_touched_dirs)?.0)?);
-    let mut mine = vec![st.upper_dir(&rec.sandbox.id)];
+    let mut mine = vec![upper];
     mine.extend(st.layer_dirs(&rec.layers[old.len()..])?);
     let (mine_paths, mine_opaque) = paths_of(&mine)?;
     // Only what can meet a base change needs the sandbox's side of the diff (a
@@ -227,17 +236,141 @@ fn compare(st: &Shared, rec: &SandboxRecord, from: &Image, onto: &Image) -> Engi
     Ok((Sides { base, sandbox, sandbox_paths: mine_paths.len() as u64 }, new_dirs))
 }
 
+/// The conflicts as the API shows them.
+fn wire_conflicts(conflicts: &[strata_image::rebase::Conflict]) -> Vec<RebaseConflict> {
+    conflicts
+        .iter()
+        .map(|c| RebaseConflict { path: c.path.clone(), sandbox: kind_word(c.sandbox), base: kind_word(c.base) })
+        .collect()
+}
+
+/// Why a rebase with these conflicts cannot go ahead (a 409 listing them),
+/// or `None`: conflicts need `prefer`, and `prefer base` cannot write a
+/// directory of the new base over a sandbox's entry.
+fn refusal(
+    rec: &SandboxRecord,
+    from: &Image,
+    onto: &Image,
+    conflicts: &[strata_image::rebase::Conflict],
+    prefer: Option<Prefer>,
+) -> Option<EngineError> {
+    if !conflicts.is_empty() && prefer.is_none() {
+        let shown: Vec<&str> = conflicts.iter().take(5).map(|c| c.path.as_str()).collect();
+        return Some(EngineError::new(
+            ErrorCode::RebaseConflicts,
+            format!(
+                "{} path(s) changed both in sandbox {} and between {} and {} ({}{}): pass prefer sandbox or base",
+                conflicts.len(),
+                rec.sandbox.id,
+                label(from),
+                label(onto),
+                shown.join(", "),
+                if conflicts.len() > shown.len() { ", ..." } else { "" }
+            ),
+        ));
+    }
+    if prefer == Some(Prefer::Base) {
+        let dirs: Vec<&str> =
+            conflicts.iter().filter(|c| c.base_kind == Some(EntryKind::Dir)).map(|c| c.path.as_str()).collect();
+        if !dirs.is_empty() {
+            return Some(EngineError::new(
+                ErrorCode::RebaseConflicts,
+                format!(
+                    "the new base has a directory where sandbox {} has its own entry ({}): prefer base cannot merge a directory; move the sandbox's entry away or prefer sandbox",
+                    rec.sandbox.id,
+                    dirs.join(", ")
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// A stopped microVM's side of a rebase, in one guest booted on its disk
+/// (the host never mounts it): the guest writes out its whole writable layer,
+/// the comparison runs on that copy, and with `prefer base` the guest applies
+/// the new base's versions of the conflicting paths through its root
+/// ([`strata_init::guestfs::FsOp::ApplyLayer`]) and writes the layer out
+/// again for the scan. Nothing changes when the rebase is refused.
+async fn rebase_in_guest(
+    st: &Shared,
+    rec: &SandboxRecord,
+    from: &Image,
+    onto: &Image,
+    prefer: Option<Prefer>,
+) -> EngineResult<(Sides, Vec<strata_image::rebase::Conflict>, crate::guest_layer::GuestView)> {
+    use crate::guest_layer::{in_booted_guest, read_running, Pick};
+    let spec = crate::guest_layer::reader_spec(st, rec).await?;
+    let (st2, rec2, from2, onto2) = (st.clone(), rec.clone(), from.clone(), onto.clone());
+    let (rt, id) = (st.runtime_of(&rec.sandbox), rec.sandbox.id.clone());
+    let limit = crate::guest_layer::tar_limit(st, &id);
+    tokio::task::spawn_blocking(move || {
+        in_booted_guest(&*rt, &id, &spec, |rt| {
+            let view = read_running(rt, &id, &Pick::Everything, &st2.layers, limit, &mut || {})?;
+            let upper = view
+                .dir()
+                .ok_or_else(|| EngineError::new(ErrorCode::Internal, "the guest wrote out no copy of its layer"))?;
+            let (sides, new_dirs) = compare(&st2, &rec2, upper, &from2, &onto2)?;
+            let conflicts = strata_image::rebase::conflicts(&sides.sandbox, &sides.base);
+            let apply = prefer == Some(Prefer::Base)
+                && !conflicts.is_empty()
+                && refusal(&rec2, &from2, &onto2, &conflicts, prefer).is_none();
+            if !apply {
+                return Ok((sides, conflicts, view));
+            }
+            drop(view);
+            let paths: Vec<String> = conflicts.iter().map(|c| c.path.clone()).collect();
+            let (mut reader, writer) = std::io::pipe().map_err(|e| EngineError::internal("a pipe", &e))?;
+            let (written, applied) = std::thread::scope(|s| {
+                let tar = s.spawn(|| strata_image::rebase::base_versions_tar(&new_dirs, &paths, writer));
+                let op = strata_init::guestfs::FsOp::ApplyLayer;
+                let applied = rt.guest_fs(&id, &op, Some(&mut reader), &mut std::io::sink(), 0);
+                // A refusal leaves the rest unread: the writer ends on the closed pipe.
+                drop(reader);
+                (tar.join(), applied)
+            });
+            let taken = |why: String| {
+                EngineError::new(
+                    ErrorCode::RebaseConflicts,
+                    format!("cannot give the conflicting paths the new base's versions: {why}"),
+                )
+            };
+            applied.map_err(|f| taken(f.message))?;
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(taken(crate::error::chain(&e))),
+                Err(_) => {
+                    return Err(EngineError::new(ErrorCode::Internal, "the new base's versions' writer panicked"))
+                }
+            }
+            let after = read_running(rt, &id, &Pick::Everything, &st2.layers, limit, &mut || {})?;
+            Ok((sides, conflicts, after))
+        })
+    })
+    .await
+    .map_err(|e| EngineError::internal("rebase task", &e))?
+}
+
 /// Moves a stopped or standby sandbox onto `req.onto` (see the module docs).
 pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<RebaseReport> {
     let started = Instant::now();
     let (_g, rec) = lock_and_load(st, id).await?;
-    crate::state::tiers::refuse_microvm(&rec.sandbox, "a rebase")?;
     let state = rec.sandbox.state;
     if !matches!(state, SandboxState::Stopped | SandboxState::Standby) {
         return Err(EngineError::invalid_state(
             state,
             format!(
                 "sandbox {} is {state}: a rebase moves a stopped or standby sandbox (its processes start again on the new base); stop it first",
+                rec.sandbox.id
+            ),
+        ));
+    }
+    let in_guest = crate::guest_layer::in_guest(st, &rec);
+    if in_guest && state == SandboxState::Standby {
+        return Err(EngineError::invalid_state(
+            state,
+            format!(
+                "microVM {} is in standby: its writable layer is read by a guest booted on its disk, which would change the disk its saved VM needs; stop it first (a rebase starts its processes again anyway)",
                 rec.sandbox.id
             ),
         ));
@@ -258,73 +391,51 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
         return Err(EngineError::bad_request(format!("sandbox {} is already on {}", rec.sandbox.id, label(&onto))));
     }
     check_platforms(st, &from, &onto)?;
-    let st2 = st.clone();
-    let (rec2, from2, onto2) = (rec.clone(), from.clone(), onto.clone());
     let compare_started = Instant::now();
-    let (sides, new_dirs) = tokio::task::spawn_blocking(move || compare(&st2, &rec2, &from2, &onto2))
-        .await
-        .map_err(|e| EngineError::internal("rebase task", &e))??;
-    let compare_ms = compare_started.elapsed().as_millis() as u64;
-    let conflicts = strata_image::rebase::conflicts(&sides.sandbox, &sides.base);
-    let wire: Vec<RebaseConflict> = conflicts
-        .iter()
-        .map(|c| RebaseConflict { path: c.path.clone(), sandbox: kind_word(c.sandbox), base: kind_word(c.base) })
-        .collect();
-    if !conflicts.is_empty() && req.prefer.is_none() {
-        let shown: Vec<&str> = conflicts.iter().take(5).map(|c| c.path.as_str()).collect();
-        let mut e = EngineError::new(
-            ErrorCode::RebaseConflicts,
-            format!(
-                "{} path(s) changed both in sandbox {} and between {} and {} ({}{}): pass prefer sandbox or base",
-                conflicts.len(),
-                rec.sandbox.id,
-                label(&from),
-                label(&onto),
-                shown.join(", "),
-                if conflicts.len() > shown.len() { ", ..." } else { "" }
-            ),
-        );
-        e.body.conflicts = wire;
-        return Err(e);
-    }
-    // A directory of the new base cannot be written over a sandbox's path entry by entry:
-    // refused before anything changes (the sandbox is still as it was).
-    if req.prefer == Some(Prefer::Base) {
-        let dirs: Vec<&str> =
-            conflicts.iter().filter(|c| c.base_kind == Some(EntryKind::Dir)).map(|c| c.path.as_str()).collect();
-        if !dirs.is_empty() {
-            let mut e = EngineError::new(
-                ErrorCode::RebaseConflicts,
-                format!(
-                    "the new base has a directory where sandbox {} has its own entry ({}): prefer base cannot merge a directory; move the sandbox's entry away or prefer sandbox",
-                    rec.sandbox.id,
-                    dirs.join(", ")
-                ),
-            );
-            e.body.conflicts = wire;
-            return Err(e);
-        }
-    }
-    // Standby: the process image is of processes on the old base; they start again.
-    if state == SandboxState::Standby {
-        crate::lifecycle::stop::stop_locked(st, &rec, "rebase", Duration::ZERO).await?;
-    }
-    if req.prefer == Some(Prefer::Base) && !conflicts.is_empty() {
-        let upper = st.upper_dir(&rec.sandbox.id);
-        let paths: Vec<String> = conflicts.iter().map(|c| c.path.clone()).collect();
-        tokio::task::spawn_blocking(move || -> EngineResult<()> {
-            for p in &paths {
-                strata_image::rebase::take_base_version(&upper, &new_dirs, p).map_err(|e| {
-                    EngineError::new(
-                        ErrorCode::RebaseConflicts,
-                        format!("cannot give {p} the new base's version: {}", crate::error::chain(&e)),
-                    )
-                })?;
-            }
-            Ok(())
+    let mut guest_view = None;
+    let (sides, conflicts) = if in_guest {
+        let (sides, conflicts, view) = rebase_in_guest(st, &rec, &from, &onto, req.prefer).await?;
+        guest_view = Some(view);
+        (sides, conflicts)
+    } else {
+        let (st2, rec2, from2, onto2) = (st.clone(), rec.clone(), from.clone(), onto.clone());
+        let (sides, new_dirs) = tokio::task::spawn_blocking(move || {
+            let upper = st2.upper_dir(&rec2.sandbox.id);
+            compare(&st2, &rec2, upper, &from2, &onto2)
         })
         .await
         .map_err(|e| EngineError::internal("rebase task", &e))??;
+        let conflicts = strata_image::rebase::conflicts(&sides.sandbox, &sides.base);
+        if refusal(&rec, &from, &onto, &conflicts, req.prefer).is_none() {
+            // Standby: the process image is of processes on the old base; they start again.
+            if state == SandboxState::Standby {
+                crate::lifecycle::stop::stop_locked(st, &rec, "rebase", Duration::ZERO).await?;
+            }
+            if req.prefer == Some(Prefer::Base) && !conflicts.is_empty() {
+                let upper = st.upper_dir(&rec.sandbox.id);
+                let paths: Vec<String> = conflicts.iter().map(|c| c.path.clone()).collect();
+                tokio::task::spawn_blocking(move || -> EngineResult<()> {
+                    for p in &paths {
+                        strata_image::rebase::take_base_version(&upper, &new_dirs, p).map_err(|e| {
+                            EngineError::new(
+                                ErrorCode::RebaseConflicts,
+                                format!("cannot give {p} the new base's version: {}", crate::error::chain(&e)),
+                            )
+                        })?;
+                    }
+                    Ok(())
+                })
+                .await
+                .map_err(|e| EngineError::internal("rebase task", &e))??;
+            }
+        }
+        (sides, conflicts)
+    };
+    let compare_ms = compare_started.elapsed().as_millis() as u64;
+    let wire = wire_conflicts(&conflicts);
+    if let Some(mut e) = refusal(&rec, &from, &onto, &conflicts, req.prefer) {
+        e.body.conflicts = wire;
+        return Err(e);
     }
     let mut chain: Vec<String> = onto.layers.iter().map(|l| l.digest.clone()).collect();
     chain.extend(rec.layers[from.layers.len()..].iter().cloned());
@@ -354,7 +465,11 @@ pub async fn rebase(st: &Shared, id: &str, req: RebaseRequest) -> EngineResult<R
         st.notify_events(ev.seq);
     }
     let scan_started = Instant::now();
-    let scan = crate::scan::scan(st, &rec.sandbox.id).await?;
+    let scan = match guest_view {
+        // The layer as the guest wrote it out under this rebase's lock (a new read would wait for the lock).
+        Some(view) => crate::scan::scan_guest_view(st, &crate::record::load(st, &rec.sandbox.id)?, view).await?,
+        None => crate::scan::scan(st, &rec.sandbox.id).await?,
+    };
     let scan_ms = scan_started.elapsed().as_millis() as u64;
     info!(sandbox = %rec.sandbox.id, from = %from.id, onto = %onto.id, conflicts = conflicts.len(), "rebased");
     st.metrics.observe("rebase", started.elapsed());

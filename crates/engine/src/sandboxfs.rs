@@ -324,12 +324,9 @@ fn temp_name(what: &str) -> String {
 }
 
 /// Whether `name` is one of the daemon's own temp files ([`temp_name`]): an
-/// upload's bytes go there before it is renamed into place.
-pub fn is_temp_name(name: &str) -> bool {
-    name.strip_prefix(".strata-")
-        .and_then(|rest| rest.rsplit_once('-'))
-        .is_some_and(|(what, hex)| !what.is_empty() && hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-}
+/// upload's bytes go there before it is renamed into place (a microVM
+/// guest's file API names its own alike).
+pub use strata_init::guestwatch::is_temp_name;
 
 /// A sandbox's root, opened for confined access.
 pub struct SandboxFs {

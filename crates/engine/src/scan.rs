@@ -64,13 +64,8 @@ pub(crate) async fn target(st: &Shared, id: &str) -> EngineResult<Target> {
     if let Some(crate::tenancy::SandboxOrCheckpoint::Sandbox(rec)) = &found {
         let mut t = sandbox_target(st, rec)?;
         if crate::guest_layer::in_guest(st, rec) {
-            // A microVM: its whole layer, as its guest writes it out, stands for the upper directory.
             let view = crate::guest_layer::read(st, rec, crate::guest_layer::Pick::Everything, false).await?;
-            if let Some(dir) = view.dir() {
-                t.now[0] = dir.clone();
-                t.touched[0] = dir;
-            }
-            t.guest = Some(view);
+            t.take_guest_view(view);
         }
         return Ok(t);
     }
@@ -93,6 +88,29 @@ pub(crate) async fn target(st: &Shared, id: &str) -> EngineResult<Target> {
         return Ok(Target { report, now, image, touched, guest: None });
     }
     Err(EngineError::new(ErrorCode::SandboxNotFound, format!("no sandbox or checkpoint named {id:?}")))
+}
+
+impl Target {
+    /// A microVM's whole layer, as its guest wrote it out, stands for the upper directory.
+    fn take_guest_view(&mut self, view: crate::guest_layer::GuestView) {
+        if let Some(dir) = view.dir() {
+            self.now[0] = dir.clone();
+            self.touched[0] = dir;
+        }
+        self.guest = Some(view);
+    }
+}
+
+/// Scans microVM `rec`, whose whole layer its guest already wrote out as
+/// `view` (a rebase read it under the sandbox's operation lock).
+pub(crate) async fn scan_guest_view(
+    st: &Shared,
+    rec: &SandboxRecord,
+    view: crate::guest_layer::GuestView,
+) -> EngineResult<ScanReport> {
+    let mut t = sandbox_target(st, rec)?;
+    t.take_guest_view(view);
+    tokio::task::spawn_blocking(move || run(t)).await.map_err(|e| EngineError::internal("scan task", &e))?
 }
 
 fn sandbox_target(st: &Shared, rec: &SandboxRecord) -> EngineResult<Target> {

@@ -100,6 +100,62 @@ pub fn take_base_version(upper: &Path, base_top_first: &[PathBuf], rel: &str) ->
     Ok(())
 }
 
+/// Writes the new base's versions of `paths` as an OCI layer tar (for a
+/// writable layer the host does not hold, a microVM's, whose guest applies
+/// it): a file or symlink with its mode, owner and modification time, or a
+/// `.wh.` whiteout where the new base has nothing. A directory of the new
+/// base is refused, as [`take_base_version`] refuses it.
+pub fn base_versions_tar(base_top_first: &[PathBuf], paths: &[String], out: impl io::Write) -> Result<(), ImageError> {
+    let mut b = tar::Builder::new(out);
+    for path in paths {
+        let rel = path.trim_start_matches('/');
+        let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let mut h = tar::Header::new_gnu();
+        let shown = PathBuf::from(rel);
+        let tar_err = |e: io::Error| ImageError::Io { path: shown.clone(), source: e };
+        match lookup(base_top_first, rel)? {
+            None => {
+                let wh = if parent.is_empty() { format!(".wh.{name}") } else { format!("{parent}/.wh.{name}") };
+                h.set_size(0);
+                h.set_mode(0o644);
+                h.set_uid(0);
+                h.set_gid(0);
+                h.set_mtime(0);
+                b.append_data(&mut h, wh, io::empty()).map_err(tar_err)?;
+            }
+            Some((_, EntryKind::Dir, _)) => {
+                return Err(refuse(rel, "the new base has a directory here: take it by removing the sandbox's version inside the sandbox, or prefer the sandbox"))
+            }
+            Some((i, _, _)) => {
+                let src = LayerEntry::open(&base_top_first[i], rel)?;
+                let st = src.stat()?.ok_or_else(|| refuse(rel, "gone from the new base's layer"))?;
+                h.set_mode(st.st_mode & 0o7777);
+                h.set_uid(u64::from(st.st_uid));
+                h.set_gid(u64::from(st.st_gid));
+                h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
+                match sys::file_type(&st) {
+                    libc::S_IFLNK => {
+                        let target = sys::readlink_at(src.at(), &src.name).map_err(io_err(&src.shown))?;
+                        h.set_entry_type(tar::EntryType::Symlink);
+                        h.set_size(0);
+                        let target = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&target);
+                        b.append_link(&mut h, rel, target).map_err(tar_err)?;
+                    }
+                    libc::S_IFREG => {
+                        let from = sys::open_read_at(src.at(), &src.name).map_err(io_err(&src.shown))?;
+                        h.set_entry_type(tar::EntryType::Regular);
+                        h.set_size(u64::try_from(st.st_size).unwrap_or(0));
+                        b.append_data(&mut h, rel, from).map_err(tar_err)?;
+                    }
+                    _ => return Err(refuse(rel, "the new base has a special file here")),
+                }
+            }
+        }
+    }
+    b.into_inner().map_err(|e| ImageError::Io { path: PathBuf::from("(tar)"), source: e })?;
+    Ok(())
+}
+
 /// Opens `parent` in the writable layer, creating the directories it lacks
 /// (with the mode and owner the new base gives them). A component that is
 /// not a directory there (a file, a symlink, a whiteout) refuses.
@@ -238,6 +294,45 @@ mod tests {
         assert_eq!(paths, ["/etc/motd", "/opt/tool/bin", "/var/cache/apt/pkgcache.bin"]);
         assert_eq!(got[1].base_kind, None, "the base deleted the directory");
         assert_eq!((got[2].sandbox, got[2].base), (Deleted, Modified));
+    }
+
+    #[test]
+    fn the_base_versions_go_into_a_layer_tar_for_a_guest_to_apply() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("base");
+        fs::create_dir_all(base.join("etc/ssl")).unwrap();
+        fs::write(base.join("etc/motd"), "patched\n").unwrap();
+        std::os::unix::fs::symlink("motd", base.join("etc/issue")).unwrap();
+        let stack = [base.clone()];
+        let paths = ["/etc/motd".to_string(), "/etc/issue".to_string(), "/etc/removed-in-base".to_string()];
+        let mut out = Vec::new();
+        base_versions_tar(&stack, &paths, &mut out).unwrap();
+        let mut a = tar::Archive::new(&out[..]);
+        let got: Vec<(String, tar::EntryType, Vec<u8>)> = a
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let name = e.path().unwrap().to_string_lossy().into_owned();
+                let kind = e.header().entry_type();
+                let mut data = Vec::new();
+                io::Read::read_to_end(&mut e, &mut data).unwrap();
+                if kind.is_symlink() {
+                    data = e.link_name().unwrap().unwrap().to_string_lossy().into_owned().into_bytes();
+                }
+                (name, kind, data)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("etc/motd".into(), tar::EntryType::Regular, b"patched\n".to_vec()),
+                ("etc/issue".into(), tar::EntryType::Symlink, b"motd".to_vec()),
+                ("etc/.wh.removed-in-base".into(), tar::EntryType::Regular, Vec::new()),
+            ]
+        );
+        let dir = base_versions_tar(&stack, &["/etc/ssl".to_string()], io::sink()).unwrap_err();
+        assert!(format!("{dir:?}").contains("a directory"), "{dir:?}");
     }
 
     #[test]

@@ -156,6 +156,16 @@ impl FrameReader {
         Ok(Some((kind, payload)))
     }
 
+    /// Whether no byte of a next frame has arrived.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The bytes that arrived after the last whole frame (the reader is empty after).
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
     /// Reads from `r` (blocking) until a whole frame is there; `None` at the end of the stream.
     pub fn read_from(&mut self, r: &mut impl Read) -> std::io::Result<Option<(Frame, Vec<u8>)>> {
         let mut chunk = [0u8; 64 << 10];
@@ -171,6 +181,32 @@ impl FrameReader {
             }
         }
     }
+}
+
+/// Reads exactly one frame from `r` (blocking), and no byte after it: what
+/// follows on the stream stays there for whoever reads next (a relayed
+/// connection's bytes after pid 1's answer). `None` at the end of the stream;
+/// a payload longer than `max` is an error.
+pub fn read_one_frame(r: &mut impl Read, max: usize) -> std::io::Result<Option<(Frame, Vec<u8>)>> {
+    let mut header = [0u8; 5];
+    loop {
+        match r.read(&mut header[..1]) {
+            Ok(0) => return Ok(None),
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    r.read_exact(&mut header[1..])?;
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let kind = Frame::of(header[0]).ok_or_else(|| bad(format!("unknown frame kind {}", header[0])))?;
+    let len = u32::from_le_bytes(header[1..].try_into().expect("4 bytes")) as usize;
+    if len > max.min(MAX_FRAME) {
+        return Err(bad(format!("a {kind:?} frame of {len} bytes (at most {})", max.min(MAX_FRAME))));
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok(Some((kind, payload)))
 }
 
 /// Fresh random bytes (a token or a nonce) from the kernel.
@@ -451,6 +487,24 @@ mod tests {
         let mut big = FrameReader::default();
         big.push(&[17, 0xff, 0xff, 0xff, 0x7f]);
         assert!(big.next_frame().unwrap_err().0.contains("at most"));
+    }
+
+    #[test]
+    fn one_frame_is_read_and_what_follows_stays_on_the_stream() {
+        let mut wire = Vec::new();
+        encode(&mut wire, Frame::Signaled, &1u32.to_le_bytes());
+        wire.extend_from_slice(b"HTTP/1.1 200 OK");
+        let mut r = std::io::Cursor::new(wire);
+        assert_eq!(read_one_frame(&mut r, 16).unwrap(), Some((Frame::Signaled, 1u32.to_le_bytes().to_vec())));
+        let mut rest = String::new();
+        r.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "HTTP/1.1 200 OK", "the relayed bytes are left to the next reader");
+        assert_eq!(read_one_frame(&mut std::io::Cursor::new(Vec::new()), 16).unwrap(), None);
+        let mut long = Vec::new();
+        encode(&mut long, Frame::Failed, &[b'x'; 17]);
+        assert!(read_one_frame(&mut std::io::Cursor::new(long), 16).unwrap_err().to_string().contains("at most 16"));
+        let cut = vec![Frame::Failed as u8, 4, 0];
+        assert!(read_one_frame(&mut std::io::Cursor::new(cut), 16).is_err(), "a header cut short");
     }
 
     #[test]

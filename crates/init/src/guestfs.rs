@@ -96,6 +96,15 @@ pub enum FsOp {
         /// The directory.
         path: String,
     },
+    /// Applies the OCI layer tar that follows at `/`, through the root as the
+    /// sandbox sees it (a rebase's `prefer base`: the new base's versions of
+    /// conflicting paths): a `.wh.<name>` entry removes the path (a symlink
+    /// as itself, a directory with what it holds), a regular file or symlink
+    /// replaces what is there with its mode, owner and modification time.
+    /// Every entry's parent must be a directory already (one the sandbox
+    /// replaced or removed is refused); directories and other kinds are
+    /// refused. Entries are applied in order; a refusal stops there.
+    ApplyLayer,
 }
 
 /// A path's metadata, as the guest sees it.
@@ -136,18 +145,19 @@ pub struct FsFailure {
     pub path: String,
     /// What failed.
     pub message: String,
-    /// A rule of the file API: `invalid`, `special`, `pseudo_fs`, `secrets`, `archive` (with errno 0).
+    /// A rule of the file API: `invalid`, `special`, `pseudo_fs`, `secrets`,
+    /// `archive`, and a watch's ends `too_large` and `gone` (with errno 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
 }
 
 impl FsFailure {
-    fn io(path: &str, e: io::Error) -> FsFailure {
+    pub(crate) fn io(path: &str, e: io::Error) -> FsFailure {
         let errno = e.raw_os_error().unwrap_or(libc::EIO);
         FsFailure { errno, path: path.into(), message: format!("{path}: {e}"), rule: None }
     }
 
-    fn rule(rule: &str, message: String) -> FsFailure {
+    pub(crate) fn rule(rule: &str, message: String) -> FsFailure {
         FsFailure { errno: 0, path: String::new(), message, rule: Some(rule.into()) }
     }
 }
@@ -175,7 +185,7 @@ pub fn check(path: &str) -> FsResult<PathBuf> {
 }
 
 /// The kernel pseudo-filesystem `path` is on (`None`: a real one).
-fn pseudo_fs(path: &Path) -> Option<&'static str> {
+pub(crate) fn pseudo_fs(path: &Path) -> Option<&'static str> {
     let st = nix::sys::statfs::statfs(path).ok()?;
     let t = st.filesystem_type().0 as i64;
     Some(match t {
@@ -283,7 +293,7 @@ fn list(path: &Path) -> FsResult<Vec<Stat>> {
     Ok(out)
 }
 
-fn pseudo(path: &str, fs: &str) -> FsFailure {
+pub(crate) fn pseudo(path: &str, fs: &str) -> FsFailure {
     FsFailure::rule(
         "pseudo_fs",
         format!("{path}: on a {fs} pseudo-filesystem, which the file API does not serve (kernel interfaces answer whoever asks; read them from inside the sandbox with exec)"),
@@ -331,6 +341,7 @@ pub fn run(op: &FsOp, input: &mut dyn Read, out: &mut dyn Write) -> FsResult<()>
         FsOp::ReadTar { path } => read_tar(&check(path)?, out),
         FsOp::Write { path, mode } => write(&check(path)?, *mode, input),
         FsOp::WriteTar { path } => write_tar(&check(path)?, input),
+        FsOp::ApplyLayer => apply_layer(input),
         FsOp::SetXattrs { path, prefix, values } => set_xattrs(&check(path)?, prefix, values),
     }
 }
@@ -430,13 +441,14 @@ fn append(b: &mut tar::Builder<&mut dyn Write>, path: &Path, name: &Path, depth:
     Ok(())
 }
 
-/// A name beside `path` for a temporary file or directory.
+/// A name beside `path` for a temporary file or directory, of the form
+/// every tier's file API uses ([`crate::guestwatch::is_temp_name`]: watches
+/// do not report it).
 fn temp_beside(path: &Path) -> PathBuf {
     let mut b = [0u8; 8];
     let _ = crate::channel::random_bytes().map(|r| b.copy_from_slice(&r[..8]));
     let tag: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.strata-{tag}"))
+    path.with_file_name(format!(".strata-upload-{tag}"))
 }
 
 fn write(path: &Path, mode: u32, input: &mut dyn Read) -> FsResult<()> {
@@ -521,6 +533,53 @@ fn write_tar(dir: &Path, input: &mut dyn Read) -> FsResult<()> {
     res
 }
 
+/// [`FsOp::ApplyLayer`].
+fn apply_layer(input: &mut dyn Read) -> FsResult<()> {
+    let mut a = tar::Archive::new(input);
+    a.set_preserve_permissions(true);
+    a.set_preserve_ownerships(true);
+    a.set_preserve_mtime(true);
+    for entry in a.entries().map_err(|e| archive_failure("(archive)", e))? {
+        let mut entry = entry.map_err(|e| archive_failure("(archive)", e))?;
+        let name = entry.path().map_err(|e| archive_failure("(archive)", e))?.to_string_lossy().into_owned();
+        let (parent, leaf) = name.trim_end_matches('/').rsplit_once('/').unwrap_or(("", name.as_str()));
+        let (removal, leaf) = match leaf.strip_prefix(".wh.") {
+            Some(rest) => (true, rest),
+            None => (false, leaf),
+        };
+        let target =
+            check(&format!("/{}", if parent.is_empty() { leaf.to_string() } else { format!("{parent}/{leaf}") }))?;
+        let shown = target.to_string_lossy().into_owned();
+        if leaf.is_empty() || leaf == "." || leaf.starts_with(".wh.") {
+            return Err(FsFailure::rule("archive", format!("tar entry {name:?}: not a path a layer changes")));
+        }
+        let dir = target.parent().unwrap_or(Path::new("/"));
+        if !fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+            return Err(FsFailure::rule(
+                "invalid",
+                format!(
+                    "{}: not a directory in the sandbox (it replaced or removed it): settle it inside the sandbox",
+                    dir.display()
+                ),
+            ));
+        }
+        let kind = entry.header().entry_type();
+        if !(removal || kind.is_file() || kind.is_symlink()) {
+            return Err(FsFailure::rule("archive", format!("tar entry {name:?}: only files, symlinks and whiteouts")));
+        }
+        match fs::symlink_metadata(&target) {
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&target).map_err(|e| FsFailure::io(&shown, e))?,
+            Ok(_) => fs::remove_file(&target).map_err(|e| FsFailure::io(&shown, e))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(FsFailure::io(&shown, e)),
+        }
+        if !removal {
+            entry.unpack(&target).map_err(|e| archive_failure(&name, e))?;
+        }
+    }
+    Ok(())
+}
+
 fn archive_failure(entry: &str, e: io::Error) -> FsFailure {
     FsFailure::rule("archive", format!("tar entry {entry:?}: {e}"))
 }
@@ -549,6 +608,58 @@ mod tests {
 
     fn names(list: &[Stat]) -> Vec<&str> {
         list.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_layer_applied_replaces_and_removes_paths_and_refuses_what_it_cannot_place() {
+        let header = || {
+            let mut h = tar::Header::new_gnu();
+            h.set_uid(u64::from(nix::unistd::getuid().as_raw()));
+            h.set_gid(u64::from(nix::unistd::getgid().as_raw()));
+            h.set_mtime(0);
+            h
+        };
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_string_lossy().trim_start_matches('/').to_string();
+        fs::create_dir_all(d.path().join("etc/dir")).unwrap();
+        fs::write(d.path().join("etc/motd"), "mine\n").unwrap();
+        fs::write(d.path().join("etc/dir/x"), "x").unwrap();
+        std::os::unix::fs::symlink("/nowhere", d.path().join("etc/issue")).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = header();
+        h.set_size(8);
+        h.set_mode(0o640);
+        h.set_mtime(1_000_000);
+        b.append_data(&mut h, format!("{root}/etc/motd"), &b"patched\n"[..]).unwrap();
+        let mut h = header();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, format!("{root}/etc/issue"), "motd").unwrap();
+        let mut h = header();
+        h.set_size(0);
+        b.append_data(&mut h, format!("{root}/etc/.wh.dir"), &b""[..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        apply_layer(&mut &tar[..]).unwrap();
+        assert_eq!(fs::read_to_string(d.path().join("etc/motd")).unwrap(), "patched\n");
+        let meta = fs::metadata(d.path().join("etc/motd")).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.mtime()), (0o640, 1_000_000));
+        assert_eq!(fs::read_link(d.path().join("etc/issue")).unwrap(), Path::new("motd"));
+        assert!(!d.path().join("etc/dir").exists(), "the whiteout removed the directory");
+
+        // An entry whose directory is not there, or a directory entry: refused.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = header();
+        h.set_size(1);
+        b.append_data(&mut h, format!("{root}/gone/f"), &b"f"[..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        assert_eq!(apply_layer(&mut &tar[..]).unwrap_err().rule.as_deref(), Some("invalid"));
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = header();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_size(0);
+        b.append_data(&mut h, format!("{root}/etc/newdir"), &b""[..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        assert_eq!(apply_layer(&mut &tar[..]).unwrap_err().rule.as_deref(), Some("archive"));
     }
 
     #[test]

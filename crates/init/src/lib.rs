@@ -33,6 +33,8 @@ pub mod creds;
 pub mod enter;
 pub mod exec;
 pub mod guestfs;
+pub mod guestport;
+pub mod guestwatch;
 pub mod layer;
 pub mod loopback;
 pub mod mux;

@@ -123,7 +123,8 @@ pub enum Request {
         /// The new size.
         size: crate::pty::TtySize,
     },
-    /// Every other connection lets go, and pid 1 closes them all (a checkpoint comes).
+    /// Every other connection lets go, and pid 1 closes them all, port
+    /// relays and directory watches included (a checkpoint comes).
     Detach,
     /// Freeze (FIFREEZE) or thaw the file system of the sandbox's disk, so
     /// that the host can read it while the sandbox is frozen (the microvm
@@ -187,6 +188,22 @@ pub enum Request {
         entropy: Vec<u8>,
         /// A new identity (a fork of the snapshot); `None`: the same sandbox.
         identity: Option<Identity>,
+    },
+    /// Connect to `127.0.0.1:port` in the guest and relay the connection's
+    /// bytes over this stream ([`crate::guestport`]: previews of a microVM).
+    /// Answered with [`Frame::Signaled`] 1 once connected (raw bytes both
+    /// ways after it), or [`Frame::Failed`] with the reason.
+    Connect {
+        /// The port.
+        port: u16,
+    },
+    /// Watch directory `path` in pid 1's root ([`crate::guestwatch`]: the
+    /// stream carries its events until either side ends it).
+    Watch {
+        /// The directory.
+        path: String,
+        /// Every directory under it too.
+        recursive: bool,
     },
 }
 
@@ -402,6 +419,8 @@ struct Spawner {
     procs: HashMap<i32, Tracked>,
     next: u64,
     last_connect: Option<Instant>,
+    /// The streams served from threads of their own, cut at a restore.
+    cuts: crate::guestport::Cuts,
 }
 
 fn pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
@@ -418,20 +437,25 @@ impl Spawner {
             Source::Broker => read_token(),
             Source::Offered { token, .. } => token.clone(),
         };
-        Spawner { source, token, conns: HashMap::new(), procs: HashMap::new(), next: 0, last_connect: None }
+        Spawner::with_source_and_token(source, token)
     }
 
-    /// A spawner on the broker with `token` (tests: no token file).
-    #[cfg(test)]
-    fn with_token(token: Vec<u8>) -> Spawner {
+    fn with_source_and_token(source: Source, token: Vec<u8>) -> Spawner {
         Spawner {
-            source: Source::Broker,
+            source,
             token,
             conns: HashMap::new(),
             procs: HashMap::new(),
             next: 0,
             last_connect: None,
+            cuts: Default::default(),
         }
+    }
+
+    /// A spawner on the broker with `token` (tests: no token file).
+    #[cfg(test)]
+    fn with_token(token: Vec<u8>) -> Spawner {
+        Spawner::with_source_and_token(Source::Broker, token)
     }
 
     fn add_conn(&mut self, stream: UnixStream) {
@@ -668,6 +692,14 @@ impl Spawner {
                     Source::Offered { ops, .. } => (ops.restored)(&entropy, identity.as_ref()),
                     Source::Broker => Err(std::io::Error::other("a gVisor sandbox is not restored by its pid 1")),
                 };
+                // Their host ends were the keeper's before the snapshot's restore
+                // (none, normally: a VM is saved after a detach, which cuts them).
+                let cut = self.cuts.cut_all();
+                if cut > 0 {
+                    eprintln!(
+                        "strata-init: restored: {cut} relayed connection(s) and watch(es) of the host before ended"
+                    );
+                }
                 match done {
                     Ok(()) => self.answer(id, 1),
                     Err(e) => self.fail(id, &format!("after the restore: {e}")),
@@ -686,6 +718,7 @@ impl Spawner {
             Request::LayerManifest | Request::LayerTar { .. } | Request::Flush { .. } | Request::Fs { .. } => {
                 self.answer_in_thread(id, req)
             }
+            Request::Connect { .. } | Request::Watch { .. } => self.serve_in_thread(id, req),
             Request::Resize { pid, size } => {
                 let master = self.procs.get(&pid).and_then(|t| t.tty.as_ref());
                 let done = master.is_some_and(|m| crate::pty::set_size(m.as_raw_fd(), size).is_ok());
@@ -709,6 +742,8 @@ impl Spawner {
                         }
                     }
                 }
+                // Relays and watches too: a VM is saved only with no stream open on its line.
+                n += self.cuts.cut_all() as u32;
                 if let Some(mut c) = self.conns.remove(&id) {
                     c.send(Frame::Detached, &n.to_le_bytes());
                     let _ = c.stream.set_nonblocking(false);
@@ -773,6 +808,29 @@ impl Spawner {
                 Err(why) => channel::encode(&mut end, Frame::Failed, &why),
             }
             let _ = c.stream.write_all(&end);
+        });
+    }
+
+    /// Serves a request whose stream goes on after its answer (a port's
+    /// relay, a directory watch) from a thread of its own: the connection
+    /// leaves pid 1's loop, and [`Spawner::cuts`] can end it.
+    fn serve_in_thread(&mut self, id: u64, req: Request) {
+        if matches!(self.source, Source::Broker) {
+            return self.fail(id, "this sandbox's ports and files are reached from the host");
+        }
+        let Some(mut c) = self.conns.remove(&id) else { return };
+        let cuts = self.cuts.clone();
+        std::thread::spawn(move || {
+            if c.stream.set_nonblocking(false).is_err() || c.stream.write_all(&c.out).is_err() {
+                return;
+            }
+            match req {
+                Request::Connect { port } => crate::guestport::relay(c.stream, c.reader.take_rest(), port, &cuts),
+                Request::Watch { path, recursive } => {
+                    crate::guestwatch::serve(c.stream, c.reader, &path, recursive, &cuts)
+                }
+                _ => {}
+            }
         });
     }
 

@@ -69,6 +69,15 @@ pub fn lock_execs(path: &Path, patience: Duration) -> Result<std::fs::File, Runt
     }
 }
 
+/// Why [`Pid1Channel::open_stream`] opened nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamRefused {
+    /// Pid 1 refused the request: its reason (a file operation's as JSON).
+    Refused(String),
+    /// The channel failed (pid 1 unreachable, its answer malformed or late).
+    Channel(String),
+}
+
 /// Where one sandbox's channel is reached from the host.
 #[derive(Debug, Clone)]
 pub struct Pid1Channel {
@@ -158,6 +167,36 @@ impl Pid1Channel {
                 Some((other, _)) => return Err(format!("unexpected {other:?} frame in pid 1's answer")),
                 None => return Err(format!("pid 1 closed the channel after {got} bytes, before the end")),
             }
+        }
+    }
+
+    /// Opens a stream to pid 1 for a request whose stream goes on after the
+    /// answer ([`Request::Connect`], [`Request::Watch`]): sends `req` and
+    /// reads pid 1's first answer (within `patience`), and not a byte after
+    /// it. The stream is returned blocking, without timeouts, with the
+    /// answer's payload ([`Frame::Started`] or [`Frame::Signaled`]).
+    pub fn open_stream(
+        &self,
+        req: &Request,
+        patience: Duration,
+    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), StreamRefused> {
+        let channel = |e: String| StreamRefused::Channel(e);
+        let (mut conn, reader) = strata_init::runsc::connect(&self.control, &self.token).map_err(channel)?;
+        // Pid 1 says nothing after its proof until it has a request: nothing is held back.
+        if !reader.is_empty() {
+            return Err(channel("pid 1 sent more than its proof".into()));
+        }
+        let bytes = serde_json::to_vec(req).expect("serializes");
+        strata_init::channel::write_frame(&mut conn, Frame::Request, &bytes).map_err(|e| channel(e.to_string()))?;
+        conn.set_read_timeout(Some(patience)).map_err(|e| channel(e.to_string()))?;
+        let answer = strata_init::channel::read_one_frame(&mut conn, 64 << 10)
+            .map_err(|e| channel(format!("pid 1's answer: {e}")))?;
+        conn.set_read_timeout(None).map_err(|e| channel(e.to_string()))?;
+        match answer {
+            Some((Frame::Started | Frame::Signaled, payload)) => Ok((conn, payload)),
+            Some((Frame::Failed, why)) => Err(StreamRefused::Refused(String::from_utf8_lossy(&why).into_owned())),
+            Some((other, _)) => Err(channel(format!("unexpected {other:?} frame as pid 1's answer"))),
+            None => Err(channel("pid 1 closed the channel without an answer".into())),
         }
     }
 

@@ -72,6 +72,11 @@ pub enum RuntimeError {
     /// than its source): the caller's request, not the host's fault.
     #[error("the sandbox does not fit the process image: {0}")]
     Shape(String),
+    /// The sandbox's pid 1 refused a request (a port nothing listens on, a
+    /// directory that is not there): its reason, a file operation's as JSON
+    /// ([`strata_init::guestfs::FsFailure`]).
+    #[error("the sandbox's init refused: {0}")]
+    Refused(String),
     /// A cgroup operation failed.
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
@@ -438,6 +443,32 @@ pub trait Runtime: Send + Sync {
     /// `handle`, which ends after `idle` without requests (so it does not pin
     /// the sandbox's network).
     fn net_sockets(&self, handle: &SandboxHandle, idle: Duration) -> Result<Box<dyn NetSockets>, RuntimeError>;
+
+    /// Whether the sandbox's ports are reached through its pid 1
+    /// ([`Runtime::pid1_stream`] with [`strata_init::spawner::Request::Connect`]:
+    /// a microVM, whose guest's loopback nothing on the host reaches) rather
+    /// than by a socket in its network ([`Runtime::net_sockets`]).
+    fn ports_through_pid1(&self) -> bool {
+        false
+    }
+
+    /// Opens a stream to the sandbox's pid 1 for `req`, a request whose
+    /// stream goes on after pid 1's first answer (a port's relay, a directory
+    /// watch in a microVM's guest), waiting up to `patience` for that answer:
+    /// the stream (blocking) and the answer's payload. Pid 1's refusal is
+    /// [`RuntimeError::Refused`].
+    fn pid1_stream(
+        &self,
+        sandbox_id: &str,
+        req: &strata_init::spawner::Request,
+        patience: Duration,
+    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
+        let _ = (req, patience);
+        Err(RuntimeError::Unsupported(format!(
+            "sandbox {sandbox_id}'s ports and files are reached from the host ({} tier)",
+            self.name()
+        )))
+    }
 
     /// Opens the sandbox's root directory as the host sees it, with every
     /// mount whose files the sandbox shares with the host (what the file API

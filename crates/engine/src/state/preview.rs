@@ -45,6 +45,14 @@ pub enum PreviewError {
         #[source]
         source: std::io::Error,
     },
+    /// The sandbox's pid 1, which relays its ports (a microVM), could not be reached.
+    #[error("reaching the init of sandbox {sandbox}, which relays its ports: {why}")]
+    Relay {
+        /// Sandbox id.
+        sandbox: String,
+        /// Why.
+        why: String,
+    },
     /// The HTTP exchange with the sandbox's server failed.
     #[error("the server on port {port} of sandbox {sandbox} failed: {source}")]
     Upstream {
@@ -61,7 +69,7 @@ pub enum PreviewError {
 impl From<PreviewError> for EngineError {
     fn from(e: PreviewError) -> Self {
         match &e {
-            PreviewError::Netns { .. } => EngineError::internal("preview", &e),
+            PreviewError::Netns { .. } | PreviewError::Relay { .. } => EngineError::internal("preview", &e),
             PreviewError::Connect { .. } | PreviewError::Upstream { .. } => {
                 EngineError::new(ErrorCode::UpstreamUnavailable, crate::error::chain(&e))
             }
@@ -146,17 +154,96 @@ impl Previews {
     }
 }
 
+/// A connection to a port inside a sandbox: made in its network from the
+/// host, or relayed by its pid 1 (a microVM's guest).
+#[derive(Debug)]
+pub enum Upstream {
+    /// A TCP connection in the sandbox's network.
+    Tcp(tokio::net::TcpStream),
+    /// A stream to the sandbox's pid 1, which relays it to the port.
+    Relayed(tokio::net::UnixStream),
+}
+
+impl tokio::io::AsyncRead for Upstream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Upstream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Upstream::Tcp(s) => s.is_write_vectored(),
+            Upstream::Relayed(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
 impl Previews {
-    /// Connects to 127.0.0.1:`port` inside the network of the sandbox whose
-    /// init is `init`, through the runtime's socket maker for that network
-    /// ([`Runtime::net_sockets`], kept for `CONNECTOR_IDLE` between requests).
+    /// Connects to 127.0.0.1:`port` inside the sandbox whose init is `init`:
+    /// through the runtime's socket maker for its network
+    /// ([`Runtime::net_sockets`], kept for `CONNECTOR_IDLE` between
+    /// requests), or, on a tier whose ports only its pid 1 reaches (a
+    /// microVM), through a stream pid 1 relays ([`Runtime::pid1_stream`]).
     pub async fn connect(
         &self,
-        runtime: &dyn Runtime,
+        runtime: &Arc<dyn Runtime>,
         sandbox: &str,
         init: &strata_runtime::SandboxHandle,
         port: u16,
-    ) -> Result<tokio::net::TcpStream, PreviewError> {
+    ) -> Result<Upstream, PreviewError> {
+        if runtime.ports_through_pid1() {
+            return relayed(runtime, sandbox, port).await.map(Upstream::Relayed);
+        }
         let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
         let key = (sandbox.to_string(), init.init_pid, init.init_start_time);
         let mut socket = None;
@@ -193,6 +280,32 @@ impl Previews {
             .map_err(|_| conn_err(std::io::ErrorKind::TimedOut.into()))?
             .map_err(conn_err)?;
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        Ok(Upstream::Tcp(stream))
     }
+}
+
+/// A stream to `port` in sandbox `sandbox`'s guest, relayed by its pid 1.
+async fn relayed(runtime: &Arc<dyn Runtime>, sandbox: &str, port: u16) -> Result<tokio::net::UnixStream, PreviewError> {
+    let (rt, id) = (runtime.clone(), sandbox.to_string());
+    let req = strata_init::spawner::Request::Connect { port };
+    // Pid 1 gives up on the port after its own timeout, and answers why.
+    let patience = CONNECT_TIMEOUT + Duration::from_secs(5);
+    let opened = tokio::task::spawn_blocking(move || rt.pid1_stream(&id, &req, patience))
+        .await
+        .map_err(|e| PreviewError::Relay { sandbox: sandbox.to_string(), why: e.to_string() })?;
+    let stream = match opened {
+        Ok((stream, _)) => stream,
+        Err(strata_runtime::RuntimeError::Refused(why)) => {
+            return Err(PreviewError::Connect {
+                sandbox: sandbox.to_string(),
+                port,
+                source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, why),
+            })
+        }
+        Err(e) => return Err(PreviewError::Relay { sandbox: sandbox.to_string(), why: e.to_string() }),
+    };
+    stream
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(stream))
+        .map_err(|e| PreviewError::Relay { sandbox: sandbox.to_string(), why: e.to_string() })
 }

@@ -16,7 +16,8 @@ async fn previews_connect_through_the_runtime_and_keep_its_socket_maker() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listen");
         let port = listener.local_addr().expect("addr").port();
         for _ in 0..3 {
-            let stream = e.st.previews.connect(e.st.runtime.as_ref(), &id, &handle, port).await.expect("connect");
+            let stream = e.st.previews.connect(&e.st.runtime, &id, &handle, port).await.expect("connect");
+            let crate::state::preview::Upstream::Tcp(stream) = stream else { panic!("a TCP connection") };
             assert_eq!(stream.peer_addr().expect("peer").port(), port);
             listener.accept().await.expect("accepted");
         }
@@ -25,13 +26,13 @@ async fn previews_connect_through_the_runtime_and_keep_its_socket_maker() {
 
         // Nothing listening: the error names the port, not a panic or a hang.
         drop(listener);
-        let err = e.st.previews.connect(e.st.runtime.as_ref(), &id, &handle, port).await.expect_err("refused");
+        let err = e.st.previews.connect(&e.st.runtime, &id, &handle, port).await.expect_err("refused");
         assert!(err.to_string().contains(&port.to_string()), "{err}");
 
         // A stopped sandbox has no network to connect into.
         crate::lifecycle::stop(&e.st, &id, "user", std::time::Duration::ZERO).await.expect("stop");
         e.st.previews.forget_connectors(&id);
-        assert!(e.st.previews.connect(e.st.runtime.as_ref(), &id, &handle, port).await.is_err());
+        assert!(e.st.previews.connect(&e.st.runtime, &id, &handle, port).await.is_err());
     })
     .await;
 }

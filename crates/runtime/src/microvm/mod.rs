@@ -1339,7 +1339,26 @@ impl Runtime for MicrovmRuntime {
     }
 
     fn net_sockets(&self, _: &SandboxHandle, _: Duration) -> Result<Box<dyn NetSockets>, RuntimeError> {
-        Err(self.unsupported("connections into the guest (previews)"))
+        Err(self.unsupported("sockets in the guest's network (its ports are reached through its pid 1)"))
+    }
+
+    fn ports_through_pid1(&self) -> bool {
+        true
+    }
+
+    fn pid1_stream(
+        &self,
+        sandbox_id: &str,
+        req: &strata_init::spawner::Request,
+        patience: Duration,
+    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
+        use crate::exec_channel::StreamRefused;
+        self.channel(sandbox_id).open_stream(req, patience).map_err(|e| match e {
+            StreamRefused::Refused(why) => RuntimeError::Refused(why),
+            StreamRefused::Channel(why) => {
+                RuntimeError::Setup(format!("the channel to microVM {sandbox_id}'s init: {why}"))
+            }
+        })
     }
 
     fn layer_in_guest(&self) -> bool {

@@ -456,7 +456,7 @@ async fn proxy(st: &Shared, pool: &PreviewPool, t: Target, req: Request) -> ApiR
                     format!("sandbox {id}'s init is gone"),
                 ));
             }
-            let stream = st.previews.connect(rt.as_ref(), &id, &handle, t.port).await?;
+            let stream = st.previews.connect(&rt, &id, &handle, t.port).await?;
             // Checked again now that a namespace was (maybe) opened by pid: a reused pid must not hand us another one.
             if !rt.is_alive(&handle) {
                 pool.forget(&id);
