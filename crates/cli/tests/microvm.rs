@@ -314,6 +314,28 @@ fn a_microvm_sandbox_runs_processes_in_a_guest_kernel_of_its_own() {
     assert!(common::wait_until(30, || last_tick(&d, &id, &proc_id) > before + 2), "the counter did not go on");
     d.cli_ok(&["proc", "kill", &id, &proc_id, "--signal", "KILL"]);
 
+    // A damaged VM snapshot is refused at the resume (the sandbox goes to
+    // `error`, its files kept), and a start boots a fresh guest on its disk.
+    d.cli_ok(&["standby", &id]);
+    let image = d.state(&format!("sandboxes/{id}/standby"));
+    let state_file = image.join("vm.state");
+    let mut bytes = std::fs::read(&state_file).expect("the VM's device state in the standby image");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&state_file, bytes).unwrap();
+    let out = d.cli(&["resume", &id]);
+    assert!(!out.status.success(), "a damaged snapshot was resumed");
+    assert!(stderr(&out).contains("corrupt") && stderr(&out).contains("vm.state"), "{}", stderr(&out));
+    let info: serde_json::Value = serde_json::from_str(&d.cli_ok(&["inspect", &id, "--json"])).unwrap();
+    assert_eq!(
+        (info["state"].as_str(), info["state_reason"].as_str()),
+        (Some("error"), Some("standby_image_invalid")),
+        "{info}"
+    );
+    assert!(image.exists() && !qemu_runs(&id), "the image is kept, no QEMU left");
+    d.cli_ok(&["start", &id]);
+    assert_eq!(sh_ok(&d, &id, "cat /root/warm"), "warm\n", "the disk was kept");
+
     // Forks of the checkpoint are microVMs with its files and identities of their own.
     let kids: Vec<String> = d.cli_ok(&["fork", &ck, "-n", "2"]).split_whitespace().map(str::to_string).collect();
     assert_eq!(kids.len(), 2);
