@@ -668,3 +668,52 @@ fn previews_reach_servers_inside_a_microvm_guest_through_its_pid_1() {
     assert!(evs.iter().any(|e| e.from == Some(SandboxState::Standby) && e.reason == "resume_on_access"), "{evs:?}");
     d.cli_ok(&["rm", "-f", &id]);
 }
+
+#[test]
+fn previews_reach_servers_inside_a_gvisor_sandbox_through_its_pid_1() {
+    require_gvisor!();
+    let (d, addr) = daemon();
+    d.import_busybox();
+    // The sentry's network stack is its own: its loopback is reached through pid 1.
+    let id = web_sandbox(&d, &["--isolation", "gvisor"], 8000);
+    let t = token(&preview(&d, &id, "all", &[]));
+    let path = format!("/preview/{id}/8000/");
+    let r = get(&addr, &path, &[tok_header(&t)]);
+    assert_eq!((r.status, r.body.as_str()), (200, "hello-preview\n"), "{r:?}");
+    let r = http(&addr, "POST", &format!("{path}cgi-bin/echo"), &[tok_header(&t)], b"through the sentry");
+    assert!(r.status == 200 && r.body.ends_with("\nthrough the sentry"), "{r:?}");
+    let r = get(&addr, &format!("/preview/{id}/8001/"), &[tok_header(&t)]);
+    assert_eq!((r.status, r.code().as_str()), (502, "upstream_unavailable"), "{r:?}");
+
+    // A pooled keep-alive connection is open when the sandbox goes to standby:
+    // pid 1 ends it first (a checkpoint refuses open host sockets), and a
+    // request resumes the sandbox and is served by the same server.
+    let out =
+        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
+    let mut first = None;
+    assert!(
+        common::wait_until(30, || {
+            let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+            let ok = r.status == 200;
+            first = Some(r);
+            ok
+        }),
+        "{first:?}"
+    );
+    let first = first.unwrap().body;
+    let (conn, _) = first.split_once('-').unwrap();
+    let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
+    assert!(r.body.starts_with(&format!("{conn}-")) && r.body != first, "the relayed connection is reused: {r:?}");
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo saved > /www8000/state.txt"]);
+    d.cli_ok(&["standby", &id]);
+    // (busybox `nc -ll`, whose connection the standby ended, does not come back
+    // from runsc's restore; httpd, which had none open, does.)
+    let r = get(&addr, &format!("{path}state.txt"), &[tok_header(&t)]);
+    assert_eq!((r.status, r.body.as_str()), (200, "saved\n"), "{r:?}");
+    assert_eq!(r.header("strata-resumed-from"), Some("standby"), "{r:?}");
+    let r = get(&addr, &path, &[tok_header(&t)]);
+    assert_eq!((r.status, r.body.as_str()), (200, "hello-preview\n"), "a new relay after the resume: {r:?}");
+    d.cli_ok(&["rm", "-f", &id]);
+}

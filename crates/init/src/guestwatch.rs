@@ -273,27 +273,31 @@ fn send_events(stream: &mut UnixStream, events: &mut Vec<WatchEvent>) -> std::io
 /// Serves [`crate::spawner::Request::Watch`] of `path` on `stream` (blocking,
 /// in a thread of its own) until the host closes it or the watch cannot go
 /// on; `reader` holds what the host sent after its request.
-pub fn serve(
-    mut stream: UnixStream,
-    mut reader: FrameReader,
-    path: &str,
-    recursive: bool,
-    cuts: &crate::guestport::Cuts,
-) {
+pub fn serve(mut stream: UnixStream, reader: FrameReader, path: &str, recursive: bool, cuts: &crate::guestport::Cuts) {
     if stream.set_nonblocking(false).is_err() {
         return;
     }
-    let fail = |stream: &mut UnixStream, f: &FsFailure| {
-        let _ = channel::write_frame(stream, Frame::Failed, &serde_json::to_vec(f).expect("serializes"));
-    };
-    let mut w = match GuestWatch::start(path, recursive) {
+    let w = match GuestWatch::start(path, recursive) {
         Ok(w) => w,
         Err(f) => return fail(&mut stream, &f),
     };
-    let _held = cuts.register(&[stream.as_fd()]);
-    if channel::write_frame(&mut stream, Frame::Started, w.abs.to_string_lossy().as_bytes()).is_err() {
-        return;
+    let held = cuts.register(&[stream.as_fd()]);
+    if channel::write_frame(&mut stream, Frame::Started, w.abs.to_string_lossy().as_bytes()).is_ok() {
+        run(stream, reader, w);
+    } else {
+        drop(stream);
     }
+    // The stream and the marks are closed before the registry lets go of them.
+    drop(held);
+}
+
+/// Ends a watch with `f` (as JSON).
+fn fail(stream: &mut UnixStream, f: &FsFailure) {
+    let _ = channel::write_frame(stream, Frame::Failed, &serde_json::to_vec(f).expect("serializes"));
+}
+
+/// A started watch's loop (see [`serve`]); ends with the stream closed.
+fn run(mut stream: UnixStream, mut reader: FrameReader, mut w: GuestWatch) {
     let mut events = Vec::new();
     let mut chunk = vec![0u8; 4096];
     loop {

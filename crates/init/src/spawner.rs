@@ -189,8 +189,9 @@ pub enum Request {
         /// A new identity (a fork of the snapshot); `None`: the same sandbox.
         identity: Option<Identity>,
     },
-    /// Connect to `127.0.0.1:port` in the guest and relay the connection's
-    /// bytes over this stream ([`crate::guestport`]: previews of a microVM).
+    /// Connect to `127.0.0.1:port` in the sandbox and relay the connection's
+    /// bytes over this stream ([`crate::guestport`]: previews of a microVM
+    /// or a gVisor sandbox, whose loopback the host cannot reach).
     /// Answered with [`Frame::Signaled`] 1 once connected (raw bytes both
     /// ways after it), or [`Frame::Failed`] with the reason.
     Connect {
@@ -742,8 +743,9 @@ impl Spawner {
                         }
                     }
                 }
-                // Relays and watches too: a VM is saved only with no stream open on its line.
-                n += self.cuts.cut_all() as u32;
+                // Relays and watches too: a VM is saved only with no stream open on
+                // its line, and a gVisor checkpoint refuses open host sockets.
+                n += self.cuts.cut_all_and_wait(Duration::from_secs(2)) as u32;
                 if let Some(mut c) = self.conns.remove(&id) {
                     c.send(Frame::Detached, &n.to_le_bytes());
                     let _ = c.stream.set_nonblocking(false);
@@ -815,8 +817,9 @@ impl Spawner {
     /// relay, a directory watch) from a thread of its own: the connection
     /// leaves pid 1's loop, and [`Spawner::cuts`] can end it.
     fn serve_in_thread(&mut self, id: u64, req: Request) {
-        if matches!(self.source, Source::Broker) {
-            return self.fail(id, "this sandbox's ports and files are reached from the host");
+        // A gVisor sandbox's files are on the host (its watches are the host's); its ports are not.
+        if matches!(self.source, Source::Broker) && matches!(req, Request::Watch { .. }) {
+            return self.fail(id, "this sandbox's files are watched from the host");
         }
         let Some(mut c) = self.conns.remove(&id) else { return };
         let cuts = self.cuts.clone();

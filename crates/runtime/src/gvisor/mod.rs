@@ -755,7 +755,30 @@ impl Runtime for GvisorRuntime {
     }
 
     fn net_sockets(&self, _: &SandboxHandle, _: Duration) -> Result<Box<dyn NetSockets>, RuntimeError> {
-        Err(RuntimeError::Unsupported("previews of gvisor sandboxes are not built yet".into()))
+        Err(RuntimeError::Unsupported(
+            "sockets in a gVisor sandbox's network (its ports are reached through its pid 1)".into(),
+        ))
+    }
+
+    /// The sentry's network stack is its own: a server on the sandbox's
+    /// loopback is reached through pid 1, which relays over its broker connection.
+    fn ports_through_pid1(&self) -> bool {
+        true
+    }
+
+    fn pid1_stream(
+        &self,
+        sandbox_id: &str,
+        req: &strata_init::spawner::Request,
+        patience: Duration,
+    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
+        use crate::exec_channel::StreamRefused;
+        self.channel(sandbox_id).open_stream(req, patience).map_err(|e| match e {
+            StreamRefused::Refused(why) => RuntimeError::Refused(why),
+            StreamRefused::Channel(why) => {
+                RuntimeError::Setup(format!("the channel to gVisor sandbox {sandbox_id}'s init: {why}"))
+            }
+        })
     }
 
     fn open_root(&self, sandbox_id: &str, _: &SandboxHandle) -> std::io::Result<OwnedFd> {
