@@ -503,6 +503,30 @@ else
     step "npm ci: e2b SDKs for the JS suite ($E2B_JS)" install_e2b_js
 fi
 
+# --- an S3 server for the object-store tests ----------------------------------------
+# s3s-fs (crates.io, the s3s project's file-system backend): an S3 API over a directory,
+# which the tests of `--archive-url s3://...` run on loopback (crates/cli/tests/archive.rs).
+# Chosen over Garage for a test fixture: one small binary and a directory, nothing to lay
+# out (Garage wants a cluster layout and keys made through its admin CLI first); Garage is
+# what a deployment would run, and the same S3 client code talks to either. 0.14.1 is the
+# newest that builds with this machine's rustc (1.95); about 2 minutes to build.
+S3S_VERSION=0.14.1
+S3S_BIN=/usr/local/bin/s3s-fs
+S3S_STAMP=/usr/local/lib/strata/s3s-fs.version
+install_s3s_fs() {
+    local cargo
+    cargo=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
+    "$cargo" install s3s-fs --version "$S3S_VERSION" --locked --features binary --root "$CACHE/s3s-fs"
+    install -m 0755 "$CACHE/s3s-fs/bin/s3s-fs" "$S3S_BIN"
+    mkdir -p "$(dirname "$S3S_STAMP")"
+    echo "$S3S_VERSION" > "$S3S_STAMP"
+}
+if [ -x "$S3S_BIN" ] && [ "$(cat "$S3S_STAMP" 2>/dev/null)" = "$S3S_VERSION" ]; then
+    note "s3s-fs $S3S_VERSION: present ($S3S_BIN)"
+else
+    step "cargo install s3s-fs $S3S_VERSION (the tests' S3 server)" install_s3s_fs
+fi
+
 # --- Rust toolchain (not installable from Debian 12: its rustc is too old) ---------
 if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
     warn "cargo not found: strata needs a Rust toolchain >= 1.80 (rustup); Debian 12's rustc is too old"

@@ -1,7 +1,8 @@
-//! Archive: stopped and standby sandboxes packed into the object store (local
-//! directory here) with their local copy freed, restored by resume/start with
-//! processes and files intact; tampered archives refused; failed uploads and
-//! daemon crashes lose nothing; the archive_after policy.
+//! Archive: stopped and standby sandboxes packed into the object store (a
+//! local directory, and an S3 server on loopback) with their local copy freed,
+//! restored by resume/start with processes and files intact; tampered archives
+//! refused; failed uploads and daemon crashes lose nothing; the archive_after
+//! policy.
 
 mod common;
 
@@ -36,9 +37,13 @@ fn assert_contiguous(nums: &[u64]) {
 
 /// Objects of the sandbox's archives in the local store.
 fn archive_files(d: &TestDaemon, id: &str) -> Vec<std::path::PathBuf> {
-    let root = d.state(&format!("archive/sandboxes/{id}"));
+    objects_under(&d.state(&format!("archive/sandboxes/{id}")))
+}
+
+/// The files one level below the directories of `root` (a sandbox's archives' objects).
+fn objects_under(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
             out.push(f.path());
         }
@@ -167,4 +172,132 @@ fn archive_after_policy_archives_parked_sandboxes() {
     assert_eq!(evs.iter().find(|e| e.to == SandboxState::Archived).unwrap().reason, "archive_after");
     // Any call that needs the files brings it back.
     assert_eq!(d.cli_ok(&["exec", &id, "--", "cat", "/root/data"]), "precious\n");
+}
+
+/// An S3 server on loopback: s3s-fs (installed by scripts/setup-host.sh)
+/// serving a directory whose subdirectories are its buckets.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+    root: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts one with bucket `bucket`; `None` (the test skips, saying why) where s3s-fs is missing outside CI.
+    fn start(bucket: &str) -> Option<S3Server> {
+        let bin = std::path::Path::new("/usr/local/bin/s3s-fs");
+        if !bin.exists() {
+            let why = "no S3 server: /usr/local/bin/s3s-fs is missing (scripts/setup-host.sh installs it)";
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI must be able to run this test, but: {why}");
+            }
+            println!("skipped: {why}");
+            return None;
+        }
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join(bucket)).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "strata-test"])
+            .args(["--secret-key", "strata-test-secret"])
+            .arg(root.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        assert!(
+            common::wait_until(20, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()),
+            "s3s-fs did not listen on {endpoint}"
+        );
+        Some(S3Server { child, endpoint, root })
+    }
+
+    /// The daemon's environment for a store in `bucket/prefix` on this server.
+    fn env(&self, url: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("STRATA_ARCHIVE_URL", url.to_string()),
+            ("AWS_ENDPOINT", self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "strata-test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "strata-test-secret".into()),
+            ("AWS_DEFAULT_REGION", "us-east-1".into()),
+        ]
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn archives_go_to_an_s3_server_and_come_back_checked() {
+    require_criu!();
+    let Some(s3) = S3Server::start("strata") else { return };
+    let env = s3.env("s3://strata/archives");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let d = TestDaemon::start_with_env(&env);
+    d.import_busybox();
+    let in_bucket = |id: &str| objects_under(&s3.root.path().join(format!("strata/archives/sandboxes/{id}")));
+
+    // Standby -> archived in the bucket (nothing of it left locally) -> resumed with its processes.
+    let id = d.create(&[]);
+    d.cli_ok(&["exec", "-d", &id, "--", "sh", "-c", COUNTER]);
+    assert!(common::wait_until(10, || d.cli_ok(&["exec", &id, "--", "cat", "/root/log"]).lines().count() > 3));
+    d.cli_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "head -c 3000000 /dev/urandom > /root/blob; sha256sum /root/blob > /root/blob.sum",
+    ]);
+    d.cli_ok(&["standby", &id]);
+    d.cli_ok(&["archive", &id]);
+    let sb = state(&d, &id);
+    assert_eq!(sb.state, SandboxState::Archived);
+    let objects = in_bucket(&id);
+    let names: Vec<String> = objects.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    for want in ["upper.tar", "standby.tar", "manifest.json"] {
+        assert!(names.iter().any(|n| n == want), "{want} in the bucket: {names:?}");
+    }
+    assert!(archive_files(&d, &id).is_empty(), "nothing went to the local store");
+    assert!(!d.state(&format!("sandboxes/{id}/standby")).exists(), "the local standby image was freed");
+    let events = d.cli_ok(&["events", &id]);
+    assert!(events.contains("to s3://strata/archives"), "the archive event names the store: {events}");
+    rt().block_on(d.client().resume_sandbox(&id)).unwrap();
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "sha256sum -c /root/blob.sum"]), "/root/blob: OK\n");
+    let before = count_in(&d.cli_ok(&["exec", &id, "--", "cat", "/root/log"])).len();
+    assert!(common::wait_until(10, || count_in(&d.cli_ok(&["exec", &id, "--", "cat", "/root/log"])).len() > before + 3));
+    assert_contiguous(&count_in(&d.cli_ok(&["exec", &id, "--", "cat", "/root/log"])));
+    assert!(in_bucket(&id).is_empty(), "a restored archive is removed from the bucket");
+
+    // Stopped -> archived; an object changed in the bucket is refused by its digest, and kept.
+    d.cli_ok(&["stop", &id]);
+    d.cli_ok(&["archive", &id]);
+    let upper = in_bucket(&id).into_iter().find(|p| p.ends_with("upper.tar")).unwrap();
+    let original = std::fs::read(&upper).unwrap();
+    let mut bad = original.clone();
+    bad[original.len() / 2] ^= 0x55;
+    std::fs::write(&upper, &bad).unwrap();
+    let (status, body) = err_of(rt().block_on(d.client().start_sandbox(&id)));
+    assert_eq!((status, body.code), (500, ErrorCode::StandbyImageInvalid), "{}", body.message);
+    assert!(body.message.contains("does not match its manifest"), "{}", body.message);
+    assert_eq!(state(&d, &id).state_reason, "archive_invalid");
+    assert!(upper.exists(), "the object is kept");
+    std::fs::write(&upper, &original).unwrap();
+    d.cli_ok(&["start", &id]);
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "sha256sum -c /root/blob.sum"]), "/root/blob: OK\n");
+
+    // The server gone: an archive fails saying so, and the sandbox keeps its files.
+    d.cli_ok(&["stop", &id]);
+    drop(s3);
+    let out = d.cli(&["archive", &id]);
+    assert!(!out.status.success(), "an archive to a server that is gone succeeded");
+    assert_eq!(state(&d, &id).state, SandboxState::Stopped, "{}", common::stderr(&out));
+    d.cli_ok(&["start", &id]);
+    assert_eq!(d.cli_ok(&["exec", &id, "--", "sh", "-c", "sha256sum -c /root/blob.sum"]), "/root/blob: OK\n");
 }

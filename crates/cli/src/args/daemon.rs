@@ -15,8 +15,8 @@ pub struct DaemonArgs {
     /// Also listen on TCP (bearer token required; it is written to <state-dir>/api-token).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Object store for archives: file:///path or s3://bucket/prefix (S3 needs a build
-    /// with the strata-engine/s3 feature). Default: <state-dir>/archive.
+    /// Object store for archives: file:///path or s3://bucket/prefix (credentials,
+    /// region and endpoint from the AWS_* variables). Default: <state-dir>/archive.
     #[arg(long, env = "STRATA_ARCHIVE_URL")]
     pub archive_url: Option<String>,
     /// The static strata-init binary run inside sandboxes (default: next to strata,
