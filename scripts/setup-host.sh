@@ -64,6 +64,7 @@ RUNTIME_DEBS=(
     gcc libc6-dev make                 # cc for Rust crates with C parts (rusqlite bundled, ring)
     docker-registry skopeo             # registry pull tests: a registry on loopback, fed by skopeo
     podman                             # image import tests: archives from `podman save` (private storage, no containers)
+    chromium chromium-driver           # the web console's tests in a real browser (headless, driven by Selenium)
     # CRIU's runtime libraries (also pulled in by the -dev packages below)
     libprotobuf-c1 libnl-3-200 libnet1 libcap2 libuuid1 libbsd0 libgnutls30 libnftables1
 )
@@ -474,6 +475,9 @@ pinned_venv mcp 2.3.0 "${STRATA_MCP_VENV:-$CACHE/venv-mcp}" "mcp, httpx2"
 # The `e2b` SDK for the E2B compatibility suite, crates/cli/tests/e2b.rs and docs/e2b-compat.md
 # (STRATA_E2B_VENV overrides; the tests read it too).
 pinned_venv e2b 2.63.0 "${STRATA_E2B_VENV:-$CACHE/venv-e2b}" e2b
+# Selenium for the web console's browser test, crates/cli/tests/console.rs (STRATA_SELENIUM_VENV
+# overrides; the test reads it too). 4.40.0: newer ones need a certifi the PyPI mirror lacks.
+pinned_venv selenium 4.40.0 "${STRATA_SELENIUM_VENV:-$CACHE/venv-selenium}" selenium
 
 # --- pinned JavaScript SDKs for the E2B compatibility suite -------------------------
 # The official `e2b` npm package, an old (2.45, the last to check the key's form) and a

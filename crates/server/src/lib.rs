@@ -3,8 +3,8 @@
 //! [`router_with_mcp`]), the E2B-compatible API ([`e2b`]), MCP over HTTP
 //! (`/mcp`, its tools calling the engine in-process: [`mcp`]; `strata mcp`,
 //! a separate process, calls this API over HTTP instead), the preview proxy
-//! ([`native::preview`]) and the listeners ([`run`]: a Unix socket for the
-//! operator, TCP with bearer tokens).
+//! ([`native::preview`]), the web console ([`ui`], at `/ui` on TCP) and the
+//! listeners ([`run`]: a Unix socket for the operator, TCP with bearer tokens).
 //!
 //! What lives here: routing, extraction of requests, HTTP error bodies
 //! ([`error::ApiError`]), streaming bodies, authentication of listeners, the
@@ -17,6 +17,7 @@ pub mod mcp;
 pub mod native;
 pub mod ndjson;
 pub mod openapi;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -70,9 +71,22 @@ pub fn app_with_mcp(
     mcp: Option<strata_mcp::StrataMcp>,
     previews: Arc<preview::PreviewPool>,
 ) -> Router {
-    router_with_mcp(st.clone(), mcp)
-        .layer(middleware::from_fn_with_state((st.clone(), listener), tenancy::authenticate))
-        .layer(middleware::from_fn_with_state((st, previews), preview::intercept))
+    let legacy = match &listener {
+        tenancy::Listener::Tcp { legacy } => Some(legacy.clone()),
+        tenancy::Listener::Unix => None,
+    };
+    let app = router_with_mcp(st.clone(), mcp)
+        .layer(middleware::from_fn_with_state((st.clone(), listener), tenancy::authenticate));
+    // The web console (TCP only: a browser's way in) before authentication; its
+    // API calls go to this router (routed anew) with the session's token.
+    let app = match legacy {
+        Some(legacy) => {
+            let console = ui::Console::new(st.clone(), legacy, app.clone());
+            app.layer(middleware::from_fn_with_state(console, ui::intercept))
+        }
+        None => app,
+    };
+    app.layer(middleware::from_fn_with_state((st, previews), preview::intercept))
 }
 
 /// The router with every native route. It expects a [`strata_engine::tenancy::Caller`] in

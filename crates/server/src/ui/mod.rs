@@ -1,0 +1,342 @@
+//! The web console at `/ui` on the TCP listener: one more front end on the
+//! engine, reached through the native API itself.
+//!
+//! * **Login** (`/ui/login`): an operator or tenant API token, checked as a
+//!   bearer token is ([`strata_engine::tenancy::bearer_caller`]), opens a
+//!   session: a random id in an `HttpOnly`, `SameSite=Strict` cookie scoped to
+//!   `/ui`; the token stays on the server. A session ends at logout, after
+//!   [`SESSION_TTL`], or as soon as its token no longer authenticates
+//!   (revoked): the page then goes back to the login.
+//! * **Pages** (`/ui/fleet`) are static HTML and script embedded in the binary
+//!   (no CDN, nothing fetched at run time; plain JavaScript, no framework).
+//! * **Data and actions** (`/ui/api/...`) are the native API (`/v1/...`)
+//!   called with the session's token: the same validation, tenant scoping,
+//!   audit, errors (a 409 carries the current state) and Rule of Two as for
+//!   any client. A mutating call needs the session's CSRF token in the
+//!   `X-Strata-CSRF` header (403 `forbidden` without it, nothing done), which
+//!   only the console's own pages can read.
+//!
+//! Not on the Unix socket: a browser reaches TCP.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use strata_api::ErrorCode;
+use strata_engine::state::Shared;
+
+use crate::error::ApiError;
+
+/// How long a console session lasts after its login.
+pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
+/// The session cookie's name.
+const COOKIE: &str = "strata_ui";
+/// The header a mutating call carries the session's CSRF token in.
+pub const CSRF_HEADER: &str = "x-strata-csrf";
+/// The largest login form taken.
+const MAX_FORM: usize = 8 << 10;
+
+const LOGIN_HTML: &str = include_str!("assets/login.html");
+const FLEET_HTML: &str = include_str!("assets/fleet.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+
+/// One logged-in browser.
+#[derive(Clone)]
+struct Session {
+    /// The API token it acts with (never sent to the browser).
+    token: String,
+    /// What mutating calls must carry.
+    csrf: String,
+    /// Who it is, as shown on the pages.
+    who: String,
+    expires: Instant,
+}
+
+/// Open sessions by id (in memory: a daemon restart logs everyone out).
+struct Sessions {
+    by_id: Mutex<HashMap<String, Session>>,
+    ttl: Duration,
+}
+
+impl Sessions {
+    fn new(ttl: Duration) -> Sessions {
+        Sessions { by_id: Mutex::default(), ttl }
+    }
+
+    /// Session `id`, if it has not expired (expired ones are forgotten).
+    fn get(&self, id: &str) -> Option<Session> {
+        let mut by_id = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        by_id.retain(|_, s| s.expires > now);
+        by_id.get(id).cloned()
+    }
+
+    /// A new session acting with `token`: its id.
+    fn open(&self, token: String, who: String) -> String {
+        let session = Session { token, csrf: random_hex(), who, expires: Instant::now() + self.ttl };
+        let id = random_hex();
+        self.by_id.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), session);
+        id
+    }
+
+    fn close(&self, id: &str) {
+        self.by_id.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+}
+
+/// The console's state.
+pub struct Console {
+    st: Shared,
+    operator_token: Arc<String>,
+    sessions: Sessions,
+    /// The listener's API (authenticated by bearer token), which the
+    /// console's calls are routed through.
+    api: axum::Router,
+}
+
+impl Console {
+    /// The console of a daemon whose operator token is `operator_token`, calling `api`.
+    pub fn new(st: Shared, operator_token: Arc<String>, api: axum::Router) -> Arc<Console> {
+        Arc::new(Console { st, operator_token, sessions: Sessions::new(SESSION_TTL), api })
+    }
+
+    /// The session a request's cookie names, if it is still valid.
+    fn session(&self, req: &Request) -> Option<(String, Session)> {
+        let id = cookie(req, COOKIE)?;
+        self.sessions.get(&id).map(|s| (id, s))
+    }
+
+    fn open(&self, token: String, who: String) -> String {
+        self.sessions.open(token, who)
+    }
+
+    fn close(&self, id: &str) {
+        self.sessions.close(id)
+    }
+
+    /// Who `token` authenticates as (`None`: nobody, e.g. revoked).
+    fn who(&self, token: &str) -> Option<String> {
+        strata_engine::tenancy::bearer_caller(&self.st, &self.operator_token, token).ok().map(|c| c.actor())
+    }
+}
+
+fn random_hex() -> String {
+    let b: [u8; 24] = rand::random();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The value of cookie `name` in a request.
+fn cookie(req: &Request, name: &str) -> Option<String> {
+    req.headers().get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).find_map(|v| {
+        v.split(';').find_map(|kv| {
+            let (k, val) = kv.trim().split_once('=')?;
+            (k == name).then(|| val.to_string())
+        })
+    })
+}
+
+fn html(status: StatusCode, body: String) -> Response {
+    let mut r = (status, body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Nothing but the console's own script and style; no framing by another site.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
+    );
+    r
+}
+
+fn redirect(to: &str) -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    if let Ok(v) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = body.into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// Escapes text for HTML.
+fn escape(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '&' => "&amp;".to_string(),
+            '<' => "&lt;".to_string(),
+            '>' => "&gt;".to_string(),
+            '"' => "&quot;".to_string(),
+            '\'' => "&#39;".to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+fn login_page(status: StatusCode, message: &str) -> Response {
+    html(status, LOGIN_HTML.replace("{{message}}", &escape(message)))
+}
+
+/// Middleware: serves `/ui` (before the API's authentication, which the
+/// console's own calls then go through with the session's token).
+pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    if path != "/ui" && !path.starts_with("/ui/") {
+        return next.run(req).await;
+    }
+    let method = req.method().clone();
+    match (method, path.as_str()) {
+        (Method::GET, "/ui" | "/ui/") => redirect("/ui/fleet"),
+        (Method::GET, "/ui/assets/app.js") => asset("text/javascript; charset=utf-8", APP_JS),
+        (Method::GET, "/ui/assets/app.css") => asset("text/css; charset=utf-8", APP_CSS),
+        (Method::GET, "/ui/login") => {
+            let expired = req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "expired=1"));
+            login_page(StatusCode::OK, if expired { "Your session ended: log in again." } else { "" })
+        }
+        (Method::POST, "/ui/login") => login(&console, req).await,
+        (Method::POST, "/ui/logout") => {
+            if let Some((id, s)) = console.session(&req) {
+                // A logout is a change too: only the console's own page can ask for it.
+                if csrf_ok(&req, &s) {
+                    console.close(&id);
+                }
+            }
+            let mut r = redirect("/ui/login");
+            r.headers_mut().insert(
+                header::SET_COOKIE,
+                HeaderValue::from_static("strata_ui=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict"),
+            );
+            r
+        }
+        (Method::GET, "/ui/fleet") => match console.session(&req) {
+            Some((_, s)) if console.who(&s.token).is_some() => html(
+                StatusCode::OK,
+                FLEET_HTML.replace("{{csrf}}", &escape(&s.csrf)).replace("{{who}}", &escape(&s.who)),
+            ),
+            _ => redirect("/ui/login?expired=1"),
+        },
+        (_, p) if p.starts_with("/ui/api/") => api(&console, req).await,
+        _ => html(StatusCode::NOT_FOUND, "<!doctype html><title>Not found</title><p>No such console page.".into()),
+    }
+}
+
+fn csrf_ok(req: &Request, s: &Session) -> bool {
+    let given = req.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    strata_engine::tenancy::constant_time_eq(given.as_bytes(), s.csrf.as_bytes())
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(console: &Console, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_FORM).await else {
+        return login_page(StatusCode::BAD_REQUEST, "The form is too large.");
+    };
+    let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+    let Ok(axum::Form(form)) = <axum::Form<LoginForm> as axum::extract::FromRequest<()>>::from_request(req, &()).await
+    else {
+        return login_page(StatusCode::BAD_REQUEST, "Enter an API token.");
+    };
+    let token = form.token.trim().to_string();
+    let Some(who) = console.who(&token) else {
+        return login_page(StatusCode::UNAUTHORIZED, "That token is not valid (unknown, revoked or expired).");
+    };
+    let id = console.open(token, who);
+    let mut r = redirect("/ui/fleet");
+    let cookie =
+        format!("{COOKIE}={id}; Path=/ui; Max-Age={}; HttpOnly; SameSite=Strict", console.sessions.ttl.as_secs());
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+/// `/ui/api/REST` -> the native API's `/v1/REST`, as the session's token.
+async fn api(console: &Console, mut req: Request) -> Response {
+    let Some((id, s)) = console.session(&req) else {
+        return ApiError::new(ErrorCode::Unauthorized, "no console session (log in at /ui/login)").into_response();
+    };
+    if console.who(&s.token).is_none() {
+        console.close(&id);
+        return ApiError::new(ErrorCode::Unauthorized, "the session's token no longer authenticates (revoked?)")
+            .into_response();
+    }
+    let reads = matches!(*req.method(), Method::GET | Method::HEAD);
+    if !reads && !csrf_ok(&req, &s) {
+        return ApiError::new(
+            ErrorCode::Forbidden,
+            "a change from the console needs its CSRF token (X-Strata-CSRF); nothing was done",
+        )
+        .into_response();
+    }
+    let rest = req.uri().path().trim_start_matches("/ui/api/").to_string();
+    let target = match req.uri().query() {
+        Some(q) => format!("/v1/{rest}?{q}"),
+        None => format!("/v1/{rest}"),
+    };
+    let Ok(uri) = target.parse::<Uri>() else {
+        return ApiError::bad_request(format!("invalid path {target:?}")).into_response();
+    };
+    *req.uri_mut() = uri;
+    let h = req.headers_mut();
+    h.remove(header::COOKIE);
+    h.remove(CSRF_HEADER);
+    match HeaderValue::from_str(&format!("Bearer {}", s.token)) {
+        Ok(v) => h.insert(header::AUTHORIZATION, v),
+        Err(_) => return ApiError::new(ErrorCode::Unauthorized, "the session's token is malformed").into_response(),
+    };
+    // Routed anew (a middleware's `next` is the route already chosen for `/ui/...`).
+    match tower::ServiceExt::oneshot(console.api.clone(), req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_for_html() {
+        assert_eq!(
+            escape("<script>\"x\" & 'y'</script>"),
+            "&lt;script&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/script&gt;"
+        );
+    }
+
+    #[test]
+    fn sessions_expire_and_close() {
+        let live = Sessions::new(Duration::from_secs(3600));
+        let id = live.open("tok".into(), "operator".into());
+        let s = live.get(&id).expect("open");
+        assert_eq!((s.token.as_str(), s.csrf.len()), ("tok", 48));
+        assert!(live.get("another").is_none());
+        live.close(&id);
+        assert!(live.get(&id).is_none(), "closed at logout");
+        let short = Sessions::new(Duration::ZERO);
+        let id = short.open("tok".into(), "operator".into());
+        assert!(short.get(&id).is_none(), "expired");
+    }
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let req = Request::builder()
+            .header(header::COOKIE, "a=1; strata_ui=abc123; b=2")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(cookie(&req, COOKIE).as_deref(), Some("abc123"));
+        let none = Request::builder().header(header::COOKIE, "strata_uix=1").body(axum::body::Body::empty()).unwrap();
+        assert_eq!(cookie(&none, COOKIE), None);
+    }
+}
