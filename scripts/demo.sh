@@ -46,9 +46,15 @@ STRATA=$PWD/target/release/strata
 
 WORK=$(mktemp -d /var/tmp/strata-demo.XXXXXX)
 export STRATA_SOCKET=$WORK/strata.sock
-"$STRATA" daemon --state-dir "$WORK/state" >"$WORK/daemon.log" 2>&1 &
+# A TCP listener on loopback too: the web console (/ui) and the API with bearer tokens.
+LISTEN=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$STRATA" daemon --state-dir "$WORK/state" --listen "$LISTEN" >"$WORK/daemon.log" 2>&1 &
 DAEMON=$!
 cleanup() {
+    if [ "${STRATA_DEMO_KEEP:-0}" = 1 ]; then
+        note "the daemon stays up (STRATA_DEMO_KEEP=1): console http://$LISTEN/ui, token in $WORK/state/api-token; stop it with: kill $DAEMON"
+        return
+    fi
     for id in $("$STRATA" ps --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' 2>/dev/null); do
         "$STRATA" rm -f "$id" >/dev/null 2>&1 || true
     done
@@ -263,6 +269,8 @@ row patch "rebase + promote" "$REBASE_MS" "proj-env moved onto the patched base,
 
 echo
 "$STRATA" events "$DEV"
+echo
+note "the web console: http://$LISTEN/ui (log in with the token in $WORK/state/api-token; STRATA_DEMO_KEEP=1 leaves the daemon up)"
 echo
 printf '%-10s | %-24s | %11s | %10s | %s\n' stage lifecycle time "cost (USD)" "state kept"
 printf '%s\n' "-----------+--------------------------+-------------+------------+-------------------------------------------"
