@@ -598,6 +598,30 @@ fn keep_alive_upstream_connections_are_reused() {
     }
 }
 
+/// A keep-alive server on port 9100 in sandbox `id` (its ports relayed by
+/// its pid 1) answers two requests through the preview on one pooled
+/// upstream connection.
+fn relayed_keep_alive_is_reused(d: &TestDaemon, addr: &str, id: &str, t: &str) {
+    let out =
+        d.cli_stdin(&["exec", "-i", id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    d.cli_ok(&["exec", id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
+    let mut first = None;
+    assert!(
+        common::wait_until(30, || {
+            let r = get(addr, &format!("/preview/{id}/9100/"), &[tok_header(t)]);
+            let ok = r.status == 200;
+            first = Some(r);
+            ok
+        }),
+        "{first:?}"
+    );
+    let first = first.unwrap().body;
+    let (conn, _) = first.split_once('-').unwrap();
+    let r = get(addr, &format!("/preview/{id}/9100/"), &[tok_header(t)]);
+    assert!(r.body.starts_with(&format!("{conn}-")) && r.body != first, "the relayed connection is reused: {r:?}");
+}
+
 #[test]
 fn previews_reach_servers_inside_a_microvm_guest_through_its_pid_1() {
     require_microvm!();
@@ -622,24 +646,7 @@ fn previews_reach_servers_inside_a_microvm_guest_through_its_pid_1() {
     assert!(r.json()["message"].as_str().unwrap().contains("8001"), "{r:?}");
 
     // Keep-alive: the relayed upstream connection is pooled and reused.
-    let out =
-        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
-    let mut first = None;
-    assert!(
-        common::wait_until(30, || {
-            let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
-            let ok = r.status == 200;
-            first = Some(r);
-            ok
-        }),
-        "{first:?}"
-    );
-    let first = first.unwrap().body;
-    let (conn, _) = first.split_once('-').unwrap();
-    let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
-    assert!(r.body.starts_with(&format!("{conn}-")) && r.body != first, "the relayed connection is reused: {r:?}");
+    relayed_keep_alive_is_reused(&d, &addr, &id, &t);
 
     // An upgraded connection: bytes both ways, as long as it stays open.
     let out =
@@ -688,24 +695,7 @@ fn previews_reach_servers_inside_a_gvisor_sandbox_through_its_pid_1() {
     // A pooled keep-alive connection is open when the sandbox goes to standby:
     // pid 1 ends it first (a checkpoint refuses open host sockets), and a
     // request resumes the sandbox and is served by the same server.
-    let out =
-        d.cli_stdin(&["exec", "-i", &id, "--", "sh", "-c", "cat > /ka.sh && chmod +x /ka.sh"], KEEPALIVE.as_bytes());
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "nc -ll -p 9100 -e /ka.sh >/dev/null 2>&1 &"]);
-    let mut first = None;
-    assert!(
-        common::wait_until(30, || {
-            let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
-            let ok = r.status == 200;
-            first = Some(r);
-            ok
-        }),
-        "{first:?}"
-    );
-    let first = first.unwrap().body;
-    let (conn, _) = first.split_once('-').unwrap();
-    let r = get(&addr, &format!("/preview/{id}/9100/"), &[tok_header(&t)]);
-    assert!(r.body.starts_with(&format!("{conn}-")) && r.body != first, "the relayed connection is reused: {r:?}");
+    relayed_keep_alive_is_reused(&d, &addr, &id, &t);
     d.cli_ok(&["exec", &id, "--", "sh", "-c", "echo saved > /www8000/state.txt"]);
     d.cli_ok(&["standby", &id]);
     // (busybox `nc -ll`, whose connection the standby ended, does not come back

@@ -200,6 +200,21 @@ impl Pid1Channel {
         }
     }
 
+    /// [`Pid1Channel::open_stream`] as [`crate::Runtime::pid1_stream`] answers:
+    /// pid 1's refusal is [`RuntimeError::Refused`]; `what` names the sandbox
+    /// in a channel failure.
+    pub fn runtime_stream(
+        &self,
+        what: &str,
+        req: &Request,
+        patience: Duration,
+    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
+        self.open_stream(req, patience).map_err(|e| match e {
+            StreamRefused::Refused(why) => RuntimeError::Refused(why),
+            StreamRefused::Channel(why) => RuntimeError::Setup(format!("the channel to {what}'s init: {why}")),
+        })
+    }
+
     /// Has pid 1 let go of every other connection (each gets [`Frame::LetGo`]
     /// after what it had queued; the processes' further output waits in
     /// their pipes) and returns how many relayed a process.

@@ -772,13 +772,7 @@ impl Runtime for GvisorRuntime {
         req: &strata_init::spawner::Request,
         patience: Duration,
     ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
-        use crate::exec_channel::StreamRefused;
-        self.channel(sandbox_id).open_stream(req, patience).map_err(|e| match e {
-            StreamRefused::Refused(why) => RuntimeError::Refused(why),
-            StreamRefused::Channel(why) => {
-                RuntimeError::Setup(format!("the channel to gVisor sandbox {sandbox_id}'s init: {why}"))
-            }
-        })
+        self.channel(sandbox_id).runtime_stream(&format!("gVisor sandbox {sandbox_id}"), req, patience)
     }
 
     fn open_root(&self, sandbox_id: &str, _: &SandboxHandle) -> std::io::Result<OwnedFd> {

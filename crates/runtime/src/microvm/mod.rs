@@ -1352,13 +1352,7 @@ impl Runtime for MicrovmRuntime {
         req: &strata_init::spawner::Request,
         patience: Duration,
     ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
-        use crate::exec_channel::StreamRefused;
-        self.channel(sandbox_id).open_stream(req, patience).map_err(|e| match e {
-            StreamRefused::Refused(why) => RuntimeError::Refused(why),
-            StreamRefused::Channel(why) => {
-                RuntimeError::Setup(format!("the channel to microVM {sandbox_id}'s init: {why}"))
-            }
-        })
+        self.channel(sandbox_id).runtime_stream(&format!("microVM {sandbox_id}"), req, patience)
     }
 
     fn layer_in_guest(&self) -> bool {
