@@ -122,8 +122,9 @@ fn cost_accrues_compute_while_running_and_storage_while_stopped() {
     require_host!();
     let d = daemon();
     let id = d.create(&["--name", "burner"]);
-    // About a second of CPU, and a megabyte in the writable layer.
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "dd if=/dev/zero of=/root/blob bs=1024 count=1024 2>/dev/null; end=$(($(date +%s)+2)); while [ $(date +%s) -lt $end ]; do :; done"]);
+    // About a second of CPU (a fixed amount of work, whatever else the machine
+    // does), and a megabyte in the writable layer.
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "dd if=/dev/zero of=/root/blob bs=1024 count=1024 2>/dev/null; i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done"]);
     let r = cost(&d, &id);
     assert!(r.usage.compute.cpu_seconds > 0.3, "cpu-seconds {:?}", r.usage.compute);
     assert!(r.usage.compute.memory_gb_seconds > 0.0, "{:?}", r.usage.compute);
@@ -171,7 +172,9 @@ fn sandboxes_from_a_checkpoint_inherit_its_setup() {
     require_host!();
     let d = daemon();
     let id = d.create(&[]);
-    d.cli_ok(&["exec", &id, "--", "sh", "-c", "end=$(($(date +%s)+2)); while [ $(date +%s) -lt $end ]; do :; done"]);
+    // A fixed amount of work (about a second of CPU), not a span of wall time: on a
+    // loaded machine two seconds of wall time gave the loop less than 0.3 s of CPU.
+    d.cli_ok(&["exec", &id, "--", "sh", "-c", "i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done"]);
     let ckpt = rt()
         .block_on(d.client().checkpoint(&id, &CheckpointRequest { name: Some("warm".into()), ..Default::default() }))
         .unwrap();
