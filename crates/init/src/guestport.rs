@@ -85,6 +85,18 @@ impl Cuts {
     }
 }
 
+impl CutGuard {
+    /// Adds a socket to this stream's entry (one made after it was registered).
+    pub fn also(&self, sock: BorrowedFd<'_>) {
+        if let Ok(dup) = sock.try_clone_to_owned() {
+            let mut inner = self.cuts.0.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(fds) = inner.live.get_mut(&self.id) {
+                fds.push(dup);
+            }
+        }
+    }
+}
+
 impl Drop for CutGuard {
     fn drop(&mut self) {
         self.cuts.0.lock().unwrap_or_else(|p| p.into_inner()).live.remove(&self.id);
@@ -96,7 +108,16 @@ impl Drop for CutGuard {
 /// [`Frame::Signaled`] 1 (or [`Frame::Failed`] with the reason), then relays
 /// bytes both ways until both directions ended; `early` is what the host sent
 /// after its request, before the answer (it goes to the port first).
-pub fn relay(mut host: UnixStream, early: Vec<u8>, port: u16, cuts: &Cuts) {
+pub fn relay(host: UnixStream, early: Vec<u8>, port: u16, cuts: &Cuts) {
+    // Registered before anything can block: a cut (a save coming) ends it at any step.
+    let held = cuts.register(&[host.as_fd()]);
+    connect_and_pump(host, early, port, &held);
+    // The streams are closed (by the call above) before the registry lets go of them.
+    drop(held);
+}
+
+/// [`relay`]'s work; consumes (and so closes) its streams before it returns.
+fn connect_and_pump(mut host: UnixStream, early: Vec<u8>, port: u16, held: &CutGuard) {
     if host.set_nonblocking(false).is_err() {
         return;
     }
@@ -110,7 +131,13 @@ pub fn relay(mut host: UnixStream, early: Vec<u8>, port: u16, cuts: &Cuts) {
         }
     };
     let _ = tcp.set_nodelay(true);
-    let _held = cuts.register(&[host.as_fd(), tcp.as_fd()]);
+    held.also(tcp.as_fd());
+    pump_both(host, tcp, early);
+}
+
+/// Answers that the port is connected, then copies both ways until both
+/// directions ended; consumes (and so closes) both streams.
+fn pump_both(mut host: UnixStream, tcp: TcpStream, early: Vec<u8>) {
     if channel::write_frame(&mut host, Frame::Signaled, &1u32.to_le_bytes()).is_err() {
         return;
     }
@@ -125,9 +152,6 @@ pub fn relay(mut host: UnixStream, early: Vec<u8>, port: u16, cuts: &Cuts) {
     let _ = pump(&mut from_port, &mut to_host);
     let _ = to_host.shutdown(Shutdown::Write);
     let _ = inbound.join();
-    // Closed before the registry lets go of them (see `Cuts::cut_all_and_wait`).
-    drop((from_port, to_host));
-    drop(_held);
 }
 
 /// Copies `from` to `to` until `from` ends (or either fails).

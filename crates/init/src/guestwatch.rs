@@ -273,7 +273,16 @@ fn send_events(stream: &mut UnixStream, events: &mut Vec<WatchEvent>) -> std::io
 /// Serves [`crate::spawner::Request::Watch`] of `path` on `stream` (blocking,
 /// in a thread of its own) until the host closes it or the watch cannot go
 /// on; `reader` holds what the host sent after its request.
-pub fn serve(mut stream: UnixStream, reader: FrameReader, path: &str, recursive: bool, cuts: &crate::guestport::Cuts) {
+pub fn serve(stream: UnixStream, reader: FrameReader, path: &str, recursive: bool, cuts: &crate::guestport::Cuts) {
+    // Registered before the tree is marked (which may take a while): a cut ends it at any step.
+    let held = cuts.register(&[stream.as_fd()]);
+    start_and_run(stream, reader, path, recursive);
+    // The stream and the marks are closed (by the call above) before the registry lets go of them.
+    drop(held);
+}
+
+/// [`serve`]'s work; consumes (and so closes) the stream before it returns.
+fn start_and_run(mut stream: UnixStream, reader: FrameReader, path: &str, recursive: bool) {
     if stream.set_nonblocking(false).is_err() {
         return;
     }
@@ -281,14 +290,9 @@ pub fn serve(mut stream: UnixStream, reader: FrameReader, path: &str, recursive:
         Ok(w) => w,
         Err(f) => return fail(&mut stream, &f),
     };
-    let held = cuts.register(&[stream.as_fd()]);
     if channel::write_frame(&mut stream, Frame::Started, w.abs.to_string_lossy().as_bytes()).is_ok() {
         run(stream, reader, w);
-    } else {
-        drop(stream);
     }
-    // The stream and the marks are closed before the registry lets go of them.
-    drop(held);
 }
 
 /// Ends a watch with `f` (as JSON).

@@ -14,6 +14,7 @@ import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
@@ -44,12 +45,30 @@ opts.binary_location = "/usr/bin/chromium"
 for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,800"):
     opts.add_argument(a)
 drv = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-wait = WebDriverWait(drv, 30)
+# The fleet table is redrawn when what it shows changes: an element found just
+# before a redraw is stale, and is looked up again.
+wait = WebDriverWait(drv, 30, ignored_exceptions=[StaleElementReferenceException])
 
 
 def state_of(sid):
-    cells = drv.find_elements(By.CSS_SELECTOR, f'tr[data-id="{sid}"] .state')
-    return cells[0].text if cells else None
+    for _ in range(10):
+        try:
+            cells = drv.find_elements(By.CSS_SELECTOR, f'tr[data-id="{sid}"] .state')
+            return cells[0].text if cells else None
+        except StaleElementReferenceException:
+            continue
+    return None
+
+
+def click_action(sid, action):
+    def clicked(d):
+        try:
+            d.find_element(By.CSS_SELECTOR, f'tr[data-id="{sid}"] button[data-action="{action}"]').click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    wait.until(clicked, f"the {action} button of {sid}")
 
 
 def wait_state(sid, state):
@@ -98,7 +117,7 @@ try:
     wait_state(SANDBOX, "stopped")
 
     step("an action from the console: start")
-    drv.find_element(By.CSS_SELECTOR, f'tr[data-id="{SANDBOX}"] button[data-action="start"]').click()
+    click_action(SANDBOX, "start")
     wait_state(SANDBOX, "running")
     assert api("GET", f"/v1/sandboxes/{SANDBOX}")["state"] == "running"
 

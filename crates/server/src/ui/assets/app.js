@@ -91,9 +91,20 @@ function matches(sb) {
   return true;
 }
 
+// What the table shows now: it is drawn again only when that changes (a
+// click on a row's button is never lost to a redraw that changed nothing).
+let drawn = null;
+
 function render(list) {
   const body = document.querySelector("#fleet tbody");
   const shown = list.filter(matches);
+  const key = JSON.stringify([shown.map((sb) => [sb.id, sb.name, sb.tenant, sb.state, sb.runtime, sb.source, sb.lifecycle, sb.labels]), list.length]);
+  if (key === drawn) {
+    // Only the ages move: their cells are updated in place.
+    for (const td of body.querySelectorAll("td.age")) td.textContent = age(td.dataset.created);
+    return;
+  }
+  drawn = key;
   body.replaceChildren();
   for (const sb of shown) {
     const row = body.insertRow();
@@ -112,7 +123,7 @@ function render(list) {
     st.append(badge);
     cell(row, sb.runtime || "namespace");
     cell(row, sb.source);
-    cell(row, age(sb.created_at));
+    cell(row, age(sb.created_at), "age").dataset.created = sb.created_at;
     cell(row, sb.lifecycle || "");
     cell(row, Object.entries(sb.labels || {}).map(([k, v]) => `${k}=${v}`).join(" "));
     const actions = cell(row, "", "actions");
