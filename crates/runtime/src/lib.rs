@@ -452,22 +452,32 @@ pub trait Runtime: Send + Sync {
         false
     }
 
+    /// The channel to the sandbox's pid 1, on the tiers whose processes pid
+    /// 1 starts (gVisor, microvm); `None` where the host reaches them itself.
+    fn pid1_channel(&self, sandbox_id: &str) -> Option<exec_channel::Pid1Channel> {
+        let _ = sandbox_id;
+        None
+    }
+
     /// Opens a stream to the sandbox's pid 1 for `req`, a request whose
     /// stream goes on after pid 1's first answer (a port's relay, a directory
     /// watch in a microVM's guest), waiting up to `patience` for that answer:
     /// the stream (blocking) and the answer's payload. Pid 1's refusal is
-    /// [`RuntimeError::Refused`].
+    /// [`RuntimeError::Refused`]; a tier without [`Runtime::pid1_channel`]
+    /// answers [`RuntimeError::Unsupported`].
     fn pid1_stream(
         &self,
         sandbox_id: &str,
         req: &strata_init::spawner::Request,
         patience: Duration,
     ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
-        let _ = (req, patience);
-        Err(RuntimeError::Unsupported(format!(
-            "sandbox {sandbox_id}'s ports and files are reached from the host ({} tier)",
-            self.name()
-        )))
+        match self.pid1_channel(sandbox_id) {
+            Some(channel) => channel.runtime_stream(&format!("{} sandbox {sandbox_id}", self.name()), req, patience),
+            None => Err(RuntimeError::Unsupported(format!(
+                "sandbox {sandbox_id}'s ports and files are reached from the host ({} tier)",
+                self.name()
+            ))),
+        }
     }
 
     /// Opens the sandbox's root directory as the host sees it, with every

@@ -154,79 +154,10 @@ impl Previews {
     }
 }
 
-/// A connection to a port inside a sandbox: made in its network from the
-/// host, or relayed by its pid 1 (a microVM's guest).
-#[derive(Debug)]
-pub enum Upstream {
-    /// A TCP connection in the sandbox's network.
-    Tcp(tokio::net::TcpStream),
-    /// A stream to the sandbox's pid 1, which relays it to the port.
-    Relayed(tokio::net::UnixStream),
-}
-
-impl tokio::io::AsyncRead for Upstream {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
-            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for Upstream {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
-            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
-            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Upstream::Tcp(s) => s.is_write_vectored(),
-            Upstream::Relayed(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
-            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Upstream::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
-            Upstream::Relayed(s) => std::pin::Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
+/// A connection to a port inside a sandbox: a TCP connection made in its
+/// network from the host (`Left`), or a stream to its pid 1, which relays it
+/// to the port (`Right`: a microVM's or a gVisor sandbox's).
+pub type Upstream = tokio_util::either::Either<tokio::net::TcpStream, tokio::net::UnixStream>;
 
 impl Previews {
     /// Connects to 127.0.0.1:`port` inside the sandbox whose init is `init`:
@@ -242,7 +173,7 @@ impl Previews {
         port: u16,
     ) -> Result<Upstream, PreviewError> {
         if runtime.ports_through_pid1() {
-            return relayed(runtime, sandbox, port).await.map(Upstream::Relayed);
+            return relayed(runtime, sandbox, port).await.map(Upstream::Right);
         }
         let netns_err = |source| PreviewError::Netns { sandbox: sandbox.to_string(), source };
         let key = (sandbox.to_string(), init.init_pid, init.init_start_time);
@@ -280,7 +211,7 @@ impl Previews {
             .map_err(|_| conn_err(std::io::ErrorKind::TimedOut.into()))?
             .map_err(conn_err)?;
         let _ = stream.set_nodelay(true);
-        Ok(Upstream::Tcp(stream))
+        Ok(Upstream::Left(stream))
     }
 }
 

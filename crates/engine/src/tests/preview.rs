@@ -17,7 +17,7 @@ async fn previews_connect_through_the_runtime_and_keep_its_socket_maker() {
         let port = listener.local_addr().expect("addr").port();
         for _ in 0..3 {
             let stream = e.st.previews.connect(&e.st.runtime, &id, &handle, port).await.expect("connect");
-            let crate::state::preview::Upstream::Tcp(stream) = stream else { panic!("a TCP connection") };
+            let crate::state::preview::Upstream::Left(stream) = stream else { panic!("a TCP connection") };
             assert_eq!(stream.peer_addr().expect("peer").port(), port);
             listener.accept().await.expect("accepted");
         }

@@ -766,13 +766,8 @@ impl Runtime for GvisorRuntime {
         true
     }
 
-    fn pid1_stream(
-        &self,
-        sandbox_id: &str,
-        req: &strata_init::spawner::Request,
-        patience: Duration,
-    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
-        self.channel(sandbox_id).runtime_stream(&format!("gVisor sandbox {sandbox_id}"), req, patience)
+    fn pid1_channel(&self, sandbox_id: &str) -> Option<crate::exec_channel::Pid1Channel> {
+        Some(self.channel(sandbox_id))
     }
 
     fn open_root(&self, sandbox_id: &str, _: &SandboxHandle) -> std::io::Result<OwnedFd> {

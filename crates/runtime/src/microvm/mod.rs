@@ -1346,13 +1346,8 @@ impl Runtime for MicrovmRuntime {
         true
     }
 
-    fn pid1_stream(
-        &self,
-        sandbox_id: &str,
-        req: &strata_init::spawner::Request,
-        patience: Duration,
-    ) -> Result<(std::os::unix::net::UnixStream, Vec<u8>), RuntimeError> {
-        self.channel(sandbox_id).runtime_stream(&format!("microVM {sandbox_id}"), req, patience)
+    fn pid1_channel(&self, sandbox_id: &str) -> Option<crate::exec_channel::Pid1Channel> {
+        Some(self.channel(sandbox_id))
     }
 
     fn layer_in_guest(&self) -> bool {

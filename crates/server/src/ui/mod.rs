@@ -267,11 +267,6 @@ async fn api(console: &Console, mut req: Request) -> Response {
     let Some((id, s)) = console.session(&req) else {
         return ApiError::new(ErrorCode::Unauthorized, "no console session (log in at /ui/login)").into_response();
     };
-    if console.who(&s.token).is_none() {
-        console.close(&id);
-        return ApiError::new(ErrorCode::Unauthorized, "the session's token no longer authenticates (revoked?)")
-            .into_response();
-    }
     let reads = matches!(*req.method(), Method::GET | Method::HEAD);
     if !reads && !csrf_ok(&req, &s) {
         return ApiError::new(
@@ -296,11 +291,17 @@ async fn api(console: &Console, mut req: Request) -> Response {
         Ok(v) => h.insert(header::AUTHORIZATION, v),
         Err(_) => return ApiError::new(ErrorCode::Unauthorized, "the session's token is malformed").into_response(),
     };
-    // Routed anew (a middleware's `next` is the route already chosen for `/ui/...`).
-    match tower::ServiceExt::oneshot(console.api.clone(), req).await {
+    // Routed anew (a middleware's `next` is the route already chosen for
+    // `/ui/...`); the API's authentication checks the token, and a token that
+    // no longer authenticates (revoked) ends the session.
+    let r = match tower::ServiceExt::oneshot(console.api.clone(), req).await {
         Ok(r) => r,
         Err(never) => match never {},
+    };
+    if r.status() == StatusCode::UNAUTHORIZED {
+        console.close(&id);
     }
+    r
 }
 
 #[cfg(test)]
