@@ -65,6 +65,7 @@ RUNTIME_DEBS=(
     docker-registry skopeo             # registry pull tests: a registry on loopback, fed by skopeo
     podman                             # image import tests: archives from `podman save` (private storage, no containers)
     chromium chromium-driver           # the web console's tests in a real browser (headless, driven by Selenium)
+    postgresql-15                      # PostgreSQL metadata tests: each test process runs a private cluster (initdb) on loopback
     # CRIU's runtime libraries (also pulled in by the -dev packages below)
     libprotobuf-c1 libnl-3-200 libnet1 libcap2 libuuid1 libbsd0 libgnutls30 libnftables1
 )

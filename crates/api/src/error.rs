@@ -89,6 +89,9 @@ pub enum ErrorCode {
     InsufficientStorage,
     /// The host's memory cannot take the request (the over-commit limit or the reserve); the message says what is available (503).
     InsufficientMemory,
+    /// The metadata database (PostgreSQL) cannot be reached; the message says
+    /// why. Nothing of the request was written; retry later (503).
+    MetadataUnavailable,
 }
 
 impl ErrorCode {
@@ -126,7 +129,7 @@ impl ErrorCode {
             ErrorCode::Internal | ErrorCode::StandbyImageInvalid => 500,
             ErrorCode::QuotaExceeded => 429,
             ErrorCode::InsufficientStorage => 507,
-            ErrorCode::InsufficientMemory => 503,
+            ErrorCode::InsufficientMemory | ErrorCode::MetadataUnavailable => 503,
         }
     }
 
@@ -169,6 +172,7 @@ impl ErrorCode {
             ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InsufficientMemory => "insufficient_memory",
+            ErrorCode::MetadataUnavailable => "metadata_unavailable",
         }
     }
 }

@@ -4,8 +4,10 @@
 //! * [`units`]: durations (`30s`, `2h`), sizes (`512m`, `2G`) and CPU counts.
 //! * [`ids`]: sandbox ids and names.
 //! * [`rule_of_two`]: which Rule-of-Two capabilities a sandbox holds.
+//! * [`errors`]: an error and its causes on one line.
 
 pub mod advisor;
+pub mod errors;
 pub mod ids;
 pub mod lifecycle;
 pub mod rule_of_two;

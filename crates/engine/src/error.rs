@@ -82,7 +82,9 @@ impl ErrorKind {
                 ErrorKind::ResourceExhausted
             }
             ErrorCode::Unsupported => ErrorKind::Unsupported,
-            ErrorCode::UpstreamUnavailable | ErrorCode::RegistryError => ErrorKind::Unavailable,
+            ErrorCode::UpstreamUnavailable | ErrorCode::RegistryError | ErrorCode::MetadataUnavailable => {
+                ErrorKind::Unavailable
+            }
             ErrorCode::Timeout => ErrorKind::Timeout,
             ErrorCode::Internal | ErrorCode::StandbyImageInvalid => ErrorKind::Internal,
         }
@@ -150,26 +152,16 @@ impl EngineError {
     }
 }
 
-/// Formats an error and its sources as `a: b: c`.
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let msg = e.to_string();
-        if !s.ends_with(&msg) {
-            s.push_str(": ");
-            s.push_str(&msg);
-        }
-        cur = e.source();
-    }
-    s
-}
+pub use strata_core::errors::chain;
 
 impl From<strata_store::DbError> for EngineError {
     fn from(e: strata_store::DbError) -> Self {
         match &e {
             strata_store::DbError::NameTaken(_) => EngineError::new(ErrorCode::NameConflict, e.to_string()),
             strata_store::DbError::UsernsExhausted(_) => EngineError::new(ErrorCode::InUse, e.to_string()),
+            strata_store::DbError::Unavailable { .. } => {
+                EngineError::new(ErrorCode::MetadataUnavailable, e.to_string())
+            }
             _ => EngineError::internal("metadata", &e),
         }
     }
@@ -213,6 +205,7 @@ mod tests {
             ErrorCode::TooLarge,
             ErrorCode::QuotaExceeded,
             ErrorCode::InsufficientMemory,
+            ErrorCode::MetadataUnavailable,
             ErrorCode::Unsupported,
             ErrorCode::RegistryError,
             ErrorCode::Timeout,
@@ -229,7 +222,7 @@ mod tests {
                 ErrorKind::TooLarge => vec![413],
                 ErrorKind::ResourceExhausted => vec![429, 503, 507],
                 ErrorKind::Unsupported => vec![501],
-                ErrorKind::Unavailable => vec![502],
+                ErrorKind::Unavailable => vec![502, 503],
                 ErrorKind::Timeout => vec![504],
                 ErrorKind::Internal => vec![500],
             };

@@ -186,6 +186,9 @@ pub struct Config {
     pub helper_exe: PathBuf,
     /// The static `strata-init` binary (default: looked up, see [`initbin::candidates`]).
     pub init_binary: Option<PathBuf>,
+    /// The metadata database (`postgres://...`, or a SQLite file path; default
+    /// `<state>/metadata.db`). A PostgreSQL database is this daemon's alone.
+    pub database: Option<String>,
     /// Object store for archives (`file:///path`, `s3://bucket/prefix`; default `<state>/archive`).
     pub archive_url: Option<String>,
     /// Prices for cost accounting (JSON file; default: built-in list prices).
@@ -300,7 +303,11 @@ pub async fn open(cfg: &Config) -> Result<Opened, DaemonError> {
     // Orphaned sandbox inits are reparented to us, so we can reap them.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let db = strata_store::Db::open(&cfg.state_dir.join("metadata.db"))?;
+    let db = match &cfg.database {
+        Some(url) => strata_store::Db::open_url(url)?,
+        None => strata_store::Db::open(&cfg.state_dir.join("metadata.db"))?,
+    };
+    info!(database = %db.describe(), "metadata database");
     if tiers.userns_why_not().is_none() {
         // This daemon's share of the host's uid ranges, so no two daemons' sandboxes share host ids.
         let slots = userns_slots::claim(&cfg.state_dir, std::path::Path::new(userns_slots::REGISTRY))?;

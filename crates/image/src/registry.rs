@@ -641,20 +641,7 @@ impl Classifier<'_> {
     }
 }
 
-/// `a: b: c` of an error and its sources (skipping repeats).
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let msg = e.to_string();
-        if !s.contains(&msg) {
-            s.push_str(": ");
-            s.push_str(&msg);
-        }
-        cur = e.source();
-    }
-    s
-}
+use strata_core::errors::chain;
 
 /// The media type of a manifest or index: its `mediaType` field, else
 /// guessed from its shape (the field is optional in OCI documents).

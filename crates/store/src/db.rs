@@ -1,14 +1,24 @@
-//! SQLite metadata: images, sandboxes and lifecycle events.
+//! The metadata database: images, sandboxes, lifecycle events, checkpoints,
+//! templates, tokens, approvals, the audit log ...
 //!
-//! Every mutation is one transaction. The database runs in WAL mode with
-//! `synchronous=NORMAL`: a crash (even a power loss) leaves the last committed
-//! state or an earlier one, never a torn one. The schema is versioned with
-//! `PRAGMA user_version` and upgraded by [`MIGRATIONS`] on open.
+//! Two engines hold it, behind one set of statements ([`crate::sql`]):
+//!
+//! * SQLite, the embedded default (one file in the state directory). It runs
+//!   in WAL mode with `synchronous=NORMAL`: a crash (even a power loss) leaves
+//!   the last committed state or an earlier one, never a torn one. The schema
+//!   is versioned with `PRAGMA user_version` and upgraded by [`MIGRATIONS`].
+//! * PostgreSQL (`strata daemon --database postgres://...`), for daemons that
+//!   share their metadata. Its schema is [`POSTGRES_SCHEMA`], the SQLite
+//!   schema at [`POSTGRES_SCHEMA_VERSION`] in PostgreSQL's types, versioned in
+//!   the `strata_schema` table; write transactions are serialized across
+//!   daemons (see [`crate::postgres`]).
+//!
+//! Every mutation is one transaction.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::Connection;
 use strata_api::{
     Approval, ApprovalState, AuditEntry, Checkpoint, ComputeUsage, Image, ImageConfig, LayerInfo, Lease, Lifecycle,
     NameLikeId, PipelineRun, Preview, QuotaOverride, ResourceLimits, Sandbox, SandboxEvent, SandboxPolicy,
@@ -16,12 +26,38 @@ use strata_api::{
 };
 use strata_core::ids;
 
+use crate::backend::{Backend, Tx};
+use crate::postgres::{Postgres, Sharing};
+use crate::sql::{args, Row, Sql, SqlExt};
+
 /// Errors of the metadata database.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     /// SQLite failed.
     #[error("metadata database")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL answered with an error.
+    #[error("metadata database (postgres)")]
+    Postgres(#[source] postgres::Error),
+    /// The PostgreSQL server cannot be reached (at start, or the connection
+    /// was lost); nothing of the statement or transaction was written.
+    #[error("the metadata database at {target} is unavailable: {reason}")]
+    Unavailable {
+        /// `host:port/dbname`.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// A column did not hold what the schema says.
+    #[error("metadata column {index} holds {found}, not {expected}")]
+    Column {
+        /// Its position in the query.
+        index: usize,
+        /// What it should hold.
+        expected: &'static str,
+        /// What it held.
+        found: String,
+    },
     /// A stored JSON column did not parse.
     #[error("corrupt metadata column {column}")]
     Json {
@@ -301,6 +337,106 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE templates ADD COLUMN last_check TEXT;",
 ];
 
+/// The SQLite schema version [`POSTGRES_SCHEMA`] is.
+pub const POSTGRES_SCHEMA_VERSION: i64 = 20;
+
+/// The schema of a new PostgreSQL database: the SQLite schema at
+/// [`POSTGRES_SCHEMA_VERSION`] (the same tables, columns, keys and indexes),
+/// with BIGINT for integers, `JSON` for the two JSON columns queried with
+/// `->>`, BOOLEAN for `previews.public`, an identity column where SQLite has
+/// an implicit one (`events.seq`, `approvals.rowid`), and every TEXT column
+/// in byte order (`COLLATE "C"`, as SQLite compares text), so that listings
+/// sort alike on both. A migration after version 20 is written for both
+/// engines ([`MIGRATIONS`] and [`POSTGRES_MIGRATIONS`]).
+pub const POSTGRES_SCHEMA: &str = r#"
+CREATE TABLE images (
+    name TEXT NOT NULL, version BIGINT NOT NULL, id TEXT NOT NULL, source_kind TEXT NOT NULL,
+    source TEXT NOT NULL, layers TEXT NOT NULL, config TEXT NOT NULL, size BIGINT NOT NULL,
+    created_at TEXT NOT NULL, previous TEXT, platform TEXT,
+    PRIMARY KEY (name, version)
+);
+CREATE INDEX images_by_id ON images (id);
+CREATE TABLE sandboxes (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, state TEXT NOT NULL, state_reason TEXT NOT NULL,
+    state_detail TEXT, source TEXT NOT NULL, image_id TEXT NOT NULL, runtime TEXT NOT NULL,
+    lifecycle TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL, ttl TEXT, expires_at TEXT,
+    limits JSON NOT NULL, env TEXT NOT NULL, hostname TEXT NOT NULL, labels TEXT NOT NULL,
+    init_pid BIGINT, init_start_time BIGINT, oom_kills BIGINT NOT NULL DEFAULT 0, layers TEXT NOT NULL,
+    image_config TEXT NOT NULL, base_checkpoint TEXT, head_checkpoint TEXT,
+    fork_generation BIGINT NOT NULL DEFAULT 0,
+    policy JSON NOT NULL DEFAULT '{"on_idle":"standby","idle_timeout":"15m"}',
+    inactive_since TEXT, tenant TEXT NOT NULL DEFAULT 'default', allow_setuid BIGINT NOT NULL DEFAULT 0,
+    userns_base BIGINT, tmp_tmpfs BIGINT NOT NULL DEFAULT 1, quarantine TEXT
+);
+CREATE INDEX sandboxes_by_tenant ON sandboxes(tenant);
+CREATE UNIQUE INDEX sandboxes_userns_base ON sandboxes(userns_base);
+CREATE TABLE events (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, sandbox_id TEXT NOT NULL, time TEXT NOT NULL,
+    from_state TEXT, to_state TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT, duration_ms BIGINT NOT NULL
+);
+CREATE INDEX events_by_sandbox ON events(sandbox_id, seq);
+CREATE TABLE checkpoints (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, sandbox_id TEXT NOT NULL, parent TEXT, layer TEXT,
+    layer_size BIGINT NOT NULL, layers TEXT NOT NULL, image TEXT NOT NULL, image_id TEXT NOT NULL,
+    image_config TEXT NOT NULL, changed_paths BIGINT NOT NULL, labels TEXT NOT NULL, created_at TEXT NOT NULL,
+    frozen_ms BIGINT NOT NULL, duration_ms BIGINT NOT NULL, expires_at TEXT, pinned BIGINT NOT NULL DEFAULT 0,
+    tenant TEXT NOT NULL DEFAULT 'default', capabilities TEXT NOT NULL DEFAULT '[]', processes TEXT,
+    isolation TEXT, userns BIGINT NOT NULL DEFAULT 0, tmp_tmpfs BIGINT NOT NULL DEFAULT 1, quarantine TEXT
+);
+CREATE TABLE templates (
+    name TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, created_at TEXT NOT NULL, accepted_findings TEXT,
+    tenant TEXT NOT NULL DEFAULT 'default', build TEXT, check_every TEXT,
+    on_findings TEXT NOT NULL DEFAULT 'record', last_check TEXT
+);
+CREATE TABLE build_cache (key TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE TABLE leases (
+    id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL
+);
+CREATE INDEX leases_by_sandbox ON leases(sandbox_id);
+CREATE TABLE usage (
+    sandbox_id TEXT PRIMARY KEY, name TEXT NOT NULL, created_at TEXT NOT NULL, destroyed_at TEXT,
+    record TEXT NOT NULL, tenant TEXT NOT NULL DEFAULT 'default'
+);
+CREATE INDEX usage_by_name ON usage(name);
+CREATE INDEX usage_by_tenant ON usage(tenant);
+CREATE TABLE checkpoint_setup (checkpoint_id TEXT PRIMARY KEY, compute TEXT NOT NULL);
+CREATE TABLE audit (
+    seq BIGINT PRIMARY KEY, time TEXT NOT NULL, actor TEXT NOT NULL, method TEXT NOT NULL,
+    route TEXT NOT NULL, target TEXT, status BIGINT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
+    tenant TEXT
+);
+CREATE TABLE pipeline_runs (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL, reason TEXT, spec TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, tenant TEXT NOT NULL DEFAULT 'default'
+);
+CREATE TABLE pipeline_stages (
+    run_id TEXT NOT NULL REFERENCES pipeline_runs(id), idx BIGINT NOT NULL, name TEXT NOT NULL,
+    record TEXT NOT NULL, PRIMARY KEY (run_id, idx)
+);
+CREATE TABLE tokens (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, tenant TEXT NOT NULL, secret_sha256 TEXT NOT NULL UNIQUE,
+    created_at TEXT NOT NULL, last_used_at TEXT, expires_at TEXT, revoked_at TEXT
+);
+CREATE UNIQUE INDEX tokens_live_name ON tokens(tenant, name) WHERE revoked_at IS NULL;
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    expires_at TEXT NOT NULL, record TEXT NOT NULL, rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE
+);
+CREATE INDEX approvals_by_state ON approvals(state, expires_at);
+CREATE TABLE previews (
+    id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, port BIGINT, tenant TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL UNIQUE, public BOOLEAN NOT NULL DEFAULT false, created_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL, revoked_at TEXT
+);
+CREATE INDEX previews_by_sandbox ON previews(sandbox_id);
+CREATE TABLE tenant_quotas (tenant TEXT PRIMARY KEY, quota TEXT NOT NULL, updated_at TEXT NOT NULL);
+"#;
+
+/// PostgreSQL migrations after [`POSTGRES_SCHEMA_VERSION`]: entry `i`
+/// upgrades version `POSTGRES_SCHEMA_VERSION + i` by one, as [`MIGRATIONS`]
+/// entry `POSTGRES_SCHEMA_VERSION + i` does on SQLite.
+pub const POSTGRES_MIGRATIONS: &[&str] = &[];
+
 /// First host uid/gid given to a sandbox user namespace; each sandbox gets
 /// [`USERNS_SIZE`] ids from `USERNS_FIRST + n * USERNS_SIZE` (the lowest free `n`).
 pub const USERNS_FIRST: u32 = 1_000_000_000;
@@ -429,7 +565,7 @@ pub struct Transition<'a> {
 
 /// The metadata database.
 pub struct Db {
-    conn: Mutex<Connection>,
+    backend: Backend,
     /// The user-namespace slots new sandboxes take ranges from (see [`Db::set_userns_slots`]).
     userns_slots: Mutex<std::ops::Range<u32>>,
 }
@@ -454,13 +590,12 @@ fn lifecycle_str(l: Lifecycle) -> &'static str {
 }
 
 /// The lowest user-namespace range of `slots` no sandbox holds.
-fn free_userns(
-    tx: &rusqlite::Transaction<'_>,
-    slots: std::ops::Range<u32>,
-) -> Result<strata_api::UserNamespace, DbError> {
-    let mut stmt =
-        tx.prepare("SELECT userns_base FROM sandboxes WHERE userns_base IS NOT NULL ORDER BY userns_base")?;
-    let taken = stmt.query_map([], |r| r.get::<_, i64>(0))?.collect::<Result<Vec<_>, _>>()?;
+fn free_userns(tx: &Tx<'_>, slots: std::ops::Range<u32>) -> Result<strata_api::UserNamespace, DbError> {
+    let taken = tx.rows(
+        "SELECT userns_base FROM sandboxes WHERE userns_base IS NOT NULL ORDER BY userns_base",
+        args![],
+        |r| r.get::<i64>(0),
+    )?;
     let mut slot = slots.start;
     for base in taken {
         let used = (base - USERNS_FIRST as i64) / USERNS_SIZE as i64;
@@ -483,7 +618,7 @@ const SANDBOX_COLUMNS: &str = "id, name, state, state_reason, state_detail, sour
 /// States in which a sandbox is parked (`inactive_since` is set), as SQL.
 const INACTIVE_STATES: &str = "('stopped', 'standby', 'archived')";
 
-fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbError>> {
+fn sandbox_from_row(r: &Row) -> Result<SandboxRecord, DbError> {
     let limits: String = r.get(12)?;
     let env: String = r.get(13)?;
     let labels: String = r.get(15)?;
@@ -520,7 +655,7 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 hostname: r.get(14)?,
                 labels: parse(&labels, "labels")?,
                 init_pid: r.get(16)?,
-                oom_kills: r.get::<_, i64>(18)? as u64,
+                oom_kills: r.get::<i64>(18)? as u64,
                 base_checkpoint,
                 head_checkpoint,
                 fork_generation: fork_generation as u32,
@@ -528,19 +663,19 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, DbErr
                 secrets: Vec::new(),
                 network: Default::default(),
                 capabilities: Vec::new(),
-                allow_setuid: r.get::<_, i64>(28)? != 0,
+                allow_setuid: r.get::<i64>(28)? != 0,
                 userns: r
-                    .get::<_, Option<i64>>(29)?
+                    .get::<Option<i64>>(29)?
                     .map(|b| strata_api::UserNamespace { host_base: b as u32, size: USERNS_SIZE }),
                 tmp: tmp_of(r.get(30)?),
-                quarantine: r.get::<_, Option<String>>(31)?.map(|q| parse(&q, "quarantine")).transpose()?,
+                quarantine: r.get::<Option<String>>(31)?.map(|q| parse(&q, "quarantine")).transpose()?,
             },
-            init_start_time: r.get::<_, Option<i64>>(17)?.map(|v| v as u64),
+            init_start_time: r.get::<Option<i64>>(17)?.map(|v| v as u64),
             layers: parse(&layers, "layers")?,
             image_config: parse(&image_config, "image_config")?,
         })
     };
-    Ok(build())
+    build()
 }
 
 const CHECKPOINT_COLUMNS: &str = "id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs, quarantine";
@@ -554,7 +689,7 @@ fn tmp_of(tmpfs: i64) -> strata_api::TmpStorage {
     }
 }
 
-fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, ImageConfig), DbError>> {
+fn checkpoint_from_row(r: &Row) -> Result<(Checkpoint, ImageConfig), DbError> {
     let layers: String = r.get(6)?;
     let config: String = r.get(9)?;
     let labels: String = r.get(11)?;
@@ -570,37 +705,37 @@ fn checkpoint_from_row(r: &Row<'_>) -> rusqlite::Result<Result<(Checkpoint, Imag
                 sandbox_id: r.get(2)?,
                 parent: r.get(3)?,
                 layer: r.get(4)?,
-                layer_size: r.get::<_, i64>(5)? as u64,
+                layer_size: r.get::<i64>(5)? as u64,
                 layers: parse(&layers, "layers")?,
                 image: r.get(7)?,
                 image_id: r.get(8)?,
-                changed_paths: r.get::<_, i64>(10)? as u64,
+                changed_paths: r.get::<i64>(10)? as u64,
                 labels: parse(&labels, "labels")?,
                 created_at: r.get(12)?,
-                frozen_ms: r.get::<_, i64>(13)? as u64,
-                duration_ms: r.get::<_, i64>(14)? as u64,
+                frozen_ms: r.get::<i64>(13)? as u64,
+                duration_ms: r.get::<i64>(14)? as u64,
                 expires_at: r.get(15)?,
-                pinned: r.get::<_, i64>(16)? != 0,
+                pinned: r.get::<i64>(16)? != 0,
                 capabilities: parse(&capabilities, "capabilities")?,
                 processes: processes.as_deref().map(|p| parse(p, "processes")).transpose()?,
                 isolation: match isolation {
                     Some(t) => parse(&format!("{t:?}"), "isolation")?,
                     None => strata_api::Isolation::Namespace,
                 },
-                userns: r.get::<_, i64>(21)? != 0,
+                userns: r.get::<i64>(21)? != 0,
                 tmp: tmp_of(r.get(22)?),
-                quarantine: r.get::<_, Option<String>>(23)?.map(|q| parse(&q, "quarantine")).transpose()?,
+                quarantine: r.get::<Option<String>>(23)?.map(|q| parse(&q, "quarantine")).transpose()?,
             },
             parse(&config, "image_config")?,
         ))
     };
-    Ok(build())
+    build()
 }
 
 /// The columns [`image_from_row`] reads; `newest` says whether a row is its name's highest version.
-const IMAGE_COLS: &str = "SELECT name, id, source_kind, source, layers, config, size, created_at, version, previous, platform, newest FROM (SELECT *, version = (SELECT MAX(version) FROM images j WHERE j.name = images.name) AS newest FROM images)";
+const IMAGE_COLS: &str = "SELECT name, id, source_kind, source, layers, config, size, created_at, version, previous, platform, newest FROM (SELECT *, version = (SELECT MAX(version) FROM images j WHERE j.name = images.name) AS newest FROM images) AS i";
 
-fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
+fn image_from_row(r: &Row) -> Result<Image, DbError> {
     let layers: String = r.get(4)?;
     let config: String = r.get(5)?;
     let platform: Option<String> = r.get(10)?;
@@ -612,7 +747,7 @@ fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
             source: r.get(3)?,
             layers: parse::<Vec<LayerInfo>>(&layers, "layers")?,
             config: parse(&config, "config")?,
-            size: r.get::<_, i64>(6)? as u64,
+            size: r.get::<i64>(6)? as u64,
             created_at: r.get(7)?,
             version: r.get(8)?,
             previous: r.get(9)?,
@@ -620,7 +755,7 @@ fn image_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Image, DbError>> {
             newest: r.get(11)?,
         })
     };
-    Ok(build())
+    build()
 }
 
 fn usage_from(record: &str, destroyed_at: Option<String>, tenant: String) -> Result<UsageRecord, DbError> {
@@ -630,12 +765,20 @@ fn usage_from(record: &str, destroyed_at: Option<String>, tenant: String) -> Res
     Ok(u)
 }
 
-fn lease_from_row(r: &Row<'_>) -> rusqlite::Result<Lease> {
+fn lease_from_row(r: &Row) -> Result<Lease, DbError> {
     Ok(Lease { id: r.get(0)?, sandbox_id: r.get(1)?, created_at: r.get(2)?, expires_at: r.get(3)? })
 }
 
-fn is_unique_violation(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+/// Whether an error is a unique-key violation (a name or key already used), on either engine.
+fn is_unique_violation(e: &DbError) -> bool {
+    match e {
+        DbError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => {
+            f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+        }
+        DbError::Postgres(e) => crate::postgres::is_unique_violation(e),
+        _ => false,
+    }
 }
 
 /// How an owned object's table is searched for a caller's key, in the
@@ -658,26 +801,20 @@ struct Keyed {
 impl Keyed {
     fn resolve<T>(
         &self,
-        conn: &Connection,
+        conn: &impl Sql,
         key: &str,
         scope: Option<&str>,
-        map: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
-    ) -> rusqlite::Result<Option<T>> {
+        map: impl Fn(&Row) -> Result<T, DbError>,
+    ) -> Result<Option<T>, DbError> {
         let Keyed { select, id, name, tenant } = self;
         // Every tenant's but the warm pool's for no scope; one tenant's for a scope.
-        let visible = format!("((?2 IS NULL AND {tenant} <> '{POOL_TENANT}') OR {tenant} = ?2)");
-        if let Some(found) = conn
-            .prepare_cached(&format!("{select} WHERE {id} = ?1 AND {visible}"))?
-            .query_row(params![key, scope], &map)
-            .optional()?
-        {
+        let visible = format!("((CAST(?2 AS TEXT) IS NULL AND {tenant} <> '{POOL_TENANT}') OR {tenant} = ?2)");
+        if let Some(found) = conn.one(&format!("{select} WHERE {id} = ?1 AND {visible}"), args![key, scope], &map)? {
             return Ok(Some(found));
         }
         if let Some((name, order)) = name {
-            if let Some(found) = conn
-                .prepare_cached(&format!("{select} WHERE {name} = ?1 AND {visible} {order} LIMIT 1"))?
-                .query_row(params![key, scope], &map)
-                .optional()?
+            if let Some(found) =
+                conn.one(&format!("{select} WHERE {name} = ?1 AND {visible} {order} LIMIT 1"), args![key, scope], &map)?
             {
                 return Ok(Some(found));
             }
@@ -686,9 +823,11 @@ impl Keyed {
             return Ok(None);
         }
         // substr, not LIKE: LIKE is case-insensitive and treats `%` and `_` as wildcards.
-        let mut stmt =
-            conn.prepare_cached(&format!("{select} WHERE substr({id}, 1, length(?1)) = ?1 AND {visible} LIMIT 2"))?;
-        let mut rows = stmt.query_map(params![key, scope], &map)?.collect::<rusqlite::Result<Vec<T>>>()?;
+        let mut rows = conn.rows(
+            &format!("{select} WHERE substr({id}, 1, length(CAST(?1 AS TEXT))) = ?1 AND {visible} LIMIT 2"),
+            args![key, scope],
+            &map,
+        )?;
         Ok(if rows.len() == 1 { rows.pop() } else { None })
     }
 }
@@ -706,47 +845,65 @@ fn checkpoints_keyed() -> Keyed {
     }
 }
 
-/// Prepared statements kept per connection: more than the distinct statements
-/// this module runs, so none is parsed again (parsing cost more than running
-/// the lookups of a proxied preview request, measured with perf).
+/// Prepared statements kept per SQLite connection: more than the distinct
+/// statements this module runs, so none is parsed again (parsing cost more
+/// than running the lookups of a proxied preview request, measured with perf).
 const STATEMENT_CACHE: usize = 256;
 
-/// `query_row` through the connection's statement cache (rusqlite's own
-/// `Connection::query_row` prepares, that is parses, the SQL on every call).
-trait CachedRow {
-    fn cached_row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
-    where
-        P: rusqlite::Params,
-        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>;
-}
-
-impl CachedRow for Connection {
-    fn cached_row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
-    where
-        P: rusqlite::Params,
-        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
-    {
-        self.prepare_cached(sql)?.query_row(params, f)
-    }
-}
-
 impl Db {
-    /// Opens (creating and migrating) the database at `path`.
+    /// Opens (creating and migrating) the SQLite database at `path`.
     pub fn open(path: &Path) -> Result<Self, DbError> {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        // Every statement this module runs stays prepared (see [`CachedRow`]).
+        // Every statement this module runs stays prepared (see [`crate::sql`]).
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        let db = Db { conn: Mutex::new(conn), userns_slots: Mutex::new(0..USERNS_SLOTS) };
-        db.migrate()?;
+        let db = Db { backend: Backend::Sqlite(Mutex::new(conn)), userns_slots: Mutex::new(0..USERNS_SLOTS) };
+        db.migrate_sqlite()?;
         Ok(db)
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    /// Opens (creating the schema in, or migrating) the PostgreSQL database
+    /// at `url` (`postgres://user:password@host:port/dbname`, or libpq's
+    /// `key=value` form), shared with other users. An unreachable server is
+    /// [`DbError::Unavailable`].
+    pub fn open_postgres(url: &str) -> Result<Self, DbError> {
+        Db::open_postgres_as(url, Sharing::Shared)
+    }
+
+    /// Like [`Db::open_postgres`], used as `sharing` says.
+    pub fn open_postgres_as(url: &str, sharing: Sharing) -> Result<Self, DbError> {
+        let db = Db {
+            backend: Backend::Postgres(Postgres::connect(url, sharing)?),
+            userns_slots: Mutex::new(0..USERNS_SLOTS),
+        };
+        db.migrate_postgres()?;
+        Ok(db)
+    }
+
+    /// Opens the database a daemon's `--database` names, for that daemon
+    /// alone: `postgres://` or `postgresql://` URLs are PostgreSQL (used
+    /// [`Sharing::Exclusive`]ly); anything else is a SQLite file path.
+    pub fn open_url(url: &str) -> Result<Self, DbError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Db::open_postgres_as(url, Sharing::Exclusive)
+        } else {
+            Db::open(Path::new(url.strip_prefix("sqlite://").unwrap_or(url)))
+        }
+    }
+
+    /// Which engine holds the metadata and where: `sqlite` or `postgres host:port/dbname`.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite(_) => "sqlite".into(),
+            Backend::Postgres(p) => format!("postgres {}", p.target()),
+        }
+    }
+
+    fn conn(&self) -> crate::backend::Conn<'_> {
+        self.backend.conn()
     }
 
     /// Restricts the user-namespace slots new sandboxes get ranges from to
@@ -757,8 +914,9 @@ impl Db {
         *self.userns_slots.lock().unwrap_or_else(|p| p.into_inner()) = slots.start..slots.end.min(USERNS_SLOTS);
     }
 
-    fn migrate(&self) -> Result<(), DbError> {
-        let mut conn = self.conn();
+    fn migrate_sqlite(&self) -> Result<(), DbError> {
+        let Backend::Sqlite(conn) = &self.backend else { unreachable!("a SQLite database") };
+        let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         let known = MIGRATIONS.len() as i64;
         if version > known {
@@ -774,9 +932,46 @@ impl Db {
         Ok(())
     }
 
+    /// Creates the schema in an empty database, or brings an older one up to
+    /// date, in one write transaction: daemons starting together on one
+    /// database migrate it once.
+    fn migrate_postgres(&self) -> Result<(), DbError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute_batch("CREATE TABLE IF NOT EXISTS strata_schema (version BIGINT NOT NULL)")?;
+        let version = tx.one("SELECT version FROM strata_schema", args![], |r| r.get::<i64>(0))?;
+        let known = POSTGRES_SCHEMA_VERSION + POSTGRES_MIGRATIONS.len() as i64;
+        let mut current = match version {
+            Some(v) if v > known => return Err(DbError::TooNew { found: v, known }),
+            Some(v) => v,
+            None => {
+                tx.execute_batch(&POSTGRES_SCHEMA.replace(" TEXT", " TEXT COLLATE \"C\""))?;
+                tx.execute("INSERT INTO strata_schema (version) VALUES (?1)", args![POSTGRES_SCHEMA_VERSION])?;
+                tracing::info!(version = POSTGRES_SCHEMA_VERSION, "created the metadata schema in postgres");
+                POSTGRES_SCHEMA_VERSION
+            }
+        };
+        for sql in POSTGRES_MIGRATIONS.iter().skip((current - POSTGRES_SCHEMA_VERSION) as usize) {
+            tx.execute_batch(sql)?;
+            current += 1;
+            tx.execute("UPDATE strata_schema SET version = ?1", args![current])?;
+            tracing::info!(version = current, "applied metadata migration");
+        }
+        tx.commit()
+    }
+
     /// The schema version in use.
     pub fn schema_version(&self) -> Result<i64, DbError> {
-        Ok(self.conn().pragma_query_value(None, "user_version", |r| r.get(0))?)
+        match &self.backend {
+            Backend::Sqlite(c) => {
+                Ok(c.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .pragma_query_value(None, "user_version", |r| r.get(0))?)
+            }
+            Backend::Postgres(_) => {
+                Ok(self.conn().one("SELECT version FROM strata_schema", args![], |r| r.get(0))?.unwrap_or_default())
+            }
+        }
     }
 
     // ---- images ----
@@ -788,14 +983,11 @@ impl Db {
     pub fn put_image(&self, image: &Image, replace: bool) -> Result<Image, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let newest = tx
-            .cached_row(
-                &format!("{IMAGE_COLS} WHERE name = ?1 ORDER BY version DESC LIMIT 1"),
-                params![image.name],
-                image_from_row,
-            )
-            .optional()?
-            .transpose()?;
+        let newest = tx.one(
+            &format!("{IMAGE_COLS} WHERE name = ?1 ORDER BY version DESC LIMIT 1"),
+            args![image.name],
+            image_from_row,
+        )?;
         let mut stored = image.clone();
         stored.newest = true;
         match newest {
@@ -812,7 +1004,7 @@ impl Db {
         }
         tx.execute(
             "INSERT INTO images (name, version, id, source_kind, source, layers, config, size, created_at, previous, platform) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            params![
+            args![
                 stored.name,
                 stored.version,
                 stored.id,
@@ -832,7 +1024,7 @@ impl Db {
 
     /// Records what an image's files say it is (for images imported before it was read at import).
     pub fn set_image_platform(&self, id: &str, platform: &strata_api::Platform) -> Result<(), DbError> {
-        self.conn().execute("UPDATE images SET platform = ?2 WHERE id = ?1", params![id, json(platform)])?;
+        self.conn().execute("UPDATE images SET platform = ?2 WHERE id = ?1", args![id, json(platform)])?;
         Ok(())
     }
 
@@ -843,25 +1035,19 @@ impl Db {
     /// `sha256:`). A name never shadows an id.
     pub fn get_image(&self, name_or_id: &str) -> Result<Option<Image>, DbError> {
         let conn = self.conn();
-        if let Some(img) = conn
-            .cached_row(
-                &format!("{IMAGE_COLS} WHERE id = ?1 ORDER BY newest DESC, name, version DESC LIMIT 1"),
-                params![name_or_id],
-                image_from_row,
-            )
-            .optional()?
-        {
-            return img.map(Some);
+        if let Some(img) = conn.one(
+            &format!("{IMAGE_COLS} WHERE id = ?1 ORDER BY newest DESC, name, version DESC LIMIT 1"),
+            args![name_or_id],
+            image_from_row,
+        )? {
+            return Ok(Some(img));
         }
-        if let Some(img) = conn
-            .cached_row(
-                &format!("{IMAGE_COLS} WHERE name = ?1 ORDER BY version DESC LIMIT 1"),
-                params![name_or_id],
-                image_from_row,
-            )
-            .optional()?
-        {
-            return img.map(Some);
+        if let Some(img) = conn.one(
+            &format!("{IMAGE_COLS} WHERE name = ?1 ORDER BY version DESC LIMIT 1"),
+            args![name_or_id],
+            image_from_row,
+        )? {
+            return Ok(Some(img));
         }
         let hex = name_or_id.strip_prefix("sha256:").unwrap_or(name_or_id);
         if hex.len() < IMAGE_PREFIX_LEN
@@ -871,11 +1057,10 @@ impl Db {
             return Ok(None);
         }
         // Several images may share an id (the same content under several names): one id, one answer.
-        let mut stmt = conn.prepare(&format!(
-            "{IMAGE_COLS} WHERE substr(id, 1, length(?1)) = ?1 ORDER BY id, newest DESC, name, version DESC"
-        ))?;
         let rows: Vec<Image> =
-            stmt.query_map(params![format!("sha256:{hex}")], image_from_row)?.map(|r| r?).collect::<Result<_, _>>()?;
+            conn.rows(&format!(
+            "{IMAGE_COLS} WHERE substr(id, 1, length(CAST(?1 AS TEXT))) = ?1 ORDER BY id, newest DESC, name, version DESC"
+        ), args![format!("sha256:{hex}")], image_from_row)?;
         Ok(match rows.first() {
             Some(first) if rows.iter().all(|i| i.id == first.id) => rows.into_iter().next(),
             _ => None,
@@ -884,39 +1069,38 @@ impl Db {
 
     /// The newest version of every image name, by name.
     pub fn list_images(&self) -> Result<Vec<Image>, DbError> {
-        self.images_where("WHERE newest = 1 ORDER BY name", [])
+        self.images_where("WHERE newest ORDER BY name", args![])
     }
 
     /// Every version of every image name (by name, newest first); with
     /// `name`, only that name's.
     pub fn list_image_versions(&self, name: Option<&str>) -> Result<Vec<Image>, DbError> {
         match name {
-            Some(n) => self.images_where("WHERE name = ?1 ORDER BY version DESC", params![n]),
-            None => self.images_where("ORDER BY name, version DESC", []),
+            Some(n) => self.images_where("WHERE name = ?1 ORDER BY version DESC", args![n]),
+            None => self.images_where("ORDER BY name, version DESC", args![]),
         }
     }
 
     /// Every version (of any name) whose content id is `id`.
     pub fn images_with_id(&self, id: &str) -> Result<Vec<Image>, DbError> {
-        self.images_where("WHERE id = ?1 ORDER BY name, version", params![id])
+        self.images_where("WHERE id = ?1 ORDER BY name, version", args![id])
     }
 
-    fn images_where(&self, tail: &str, args: impl rusqlite::Params) -> Result<Vec<Image>, DbError> {
+    fn images_where(&self, tail: &str, args: &[crate::sql::Value]) -> Result<Vec<Image>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!("{IMAGE_COLS} {tail}"))?;
-        let rows = stmt.query_map(args, image_from_row)?;
-        rows.map(|r| r?).collect()
+        let rows = conn.rows(&format!("{IMAGE_COLS} {tail}"), args, image_from_row)?;
+        Ok(rows)
     }
 
     /// Removes every version of an image name. Returns whether there was one.
     pub fn delete_image(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self.conn().execute("DELETE FROM images WHERE name = ?1", params![name])? > 0)
+        Ok(self.conn().execute("DELETE FROM images WHERE name = ?1", args![name])? > 0)
     }
 
     /// Removes one version of an image name (the one before it becomes the
     /// newest if it was). Returns whether it existed.
     pub fn delete_image_version(&self, name: &str, version: u32) -> Result<bool, DbError> {
-        Ok(self.conn().execute("DELETE FROM images WHERE name = ?1 AND version = ?2", params![name, version])? > 0)
+        Ok(self.conn().execute("DELETE FROM images WHERE name = ?1 AND version = ?2", args![name, version])? > 0)
     }
 
     // ---- sandboxes ----
@@ -936,7 +1120,7 @@ impl Db {
         let s = &rec.sandbox;
         tx.execute(
             &format!("INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)"),
-            params![
+            args![
                 s.id, s.name, s.state.as_str(), s.state_reason, s.state_detail, s.source, s.image_id, s.runtime,
                 lifecycle_str(s.lifecycle), s.created_at, s.updated_at, s.expires_at, json(&s.limits), json(&s.env),
                 s.hostname, json(&s.labels), s.init_pid, rec.init_start_time.map(|v| v as i64), s.oom_kills as i64,
@@ -945,7 +1129,7 @@ impl Db {
                 (s.tmp == strata_api::TmpStorage::Tmpfs) as i64, s.quarantine.as_ref().map(json)
             ],
         )
-        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
+        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e })?;
         let ev = insert_event(
             &tx,
             &s.id,
@@ -983,7 +1167,7 @@ impl Db {
                  inactive_since = CASE WHEN ?1 IN {INACTIVE_STATES} THEN (CASE WHEN state IN {INACTIVE_STATES} THEN COALESCE(inactive_since, ?4) ELSE ?4 END) END
                  WHERE id = ?7 AND state = ?8"
             ),
-            params![t.to.as_str(), t.reason, t.detail, t.time, init.map(|i| i.0), init.map(|i| i.1 as i64), id, expected_from.as_str()],
+            args![t.to.as_str(), t.reason, t.detail, t.time, init.map(|i| i.0), init.map(|i| i.1 as i64), id, expected_from.as_str()],
         )?;
         if n == 0 {
             return Ok(None);
@@ -1004,12 +1188,12 @@ impl Db {
     ) -> Result<Option<SandboxEvent>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        if tx.execute("DELETE FROM sandboxes WHERE id = ?1 AND state = ?2", params![id, from.as_str()])? == 0 {
+        if tx.execute("DELETE FROM sandboxes WHERE id = ?1 AND state = ?2", args![id, from.as_str()])? == 0 {
             return Ok(None);
         }
-        tx.execute("DELETE FROM leases WHERE sandbox_id = ?1", params![id])?;
-        tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![id])?;
-        tx.execute("UPDATE usage SET destroyed_at = ?1 WHERE sandbox_id = ?2", params![t.time, id])?;
+        tx.execute("DELETE FROM leases WHERE sandbox_id = ?1", args![id])?;
+        tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", args![id])?;
+        tx.execute("UPDATE usage SET destroyed_at = ?1 WHERE sandbox_id = ?2", args![t.time, id])?;
         let ev = insert_event(&tx, id, Some(from), t)?;
         tx.commit()?;
         Ok(Some(ev))
@@ -1018,8 +1202,8 @@ impl Db {
     /// Ids of sandboxes that have a TTL deadline (checked by the TTL reaper).
     pub fn with_expiry(&self) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT id FROM sandboxes WHERE expires_at IS NOT NULL")?;
-        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        let ids =
+            conn.rows("SELECT id FROM sandboxes WHERE expires_at IS NOT NULL", args![], |r| r.get::<String>(0))?;
         Ok(ids)
     }
 
@@ -1045,13 +1229,12 @@ impl Db {
             tenant: "tenant",
         };
         let row = if id_only {
-            conn.cached_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![key], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?))
-            })
-            .optional()?
+            conn.one("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", args![key], |r| {
+                Ok((r.get::<String>(0)?, r.get::<Option<String>>(1)?, r.get::<String>(2)?))
+            })?
         } else {
             keyed.resolve(&conn, key, scope, |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?))
+                Ok((r.get::<String>(0)?, r.get::<Option<String>>(1)?, r.get::<String>(2)?))
             })?
         };
         row.map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).transpose()
@@ -1060,12 +1243,9 @@ impl Db {
     /// Every usage record, oldest first.
     pub fn list_usage(&self) -> Result<Vec<UsageRecord>, DbError> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT record, destroyed_at, tenant FROM usage ORDER BY created_at, sandbox_id")?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?, r.get::<_, String>(2)?)))?
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.into_iter().map(|(rec, destroyed, tenant)| usage_from(&rec, destroyed, tenant)).collect()
+        conn.rows("SELECT record, destroyed_at, tenant FROM usage ORDER BY created_at, sandbox_id", args![], |r| {
+            usage_from(&r.get::<String>(0)?, r.get(1)?, r.get(2)?)
+        })
     }
 
     /// Adds storage GB-hours by kind to many usage records in one transaction
@@ -1077,17 +1257,16 @@ impl Db {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         for (id, kinds) in accrued {
-            let row: Option<(String, Option<String>, String)> = tx
-                .cached_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| {
+            let row: Option<(String, Option<String>, String)> =
+                tx.one("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", args![id], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })
-                .optional()?;
+                })?;
             let Some((rec, destroyed, tenant)) = row else { continue };
             let mut u = usage_from(&rec, destroyed, tenant)?;
             for (k, gbh) in kinds {
                 *u.storage_gb_hours.entry(k.clone()).or_default() += gbh;
             }
-            tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", params![json(&u), id])?;
+            tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", args![json(&u), id])?;
         }
         tx.commit()?;
         Ok(())
@@ -1096,8 +1275,8 @@ impl Db {
     /// Ids of sandboxes with processes (running or paused).
     pub fn live_sandbox_ids(&self) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT id FROM sandboxes WHERE state IN ('running', 'paused')")?;
-        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        let ids = conn
+            .rows("SELECT id FROM sandboxes WHERE state IN ('running', 'paused')", args![], |r| r.get::<String>(0))?;
         Ok(ids)
     }
 
@@ -1106,15 +1285,14 @@ impl Db {
     pub fn update_usage(&self, id: &str, f: impl FnOnce(&mut UsageRecord)) -> Result<Option<UsageRecord>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let row: Option<(String, Option<String>, String)> = tx
-            .cached_row("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| {
+        let row: Option<(String, Option<String>, String)> =
+            tx.one("SELECT record, destroyed_at, tenant FROM usage WHERE sandbox_id = ?1", args![id], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .optional()?;
+            })?;
         let Some((rec, destroyed, tenant)) = row else { return Ok(None) };
         let mut u = usage_from(&rec, destroyed, tenant)?;
         f(&mut u);
-        tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", params![json(&u), id])?;
+        tx.execute("UPDATE usage SET record = ?1 WHERE sandbox_id = ?2", args![json(&u), id])?;
         tx.commit()?;
         Ok(Some(u))
     }
@@ -1122,26 +1300,25 @@ impl Db {
     /// Records the compute that produced a checkpoint's state (its lineage's setup).
     pub fn set_checkpoint_setup(&self, checkpoint_id: &str, compute: &ComputeUsage) -> Result<(), DbError> {
         self.conn().execute(
-            "INSERT OR REPLACE INTO checkpoint_setup (checkpoint_id, compute) VALUES (?1, ?2)",
-            params![checkpoint_id, json(compute)],
+            "INSERT INTO checkpoint_setup (checkpoint_id, compute) VALUES (?1, ?2) ON CONFLICT (checkpoint_id) DO UPDATE SET compute = excluded.compute",
+            args![checkpoint_id, json(compute)],
         )?;
         Ok(())
     }
 
     /// The compute that produced a checkpoint's state, when recorded.
     pub fn checkpoint_setup(&self, checkpoint_id: &str) -> Result<Option<ComputeUsage>, DbError> {
-        let s: Option<String> = self
-            .conn()
-            .cached_row("SELECT compute FROM checkpoint_setup WHERE checkpoint_id = ?1", params![checkpoint_id], |r| {
-                r.get(0)
-            })
-            .optional()?;
+        let s: Option<String> = self.conn().one(
+            "SELECT compute FROM checkpoint_setup WHERE checkpoint_id = ?1",
+            args![checkpoint_id],
+            |r| r.get(0),
+        )?;
         s.map(|s| parse(&s, "checkpoint_setup.compute")).transpose()
     }
 
     /// Sets (or clears) the TTL deadline.
     pub fn set_expires_at(&self, id: &str, expires_at: Option<&str>) -> Result<(), DbError> {
-        self.conn().execute("UPDATE sandboxes SET expires_at = ?1 WHERE id = ?2", params![expires_at, id])?;
+        self.conn().execute("UPDATE sandboxes SET expires_at = ?1 WHERE id = ?2", args![expires_at, id])?;
         Ok(())
     }
 
@@ -1170,15 +1347,13 @@ impl Db {
     ) -> Result<Option<SandboxPolicy>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let Some(stored) = tx
-            .cached_row("SELECT policy FROM sandboxes WHERE id = ?1", params![id], |r| r.get::<_, String>(0))
-            .optional()?
+        let Some(stored) = tx.one("SELECT policy FROM sandboxes WHERE id = ?1", args![id], |r| r.get::<String>(0))?
         else {
             return Ok(None);
         };
         let mut policy: SandboxPolicy = parse(&stored, "policy")?;
         f(&mut policy);
-        tx.execute("UPDATE sandboxes SET policy = ?1 WHERE id = ?2", params![json(&policy), id])?;
+        tx.execute("UPDATE sandboxes SET policy = ?1 WHERE id = ?2", args![json(&policy), id])?;
         tx.commit()?;
         Ok(Some(policy))
     }
@@ -1194,7 +1369,7 @@ impl Db {
         let table = if checkpoint { "checkpoints" } else { "sandboxes" };
         let n = self
             .conn()
-            .execute(&format!("UPDATE {table} SET quarantine = ?1 WHERE id = ?2"), params![q.map(json), id])?;
+            .execute(&format!("UPDATE {table} SET quarantine = ?1 WHERE id = ?2"), args![q.map(json), id])?;
         Ok(n > 0)
     }
 
@@ -1203,14 +1378,12 @@ impl Db {
         let conn = self.conn();
         let mut out = Vec::new();
         for (kind, table) in [("sandbox", "sandboxes"), ("checkpoint", "checkpoints")] {
-            let mut stmt = conn.prepare(&format!(
-                "SELECT id, name, tenant, quarantine FROM {table} WHERE quarantine IS NOT NULL ORDER BY id"
-            ))?;
-            let rows = stmt.query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
-            })?;
-            for row in rows {
-                let (id, name, tenant, q) = row?;
+            let rows = conn.rows(
+                &format!("SELECT id, name, tenant, quarantine FROM {table} WHERE quarantine IS NOT NULL ORDER BY id"),
+                args![],
+                |r| Ok((r.get::<String>(0)?, r.get::<String>(1)?, r.get::<String>(2)?, r.get::<String>(3)?)),
+            )?;
+            for (id, name, tenant, q) in rows {
                 let quarantine = parse(&q, "quarantine")?;
                 out.push(strata_api::QuarantineEntry { kind: kind.into(), id, name, tenant, quarantine });
             }
@@ -1220,19 +1393,16 @@ impl Db {
 
     /// The time of the sandbox's most recent event with `reason` (e.g. its last `checked`).
     pub fn last_event_time(&self, id: &str, reason: &str) -> Result<Option<String>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row(
-                "SELECT time FROM events WHERE sandbox_id = ?1 AND reason = ?2 ORDER BY seq DESC LIMIT 1",
-                params![id, reason],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()?)
+        self.conn().one(
+            "SELECT time FROM events WHERE sandbox_id = ?1 AND reason = ?2 ORDER BY seq DESC LIMIT 1",
+            args![id, reason],
+            |r| r.get::<String>(0),
+        )
     }
 
     /// Updates the OOM-kill counter.
     pub fn set_oom_kills(&self, id: &str, n: u64) -> Result<(), DbError> {
-        self.conn().execute("UPDATE sandboxes SET oom_kills = ?1 WHERE id = ?2", params![n as i64, id])?;
+        self.conn().execute("UPDATE sandboxes SET oom_kills = ?1 WHERE id = ?2", args![n as i64, id])?;
         Ok(())
     }
 
@@ -1240,13 +1410,7 @@ impl Db {
     /// caller's key goes through [`Db::find_sandbox`]).
     pub fn sandbox_by_id(&self, id: &str) -> Result<Option<SandboxRecord>, DbError> {
         let conn = self.conn();
-        conn.cached_row(
-            &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"),
-            params![id],
-            sandbox_from_row,
-        )
-        .optional()?
-        .transpose()
+        conn.one(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1"), args![id], sandbox_from_row)
     }
 
     /// The sandbox a caller's key names, by the resolution of
@@ -1254,40 +1418,40 @@ impl Db {
     /// `None`): exact id, exact name, id prefix unique among them.
     pub fn find_sandbox(&self, key: &str, scope: Option<&str>) -> Result<Option<SandboxRecord>, DbError> {
         let conn = self.conn();
-        sandboxes_keyed(SANDBOX_COLUMNS).resolve(&conn, key, scope, sandbox_from_row)?.transpose()
+        sandboxes_keyed(SANDBOX_COLUMNS).resolve(&conn, key, scope, sandbox_from_row)
     }
 
     /// The id of the sandbox [`Db::find_sandbox`] resolves `key` to (cheaper).
     pub fn resolve_sandbox_id(&self, key: &str, scope: Option<&str>) -> Result<Option<String>, DbError> {
         let conn = self.conn();
-        Ok(sandboxes_keyed("id").resolve(&conn, key, scope, |r| r.get(0))?)
+        sandboxes_keyed("id").resolve(&conn, key, scope, |r| r.get(0))
     }
 
     /// Whether a sandbox (of any tenant) has exactly this name: names are unique daemon-wide.
     pub fn sandbox_name_taken(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT 1 FROM sandboxes WHERE name = ?1", params![name], |_| Ok(()))
-            .optional()?
-            .is_some())
+        Ok(self.conn().one("SELECT 1 FROM sandboxes WHERE name = ?1", args![name], |_| Ok(()))?.is_some())
     }
 
     /// All sandboxes, oldest first.
     pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id"))?;
-        let rows = stmt.query_map([], sandbox_from_row)?;
-        rows.map(|r| r?).collect()
+        let rows = conn.rows(
+            &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id"),
+            args![],
+            sandbox_from_row,
+        )?;
+        Ok(rows)
     }
 
     /// The warm-pool sandboxes ([`POOL_TENANT`]), oldest first.
     pub fn pooled_sandboxes(&self) -> Result<Vec<SandboxRecord>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE tenant = '{POOL_TENANT}' ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map([], sandbox_from_row)?;
-        rows.map(|r| r?).collect()
+        let rows = conn.rows(
+            &format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE tenant = '{POOL_TENANT}' ORDER BY created_at, id"),
+            args![],
+            sandbox_from_row,
+        )?;
+        Ok(rows)
     }
 
     /// Gives a running warm-pool sandbox to its adopter: `rec` (same id) carries
@@ -1310,13 +1474,13 @@ impl Db {
                      state_reason = ?14, state_detail = NULL, image_id = ?15, image_config = ?16 \
                      WHERE id = ?1 AND tenant = '{POOL_TENANT}' AND state = 'running'"
                 ),
-                params![
+                args![
                     s.id, s.tenant, s.name, s.hostname, s.source, lifecycle_str(s.lifecycle), s.created_at, json(&s.policy),
                     s.ttl, s.expires_at, json(&s.limits), json(&s.env), json(&s.labels), s.state_reason, s.image_id,
                     json(&rec.image_config)
                 ],
             )
-            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e.into() })?;
+            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(s.name.clone()) } else { e })?;
         if changed == 0 {
             return Ok(None);
         }
@@ -1340,8 +1504,7 @@ impl Db {
     /// Every sandbox id.
     pub fn sandbox_ids(&self) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT id FROM sandboxes")?;
-        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        let ids = conn.rows("SELECT id FROM sandboxes", args![], |r| r.get::<String>(0))?;
         Ok(ids)
     }
 
@@ -1351,13 +1514,12 @@ impl Db {
     /// standby stays idle.)
     pub fn list_policy_candidates(&self) -> Result<Vec<SandboxRecord>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!(
+        let rows = conn.rows(&format!(
             "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE tenant <> '{POOL_TENANT}' AND (state IN ('running', 'paused') \
-             OR json_extract(policy, '$.archive_after') IS NOT NULL OR json_extract(policy, '$.delete_after') IS NOT NULL) \
+             OR policy ->> 'archive_after' IS NOT NULL OR policy ->> 'delete_after' IS NOT NULL) \
              ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map([], sandbox_from_row)?;
-        rows.map(|r| r?).collect()
+        ), args![], sandbox_from_row)?;
+        Ok(rows)
     }
 
     // ---- leases ----
@@ -1366,21 +1528,18 @@ impl Db {
     pub fn insert_lease(&self, lease: &Lease) -> Result<(), DbError> {
         self.conn().execute(
             "INSERT INTO leases (id, sandbox_id, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
-            params![lease.id, lease.sandbox_id, lease.created_at, lease.expires_at],
+            args![lease.id, lease.sandbox_id, lease.created_at, lease.expires_at],
         )?;
         Ok(())
     }
 
     /// One lease of a sandbox.
     pub fn get_lease(&self, sandbox_id: &str, id: &str) -> Result<Option<Lease>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row(
-                "SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2",
-                params![id, sandbox_id],
-                lease_from_row,
-            )
-            .optional()?)
+        self.conn().one(
+            "SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2",
+            args![id, sandbox_id],
+            lease_from_row,
+        )
     }
 
     /// Moves a lease's expiry. Returns the updated lease, or `None` when there is none.
@@ -1389,15 +1548,13 @@ impl Db {
         let tx = conn.transaction()?;
         tx.execute(
             "UPDATE leases SET expires_at = ?1 WHERE id = ?2 AND sandbox_id = ?3",
-            params![expires_at, id, sandbox_id],
+            args![expires_at, id, sandbox_id],
         )?;
-        let lease = tx
-            .cached_row(
-                "SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2",
-                params![id, sandbox_id],
-                lease_from_row,
-            )
-            .optional()?;
+        let lease = tx.one(
+            "SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE id = ?1 AND sandbox_id = ?2",
+            args![id, sandbox_id],
+            lease_from_row,
+        )?;
         tx.commit()?;
         Ok(lease)
     }
@@ -1409,7 +1566,7 @@ impl Db {
         let tx = conn.transaction()?;
         let mut n = 0;
         for (sandbox_id, id) in leases {
-            n += tx.execute("DELETE FROM leases WHERE id = ?1 AND sandbox_id = ?2", params![id, sandbox_id])?;
+            n += tx.execute("DELETE FROM leases WHERE id = ?1 AND sandbox_id = ?2", args![id, sandbox_id])?;
         }
         tx.commit()?;
         Ok(n)
@@ -1418,9 +1575,8 @@ impl Db {
     /// Leases (of one sandbox, or all), oldest first, expired ones included.
     pub fn list_leases(&self, sandbox_id: Option<&str>) -> Result<Vec<Lease>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id")?;
-        let rows = stmt.query_map(params![sandbox_id], lease_from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows("SELECT id, sandbox_id, created_at, expires_at FROM leases WHERE CAST(?1 AS TEXT) IS NULL OR sandbox_id = ?1 ORDER BY created_at, id", args![sandbox_id], lease_from_row)?;
+        Ok(rows)
     }
 
     // ---- checkpoints ----
@@ -1434,15 +1590,15 @@ impl Db {
         tx.execute(
             "INSERT INTO checkpoints (id, name, sandbox_id, parent, layer, layer_size, layers, image, image_id, image_config, changed_paths, labels, created_at, frozen_ms, duration_ms, expires_at, pinned, tenant, capabilities, processes, isolation, userns, tmp_tmpfs, quarantine)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, COALESCE((SELECT tenant FROM sandboxes WHERE id = ?3), ?18), ?19, ?20, ?21, ?22, ?23, ?24)",
-            params![
+            args![
                 c.id, c.name, c.sandbox_id, c.parent, c.layer, c.layer_size as i64, json(&c.layers), c.image, c.image_id, json(image_config),
                 c.changed_paths as i64, json(&c.labels), c.created_at, c.frozen_ms as i64, c.duration_ms as i64, c.expires_at, c.pinned as i64, c.tenant,
                 json(&c.capabilities), c.processes.as_ref().map(json), c.isolation.as_str(), c.userns as i64,
                 (c.tmp == strata_api::TmpStorage::Tmpfs) as i64, c.quarantine.as_ref().map(json)
             ],
         )
-        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e.into() })?;
-        tx.execute("UPDATE sandboxes SET head_checkpoint = ?1 WHERE id = ?2", params![c.id, c.sandbox_id])?;
+        .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(c.name.clone()) } else { e })?;
+        tx.execute("UPDATE sandboxes SET head_checkpoint = ?1 WHERE id = ?2", args![c.id, c.sandbox_id])?;
         tx.commit()?;
         Ok(())
     }
@@ -1451,13 +1607,7 @@ impl Db {
     /// daemon itself holds; a caller's key goes through [`Db::find_checkpoint`]).
     pub fn checkpoint_by_id(&self, id: &str) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
         let conn = self.conn();
-        conn.cached_row(
-            &format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1"),
-            params![id],
-            checkpoint_from_row,
-        )
-        .optional()?
-        .transpose()
+        conn.one(&format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = ?1"), args![id], checkpoint_from_row)
     }
 
     /// The checkpoint a caller's key names, with its image config, by the
@@ -1469,26 +1619,25 @@ impl Db {
         scope: Option<&str>,
     ) -> Result<Option<(Checkpoint, ImageConfig)>, DbError> {
         let conn = self.conn();
-        checkpoints_keyed().resolve(&conn, key, scope, checkpoint_from_row)?.transpose()
+        checkpoints_keyed().resolve(&conn, key, scope, checkpoint_from_row)
     }
 
     /// Whether a checkpoint (of any tenant) has exactly this name: names are unique daemon-wide.
     pub fn checkpoint_name_taken(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT 1 FROM checkpoints WHERE name = ?1", params![name], |_| Ok(()))
-            .optional()?
-            .is_some())
+        Ok(self.conn().one("SELECT 1 FROM checkpoints WHERE name = ?1", args![name], |_| Ok(()))?.is_some())
     }
 
     /// Checkpoints (of one sandbox, or all), oldest first.
     pub fn list_checkpoints(&self, sandbox_id: Option<&str>) -> Result<Vec<Checkpoint>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map(params![sandbox_id], checkpoint_from_row)?;
-        rows.map(|r| r?.map(|(c, _)| c)).collect()
+        let rows = conn.rows(
+            &format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE CAST(?1 AS TEXT) IS NULL OR sandbox_id = ?1 ORDER BY created_at, id"
+        ),
+            args![sandbox_id],
+            checkpoint_from_row,
+        )?;
+        Ok(rows.into_iter().map(|(c, _)| c).collect())
     }
 
     /// Retires a checkpoint that something still builds on: its labels
@@ -1503,13 +1652,13 @@ impl Db {
     ) -> Result<bool, DbError> {
         Ok(self.conn().execute(
             "UPDATE checkpoints SET labels = ?1, expires_at = ?2, pinned = 0 WHERE id = ?3",
-            params![json(labels), expires_at, id],
+            args![json(labels), expires_at, id],
         )? > 0)
     }
 
     /// Deletes a checkpoint record. Returns whether it existed.
     pub fn delete_checkpoint(&self, id: &str) -> Result<bool, DbError> {
-        Ok(self.conn().execute("DELETE FROM checkpoints WHERE id = ?1", params![id])? > 0)
+        Ok(self.conn().execute("DELETE FROM checkpoints WHERE id = ?1", args![id])? > 0)
     }
 
     /// Points a sandbox at a new layer chain (restore), atomically with its lineage pointers.
@@ -1523,7 +1672,7 @@ impl Db {
     ) -> Result<(), DbError> {
         self.conn().execute(
             "UPDATE sandboxes SET layers = ?1, image_config = ?2, base_checkpoint = ?3, head_checkpoint = ?4 WHERE id = ?5",
-            params![json(&layers), json(image_config), base, head, id],
+            args![json(&layers), json(image_config), base, head, id],
         )?;
         Ok(())
     }
@@ -1541,7 +1690,7 @@ impl Db {
     ) -> Result<(), DbError> {
         self.conn().execute(
             "UPDATE sandboxes SET layers = ?1, image_id = ?2, image_config = ?3, head_checkpoint = NULL WHERE id = ?4",
-            params![json(&layers), image_id, json(image_config), id],
+            args![json(&layers), image_id, json(image_config), id],
         )?;
         Ok(())
     }
@@ -1560,42 +1709,36 @@ impl Db {
         self.conn()
             .execute(
                 &format!("INSERT INTO templates (name, checkpoint, created_at, tenant) VALUES (?1, ?2, ?3, COALESCE((SELECT tenant FROM checkpoints WHERE id = ?2), 'default')){on_conflict}"),
-                params![name, checkpoint, time],
+                args![name, checkpoint, time],
             )
-            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(name.to_string()) } else { e.into() })?;
+            .map_err(|e| if is_unique_violation(&e) { DbError::NameTaken(name.to_string()) } else { e })?;
         Ok(())
     }
 
     /// A template's checkpoint id and creation time.
     pub fn get_template(&self, name: &str) -> Result<Option<(String, String)>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT checkpoint, created_at FROM templates WHERE name = ?1", params![name], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?)
+        self.conn().one("SELECT checkpoint, created_at FROM templates WHERE name = ?1", args![name], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
     }
 
     /// All templates: (name, checkpoint, created_at).
     pub fn list_templates(&self) -> Result<Vec<(String, String, String)>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT name, checkpoint, created_at FROM templates ORDER BY name")?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows("SELECT name, checkpoint, created_at FROM templates ORDER BY name", args![], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+        Ok(rows)
     }
 
     /// The tenant of a template, if it exists.
     pub fn template_tenant(&self, name: &str) -> Result<Option<String>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT tenant FROM templates WHERE name = ?1", params![name], |r| r.get(0))
-            .optional()?)
+        self.conn().one("SELECT tenant FROM templates WHERE name = ?1", args![name], |r| r.get(0))
     }
 
     /// Records (JSON) the scan findings accepted when the template was promoted.
     pub fn set_template_acceptance(&self, name: &str, acceptance: &str) -> Result<(), DbError> {
-        self.conn()
-            .execute("UPDATE templates SET accepted_findings = ?1 WHERE name = ?2", params![acceptance, name])?;
+        self.conn().execute("UPDATE templates SET accepted_findings = ?1 WHERE name = ?2", args![acceptance, name])?;
         Ok(())
     }
 
@@ -1603,10 +1746,9 @@ impl Db {
     pub fn template_acceptance(&self, name: &str) -> Result<Option<String>, DbError> {
         Ok(self
             .conn()
-            .cached_row("SELECT accepted_findings FROM templates WHERE name = ?1", params![name], |r| {
-                r.get::<_, Option<String>>(0)
-            })
-            .optional()?
+            .one("SELECT accepted_findings FROM templates WHERE name = ?1", args![name], |r| {
+                r.get::<Option<String>>(0)
+            })?
             .flatten())
     }
 
@@ -1617,9 +1759,8 @@ impl Db {
         let NewAudit { time, actor, tenant, method, route, target, status } = *n;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let last: Option<(i64, String)> = tx
-            .cached_row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
+        let last: Option<(i64, String)> =
+            tx.one("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", args![], |r| Ok((r.get(0)?, r.get(1)?)))?;
         let (seq, prev_hash) = last.map(|(s, h)| (s + 1, h)).unwrap_or((1, AUDIT_GENESIS.to_string()));
         let mut e = AuditEntry {
             seq,
@@ -1636,7 +1777,7 @@ impl Db {
         e.hash = audit_hash(&e);
         tx.execute(
             "INSERT INTO audit (seq, time, actor, method, route, target, status, prev_hash, hash, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash, e.hash, e.tenant],
+            args![e.seq, e.time, e.actor, e.method, e.route, e.target, e.status, e.prev_hash, e.hash, e.tenant],
         )?;
         tx.commit()?;
         Ok(e)
@@ -1650,10 +1791,9 @@ impl Db {
     /// Audit entries in seq order (of one tenant, or all): all of them, or the last `limit`.
     pub fn audit_entries_of(&self, tenant: Option<&str>, limit: Option<u32>) -> Result<Vec<AuditEntry>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT seq, time, actor, method, route, target, status, prev_hash, hash, tenant FROM (SELECT * FROM audit WHERE ?2 IS NULL OR tenant = ?2 ORDER BY seq DESC LIMIT ?1) ORDER BY seq",
-        )?;
-        let rows = stmt.query_map(params![limit.map_or(-1, i64::from), tenant], |r| {
+        let rows = conn.rows(
+            "SELECT seq, time, actor, method, route, target, status, prev_hash, hash, tenant FROM (SELECT * FROM audit WHERE CAST(?2 AS TEXT) IS NULL OR tenant = ?2 ORDER BY seq DESC LIMIT ?1) AS a ORDER BY seq",
+        args![limit.map_or(i64::MAX, i64::from), tenant], |r| {
             Ok(AuditEntry {
                 seq: r.get(0)?,
                 time: r.get(1)?,
@@ -1667,18 +1807,18 @@ impl Db {
                 hash: r.get(8)?,
             })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(rows)
     }
 
     /// Removes a template. Returns whether it existed.
     pub fn delete_template(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self.conn().execute("DELETE FROM templates WHERE name = ?1", params![name])? > 0)
+        Ok(self.conn().execute("DELETE FROM templates WHERE name = ?1", args![name])? > 0)
     }
 
     /// Records the build a template was made by (JSON the engine reads back
     /// for a rebuild); `None` for a template promoted from a checkpoint.
     pub fn set_template_build(&self, name: &str, build: Option<&str>) -> Result<(), DbError> {
-        self.conn().execute("UPDATE templates SET build = ?2 WHERE name = ?1", params![name, build])?;
+        self.conn().execute("UPDATE templates SET build = ?2 WHERE name = ?1", args![name, build])?;
         Ok(())
     }
 
@@ -1692,21 +1832,18 @@ impl Db {
     ) -> Result<bool, DbError> {
         Ok(self.conn().execute(
             "UPDATE templates SET check_every = ?2, on_findings = ?3 WHERE name = ?1",
-            params![name, check_every, on_findings],
+            args![name, check_every, on_findings],
         )? > 0)
     }
 
     /// A template's checks: its `check_every`, `on_findings` and the last
     /// check's report (JSON), if it exists.
     pub fn template_checks(&self, name: &str) -> Result<Option<TemplateChecks>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row(
-                "SELECT check_every, on_findings, last_check FROM templates WHERE name = ?1",
-                params![name],
-                |r| Ok(TemplateChecks { check_every: r.get(0)?, on_findings: r.get(1)?, last_check: r.get(2)? }),
-            )
-            .optional()?)
+        self.conn().one(
+            "SELECT check_every, on_findings, last_check FROM templates WHERE name = ?1",
+            args![name],
+            |r| Ok(TemplateChecks { check_every: r.get(0)?, on_findings: r.get(1)?, last_check: r.get(2)? }),
+        )
     }
 
     /// Records a template's last check (JSON), unless it was re-pointed at
@@ -1714,32 +1851,25 @@ impl Db {
     pub fn set_template_last_check(&self, name: &str, checkpoint: &str, report: &str) -> Result<bool, DbError> {
         Ok(self.conn().execute(
             "UPDATE templates SET last_check = ?3 WHERE name = ?1 AND checkpoint = ?2",
-            params![name, checkpoint, report],
+            args![name, checkpoint, report],
         )? > 0)
     }
 
     /// The build a template was made by, when it was built from a build file.
     pub fn template_build(&self, name: &str) -> Result<Option<String>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT build FROM templates WHERE name = ?1", params![name], |r| r.get(0))
-            .optional()?
-            .flatten())
+        Ok(self.conn().one("SELECT build FROM templates WHERE name = ?1", args![name], |r| r.get(0))?.flatten())
     }
 
     /// The checkpoint cached for a build step key.
     pub fn cached_step(&self, key: &str) -> Result<Option<String>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT checkpoint FROM build_cache WHERE key = ?1", params![key], |r| r.get(0))
-            .optional()?)
+        self.conn().one("SELECT checkpoint FROM build_cache WHERE key = ?1", args![key], |r| r.get(0))
     }
 
     /// Caches a build step's checkpoint.
     pub fn cache_step(&self, key: &str, checkpoint: &str, time: &str) -> Result<(), DbError> {
         self.conn().execute(
-            "INSERT OR REPLACE INTO build_cache (key, checkpoint, created_at) VALUES (?1, ?2, ?3)",
-            params![key, checkpoint, time],
+            "INSERT INTO build_cache (key, checkpoint, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO UPDATE SET checkpoint = excluded.checkpoint, created_at = excluded.created_at",
+            args![key, checkpoint, time],
         )?;
         Ok(())
     }
@@ -1747,25 +1877,23 @@ impl Db {
     /// Checkpoints referenced by the build cache.
     pub fn cached_checkpoints(&self) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT checkpoint FROM build_cache")?;
-        let rows = stmt.query_map([], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows("SELECT checkpoint FROM build_cache", args![], |r| r.get(0))?;
+        Ok(rows)
     }
 
     /// Replaces a sandbox's process defaults (template builds: ENV, WORKDIR).
     pub fn set_image_config(&self, id: &str, config: &ImageConfig) -> Result<(), DbError> {
-        self.conn().execute("UPDATE sandboxes SET image_config = ?1 WHERE id = ?2", params![json(config), id])?;
+        self.conn().execute("UPDATE sandboxes SET image_config = ?1 WHERE id = ?2", args![json(config), id])?;
         Ok(())
     }
 
     /// Events, optionally of one sandbox, with `seq > after`, oldest first, at most `limit`.
     pub fn events(&self, sandbox_id: Option<&str>, after: i64, limit: u32) -> Result<Vec<SandboxEvent>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events WHERE (?1 IS NULL OR sandbox_id = ?1) AND seq > ?2 ORDER BY seq LIMIT ?3",
-        )?;
-        let rows = stmt.query_map(params![sandbox_id, after, limit], event_of_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows(
+            "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events WHERE (CAST(?1 AS TEXT) IS NULL OR sandbox_id = ?1) AND seq > ?2 ORDER BY seq LIMIT ?3",
+        args![sandbox_id, after, limit], event_of_row)?;
+        Ok(rows)
     }
 
     /// Like [`Db::events`], only of sandboxes (live or destroyed) of `tenant`.
@@ -1777,20 +1905,16 @@ impl Db {
         limit: u32,
     ) -> Result<Vec<SandboxEvent>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let rows = conn.rows(
             "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events
-             WHERE (?1 IS NULL OR sandbox_id = ?1) AND seq > ?2 AND sandbox_id IN (SELECT sandbox_id FROM usage WHERE tenant = ?4) ORDER BY seq LIMIT ?3",
-        )?;
-        let rows = stmt.query_map(params![sandbox_id, after, limit, tenant], event_of_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+             WHERE (CAST(?1 AS TEXT) IS NULL OR sandbox_id = ?1) AND seq > ?2 AND sandbox_id IN (SELECT sandbox_id FROM usage WHERE tenant = ?4) ORDER BY seq LIMIT ?3",
+        args![sandbox_id, after, limit, tenant], event_of_row)?;
+        Ok(rows)
     }
 
     /// The tenant of a sandbox id, live or destroyed (from its usage record, which outlives it).
     pub fn sandbox_tenant_by_id(&self, id: &str) -> Result<Option<String>, DbError> {
-        Ok(self
-            .conn()
-            .cached_row("SELECT tenant FROM usage WHERE sandbox_id = ?1", params![id], |r| r.get(0))
-            .optional()?)
+        self.conn().one("SELECT tenant FROM usage WHERE sandbox_id = ?1", args![id], |r| r.get(0))
     }
 
     /// User-chosen names that could be read as an id or an id prefix
@@ -1808,12 +1932,9 @@ impl Db {
             ("token", "SELECT id, name, tenant FROM tokens WHERE revoked_at IS NULL"),
             ("image", "SELECT id, name, NULL FROM images"),
         ] {
-            let mut stmt = conn.prepare(sql)?;
-            let rows = stmt.query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
-            })?;
-            for row in rows {
-                let (id, name, tenant) = row?;
+            let rows = conn
+                .rows(sql, args![], |r| Ok((r.get::<String>(0)?, r.get::<String>(1)?, r.get::<Option<String>>(2)?)))?;
+            for (id, name, tenant) in rows {
                 if ids::looks_like_id(&name) {
                     out.push(NameLikeId { kind: kind.to_string(), id, name, tenant });
                 }
@@ -1827,32 +1948,31 @@ impl Db {
     pub fn destroyed_event(&self, id: &str) -> Result<Option<SandboxEvent>, DbError> {
         let conn = self.conn();
         let ev = conn
-            .cached_row(
+            .one(
                 "SELECT seq, sandbox_id, time, from_state, to_state, reason, detail, duration_ms FROM events WHERE sandbox_id = ?1 AND to_state = ?2 ORDER BY seq DESC LIMIT 1",
-                params![id, SandboxState::Destroyed.as_str()],
+                args![id, SandboxState::Destroyed.as_str()],
                 event_of_row,
-            )
-            .optional()?;
+            )?;
         Ok(ev)
     }
 }
 
 /// An `events` row (columns as selected by [`Db::events`]).
-fn event_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SandboxEvent> {
+fn event_of_row(r: &Row) -> Result<SandboxEvent, DbError> {
     Ok(SandboxEvent {
         seq: r.get(0)?,
         sandbox_id: r.get(1)?,
         time: r.get(2)?,
-        from: r.get::<_, Option<String>>(3)?.map(|s| state_of(&s)),
-        to: state_of(&r.get::<_, String>(4)?),
+        from: r.get::<Option<String>>(3)?.map(|s| state_of(&s)),
+        to: state_of(&r.get::<String>(4)?),
         reason: r.get(5)?,
         detail: r.get(6)?,
-        duration_ms: r.get::<_, i64>(7)? as u64,
+        duration_ms: r.get::<i64>(7)? as u64,
     })
 }
 
 /// Starts `s`'s usage record afresh (a new sandbox, or a pool sandbox adopted).
-fn fresh_usage(tx: &rusqlite::Transaction<'_>, s: &Sandbox) -> Result<(), DbError> {
+fn fresh_usage(tx: &Tx<'_>, s: &Sandbox) -> Result<(), DbError> {
     let usage = UsageRecord {
         sandbox_id: s.id.clone(),
         tenant: s.tenant.clone(),
@@ -1864,24 +1984,27 @@ fn fresh_usage(tx: &rusqlite::Transaction<'_>, s: &Sandbox) -> Result<(), DbErro
         ..Default::default()
     };
     tx.execute(
-        "INSERT OR REPLACE INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![s.id, s.name, s.created_at, json(&usage), s.tenant],
+        "INSERT INTO usage (sandbox_id, name, created_at, record, tenant) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (sandbox_id) DO UPDATE SET name = excluded.name, created_at = excluded.created_at, \
+         destroyed_at = NULL, record = excluded.record, tenant = excluded.tenant",
+        args![s.id, s.name, s.created_at, json(&usage), s.tenant],
     )?;
     Ok(())
 }
 
 fn insert_event(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Tx<'_>,
     id: &str,
     from: Option<SandboxState>,
     t: &Transition<'_>,
 ) -> Result<SandboxEvent, DbError> {
-    tx.execute(
-        "INSERT INTO events (sandbox_id, time, from_state, to_state, reason, detail, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![id, t.time, from.map(|f| f.as_str()), t.to.as_str(), t.reason, t.detail, t.duration_ms as i64],
+    let seq = tx.one(
+        "INSERT INTO events (sandbox_id, time, from_state, to_state, reason, detail, duration_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING seq",
+        args![id, t.time, from.map(|f| f.as_str()), t.to.as_str(), t.reason, t.detail, t.duration_ms as i64],
+        |r| r.get::<i64>(0),
     )?;
     Ok(SandboxEvent {
-        seq: tx.last_insert_rowid(),
+        seq: seq.unwrap_or_default(),
         sandbox_id: id.to_string(),
         time: t.time.to_string(),
         from,
@@ -1902,12 +2025,12 @@ impl Db {
         tx.execute(
             "INSERT INTO pipeline_runs (id, name, state, reason, spec, created_at, updated_at, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT(id) DO UPDATE SET state = excluded.state, reason = excluded.reason, updated_at = excluded.updated_at",
-            params![run.id, run.name, run.state.as_str(), run.reason, json(&run.spec), run.created_at, run.updated_at, run.tenant],
+            args![run.id, run.name, run.state.as_str(), run.reason, json(&run.spec), run.created_at, run.updated_at, run.tenant],
         )?;
         for (i, stage) in run.stages.iter().enumerate() {
             tx.execute(
                 "INSERT INTO pipeline_stages (run_id, idx, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT(run_id, idx) DO UPDATE SET record = excluded.record",
-                params![run.id, i as i64, stage.name, json(stage)],
+                args![run.id, i as i64, stage.name, json(stage)],
             )?;
         }
         tx.commit()?;
@@ -1940,17 +2063,19 @@ impl Db {
             name: None,
             tenant: "tenant",
         };
-        let map = |r: &Row<'_>| -> rusqlite::Result<RunRow> {
+        let map = |r: &Row| -> Result<RunRow, DbError> {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
         };
         let row = if id_only {
-            conn.cached_row(&format!("{} WHERE id = ?1", keyed.select), params![key], map).optional()?
+            conn.one(&format!("{} WHERE id = ?1", keyed.select), args![key], map)?
         } else {
             keyed.resolve(&conn, key, scope, map)?
         };
         let Some((id, name, state, reason, spec, created_at, updated_at, tenant)) = row else { return Ok(None) };
-        let mut stmt = conn.prepare_cached("SELECT record FROM pipeline_stages WHERE run_id = ?1 ORDER BY idx")?;
-        let stages = stmt.query_map(params![id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        let stages =
+            conn.rows("SELECT record FROM pipeline_stages WHERE run_id = ?1 ORDER BY idx", args![id], |r| {
+                r.get::<String>(0)
+            })?;
         let stages = stages.iter().map(|s| parse(s, "pipeline_stages.record")).collect::<Result<Vec<_>, _>>()?;
         let state = parse(&format!("\"{state}\""), "pipeline_runs.state")?;
         Ok(Some(PipelineRun {
@@ -1969,8 +2094,8 @@ impl Db {
     /// Ids of every run, newest first.
     pub fn list_pipeline_run_ids(&self) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT id FROM pipeline_runs ORDER BY created_at DESC, id")?;
-        let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+        let ids =
+            conn.rows("SELECT id FROM pipeline_runs ORDER BY created_at DESC, id", args![], |r| r.get::<String>(0))?;
         Ok(ids)
     }
 
@@ -1979,9 +2104,8 @@ impl Db {
     pub fn interrupt_pipeline_runs(&self, reason: &str, time: &str) -> Result<Vec<String>, DbError> {
         let ids: Vec<String> = {
             let conn = self.conn();
-            let mut stmt = conn.prepare("SELECT id FROM pipeline_runs WHERE state = 'running'")?;
-            let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-            ids
+
+            conn.rows("SELECT id FROM pipeline_runs WHERE state = 'running'", args![], |r| r.get::<String>(0))?
         };
         for id in &ids {
             if let Some(mut run) = self.pipeline_run_by_id(id)? {
@@ -2001,7 +2125,7 @@ impl Db {
     }
 }
 
-fn token_from_row(r: &Row<'_>) -> rusqlite::Result<TokenInfo> {
+fn token_from_row(r: &Row) -> Result<TokenInfo, DbError> {
     Ok(TokenInfo {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -2022,22 +2146,13 @@ impl Db {
         self.conn()
             .execute(
                 &format!("INSERT INTO tokens ({TOKEN_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
-                params![
-                    t.id,
-                    t.name,
-                    t.tenant,
-                    t.created_at,
-                    t.last_used_at,
-                    t.expires_at,
-                    t.revoked_at,
-                    secret_sha256
-                ],
+                args![t.id, t.name, t.tenant, t.created_at, t.last_used_at, t.expires_at, t.revoked_at, secret_sha256],
             )
             .map_err(|e| {
                 if is_unique_violation(&e) {
                     DbError::NameTaken(format!("{}/{}", t.tenant, t.name))
                 } else {
-                    e.into()
+                    e
                 }
             })?;
         Ok(())
@@ -2046,46 +2161,43 @@ impl Db {
     /// The token whose secret hashes to `secret_sha256` (revoked and expired ones included: the caller decides).
     pub fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<TokenInfo>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE secret_sha256 = ?1"))?;
-        Ok(stmt.query_row(params![secret_sha256], token_from_row).optional()?)
+        conn.one(
+            &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE secret_sha256 = ?1"),
+            args![secret_sha256],
+            token_from_row,
+        )
     }
 
     /// Tokens (of one tenant, or all), oldest first; revoked ones only with `include_revoked`.
     pub fn list_tokens(&self, tenant: Option<&str>, include_revoked: bool) -> Result<Vec<TokenInfo>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE (?1 IS NULL OR tenant = ?1) AND (?2 OR revoked_at IS NULL) ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map(params![tenant, include_revoked], token_from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE (CAST(?1 AS TEXT) IS NULL OR tenant = ?1) AND (?2 OR revoked_at IS NULL) ORDER BY created_at, id"
+        ), args![tenant, include_revoked], token_from_row)?;
+        Ok(rows)
     }
 
     /// Tokens matching an id, or the name of a live token (in `tenant` when given).
     pub fn find_tokens(&self, id_or_name: &str, tenant: Option<&str>) -> Result<Vec<TokenInfo>, DbError> {
         let conn = self.conn();
-        let by_id = conn
-            .cached_row(
-                &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)"),
-                params![id_or_name, tenant],
-                token_from_row,
-            )
-            .optional()?;
+        let by_id = conn.one(
+            &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR tenant = ?2)"),
+            args![id_or_name, tenant],
+            token_from_row,
+        )?;
         if let Some(t) = by_id {
             return Ok(vec![t]);
         }
-        let mut stmt = conn.prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE name = ?1 AND revoked_at IS NULL AND (?2 IS NULL OR tenant = ?2) ORDER BY tenant"))?;
-        let rows = stmt.query_map(params![id_or_name, tenant], token_from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE name = ?1 AND revoked_at IS NULL AND (CAST(?2 AS TEXT) IS NULL OR tenant = ?2) ORDER BY tenant"), args![id_or_name, tenant], token_from_row)?;
+        Ok(rows)
     }
 
     /// Revokes a token (keeping the first revocation time). Returns it, or `None` when unknown.
     pub fn revoke_token(&self, id: &str, time: &str) -> Result<Option<TokenInfo>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute("UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2", params![time, id])?;
-        let t = tx
-            .cached_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), params![id], token_from_row)
-            .optional()?;
+        tx.execute("UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2", args![time, id])?;
+        let t = tx.one(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), args![id], token_from_row)?;
         tx.commit()?;
         Ok(t)
     }
@@ -2094,15 +2206,15 @@ impl Db {
     pub fn touch_token(&self, id: &str, now: &str, stale_before: &str) -> Result<(), DbError> {
         self.conn().execute(
             "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at < ?3)",
-            params![now, id, stale_before],
+            args![now, id, stale_before],
         )?;
         Ok(())
     }
 }
 
-fn approval_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Approval, DbError>> {
+fn approval_from_row(r: &Row) -> Result<Approval, DbError> {
     let record: String = r.get(0)?;
-    Ok(parse(&record, "approvals.record"))
+    parse(&record, "approvals.record")
 }
 
 /// The Rule of Two's approval queue (migration 10).
@@ -2111,7 +2223,7 @@ impl Db {
     pub fn insert_approval(&self, a: &Approval) -> Result<(), DbError> {
         self.conn().execute(
             "INSERT INTO approvals (id, tenant, state, fingerprint, expires_at, record) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![a.id, a.tenant, a.state.as_str(), a.fingerprint, a.expires_at, json(a)],
+            args![a.id, a.tenant, a.state.as_str(), a.fingerprint, a.expires_at, json(a)],
         )?;
         Ok(())
     }
@@ -2119,29 +2231,24 @@ impl Db {
     /// An approval by id.
     pub fn get_approval(&self, id: &str) -> Result<Option<Approval>, DbError> {
         let conn = self.conn();
-        conn.cached_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row)
-            .optional()?
-            .transpose()
+        conn.one("SELECT record FROM approvals WHERE id = ?1", args![id], approval_from_row)
     }
 
     /// Approvals (of one tenant, or all; in one state, or any), oldest first.
     pub fn list_approvals(&self, tenant: Option<&str>, state: Option<ApprovalState>) -> Result<Vec<Approval>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT record FROM approvals WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) ORDER BY rowid")?;
-        let rows = stmt.query_map(params![tenant, state.map(ApprovalState::as_str)], approval_from_row)?;
-        rows.map(|r| r?).collect()
+        let rows = conn.rows("SELECT record FROM approvals WHERE (CAST(?1 AS TEXT) IS NULL OR tenant = ?1) AND (CAST(?2 AS TEXT) IS NULL OR state = ?2) ORDER BY rowid", args![tenant, state.map(ApprovalState::as_str)], approval_from_row)?;
+        Ok(rows)
     }
 
     /// The pending or approved approval of `tenant` for exactly this request (`fingerprint`), if any.
     pub fn open_approval(&self, tenant: &str, fingerprint: &str) -> Result<Option<Approval>, DbError> {
         let conn = self.conn();
-        conn.cached_row(
+        conn.one(
             "SELECT record FROM approvals WHERE tenant = ?1 AND fingerprint = ?2 AND state IN ('pending', 'approved') ORDER BY rowid DESC LIMIT 1",
-            params![tenant, fingerprint],
+            args![tenant, fingerprint],
             approval_from_row,
         )
-        .optional()?
-        .transpose()
     }
 
     /// Changes an approval in one transaction: `change` sees the current record
@@ -2154,18 +2261,14 @@ impl Db {
     ) -> Result<Option<(Approval, bool)>, DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let Some(mut a) = tx
-            .cached_row("SELECT record FROM approvals WHERE id = ?1", params![id], approval_from_row)
-            .optional()?
-            .transpose()?
-        else {
+        let Some(mut a) = tx.one("SELECT record FROM approvals WHERE id = ?1", args![id], approval_from_row)? else {
             return Ok(None);
         };
         let changed = change(&mut a);
         if changed {
             tx.execute(
                 "UPDATE approvals SET state = ?1, expires_at = ?2, record = ?3 WHERE id = ?4",
-                params![a.state.as_str(), a.expires_at, json(&a), id],
+                args![a.state.as_str(), a.expires_at, json(&a), id],
             )?;
         }
         tx.commit()?;
@@ -2175,14 +2278,16 @@ impl Db {
     /// Ids of pending approvals whose `expires_at` is before `now` (RFC 3339, same format).
     pub fn expired_approvals(&self, now: &str) -> Result<Vec<String>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT id FROM approvals WHERE state = 'pending' AND expires_at < ?1")?;
-        let rows = stmt.query_map(params![now], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows =
+            conn.rows("SELECT id FROM approvals WHERE state = 'pending' AND expires_at < ?1", args![now], |r| {
+                r.get(0)
+            })?;
+        Ok(rows)
     }
 }
 
 /// A preview row: the listing fields without the URLs (the daemon adds those).
-fn preview_from_row(r: &Row<'_>) -> rusqlite::Result<Preview> {
+fn preview_from_row(r: &Row) -> Result<Preview, DbError> {
     let port: Option<i64> = r.get(2)?;
     Ok(Preview {
         id: r.get(0)?,
@@ -2221,11 +2326,13 @@ impl Db {
     /// the table per admission check).
     pub fn resource_claims(&self) -> Result<Vec<ResourceClaim>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT id, tenant, state, json_extract(limits, '$.memory_bytes'), json_extract(limits, '$.disk_bytes') FROM sandboxes")?;
-        let rows = stmt.query_map([], |r| {
+        conn.rows(
+            "SELECT id, tenant, state, CAST(limits ->> 'memory_bytes' AS BIGINT), CAST(limits ->> 'disk_bytes' AS BIGINT) FROM sandboxes",
+            args![],
+            |r| {
             let state: String = r.get(2)?;
-            let bytes = |i: usize| -> rusqlite::Result<Option<u64>> {
-                Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
+            let bytes = |i: usize| -> Result<Option<u64>, DbError> {
+                Ok(r.get::<Option<i64>>(i)?.map(|v| v.max(0) as u64))
             };
             Ok(ResourceClaim {
                 id: r.get(0)?,
@@ -2234,8 +2341,7 @@ impl Db {
                 memory_bytes: bytes(3)?,
                 disk_bytes: bytes(4)?,
             })
-        })?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
     }
 
     /// Sets (replaces) a tenant's quota override.
@@ -2243,7 +2349,7 @@ impl Db {
         let conn = self.conn();
         conn.execute(
             "INSERT INTO tenant_quotas (tenant, quota, updated_at) VALUES (?1, ?2, ?3) ON CONFLICT(tenant) DO UPDATE SET quota = excluded.quota, updated_at = excluded.updated_at",
-            params![tenant, json(quota), time],
+            args![tenant, json(quota), time],
         )?;
         Ok(())
     }
@@ -2251,17 +2357,15 @@ impl Db {
     /// A tenant's quota override and when it was set, if it has one.
     pub fn tenant_quota(&self, tenant: &str) -> Result<Option<(QuotaOverride, String)>, DbError> {
         let conn = self.conn();
-        let row = conn
-            .cached_row("SELECT quota, updated_at FROM tenant_quotas WHERE tenant = ?1", params![tenant], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })
-            .optional()?;
+        let row = conn.one("SELECT quota, updated_at FROM tenant_quotas WHERE tenant = ?1", args![tenant], |r| {
+            Ok((r.get::<String>(0)?, r.get::<String>(1)?))
+        })?;
         row.map(|(q, t)| Ok((parse(&q, "tenant_quotas.quota")?, t))).transpose()
     }
 
     /// Removes a tenant's quota override (it gets the defaults again). Returns whether there was one.
     pub fn delete_tenant_quota(&self, tenant: &str) -> Result<bool, DbError> {
-        Ok(self.conn().execute("DELETE FROM tenant_quotas WHERE tenant = ?1", params![tenant])? > 0)
+        Ok(self.conn().execute("DELETE FROM tenant_quotas WHERE tenant = ?1", args![tenant])? > 0)
     }
 }
 
@@ -2277,7 +2381,7 @@ impl Db {
             &format!(
                 "INSERT INTO previews ({PREVIEW_COLUMNS}, secret_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ),
-            params![
+            args![
                 p.id,
                 p.sandbox_id,
                 p.port.map(i64::from),
@@ -2296,29 +2400,35 @@ impl Db {
     /// The preview whose token hashes to `secret_sha256` (revoked and expired ones included: the caller decides).
     pub fn preview_by_hash(&self, secret_sha256: &str) -> Result<Option<Preview>, DbError> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare_cached(&format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE secret_sha256 = ?1"))?;
-        Ok(stmt.query_row(params![secret_sha256], preview_from_row).optional()?)
+        conn.one(
+            &format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE secret_sha256 = ?1"),
+            args![secret_sha256],
+            preview_from_row,
+        )
     }
 
     /// The previews of a sandbox, oldest first (revoked and expired ones included).
     pub fn list_previews(&self, sandbox_id: &str) -> Result<Vec<Preview>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map(params![sandbox_id], preview_from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = conn.rows(
+            &format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 ORDER BY created_at, id"),
+            args![sandbox_id],
+            preview_from_row,
+        )?;
+        Ok(rows)
     }
 
     /// The public previews of a sandbox that open `port` (revoked and expired ones included).
     pub fn public_previews(&self, sandbox_id: &str, port: u16) -> Result<Vec<Preview>, DbError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(&format!(
+        let rows = conn.rows(
+            &format!(
             "SELECT {PREVIEW_COLUMNS} FROM previews WHERE sandbox_id = ?1 AND public AND (port IS NULL OR port = ?2)"
-        ))?;
-        let rows = stmt.query_map(params![sandbox_id, i64::from(port)], preview_from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        ),
+            args![sandbox_id, i64::from(port)],
+            preview_from_row,
+        )?;
+        Ok(rows)
     }
 
     /// Revokes a preview of a sandbox (idempotent: the first revocation time stays); `None` if it does not exist.
@@ -2327,15 +2437,13 @@ impl Db {
         let tx = conn.transaction()?;
         tx.execute(
             "UPDATE previews SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2 AND sandbox_id = ?3",
-            params![time, id, sandbox_id],
+            args![time, id, sandbox_id],
         )?;
-        let p = tx
-            .cached_row(
-                &format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE id = ?1 AND sandbox_id = ?2"),
-                params![id, sandbox_id],
-                preview_from_row,
-            )
-            .optional()?;
+        let p = tx.one(
+            &format!("SELECT {PREVIEW_COLUMNS} FROM previews WHERE id = ?1 AND sandbox_id = ?2"),
+            args![id, sandbox_id],
+            preview_from_row,
+        )?;
         tx.commit()?;
         Ok(p)
     }
@@ -2344,6 +2452,30 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `test` on a new SQLite database, then on a new PostgreSQL database
+    /// of the test server ([`crate::testing`]): skipped, saying why, where
+    /// there is none, and failed in CI.
+    fn each_db(test: impl Fn(&Db)) {
+        each_engine(|open| test(&open()));
+    }
+
+    /// Like [`each_db`], with a function that opens the test's database (again).
+    fn each_engine(test: impl Fn(&dyn Fn() -> Db)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.db");
+        test(&|| Db::open(&path).unwrap());
+        match crate::testing::shared() {
+            Ok(server) => {
+                let url = server.fresh_database();
+                test(&|| Db::open_postgres(&url).unwrap())
+            }
+            Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("CI must run the store tests on PostgreSQL too, but: {why}")
+            }
+            Err(why) => println!("skipped: the PostgreSQL half: {why}"),
+        }
+    }
     use std::collections::BTreeMap;
 
     #[test]
@@ -2370,74 +2502,77 @@ mod tests {
 
     #[test]
     fn resource_claims_read_limits_without_whole_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let mut a = record("0123456789abcdef", "a");
-        a.sandbox.tenant = "acme".into();
-        a.sandbox.limits.disk_bytes = Some(1 << 30);
-        db.insert_sandbox(&mut a).unwrap();
-        let mut b = record("1123456789abcdef", "b");
-        b.sandbox.limits = ResourceLimits::default();
-        db.insert_sandbox(&mut b).unwrap();
-        let mut claims = db.resource_claims().unwrap();
-        claims.sort_by(|x, y| x.id.cmp(&y.id));
-        assert_eq!(
-            claims[0],
-            ResourceClaim {
-                id: a.sandbox.id.clone(),
-                tenant: "acme".into(),
-                state: SandboxState::Creating,
-                memory_bytes: Some(1 << 20),
-                disk_bytes: Some(1 << 30)
-            }
-        );
-        assert_eq!((claims[1].memory_bytes, claims[1].disk_bytes, claims[1].tenant.as_str()), (None, None, "default"));
+        each_db(|db| {
+            let mut a = record("0123456789abcdef", "a");
+            a.sandbox.tenant = "acme".into();
+            a.sandbox.limits.disk_bytes = Some(1 << 30);
+            db.insert_sandbox(&mut a).unwrap();
+            let mut b = record("1123456789abcdef", "b");
+            b.sandbox.limits = ResourceLimits::default();
+            db.insert_sandbox(&mut b).unwrap();
+            let mut claims = db.resource_claims().unwrap();
+            claims.sort_by(|x, y| x.id.cmp(&y.id));
+            assert_eq!(
+                claims[0],
+                ResourceClaim {
+                    id: a.sandbox.id.clone(),
+                    tenant: "acme".into(),
+                    state: SandboxState::Creating,
+                    memory_bytes: Some(1 << 20),
+                    disk_bytes: Some(1 << 30)
+                }
+            );
+            assert_eq!(
+                (claims[1].memory_bytes, claims[1].disk_bytes, claims[1].tenant.as_str()),
+                (None, None, "default")
+            );
+        });
     }
 
     #[test]
     fn user_namespace_ranges_are_the_lowest_free_ones_and_come_back_with_the_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("s.db")).unwrap();
-        let want = |slot: u32| {
-            Some(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
-        };
-        let mut ids = Vec::new();
-        for i in 0..3 {
-            let id = format!("{i}123456789abcdef");
-            let mut r = record(&id, &format!("u{i}"));
+        each_db(|db| {
+            let want = |slot: u32| {
+                Some(strata_api::UserNamespace { host_base: USERNS_FIRST + slot * USERNS_SIZE, size: USERNS_SIZE })
+            };
+            let mut ids = Vec::new();
+            for i in 0..3 {
+                let id = format!("{i}123456789abcdef");
+                let mut r = record(&id, &format!("u{i}"));
+                r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
+                db.insert_sandbox(&mut r).unwrap();
+                assert_eq!(r.sandbox.userns, want(i), "written back");
+                assert_eq!(db.sandbox_by_id(&id).unwrap().unwrap().sandbox.userns, want(i), "stored");
+                ids.push(id);
+            }
+            // Without one: none taken.
+            let mut plain = record("9123456789abcdef", "plain");
+            db.insert_sandbox(&mut plain).unwrap();
+            assert_eq!(db.sandbox_by_id("9123456789abcdef").unwrap().unwrap().sandbox.userns, None);
+            // A destroyed sandbox's range is the next one given.
+            let t = Transition {
+                to: SandboxState::Destroyed,
+                reason: "user",
+                detail: None,
+                duration_ms: 0,
+                time: "2026-01-01T00:00:01Z",
+            };
+            assert!(db.delete_sandbox(&ids[1], SandboxState::Creating, &t).unwrap().is_some());
+            let mut r = record("a123456789abcdef", "again");
             r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
             db.insert_sandbox(&mut r).unwrap();
-            assert_eq!(r.sandbox.userns, want(i), "written back");
-            assert_eq!(db.sandbox_by_id(&id).unwrap().unwrap().sandbox.userns, want(i), "stored");
-            ids.push(id);
-        }
-        // Without one: none taken.
-        let mut plain = record("9123456789abcdef", "plain");
-        db.insert_sandbox(&mut plain).unwrap();
-        assert_eq!(db.sandbox_by_id("9123456789abcdef").unwrap().unwrap().sandbox.userns, None);
-        // A destroyed sandbox's range is the next one given.
-        let t = Transition {
-            to: SandboxState::Destroyed,
-            reason: "user",
-            detail: None,
-            duration_ms: 0,
-            time: "2026-01-01T00:00:01Z",
-        };
-        assert!(db.delete_sandbox(&ids[1], SandboxState::Creating, &t).unwrap().is_some());
-        let mut r = record("a123456789abcdef", "again");
-        r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
-        db.insert_sandbox(&mut r).unwrap();
-        assert_eq!(r.sandbox.userns, want(1));
-        // A daemon's share of the host's slots: the lowest free one in it, and none past it.
-        db.set_userns_slots(2..4);
-        let mut got = Vec::new();
-        for i in 0..2 {
-            let mut r = record(&format!("b{i}23456789abcdef"), &format!("s{i}"));
-            r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
-            got.push(db.insert_sandbox(&mut r).map(|_| r.sandbox.userns));
-        }
-        assert_eq!(got[0].as_ref().unwrap(), &want(3), "slot 2 is taken (by u2)");
-        assert!(matches!(got[1], Err(DbError::UsernsExhausted(2))), "{:?}", got[1]);
+            assert_eq!(r.sandbox.userns, want(1));
+            // A daemon's share of the host's slots: the lowest free one in it, and none past it.
+            db.set_userns_slots(2..4);
+            let mut got = Vec::new();
+            for i in 0..2 {
+                let mut r = record(&format!("b{i}23456789abcdef"), &format!("s{i}"));
+                r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
+                got.push(db.insert_sandbox(&mut r).map(|_| r.sandbox.userns));
+            }
+            assert_eq!(got[0].as_ref().unwrap(), &want(3), "slot 2 is taken (by u2)");
+            assert!(matches!(got[1], Err(DbError::UsernsExhausted(2))), "{:?}", got[1]);
+        });
     }
 
     fn record(id: &str, name: &str) -> SandboxRecord {
@@ -2490,84 +2625,84 @@ mod tests {
 
     #[test]
     fn a_pool_sandbox_is_hidden_and_adopted_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let mut member = record("0123456789abcdef", "0123456789abcdef");
-        member.sandbox.tenant = POOL_TENANT.into();
-        member.sandbox.state = SandboxState::Running;
-        db.insert_sandbox(&mut member).unwrap();
-        db.insert_sandbox(&mut record("1123456789abcdef", "taken")).unwrap();
-        // Nobody's lookups find it (the operator's neither), the pool's own do.
-        for key in ["0123456789abcdef", "0123"] {
-            assert!(db.find_sandbox(key, None).unwrap().is_none(), "{key}");
-            assert!(db.find_sandbox(key, Some("default")).unwrap().is_none(), "{key}");
-        }
-        assert!(db.find_sandbox("0123456789abcdef", Some(POOL_TENANT)).unwrap().is_some());
-        assert_eq!(db.pooled_sandboxes().unwrap().len(), 1);
-        assert!(db.list_policy_candidates().unwrap().iter().all(|r| r.sandbox.tenant != POOL_TENANT));
-        // Adopted: who it now is, with its event; a name in use is refused and changes nothing.
-        let mut adopted = member.clone();
-        adopted.sandbox.tenant = "acme".into();
-        adopted.sandbox.name = "taken".into();
-        adopted.sandbox.state_reason = "adopted".into();
-        assert!(matches!(db.adopt_pooled(&adopted, "from the pool"), Err(DbError::NameTaken(_))));
-        assert!(db.sandbox_by_id("0123456789abcdef").unwrap().unwrap().sandbox.tenant == POOL_TENANT);
-        adopted.sandbox.name = "web".into();
-        adopted.sandbox.image_id = "sha256:bb".into();
-        adopted.image_config.user = Some("app".into());
-        let ev = db.adopt_pooled(&adopted, "from the pool").unwrap().expect("adopted");
-        assert_eq!((ev.reason.as_str(), ev.detail.as_deref()), ("adopted", Some("from the pool")));
-        let got = db.find_sandbox("web", Some("acme")).unwrap().expect("the adopter sees it");
-        assert_eq!((got.sandbox.image_id.as_str(), got.image_config.user.as_deref()), ("sha256:bb", Some("app")));
-        assert!(db.pooled_sandboxes().unwrap().is_empty());
-        // Once: a second adoption finds no pool member.
-        assert!(db.adopt_pooled(&adopted, "again").unwrap().is_none());
+        each_db(|db| {
+            let mut member = record("0123456789abcdef", "0123456789abcdef");
+            member.sandbox.tenant = POOL_TENANT.into();
+            member.sandbox.state = SandboxState::Running;
+            db.insert_sandbox(&mut member).unwrap();
+            db.insert_sandbox(&mut record("1123456789abcdef", "taken")).unwrap();
+            // Nobody's lookups find it (the operator's neither), the pool's own do.
+            for key in ["0123456789abcdef", "0123"] {
+                assert!(db.find_sandbox(key, None).unwrap().is_none(), "{key}");
+                assert!(db.find_sandbox(key, Some("default")).unwrap().is_none(), "{key}");
+            }
+            assert!(db.find_sandbox("0123456789abcdef", Some(POOL_TENANT)).unwrap().is_some());
+            assert_eq!(db.pooled_sandboxes().unwrap().len(), 1);
+            assert!(db.list_policy_candidates().unwrap().iter().all(|r| r.sandbox.tenant != POOL_TENANT));
+            // Adopted: who it now is, with its event; a name in use is refused and changes nothing.
+            let mut adopted = member.clone();
+            adopted.sandbox.tenant = "acme".into();
+            adopted.sandbox.name = "taken".into();
+            adopted.sandbox.state_reason = "adopted".into();
+            assert!(matches!(db.adopt_pooled(&adopted, "from the pool"), Err(DbError::NameTaken(_))));
+            assert!(db.sandbox_by_id("0123456789abcdef").unwrap().unwrap().sandbox.tenant == POOL_TENANT);
+            adopted.sandbox.name = "web".into();
+            adopted.sandbox.image_id = "sha256:bb".into();
+            adopted.image_config.user = Some("app".into());
+            let ev = db.adopt_pooled(&adopted, "from the pool").unwrap().expect("adopted");
+            assert_eq!((ev.reason.as_str(), ev.detail.as_deref()), ("adopted", Some("from the pool")));
+            let got = db.find_sandbox("web", Some("acme")).unwrap().expect("the adopter sees it");
+            assert_eq!((got.sandbox.image_id.as_str(), got.image_config.user.as_deref()), ("sha256:bb", Some("app")));
+            assert!(db.pooled_sandboxes().unwrap().is_empty());
+            // Once: a second adoption finds no pool member.
+            assert!(db.adopt_pooled(&adopted, "again").unwrap().is_none());
+        });
     }
 
     #[test]
     fn sandbox_roundtrip_transitions_and_events() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
-        db.insert_sandbox(&mut record("0123456789abcdef", "web")).unwrap();
-        assert!(matches!(db.insert_sandbox(&mut record("1123456789abcdef", "web")), Err(DbError::NameTaken(_))));
-        let t = Transition {
-            to: SandboxState::Running,
-            reason: "user",
-            detail: None,
-            duration_ms: 5,
-            time: "2026-01-01T00:00:01Z",
-        };
-        assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, Some((42, 7))).unwrap().is_some());
-        // A second transition from the old state loses the race and changes nothing.
-        assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, None).unwrap().is_none());
-        let got = db.find_sandbox("web", None).unwrap().unwrap();
-        assert_eq!(got.sandbox.state, SandboxState::Running);
-        assert_eq!(got.sandbox.init_pid, Some(42));
-        assert_eq!(got.init_start_time, Some(7));
-        assert_eq!(got.sandbox.limits.pids, Some(10));
-        assert!(got.sandbox.allow_setuid);
-        assert_eq!(got.sandbox.tmp, strata_api::TmpStorage::Tmpfs);
-        assert!(db.find_sandbox("0123", None).unwrap().is_some(), "unique prefix resolves");
-        assert!(db.find_sandbox("nope", None).unwrap().is_none());
-        let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();
-        assert_eq!(evs.len(), 2);
-        assert_eq!(evs[1].from, Some(SandboxState::Creating));
-        let t = Transition {
-            to: SandboxState::Destroyed,
-            reason: "user",
-            detail: None,
-            duration_ms: 1,
-            time: "2026-01-01T00:00:02Z",
-        };
-        // Destroy is a compare-and-set transition too: from a state the sandbox
-        // is not in, nothing is deleted and no event is written.
-        assert!(db.delete_sandbox("0123456789abcdef", SandboxState::Stopped, &t).unwrap().is_none());
-        assert!(db.find_sandbox("web", None).unwrap().is_some());
-        assert_eq!(db.events(None, 0, 100).unwrap().len(), 2);
-        assert!(db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap().is_some());
-        assert!(db.find_sandbox("web", None).unwrap().is_none());
-        assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
+        each_db(|db| {
+            assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
+            db.insert_sandbox(&mut record("0123456789abcdef", "web")).unwrap();
+            assert!(matches!(db.insert_sandbox(&mut record("1123456789abcdef", "web")), Err(DbError::NameTaken(_))));
+            let t = Transition {
+                to: SandboxState::Running,
+                reason: "user",
+                detail: None,
+                duration_ms: 5,
+                time: "2026-01-01T00:00:01Z",
+            };
+            assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, Some((42, 7))).unwrap().is_some());
+            // A second transition from the old state loses the race and changes nothing.
+            assert!(db.transition("0123456789abcdef", SandboxState::Creating, &t, None).unwrap().is_none());
+            let got = db.find_sandbox("web", None).unwrap().unwrap();
+            assert_eq!(got.sandbox.state, SandboxState::Running);
+            assert_eq!(got.sandbox.init_pid, Some(42));
+            assert_eq!(got.init_start_time, Some(7));
+            assert_eq!(got.sandbox.limits.pids, Some(10));
+            assert!(got.sandbox.allow_setuid);
+            assert_eq!(got.sandbox.tmp, strata_api::TmpStorage::Tmpfs);
+            assert!(db.find_sandbox("0123", None).unwrap().is_some(), "unique prefix resolves");
+            assert!(db.find_sandbox("nope", None).unwrap().is_none());
+            let evs = db.events(Some("0123456789abcdef"), 0, 100).unwrap();
+            assert_eq!(evs.len(), 2);
+            assert_eq!(evs[1].from, Some(SandboxState::Creating));
+            let t = Transition {
+                to: SandboxState::Destroyed,
+                reason: "user",
+                detail: None,
+                duration_ms: 1,
+                time: "2026-01-01T00:00:02Z",
+            };
+            // Destroy is a compare-and-set transition too: from a state the sandbox
+            // is not in, nothing is deleted and no event is written.
+            assert!(db.delete_sandbox("0123456789abcdef", SandboxState::Stopped, &t).unwrap().is_none());
+            assert!(db.find_sandbox("web", None).unwrap().is_some());
+            assert_eq!(db.events(None, 0, 100).unwrap().len(), 2);
+            assert!(db.delete_sandbox("0123456789abcdef", SandboxState::Running, &t).unwrap().is_some());
+            assert!(db.find_sandbox("web", None).unwrap().is_none());
+            assert_eq!(db.events(None, 0, 100).unwrap().len(), 3);
+        });
     }
 
     /// The resolution order of `strata_core::ids` over sandboxes, checkpoints,
@@ -2575,197 +2710,205 @@ mod tests {
     /// the caller's own objects; other tenants' rows are never looked at.
     #[test]
     fn keys_resolve_exactly_and_within_the_scope() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let put = |id: &str, name: &str, tenant: &str| {
-            let mut r = record(id, name);
-            r.sandbox.tenant = tenant.into();
-            db.insert_sandbox(&mut r).unwrap();
-        };
-        put("abcd000000000001", "web", "acme");
-        put("abcd000000000002", "db", "globex");
-        // A legacy name (from before the rule) that is another sandbox's id prefix, and one that is a full id.
-        put("ffff000000000003", "abcd0000", "acme");
-        put("eeee000000000004", "abcd000000000002", "acme");
-        let id = |k: &str, scope: Option<&str>| db.find_sandbox(k, scope).unwrap().map(|r| r.sandbox.id);
-        // A full id always resolves to that id, never to a name that spells it.
-        assert_eq!(id("abcd000000000002", None).as_deref(), Some("abcd000000000002"));
-        assert_eq!(
-            id("abcd000000000002", Some("acme")).as_deref(),
-            Some("eeee000000000004"),
-            "for acme the other tenant's id does not exist: its own name matches"
-        );
-        assert_eq!(id("abcd000000000002", Some("globex")).as_deref(), Some("abcd000000000002"));
-        // Prefixes: among the caller's own objects only.
-        assert_eq!(id("abcd", None), None, "ambiguous among all tenants");
-        assert_eq!(id("abcd", Some("acme")).as_deref(), Some("abcd000000000001"), "unique among acme's");
-        assert_eq!(id("abcd", Some("globex")).as_deref(), Some("abcd000000000002"), "unique among globex's");
-        assert_eq!(id("abcd", Some("initech")), None);
-        // A legacy hex name is an exact name: it wins over a prefix for whoever sees it, and only for them.
-        assert_eq!(id("abcd0000", Some("acme")).as_deref(), Some("ffff000000000003"));
-        assert_eq!(
-            id("abcd0000", Some("globex")).as_deref(),
-            Some("abcd000000000002"),
-            "another tenant's name never shadows globex's prefix"
-        );
-        assert_eq!(id("abcd0000", None).as_deref(), Some("ffff000000000003"));
-        // Names of another tenant are unknown; no wildcards, no case folding.
-        assert_eq!(id("db", Some("acme")), None);
-        assert_eq!(id("db", Some("globex")).as_deref(), Some("abcd000000000002"));
-        for k in ["ABCD", "abc", "ab%", "a_cd", "%%%%", "____"] {
-            assert_eq!(id(k, Some("globex")), None, "{k}");
-        }
-        assert_eq!(db.resolve_sandbox_id("abcd", Some("globex")).unwrap().as_deref(), Some("abcd000000000002"));
-        assert_eq!(db.sandbox_by_id("abcd").unwrap().map(|r| r.sandbox.id), None, "by id means the whole id");
-        assert_eq!(
-            db.find_usage("abcd", Some("globex")).unwrap().map(|u| u.sandbox_id).as_deref(),
-            Some("abcd000000000002")
-        );
-        assert_eq!(db.find_usage("abcd", None).unwrap().map(|u| u.sandbox_id), None);
-        assert_eq!(db.usage_by_id("abcd").unwrap().map(|u| u.sandbox_id), None);
-        // Pipeline runs: by id or a prefix unique among the caller's runs, never by name.
-        let run = |id: &str, tenant: &str| PipelineRun {
-            id: id.into(),
-            tenant: tenant.into(),
-            name: "abcd1234".into(),
-            state: strata_api::PipelineState::Succeeded,
-            reason: None,
-            created_at: "t".into(),
-            updated_at: "t".into(),
-            spec: Default::default(),
-            stages: vec![],
-        };
-        db.put_pipeline_run(&run("abcd1234ffff0001", "acme")).unwrap();
-        db.put_pipeline_run(&run("abcd1234ffff0002", "globex")).unwrap();
-        let r = |k: &str, scope: Option<&str>| db.find_pipeline_run(k, scope).unwrap().map(|r| r.id);
-        assert_eq!(r("abcd1234", Some("acme")).as_deref(), Some("abcd1234ffff0001"));
-        assert_eq!(r("abcd1234", None), None);
-        assert_eq!(r("abcd1234ffff0002", Some("acme")), None);
-        assert_eq!(db.pipeline_run_by_id("abcd1234ffff0002").unwrap().map(|r| r.tenant).as_deref(), Some("globex"));
-        // The check lists the legacy hex names, not default names equal to the sandbox's own id.
-        put("1111000000000005", "1111000000000005", "acme");
-        let listed: Vec<(String, String)> =
-            db.names_like_ids().unwrap().into_iter().map(|n| (n.kind, n.name)).collect();
-        assert!(
-            listed.contains(&("sandbox".into(), "abcd0000".into()))
-                && listed.contains(&("sandbox".into(), "abcd000000000002".into())),
-            "{listed:?}"
-        );
-        assert!(listed.contains(&("pipeline_run".into(), "abcd1234".into())), "{listed:?}");
-        assert!(!listed.iter().any(|(_, n)| n == "1111000000000005" || n == "web"), "{listed:?}");
+        each_db(|db| {
+            let put = |id: &str, name: &str, tenant: &str| {
+                let mut r = record(id, name);
+                r.sandbox.tenant = tenant.into();
+                db.insert_sandbox(&mut r).unwrap();
+            };
+            put("abcd000000000001", "web", "acme");
+            put("abcd000000000002", "db", "globex");
+            // A legacy name (from before the rule) that is another sandbox's id prefix, and one that is a full id.
+            put("ffff000000000003", "abcd0000", "acme");
+            put("eeee000000000004", "abcd000000000002", "acme");
+            let id = |k: &str, scope: Option<&str>| db.find_sandbox(k, scope).unwrap().map(|r| r.sandbox.id);
+            // A full id always resolves to that id, never to a name that spells it.
+            assert_eq!(id("abcd000000000002", None).as_deref(), Some("abcd000000000002"));
+            assert_eq!(
+                id("abcd000000000002", Some("acme")).as_deref(),
+                Some("eeee000000000004"),
+                "for acme the other tenant's id does not exist: its own name matches"
+            );
+            assert_eq!(id("abcd000000000002", Some("globex")).as_deref(), Some("abcd000000000002"));
+            // Prefixes: among the caller's own objects only.
+            assert_eq!(id("abcd", None), None, "ambiguous among all tenants");
+            assert_eq!(id("abcd", Some("acme")).as_deref(), Some("abcd000000000001"), "unique among acme's");
+            assert_eq!(id("abcd", Some("globex")).as_deref(), Some("abcd000000000002"), "unique among globex's");
+            assert_eq!(id("abcd", Some("initech")), None);
+            // A legacy hex name is an exact name: it wins over a prefix for whoever sees it, and only for them.
+            assert_eq!(id("abcd0000", Some("acme")).as_deref(), Some("ffff000000000003"));
+            assert_eq!(
+                id("abcd0000", Some("globex")).as_deref(),
+                Some("abcd000000000002"),
+                "another tenant's name never shadows globex's prefix"
+            );
+            assert_eq!(id("abcd0000", None).as_deref(), Some("ffff000000000003"));
+            // Names of another tenant are unknown; no wildcards, no case folding.
+            assert_eq!(id("db", Some("acme")), None);
+            assert_eq!(id("db", Some("globex")).as_deref(), Some("abcd000000000002"));
+            for k in ["ABCD", "abc", "ab%", "a_cd", "%%%%", "____"] {
+                assert_eq!(id(k, Some("globex")), None, "{k}");
+            }
+            assert_eq!(db.resolve_sandbox_id("abcd", Some("globex")).unwrap().as_deref(), Some("abcd000000000002"));
+            assert_eq!(db.sandbox_by_id("abcd").unwrap().map(|r| r.sandbox.id), None, "by id means the whole id");
+            assert_eq!(
+                db.find_usage("abcd", Some("globex")).unwrap().map(|u| u.sandbox_id).as_deref(),
+                Some("abcd000000000002")
+            );
+            assert_eq!(db.find_usage("abcd", None).unwrap().map(|u| u.sandbox_id), None);
+            assert_eq!(db.usage_by_id("abcd").unwrap().map(|u| u.sandbox_id), None);
+            // Pipeline runs: by id or a prefix unique among the caller's runs, never by name.
+            let run = |id: &str, tenant: &str| PipelineRun {
+                id: id.into(),
+                tenant: tenant.into(),
+                name: "abcd1234".into(),
+                state: strata_api::PipelineState::Succeeded,
+                reason: None,
+                created_at: "t".into(),
+                updated_at: "t".into(),
+                spec: Default::default(),
+                stages: vec![],
+            };
+            db.put_pipeline_run(&run("abcd1234ffff0001", "acme")).unwrap();
+            db.put_pipeline_run(&run("abcd1234ffff0002", "globex")).unwrap();
+            let r = |k: &str, scope: Option<&str>| db.find_pipeline_run(k, scope).unwrap().map(|r| r.id);
+            assert_eq!(r("abcd1234", Some("acme")).as_deref(), Some("abcd1234ffff0001"));
+            assert_eq!(r("abcd1234", None), None);
+            assert_eq!(r("abcd1234ffff0002", Some("acme")), None);
+            assert_eq!(db.pipeline_run_by_id("abcd1234ffff0002").unwrap().map(|r| r.tenant).as_deref(), Some("globex"));
+            // The check lists the legacy hex names, not default names equal to the sandbox's own id.
+            put("1111000000000005", "1111000000000005", "acme");
+            let listed: Vec<(String, String)> =
+                db.names_like_ids().unwrap().into_iter().map(|n| (n.kind, n.name)).collect();
+            assert!(
+                listed.contains(&("sandbox".into(), "abcd0000".into()))
+                    && listed.contains(&("sandbox".into(), "abcd000000000002".into())),
+                "{listed:?}"
+            );
+            assert!(listed.contains(&("pipeline_run".into(), "abcd1234".into())), "{listed:?}");
+            assert!(!listed.iter().any(|(_, n)| n == "1111000000000005" || n == "web"), "{listed:?}");
+        });
     }
 
     #[test]
     fn usage_outlives_the_sandbox_row() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let id = "0123456789abcdef";
-        db.insert_sandbox(&mut record(id, "web")).unwrap();
-        let u = db.find_usage("web", None).unwrap().unwrap();
-        assert_eq!((u.sandbox_id.as_str(), u.destroyed_at.as_deref()), (id, None));
-        db.update_usage(id, |r| {
-            r.compute.cpu_seconds += 1.5;
-            r.storage_gb_hours.insert("writable".into(), 0.25);
-        })
-        .unwrap();
-        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t9" };
-        db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
-        assert!(db.find_sandbox(id, None).unwrap().is_none());
-        let u = db.find_usage("0123", None).unwrap().unwrap();
-        assert_eq!(u.compute.cpu_seconds, 1.5);
-        assert_eq!(u.storage_gb_hours["writable"], 0.25);
-        assert_eq!(u.destroyed_at.as_deref(), Some("t9"));
-        assert_eq!(db.list_usage().unwrap().len(), 1);
-        assert!(db.find_usage("nope", None).unwrap().is_none());
-        db.set_checkpoint_setup("c1", &ComputeUsage { cpu_seconds: 2.0, ..Default::default() }).unwrap();
-        assert_eq!(db.checkpoint_setup("c1").unwrap().unwrap().cpu_seconds, 2.0);
-        assert!(db.checkpoint_setup("c2").unwrap().is_none());
+        each_db(|db| {
+            let id = "0123456789abcdef";
+            db.insert_sandbox(&mut record(id, "web")).unwrap();
+            let u = db.find_usage("web", None).unwrap().unwrap();
+            assert_eq!((u.sandbox_id.as_str(), u.destroyed_at.as_deref()), (id, None));
+            db.update_usage(id, |r| {
+                r.compute.cpu_seconds += 1.5;
+                r.storage_gb_hours.insert("writable".into(), 0.25);
+            })
+            .unwrap();
+            let t =
+                Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t9" };
+            db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
+            assert!(db.find_sandbox(id, None).unwrap().is_none());
+            let u = db.find_usage("0123", None).unwrap().unwrap();
+            assert_eq!(u.compute.cpu_seconds, 1.5);
+            assert_eq!(u.storage_gb_hours["writable"], 0.25);
+            assert_eq!(u.destroyed_at.as_deref(), Some("t9"));
+            assert_eq!(db.list_usage().unwrap().len(), 1);
+            assert!(db.find_usage("nope", None).unwrap().is_none());
+            db.set_checkpoint_setup("c1", &ComputeUsage { cpu_seconds: 2.0, ..Default::default() }).unwrap();
+            assert_eq!(db.checkpoint_setup("c1").unwrap().unwrap().cpu_seconds, 2.0);
+            assert!(db.checkpoint_setup("c2").unwrap().is_none());
+        });
     }
 
     #[test]
     fn inactive_since_spans_stopped_standby_and_archived() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let id = "0123456789abcdef";
-        db.insert_sandbox(&mut record(id, "web")).unwrap();
-        let step = |from, to, time: &str| {
-            let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time };
-            db.transition(id, from, &t, None).unwrap().unwrap();
-            db.find_sandbox(id, None).unwrap().unwrap().sandbox.inactive_since
-        };
-        assert_eq!(step(SandboxState::Creating, SandboxState::Running, "t1"), None);
-        assert_eq!(step(SandboxState::Running, SandboxState::Stopped, "t2").as_deref(), Some("t2"));
-        assert_eq!(
-            step(SandboxState::Stopped, SandboxState::Archived, "t3").as_deref(),
-            Some("t2"),
-            "kept while parked"
-        );
-        assert_eq!(step(SandboxState::Archived, SandboxState::Stopped, "t4").as_deref(), Some("t2"));
-        assert_eq!(step(SandboxState::Stopped, SandboxState::Running, "t5"), None, "cleared when it runs");
-        assert_eq!(step(SandboxState::Running, SandboxState::Standby, "t6").as_deref(), Some("t6"));
+        each_db(|db| {
+            let id = "0123456789abcdef";
+            db.insert_sandbox(&mut record(id, "web")).unwrap();
+            let step = |from, to, time: &str| {
+                let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time };
+                db.transition(id, from, &t, None).unwrap().unwrap();
+                db.find_sandbox(id, None).unwrap().unwrap().sandbox.inactive_since
+            };
+            assert_eq!(step(SandboxState::Creating, SandboxState::Running, "t1"), None);
+            assert_eq!(step(SandboxState::Running, SandboxState::Stopped, "t2").as_deref(), Some("t2"));
+            assert_eq!(
+                step(SandboxState::Stopped, SandboxState::Archived, "t3").as_deref(),
+                Some("t2"),
+                "kept while parked"
+            );
+            assert_eq!(step(SandboxState::Archived, SandboxState::Stopped, "t4").as_deref(), Some("t2"));
+            assert_eq!(step(SandboxState::Stopped, SandboxState::Running, "t5"), None, "cleared when it runs");
+            assert_eq!(step(SandboxState::Running, SandboxState::Standby, "t6").as_deref(), Some("t6"));
+        });
     }
 
     #[test]
     fn policy_candidates_skip_parked_sandboxes_without_limits() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        for (id, to) in [
-            ("a000000000000000", SandboxState::Running),
-            ("b000000000000000", SandboxState::Standby),
-            ("c000000000000000", SandboxState::Stopped),
-        ] {
-            db.insert_sandbox(&mut record(id, &id[..1])).unwrap();
-            let t =
-                Transition { to: SandboxState::Running, reason: "created", detail: None, duration_ms: 0, time: "t1" };
-            db.transition(id, SandboxState::Creating, &t, None).unwrap().unwrap();
-            if to != SandboxState::Running {
-                let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time: "t2" };
-                db.transition(id, SandboxState::Running, &t, None).unwrap().unwrap();
+        each_db(|db| {
+            for (id, to) in [
+                ("a000000000000000", SandboxState::Running),
+                ("b000000000000000", SandboxState::Standby),
+                ("c000000000000000", SandboxState::Stopped),
+            ] {
+                db.insert_sandbox(&mut record(id, &id[..1])).unwrap();
+                let t = Transition {
+                    to: SandboxState::Running,
+                    reason: "created",
+                    detail: None,
+                    duration_ms: 0,
+                    time: "t1",
+                };
+                db.transition(id, SandboxState::Creating, &t, None).unwrap().unwrap();
+                if to != SandboxState::Running {
+                    let t = Transition { to, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+                    db.transition(id, SandboxState::Running, &t, None).unwrap().unwrap();
+                }
             }
-        }
-        let ids = |v: Vec<SandboxRecord>| v.into_iter().map(|r| r.sandbox.id).collect::<Vec<_>>();
-        assert_eq!(ids(db.list_policy_candidates().unwrap()), vec!["a000000000000000"]);
-        db.update_policy("c000000000000000", |p| p.delete_after = Some("1h".into())).unwrap();
-        assert_eq!(ids(db.list_policy_candidates().unwrap()), vec!["a000000000000000", "c000000000000000"]);
-        assert_eq!(db.sandbox_ids().unwrap().len(), 3);
-        assert!(db.with_expiry().unwrap().is_empty());
-        db.set_expires_at("b000000000000000", Some("t9")).unwrap();
-        assert_eq!(db.with_expiry().unwrap(), vec!["b000000000000000".to_string()]);
+            let ids = |v: Vec<SandboxRecord>| v.into_iter().map(|r| r.sandbox.id).collect::<Vec<_>>();
+            assert_eq!(ids(db.list_policy_candidates().unwrap()), vec!["a000000000000000"]);
+            db.update_policy("c000000000000000", |p| p.delete_after = Some("1h".into())).unwrap();
+            assert_eq!(ids(db.list_policy_candidates().unwrap()), vec!["a000000000000000", "c000000000000000"]);
+            assert_eq!(db.sandbox_ids().unwrap().len(), 3);
+            assert!(db.with_expiry().unwrap().is_empty());
+            db.set_expires_at("b000000000000000", Some("t9")).unwrap();
+            assert_eq!(db.with_expiry().unwrap(), vec!["b000000000000000".to_string()]);
+        });
     }
 
     #[test]
     fn policies_update_in_place_and_leases_go_with_their_sandbox() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let id = "0123456789abcdef";
-        db.insert_sandbox(&mut record(id, "web")).unwrap();
-        assert_eq!(db.find_sandbox(id, None).unwrap().unwrap().sandbox.policy.on_idle, strata_api::OnIdle::Destroy);
-        let p = db.update_policy(id, |p| p.delete_after = Some("1h".into())).unwrap().unwrap();
-        assert_eq!(p.delete_after.as_deref(), Some("1h"));
-        assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.policy, p);
-        assert!(db.update_policy("nope", |_| {}).unwrap().is_none());
-        assert_eq!(db.resolve_sandbox_id("web", None).unwrap().as_deref(), Some(id));
-        assert_eq!(db.resolve_sandbox_id("0123", None).unwrap().as_deref(), Some(id));
-        assert_eq!(db.resolve_sandbox_id("nope", None).unwrap(), None);
+        each_db(|db| {
+            let id = "0123456789abcdef";
+            db.insert_sandbox(&mut record(id, "web")).unwrap();
+            assert_eq!(db.find_sandbox(id, None).unwrap().unwrap().sandbox.policy.on_idle, strata_api::OnIdle::Destroy);
+            let p = db.update_policy(id, |p| p.delete_after = Some("1h".into())).unwrap().unwrap();
+            assert_eq!(p.delete_after.as_deref(), Some("1h"));
+            assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.policy, p);
+            assert!(db.update_policy("nope", |_| {}).unwrap().is_none());
+            assert_eq!(db.resolve_sandbox_id("web", None).unwrap().as_deref(), Some(id));
+            assert_eq!(db.resolve_sandbox_id("0123", None).unwrap().as_deref(), Some(id));
+            assert_eq!(db.resolve_sandbox_id("nope", None).unwrap(), None);
 
-        let lease = Lease { id: "l1".into(), sandbox_id: id.into(), created_at: "t0".into(), expires_at: "t1".into() };
-        db.insert_lease(&lease).unwrap();
-        db.insert_lease(&Lease { id: "l2".into(), sandbox_id: "other".into(), ..lease.clone() }).unwrap();
-        assert_eq!(db.list_leases(Some(id)).unwrap(), vec![lease.clone()]);
-        assert_eq!(db.list_leases(None).unwrap().len(), 2);
-        assert_eq!(db.renew_lease(id, "l1", "t9").unwrap().unwrap().expires_at, "t9");
-        assert!(db.renew_lease("other", "l1", "t9").unwrap().is_none(), "a lease belongs to one sandbox");
-        assert!(db.get_lease("other", "l1").unwrap().is_none());
-        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
-        db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
-        assert!(db.list_leases(Some(id)).unwrap().is_empty());
-        assert_eq!(
-            db.delete_leases(&[(id, "l2"), ("other", "l3")]).unwrap(),
-            0,
-            "a lease is deleted only through its own sandbox"
-        );
-        assert_eq!(db.list_leases(Some("other")).unwrap().len(), 1);
-        assert_eq!(db.delete_leases(&[("other", "l2"), ("other", "l3")]).unwrap(), 1);
+            let lease =
+                Lease { id: "l1".into(), sandbox_id: id.into(), created_at: "t0".into(), expires_at: "t1".into() };
+            db.insert_lease(&lease).unwrap();
+            db.insert_lease(&Lease { id: "l2".into(), sandbox_id: "other".into(), ..lease.clone() }).unwrap();
+            assert_eq!(db.list_leases(Some(id)).unwrap(), vec![lease.clone()]);
+            assert_eq!(db.list_leases(None).unwrap().len(), 2);
+            assert_eq!(db.renew_lease(id, "l1", "t9").unwrap().unwrap().expires_at, "t9");
+            assert!(db.renew_lease("other", "l1", "t9").unwrap().is_none(), "a lease belongs to one sandbox");
+            assert!(db.get_lease("other", "l1").unwrap().is_none());
+            let t =
+                Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+            db.delete_sandbox(id, SandboxState::Creating, &t).unwrap();
+            assert!(db.list_leases(Some(id)).unwrap().is_empty());
+            assert_eq!(
+                db.delete_leases(&[(id, "l2"), ("other", "l3")]).unwrap(),
+                0,
+                "a lease is deleted only through its own sandbox"
+            );
+            assert_eq!(db.list_leases(Some("other")).unwrap().len(), 1);
+            assert_eq!(db.delete_leases(&[("other", "l2"), ("other", "l3")]).unwrap(), 1);
+        });
     }
 
     #[test]
@@ -2783,7 +2926,7 @@ mod tests {
                 conn.execute(
                     "INSERT INTO sandboxes (id, name, state, state_reason, source, image_id, runtime, lifecycle, created_at, updated_at, limits, env, hostname, labels, layers, image_config)
                      VALUES (?1, ?1, ?2, 'user', 'busybox', 'sha256:aa', 'namespace', ?3, 't0', 't1', '{}', '{}', 'h', '{}', '[]', '{}')",
-                    params![id, state, lifecycle],
+                    rusqlite::params![id, state, lifecycle],
                 )
                 .unwrap();
             }
@@ -2803,295 +2946,313 @@ mod tests {
 
     #[test]
     fn an_image_name_keeps_its_versions() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let img = |id: &str| Image {
-            id: id.into(),
-            name: "base".into(),
-            source_kind: "rootfs-dir".into(),
-            source: "/r".into(),
-            layers: vec![LayerInfo { digest: format!("{id}-layer"), size: 1 }],
-            config: ImageConfig::default(),
-            size: 1,
-            created_at: "t".into(),
-            version: 0,
-            previous: None,
-            newest: false,
-            platform: None,
-        };
-        let v1 = db.put_image(&img("sha256:1111111111"), false).unwrap();
-        let v2 = db.put_image(&img("sha256:2222222222"), true).unwrap();
-        assert_eq!((v1.version, v2.version, v2.previous.as_deref()), (1, 2, Some("sha256:1111111111")));
-        assert_eq!(db.get_image("base").unwrap().unwrap().id, "sha256:2222222222", "the name means the newest");
-        let old = db.get_image("sha256:1111111111").unwrap().unwrap();
-        assert!(!old.newest && old.version == 1, "an old version stays, by its id");
-        assert_eq!(db.list_images().unwrap().len(), 1);
-        assert_eq!(db.list_image_versions(Some("base")).unwrap().len(), 2);
-        assert_eq!(db.images_with_id("sha256:1111111111").unwrap().len(), 1);
-        // Removing the newest version makes the one before it the newest again.
-        assert!(db.delete_image_version("base", 2).unwrap());
-        assert!(db.get_image("base").unwrap().unwrap().newest);
-        assert_eq!(db.get_image("base").unwrap().unwrap().version, 1);
-        assert!(db.delete_image("base").unwrap());
-        assert!(db.list_image_versions(None).unwrap().is_empty());
-    }
-
-    #[test]
-    fn reopening_keeps_data_and_schema() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("m.db");
-        {
-            let db = Db::open(&p).unwrap();
-            let img = Image {
-                id: "sha256:abcdef0123456789".into(),
-                name: "busybox".into(),
-                source_kind: "rootfs-tar".into(),
-                source: "/x.tar".into(),
-                layers: vec![LayerInfo { digest: "sha256:00".into(), size: 3 }],
+        each_db(|db| {
+            let img = |id: &str| Image {
+                id: id.into(),
+                name: "base".into(),
+                source_kind: "rootfs-dir".into(),
+                source: "/r".into(),
+                layers: vec![LayerInfo { digest: format!("{id}-layer"), size: 1 }],
                 config: ImageConfig::default(),
-                size: 3,
+                size: 1,
                 created_at: "t".into(),
                 version: 0,
                 previous: None,
                 newest: false,
                 platform: None,
             };
-            assert_eq!(db.put_image(&img, false).unwrap().version, 1);
-            assert!(matches!(db.put_image(&img, false), Err(DbError::NameTaken(_))));
-            assert_eq!(db.put_image(&img, true).unwrap().version, 1, "the same content is no new version");
-        }
-        let db = Db::open(&p).unwrap();
-        assert_eq!(db.list_images().unwrap().len(), 1);
-        assert!(db.get_image("abcdef01").unwrap().is_some());
-        assert!(db.get_image("sha256:abcdef01").unwrap().is_some());
-        assert!(db.get_image("ABCDEF01").unwrap().is_none(), "ids are lower-case");
-        assert!(db.get_image("abcdef0").unwrap().is_none(), "prefixes of images need 8 characters");
-        assert!(db.delete_image("busybox").unwrap());
-        assert!(!db.delete_image("busybox").unwrap());
+            let v1 = db.put_image(&img("sha256:1111111111"), false).unwrap();
+            let v2 = db.put_image(&img("sha256:2222222222"), true).unwrap();
+            assert_eq!((v1.version, v2.version, v2.previous.as_deref()), (1, 2, Some("sha256:1111111111")));
+            assert_eq!(db.get_image("base").unwrap().unwrap().id, "sha256:2222222222", "the name means the newest");
+            let old = db.get_image("sha256:1111111111").unwrap().unwrap();
+            assert!(!old.newest && old.version == 1, "an old version stays, by its id");
+            assert_eq!(db.list_images().unwrap().len(), 1);
+            assert_eq!(db.list_image_versions(Some("base")).unwrap().len(), 2);
+            assert_eq!(db.images_with_id("sha256:1111111111").unwrap().len(), 1);
+            // Removing the newest version makes the one before it the newest again.
+            assert!(db.delete_image_version("base", 2).unwrap());
+            assert!(db.get_image("base").unwrap().unwrap().newest);
+            assert_eq!(db.get_image("base").unwrap().unwrap().version, 1);
+            assert!(db.delete_image("base").unwrap());
+            assert!(db.list_image_versions(None).unwrap().is_empty());
+        });
+    }
+
+    #[test]
+    fn reopening_keeps_data_and_schema() {
+        each_engine(|open| {
+            {
+                let db = open();
+                let img = Image {
+                    id: "sha256:abcdef0123456789".into(),
+                    name: "busybox".into(),
+                    source_kind: "rootfs-tar".into(),
+                    source: "/x.tar".into(),
+                    layers: vec![LayerInfo { digest: "sha256:00".into(), size: 3 }],
+                    config: ImageConfig::default(),
+                    size: 3,
+                    created_at: "t".into(),
+                    version: 0,
+                    previous: None,
+                    newest: false,
+                    platform: None,
+                };
+                assert_eq!(db.put_image(&img, false).unwrap().version, 1);
+                assert!(matches!(db.put_image(&img, false), Err(DbError::NameTaken(_))));
+                assert_eq!(db.put_image(&img, true).unwrap().version, 1, "the same content is no new version");
+            }
+            let db = open();
+            assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len() as i64);
+            assert_eq!(db.list_images().unwrap().len(), 1);
+            assert!(db.get_image("abcdef01").unwrap().is_some());
+            assert!(db.get_image("sha256:abcdef01").unwrap().is_some());
+            assert!(db.get_image("ABCDEF01").unwrap().is_none(), "ids are lower-case");
+            assert!(db.get_image("abcdef0").unwrap().is_none(), "prefixes of images need 8 characters");
+            assert!(db.delete_image("busybox").unwrap());
+            assert!(!db.delete_image("busybox").unwrap());
+        });
     }
 
     #[test]
     fn approvals_are_found_by_fingerprint_and_changed_in_a_transaction() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let a = |id: &str, tenant: &str, expires: &str| Approval {
-            id: id.into(),
-            tenant: tenant.into(),
-            state: ApprovalState::Pending,
-            action: "create sandbox".into(),
-            target: "busybox".into(),
-            capabilities: vec![],
-            requested_by: "uid:0".into(),
-            requested_at: "2026-12-01T10:00:00.000Z".into(),
-            expires_at: expires.into(),
-            decided_by: None,
-            decided_at: None,
-            reason: None,
-            used_at: None,
-            fingerprint: "f1".into(),
-        };
-        db.insert_approval(&a("apr-1", "acme", "2026-12-01T10:15:00.000Z")).unwrap();
-        db.insert_approval(&a("apr-2", "globex", "2026-12-01T10:05:00.000Z")).unwrap();
-        assert_eq!(db.open_approval("acme", "f1").unwrap().unwrap().id, "apr-1");
-        assert!(db.open_approval("acme", "f2").unwrap().is_none());
-        assert_eq!(db.list_approvals(Some("globex"), None).unwrap().len(), 1);
-        assert_eq!(db.expired_approvals("2026-12-01T10:10:00.000Z").unwrap(), vec!["apr-2".to_string()]);
-        let (after, changed) = db
-            .update_approval("apr-1", |r| {
-                r.state = ApprovalState::Denied;
-                true
-            })
-            .unwrap()
-            .unwrap();
-        assert!(changed && after.state == ApprovalState::Denied);
-        assert_eq!(db.get_approval("apr-1").unwrap().unwrap().state, ApprovalState::Denied);
-        assert!(db.open_approval("acme", "f1").unwrap().is_none(), "a denied approval is not open");
-        assert_eq!(db.list_approvals(None, Some(ApprovalState::Pending)).unwrap().len(), 1);
-        let (_, changed) = db.update_approval("apr-2", |_| false).unwrap().unwrap();
-        assert!(!changed);
-        assert!(db.update_approval("apr-9", |_| true).unwrap().is_none());
+        each_db(|db| {
+            let a = |id: &str, tenant: &str, expires: &str| Approval {
+                id: id.into(),
+                tenant: tenant.into(),
+                state: ApprovalState::Pending,
+                action: "create sandbox".into(),
+                target: "busybox".into(),
+                capabilities: vec![],
+                requested_by: "uid:0".into(),
+                requested_at: "2026-12-01T10:00:00.000Z".into(),
+                expires_at: expires.into(),
+                decided_by: None,
+                decided_at: None,
+                reason: None,
+                used_at: None,
+                fingerprint: "f1".into(),
+            };
+            db.insert_approval(&a("apr-1", "acme", "2026-12-01T10:15:00.000Z")).unwrap();
+            db.insert_approval(&a("apr-2", "globex", "2026-12-01T10:05:00.000Z")).unwrap();
+            assert_eq!(db.open_approval("acme", "f1").unwrap().unwrap().id, "apr-1");
+            assert!(db.open_approval("acme", "f2").unwrap().is_none());
+            assert_eq!(db.list_approvals(Some("globex"), None).unwrap().len(), 1);
+            assert_eq!(db.expired_approvals("2026-12-01T10:10:00.000Z").unwrap(), vec!["apr-2".to_string()]);
+            let (after, changed) = db
+                .update_approval("apr-1", |r| {
+                    r.state = ApprovalState::Denied;
+                    true
+                })
+                .unwrap()
+                .unwrap();
+            assert!(changed && after.state == ApprovalState::Denied);
+            assert_eq!(db.get_approval("apr-1").unwrap().unwrap().state, ApprovalState::Denied);
+            assert!(db.open_approval("acme", "f1").unwrap().is_none(), "a denied approval is not open");
+            assert_eq!(db.list_approvals(None, Some(ApprovalState::Pending)).unwrap().len(), 1);
+            let (_, changed) = db.update_approval("apr-2", |_| false).unwrap().unwrap();
+            assert!(!changed);
+            assert!(db.update_approval("apr-9", |_| true).unwrap().is_none());
+        });
     }
 
     #[test]
     fn previews_are_stored_by_hash_and_revoked_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let p = Preview {
-            id: "p1".into(),
-            sandbox_id: "s1".into(),
-            port: Some(8000),
-            public: false,
-            tenant: "acme".into(),
-            created_at: "t0".into(),
-            expires_at: "t9".into(),
-            revoked_at: None,
-            url_host: String::new(),
-            url_path: String::new(),
-        };
-        db.insert_preview(&p, "h1").unwrap();
-        db.insert_preview(&Preview { id: "p2".into(), port: None, public: true, ..p.clone() }, "h2").unwrap();
-        db.insert_preview(&Preview { id: "p3".into(), sandbox_id: "s2".into(), public: true, ..p.clone() }, "h3")
-            .unwrap();
-        assert!(db.insert_preview(&Preview { id: "p4".into(), ..p.clone() }, "h1").is_err(), "a secret hash is unique");
-        assert_eq!(db.preview_by_hash("h1").unwrap(), Some(p.clone()));
-        assert_eq!(db.preview_by_hash("nope").unwrap(), None);
-        assert_eq!(db.list_previews("s1").unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
-        assert_eq!(
-            db.public_previews("s1", 8000).unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
-            ["p2"],
-            "every-port public previews match any port"
-        );
-        assert_eq!(db.public_previews("s2", 8001).unwrap().len(), 0, "a one-port public preview matches its port only");
-        assert!(db.revoke_preview("s2", "p1", "r0").unwrap().is_none(), "a preview of another sandbox is not found");
-        assert_eq!(db.revoke_preview("s1", "p1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
-        assert_eq!(
-            db.revoke_preview("s1", "p1", "r2").unwrap().unwrap().revoked_at.as_deref(),
-            Some("r1"),
-            "the first revocation time stays"
-        );
+        each_db(|db| {
+            let p = Preview {
+                id: "p1".into(),
+                sandbox_id: "s1".into(),
+                port: Some(8000),
+                public: false,
+                tenant: "acme".into(),
+                created_at: "t0".into(),
+                expires_at: "t9".into(),
+                revoked_at: None,
+                url_host: String::new(),
+                url_path: String::new(),
+            };
+            db.insert_preview(&p, "h1").unwrap();
+            db.insert_preview(&Preview { id: "p2".into(), port: None, public: true, ..p.clone() }, "h2").unwrap();
+            db.insert_preview(&Preview { id: "p3".into(), sandbox_id: "s2".into(), public: true, ..p.clone() }, "h3")
+                .unwrap();
+            assert!(
+                db.insert_preview(&Preview { id: "p4".into(), ..p.clone() }, "h1").is_err(),
+                "a secret hash is unique"
+            );
+            assert_eq!(db.preview_by_hash("h1").unwrap(), Some(p.clone()));
+            assert_eq!(db.preview_by_hash("nope").unwrap(), None);
+            assert_eq!(db.list_previews("s1").unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["p1", "p2"]);
+            assert_eq!(
+                db.public_previews("s1", 8000).unwrap().iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+                ["p2"],
+                "every-port public previews match any port"
+            );
+            assert_eq!(
+                db.public_previews("s2", 8001).unwrap().len(),
+                0,
+                "a one-port public preview matches its port only"
+            );
+            assert!(
+                db.revoke_preview("s2", "p1", "r0").unwrap().is_none(),
+                "a preview of another sandbox is not found"
+            );
+            assert_eq!(db.revoke_preview("s1", "p1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
+            assert_eq!(
+                db.revoke_preview("s1", "p1", "r2").unwrap().unwrap().revoked_at.as_deref(),
+                Some("r1"),
+                "the first revocation time stays"
+            );
+        });
     }
 
     #[test]
     fn tokens_are_stored_by_hash_with_names_unique_among_live_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let t = TokenInfo {
-            id: "t1".into(),
-            name: "ci".into(),
-            tenant: "acme".into(),
-            created_at: "t0".into(),
-            last_used_at: None,
-            expires_at: None,
-            revoked_at: None,
-        };
-        db.insert_token(&t, "h1").unwrap();
-        assert!(
-            matches!(db.insert_token(&TokenInfo { id: "t2".into(), ..t.clone() }, "h2"), Err(DbError::NameTaken(_))),
-            "same name, same tenant"
-        );
-        db.insert_token(&TokenInfo { id: "t3".into(), tenant: "globex".into(), ..t.clone() }, "h3").unwrap();
-        assert_eq!(db.token_by_hash("h1").unwrap(), Some(t.clone()));
-        assert_eq!(db.token_by_hash("nope").unwrap(), None);
-        assert_eq!(db.find_tokens("ci", None).unwrap().len(), 2);
-        assert_eq!(db.find_tokens("ci", Some("globex")).unwrap()[0].id, "t3");
-        assert_eq!(db.find_tokens("t1", None).unwrap()[0].tenant, "acme");
-        assert!(db.find_tokens("t1", Some("globex")).unwrap().is_empty(), "an id outside the tenant is not found");
-        db.touch_token("t1", "2026-01-01T00:01:00Z", "2026-01-01T00:00:00Z").unwrap();
-        db.touch_token("t1", "2026-01-01T00:01:30Z", "2026-01-01T00:00:30Z").unwrap();
-        assert_eq!(
-            db.token_by_hash("h1").unwrap().unwrap().last_used_at.as_deref(),
-            Some("2026-01-01T00:01:00Z"),
-            "at most one write a minute"
-        );
-        assert_eq!(db.revoke_token("t1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
-        assert_eq!(
-            db.revoke_token("t1", "r2").unwrap().unwrap().revoked_at.as_deref(),
-            Some("r1"),
-            "the first revocation time stays"
-        );
-        assert!(db.revoke_token("nope", "r1").unwrap().is_none());
-        assert_eq!(db.list_tokens(Some("acme"), false).unwrap().len(), 0);
-        assert_eq!(db.list_tokens(Some("acme"), true).unwrap().len(), 1);
-        assert_eq!(db.list_tokens(None, false).unwrap().len(), 1);
-        db.insert_token(&TokenInfo { id: "t4".into(), ..t.clone() }, "h4").unwrap();
-        assert_eq!(db.find_tokens("ci", Some("acme")).unwrap()[0].id, "t4", "a revoked token's name is free again");
+        each_db(|db| {
+            let t = TokenInfo {
+                id: "t1".into(),
+                name: "ci".into(),
+                tenant: "acme".into(),
+                created_at: "t0".into(),
+                last_used_at: None,
+                expires_at: None,
+                revoked_at: None,
+            };
+            db.insert_token(&t, "h1").unwrap();
+            assert!(
+                matches!(
+                    db.insert_token(&TokenInfo { id: "t2".into(), ..t.clone() }, "h2"),
+                    Err(DbError::NameTaken(_))
+                ),
+                "same name, same tenant"
+            );
+            db.insert_token(&TokenInfo { id: "t3".into(), tenant: "globex".into(), ..t.clone() }, "h3").unwrap();
+            assert_eq!(db.token_by_hash("h1").unwrap(), Some(t.clone()));
+            assert_eq!(db.token_by_hash("nope").unwrap(), None);
+            assert_eq!(db.find_tokens("ci", None).unwrap().len(), 2);
+            assert_eq!(db.find_tokens("ci", Some("globex")).unwrap()[0].id, "t3");
+            assert_eq!(db.find_tokens("t1", None).unwrap()[0].tenant, "acme");
+            assert!(db.find_tokens("t1", Some("globex")).unwrap().is_empty(), "an id outside the tenant is not found");
+            db.touch_token("t1", "2026-01-01T00:01:00Z", "2026-01-01T00:00:00Z").unwrap();
+            db.touch_token("t1", "2026-01-01T00:01:30Z", "2026-01-01T00:00:30Z").unwrap();
+            assert_eq!(
+                db.token_by_hash("h1").unwrap().unwrap().last_used_at.as_deref(),
+                Some("2026-01-01T00:01:00Z"),
+                "at most one write a minute"
+            );
+            assert_eq!(db.revoke_token("t1", "r1").unwrap().unwrap().revoked_at.as_deref(), Some("r1"));
+            assert_eq!(
+                db.revoke_token("t1", "r2").unwrap().unwrap().revoked_at.as_deref(),
+                Some("r1"),
+                "the first revocation time stays"
+            );
+            assert!(db.revoke_token("nope", "r1").unwrap().is_none());
+            assert_eq!(db.list_tokens(Some("acme"), false).unwrap().len(), 0);
+            assert_eq!(db.list_tokens(Some("acme"), true).unwrap().len(), 1);
+            assert_eq!(db.list_tokens(None, false).unwrap().len(), 1);
+            db.insert_token(&TokenInfo { id: "t4".into(), ..t.clone() }, "h4").unwrap();
+            assert_eq!(db.find_tokens("ci", Some("acme")).unwrap()[0].id, "t4", "a revoked token's name is free again");
+        });
     }
 
     #[test]
     fn owned_objects_inherit_their_tenant() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        let mut rec = record("0123456789abcdef", "web");
-        rec.sandbox.tenant = "acme".into();
-        db.insert_sandbox(&mut rec).unwrap();
-        assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.tenant, "acme");
-        assert_eq!(db.find_usage("web", None).unwrap().unwrap().tenant, "acme");
-        let c = Checkpoint {
-            id: "c000000000000001".into(),
-            tenant: "wrong".into(),
-            name: "c1".into(),
-            sandbox_id: rec.sandbox.id.clone(),
-            parent: None,
-            layer: None,
-            layer_size: 0,
-            layers: vec![],
-            image: "busybox".into(),
-            image_id: "sha256:aa".into(),
-            changed_paths: 0,
-            labels: Default::default(),
-            created_at: "t".into(),
-            frozen_ms: 0,
-            duration_ms: 0,
-            expires_at: None,
-            pinned: false,
-            capabilities: vec![strata_api::Capability::UntrustedInput],
-            processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
-            isolation: strata_api::Isolation::Gvisor,
-            userns: true,
-            tmp: strata_api::TmpStorage::Disk,
-            quarantine: Some(strata_api::Quarantine {
-                reason: "taken from quarantined sandbox".into(),
-                since: "t".into(),
-                by: "inherited".into(),
-                network_before: None,
-            }),
-        };
-        db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
-        let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
-        assert_eq!(got.quarantine, c.quarantine, "a checkpoint is born with its quarantine");
-        assert!(db.set_quarantine(true, &c.id, None).unwrap());
-        assert_eq!(db.find_checkpoint("c1", None).unwrap().unwrap().0.quarantine, None, "lifted");
-        let q = strata_api::Quarantine {
-            reason: "found a key".into(),
-            since: "t3".into(),
-            by: "check".into(),
-            network_before: Some(strata_api::NetworkSpec {
-                mode: strata_api::NetworkMode::Egress,
-                ..Default::default()
-            }),
-        };
-        assert!(db.set_quarantine(false, &rec.sandbox.id, Some(&q)).unwrap());
-        assert!(!db.set_quarantine(false, "nope", Some(&q)).unwrap(), "an unknown id says so");
-        assert_eq!(db.sandbox_by_id(&rec.sandbox.id).unwrap().unwrap().sandbox.quarantine.as_ref(), Some(&q));
-        let listed = db.quarantined().unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!((listed[0].kind.as_str(), &listed[0].id, &listed[0].quarantine), ("sandbox", &rec.sandbox.id, &q));
-        assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
-        assert_eq!(got.processes, c.processes);
-        assert_eq!(got.isolation, strata_api::Isolation::Gvisor, "a checkpoint keeps its sandbox's tier");
-        assert!(got.userns, "and whether it had a user namespace");
-        assert_eq!(got.tmp, strata_api::TmpStorage::Disk, "and where its /tmp was");
-        db.put_template("tpl", &c.id, "t", false).unwrap();
-        assert_eq!(
-            db.template_tenant("tpl").unwrap().as_deref(),
-            Some("acme"),
-            "a template is its checkpoint's tenant's"
-        );
-        // Its check policy outlives a re-point; what described the old content does not.
-        assert!(db.set_template_checks("tpl", Some("24h"), "quarantine").unwrap());
-        assert!(!db.set_template_checks("nope", None, "record").unwrap());
-        assert!(db.set_template_last_check("tpl", &c.id, "{}").unwrap());
-        assert!(!db.set_template_last_check("tpl", "another", "{}").unwrap(), "re-pointed meanwhile");
-        db.set_template_build("tpl", Some("FROM x")).unwrap();
-        db.put_template("tpl", &c.id, "t2", true).unwrap();
-        let checks = db.template_checks("tpl").unwrap().unwrap();
-        assert_eq!((checks.check_every.as_deref(), checks.on_findings.as_str()), (Some("24h"), "quarantine"));
-        assert_eq!((checks.last_check, db.template_build("tpl").unwrap()), (None, None));
-        assert_eq!(db.get_template("tpl").unwrap().unwrap().1, "t2");
-        assert!(matches!(db.put_template("tpl", &c.id, "t3", false), Err(DbError::NameTaken(_))));
-        db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
-        assert_eq!(db.last_event_time(&rec.sandbox.id, "x").unwrap().as_deref(), Some("t"));
-        assert_eq!(db.last_event_time(&rec.sandbox.id, "checked").unwrap(), None);
-        assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 2);
-        assert!(db.events_of_tenant("globex", None, 0, 100).unwrap().is_empty());
-        let t = Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
-        db.delete_sandbox(&rec.sandbox.id, SandboxState::Creating, &t).unwrap();
-        assert_eq!(
-            db.sandbox_tenant_by_id(&rec.sandbox.id).unwrap().as_deref(),
-            Some("acme"),
-            "remembered after destroy"
-        );
-        assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 3);
+        each_db(|db| {
+            let mut rec = record("0123456789abcdef", "web");
+            rec.sandbox.tenant = "acme".into();
+            db.insert_sandbox(&mut rec).unwrap();
+            assert_eq!(db.find_sandbox("web", None).unwrap().unwrap().sandbox.tenant, "acme");
+            assert_eq!(db.find_usage("web", None).unwrap().unwrap().tenant, "acme");
+            let c = Checkpoint {
+                id: "c000000000000001".into(),
+                tenant: "wrong".into(),
+                name: "c1".into(),
+                sandbox_id: rec.sandbox.id.clone(),
+                parent: None,
+                layer: None,
+                layer_size: 0,
+                layers: vec![],
+                image: "busybox".into(),
+                image_id: "sha256:aa".into(),
+                changed_paths: 0,
+                labels: Default::default(),
+                created_at: "t".into(),
+                frozen_ms: 0,
+                duration_ms: 0,
+                expires_at: None,
+                pinned: false,
+                capabilities: vec![strata_api::Capability::UntrustedInput],
+                processes: Some(strata_api::ProcessImage { bytes: 7, api_processes: 1, dump_ms: 3 }),
+                isolation: strata_api::Isolation::Gvisor,
+                userns: true,
+                tmp: strata_api::TmpStorage::Disk,
+                quarantine: Some(strata_api::Quarantine {
+                    reason: "taken from quarantined sandbox".into(),
+                    since: "t".into(),
+                    by: "inherited".into(),
+                    network_before: None,
+                }),
+            };
+            db.insert_checkpoint(&c, &ImageConfig::default()).unwrap();
+            let got = db.find_checkpoint("c1", None).unwrap().unwrap().0;
+            assert_eq!(got.quarantine, c.quarantine, "a checkpoint is born with its quarantine");
+            assert!(db.set_quarantine(true, &c.id, None).unwrap());
+            assert_eq!(db.find_checkpoint("c1", None).unwrap().unwrap().0.quarantine, None, "lifted");
+            let q = strata_api::Quarantine {
+                reason: "found a key".into(),
+                since: "t3".into(),
+                by: "check".into(),
+                network_before: Some(strata_api::NetworkSpec {
+                    mode: strata_api::NetworkMode::Egress,
+                    ..Default::default()
+                }),
+            };
+            assert!(db.set_quarantine(false, &rec.sandbox.id, Some(&q)).unwrap());
+            assert!(!db.set_quarantine(false, "nope", Some(&q)).unwrap(), "an unknown id says so");
+            assert_eq!(db.sandbox_by_id(&rec.sandbox.id).unwrap().unwrap().sandbox.quarantine.as_ref(), Some(&q));
+            let listed = db.quarantined().unwrap();
+            assert_eq!(listed.len(), 1);
+            assert_eq!(
+                (listed[0].kind.as_str(), &listed[0].id, &listed[0].quarantine),
+                ("sandbox", &rec.sandbox.id, &q)
+            );
+            assert_eq!(got.tenant, "acme", "a checkpoint is its sandbox's tenant's");
+            assert_eq!(got.processes, c.processes);
+            assert_eq!(got.isolation, strata_api::Isolation::Gvisor, "a checkpoint keeps its sandbox's tier");
+            assert!(got.userns, "and whether it had a user namespace");
+            assert_eq!(got.tmp, strata_api::TmpStorage::Disk, "and where its /tmp was");
+            db.put_template("tpl", &c.id, "t", false).unwrap();
+            assert_eq!(
+                db.template_tenant("tpl").unwrap().as_deref(),
+                Some("acme"),
+                "a template is its checkpoint's tenant's"
+            );
+            // Its check policy outlives a re-point; what described the old content does not.
+            assert!(db.set_template_checks("tpl", Some("24h"), "quarantine").unwrap());
+            assert!(!db.set_template_checks("nope", None, "record").unwrap());
+            assert!(db.set_template_last_check("tpl", &c.id, "{}").unwrap());
+            assert!(!db.set_template_last_check("tpl", "another", "{}").unwrap(), "re-pointed meanwhile");
+            db.set_template_build("tpl", Some("FROM x")).unwrap();
+            db.put_template("tpl", &c.id, "t2", true).unwrap();
+            let checks = db.template_checks("tpl").unwrap().unwrap();
+            assert_eq!((checks.check_every.as_deref(), checks.on_findings.as_str()), (Some("24h"), "quarantine"));
+            assert_eq!((checks.last_check, db.template_build("tpl").unwrap()), (None, None));
+            assert_eq!(db.get_template("tpl").unwrap().unwrap().1, "t2");
+            assert!(matches!(db.put_template("tpl", &c.id, "t3", false), Err(DbError::NameTaken(_))));
+            db.record_event(&rec.sandbox.id, SandboxState::Creating, "x", None, "t").unwrap();
+            assert_eq!(db.last_event_time(&rec.sandbox.id, "x").unwrap().as_deref(), Some("t"));
+            assert_eq!(db.last_event_time(&rec.sandbox.id, "checked").unwrap(), None);
+            assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 2);
+            assert!(db.events_of_tenant("globex", None, 0, 100).unwrap().is_empty());
+            let t =
+                Transition { to: SandboxState::Destroyed, reason: "user", detail: None, duration_ms: 0, time: "t2" };
+            db.delete_sandbox(&rec.sandbox.id, SandboxState::Creating, &t).unwrap();
+            assert_eq!(
+                db.sandbox_tenant_by_id(&rec.sandbox.id).unwrap().as_deref(),
+                Some("acme"),
+                "remembered after destroy"
+            );
+            assert_eq!(db.events_of_tenant("acme", None, 0, 100).unwrap().len(), 3);
+        });
     }
 
     #[test]
@@ -3126,41 +3287,185 @@ mod tests {
 
     #[test]
     fn audit_chain_detects_edits_removals_and_reordering() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("m.db")).unwrap();
-        for (i, route) in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}"].iter().enumerate() {
-            let e = db
-                .append_audit(&NewAudit {
-                    time: "2026-01-01T00:00:00Z",
-                    actor: "uid:0",
-                    tenant: (i == 1).then_some("acme"),
-                    method: "POST",
-                    route,
-                    target: Some("x"),
-                    status: 200 + i as u16,
-                })
-                .unwrap();
-            assert_eq!(e.seq, i as i64 + 1);
+        each_db(|db| {
+            for (i, route) in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/{id}"].iter().enumerate() {
+                let e = db
+                    .append_audit(&NewAudit {
+                        time: "2026-01-01T00:00:00Z",
+                        actor: "uid:0",
+                        tenant: (i == 1).then_some("acme"),
+                        method: "POST",
+                        route,
+                        target: Some("x"),
+                        status: 200 + i as u16,
+                    })
+                    .unwrap();
+                assert_eq!(e.seq, i as i64 + 1);
+            }
+            let all = db.audit_entries(None).unwrap();
+            assert_eq!(all.len(), 3);
+            assert_eq!(all[0].prev_hash, AUDIT_GENESIS);
+            assert_eq!(all[1].prev_hash, all[0].hash);
+            assert!(audit_verify(&all).is_none());
+            assert_eq!(all[1].tenant.as_deref(), Some("acme"));
+            assert_eq!(db.audit_entries_of(Some("acme"), None).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+            assert_eq!(db.audit_entries(Some(2)).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
+            let mut edited = all.clone();
+            edited[1].status = 500;
+            assert_eq!(audit_verify(&edited).unwrap().0, 2);
+            let removed = vec![all[0].clone(), all[2].clone()];
+            assert_eq!(audit_verify(&removed).unwrap().0, 3);
+            let mut swapped = all.clone();
+            swapped.swap(1, 2);
+            assert_eq!(audit_verify(&swapped).unwrap().0, 3);
+            let mut renumbered = swapped.clone();
+            renumbered[1].seq = 2;
+            renumbered[2].seq = 3;
+            assert_eq!(audit_verify(&renumbered).unwrap().0, 2);
+        });
+    }
+
+    /// The PostgreSQL test server, or `None` (skipped, saying why; failed in CI).
+    fn postgres_or_skip() -> Option<&'static crate::testing::PgServer> {
+        match crate::testing::shared() {
+            Ok(s) => Some(s),
+            Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI must run this test, but: {why}"),
+            Err(why) => {
+                println!("skipped: {why}");
+                None
+            }
         }
-        let all = db.audit_entries(None).unwrap();
-        assert_eq!(all.len(), 3);
-        assert_eq!(all[0].prev_hash, AUDIT_GENESIS);
-        assert_eq!(all[1].prev_hash, all[0].hash);
-        assert!(audit_verify(&all).is_none());
-        assert_eq!(all[1].tenant.as_deref(), Some("acme"));
-        assert_eq!(db.audit_entries_of(Some("acme"), None).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
-        assert_eq!(db.audit_entries(Some(2)).unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
-        let mut edited = all.clone();
-        edited[1].status = 500;
-        assert_eq!(audit_verify(&edited).unwrap().0, 2);
-        let removed = vec![all[0].clone(), all[2].clone()];
-        assert_eq!(audit_verify(&removed).unwrap().0, 3);
-        let mut swapped = all.clone();
-        swapped.swap(1, 2);
-        assert_eq!(audit_verify(&swapped).unwrap().0, 3);
-        let mut renumbered = swapped.clone();
-        renumbered[1].seq = 2;
-        renumbered[2].seq = 3;
-        assert_eq!(audit_verify(&renumbered).unwrap().0, 2);
+    }
+
+    #[test]
+    fn the_postgres_schema_has_every_sqlite_table_and_column() {
+        let Some(server) = postgres_or_skip() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let lite = Db::open(&dir.path().join("m.db")).unwrap();
+        let pg = Db::open_postgres(&server.fresh_database()).unwrap();
+        assert_eq!(pg.schema_version().unwrap(), lite.schema_version().unwrap());
+        let columns = |db: &Db, sql: &str| -> std::collections::BTreeSet<(String, String, bool)> {
+            db.conn().rows(sql, args![], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().into_iter().collect()
+        };
+        let lite_columns = columns(
+            &lite,
+            "SELECT m.name, p.name, p.\"notnull\" OR p.pk = 1 FROM sqlite_master m, pragma_table_info(m.name) p \
+             WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'",
+        );
+        let mut pg_columns = columns(
+            &pg,
+            "SELECT table_name::text, column_name::text, is_nullable = 'NO' FROM information_schema.columns \
+             WHERE table_schema = 'public' AND table_name <> 'strata_schema'",
+        );
+        // SQLite's implicit rowid, made explicit.
+        assert!(pg_columns.remove(&("approvals".into(), "rowid".into(), true)));
+        // SQLite lets an INTEGER PRIMARY KEY be NULL on insert (it assigns one); the schema says NOT NULL on both.
+        let lite_columns: std::collections::BTreeSet<_> = lite_columns
+            .into_iter()
+            .map(|(t, c, n)| {
+                let n = n || (t == "events" && c == "seq") || (t == "audit" && c == "seq");
+                (t, c, n)
+            })
+            .collect();
+        assert_eq!(pg_columns, lite_columns);
+    }
+
+    #[test]
+    fn an_unreachable_postgres_is_named_without_its_password() {
+        let e =
+            Db::open_postgres("postgres://strata:s3cret@127.0.0.1:1/meta").err().expect("nothing listens on port 1");
+        let msg = e.to_string();
+        assert!(matches!(e, DbError::Unavailable { .. }), "{e:?}");
+        assert!(msg.contains("127.0.0.1:1/meta"), "{msg}");
+        assert!(!msg.contains("s3cret"), "{msg}");
+        let e = Db::open_url("postgres://[not a url").err().unwrap();
+        assert!(e.to_string().contains("bad database URL"), "{e}");
+    }
+
+    #[test]
+    fn a_lost_postgres_connection_is_unavailable_writes_nothing_and_comes_back() {
+        if postgres_or_skip().is_none() {
+            return;
+        }
+        let mut server = crate::testing::PgServer::start().unwrap();
+        let db = Db::open_postgres(&server.fresh_database()).unwrap();
+        let mut a = record("0123456789abcdef", "a");
+        db.insert_sandbox(&mut a).unwrap();
+        server.stop();
+        let e = db.sandbox_by_id("0123456789abcdef").unwrap_err();
+        assert!(matches!(e, DbError::Unavailable { .. }), "{e:?}");
+        let mut b = record("1123456789abcdef", "b");
+        let e = db.insert_sandbox(&mut b).unwrap_err();
+        assert!(matches!(e, DbError::Unavailable { .. }), "{e:?}");
+        server.restart().unwrap();
+        assert_eq!(db.sandbox_by_id("0123456789abcdef").unwrap().unwrap().sandbox.name, "a");
+        assert!(db.sandbox_by_id("1123456789abcdef").unwrap().is_none(), "the failed insert left nothing");
+        db.insert_sandbox(&mut b).unwrap();
+        assert_eq!(db.events(None, 0, 100).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn writers_of_two_daemons_on_one_postgres_are_serialized() {
+        let Some(server) = postgres_or_skip() else { return };
+        let url = server.fresh_database();
+        let (one, two) = (Db::open_postgres(&url).unwrap(), Db::open_postgres(&url).unwrap());
+        std::thread::scope(|s| {
+            for (n, db) in [(0, &one), (1, &two)] {
+                s.spawn(move || {
+                    for i in 0..25 {
+                        db.append_audit(&NewAudit {
+                            time: "2026-01-01T00:00:00Z",
+                            actor: "uid:0",
+                            tenant: None,
+                            method: "POST",
+                            route: "/v1/sandboxes",
+                            target: None,
+                            status: 200,
+                        })
+                        .unwrap();
+                        let id = format!("{n}{i:02}3456789abcdef");
+                        let mut r = record(&id, &format!("s{n}-{i}"));
+                        r.sandbox.userns = Some(strata_api::UserNamespace { host_base: 0, size: 0 });
+                        db.insert_sandbox(&mut r).unwrap();
+                    }
+                });
+            }
+        });
+        let all = one.audit_entries(None).unwrap();
+        assert_eq!(all.len(), 50);
+        assert!(audit_verify(&all).is_none(), "one chain, no fork");
+        let bases: std::collections::BTreeSet<_> =
+            two.list_sandboxes().unwrap().iter().map(|r| r.sandbox.userns.unwrap().host_base).collect();
+        assert_eq!(bases.len(), 50, "every sandbox got its own user-namespace range");
+    }
+
+    #[test]
+    fn an_exclusive_postgres_database_refuses_a_second_daemon_until_the_first_is_gone() {
+        let Some(server) = postgres_or_skip() else { return };
+        let url = server.fresh_database();
+        let first = Db::open_url(&url).unwrap();
+        assert_eq!(first.describe(), format!("postgres {}", url.trim_start_matches("postgres://postgres@")));
+        let e = Db::open_url(&url).err().expect("a second daemon is refused");
+        assert!(e.to_string().contains("another strata daemon uses this database"), "{e}");
+        drop(first);
+        // The lock goes with the first daemon's connection.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let second = loop {
+            match Db::open_url(&url) {
+                Ok(db) => break db,
+                Err(e) if std::time::Instant::now() > deadline => panic!("{e}"),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        };
+        assert_eq!(second.schema_version().unwrap(), MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_database_url_that_requires_tls_is_refused_with_the_reason() {
+        let Some(server) = postgres_or_skip() else { return };
+        let url = format!("{}?sslmode=require", server.fresh_database());
+        let e = Db::open_postgres(&url).err().expect("no TLS to the database yet");
+        assert!(matches!(e, DbError::Unavailable { .. }), "{e:?}");
+        assert!(e.to_string().to_lowercase().contains("tls"), "{e}");
     }
 }

@@ -15,6 +15,11 @@ pub struct DaemonArgs {
     /// Also listen on TCP (bearer token required; it is written to <state-dir>/api-token).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Metadata database: postgres://USER:PASSWORD@HOST:PORT/DBNAME (libpq's
+    /// URL; the daemon creates its schema and uses it alone), or a SQLite file
+    /// path. Default: <state-dir>/metadata.db (SQLite).
+    #[arg(long, env = "STRATA_DATABASE", value_name = "URL|PATH")]
+    pub database: Option<String>,
     /// Object store for archives: file:///path or s3://bucket/prefix (credentials,
     /// region and endpoint from the AWS_* variables). Default: <state-dir>/archive.
     #[arg(long, env = "STRATA_ARCHIVE_URL")]

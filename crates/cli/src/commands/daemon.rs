@@ -20,6 +20,7 @@ pub(super) async fn daemon(socket: PathBuf, a: DaemonArgs) -> Result<i32> {
             state_dir: a.state_dir,
             helper_exe,
             init_binary: a.init_binary,
+            database: a.database,
             archive_url: a.archive_url,
             prices: a.prices,
             network: strata_engine::network::NetworkConfig { pool: a.network_pool, dns_upstream: a.dns_upstream },

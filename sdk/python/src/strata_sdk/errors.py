@@ -115,6 +115,12 @@ class InsufficientResources(ServerError):
     over-commit limits); the message says what is available. Nothing was created."""
 
 
+class MetadataUnavailable(ServerError):
+    """503 ``metadata_unavailable``: the daemon's PostgreSQL metadata database
+    cannot be reached; the message says why. Nothing of the request was
+    written: retry once the database is back."""
+
+
 class StrataConnectionError(StrataError):
     """The daemon could not be reached (socket missing, connection refused, dropped)."""
 
@@ -138,6 +144,8 @@ def error_from_response(status: int, body: dict[str, Any] | None, fallback: str)
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else StrataError)
     if body.get("code") == "approval_required":
         cls = ApprovalRequired
+    elif body.get("code") == "metadata_unavailable":
+        cls = MetadataUnavailable
     return cls(
         str(body.get("message") or fallback),
         status=status,
