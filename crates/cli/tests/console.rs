@@ -3,9 +3,12 @@
 //! scripts/setup-host.sh): login (a wrong token refused), the fleet page
 //! showing a sandbox and following a change made through the API live, an
 //! action from the page, a 409 shown with the current state, a forged change
-//! without the CSRF token refused with nothing done, logout, a tenant seeing
-//! only its own sandboxes (another's id a 404), and a revoked token sending
-//! the page back to the login. Screenshots go to `target/console-shots/`.
+//! without the CSRF token refused with nothing done, a sandbox's page (events,
+//! a command and its output, processes, files, an upload), the approval queue
+//! (a refused create approved by a click, then going through), logout, a
+//! tenant seeing only its own sandboxes (another's id a 404, its page too),
+//! and a revoked token sending the page back to the login. Screenshots go to
+//! `target/console-shots/`.
 
 mod common;
 
@@ -67,7 +70,14 @@ fn the_console_logs_in_shows_the_fleet_live_and_acts_as_the_api_does() {
         .unwrap();
     assert!(out.status.success(), "{}\n{}\ndaemon log:\n{}", common::stdout(&out), common::stderr(&out), d.log());
     assert!(common::stdout(&out).contains("console: done"), "{}", common::stdout(&out));
-    assert!(shots.join("fleet.png").exists() && shots.join("login.png").exists());
+    for shot in ["login.png", "fleet.png", "sandbox.png", "approvals.png"] {
+        assert!(shots.join(shot).exists(), "no screenshot {shot}");
+    }
+    // The approval was decided in the console, as the operator's session.
+    let approvals: serde_json::Value = serde_json::from_str(&d.cli_ok(&["approvals", "ls", "--json"])).unwrap();
+    let used = approvals.as_array().unwrap().iter().find(|a| a["action"] == "create sandbox");
+    let used = used.unwrap_or_else(|| panic!("no approval: {approvals}"));
+    assert_eq!((used["state"].as_str(), used["reason"].as_str()), (Some("used"), Some("checked by the console test")));
     // The console's actions are audited as the session's caller, like any API call.
     let audit: serde_json::Value = serde_json::from_str(&d.cli_ok(&["audit", "--json", "--limit", "1000"])).unwrap();
     let started =

@@ -9,6 +9,7 @@ Exits non-zero, saying what failed, when the console does not do its part.
 import json
 import os
 import sys
+import traceback
 import urllib.error
 import urllib.request
 
@@ -28,12 +29,26 @@ TENANT_SANDBOX = os.environ["TENANT_SANDBOX"]
 SHOTS = os.environ["SHOTS"]
 
 
-def api(method, path, token=OPERATOR):
+def api(method, path, token=OPERATOR, body=None, headers=None):
     """The native API, as a client other than the console."""
-    req = urllib.request.Request(URL + path, method=method, headers={"Authorization": "Bearer " + token})
+    h = {"Authorization": "Bearer " + token, **(headers or {})}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        h["Content-Type"] = "application/json"
+    req = urllib.request.Request(URL + path, method=method, headers=h, data=data)
     with urllib.request.urlopen(req, timeout=60) as r:
-        body = r.read()
-        return json.loads(body) if body else None
+        out = r.read()
+        return json.loads(out) if out else None
+
+
+def api_error(method, path, token, body=None):
+    """The status and error body of a request the API refuses."""
+    try:
+        api(method, path, token, body)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    raise AssertionError(f"{method} {path} was not refused")
 
 
 def step(what):
@@ -133,6 +148,71 @@ try:
     assert api("GET", f"/v1/sandboxes/{SANDBOX}")["state"] == "running", "the forged stop took effect"
     assert fetch_status("GET", "/ui/api/sandboxes", False) == 200, "reads need no CSRF token"
 
+    step("the sandbox page: its facts, events, a command and its output, processes, files")
+    drv.get(URL + "/ui/fleet")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-id="{SANDBOX}"] a.sandbox-link'))
+    drv.find_element(By.CSS_SELECTOR, f'tr[data-id="{SANDBOX}"] a.sandbox-link').click()
+    wait.until(EC.url_contains(f"/ui/sandboxes/{SANDBOX}"))
+    wait.until(EC.text_to_be_present_in_element((By.ID, "state"), "running"))
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#events li")) >= 3, "the events timeline")
+    timeline = drv.find_element(By.ID, "events").text
+    assert "stopped" in timeline and "running" in timeline, timeline
+    command = drv.find_element(By.ID, "command")
+    command.send_keys("echo hello-from-console; echo to-stderr >&2; exit 3")
+    drv.find_element(By.ID, "run-button").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "output"), "[exit 3]"))
+    out = drv.find_element(By.ID, "output").text
+    assert "hello-from-console" in out and "to-stderr" in out, out
+    wait.until(lambda d: "hello-from-console" in d.find_element(By.ID, "processes").text, "the process is listed")
+    drv.find_element(By.CSS_SELECTOR, "#processes tbody tr button").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "logs"), "hello-from-console"))
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#files tr[data-name="bin"]'), "/ listed")
+    path = drv.find_element(By.ID, "path")
+    path.clear()
+    path.send_keys("/tmp")
+    path.submit()
+    upload = os.path.abspath(os.path.join(SHOTS, "console-upload.txt"))
+    with open(upload, "w") as f:
+        f.write("uploaded through the console\n")
+    drv.find_element(By.ID, "upload").send_keys(upload)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#files tr[data-name="console-upload.txt"]'), "the upload listed")
+    got = urllib.request.urlopen(
+        urllib.request.Request(
+            URL + f"/v1/sandboxes/{SANDBOX}/files?path=/tmp/console-upload.txt",
+            headers={"Authorization": "Bearer " + OPERATOR},
+        ),
+        timeout=60,
+    ).read()
+    assert got == b"uploaded through the console\n", got
+    assert fetch_status("PUT", f"/ui/api/sandboxes/{SANDBOX}/files?path=/tmp/../../../etc/x", True) == 400, "path confinement"
+    drv.set_window_size(1400, 1150)
+    drv.save_screenshot(os.path.join(SHOTS, "sandbox.png"))
+    drv.set_window_size(1400, 800)
+
+    step("approvals: a request refused with approval_required goes through after an approve in the console")
+    three = {
+        "source": "busybox",
+        "name": "three-caps",
+        "capabilities": ["untrusted_input", "sensitive_access", "external_comms"],
+    }
+    status, refused = api_error("POST", "/v1/sandboxes", TENANT, three)
+    assert status == 403 and refused["code"] == "approval_required", refused
+    approval = refused["approval"]["id"]
+    drv.get(URL + "/ui/approvals")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-id="{approval}"] button[data-action="approve"]'))
+    row = drv.find_element(By.CSS_SELECTOR, f'tr[data-id="{approval}"]').text
+    assert "create sandbox" in row and "untrusted_input" in row and "external_comms" in row, row
+    drv.save_screenshot(os.path.join(SHOTS, "approvals.png"))
+    drv.find_element(By.CSS_SELECTOR, f'tr[data-id="{approval}"] button[data-action="approve"]').click()
+    alert = wait.until(EC.alert_is_present())
+    alert.send_keys("checked by the console test")
+    alert.accept()
+    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, f'tr[data-id="{approval}"]'), "the approval left the pending list")
+    decided = api("GET", f"/v1/approvals/{approval}")
+    assert decided["state"] == "approved" and decided["reason"] == "checked by the console test", decided
+    created = api("POST", "/v1/sandboxes", TENANT, three, {"X-Strata-Approval": approval})
+    assert created["id"], created
+
     step("log out: the session is gone")
     drv.find_element(By.ID, "logout").click()
     wait.until(EC.url_contains("/ui/login"))
@@ -147,6 +227,11 @@ try:
     assert fetch_status("GET", f"/ui/api/sandboxes/{SANDBOX}", False) == 404
     assert fetch_status("POST", f"/ui/api/sandboxes/{SANDBOX}/stop", True) == 404
     assert api("GET", f"/v1/sandboxes/{SANDBOX}")["state"] == "running"
+    drv.get(URL + f"/ui/sandboxes/{SANDBOX}")
+    wait.until(EC.presence_of_element_located((By.ID, "not-found")))
+    assert fetch_status("GET", f"/ui/sandboxes/{SANDBOX}", False) == 404, "another tenant's sandbox page is a 404"
+    drv.get(URL + f"/ui/sandboxes/{TENANT_SANDBOX}")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "state"), "running"))
 
     step("a revoked token ends the session: back to the login")
     api("DELETE", f"/v1/tokens/{TENANT_TOKEN_ID}")
@@ -155,7 +240,7 @@ try:
     step("done")
 except Exception as e:  # noqa: BLE001 - every failure is reported with the page it happened on
     drv.save_screenshot(os.path.join(SHOTS, "failure.png"))
-    print(f"console test failed: {e!r}\nat {drv.current_url}\n{drv.page_source[:3000]}", file=sys.stderr)
+    print(f"console test failed: {e!r}\n{traceback.format_exc()}\nat {drv.current_url}\n{drv.page_source[:3000]}", file=sys.stderr)
     sys.exit(1)
 finally:
     drv.quit()

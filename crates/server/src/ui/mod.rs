@@ -7,8 +7,12 @@
 //!   `/ui`; the token stays on the server. A session ends at logout, after
 //!   [`SESSION_TTL`], or as soon as its token no longer authenticates
 //!   (revoked): the page then goes back to the login.
-//! * **Pages** (`/ui/fleet`) are static HTML and script embedded in the binary
-//!   (no CDN, nothing fetched at run time; plain JavaScript, no framework).
+//! * **Pages** are static HTML and script embedded in the binary (no CDN,
+//!   nothing fetched at run time; plain JavaScript, no framework): the fleet
+//!   (`/ui/fleet`), a sandbox (`/ui/sandboxes/{id}`: its events, processes and
+//!   their output, a command line, files; a sandbox the session may not see
+//!   is a 404 page, as on the API) and the Rule-of-Two approval queue
+//!   (`/ui/approvals`).
 //! * **Data and actions** (`/ui/api/...`) are the native API (`/v1/...`)
 //!   called with the session's token: the same validation, tenant scoping,
 //!   audit, errors (a 409 carries the current state) and Rule of Two as for
@@ -42,7 +46,12 @@ const MAX_FORM: usize = 8 << 10;
 
 const LOGIN_HTML: &str = include_str!("assets/login.html");
 const FLEET_HTML: &str = include_str!("assets/fleet.html");
+const SANDBOX_HTML: &str = include_str!("assets/sandbox.html");
+const APPROVALS_HTML: &str = include_str!("assets/approvals.html");
 const APP_JS: &str = include_str!("assets/app.js");
+const FLEET_JS: &str = include_str!("assets/fleet.js");
+const SANDBOX_JS: &str = include_str!("assets/sandbox.js");
+const APPROVALS_JS: &str = include_str!("assets/approvals.js");
 const APP_CSS: &str = include_str!("assets/app.css");
 
 /// One logged-in browser.
@@ -196,6 +205,9 @@ pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: 
     match (method, path.as_str()) {
         (Method::GET, "/ui" | "/ui/") => redirect("/ui/fleet"),
         (Method::GET, "/ui/assets/app.js") => asset("text/javascript; charset=utf-8", APP_JS),
+        (Method::GET, "/ui/assets/fleet.js") => asset("text/javascript; charset=utf-8", FLEET_JS),
+        (Method::GET, "/ui/assets/sandbox.js") => asset("text/javascript; charset=utf-8", SANDBOX_JS),
+        (Method::GET, "/ui/assets/approvals.js") => asset("text/javascript; charset=utf-8", APPROVALS_JS),
         (Method::GET, "/ui/assets/app.css") => asset("text/css; charset=utf-8", APP_CSS),
         (Method::GET, "/ui/login") => {
             let expired = req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "expired=1"));
@@ -216,16 +228,81 @@ pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: 
             );
             r
         }
-        (Method::GET, "/ui/fleet") => match console.session(&req) {
-            Some((_, s)) if console.who(&s.token).is_some() => html(
-                StatusCode::OK,
-                FLEET_HTML.replace("{{csrf}}", &escape(&s.csrf)).replace("{{who}}", &escape(&s.who)),
-            ),
-            _ => redirect("/ui/login?expired=1"),
-        },
+        (Method::GET, "/ui/fleet") => page(&console, &req, FLEET_HTML, &[]),
+        (Method::GET, "/ui/approvals") => page(&console, &req, APPROVALS_HTML, &[]),
+        (Method::GET, p) if p.starts_with("/ui/sandboxes/") => {
+            let key = p.trim_start_matches("/ui/sandboxes/").to_string();
+            // An id, id prefix or name: nothing that could reach another route.
+            if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+                return not_found_page(&key);
+            }
+            sandbox_page(&console, req, &key).await
+        }
         (_, p) if p.starts_with("/ui/api/") => api(&console, req).await,
         _ => html(StatusCode::NOT_FOUND, "<!doctype html><title>Not found</title><p>No such console page.".into()),
     }
+}
+
+/// A page for the request's session (the login when it has none), with
+/// `{{csrf}}`, `{{who}}` and `vars` filled in (escaped).
+fn page(console: &Console, req: &Request, template: &str, vars: &[(&str, &str)]) -> Response {
+    match console.session(req) {
+        Some((_, s)) if console.who(&s.token).is_some() => {
+            let mut body = template.replace("{{csrf}}", &escape(&s.csrf)).replace("{{who}}", &escape(&s.who));
+            for (k, v) in vars {
+                body = body.replace(&format!("{{{{{k}}}}}"), &escape(v));
+            }
+            html(StatusCode::OK, body)
+        }
+        _ => redirect("/ui/login?expired=1"),
+    }
+}
+
+/// `/ui/sandboxes/{key}`: the sandbox the key names for the session's caller
+/// (looked up through the API, so exactly what the API would show it), or a
+/// 404 page.
+async fn sandbox_page(console: &Console, req: Request, key: &str) -> Response {
+    let Some((id, s)) = console.session(&req) else { return redirect("/ui/login?expired=1") };
+    let lookup = Request::builder()
+        .method(Method::GET)
+        .uri(format!("/ui/api/sandboxes/{key}"))
+        .body(axum::body::Body::empty())
+        .expect("a GET request");
+    let r = call_api(console, &id, &s, lookup).await;
+    match r.status() {
+        StatusCode::OK => {
+            let Ok(bytes) = axum::body::to_bytes(r.into_body(), 1 << 20).await else {
+                return html(
+                    StatusCode::BAD_GATEWAY,
+                    "<!doctype html><title>Error</title><p>The sandbox could not be read.".into(),
+                );
+            };
+            let sb: strata_api::Sandbox = match serde_json::from_slice(&bytes) {
+                Ok(sb) => sb,
+                Err(_) => {
+                    return html(
+                        StatusCode::BAD_GATEWAY,
+                        "<!doctype html><title>Error</title><p>The sandbox could not be read.".into(),
+                    )
+                }
+            };
+            page(console, &req, SANDBOX_HTML, &[("id", &sb.id), ("name", &sb.name)])
+        }
+        StatusCode::UNAUTHORIZED => redirect("/ui/login?expired=1"),
+        _ => not_found_page(key),
+    }
+}
+
+/// The page of a sandbox the session cannot see (unknown, or another tenant's: the same answer).
+fn not_found_page(key: &str) -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        format!(
+            "<!doctype html><title>Not found</title><link rel=\"stylesheet\" href=\"/ui/assets/app.css\">\
+             <main><h2 id=\"not-found\">No sandbox {} here</h2><p><a href=\"/ui/fleet\">Back to the fleet</a></main>",
+            escape(key)
+        ),
+    )
 }
 
 fn csrf_ok(req: &Request, s: &Session) -> bool {
@@ -263,7 +340,7 @@ async fn login(console: &Console, req: Request) -> Response {
 }
 
 /// `/ui/api/REST` -> the native API's `/v1/REST`, as the session's token.
-async fn api(console: &Console, mut req: Request) -> Response {
+async fn api(console: &Console, req: Request) -> Response {
     let Some((id, s)) = console.session(&req) else {
         return ApiError::new(ErrorCode::Unauthorized, "no console session (log in at /ui/login)").into_response();
     };
@@ -275,6 +352,11 @@ async fn api(console: &Console, mut req: Request) -> Response {
         )
         .into_response();
     }
+    call_api(console, &id, &s, req).await
+}
+
+/// Routes a `/ui/api/REST` request to `/v1/REST` with the session's token.
+async fn call_api(console: &Console, id: &str, s: &Session, mut req: Request) -> Response {
     let rest = req.uri().path().trim_start_matches("/ui/api/").to_string();
     let target = match req.uri().query() {
         Some(q) => format!("/v1/{rest}?{q}"),
@@ -299,7 +381,7 @@ async fn api(console: &Console, mut req: Request) -> Response {
         Err(never) => match never {},
     };
     if r.status() == StatusCode::UNAUTHORIZED {
-        console.close(&id);
+        console.close(id);
     }
     r
 }

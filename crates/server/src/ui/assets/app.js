@@ -1,6 +1,7 @@
-// The console's fleet page: the sandboxes the session's token may see, kept
-// current (polled every second through /ui/api, which is the native API
-// called with the session's token), with the lifecycle actions of each.
+// What every page of the console shares: the native API called through the
+// console (/ui/api, with the session's token on the server side and the
+// page's CSRF token on changes), the lifecycle actions of a sandbox, errors
+// shown as the API gives them (a 409 with the current state), logout.
 "use strict";
 
 const csrf = document.querySelector('meta[name="csrf"]').content;
@@ -56,6 +57,32 @@ function act(sb, action) {
   }
 }
 
+// Buttons for the actions a sandbox in its state offers, into `container`;
+// `then(action, ok)` runs after each click's call (an error is shown).
+function actionButtons(container, sb, then) {
+  for (const a of ACTIONS[sb.state] || []) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = a;
+    b.dataset.action = a;
+    if (a === "destroy") b.className = "danger";
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      let ok = false;
+      try {
+        const done = act(sb, a);
+        if (done) { await done; showError(null); ok = true; }
+      } catch (e) {
+        showError(e);
+      } finally {
+        b.disabled = false;
+        then(a, ok);
+      }
+    });
+    container.append(b);
+  }
+}
+
 function age(iso) {
   const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
   if (s < 60) return s + "s";
@@ -71,6 +98,7 @@ function cell(row, text, cls) {
   return td;
 }
 
+// Shows an API error (or clears it) in the page's #error line.
 function showError(e) {
   const el = document.getElementById("error");
   if (!e) { el.textContent = ""; return; }
@@ -79,97 +107,24 @@ function showError(e) {
   el.textContent = `${e.status || ""} ${code}${e.message}${state}`.trim();
 }
 
-function matches(sb) {
-  const state = document.getElementById("filter-state").value;
-  const label = document.getElementById("filter-label").value.trim();
-  if (state && sb.state !== state) return false;
-  if (label) {
-    const [k, v] = label.split("=");
-    const have = (sb.labels || {})[k];
-    if (have === undefined || (v !== undefined && have !== v)) return false;
-  }
-  return true;
+// The text of base64 bytes (UTF-8, invalid sequences replaced).
+function fromB64(b64) {
+  const bin = atob(b64 || "");
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  return new TextDecoder().decode(bytes);
 }
 
-// What the table shows now: it is drawn again only when that changes (a
-// click on a row's button is never lost to a redraw that changed nothing).
-let drawn = null;
-
-function render(list) {
-  const body = document.querySelector("#fleet tbody");
-  const shown = list.filter(matches);
-  const key = JSON.stringify([shown.map((sb) => [sb.id, sb.name, sb.tenant, sb.state, sb.runtime, sb.source, sb.lifecycle, sb.labels]), list.length]);
-  if (key === drawn) {
-    // Only the ages move: their cells are updated in place.
-    for (const td of body.querySelectorAll("td.age")) td.textContent = age(td.dataset.created);
-    return;
-  }
-  drawn = key;
-  body.replaceChildren();
-  for (const sb of shown) {
-    const row = body.insertRow();
-    row.dataset.id = sb.id;
-    const name = cell(row, "", "id");
-    const strong = document.createElement("strong");
-    strong.textContent = sb.name || "";
-    const code = document.createElement("code");
-    code.textContent = " " + sb.id;
-    name.append(strong, code);
-    cell(row, sb.tenant || "");
-    const st = cell(row, "");
-    const badge = document.createElement("span");
-    badge.className = "state " + sb.state;
-    badge.textContent = sb.state;
-    st.append(badge);
-    cell(row, sb.runtime || "namespace");
-    cell(row, sb.source);
-    cell(row, age(sb.created_at), "age").dataset.created = sb.created_at;
-    cell(row, sb.lifecycle || "");
-    cell(row, Object.entries(sb.labels || {}).map(([k, v]) => `${k}=${v}`).join(" "));
-    const actions = cell(row, "", "actions");
-    for (const a of ACTIONS[sb.state] || []) {
-      const b = document.createElement("button");
-      b.type = "button";
-      b.textContent = a;
-      b.dataset.action = a;
-      if (a === "destroy") b.className = "danger";
-      b.addEventListener("click", async () => {
-        b.disabled = true;
-        try {
-          const done = act(sb, a);
-          if (done) { await done; showError(null); }
-        } catch (e) {
-          showError(e);
-        } finally {
-          b.disabled = false;
-          refresh();
-        }
-      });
-      actions.append(b);
-    }
-  }
-  document.getElementById("count").textContent = `${shown.length} of ${list.length} sandboxes`;
+// The link of a sandbox's page, with its name (or id) as the text.
+function sandboxLink(sb) {
+  const a = document.createElement("a");
+  a.href = "/ui/sandboxes/" + encodeURIComponent(sb.id);
+  a.textContent = sb.name || sb.id;
+  a.className = "sandbox-link";
+  return a;
 }
 
-let busy = false;
-async function refresh() {
-  if (busy) return;
-  busy = true;
-  try {
-    render(await api("GET", "sandboxes"));
-    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
-  } catch (e) {
-    if (e.status) showError(e);
-  } finally {
-    busy = false;
-  }
-}
-
-document.getElementById("filter-state").addEventListener("change", refresh);
-document.getElementById("filter-label").addEventListener("input", refresh);
 document.getElementById("logout").addEventListener("click", async () => {
   await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "X-Strata-CSRF": csrf } });
   location.href = "/ui/login";
 });
-refresh();
-setInterval(refresh, 1000);
