@@ -5,7 +5,9 @@
 //! action from the page, a 409 shown with the current state, a forged change
 //! without the CSRF token refused with nothing done, a sandbox's page (events,
 //! a command and its output, processes, files, an upload), the approval queue
-//! (a refused create approved by a click, then going through), logout, a
+//! (a refused create approved by a click, then going through), a pipeline
+//! run's stages, the cost against its counterfactuals, the audit log and its
+//! verified chain, logout, a
 //! tenant seeing only its own sandboxes (another's id a 404, its page too),
 //! and a revoked token sending the page back to the login. Screenshots go to
 //! `target/console-shots/`.
@@ -70,7 +72,7 @@ fn the_console_logs_in_shows_the_fleet_live_and_acts_as_the_api_does() {
         .unwrap();
     assert!(out.status.success(), "{}\n{}\ndaemon log:\n{}", common::stdout(&out), common::stderr(&out), d.log());
     assert!(common::stdout(&out).contains("console: done"), "{}", common::stdout(&out));
-    for shot in ["login.png", "fleet.png", "sandbox.png", "approvals.png"] {
+    for shot in ["login.png", "fleet.png", "sandbox.png", "approvals.png", "pipelines.png", "cost.png", "audit.png"] {
         assert!(shots.join(shot).exists(), "no screenshot {shot}");
     }
     // The approval was decided in the console, as the operator's session.

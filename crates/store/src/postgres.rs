@@ -38,7 +38,10 @@ use crate::sql::{numbered_dollars, Row, Sql, Value};
 /// The key of the advisory lock every write transaction takes ("strata" in ASCII).
 pub const WRITE_LOCK: i64 = 0x7374_7261_7461;
 
-/// The key of the session advisory lock an exclusive owner holds ("strata-own").
+/// How long a write transaction waits for [`WRITE_LOCK`].
+const WRITE_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The key of the session advisory lock an exclusive owner holds ("stratao" in ASCII).
 pub const OWNER_LOCK: i64 = 0x0073_7472_6174_616f;
 
 /// Whether a database is used by one daemon only (see [`Postgres::connect`]).
@@ -253,36 +256,43 @@ impl Worker {
     }
 
     fn run(&mut self, job: Job, in_transaction: &mut bool) -> Result<Done, DbError> {
-        // A connection lost in a transaction fails the rest of it; outside one
-        // (or at its start) a new connection is made.
+        // A connection lost in a transaction fails the rest of it (the server
+        // rolled it back; its commit or rollback ends it here too); outside
+        // one, or at its start, a new connection is made.
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
             self.statements.clear();
-            if *in_transaction && !matches!(job, Job::Rollback) {
+            if matches!(job, Job::Rollback) {
+                *in_transaction = false;
+                return Ok(Done::Nothing);
+            }
+            if *in_transaction {
+                if matches!(job, Job::Commit) {
+                    *in_transaction = false;
+                }
                 return Err(self.unavailable("the connection was lost during a transaction".into()));
             }
-            if !matches!(job, Job::Rollback) {
-                let first = matches!(job, Job::Connect);
-                self.client = Some(connect(&self.config, &self.target, self.sharing)?);
-                if !first {
-                    tracing::info!(target = %self.target, "connected to the metadata database again");
-                }
+            let first = matches!(job, Job::Connect);
+            self.client = Some(connect(&self.config, &self.target, self.sharing)?);
+            if !first {
+                tracing::info!(target = %self.target, "connected to the metadata database again");
             }
         }
         let result = match job {
             Job::Connect => return Ok(Done::Nothing),
             Job::Begin => {
                 *in_transaction = true;
-                let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})");
+                // A writer of another daemon that holds the lock for long is an error, not a hang.
+                let begin = format!(
+                    "BEGIN; SET LOCAL lock_timeout = '{}s'; SELECT pg_advisory_xact_lock({WRITE_LOCK})",
+                    WRITE_LOCK_TIMEOUT.as_secs()
+                );
                 self.client.as_mut().expect("connected above").batch_execute(&begin).map(|()| Done::Nothing)
             }
             Job::Commit | Job::Rollback => {
                 *in_transaction = false;
                 let sql = if matches!(job, Job::Commit) { "COMMIT" } else { "ROLLBACK" };
-                match self.client.as_mut() {
-                    Some(c) => c.batch_execute(sql).map(|()| Done::Nothing),
-                    None => return Ok(Done::Nothing),
-                }
+                self.client.as_mut().expect("connected above").batch_execute(sql).map(|()| Done::Nothing)
             }
             Job::Batch(sql) => {
                 self.client.as_mut().expect("connected above").batch_execute(&sql).map(|()| Done::Nothing)

@@ -185,8 +185,37 @@ try:
     ).read()
     assert got == b"uploaded through the console\n", got
     assert fetch_status("PUT", f"/ui/api/sandboxes/{SANDBOX}/files?path=/tmp/../../../etc/x", True) == 400, "path confinement"
-    drv.set_window_size(1400, 1150)
+    step("the terminal: a shell on a new terminal, typed into, its output shown")
+    drv.find_element(By.ID, "terminal-open").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "terminal-state"), "attached"))
+    keys = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#terminal .xterm-helper-textarea")))
+    keys.send_keys("echo term-$((6*7))\n")
+    wait.until(
+        lambda d: "term-42" in d.find_element(By.CSS_SELECTOR, "#terminal .xterm-rows").text,
+        "the shell's output in the terminal",
+    )
+    assert "term-$((6*7))" in drv.find_element(By.CSS_SELECTOR, "#terminal .xterm-rows").text, "the typed line is echoed"
+    drv.set_window_size(1400, 1500)
     drv.save_screenshot(os.path.join(SHOTS, "sandbox.png"))
+    keys.send_keys("exit\n")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "terminal-state"), "exited"))
+    # The session's cookie in a WebSocket handshake from another site's page: refused.
+    session = drv.get_cookie("strata_ui")["value"]
+    handshake = {
+        "Cookie": f"strata_ui={session}",
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+        "Origin": "http://evil.example",
+    }
+    try:
+        urllib.request.urlopen(
+            urllib.request.Request(URL + f"/ui/api/sandboxes/{SANDBOX}/processes/1/tty", headers=handshake), timeout=30
+        )
+        raise AssertionError("a cross-site terminal WebSocket was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
     drv.set_window_size(1400, 800)
 
     step("approvals: a request refused with approval_required goes through after an approve in the console")
@@ -212,6 +241,57 @@ try:
     assert decided["state"] == "approved" and decided["reason"] == "checked by the console test", decided
     created = api("POST", "/v1/sandboxes", TENANT, three, {"X-Strata-Approval": approval})
     assert created["id"], created
+
+    step("pipelines: a run's stages on a time line, a fan-out's winner")
+    pipeline = """
+name = "console-demo"
+
+[[stage]]
+name = "setup"
+source = "image:busybox"
+lifecycle = "persistent"
+commands = ["mkdir -p /work && echo ready > /work/setup"]
+
+[[stage]]
+name = "fix"
+source = "stage:setup"
+lifecycle = "fork"
+[stage.fanout]
+run = "test {i} = 2"
+count = 3
+
+[[stage]]
+name = "eval"
+source = "stage:fix"
+lifecycle = "ephemeral"
+commands = ["grep -qx ready /work/setup"]
+"""
+    run = api("POST", "/v1/pipelines", body={"toml": pipeline})
+    drv.get(URL + "/ui/pipelines")
+    wait.until(
+        lambda d: "succeeded"
+        in d.find_element(By.CSS_SELECTOR, f'section.run[data-id="{run["id"]}"] h3 .state').text,
+        "the run shown succeeded (live)",
+    )
+    card = drv.find_element(By.CSS_SELECTOR, f'section.run[data-id="{run["id"]}"]').text
+    assert "setup" in card and "fix" in card and "eval" in card, card
+    assert "fan-out of 3" in card and "★ #2" in card, card
+    assert len(drv.find_elements(By.CSS_SELECTOR, f'section.run[data-id="{run["id"]}"] .timeline-bar .bar')) == 3
+    drv.save_screenshot(os.path.join(SHOTS, "pipelines.png"))
+
+    step("cost: every sandbox against the counterfactuals")
+    drv.get(URL + "/ui/cost")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'#cost tr[data-id="{SANDBOX}"]'), "the sandbox's cost")
+    assert len(drv.find_elements(By.CSS_SELECTOR, "#chart .chart-row")) == 3
+    assert "ephemeral only" in drv.find_element(By.ID, "totals").text
+    drv.save_screenshot(os.path.join(SHOTS, "cost.png"))
+
+    step("audit: the log and its verified chain")
+    drv.get(URL + "/ui/audit")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "verify"), "chain verified"))
+    assert "/v1/sandboxes/{id}/start" in drv.find_element(By.ID, "audit").text, "the console's start is in the log"
+    assert "/v1/approvals/{id}/approve" in drv.find_element(By.ID, "audit").text, "the approval is in the log"
+    drv.save_screenshot(os.path.join(SHOTS, "audit.png"))
 
     step("log out: the session is gone")
     drv.find_element(By.ID, "logout").click()

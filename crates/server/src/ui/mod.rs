@@ -10,15 +10,18 @@
 //! * **Pages** are static HTML and script embedded in the binary (no CDN,
 //!   nothing fetched at run time; plain JavaScript, no framework): the fleet
 //!   (`/ui/fleet`), a sandbox (`/ui/sandboxes/{id}`: its events, processes and
-//!   their output, a command line, files; a sandbox the session may not see
-//!   is a 404 page, as on the API) and the Rule-of-Two approval queue
-//!   (`/ui/approvals`).
+//!   their output, a command line, a terminal, files; a sandbox the session
+//!   may not see is a 404 page, as on the API) and the Rule-of-Two approval
+//!   queue (`/ui/approvals`). The terminal is xterm.js, vendored at a pinned
+//!   version (`assets/vendor/xterm/`, `scripts/vendor-console.sh`).
 //! * **Data and actions** (`/ui/api/...`) are the native API (`/v1/...`)
 //!   called with the session's token: the same validation, tenant scoping,
 //!   audit, errors (a 409 carries the current state) and Rule of Two as for
 //!   any client. A mutating call needs the session's CSRF token in the
 //!   `X-Strata-CSRF` header (403 `forbidden` without it, nothing done), which
-//!   only the console's own pages can read.
+//!   only the console's own pages can read. A WebSocket (a terminal) cannot
+//!   carry that header: its handshake must come from the console's own
+//!   origin (`Origin` naming the host the request was sent to).
 //!
 //! Not on the Unix socket: a browser reaches TCP.
 
@@ -45,13 +48,73 @@ pub const CSRF_HEADER: &str = "x-strata-csrf";
 const MAX_FORM: usize = 8 << 10;
 
 const LOGIN_HTML: &str = include_str!("assets/login.html");
-const FLEET_HTML: &str = include_str!("assets/fleet.html");
-const SANDBOX_HTML: &str = include_str!("assets/sandbox.html");
-const APPROVALS_HTML: &str = include_str!("assets/approvals.html");
+const LAYOUT_HTML: &str = include_str!("assets/layout.html");
 const APP_JS: &str = include_str!("assets/app.js");
-const FLEET_JS: &str = include_str!("assets/fleet.js");
-const SANDBOX_JS: &str = include_str!("assets/sandbox.js");
-const APPROVALS_JS: &str = include_str!("assets/approvals.js");
+
+/// A page of the console: its `<main>` and its script, in the common layout.
+struct Page {
+    /// Its path under `/ui/` and the name of its script and `<main>` (`assets/NAME.js`, `NAME.html`).
+    name: &'static str,
+    /// Shown in the title and the navigation.
+    title: &'static str,
+    main: &'static str,
+    script: &'static str,
+    /// Extra `<head>` lines (the terminal's library).
+    head: &'static str,
+    /// Listed in the navigation.
+    nav: bool,
+}
+
+/// A [`Page`] whose `<main>` and script are `assets/NAME.html` and `assets/NAME.js`.
+macro_rules! page {
+    ($name:literal, $title:literal, nav: $nav:literal, head: $head:expr) => {
+        Page {
+            name: $name,
+            title: $title,
+            main: include_str!(concat!("assets/", $name, ".html")),
+            script: include_str!(concat!("assets/", $name, ".js")),
+            head: $head,
+            nav: $nav,
+        }
+    };
+}
+
+const PAGES: &[Page] = &[
+    page!("fleet", "Fleet", nav: true, head: ""),
+    page!("pipelines", "Pipelines", nav: true, head: ""),
+    page!("approvals", "Approvals", nav: true, head: ""),
+    page!("cost", "Cost", nav: true, head: ""),
+    page!("audit", "Audit", nav: true, head: ""),
+    page!("sandbox", "{{name}}", nav: false, head: concat!(
+        "<meta name=\"sandbox\" content=\"{{id}}\">\n",
+        "<link rel=\"stylesheet\" href=\"/ui/assets/vendor/xterm.css\">\n",
+        "<script src=\"/ui/assets/vendor/xterm.js\" defer></script>"
+    )),
+];
+
+fn page_named(name: &str) -> Option<&'static Page> {
+    PAGES.iter().find(|p| p.name == name)
+}
+
+/// A page in the layout, its placeholders still to fill (`{{csrf}}`, `{{who}}`, the page's own).
+fn layout(page: &Page) -> String {
+    let nav: String = PAGES
+        .iter()
+        .filter(|p| p.nav)
+        .map(|p| {
+            let current = if p.name == page.name { " class=\"current\"" } else { "" };
+            format!("<a href=\"/ui/{}\"{current}>{}</a>", p.name, p.title)
+        })
+        .collect();
+    LAYOUT_HTML
+        .replace("{{main}}", page.main)
+        .replace("{{head}}", page.head)
+        .replace("{{nav}}", &nav)
+        .replace("{{script}}", page.name)
+        .replace("{{title}}", page.title)
+}
+const XTERM_JS: &str = include_str!("assets/vendor/xterm/xterm.js");
+const XTERM_CSS: &str = include_str!("assets/vendor/xterm/xterm.css");
 const APP_CSS: &str = include_str!("assets/app.css");
 
 /// One logged-in browser.
@@ -154,10 +217,14 @@ fn html(status: StatusCode, body: String) -> Response {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    // Nothing but the console's own script and style; no framing by another site.
+    // Nothing but the console's own scripts; its own style sheets and the
+    // style attributes the terminal sets on its rows; connections (the
+    // terminal's WebSocket) to itself only; no framing by another site.
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
+        HeaderValue::from_static(
+            "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'",
+        ),
     );
     r
 }
@@ -205,9 +272,8 @@ pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: 
     match (method, path.as_str()) {
         (Method::GET, "/ui" | "/ui/") => redirect("/ui/fleet"),
         (Method::GET, "/ui/assets/app.js") => asset("text/javascript; charset=utf-8", APP_JS),
-        (Method::GET, "/ui/assets/fleet.js") => asset("text/javascript; charset=utf-8", FLEET_JS),
-        (Method::GET, "/ui/assets/sandbox.js") => asset("text/javascript; charset=utf-8", SANDBOX_JS),
-        (Method::GET, "/ui/assets/approvals.js") => asset("text/javascript; charset=utf-8", APPROVALS_JS),
+        (Method::GET, "/ui/assets/vendor/xterm.js") => asset("text/javascript; charset=utf-8", XTERM_JS),
+        (Method::GET, "/ui/assets/vendor/xterm.css") => asset("text/css; charset=utf-8", XTERM_CSS),
         (Method::GET, "/ui/assets/app.css") => asset("text/css; charset=utf-8", APP_CSS),
         (Method::GET, "/ui/login") => {
             let expired = req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "expired=1"));
@@ -228,8 +294,13 @@ pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: 
             );
             r
         }
-        (Method::GET, "/ui/fleet") => page(&console, &req, FLEET_HTML, &[]),
-        (Method::GET, "/ui/approvals") => page(&console, &req, APPROVALS_HTML, &[]),
+        (Method::GET, p) if p.starts_with("/ui/assets/") && p.ends_with(".js") => {
+            let name = p.trim_start_matches("/ui/assets/").trim_end_matches(".js");
+            match page_named(name) {
+                Some(page) => asset("text/javascript; charset=utf-8", page.script),
+                None => not_found(),
+            }
+        }
         (Method::GET, p) if p.starts_with("/ui/sandboxes/") => {
             let key = p.trim_start_matches("/ui/sandboxes/").to_string();
             // An id, id prefix or name: nothing that could reach another route.
@@ -239,16 +310,20 @@ pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: 
             sandbox_page(&console, req, &key).await
         }
         (_, p) if p.starts_with("/ui/api/") => api(&console, req).await,
-        _ => html(StatusCode::NOT_FOUND, "<!doctype html><title>Not found</title><p>No such console page.".into()),
+        (Method::GET, p) if page_named(p.trim_start_matches("/ui/")).is_some_and(|pg| pg.nav) => {
+            let pg = page_named(p.trim_start_matches("/ui/")).expect("matched above");
+            page(&console, &req, pg, &[])
+        }
+        _ => not_found(),
     }
 }
 
 /// A page for the request's session (the login when it has none), with
 /// `{{csrf}}`, `{{who}}` and `vars` filled in (escaped).
-fn page(console: &Console, req: &Request, template: &str, vars: &[(&str, &str)]) -> Response {
+fn page(console: &Console, req: &Request, page: &Page, vars: &[(&str, &str)]) -> Response {
     match console.session(req) {
         Some((_, s)) if console.who(&s.token).is_some() => {
-            let mut body = template.replace("{{csrf}}", &escape(&s.csrf)).replace("{{who}}", &escape(&s.who));
+            let mut body = layout(page).replace("{{csrf}}", &escape(&s.csrf)).replace("{{who}}", &escape(&s.who));
             for (k, v) in vars {
                 body = body.replace(&format!("{{{{{k}}}}}"), &escape(v));
             }
@@ -286,11 +361,16 @@ async fn sandbox_page(console: &Console, req: Request, key: &str) -> Response {
                     )
                 }
             };
-            page(console, &req, SANDBOX_HTML, &[("id", &sb.id), ("name", &sb.name)])
+            let sandbox = page_named("sandbox").expect("a page of the console");
+            page(console, &req, sandbox, &[("id", &sb.id), ("name", &sb.name)])
         }
         StatusCode::UNAUTHORIZED => redirect("/ui/login?expired=1"),
         _ => not_found_page(key),
     }
+}
+
+fn not_found() -> Response {
+    html(StatusCode::NOT_FOUND, "<!doctype html><title>Not found</title><p>No such console page.".into())
 }
 
 /// The page of a sandbox the session cannot see (unknown, or another tenant's: the same answer).
@@ -303,6 +383,24 @@ fn not_found_page(key: &str) -> Response {
             escape(key)
         ),
     )
+}
+
+fn is_websocket(req: &Request) -> bool {
+    req.headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// Whether the request's `Origin` is the host it was sent to (`http://HOST`).
+fn same_origin(req: &Request) -> bool {
+    let header = |name| req.headers().get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+    match (header(header::ORIGIN), header(header::HOST)) {
+        (Some(origin), Some(host)) => {
+            origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host)
+        }
+        _ => false,
+    }
 }
 
 fn csrf_ok(req: &Request, s: &Session) -> bool {
@@ -344,6 +442,13 @@ async fn api(console: &Console, req: Request) -> Response {
     let Some((id, s)) = console.session(&req) else {
         return ApiError::new(ErrorCode::Unauthorized, "no console session (log in at /ui/login)").into_response();
     };
+    if is_websocket(&req) && !same_origin(&req) {
+        return ApiError::new(
+            ErrorCode::Forbidden,
+            "a console WebSocket must be opened by the console's own page (Origin); nothing was done",
+        )
+        .into_response();
+    }
     let reads = matches!(*req.method(), Method::GET | Method::HEAD);
     if !reads && !csrf_ok(&req, &s) {
         return ApiError::new(
@@ -410,6 +515,23 @@ mod tests {
         let short = Sessions::new(Duration::ZERO);
         let id = short.open("tok".into(), "operator".into());
         assert!(short.get(&id).is_none(), "expired");
+    }
+
+    #[test]
+    fn a_websocket_must_come_from_the_console_s_own_origin() {
+        let ws = |origin: Option<&str>| {
+            let mut b = Request::builder().header(header::HOST, "127.0.0.1:8080").header(header::UPGRADE, "websocket");
+            if let Some(o) = origin {
+                b = b.header(header::ORIGIN, o);
+            }
+            b.body(axum::body::Body::empty()).unwrap()
+        };
+        assert!(is_websocket(&ws(None)));
+        assert!(same_origin(&ws(Some("http://127.0.0.1:8080"))));
+        assert!(!same_origin(&ws(Some("http://evil.example"))), "another site");
+        assert!(!same_origin(&ws(Some("http://127.0.0.1:8080.evil.example"))), "a longer host");
+        assert!(!same_origin(&ws(Some("null"))), "an opaque origin");
+        assert!(!same_origin(&ws(None)), "no origin");
     }
 
     #[test]

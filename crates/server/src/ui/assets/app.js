@@ -107,6 +107,33 @@ function showError(e) {
   el.textContent = `${e.status || ""} ${code}${e.message}${state}`.trim();
 }
 
+// Runs `load` now and every `ms` milliseconds, never two at once; an API
+// error it meets is shown. Returns the function that runs it again at once.
+function poll(load, ms) {
+  let busy = false;
+  const run = async () => {
+    if (busy) return;
+    busy = true;
+    try {
+      await load();
+    } catch (e) {
+      if (e.status) showError(e);
+    } finally {
+      busy = false;
+    }
+  };
+  run();
+  setInterval(run, ms);
+  return run;
+}
+
+// An amount of money as the cost model gives it (a short run costs
+// millionths: those keep three significant digits).
+function money(x) {
+  if (!x) return "0";
+  return Math.abs(x) < 0.01 ? x.toPrecision(3) : x.toFixed(4);
+}
+
 // The text of base64 bytes (UTF-8, invalid sequences replaced).
 function fromB64(b64) {
   const bin = atob(b64 || "");

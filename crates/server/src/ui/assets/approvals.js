@@ -69,20 +69,9 @@ function render(list) {
   }
 }
 
-let busy = false;
-async function refresh() {
-  if (busy) return;
-  busy = true;
-  try {
-    const state = document.getElementById("filter-state").value;
-    render(await api("GET", "approvals" + (state ? `?state=${state}` : "")));
-  } catch (e) {
-    if (e.status) showError(e);
-  } finally {
-    busy = false;
-  }
-}
+const refresh = poll(async () => {
+  const state = document.getElementById("filter-state").value;
+  render(await api("GET", "approvals" + (state ? `?state=${state}` : "")));
+}, 1000);
 
 document.getElementById("filter-state").addEventListener("change", () => { drawn = null; refresh(); });
-refresh();
-setInterval(refresh, 1000);

@@ -55,21 +55,10 @@ function render(list) {
   document.getElementById("count").textContent = `${shown.length} of ${list.length} sandboxes`;
 }
 
-let busy = false;
-async function refresh() {
-  if (busy) return;
-  busy = true;
-  try {
-    render(await api("GET", "sandboxes"));
-    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
-  } catch (e) {
-    if (e.status) showError(e);
-  } finally {
-    busy = false;
-  }
-}
+const refresh = poll(async () => {
+  render(await api("GET", "sandboxes"));
+  document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+}, 1000);
 
 document.getElementById("filter-state").addEventListener("change", refresh);
 document.getElementById("filter-label").addEventListener("input", refresh);
-refresh();
-setInterval(refresh, 1000);

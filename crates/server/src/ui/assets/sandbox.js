@@ -1,7 +1,7 @@
 // The console's sandbox page: what the sandbox is, its lifecycle actions, its
 // events (a timeline with reasons, kept current), its processes and their
 // output, a command line (an exec through the API), and a file browser
-// (list, download, upload) with the API's path confinement.
+// (list, download, upload) with the API's path confinement, and a terminal.
 "use strict";
 
 const SANDBOX = document.querySelector('meta[name="sandbox"]').content;
@@ -194,25 +194,63 @@ document.getElementById("upload").addEventListener("change", async (ev) => {
   list(document.getElementById("path").value || "/");
 });
 
-let busy = false;
-async function refresh() {
-  if (busy) return;
-  busy = true;
+// A shell on a new terminal in the sandbox (`POST .../processes` with a
+// `tty`), attached over the API's WebSocket: keys go out as binary frames,
+// output comes back as binary frames; `exited` ends it.
+const TERM_SIZE = { cols: 120, rows: 24 };
+document.getElementById("terminal-open").addEventListener("click", async (ev) => {
+  const button = ev.target;
+  const state = document.getElementById("terminal-state");
+  button.disabled = true;
+  let proc;
+  try {
+    proc = await api("POST", `${base}/processes`, { cmd: ["sh"], tty: TERM_SIZE });
+  } catch (e) {
+    showError(e);
+    button.disabled = false;
+    return;
+  }
+  const box = document.getElementById("terminal");
+  box.replaceChildren();
+  const term = new Terminal({ cols: TERM_SIZE.cols, rows: TERM_SIZE.rows, convertEol: false, fontSize: 13 });
+  term.open(box);
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(`${scheme}//${location.host}/ui/api/${base}/processes/${proc.id}/tty?offset=0`);
+  ws.binaryType = "arraybuffer";
+  const encoder = new TextEncoder();
+  ws.onopen = () => {
+    state.textContent = `process ${proc.id}, attached`;
+    term.focus();
+  };
+  ws.onmessage = (m) => {
+    if (typeof m.data !== "string") {
+      term.write(new Uint8Array(m.data));
+      return;
+    }
+    const msg = JSON.parse(m.data);
+    if (msg.type === "exited") {
+      state.textContent = `process ${proc.id} exited ${msg.process ? msg.process.exit_code ?? "" : ""}`;
+      button.disabled = false;
+    } else if (msg.type === "error" || msg.type === "dropped") {
+      term.write(`\r\n[${msg.type}: ${msg.message || msg.bytes || ""}]\r\n`);
+    }
+  };
+  ws.onclose = () => {
+    button.disabled = false;
+    if (!state.textContent.includes("exited")) state.textContent = `process ${proc.id}, detached`;
+  };
+  term.onData((d) => {
+    if (ws.readyState === WebSocket.OPEN) ws.send(encoder.encode(d));
+  });
+});
+
+const refresh = poll(async () => {
   try {
     showSandbox(await api("GET", base));
-    showEvents(await api("GET", `events?sandbox=${encodeURIComponent(SANDBOX)}&after=${lastEvent}`));
-    showProcesses(await api("GET", `${base}/processes`));
   } catch (e) {
-    if (e.status === 404 && current) {
-      showError({ status: 404, message: "this sandbox is gone (destroyed)" });
-    } else if (e.status) {
-      showError(e);
-    }
-  } finally {
-    busy = false;
+    throw e.status === 404 && current ? { status: 404, message: "this sandbox is gone (destroyed)" } : e;
   }
-}
-
-refresh();
+  showEvents(await api("GET", `events?sandbox=${encodeURIComponent(SANDBOX)}&after=${lastEvent}`));
+  showProcesses(await api("GET", `${base}/processes`));
+}, 1000);
 list("/");
-setInterval(refresh, 1000);
