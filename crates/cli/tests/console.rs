@@ -4,7 +4,9 @@
 //! showing a sandbox and following a change made through the API live, an
 //! action from the page, a 409 shown with the current state, a forged change
 //! without the CSRF token refused with nothing done, a sandbox's page (events,
-//! a command and its output, processes, files, an upload), the approval queue
+//! a command and its output, processes, files, an upload, a terminal), its
+//! lineage (a fork drawn under its checkpoint, a fork and a refused delete
+//! from the graph), the approval queue
 //! (a refused create approved by a click, then going through), a pipeline
 //! run's stages, the cost against its counterfactuals, the audit log and its
 //! verified chain, logout, a
@@ -72,7 +74,16 @@ fn the_console_logs_in_shows_the_fleet_live_and_acts_as_the_api_does() {
         .unwrap();
     assert!(out.status.success(), "{}\n{}\ndaemon log:\n{}", common::stdout(&out), common::stderr(&out), d.log());
     assert!(common::stdout(&out).contains("console: done"), "{}", common::stdout(&out));
-    for shot in ["login.png", "fleet.png", "sandbox.png", "approvals.png", "pipelines.png", "cost.png", "audit.png"] {
+    for shot in [
+        "login.png",
+        "fleet.png",
+        "sandbox.png",
+        "lineage.png",
+        "approvals.png",
+        "pipelines.png",
+        "cost.png",
+        "audit.png",
+    ] {
         assert!(shots.join(shot).exists(), "no screenshot {shot}");
     }
     // The approval was decided in the console, as the operator's session.

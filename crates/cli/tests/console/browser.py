@@ -218,6 +218,34 @@ try:
         assert e.code == 403, e.code
     drv.set_window_size(1400, 800)
 
+    step("lineage: a fork is a child of its checkpoint; a fork from the graph; a delete refused with its dependents")
+    ck = api("POST", f"/v1/sandboxes/{SANDBOX}/checkpoints", body={"name": "console-ck"})
+    child = api("POST", "/v1/fork", body={"source": ck["id"], "count": 1})["sandboxes"][0]
+    drv.find_element(By.ID, "lineage-link").click()
+    wait.until(EC.url_contains(f"/ui/lineage/{SANDBOX}"))
+    wait.until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f'#graph g.node.sandbox[data-id="{child}"][data-parent="{ck["id"]}"]'),
+        "the fork drawn as a child of its checkpoint",
+    )
+    # A checkpoint hangs from its parent checkpoint, or (the first) from its image.
+    assert drv.find_elements(By.CSS_SELECTOR, f'#graph g.node.checkpoint[data-id="{ck["id"]}"][data-parent="busybox"]')
+    drv.find_element(By.CSS_SELECTOR, f'#graph g.node[data-id="{ck["id"]}"]').click()
+    count = wait.until(EC.presence_of_element_located((By.ID, "fork-count")))
+    count.clear()
+    count.send_keys("2")
+    drv.find_element(By.CSS_SELECTOR, '#panel button[data-action="fork"]').click()
+    wait.until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, f'#graph g.node.sandbox[data-parent="{ck["id"]}"]')) == 3,
+        "two more forks drawn under the checkpoint",
+    )
+    drv.find_element(By.CSS_SELECTOR, '#panel button[data-action="delete"]').click()
+    drv.switch_to.alert.accept()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "error"), "409"))
+    shown = drv.find_element(By.ID, "error").text
+    assert "in_use" in shown and child in shown, shown
+    assert api("GET", f"/v1/checkpoints/{ck['id']}")["id"] == ck["id"], "the refused delete left the checkpoint"
+    drv.save_screenshot(os.path.join(SHOTS, "lineage.png"))
+
     step("approvals: a request refused with approval_required goes through after an approve in the console")
     three = {
         "source": "busybox",

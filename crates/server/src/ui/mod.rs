@@ -10,9 +10,10 @@
 //! * **Pages** are static HTML and script embedded in the binary (no CDN,
 //!   nothing fetched at run time; plain JavaScript, no framework): the fleet
 //!   (`/ui/fleet`), a sandbox (`/ui/sandboxes/{id}`: its events, processes and
-//!   their output, a command line, a terminal, files; a sandbox the session
-//!   may not see is a 404 page, as on the API) and the Rule-of-Two approval
-//!   queue (`/ui/approvals`). The terminal is xterm.js, vendored at a pinned
+//!   their output, a command line, a terminal, files), its lineage
+//!   (`/ui/lineage/{id}`, a drawn graph with fork, promote, delete, restore),
+//!   pipelines, the Rule-of-Two approval queue, cost and audit. A sandbox or
+//!   checkpoint the session may not see is a 404 page, as on the API. The terminal is xterm.js, vendored at a pinned
 //!   version (`assets/vendor/xterm/`, `scripts/vendor-console.sh`).
 //! * **Data and actions** (`/ui/api/...`) are the native API (`/v1/...`)
 //!   called with the session's token: the same validation, tenant scoping,
@@ -85,6 +86,7 @@ const PAGES: &[Page] = &[
     page!("approvals", "Approvals", nav: true, head: ""),
     page!("cost", "Cost", nav: true, head: ""),
     page!("audit", "Audit", nav: true, head: ""),
+    page!("lineage", "lineage of {{name}}", nav: false, head: "<meta name=\"focus\" content=\"{{id}}\">"),
     page!("sandbox", "{{name}}", nav: false, head: concat!(
         "<meta name=\"sandbox\" content=\"{{id}}\">\n",
         "<link rel=\"stylesheet\" href=\"/ui/assets/vendor/xterm.css\">\n",
@@ -301,13 +303,17 @@ pub async fn intercept(State(console): State<Arc<Console>>, req: Request, next: 
                 None => not_found(),
             }
         }
-        (Method::GET, p) if p.starts_with("/ui/sandboxes/") => {
-            let key = p.trim_start_matches("/ui/sandboxes/").to_string();
+        (Method::GET, p) if p.starts_with("/ui/sandboxes/") || p.starts_with("/ui/lineage/") => {
+            let (name, key) = match p.strip_prefix("/ui/sandboxes/") {
+                Some(key) => ("sandbox", key.to_string()),
+                None => ("lineage", p.trim_start_matches("/ui/lineage/").to_string()),
+            };
             // An id, id prefix or name: nothing that could reach another route.
             if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
                 return not_found_page(&key);
             }
-            sandbox_page(&console, req, &key).await
+            let lookup = if name == "sandbox" { format!("sandboxes/{key}") } else { format!("lineage/{key}") };
+            object_page(&console, req, name, &lookup, &key).await
         }
         (_, p) if p.starts_with("/ui/api/") => api(&console, req).await,
         (Method::GET, p) if page_named(p.trim_start_matches("/ui/")).is_some_and(|pg| pg.nav) => {
@@ -333,36 +339,36 @@ fn page(console: &Console, req: &Request, page: &Page, vars: &[(&str, &str)]) ->
     }
 }
 
-/// `/ui/sandboxes/{key}`: the sandbox the key names for the session's caller
-/// (looked up through the API, so exactly what the API would show it), or a
-/// 404 page.
-async fn sandbox_page(console: &Console, req: Request, key: &str) -> Response {
+/// `/ui/sandboxes/{key}` and `/ui/lineage/{key}`: the page of what the key
+/// names for the session's caller, looked up first through the API (so it
+/// shows exactly what the API would: `lookup` is the API path of the
+/// object), or a 404 page. The page gets the object's `id` and `name`.
+async fn object_page(console: &Console, req: Request, name: &str, lookup: &str, key: &str) -> Response {
     let Some((id, s)) = console.session(&req) else { return redirect("/ui/login?expired=1") };
-    let lookup = Request::builder()
+    let get = Request::builder()
         .method(Method::GET)
-        .uri(format!("/ui/api/sandboxes/{key}"))
+        .uri(format!("/ui/api/{lookup}"))
         .body(axum::body::Body::empty())
         .expect("a GET request");
-    let r = call_api(console, &id, &s, lookup).await;
+    let r = call_api(console, &id, &s, get).await;
     match r.status() {
         StatusCode::OK => {
-            let Ok(bytes) = axum::body::to_bytes(r.into_body(), 1 << 20).await else {
+            let found = axum::body::to_bytes(r.into_body(), 16 << 20)
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            let Some(found) = found else {
                 return html(
                     StatusCode::BAD_GATEWAY,
-                    "<!doctype html><title>Error</title><p>The sandbox could not be read.".into(),
+                    "<!doctype html><title>Error</title><p>It could not be read.".into(),
                 );
             };
-            let sb: strata_api::Sandbox = match serde_json::from_slice(&bytes) {
-                Ok(sb) => sb,
-                Err(_) => {
-                    return html(
-                        StatusCode::BAD_GATEWAY,
-                        "<!doctype html><title>Error</title><p>The sandbox could not be read.".into(),
-                    )
-                }
-            };
-            let sandbox = page_named("sandbox").expect("a page of the console");
-            page(console, &req, sandbox, &[("id", &sb.id), ("name", &sb.name)])
+            // A sandbox's id and name, or the focus of a lineage.
+            let field = |k: &str| found[k].as_str().map(str::to_string);
+            let oid = field("id").or_else(|| field("focus")).unwrap_or_else(|| key.to_string());
+            let oname = field("name").unwrap_or_else(|| key.to_string());
+            let page_of = page_named(name).expect("a page of the console");
+            page(console, &req, page_of, &[("id", &oid), ("name", &oname)])
         }
         StatusCode::UNAUTHORIZED => redirect("/ui/login?expired=1"),
         _ => not_found_page(key),
@@ -373,13 +379,13 @@ fn not_found() -> Response {
     html(StatusCode::NOT_FOUND, "<!doctype html><title>Not found</title><p>No such console page.".into())
 }
 
-/// The page of a sandbox the session cannot see (unknown, or another tenant's: the same answer).
+/// The page of an object the session cannot see (unknown, or another tenant's: the same answer).
 fn not_found_page(key: &str) -> Response {
     html(
         StatusCode::NOT_FOUND,
         format!(
             "<!doctype html><title>Not found</title><link rel=\"stylesheet\" href=\"/ui/assets/app.css\">\
-             <main><h2 id=\"not-found\">No sandbox {} here</h2><p><a href=\"/ui/fleet\">Back to the fleet</a></main>",
+             <main><h2 id=\"not-found\">No sandbox or checkpoint {} here</h2><p><a href=\"/ui/fleet\">Back to the fleet</a></main>",
             escape(key)
         ),
     )
