@@ -204,3 +204,25 @@ pub struct CostSummary {
     /// The prices used.
     pub prices: Prices,
 }
+
+/// Live resource figures of one sandbox with processes (`GET /v1/stats`), as
+/// last sampled from its cgroup (every 5 s by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxStats {
+    /// Sandbox id.
+    pub sandbox_id: String,
+    /// When it was sampled, seconds since the Unix epoch.
+    pub unix_secs: u64,
+    /// CPU used over the last interval, in percent of one core.
+    pub cpu_core_pct: f64,
+    /// Memory charged to its cgroup, bytes.
+    pub memory_bytes: u64,
+    /// Its memory limit, bytes (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    /// Bytes of its writable layer (re-measured every minute by default).
+    pub disk_bytes: u64,
+    /// Its disk size, bytes (absent: no disk limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit_bytes: Option<u64>,
+}

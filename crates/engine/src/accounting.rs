@@ -24,6 +24,30 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 /// Storage sizes are re-measured every this many samples (60 s by default).
 pub const STORAGE_EVERY: u32 = 12;
 
+/// The last sampled figures of every running or paused sandbox the caller sees.
+pub fn live_stats(st: &Shared) -> crate::error::EngineResult<Vec<strata_api::SandboxStats>> {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let mut out = Vec::new();
+    for rec in st.db.list_sandboxes()? {
+        let s = &rec.sandbox;
+        if !crate::tenancy::visible(&s.tenant) || !has_processes(s.state) {
+            continue;
+        }
+        // The last hour's history holds the newest point.
+        let Some(p) = st.accounting.history(&s.id, now.saturating_sub(3600), now + 60).pop() else { continue };
+        out.push(strata_api::SandboxStats {
+            sandbox_id: s.id.clone(),
+            unix_secs: p.unix_secs,
+            cpu_core_pct: p.cpu_core_pct,
+            memory_bytes: p.memory_bytes,
+            memory_limit_bytes: s.limits.memory_bytes,
+            disk_bytes: p.disk_bytes,
+            disk_limit_bytes: s.limits.disk_bytes,
+        });
+    }
+    Ok(out)
+}
+
 /// Compute between two samples: CPU from the counter delta (a counter that went
 /// backwards belongs to a new cgroup and counts from 0), memory by the
 /// trapezoid rule, wall-clock time.

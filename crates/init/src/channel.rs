@@ -531,7 +531,9 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(2));
             }
         };
+        // The control socket is bound first, the broker's right after.
         wait_for(&ctl);
+        wait_for(&broker);
         // "pid 1" offers a connection; a host process takes it: both ends talk.
         let mut offered = std::os::unix::net::UnixStream::connect(&broker).unwrap();
         let mut taken = take(&ctl).unwrap();

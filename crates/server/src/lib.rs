@@ -108,6 +108,7 @@ pub fn router_with_mcp(st: Shared, mcp: Option<strata_mcp::StrataMcp>) -> Router
         .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::spec_json()) }))
         .route("/metrics", get(metrics::metrics_handler))
         .route("/v1/cost", get(accounting::list_handler))
+        .route("/v1/stats", get(accounting::stats_handler))
         .route("/v1/cost/{id}", get(accounting::get_handler))
         .route("/v1/advise", post(advisor::advise_handler))
         .route("/v1/info", get(events::info_handler))

@@ -80,6 +80,7 @@ use crate::native::{
         events::warm_pool_handler,
         metrics::metrics_handler,
         accounting::list_handler,
+        accounting::stats_handler,
         accounting::get_handler,
         advisor::advise_handler,
         scan::scan_handler,

@@ -127,6 +127,16 @@ try:
     assert state_of(TENANT_SANDBOX) == "running", "the operator sees every tenant's sandboxes"
     drv.save_screenshot(os.path.join(SHOTS, "fleet.png"))
 
+    step("live CPU, memory and disk of the sandbox (its cgroup's figures, sampled)")
+    wait.until(
+        lambda d: "/" in d.find_element(By.CSS_SELECTOR, f'tr[data-id="{SANDBOX}"] td.mem').text,
+        "the sandbox's memory shown",
+    )
+    mem = drv.find_element(By.CSS_SELECTOR, f'tr[data-id="{SANDBOX}"] td.mem').text
+    assert mem.endswith("/ 2.0 GiB"), f"memory against its 2 GiB limit: {mem}"
+    assert drv.find_element(By.CSS_SELECTOR, f'tr[data-id="{SANDBOX}"] td.cpu').text.endswith("%")
+    drv.save_screenshot(os.path.join(SHOTS, "fleet.png"))
+
     step("a change made through the API shows up live")
     api("POST", f"/v1/sandboxes/{SANDBOX}/stop")
     wait_state(SANDBOX, "stopped")

@@ -186,6 +186,13 @@ impl Engine {
         self.run(accounting::summary(&self.st)).await
     }
 
+    /// The last sampled CPU, memory and disk figures of every running or
+    /// paused sandbox the caller sees (none yet for one started less than an
+    /// interval ago).
+    pub async fn live_stats(&self) -> EngineResult<Vec<strata_api::SandboxStats>> {
+        self.run(async { accounting::live_stats(&self.st) }).await
+    }
+
     /// The state-hygiene scan of a sandbox or a checkpoint.
     pub async fn scan(&self, key: &str) -> EngineResult<ScanReport> {
         self.run(crate::scan::scan(&self.st, key)).await

@@ -14,6 +14,14 @@ pub async fn get_handler(Acting(engine): Acting, UrlPath(id): UrlPath<String>) -
     Ok(Json(engine.cost(&id).await?))
 }
 
+/// Live CPU, memory and disk of every running or paused sandbox, as last
+/// sampled from its cgroup (every 5 s by default; a sandbox started less
+/// than an interval ago is not listed yet).
+#[utoipa::path(get, path = "/v1/stats", tag = "cost", responses((status = 200, body = [strata_api::SandboxStats])))]
+pub async fn stats_handler(Acting(engine): Acting) -> ApiResult<Json<Vec<strata_api::SandboxStats>>> {
+    Ok(Json(engine.live_stats().await?))
+}
+
 /// Cost of every sandbox, destroyed ones included, with totals.
 #[utoipa::path(get, path = "/v1/cost", tag = "cost", responses((status = 200, body = CostSummary)))]
 pub async fn list_handler(Acting(engine): Acting) -> ApiResult<Json<CostSummary>> {

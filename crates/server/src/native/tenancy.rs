@@ -145,7 +145,7 @@ pub fn route_policy(method: &Method, route: &str) -> RoutePolicy {
         return Owned(self::Owned::Pipeline);
     }
     match route {
-        "/openapi.json" | "/v1/info" | "/v1/advise" | "/v1/events" | "/v1/cost" | "/v1/audit" => Open,
+        "/openapi.json" | "/v1/info" | "/v1/advise" | "/v1/events" | "/v1/cost" | "/v1/stats" | "/v1/audit" => Open,
         // MCP: its tools call the API with the caller's own token, where tenancy applies.
         "/mcp" => Open,
         "/v1/sandboxes"

@@ -47,6 +47,9 @@ function render(list) {
     cell(row, sb.runtime || "namespace");
     cell(row, sb.source);
     cell(row, age(sb.created_at), "age").dataset.created = sb.created_at;
+    cell(row, "", "cpu");
+    cell(row, "", "mem");
+    cell(row, "", "disk");
     cell(row, sb.lifecycle || "");
     cell(row, Object.entries(sb.labels || {}).map(([k, v]) => `${k}=${v}`).join(" "));
     const actions = cell(row, "", "actions");
@@ -55,8 +58,29 @@ function render(list) {
   document.getElementById("count").textContent = `${shown.length} of ${list.length} sandboxes`;
 }
 
+// A size in KiB, MiB or GiB.
+function size(b) {
+  if (b >= 1 << 30) return `${(b / (1 << 30)).toFixed(1)} GiB`;
+  if (b >= 1 << 20) return `${Math.round(b / (1 << 20))} MiB`;
+  return `${Math.round(b / 1024)} KiB`;
+}
+
+// The live figures (sampled every few seconds), written into their cells in place.
+function showStats(stats) {
+  const byId = new Map(stats.map((s) => [s.sandbox_id, s]));
+  for (const row of document.querySelectorAll("#fleet tbody tr")) {
+    const s = byId.get(row.dataset.id);
+    const set = (cls, text) => { row.querySelector("td." + cls).textContent = text; };
+    if (!s) { set("cpu", ""); set("mem", ""); set("disk", ""); continue; }
+    set("cpu", `${s.cpu_core_pct.toFixed(1)}%`);
+    set("mem", size(s.memory_bytes) + (s.memory_limit_bytes ? ` / ${size(s.memory_limit_bytes)}` : ""));
+    set("disk", size(s.disk_bytes) + (s.disk_limit_bytes ? ` / ${size(s.disk_limit_bytes)}` : ""));
+  }
+}
+
 const refresh = poll(async () => {
   render(await api("GET", "sandboxes"));
+  showStats(await api("GET", "stats"));
   document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
 }, 1000);
 
