@@ -3468,4 +3468,14 @@ mod tests {
         assert!(matches!(e, DbError::Unavailable { .. }), "{e:?}");
         assert!(e.to_string().to_lowercase().contains("tls"), "{e}");
     }
+
+    #[test]
+    fn the_server_drops_a_session_whose_client_is_gone_within_seconds() {
+        let Some(server) = postgres_or_skip() else { return };
+        let db = Db::open_url(&server.fresh_database()).unwrap();
+        let setting = |name: &str| db.conn().one(&format!("SHOW {name}"), args![], |r| r.get::<String>(0)).unwrap();
+        assert_eq!(setting("tcp_keepalives_idle").as_deref(), Some("10"));
+        assert_eq!(setting("tcp_keepalives_count").as_deref(), Some("3"));
+        assert_eq!(setting("tcp_user_timeout").as_deref(), Some("15000"), "milliseconds");
+    }
 }

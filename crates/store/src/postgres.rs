@@ -56,6 +56,10 @@ pub enum Sharing {
     Shared,
 }
 
+/// The server's side of a session's keepalives (settable by any session).
+pub const SERVER_KEEPALIVES: &str =
+    "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3 -c tcp_user_timeout=15000";
+
 /// How long a connection attempt may take when the URL sets no `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -103,6 +107,11 @@ impl Postgres {
         }
         // A dead server or network path shows as an error, not a hang.
         config.keepalives(true).keepalives_idle(Duration::from_secs(10)).tcp_user_timeout(Duration::from_secs(15));
+        // And the server drops a session whose client is gone within about
+        // 25 s, releasing its locks: a daemon cut off from its database can
+        // take its owner lock again soon after the network comes back.
+        let options = [config.get_options().unwrap_or_default(), SERVER_KEEPALIVES].join(" ");
+        config.options(options.trim());
         let target = describe(&config);
         let (jobs, inbox) = mpsc::channel();
         let (outbox, done) = mpsc::channel();
@@ -207,7 +216,11 @@ fn connect(config: &Config, target: &str, sharing: Sharing) -> Result<Client, Db
             .query_one(&format!("SELECT pg_try_advisory_lock({OWNER_LOCK})"), &[])
             .map_err(|e| unavailable(chain(&e)))?;
         if !row.get::<_, bool>(0) {
-            return Err(unavailable("another strata daemon uses this database (one daemon per database)".into()));
+            return Err(unavailable(
+                "another strata daemon uses this database (one daemon per database; after a network cut, this \
+                 daemon's own old session holds it until the server drops it, within about 25 s)"
+                    .into(),
+            ));
         }
     }
     Ok(client)
