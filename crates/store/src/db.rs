@@ -1429,7 +1429,7 @@ impl Db {
 
     /// Whether a sandbox (of any tenant) has exactly this name: names are unique daemon-wide.
     pub fn sandbox_name_taken(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self.conn().one("SELECT 1 FROM sandboxes WHERE name = ?1", args![name], |_| Ok(()))?.is_some())
+        self.conn().exists("SELECT 1 FROM sandboxes WHERE name = ?1", args![name])
     }
 
     /// All sandboxes, oldest first.
@@ -1624,7 +1624,7 @@ impl Db {
 
     /// Whether a checkpoint (of any tenant) has exactly this name: names are unique daemon-wide.
     pub fn checkpoint_name_taken(&self, name: &str) -> Result<bool, DbError> {
-        Ok(self.conn().one("SELECT 1 FROM checkpoints WHERE name = ?1", args![name], |_| Ok(()))?.is_some())
+        self.conn().exists("SELECT 1 FROM checkpoints WHERE name = ?1", args![name])
     }
 
     /// Checkpoints (of one sandbox, or all), oldest first.

@@ -57,15 +57,30 @@ function act(sb, action) {
   }
 }
 
+// A button that names its action (`data-action`, what the tests click).
+function button(text, action, cls) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = text;
+  b.dataset.action = action;
+  if (cls) b.className = cls;
+  return b;
+}
+
+// A size in bytes, KiB, MiB, GiB or TiB.
+function bytes(n) {
+  if (!n) return "0 B";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
 // Buttons for the actions a sandbox in its state offers, into `container`;
 // `then(action, ok)` runs after each click's call (an error is shown).
 function actionButtons(container, sb, then) {
   for (const a of ACTIONS[sb.state] || []) {
-    const b = document.createElement("button");
-    b.type = "button";
-    b.textContent = a;
-    b.dataset.action = a;
-    if (a === "destroy") b.className = "danger";
+    const b = button(a, a, a === "destroy" ? "danger" : "");
     b.addEventListener("click", async () => {
       b.disabled = true;
       let ok = false;

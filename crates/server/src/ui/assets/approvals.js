@@ -45,11 +45,7 @@ function render(list) {
     const decide = cell(row, "", "actions");
     if (a.state !== "pending") continue;
     for (const verdict of ["approve", "deny"]) {
-      const b = document.createElement("button");
-      b.type = "button";
-      b.textContent = verdict;
-      b.dataset.action = verdict;
-      if (verdict === "deny") b.className = "danger";
+      const b = button(verdict, verdict, verdict === "deny" ? "danger" : "");
       b.addEventListener("click", async () => {
         const reason = prompt(`Reason to ${verdict} "${a.action} ${a.target}" (recorded with your name):`, "");
         if (reason === null) return;

@@ -58,13 +58,6 @@ function render(list) {
   document.getElementById("count").textContent = `${shown.length} of ${list.length} sandboxes`;
 }
 
-// A size in KiB, MiB or GiB.
-function size(b) {
-  if (b >= 1 << 30) return `${(b / (1 << 30)).toFixed(1)} GiB`;
-  if (b >= 1 << 20) return `${Math.round(b / (1 << 20))} MiB`;
-  return `${Math.round(b / 1024)} KiB`;
-}
-
 // The live figures (sampled every few seconds), written into their cells in place.
 function showStats(stats) {
   const byId = new Map(stats.map((s) => [s.sandbox_id, s]));
@@ -73,8 +66,8 @@ function showStats(stats) {
     const set = (cls, text) => { row.querySelector("td." + cls).textContent = text; };
     if (!s) { set("cpu", ""); set("mem", ""); set("disk", ""); continue; }
     set("cpu", `${s.cpu_core_pct.toFixed(1)}%`);
-    set("mem", size(s.memory_bytes) + (s.memory_limit_bytes ? ` / ${size(s.memory_limit_bytes)}` : ""));
-    set("disk", size(s.disk_bytes) + (s.disk_limit_bytes ? ` / ${size(s.disk_limit_bytes)}` : ""));
+    set("mem", bytes(s.memory_bytes) + (s.memory_limit_bytes ? ` / ${bytes(s.memory_limit_bytes)}` : ""));
+    set("disk", bytes(s.disk_bytes) + (s.disk_limit_bytes ? ` / ${bytes(s.disk_limit_bytes)}` : ""));
   }
 }
 

@@ -86,15 +86,6 @@ function draw(list) {
   if (pos.has(FOCUS)) box.scrollLeft = Math.max(0, at(FOCUS).x + W / 2 - box.clientWidth / 2);
 }
 
-function button(text, action, cls) {
-  const b = document.createElement("button");
-  b.type = "button";
-  b.textContent = text;
-  b.dataset.action = action;
-  if (cls) b.className = cls;
-  return b;
-}
-
 // Runs an API call from the panel; its error (with dependents or findings) is shown.
 async function attempt(call) {
   try {

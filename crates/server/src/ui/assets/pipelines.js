@@ -4,14 +4,6 @@
 // runs, with pause and resume.
 "use strict";
 
-function bytes(n) {
-  if (!n) return "0 B";
-  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
-  return `${n.toFixed(i ? 1 : 0)} ${u[i]}`;
-}
-
 function seconds(ms) {
   return ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : `${ms} ms`;
 }
@@ -41,9 +33,7 @@ function runCard(run) {
   const actions = el("span", "actions");
   for (const [verb, when] of [["pause", "running"], ["resume", "paused"], ["resume", "interrupted"]]) {
     if (run.state !== when) continue;
-    const b = el("button", "", verb);
-    b.type = "button";
-    b.dataset.action = verb;
+    const b = button(verb, verb);
     b.addEventListener("click", async () => {
       b.disabled = true;
       try {

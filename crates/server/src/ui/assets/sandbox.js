@@ -29,8 +29,8 @@ function showSandbox(sb) {
   fact(dl, "Lifecycle", sb.lifecycle + (sb.policy ? ` · on idle ${sb.policy.on_idle} after ${sb.policy.idle_timeout}` : ""));
   fact(dl, "Created", `${sb.created_at} (${age(sb.created_at)} ago)`);
   const lim = sb.limits || {};
-  const mib = (b) => (b ? Math.round(b / 1048576) + " MiB" : "none");
-  fact(dl, "Limits", `memory ${mib(lim.memory_bytes)} · cpus ${lim.cpus || "none"} · disk ${mib(lim.disk_bytes)} · pids ${lim.pids || "none"}`);
+  const limit = (b) => (b ? bytes(b) : "none");
+  fact(dl, "Limits", `memory ${limit(lim.memory_bytes)} · cpus ${lim.cpus || "none"} · disk ${limit(lim.disk_bytes)} · pids ${lim.pids || "none"}`);
   if (sb.base_checkpoint) fact(dl, "From checkpoint", sb.base_checkpoint);
   if (sb.head_checkpoint) fact(dl, "Last checkpoint", sb.head_checkpoint);
   fact(dl, "Fork generation", String(sb.fork_generation || 0));
@@ -95,9 +95,7 @@ function showProcesses(list) {
     cell(row, String(p.id));
     cell(row, p.cmd.join(" "), "cmd");
     cell(row, p.status === "running" ? "running" : `exited ${p.exit_code ?? ""}${p.signal ? " (signal " + p.signal + ")" : ""}`);
-    const b = document.createElement("button");
-    b.type = "button";
-    b.textContent = "output";
+    const b = button("output", "output");
     b.addEventListener("click", () => showLogs(p).catch(showError));
     row.insertCell().append(b);
   }
